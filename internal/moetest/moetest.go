@@ -1,0 +1,222 @@
+// Package moetest makes random MoE checkpoints of every supported family and
+// holds the float64 reference of a MoE block, written from the families'
+// model definitions and independent of package moe: it reads nothing of
+// moe's config parsing, gating or kernels. It is the only source of golden
+// numbers in the tests.
+package moetest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/moex-project/moex/internal/stwrite"
+)
+
+// Spec describes a random checkpoint. The semantic fields are explicit; the
+// generator writes them into config.json under each family's field names.
+type Spec struct {
+	ModelType string // mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3
+	Hidden    int
+	Experts   int
+	TopK      int
+	Inter     int // routed expert width
+	NumLayers int // num_hidden_layers (≥ Layer+1)
+	Layer     int // the MoE layer whose tensors are written
+
+	SharedExperts int // deepseek: n_shared_experts (width SharedExperts×Inter)
+	SharedInter   int // qwen2_moe: shared_expert_intermediate_size
+
+	NormTopK  bool    // qwen and deepseek; mixtral always renormalises
+	Scaling   float64 // deepseek: routed_scaling_factor (0 means 1)
+	Method    string  // deepseek topk_method: greedy, group_limited_greedy, noaux_tc
+	Scoring   string  // deepseek scoring_func: softmax, sigmoid
+	NGroup    int
+	TopKGroup int
+
+	FirstKDense int   // deepseek first_k_dense_replace
+	SparseStep  int   // qwen decoder_sparse_step (0 means 1)
+	MLPOnly     []int // qwen mlp_only_layers
+
+	DType  string // F32, BF16 or F16: the dtype of every weight but the bias (F32)
+	Shards int    // > 1 writes a sharded checkpoint
+	Seed   uint64
+	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
+	// positive (its gate row is all ones).
+	HotExpert int
+	// Extra overrides config.json keys; a nil value deletes the key.
+	Extra map[string]any
+}
+
+// Expert64 is one SwiGLU expert in float64.
+type Expert64 struct {
+	Gate, Up [][]float64 // [inter][hidden]
+	Down     [][]float64 // [hidden][inter]
+}
+
+// Model is a generated checkpoint: its config.json, its tensors, and the
+// same weights widened exactly from their stored dtype to float64.
+type Model struct {
+	Spec       Spec
+	Config     map[string]any
+	Tensors    []stwrite.Tensor
+	Gate       [][]float64 // [experts][hidden]
+	Bias       []float64   // [experts], noaux_tc only
+	Experts    []Expert64
+	Shared     *Expert64
+	SharedGate []float64 // [hidden], qwen2_moe only
+}
+
+// Generate makes a random model; WriteTo then writes it to a folder.
+func Generate(s Spec) (*Model, error) {
+	if s.NumLayers == 0 {
+		s.NumLayers = s.Layer + 1
+	}
+	if s.DType == "" {
+		s.DType = "F32"
+	}
+	m := &Model{Spec: s}
+	rng := rand.New(rand.NewPCG(s.Seed, 0x6d6f6578))
+	H, I, E := s.Hidden, s.Inter, s.Experts
+	prefix := fmt.Sprintf("model.layers.%d.mlp.", s.Layer)
+	if s.ModelType == "mixtral" {
+		prefix = fmt.Sprintf("model.layers.%d.block_sparse_moe.", s.Layer)
+	}
+	var err error
+	add := func(name, dtype string, rows, cols int, scale float64, fill func(r, c int) (float64, bool)) [][]float64 {
+		v := make([]float32, rows*cols)
+		for i := range v {
+			if f, ok := fill(i/cols, i%cols); ok {
+				v[i] = float32(f)
+			} else {
+				v[i] = float32((rng.Float64()*2 - 1) * scale)
+			}
+		}
+		b, e := stwrite.Encode(dtype, v)
+		if e != nil {
+			err = e
+			return nil
+		}
+		shape := []int{rows, cols}
+		if rows == 1 && cols == E && name == prefix+"gate.e_score_correction_bias" {
+			shape = []int{cols}
+		}
+		m.Tensors = append(m.Tensors, stwrite.Tensor{Name: name, DType: dtype, Shape: shape, Data: b})
+		w, _ := stwrite.Decode(dtype, b)
+		out := make([][]float64, rows)
+		for r := range out {
+			out[r] = w[r*cols : (r+1)*cols]
+		}
+		return out
+	}
+	none := func(int, int) (float64, bool) { return 0, false }
+	hot := func(r, c int) (float64, bool) { return 1, s.HotExpert > 0 && r == s.HotExpert-1 }
+
+	m.Gate = add(prefix+"gate.weight", s.DType, E, H, 2/math.Sqrt(float64(H)), hot)
+	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" {
+		m.Bias = add(prefix+"gate.e_score_correction_bias", "F32", 1, E, 0.05, none)[0]
+	}
+	expert := func(p, gate, up, down string, inter int) Expert64 {
+		return Expert64{
+			Gate: add(p+gate, s.DType, inter, H, 1/math.Sqrt(float64(H)), none),
+			Up:   add(p+up, s.DType, inter, H, 1/math.Sqrt(float64(H)), none),
+			Down: add(p+down, s.DType, H, inter, 1/math.Sqrt(float64(inter)), none),
+		}
+	}
+	m.Experts = make([]Expert64, E)
+	for e := range m.Experts {
+		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
+		if s.ModelType == "mixtral" {
+			m.Experts[e] = expert(p, "w1.weight", "w3.weight", "w2.weight", I)
+		} else {
+			m.Experts[e] = expert(p, "gate_proj.weight", "up_proj.weight", "down_proj.weight", I)
+		}
+	}
+	switch {
+	case s.ModelType == "qwen2_moe" && s.SharedInter > 0:
+		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedInter)
+		m.Shared = &sh
+		m.SharedGate = add(prefix+"shared_expert_gate.weight", s.DType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
+	case (s.ModelType == "deepseek_v2" || s.ModelType == "deepseek_v3") && s.SharedExperts > 0:
+		sh := expert(prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedExperts*I)
+		m.Shared = &sh
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.Config = configJSON(s)
+	return m, nil
+}
+
+// WriteTo writes the model as a Hugging Face checkpoint folder.
+func (m *Model) WriteTo(dir string) error {
+	return stwrite.WriteCheckpoint(dir, m.Config, m.Tensors, m.Spec.Shards)
+}
+
+func configJSON(s Spec) map[string]any {
+	c := map[string]any{
+		"model_type":          s.ModelType,
+		"hidden_size":         s.Hidden,
+		"num_hidden_layers":   s.NumLayers,
+		"num_experts_per_tok": s.TopK,
+		"torch_dtype":         map[string]string{"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[s.DType],
+	}
+	switch s.ModelType {
+	case "mixtral":
+		c["num_local_experts"] = s.Experts
+		c["intermediate_size"] = s.Inter
+	case "qwen2_moe", "qwen3_moe":
+		c["num_experts"] = s.Experts
+		c["moe_intermediate_size"] = s.Inter
+		c["intermediate_size"] = 4 * s.Hidden
+		c["norm_topk_prob"] = s.NormTopK
+		c["decoder_sparse_step"] = max(s.SparseStep, 1)
+		c["mlp_only_layers"] = append([]int{}, s.MLPOnly...)
+		if s.ModelType == "qwen2_moe" {
+			c["shared_expert_intermediate_size"] = s.SharedInter
+		}
+	case "deepseek_v2", "deepseek_v3":
+		c["n_routed_experts"] = s.Experts
+		c["moe_intermediate_size"] = s.Inter
+		c["intermediate_size"] = 4 * s.Hidden
+		c["n_shared_experts"] = s.SharedExperts
+		c["norm_topk_prob"] = s.NormTopK
+		c["routed_scaling_factor"] = scaling(s)
+		c["topk_method"] = s.Method
+		c["scoring_func"] = s.Scoring
+		c["n_group"] = s.NGroup
+		c["topk_group"] = s.TopKGroup
+		c["first_k_dense_replace"] = s.FirstKDense
+		c["moe_layer_freq"] = 1
+	}
+	for k, v := range s.Extra {
+		if v == nil {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+	}
+	return c
+}
+
+func scaling(s Spec) float64 {
+	if s.Scaling == 0 {
+		return 1
+	}
+	return s.Scaling
+}
+
+// Input returns a random input [tokens, hidden], uniform in [-1, 1), or in
+// [0.1, 1) when positive is set.
+func Input(seed uint64, tokens, hidden int, positive bool) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 0x78))
+	x := make([]float32, tokens*hidden)
+	for i := range x {
+		if positive {
+			x[i] = float32(0.1 + 0.9*rng.Float64())
+		} else {
+			x[i] = float32(rng.Float64()*2 - 1)
+		}
+	}
+	return x
+}

@@ -1,0 +1,32 @@
+package kernels
+
+// GateUp computes the first projection of a SwiGLU expert for the rows that
+// idx gathers from x, fused with its activation:
+//
+//	h[r, n] = silu(x[idx[r]] · gate[n]) · (x[idx[r]] · up[n])   for n in [n0, n1)
+//
+// x is [tokens, hidden], gate and up are [inter, hidden], h is [len(idx), inter].
+// Only columns [n0, n1) of h are written, so that callers can split the work
+// into column tiles. Shapes are the caller's contract (checked by the layer).
+func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+	gateUpGeneric(h, x, idx, gate, up, n0, n1)
+}
+
+// Down computes the second projection of an expert, scaled by each row's
+// routing weight:
+//
+//	out[r, n] = scale[r] · (h[r] · down[n])   for n in [n0, n1)
+//
+// h is [rows, inter], down is [hidden, inter], out is [rows, hidden];
+// scale is [rows], or nil for a weight of one.
+func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
+	downGeneric(out, h, down, scale, n0, n1)
+}
+
+// RouterLogits computes dst[t, e] = x[t] · w[e] with float64 accumulation,
+// x [tokens, hidden], w [experts, hidden], dst [tokens, experts]. Routing
+// decisions are discrete; the wider accumulator keeps near ties where an
+// exact computation would put them.
+func RouterLogits(dst []float64, x []float32, w Matrix) {
+	routerLogitsGeneric(dst, x, w)
+}

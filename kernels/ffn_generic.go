@@ -1,0 +1,128 @@
+package kernels
+
+import "math"
+
+// Every dot product below runs over k in ascending order with one fp32
+// accumulator; the explicit float32 conversion of each product stops the
+// compiler from fusing multiply and add on targets where it may, so the
+// bits are the same on every architecture and for any batch.
+
+// gateUpGeneric is the reference for GateUp.
+func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+	hidden, inter := gate.Cols, gate.Rows
+	g := make([]float32, hidden)
+	u := make([]float32, hidden)
+	for n := n0; n < n1; n++ {
+		gate.RowF32(n, g)
+		up.RowF32(n, u)
+		r := 0
+		for ; r+4 <= len(idx); r += 4 {
+			x0 := x[int(idx[r])*hidden:][:hidden]
+			x1 := x[int(idx[r+1])*hidden:][:hidden]
+			x2 := x[int(idx[r+2])*hidden:][:hidden]
+			x3 := x[int(idx[r+3])*hidden:][:hidden]
+			var g0, g1, g2, g3, u0, u1, u2, u3 float32
+			for k, gk := range g {
+				uk := u[k]
+				g0 += float32(x0[k] * gk)
+				g1 += float32(x1[k] * gk)
+				g2 += float32(x2[k] * gk)
+				g3 += float32(x3[k] * gk)
+				u0 += float32(x0[k] * uk)
+				u1 += float32(x1[k] * uk)
+				u2 += float32(x2[k] * uk)
+				u3 += float32(x3[k] * uk)
+			}
+			h[r*inter+n] = SwiGLU(g0, u0)
+			h[(r+1)*inter+n] = SwiGLU(g1, u1)
+			h[(r+2)*inter+n] = SwiGLU(g2, u2)
+			h[(r+3)*inter+n] = SwiGLU(g3, u3)
+		}
+		for ; r < len(idx); r++ {
+			xr := x[int(idx[r])*hidden:][:hidden]
+			var gs, us float32
+			for k, gk := range g {
+				gs += float32(xr[k] * gk)
+				us += float32(xr[k] * u[k])
+			}
+			h[r*inter+n] = SwiGLU(gs, us)
+		}
+	}
+}
+
+// SwiGLU returns silu(g)·u = g/(1+e^-g)·u, the exponential taken in float64
+// and the result rounded once to float32.
+func SwiGLU(g, u float32) float32 {
+	s := float64(g) / (1 + math.Exp(-float64(g)))
+	return float32(s) * u
+}
+
+// downGeneric is the reference for Down.
+func downGeneric(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
+	hidden, inter := down.Rows, down.Cols
+	rows := 0
+	if inter > 0 {
+		rows = len(h) / inter
+	} else if hidden > 0 {
+		rows = len(out) / hidden
+	}
+	w := make([]float32, inter)
+	for n := n0; n < n1; n++ {
+		down.RowF32(n, w)
+		r := 0
+		for ; r+4 <= rows; r += 4 {
+			h0 := h[r*inter:][:inter]
+			h1 := h[(r+1)*inter:][:inter]
+			h2 := h[(r+2)*inter:][:inter]
+			h3 := h[(r+3)*inter:][:inter]
+			var a0, a1, a2, a3 float32
+			for k, wk := range w {
+				a0 += float32(h0[k] * wk)
+				a1 += float32(h1[k] * wk)
+				a2 += float32(h2[k] * wk)
+				a3 += float32(h3[k] * wk)
+			}
+			out[r*hidden+n] = scaled(a0, scale, r)
+			out[(r+1)*hidden+n] = scaled(a1, scale, r+1)
+			out[(r+2)*hidden+n] = scaled(a2, scale, r+2)
+			out[(r+3)*hidden+n] = scaled(a3, scale, r+3)
+		}
+		for ; r < rows; r++ {
+			hr := h[r*inter:][:inter]
+			var a float32
+			for k, wk := range w {
+				a += float32(hr[k] * wk)
+			}
+			out[r*hidden+n] = scaled(a, scale, r)
+		}
+	}
+}
+
+func scaled(a float32, scale []float32, r int) float32 {
+	if scale == nil {
+		return a
+	}
+	return a * scale[r]
+}
+
+// routerLogitsGeneric is the reference for RouterLogits.
+func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
+	experts, hidden := w.Rows, w.Cols
+	if hidden == 0 {
+		clear(dst)
+		return
+	}
+	tokens := len(x) / hidden
+	row := make([]float32, hidden)
+	for e := 0; e < experts; e++ {
+		w.RowF32(e, row)
+		for t := 0; t < tokens; t++ {
+			xt := x[t*hidden:][:hidden]
+			var s float64
+			for k, wk := range row {
+				s += float64(xt[k]) * float64(wk) // exact product; only the sum rounds
+			}
+			dst[t*experts+e] = s
+		}
+	}
+}

@@ -1,0 +1,112 @@
+// Package kernels holds the compute kernels of moex behind one Go API: the
+// expert FFN projections (gate/up with a fused SwiGLU, down with a fused
+// routing weight) and the router projection. Every kernel has a plain-Go
+// generic implementation, the reference for all others; faster CPU paths and
+// the CUDA sources plug in beneath the same functions.
+//
+// Weights stay in the dtype they were stored in (fp32, bf16 or fp16) and are
+// widened to fp32 inside the kernels; accumulation is fp32 (float64 for the
+// router) in a fixed order, so a token's result never depends on the other
+// rows of its batch.
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/moex-project/moex/internal/half"
+)
+
+// DType is the element type of a weight matrix.
+type DType uint8
+
+// Weight dtypes.
+const (
+	F32 DType = iota + 1
+	BF16
+	F16
+)
+
+// String returns the safetensors name of the dtype.
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "F32"
+	case BF16:
+		return "BF16"
+	case F16:
+		return "F16"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// Size is the size of one element in bytes.
+func (d DType) Size() int {
+	if d == F32 {
+		return 4
+	}
+	return 2
+}
+
+// Matrix is a row-major weight matrix [Rows, Cols] in its stored dtype, laid
+// out as Hugging Face's nn.Linear stores it: [out, in].
+type Matrix struct {
+	DType      DType
+	Rows, Cols int
+	f32        []float32
+	u16        []uint16
+}
+
+// NewF32 wraps data as an fp32 matrix [rows, cols] without copying.
+func NewF32(rows, cols int, data []float32) (Matrix, error) {
+	if err := checkDims(rows, cols, len(data)); err != nil {
+		return Matrix{}, err
+	}
+	return Matrix{DType: F32, Rows: rows, Cols: cols, f32: data[:rows*cols]}, nil
+}
+
+// NewHalf wraps bf16 or fp16 bit patterns as a matrix [rows, cols] without copying.
+func NewHalf(dtype DType, rows, cols int, data []uint16) (Matrix, error) {
+	if dtype != BF16 && dtype != F16 {
+		return Matrix{}, fmt.Errorf("kernels: NewHalf: dtype %v is not a 16-bit float", dtype)
+	}
+	if err := checkDims(rows, cols, len(data)); err != nil {
+		return Matrix{}, err
+	}
+	return Matrix{DType: dtype, Rows: rows, Cols: cols, u16: data[:rows*cols]}, nil
+}
+
+func checkDims(rows, cols, n int) error {
+	if rows < 0 || cols < 0 {
+		return fmt.Errorf("kernels: negative matrix shape [%d, %d]", rows, cols)
+	}
+	if cols != 0 && rows > n/cols || rows*cols != n {
+		return fmt.Errorf("kernels: matrix [%d, %d] needs %d values, have %d", rows, cols, rows*cols, n)
+	}
+	return nil
+}
+
+// RowF32 widens row i into dst[:Cols].
+func (m Matrix) RowF32(i int, dst []float32) {
+	dst = dst[:m.Cols]
+	lo := i * m.Cols
+	switch m.DType {
+	case F32:
+		copy(dst, m.f32[lo:lo+m.Cols])
+	case BF16:
+		half.BF16SliceToF32(dst, m.u16[lo:lo+m.Cols])
+	case F16:
+		half.F16SliceToF32(dst, m.u16[lo:lo+m.Cols])
+	}
+}
+
+// At returns element [i, j] widened to float32.
+func (m Matrix) At(i, j int) float32 {
+	k := i*m.Cols + j
+	switch m.DType {
+	case BF16:
+		return half.BF16ToF32(m.u16[k])
+	case F16:
+		return half.F16ToF32(m.u16[k])
+	}
+	return m.f32[k]
+}

@@ -1,0 +1,161 @@
+package moe
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/moex-project/moex/kernels"
+)
+
+// Checkpoint is a Hugging Face checkpoint folder: config.json plus one
+// model.safetensors, or shards listed in model.safetensors.index.json. Shard
+// files are mapped lazily, the first time one of their tensors is asked for,
+// so a caller that needs a few tensors maps only the files that hold them.
+type Checkpoint struct {
+	Dir    string
+	Config *Config
+
+	mu     sync.Mutex
+	where  map[string]string // tensor name → file name; nil: every file is already open
+	files  map[string]*safetensorsFile
+	closed bool
+}
+
+// OpenCheckpoint reads dir's config.json and its safetensors index. It
+// returns an error naming the file when either is missing or malformed.
+func OpenCheckpoint(dir string) (*Checkpoint, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	c := &Checkpoint{Dir: dir, Config: cfg, files: map[string]*safetensorsFile{}}
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	data, err := os.ReadFile(index)
+	switch {
+	case err == nil:
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(data, &idx); err != nil {
+			return nil, fmt.Errorf("moe: %s: %w", index, err)
+		}
+		if len(idx.WeightMap) == 0 {
+			return nil, fmt.Errorf("moe: %s: empty weight_map", index)
+		}
+		for name, file := range idx.WeightMap {
+			if file == "" || file != filepath.Base(file) || strings.HasPrefix(file, ".") {
+				return nil, fmt.Errorf("moe: %s: tensor %q maps to %q, which is not a file in the checkpoint folder", index, name, file)
+			}
+		}
+		c.where = idx.WeightMap
+		return c, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("moe: %w", err)
+	}
+	// No index: model.safetensors, or else every *.safetensors in the folder.
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if single := filepath.Join(dir, "model.safetensors"); fileExists(single) {
+		paths = []string{single}
+	}
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("moe: %s: no model.safetensors, model.safetensors.index.json or *.safetensors", dir)
+	}
+	sort.Strings(paths)
+	c.where = map[string]string{}
+	for _, p := range paths {
+		f, err := c.open(filepath.Base(p))
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		for name := range f.hdr.Tensors {
+			if prev, dup := c.where[name]; dup {
+				c.Close()
+				return nil, fmt.Errorf("moe: tensor %q is in both %s and %s", name, prev, filepath.Base(p))
+			}
+			c.where[name] = filepath.Base(p)
+		}
+	}
+	return c, nil
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// open maps a file of the checkpoint once; c.mu is held or c is not shared yet.
+func (c *Checkpoint) open(file string) (*safetensorsFile, error) {
+	if f, ok := c.files[file]; ok {
+		return f, nil
+	}
+	f, err := openSafetensors(filepath.Join(c.Dir, file))
+	if err != nil {
+		return nil, err
+	}
+	c.files[file] = f
+	return f, nil
+}
+
+// Has reports whether the checkpoint lists tensor name.
+func (c *Checkpoint) Has(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.where[name]
+	return ok
+}
+
+// Matrix returns tensor name, which must have exactly the given shape
+// ([rows, cols], or [n] for a vector), as a weight matrix that refers to the
+// mapped file: valid until Close.
+func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return kernels.Matrix{}, fmt.Errorf("moe: checkpoint %s is closed", c.Dir)
+	}
+	file, ok := c.where[name]
+	if !ok {
+		return kernels.Matrix{}, fmt.Errorf("moe: checkpoint %s: missing tensor %q", c.Dir, name)
+	}
+	f, err := c.open(file)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	if _, ok := f.hdr.Tensors[name]; !ok {
+		return kernels.Matrix{}, fmt.Errorf("moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+	}
+	return f.matrix(name, shape...)
+}
+
+// MappedFiles lists the files mapped so far, sorted.
+func (c *Checkpoint) MappedFiles() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for name := range c.files {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Close unmaps every file. Matrices taken from the checkpoint must not be
+// used afterwards.
+func (c *Checkpoint) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, f := range c.files {
+		errs = append(errs, f.close())
+	}
+	c.files = map[string]*safetensorsFile{}
+	c.closed = true
+	return errors.Join(errs...)
+}

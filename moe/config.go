@@ -1,0 +1,348 @@
+package moe
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// Scoring turns router logits into expert scores.
+type Scoring uint8
+
+// Scoring functions.
+const (
+	Softmax Scoring = iota + 1 // softmax over all experts
+	Sigmoid                    // independent sigmoid per expert
+)
+
+func (s Scoring) String() string {
+	switch s {
+	case Softmax:
+		return "softmax"
+	case Sigmoid:
+		return "sigmoid"
+	}
+	return fmt.Sprintf("Scoring(%d)", uint8(s))
+}
+
+// TopKMethod is how the top-k experts are chosen from the scores.
+type TopKMethod uint8
+
+// Expert selection methods.
+const (
+	// Greedy takes the k highest scores.
+	Greedy TopKMethod = iota + 1
+	// GroupLimitedGreedy keeps the TopKGroups groups whose best score is
+	// highest, then takes the k highest scores inside them (DeepSeek-V2).
+	GroupLimitedGreedy
+	// NoAuxTC chooses with scores plus a per-expert correction bias: groups
+	// ranked by the sum of their two best biased scores, then the k highest
+	// biased scores inside the kept groups; the weights are the unbiased
+	// scores (DeepSeek-V3).
+	NoAuxTC
+)
+
+func (m TopKMethod) String() string {
+	switch m {
+	case Greedy:
+		return "greedy"
+	case GroupLimitedGreedy:
+		return "group_limited_greedy"
+	case NoAuxTC:
+		return "noaux_tc"
+	}
+	return fmt.Sprintf("TopKMethod(%d)", uint8(m))
+}
+
+// Families lists the supported Hugging Face model_type values.
+var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
+
+// Config is the MoE block of a model, read from its config.json and
+// normalised over the families' differing field names and defaults.
+type Config struct {
+	ModelType  string
+	Hidden     int // hidden_size
+	NumLayers  int // num_hidden_layers; 0 when the file does not say
+	NumExperts int // routed experts
+	TopK       int // experts per token
+	Inter      int // intermediate width of one routed expert
+
+	// SharedInter is the intermediate width of the shared-expert MLP (DeepSeek:
+	// n_shared_experts × moe_intermediate_size, fused as one MLP); 0 for none.
+	SharedInter int
+	// SharedGate: the shared expert's output is multiplied by
+	// sigmoid(shared_expert_gate · x) (qwen2_moe).
+	SharedGate bool
+
+	Scoring        Scoring
+	Method         TopKMethod
+	NumGroups      int     // n_group, for the group-limited methods
+	TopKGroups     int     // topk_group
+	NormTopK       bool    // renormalise the k weights to sum to one
+	RoutedScaling  float64 // multiply the final weights by this
+	ScoreBiasInput bool    // NoAuxTC: the gate has an e_score_correction_bias tensor
+
+	// Which layers are MoE (the others are dense MLPs).
+	FirstKDense   int   // deepseek: first_k_dense_replace
+	LayerFreq     int   // deepseek: moe_layer_freq
+	SparseStep    int   // qwen: decoder_sparse_step
+	MLPOnlyLayers []int // qwen: mlp_only_layers
+}
+
+// rawConfig is config.json as written by the families' Hugging Face
+// configuration classes. Pointers tell a missing field from a zero.
+type rawConfig struct {
+	ModelType             string   `json:"model_type"`
+	HiddenSize            *int     `json:"hidden_size"`
+	NumHiddenLayers       *int     `json:"num_hidden_layers"`
+	NumLocalExperts       *int     `json:"num_local_experts"`
+	NumExperts            *int     `json:"num_experts"`
+	NRoutedExperts        *int     `json:"n_routed_experts"`
+	NumExpertsPerTok      *int     `json:"num_experts_per_tok"`
+	IntermediateSize      *int     `json:"intermediate_size"`
+	MoEIntermediateSize   *int     `json:"moe_intermediate_size"`
+	SharedExpertInterSize *int     `json:"shared_expert_intermediate_size"`
+	NSharedExperts        *int     `json:"n_shared_experts"`
+	NormTopKProb          *bool    `json:"norm_topk_prob"`
+	DecoderSparseStep     *int     `json:"decoder_sparse_step"`
+	MLPOnlyLayers         []int    `json:"mlp_only_layers"`
+	TopKMethod            *string  `json:"topk_method"`
+	ScoringFunc           *string  `json:"scoring_func"`
+	NGroup                *int     `json:"n_group"`
+	TopKGroup             *int     `json:"topk_group"`
+	RoutedScalingFactor   *float64 `json:"routed_scaling_factor"`
+	FirstKDenseReplace    *int     `json:"first_k_dense_replace"`
+	MoELayerFreq          *int     `json:"moe_layer_freq"`
+}
+
+// LoadConfig reads dir/config.json.
+func LoadConfig(dir string) (*Config, error) {
+	path := filepath.Join(dir, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("moe: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig reads a Hugging Face config.json. Fields a family's
+// configuration class gives a default take that default when missing; the
+// sizes must be present. The result is validated.
+func ParseConfig(data []byte) (*Config, error) {
+	var raw rawConfig
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("not a valid config.json: %w", err)
+	}
+	c := &Config{ModelType: raw.ModelType, RoutedScaling: 1, Scoring: Softmax, Method: Greedy}
+	var missing []string
+	need := func(p *int, name string) int {
+		if p == nil {
+			missing = append(missing, name)
+			return 0
+		}
+		return *p
+	}
+	or := func(p *int, def int) int {
+		if p == nil {
+			return def
+		}
+		return *p
+	}
+	c.Hidden = need(raw.HiddenSize, "hidden_size")
+	c.NumLayers = or(raw.NumHiddenLayers, 0)
+	c.TopK = need(raw.NumExpertsPerTok, "num_experts_per_tok")
+	switch raw.ModelType {
+	case "mixtral":
+		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
+		c.Inter = need(raw.IntermediateSize, "intermediate_size")
+		c.NormTopK = true
+	case "qwen2_moe", "qwen3_moe":
+		c.NumExperts = need(raw.NumExperts, "num_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+		c.SparseStep = or(raw.DecoderSparseStep, 1)
+		c.MLPOnlyLayers = raw.MLPOnlyLayers
+		if raw.ModelType == "qwen2_moe" {
+			c.SharedInter = need(raw.SharedExpertInterSize, "shared_expert_intermediate_size")
+			c.SharedGate = c.SharedInter > 0
+		}
+	case "deepseek_v2", "deepseek_v3":
+		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.SharedInter = or(raw.NSharedExperts, 0) * c.Inter
+		c.FirstKDense = or(raw.FirstKDenseReplace, 0)
+		c.LayerFreq = or(raw.MoELayerFreq, 1)
+		if raw.RoutedScalingFactor != nil {
+			c.RoutedScaling = *raw.RoutedScalingFactor
+		}
+		method, scoring := "greedy", "softmax"
+		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+		if raw.ModelType == "deepseek_v3" {
+			method, scoring = "noaux_tc", "sigmoid"
+			c.NormTopK = raw.NormTopKProb == nil || *raw.NormTopKProb
+		}
+		if raw.TopKMethod != nil {
+			method = *raw.TopKMethod
+		}
+		if raw.ScoringFunc != nil {
+			scoring = *raw.ScoringFunc
+		}
+		switch method {
+		case "greedy":
+			c.Method = Greedy
+		case "group_limited_greedy":
+			c.Method = GroupLimitedGreedy
+		case "noaux_tc":
+			c.Method = NoAuxTC
+			c.ScoreBiasInput = true
+		default:
+			return nil, fmt.Errorf("unknown topk_method %q (want greedy, group_limited_greedy or noaux_tc)", method)
+		}
+		switch scoring {
+		case "softmax":
+			c.Scoring = Softmax
+		case "sigmoid":
+			c.Scoring = Sigmoid
+		default:
+			return nil, fmt.Errorf("unknown scoring_func %q (want softmax or sigmoid)", scoring)
+		}
+		if c.Method != Greedy {
+			c.NumGroups = or(raw.NGroup, 1)
+			c.TopKGroups = or(raw.TopKGroup, c.NumGroups)
+		}
+	case "":
+		return nil, fmt.Errorf("config.json has no model_type (supported: %v)", Families)
+	default:
+		return nil, fmt.Errorf("unknown model_type %q (supported: %v)", raw.ModelType, Families)
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, missing)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Validate checks that the routing is well defined: positive sizes, top_k
+// within the experts, groups that divide the experts and leave enough
+// experts to choose from.
+func (c *Config) Validate() error {
+	if !slices.Contains(Families, c.ModelType) {
+		return fmt.Errorf("unknown model_type %q (supported: %v)", c.ModelType, Families)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hidden_size", c.Hidden}, {"number of experts", c.NumExperts}, {"num_experts_per_tok", c.TopK}, {"expert intermediate size", c.Inter}} {
+		if f.v <= 0 {
+			return fmt.Errorf("%s is %d, must be positive", f.name, f.v)
+		}
+	}
+	if c.NumLayers < 0 || c.SharedInter < 0 {
+		return fmt.Errorf("negative num_hidden_layers or shared expert size")
+	}
+	if c.TopK > c.NumExperts {
+		return fmt.Errorf("num_experts_per_tok %d is larger than the %d experts", c.TopK, c.NumExperts)
+	}
+	if c.Scoring != Softmax && c.Scoring != Sigmoid {
+		return fmt.Errorf("unknown scoring %v", c.Scoring)
+	}
+	if !(c.RoutedScaling > 0) || c.RoutedScaling > 1e30 {
+		return fmt.Errorf("routed_scaling_factor %v must be positive and finite", c.RoutedScaling)
+	}
+	switch c.Method {
+	case Greedy:
+	case GroupLimitedGreedy, NoAuxTC:
+		if c.NumGroups <= 0 || c.NumExperts%c.NumGroups != 0 {
+			return fmt.Errorf("n_group %d does not divide the %d experts", c.NumGroups, c.NumExperts)
+		}
+		if c.TopKGroups <= 0 || c.TopKGroups > c.NumGroups {
+			return fmt.Errorf("topk_group %d must be between 1 and n_group %d", c.TopKGroups, c.NumGroups)
+		}
+		if per := c.NumExperts / c.NumGroups; c.TopKGroups*per < c.TopK {
+			return fmt.Errorf("topk_group %d × %d experts per group = %d is fewer than num_experts_per_tok %d",
+				c.TopKGroups, per, c.TopKGroups*per, c.TopK)
+		}
+	default:
+		return fmt.Errorf("unknown topk method %v", c.Method)
+	}
+	if c.ModelType == "qwen2_moe" || c.ModelType == "qwen3_moe" {
+		if c.SparseStep <= 0 {
+			return fmt.Errorf("decoder_sparse_step %d must be positive", c.SparseStep)
+		}
+	}
+	if c.ModelType == "deepseek_v2" || c.ModelType == "deepseek_v3" {
+		if c.LayerFreq <= 0 || c.FirstKDense < 0 {
+			return fmt.Errorf("moe_layer_freq %d must be positive and first_k_dense_replace %d not negative", c.LayerFreq, c.FirstKDense)
+		}
+	}
+	return nil
+}
+
+// CheckMoELayer returns nil if layer n is a MoE block, and otherwise an
+// error saying why it is not (out of range, or a dense MLP layer).
+func (c *Config) CheckMoELayer(n int) error {
+	if n < 0 || (c.NumLayers > 0 && n >= c.NumLayers) {
+		return fmt.Errorf("layer %d out of range: the model has %d layers", n, c.NumLayers)
+	}
+	switch c.ModelType {
+	case "qwen2_moe", "qwen3_moe":
+		if slices.Contains(c.MLPOnlyLayers, n) {
+			return fmt.Errorf("layer %d is a dense MLP layer (in mlp_only_layers), not MoE", n)
+		}
+		if (n+1)%c.SparseStep != 0 {
+			return fmt.Errorf("layer %d is a dense MLP layer (decoder_sparse_step %d makes layers %d, %d, … MoE), not MoE",
+				n, c.SparseStep, c.SparseStep-1, 2*c.SparseStep-1)
+		}
+	case "deepseek_v2", "deepseek_v3":
+		if n < c.FirstKDense {
+			return fmt.Errorf("layer %d is a dense MLP layer (below first_k_dense_replace %d), not MoE", n, c.FirstKDense)
+		}
+		if n%c.LayerFreq != 0 {
+			return fmt.Errorf("layer %d is a dense MLP layer (not a multiple of moe_layer_freq %d), not MoE", n, c.LayerFreq)
+		}
+	}
+	return nil
+}
+
+// tensorNames are the checkpoint names of one MoE block's tensors.
+type tensorNames struct {
+	gate, bias string
+	expert     func(e int) (gate, up, down string)
+	shared     [3]string // gate, up, down
+	sharedGate string
+}
+
+func (c *Config) names(layer int) tensorNames {
+	var n tensorNames
+	if c.ModelType == "mixtral" {
+		p := fmt.Sprintf("model.layers.%d.block_sparse_moe.", layer)
+		n.gate = p + "gate.weight"
+		n.expert = func(e int) (string, string, string) {
+			q := fmt.Sprintf("%sexperts.%d.", p, e)
+			return q + "w1.weight", q + "w3.weight", q + "w2.weight"
+		}
+		return n
+	}
+	p := fmt.Sprintf("model.layers.%d.mlp.", layer)
+	n.gate = p + "gate.weight"
+	n.bias = p + "gate.e_score_correction_bias"
+	n.expert = func(e int) (string, string, string) {
+		q := fmt.Sprintf("%sexperts.%d.", p, e)
+		return q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"
+	}
+	shared := p + "shared_experts."
+	if c.ModelType == "qwen2_moe" {
+		shared = p + "shared_expert."
+		n.sharedGate = p + "shared_expert_gate.weight"
+	}
+	n.shared = [3]string{shared + "gate_proj.weight", shared + "up_proj.weight", shared + "down_proj.weight"}
+	return n
+}

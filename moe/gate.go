@@ -1,0 +1,190 @@
+package moe
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/moex-project/moex/kernels"
+)
+
+// Router is the gate of a MoE block: router logits, scores, the choice of
+// each token's top-k experts and their routing weights.
+type Router struct {
+	cfg    *Config
+	weight kernels.Matrix // [experts, hidden]
+	bias   []float64      // [experts]: the NoAuxTC correction bias, else nil
+}
+
+// NewRouter makes the gate of cfg from its weight [experts, hidden] and, for
+// NoAuxTC, the correction bias [experts] (nil otherwise).
+func NewRouter(cfg *Config, weight kernels.Matrix, bias []float32) (*Router, error) {
+	if weight.Rows != cfg.NumExperts || weight.Cols != cfg.Hidden {
+		return nil, fmt.Errorf("moe: gate weight is [%d, %d], want [%d, %d]", weight.Rows, weight.Cols, cfg.NumExperts, cfg.Hidden)
+	}
+	r := &Router{cfg: cfg, weight: weight}
+	if cfg.Method == NoAuxTC {
+		if len(bias) != cfg.NumExperts {
+			return nil, fmt.Errorf("moe: noaux_tc needs a correction bias of %d values, have %d", cfg.NumExperts, len(bias))
+		}
+		r.bias = make([]float64, len(bias))
+		for i, b := range bias {
+			if math.IsNaN(float64(b)) || math.IsInf(float64(b), 0) {
+				return nil, fmt.Errorf("moe: correction bias of expert %d is %v", i, b)
+			}
+			r.bias[i] = float64(b)
+		}
+	}
+	return r, nil
+}
+
+// Route chooses the experts of tokens [t0, t1) of x [tokens, hidden]:
+// ids[t, :] (ascending) and weights[t, :] in the same order, both
+// [tokens, top_k]. The logits, scores and weights are computed in float64
+// and the weights rounded once to float32.
+func (r *Router) Route(x []float32, ids []int32, weights []float32, t0, t1 int) {
+	c := r.cfg
+	E, H, K := c.NumExperts, c.Hidden, c.TopK
+	logits := make([]float64, (t1-t0)*E)
+	kernels.RouterLogits(logits, x[t0*H:t1*H], r.weight)
+	s := newRouteScratch(c)
+	for t := t0; t < t1; t++ {
+		r.routeOne(logits[(t-t0)*E:][:E], ids[t*K:][:K], weights[t*K:][:K], s)
+	}
+}
+
+type routeScratch struct {
+	scores, choice, groupScore []float64
+	order, groups              []int
+	allowed                    []bool
+	pick                       []int
+}
+
+func newRouteScratch(c *Config) *routeScratch {
+	E := c.NumExperts
+	return &routeScratch{
+		scores: make([]float64, E), choice: make([]float64, E),
+		groupScore: make([]float64, max(c.NumGroups, 1)),
+		order:      make([]int, E), groups: make([]int, max(c.NumGroups, 1)),
+		allowed: make([]bool, E), pick: make([]int, c.TopK),
+	}
+}
+
+func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *routeScratch) {
+	c := r.cfg
+	E := c.NumExperts
+	switch c.Scoring {
+	case Softmax:
+		m := math.Inf(-1)
+		for _, l := range logits {
+			m = max(m, l)
+		}
+		var sum float64
+		for e, l := range logits {
+			s.scores[e] = math.Exp(l - m)
+			sum += s.scores[e]
+		}
+		for e := range s.scores {
+			s.scores[e] /= sum
+		}
+	case Sigmoid:
+		for e, l := range logits {
+			s.scores[e] = 1 / (1 + math.Exp(-l))
+		}
+	}
+	// choice: the values the experts are ranked by.
+	copy(s.choice, s.scores)
+	if r.bias != nil {
+		for e := range s.choice {
+			s.choice[e] += r.bias[e]
+		}
+	}
+	for e := range s.allowed {
+		s.allowed[e] = true
+	}
+	if c.Method == GroupLimitedGreedy || c.Method == NoAuxTC {
+		per := E / c.NumGroups
+		for g := range s.groupScore {
+			grp := s.choice[g*per : (g+1)*per]
+			if c.Method == GroupLimitedGreedy {
+				s.groupScore[g] = slices.Max(grp)
+			} else {
+				s.groupScore[g] = sumTop2(grp)
+			}
+		}
+		topIndices(s.groupScore, s.groups)
+		for e := range s.allowed {
+			s.allowed[e] = false
+		}
+		for _, g := range s.groups[:c.TopKGroups] {
+			for e := g * per; e < (g+1)*per; e++ {
+				s.allowed[e] = true
+			}
+		}
+	}
+	// The k best allowed experts: higher choice value first, lower id on ties.
+	n := 0
+	for e := 0; e < E; e++ {
+		if s.allowed[e] {
+			s.order[n] = e
+			n++
+		}
+	}
+	order := s.order[:n]
+	slices.SortFunc(order, func(a, b int) int { return rankCompare(s.choice, a, b) })
+	pick := s.pick
+	copy(pick, order[:c.TopK])
+	slices.Sort(pick)
+
+	var sum float64
+	for _, e := range pick {
+		sum += s.scores[e]
+	}
+	if c.NormTopK {
+		if c.ModelType == "deepseek_v2" || c.ModelType == "deepseek_v3" {
+			sum += 1e-20
+		}
+	} else {
+		sum = 1
+	}
+	for j, e := range pick {
+		ids[j] = int32(e)
+		weights[j] = float32(s.scores[e] / sum * c.RoutedScaling)
+	}
+}
+
+// rankCompare orders a before b when v[a] is larger, or equal with a < b.
+func rankCompare(v []float64, a, b int) int {
+	switch {
+	case v[a] > v[b]:
+		return -1
+	case v[a] < v[b]:
+		return 1
+	}
+	return a - b
+}
+
+// topIndices fills idx with the indices of v ranked by rankCompare.
+func topIndices(v []float64, idx []int) {
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return rankCompare(v, a, b) })
+}
+
+// sumTop2 is the sum of the two largest values (the one value of a group
+// of one).
+func sumTop2(v []float64) float64 {
+	if len(v) == 1 {
+		return v[0]
+	}
+	a, b := math.Inf(-1), math.Inf(-1)
+	for _, x := range v {
+		if x > a {
+			a, b = x, a
+		} else if x > b {
+			b = x
+		}
+	}
+	return a + b
+}

@@ -1,0 +1,185 @@
+package moe_test
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/moe"
+)
+
+// familySpecs covers every family, weight dtype and routing method, with
+// sizes that are not powers of two.
+func familySpecs() []struct {
+	name string
+	spec moetest.Spec
+} {
+	return []struct {
+		name string
+		spec moetest.Spec
+	}{
+		{"mixtral f32", moetest.Spec{ModelType: "mixtral", Hidden: 24, Experts: 8, TopK: 2, Inter: 20, NumLayers: 2, Layer: 1, DType: "F32", Seed: 1}},
+		{"mixtral bf16 sharded", moetest.Spec{ModelType: "mixtral", Hidden: 33, Experts: 5, TopK: 3, Inter: 17, DType: "BF16", Shards: 3, Seed: 2}},
+		{"qwen2_moe bf16 norm", moetest.Spec{ModelType: "qwen2_moe", Hidden: 40, Experts: 12, TopK: 4, Inter: 12, SharedInter: 28, NormTopK: true, DType: "BF16", Seed: 3}},
+		{"qwen2_moe f32 no norm", moetest.Spec{ModelType: "qwen2_moe", Hidden: 16, Experts: 6, TopK: 2, Inter: 8, SharedInter: 24, DType: "F32", Seed: 4}},
+		{"qwen2_moe f16", moetest.Spec{ModelType: "qwen2_moe", Hidden: 20, Experts: 4, TopK: 2, Inter: 12, SharedInter: 8, NormTopK: true, DType: "F16", Seed: 5}},
+		{"qwen3_moe f32 norm", moetest.Spec{ModelType: "qwen3_moe", Hidden: 32, Experts: 16, TopK: 4, Inter: 10, NormTopK: true, NumLayers: 4, Layer: 3, DType: "F32", Seed: 6}},
+		{"qwen3_moe bf16 no norm sparse step", moetest.Spec{ModelType: "qwen3_moe", Hidden: 28, Experts: 10, TopK: 3, Inter: 14, NumLayers: 4, Layer: 1, SparseStep: 2, DType: "BF16", Seed: 7}},
+		{"deepseek_v2 greedy f32", moetest.Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 16, TopK: 6, Inter: 12, SharedExperts: 2, Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "F32", Seed: 8}},
+		{"deepseek_v2 group-limited bf16", moetest.Spec{ModelType: "deepseek_v2", Hidden: 48, Experts: 16, TopK: 3, Inter: 16, SharedExperts: 1, Method: "group_limited_greedy", Scoring: "softmax", NGroup: 4, TopKGroup: 2, Scaling: 16, DType: "BF16", Seed: 9}},
+		{"deepseek_v2 group-limited norm scaled f32", moetest.Spec{ModelType: "deepseek_v2", Hidden: 24, Experts: 12, TopK: 4, Inter: 8, Method: "group_limited_greedy", Scoring: "softmax", NGroup: 3, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 10}},
+		{"deepseek_v3 noaux_tc f32", moetest.Spec{ModelType: "deepseek_v3", Hidden: 36, Experts: 32, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 8, TopKGroup: 4, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 11}},
+		{"deepseek_v3 noaux_tc bf16 sharded", moetest.Spec{ModelType: "deepseek_v3", Hidden: 40, Experts: 16, TopK: 4, Inter: 20, SharedExperts: 2, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 1.5, DType: "BF16", Shards: 2, Seed: 12}},
+		{"deepseek_v3 no norm", moetest.Spec{ModelType: "deepseek_v3", Hidden: 16, Experts: 8, TopK: 2, Inter: 8, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, Scaling: 2, DType: "F32", Seed: 13}},
+		{"top-k 1", moetest.Spec{ModelType: "qwen3_moe", Hidden: 24, Experts: 6, TopK: 1, Inter: 8, NormTopK: true, DType: "BF16", Seed: 14}},
+		{"top-k all experts", moetest.Spec{ModelType: "mixtral", Hidden: 16, Experts: 4, TopK: 4, Inter: 8, DType: "F32", Seed: 15}},
+		{"top-k all experts deepseek_v3", moetest.Spec{ModelType: "deepseek_v3", Hidden: 16, Experts: 8, TopK: 8, Inter: 8, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 4, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 16}},
+		{"deepseek_v3 groups of one", moetest.Spec{ModelType: "deepseek_v3", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 3, NormTopK: true, Scaling: 1, DType: "F32", Seed: 17}},
+	}
+}
+
+// checkAgainstReference runs the layer on x and compares with the float64
+// reference: identical ids, weights within 1e-6, y within 1e-5.
+func checkAgainstReference(t *testing.T, l *moe.Layer, m *moetest.Model, x []float32) {
+	t.Helper()
+	s := m.Spec
+	T := len(x) / s.Hidden
+	y := make([]float32, len(x))
+	ids := make([]int32, T*s.TopK)
+	w := make([]float32, T*s.TopK)
+	require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, w))
+	ref := m.Forward(x)
+	require.Equal(t, ref.IDs, ids, "expert ids")
+	for i := range w {
+		require.InDelta(t, ref.Weights[i], w[i], 1e-6*math.Max(1, math.Abs(ref.Weights[i])), "weight %d", i)
+	}
+	if T > 0 {
+		e := moetest.RelErr(y, ref.Y)
+		require.LessOrEqual(t, e, 1e-5, "relative error of y")
+		t.Logf("%d tokens: relative error %.2e", T, e)
+	}
+}
+
+func writeModel(t *testing.T, spec moetest.Spec) (*moetest.Model, string) {
+	t.Helper()
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, m.WriteTo(dir))
+	return m, dir
+}
+
+func TestForwardMatchesReference(t *testing.T) {
+	for _, tt := range familySpecs() {
+		t.Run(tt.name, func(t *testing.T) {
+			m, dir := writeModel(t, tt.spec)
+			l, err := moe.Load(dir, m.Spec.Layer)
+			require.NoError(t, err)
+			defer l.Close()
+			for _, tokens := range []int{0, 1, 7, 37} {
+				checkAgainstReference(t, l, m, moetest.Input(uint64(tokens)+tt.spec.Seed*100, tokens, tt.spec.Hidden, false))
+			}
+		})
+	}
+}
+
+func TestAllTokensPickOneExpert(t *testing.T) {
+	for _, typ := range []string{"mixtral", "qwen2_moe", "deepseek_v2"} {
+		t.Run(typ, func(t *testing.T) {
+			spec := moetest.Spec{ModelType: typ, Hidden: 32, Experts: 8, TopK: 1, Inter: 16, SharedInter: 8, SharedExperts: 1,
+				Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16", Seed: 21, HotExpert: 6}
+			m, dir := writeModel(t, spec)
+			l, err := moe.Load(dir, 0)
+			require.NoError(t, err)
+			defer l.Close()
+			x := moetest.Input(5, 50, spec.Hidden, true)
+			checkAgainstReference(t, l, m, x)
+			ids := make([]int32, 50)
+			require.NoError(t, l.ForwardRouting(context.Background(), x, make([]float32, len(x)), ids, nil))
+			for _, id := range ids {
+				require.EqualValues(t, 5, id)
+			}
+		})
+	}
+}
+
+// TestBitsIndependentOfBatchAndWorkers: a token's output bits do not depend
+// on the other tokens of its batch nor on the number of goroutines.
+func TestBitsIndependentOfBatchAndWorkers(t *testing.T) {
+	spec := familySpecs()[10].spec // deepseek_v3 with a shared expert
+	_, dir := writeModel(t, spec)
+	l, err := moe.Load(dir, spec.Layer)
+	require.NoError(t, err)
+	defer l.Close()
+	H := spec.Hidden
+	x := moetest.Input(99, 29, H, false)
+	full := make([]float32, len(x))
+	l.Workers = 1
+	require.NoError(t, l.Forward(context.Background(), x, full))
+	for _, workers := range []int{2, 3, 8} {
+		l.Workers = workers
+		y := make([]float32, len(x))
+		require.NoError(t, l.Forward(context.Background(), x, y))
+		require.Equal(t, math32bits(full), math32bits(y), "workers %d", workers)
+	}
+	for tok := 0; tok < 29; tok += 4 {
+		one := make([]float32, H)
+		require.NoError(t, l.Forward(context.Background(), x[tok*H:(tok+1)*H], one))
+		require.Equal(t, math32bits(full[tok*H:(tok+1)*H]), math32bits(one), "token %d alone", tok)
+	}
+	// A different batch around the same token.
+	mixed := append(moetest.Input(7, 5, H, false), x[3*H:4*H]...)
+	y := make([]float32, len(mixed))
+	require.NoError(t, l.Forward(context.Background(), mixed, y))
+	require.Equal(t, math32bits(full[3*H:4*H]), math32bits(y[5*H:]))
+}
+
+func math32bits(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, f := range v {
+		out[i] = math.Float32bits(f)
+	}
+	return out
+}
+
+func TestForwardLeavesInputAlone(t *testing.T) {
+	spec := familySpecs()[2].spec
+	_, dir := writeModel(t, spec)
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	x := moetest.Input(3, 9, spec.Hidden, false)
+	orig := append([]float32(nil), x...)
+	require.NoError(t, l.Forward(context.Background(), x, make([]float32, len(x))))
+	require.Equal(t, orig, x)
+}
+
+func TestForwardBadInput(t *testing.T) {
+	spec := familySpecs()[0].spec
+	_, dir := writeModel(t, spec)
+	l, err := moe.Load(dir, 1)
+	require.NoError(t, err)
+	defer l.Close()
+	H := spec.Hidden
+	ctx := context.Background()
+	x := moetest.Input(1, 4, H, false)
+
+	require.ErrorContains(t, l.Forward(ctx, x[:H+1], make([]float32, H+1)), "not a multiple of hidden size 24")
+	require.ErrorContains(t, l.Forward(ctx, x, make([]float32, H)), "output has 24 values, want 96")
+	require.ErrorContains(t, l.ForwardRouting(ctx, x, make([]float32, len(x)), make([]int32, 3), nil), "routing outputs")
+
+	bad := append([]float32(nil), x...)
+	bad[2*H+5] = float32(math.NaN())
+	require.EqualError(t, l.Forward(ctx, bad, make([]float32, len(x))), "moe: input token 2 has a non-finite value NaN at column 5")
+	bad[2*H+5] = 0
+	bad[3*H] = float32(math.Inf(-1))
+	require.EqualError(t, l.Forward(ctx, bad, make([]float32, len(x))), "moe: input token 3 has a non-finite value -Inf at column 0")
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, l.Forward(cancelled, x, make([]float32, len(x))), context.Canceled)
+}
