@@ -1,0 +1,125 @@
+package moe_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/moe"
+)
+
+func parse(t *testing.T, fields map[string]any) (*moe.Config, error) {
+	t.Helper()
+	b, err := json.Marshal(fields)
+	require.NoError(t, err)
+	return moe.ParseConfig(b)
+}
+
+// deepseekV2Lite is DeepSeek-V2-Lite's config.json, MoE fields only.
+func deepseekV2Lite() map[string]any {
+	return map[string]any{
+		"model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27,
+		"n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
+		"n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+		"topk_method": "greedy", "n_group": 1, "topk_group": 1, "norm_topk_prob": false,
+		"routed_scaling_factor": 1.0, "scoring_func": "softmax",
+	}
+}
+
+func TestParseConfigFamilies(t *testing.T) {
+	c, err := parse(t, deepseekV2Lite())
+	require.NoError(t, err)
+	require.Equal(t, 2*1408, c.SharedInter)
+	require.Equal(t, moe.Greedy, c.Method)
+	require.Equal(t, moe.Softmax, c.Scoring)
+	require.False(t, c.NormTopK)
+
+	// DeepSeek-V3 leaves the routing fields to their defaults here.
+	c, err = parse(t, map[string]any{"model_type": "deepseek_v3", "hidden_size": 7168, "n_routed_experts": 256,
+		"num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+		"routed_scaling_factor": 2.5})
+	require.NoError(t, err)
+	require.Equal(t, moe.NoAuxTC, c.Method)
+	require.Equal(t, moe.Sigmoid, c.Scoring)
+	require.True(t, c.NormTopK, "deepseek_v3 renormalises by default")
+	require.Equal(t, 2.5, c.RoutedScaling)
+
+	c, err = parse(t, map[string]any{"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8,
+		"num_experts_per_tok": 2, "intermediate_size": 14336})
+	require.NoError(t, err)
+	require.True(t, c.NormTopK)
+	require.Zero(t, c.SharedInter)
+
+	c, err = parse(t, map[string]any{"model_type": "qwen2_moe", "hidden_size": 2048, "num_experts": 60,
+		"num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632})
+	require.NoError(t, err)
+	require.False(t, c.NormTopK, "qwen2_moe's norm_topk_prob defaults to false")
+	require.True(t, c.SharedGate)
+	require.Equal(t, 1, c.SparseStep)
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		change map[string]any
+		err    string
+	}{
+		{"unknown model_type", map[string]any{"model_type": "llama"}, `unknown model_type "llama"`},
+		{"no model_type", map[string]any{"model_type": nil}, "no model_type"},
+		{"missing size", map[string]any{"hidden_size": nil}, "missing [hidden_size]"},
+		{"top_k larger than experts", map[string]any{"num_experts_per_tok": 65}, "num_experts_per_tok 65 is larger than the 64 experts"},
+		{"zero top_k", map[string]any{"num_experts_per_tok": 0}, "num_experts_per_tok is 0, must be positive"},
+		{"n_group not dividing", map[string]any{"topk_method": "group_limited_greedy", "n_group": 5, "topk_group": 2}, "n_group 5 does not divide the 64 experts"},
+		{"too few experts in kept groups", map[string]any{"topk_method": "group_limited_greedy", "n_group": 16, "topk_group": 1}, "topk_group 1 × 4 experts per group = 4 is fewer than num_experts_per_tok 6"},
+		{"topk_group above n_group", map[string]any{"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 5}, "topk_group 5 must be between 1 and n_group 4"},
+		{"unknown topk_method", map[string]any{"topk_method": "random"}, `unknown topk_method "random"`},
+		{"unknown scoring_func", map[string]any{"scoring_func": "relu"}, `unknown scoring_func "relu"`},
+		{"bad scaling", map[string]any{"routed_scaling_factor": -1}, "routed_scaling_factor -1 must be positive"},
+		{"not JSON", nil, "not a valid config.json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.change == nil {
+				_, err = moe.ParseConfig([]byte("{"))
+			} else {
+				f := deepseekV2Lite()
+				for k, v := range tt.change {
+					if v == nil {
+						delete(f, k)
+					} else {
+						f[k] = v
+					}
+				}
+				_, err = parse(t, f)
+			}
+			require.ErrorContains(t, err, tt.err)
+		})
+	}
+}
+
+func TestCheckMoELayer(t *testing.T) {
+	ds, err := parse(t, deepseekV2Lite())
+	require.NoError(t, err)
+	require.ErrorContains(t, ds.CheckMoELayer(0), "layer 0 is a dense MLP layer (below first_k_dense_replace 1)")
+	require.NoError(t, ds.CheckMoELayer(1))
+	require.NoError(t, ds.CheckMoELayer(26))
+	require.ErrorContains(t, ds.CheckMoELayer(27), "layer 27 out of range: the model has 27 layers")
+	require.ErrorContains(t, ds.CheckMoELayer(-1), "out of range")
+
+	f := deepseekV2Lite()
+	f["moe_layer_freq"] = 2
+	ds, err = parse(t, f)
+	require.NoError(t, err)
+	require.ErrorContains(t, ds.CheckMoELayer(3), "not a multiple of moe_layer_freq 2")
+	require.NoError(t, ds.CheckMoELayer(4))
+
+	q, err := parse(t, map[string]any{"model_type": "qwen3_moe", "hidden_size": 8, "num_experts": 4, "num_hidden_layers": 8,
+		"num_experts_per_tok": 2, "moe_intermediate_size": 8, "decoder_sparse_step": 2, "mlp_only_layers": []int{3}})
+	require.NoError(t, err)
+	require.ErrorContains(t, q.CheckMoELayer(0), "layer 0 is a dense MLP layer (decoder_sparse_step 2")
+	require.NoError(t, q.CheckMoELayer(1))
+	require.ErrorContains(t, q.CheckMoELayer(3), "layer 3 is a dense MLP layer (in mlp_only_layers)")
+	require.NoError(t, q.CheckMoELayer(5))
+}
