@@ -1,0 +1,78 @@
+// Command moex runs, checks and measures the MoE engine.
+//
+//	moex run  [flags]                 a MoE layer forward over a batch, with a short report
+//	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
+//	moex info                         what this machine offers (CPU features)
+//
+// Errors are printed on one line to stderr and exit with status 1 (2 for
+// bad usage).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// errUsage marks an error in the command line itself.
+var errUsage = errors.New("usage")
+
+func main() {
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(os.Stderr, "moex:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "moex:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: moex <command> [flags]
+
+commands:
+  run    a MoE layer forward over a batch (DeepSeek-V2-Lite shapes, random weights, unless --model)
+  exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
+  info   report this machine's CPU features
+`
+
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: no command given", errUsage)
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(args[1:], stdout, stderr)
+	case "exec":
+		return cmdExec(args[1:], stdout, stderr)
+	case "info":
+		return cmdInfo(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("%w: unknown command %q", errUsage, args[0])
+}
+
+// parseFlags parses fs, turning flag errors into usage errors and refusing
+// stray arguments.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %s: %v", errUsage, fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: %s: unexpected argument %q", errUsage, fs.Name(), fs.Arg(0))
+	}
+	return nil
+}

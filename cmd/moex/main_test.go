@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/internal/npy"
+)
+
+func runCLI(args ...string) (string, string, error) {
+	var out, errb bytes.Buffer
+	err := run(args, &out, &errb)
+	return out.String(), errb.String(), err
+}
+
+// TestExecMoEGolden runs `exec moe` on every stored case and compares with
+// the stored float64 reference.
+func TestExecMoEGolden(t *testing.T) {
+	root := filepath.Join("..", "..", "testdata", "moe")
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	for _, e := range entries {
+		t.Run(e.Name(), func(t *testing.T) {
+			dir := filepath.Join(root, e.Name())
+			layer, err := os.ReadFile(filepath.Join(dir, "layer"))
+			require.NoError(t, err)
+			tmp := t.TempDir()
+			y, ids, w := filepath.Join(tmp, "y.npy"), filepath.Join(tmp, "ids.npy"), filepath.Join(tmp, "w.npy")
+			_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", string(layer), "--input", filepath.Join(dir, "x.npy"),
+				"--out", y, "--ids-out", ids, "--weights-out", w)
+			require.NoError(t, err)
+			compareNpy(t, filepath.Join(dir, "y.npy"), y, 1e-5)
+			compareNpy(t, filepath.Join(dir, "w.npy"), w, 1e-6)
+			wantIDs, err := npy.ReadInt32(filepath.Join(dir, "ids.npy"))
+			require.NoError(t, err)
+			gotIDs, err := npy.ReadInt32(ids)
+			require.NoError(t, err)
+			require.Equal(t, wantIDs.Shape, gotIDs.Shape)
+			require.Equal(t, wantIDs.Data, gotIDs.Data)
+		})
+	}
+}
+
+func compareNpy(t *testing.T, wantPath, gotPath string, tol float64) {
+	t.Helper()
+	want, err := npy.ReadFloat32(wantPath)
+	require.NoError(t, err)
+	got, err := npy.ReadFloat32(gotPath)
+	require.NoError(t, err)
+	require.Equal(t, want.Shape, got.Shape)
+	ref := make([]float64, len(want.Data))
+	for i, v := range want.Data {
+		ref[i] = float64(v)
+	}
+	require.LessOrEqual(t, moetest.RelErr(got.Data, ref), tol)
+}
+
+// TestExecMoEFreshCheckpoint: a checkpoint generated here, with sizes and a
+// seed no stored case has, against the float64 reference.
+func TestExecMoEFreshCheckpoint(t *testing.T) {
+	spec := moetest.Spec{ModelType: "deepseek_v3", Hidden: 44, Experts: 24, TopK: 6, Inter: 18, SharedExperts: 2,
+		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 6, TopKGroup: 3, NormTopK: true, Scaling: 2.5,
+		NumLayers: 5, Layer: 4, FirstKDense: 3, DType: "BF16", Shards: 3, Seed: 4242}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, m.WriteTo(dir))
+	x := moetest.Input(77, 23, spec.Hidden, false)
+	xp, yp, ip := filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy"), filepath.Join(dir, "ids.npy")
+	require.NoError(t, npy.WriteFloat32(xp, []int{23, spec.Hidden}, x))
+	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "4", "--input", xp, "--out", yp, "--ids-out", ip)
+	require.NoError(t, err)
+	ref := m.Forward(x)
+	y, err := npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	require.LessOrEqual(t, moetest.RelErr(y.Data, ref.Y), 1e-5)
+	ids, err := npy.ReadInt32(ip)
+	require.NoError(t, err)
+	require.Equal(t, ref.IDs, ids.Data)
+
+	// Zero tokens: shapes kept.
+	require.NoError(t, npy.WriteFloat32(xp, []int{0, spec.Hidden}, nil))
+	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "4", "--input", xp, "--out", yp, "--ids-out", ip)
+	require.NoError(t, err)
+	y, err = npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, spec.Hidden}, y.Shape)
+	ids, err = npy.ReadInt32(ip)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 6}, ids.Shape)
+}
+
+func TestExecMoEErrors(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	tmp := t.TempDir()
+	x := filepath.Join(dir, "x.npy")
+	out := filepath.Join(tmp, "y.npy")
+	write := func(name string, shape []int, data []float32) string {
+		p := filepath.Join(tmp, name)
+		require.NoError(t, npy.WriteFloat32(p, shape, data))
+		return p
+	}
+	nan := make([]float32, 3*32)
+	nan[2*32+7] = float32(math.NaN())
+	tests := []struct {
+		name  string
+		args  []string
+		err   string
+		usage bool
+	}{
+		{"missing --model", []string{"--layer", "1", "--input", x, "--out", out}, "--model is required", true},
+		{"missing --layer", []string{"--model", dir, "--input", x, "--out", out}, "--layer is required", true},
+		{"unknown flag", []string{"--model", dir, "--layer", "1", "--input", x, "--out", out, "--bogus"}, "flag provided but not defined: -bogus", true},
+		{"wrong hidden", []string{"--model", dir, "--layer", "1", "--input", write("a.npy", []int{2, 31}, make([]float32, 62)), "--out", out}, "shape [2 31], want [tokens, 32]", false},
+		{"one-dimensional", []string{"--model", dir, "--layer", "1", "--input", write("b.npy", []int{32}, make([]float32, 32)), "--out", out}, "shape [32], want [tokens, 32]", false},
+		{"non-finite", []string{"--model", dir, "--layer", "1", "--input", write("c.npy", []int{3, 32}, nan), "--out", out}, "input token 2 has a non-finite value NaN at column 7", false},
+		{"dense layer", []string{"--model", dir, "--layer", "5", "--input", x, "--out", out}, "layer 5 out of range: the model has 2 layers", false},
+		{"missing input", []string{"--model", dir, "--layer", "1", "--input", filepath.Join(tmp, "none.npy"), "--out", out}, "no such file", false},
+		{"no model", []string{"--model", tmp, "--layer", "1", "--input", x, "--out", out}, "config.json: no such file", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := runCLI(append([]string{"exec", "moe"}, tt.args...)...)
+			require.ErrorContains(t, err, tt.err)
+			require.Equal(t, tt.usage, strings.Contains(err.Error(), "usage"), err.Error())
+		})
+	}
+	_, _, err := runCLI("exec", "mlp")
+	require.ErrorContains(t, err, `unknown block "mlp"`)
+	_, _, err = runCLI("frobnicate")
+	require.ErrorContains(t, err, `unknown command "frobnicate"`)
+}
+
+// TestBinaryExitStatus builds moex and checks the process contract: exit 0
+// on success, non-zero with one line on stderr otherwise.
+func TestBinaryExitStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "moex")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, string(out))
+
+	dir := filepath.Join("..", "..", "testdata", "moe", "qwen3_moe_f32")
+	y := filepath.Join(t.TempDir(), "y.npy")
+	cmd := exec.Command(bin, "exec", "moe", "--model", dir, "--layer", "2", "--input", filepath.Join(dir, "x.npy"), "--out", y)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Empty(t, out)
+
+	cmd = exec.Command(bin, "exec", "moe", "--model", dir, "--layer", "0", "--input", filepath.Join(dir, "x.npy"), "--out", y)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr)
+	require.Equal(t, 1, exitErr.ExitCode())
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.Len(t, lines, 1, stderr.String())
+	require.Contains(t, lines[0], "moex: ")
+}
+
+func TestRunSmall(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "deepseek_v2_bf16_glg")
+	out, _, err := runCLI("run", "--model", dir, "--layer", "0", "--tokens", "9", "--iters", "2")
+	require.NoError(t, err)
+	require.Contains(t, out, "deepseek_v2: hidden 32, 16 experts × inter 8, top-4")
+	require.Contains(t, out, "forward    median")
+	out, _, err = runCLI("info")
+	require.NoError(t, err)
+	require.Contains(t, out, "simd")
+}

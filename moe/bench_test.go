@@ -1,0 +1,36 @@
+package moe_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// BenchmarkForward: a DeepSeek-V2-Lite expert shape (hidden 2048, inter
+// 1408, top-6, two shared experts) with 16 experts instead of 64 to keep
+// the setup short, bf16 weights; decode and batch sizes.
+func BenchmarkForward(b *testing.B) {
+	cfg := moe.DeepSeekV2Lite()
+	cfg.NumExperts = 16
+	l, err := moe.NewRandom(cfg, kernels.BF16, 1)
+	require.NoError(b, err)
+	for _, tokens := range []int{1, 16, 128} {
+		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
+			x := moetest.Input(1, tokens, cfg.Hidden, false)
+			y := make([]float32, len(x))
+			b.SetBytes(0)
+			for b.Loop() {
+				if err := l.Forward(context.Background(), x, y); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(cfg.FLOPs(tokens)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

@@ -1,0 +1,107 @@
+package moe_test
+
+import (
+	"context"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/internal/npy"
+	"github.com/moex-project/moex/moe"
+)
+
+var update = flag.Bool("update", false, "regenerate testdata/moe from the float64 reference")
+
+// GoldenSpecs are the cases under testdata/moe: one folder per case with the
+// checkpoint, x.npy and the reference's y.npy, ids.npy and w.npy.
+var goldenSpecs = map[string]moetest.Spec{
+	"mixtral_f32":          {ModelType: "mixtral", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, NumLayers: 2, Layer: 1, DType: "F32", Seed: 101},
+	"mixtral_bf16_sharded": {ModelType: "mixtral", Hidden: 24, Experts: 6, TopK: 3, Inter: 20, DType: "BF16", Shards: 2, Seed: 102},
+	"qwen2_moe_bf16":       {ModelType: "qwen2_moe", Hidden: 32, Experts: 10, TopK: 4, Inter: 12, SharedInter: 24, NormTopK: false, DType: "BF16", Seed: 103},
+	"qwen2_moe_f16_norm":   {ModelType: "qwen2_moe", Hidden: 24, Experts: 6, TopK: 2, Inter: 16, SharedInter: 16, NormTopK: true, DType: "F16", Seed: 104},
+	"qwen3_moe_f32":        {ModelType: "qwen3_moe", Hidden: 32, Experts: 12, TopK: 4, Inter: 12, NormTopK: true, NumLayers: 3, Layer: 2, DType: "F32", Seed: 105},
+	"qwen3_moe_bf16_top1":  {ModelType: "qwen3_moe", Hidden: 24, Experts: 8, TopK: 1, Inter: 16, NormTopK: true, DType: "BF16", Seed: 106},
+	"deepseek_v2_f32":      {ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "F32", Seed: 107},
+	"deepseek_v2_bf16_glg": {ModelType: "deepseek_v2", Hidden: 32, Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, Method: "group_limited_greedy", Scoring: "softmax", NGroup: 4, TopKGroup: 2, Scaling: 16, DType: "BF16", Seed: 108},
+	"deepseek_v3_f32":      {ModelType: "deepseek_v3", Hidden: 32, Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 109},
+	"deepseek_v3_bf16_all": {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
+}
+
+const goldenTokens = 16
+
+func goldenDir() string { return filepath.Join("..", "testdata", "moe") }
+
+// TestGoldenGenerate writes testdata/moe when run with -update:
+//
+//	go test ./moe -run TestGoldenGenerate -update
+func TestGoldenGenerate(t *testing.T) {
+	if !*update {
+		t.Skip("run with -update to regenerate testdata/moe")
+	}
+	require.NoError(t, os.RemoveAll(goldenDir()))
+	for name, spec := range goldenSpecs {
+		m, err := moetest.Generate(spec)
+		require.NoError(t, err)
+		dir := filepath.Join(goldenDir(), name)
+		require.NoError(t, m.WriteTo(dir))
+		x := moetest.Input(spec.Seed, goldenTokens, spec.Hidden, false)
+		ref := m.Forward(x)
+		y := make([]float32, len(ref.Y))
+		for i, v := range ref.Y {
+			y[i] = float32(v)
+		}
+		w := make([]float32, len(ref.Weights))
+		for i, v := range ref.Weights {
+			w[i] = float32(v)
+		}
+		require.NoError(t, npy.WriteFloat32(filepath.Join(dir, "x.npy"), []int{goldenTokens, spec.Hidden}, x))
+		require.NoError(t, npy.WriteFloat32(filepath.Join(dir, "y.npy"), []int{goldenTokens, spec.Hidden}, y))
+		require.NoError(t, npy.WriteInt32(filepath.Join(dir, "ids.npy"), []int{goldenTokens, spec.TopK}, ref.IDs))
+		require.NoError(t, npy.WriteFloat32(filepath.Join(dir, "w.npy"), []int{goldenTokens, spec.TopK}, w))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "layer"), []byte{byte('0' + spec.Layer)}, 0o644))
+	}
+}
+
+// TestGolden runs every stored case and compares with the stored reference.
+func TestGolden(t *testing.T) {
+	entries, err := os.ReadDir(goldenDir())
+	require.NoError(t, err)
+	require.Len(t, entries, len(goldenSpecs), "testdata/moe is out of date: regenerate with -update")
+	for _, e := range entries {
+		t.Run(e.Name(), func(t *testing.T) {
+			dir := filepath.Join(goldenDir(), e.Name())
+			layer, err := os.ReadFile(filepath.Join(dir, "layer"))
+			require.NoError(t, err)
+			l, err := moe.Load(dir, int(layer[0]-'0'))
+			require.NoError(t, err)
+			defer l.Close()
+			x, err := npy.ReadFloat32(filepath.Join(dir, "x.npy"))
+			require.NoError(t, err)
+			want, err := npy.ReadFloat32(filepath.Join(dir, "y.npy"))
+			require.NoError(t, err)
+			wantIDs, err := npy.ReadInt32(filepath.Join(dir, "ids.npy"))
+			require.NoError(t, err)
+			wantW, err := npy.ReadFloat32(filepath.Join(dir, "w.npy"))
+			require.NoError(t, err)
+
+			y := make([]float32, len(x.Data))
+			ids := make([]int32, len(wantIDs.Data))
+			w := make([]float32, len(wantW.Data))
+			require.NoError(t, l.ForwardRouting(context.Background(), x.Data, y, ids, w))
+			require.Equal(t, wantIDs.Data, ids)
+			for i := range w {
+				require.InDelta(t, wantW.Data[i], w[i], 1e-6*math.Max(1, math.Abs(float64(wantW.Data[i]))))
+			}
+			ref := make([]float64, len(want.Data))
+			for i, v := range want.Data {
+				ref[i] = float64(v)
+			}
+			require.LessOrEqual(t, moetest.RelErr(y, ref), 1e-5)
+		})
+	}
+}

@@ -1,0 +1,115 @@
+package moe
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+)
+
+// DeepSeekV2Lite returns the MoE block of DeepSeek-V2-Lite: 64 routed
+// experts of width 1408, top-6, greedy softmax routing without
+// renormalisation, two shared experts, hidden size 2048.
+func DeepSeekV2Lite() *Config {
+	return &Config{
+		ModelType: "deepseek_v2", Hidden: 2048, NumLayers: 27, NumExperts: 64, TopK: 6, Inter: 1408,
+		SharedInter: 2 * 1408, Scoring: Softmax, Method: Greedy, RoutedScaling: 1,
+		FirstKDense: 1, LayerFreq: 1,
+	}
+}
+
+// NewRandom makes a layer of cfg with random weights in dtype, uniform in
+// ±1/√fan_in (the correction bias, if any, in ±0.05), the same for the
+// same seed. It is for benchmarks and demonstrations.
+func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("moe: %w", err)
+	}
+	if dtype != kernels.F32 && dtype != kernels.BF16 && dtype != kernels.F16 {
+		return nil, fmt.Errorf("moe: random weights of dtype %v", dtype)
+	}
+	H := cfg.Hidden
+	var mu sync.Mutex
+	var firstErr error
+	// Each matrix has its own stream, so the weights do not depend on the
+	// order the goroutines run in.
+	matrix := func(stream uint64, rows, cols int) kernels.Matrix {
+		rng := rand.New(rand.NewPCG(seed, stream))
+		a := 1 / math.Sqrt(float64(cols))
+		var m kernels.Matrix
+		var err error
+		if dtype == kernels.F32 {
+			v := make([]float32, rows*cols)
+			for i := range v {
+				v[i] = float32((2*rng.Float64() - 1) * a)
+			}
+			m, err = kernels.NewF32(rows, cols, v)
+		} else {
+			conv := half.F32ToBF16
+			if dtype == kernels.F16 {
+				conv = half.F32ToF16
+			}
+			v := make([]uint16, rows*cols)
+			for i := range v {
+				v[i] = conv(float32((2*rng.Float64() - 1) * a))
+			}
+			m, err = kernels.NewHalf(dtype, rows, cols, v)
+		}
+		if err != nil {
+			mu.Lock()
+			firstErr = err
+			mu.Unlock()
+		}
+		return m
+	}
+	var w Weights
+	w.Experts = make([]Expert, cfg.NumExperts)
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for e := range jobs {
+				s := uint64(e+1) * 4
+				w.Experts[e] = Expert{Gate: matrix(s, cfg.Inter, H), Up: matrix(s+1, cfg.Inter, H), Down: matrix(s+2, H, cfg.Inter)}
+			}
+		})
+	}
+	for e := range w.Experts {
+		jobs <- e
+	}
+	close(jobs)
+	wg.Wait()
+	w.Gate = matrix(1, cfg.NumExperts, H)
+	if cfg.SharedInter > 0 {
+		w.Shared = &Expert{Gate: matrix(2, cfg.SharedInter, H), Up: matrix(3, cfg.SharedInter, H), Down: matrix(0, H, cfg.SharedInter)}
+		if cfg.SharedGate {
+			g := matrix(1<<32, 1, H)
+			w.SharedGate = &g
+		}
+	}
+	if cfg.Method == NoAuxTC {
+		rng := rand.New(rand.NewPCG(seed, 1<<33))
+		w.Bias = make([]float32, cfg.NumExperts)
+		for i := range w.Bias {
+			w.Bias[i] = float32((2*rng.Float64() - 1) * 0.05)
+		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return New(cfg, w)
+}
+
+// FLOPs returns the floating-point operations of a forward pass over tokens
+// tokens: 2·hidden·(3·inter) per token per routed expert, the same for the
+// shared expert, plus the router.
+func (c *Config) FLOPs(tokens int) float64 {
+	per := 2 * float64(c.Hidden) * 3 * float64(c.Inter) * float64(c.TopK)
+	per += 2 * float64(c.Hidden) * 3 * float64(c.SharedInter)
+	per += 2 * float64(c.Hidden) * float64(c.NumExperts)
+	return per * float64(tokens)
+}
