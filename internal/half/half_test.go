@@ -72,7 +72,7 @@ func TestRoundsToNearestEven(t *testing.T) {
 	for _, f := range formats {
 		t.Run(f.name, func(t *testing.T) {
 			maxExp := uint16(1<<f.expBits-1) << f.manBits // first Inf pattern
-			for h := uint16(0); h+1 < maxExp; h++ { // the last step, to Inf, is in TestOverflowAndSpecials
+			for h := uint16(0); h+1 < maxExp; h++ {       // the last step, to Inf, is in TestOverflowAndSpecials
 				lo := value16(h, f.expBits, f.manBits)
 				hi := value16(h+1, f.expBits, f.manBits)
 				mid := float32((lo + hi) / 2) // exact in float32 for both formats
