@@ -213,8 +213,13 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("unknown scoring_func %q (want softmax or sigmoid)", scoring)
 		}
 		if c.Method != Greedy {
-			c.NumGroups = or(raw.NGroup, 1)
-			c.TopKGroups = or(raw.TopKGroup, c.NumGroups)
+			// DeepseekV3Config defaults to 8 groups, 4 kept; V2 has no groups unless told.
+			defGroups, defKeep := 1, 1
+			if raw.ModelType == "deepseek_v3" {
+				defGroups, defKeep = 8, 4
+			}
+			c.NumGroups = or(raw.NGroup, defGroups)
+			c.TopKGroups = or(raw.TopKGroup, min(defKeep, c.NumGroups))
 		}
 	case "":
 		return nil, fmt.Errorf("config.json has no model_type (supported: %v)", Families)

@@ -44,6 +44,10 @@ func TestParseConfigFamilies(t *testing.T) {
 	require.Equal(t, moe.Sigmoid, c.Scoring)
 	require.True(t, c.NormTopK, "deepseek_v3 renormalises by default")
 	require.Equal(t, 2.5, c.RoutedScaling)
+	c, err = parse(t, map[string]any{"model_type": "deepseek_v3", "hidden_size": 64, "n_routed_experts": 16,
+		"num_experts_per_tok": 4, "moe_intermediate_size": 32})
+	require.NoError(t, err)
+	require.Equal(t, [2]int{8, 4}, [2]int{c.NumGroups, c.TopKGroups}, "DeepseekV3Config's group defaults")
 
 	c, err = parse(t, map[string]any{"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8,
 		"num_experts_per_tok": 2, "intermediate_size": 14336})
