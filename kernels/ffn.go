@@ -9,6 +9,10 @@ package kernels
 // Only columns [n0, n1) of h are written, so that callers can split the work
 // into column tiles. Shapes are the caller's contract (checked by the layer).
 func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+	if s := active; s != nil {
+		gateUpSIMD(s, h, x, idx, gate, up, n0, n1)
+		return
+	}
 	gateUpGeneric(h, x, idx, gate, up, n0, n1)
 }
 
@@ -20,6 +24,10 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // h is [rows, inter], down is [hidden, inter], out is [rows, hidden];
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
+	if s := active; s != nil {
+		downSIMD(s, out, h, down, scale, n0, n1)
+		return
+	}
 	downGeneric(out, h, down, scale, n0, n1)
 }
 

@@ -1,0 +1,147 @@
+//go:generate go run . -out ../dot_amd64.s -stubs ../dot_amd64_stubs.go -pkg kernels
+
+// Command _asm generates the register-blocked dot-product micro-kernels of
+// package kernels with avo: for an ISA (AVX2+FMA with 8 lanes, AVX-512 with
+// 16), a weight dtype (F32, BF16, F16) and a row count MR, the kernel
+// computes the MR×4 dot products of MR activation rows (fp32) with 4 weight
+// rows (in their stored dtype, widened in registers) over k elements, k a
+// multiple of the lane count:
+//
+//	out[m·4+n] = reduce(lanes of Σ_k a[m][k]·b[n][k])
+//
+// Each output has one vector accumulator; lane j sums k ≡ j (mod lanes) in
+// ascending k with FMA, and the lanes are then added in a fixed tree. The
+// order is the same for every MR, so a row's result never depends on the
+// rows computed beside it. dot_ref_test.go in package kernels holds an exact
+// emulation of this order.
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// maxMR is the size of the row-pointer array every kernel takes.
+const maxMR = 6
+
+type isa struct {
+	name  string
+	lanes int
+	maxMR int
+	vec   func() VecVirtual
+}
+
+var isas = []isa{
+	{"AVX2", 8, 3, YMM},
+	{"AVX512", 16, 6, ZMM},
+}
+
+func main() {
+	Package("github.com/moex-project/moex/kernels")
+	ConstraintExpr("!purego")
+	for _, is := range isas {
+		for _, dt := range []string{"F32", "BF16", "F16"} {
+			for mr := 1; mr <= is.maxMR; mr++ {
+				dot(is, dt, mr)
+			}
+		}
+	}
+	Generate()
+}
+
+func dot(is isa, dt string, mr int) {
+	name := fmt.Sprintf("dot%s%sx%d", is.name, dt, mr)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s computes the %d×4 lane-ordered dot products of %d fp32 rows with 4 %s rows; k is a multiple of %d.",
+		name, mr, mr, dt, is.lanes))
+
+	aPtr := Load(Param("a"), GP64())
+	bPtr := Load(Param("b"), GP64())
+	a := make([]GPVirtual, mr)
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	var b [4]GPVirtual
+	for n := range b {
+		b[n] = GP64()
+		MOVQ(Mem{Base: bPtr, Disp: 8 * n}, b[n])
+	}
+	k := Load(Param("k"), GP64())
+	i := GP64()
+	XORQ(i, i)
+
+	acc := make([][4]VecVirtual, mr)
+	for m := range acc {
+		for n := range acc[m] {
+			acc[m][n] = is.vec()
+			VXORPS(acc[m][n], acc[m][n], acc[m][n])
+		}
+	}
+
+	Comment("Main loop: one vector of lanes per row per step.")
+	Label(name + "_loop")
+	CMPQ(i, k)
+	JGE(LabelRef(name + "_reduce"))
+	av := make([]VecVirtual, mr)
+	for m := range av {
+		av[m] = is.vec()
+		VMOVUPS(Mem{Base: a[m], Index: i, Scale: 4}, av[m])
+	}
+	for n := range b {
+		bv := is.vec()
+		switch dt {
+		case "F32":
+			VMOVUPS(Mem{Base: b[n], Index: i, Scale: 4}, bv)
+		case "BF16": // bf16 is the top half of an fp32: zero-extend, shift up
+			VPMOVZXWD(Mem{Base: b[n], Index: i, Scale: 2}, bv)
+			VPSLLD(U8(16), bv, bv)
+		case "F16":
+			VCVTPH2PS(Mem{Base: b[n], Index: i, Scale: 2}, bv)
+		}
+		for m := range av {
+			VFMADD231PS(bv, av[m], acc[m][n])
+		}
+	}
+	ADDQ(U32(is.lanes), i)
+	JMP(LabelRef(name + "_loop"))
+
+	Comment("Reduce each accumulator: halves added until one lane is left.")
+	Label(name + "_reduce")
+	out := Load(Param("out"), GP64())
+	for m := range acc {
+		for n := range acc[m] {
+			v := acc[m][n]
+			if is.lanes == 16 {
+				// EVEX forms only: accumulators may live in Z16–Z31.
+				t := ZMM()
+				VSHUFF64X2(U8(0x4e), v, v, t) // swap 256-bit halves
+				VADDPS(t, v, v)               // lane j + lane j+8
+				VSHUFF64X2(U8(0xb1), v, v, t) // swap 128-bit lanes
+				VADDPS(t, v, v)               // lane j + lane j+4
+				VPERMILPS(U8(0x4e), v, t)     // swap 64-bit halves
+				VADDPS(t, v, v)               // lane j + lane j+2
+				VMOVSHDUP(v, t)
+				VADDSS(t.AsX(), v.AsX(), v.AsX()) // lane 0 + lane 1
+				VMOVSS(v.AsX(), Mem{Base: out, Disp: 4 * (4*m + n)})
+				continue
+			}
+			x, y := v.AsX(), v.AsY()
+			hx := XMM()
+			VEXTRACTF128(U8(1), y, hx)
+			VADDPS(hx, x, x) // lane j + lane j+4
+			t := XMM()
+			VMOVHLPS(x, x, t)
+			VADDPS(t, x, x) // lane j + lane j+2
+			VMOVSHDUP(x, t)
+			VADDSS(t, x, x) // lane 0 + lane 1
+			VMOVSS(x, Mem{Base: out, Disp: 4 * (4*m + n)})
+		}
+	}
+	VZEROUPPER()
+	RET()
+}

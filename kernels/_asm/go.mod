@@ -1,0 +1,16 @@
+module github.com/moex-project/moex/kernels/_asm
+
+go 1.26.8
+
+require (
+	github.com/mmcloughlin/avo v0.5.0
+	github.com/moex-project/moex v0.0.0
+)
+
+require (
+	golang.org/x/mod v0.42.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/tools v0.52.0 // indirect
+)
+
+replace github.com/moex-project/moex => ../..

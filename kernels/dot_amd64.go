@@ -1,0 +1,29 @@
+//go:build !purego
+
+package kernels
+
+import "github.com/klauspost/cpuid/v2"
+
+// The AVX2 kernels need FMA and F16C as well; the AVX-512 ones need BW for
+// the bf16 widening (VPMOVZXWD on zmm).
+var (
+	hasAVX2   = cpuid.CPU.Supports(cpuid.AVX2, cpuid.FMA3, cpuid.F16C)
+	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW)
+)
+
+func init() {
+	if hasAVX2 {
+		s := &simd{name: "avx2", lanes: 8, maxMR: 3}
+		s.kern[F32] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F32x1, dotAVX2F32x2, dotAVX2F32x3}
+		s.kern[BF16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2BF16x1, dotAVX2BF16x2, dotAVX2BF16x3}
+		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F16x1, dotAVX2F16x2, dotAVX2F16x3}
+		register(s)
+	}
+	if hasAVX512 {
+		s := &simd{name: "avx512", lanes: 16, maxMR: 6}
+		s.kern[F32] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512F32x1, dotAVX512F32x2, dotAVX512F32x3, dotAVX512F32x4, dotAVX512F32x5, dotAVX512F32x6}
+		s.kern[BF16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512BF16x1, dotAVX512BF16x2, dotAVX512BF16x3, dotAVX512BF16x4, dotAVX512BF16x5, dotAVX512BF16x6}
+		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512F16x1, dotAVX512F16x2, dotAVX512F16x3, dotAVX512F16x4, dotAVX512F16x5, dotAVX512F16x6}
+		register(s)
+	}
+}

@@ -1,0 +1,120 @@
+package kernels
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/klauspost/cpuid/v2"
+)
+
+// An implementation of the dot-product kernels: generic Go (always there)
+// or a SIMD one registered by the architecture's files when the CPU has
+// the instructions.
+type simd struct {
+	name  string
+	lanes int // vector width in fp32 lanes; k runs in steps of it
+	maxMR int // most activation rows per kernel call
+	// kern[dtype][mr] computes the mr×4 dot products; see _asm/dot.go.
+	kern [F16 + 1][maxKernelRows + 1]kernelFunc
+}
+
+// kernelFunc computes mr×4 dot products of fp32 rows a[:mr] with 4 weight
+// rows b over k elements, k a multiple of the lane count; see _asm/dot.go.
+type kernelFunc func(a *[maxKernelRows]*float32, b *[4]*byte, k int, out *[4 * maxKernelRows]float32)
+
+// maxKernelRows is the size of the row-pointer array of every kernel.
+const maxKernelRows = 6
+
+var (
+	implMu    sync.Mutex
+	simds     []*simd // registered and runnable, best last
+	active    *simd   // nil: generic
+	l2Bytes   = cacheOr(cpuid.CPU.Cache.L2, 1<<20)
+	l1dBytes  = cacheOr(cpuid.CPU.Cache.L1D, 32<<10)
+)
+
+func cacheOr(n, def int) int {
+	if n <= 0 {
+		return def
+	}
+	return n
+}
+
+// register adds a runnable SIMD implementation and makes it the active one
+// (implementations register in increasing order of preference).
+func register(s *simd) {
+	simds = append(simds, s)
+	active = s
+}
+
+// Implementations lists the kernel implementations this machine can run:
+// "generic" first, then the SIMD ones, best last.
+func Implementations() []string {
+	implMu.Lock()
+	defer implMu.Unlock()
+	names := []string{"generic"}
+	for _, s := range simds {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// Implementation returns the name of the implementation in use.
+func Implementation() string {
+	implMu.Lock()
+	defer implMu.Unlock()
+	if active == nil {
+		return "generic"
+	}
+	return active.name
+}
+
+// Use makes the named implementation ("generic", "avx2", "avx512", or
+// "auto" for the best available) the one every kernel call uses, and
+// returns a function that restores the previous one. It is for tests and
+// benchmarks: switching while kernels run is not safe.
+func Use(name string) (restore func(), err error) {
+	implMu.Lock()
+	defer implMu.Unlock()
+	prev := active
+	restore = func() {
+		implMu.Lock()
+		active = prev
+		implMu.Unlock()
+	}
+	switch name {
+	case "generic":
+		active = nil
+		return restore, nil
+	case "auto":
+		active = nil
+		if len(simds) > 0 {
+			active = simds[len(simds)-1]
+		}
+		return restore, nil
+	}
+	for _, s := range simds {
+		if s.name == name {
+			active = s
+			return restore, nil
+		}
+	}
+	return func() {}, fmt.Errorf("kernels: implementation %q is not available on this machine (have %v)", name, namesLocked())
+}
+
+func namesLocked() []string {
+	names := []string{"generic"}
+	for _, s := range simds {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// rowPtr points at the first element of row n; m.Cols must be positive.
+func (m Matrix) rowPtr(n int) *byte {
+	if m.DType == F32 {
+		return (*byte)(unsafe.Pointer(&m.f32[n*m.Cols]))
+	}
+	return (*byte)(unsafe.Pointer(&m.u16[n*m.Cols]))
+}
