@@ -27,11 +27,11 @@ type kernelFunc func(a *[maxKernelRows]*float32, b *[4]*byte, k int, out *[4 * m
 const maxKernelRows = 6
 
 var (
-	implMu    sync.Mutex
-	simds     []*simd // registered and runnable, best last
-	active    *simd   // nil: generic
-	l2Bytes   = cacheOr(cpuid.CPU.Cache.L2, 1<<20)
-	l1dBytes  = cacheOr(cpuid.CPU.Cache.L1D, 32<<10)
+	implMu   sync.Mutex
+	simds    []*simd // registered and runnable, best last
+	active   *simd   // nil: generic
+	l2Bytes  = cacheOr(cpuid.CPU.Cache.L2, 1<<20)
+	l1dBytes = cacheOr(cpuid.CPU.Cache.L1D, 32<<10)
 )
 
 func cacheOr(n, def int) int {
