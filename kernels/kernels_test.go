@@ -1,0 +1,93 @@
+package kernels_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/kerneltest"
+)
+
+// forEachImpl runs f once per implementation this machine can run.
+func forEachImpl(t *testing.T, f func(t *testing.T)) {
+	for _, name := range kernels.Implementations() {
+		t.Run(name, func(t *testing.T) {
+			restore, err := kernels.Use(name)
+			require.NoError(t, err)
+			defer restore()
+			f(t)
+		})
+	}
+}
+
+func TestAllImplementations(t *testing.T) {
+	t.Logf("implementations: %v (default %s)", kernels.Implementations(), kernels.Implementation())
+	forEachImpl(t, func(t *testing.T) {
+		t.Run("GateUp", func(t *testing.T) { kerneltest.TestGateUp(t, kernels.GateUp) })
+		t.Run("Down", func(t *testing.T) { kerneltest.TestDown(t, kernels.Down) })
+		t.Run("NaN", func(t *testing.T) { kerneltest.TestNaN(t, kernels.GateUp, kernels.Down) })
+	})
+}
+
+func TestUseUnknown(t *testing.T) {
+	_, err := kernels.Use("neon9000")
+	require.ErrorContains(t, err, `implementation "neon9000" is not available on this machine`)
+	restore, err := kernels.Use("generic")
+	require.NoError(t, err)
+	require.Equal(t, "generic", kernels.Implementation())
+	restore()
+}
+
+// FuzzSIMDAgainstGeneric compares every SIMD implementation with the
+// generic one on fuzzed shapes and data.
+func FuzzSIMDAgainstGeneric(f *testing.F) {
+	f.Add(uint64(1), uint8(3), uint8(5), uint8(40), uint8(1))
+	f.Add(uint64(2), uint8(1), uint8(1), uint8(1), uint8(0))
+	f.Add(uint64(3), uint8(17), uint8(9), uint8(255), uint8(2))
+	f.Fuzz(func(t *testing.T, seed uint64, m, n, k, dt uint8) {
+		M, N, K := int(m%32), int(n%32)+1, int(k)+1
+		dtype := kernels.DType(dt%3) + kernels.F32
+		rng := rand.New(rand.NewPCG(seed, 1))
+		gate, _ := kerneltest.Weights(rng, dtype, N, K)
+		up, _ := kerneltest.Weights(rng, dtype, N, K)
+		x := make([]float32, M*K)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		idx := make([]int32, M)
+		for i := range idx {
+			idx[i] = int32(i)
+		}
+		run := func(name string) ([]float32, []float32) {
+			restore, err := kernels.Use(name)
+			require.NoError(t, err)
+			defer restore()
+			h := make([]float32, M*N)
+			kernels.GateUp(h, x, idx, gate, up, 0, N)
+			out := make([]float32, M*N)
+			kernels.Down(out, x, gate, nil, 0, N)
+			return h, out
+		}
+		gh, gout := run("generic")
+		// Tolerances scale with Σ|x·w|, the size of the rounding errors.
+		mag := func(w kernels.Matrix, r, c int) float64 {
+			var s float64
+			for k := 0; k < K; k++ {
+				s += math.Abs(float64(x[r*K+k] * w.At(c, k)))
+			}
+			return s
+		}
+		for _, name := range kernels.Implementations()[1:] {
+			h, out := run(name)
+			for i := range h {
+				r, c := i/N, i%N
+				mg, mu := mag(gate, r, c), mag(up, r, c)
+				require.InDelta(t, gh[i], h[i], 1e-5*(mg+mu)*(1+mg+mu), "%s gate/up %d", name, i)
+				require.InDelta(t, gout[i], out[i], 1e-5*mg+1e-30, "%s down %d", name, i)
+			}
+		}
+	})
+}

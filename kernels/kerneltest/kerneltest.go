@@ -1,0 +1,241 @@
+// Package kerneltest is the conformance suite of the expert FFN kernels:
+// every implementation (generic, asm, cudaemu, cuda) runs the same tests
+// against a float64 reference, with guard-padded outputs, aligned and
+// unaligned sizes, column sub-ranges, every weight dtype and NaN inputs.
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+)
+
+// GateUpFunc has the contract of kernels.GateUp.
+type GateUpFunc func(h, x []float32, idx []int32, gate, up kernels.Matrix, n0, n1 int)
+
+// DownFunc has the contract of kernels.Down.
+type DownFunc func(out, h []float32, down kernels.Matrix, scale []float32, n0, n1 int)
+
+// guard fills the padding around outputs; any write outside the contract
+// changes it.
+const guard = float32(-12345.678)
+
+// Shape is one case of the suite: m rows, a projection [n, k].
+type Shape struct{ M, N, K int }
+
+// Shapes covers M = 0, 1, 7, 64 and 1000, N and K that are multiples of no
+// tile, and the DeepSeek-V2-Lite expert shape.
+var Shapes = []Shape{
+	{0, 8, 16}, {1, 1, 1}, {1, 4, 8}, {1, 5, 17}, {7, 9, 33}, {7, 16, 64}, {3, 3, 15},
+	{64, 20, 130}, {13, 37, 257}, {1000, 6, 40}, {4, 64, 2048}, {2, 24, 1408},
+}
+
+// Weights returns a random [rows, cols] matrix of dtype and its exact
+// float64 values.
+func Weights(rng *rand.Rand, dtype kernels.DType, rows, cols int) (kernels.Matrix, [][]float64) {
+	vals := make([][]float64, rows)
+	f32 := make([]float32, rows*cols)
+	u16 := make([]uint16, rows*cols)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			v := float32(rng.Float64()*2 - 1)
+			switch dtype {
+			case kernels.BF16:
+				u16[r*cols+c] = half.F32ToBF16(v)
+				v = half.BF16ToF32(u16[r*cols+c])
+			case kernels.F16:
+				u16[r*cols+c] = half.F32ToF16(v)
+				v = half.F16ToF32(u16[r*cols+c])
+			}
+			f32[r*cols+c] = v
+			vals[r][c] = float64(v)
+		}
+	}
+	var m kernels.Matrix
+	var err error
+	if dtype == kernels.F32 {
+		m, err = kernels.NewF32(rows, cols, f32)
+	} else {
+		m, err = kernels.NewHalf(dtype, rows, cols, u16)
+	}
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
+func padded(n int) ([]float32, []float32) {
+	buf := make([]float32, n+32)
+	for i := range buf {
+		buf[i] = guard
+	}
+	return buf, buf[16 : 16+n]
+}
+
+func checkGuards(t *testing.T, buf []float32, n int) {
+	t.Helper()
+	for i := 0; i < 16; i++ {
+		require.Equal(t, guard, buf[i], "guard before the output overwritten")
+		require.Equal(t, guard, buf[16+n+i], "guard after the output overwritten")
+	}
+}
+
+func silu(g float64) float64 { return g / (1 + math.Exp(-g)) }
+
+func relClose(t *testing.T, want float64, got float32, scale float64, msg string, args ...any) {
+	t.Helper()
+	if math.IsNaN(want) {
+		require.True(t, math.IsNaN(float64(got)), append([]any{msg}, args...)...)
+		return
+	}
+	require.InDelta(t, want, float64(got), 1e-5*scale+1e-30, append([]any{msg}, args...)...)
+}
+
+// TestGateUp runs the GateUp contract over every shape and dtype, on full
+// and partial column ranges and through a scattered row index.
+func TestGateUp(t *testing.T, gateUp GateUpFunc) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		for _, s := range Shapes {
+			for _, part := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/M=%d,N=%d,K=%d,part=%v", dt, s.M, s.N, s.K, part), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(uint64(s.M*7+s.N*13+s.K), uint64(dt)))
+					gate, g64 := Weights(rng, dt, s.N, s.K)
+					up, u64 := Weights(rng, dt, s.N, s.K)
+					tokens := s.M + 3
+					x := make([]float32, tokens*s.K)
+					for i := range x {
+						x[i] = float32(rng.Float64()*2 - 1)
+					}
+					xCopy := append([]float32{}, x...)
+					idx := make([]int32, s.M)
+					for r := range idx {
+						idx[r] = int32(rng.IntN(tokens)) // rows gathered in any order, repeats allowed
+					}
+					n0, n1 := 0, s.N
+					if part && s.N > 2 {
+						n0, n1 = 1, s.N-1
+					}
+					buf, h := padded(s.M * s.N)
+					gateUp(h, x, idx, gate, up, n0, n1)
+					checkGuards(t, buf, s.M*s.N)
+					require.Equal(t, xCopy, x, "input modified")
+					for r := 0; r < s.M; r++ {
+						xr := xCopy[int(idx[r])*s.K:][:s.K]
+						for n := 0; n < s.N; n++ {
+							got := h[r*s.N+n]
+							if n < n0 || n >= n1 {
+								require.Equal(t, guard, got, "column %d outside [%d, %d) written", n, n0, n1)
+								continue
+							}
+							var gs, us, mag float64
+							for k, v := range xr {
+								gs += float64(v) * g64[n][k]
+								us += float64(v) * u64[n][k]
+								mag += math.Abs(float64(v)) * (math.Abs(g64[n][k]) + math.Abs(u64[n][k]))
+							}
+							want := silu(gs) * us
+							relClose(t, want, got, mag*(1+math.Abs(us)+math.Abs(gs)), "row %d col %d", r, n)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestDown runs the Down contract over every shape and dtype, with and
+// without routing weights.
+func TestDown(t *testing.T, down DownFunc) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		for _, s := range Shapes {
+			for _, withScale := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/M=%d,N=%d,K=%d,scale=%v", dt, s.M, s.N, s.K, withScale), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(uint64(s.M*5+s.N*11+s.K), uint64(dt)+9))
+					w, w64 := Weights(rng, dt, s.N, s.K)
+					h := make([]float32, s.M*s.K)
+					for i := range h {
+						h[i] = float32(rng.Float64()*2 - 1)
+					}
+					hCopy := append([]float32{}, h...)
+					var scale []float32
+					if withScale {
+						scale = make([]float32, s.M)
+						for i := range scale {
+							scale[i] = float32(rng.Float64())
+						}
+					}
+					n0, n1 := 0, s.N
+					if withScale && s.N > 3 {
+						n0, n1 = 2, s.N-1
+					}
+					buf, out := padded(s.M * s.N)
+					down(out, h, w, scale, n0, n1)
+					checkGuards(t, buf, s.M*s.N)
+					require.Equal(t, hCopy, h, "input modified")
+					for r := 0; r < s.M; r++ {
+						for n := 0; n < s.N; n++ {
+							got := out[r*s.N+n]
+							if n < n0 || n >= n1 {
+								require.Equal(t, guard, got, "column %d outside [%d, %d) written", n, n0, n1)
+								continue
+							}
+							var sum, mag float64
+							for k := 0; k < s.K; k++ {
+								sum += float64(h[r*s.K+k]) * w64[n][k]
+								mag += math.Abs(float64(h[r*s.K+k]) * w64[n][k])
+							}
+							if scale != nil {
+								sum *= float64(scale[r])
+								mag *= float64(scale[r])
+							}
+							relClose(t, sum, got, mag, "row %d col %d", r, n)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestNaN: a NaN in one activation row makes that row's outputs NaN and
+// leaves every other row finite.
+func TestNaN(t *testing.T, gateUp GateUpFunc, down DownFunc) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const M, N, K = 5, 6, 40
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		gate, _ := Weights(rng, dt, N, K)
+		up, _ := Weights(rng, dt, N, K)
+		w, _ := Weights(rng, dt, N, K)
+		x := make([]float32, M*K)
+		for i := range x {
+			x[i] = float32(rng.Float64())
+		}
+		for _, at := range []int{0, 17, K - 1} { // in the vector body and in the tail
+			xs := append([]float32(nil), x...)
+			xs[2*K+at] = float32(math.NaN())
+			h := make([]float32, M*N)
+			gateUp(h, xs, []int32{0, 1, 2, 3, 4}, gate, up, 0, N)
+			for r := 0; r < M; r++ {
+				for n := 0; n < N; n++ {
+					require.Equal(t, r == 2, math.IsNaN(float64(h[r*N+n])), "%v gate/up row %d col %d, NaN at k=%d", dt, r, n, at)
+				}
+			}
+			hk := make([]float32, M*K)
+			copy(hk, xs)
+			out := make([]float32, M*N)
+			down(out, hk, w, nil, 0, N)
+			for r := 0; r < M; r++ {
+				for n := 0; n < N; n++ {
+					require.Equal(t, r == 2, math.IsNaN(float64(out[r*N+n])), "%v down row %d col %d, NaN at k=%d", dt, r, n, at)
+				}
+			}
+		}
+	}
+}
