@@ -65,8 +65,9 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 	}
 }
 
-// downSIMD is Down on the active SIMD implementation.
-func downSIMD(s *simd, out, h []float32, down Matrix, scale []float32, n0, n1 int) {
+// downSIMD is Down on the active SIMD implementation; with idx non-nil,
+// row r of h is h[idx[r]] and there are len(idx) rows.
+func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	if K == 0 {
 		for r := 0; r < len(out)/max(hidden, 1); r++ {
@@ -77,6 +78,11 @@ func downSIMD(s *simd, out, h []float32, down Matrix, scale []float32, n0, n1 in
 		return
 	}
 	M := len(h) / K
+	row := func(r int) []float32 { return h[r*K : (r+1)*K] }
+	if idx != nil {
+		M = len(idx)
+		row = func(r int) []float32 { return h[int(idx[r])*K:][:K] }
+	}
 	kMain := K - K%s.lanes
 	kern := &s.kern[down.DType]
 	var a [maxKernelRows]*float32
@@ -88,7 +94,7 @@ func downSIMD(s *simd, out, h []float32, down Matrix, scale []float32, n0, n1 in
 		for m0 := 0; m0 < M; m0 += s.maxMR {
 			mr := min(s.maxMR, M-m0)
 			for i := 0; i < mr; i++ {
-				a[i] = &h[(m0+i)*K]
+				a[i] = &row(m0 + i)[0]
 			}
 			for n := nb; n < ne; n += 4 {
 				cols := min(4, ne-n)
@@ -98,7 +104,7 @@ func downSIMD(s *simd, out, h []float32, down Matrix, scale []float32, n0, n1 in
 				kern[mr](&a, &b, kMain, &acc)
 				if kMain < K {
 					for i := 0; i < mr; i++ {
-						hr := h[(m0+i)*K:][:K]
+						hr := row(m0 + i)
 						for j := 0; j < cols; j++ {
 							for k := kMain; k < K; k++ {
 								acc[4*i+j] += float32(hr[k] * down.At(n+j, k))

@@ -129,7 +129,7 @@ func TestDriverMatchesLaneOrder(t *testing.T) {
 				}
 				w := matrixOf(dt, N, K, flat)
 				out := make([]float32, M*N)
-				downSIMD(s, out, h, w, nil, 0, N)
+				downSIMD(s, out, h, nil, w, nil, 0, N)
 				for m := 0; m < M; m++ {
 					for n := 0; n < N; n++ {
 						want := laneDot(h[m*K:(m+1)*K], rowsW[n], s.lanes)

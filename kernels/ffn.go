@@ -25,10 +25,10 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 	if s := active; s != nil {
-		downSIMD(s, out, h, down, scale, n0, n1)
+		downSIMD(s, out, h, nil, down, scale, n0, n1)
 		return
 	}
-	downGeneric(out, h, down, scale, n0, n1)
+	downGeneric(out, h, nil, down, scale, n0, n1)
 }
 
 // RouterLogits computes dst[t, e] = x[t] · w[e] with float64 accumulation,
@@ -37,4 +37,14 @@ func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 // exact computation would put them.
 func RouterLogits(dst []float64, x []float32, w Matrix) {
 	routerLogitsGeneric(dst, x, w)
+}
+
+// GEMMRows computes out[r, n] = scale[r] · (a[idx[r]] · b[n]) for n in
+// [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
+func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
+	if s := active; s != nil {
+		downSIMD(s, out, a, idx, b, scale, n0, n1)
+		return
+	}
+	downGeneric(out, a, idx, b, scale, n0, n1)
 }

@@ -57,8 +57,9 @@ func SwiGLU(g, u float32) float32 {
 	return float32(s) * u
 }
 
-// downGeneric is the reference for Down.
-func downGeneric(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
+// downGeneric is the reference for Down and GEMMRows; with idx non-nil,
+// row r of h is h[idx[r]].
+func downGeneric(out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
 	hidden, inter := down.Rows, down.Cols
 	rows := 0
 	if inter > 0 {
@@ -66,15 +67,17 @@ func downGeneric(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 	} else if hidden > 0 {
 		rows = len(out) / hidden
 	}
+	row := func(r int) []float32 { return h[r*inter:][:inter] }
+	if idx != nil {
+		rows = len(idx)
+		row = func(r int) []float32 { return h[int(idx[r])*inter:][:inter] }
+	}
 	w := make([]float32, inter)
 	for n := n0; n < n1; n++ {
 		down.RowF32(n, w)
 		r := 0
 		for ; r+4 <= rows; r += 4 {
-			h0 := h[r*inter:][:inter]
-			h1 := h[(r+1)*inter:][:inter]
-			h2 := h[(r+2)*inter:][:inter]
-			h3 := h[(r+3)*inter:][:inter]
+			h0, h1, h2, h3 := row(r), row(r+1), row(r+2), row(r+3)
 			var a0, a1, a2, a3 float32
 			for k, wk := range w {
 				a0 += float32(h0[k] * wk)
@@ -88,7 +91,7 @@ func downGeneric(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 			out[(r+3)*hidden+n] = scaled(a3, scale, r+3)
 		}
 		for ; r < rows; r++ {
-			hr := h[r*inter:][:inter]
+			hr := row(r)
 			var a float32
 			for k, wk := range w {
 				a += float32(hr[k] * wk)

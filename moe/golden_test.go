@@ -12,6 +12,7 @@ import (
 
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/internal/npy"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -67,8 +68,20 @@ func TestGoldenGenerate(t *testing.T) {
 	}
 }
 
-// TestGolden runs every stored case and compares with the stored reference.
+// TestGolden runs every stored case on every kernel implementation and
+// compares with the stored reference.
 func TestGolden(t *testing.T) {
+	for _, impl := range kernels.Implementations() {
+		t.Run(impl, func(t *testing.T) {
+			restore, err := kernels.Use(impl)
+			require.NoError(t, err)
+			defer restore()
+			testGolden(t)
+		})
+	}
+}
+
+func testGolden(t *testing.T) {
 	entries, err := os.ReadDir(goldenDir())
 	require.NoError(t, err)
 	require.Len(t, entries, len(goldenSpecs), "testdata/moe is out of date: regenerate with -update")

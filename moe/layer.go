@@ -15,8 +15,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
-	"sync/atomic"
 
 	"github.com/moex-project/moex/kernels"
 )
@@ -227,7 +225,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	// Gate, in token chunks.
 	const routeChunk = 16
 	chunks := (T + routeChunk - 1) / routeChunk
-	if err := parallel(ctx, workers, chunks, func(i int) {
+	if err := kernels.Parallel(ctx, workers, chunks, func(i int) {
 		l.Router.Route(x, ids, weights, i*routeChunk, min((i+1)*routeChunk, T))
 	}); err != nil {
 		return err
@@ -249,11 +247,12 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	// Grouped expert FFN, shared expert included as one more group.
 	out := make([]float32, rows*H)
 	var sharedOut []float32
-	groups := make([]ffnGroup, 0, c.NumExperts+1)
-	for e := range l.experts {
+	groups := make([]kernels.FFNGroup, 0, c.NumExperts+1)
+	for e, x := range l.experts {
 		lo, hi := int(lay.Offsets[e]), int(lay.Offsets[e]+lay.Counts[e])
 		if hi > lo {
-			groups = append(groups, ffnGroup{&l.experts[e], token[lo:hi], scale[lo:hi], out[lo*H : hi*H]})
+			groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
+				Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H]})
 		}
 	}
 	if l.shared != nil {
@@ -271,9 +270,10 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 			}
 		}
 		sharedOut = make([]float32, T*H)
-		groups = append(groups, ffnGroup{l.shared, all, gate, sharedOut})
+		s := l.shared
+		groups = append(groups, kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: all, Scale: gate, Out: sharedOut})
 	}
-	if err := runGroups(ctx, workers, x, groups); err != nil {
+	if err := kernels.GroupedFFN(ctx, workers, x, groups); err != nil {
 		return err
 	}
 
@@ -313,74 +313,4 @@ func (l *Layer) workers() int {
 		return l.Workers
 	}
 	return runtime.GOMAXPROCS(0)
-}
-
-// ffnGroup is one expert applied to the rows that chose it.
-type ffnGroup struct {
-	w     *Expert
-	token []int32   // [rows]: the row of x each row reads
-	scale []float32 // [rows]: routing weight, or nil for one
-	out   []float32 // [rows, hidden]
-}
-
-// tileN is the number of output columns in one work item.
-const tileN = 64
-
-// runGroups runs every group's two projections, split into column tiles
-// spread over the workers: all gate/up tiles first, then all down tiles.
-func runGroups(ctx context.Context, workers int, x []float32, groups []ffnGroup) error {
-	type item struct{ g, n0, n1 int }
-	hs := make([][]float32, len(groups))
-	var first, second []item
-	for i, g := range groups {
-		inter, hidden := g.w.Gate.Rows, g.w.Down.Rows
-		hs[i] = make([]float32, len(g.token)*inter)
-		for n := 0; n < inter; n += tileN {
-			first = append(first, item{i, n, min(n+tileN, inter)})
-		}
-		for n := 0; n < hidden; n += tileN {
-			second = append(second, item{i, n, min(n+tileN, hidden)})
-		}
-	}
-	if err := parallel(ctx, workers, len(first), func(k int) {
-		it := first[k]
-		g := groups[it.g]
-		kernels.GateUp(hs[it.g], x, g.token, g.w.Gate, g.w.Up, it.n0, it.n1)
-	}); err != nil {
-		return err
-	}
-	return parallel(ctx, workers, len(second), func(k int) {
-		it := second[k]
-		g := groups[it.g]
-		kernels.Down(g.out, hs[it.g], g.w.Down, g.scale, it.n0, it.n1)
-	})
-}
-
-// parallel calls fn(0..n-1) on up to workers goroutines and returns the
-// context's error if it ends first.
-func parallel(ctx context.Context, workers, n int, fn func(i int)) error {
-	if workers <= 1 || n <= 1 {
-		for i := 0; i < n; i++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			fn(i)
-		}
-		return ctx.Err()
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < min(workers, n); w++ {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				fn(i)
-			}
-		})
-	}
-	wg.Wait()
-	return ctx.Err()
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -108,15 +109,32 @@ func TestAllTokensPickOneExpert(t *testing.T) {
 }
 
 // TestBitsIndependentOfBatchAndWorkers: a token's output bits do not depend
-// on the other tokens of its batch nor on the number of goroutines.
+// on the other tokens of its batch nor on the number of goroutines, for
+// every kernel implementation.
 func TestBitsIndependentOfBatchAndWorkers(t *testing.T) {
-	spec := familySpecs()[10].spec // deepseek_v3 with a shared expert
+	for _, impl := range kernels.Implementations() {
+		t.Run(impl, func(t *testing.T) {
+			restore, err := kernels.Use(impl)
+			require.NoError(t, err)
+			defer restore()
+			spec := familySpecs()[10].spec // deepseek_v3 with a shared expert
+			checkBatchIndependence(t, spec, moetest.Input(99, 29, spec.Hidden, false))
+			// One hot expert takes 400 tokens: its rows are split over work items.
+			hot := moetest.Spec{ModelType: "qwen2_moe", Hidden: 40, Experts: 8, TopK: 2, Inter: 24, SharedInter: 16,
+				NormTopK: true, DType: "BF16", Seed: 31, HotExpert: 3}
+			checkBatchIndependence(t, hot, moetest.Input(98, 400, hot.Hidden, true))
+		})
+	}
+}
+
+func checkBatchIndependence(t *testing.T, spec moetest.Spec, x []float32) {
+	t.Helper()
 	_, dir := writeModel(t, spec)
 	l, err := moe.Load(dir, spec.Layer)
 	require.NoError(t, err)
 	defer l.Close()
 	H := spec.Hidden
-	x := moetest.Input(99, 29, H, false)
+	T := len(x) / H
 	full := make([]float32, len(x))
 	l.Workers = 1
 	require.NoError(t, l.Forward(context.Background(), x, full))
@@ -126,7 +144,7 @@ func TestBitsIndependentOfBatchAndWorkers(t *testing.T) {
 		require.NoError(t, l.Forward(context.Background(), x, y))
 		require.Equal(t, math32bits(full), math32bits(y), "workers %d", workers)
 	}
-	for tok := 0; tok < 29; tok += 4 {
+	for tok := 0; tok < T; tok += 1 + T/8 {
 		one := make([]float32, H)
 		require.NoError(t, l.Forward(context.Background(), x[tok*H:(tok+1)*H], one))
 		require.Equal(t, math32bits(full[tok*H:(tok+1)*H]), math32bits(one), "token %d alone", tok)

@@ -1,0 +1,131 @@
+package kernels
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// FFNGroup is one expert applied to the rows routed to it: the unit of a
+// grouped expert FFN.
+type FFNGroup struct {
+	Gate, Up Matrix    // [inter, hidden]
+	Down     Matrix    // [hidden, inter]
+	Rows     []int32   // [rows]: the rows of x this expert reads
+	Scale    []float32 // [rows]: routing weight of each row, or nil for one
+	Out      []float32 // [rows, hidden]: scale · expert(x[row])
+}
+
+// GEMMGroup is one expert's share of a grouped GEMM:
+// Out[r, n] = Scale[r] · (A[Rows[r]] · B[n]).
+type GEMMGroup struct {
+	B     Matrix    // [n, k]
+	Rows  []int32   // [rows]: the rows of A this group reads
+	Scale []float32 // [rows], or nil
+	Out   []float32 // [rows, n]
+}
+
+// Work is split into items of at most tileCols output columns × tileRows
+// rows, so that one hot expert still spreads over every worker.
+const (
+	tileCols = 64
+	tileRows = 192
+)
+
+// GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
+// workers goroutines (0: GOMAXPROCS): all gate/up tiles, then all down
+// tiles. It returns the context's error if it ends first.
+func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup) error {
+	type item struct{ g, r0, r1, n0, n1 int }
+	hs := make([][]float32, len(groups))
+	var first, second []item
+	for i, g := range groups {
+		inter, hidden, rows := g.Gate.Rows, g.Down.Rows, len(g.Rows)
+		hs[i] = make([]float32, rows*inter)
+		for r := 0; r < rows; r += tileRows {
+			re := min(r+tileRows, rows)
+			for n := 0; n < inter; n += tileCols {
+				first = append(first, item{i, r, re, n, min(n+tileCols, inter)})
+			}
+			for n := 0; n < hidden; n += tileCols {
+				second = append(second, item{i, r, re, n, min(n+tileCols, hidden)})
+			}
+		}
+	}
+	if err := Parallel(ctx, workers, len(first), func(k int) {
+		it := first[k]
+		g := &groups[it.g]
+		inter := g.Gate.Rows
+		GateUp(hs[it.g][it.r0*inter:it.r1*inter], x, g.Rows[it.r0:it.r1], g.Gate, g.Up, it.n0, it.n1)
+	}); err != nil {
+		return err
+	}
+	return Parallel(ctx, workers, len(second), func(k int) {
+		it := second[k]
+		g := &groups[it.g]
+		inter, hidden := g.Gate.Rows, g.Down.Rows
+		var scale []float32
+		if g.Scale != nil {
+			scale = g.Scale[it.r0:it.r1]
+		}
+		Down(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], g.Down, scale, it.n0, it.n1)
+	})
+}
+
+// GroupedGEMM computes every group's Out = Scale · A[Rows]·Bᵀ, A [tokens, k],
+// on up to workers goroutines (0: GOMAXPROCS).
+func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGroup) error {
+	type item struct{ g, r0, r1, n0, n1 int }
+	var items []item
+	for i, g := range groups {
+		for r := 0; r < len(g.Rows); r += tileRows {
+			for n := 0; n < g.B.Rows; n += tileCols {
+				items = append(items, item{i, r, min(r+tileRows, len(g.Rows)), n, min(n+tileCols, g.B.Rows)})
+			}
+		}
+	}
+	return Parallel(ctx, workers, len(items), func(k int) {
+		it := items[k]
+		g := &groups[it.g]
+		N := g.B.Rows
+		var scale []float32
+		if g.Scale != nil {
+			scale = g.Scale[it.r0:it.r1]
+		}
+		GEMMRows(g.Out[it.r0*N:it.r1*N], a, g.Rows[it.r0:it.r1], g.B, scale, it.n0, it.n1)
+	})
+}
+
+// Parallel calls fn(0), …, fn(n-1) on up to workers goroutines (0:
+// GOMAXPROCS), handing out indices in order, and returns the context's
+// error if it ends first (calls in progress finish).
+func Parallel(ctx context.Context, workers, n int, fn func(i int)) error {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	if workers == 1 || n <= 1 {
+		for i := 0; i < n; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			fn(i)
+		}
+		return ctx.Err()
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < min(workers, n); w++ {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		})
+	}
+	wg.Wait()
+	return ctx.Err()
+}
