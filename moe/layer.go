@@ -314,3 +314,29 @@ func (l *Layer) workers() int {
 	}
 	return runtime.GOMAXPROCS(0)
 }
+
+// WeightBytesRead returns the weight bytes a forward pass with routing ids
+// reads: the router, each distinct routed expert once, and the shared
+// expert. Experts no token chose cost nothing.
+func (l *Layer) WeightBytesRead(ids []int32) int64 {
+	size := func(m kernels.Matrix) int64 { return int64(m.Rows) * int64(m.Cols) * int64(m.DType.Size()) }
+	expert := func(x *Expert) int64 { return size(x.Gate) + size(x.Up) + size(x.Down) }
+	n := size(l.Router.weight)
+	seen := make([]bool, len(l.experts))
+	for _, id := range ids {
+		if id >= 0 && int(id) < len(seen) && !seen[id] {
+			seen[id] = true
+			n += expert(&l.experts[id])
+		}
+	}
+	if l.shared != nil {
+		n += expert(l.shared)
+	}
+	if l.sharedGate != nil {
+		n += size(*l.sharedGate)
+	}
+	return n
+}
+
+// WeightDType is the dtype the routed experts' weights are stored in.
+func (l *Layer) WeightDType() kernels.DType { return l.experts[0].Gate.DType }

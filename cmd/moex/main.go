@@ -2,6 +2,7 @@
 //
 //	moex run  [flags]                 a MoE layer forward over a batch, with a short report
 //	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
+//	moex bench grouped-gemm|moe|membw  time kernels and layers against a memory-bandwidth probe
 //	moex info                         what this machine offers (CPU features)
 //
 // Errors are printed on one line to stderr and exit with status 1 (2 for
@@ -38,6 +39,7 @@ const usage = `usage: moex <command> [flags]
 commands:
   run    a MoE layer forward over a batch (DeepSeek-V2-Lite shapes, random weights, unless --model)
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
+  bench  measure kernels and layers: bench grouped-gemm | bench moe | bench membw
   info   report this machine's CPU features
 `
 
@@ -53,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdExec(args[1:], stdout, stderr)
 	case "info":
 		return cmdInfo(args[1:], stdout, stderr)
+	case "bench":
+		return cmdBench(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,379 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+const benchUsage = `usage:
+  moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16[,...]]
+                          [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
+  moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16]
+                 [--threads T[,...]] [--impl ...] [--format table|json]
+  moex bench membw   the memory-bandwidth probe alone
+`
+
+// benchResult is one case of a benchmark, as printed by --format json.
+type benchResult struct {
+	Bench      string  `json:"bench"`
+	Case       string  `json:"case"`
+	Impl       string  `json:"impl"`
+	Threads    int     `json:"threads"`
+	Dtype      string  `json:"dtype,omitempty"`
+	Runs       int     `json:"runs"`
+	MedianNS   int64   `json:"median_ns"`
+	MinNS      int64   `json:"min_ns"`
+	GFLOPS     float64 `json:"gflops"`
+	Bytes      int64   `json:"bytes"`
+	GBPS       float64 `json:"gbps"`
+	ProbeGBPS  float64 `json:"probe_gbps"`
+	BWFraction float64 `json:"bw_fraction"`
+}
+
+type benchOpts struct {
+	threads []int
+	impls   []string
+	format  string
+	minTime time.Duration
+	maxRuns int
+	stderr  io.Writer
+	start   time.Time
+}
+
+func (o *benchOpts) register(fs *flag.FlagSet) func() error {
+	threads := fs.String("threads", strconv.Itoa(runtime.GOMAXPROCS(0)), "goroutines, comma-separated list")
+	impls := fs.String("impl", "auto", "kernel implementations, comma-separated: auto, generic, avx2, avx512")
+	fs.StringVar(&o.format, "format", "table", "table or json (one object per line)")
+	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
+	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
+	return func() error {
+		var err error
+		if o.threads, err = intList(*threads, "--threads"); err != nil {
+			return err
+		}
+		o.impls = strings.Split(*impls, ",")
+		if o.format != "table" && o.format != "json" {
+			return fmt.Errorf("%w: bench: --format %q (want table or json)", errUsage, o.format)
+		}
+		if o.maxRuns < 1 {
+			return fmt.Errorf("%w: bench: --max-runs must be ≥ 1", errUsage)
+		}
+		return nil
+	}
+}
+
+func intList(s, name string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%w: bench: %s %q is not a list of non-negative integers", errUsage, name, s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func cmdBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, benchUsage)
+		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe or membw", errUsage)
+	}
+	opts := &benchOpts{stderr: stderr, start: time.Now()}
+	var results []benchResult
+	var err error
+	switch args[0] {
+	case "grouped-gemm":
+		results, err = benchGroupedGEMM(args[1:], opts)
+	case "moe":
+		results, err = benchMoE(args[1:], opts)
+	case "membw":
+		fs := flag.NewFlagSet("bench membw", flag.ContinueOnError)
+		if err := parseFlags(fs, args[1:], stderr); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "memory read bandwidth: %.1f GB/s\n", memoryBandwidth())
+		return nil
+	default:
+		fmt.Fprint(stderr, benchUsage)
+		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, membw)", errUsage, args[0])
+	}
+	if err != nil {
+		return err
+	}
+	return printResults(stdout, opts.format, results)
+}
+
+func printResults(w io.Writer, format string, rs []benchResult) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		for _, r := range rs {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.1f\t%.1f\t%.0f%%\t\n", r.Case, r.Impl, r.Threads,
+			time.Duration(r.MedianNS).Round(time.Microsecond), r.GFLOPS, r.GBPS, 100*r.BWFraction)
+	}
+	if len(rs) > 0 {
+		fmt.Fprintf(tw, "memory read-bandwidth probe: %.1f GB/s\t\t\t\t\t\t\t\n", rs[0].ProbeGBPS)
+	}
+	return tw.Flush()
+}
+
+// forEachSetting runs f under every (impl, threads) pair of the options.
+func (o *benchOpts) forEachSetting(f func(impl string, threads int) error) error {
+	for _, impl := range o.impls {
+		restore, err := kernels.Use(impl)
+		if err != nil {
+			return err
+		}
+		name := kernels.Implementation()
+		for _, th := range o.threads {
+			if th == 0 {
+				th = runtime.GOMAXPROCS(0)
+			}
+			prev := runtime.GOMAXPROCS(th)
+			err = f(name, th)
+			runtime.GOMAXPROCS(prev)
+			if err != nil {
+				break
+			}
+		}
+		restore()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// time runs fn once to warm up, then until minTime has passed (at least
+// three runs, at most maxRuns), and returns the sorted run times.
+func (o *benchOpts) time(label string, fn func() error) ([]time.Duration, error) {
+	if err := fn(); err != nil {
+		return nil, err
+	}
+	var ts []time.Duration
+	begin := time.Now()
+	for len(ts) < o.maxRuns && (len(ts) < 3 || time.Since(begin) < o.minTime) {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			return nil, err
+		}
+		ts = append(ts, time.Since(t0))
+	}
+	slices.Sort(ts)
+	if time.Since(o.start) > 3*time.Second {
+		fmt.Fprintf(o.stderr, "bench: %s: %d runs, median %v (%v elapsed)\n", label, len(ts),
+			ts[len(ts)/2].Round(time.Microsecond), time.Since(o.start).Round(time.Second))
+	}
+	return ts, nil
+}
+
+func dtypeOf(s string) (kernels.DType, error) {
+	switch s {
+	case "f32":
+		return kernels.F32, nil
+	case "bf16":
+		return kernels.BF16, nil
+	case "f16":
+		return kernels.F16, nil
+	}
+	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16 or f16)", errUsage, s)
+}
+
+// randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/√cols.
+func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
+	a := 1 / float32(max(1, cols))
+	if dt == kernels.F32 {
+		v := make([]float32, rows*cols)
+		for i := range v {
+			v[i] = (2*rng.Float32() - 1) * a
+		}
+		return kernels.NewF32(rows, cols, v)
+	}
+	conv := half.F32ToBF16
+	if dt == kernels.F16 {
+		conv = half.F32ToF16
+	}
+	v := make([]uint16, rows*cols)
+	for i := range v {
+		v[i] = conv((2*rng.Float32() - 1) * a)
+	}
+	return kernels.NewHalf(dt, rows, cols, v)
+}
+
+func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
+	fs := flag.NewFlagSet("bench grouped-gemm", flag.ContinueOnError)
+	experts := fs.Int("experts", 8, "experts (groups)")
+	tokens := fs.String("tokens-per-expert", "16,64,256", "rows per expert, comma-separated list")
+	n := fs.Int("n", 2816, "output columns (weight rows)")
+	k := fs.Int("k", 2048, "reduction length")
+	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16")
+	finish := o.register(fs)
+	if err := parseFlags(fs, args, o.stderr); err != nil {
+		return nil, err
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	ms, err := intList(*tokens, "--tokens-per-expert")
+	if err != nil {
+		return nil, err
+	}
+	if *experts < 1 || *n < 1 || *k < 1 {
+		return nil, fmt.Errorf("%w: bench grouped-gemm: --experts, --n and --k must be positive", errUsage)
+	}
+	probe := memoryBandwidth()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var results []benchResult
+	for _, ds := range strings.Split(*dtypes, ",") {
+		dt, err := dtypeOf(ds)
+		if err != nil {
+			return nil, err
+		}
+		bs := make([]kernels.Matrix, *experts)
+		for e := range bs {
+			if bs[e], err = randomMatrix(rng, dt, *n, *k); err != nil {
+				return nil, err
+			}
+		}
+		for _, m := range ms {
+			a := make([]float32, *experts*m**k)
+			for i := range a {
+				a[i] = 2*rng.Float32() - 1
+			}
+			groups := make([]kernels.GEMMGroup, *experts)
+			for e := range groups {
+				rows := make([]int32, m)
+				for r := range rows {
+					rows[r] = int32(e*m + r)
+				}
+				groups[e] = kernels.GEMMGroup{B: bs[e], Rows: rows, Out: make([]float32, m**n)}
+			}
+			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
+			bytes := int64(*experts) * (int64(*n)*int64(*k)*int64(dt.Size()) + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
+			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", *experts, m, *n, *k, ds)
+			err := o.forEachSetting(func(impl string, threads int) error {
+				ts, err := o.time(label+" "+impl, func() error {
+					return kernels.GroupedGEMM(context.Background(), threads, a, groups)
+				})
+				if err != nil {
+					return err
+				}
+				results = append(results, makeResult("grouped-gemm", label, impl, ds, threads, ts, flops, bytes, probe))
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return results, nil
+}
+
+func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duration, flops float64, bytes int64, probe float64) benchResult {
+	med := ts[len(ts)/2]
+	gbps := float64(bytes) / med.Seconds() / 1e9
+	return benchResult{
+		Bench: bench, Case: label, Impl: impl, Threads: threads, Dtype: dtype, Runs: len(ts),
+		MedianNS: med.Nanoseconds(), MinNS: ts[0].Nanoseconds(),
+		GFLOPS: flops / med.Seconds() / 1e9, Bytes: bytes, GBPS: gbps,
+		ProbeGBPS: probe, BWFraction: gbps / probe,
+	}
+}
+
+func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
+	fs := flag.NewFlagSet("bench moe", flag.ContinueOnError)
+	model := fs.String("model", "", "checkpoint folder")
+	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
+	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite")
+	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
+	dtype := fs.String("dtype", "bf16", "dtype of the preset's random weights")
+	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
+	finish := o.register(fs)
+	if err := parseFlags(fs, args, o.stderr); err != nil {
+		return nil, err
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	ts, err := intList(*tokens, "--tokens")
+	if err != nil {
+		return nil, err
+	}
+	var l *moe.Layer
+	var name string
+	switch {
+	case *model != "" && *preset != "":
+		return nil, fmt.Errorf("%w: bench moe: give --model or --preset, not both", errUsage)
+	case *model != "":
+		if l, err = moe.Load(*model, *layerIdx); err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		name = fmt.Sprintf("%s:%d", *model, *layerIdx)
+	case *preset == "deepseek-v2-lite":
+		dt, err := dtypeOf(*dtype)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.stderr, "bench: making a DeepSeek-V2-Lite-shaped layer with random %s weights\n", *dtype)
+		if l, err = moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed); err != nil {
+			return nil, err
+		}
+		name = "deepseek-v2-lite"
+	default:
+		return nil, fmt.Errorf("%w: bench moe: --model DIR or --preset deepseek-v2-lite is required", errUsage)
+	}
+	c := l.Config
+	probe := memoryBandwidth()
+	rng := rand.New(rand.NewPCG(*seed, 7))
+	var results []benchResult
+	for _, T := range ts {
+		x := make([]float32, T*c.Hidden)
+		for i := range x {
+			x[i] = 2*rng.Float32() - 1
+		}
+		y := make([]float32, len(x))
+		ids := make([]int32, T*c.TopK)
+		if err := l.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
+			return nil, err
+		}
+		bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
+		label := fmt.Sprintf("%s T=%d", name, T)
+		err := o.forEachSetting(func(impl string, threads int) error {
+			l.Workers = threads
+			times, err := o.time(label+" "+impl, func() error { return l.Forward(context.Background(), x, y) })
+			if err != nil {
+				return err
+			}
+			results = append(results, makeResult("moe", label, impl, l.WeightDType().String(), threads, times, c.FLOPs(T), bytes, probe))
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
