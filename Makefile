@@ -4,7 +4,7 @@ BIN     ?= moex
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/...
 
-.PHONY: all build run test check vet fmt-check race bench fuzz golden clean
+.PHONY: all build run test check vet fmt-check asm asm-check purego race bench fuzz golden clean
 
 all: build
 
@@ -16,12 +16,26 @@ run: build
 	./$(BIN) run
 
 # Everything CI checks.
-test: check
+test: check asm-check purego
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
 check: fmt-check vet
+
+# Regenerate the assembly with avo (kernels/_asm has its own module).
+asm:
+	cd kernels/_asm && $(GO) generate ./...
+
+# The committed assembly must be what the generator writes.
+asm-check: asm
+	@git diff --exit-code --stat -- 'kernels/*_amd64.s' 'kernels/*_stubs.go' || { echo "kernels/*_amd64.s or stubs are stale: run make asm and commit"; exit 1; }
+
+# The pure-Go build: no assembly, no cgo.
+purego:
+	CGO_ENABLED=0 $(GO) build ./...
+	$(GO) vet -tags purego ./...
+	$(GO) test -count=1 -tags purego ./kernels/... ./moe/...
 
 vet:
 	$(GO) vet ./...

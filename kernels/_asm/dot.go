@@ -27,10 +27,6 @@ import (
 // maxMR is the size of the row-pointer array every kernel takes.
 const maxMR = 6
 
-// prefetchAhead is how far ahead of the loads, in bytes, the weight rows
-// are prefetched.
-const prefetchAhead = 1024
-
 type isa struct {
 	name  string
 	lanes int
@@ -79,10 +75,6 @@ func dot(is isa, dt string, mr int) {
 	i := GP64()
 	XORQ(i, i)
 
-	scale := uint8(2)
-	if dt == "F32" {
-		scale = 4
-	}
 	acc := make([][4]VecVirtual, mr)
 	for m := range acc {
 		for n := range acc[m] {
@@ -102,9 +94,6 @@ func dot(is isa, dt string, mr int) {
 	}
 	for n := range b {
 		bv := is.vec()
-		// Stream the weights ahead of use: past a row's end this reaches
-		// into the rows that follow, which the next call reads.
-		PREFETCHT0(Mem{Base: b[n], Index: i, Scale: scale, Disp: prefetchAhead})
 		switch dt {
 		case "F32":
 			VMOVUPS(Mem{Base: b[n], Index: i, Scale: 4}, bv)
