@@ -4,16 +4,16 @@ go 1.26.8
 
 require (
 	codeberg.org/sbinet/npyio v0.14.0
+	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sys v0.50.0
+	gonum.org/v1/gonum v0.17.0
 )
 
 require (
 	github.com/campoy/embedmd v1.0.0 // indirect
-	github.com/klauspost/cpuid/v2 v2.4.2 // indirect
 	github.com/nlpodyssey/gopickle v0.3.0 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/text v0.34.0 // indirect
-	gonum.org/v1/gonum v0.17.0 // indirect
 )

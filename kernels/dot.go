@@ -40,7 +40,12 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 			for i := 0; i < mr; i++ {
 				a[i] = &x[int(idx[m0+i])*K]
 			}
-			for n := nb; n < ne; n += 2 {
+			n := nb
+			if mr == 1 && s.kern8[gate.DType] != nil {
+				// One row: eight weight streams per call, four columns.
+				n = gateUp1x4(s, h[m0*inter:], x[int(idx[m0])*K:][:K], gate, up, kMain, nb, ne)
+			}
+			for ; n < ne; n += 2 {
 				n2 := min(n+1, ne-1)
 				b = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
 				kern[mr](&a, &b, kMain, &out)
@@ -96,7 +101,11 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 			for i := 0; i < mr; i++ {
 				a[i] = &row(m0 + i)[0]
 			}
-			for n := nb; n < ne; n += 4 {
+			n := nb
+			if mr == 1 && s.kern8[down.DType] != nil {
+				n = down1x8(s, out, row(m0), m0, down, scale, kMain, nb, ne)
+			}
+			for ; n < ne; n += 4 {
 				cols := min(4, ne-n)
 				for j := range b {
 					b[j] = down.rowPtr(n + min(j, cols-1))
@@ -121,4 +130,52 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 			}
 		}
 	}
+}
+
+// gateUp1x4 is the one-row case of gateUpSIMD, four columns (eight weight
+// rows) per kernel call; it returns the first column it did not do.
+func gateUp1x4(s *simd, h, xr []float32, gate, up Matrix, kMain, n, ne int) int {
+	var b [8]*byte
+	var out [8]float32
+	kern := s.kern8[gate.DType]
+	K := len(xr)
+	for ; n+4 <= ne; n += 4 {
+		for j := 0; j < 4; j++ {
+			b[j], b[4+j] = gate.rowPtr(n+j), up.rowPtr(n+j)
+		}
+		kern(&xr[0], &b, kMain, &out)
+		for k := kMain; k < K; k++ {
+			for j := 0; j < 4; j++ {
+				out[j] += float32(xr[k] * gate.At(n+j, k))
+				out[4+j] += float32(xr[k] * up.At(n+j, k))
+			}
+		}
+		for j := 0; j < 4; j++ {
+			h[n+j] = SwiGLU(out[j], out[4+j])
+		}
+	}
+	return n
+}
+
+// down1x8 is the one-row case of downSIMD, eight weight rows per kernel
+// call; it returns the first column it did not do.
+func down1x8(s *simd, out, hr []float32, r int, down Matrix, scale []float32, kMain, n, ne int) int {
+	var b [8]*byte
+	var acc [8]float32
+	kern := s.kern8[down.DType]
+	K := len(hr)
+	hidden := down.Rows
+	for ; n+8 <= ne; n += 8 {
+		for j := range b {
+			b[j] = down.rowPtr(n + j)
+		}
+		kern(&hr[0], &b, kMain, &acc)
+		for j := 0; j < 8; j++ {
+			for k := kMain; k < K; k++ {
+				acc[j] += float32(hr[k] * down.At(n+j, k))
+			}
+			out[r*hidden+n+j] = scaled(acc[j], scale, r)
+		}
+	}
+	return n
 }

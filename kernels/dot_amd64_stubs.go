@@ -19,6 +19,11 @@ func dotAVX2F32x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //go:noescape
 func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 
+// dotAVX2F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 8.
+//
+//go:noescape
+func dotAVX2F32x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)
+
 // dotAVX2BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
@@ -34,6 +39,11 @@ func dotAVX2BF16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //go:noescape
 func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 
+// dotAVX2BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 8.
+//
+//go:noescape
+func dotAVX2BF16x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)
+
 // dotAVX2F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
 //go:noescape
@@ -48,6 +58,11 @@ func dotAVX2F16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //
 //go:noescape
 func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+
+// dotAVX2F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 8.
+//
+//go:noescape
+func dotAVX2F16x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)
 
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
@@ -79,6 +94,11 @@ func dotAVX512F32x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //go:noescape
 func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 
+// dotAVX512F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 16.
+//
+//go:noescape
+func dotAVX512F32x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)
+
 // dotAVX512BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
@@ -109,6 +129,11 @@ func dotAVX512BF16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //go:noescape
 func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 
+// dotAVX512BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 16.
+//
+//go:noescape
+func dotAVX512BF16x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)
+
 // dotAVX512F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
@@ -138,3 +163,8 @@ func dotAVX512F16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 //
 //go:noescape
 func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+
+// dotAVX512F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 16.
+//
+//go:noescape
+func dotAVX512F16x1n8(a *float32, b *[8]*byte, k int, out *[8]float32)

@@ -95,6 +95,18 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 							wide[n] = w
 							b[n] = m.rowPtr(0)
 						}
+						if mr == 1 && s.kern8[dt] != nil {
+							var b8 [8]*byte
+							for n := range b8 {
+								b8[n] = b[n%4]
+							}
+							var out8 [8]float32
+							s.kern8[dt](a[0], &b8, K, &out8)
+							for n := 0; n < 8; n++ {
+								want := laneDot(rows[0], wide[n%4], s.lanes)
+								require.Equal(t, math.Float32bits(want), math.Float32bits(out8[n]), "1×8 col %d", n)
+							}
+						}
 						var out [4 * maxKernelRows]float32
 						s.kern[dt][mr](&a, &b, K, &out)
 						for m := 0; m < mr; m++ {
@@ -110,35 +122,53 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 	}
 }
 
-// TestDriverMatchesLaneOrder checks the Go drivers, tails included.
+// TestDriverMatchesLaneOrder checks the Go drivers, tails and the one-row
+// eight-stream kernels included.
 func TestDriverMatchesLaneOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, s := range simds {
 		for _, K := range []int{5, 37, 130} {
-			M, N := 8, 7
-			h := make([]float32, M*K)
-			for i := range h {
-				h[i] = float32(rng.Float64()*2 - 1)
-			}
-			for dt := F32; dt <= F16; dt++ {
-				rowsW := make([][]float32, N)
-				flat := make([]float32, 0, N*K)
-				for n := range rowsW {
-					rowsW[n], _ = randWeights(rng, dt, K)
-					flat = append(flat, rowsW[n]...)
+			for _, M := range []int{1, 7, 8} {
+				const N = 13
+				h := make([]float32, M*K)
+				for i := range h {
+					h[i] = float32(rng.Float64()*2 - 1)
 				}
-				w := matrixOf(dt, N, K, flat)
-				out := make([]float32, M*N)
-				downSIMD(s, out, h, nil, w, nil, 0, N)
-				for m := 0; m < M; m++ {
-					for n := 0; n < N; n++ {
-						want := laneDot(h[m*K:(m+1)*K], rowsW[n], s.lanes)
-						require.Equal(t, math.Float32bits(want), math.Float32bits(out[m*N+n]), "%s %v K=%d row %d col %d", s.name, dt, K, m, n)
+				idx := make([]int32, M)
+				for i := range idx {
+					idx[i] = int32(M - 1 - i) // gathered in reverse
+				}
+				for dt := F32; dt <= F16; dt++ {
+					w, rowsW := randMatrix(rng, dt, N, K)
+					u, rowsU := randMatrix(rng, dt, N, K)
+					out := make([]float32, M*N)
+					downSIMD(s, out, h, nil, w, nil, 0, N)
+					gu := make([]float32, M*N)
+					gateUpSIMD(s, gu, h, idx, w, u, 0, N)
+					for m := 0; m < M; m++ {
+						xm := h[int(idx[m])*K:][:K]
+						for n := 0; n < N; n++ {
+							want := laneDot(h[m*K:(m+1)*K], rowsW[n], s.lanes)
+							require.Equal(t, math.Float32bits(want), math.Float32bits(out[m*N+n]), "%s %v K=%d M=%d down row %d col %d", s.name, dt, K, M, m, n)
+							want = SwiGLU(laneDot(xm, rowsW[n], s.lanes), laneDot(xm, rowsU[n], s.lanes))
+							require.Equal(t, math.Float32bits(want), math.Float32bits(gu[m*N+n]), "%s %v K=%d M=%d gate/up row %d col %d", s.name, dt, K, M, m, n)
+						}
 					}
 				}
 			}
 		}
 	}
+}
+
+// randMatrix returns a random [rows, cols] matrix of dtype and its rows widened.
+func randMatrix(rng *rand.Rand, dt DType, rows, cols int) (Matrix, [][]float32) {
+	wide := make([][]float32, rows)
+	flat := make([]float32, 0, rows*cols)
+	for n := range wide {
+		wide[n], _ = randWeights(rng, dt, cols)
+		flat = append(flat, wide[n]...)
+	}
+	return matrixOf(dt, rows, cols, flat), wide
 }
 
 func randRow(rng *rand.Rand, k int) []float32 {

@@ -17,7 +17,12 @@ type simd struct {
 	maxMR int // most activation rows per kernel call
 	// kern[dtype][mr] computes the mr×4 dot products; see _asm/dot.go.
 	kern [F16 + 1][maxKernelRows + 1]kernelFunc
+	// kern8[dtype] computes one row against 8 weight rows (decode).
+	kern8 [F16 + 1]kernel8Func
 }
+
+// kernel8Func computes the dot products of one fp32 row with 8 weight rows.
+type kernel8Func func(a *float32, b *[8]*byte, k int, out *[8]float32)
 
 // kernelFunc computes mr×4 dot products of fp32 rows a[:mr] with 4 weight
 // rows b over k elements, k a multiple of the lane count; see _asm/dot.go.

@@ -45,28 +45,40 @@ func main() {
 	for _, is := range isas {
 		for _, dt := range []string{"F32", "BF16", "F16"} {
 			for mr := 1; mr <= is.maxMR; mr++ {
-				dot(is, dt, mr)
+				dot(is, dt, mr, 4)
 			}
+			// One row against eight weight rows: more weight streams in
+			// flight for the memory-bound decode case.
+			dot(is, dt, 1, 8)
 		}
 	}
 	Generate()
 }
 
-func dot(is isa, dt string, mr int) {
+func dot(is isa, dt string, mr, nr int) {
 	name := fmt.Sprintf("dot%s%sx%d", is.name, dt, mr)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR))
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s computes the %d×4 lane-ordered dot products of %d fp32 rows with 4 %s rows; k is a multiple of %d.",
-		name, mr, mr, dt, is.lanes))
-
-	aPtr := Load(Param("a"), GP64())
-	bPtr := Load(Param("b"), GP64())
-	a := make([]GPVirtual, mr)
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	sig := fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR)
+	if nr != 4 {
+		name = fmt.Sprintf("dot%s%sx%dn%d", is.name, dt, mr, nr)
+		sig = fmt.Sprintf("func(a *float32, b *[%d]*byte, k int, out *[%d]float32)", nr, nr)
 	}
-	var b [4]GPVirtual
+	TEXT(name, NOSPLIT, sig)
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s computes the %d×%d lane-ordered dot products of %d fp32 rows with %d %s rows; k is a multiple of %d.",
+		name, mr, nr, mr, nr, dt, is.lanes))
+
+	a := make([]GPVirtual, mr)
+	if nr == 4 {
+		aPtr := Load(Param("a"), GP64())
+		for m := range a {
+			a[m] = GP64()
+			MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+		}
+	} else {
+		a[0] = Load(Param("a"), GP64()).(GPVirtual)
+	}
+	bPtr := Load(Param("b"), GP64())
+	b := make([]GPVirtual, nr)
 	for n := range b {
 		b[n] = GP64()
 		MOVQ(Mem{Base: bPtr, Disp: 8 * n}, b[n])
@@ -75,8 +87,9 @@ func dot(is isa, dt string, mr int) {
 	i := GP64()
 	XORQ(i, i)
 
-	acc := make([][4]VecVirtual, mr)
+	acc := make([][]VecVirtual, mr)
 	for m := range acc {
+		acc[m] = make([]VecVirtual, nr)
 		for n := range acc[m] {
 			acc[m][n] = is.vec()
 			VXORPS(acc[m][n], acc[m][n], acc[m][n])
@@ -127,7 +140,7 @@ func dot(is isa, dt string, mr int) {
 				VADDPS(t, v, v)               // lane j + lane j+2
 				VMOVSHDUP(v, t)
 				VADDSS(t.AsX(), v.AsX(), v.AsX()) // lane 0 + lane 1
-				VMOVSS(v.AsX(), Mem{Base: out, Disp: 4 * (4*m + n)})
+				VMOVSS(v.AsX(), Mem{Base: out, Disp: 4 * (nr*m + n)})
 				continue
 			}
 			x, y := v.AsX(), v.AsY()
@@ -139,7 +152,7 @@ func dot(is isa, dt string, mr int) {
 			VADDPS(t, x, x) // lane j + lane j+2
 			VMOVSHDUP(x, t)
 			VADDSS(t, x, x) // lane 0 + lane 1
-			VMOVSS(x, Mem{Base: out, Disp: 4 * (4*m + n)})
+			VMOVSS(x, Mem{Base: out, Disp: 4 * (nr*m + n)})
 		}
 	}
 	VZEROUPPER()
