@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"os"
 	"os/exec"
@@ -179,4 +180,35 @@ func TestRunSmall(t *testing.T) {
 	out, _, err = runCLI("info")
 	require.NoError(t, err)
 	require.Contains(t, out, "simd")
+}
+
+// TestBenchRunsOnce runs each benchmark once on small shapes, so that none
+// can rot, and checks the JSON fields.
+func TestBenchRunsOnce(t *testing.T) {
+	out, _, err := runCLI("bench", "grouped-gemm", "--experts", "3", "--tokens-per-expert", "0,1,5", "--n", "20", "--k", "37",
+		"--dtype", "f32,bf16,f16", "--impl", "generic,auto", "--threads", "1,2", "--min-time", "0", "--max-runs", "1", "--format", "json")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3*3*2*2)
+	for _, line := range lines {
+		var r benchResult
+		require.NoError(t, json.Unmarshal([]byte(line), &r))
+		require.Equal(t, "grouped-gemm", r.Bench)
+		require.Positive(t, r.MedianNS)
+		require.Positive(t, r.ProbeGBPS)
+		require.NotEmpty(t, r.Impl)
+		require.GreaterOrEqual(t, r.GFLOPS, 0.0)
+	}
+	dir := filepath.Join("..", "..", "testdata", "moe", "deepseek_v3_f32")
+	out, _, err = runCLI("bench", "moe", "--model", dir, "--layer", "0", "--tokens", "1,3", "--min-time", "0", "--max-runs", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, "T=3")
+	require.Contains(t, out, "memory read-bandwidth probe")
+
+	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
+	require.ErrorContains(t, err, `implementation "sve2" is not available`)
+	_, _, err = runCLI("bench", "moe", "--min-time", "0")
+	require.ErrorContains(t, err, "--model DIR or --preset deepseek-v2-lite is required")
+	_, _, err = runCLI("bench", "nothing")
+	require.ErrorContains(t, err, `unknown benchmark "nothing"`)
 }
