@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     ?= moex
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/...
+RACE_PKGS = ./moe/... ./kernels/...
 
 .PHONY: all build run test check vet fmt-check asm asm-check purego race bench fuzz golden clean
 
