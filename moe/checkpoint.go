@@ -21,10 +21,11 @@ type Checkpoint struct {
 	Dir    string
 	Config *Config
 
-	mu     sync.Mutex
-	where  map[string]string // tensor name → file name; nil: every file is already open
-	files  map[string]*safetensorsFile
-	closed bool
+	mu       sync.Mutex
+	where    map[string]string // tensor name → file name; nil: every file is already open
+	files    map[string]*safetensorsFile
+	accessed map[string]bool
+	closed   bool
 }
 
 // OpenCheckpoint reads dir's config.json and its safetensors index. It
@@ -124,6 +125,10 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	if !ok {
 		return kernels.Matrix{}, fmt.Errorf("moe: checkpoint %s: missing tensor %q", c.Dir, name)
 	}
+	if c.accessed == nil {
+		c.accessed = map[string]bool{}
+	}
+	c.accessed[name] = true
 	f, err := c.open(file)
 	if err != nil {
 		return kernels.Matrix{}, err
@@ -132,6 +137,18 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 		return kernels.Matrix{}, fmt.Errorf("moe: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
 	return f.matrix(name, shape...)
+}
+
+// Accessed lists the tensors asked for so far, sorted.
+func (c *Checkpoint) Accessed() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for name := range c.accessed {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // MappedFiles lists the files mapped so far, sorted.

@@ -40,6 +40,7 @@ type Layer struct {
 	Router *Router
 
 	experts    []Expert
+	loaded     []bool // loaded[e]: experts[e] holds weights
 	shared     *Expert
 	sharedGate *kernels.Matrix
 	ckpt       *Checkpoint
@@ -70,6 +71,14 @@ func Load(dir string, n int) (*Layer, error) {
 // LoadFrom takes the MoE block of layer n from an open checkpoint, which
 // stays open (and owned by the caller).
 func LoadFrom(ck *Checkpoint, n int) (*Layer, error) {
+	return LoadSubset(ck, n, nil)
+}
+
+// LoadSubset is LoadFrom for the routed experts keep reports true for (all
+// when keep is nil): the others' tensors are not touched. The router and the
+// shared expert are always loaded. Tokens routed to an expert not held make
+// Forward fail.
+func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	cfg := ck.Config
 	if err := cfg.CheckMoELayer(n); err != nil {
 		return nil, fmt.Errorf("moe: %s: %w", ck.Dir, err)
@@ -91,6 +100,9 @@ func LoadFrom(ck *Checkpoint, n int) (*Layer, error) {
 	}
 	w.Experts = make([]Expert, E)
 	for e := range w.Experts {
+		if keep != nil && !keep(e) {
+			continue
+		}
 		g, u, d := names.expert(e)
 		if w.Experts[e], err = loadExpert(ck, g, u, d, H, I); err != nil {
 			return nil, err
@@ -140,6 +152,9 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 		return nil, fmt.Errorf("moe: %d experts given, the config has %d", len(w.Experts), cfg.NumExperts)
 	}
 	for e, x := range w.Experts {
+		if x.Gate.Rows == 0 && x.Up.Rows == 0 && x.Down.Rows == 0 {
+			continue // not held here (LoadSubset)
+		}
 		if err := checkExpert(x, cfg.Hidden, cfg.Inter); err != nil {
 			return nil, fmt.Errorf("moe: expert %d: %w", e, err)
 		}
@@ -158,7 +173,11 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 	if g := w.SharedGate; g != nil && (g.Rows != 1 || g.Cols != cfg.Hidden) {
 		return nil, fmt.Errorf("moe: shared expert gate is [%d, %d], want [1, %d]", g.Rows, g.Cols, cfg.Hidden)
 	}
-	return &Layer{Config: cfg, Router: router, experts: w.Experts, shared: w.Shared, sharedGate: w.SharedGate}, nil
+	loaded := make([]bool, len(w.Experts))
+	for e := range loaded {
+		loaded[e] = w.Experts[e].Gate.Rows > 0
+	}
+	return &Layer{Config: cfg, Router: router, experts: w.Experts, loaded: loaded, shared: w.Shared, sharedGate: w.SharedGate}, nil
 }
 
 func checkExpert(x Expert, hidden, inter int) error {
@@ -220,18 +239,9 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if weights == nil {
 		weights = make([]float32, T*K)
 	}
-	workers := l.workers()
-
-	// Gate, in token chunks.
-	const routeChunk = 16
-	chunks := (T + routeChunk - 1) / routeChunk
-	if err := kernels.Parallel(ctx, workers, chunks, func(i int) {
-		l.Router.Route(x, ids, weights, i*routeChunk, min((i+1)*routeChunk, T))
-	}); err != nil {
+	if err := l.Route(ctx, x, ids, weights); err != nil {
 		return err
 	}
-
-	// Dispatch layout.
 	lay, err := NewLayout(ids, T, K, c.NumExperts, 1)
 	if err != nil {
 		return err
@@ -243,59 +253,109 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		token[r] = p / int32(K)
 		scale[r] = weights[p]
 	}
-
-	// Grouped expert FFN, shared expert included as one more group.
+	// Grouped expert FFN, the shared expert included as one more group.
 	out := make([]float32, rows*H)
-	var sharedOut []float32
 	groups := make([]kernels.FFNGroup, 0, c.NumExperts+1)
-	for e, x := range l.experts {
+	for e := range l.experts {
 		lo, hi := int(lay.Offsets[e]), int(lay.Offsets[e]+lay.Counts[e])
-		if hi > lo {
-			groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
-				Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H]})
+		if hi == lo {
+			continue
 		}
+		if !l.loaded[e] {
+			return fmt.Errorf("moe: tokens routed to expert %d, which this layer did not load", e)
+		}
+		x := l.experts[e]
+		groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
+			Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H]})
 	}
-	if l.shared != nil {
-		all := make([]int32, T)
-		for t := range all {
-			all[t] = int32(t)
-		}
-		var gate []float32
-		if l.sharedGate != nil {
-			gate = make([]float32, T)
-			logit := make([]float64, T)
-			kernels.RouterLogits(logit, x, *l.sharedGate)
-			for t, v := range logit {
-				gate[t] = float32(1 / (1 + math.Exp(-v)))
-			}
-		}
-		sharedOut = make([]float32, T*H)
-		s := l.shared
-		groups = append(groups, kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: all, Scale: gate, Out: sharedOut})
+	shared := l.SharedFFN(x, nil)
+	if shared != nil {
+		groups = append(groups, *shared)
 	}
-	if err := kernels.GroupedFFN(ctx, workers, x, groups); err != nil {
+	if err := kernels.GroupedFFN(ctx, l.workers(), x, groups); err != nil {
 		return err
 	}
+	var sharedOut []float32
+	if shared != nil {
+		sharedOut = shared.Out
+	}
+	Combine(y, out, lay.Rows, K, H, sharedOut)
+	return nil
+}
 
-	// Combine: ascending expert id, then the shared expert.
+// Route chooses the experts of every token of x [tokens, hidden]: ids and
+// weights [tokens, top_k], as ForwardRouting returns them.
+func (l *Layer) Route(ctx context.Context, x []float32, ids []int32, weights []float32) error {
+	const chunk = 16
+	T := len(x) / l.Config.Hidden
+	return kernels.Parallel(ctx, l.workers(), (T+chunk-1)/chunk, func(i int) {
+		l.Router.Route(x, ids, weights, i*chunk, min((i+1)*chunk, T))
+	})
+}
+
+// SharedFFN returns the shared expert as a group over the rows of x
+// [tokens, hidden] (rows: nil for all of them, in order), its gate applied
+// as the row scale (qwen2_moe), with a new output [rows, hidden]; nil if
+// the family has no shared expert.
+func (l *Layer) SharedFFN(x []float32, rows []int32) *kernels.FFNGroup {
+	if l.shared == nil {
+		return nil
+	}
+	H := l.Config.Hidden
+	if rows == nil {
+		rows = make([]int32, len(x)/H)
+		for t := range rows {
+			rows[t] = int32(t)
+		}
+	}
+	var gate []float32
+	if l.sharedGate != nil {
+		gate = make([]float32, len(rows))
+		logit := make([]float64, 1)
+		for i, t := range rows {
+			kernels.RouterLogits(logit, x[int(t)*H:(int(t)+1)*H], *l.sharedGate)
+			gate[i] = float32(1 / (1 + math.Exp(-logit[0])))
+		}
+	}
+	s := l.shared
+	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: make([]float32, len(rows)*H)}
+}
+
+// Combine sums each token's expert outputs into y [tokens, hidden]: out
+// holds weighted expert outputs [rows, hidden], rows[t·k+j] is the row of
+// token t's j-th expert (experts ascending); the sum runs over j in order,
+// then adds shared[t] (nil for none). This is the one combine order of moex.
+func Combine(y, out []float32, rows []int32, k, hidden int, shared []float32) {
+	T := len(rows) / k
 	for t := 0; t < T; t++ {
-		yt := y[t*H : (t+1)*H]
-		copy(yt, out[int(lay.Rows[t*K])*H:][:H])
-		for j := 1; j < K; j++ {
-			o := out[int(lay.Rows[t*K+j])*H:][:H]
+		yt := y[t*hidden : (t+1)*hidden]
+		copy(yt, out[int(rows[t*k])*hidden:][:hidden])
+		for j := 1; j < k; j++ {
+			o := out[int(rows[t*k+j])*hidden:][:hidden]
 			for i := range yt {
 				yt[i] += o[i]
 			}
 		}
-		if sharedOut != nil {
-			o := sharedOut[t*H:][:H]
+		if shared != nil {
+			o := shared[t*hidden:][:hidden]
 			for i := range yt {
 				yt[i] += o[i]
 			}
 		}
 	}
-	return nil
 }
+
+// Expert returns routed expert e's weights, and whether this layer holds
+// them (LoadSubset loads only some).
+func (l *Layer) Expert(e int) (Expert, bool) {
+	if e < 0 || e >= len(l.experts) || !l.loaded[e] {
+		return Expert{}, false
+	}
+	return l.experts[e], true
+}
+
+// WorkerCount is the goroutine count a forward pass uses.
+func (l *Layer) WorkerCount() int { return l.workers() }
 
 // CheckFinite returns an error naming the first token of x [tokens, hidden]
 // that holds a NaN or an infinity.
@@ -324,7 +384,7 @@ func (l *Layer) WeightBytesRead(ids []int32) int64 {
 	n := size(l.Router.weight)
 	seen := make([]bool, len(l.experts))
 	for _, id := range ids {
-		if id >= 0 && int(id) < len(seen) && !seen[id] {
+		if id >= 0 && int(id) < len(seen) && !seen[id] && l.loaded[id] {
 			seen[id] = true
 			n += expert(&l.experts[id])
 		}
@@ -339,4 +399,11 @@ func (l *Layer) WeightBytesRead(ids []int32) int64 {
 }
 
 // WeightDType is the dtype the routed experts' weights are stored in.
-func (l *Layer) WeightDType() kernels.DType { return l.experts[0].Gate.DType }
+func (l *Layer) WeightDType() kernels.DType {
+	for e, x := range l.experts {
+		if l.loaded[e] {
+			return x.Gate.DType
+		}
+	}
+	return l.Router.weight.DType
+}

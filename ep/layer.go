@@ -1,0 +1,303 @@
+package ep
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// Layer is one rank's part of an expert-parallel MoE layer: the router and
+// shared expert (every rank has them) and the routed experts its placement
+// gives it.
+type Layer struct {
+	Config    *moe.Config
+	Placement *Placement
+	comm      Comm
+	moe       *moe.Layer
+	ckpt      *moe.Checkpoint
+
+	mu   sync.Mutex
+	load []int64 // tokens routed to each expert by this rank, all steps so far
+}
+
+// Load maps, on this rank, the router, the shared expert and the experts
+// that place gives comm.Rank() from checkpoint dir; other ranks' expert
+// tensors are never touched. Close releases the mapping.
+func Load(dir string, layer int, comm Comm, place *Placement) (*Layer, error) {
+	ck, err := moe.OpenCheckpoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	l, err := LoadFrom(ck, layer, comm, place)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	l.ckpt = ck
+	return l, nil
+}
+
+// LoadFrom is Load from an open checkpoint, which stays the caller's.
+func LoadFrom(ck *moe.Checkpoint, layer int, comm Comm, place *Placement) (*Layer, error) {
+	if err := place.Validate(); err != nil {
+		return nil, err
+	}
+	if place.NumExperts != ck.Config.NumExperts || place.Ranks != comm.Size() {
+		return nil, fmt.Errorf("ep: placement is for %d experts over %d ranks, the model has %d experts and the group %d ranks",
+			place.NumExperts, place.Ranks, ck.Config.NumExperts, comm.Size())
+	}
+	mine := make([]bool, place.NumExperts)
+	for _, e := range place.Local(comm.Rank()) {
+		mine[e] = true
+	}
+	m, err := moe.LoadSubset(ck, layer, func(e int) bool { return mine[e] })
+	if err != nil {
+		return nil, err
+	}
+	return &Layer{Config: ck.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
+}
+
+// FromLayer makes this rank's part from a layer that holds (at least) the
+// experts place gives comm.Rank().
+func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {
+	if err := place.Validate(); err != nil {
+		return nil, err
+	}
+	if place.NumExperts != m.Config.NumExperts || place.Ranks != comm.Size() {
+		return nil, fmt.Errorf("ep: placement is for %d experts over %d ranks, the layer has %d experts and the group %d ranks",
+			place.NumExperts, place.Ranks, m.Config.NumExperts, comm.Size())
+	}
+	for _, e := range place.Local(comm.Rank()) {
+		if _, ok := m.Expert(e); !ok {
+			return nil, fmt.Errorf("ep: rank %d should hold expert %d, which the layer lacks", comm.Rank(), e)
+		}
+	}
+	return &Layer{Config: m.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
+}
+
+// Close releases the checkpoint mapping.
+func (l *Layer) Close() error {
+	if l.ckpt == nil {
+		return nil
+	}
+	return l.ckpt.Close()
+}
+
+// SetWorkers sets the goroutines the local expert FFN uses (0: GOMAXPROCS).
+func (l *Layer) SetWorkers(n int) { l.moe.Workers = n }
+
+// Load returns the per-expert token counts this rank has routed so far.
+func (l *Layer) Load() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int64(nil), l.load...)
+}
+
+// GlobalLoad sums every rank's per-expert counts (a collective), the input
+// Balanced wants.
+func (l *Layer) GlobalLoad(ctx context.Context) ([]int64, error) {
+	v := l.Load()
+	if err := l.comm.AllReduceInt64(ctx, v, Sum); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Forward computes this rank's y = MoE(x), x and y [tokens, hidden] being
+// this rank's own tokens (possibly none: every rank must call Forward each
+// step). The bits equal those of one rank running all tokens.
+func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
+	return l.ForwardRouting(ctx, x, y, nil, nil)
+}
+
+// dispatch metadata per row: expert, source token, slot, routing weight.
+const metaInts = 4
+
+// ForwardRouting is Forward that also returns this rank's routing (see
+// moe.Layer.ForwardRouting); ids and weights may be nil.
+func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
+	c, comm := l.Config, l.comm
+	H, K, R := c.Hidden, c.TopK, comm.Size()
+	// Local checks first; a rank that fails here breaks the group so that
+	// the others do not wait for it.
+	fail := func(err error) error {
+		comm.Abort(fmt.Errorf("rank %d: %w", comm.Rank(), err))
+		return err
+	}
+	if len(x)%H != 0 || len(y) != len(x) {
+		return fail(fmt.Errorf("ep: input has %d values and output %d, want equal multiples of hidden size %d", len(x), len(y), H))
+	}
+	T := len(x) / H
+	if ids != nil && len(ids) != T*K || weights != nil && len(weights) != T*K {
+		return fail(fmt.Errorf("ep: routing outputs have %d ids and %d weights, want %d", len(ids), len(weights), T*K))
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return fail(err)
+	}
+	counts, err := AllGatherInt64(ctx, comm, int64(T))
+	if err != nil {
+		return err
+	}
+	offset := 0
+	for _, n := range counts[:comm.Rank()] {
+		offset += int(n)
+	}
+	if ids == nil {
+		ids = make([]int32, T*K)
+	}
+	if weights == nil {
+		weights = make([]float32, T*K)
+	}
+	if err := l.moe.Route(ctx, x, ids, weights); err != nil {
+		return fail(err)
+	}
+	l.mu.Lock()
+	for _, e := range ids {
+		l.load[e]++
+	}
+	l.mu.Unlock()
+
+	// Dispatch: per destination, the metadata of its rows, then the rows.
+	pairsTo := make([][]int32, R) // the (token·K + slot) pairs sent to each rank, in order
+	for p, e := range ids {
+		d := l.Placement.Dest(int(e), offset+p/K)
+		pairsTo[d] = append(pairsTo[d], int32(p))
+	}
+	send := make([][]byte, R)
+	for d, pairs := range pairsTo {
+		buf := make([]byte, 4*len(pairs)*(metaInts+H))
+		meta := buf[:4*metaInts*len(pairs)]
+		rows := castF32(buf[len(meta):])
+		for i, p := range pairs {
+			t := int(p) / K
+			binary.LittleEndian.PutUint32(meta[16*i:], uint32(ids[p]))
+			binary.LittleEndian.PutUint32(meta[16*i+4:], uint32(t))
+			binary.LittleEndian.PutUint32(meta[16*i+8:], uint32(int(p)%K))
+			binary.LittleEndian.PutUint32(meta[16*i+12:], math.Float32bits(weights[p]))
+			copy(rows[i*H:(i+1)*H], x[t*H:(t+1)*H])
+		}
+		send[d] = buf
+	}
+	recv, err := comm.AllToAllV(ctx, send)
+	if err != nil {
+		return err
+	}
+
+	// Local experts over the received rows, plus the shared expert over this
+	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
+	type row struct {
+		src, idx int // source rank, index in its message
+		expert   int
+		weight   float32
+	}
+	var got []row
+	for s, buf := range recv {
+		if len(buf)%(4*(metaInts+H)) != 0 {
+			return fail(fmt.Errorf("ep: rank %d sent %d bytes, not whole rows of %d values", s, len(buf), metaInts+H))
+		}
+		n := len(buf) / (4 * (metaInts + H))
+		for i := 0; i < n; i++ {
+			e := int(int32(binary.LittleEndian.Uint32(buf[16*i:])))
+			if e < 0 || e >= c.NumExperts {
+				return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, out of range", s, e))
+			}
+			if _, ok := l.moe.Expert(e); !ok {
+				return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, which rank %d does not hold", s, e, comm.Rank()))
+			}
+			got = append(got, row{s, i, e, math.Float32frombits(binary.LittleEndian.Uint32(buf[16*i+12:]))})
+		}
+	}
+	all := make([]float32, (len(got)+T)*H)
+	for i, g := range got {
+		buf := recv[g.src]
+		n := len(buf) / (4 * (metaInts + H))
+		copy(all[i*H:(i+1)*H], castF32(buf[16*n:])[g.idx*H:(g.idx+1)*H])
+	}
+	copy(all[len(got)*H:], x)
+	out := make([]float32, len(got)*H)
+	// Group rows by expert (counting sort, stable).
+	perExpert := make([][]int32, c.NumExperts)
+	for i, g := range got {
+		perExpert[g.expert] = append(perExpert[g.expert], int32(i))
+	}
+	order := make([]int32, 0, len(got)) // order[k]: the row computed k-th
+	var groups []kernels.FFNGroup
+	for e, rows := range perExpert {
+		if len(rows) == 0 {
+			continue
+		}
+		w, _ := l.moe.Expert(e)
+		scale := make([]float32, len(rows))
+		for i, r := range rows {
+			scale[i] = got[r].weight
+		}
+		lo := len(order)
+		order = append(order, rows...)
+		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down,
+			Rows: rows, Scale: scale, Out: out[lo*H : len(order)*H]})
+	}
+	own := make([]int32, T)
+	for t := range own {
+		own[t] = int32(len(got) + t)
+	}
+	shared := l.moe.SharedFFN(all, own)
+	if shared != nil {
+		groups = append(groups, *shared)
+	}
+	if err := kernels.GroupedFFN(ctx, l.moe.WorkerCount(), all, groups); err != nil {
+		return fail(err)
+	}
+
+	// Return each row's output to its source, in the order it was sent.
+	back := make([][]byte, R)
+	for s, buf := range recv {
+		back[s] = make([]byte, len(buf)/(metaInts+H)*H)
+	}
+	for k, r := range order {
+		g := got[r]
+		copy(castF32(back[g.src])[g.idx*H:(g.idx+1)*H], out[k*H:(k+1)*H])
+	}
+	results, err := comm.AllToAllV(ctx, back)
+	if err != nil {
+		return err
+	}
+
+	// Combine in the order of one rank.
+	pairOut := make([]float32, T*K*H)
+	for d, pairs := range pairsTo {
+		res := castF32(results[d])
+		if len(res) != len(pairs)*H {
+			return fail(fmt.Errorf("ep: rank %d returned %d values for %d rows", d, len(res), len(pairs)))
+		}
+		for i, p := range pairs {
+			copy(pairOut[int(p)*H:(int(p)+1)*H], res[i*H:(i+1)*H])
+		}
+	}
+	rowsOf := make([]int32, T*K)
+	for p := range rowsOf {
+		rowsOf[p] = int32(p)
+	}
+	var sharedOut []float32
+	if shared != nil {
+		sharedOut = shared.Out
+	}
+	moe.Combine(y, pairOut, rowsOf, K, H, sharedOut)
+	return nil
+}
+
+// castF32 views 4-byte-aligned bytes as float32s.
+func castF32(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	v, err := FromBytesView(b)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
