@@ -2,9 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moex-project/moex/ep"
 
 	"github.com/moex-project/moex/internal/npy"
 	"github.com/moex-project/moex/moe"
@@ -21,7 +28,10 @@ func cmdExec(args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("%w: exec: unknown block %q (have: moe)", errUsage, args[0])
 }
 
-// execMoE runs one MoE block of a checkpoint on x.npy [tokens, hidden].
+// execMoE runs one MoE block of a checkpoint on x.npy [tokens, hidden],
+// on one rank or, with --ep R, over R expert-parallel ranks: in-process
+// goroutines (--comm local) or MPI processes (--comm mpi, under mpirun).
+// The outputs are the same bytes whatever R and the placement.
 func execMoE(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("exec moe", flag.ContinueOnError)
 	model := fs.String("model", "", "Hugging Face checkpoint folder (config.json + *.safetensors)")
@@ -30,6 +40,11 @@ func execMoE(args []string, stderr io.Writer) error {
 	out := fs.String("out", "", "output float32 .npy [tokens, hidden]")
 	idsOut := fs.String("ids-out", "", "optional int32 .npy [tokens, top_k]: chosen experts, each row ascending")
 	wOut := fs.String("weights-out", "", "optional float32 .npy [tokens, top_k]: routing weights in the order of the ids")
+	ranks := fs.Int("ep", 1, "expert-parallel ranks; the tokens are split over them in contiguous slices")
+	placement := fs.String("placement", "contiguous", "contiguous, round-robin, balanced, or a placement .json file")
+	redundant := fs.Int("redundant", -1, "balanced: extra expert slots (default: one per rank)")
+	commName := fs.String("comm", "local", "local (goroutines in this process) or mpi (one process per rank, under mpirun)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -41,38 +56,233 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *layer < 0 {
 		return fmt.Errorf("%w: exec moe: --layer is required (a non-negative layer index)", errUsage)
 	}
-	x, err := npy.ReadFloat32(*input)
+	if *ranks < 1 {
+		return fmt.Errorf("%w: exec moe: --ep %d must be at least 1", errUsage, *ranks)
+	}
+	job := &epJob{model: *model, layer: *layer, input: *input, placement: *placement, redundant: *redundant}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var res *epResult
+	var err error
+	switch *commName {
+	case "local":
+		if *ranks == 1 {
+			res, err = job.single(ctx)
+			break
+		}
+		comms, cerr := ep.NewLocal(*ranks)
+		if cerr != nil {
+			return cerr
+		}
+		results := make([]*epResult, *ranks)
+		errs := make([]error, *ranks)
+		var wg sync.WaitGroup
+		for r, c := range comms {
+			wg.Go(func() { results[r], errs[r] = job.rank(ctx, c) })
+		}
+		wg.Wait()
+		res, err = results[0], firstError(errs)
+	case "mpi":
+		c, closeComm, cerr := mpiWorld()
+		if cerr != nil {
+			return cerr
+		}
+		defer closeComm()
+		if c.Size() != *ranks {
+			return fmt.Errorf("exec moe: --ep %d, but mpirun started %d ranks", *ranks, c.Size())
+		}
+		res, err = job.rank(ctx, c)
+		if err == nil && c.Rank() != 0 {
+			return nil // rank 0 writes the outputs
+		}
+	default:
+		return fmt.Errorf("%w: exec moe: --comm %q (want local or mpi)", errUsage, *commName)
+	}
 	if err != nil {
 		return err
 	}
-	l, err := moe.Load(*model, *layer)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	H, K := l.Config.Hidden, l.Config.TopK
-	if len(x.Shape) != 2 || x.Shape[1] != H {
-		return fmt.Errorf("%s: shape %v, want [tokens, %d]", *input, x.Shape, H)
-	}
-	T := x.Shape[0]
-	y := make([]float32, T*H)
-	ids := make([]int32, T*K)
-	w := make([]float32, T*K)
-	if err := l.ForwardRouting(context.Background(), x.Data, y, ids, w); err != nil {
-		return err
-	}
-	if err := npy.WriteFloat32(*out, []int{T, H}, y); err != nil {
+	T, H, K := res.tokens, res.hidden, res.topK
+	if err := npy.WriteFloat32(*out, []int{T, H}, res.y); err != nil {
 		return err
 	}
 	if *idsOut != "" {
-		if err := npy.WriteInt32(*idsOut, []int{T, K}, ids); err != nil {
+		if err := npy.WriteInt32(*idsOut, []int{T, K}, res.ids); err != nil {
 			return err
 		}
 	}
 	if *wOut != "" {
-		if err := npy.WriteFloat32(*wOut, []int{T, K}, w); err != nil {
+		if err := npy.WriteFloat32(*wOut, []int{T, K}, res.weights); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// firstError is the error of the rank that failed first in rank order,
+// preferring a rank's own error over the "aborted" errors it caused.
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, ep.ErrAborted) {
+			return err
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type epJob struct {
+	model, input, placement string
+	layer, redundant        int
+}
+
+type epResult struct {
+	tokens, hidden, topK int
+	y, weights           []float32
+	ids                  []int32
+}
+
+// readInput reads x.npy and checks it against the model's hidden size.
+func (j *epJob) readInput(cfg *moe.Config) (npy.Float32, error) {
+	x, err := npy.ReadFloat32(j.input)
+	if err != nil {
+		return x, err
+	}
+	if len(x.Shape) != 2 || x.Shape[1] != cfg.Hidden {
+		return x, fmt.Errorf("%s: shape %v, want [tokens, %d]", j.input, x.Shape, cfg.Hidden)
+	}
+	return x, nil
+}
+
+func (j *epJob) single(ctx context.Context) (*epResult, error) {
+	l, err := moe.Load(j.model, j.layer)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	c := l.Config
+	x, err := j.readInput(c)
+	if err != nil {
+		return nil, err
+	}
+	T := x.Shape[0]
+	r := &epResult{tokens: T, hidden: c.Hidden, topK: c.TopK, y: make([]float32, T*c.Hidden),
+		ids: make([]int32, T*c.TopK), weights: make([]float32, T*c.TopK)}
+	return r, l.ForwardRouting(ctx, x.Data, r.y, r.ids, r.weights)
+}
+
+// rank runs one rank's share and gathers the outputs on every rank.
+func (j *epJob) rank(ctx context.Context, c ep.Comm) (*epResult, error) {
+	res, err := j.rankWork(ctx, c)
+	if err != nil {
+		c.Abort(fmt.Errorf("rank %d: %w", c.Rank(), err))
+	}
+	return res, err
+}
+
+func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
+	ck, err := moe.OpenCheckpoint(j.model)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	cfg := ck.Config
+	if err := cfg.CheckMoELayer(j.layer); err != nil {
+		return nil, fmt.Errorf("%s: %w", j.model, err)
+	}
+	x, err := j.readInput(cfg)
+	if err != nil {
+		return nil, err
+	}
+	H, K, R := cfg.Hidden, cfg.TopK, c.Size()
+	T := x.Shape[0]
+	off := ep.Split(T, R)
+	mine := x.Data[off[c.Rank()]*H : off[c.Rank()+1]*H]
+	place, err := j.makePlacement(ctx, c, ck, mine)
+	if err != nil {
+		return nil, err
+	}
+	l, err := ep.LoadFrom(ck, j.layer, c, place)
+	if err != nil {
+		return nil, err
+	}
+	n := len(mine) / H
+	y := make([]float32, n*H)
+	ids := make([]int32, n*K)
+	w := make([]float32, n*K)
+	if err := l.ForwardRouting(ctx, mine, y, ids, w); err != nil {
+		return nil, err
+	}
+	res := &epResult{tokens: T, hidden: H, topK: K}
+	if res.y, err = gather[float32](ctx, c, y); err != nil {
+		return nil, err
+	}
+	if res.ids, err = gather[int32](ctx, c, ids); err != nil {
+		return nil, err
+	}
+	if res.weights, err = gather[float32](ctx, c, w); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// makePlacement builds the placement the flags ask for; balanced routes
+// every rank's tokens once to count the load of each expert.
+func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint, mine []float32) (*ep.Placement, error) {
+	E, R := ck.Config.NumExperts, c.Size()
+	switch {
+	case j.placement == "contiguous":
+		return ep.Contiguous(E, R)
+	case j.placement == "round-robin":
+		return ep.RoundRobin(E, R)
+	case strings.HasSuffix(j.placement, ".json"):
+		data, err := os.ReadFile(j.placement)
+		if err != nil {
+			return nil, err
+		}
+		return ep.ParsePlacement(data)
+	case j.placement != "balanced":
+		return nil, fmt.Errorf("%w: exec moe: --placement %q (want contiguous, round-robin, balanced or a .json file)", errUsage, j.placement)
+	}
+	router, err := moe.LoadSubset(ck, j.layer, func(int) bool { return false })
+	if err != nil {
+		return nil, err
+	}
+	n := len(mine) / ck.Config.Hidden
+	ids := make([]int32, n*ck.Config.TopK)
+	if err := router.Route(ctx, mine, ids, make([]float32, len(ids))); err != nil {
+		return nil, err
+	}
+	load := make([]int64, E)
+	for _, e := range ids {
+		load[e]++
+	}
+	if err := c.AllReduceInt64(ctx, load, ep.Sum); err != nil {
+		return nil, err
+	}
+	redundant := j.redundant
+	if redundant < 0 {
+		redundant = R
+	}
+	return ep.Balanced(load, R, redundant)
+}
+
+// gather concatenates every rank's values in rank order.
+func gather[T int32 | float32](ctx context.Context, c ep.Comm, v []T) ([]T, error) {
+	parts, err := c.AllGather(ctx, ep.Bytes(v))
+	if err != nil {
+		return nil, err
+	}
+	var out []T
+	for _, p := range parts {
+		vs, err := ep.FromBytes[T](p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vs...)
+	}
+	return out, nil
 }

@@ -212,3 +212,45 @@ func TestBenchRunsOnce(t *testing.T) {
 	_, _, err = runCLI("bench", "nothing")
 	require.ErrorContains(t, err, `unknown benchmark "nothing"`)
 }
+
+// TestExecMoEExpertParallel: --ep R writes the same bytes as --ep 1 for
+// every placement, R from 1 to past the expert count.
+func TestExecMoEExpertParallel(t *testing.T) {
+	for _, name := range []string{"deepseek_v3_f32", "qwen2_moe_bf16", "mixtral_bf16_sharded"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "..", "testdata", "moe", name)
+			layer, err := os.ReadFile(filepath.Join(dir, "layer"))
+			require.NoError(t, err)
+			tmp := t.TempDir()
+			run := func(tag string, extra ...string) [3][]byte {
+				y, ids, w := filepath.Join(tmp, tag+"y.npy"), filepath.Join(tmp, tag+"ids.npy"), filepath.Join(tmp, tag+"w.npy")
+				args := append([]string{"exec", "moe", "--model", dir, "--layer", string(layer), "--input", filepath.Join(dir, "x.npy"),
+					"--out", y, "--ids-out", ids, "--weights-out", w}, extra...)
+				_, _, err := runCLI(args...)
+				require.NoError(t, err, "%v", extra)
+				var out [3][]byte
+				for i, p := range []string{y, ids, w} {
+					out[i], err = os.ReadFile(p)
+					require.NoError(t, err)
+				}
+				return out
+			}
+			want := run("one")
+			for _, r := range []string{"2", "3", "4", "7", "20"} {
+				for _, p := range []string{"contiguous", "round-robin", "balanced"} {
+					got := run(r+p, "--ep", r, "--placement", p)
+					require.Equal(t, want, got, "--ep %s --placement %s", r, p)
+				}
+			}
+		})
+	}
+	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	_, _, err := runCLI("exec", "moe", "--model", dir, "--layer", "1", "--input", filepath.Join(dir, "x.npy"), "--out",
+		filepath.Join(t.TempDir(), "y.npy"), "--ep", "2", "--comm", "mpi")
+	if err != nil { // a build with MPI needs mpirun; either way no output without it
+		require.ErrorContains(t, err, "MPI")
+	}
+	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "1", "--input", filepath.Join(dir, "x.npy"), "--out",
+		filepath.Join(t.TempDir(), "y.npy"), "--ep", "2", "--placement", "zigzag")
+	require.ErrorContains(t, err, `--placement "zigzag"`)
+}
