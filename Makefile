@@ -2,9 +2,9 @@
 GO      ?= go
 BIN     ?= moex
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/... ./kernels/...
+RACE_PKGS = ./moe/... ./kernels/... ./ep/...
 
-.PHONY: all build run test check vet fmt-check asm asm-check purego race bench fuzz golden clean
+.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test race bench fuzz golden clean
 
 all: build
 
@@ -18,10 +18,19 @@ run: build
 # Everything CI checks.
 test: check asm-check purego
 	$(GO) test -count=1 ./...
+	./scripts/mpi-parity.sh
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
 check: fmt-check vet
+
+# moex with the MPI transport (needs libopenmpi-dev).
+mpi:
+	$(GO) build -tags mpi -o $(BIN) ./cmd/moex
+
+# Multi-process EP parity under mpirun (installs Open MPI if missing).
+mpi-test:
+	./scripts/mpi-parity.sh
 
 # Regenerate the assembly with avo (kernels/_asm has its own module).
 asm:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Multi-process parity of expert parallelism over MPI: `moex exec moe` under
+# mpirun with --ep N --comm mpi must write the same bytes as one rank.
+# Installs Debian's Open MPI when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+
+if ! command -v mpirun >/dev/null || ! pkg-config --exists ompi-c 2>/dev/null; then
+  echo "mpi-parity: installing openmpi-bin libopenmpi-dev"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq openmpi-bin libopenmpi-dev pkg-config >/dev/null
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+$GO vet -tags mpi ./bindings/... ./cmd/...
+$GO build -tags mpi -o "$tmp/moex" ./cmd/moex
+mpirun=(mpirun --oversubscribe --allow-run-as-root)
+
+checked=0
+for case in deepseek_v3_f32 qwen2_moe_bf16 mixtral_bf16_sharded deepseek_v2_bf16_glg; do
+  dir=testdata/moe/$case
+  layer=$(cat "$dir/layer")
+  "$tmp/moex" exec moe --model "$dir" --layer "$layer" --input "$dir/x.npy" \
+    --out "$tmp/y1.npy" --ids-out "$tmp/i1.npy" --weights-out "$tmp/w1.npy"
+  for np in 4 3; do
+    for placement in contiguous round-robin balanced; do
+      timeout 300 "${mpirun[@]}" -np "$np" "$tmp/moex" exec moe --model "$dir" --layer "$layer" --input "$dir/x.npy" \
+        --out "$tmp/y.npy" --ids-out "$tmp/i.npy" --weights-out "$tmp/w.npy" \
+        --ep "$np" --comm mpi --placement "$placement" --timeout 2m
+      for f in y i w; do
+        cmp -s "$tmp/${f}1.npy" "$tmp/$f.npy" || { echo "mpi-parity: $case -np $np $placement: $f.npy differs from one rank"; exit 1; }
+      done
+      checked=$((checked + 1))
+    done
+  done
+done
+
+# A rank count that does not match --ep is an error on every rank, not a hang.
+if timeout 120 "${mpirun[@]}" -np 3 "$tmp/moex" exec moe --model testdata/moe/mixtral_f32 --layer 1 \
+    --input testdata/moe/mixtral_f32/x.npy --out "$tmp/y.npy" --ep 4 --comm mpi 2>"$tmp/err"; then
+  echo "mpi-parity: --ep 4 under 3 ranks succeeded"; exit 1
+fi
+grep -q "mpirun started 3 ranks" "$tmp/err" || { echo "mpi-parity: unexpected error: $(cat "$tmp/err")"; exit 1; }
+
+echo "mpi-parity: $checked passed, 0 failed"
