@@ -45,6 +45,9 @@ func (o Op) String() string {
 // deadline, never a hang; after such an error the Comm is broken and every
 // later call fails. Mismatched calls (different collectives, or lengths
 // that must agree and do not) are reported as errors on every rank.
+//
+// The buffers AllGather and AllToAllV return belong to the Comm: they stay
+// valid until the rank's next call, and each starts at an 8-byte boundary.
 type Comm interface {
 	Rank() int
 	Size() int

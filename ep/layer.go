@@ -2,9 +2,7 @@ package ep
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"sync"
 
 	"github.com/moex-project/moex/kernels"
@@ -20,6 +18,8 @@ type Layer struct {
 	comm      Comm
 	moe       *moe.Layer
 	ckpt      *moe.Checkpoint
+
+	ex Exchanger
 
 	mu   sync.Mutex
 	load []int64 // tokens routed to each expert by this rank, all steps so far
@@ -115,14 +115,11 @@ func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
 	return l.ForwardRouting(ctx, x, y, nil, nil)
 }
 
-// dispatch metadata per row: expert, source token, slot, routing weight.
-const metaInts = 4
-
 // ForwardRouting is Forward that also returns this rank's routing (see
 // moe.Layer.ForwardRouting); ids and weights may be nil.
 func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
 	c, comm := l.Config, l.comm
-	H, K, R := c.Hidden, c.TopK, comm.Size()
+	H, K := c.Hidden, c.TopK
 	// Local checks first; a rank that fails here breaks the group so that
 	// the others do not wait for it.
 	fail := func(err error) error {
@@ -162,70 +159,22 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	}
 	l.mu.Unlock()
 
-	// Dispatch: per destination, the metadata of its rows, then the rows.
-	pairsTo := make([][]int32, R) // the (token·K + slot) pairs sent to each rank, in order
-	for p, e := range ids {
-		d := l.Placement.Dest(int(e), offset+p/K)
-		pairsTo[d] = append(pairsTo[d], int32(p))
-	}
-	send := make([][]byte, R)
-	for d, pairs := range pairsTo {
-		buf := make([]byte, 4*len(pairs)*(metaInts+H))
-		meta := buf[:4*metaInts*len(pairs)]
-		rows := castF32(buf[len(meta):])
-		for i, p := range pairs {
-			t := int(p) / K
-			binary.LittleEndian.PutUint32(meta[16*i:], uint32(ids[p]))
-			binary.LittleEndian.PutUint32(meta[16*i+4:], uint32(t))
-			binary.LittleEndian.PutUint32(meta[16*i+8:], uint32(int(p)%K))
-			binary.LittleEndian.PutUint32(meta[16*i+12:], math.Float32bits(weights[p]))
-			copy(rows[i*H:(i+1)*H], x[t*H:(t+1)*H])
-		}
-		send[d] = buf
-	}
-	recv, err := comm.AllToAllV(ctx, send)
+	d, err := l.ex.Dispatch(ctx, comm, l.Placement, x, ids, weights, H, K, offset, T)
 	if err != nil {
 		return err
 	}
-
 	// Local experts over the received rows, plus the shared expert over this
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
-	type row struct {
-		src, idx int // source rank, index in its message
-		expert   int
-		weight   float32
-	}
-	var got []row
-	for s, buf := range recv {
-		if len(buf)%(4*(metaInts+H)) != 0 {
-			return fail(fmt.Errorf("ep: rank %d sent %d bytes, not whole rows of %d values", s, len(buf), metaInts+H))
-		}
-		n := len(buf) / (4 * (metaInts + H))
-		for i := 0; i < n; i++ {
-			e := int(int32(binary.LittleEndian.Uint32(buf[16*i:])))
-			if e < 0 || e >= c.NumExperts {
-				return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, out of range", s, e))
-			}
-			if _, ok := l.moe.Expert(e); !ok {
-				return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, which rank %d does not hold", s, e, comm.Rank()))
-			}
-			got = append(got, row{s, i, e, math.Float32frombits(binary.LittleEndian.Uint32(buf[16*i+12:]))})
-		}
-	}
-	all := make([]float32, (len(got)+T)*H)
-	for i, g := range got {
-		buf := recv[g.src]
-		n := len(buf) / (4 * (metaInts + H))
-		copy(all[i*H:(i+1)*H], castF32(buf[16*n:])[g.idx*H:(g.idx+1)*H])
-	}
-	copy(all[len(got)*H:], x)
-	out := make([]float32, len(got)*H)
-	// Group rows by expert (counting sort, stable).
+	all := d.Hidden
+	copy(all[len(d.Rows)*H:], x)
+	out := make([]float32, len(d.Rows)*H)
 	perExpert := make([][]int32, c.NumExperts)
-	for i, g := range got {
-		perExpert[g.expert] = append(perExpert[g.expert], int32(i))
+	for i, rw := range d.Rows {
+		if _, ok := l.moe.Expert(rw.Expert); !ok {
+			return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, which rank %d does not hold", rw.Src, rw.Expert, comm.Rank()))
+		}
+		perExpert[rw.Expert] = append(perExpert[rw.Expert], int32(i))
 	}
-	order := make([]int32, 0, len(got)) // order[k]: the row computed k-th
 	var groups []kernels.FFNGroup
 	for e, rows := range perExpert {
 		if len(rows) == 0 {
@@ -234,16 +183,16 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		w, _ := l.moe.Expert(e)
 		scale := make([]float32, len(rows))
 		for i, r := range rows {
-			scale[i] = got[r].weight
+			scale[i] = d.Rows[r].Weight
 		}
-		lo := len(order)
-		order = append(order, rows...)
+		// Outputs land in received order: the rows of one expert are
+		// scattered, so each group writes a scratch block first.
 		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down,
-			Rows: rows, Scale: scale, Out: out[lo*H : len(order)*H]})
+			Rows: rows, Scale: scale, Out: make([]float32, len(rows)*H)})
 	}
 	own := make([]int32, T)
 	for t := range own {
-		own[t] = int32(len(got) + t)
+		own[t] = int32(len(d.Rows) + t)
 	}
 	shared := l.moe.SharedFFN(all, own)
 	if shared != nil {
@@ -252,32 +201,16 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err := kernels.GroupedFFN(ctx, l.moe.WorkerCount(), all, groups); err != nil {
 		return fail(err)
 	}
-
-	// Return each row's output to its source, in the order it was sent.
-	back := make([][]byte, R)
-	for s, buf := range recv {
-		back[s] = make([]byte, len(buf)/(metaInts+H)*H)
+	for _, g := range groups[:len(groups)-boolInt(shared != nil)] {
+		for i, r := range g.Rows {
+			copy(out[int(r)*H:(int(r)+1)*H], g.Out[i*H:(i+1)*H])
+		}
 	}
-	for k, r := range order {
-		g := got[r]
-		copy(castF32(back[g.src])[g.idx*H:(g.idx+1)*H], out[k*H:(k+1)*H])
-	}
-	results, err := comm.AllToAllV(ctx, back)
+	pairOut, err := d.Return(ctx, comm, out)
 	if err != nil {
 		return err
 	}
-
 	// Combine in the order of one rank.
-	pairOut := make([]float32, T*K*H)
-	for d, pairs := range pairsTo {
-		res := castF32(results[d])
-		if len(res) != len(pairs)*H {
-			return fail(fmt.Errorf("ep: rank %d returned %d values for %d rows", d, len(res), len(pairs)))
-		}
-		for i, p := range pairs {
-			copy(pairOut[int(p)*H:(int(p)+1)*H], res[i*H:(i+1)*H])
-		}
-	}
 	rowsOf := make([]int32, T*K)
 	for p := range rowsOf {
 		rowsOf[p] = int32(p)
@@ -290,14 +223,9 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	return nil
 }
 
-// castF32 views 4-byte-aligned bytes as float32s.
-func castF32(b []byte) []float32 {
-	if len(b) == 0 {
-		return nil
+func boolInt(b bool) int {
+	if b {
+		return 1
 	}
-	v, err := FromBytesView(b)
-	if err != nil {
-		panic(err)
-	}
-	return v
+	return 0
 }

@@ -52,9 +52,29 @@ type contribution struct {
 }
 
 type local struct {
-	h    *hub
-	rank int
-	seq  uint64
+	h     *hub
+	rank  int
+	seq   uint64
+	arena []byte // receive buffers, reused by every call
+}
+
+// take carves buffers of the given sizes, each starting at an 8-byte
+// boundary, out of the rank's arena; they stay valid until the next call.
+func (c *local) take(sizes []int) [][]byte {
+	total := 0
+	for _, n := range sizes {
+		total += (n + 7) &^ 7
+	}
+	if cap(c.arena) < total {
+		c.arena = make([]byte, total+total/4)
+	}
+	out := make([][]byte, len(sizes))
+	off := 0
+	for i, n := range sizes {
+		out[i] = c.arena[off : off+n : off+n]
+		off += (n + 7) &^ 7
+	}
+	return out
 }
 
 func (c *local) Rank() int { return c.rank }
@@ -159,13 +179,15 @@ func checkMatch(all []contribution, seq uint64) error {
 }
 
 func (c *local) AllGather(ctx context.Context, send []byte) ([][]byte, error) {
-	out := make([][]byte, c.h.n)
+	var out [][]byte
 	err := c.run(ctx, contribution{kind: "AllGather", bytes: send}, func(all []contribution) error {
+		sizes := make([]int, len(all))
 		for r, ct := range all {
-			out[r] = slices.Clone(ct.bytes)
-			if out[r] == nil {
-				out[r] = []byte{}
-			}
+			sizes[r] = len(ct.bytes)
+		}
+		out = c.take(sizes)
+		for r, ct := range all {
+			copy(out[r], ct.bytes)
 		}
 		return nil
 	})
@@ -181,10 +203,15 @@ func (c *local) AllToAllV(ctx context.Context, send [][]byte) ([][]byte, error) 
 		c.h.abort(err)
 		return nil, err
 	}
-	out := make([][]byte, c.h.n)
+	var out [][]byte
 	err := c.run(ctx, contribution{kind: "AllToAllV", sendTo: send}, func(all []contribution) error {
+		sizes := make([]int, len(all))
 		for r, ct := range all {
-			out[r] = append([]byte{}, ct.sendTo[c.rank]...)
+			sizes[r] = len(ct.sendTo[c.rank])
+		}
+		out = c.take(sizes)
+		for r, ct := range all {
+			copy(out[r], ct.sendTo[c.rank])
 		}
 		return nil
 	})

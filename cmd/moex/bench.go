@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -24,6 +25,8 @@ const benchUsage = `usage:
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
   moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16]
                  [--threads T[,...]] [--impl ...] [--format table|json]
+  moex bench ep [--ranks 1,2,4,8] [--tokens 16,128,1024]   dispatch+combine of a DeepSeek-V2-Lite-shaped
+                 layer over in-process ranks, against a memcpy of the same bytes
   moex bench membw   the memory-bandwidth probe alone
 `
 
@@ -42,6 +45,10 @@ type benchResult struct {
 	GBPS       float64 `json:"gbps"`
 	ProbeGBPS  float64 `json:"probe_gbps"`
 	BWFraction float64 `json:"bw_fraction"`
+	// bench ep only: time per token, and a memcpy of the same bytes.
+	NsPerToken float64 `json:"ns_per_token,omitempty"`
+	MemcpyNS   int64   `json:"memcpy_ns,omitempty"`
+	VsMemcpy   float64 `json:"speed_vs_memcpy,omitempty"`
 }
 
 type benchOpts struct {
@@ -91,7 +98,7 @@ func intList(s, name string) ([]int, error) {
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe or membw", errUsage)
+		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, ep or membw", errUsage)
 	}
 	opts := &benchOpts{stderr: stderr, start: time.Now()}
 	var results []benchResult
@@ -101,6 +108,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		results, err = benchGroupedGEMM(args[1:], opts)
 	case "moe":
 		results, err = benchMoE(args[1:], opts)
+	case "ep":
+		results, err = benchEP(args[1:], opts)
 	case "membw":
 		fs := flag.NewFlagSet("bench membw", flag.ContinueOnError)
 		if err := parseFlags(fs, args[1:], stderr); err != nil {
@@ -110,7 +119,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, membw)", errUsage, args[0])
+		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, ep, membw)", errUsage, args[0])
 	}
 	if err != nil {
 		return err
@@ -129,6 +138,14 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if len(rs) > 0 && rs[0].Bench == "ep" {
+		fmt.Fprintln(tw, "case\tmedian\tns/token\tGB/s\tmemcpy same bytes\tspeed vs memcpy\t")
+		for _, r := range rs {
+			fmt.Fprintf(tw, "%s\t%v\t%.0f\t%.1f\t%v\t%.2f×\t\n", r.Case, time.Duration(r.MedianNS).Round(time.Microsecond),
+				r.NsPerToken, r.GBPS, time.Duration(r.MemcpyNS).Round(time.Microsecond), r.VsMemcpy)
+		}
+		return tw.Flush()
+	}
 	fmt.Fprintln(tw, "case\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t")
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.1f\t%.1f\t%.0f%%\t\n", r.Case, r.Impl, r.Threads,
@@ -293,7 +310,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 }
 
 func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duration, flops float64, bytes int64, probe float64) benchResult {
-	med := ts[len(ts)/2]
+	med := max(ts[len(ts)/2], time.Nanosecond) // a clock tick can read zero
 	gbps := float64(bytes) / med.Seconds() / 1e9
 	return benchResult{
 		Bench: bench, Case: label, Impl: impl, Threads: threads, Dtype: dtype, Runs: len(ts),
@@ -373,6 +390,87 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		})
 		if err != nil {
 			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// benchEP times the dispatch and combine all-to-alls of an EP step with
+// identity experts (DeepSeek-V2-Lite: hidden 2048, top-6 of 64 experts,
+// contiguous placement, random routing), and a memcpy of the same bytes.
+func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
+	fs := flag.NewFlagSet("bench ep", flag.ContinueOnError)
+	ranksFlag := fs.String("ranks", "1,2,4,8", "in-process ranks, comma-separated list")
+	tokensFlag := fs.String("tokens", "16,128,1024", "tokens per rank, comma-separated list")
+	fs.StringVar(&o.format, "format", "table", "table or json")
+	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
+	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
+	if err := parseFlags(fs, args, o.stderr); err != nil {
+		return nil, err
+	}
+	ranks, err := intList(*ranksFlag, "--ranks")
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := intList(*tokensFlag, "--tokens")
+	if err != nil {
+		return nil, err
+	}
+	const H, K, E = 2048, 6, 64
+	probe := memoryBandwidth()
+	var results []benchResult
+	for _, R := range ranks {
+		if R < 1 {
+			return nil, fmt.Errorf("%w: bench ep: --ranks must be positive", errUsage)
+		}
+		place, err := ep.Contiguous(E, R)
+		if err != nil {
+			return nil, err
+		}
+		for _, T := range tokens {
+			rng := rand.New(rand.NewPCG(uint64(R), uint64(T)))
+			xs := make([][]float32, R)
+			ids := make([][]int32, R)
+			ws := make([][]float32, R)
+			exs := make([]*ep.Exchanger, R)
+			for r := range xs {
+				xs[r] = make([]float32, T*H)
+				for i := range xs[r] {
+					xs[r][i] = rng.Float32()
+				}
+				ids[r] = make([]int32, 0, T*K)
+				for t := 0; t < T; t++ {
+					pick := rng.Perm(E)[:K]
+					slices.Sort(pick)
+					for _, e := range pick {
+						ids[r] = append(ids[r], int32(e))
+					}
+				}
+				ws[r] = make([]float32, T*K)
+				exs[r] = new(ep.Exchanger)
+			}
+			comms, err := ep.NewLocal(R)
+			if err != nil {
+				return nil, err
+			}
+			bytes := ep.RoundTripBytes(R*T, H, K)
+			label := fmt.Sprintf("ranks=%d tokens/rank=%d", R, T)
+			ts, err := o.time(label, func() error {
+				return ep.RoundTrip(context.Background(), comms, exs, place, xs, ids, ws, H, K)
+			})
+			if err != nil {
+				return nil, err
+			}
+			src, dst := make([]byte, bytes), make([]byte, bytes)
+			mc, err := o.time(label+" memcpy", func() error { copy(dst, src); return nil })
+			if err != nil {
+				return nil, err
+			}
+			r := makeResult("ep", label, "local", "f32", R, ts, 0, bytes, probe)
+			r.NsPerToken = float64(r.MedianNS) / float64(R*T)
+			r.MemcpyNS = mc[len(mc)/2].Nanoseconds()
+			r.VsMemcpy = float64(r.MemcpyNS) / float64(r.MedianNS)
+			results = append(results, r)
 		}
 	}
 	return results, nil

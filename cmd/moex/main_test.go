@@ -205,6 +205,11 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.Contains(t, out, "T=3")
 	require.Contains(t, out, "memory read-bandwidth probe")
 
+	out, _, err = runCLI("bench", "ep", "--ranks", "1,3", "--tokens", "0,2", "--min-time", "0", "--max-runs", "1", "--format", "json")
+	require.NoError(t, err)
+	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 4)
+	require.Contains(t, out, `"speed_vs_memcpy"`)
+
 	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
 	require.ErrorContains(t, err, `implementation "sve2" is not available`)
 	_, _, err = runCLI("bench", "moe", "--min-time", "0")
