@@ -467,7 +467,9 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 				return nil, err
 			}
 			r := makeResult("ep", label, "local", "f32", R, ts, 0, bytes, probe)
-			r.NsPerToken = float64(r.MedianNS) / float64(R*T)
+			if R*T > 0 {
+				r.NsPerToken = float64(r.MedianNS) / float64(R*T)
+			}
 			r.MemcpyNS = mc[len(mc)/2].Nanoseconds()
 			r.VsMemcpy = float64(r.MemcpyNS) / float64(r.MedianNS)
 			results = append(results, r)
