@@ -19,7 +19,11 @@ type Layer struct {
 	moe       *moe.Layer
 	ckpt      *moe.Checkpoint
 
-	ex Exchanger
+	// Buffers reused from step to step; a Layer runs one step at a time.
+	ex        Exchanger
+	ffn       kernels.Scratch
+	out       []float32
+	sharedOut []float32
 
 	mu   sync.Mutex
 	load []int64 // tokens routed to each expert by this rank, all steps so far
@@ -167,7 +171,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
 	all := d.Hidden
 	copy(all[len(d.Rows)*H:], x)
-	out := make([]float32, len(d.Rows)*H)
+	out := kernels.Grow(&l.out, len(d.Rows)*H)
 	perExpert := make([][]int32, c.NumExperts)
 	for i, rw := range d.Rows {
 		if _, ok := l.moe.Expert(rw.Expert); !ok {
@@ -194,11 +198,11 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	for t := range own {
 		own[t] = int32(len(d.Rows) + t)
 	}
-	shared := l.moe.SharedFFN(all, own)
+	shared := l.moe.SharedFFN(all, own, kernels.Grow(&l.sharedOut, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
-	if err := kernels.GroupedFFN(ctx, l.moe.WorkerCount(), all, groups); err != nil {
+	if err := kernels.GroupedFFN(ctx, l.moe.WorkerCount(), all, groups, &l.ffn); err != nil {
 		return fail(err)
 	}
 	for _, g := range groups[:len(groups)-boolInt(shared != nil)] {

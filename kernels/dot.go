@@ -1,5 +1,7 @@
 package kernels
 
+import "unsafe"
+
 // The SIMD drivers walk a projection in blocks of weight rows sized to
 // stay in L2, and within a block in micro-tiles of maxMR activation rows ×
 // 4 weight rows, each computed by one assembly kernel call. Activation rows
@@ -41,9 +43,9 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 				a[i] = &x[int(idx[m0+i])*K]
 			}
 			n := nb
-			if mr == 1 && s.kern8[gate.DType] != nil {
-				// One row: eight weight streams per call, four columns.
-				n = gateUp1x4(s, h[m0*inter:], x[int(idx[m0])*K:][:K], gate, up, kMain, nb, ne)
+			if mr <= s.maxMR8 {
+				// Few rows: eight weight streams per call, four columns.
+				n = gateUp8(s, h[m0*inter:], inter, &a, mr, K, gate, up, kMain, nb, ne)
 			}
 			for ; n < ne; n += 2 {
 				n2 := min(n+1, ne-1)
@@ -102,8 +104,8 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 				a[i] = &row(m0 + i)[0]
 			}
 			n := nb
-			if mr == 1 && s.kern8[down.DType] != nil {
-				n = down1x8(s, out, row(m0), m0, down, scale, kMain, nb, ne)
+			if mr <= s.maxMR8 {
+				n = down8(s, out[m0*hidden:], &a, mr, K, down, scale, m0, kMain, nb, ne)
 			}
 			for ; n < ne; n += 4 {
 				cols := min(4, ne-n)
@@ -132,49 +134,63 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 	}
 }
 
-// gateUp1x4 is the one-row case of gateUpSIMD, four columns (eight weight
-// rows) per kernel call; it returns the first column it did not do.
-func gateUp1x4(s *simd, h, xr []float32, gate, up Matrix, kMain, n, ne int) int {
+// gateUp8 does columns of gateUpSIMD for mr ≤ maxMR8 rows a, four columns
+// (eight weight rows) per kernel call; h holds the rows' outputs [mr,
+// inter]. It returns the first column it did not do.
+func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, kMain, n, ne int) int {
 	var b [8]*byte
-	var out [8]float32
-	kern := s.kern8[gate.DType]
-	K := len(xr)
+	var out [8 * maxKernelRows]float32
+	kern := s.kern8[gate.DType][mr]
 	for ; n+4 <= ne; n += 4 {
 		for j := 0; j < 4; j++ {
 			b[j], b[4+j] = gate.rowPtr(n+j), up.rowPtr(n+j)
 		}
-		kern(&xr[0], &b, kMain, &out)
-		for k := kMain; k < K; k++ {
-			for j := 0; j < 4; j++ {
-				out[j] += float32(xr[k] * gate.At(n+j, k))
-				out[4+j] += float32(xr[k] * up.At(n+j, k))
+		kern(a, &b, kMain, &out)
+		for i := 0; i < mr; i++ {
+			o := out[8*i : 8*i+8]
+			if kMain < K {
+				xr := unsafe.Slice(a[i], K)
+				for k := kMain; k < K; k++ {
+					for j := 0; j < 4; j++ {
+						o[j] += float32(xr[k] * gate.At(n+j, k))
+						o[4+j] += float32(xr[k] * up.At(n+j, k))
+					}
+				}
 			}
-		}
-		for j := 0; j < 4; j++ {
-			h[n+j] = SwiGLU(out[j], out[4+j])
+			for j := 0; j < 4; j++ {
+				h[i*inter+n+j] = SwiGLU(o[j], o[4+j])
+			}
 		}
 	}
 	return n
 }
 
-// down1x8 is the one-row case of downSIMD, eight weight rows per kernel
-// call; it returns the first column it did not do.
-func down1x8(s *simd, out, hr []float32, r int, down Matrix, scale []float32, kMain, n, ne int) int {
+// down8 does columns of downSIMD for mr ≤ maxMR8 rows a (rows r0… of the
+// call), eight weight rows per kernel call; out holds the rows' outputs
+// [mr, hidden]. It returns the first column it did not do.
+func down8(s *simd, out []float32, a *[maxKernelRows]*float32, mr, K int, down Matrix, scale []float32, r0, kMain, n, ne int) int {
 	var b [8]*byte
-	var acc [8]float32
-	kern := s.kern8[down.DType]
-	K := len(hr)
+	var acc [8 * maxKernelRows]float32
+	kern := s.kern8[down.DType][mr]
 	hidden := down.Rows
 	for ; n+8 <= ne; n += 8 {
 		for j := range b {
 			b[j] = down.rowPtr(n + j)
 		}
-		kern(&hr[0], &b, kMain, &acc)
-		for j := 0; j < 8; j++ {
-			for k := kMain; k < K; k++ {
-				acc[j] += float32(hr[k] * down.At(n+j, k))
+		kern(a, &b, kMain, &acc)
+		for i := 0; i < mr; i++ {
+			o := acc[8*i : 8*i+8]
+			if kMain < K {
+				hr := unsafe.Slice(a[i], K)
+				for j := 0; j < 8; j++ {
+					for k := kMain; k < K; k++ {
+						o[j] += float32(hr[k] * down.At(n+j, k))
+					}
+				}
 			}
-			out[r*hidden+n+j] = scaled(acc[j], scale, r)
+			for j := 0; j < 8; j++ {
+				out[i*hidden+n+j] = scaled(o[j], scale, r0+i)
+			}
 		}
 	}
 	return n

@@ -17,7 +17,8 @@ func init() {
 		s.kern[F32] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F32x1, dotAVX2F32x2, dotAVX2F32x3}
 		s.kern[BF16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2BF16x1, dotAVX2BF16x2, dotAVX2BF16x3}
 		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F16x1, dotAVX2F16x2, dotAVX2F16x3}
-		s.kern8 = [F16 + 1]kernel8Func{nil, dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8}
+		s.maxMR8 = 1
+		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
 		register(s)
 	}
 	if hasAVX512 {
@@ -25,7 +26,10 @@ func init() {
 		s.kern[F32] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512F32x1, dotAVX512F32x2, dotAVX512F32x3, dotAVX512F32x4, dotAVX512F32x5, dotAVX512F32x6}
 		s.kern[BF16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512BF16x1, dotAVX512BF16x2, dotAVX512BF16x3, dotAVX512BF16x4, dotAVX512BF16x5, dotAVX512BF16x6}
 		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX512F16x1, dotAVX512F16x2, dotAVX512F16x3, dotAVX512F16x4, dotAVX512F16x5, dotAVX512F16x6}
-		s.kern8 = [F16 + 1]kernel8Func{nil, dotAVX512F32x1n8, dotAVX512BF16x1n8, dotAVX512F16x1n8}
+		s.maxMR8 = 3
+		s.kern8[F32] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F32x1n8, dotAVX512F32x2n8, dotAVX512F32x3n8}
+		s.kern8[BF16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512BF16x1n8, dotAVX512BF16x2n8, dotAVX512BF16x3n8}
+		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
 		register(s)
 	}
 }

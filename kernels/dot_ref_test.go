@@ -95,16 +95,18 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 							wide[n] = w
 							b[n] = m.rowPtr(0)
 						}
-						if mr == 1 && s.kern8[dt] != nil {
+						if mr <= s.maxMR8 {
 							var b8 [8]*byte
 							for n := range b8 {
 								b8[n] = b[n%4]
 							}
-							var out8 [8]float32
-							s.kern8[dt](a[0], &b8, K, &out8)
-							for n := 0; n < 8; n++ {
-								want := laneDot(rows[0], wide[n%4], s.lanes)
-								require.Equal(t, math.Float32bits(want), math.Float32bits(out8[n]), "1×8 col %d", n)
+							var out8 [8 * maxKernelRows]float32
+							s.kern8[dt][mr](&a, &b8, K, &out8)
+							for m := 0; m < mr; m++ {
+								for n := 0; n < 8; n++ {
+									want := laneDot(rows[m], wide[n%4], s.lanes)
+									require.Equal(t, math.Float32bits(want), math.Float32bits(out8[8*m+n]), "%d×8 row %d col %d", mr, m, n)
+								}
 							}
 						}
 						var out [4 * maxKernelRows]float32
@@ -128,7 +130,7 @@ func TestDriverMatchesLaneOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, s := range simds {
 		for _, K := range []int{5, 37, 130} {
-			for _, M := range []int{1, 7, 8} {
+			for _, M := range []int{1, 2, 3, 7, 8} {
 				const N = 13
 				h := make([]float32, M*K)
 				for i := range h {

@@ -33,16 +33,40 @@ const (
 	tileRows = 192
 )
 
+// Scratch keeps a grouped FFN's intermediate activations between calls, so
+// that a step does not fault in fresh memory; the zero value is ready. One
+// per concurrent caller.
+type Scratch struct {
+	h []float32
+}
+
+// Grow returns a buffer of n float32s from the scratch (contents undefined).
+func Grow(buf *[]float32, n int) []float32 {
+	if cap(*buf) < n {
+		*buf = make([]float32, n, n+n/4)
+	}
+	return (*buf)[:n]
+}
+
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
 // workers goroutines (0: GOMAXPROCS): all gate/up tiles, then all down
-// tiles. It returns the context's error if it ends first.
-func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup) error {
+// tiles. s (nil: none) keeps the intermediate buffer for the next call. It
+// returns the context's error if it ends first.
+func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup, s *Scratch) error {
 	type item struct{ g, r0, r1, n0, n1 int }
+	if s == nil {
+		s = new(Scratch)
+	}
+	total := 0
+	for _, g := range groups {
+		total += len(g.Rows) * g.Gate.Rows
+	}
+	all := Grow(&s.h, total)
 	hs := make([][]float32, len(groups))
 	var first, second []item
 	for i, g := range groups {
 		inter, hidden, rows := g.Gate.Rows, g.Down.Rows, len(g.Rows)
-		hs[i] = make([]float32, rows*inter)
+		hs[i], all = all[:rows*inter], all[rows*inter:]
 		for r := 0; r < rows; r += tileRows {
 			re := min(r+tileRows, rows)
 			for n := 0; n < inter; n += tileCols {

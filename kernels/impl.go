@@ -17,12 +17,15 @@ type simd struct {
 	maxMR int // most activation rows per kernel call
 	// kern[dtype][mr] computes the mr×4 dot products; see _asm/dot.go.
 	kern [F16 + 1][maxKernelRows + 1]kernelFunc
-	// kern8[dtype] computes one row against 8 weight rows (decode).
-	kern8 [F16 + 1]kernel8Func
+	// kern8[dtype][mr] computes mr ≤ maxMR8 rows against 8 weight rows:
+	// more weight streams in flight for the memory-bound decode case.
+	kern8  [F16 + 1][maxKernelRows + 1]kernel8Func
+	maxMR8 int
 }
 
-// kernel8Func computes the dot products of one fp32 row with 8 weight rows.
-type kernel8Func func(a *float32, b *[8]*byte, k int, out *[8]float32)
+// kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight
+// rows b; see _asm/dot.go.
+type kernel8Func func(a *[maxKernelRows]*float32, b *[8]*byte, k int, out *[8 * maxKernelRows]float32)
 
 // kernelFunc computes mr×4 dot products of fp32 rows a[:mr] with 4 weight
 // rows b over k elements, k a multiple of the lane count; see _asm/dot.go.

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 
 	"github.com/moex-project/moex/kernels"
 )
@@ -48,6 +49,9 @@ type Layer struct {
 	// Workers is the number of goroutines a forward pass uses; 0 means
 	// GOMAXPROCS. The result does not depend on it.
 	Workers int
+
+	scratchMu sync.Mutex
+	scratches []*scratch
 }
 
 // Load opens the checkpoint folder dir and maps the MoE block of layer n.
@@ -246,6 +250,8 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err != nil {
 		return err
 	}
+	sc := l.getScratch()
+	defer l.putScratch(sc)
 	rows := len(lay.Pairs)
 	token := make([]int32, rows)
 	scale := make([]float32, rows)
@@ -254,7 +260,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		scale[r] = weights[p]
 	}
 	// Grouped expert FFN, the shared expert included as one more group.
-	out := make([]float32, rows*H)
+	out := kernels.Grow(&sc.out, rows*H)
 	groups := make([]kernels.FFNGroup, 0, c.NumExperts+1)
 	for e := range l.experts {
 		lo, hi := int(lay.Offsets[e]), int(lay.Offsets[e]+lay.Counts[e])
@@ -268,11 +274,11 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
 			Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H]})
 	}
-	shared := l.SharedFFN(x, nil)
+	shared := l.SharedFFN(x, nil, kernels.Grow(&sc.shared, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
-	if err := kernels.GroupedFFN(ctx, l.workers(), x, groups); err != nil {
+	if err := kernels.GroupedFFN(ctx, l.workers(), x, groups, &sc.ffn); err != nil {
 		return err
 	}
 	var sharedOut []float32
@@ -295,9 +301,9 @@ func (l *Layer) Route(ctx context.Context, x []float32, ids []int32, weights []f
 
 // SharedFFN returns the shared expert as a group over the rows of x
 // [tokens, hidden] (rows: nil for all of them, in order), its gate applied
-// as the row scale (qwen2_moe), with a new output [rows, hidden]; nil if
-// the family has no shared expert.
-func (l *Layer) SharedFFN(x []float32, rows []int32) *kernels.FFNGroup {
+// as the row scale (qwen2_moe), writing out [rows, hidden] (nil: a new
+// buffer); nil if the family has no shared expert.
+func (l *Layer) SharedFFN(x []float32, rows []int32, out []float32) *kernels.FFNGroup {
 	if l.shared == nil {
 		return nil
 	}
@@ -317,8 +323,36 @@ func (l *Layer) SharedFFN(x []float32, rows []int32) *kernels.FFNGroup {
 			gate[i] = float32(1 / (1 + math.Exp(-logit[0])))
 		}
 	}
+	if out == nil {
+		out = make([]float32, len(rows)*H)
+	}
 	s := l.shared
-	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: make([]float32, len(rows)*H)}
+	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: out[:len(rows)*H]}
+}
+
+// scratch is one forward pass's reusable buffers.
+type scratch struct {
+	out, shared []float32
+	ffn         kernels.Scratch
+}
+
+// getScratch takes a scratch from the layer's free list; forward passes
+// reuse each other's buffers instead of faulting in fresh memory.
+func (l *Layer) getScratch() *scratch {
+	l.scratchMu.Lock()
+	defer l.scratchMu.Unlock()
+	if n := len(l.scratches); n > 0 {
+		s := l.scratches[n-1]
+		l.scratches = l.scratches[:n-1]
+		return s
+	}
+	return new(scratch)
+}
+
+func (l *Layer) putScratch(s *scratch) {
+	l.scratchMu.Lock()
+	l.scratches = append(l.scratches, s)
+	l.scratchMu.Unlock()
 }
 
 // Combine sums each token's expert outputs into y [tokens, hidden]: out

@@ -28,15 +28,16 @@ import (
 const maxMR = 6
 
 type isa struct {
-	name  string
-	lanes int
-	maxMR int
-	vec   func() VecVirtual
+	name   string
+	lanes  int
+	maxMR  int // rows of the 4-column kernels
+	maxMR8 int // rows of the 8-column kernels
+	vec    func() VecVirtual
 }
 
 var isas = []isa{
-	{"AVX2", 8, 3, YMM},
-	{"AVX512", 16, 6, ZMM},
+	{"AVX2", 8, 3, 1, YMM},
+	{"AVX512", 16, 6, 3, ZMM},
 }
 
 func main() {
@@ -47,9 +48,11 @@ func main() {
 			for mr := 1; mr <= is.maxMR; mr++ {
 				dot(is, dt, mr, 4)
 			}
-			// One row against eight weight rows: more weight streams in
+			// Few rows against eight weight rows: more weight streams in
 			// flight for the memory-bound decode case.
-			dot(is, dt, 1, 8)
+			for mr := 1; mr <= is.maxMR8; mr++ {
+				dot(is, dt, mr, 8)
+			}
 		}
 	}
 	Generate()
@@ -60,7 +63,7 @@ func dot(is isa, dt string, mr, nr int) {
 	sig := fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR)
 	if nr != 4 {
 		name = fmt.Sprintf("dot%s%sx%dn%d", is.name, dt, mr, nr)
-		sig = fmt.Sprintf("func(a *float32, b *[%d]*byte, k int, out *[%d]float32)", nr, nr)
+		sig = fmt.Sprintf("func(a *[%d]*float32, b *[%d]*byte, k int, out *[%d]float32)", maxMR, nr, nr*maxMR)
 	}
 	TEXT(name, NOSPLIT, sig)
 	Pragma("noescape")
@@ -68,14 +71,10 @@ func dot(is isa, dt string, mr, nr int) {
 		name, mr, nr, mr, nr, dt, is.lanes))
 
 	a := make([]GPVirtual, mr)
-	if nr == 4 {
-		aPtr := Load(Param("a"), GP64())
-		for m := range a {
-			a[m] = GP64()
-			MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-		}
-	} else {
-		a[0] = Load(Param("a"), GP64()).(GPVirtual)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
 	}
 	bPtr := Load(Param("b"), GP64())
 	b := make([]GPVirtual, nr)
