@@ -222,40 +222,28 @@ func (c *local) AllToAllV(ctx context.Context, send [][]byte) ([][]byte, error) 
 }
 
 func (c *local) AllReduceInt64(ctx context.Context, v []int64, op Op) error {
-	res := make([]int64, len(v))
-	err := c.run(ctx, contribution{kind: "AllReduceInt64", i64: v, op: op}, func(all []contribution) error {
-		if err := sameLengths(all, func(ct contribution) int { return len(ct.i64) }, "AllReduceInt64"); err != nil {
-			return err
-		}
-		if err := sameOp(all); err != nil {
-			return err
-		}
-		copy(res, all[0].i64)
-		for _, ct := range all[1:] {
-			for i, x := range ct.i64 {
-				res[i] = reduce(op, res[i], x)
-			}
-		}
-		return nil
-	})
-	if err == nil {
-		copy(v, res)
-	}
-	return err
+	return allReduce(ctx, c, "AllReduceInt64", v, op, contribution{i64: v}, func(ct contribution) []int64 { return ct.i64 })
 }
 
 func (c *local) AllReduceFloat32(ctx context.Context, v []float32, op Op) error {
-	res := make([]float32, len(v))
-	err := c.run(ctx, contribution{kind: "AllReduceFloat32", f32: v, op: op}, func(all []contribution) error {
-		if err := sameLengths(all, func(ct contribution) int { return len(ct.f32) }, "AllReduceFloat32"); err != nil {
+	return allReduce(ctx, c, "AllReduceFloat32", v, op, contribution{f32: v}, func(ct contribution) []float32 { return ct.f32 })
+}
+
+// allReduce reduces every rank's values element-wise in rank order, so the
+// result is the same on every rank and from run to run.
+func allReduce[T int64 | float32](ctx context.Context, c *local, kind string, v []T, op Op, my contribution, vals func(contribution) []T) error {
+	res := make([]T, len(v))
+	my.kind, my.op = kind, op
+	err := c.run(ctx, my, func(all []contribution) error {
+		if err := sameLengths(all, func(ct contribution) int { return len(vals(ct)) }, kind); err != nil {
 			return err
 		}
 		if err := sameOp(all); err != nil {
 			return err
 		}
-		copy(res, all[0].f32)
+		copy(res, vals(all[0]))
 		for _, ct := range all[1:] {
-			for i, x := range ct.f32 {
+			for i, x := range vals(ct) {
 				res[i] = reduce(op, res[i], x)
 			}
 		}
