@@ -1,5 +1,5 @@
-// Package dpattn will own data-parallel attention: the per-step coordinator
-// (token counts, IDLE batches, the graph-replay vote), the gather/scatter of
-// hidden states around the MoE layer, and MLA attention over a paged latent
-// KV cache.
+// Package dpattn is data-parallel attention: MLA's paged latent-KV cache and
+// its attention in the absorbed form (decode and causal extend, split-KV
+// with a log-sum-exp merge), and (as it grows) the per-step coordinator and
+// the gather/scatter of hidden states around the MoE layer.
 package dpattn

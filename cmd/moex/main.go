@@ -2,6 +2,7 @@
 //
 //	moex run  [flags]                 a MoE layer forward over a batch, with a short report
 //	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
+//	moex exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy [--lse-out lse.npy]
 //	moex bench grouped-gemm|moe|membw  time kernels and layers against a memory-bandwidth probe
 //	moex info                         what this machine offers (CPU features)
 //
@@ -39,6 +40,7 @@ const usage = `usage: moex <command> [flags]
 commands:
   run    a MoE layer forward over a batch (DeepSeek-V2-Lite shapes, random weights, unless --model)
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
+         exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
   bench  measure kernels and layers: bench grouped-gemm | bench moe | bench membw
   info   report this machine's CPU features
 `

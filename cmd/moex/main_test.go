@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"math"
 	"os"
 	"os/exec"
@@ -258,4 +260,85 @@ func TestExecMoEExpertParallel(t *testing.T) {
 	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "1", "--input", filepath.Join(dir, "x.npy"), "--out",
 		filepath.Join(t.TempDir(), "y.npy"), "--ep", "2", "--placement", "zigzag")
 	require.ErrorContains(t, err, `--placement "zigzag"`)
+}
+
+// TestExecMLADecode: random caches with scattered block tables, lengths 1,
+// a block boundary and thousands, against the float64 reference.
+func TestExecMLADecode(t *testing.T) {
+	const B, H, D, dv, bs = 5, 8, 576, 512, 64
+	lens := []int32{1, 64, 65, 2500, 300}
+	rng := rand.New(rand.NewPCG(11, 12))
+	maxBlocks := 0
+	total := 0
+	for _, l := range lens {
+		n := (int(l) + bs - 1) / bs
+		maxBlocks = max(maxBlocks, n)
+		total += n
+	}
+	nb := total + 3 // a few blocks nobody uses
+	perm := rng.Perm(nb)
+	kv := make([]float32, nb*bs*D)
+	for i := range kv {
+		kv[i] = float32(rng.NormFloat64())
+	}
+	bt := make([]int32, B*maxBlocks)
+	for i := range bt {
+		bt[i] = -1
+	}
+	next := 0
+	for b, l := range lens {
+		for j := 0; j < (int(l)+bs-1)/bs; j++ {
+			bt[b*maxBlocks+j] = int32(perm[next])
+			next++
+		}
+	}
+	q := make([]float32, B*H*D)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	dir := t.TempDir()
+	p := func(n string) string { return filepath.Join(dir, n) }
+	require.NoError(t, npy.WriteFloat32(p("q.npy"), []int{B, H, D}, q))
+	require.NoError(t, npy.WriteFloat32(p("kv.npy"), []int{nb, bs, D}, kv))
+	require.NoError(t, npy.WriteInt32(p("bt.npy"), []int{B, maxBlocks}, bt))
+	require.NoError(t, npy.WriteInt32(p("sl.npy"), []int{B}, lens))
+	scale := float32(1 / math.Sqrt(192))
+	args := []string{"exec", "mla-decode", "--q", p("q.npy"), "--kv-cache", p("kv.npy"), "--block-table", p("bt.npy"),
+		"--seqlens", p("sl.npy"), "--dv", "512", "--scale", fmt.Sprint(scale), "--out", p("o.npy"), "--lse-out", p("lse.npy")}
+	_, _, err := runCLI(args...)
+	require.NoError(t, err)
+	o, err := npy.ReadFloat32(p("o.npy"))
+	require.NoError(t, err)
+	require.Equal(t, []int{B, H, dv}, o.Shape)
+	lse, err := npy.ReadFloat32(p("lse.npy"))
+	require.NoError(t, err)
+	require.Equal(t, []int{B, H}, lse.Shape)
+	for b, l := range lens {
+		rows := make([][]float64, l)
+		for i := range rows {
+			blk := int(bt[b*maxBlocks+i/bs])
+			rows[i] = make([]float64, D)
+			for x := range rows[i] {
+				rows[i][x] = float64(kv[(blk*bs+i%bs)*D+x])
+			}
+		}
+		wo, wl := moetest.MLA(rows, q[b*H*D:(b+1)*H*D], H, D, dv, float64(scale))
+		oref := make([]float64, len(wo))
+		copy(oref, wo)
+		require.LessOrEqual(t, moetest.RelErr(o.Data[b*H*dv:(b+1)*H*dv], oref), 1e-5, "sequence %d (len %d)", b, l)
+		require.LessOrEqual(t, moetest.RelErr(lse.Data[b*H:(b+1)*H], wl), 1e-5, "lse of sequence %d", b)
+	}
+
+	// Bad input: a used block-table entry of -1, a zero length.
+	bad := append([]int32(nil), bt...)
+	bad[3*maxBlocks+1] = -1
+	require.NoError(t, npy.WriteInt32(p("bad.npy"), []int{B, maxBlocks}, bad))
+	args[7] = p("bad.npy")
+	_, _, err = runCLI(args...)
+	require.ErrorContains(t, err, "query 3: block table entry 1 is -1")
+	args[7] = p("bt.npy")
+	require.NoError(t, npy.WriteInt32(p("sl0.npy"), []int{B}, []int32{1, 0, 1, 1, 1}))
+	args[9] = p("sl0.npy")
+	_, _, err = runCLI(args...)
+	require.ErrorContains(t, err, "sequence 1 has length 0")
 }

@@ -1,8 +1,8 @@
 // Package moetest makes random MoE checkpoints of every supported family and
-// holds the float64 reference of a MoE block, written from the families'
-// model definitions and independent of package moe: it reads nothing of
-// moe's config parsing, gating or kernels. It is the only source of golden
-// numbers in the tests.
+// holds the float64 references of a MoE block and of MLA attention, written
+// from the model definitions and independent of the code under test: it
+// reads nothing of moe's config parsing, gating or kernels, nor of dpattn.
+// It is the only source of golden numbers in the tests.
 package moetest
 
 import (

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/npy"
+)
+
+// execMLADecode runs MLA decode attention (absorbed form) on .npy inputs:
+// q [batch, heads, D], a dense paged cache [num_blocks, block_size, D], a
+// block table [batch, max_blocks] (unused entries -1) and lengths [batch].
+func execMLADecode(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("exec mla-decode", flag.ContinueOnError)
+	qPath := fs.String("q", "", "float32 .npy [batch, heads, D]")
+	kvPath := fs.String("kv-cache", "", "float32 .npy [num_blocks, block_size, D]")
+	btPath := fs.String("block-table", "", "int32 .npy [batch, max_blocks], unused entries -1")
+	slPath := fs.String("seqlens", "", "int32 .npy [batch], each ≥ 1")
+	dv := fs.Int("dv", 0, "value dimensions: the first dv columns of each cached row")
+	scale := fs.Float64("scale", math.NaN(), "softmax scale applied to q·k")
+	outPath := fs.String("out", "", "output float32 .npy [batch, heads, dv]")
+	lsePath := fs.String("lse-out", "", "optional float32 .npy [batch, heads]: natural-log sum-exp of the scaled scores")
+	split := fs.Int("split", 0, "split-KV chunk length in rows (0: default)")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, v string }{{"--q", *qPath}, {"--kv-cache", *kvPath}, {"--block-table", *btPath},
+		{"--seqlens", *slPath}, {"--out", *outPath}} {
+		if f.v == "" {
+			return fmt.Errorf("%w: exec mla-decode: %s is required", errUsage, f.name)
+		}
+	}
+	if *dv <= 0 || math.IsNaN(*scale) {
+		return fmt.Errorf("%w: exec mla-decode: --dv (positive) and --scale are required", errUsage)
+	}
+	q, err := npy.ReadFloat32(*qPath)
+	if err != nil {
+		return err
+	}
+	kv, err := npy.ReadFloat32(*kvPath)
+	if err != nil {
+		return err
+	}
+	bt, err := npy.ReadInt32(*btPath)
+	if err != nil {
+		return err
+	}
+	sl, err := npy.ReadInt32(*slPath)
+	if err != nil {
+		return err
+	}
+	if len(q.Shape) != 3 {
+		return fmt.Errorf("%s: shape %v, want [batch, heads, D]", *qPath, q.Shape)
+	}
+	B, H, D := q.Shape[0], q.Shape[1], q.Shape[2]
+	if len(kv.Shape) != 3 || kv.Shape[2] != D || kv.Shape[0] < 1 || kv.Shape[1] < 1 {
+		return fmt.Errorf("%s: shape %v, want [num_blocks, block_size, %d]", *kvPath, kv.Shape, D)
+	}
+	if len(bt.Shape) != 2 || bt.Shape[0] != B {
+		return fmt.Errorf("%s: shape %v, want [%d, max_blocks]", *btPath, bt.Shape, B)
+	}
+	if len(sl.Shape) != 1 || sl.Shape[0] != B {
+		return fmt.Errorf("%s: shape %v, want [%d]", *slPath, sl.Shape, B)
+	}
+	if *dv > D {
+		return fmt.Errorf("exec mla-decode: --dv %d is larger than D %d", *dv, D)
+	}
+	MB := bt.Shape[1]
+	queries := make([]dpattn.Query, B)
+	for b := range queries {
+		if sl.Data[b] < 1 {
+			return fmt.Errorf("%s: sequence %d has length %d, need at least 1", *slPath, b, sl.Data[b])
+		}
+		queries[b] = dpattn.Query{Table: bt.Data[b*MB : (b+1)*MB], Len: int(sl.Data[b])}
+	}
+	cache := dpattn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
+	out := make([]float32, B*H**dv)
+	lse := make([]float32, B*H)
+	if err := dpattn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
+		dpattn.Options{SplitRows: *split}); err != nil {
+		return err
+	}
+	if err := npy.WriteFloat32(*outPath, []int{B, H, *dv}, out); err != nil {
+		return err
+	}
+	if *lsePath != "" {
+		return npy.WriteFloat32(*lsePath, []int{B, H}, lse)
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package dpattn
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+)
+
+// DefaultBlockSize is the rows per cache block, as FlashMLA uses.
+const DefaultBlockSize = 64
+
+// Blocks gives the attention kernels the rows of a paged latent cache: block
+// i as a [blockSize, dim] matrix.
+type Blocks interface {
+	BlockSize() int
+	Dim() int
+	NumBlocks() int
+	Block(i int) kernels.Matrix
+}
+
+// LatentCache is MLA's paged latent-KV cache: one latent row (kv_lora_rank +
+// rope dims, 576 for DeepSeek) per token, in blocks of BlockSize rows, each
+// sequence with its own block table. fp32 or bf16 storage. Safe for
+// concurrent use.
+type LatentCache struct {
+	blockSize, dim, numBlocks int
+	dtype                     kernels.DType
+	f32                       []float32
+	u16                       []uint16
+
+	mu   sync.Mutex
+	free []int32 // free blocks, popped from the end
+	seqs map[int]*sequence
+}
+
+type sequence struct {
+	blocks []int32
+	len    int
+}
+
+// NewLatentCache makes a cache of numBlocks blocks of blockSize rows of dim
+// values, stored as F32 or BF16.
+func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*LatentCache, error) {
+	if numBlocks < 1 || blockSize < 1 || dim < 1 {
+		return nil, fmt.Errorf("dpattn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
+	}
+	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{}}
+	switch dtype {
+	case kernels.F32:
+		c.f32 = make([]float32, numBlocks*blockSize*dim)
+	case kernels.BF16:
+		c.u16 = make([]uint16, numBlocks*blockSize*dim)
+	default:
+		return nil, fmt.Errorf("dpattn: cache dtype %v (want F32 or BF16)", dtype)
+	}
+	c.free = make([]int32, numBlocks)
+	for i := range c.free {
+		c.free[i] = int32(numBlocks - 1 - i) // block 0 is handed out first
+	}
+	return c, nil
+}
+
+func (c *LatentCache) BlockSize() int { return c.blockSize }
+func (c *LatentCache) Dim() int       { return c.dim }
+func (c *LatentCache) NumBlocks() int { return c.numBlocks }
+
+// Block returns block i as a [blockSize, dim] matrix over the cache memory.
+func (c *LatentCache) Block(i int) kernels.Matrix {
+	n := c.blockSize * c.dim
+	var m kernels.Matrix
+	if c.dtype == kernels.F32 {
+		m, _ = kernels.NewF32(c.blockSize, c.dim, c.f32[i*n:(i+1)*n])
+	} else {
+		m, _ = kernels.NewHalf(kernels.BF16, c.blockSize, c.dim, c.u16[i*n:(i+1)*n])
+	}
+	return m
+}
+
+// Append adds rows [n, dim] to sequence seq (created on first use),
+// taking new blocks as needed. If the cache has too few free blocks it
+// returns an error and changes nothing.
+func (c *LatentCache) Append(seq int, rows []float32) error {
+	if len(rows)%c.dim != 0 {
+		return fmt.Errorf("dpattn: %d values are not whole rows of %d", len(rows), c.dim)
+	}
+	n := len(rows) / c.dim
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.seqs[seq]
+	if s == nil {
+		s = &sequence{}
+		c.seqs[seq] = s
+	}
+	need := (s.len+n+c.blockSize-1)/c.blockSize - len(s.blocks)
+	if need > len(c.free) {
+		if s.len == 0 {
+			delete(c.seqs, seq)
+		}
+		return fmt.Errorf("dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
+			seq, need, len(c.free), c.numBlocks)
+	}
+	for ; need > 0; need-- {
+		s.blocks = append(s.blocks, c.free[len(c.free)-1])
+		c.free = c.free[:len(c.free)-1]
+	}
+	for i := 0; i < n; i++ {
+		pos := s.len + i
+		blk := int(s.blocks[pos/c.blockSize])
+		off := (blk*c.blockSize + pos%c.blockSize) * c.dim
+		src := rows[i*c.dim : (i+1)*c.dim]
+		if c.dtype == kernels.F32 {
+			copy(c.f32[off:off+c.dim], src)
+		} else {
+			for j, v := range src {
+				c.u16[off+j] = half.F32ToBF16(v)
+			}
+		}
+	}
+	s.len += n
+	return nil
+}
+
+// Free releases sequence seq's blocks for reuse.
+func (c *LatentCache) Free(seq int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.seqs[seq]
+	if !ok {
+		return fmt.Errorf("dpattn: sequence %d is not in the cache", seq)
+	}
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		c.free = append(c.free, s.blocks[i])
+	}
+	delete(c.seqs, seq)
+	return nil
+}
+
+// Len is the number of rows sequence seq holds (0 if unknown).
+func (c *LatentCache) Len(seq int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.seqs[seq]; s != nil {
+		return s.len
+	}
+	return 0
+}
+
+// BlockTable returns a copy of sequence seq's block table.
+func (c *LatentCache) BlockTable(seq int) []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.seqs[seq]; s != nil {
+		return append([]int32(nil), s.blocks...)
+	}
+	return nil
+}
+
+// BytesUsed is the memory of the blocks in use; BytesTotal of all blocks.
+func (c *LatentCache) BytesUsed() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(c.numBlocks-len(c.free)) * c.blockBytes()
+}
+
+// BytesTotal is the memory of every block of the cache.
+func (c *LatentCache) BytesTotal() int64 { return int64(c.numBlocks) * c.blockBytes() }
+
+func (c *LatentCache) blockBytes() int64 {
+	return int64(c.blockSize) * int64(c.dim) * int64(c.dtype.Size())
+}
+
+// DenseBlocks views a dense cache [numBlocks, blockSize, dim] (as
+// `exec mla-decode` reads it) as Blocks, without copying.
+type DenseBlocks struct {
+	Data                      []float32
+	NBlocks, BlockRows, Width int
+}
+
+func (d DenseBlocks) BlockSize() int { return d.BlockRows }
+func (d DenseBlocks) Dim() int       { return d.Width }
+func (d DenseBlocks) NumBlocks() int { return d.NBlocks }
+func (d DenseBlocks) Block(i int) kernels.Matrix {
+	n := d.BlockRows * d.Width
+	m, _ := kernels.NewF32(d.BlockRows, d.Width, d.Data[i*n:(i+1)*n])
+	return m
+}

@@ -1,0 +1,184 @@
+package dpattn
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/moex-project/moex/kernels"
+)
+
+// Query is one query token of MLA attention: the block table of its
+// sequence and how many cached rows it attends to (decode: the sequence
+// length; extend: its causal position + 1).
+type Query struct {
+	Table []int32
+	Len   int
+}
+
+// Options tune MLA; the zero value is ready.
+type Options struct {
+	Workers   int // goroutines; 0: GOMAXPROCS
+	SplitRows int // split-KV chunk length in rows; 0: 512. Results depend on it only by rounding.
+}
+
+// MLA is MLA attention in the absorbed form over a paged latent cache: for
+// query token i and head h, with K the first queries[i].Len cached rows of
+// its sequence and V their first dv columns,
+//
+//	out[i, h] = softmax(scale · q[i, h]·Kᵀ) · V      [nq, heads, dv]
+//	lse[i, h] = ln Σ exp(scale · q[i, h]·Kᵀ)          [nq, heads] (lse may be nil)
+//
+// q is [nq, heads, dim]. Long sequences are split into chunks computed in
+// parallel and merged by log-sum-exp. Accumulation is fp32. Bad shapes,
+// lengths or block-table entries give an error naming the query.
+func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv int, scale float32, out, lse []float32, opt Options) error {
+	D, bs := kv.Dim(), kv.BlockSize()
+	nq := len(queries)
+	switch {
+	case heads < 1:
+		return fmt.Errorf("dpattn: mla: %d heads", heads)
+	case dv < 1 || dv > D:
+		return fmt.Errorf("dpattn: mla: dv %d must be in [1, %d]", dv, D)
+	case len(q) != nq*heads*D:
+		return fmt.Errorf("dpattn: mla: q has %d values, want [%d queries, %d heads, %d] = %d", len(q), nq, heads, D, nq*heads*D)
+	case len(out) != nq*heads*dv:
+		return fmt.Errorf("dpattn: mla: out has %d values, want %d", len(out), nq*heads*dv)
+	case lse != nil && len(lse) != nq*heads:
+		return fmt.Errorf("dpattn: mla: lse has %d values, want %d", len(lse), nq*heads)
+	case math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0):
+		return fmt.Errorf("dpattn: mla: scale %v", scale)
+	}
+	for i, qr := range queries {
+		if qr.Len < 1 {
+			return fmt.Errorf("dpattn: mla: query %d attends to %d rows, need at least 1", i, qr.Len)
+		}
+		nb := (qr.Len + bs - 1) / bs
+		if nb > len(qr.Table) {
+			return fmt.Errorf("dpattn: mla: query %d needs %d rows (%d blocks), its block table has %d entries", i, qr.Len, nb, len(qr.Table))
+		}
+		for j, b := range qr.Table[:nb] {
+			if b < 0 || int(b) >= kv.NumBlocks() {
+				return fmt.Errorf("dpattn: mla: query %d: block table entry %d is %d, out of range [0, %d)", i, j, b, kv.NumBlocks())
+			}
+		}
+	}
+	for i, v := range q {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("dpattn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, v)
+		}
+	}
+	split := opt.SplitRows
+	if split <= 0 {
+		split = 512
+	}
+	// Work items: (query, chunk of rows).
+	type item struct{ q, r0, r1, slot int }
+	var items []item
+	chunksOf := make([]int, nq)
+	firstSlot := make([]int, nq)
+	slots := 0
+	for i, qr := range queries {
+		firstSlot[i] = slots
+		for r := 0; r < qr.Len; r += split {
+			items = append(items, item{i, r, min(r+split, qr.Len), slots})
+			slots++
+			chunksOf[i]++
+		}
+	}
+	partO := make([]float32, slots*heads*dv)
+	partL := make([]float64, slots*heads)
+	err := kernels.Parallel(ctx, opt.Workers, len(items), func(k int) {
+		it := items[k]
+		attendChunk(kv, q[it.q*heads*D:(it.q+1)*heads*D], queries[it.q].Table, it.r0, it.r1, heads, dv, scale,
+			partO[it.slot*heads*dv:(it.slot+1)*heads*dv], partL[it.slot*heads:(it.slot+1)*heads])
+	})
+	if err != nil {
+		return err
+	}
+	// Merge each query's chunks by log-sum-exp.
+	for i := range queries {
+		s0, n := firstSlot[i], chunksOf[i]
+		for h := 0; h < heads; h++ {
+			m := math.Inf(-1)
+			for c := 0; c < n; c++ {
+				m = math.Max(m, partL[(s0+c)*heads+h])
+			}
+			var sum float64
+			for c := 0; c < n; c++ {
+				sum += math.Exp(partL[(s0+c)*heads+h] - m)
+			}
+			total := m + math.Log(sum)
+			o := out[(i*heads+h)*dv : (i*heads+h+1)*dv]
+			clear(o)
+			for c := 0; c < n; c++ {
+				w := float32(math.Exp(partL[(s0+c)*heads+h] - total))
+				po := partO[((s0+c)*heads+h)*dv:][:dv]
+				for j := range o {
+					o[j] += float32(w * po[j])
+				}
+			}
+			if lse != nil {
+				lse[i*heads+h] = float32(total)
+			}
+		}
+	}
+	return nil
+}
+
+// attendChunk computes one query's attention over cached rows [r0, r1):
+// o [heads, dv] normalised within the chunk and lse [heads] of the chunk,
+// with an online softmax over the blocks.
+func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, scale float32, o []float32, lse []float64) {
+	bs, D := kv.BlockSize(), kv.Dim()
+	scores := make([]float32, heads*bs)
+	m := make([]float64, heads)
+	l := make([]float64, heads)
+	for h := range m {
+		m[h] = math.Inf(-1)
+	}
+	clear(o)
+	v := make([]float32, D)
+	p := make([]float32, heads)
+	for r := r0; r < r1; {
+		blk := kv.Block(int(table[r/bs]))
+		lo := r % bs
+		hi := min(bs, lo+(r1-r))
+		kernels.Down(scores, q, blk, nil, lo, hi) // scores[h, j] = q[h]·row j
+		for j := lo; j < hi; j++ {
+			blk.RowF32(j, v)
+			for h := 0; h < heads; h++ {
+				s := float64(scale * scores[h*bs+j])
+				if s > m[h] { // rescale what came before
+					c := math.Exp(m[h] - s)
+					l[h] *= c
+					oh := o[h*dv : (h+1)*dv]
+					cf := float32(c)
+					for x := range oh {
+						oh[x] *= cf
+					}
+					m[h] = s
+				}
+				e := math.Exp(s - m[h])
+				l[h] += e
+				p[h] = float32(e)
+			}
+			for h := 0; h < heads; h++ {
+				oh := o[h*dv : (h+1)*dv]
+				ph := p[h]
+				for x := range oh {
+					oh[x] += float32(ph * v[x])
+				}
+			}
+		}
+		r += hi - lo
+	}
+	for h := 0; h < heads; h++ {
+		inv := float32(1 / l[h])
+		oh := o[h*dv : (h+1)*dv]
+		for x := range oh {
+			oh[x] *= inv
+		}
+		lse[h] = m[h] + math.Log(l[h])
+	}
+}

@@ -1,0 +1,183 @@
+package dpattn_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+)
+
+func relErr(got []float32, want []float64) float64 {
+	var n, d float64
+	for i, w := range want {
+		e := float64(got[i]) - w
+		n += e * e
+		d += w * w
+	}
+	return math.Sqrt(n / d)
+}
+
+// fillCache appends random rows for sequences of the given lengths, in an
+// interleaved order so that block tables are scattered, and returns the
+// rows as the cache holds them (widened).
+func fillCache(t *testing.T, c *dpattn.LatentCache, rng *rand.Rand, lens []int) [][][]float64 {
+	t.Helper()
+	D := c.Dim()
+	rows := make([][][]float64, len(lens))
+	for done := false; !done; {
+		done = true
+		for s, L := range lens {
+			have := len(rows[s])
+			if have == L {
+				continue
+			}
+			done = false
+			n := min(L-have, 1+rng.IntN(100))
+			v := make([]float32, n*D)
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+			require.NoError(t, c.Append(s, v))
+			for i := 0; i < n; i++ {
+				r := make([]float64, D)
+				for x := range r {
+					r[x] = float64(v[i*D+x])
+				}
+				rows[s] = append(rows[s], r)
+			}
+		}
+	}
+	// Read back what the cache stores (bf16 rounds).
+	for s := range lens {
+		table := c.BlockTable(s)
+		for i := range rows[s] {
+			blk := c.Block(int(table[i/c.BlockSize()]))
+			for x := range rows[s][i] {
+				rows[s][i][x] = float64(blk.At(i%c.BlockSize(), x))
+			}
+		}
+	}
+	return rows
+}
+
+func TestMLADecodeMatchesReference(t *testing.T) {
+	const heads, D, dv = 16, 576, 512
+	scale := 1 / math.Sqrt(192.0)
+	lens := []int{1, 64, 65, 3000, 129, 7}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for _, impl := range kernels.Implementations() {
+			t.Run(fmt.Sprintf("%v/%s", dt, impl), func(t *testing.T) {
+				restore, err := kernels.Use(impl)
+				require.NoError(t, err)
+				defer restore()
+				rng := rand.New(rand.NewPCG(7, uint64(dt)))
+				c, err := dpattn.NewLatentCache(80, 64, D, dt)
+				require.NoError(t, err)
+				rows := fillCache(t, c, rng, lens)
+				q := make([]float32, len(lens)*heads*D)
+				for i := range q {
+					q[i] = float32(rng.NormFloat64())
+				}
+				queries := make([]dpattn.Query, len(lens))
+				for s, L := range lens {
+					queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: L}
+				}
+				out := make([]float32, len(lens)*heads*dv)
+				lse := make([]float32, len(lens)*heads)
+				require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), out, lse, dpattn.Options{SplitRows: 256}))
+				for s := range lens {
+					o, l := moetest.MLA(rows[s], q[s*heads*D:(s+1)*heads*D], heads, D, dv, float64(float32(scale)))
+					require.LessOrEqual(t, relErr(out[s*heads*dv:(s+1)*heads*dv], o), 1e-5, "sequence %d (len %d) out", s, lens[s])
+					require.LessOrEqual(t, relErr(lse[s*heads:(s+1)*heads], l), 1e-5, "sequence %d lse", s)
+				}
+				// The split changes only rounding.
+				whole := make([]float32, len(out))
+				require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), whole, nil, dpattn.Options{SplitRows: 1 << 20, Workers: 1}))
+				require.LessOrEqual(t, relErrF32(out, whole), 1e-6)
+			})
+		}
+	}
+}
+
+func relErrF32(a, b []float32) float64 {
+	w := make([]float64, len(b))
+	for i, v := range b {
+		w[i] = float64(v)
+	}
+	return relErr(a, w)
+}
+
+// TestMLAExtendIsCausal: several new tokens of one sequence, each
+// attending to the rows up to its own position.
+func TestMLAExtendIsCausal(t *testing.T) {
+	const heads, D, dv = 4, 64, 48
+	rng := rand.New(rand.NewPCG(3, 3))
+	c, err := dpattn.NewLatentCache(8, 16, D, kernels.F32)
+	require.NoError(t, err)
+	rows := fillCache(t, c, rng, []int{70})
+	const S = 5 // the last five rows are the new tokens
+	q := make([]float32, S*heads*D)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	queries := make([]dpattn.Query, S)
+	for j := range queries {
+		queries[j] = dpattn.Query{Table: c.BlockTable(0), Len: 70 - S + j + 1}
+	}
+	out := make([]float32, S*heads*dv)
+	require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, 0.125, out, nil, dpattn.Options{SplitRows: 32}))
+	for j := 0; j < S; j++ {
+		o, _ := moetest.MLA(rows[0][:70-S+j+1], q[j*heads*D:(j+1)*heads*D], heads, D, dv, 0.125)
+		require.LessOrEqual(t, relErr(out[j*heads*dv:(j+1)*heads*dv], o), 1e-5, "new token %d", j)
+	}
+}
+
+func TestMLABadInput(t *testing.T) {
+	c, err := dpattn.NewLatentCache(4, 8, 16, kernels.F32)
+	require.NoError(t, err)
+	require.NoError(t, c.Append(0, make([]float32, 10*16)))
+	table := c.BlockTable(0)
+	q := make([]float32, 2*16)
+	out := make([]float32, 2*17)
+	ctx := context.Background()
+	run := func(qs []dpattn.Query, q []float32, dv int) error {
+		return dpattn.MLA(ctx, c, q, qs, 2, dv, 1, out[:2*dv*len(qs)], nil, dpattn.Options{})
+	}
+	require.ErrorContains(t, run([]dpattn.Query{{table, 0}}, q, 8), "query 0 attends to 0 rows")
+	require.ErrorContains(t, run([]dpattn.Query{{table, 17}}, q, 8), "query 0 needs 17 rows (3 blocks), its block table has 2 entries")
+	require.ErrorContains(t, run([]dpattn.Query{{[]int32{0, -1}, 12}}, q, 8), "block table entry 1 is -1, out of range [0, 4)")
+	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, q, 17), "dv 17 must be in [1, 16]")
+	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, q[:5], 8), "q has 5 values")
+	bad := append([]float32(nil), q...)
+	bad[20] = float32(math.Inf(1))
+	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, bad, 8), "q of query 0 head 1 holds +Inf")
+}
+
+func TestLatentCache(t *testing.T) {
+	c, err := dpattn.NewLatentCache(3, 4, 2, kernels.BF16)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*4*2*2, c.BytesTotal())
+	require.NoError(t, c.Append(1, make([]float32, 5*2))) // 2 blocks
+	require.NoError(t, c.Append(2, make([]float32, 2*2))) // 1 block
+	require.EqualValues(t, c.BytesTotal(), c.BytesUsed())
+	err = c.Append(2, make([]float32, 3*2)) // needs a second block: none left
+	require.ErrorContains(t, err, "latent cache exhausted: sequence 2 needs 1 more blocks, 0 of 3 are free")
+	require.Equal(t, 2, c.Len(2), "a failed append changes nothing")
+	require.ErrorContains(t, c.Append(3, make([]float32, 3)), "not whole rows")
+	freed := c.BlockTable(1)
+	require.NoError(t, c.Free(1))
+	require.ErrorContains(t, c.Free(1), "sequence 1 is not in the cache")
+	require.EqualValues(t, 4*2*2, c.BytesUsed())
+	require.NoError(t, c.Append(3, make([]float32, 8*2)))
+	require.ElementsMatch(t, freed, c.BlockTable(3), "freed blocks are reused")
+	require.Equal(t, 8, c.Len(3))
+	_, err = dpattn.NewLatentCache(1, 1, 1, kernels.F16)
+	require.ErrorContains(t, err, "cache dtype F16")
+}
