@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     ?= moex
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/... ./kernels/... ./ep/...
+RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/...
 
 .PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test race bench fuzz golden clean
 

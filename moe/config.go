@@ -84,6 +84,10 @@ type Config struct {
 	RoutedScaling  float64 // multiply the final weights by this
 	ScoreBiasInput bool    // NoAuxTC: the gate has an e_score_correction_bias tensor
 
+	// MLA's cached latent per token and layer (deepseek): kv_lora_rank and
+	// qk_rope_head_dim; 0 when the config has none.
+	KVLoraRank, RopeDim int
+
 	// Which layers are MoE (the others are dense MLPs).
 	FirstKDense   int   // deepseek: first_k_dense_replace
 	LayerFreq     int   // deepseek: moe_layer_freq
@@ -115,6 +119,8 @@ type rawConfig struct {
 	RoutedScalingFactor   *float64 `json:"routed_scaling_factor"`
 	FirstKDenseReplace    *int     `json:"first_k_dense_replace"`
 	MoELayerFreq          *int     `json:"moe_layer_freq"`
+	KVLoraRank            *int     `json:"kv_lora_rank"`
+	QKRopeHeadDim         *int     `json:"qk_rope_head_dim"`
 }
 
 // LoadConfig reads dir/config.json.
@@ -177,6 +183,8 @@ func ParseConfig(data []byte) (*Config, error) {
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
 		c.SharedInter = or(raw.NSharedExperts, 0) * c.Inter
 		c.FirstKDense = or(raw.FirstKDenseReplace, 0)
+		c.KVLoraRank = or(raw.KVLoraRank, 0)
+		c.RopeDim = or(raw.QKRopeHeadDim, 0)
 		c.LayerFreq = or(raw.MoELayerFreq, 1)
 		if raw.RoutedScalingFactor != nil {
 			c.RoutedScaling = *raw.RoutedScalingFactor

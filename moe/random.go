@@ -18,7 +18,7 @@ func DeepSeekV2Lite() *Config {
 	return &Config{
 		ModelType: "deepseek_v2", Hidden: 2048, NumLayers: 27, NumExperts: 64, TopK: 6, Inter: 1408,
 		SharedInter: 2 * 1408, Scoring: Softmax, Method: Greedy, RoutedScaling: 1,
-		FirstKDense: 1, LayerFreq: 1,
+		FirstKDense: 1, LayerFreq: 1, KVLoraRank: 512, RopeDim: 64,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -27,6 +28,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of the random weights and inputs")
 	dtype := fs.String("dtype", "bf16", "dtype of random weights: f32, bf16 or f16")
 	workers := fs.Int("workers", 0, "goroutines per forward pass (0: GOMAXPROCS)")
+	ranks := fs.Int("ranks", 4, "ranks for the KV-cache accounting (TP vs DP attention)")
+	kvGiB := fs.Float64("kv-budget-gib", 16, "KV-cache memory per rank for the accounting, GiB")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -107,6 +110,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  forward    median %v over %d passes (min %v), %.2f GFLOP/s (%.2f GFLOP per pass)\n",
 		med.Round(time.Microsecond), *iters, times[0].Round(time.Microsecond), flops/med.Seconds()/1e9, flops/1e9)
 	fmt.Fprintf(stdout, "  output     sum %.6g, rms %.6g\n", sum, math.Sqrt(sq/math.Max(1, float64(len(y)))))
+	if c.KVLoraRank > 0 && c.NumLayers > 0 {
+		acct, err := dpattn.Account(*ranks, c.NumLayers, c.KVLoraRank+c.RopeDim, 2, int64(*kvGiB*(1<<30)))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "  kv cache   %v\n", acct)
+	}
 	return nil
 }
 

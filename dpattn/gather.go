@@ -1,0 +1,128 @@
+package dpattn
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// MoEGather runs the MoE layer in gather mode (SGLang, late 2024): the
+// hidden states of every rank are all-gathered, each rank runs the experts
+// it holds (shard, e.g. from moe.LoadSubset with an ep.Placement) on all
+// tokens, and the partial outputs are reduce-scattered back to each rank's
+// own rows; the shared expert then runs on the rank's own rows. x and y are
+// this rank's tokens [tokens, hidden]; plan is this step's StepPlan.
+//
+// Every expert is held by exactly one rank (placement without replicas).
+// The cross-rank sum associates differently from one rank, so the output
+// matches it to rounding (not bit for bit), and is the same run to run.
+func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x, y []float32) error {
+	c := shard.Config
+	H, K := c.Hidden, c.TopK
+	if len(x) != plan.Tokens*H || len(y) != len(x) {
+		err := fmt.Errorf("dpattn: gather: x has %d values and y %d, the plan says %d tokens of %d", len(x), len(y), plan.Tokens, H)
+		comm.Abort(err)
+		return err
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		comm.Abort(err)
+		return err
+	}
+	parts, err := comm.AllGather(ctx, ep.Bytes(x))
+	if err != nil {
+		return err
+	}
+	T := plan.Total
+	all := make([]float32, 0, T*H)
+	for r, p := range parts {
+		v, err := ep.FromBytes[float32](p)
+		if err != nil || len(v) != int(plan.Counts[r])*H {
+			err := fmt.Errorf("dpattn: gather: rank %d sent %d bytes for %d tokens", r, len(p), plan.Counts[r])
+			comm.Abort(err)
+			return err
+		}
+		all = append(all, v...)
+	}
+	ids := make([]int32, T*K)
+	weights := make([]float32, T*K)
+	if err := shard.Route(ctx, all, ids, weights); err != nil {
+		comm.Abort(err)
+		return err
+	}
+	// This rank's experts over every token routed to them.
+	perExpert := make([][]int32, c.NumExperts) // pairs t·K+j
+	for p, e := range ids {
+		if _, ok := shard.Expert(int(e)); ok {
+			perExpert[e] = append(perExpert[e], int32(p))
+		}
+	}
+	rowOf := make([]int32, T*K) // pair → row of out, -1 when another rank has the expert
+	for i := range rowOf {
+		rowOf[i] = -1
+	}
+	var groups []kernels.FFNGroup
+	rows := 0
+	for e, pairs := range perExpert {
+		if len(pairs) == 0 {
+			continue
+		}
+		w, _ := shard.Expert(e)
+		tok := make([]int32, len(pairs))
+		scale := make([]float32, len(pairs))
+		for i, p := range pairs {
+			tok[i] = p / int32(K)
+			scale[i] = weights[p]
+			rowOf[p] = int32(rows + i)
+		}
+		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down, Rows: tok, Scale: scale})
+		rows += len(pairs)
+	}
+	out := make([]float32, rows*H)
+	lo := 0
+	for i := range groups {
+		n := len(groups[i].Rows)
+		groups[i].Out = out[lo*H : (lo+n)*H]
+		lo += n
+	}
+	if err := kernels.GroupedFFN(ctx, shard.WorkerCount(), all, groups, nil); err != nil {
+		comm.Abort(err)
+		return err
+	}
+	// Partial sums in ascending expert id, zero where this rank holds none.
+	partial := make([]float32, T*H)
+	for t := 0; t < T; t++ {
+		pt := partial[t*H : (t+1)*H]
+		for j := 0; j < K; j++ {
+			r := rowOf[t*K+j]
+			if r < 0 {
+				continue
+			}
+			o := out[int(r)*H : (int(r)+1)*H]
+			for i := range pt {
+				pt[i] += o[i]
+			}
+		}
+	}
+	counts := make([]int, len(plan.Counts))
+	for r, n := range plan.Counts {
+		counts[r] = int(n) * H
+	}
+	mine, err := comm.ReduceScatter(ctx, partial, counts)
+	if err != nil {
+		return err
+	}
+	copy(y, mine)
+	if shared := shard.SharedFFN(x, nil, nil); shared != nil {
+		if err := kernels.GroupedFFN(ctx, shard.WorkerCount(), x, []kernels.FFNGroup{*shared}, nil); err != nil {
+			comm.Abort(err)
+			return err
+		}
+		for i := range y {
+			y[i] += shared.Out[i]
+		}
+	}
+	return nil
+}
