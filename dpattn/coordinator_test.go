@@ -172,7 +172,7 @@ func TestGatherMode(t *testing.T) {
 					return err
 				}
 				lo, hi := plan.Offset*H, (plan.Offset+plan.Tokens)*H
-				return dpattn.MoEGather(context.Background(), c, shard, plan, x[lo:hi], y[lo:hi])
+				return dpattn.MoEGather(context.Background(), c, shard, plan, x[lo:hi], y[lo:hi], nil)
 			})
 			for _, err := range errs {
 				require.NoError(t, err)

@@ -3,11 +3,19 @@ package dpattn
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
+
+// GatherTimes are the accumulated wall times of gather mode's stages.
+type GatherTimes struct {
+	Gather  time.Duration // all-gather of the hidden states
+	Experts time.Duration // routing, the shard's experts, the shared expert
+	Scatter time.Duration // reduce-scatter of the partial outputs
+}
 
 // MoEGather runs the MoE layer in gather mode (SGLang, late 2024): the
 // hidden states of every rank are all-gathered, each rank runs the experts
@@ -19,7 +27,13 @@ import (
 // Every expert is held by exactly one rank (placement without replicas).
 // The cross-rank sum associates differently from one rank, so the output
 // matches it to rounding (not bit for bit), and is the same run to run.
-func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x, y []float32) error {
+//
+// times (nil: none) accumulates the stages' wall times.
+func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x, y []float32, times *GatherTimes) error {
+	if times == nil {
+		times = new(GatherTimes)
+	}
+	t0 := time.Now()
 	c := shard.Config
 	H, K := c.Hidden, c.TopK
 	if len(x) != plan.Tokens*H || len(y) != len(x) {
@@ -46,6 +60,8 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		}
 		all = append(all, v...)
 	}
+	t1 := time.Now()
+	times.Gather += t1.Sub(t0)
 	ids := make([]int32, T*K)
 	weights := make([]float32, T*K)
 	if err := shard.Route(ctx, all, ids, weights); err != nil {
@@ -110,11 +126,16 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 	for r, n := range plan.Counts {
 		counts[r] = int(n) * H
 	}
+	t2 := time.Now()
+	times.Experts += t2.Sub(t1)
 	mine, err := comm.ReduceScatter(ctx, partial, counts)
 	if err != nil {
 		return err
 	}
 	copy(y, mine)
+	t3 := time.Now()
+	times.Scatter += t3.Sub(t2)
+	defer func() { times.Experts += time.Since(t3) }()
 	if shared := shard.SharedFFN(x, nil, nil); shared != nil {
 		if err := kernels.GroupedFFN(ctx, shard.WorkerCount(), x, []kernels.FFNGroup{*shared}, nil); err != nil {
 			comm.Abort(err)

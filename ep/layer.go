@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -27,6 +28,16 @@ type Layer struct {
 
 	mu   sync.Mutex
 	load []int64 // tokens routed to each expert by this rank, all steps so far
+
+	// Times accumulates the stages of every forward pass on this rank.
+	Times StageTimes
+}
+
+// StageTimes are the accumulated wall times of an EP layer's stages.
+type StageTimes struct {
+	Dispatch time.Duration // routing, packing and the first all-to-all
+	Experts  time.Duration // the grouped FFN
+	Combine  time.Duration // the second all-to-all and the sum
 }
 
 // Load maps, on this rank, the router, the shared expert and the experts
@@ -122,6 +133,7 @@ func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
 // ForwardRouting is Forward that also returns this rank's routing (see
 // moe.Layer.ForwardRouting); ids and weights may be nil.
 func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
+	start := time.Now()
 	c, comm := l.Config, l.comm
 	H, K := c.Hidden, c.TopK
 	// Local checks first; a rank that fails here breaks the group so that
@@ -167,6 +179,8 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err != nil {
 		return err
 	}
+	tExperts := time.Now()
+	l.Times.Dispatch += tExperts.Sub(start)
 	// Local experts over the received rows, plus the shared expert over this
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
 	all := d.Hidden
@@ -210,6 +224,9 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 			copy(out[int(r)*H:(int(r)+1)*H], g.Out[i*H:(i+1)*H])
 		}
 	}
+	tCombine := time.Now()
+	l.Times.Experts += tCombine.Sub(tExperts)
+	defer func() { l.Times.Combine += time.Since(tCombine) }()
 	pairOut, err := d.Return(ctx, comm, out)
 	if err != nil {
 		return err

@@ -379,6 +379,17 @@ func Combine(y, out []float32, rows []int32, k, hidden int, shared []float32) {
 	}
 }
 
+// Subset returns a layer that shares this one's weights but holds only the
+// routed experts keep reports true for (a rank's shard).
+func (l *Layer) Subset(keep func(e int) bool) *Layer {
+	loaded := make([]bool, len(l.loaded))
+	for e := range loaded {
+		loaded[e] = l.loaded[e] && keep(e)
+	}
+	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded,
+		shared: l.shared, sharedGate: l.sharedGate, Workers: l.Workers}
+}
+
 // Expert returns routed expert e's weights, and whether this layer holds
 // them (LoadSubset loads only some).
 func (l *Layer) Expert(e int) (Expert, bool) {

@@ -5,10 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
-	"runtime"
-	"slices"
+	"text/tabwriter"
 	"time"
 
 	"github.com/moex-project/moex/dpattn"
@@ -16,113 +13,106 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
-// cmdRun builds a MoE layer (DeepSeek-V2-Lite shapes with random weights, or
-// a checkpoint's layer), runs forward passes over a random batch and
-// reports routing, timing and a checksum of the output.
+// cmdRun is the main job: R in-process ranks run decode steps of one
+// DeepSeek-V2-Lite-shaped layer (MLA attention over each rank's own paged
+// latent cache, then the MoE layer shared over the ranks in all-to-all or
+// gather mode), then the same tokens on one rank for a parity check. It
+// fails when parity fails.
 func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	model := fs.String("model", "", "checkpoint folder; default: DeepSeek-V2-Lite shapes with random weights")
+	ranks := fs.Int("ranks", 4, "in-process ranks")
+	steps := fs.Int("steps", 8, "decode steps")
+	mode := fs.String("moe-mode", "alltoall", "alltoall (EP dispatch/combine) or gather (all-gather, expert shards, reduce-scatter)")
+	seed := fs.Uint64("seed", 1, "seed of the random weights, requests and inputs")
+	model := fs.String("model", "", "checkpoint folder for the MoE layer; default: DeepSeek-V2-Lite shapes with random bf16 weights")
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
-	tokens := fs.Int("tokens", 64, "tokens in the batch")
-	iters := fs.Int("iters", 3, "timed forward passes (the median is reported)")
-	seed := fs.Uint64("seed", 1, "seed of the random weights and inputs")
-	dtype := fs.String("dtype", "bf16", "dtype of random weights: f32, bf16 or f16")
-	workers := fs.Int("workers", 0, "goroutines per forward pass (0: GOMAXPROCS)")
-	ranks := fs.Int("ranks", 4, "ranks for the KV-cache accounting (TP vs DP attention)")
 	kvGiB := fs.Float64("kv-budget-gib", 16, "KV-cache memory per rank for the accounting, GiB")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if *tokens < 0 || *iters < 1 {
-		return fmt.Errorf("%w: run: --tokens must be ≥ 0 and --iters ≥ 1", errUsage)
+	if *ranks < 1 || *steps < 1 {
+		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
 	}
-	var l *moe.Layer
+	t0 := time.Now()
+	var layer *moe.Layer
 	var err error
-	start := time.Now()
-	source := ""
+	source := fmt.Sprintf("DeepSeek-V2-Lite-shaped layer, random bf16 weights (seed %d)", *seed)
 	if *model != "" {
-		if l, err = moe.Load(*model, *layerIdx); err != nil {
+		if layer, err = moe.Load(*model, *layerIdx); err != nil {
 			return err
 		}
-		defer l.Close()
-		source = fmt.Sprintf("%s layer %d", *model, *layerIdx)
-	} else {
-		dt, ok := map[string]kernels.DType{"f32": kernels.F32, "bf16": kernels.BF16, "f16": kernels.F16}[*dtype]
-		if !ok {
-			return fmt.Errorf("%w: run: --dtype %q (want f32, bf16 or f16)", errUsage, *dtype)
-		}
-		if l, err = moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed); err != nil {
-			return err
-		}
-		source = fmt.Sprintf("DeepSeek-V2-Lite-shaped MoE layer, random %s weights (seed %d)", *dtype, *seed)
+		defer layer.Close()
+		source = fmt.Sprintf("MoE layer %d of %s, random attention weights (seed %d)", *layerIdx, *model, *seed)
+	} else if layer, err = moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, *seed); err != nil {
+		return err
 	}
-	setup := time.Since(start)
-	l.Workers = *workers
-	c := l.Config
-	rng := rand.New(rand.NewPCG(*seed, 1))
-	x := make([]float32, *tokens*c.Hidden)
-	for i := range x {
-		x[i] = float32(2*rng.Float64() - 1)
+	c := layer.Config
+	heads, latent, dv := 16, 576, 512
+	if c.KVLoraRank > 0 {
+		latent, dv = c.KVLoraRank+c.RopeDim, c.KVLoraRank
 	}
-	y := make([]float32, len(x))
-	ids := make([]int32, *tokens*c.TopK)
-	w := make([]float32, *tokens*c.TopK)
+	attn, err := dpattn.NewRandomAttention(c.Hidden, heads, latent, dv, kernels.BF16, *seed)
+	if err != nil {
+		return err
+	}
+	setup := time.Since(t0)
+	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
+		MoE: layer, Attn: attn, CacheDType: kernels.BF16})
+	if err != nil {
+		return err
+	}
 
-	ctx := context.Background()
-	var times []time.Duration
-	for range *iters {
-		t0 := time.Now()
-		if err := l.ForwardRouting(ctx, x, y, ids, w); err != nil {
-			return err
-		}
-		times = append(times, time.Since(t0))
-	}
-	slices.Sort(times)
-	med := times[len(times)/2]
+	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s\n", *ranks, *steps, *mode, kernels.Implementation())
+	fmt.Fprintf(stdout, "  model: %s (setup %v)\n", source, setup.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "  layer: MLA %d heads, latent %d, dv %d (absorbed form; random projections, no norm/RoPE); MoE %s %d experts top-%d, inter %d, shared %d\n\n",
+		heads, latent, dv, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
 
-	load := make([]int, c.NumExperts)
-	for _, id := range ids {
-		load[id]++
-	}
-	touched, maxLoad := 0, 0
-	for _, n := range load {
-		if n > 0 {
-			touched++
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "step\ttokens per rank\tplan\t")
+	for st, s := range rep.Steps {
+		what := "decode"
+		switch {
+		case s.Skip:
+			what = "skipped (no work anywhere)"
+		case s.GraphOK:
+			what = "decode, graph replay allowed"
 		}
-		maxLoad = max(maxLoad, n)
+		fmt.Fprintf(tw, "%d\t%v\t%s\t\n", st, s.Counts, what)
 	}
-	var sum, sq float64
-	for _, v := range y {
-		sum += float64(v)
-		sq += float64(v) * float64(v)
+	tw.Flush()
+	fmt.Fprintln(stdout)
+	gatherName, scatterName := "dispatch", "combine"
+	if *mode == "gather" {
+		gatherName, scatterName = "gather", "scatter"
 	}
-	flops := c.FLOPs(*tokens)
-
-	fmt.Fprintf(stdout, "moex run: %s\n", source)
-	fmt.Fprintf(stdout, "  model      %s: hidden %d, %d experts × inter %d, top-%d, %s/%s, shared width %d\n",
-		c.ModelType, c.Hidden, c.NumExperts, c.Inter, c.TopK, c.Scoring, c.Method, c.SharedInter)
-	fmt.Fprintf(stdout, "  setup      %v\n", setup.Round(time.Millisecond))
-	fmt.Fprintf(stdout, "  batch      %d tokens, %d goroutines (GOMAXPROCS %d)\n", *tokens, workersUsed(*workers), runtime.GOMAXPROCS(0))
-	if *tokens > 0 {
-		fmt.Fprintf(stdout, "  routing    %d of %d experts used; tokens per used expert: mean %.1f, max %d\n",
-			touched, c.NumExperts, float64(len(ids))/float64(touched), maxLoad)
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "rank\ttokens\tcollectives (plan)\tattention\t%s\tMoE experts\t%s\t\n", gatherName, scatterName)
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+	for r, t := range rep.Ranks {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r, t.Tokens, ms(t.Plan), ms(t.Attention), ms(t.Gather), ms(t.MoE), ms(t.Scatter))
 	}
-	fmt.Fprintf(stdout, "  forward    median %v over %d passes (min %v), %.2f GFLOP/s (%.2f GFLOP per pass)\n",
-		med.Round(time.Microsecond), *iters, times[0].Round(time.Microsecond), flops/med.Seconds()/1e9, flops/1e9)
-	fmt.Fprintf(stdout, "  output     sum %.6g, rms %.6g\n", sum, math.Sqrt(sq/math.Max(1, float64(len(y)))))
-	if c.KVLoraRank > 0 && c.NumLayers > 0 {
-		acct, err := dpattn.Account(*ranks, c.NumLayers, c.KVLoraRank+c.RopeDim, 2, int64(*kvGiB*(1<<30)))
+	tw.Flush()
+	fmt.Fprintf(stdout, "\n  %d tokens in %v: %.1f tokens/s; %d idle (rank, step) batches\n", rep.Tokens, rep.Wall.Round(time.Millisecond),
+		float64(rep.Tokens)/rep.Wall.Seconds(), rep.IdleSteps)
+	if c.NumLayers > 0 {
+		acct, err := dpattn.Account(*ranks, c.NumLayers, latent, 2, int64(*kvGiB*(1<<30)))
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "  kv cache   %v\n", acct)
+		fmt.Fprintf(stdout, "  %v\n", acct)
+	}
+	limit, want := 0.0, "bit-identical"
+	if *mode == "gather" {
+		limit, want = 1e-6, "within 1e-6"
+	}
+	ok := rep.ParityExact || (limit > 0 && rep.ParityRelErr <= limit)
+	verdict := "ok"
+	if !ok {
+		verdict = "FAILED"
+	}
+	fmt.Fprintf(stdout, "  parity against one rank (%s expected): bit-identical %v, relative error %.2e: %s\n", want, rep.ParityExact, rep.ParityRelErr, verdict)
+	if !ok {
+		return fmt.Errorf("run: parity with one rank failed (relative error %.2e)", rep.ParityRelErr)
 	}
 	return nil
-}
-
-func workersUsed(n int) int {
-	if n > 0 {
-		return n
-	}
-	return runtime.GOMAXPROCS(0)
 }

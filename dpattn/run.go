@@ -1,0 +1,320 @@
+package dpattn
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// RunConfig is a multi-rank decode run: R in-process ranks, each with its
+// own requests and latent cache, run Steps decode steps of one layer (MLA
+// attention, then the MoE layer in the chosen mode).
+type RunConfig struct {
+	Ranks, Steps int
+	Mode         string // "alltoall" (EP dispatch/combine) or "gather"
+	Seed         uint64
+	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
+	Attn         *Attention
+	CacheDType   kernels.DType
+}
+
+// RankTimes are one rank's accumulated stage times.
+type RankTimes struct {
+	Plan      time.Duration // the coordinator's collectives
+	Attention time.Duration
+	Gather    time.Duration // gather: all-gather; alltoall: routing + dispatch
+	MoE       time.Duration // the experts
+	Scatter   time.Duration // gather: reduce-scatter; alltoall: combine
+	Tokens    int
+}
+
+// StepInfo is what the coordinator planned for one step.
+type StepInfo struct {
+	Counts  []int64
+	Skip    bool
+	GraphOK bool
+}
+
+// RunReport is the outcome of Run.
+type RunReport struct {
+	Config       RunConfig
+	Wall         time.Duration
+	Tokens       int
+	Ranks        []RankTimes
+	Steps        []StepInfo
+	IdleSteps    int     // (rank, step) pairs that ran an IDLE batch
+	ParityRelErr float64 // ‖y − one rank‖ / ‖one rank‖ over every step
+	ParityExact  bool    // bit for bit
+}
+
+// schedule is the deterministic workload of a run: requests per rank,
+// their prompt lengths, and the batch size of each rank at each step.
+type schedule struct {
+	requests [][]int // [rank][request] prompt length
+	batch    [][]int // [rank][step] requests active (the first ones)
+}
+
+func makeSchedule(ranks, steps int, seed uint64) schedule {
+	rng := rand.New(rand.NewPCG(seed, 0x5c4ed))
+	s := schedule{requests: make([][]int, ranks), batch: make([][]int, ranks)}
+	for r := range s.requests {
+		n := 2 + (r*5+int(seed))%4 // uneven request counts
+		for range n {
+			s.requests[r] = append(s.requests[r], 1+rng.IntN(300))
+		}
+		s.batch[r] = make([]int, steps)
+		for st := range s.batch[r] {
+			s.batch[r][st] = (r*3 + st*2 + int(seed)) % (n + 1)
+		}
+	}
+	// At least one step with an idle rank while others work.
+	if ranks > 1 && steps > 1 {
+		s.batch[ranks-1][1] = 0
+		if s.batch[0][1] == 0 {
+			s.batch[0][1] = 1
+		}
+	}
+	return s
+}
+
+// hiddenOf is the deterministic input of request q of rank r at step st.
+func hiddenOf(seed uint64, r, q, st, hidden int) []float32 {
+	rng := rand.New(rand.NewPCG(seed, uint64(r)<<40|uint64(q)<<20|uint64(st)))
+	x := make([]float32, hidden)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// prefill fills request q's prompt into the cache with deterministic latents.
+func prefill(c *LatentCache, seq int, length int, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, uint64(seq)+1<<50))
+	rows := make([]float32, length*c.Dim())
+	for i := range rows {
+		rows[i] = float32(rng.NormFloat64())
+	}
+	return c.Append(seq, rows)
+}
+
+func newCacheFor(s schedule, ranks []int, steps, dim int, dtype kernels.DType) (*LatentCache, error) {
+	blocks := 0
+	for _, r := range ranks {
+		for _, l := range s.requests[r] {
+			blocks += (l+steps+DefaultBlockSize-1)/DefaultBlockSize + 1
+		}
+	}
+	return NewLatentCache(max(blocks, 1), DefaultBlockSize, dim, dtype)
+}
+
+// Run runs the decode steps on cfg.Ranks in-process ranks, then the same
+// tokens on one rank, and reports times and parity.
+func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
+	R, S := cfg.Ranks, cfg.Steps
+	if R < 1 || S < 1 {
+		return nil, fmt.Errorf("dpattn: run of %d ranks × %d steps", R, S)
+	}
+	if cfg.Mode != "alltoall" && cfg.Mode != "gather" {
+		return nil, fmt.Errorf("dpattn: run: MoE mode %q (want alltoall or gather)", cfg.Mode)
+	}
+	H := cfg.MoE.Config.Hidden
+	if cfg.Attn.Hidden != H {
+		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.Hidden, H)
+	}
+	sched := makeSchedule(R, S, cfg.Seed)
+	comms, err := ep.NewLocal(R)
+	if err != nil {
+		return nil, err
+	}
+	place, err := ep.Contiguous(cfg.MoE.Config.NumExperts, R)
+	if err != nil {
+		return nil, err
+	}
+	workers := max(1, runtime.GOMAXPROCS(0)/R)
+	rep := &RunReport{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
+	ys := make([][][]float32, R) // [rank][step] outputs
+	errs := make([]error, R)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r, comm := range comms {
+		wg.Go(func() {
+			ys[r], errs[r] = runRank(ctx, cfg, sched, comm, place, workers, &rep.Ranks[r], rep.Steps)
+			if errs[r] != nil {
+				comm.Abort(fmt.Errorf("rank %d: %w", r, errs[r]))
+			}
+		})
+	}
+	wg.Wait()
+	rep.Wall = time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	for r := range sched.batch {
+		for st, b := range sched.batch[r] {
+			rep.Tokens += b
+			if b == 0 && !rep.Steps[st].Skip {
+				rep.IdleSteps++
+			}
+		}
+	}
+	// The same tokens on one rank.
+	want, err := runOneRank(ctx, cfg, sched)
+	if err != nil {
+		return nil, err
+	}
+	var num, den float64
+	rep.ParityExact = true
+	for st := 0; st < S; st++ {
+		var got []float32
+		for r := 0; r < R; r++ {
+			got = append(got, ys[r][st]...)
+		}
+		for i, w := range want[st] {
+			if math.Float32bits(w) != math.Float32bits(got[i]) {
+				rep.ParityExact = false
+			}
+			d := float64(got[i]) - float64(w)
+			num += d * d
+			den += float64(w) * float64(w)
+		}
+	}
+	if den > 0 {
+		rep.ParityRelErr = math.Sqrt(num / den)
+	}
+	return rep, nil
+}
+
+func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, place *ep.Placement, workers int, times *RankTimes, steps []StepInfo) ([][]float32, error) {
+	r := comm.Rank()
+	H := cfg.Attn.Hidden
+	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.Latent, cfg.CacheDType)
+	if err != nil {
+		return nil, err
+	}
+	for q, l := range sched.requests[r] {
+		if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
+			return nil, err
+		}
+	}
+	mine := map[int]bool{}
+	for _, e := range place.Local(r) {
+		mine[e] = true
+	}
+	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
+	shard.Workers = workers
+	epl, err := ep.FromLayer(shard, comm, place)
+	if err != nil {
+		return nil, err
+	}
+	coord := NewCoordinator(comm)
+	var gt GatherTimes
+	out := make([][]float32, cfg.Steps)
+	for st := 0; st < cfg.Steps; st++ {
+		b := sched.batch[r][st]
+		t0 := time.Now()
+		plan, err := coord.Plan(ctx, b, Decode)
+		if err != nil {
+			return nil, err
+		}
+		times.Plan += time.Since(t0)
+		if r == 0 {
+			steps[st] = StepInfo{Counts: plan.Counts, Skip: plan.Skip, GraphOK: plan.GraphOK}
+		}
+		if plan.Skip {
+			continue
+		}
+		x, seqs := stepInputs(cfg.Seed, r, st, b, H)
+		t1 := time.Now()
+		attn := make([]float32, len(x))
+		if err := cfg.Attn.Decode(ctx, cache, seqs, x, attn, workers); err != nil {
+			return nil, err
+		}
+		for i := range attn {
+			attn[i] += x[i] // residual: the MoE layer's input
+		}
+		times.Attention += time.Since(t1)
+		y := make([]float32, len(x))
+		if cfg.Mode == "alltoall" {
+			if err := epl.Forward(ctx, attn, y); err != nil {
+				return nil, err
+			}
+		} else if err := MoEGather(ctx, comm, shard, plan, attn, y, &gt); err != nil {
+			return nil, err
+		}
+		times.Tokens += b
+		out[st] = y
+	}
+	if cfg.Mode == "alltoall" {
+		times.Gather, times.MoE, times.Scatter = epl.Times.Dispatch, epl.Times.Experts, epl.Times.Combine
+	} else {
+		times.Gather, times.MoE, times.Scatter = gt.Gather, gt.Experts, gt.Scatter
+	}
+	return out, nil
+}
+
+func seqID(rank, req int) int { return rank<<16 | req }
+
+// stepInputs are rank r's hidden states at step st: one token for each of
+// its first b requests.
+func stepInputs(seed uint64, r, st, b, hidden int) ([]float32, []int) {
+	x := make([]float32, 0, b*hidden)
+	seqs := make([]int, b)
+	for q := 0; q < b; q++ {
+		x = append(x, hiddenOf(seed, r, q, st, hidden)...)
+		seqs[q] = seqID(r, q)
+	}
+	return x, seqs
+}
+
+// runOneRank computes every step's outputs, all ranks' tokens together in
+// rank order, on one rank: attention per request, then the whole MoE layer.
+func runOneRank(ctx context.Context, cfg RunConfig, sched schedule) ([][]float32, error) {
+	H := cfg.Attn.Hidden
+	all := make([]int, cfg.Ranks)
+	for r := range all {
+		all[r] = r
+	}
+	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.Latent, cfg.CacheDType)
+	if err != nil {
+		return nil, err
+	}
+	for r := range sched.requests {
+		for q, l := range sched.requests[r] {
+			if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
+				return nil, err
+			}
+		}
+	}
+	workers := max(1, runtime.GOMAXPROCS(0)/cfg.Ranks)
+	out := make([][]float32, cfg.Steps)
+	for st := 0; st < cfg.Steps; st++ {
+		var h []float32
+		for r := 0; r < cfg.Ranks; r++ {
+			x, seqs := stepInputs(cfg.Seed, r, st, sched.batch[r][st], H)
+			attn := make([]float32, len(x))
+			if err := cfg.Attn.Decode(ctx, cache, seqs, x, attn, workers); err != nil {
+				return nil, err
+			}
+			for i := range attn {
+				attn[i] += x[i]
+			}
+			h = append(h, attn...)
+		}
+		y := make([]float32, len(h))
+		if err := cfg.MoE.Forward(ctx, h, y); err != nil {
+			return nil, err
+		}
+		out[st] = y
+	}
+	return out, nil
+}
