@@ -22,6 +22,7 @@ type Attention struct {
 	Wq                        kernels.Matrix // [heads·latent, hidden]
 	Wkv                       kernels.Matrix // [latent, hidden]
 	Wo                        kernels.Matrix // [hidden, heads·dv]
+	Workers                   int            // goroutines; 0: GOMAXPROCS
 }
 
 // NewRandomAttention makes an attention block of the given shape with
@@ -58,6 +59,26 @@ func NewRandomAttention(hidden, heads, latent, dv int, dtype kernels.DType, seed
 		return nil, err
 	}
 	return a, nil
+}
+
+// Block is an attention block the decode run can drive.
+type Block interface {
+	HiddenSize() int
+	LatentDim() int
+	// Forward runs new tokens x [T, hidden] of sequences seqs, appending
+	// their latent rows to the cache, and writes out [T, hidden].
+	Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error
+}
+
+// HiddenSize is the model width.
+func (a *Attention) HiddenSize() int { return a.Hidden }
+
+// LatentDim is the cached row width.
+func (a *Attention) LatentDim() int { return a.Latent }
+
+// Forward is Decode on GOMAXPROCS goroutines.
+func (a *Attention) Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error {
+	return a.Decode(ctx, cache, seqs, x, out, a.Workers)
 }
 
 // Decode runs one decode step for tokens x [T, hidden], token t belonging

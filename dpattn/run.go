@@ -22,7 +22,7 @@ type RunConfig struct {
 	Mode         string // "alltoall" (EP dispatch/combine) or "gather"
 	Seed         uint64
 	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
-	Attn         *Attention
+	Attn         Block
 	CacheDType   kernels.DType
 }
 
@@ -126,8 +126,8 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 		return nil, fmt.Errorf("dpattn: run: MoE mode %q (want alltoall or gather)", cfg.Mode)
 	}
 	H := cfg.MoE.Config.Hidden
-	if cfg.Attn.Hidden != H {
-		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.Hidden, H)
+	if cfg.Attn.HiddenSize() != H {
+		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), H)
 	}
 	sched := makeSchedule(R, S, cfg.Seed)
 	comms, err := ep.NewLocal(R)
@@ -196,8 +196,8 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 
 func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, place *ep.Placement, workers int, times *RankTimes, steps []StepInfo) ([][]float32, error) {
 	r := comm.Rank()
-	H := cfg.Attn.Hidden
-	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.Latent, cfg.CacheDType)
+	H := cfg.Attn.HiddenSize()
+	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +236,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, p
 		x, seqs := stepInputs(cfg.Seed, r, st, b, H)
 		t1 := time.Now()
 		attn := make([]float32, len(x))
-		if err := cfg.Attn.Decode(ctx, cache, seqs, x, attn, workers); err != nil {
+		if err := cfg.Attn.Forward(ctx, cache, seqs, x, attn); err != nil {
 			return nil, err
 		}
 		for i := range attn {
@@ -279,12 +279,12 @@ func stepInputs(seed uint64, r, st, b, hidden int) ([]float32, []int) {
 // runOneRank computes every step's outputs, all ranks' tokens together in
 // rank order, on one rank: attention per request, then the whole MoE layer.
 func runOneRank(ctx context.Context, cfg RunConfig, sched schedule) ([][]float32, error) {
-	H := cfg.Attn.Hidden
+	H := cfg.Attn.HiddenSize()
 	all := make([]int, cfg.Ranks)
 	for r := range all {
 		all[r] = r
 	}
-	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.Latent, cfg.CacheDType)
+	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
 	if err != nil {
 		return nil, err
 	}
@@ -295,14 +295,13 @@ func runOneRank(ctx context.Context, cfg RunConfig, sched schedule) ([][]float32
 			}
 		}
 	}
-	workers := max(1, runtime.GOMAXPROCS(0)/cfg.Ranks)
 	out := make([][]float32, cfg.Steps)
 	for st := 0; st < cfg.Steps; st++ {
 		var h []float32
 		for r := 0; r < cfg.Ranks; r++ {
 			x, seqs := stepInputs(cfg.Seed, r, st, sched.batch[r][st], H)
 			attn := make([]float32, len(x))
-			if err := cfg.Attn.Decode(ctx, cache, seqs, x, attn, workers); err != nil {
+			if err := cfg.Attn.Forward(ctx, cache, seqs, x, attn); err != nil {
 				return nil, err
 			}
 			for i := range attn {

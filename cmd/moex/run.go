@@ -51,9 +51,23 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if c.KVLoraRank > 0 {
 		latent, dv = c.KVLoraRank+c.RopeDim, c.KVLoraRank
 	}
-	attn, err := dpattn.NewRandomAttention(c.Hidden, heads, latent, dv, kernels.BF16, *seed)
-	if err != nil {
-		return err
+	var attn dpattn.Block
+	attnDesc := fmt.Sprintf("MLA %d heads, latent %d, dv %d (absorbed form; random projections, no norm/RoPE)", heads, latent, dv)
+	if *model != "" && c.KVLoraRank > 0 {
+		b, err := dpattn.LoadMLABlock(*model, *layerIdx)
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		attn = b
+		attnDesc = fmt.Sprintf("MLA from %s layer %d: %d heads, latent %d (absorbed form, RoPE %d dims)", *model, *layerIdx, b.Cfg.Heads, b.LatentDim(), b.Cfg.RopeDim)
+		latent = b.LatentDim()
+	} else {
+		a, err := dpattn.NewRandomAttention(c.Hidden, heads, latent, dv, kernels.BF16, *seed)
+		if err != nil {
+			return err
+		}
+		attn = a
 	}
 	setup := time.Since(t0)
 	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
@@ -64,8 +78,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s\n", *ranks, *steps, *mode, kernels.Implementation())
 	fmt.Fprintf(stdout, "  model: %s (setup %v)\n", source, setup.Round(time.Millisecond))
-	fmt.Fprintf(stdout, "  layer: MLA %d heads, latent %d, dv %d (absorbed form; random projections, no norm/RoPE); MoE %s %d experts top-%d, inter %d, shared %d\n\n",
-		heads, latent, dv, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
+	fmt.Fprintf(stdout, "  layer: %s; MoE %s %d experts top-%d, inter %d, shared %d\n\n",
+		attnDesc, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "step\ttokens per rank\tplan\t")

@@ -1,0 +1,323 @@
+package dpattn
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// AttnConfig is the attention part of a DeepSeek-V2/V3 config.json.
+type AttnConfig struct {
+	Hidden     int     `json:"hidden_size"`
+	Heads      int     `json:"num_attention_heads"`
+	QLoraRank  *int    `json:"q_lora_rank"` // nil: a plain q_proj
+	KVLoraRank int     `json:"kv_lora_rank"`
+	NopeDim    int     `json:"qk_nope_head_dim"`
+	RopeDim    int     `json:"qk_rope_head_dim"`
+	VDim       int     `json:"v_head_dim"`
+	RopeTheta  float64 `json:"rope_theta"`
+	RMSNormEps float64 `json:"rms_norm_eps"`
+	Bias       bool    `json:"attention_bias"`
+	Scaling    *struct {
+		Type        string  `json:"type"`
+		Factor      float64 `json:"factor"`
+		OrigMaxPos  float64 `json:"original_max_position_embeddings"`
+		BetaFast    float64 `json:"beta_fast"`
+		BetaSlow    float64 `json:"beta_slow"`
+		MScale      float64 `json:"mscale"`
+		MScaleAllDm float64 `json:"mscale_all_dim"`
+	} `json:"rope_scaling"`
+}
+
+// MLABlock is a DeepSeek-V2/V3 attention block run in MLA's absorbed form:
+// the query's no-RoPE part is folded through kv_b_proj's key half into the
+// latent space, attention runs over the cached latents [kv_a_layernorm(c),
+// RoPE(k_pe)], and the value half of kv_b_proj lifts each head's latent
+// output before o_proj.
+type MLABlock struct {
+	Cfg   AttnConfig
+	Scale float32 // softmax scale, yarn's mscale² included
+
+	qProj, qA, qB kernels.Matrix // q_proj, or q_a_proj and q_b_proj
+	qANorm        []float32
+	kvA           kernels.Matrix   // [kv_lora_rank + rope, hidden]
+	kvANorm       []float32        // [kv_lora_rank]
+	wUKT          []kernels.Matrix // per head: key half of kv_b_proj, transposed [kv_lora_rank, nope]
+	wUV           []kernels.Matrix // per head: value half of kv_b_proj [v_dim, kv_lora_rank]
+	oProj         kernels.Matrix   // [hidden, heads·v_dim]
+	invFreq       []float64        // [rope/2]
+	cosSinScale   float64          // yarn's mscale on cos and sin
+	ck            *moe.Checkpoint
+}
+
+// LoadMLABlock maps layer n's self_attn tensors from a deepseek_v2 or
+// deepseek_v3 checkpoint.
+func LoadMLABlock(dir string, n int) (*MLABlock, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("dpattn: %w", err)
+	}
+	var cfg AttnConfig
+	cfg.RMSNormEps, cfg.RopeTheta = 1e-6, 10000
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("dpattn: %s/config.json: %w", dir, err)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hidden_size", cfg.Hidden}, {"num_attention_heads", cfg.Heads}, {"kv_lora_rank", cfg.KVLoraRank},
+		{"qk_nope_head_dim", cfg.NopeDim}, {"qk_rope_head_dim", cfg.RopeDim}, {"v_head_dim", cfg.VDim}} {
+		if f.v <= 0 {
+			return nil, fmt.Errorf("dpattn: %s/config.json: %s is %d, must be positive", dir, f.name, f.v)
+		}
+	}
+	if cfg.RopeDim%2 != 0 {
+		return nil, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
+	}
+	if cfg.Bias {
+		return nil, fmt.Errorf("dpattn: attention_bias is true: attention biases are not supported")
+	}
+	ck, err := moe.OpenCheckpoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	b, err := newMLABlock(ck, n, cfg)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func newMLABlock(ck *moe.Checkpoint, n int, cfg AttnConfig) (*MLABlock, error) {
+	p := fmt.Sprintf("model.layers.%d.self_attn.", n)
+	H, nh, qd := cfg.Hidden, cfg.Heads, cfg.NopeDim+cfg.RopeDim
+	b := &MLABlock{Cfg: cfg, ck: ck}
+	var err error
+	vec := func(name string, n int) ([]float32, error) {
+		m, err := ck.Matrix(p+name, n)
+		if err != nil {
+			return nil, err
+		}
+		v := make([]float32, n)
+		m.RowF32(0, v)
+		return v, nil
+	}
+	if cfg.QLoraRank == nil {
+		if b.qProj, err = ck.Matrix(p+"q_proj.weight", nh*qd, H); err != nil {
+			return nil, err
+		}
+	} else {
+		r := *cfg.QLoraRank
+		if b.qA, err = ck.Matrix(p+"q_a_proj.weight", r, H); err != nil {
+			return nil, err
+		}
+		if b.qANorm, err = vec("q_a_layernorm.weight", r); err != nil {
+			return nil, err
+		}
+		if b.qB, err = ck.Matrix(p+"q_b_proj.weight", nh*qd, r); err != nil {
+			return nil, err
+		}
+	}
+	if b.kvA, err = ck.Matrix(p+"kv_a_proj_with_mqa.weight", cfg.KVLoraRank+cfg.RopeDim, H); err != nil {
+		return nil, err
+	}
+	if b.kvANorm, err = vec("kv_a_layernorm.weight", cfg.KVLoraRank); err != nil {
+		return nil, err
+	}
+	kvB, err := ck.Matrix(p+"kv_b_proj.weight", nh*(cfg.NopeDim+cfg.VDim), cfg.KVLoraRank)
+	if err != nil {
+		return nil, err
+	}
+	if b.oProj, err = ck.Matrix(p+"o_proj.weight", H, nh*cfg.VDim); err != nil {
+		return nil, err
+	}
+	// Split kv_b_proj per head: the key half transposed (absorbed into the
+	// query), the value half as it is.
+	L := cfg.KVLoraRank
+	row := make([]float32, L)
+	for h := 0; h < nh; h++ {
+		base := h * (cfg.NopeDim + cfg.VDim)
+		kt := make([]float32, L*cfg.NopeDim)
+		for j := 0; j < cfg.NopeDim; j++ {
+			kvB.RowF32(base+j, row)
+			for c, v := range row {
+				kt[c*cfg.NopeDim+j] = v
+			}
+		}
+		m, _ := kernels.NewF32(L, cfg.NopeDim, kt)
+		b.wUKT = append(b.wUKT, m)
+		vv := make([]float32, cfg.VDim*L)
+		for j := 0; j < cfg.VDim; j++ {
+			kvB.RowF32(base+cfg.NopeDim+j, vv[j*L:(j+1)*L])
+		}
+		m, _ = kernels.NewF32(cfg.VDim, L, vv)
+		b.wUV = append(b.wUV, m)
+	}
+	b.rope()
+	return b, nil
+}
+
+// rope sets the rotary frequencies (yarn when the config says so) and the
+// softmax scale.
+func (b *MLABlock) rope() {
+	c := b.Cfg
+	d := c.RopeDim
+	b.invFreq = make([]float64, d/2)
+	scale := 1 / math.Sqrt(float64(c.NopeDim+c.RopeDim))
+	b.cosSinScale = 1
+	for i := range b.invFreq {
+		b.invFreq[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(d))
+	}
+	if s := c.Scaling; s != nil && s.Type == "yarn" && s.Factor > 1 {
+		corr := func(rot float64) float64 {
+			return float64(d) * math.Log(s.OrigMaxPos/(rot*2*math.Pi)) / (2 * math.Log(c.RopeTheta))
+		}
+		low := math.Max(math.Floor(corr(s.BetaFast)), 0)
+		high := math.Min(math.Ceil(corr(s.BetaSlow)), float64(d-1))
+		if low == high {
+			high += 0.001
+		}
+		for i := range b.invFreq {
+			extra := b.invFreq[i]
+			inter := extra / s.Factor
+			ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)
+			mask := 1 - ramp
+			b.invFreq[i] = inter*(1-mask) + extra*mask
+		}
+		ms := func(m float64) float64 {
+			if s.Factor <= 1 {
+				return 1
+			}
+			return 0.1*m*math.Log(s.Factor) + 1
+		}
+		b.cosSinScale = ms(s.MScale) / ms(s.MScaleAllDm)
+		if s.MScaleAllDm != 0 {
+			m := ms(s.MScaleAllDm)
+			scale *= m * m
+		}
+	}
+	b.Scale = float32(scale)
+}
+
+// applyRope rotates v (rope dims, interleaved pairs as the checkpoint
+// stores them) for position pos, writing the de-interleaved result the
+// model uses ([rotated evens; rotated odds]).
+func (b *MLABlock) applyRope(v []float32, pos int) {
+	d := len(v)
+	tmp := make([]float64, d)
+	for i := 0; i < d/2; i++ {
+		x0, x1 := float64(v[2*i]), float64(v[2*i+1])
+		a := float64(pos) * b.invFreq[i]
+		cs, sn := math.Cos(a)*b.cosSinScale, math.Sin(a)*b.cosSinScale
+		tmp[i] = x0*cs - x1*sn
+		tmp[i+d/2] = x1*cs + x0*sn
+	}
+	for i := range v {
+		v[i] = float32(tmp[i])
+	}
+}
+
+// rmsNorm normalises v in place with weight w.
+func rmsNorm(v, w []float32, eps float64) {
+	var s float64
+	for _, x := range v {
+		s += float64(x) * float64(x)
+	}
+	r := 1 / math.Sqrt(s/float64(len(v))+eps)
+	for i, x := range v {
+		v[i] = float32(float64(x)*r) * w[i]
+	}
+}
+
+// Close releases the checkpoint mapping.
+func (b *MLABlock) Close() error { return b.ck.Close() }
+
+// HiddenSize is the model width.
+func (b *MLABlock) HiddenSize() int { return b.Cfg.Hidden }
+
+// LatentDim is the cached row width: kv_lora_rank + qk_rope_head_dim.
+func (b *MLABlock) LatentDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
+
+// Forward runs the block for new tokens x [T, hidden], token t of sequence
+// seqs[t]; a sequence's tokens in x are consecutive positions, appended in
+// order after what the cache holds (decode: one token each; extend:
+// several). Each token's latent row goes into the cache and the token
+// attends causally. out is [T, hidden].
+func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error {
+	c := b.Cfg
+	T, H, nh := len(seqs), c.Hidden, c.Heads
+	L, R, qd := c.KVLoraRank, c.RopeDim, c.NopeDim+c.RopeDim
+	if len(x) != T*H || len(out) != T*H {
+		return fmt.Errorf("dpattn: mla block: x has %d values and out %d, want %d tokens × %d", len(x), len(out), T, H)
+	}
+	if cache.Dim() != L+R {
+		return fmt.Errorf("dpattn: mla block: cache rows have %d values, want kv_lora_rank + rope = %d", cache.Dim(), L+R)
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return err
+	}
+	if T == 0 {
+		return nil
+	}
+	all := make([]int32, T)
+	for t := range all {
+		all[t] = int32(t)
+	}
+	q := make([]float32, T*nh*qd)
+	if c.QLoraRank == nil {
+		kernels.GEMMRows(q, x, all, b.qProj, nil, 0, b.qProj.Rows)
+	} else {
+		r := *c.QLoraRank
+		qa := make([]float32, T*r)
+		kernels.GEMMRows(qa, x, all, b.qA, nil, 0, r)
+		for t := 0; t < T; t++ {
+			rmsNorm(qa[t*r:(t+1)*r], b.qANorm, c.RMSNormEps)
+		}
+		kernels.GEMMRows(q, qa, all, b.qB, nil, 0, b.qB.Rows)
+	}
+	kv := make([]float32, T*(L+R))
+	kernels.GEMMRows(kv, x, all, b.kvA, nil, 0, L+R)
+	// Cache rows and positions, in token order.
+	queries := make([]Query, T)
+	for t, s := range seqs {
+		row := kv[t*(L+R) : (t+1)*(L+R)]
+		rmsNorm(row[:L], b.kvANorm, c.RMSNormEps)
+		pos := cache.Len(s)
+		b.applyRope(row[L:], pos)
+		if err := cache.Append(s, row); err != nil {
+			return err
+		}
+		queries[t] = Query{Table: cache.BlockTable(s), Len: pos + 1}
+	}
+	// Absorbed queries [T, heads, L+R].
+	qAbs := make([]float32, T*nh*(L+R))
+	for t := 0; t < T; t++ {
+		pos := queries[t].Len - 1
+		for h := 0; h < nh; h++ {
+			qh := q[(t*nh+h)*qd : (t*nh+h+1)*qd]
+			dst := qAbs[(t*nh+h)*(L+R) : (t*nh+h+1)*(L+R)]
+			kernels.GEMMRows(dst[:L], qh[:c.NopeDim], []int32{0}, b.wUKT[h], nil, 0, L)
+			copy(dst[L:], qh[c.NopeDim:])
+			b.applyRope(dst[L:], pos)
+		}
+	}
+	o := make([]float32, T*nh*L)
+	if err := MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}); err != nil {
+		return err
+	}
+	v := make([]float32, T*nh*c.VDim)
+	for t := 0; t < T; t++ {
+		for h := 0; h < nh; h++ {
+			kernels.GEMMRows(v[(t*nh+h)*c.VDim:(t*nh+h+1)*c.VDim], o[(t*nh+h)*L:(t*nh+h+1)*L], []int32{0}, b.wUV[h], nil, 0, c.VDim)
+		}
+	}
+	kernels.GEMMRows(out, v, all, b.oProj, nil, 0, H)
+	return nil
+}

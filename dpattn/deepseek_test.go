@@ -1,0 +1,96 @@
+package dpattn_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/internal/stwrite"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// attnCheckpoint writes a deepseek_v2 checkpoint with MoE and attention
+// tensors for layer 0.
+func attnCheckpoint(t *testing.T, a moetest.AttnSpec) (string, *moetest.AttnModel) {
+	t.Helper()
+	ms := moetest.Spec{ModelType: "deepseek_v2", Hidden: a.Hidden, Experts: 4, TopK: 2, Inter: 8, Method: "greedy",
+		Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: a.DType, Seed: a.Seed}
+	m, err := moetest.Generate(ms)
+	require.NoError(t, err)
+	am, err := moetest.GenerateAttention(a)
+	require.NoError(t, err)
+	for k, v := range am.Config {
+		m.Config[k] = v
+	}
+	dir := t.TempDir()
+	require.NoError(t, stwrite.WriteCheckpoint(dir, m.Config, append(m.Tensors, am.Tensors...), 2))
+	return dir, am
+}
+
+func TestMLABlockMatchesReference(t *testing.T) {
+	specs := []moetest.AttnSpec{
+		{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16, Theta: 10000, DType: "F32", Seed: 1},
+		{Hidden: 40, Heads: 3, QLoraRank: 24, KVLoraRank: 40, Nope: 8, Rope: 16, VDim: 12, Theta: 10000, Yarn: true, DType: "BF16", Seed: 2},
+		{Hidden: 64, Heads: 2, KVLoraRank: 64, Nope: 32, Rope: 64, VDim: 32, Theta: 10000, Yarn: true, DType: "F32", Seed: 3},
+	}
+	for i, s := range specs {
+		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
+			dir, ref := attnCheckpoint(t, s)
+			b, err := dpattn.LoadMLABlock(dir, 0)
+			require.NoError(t, err)
+			defer b.Close()
+			cache, err := dpattn.NewLatentCache(16, 8, b.LatentDim(), kernels.F32)
+			require.NoError(t, err)
+			const prompt, extra = 21, 3
+			x := moetest.Input(uint64(i), prompt+extra, s.Hidden, false)
+			want := ref.Forward(x)
+			H := s.Hidden
+			// Prefill (extend) the prompt as one batch, then decode one token at a time.
+			seqs := make([]int, prompt)
+			out := make([]float32, prompt*H)
+			require.NoError(t, b.Forward(context.Background(), cache, seqs, x[:prompt*H], out))
+			require.LessOrEqual(t, moetest.RelErr(out, want[:prompt*H]), 1e-5, "prefill")
+			for j := prompt; j < prompt+extra; j++ {
+				one := make([]float32, H)
+				require.NoError(t, b.Forward(context.Background(), cache, []int{0}, x[j*H:(j+1)*H], one))
+				require.LessOrEqual(t, moetest.RelErr(one, want[j*H:(j+1)*H]), 1e-5, "decode position %d", j)
+			}
+		})
+	}
+}
+
+// TestRunWithCheckpointAttention: the decode run over a checkpoint's MLA
+// block and MoE layer keeps its parity with one rank.
+func TestRunWithCheckpointAttention(t *testing.T) {
+	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16,
+		Theta: 10000, Yarn: true, DType: "BF16", Seed: 5})
+	b, err := dpattn.LoadMLABlock(dir, 0)
+	require.NoError(t, err)
+	defer b.Close()
+	layer, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer layer.Close()
+	for _, mode := range []string{"alltoall", "gather"} {
+		rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 3, Steps: 4, Mode: mode, Seed: 2,
+			MoE: layer, Attn: b, CacheDType: kernels.BF16})
+		require.NoError(t, err)
+		if mode == "alltoall" {
+			require.True(t, rep.ParityExact)
+		} else {
+			require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+		}
+	}
+}
+
+func TestLoadMLABlockErrors(t *testing.T) {
+	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 16, Heads: 2, KVLoraRank: 8, Nope: 4, Rope: 4, VDim: 4, Theta: 10000, DType: "F32", Seed: 1})
+	_, err := dpattn.LoadMLABlock(dir, 3)
+	require.ErrorContains(t, err, `missing tensor "model.layers.3.self_attn.q_proj.weight"`)
+	_, err = dpattn.LoadMLABlock(t.TempDir(), 0)
+	require.ErrorContains(t, err, "config.json")
+}
