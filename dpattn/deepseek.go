@@ -5,34 +5,39 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
 // AttnConfig is the attention part of a DeepSeek-V2/V3 config.json.
 type AttnConfig struct {
-	Hidden     int     `json:"hidden_size"`
-	Heads      int     `json:"num_attention_heads"`
-	QLoraRank  *int    `json:"q_lora_rank"` // nil: a plain q_proj
-	KVLoraRank int     `json:"kv_lora_rank"`
-	NopeDim    int     `json:"qk_nope_head_dim"`
-	RopeDim    int     `json:"qk_rope_head_dim"`
-	VDim       int     `json:"v_head_dim"`
-	RopeTheta  float64 `json:"rope_theta"`
-	RMSNormEps float64 `json:"rms_norm_eps"`
-	Bias       bool    `json:"attention_bias"`
-	Scaling    *struct {
-		Type        string  `json:"type"`
-		Factor      float64 `json:"factor"`
-		OrigMaxPos  float64 `json:"original_max_position_embeddings"`
-		BetaFast    float64 `json:"beta_fast"`
-		BetaSlow    float64 `json:"beta_slow"`
-		MScale      float64 `json:"mscale"`
-		MScaleAllDm float64 `json:"mscale_all_dim"`
-	} `json:"rope_scaling"`
+	Hidden     int          `json:"hidden_size"`
+	Heads      int          `json:"num_attention_heads"`
+	QLoraRank  *int         `json:"q_lora_rank"` // nil: a plain q_proj
+	KVLoraRank int          `json:"kv_lora_rank"`
+	NopeDim    int          `json:"qk_nope_head_dim"`
+	RopeDim    int          `json:"qk_rope_head_dim"`
+	VDim       int          `json:"v_head_dim"`
+	RopeTheta  float64      `json:"rope_theta"`
+	RMSNormEps float64      `json:"rms_norm_eps"`
+	Bias       bool         `json:"attention_bias"`
+	Scaling    *YarnScaling `json:"rope_scaling"`
+}
+
+// YarnScaling is config.json's rope_scaling (only "yarn" changes anything).
+type YarnScaling struct {
+	Type        string  `json:"type"`
+	Factor      float64 `json:"factor"`
+	OrigMaxPos  float64 `json:"original_max_position_embeddings"`
+	BetaFast    float64 `json:"beta_fast"`
+	BetaSlow    float64 `json:"beta_slow"`
+	MScale      float64 `json:"mscale"`
+	MScaleAllDm float64 `json:"mscale_all_dim"`
 }
 
 // MLABlock is a DeepSeek-V2/V3 attention block run in MLA's absorbed form:
@@ -87,21 +92,25 @@ func LoadMLABlock(dir string, n int) (*MLABlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := newMLABlock(ck, n, cfg)
+	b, err := newMLABlock(ck.Matrix, n, cfg)
 	if err != nil {
 		ck.Close()
 		return nil, err
 	}
+	b.ck = ck
 	return b, nil
 }
 
-func newMLABlock(ck *moe.Checkpoint, n int, cfg AttnConfig) (*MLABlock, error) {
+// tensorSource returns a named weight of the given shape.
+type tensorSource func(name string, shape ...int) (kernels.Matrix, error)
+
+func newMLABlock(get tensorSource, n int, cfg AttnConfig) (*MLABlock, error) {
 	p := fmt.Sprintf("model.layers.%d.self_attn.", n)
 	H, nh, qd := cfg.Hidden, cfg.Heads, cfg.NopeDim+cfg.RopeDim
-	b := &MLABlock{Cfg: cfg, ck: ck}
+	b := &MLABlock{Cfg: cfg}
 	var err error
 	vec := func(name string, n int) ([]float32, error) {
-		m, err := ck.Matrix(p+name, n)
+		m, err := get(p+name, n)
 		if err != nil {
 			return nil, err
 		}
@@ -110,32 +119,32 @@ func newMLABlock(ck *moe.Checkpoint, n int, cfg AttnConfig) (*MLABlock, error) {
 		return v, nil
 	}
 	if cfg.QLoraRank == nil {
-		if b.qProj, err = ck.Matrix(p+"q_proj.weight", nh*qd, H); err != nil {
+		if b.qProj, err = get(p+"q_proj.weight", nh*qd, H); err != nil {
 			return nil, err
 		}
 	} else {
 		r := *cfg.QLoraRank
-		if b.qA, err = ck.Matrix(p+"q_a_proj.weight", r, H); err != nil {
+		if b.qA, err = get(p+"q_a_proj.weight", r, H); err != nil {
 			return nil, err
 		}
 		if b.qANorm, err = vec("q_a_layernorm.weight", r); err != nil {
 			return nil, err
 		}
-		if b.qB, err = ck.Matrix(p+"q_b_proj.weight", nh*qd, r); err != nil {
+		if b.qB, err = get(p+"q_b_proj.weight", nh*qd, r); err != nil {
 			return nil, err
 		}
 	}
-	if b.kvA, err = ck.Matrix(p+"kv_a_proj_with_mqa.weight", cfg.KVLoraRank+cfg.RopeDim, H); err != nil {
+	if b.kvA, err = get(p+"kv_a_proj_with_mqa.weight", cfg.KVLoraRank+cfg.RopeDim, H); err != nil {
 		return nil, err
 	}
 	if b.kvANorm, err = vec("kv_a_layernorm.weight", cfg.KVLoraRank); err != nil {
 		return nil, err
 	}
-	kvB, err := ck.Matrix(p+"kv_b_proj.weight", nh*(cfg.NopeDim+cfg.VDim), cfg.KVLoraRank)
+	kvB, err := get(p+"kv_b_proj.weight", nh*(cfg.NopeDim+cfg.VDim), cfg.KVLoraRank)
 	if err != nil {
 		return nil, err
 	}
-	if b.oProj, err = ck.Matrix(p+"o_proj.weight", H, nh*cfg.VDim); err != nil {
+	if b.oProj, err = get(p+"o_proj.weight", H, nh*cfg.VDim); err != nil {
 		return nil, err
 	}
 	// Split kv_b_proj per head: the key half transposed (absorbed into the
@@ -236,8 +245,61 @@ func rmsNorm(v, w []float32, eps float64) {
 	}
 }
 
-// Close releases the checkpoint mapping.
-func (b *MLABlock) Close() error { return b.ck.Close() }
+// Close releases the checkpoint mapping, if any.
+func (b *MLABlock) Close() error {
+	if b.ck == nil {
+		return nil
+	}
+	return b.ck.Close()
+}
+
+// DeepSeekV2LiteAttention is DeepSeek-V2-Lite's attention configuration.
+func DeepSeekV2LiteAttention() AttnConfig {
+	c := AttnConfig{Hidden: 2048, Heads: 16, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, RopeTheta: 10000, RMSNormEps: 1e-6}
+	c.Scaling = &YarnScaling{Type: "yarn", Factor: 40, OrigMaxPos: 4096, BetaFast: 32, BetaSlow: 1, MScale: 0.707, MScaleAllDm: 0.707}
+	return c
+}
+
+// NewRandomMLABlock makes an attention block of cfg with random weights in
+// dtype (projections uniform in ±1/√fan_in, norm weights around one), the
+// same for the same seed.
+func NewRandomMLABlock(cfg AttnConfig, dtype kernels.DType, seed uint64) (*MLABlock, error) {
+	for _, v := range []int{cfg.Hidden, cfg.Heads, cfg.KVLoraRank, cfg.NopeDim, cfg.RopeDim, cfg.VDim} {
+		if v <= 0 {
+			return nil, fmt.Errorf("dpattn: random attention with a non-positive size in %+v", cfg)
+		}
+	}
+	if cfg.RopeDim%2 != 0 {
+		return nil, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
+	}
+	stream := uint64(0)
+	get := func(name string, shape ...int) (kernels.Matrix, error) {
+		stream++
+		rng := rand.New(rand.NewPCG(seed, stream))
+		rows, cols := 1, shape[len(shape)-1]
+		if len(shape) == 2 {
+			rows = shape[0]
+		}
+		norm := len(shape) == 1
+		v := make([]float32, rows*cols)
+		for i := range v {
+			if norm {
+				v[i] = float32(1 + 0.2*(2*rng.Float64()-1))
+			} else {
+				v[i] = float32((2*rng.Float64() - 1) / math.Sqrt(float64(cols)))
+			}
+		}
+		if dtype == kernels.F32 || norm {
+			return kernels.NewF32(rows, cols, v)
+		}
+		u := make([]uint16, len(v))
+		for i, f := range v {
+			u[i] = half.F32ToBF16(f)
+		}
+		return kernels.NewHalf(kernels.BF16, rows, cols, u)
+	}
+	return newMLABlock(get, 0, cfg)
+}
 
 // HiddenSize is the model width.
 func (b *MLABlock) HiddenSize() int { return b.Cfg.Hidden }

@@ -19,7 +19,8 @@ func TestRunParity(t *testing.T) {
 	layer, err := moe.Load(dir, 0)
 	require.NoError(t, err)
 	defer layer.Close()
-	attn, err := dpattn.NewRandomAttention(spec.Hidden, 4, 96, 64, kernels.BF16, 3)
+	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
 	require.NoError(t, err)
 	for _, mode := range []string{"alltoall", "gather"} {
 		for _, R := range []int{1, 2, 3} {

@@ -42,33 +42,30 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer layer.Close()
-		source = fmt.Sprintf("MoE layer %d of %s, random attention weights (seed %d)", *layerIdx, *model, *seed)
+		source = fmt.Sprintf("layer %d of %s", *layerIdx, *model)
 	} else if layer, err = moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, *seed); err != nil {
 		return err
 	}
 	c := layer.Config
-	heads, latent, dv := 16, 576, 512
-	if c.KVLoraRank > 0 {
-		latent, dv = c.KVLoraRank+c.RopeDim, c.KVLoraRank
-	}
-	var attn dpattn.Block
-	attnDesc := fmt.Sprintf("MLA %d heads, latent %d, dv %d (absorbed form; random projections, no norm/RoPE)", heads, latent, dv)
+	var attn *dpattn.MLABlock
+	var attnDesc string
 	if *model != "" && c.KVLoraRank > 0 {
-		b, err := dpattn.LoadMLABlock(*model, *layerIdx)
-		if err != nil {
+		if attn, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return err
 		}
-		defer b.Close()
-		attn = b
-		attnDesc = fmt.Sprintf("MLA from %s layer %d: %d heads, latent %d (absorbed form, RoPE %d dims)", *model, *layerIdx, b.Cfg.Heads, b.LatentDim(), b.Cfg.RopeDim)
-		latent = b.LatentDim()
+		defer attn.Close()
+		attnDesc = fmt.Sprintf("MLA of %s layer %d", *model, *layerIdx)
 	} else {
-		a, err := dpattn.NewRandomAttention(c.Hidden, heads, latent, dv, kernels.BF16, *seed)
-		if err != nil {
+		acfg := dpattn.DeepSeekV2LiteAttention()
+		acfg.Hidden = c.Hidden
+		if attn, err = dpattn.NewRandomMLABlock(acfg, kernels.BF16, *seed); err != nil {
 			return err
 		}
-		attn = a
+		attnDesc = "MLA with DeepSeek-V2-Lite's shapes, random bf16 weights"
 	}
+	ac := attn.Cfg
+	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
+	latent := attn.LatentDim()
 	setup := time.Since(t0)
 	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16})
