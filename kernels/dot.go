@@ -138,14 +138,16 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 // (eight weight rows) per kernel call; h holds the rows' outputs [mr,
 // inter]. It returns the first column it did not do.
 func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, kMain, n, ne int) int {
-	var b [8]*byte
+	var b, next [8]*byte
 	var out [8 * maxKernelRows]float32
 	kern := s.kern8[gate.DType][mr]
 	for ; n+4 <= ne; n += 4 {
 		for j := 0; j < 4; j++ {
 			b[j], b[4+j] = gate.rowPtr(n+j), up.rowPtr(n+j)
+			nj := min(n+4+j, gate.Rows-1) // the next call's rows (or the last row)
+			next[j], next[4+j] = gate.rowPtr(nj), up.rowPtr(nj)
 		}
-		kern(a, &b, kMain, &out)
+		kern(a, &b, &next, kMain, &out)
 		for i := 0; i < mr; i++ {
 			o := out[8*i : 8*i+8]
 			if kMain < K {
@@ -169,15 +171,16 @@ func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K 
 // call), eight weight rows per kernel call; out holds the rows' outputs
 // [mr, hidden]. It returns the first column it did not do.
 func down8(s *simd, out []float32, a *[maxKernelRows]*float32, mr, K int, down Matrix, scale []float32, r0, kMain, n, ne int) int {
-	var b [8]*byte
+	var b, next [8]*byte
 	var acc [8 * maxKernelRows]float32
 	kern := s.kern8[down.DType][mr]
 	hidden := down.Rows
 	for ; n+8 <= ne; n += 8 {
 		for j := range b {
 			b[j] = down.rowPtr(n + j)
+			next[j] = down.rowPtr(min(n+8+j, hidden-1))
 		}
-		kern(a, &b, kMain, &acc)
+		kern(a, &b, &next, kMain, &acc)
 		for i := 0; i < mr; i++ {
 			o := acc[8*i : 8*i+8]
 			if kMain < K {

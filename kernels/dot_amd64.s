@@ -319,30 +319,73 @@ dotAVX2F32x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, FMA3
-TEXT ·dotAVX2F32x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+// func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, FMA3, MMX+
+TEXT ·dotAVX2F32x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Y0, Y0, Y0
+	VXORPS     Y1, Y1, Y1
+	VXORPS     Y2, Y2, Y2
+	VXORPS     Y3, Y3, Y3
+	VXORPS     Y4, Y4, Y4
+	VXORPS     Y5, Y5, Y5
+	VXORPS     Y6, Y6, Y6
+	VXORPS     Y7, Y7, Y7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX2F32x1n8_loop:
@@ -370,7 +413,7 @@ dotAVX2F32x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F32x1n8_reduce:
-	MOVQ         out+24(FP), AX
+	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -757,30 +800,73 @@ dotAVX2BF16x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·dotAVX2BF16x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+// func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dotAVX2BF16x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Y0, Y0, Y0
+	VXORPS     Y1, Y1, Y1
+	VXORPS     Y2, Y2, Y2
+	VXORPS     Y3, Y3, Y3
+	VXORPS     Y4, Y4, Y4
+	VXORPS     Y5, Y5, Y5
+	VXORPS     Y6, Y6, Y6
+	VXORPS     Y7, Y7, Y7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX2BF16x1n8_loop:
@@ -816,7 +902,7 @@ dotAVX2BF16x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2BF16x1n8_reduce:
-	MOVQ         out+24(FP), AX
+	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -1191,30 +1277,73 @@ dotAVX2F16x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, F16C, FMA3
-TEXT ·dotAVX2F16x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+// func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, F16C, FMA3, MMX+
+TEXT ·dotAVX2F16x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Y0, Y0, Y0
+	VXORPS     Y1, Y1, Y1
+	VXORPS     Y2, Y2, Y2
+	VXORPS     Y3, Y3, Y3
+	VXORPS     Y4, Y4, Y4
+	VXORPS     Y5, Y5, Y5
+	VXORPS     Y6, Y6, Y6
+	VXORPS     Y7, Y7, Y7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX2F16x1n8_loop:
@@ -1242,7 +1371,7 @@ dotAVX2F16x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F16x1n8_reduce:
-	MOVQ         out+24(FP), AX
+	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -2442,30 +2571,73 @@ dotAVX512F32x6_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
+// func dotAVX512F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F32x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F32x1n8_loop:
@@ -2493,7 +2665,7 @@ dotAVX512F32x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x1n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -2569,39 +2741,82 @@ dotAVX512F32x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x2n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), R8
-	MOVQ   32(DX), R9
-	MOVQ   40(DX), R10
-	MOVQ   48(DX), R11
-	MOVQ   56(DX), DX
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
+// func dotAVX512F32x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F32x2n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), DX
+	MOVQ       (DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       8(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       16(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       24(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       32(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       40(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       48(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       56(DX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       b+8(FP), DX
+	MOVQ       (DX), BX
+	MOVQ       8(DX), SI
+	MOVQ       16(DX), DI
+	MOVQ       24(DX), R8
+	MOVQ       32(DX), R9
+	MOVQ       40(DX), R10
+	MOVQ       48(DX), R11
+	MOVQ       56(DX), DX
+	MOVQ       k+24(FP), R12
+	XORQ       R13, R13
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F32x2n8_loop:
@@ -2638,7 +2853,7 @@ dotAVX512F32x2n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x2n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -2786,48 +3001,91 @@ dotAVX512F32x2n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x3n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), R9
-	MOVQ   32(BX), R10
-	MOVQ   40(BX), R11
-	MOVQ   48(BX), R12
-	MOVQ   56(BX), BX
-	MOVQ   k+16(FP), R13
-	XORQ   R14, R14
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
-	VXORPS Z16, Z16, Z16
-	VXORPS Z17, Z17, Z17
-	VXORPS Z18, Z18, Z18
-	VXORPS Z19, Z19, Z19
-	VXORPS Z20, Z20, Z20
-	VXORPS Z21, Z21, Z21
-	VXORPS Z22, Z22, Z22
-	VXORPS Z23, Z23, Z23
+// func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F32x3n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), BX
+	MOVQ       (BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       8(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       16(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       24(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       32(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       40(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       48(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       56(BX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       b+8(FP), BX
+	MOVQ       (BX), SI
+	MOVQ       8(BX), DI
+	MOVQ       16(BX), R8
+	MOVQ       24(BX), R9
+	MOVQ       32(BX), R10
+	MOVQ       40(BX), R11
+	MOVQ       48(BX), R12
+	MOVQ       56(BX), BX
+	MOVQ       k+24(FP), R13
+	XORQ       R14, R14
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
+	VXORPS     Z16, Z16, Z16
+	VXORPS     Z17, Z17, Z17
+	VXORPS     Z18, Z18, Z18
+	VXORPS     Z19, Z19, Z19
+	VXORPS     Z20, Z20, Z20
+	VXORPS     Z21, Z21, Z21
+	VXORPS     Z22, Z22, Z22
+	VXORPS     Z23, Z23, Z23
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F32x3n8_loop:
@@ -2873,7 +3131,7 @@ dotAVX512F32x3n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x3n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24
@@ -4257,30 +4515,73 @@ dotAVX512BF16x6_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
+// func dotAVX512BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512BF16x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512BF16x1n8_loop:
@@ -4316,7 +4617,7 @@ dotAVX512BF16x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x1n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -4392,39 +4693,82 @@ dotAVX512BF16x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x2n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), R8
-	MOVQ   32(DX), R9
-	MOVQ   40(DX), R10
-	MOVQ   48(DX), R11
-	MOVQ   56(DX), DX
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
+// func dotAVX512BF16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512BF16x2n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), DX
+	MOVQ       (DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       8(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       16(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       24(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       32(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       40(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       48(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       56(DX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       b+8(FP), DX
+	MOVQ       (DX), BX
+	MOVQ       8(DX), SI
+	MOVQ       16(DX), DI
+	MOVQ       24(DX), R8
+	MOVQ       32(DX), R9
+	MOVQ       40(DX), R10
+	MOVQ       48(DX), R11
+	MOVQ       56(DX), DX
+	MOVQ       k+24(FP), R12
+	XORQ       R13, R13
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512BF16x2n8_loop:
@@ -4469,7 +4813,7 @@ dotAVX512BF16x2n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x2n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -4617,48 +4961,91 @@ dotAVX512BF16x2n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x3n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), R9
-	MOVQ   32(BX), R10
-	MOVQ   40(BX), R11
-	MOVQ   48(BX), R12
-	MOVQ   56(BX), BX
-	MOVQ   k+16(FP), R13
-	XORQ   R14, R14
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
-	VXORPS Z16, Z16, Z16
-	VXORPS Z17, Z17, Z17
-	VXORPS Z18, Z18, Z18
-	VXORPS Z19, Z19, Z19
-	VXORPS Z20, Z20, Z20
-	VXORPS Z21, Z21, Z21
-	VXORPS Z22, Z22, Z22
-	VXORPS Z23, Z23, Z23
+// func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512BF16x3n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), BX
+	MOVQ       (BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       8(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       16(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       24(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       32(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       40(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       48(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       56(BX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       b+8(FP), BX
+	MOVQ       (BX), SI
+	MOVQ       8(BX), DI
+	MOVQ       16(BX), R8
+	MOVQ       24(BX), R9
+	MOVQ       32(BX), R10
+	MOVQ       40(BX), R11
+	MOVQ       48(BX), R12
+	MOVQ       56(BX), BX
+	MOVQ       k+24(FP), R13
+	XORQ       R14, R14
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
+	VXORPS     Z16, Z16, Z16
+	VXORPS     Z17, Z17, Z17
+	VXORPS     Z18, Z18, Z18
+	VXORPS     Z19, Z19, Z19
+	VXORPS     Z20, Z20, Z20
+	VXORPS     Z21, Z21, Z21
+	VXORPS     Z22, Z22, Z22
+	VXORPS     Z23, Z23, Z23
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512BF16x3n8_loop:
@@ -4712,7 +5099,7 @@ dotAVX512BF16x3n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x3n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24
@@ -6072,30 +6459,73 @@ dotAVX512F16x6_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x1n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), DI
-	MOVQ   32(CX), R8
-	MOVQ   40(CX), R9
-	MOVQ   48(CX), R10
-	MOVQ   56(CX), CX
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
+// func dotAVX512F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F16x1n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), CX
+	MOVQ       (CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       8(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       16(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       24(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       32(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       40(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       48(CX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       56(CX), CX
+	PREFETCHT0 (CX)
+	PREFETCHT0 64(CX)
+	PREFETCHT0 128(CX)
+	PREFETCHT0 192(CX)
+	MOVQ       b+8(FP), CX
+	MOVQ       (CX), DX
+	MOVQ       8(CX), BX
+	MOVQ       16(CX), SI
+	MOVQ       24(CX), DI
+	MOVQ       32(CX), R8
+	MOVQ       40(CX), R9
+	MOVQ       48(CX), R10
+	MOVQ       56(CX), CX
+	MOVQ       k+24(FP), R11
+	XORQ       R12, R12
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F16x1n8_loop:
@@ -6123,7 +6553,7 @@ dotAVX512F16x1n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x1n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -6199,39 +6629,82 @@ dotAVX512F16x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x2n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), R8
-	MOVQ   32(DX), R9
-	MOVQ   40(DX), R10
-	MOVQ   48(DX), R11
-	MOVQ   56(DX), DX
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
+// func dotAVX512F16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F16x2n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), DX
+	MOVQ       (DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       8(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       16(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       24(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       32(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       40(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       48(DX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       56(DX), DX
+	PREFETCHT0 (DX)
+	PREFETCHT0 64(DX)
+	PREFETCHT0 128(DX)
+	PREFETCHT0 192(DX)
+	MOVQ       b+8(FP), DX
+	MOVQ       (DX), BX
+	MOVQ       8(DX), SI
+	MOVQ       16(DX), DI
+	MOVQ       24(DX), R8
+	MOVQ       32(DX), R9
+	MOVQ       40(DX), R10
+	MOVQ       48(DX), R11
+	MOVQ       56(DX), DX
+	MOVQ       k+24(FP), R12
+	XORQ       R13, R13
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F16x2n8_loop:
@@ -6268,7 +6741,7 @@ dotAVX512F16x2n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x2n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -6416,48 +6889,91 @@ dotAVX512F16x2n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x3n8(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), R9
-	MOVQ   32(BX), R10
-	MOVQ   40(BX), R11
-	MOVQ   48(BX), R12
-	MOVQ   56(BX), BX
-	MOVQ   k+16(FP), R13
-	XORQ   R14, R14
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
-	VXORPS Z16, Z16, Z16
-	VXORPS Z17, Z17, Z17
-	VXORPS Z18, Z18, Z18
-	VXORPS Z19, Z19, Z19
-	VXORPS Z20, Z20, Z20
-	VXORPS Z21, Z21, Z21
-	VXORPS Z22, Z22, Z22
-	VXORPS Z23, Z23, Z23
+// func dotAVX512F16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dotAVX512F16x3n8(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+
+	// Prefetch the first lines of the next call's weight rows.
+	MOVQ       next+16(FP), BX
+	MOVQ       (BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       8(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       16(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       24(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       32(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       40(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       48(BX), SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       56(BX), BX
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	PREFETCHT0 128(BX)
+	PREFETCHT0 192(BX)
+	MOVQ       b+8(FP), BX
+	MOVQ       (BX), SI
+	MOVQ       8(BX), DI
+	MOVQ       16(BX), R8
+	MOVQ       24(BX), R9
+	MOVQ       32(BX), R10
+	MOVQ       40(BX), R11
+	MOVQ       48(BX), R12
+	MOVQ       56(BX), BX
+	MOVQ       k+24(FP), R13
+	XORQ       R14, R14
+	VXORPS     Z0, Z0, Z0
+	VXORPS     Z1, Z1, Z1
+	VXORPS     Z2, Z2, Z2
+	VXORPS     Z3, Z3, Z3
+	VXORPS     Z4, Z4, Z4
+	VXORPS     Z5, Z5, Z5
+	VXORPS     Z6, Z6, Z6
+	VXORPS     Z7, Z7, Z7
+	VXORPS     Z8, Z8, Z8
+	VXORPS     Z9, Z9, Z9
+	VXORPS     Z10, Z10, Z10
+	VXORPS     Z11, Z11, Z11
+	VXORPS     Z12, Z12, Z12
+	VXORPS     Z13, Z13, Z13
+	VXORPS     Z14, Z14, Z14
+	VXORPS     Z15, Z15, Z15
+	VXORPS     Z16, Z16, Z16
+	VXORPS     Z17, Z17, Z17
+	VXORPS     Z18, Z18, Z18
+	VXORPS     Z19, Z19, Z19
+	VXORPS     Z20, Z20, Z20
+	VXORPS     Z21, Z21, Z21
+	VXORPS     Z22, Z22, Z22
+	VXORPS     Z23, Z23, Z23
 
 	// Main loop: one vector of lanes per row per step.
 dotAVX512F16x3n8_loop:
@@ -6503,7 +7019,7 @@ dotAVX512F16x3n8_loop:
 
 	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x3n8_reduce:
-	MOVQ       out+24(FP), AX
+	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24

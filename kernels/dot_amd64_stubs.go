@@ -22,7 +22,7 @@ func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX2F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX2BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
@@ -42,7 +42,7 @@ func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX2BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX2F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
@@ -62,7 +62,7 @@ func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX2F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
@@ -97,17 +97,17 @@ func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX512F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F32x2n8 computes the 2×8 lane-ordered dot products of 2 fp32 rows with 8 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F32x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F32x3n8 computes the 3×8 lane-ordered dot products of 3 fp32 rows with 8 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
@@ -142,17 +142,17 @@ func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX512BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512BF16x2n8 computes the 2×8 lane-ordered dot products of 2 fp32 rows with 8 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512BF16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512BF16x3n8 computes the 3×8 lane-ordered dot products of 3 fp32 rows with 8 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
@@ -187,14 +187,14 @@ func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
 // dotAVX512F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x1n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F16x2n8 computes the 2×8 lane-ordered dot products of 2 fp32 rows with 8 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x2n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
 // dotAVX512F16x3n8 computes the 3×8 lane-ordered dot products of 3 fp32 rows with 8 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x3n8(a *[6]*float32, b *[8]*byte, k int, out *[48]float32)
+func dotAVX512F16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)

@@ -101,7 +101,7 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 								b8[n] = b[n%4]
 							}
 							var out8 [8 * maxKernelRows]float32
-							s.kern8[dt][mr](&a, &b8, K, &out8)
+							s.kern8[dt][mr](&a, &b8, &b8, K, &out8)
 							for m := 0; m < mr; m++ {
 								for n := 0; n < 8; n++ {
 									want := laneDot(rows[m], wide[n%4], s.lanes)

@@ -24,8 +24,8 @@ type simd struct {
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight
-// rows b; see _asm/dot.go.
-type kernel8Func func(a *[maxKernelRows]*float32, b *[8]*byte, k int, out *[8 * maxKernelRows]float32)
+// rows b, prefetching the start of the rows in next; see _asm/dot.go.
+type kernel8Func func(a *[maxKernelRows]*float32, b, next *[8]*byte, k int, out *[8 * maxKernelRows]float32)
 
 // kernelFunc computes mr×4 dot products of fp32 rows a[:mr] with 4 weight
 // rows b over k elements, k a multiple of the lane count; see _asm/dot.go.

@@ -27,6 +27,10 @@ import (
 // maxMR is the size of the row-pointer array every kernel takes.
 const maxMR = 6
 
+// prefetchLines is how many 64-byte lines of each next weight row the
+// eight-row kernels prefetch.
+const prefetchLines = 4
+
 type isa struct {
 	name   string
 	lanes  int
@@ -63,7 +67,7 @@ func dot(is isa, dt string, mr, nr int) {
 	sig := fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR)
 	if nr != 4 {
 		name = fmt.Sprintf("dot%s%sx%dn%d", is.name, dt, mr, nr)
-		sig = fmt.Sprintf("func(a *[%d]*float32, b *[%d]*byte, k int, out *[%d]float32)", maxMR, nr, nr*maxMR)
+		sig = fmt.Sprintf("func(a *[%d]*float32, b *[%d]*byte, next *[%d]*byte, k int, out *[%d]float32)", maxMR, nr, nr, nr*maxMR)
 	}
 	TEXT(name, NOSPLIT, sig)
 	Pragma("noescape")
@@ -75,6 +79,20 @@ func dot(is isa, dt string, mr, nr int) {
 	for m := range a {
 		a[m] = GP64()
 		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	if nr == 8 {
+		// Decode streams weights from memory: start the next call's rows
+		// (given in next) now, so their first lines do not wait for the
+		// hardware prefetcher to notice a new page.
+		Comment("Prefetch the first lines of the next call's weight rows.")
+		nextPtr := Load(Param("next"), GP64())
+		for n := 0; n < nr; n++ {
+			p := GP64()
+			MOVQ(Mem{Base: nextPtr, Disp: 8 * n}, p)
+			for line := 0; line < prefetchLines; line++ {
+				PREFETCHT0(Mem{Base: p, Disp: 64 * line})
+			}
+		}
 	}
 	bPtr := Load(Param("b"), GP64())
 	b := make([]GPVirtual, nr)
