@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,16 +18,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// onRanks runs f on n in-process ranks at once and returns their errors.
 func onRanks(t *testing.T, n int, f func(c ep.Comm) error) []error {
 	t.Helper()
-	comms, err := ep.NewLocal(n)
+	errs, err := ep.RunLocal(n, f)
 	require.NoError(t, err)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Go(func() { errs[r] = f(c) })
-	}
-	wg.Wait()
 	return errs
 }
 

@@ -14,16 +14,6 @@ import (
 	"github.com/moex-project/moex/kernels"
 )
 
-func relErr(got []float32, want []float64) float64 {
-	var n, d float64
-	for i, w := range want {
-		e := float64(got[i]) - w
-		n += e * e
-		d += w * w
-	}
-	return math.Sqrt(n / d)
-}
-
 // fillCache appends random rows for sequences of the given lengths, in an
 // interleaved order so that block tables are scattered, and returns the
 // rows as the cache holds them (widened).
@@ -94,8 +84,8 @@ func TestMLADecodeMatchesReference(t *testing.T) {
 				require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), out, lse, dpattn.Options{SplitRows: 256}))
 				for s := range lens {
 					o, l := moetest.MLA(rows[s], q[s*heads*D:(s+1)*heads*D], heads, D, dv, float64(float32(scale)))
-					require.LessOrEqual(t, relErr(out[s*heads*dv:(s+1)*heads*dv], o), 1e-5, "sequence %d (len %d) out", s, lens[s])
-					require.LessOrEqual(t, relErr(lse[s*heads:(s+1)*heads], l), 1e-5, "sequence %d lse", s)
+					require.LessOrEqual(t, moetest.RelErr(out[s*heads*dv:(s+1)*heads*dv], o), 1e-5, "sequence %d (len %d) out", s, lens[s])
+					require.LessOrEqual(t, moetest.RelErr(lse[s*heads:(s+1)*heads], l), 1e-5, "sequence %d lse", s)
 				}
 				// The split changes only rounding.
 				whole := make([]float32, len(out))
@@ -111,7 +101,7 @@ func relErrF32(a, b []float32) float64 {
 	for i, v := range b {
 		w[i] = float64(v)
 	}
-	return relErr(a, w)
+	return moetest.RelErr(a, w)
 }
 
 // TestMLAExtendIsCausal: several new tokens of one sequence, each
@@ -135,7 +125,7 @@ func TestMLAExtendIsCausal(t *testing.T) {
 	require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, 0.125, out, nil, dpattn.Options{SplitRows: 32}))
 	for j := 0; j < S; j++ {
 		o, _ := moetest.MLA(rows[0][:70-S+j+1], q[j*heads*D:(j+1)*heads*D], heads, D, dv, 0.125)
-		require.LessOrEqual(t, relErr(out[j*heads*dv:(j+1)*heads*dv], o), 1e-5, "new token %d", j)
+		require.LessOrEqual(t, moetest.RelErr(out[j*heads*dv:(j+1)*heads*dv], o), 1e-5, "new token %d", j)
 	}
 }
 

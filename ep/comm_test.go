@@ -3,7 +3,6 @@ package ep_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,14 +17,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // onRanks runs f on n in-process ranks at once and returns their errors.
 func onRanks(t *testing.T, n int, f func(c ep.Comm) error) []error {
 	t.Helper()
-	comms, err := ep.NewLocal(n)
+	errs, err := ep.RunLocal(n, f)
 	require.NoError(t, err)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Go(func() { errs[r] = f(c) })
-	}
-	wg.Wait()
 	return errs
 }
 

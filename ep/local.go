@@ -338,3 +338,24 @@ func reduce[T int64 | float32](op Op, a, b T) T {
 	}
 	return a + b
 }
+
+// RunLocal runs f on n connected in-process ranks at once, one goroutine
+// each, and returns every rank's error. A rank whose f fails aborts the
+// group, so that the others do not wait for it until their deadline.
+func RunLocal(n int, f func(c Comm) error) ([]error, error) {
+	comms, err := NewLocal(n)
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Go(func() {
+			if errs[r] = f(c); errs[r] != nil {
+				c.Abort(fmt.Errorf("rank %d: %w", r, errs[r]))
+			}
+		})
+	}
+	wg.Wait()
+	return errs, nil
+}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/moex-project/moex/ep"
@@ -72,17 +71,15 @@ func execMoE(args []string, stderr io.Writer) error {
 			res, err = job.single(ctx)
 			break
 		}
-		comms, cerr := ep.NewLocal(*ranks)
+		results := make([]*epResult, *ranks)
+		errs, cerr := ep.RunLocal(*ranks, func(c ep.Comm) error {
+			var err error
+			results[c.Rank()], err = job.rank(ctx, c)
+			return err
+		})
 		if cerr != nil {
 			return cerr
 		}
-		results := make([]*epResult, *ranks)
-		errs := make([]error, *ranks)
-		var wg sync.WaitGroup
-		for r, c := range comms {
-			wg.Go(func() { results[r], errs[r] = job.rank(ctx, c) })
-		}
-		wg.Wait()
 		res, err = results[0], firstError(errs)
 	case "mpi":
 		c, closeComm, cerr := mpiWorld()
