@@ -4,7 +4,7 @@ BIN     ?= moex
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/...
 
-.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test race bench fuzz golden clean
+.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda-check emu-test race bench fuzz golden clean
 
 all: build
 
@@ -16,13 +16,30 @@ run: build
 	./$(BIN) run
 
 # Everything CI checks.
-test: check asm-check purego
+test: check asm-check purego cuda-check
 	$(GO) test -count=1 ./...
 	./scripts/mpi-parity.sh
+	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
 check: fmt-check vet
+
+# Every CUDA kernel compiled by nvcc for sm_80 and sm_90 (plus PTX) into one
+# fatbin, with ptxas's register and shared-memory report; installs Debian's
+# nvidia-cuda-toolkit when nvcc is missing.
+CUDA_SRC = $(wildcard kernels/cuda/*.cu)
+CUDA_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+cuda-check:
+	./scripts/install-cuda.sh
+	mkdir -p build
+	nvcc --fatbin -std=c++17 -O3 $(CUDA_ARCH) -Xptxas -v -o build/moex_kernels.fatbin $(CUDA_SRC) 2> build/ptxas.txt || { cat build/ptxas.txt; exit 1; }
+	grep -E "Compiling entry|Used" build/ptxas.txt
+	$(GO) vet -tags cuda ./...
+
+# The CUDA kernels on CPU threads (the emulation), against the Go paths.
+emu-test:
+	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/...
 
 # moex with the MPI transport (needs libopenmpi-dev).
 mpi:

@@ -53,6 +53,17 @@ func (r *Router) Route(x []float32, ids []int32, weights []float32, t0, t1 int) 
 	}
 }
 
+// RouteLogits chooses experts from router logits [tokens, experts]
+// computed elsewhere (a GPU kernel, a test): ids and weights [tokens,
+// top_k], as Route returns them.
+func (r *Router) RouteLogits(logits []float64, ids []int32, weights []float32) {
+	E, K := r.cfg.NumExperts, r.cfg.TopK
+	s := newRouteScratch(r.cfg)
+	for t := 0; t < len(logits)/E; t++ {
+		r.routeOne(logits[t*E:][:E], ids[t*K:][:K], weights[t*K:][:K], s)
+	}
+}
+
 type routeScratch struct {
 	scores, choice, groupScore []float64
 	order, groups              []int

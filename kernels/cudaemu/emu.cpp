@@ -1,0 +1,35 @@
+//go:build cudaemu
+
+// The CUDA kernels of kernels/cuda compiled for the CPU emulation, with C
+// entry points that launch them as a GPU launcher would.
+#include "../emu/cuda_emu.h"
+#include "../cuda/moe_routing.cu"
+
+#include <mutex>
+
+// Launches share the emulation's static __shared__ storage: one at a time.
+static std::mutex launchMu;
+
+extern "C" {
+
+void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
+                   int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  moex::GateParams p{experts, topK, scoring, method, groups, topkGroups, norm, normEps, scaling};
+  emu::launch(dim3(tokens), dim3(moex::kGateThreads), moex::moex_gate, logits, bias, p, ids, weights);
+}
+
+void moex_emu_align(const int32_t* ids, int n, int experts, int block, int32_t* counts, int32_t* offsets,
+                    int32_t* sorted, int32_t* blockExpert, int32_t* rows) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(1), dim3(moex::kAlignThreads), moex::moex_align, ids, n, experts, block, counts, offsets, sorted,
+              blockExpert, rows);
+}
+
+void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
+                      float* y) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(tokens), dim3(64), moex::moex_combine, out, rows, topK, hidden, shared, y);
+}
+
+}  // extern "C"

@@ -1,0 +1,119 @@
+//go:build cudaemu
+
+package cudaemu
+
+/*
+#cgo CXXFLAGS: -std=c++20 -O1 -pthread -Wno-unused-function
+#cgo LDFLAGS: -pthread -lstdc++
+#include <stdint.h>
+void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
+                   int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights);
+void moex_emu_align(const int32_t* ids, int n, int experts, int block, int32_t* counts, int32_t* offsets,
+                    int32_t* sorted, int32_t* blockExpert, int32_t* rows);
+void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
+                      float* y);
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/moex-project/moex/moe"
+)
+
+// Limits of the fused kernels.
+const (
+	MaxExperts = 1024
+	MaxGroups  = 64
+	MaxTopK    = 64
+)
+
+func f32p(v []float32) *C.float {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.float)(unsafe.Pointer(&v[0]))
+}
+
+func i32p(v []int32) *C.int32_t {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&v[0]))
+}
+
+// Gate runs the gating kernel on logits [tokens, experts] with cfg's
+// routing (bias [experts] for noaux_tc, else nil): ids and weights
+// [tokens, top_k], ids ascending.
+func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
+	E, K := cfg.NumExperts, cfg.TopK
+	if E > MaxExperts || K > MaxTopK || cfg.NumGroups > MaxGroups {
+		return nil, nil, fmt.Errorf("cudaemu: gate: %d experts, top-%d, %d groups exceed the fused kernel's %d, %d, %d",
+			E, K, cfg.NumGroups, MaxExperts, MaxTopK, MaxGroups)
+	}
+	if len(logits)%E != 0 {
+		return nil, nil, fmt.Errorf("cudaemu: gate: %d logits are not rows of %d experts", len(logits), E)
+	}
+	if cfg.Method == moe.NoAuxTC && len(bias) != E {
+		return nil, nil, fmt.Errorf("cudaemu: gate: noaux_tc needs %d bias values, have %d", E, len(bias))
+	}
+	T := len(logits) / E
+	ids := make([]int32, T*K)
+	w := make([]float32, T*K)
+	if T == 0 {
+		return ids, w, nil
+	}
+	scoring := 1
+	if cfg.Scoring == moe.Sigmoid {
+		scoring = 2
+	}
+	method := map[moe.TopKMethod]int{moe.Greedy: 1, moe.GroupLimitedGreedy: 2, moe.NoAuxTC: 3}[cfg.Method]
+	groups, keep := max(cfg.NumGroups, 1), max(cfg.TopKGroups, 1)
+	norm, eps := 0, float32(0)
+	if cfg.NormTopK {
+		norm = 1
+		if cfg.ModelType == "deepseek_v2" || cfg.ModelType == "deepseek_v3" {
+			eps = 1e-20
+		}
+	}
+	C.moex_emu_gate(f32p(logits), f32p(bias), C.int(T), C.int(E), C.int(K), C.int(scoring), C.int(method),
+		C.int(groups), C.int(keep), C.int(norm), C.float(eps), C.float(cfg.RoutedScaling), i32p(ids), f32p(w))
+	return ids, w, nil
+}
+
+// Align runs the dispatch-layout kernel on ids [tokens, top_k] (each row
+// strictly ascending, in range) and returns the layout as moe.NewLayout
+// does, plus the expert of each row block.
+func Align(ids []int32, tokens, topK, experts, block int) (*moe.Layout, []int32, error) {
+	if experts < 1 || experts > MaxExperts || block < 1 || topK < 1 || len(ids) != tokens*topK {
+		return nil, nil, fmt.Errorf("cudaemu: align: %d ids for %d tokens × top-%d, %d experts, block %d", len(ids), tokens, topK, experts, block)
+	}
+	for i, e := range ids {
+		if e < 0 || int(e) >= experts {
+			return nil, nil, fmt.Errorf("cudaemu: align: id %d at %d out of range [0, %d)", e, i, experts)
+		}
+	}
+	n := tokens * topK
+	l := &moe.Layout{Experts: experts, TopK: topK, Tokens: tokens, Block: block,
+		Counts: make([]int32, experts), Offsets: make([]int32, experts+1), Rows: make([]int32, n)}
+	maxRows := n + experts*(block-1)
+	sorted := make([]int32, maxRows+1)
+	blockExpert := make([]int32, maxRows/block+1)
+	C.moex_emu_align(i32p(ids), C.int(n), C.int(experts), C.int(block), i32p(l.Counts), i32p(l.Offsets),
+		i32p(sorted), i32p(blockExpert), i32p(l.Rows))
+	total := int(l.Offsets[experts])
+	l.Pairs = sorted[:total]
+	return l, blockExpert[:total/block], nil
+}
+
+// Combine runs the combine kernel: y [tokens, hidden] from expert outputs
+// out [rows, hidden], rows [tokens·top_k] and shared [tokens, hidden] (or
+// nil), as moe.Combine.
+func Combine(y, out []float32, rows []int32, topK, hidden int, shared []float32) {
+	T := len(rows) / topK
+	if T == 0 {
+		return
+	}
+	C.moex_emu_combine(f32p(out), i32p(rows), C.int(T), C.int(topK), C.int(hidden), f32p(shared), f32p(y))
+}

@@ -1,0 +1,131 @@
+//go:build cudaemu
+
+package cudaemu_test
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/cudaemu"
+	"github.com/moex-project/moex/moe"
+)
+
+// TestGate: the gating kernel chooses the same experts as the Go router
+// from the same logits, for every family's routing, and weights within
+// float32 rounding (the Go router works in float64).
+func TestGate(t *testing.T) {
+	cfgs := []*moe.Config{
+		{ModelType: "mixtral", Hidden: 1, NumExperts: 8, TopK: 2, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1},
+		{ModelType: "qwen3_moe", Hidden: 1, NumExperts: 128, TopK: 8, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1, SparseStep: 1},
+		{ModelType: "qwen2_moe", Hidden: 1, NumExperts: 60, TopK: 1, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1},
+		{ModelType: "deepseek_v2", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.GroupLimitedGreedy, NumGroups: 8, TopKGroups: 3, RoutedScaling: 16, LayerFreq: 1},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 16, TopK: 16, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 4, TopKGroups: 4, NormTopK: true, RoutedScaling: 1, LayerFreq: 1},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 512, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
+	}
+	for i, cfg := range cfgs {
+		for _, T := range []int{0, 1, 37} {
+			t.Run(fmt.Sprintf("%s/E=%d/k=%d/T=%d", cfg.ModelType, cfg.NumExperts, cfg.TopK, T), func(t *testing.T) {
+				require.NoError(t, cfg.Validate())
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(T)))
+				E := cfg.NumExperts
+				logits := make([]float32, T*E)
+				wide := make([]float64, T*E)
+				for j := range logits {
+					logits[j] = float32(rng.NormFloat64() * 2)
+					wide[j] = float64(logits[j])
+				}
+				var bias []float32
+				if cfg.Method == moe.NoAuxTC {
+					bias = make([]float32, E)
+					for j := range bias {
+						bias[j] = float32(rng.NormFloat64() * 0.05)
+					}
+				}
+				w, err := kernels.NewF32(E, 1, make([]float32, E))
+				require.NoError(t, err)
+				router, err := moe.NewRouter(cfg, w, bias)
+				require.NoError(t, err)
+				wantIDs := make([]int32, T*cfg.TopK)
+				wantW := make([]float32, T*cfg.TopK)
+				router.RouteLogits(wide, wantIDs, wantW)
+				ids, weights, err := cudaemu.Gate(cfg, logits, bias)
+				require.NoError(t, err)
+				require.Equal(t, wantIDs, ids)
+				for j := range weights {
+					require.InDelta(t, wantW[j], weights[j], 1e-5*math.Max(1, math.Abs(float64(wantW[j]))), "weight %d", j)
+				}
+			})
+		}
+	}
+	_, _, err := cudaemu.Gate(&moe.Config{NumExperts: 2048, TopK: 2}, nil, nil)
+	require.ErrorContains(t, err, "exceed the fused kernel")
+}
+
+// TestAlign: the layout kernel equals moe.NewLayout, with ragged and
+// empty experts, one token, and padding blocks.
+func TestAlign(t *testing.T) {
+	for _, c := range []struct{ tokens, k, experts, block int }{
+		{1, 1, 4, 1}, {1, 6, 64, 16}, {37, 2, 8, 4}, {100, 8, 256, 64}, {13, 3, 5, 7}, {0, 2, 4, 4},
+	} {
+		t.Run(fmt.Sprintf("%+v", c), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.tokens), uint64(c.experts)))
+			ids := make([]int32, 0, c.tokens*c.k)
+			hot := c.experts / 3 // ragged: a third of the experts stay empty
+			for range c.tokens {
+				perm := rng.Perm(c.experts - hot)[:c.k]
+				row := make([]int32, c.k)
+				for j, e := range perm {
+					row[j] = int32(e + hot)
+				}
+				for a := 1; a < c.k; a++ {
+					for b := a; b > 0 && row[b] < row[b-1]; b-- {
+						row[b], row[b-1] = row[b-1], row[b]
+					}
+				}
+				ids = append(ids, row...)
+			}
+			want, err := moe.NewLayout(ids, c.tokens, c.k, c.experts, c.block)
+			require.NoError(t, err)
+			got, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, c.experts, c.block)
+			require.NoError(t, err)
+			require.Equal(t, want.Counts, got.Counts)
+			require.Equal(t, want.Offsets, got.Offsets)
+			require.Equal(t, want.Pairs, got.Pairs)
+			require.Equal(t, want.Rows, got.Rows)
+			for b, e := range blockExpert {
+				require.True(t, want.Offsets[e] <= int32(b*c.block) && int32(b*c.block) < want.Offsets[e+1], "block %d → expert %d", b, e)
+			}
+		})
+	}
+}
+
+// TestCombine: the combine kernel has the bits of moe.Combine.
+func TestCombine(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	const T, K, H = 9, 3, 70
+	out := make([]float32, T*K*H)
+	for i := range out {
+		out[i] = float32(rng.NormFloat64())
+	}
+	shared := make([]float32, T*H)
+	for i := range shared {
+		shared[i] = float32(rng.NormFloat64())
+	}
+	rows := make([]int32, T*K)
+	for i, p := range rng.Perm(T * K) {
+		rows[i] = int32(p)
+	}
+	for _, sh := range [][]float32{nil, shared} {
+		want := make([]float32, T*H)
+		moe.Combine(want, out, rows, K, H, sh)
+		got := make([]float32, T*H)
+		cudaemu.Combine(got, out, rows, K, H, sh)
+		require.Equal(t, want, got)
+	}
+}
