@@ -3,6 +3,7 @@
 // The CUDA kernels of kernels/cuda compiled for the CPU emulation, with C
 // entry points that launch them as a GPU launcher would.
 #include "../emu/cuda_emu.h"
+#include "../cuda/mla_decode.cu"
 #include "../cuda/moe_routing.cu"
 
 #include <mutex>
@@ -30,6 +31,21 @@ void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int top
                       float* y) {
   std::lock_guard<std::mutex> lock(launchMu);
   emu::launch(dim3(tokens), dim3(64), moex::moex_combine, out, rows, topK, hidden, shared, y);
+}
+
+void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
+                         int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
+                         float scale, float* partO, float* partL, float* out, float* lse) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  dim3 grid(batch * heads, splits);
+  if (bf16)
+    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_mla_decode_bf16, q, (const uint16_t*)cache, blockTable,
+                seqlens, heads, D, dv, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
+  else
+    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_mla_decode_f32, q, (const float*)cache, blockTable, seqlens,
+                heads, D, dv, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
+  emu::launch(dim3(batch * heads), dim3(128), moex::moex_mla_merge, (const float*)partO, (const float*)partL, splits,
+              dv, out, lse);
 }
 
 }  // extern "C"

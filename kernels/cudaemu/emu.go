@@ -12,6 +12,9 @@ void moex_emu_align(const int32_t* ids, int n, int experts, int block, int32_t* 
                     int32_t* sorted, int32_t* blockExpert, int32_t* rows);
 void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
                       float* y);
+void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
+                         int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
+                         float scale, float* partO, float* partL, float* out, float* lse);
 */
 import "C"
 
@@ -116,4 +119,45 @@ func Combine(y, out []float32, rows []int32, topK, hidden int, shared []float32)
 		return
 	}
 	C.moex_emu_combine(f32p(out), i32p(rows), C.int(T), C.int(topK), C.int(hidden), f32p(shared), f32p(y))
+}
+
+// MaxDV bounds dv in the MLA decode kernel.
+const MaxDV = 1024
+
+// MLADecode runs the MLA decode kernels (split-KV and merge) on q [batch,
+// heads, D], a dense paged cache [blocks, blockSize, D] given as fp32
+// (cacheF32) or bf16 bits (cacheBF16, the other nil), a block table
+// [batch, maxBlocks] and lengths [batch]; it returns out [batch, heads, dv]
+// and lse [batch, heads]. Inputs are the caller's to validate (dpattn.MLA
+// checks the same contract).
+func MLADecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D int, blockTable []int32, maxBlocks int,
+	seqlens []int32, heads, dv, splitRows int, scale float32) ([]float32, []float32, error) {
+	B := len(seqlens)
+	if dv < 1 || dv > MaxDV || dv > D || splitRows < 1 || len(q) != B*heads*D || len(blockTable) != B*maxBlocks {
+		return nil, nil, fmt.Errorf("cudaemu: mla decode: bad shapes (dv %d, D %d, split %d)", dv, D, splitRows)
+	}
+	maxLen := 0
+	for _, l := range seqlens {
+		maxLen = max(maxLen, int(l))
+	}
+	splits := max(1, (maxLen+splitRows-1)/splitRows)
+	partO := make([]float32, B*heads*splits*dv)
+	partL := make([]float32, B*heads*splits)
+	out := make([]float32, B*heads*dv)
+	lse := make([]float32, B*heads)
+	if B == 0 {
+		return out, lse, nil
+	}
+	bf16 := 0
+	var cache unsafe.Pointer
+	if cacheBF16 != nil {
+		bf16 = 1
+		cache = unsafe.Pointer(&cacheBF16[0])
+	} else {
+		cache = unsafe.Pointer(&cacheF32[0])
+	}
+	C.moex_emu_mla_decode(C.int(bf16), f32p(q), cache, i32p(blockTable), i32p(seqlens), C.int(B), C.int(heads), C.int(D),
+		C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits), C.float(scale),
+		f32p(partO), f32p(partL), f32p(out), f32p(lse))
+	return out, lse, nil
 }

@@ -3,6 +3,7 @@
 package cudaemu_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/cudaemu"
 	"github.com/moex-project/moex/moe"
@@ -127,5 +130,74 @@ func TestCombine(t *testing.T) {
 		got := make([]float32, T*H)
 		cudaemu.Combine(got, out, rows, K, H, sh)
 		require.Equal(t, want, got)
+	}
+}
+
+// TestMLADecode: the MLA decode kernels against dpattn.MLA, fp32 and bf16
+// caches, lengths 1, a block boundary and several blocks, split and not.
+func TestMLADecode(t *testing.T) {
+	const heads, D, dv, bs = 2, 72, 64, 16
+	lens := []int32{1, 16, 17, 90}
+	for _, bf16 := range []bool{false, true} {
+		for _, split := range []int{32, 1000} {
+			t.Run(fmt.Sprintf("bf16=%v/split=%d", bf16, split), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(8, uint64(split)))
+				dt := kernels.F32
+				if bf16 {
+					dt = kernels.BF16
+				}
+				cache, err := dpattn.NewLatentCache(20, bs, D, dt)
+				require.NoError(t, err)
+				maxBlocks := 0
+				for s, l := range lens {
+					rows := make([]float32, int(l)*D)
+					for i := range rows {
+						rows[i] = float32(rng.NormFloat64())
+					}
+					require.NoError(t, cache.Append(s, rows))
+					maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
+				}
+				table := make([]int32, len(lens)*maxBlocks)
+				queries := make([]dpattn.Query, len(lens))
+				for s := range lens {
+					bt := cache.BlockTable(s)
+					copy(table[s*maxBlocks:], bt)
+					queries[s] = dpattn.Query{Table: bt, Len: int(lens[s])}
+				}
+				q := make([]float32, len(lens)*heads*D)
+				for i := range q {
+					q[i] = float32(rng.NormFloat64())
+				}
+				want := make([]float32, len(lens)*heads*dv)
+				wantLSE := make([]float32, len(lens)*heads)
+				require.NoError(t, dpattn.MLA(context.Background(), cache, q, queries, heads, dv, 0.1, want, wantLSE, dpattn.Options{}))
+				// The dense cache the kernel reads.
+				var f32 []float32
+				var u16 []uint16
+				for blk := 0; blk < cache.NumBlocks(); blk++ {
+					m := cache.Block(blk)
+					for r := 0; r < bs; r++ {
+						for x := 0; x < D; x++ {
+							v := m.At(r, x)
+							f32 = append(f32, v)
+							u16 = append(u16, half.F32ToBF16(v))
+						}
+					}
+				}
+				if bf16 {
+					f32 = nil
+				} else {
+					u16 = nil
+				}
+				got, lse, err := cudaemu.MLADecode(q, f32, u16, bs, D, table, maxBlocks, lens, heads, dv, split, 0.1)
+				require.NoError(t, err)
+				for i := range want {
+					require.InDelta(t, want[i], got[i], 1e-5*(1+math.Abs(float64(want[i]))), "out %d", i)
+				}
+				for i := range wantLSE {
+					require.InDelta(t, wantLSE[i], lse[i], 1e-5*(1+math.Abs(float64(wantLSE[i]))), "lse %d", i)
+				}
+			})
+		}
 	}
 }

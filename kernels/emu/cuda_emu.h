@@ -136,5 +136,8 @@ inline float atomicAdd(float* p, float v) {
   return old;
 }
 
+using std::max;
+using std::min;
+
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
