@@ -28,7 +28,7 @@ check: fmt-check vet
 # Every CUDA kernel compiled by nvcc for sm_80 and sm_90 (plus PTX) into one
 # fatbin, with ptxas's register and shared-memory report; installs Debian's
 # nvidia-cuda-toolkit when nvcc is missing.
-CUDA_SRC = $(wildcard kernels/cuda/*.cu)
+CUDA_SRC = kernels/cuda/moex.cu
 CUDA_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 cuda-check:
 	./scripts/install-cuda.sh

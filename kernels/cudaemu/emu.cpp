@@ -3,8 +3,7 @@
 // The CUDA kernels of kernels/cuda compiled for the CPU emulation, with C
 // entry points that launch them as a GPU launcher would.
 #include "../emu/cuda_emu.h"
-#include "../cuda/mla_decode.cu"
-#include "../cuda/moe_routing.cu"
+#include "../cuda/moex.cu"
 
 #include <mutex>
 
