@@ -1,6 +1,8 @@
 # moex: see README.md.
 GO      ?= go
 BIN     ?= moex
+# go-nvml's headers mark functions deprecated; the warnings say nothing about moex.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/...
 

@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	codeberg.org/sbinet/npyio v0.14.0
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0

@@ -23,7 +23,13 @@ func cmdInfo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "simd       AVX2 %s, FMA %s, AVX-512F %s, AVX-512BF16 %s, F16C %s\n",
 		yes[c.Supports(cpuid.AVX2)], yes[c.Supports(cpuid.FMA3)], yes[c.Supports(cpuid.AVX512F)],
 		yes[c.Supports(cpuid.AVX512BF16)], yes[c.Supports(cpuid.F16C)])
-	fmt.Fprintln(stdout, "gpu        not probed by this build (the CUDA path is not part of it)")
+	for i, line := range gpuReport() {
+		label := "gpu"
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(stdout, "%-10s %s\n", label, line)
+	}
 	return nil
 }
 
