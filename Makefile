@@ -38,9 +38,12 @@ cuda-check:
 	nvcc --fatbin -std=c++17 -O3 $(CUDA_ARCH) -Xptxas -v -o build/moex_kernels.fatbin $(CUDA_SRC) 2> build/ptxas.txt || { cat build/ptxas.txt; exit 1; }
 	grep -E "Compiling entry|Used" build/ptxas.txt
 	$(GO) vet -tags cuda ./...
+	cd kernels/cudaemu && $(GO) run gen_sources.go
+	@git diff --exit-code --stat -- kernels/cudaemu/cuda_sources.go || { echo "kernels/cudaemu/cuda_sources.go is stale: run make cuda-check and commit"; exit 1; }
 
 # The CUDA kernels on CPU threads (the emulation), against the Go paths.
 emu-test:
+	cd kernels/cudaemu && $(GO) run gen_sources.go
 	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/...
 
 # moex with the MPI transport (needs libopenmpi-dev).

@@ -2,3 +2,4 @@
 // fatbin (sm_80, sm_90 and PTX); the CPU emulation includes it too.
 #include "mla_decode.cu"
 #include "moe_routing.cu"
+#include "grouped_gemm.cu"

@@ -47,4 +47,12 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
               dv, out, lse);
 }
 
+void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
+                                int paddedRows, int topK, int pairs, int N, int K, const float* weights, float* c) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_bf16, a, w, sorted, blockExpert, topK, pairs, N, K,
+              weights, c);
+}
+
 }  // extern "C"

@@ -1,5 +1,7 @@
 //go:build cudaemu
 
+//go:generate go run gen_sources.go
+
 package cudaemu
 
 /*
@@ -15,6 +17,8 @@ void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int top
 void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
                          int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
                          float scale, float* partO, float* partL, float* out, float* lse);
+void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
+                                int paddedRows, int topK, int pairs, int N, int K, const float* weights, float* c);
 */
 import "C"
 
@@ -160,4 +164,27 @@ func MLADecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D
 		C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits), C.float(scale),
 		f32p(partO), f32p(partL), f32p(out), f32p(lse))
 	return out, lse, nil
+}
+
+// GemmBlock is the row block of the grouped GEMM kernel: layouts for it are
+// padded to this many rows.
+const GemmBlock = 64
+
+// GroupedGEMMBF16 runs the tensor-core grouped GEMM: a [tokens, K] and w
+// [experts, N, K] as bf16 bits, the layout (block GemmBlock) and its block
+// experts, optional weights [tokens·topK]; returns c [padded rows, N] in
+// layout order. K must be a multiple of 16.
+func GroupedGEMMBF16(a, w []uint16, lay *moe.Layout, blockExpert []int32, N, K int, weights []float32) ([]float32, error) {
+	if lay.Block != GemmBlock || K%16 != 0 || N < 1 {
+		return nil, fmt.Errorf("cudaemu: grouped gemm: layout block %d (want %d), K %d (a multiple of 16), N %d", lay.Block, GemmBlock, K, N)
+	}
+	rows := len(lay.Pairs)
+	c := make([]float32, rows*N)
+	if rows == 0 {
+		return c, nil
+	}
+	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(unsafe.Pointer(&a[0])), (*C.uint16_t)(unsafe.Pointer(&w[0])),
+		i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK), C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K),
+		f32p(weights), f32p(c))
+	return c, nil
 }

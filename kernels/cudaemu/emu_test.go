@@ -201,3 +201,66 @@ func TestMLADecode(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupedGEMM: the tensor-core grouped GEMM (mma.sync emulated with the
+// PTX fragment layouts) against a float64 product of the same bf16 values,
+// with ragged and empty experts, one token, N not a multiple of the tile.
+func TestGroupedGEMM(t *testing.T) {
+	for _, c := range []struct{ tokens, k, experts, N, K int }{
+		{1, 1, 4, 8, 16}, {37, 2, 6, 40, 48}, {130, 3, 8, 72, 32},
+	} {
+		t.Run(fmt.Sprintf("%+v", c), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.tokens), 9))
+			bf := func(n int) ([]uint16, []float64) {
+				u := make([]uint16, n)
+				f := make([]float64, n)
+				for i := range u {
+					u[i] = half.F32ToBF16(float32(rng.NormFloat64()))
+					f[i] = float64(half.BF16ToF32(u[i]))
+				}
+				return u, f
+			}
+			a, af := bf(c.tokens * c.K)
+			w, wf := bf(c.experts * c.N * c.K)
+			ids := make([]int32, 0, c.tokens*c.k)
+			for range c.tokens {
+				perm := rng.Perm(c.experts - 1)[:c.k] // the last expert stays empty
+				for x := 1; x < c.k; x++ {
+					for y := x; y > 0 && perm[y] < perm[y-1]; y-- {
+						perm[y], perm[y-1] = perm[y-1], perm[y]
+					}
+				}
+				for _, e := range perm {
+					ids = append(ids, int32(e))
+				}
+			}
+			weights := make([]float32, len(ids))
+			for i := range weights {
+				weights[i] = rng.Float32()
+			}
+			lay, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, c.experts, cudaemu.GemmBlock)
+			require.NoError(t, err)
+			got, err := cudaemu.GroupedGEMMBF16(a, w, lay, blockExpert, c.N, c.K, weights)
+			require.NoError(t, err)
+			sentinel := int32(c.tokens * c.k)
+			for r, p := range lay.Pairs {
+				for n := 0; n < c.N; n++ {
+					g := got[r*c.N+n]
+					if p == sentinel {
+						require.Zero(t, g, "padding row %d", r)
+						continue
+					}
+					tok, e := int(p)/c.k, int(ids[p])
+					var want, mag float64
+					for k := 0; k < c.K; k++ {
+						x := af[tok*c.K+k] * wf[(e*c.N+n)*c.K+k]
+						want += x
+						mag += math.Abs(x)
+					}
+					want *= float64(weights[p])
+					require.InDelta(t, want, float64(g), 1e-5*mag+1e-6, "row %d (pair %d) col %d", r, p, n)
+				}
+			}
+		})
+	}
+}

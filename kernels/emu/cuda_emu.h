@@ -41,6 +41,7 @@ struct Block {
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<uint64_t> exchange;  // one slot per thread, for warp shuffles
+  std::vector<uint32_t> mma;       // ten words per thread, for mma.sync fragments
 };
 
 inline thread_local dim3 tThreadIdx;
@@ -66,6 +67,7 @@ void launch(dim3 grid, dim3 block, void (*kernel)(Params...), Args... args) {
         for (unsigned w = 0; w < (n + 31) / 32; w++)
           b.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
         b.exchange.assign(n, 0);
+        b.mma.assign(10 * n, 0);
         std::vector<std::thread> threads;
         threads.reserve(n);
         for (unsigned t = 0; t < n; t++) {
@@ -141,3 +143,49 @@ using std::min;
 
 inline float __expf(float x) { return std::exp(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for one warp, with the
+// fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
+// floating point type"): groupID = lane>>2, t = lane%4;
+//   A (16×16, row-major, bf16x2 registers a[0..3] holding a0..a7):
+//     a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..), a[3] = (g+8, 2t+8..)
+//   B (16×8, "col": element (k, n)), b[0] = (k 2t..2t+1, n g), b[1] = (k 2t+8.., n g)
+//   C/D (16×8 fp32): d[0..1] = (g, 2t..2t+1), d[2..3] = (g+8, 2t..2t+1)
+// The low half of a register holds the lower-index element. Each output is
+// c + Σ_k a·b summed in fp32 in ascending k.
+inline float emuBF16(uint32_t reg, int hi) {
+  uint32_t bits = (hi ? (reg >> 16) : (reg & 0xffff)) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline void emuMma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  unsigned me = emu::linearThread(), warp = me / 32, lane = me % 32;
+  uint32_t* slot = &emu::tBlock->mma[10 * me];
+  for (int i = 0; i < 4; i++) slot[i] = a[i];
+  for (int i = 0; i < 2; i++) slot[4 + i] = b[i];
+  for (int i = 0; i < 4; i++) std::memcpy(&slot[6 + i], &d[i], 4);
+  emu::tBlock->warps[warp]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; l++) {
+    const uint32_t* s = &emu::tBlock->mma[10 * (warp * 32 + l)];
+    unsigned g = l >> 2, t = l % 4;
+    for (int h = 0; h < 2; h++) {
+      A[g][2 * t + h] = emuBF16(s[0], h);
+      A[g + 8][2 * t + h] = emuBF16(s[1], h);
+      A[g][2 * t + 8 + h] = emuBF16(s[2], h);
+      A[g + 8][2 * t + 8 + h] = emuBF16(s[3], h);
+      B[2 * t + h][g] = emuBF16(s[4], h);
+      B[2 * t + 8 + h][g] = emuBF16(s[5], h);
+    }
+  }
+  emu::tBlock->warps[warp]->arrive_and_wait();
+  unsigned g = lane >> 2, t = lane % 4;
+  for (int i = 0; i < 4; i++) {
+    unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float acc = 0;
+    for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+    d[i] += acc;
+  }
+}

@@ -1,0 +1,87 @@
+// Grouped expert GEMM on tensor cores (mma.sync m16n8k16, bf16 in, fp32
+// accumulate) over the dispatch layout: for each 64-row block of the sorted
+// (token, slot) pairs, whose rows all belong to one expert (blockExpert),
+// C[rows, n] = Σ_k A[token(row), k] · W_expert[n, k], A rows gathered
+// through the layout (no permuted copy), times the row's routing weight when
+// weights is given. Padding rows (the sentinel) give zeros.
+//
+// A first version: 64×64 tiles, k steps of 16 through shared memory, four
+// warps each computing a 16×64 strip as eight m16n8 tiles; no cp.async yet.
+#ifndef MOEX_EMU
+#include <cstdint>
+#endif
+
+namespace moex {
+
+constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmThreads = 128;
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef MOEX_EMU
+  emuMma16816(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+// grid (paddedRows / kGemmBM, ceil(N / kGemmBN)), kGemmThreads threads.
+// a [tokens, K] bf16; w [experts, N, K] bf16; sorted, blockExpert: the
+// layout (block size kGemmBM); pairs = tokens·topK is the sentinel; weights
+// [pairs] or null; c [paddedRows, N] fp32. K must be a multiple of 16.
+extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
+                                                  const int32_t* __restrict__ sorted,
+                                                  const int32_t* __restrict__ blockExpert, int topK, int pairs, int N,
+                                                  int K, const float* __restrict__ weights, float* __restrict__ c) {
+  __shared__ uint16_t As[kGemmBM][kGemmBK];
+  __shared__ uint16_t Bs[kGemmBN][kGemmBK];
+  __shared__ int tokenOf[kGemmBM];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row0 = blockIdx.x * kGemmBM, n0 = blockIdx.y * kGemmBN;
+  const int expert = blockExpert[blockIdx.x];
+  const uint16_t* we = w + (size_t)expert * N * K;
+  if (tid < kGemmBM) {
+    int p = sorted[row0 + tid];
+    tokenOf[tid] = p < pairs ? p / topK : -1;
+  }
+  float acc[8][4];
+  for (int j = 0; j < 8; j++)
+    for (int i = 0; i < 4; i++) acc[j][i] = 0;
+  __syncthreads();
+  const int g = lane >> 2, t = lane % 4;
+  for (int k0 = 0; k0 < K; k0 += kGemmBK) {
+    for (int i = tid; i < kGemmBM * kGemmBK; i += kGemmThreads) {
+      int r = i / kGemmBK, kk = i % kGemmBK;
+      int tok = tokenOf[r];
+      As[r][kk] = tok >= 0 ? a[(size_t)tok * K + k0 + kk] : uint16_t(0);
+      int n = n0 + r;
+      Bs[r][kk] = n < N ? we[(size_t)n * K + k0 + kk] : uint16_t(0);
+    }
+    __syncthreads();
+    const int m = warp * 16;
+    uint32_t af[4] = {pack2(As[m + g][2 * t], As[m + g][2 * t + 1]), pack2(As[m + g + 8][2 * t], As[m + g + 8][2 * t + 1]),
+                      pack2(As[m + g][2 * t + 8], As[m + g][2 * t + 9]),
+                      pack2(As[m + g + 8][2 * t + 8], As[m + g + 8][2 * t + 9])};
+    for (int j = 0; j < 8; j++) {
+      const int n = j * 8 + g;
+      uint32_t bf[2] = {pack2(Bs[n][2 * t], Bs[n][2 * t + 1]), pack2(Bs[n][2 * t + 8], Bs[n][2 * t + 9])};
+      mma16816(acc[j], af, bf);
+    }
+    __syncthreads();
+  }
+  const int m = warp * 16;
+  for (int j = 0; j < 8; j++)
+    for (int i = 0; i < 4; i++) {
+      const int r = m + g + (i >= 2 ? 8 : 0), n = n0 + j * 8 + 2 * t + (i & 1);
+      if (n >= N) continue;
+      const int p = sorted[row0 + r];
+      float v = 0;
+      if (p < pairs) v = weights != nullptr ? acc[j][i] * weights[p] : acc[j][i];
+      c[(size_t)(row0 + r) * N + n] = v;
+    }
+}
+
+}  // namespace moex
