@@ -28,40 +28,43 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
-// grid (paddedRows / kGemmBM, ceil(N / kGemmBN)), kGemmThreads threads.
-// a [tokens, K] bf16; w [experts, N, K] bf16; sorted, blockExpert: the
-// layout (block size kGemmBM); pairs = tokens·topK is the sentinel; weights
-// [pairs] or null; c [paddedRows, N] fp32. K must be a multiple of 16.
-extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
-                                                  const int32_t* __restrict__ sorted,
-                                                  const int32_t* __restrict__ blockExpert, int topK, int pairs, int N,
-                                                  int K, const float* __restrict__ weights, float* __restrict__ c) {
+// groupedGemm is the body of both entry points. With SWIGLU, w2 is the up
+// projection and the tile writes silu(a·w) · (a·w2) (the first expert
+// projection, gate and up in one pass over A); without, a·w times the
+// routing weight (the second).
+template <bool SWIGLU>
+__device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
+                            const uint16_t* __restrict__ w2, const int32_t* __restrict__ sorted,
+                            const int32_t* __restrict__ blockExpert, int topK, int pairs, int N, int K,
+                            const float* __restrict__ weights, float* __restrict__ c) {
   __shared__ uint16_t As[kGemmBM][kGemmBK];
   __shared__ uint16_t Bs[kGemmBN][kGemmBK];
+  __shared__ uint16_t B2s[SWIGLU ? kGemmBN : 1][kGemmBK];
   __shared__ int tokenOf[kGemmBM];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = blockIdx.x * kGemmBM, n0 = blockIdx.y * kGemmBN;
-  const int expert = blockExpert[blockIdx.x];
-  const uint16_t* we = w + (size_t)expert * N * K;
+  const size_t eoff = (size_t)blockExpert[blockIdx.x] * N * K;
   if (tid < kGemmBM) {
     int p = sorted[row0 + tid];
     tokenOf[tid] = p < pairs ? p / topK : -1;
   }
-  float acc[8][4];
+  float acc[8][4], acc2[SWIGLU ? 8 : 1][4];
   for (int j = 0; j < 8; j++)
     for (int i = 0; i < 4; i++) acc[j][i] = 0;
+  for (int j = 0; j < (SWIGLU ? 8 : 1); j++)
+    for (int i = 0; i < 4; i++) acc2[j][i] = 0;
   __syncthreads();
-  const int g = lane >> 2, t = lane % 4;
+  const int g = lane >> 2, t = lane % 4, m = warp * 16;
   for (int k0 = 0; k0 < K; k0 += kGemmBK) {
     for (int i = tid; i < kGemmBM * kGemmBK; i += kGemmThreads) {
       int r = i / kGemmBK, kk = i % kGemmBK;
       int tok = tokenOf[r];
       As[r][kk] = tok >= 0 ? a[(size_t)tok * K + k0 + kk] : uint16_t(0);
       int n = n0 + r;
-      Bs[r][kk] = n < N ? we[(size_t)n * K + k0 + kk] : uint16_t(0);
+      Bs[r][kk] = n < N ? w[eoff + (size_t)n * K + k0 + kk] : uint16_t(0);
+      if (SWIGLU) B2s[r][kk] = n < N ? w2[eoff + (size_t)n * K + k0 + kk] : uint16_t(0);
     }
     __syncthreads();
-    const int m = warp * 16;
     uint32_t af[4] = {pack2(As[m + g][2 * t], As[m + g][2 * t + 1]), pack2(As[m + g + 8][2 * t], As[m + g + 8][2 * t + 1]),
                       pack2(As[m + g][2 * t + 8], As[m + g][2 * t + 9]),
                       pack2(As[m + g + 8][2 * t + 8], As[m + g + 8][2 * t + 9])};
@@ -69,19 +72,47 @@ extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* __restrict__ a
       const int n = j * 8 + g;
       uint32_t bf[2] = {pack2(Bs[n][2 * t], Bs[n][2 * t + 1]), pack2(Bs[n][2 * t + 8], Bs[n][2 * t + 9])};
       mma16816(acc[j], af, bf);
+      if (SWIGLU) {
+        uint32_t bf2[2] = {pack2(B2s[n][2 * t], B2s[n][2 * t + 1]), pack2(B2s[n][2 * t + 8], B2s[n][2 * t + 9])};
+        mma16816(acc2[SWIGLU ? j : 0], af, bf2);
+      }
     }
     __syncthreads();
   }
-  const int m = warp * 16;
   for (int j = 0; j < 8; j++)
     for (int i = 0; i < 4; i++) {
       const int r = m + g + (i >= 2 ? 8 : 0), n = n0 + j * 8 + 2 * t + (i & 1);
       if (n >= N) continue;
       const int p = sorted[row0 + r];
       float v = 0;
-      if (p < pairs) v = weights != nullptr ? acc[j][i] * weights[p] : acc[j][i];
+      if (p < pairs) {
+        if (SWIGLU) {
+          const float gt = acc[j][i];
+          v = gt / (1.0f + expf(-gt)) * acc2[SWIGLU ? j : 0][i];
+        } else {
+          v = weights != nullptr ? acc[j][i] * weights[p] : acc[j][i];
+        }
+      }
       c[(size_t)(row0 + r) * N + n] = v;
     }
+}
+
+// grid (paddedRows / kGemmBM, ceil(N / kGemmBN)), kGemmThreads threads.
+// a [tokens, K] bf16; w [experts, N, K] bf16; sorted, blockExpert: the
+// layout (block size kGemmBM); pairs = tokens·topK is the sentinel; weights
+// [pairs] or null; c [paddedRows, N] fp32. K must be a multiple of 16.
+extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
+                                                  const int32_t* blockExpert, int topK, int pairs, int N, int K,
+                                                  const float* weights, float* c) {
+  groupedGemm<false>(a, w, nullptr, sorted, blockExpert, topK, pairs, N, K, weights, c);
+}
+
+// The first projection: gate and up [experts, N, K] → h = silu(gate)·up
+// [paddedRows, N]; same launch shape.
+extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
+                                                         const int32_t* sorted, const int32_t* blockExpert, int topK,
+                                                         int pairs, int N, int K, float* h) {
+  groupedGemm<true>(a, gate, up, sorted, blockExpert, topK, pairs, N, K, nullptr, h);
 }
 
 }  // namespace moex

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=343946b9511034da7157723e4705ff75
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=b186c5be4771f8758e0d6311b3716fd3
 import "C"

@@ -55,4 +55,13 @@ void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int3
               weights, c);
 }
 
+void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
+                                       const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
+                                       float* h) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_bf16, a, gate, up, sorted, blockExpert, topK,
+              pairs, N, K, h);
+}
+
 }  // extern "C"

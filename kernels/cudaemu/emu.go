@@ -19,6 +19,9 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
                          float scale, float* partO, float* partL, float* out, float* lse);
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
                                 int paddedRows, int topK, int pairs, int N, int K, const float* weights, float* c);
+void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
+                                       const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
+                                       float* h);
 */
 import "C"
 
@@ -187,4 +190,21 @@ func GroupedGEMMBF16(a, w []uint16, lay *moe.Layout, blockExpert []int32, N, K i
 		i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK), C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K),
 		f32p(weights), f32p(c))
 	return c, nil
+}
+
+// GroupedSwiGLUBF16 runs the fused first projection: h [padded rows, N] =
+// silu(a·gateᵀ) · (a·upᵀ) per row's expert, gate and up [experts, N, K] bf16.
+func GroupedSwiGLUBF16(a, gate, up []uint16, lay *moe.Layout, blockExpert []int32, N, K int) ([]float32, error) {
+	if lay.Block != GemmBlock || K%16 != 0 || N < 1 || len(gate) != len(up) {
+		return nil, fmt.Errorf("cudaemu: grouped swiglu: layout block %d (want %d), K %d, N %d", lay.Block, GemmBlock, K, N)
+	}
+	rows := len(lay.Pairs)
+	h := make([]float32, rows*N)
+	if rows == 0 {
+		return h, nil
+	}
+	C.moex_emu_grouped_gemm_swiglu_bf16((*C.uint16_t)(unsafe.Pointer(&a[0])), (*C.uint16_t)(unsafe.Pointer(&gate[0])),
+		(*C.uint16_t)(unsafe.Pointer(&up[0])), i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK),
+		C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K), f32p(h))
+	return h, nil
 }

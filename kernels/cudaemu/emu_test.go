@@ -242,21 +242,30 @@ func TestGroupedGEMM(t *testing.T) {
 			require.NoError(t, err)
 			got, err := cudaemu.GroupedGEMMBF16(a, w, lay, blockExpert, c.N, c.K, weights)
 			require.NoError(t, err)
+			up, uf := bf(c.experts * c.N * c.K)
+			h, err := cudaemu.GroupedSwiGLUBF16(a, w, up, lay, blockExpert, c.N, c.K)
+			require.NoError(t, err)
 			sentinel := int32(c.tokens * c.k)
 			for r, p := range lay.Pairs {
 				for n := 0; n < c.N; n++ {
 					g := got[r*c.N+n]
 					if p == sentinel {
 						require.Zero(t, g, "padding row %d", r)
+						require.Zero(t, h[r*c.N+n], "padding row %d", r)
 						continue
 					}
 					tok, e := int(p)/c.k, int(ids[p])
-					var want, mag float64
+					var want, up64, mag, magU float64
 					for k := 0; k < c.K; k++ {
 						x := af[tok*c.K+k] * wf[(e*c.N+n)*c.K+k]
 						want += x
 						mag += math.Abs(x)
+						y := af[tok*c.K+k] * uf[(e*c.N+n)*c.K+k]
+						up64 += y
+						magU += math.Abs(y)
 					}
+					swiglu := want / (1 + math.Exp(-want)) * up64
+					require.InDelta(t, swiglu, float64(h[r*c.N+n]), 1e-5*(mag*math.Abs(up64)+magU*math.Abs(want))+1e-6, "swiglu row %d col %d", r, n)
 					want *= float64(weights[p])
 					require.InDelta(t, want, float64(g), 1e-5*mag+1e-6, "row %d (pair %d) col %d", r, p, n)
 				}
