@@ -5,10 +5,12 @@
 // through the layout (no permuted copy), times the row's routing weight when
 // weights is given. Padding rows (the sentinel) give zeros.
 //
-// A first version: 64×64 tiles, k steps of 16 through shared memory, four
-// warps each computing a 16×64 strip as eight m16n8 tiles; no cp.async yet.
+// 64×64 tiles, k steps of 16 staged through shared memory by cp.async in
+// two buffers (the next step loads while this one computes), four warps
+// each computing a 16×64 strip as eight m16n8 tiles.
 #ifndef MOEX_EMU
 #include <cstdint>
+#include <cstring>
 #endif
 
 namespace moex {
@@ -28,6 +30,31 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
+// cpAsync16 copies 16 bytes from global to shared memory asynchronously,
+// or writes zeros when !valid (cp.async's zero-fill form).
+__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem, bool valid) {
+#ifdef MOEX_EMU
+  if (valid) memcpy(smem, gmem, 16); else memset(smem, 0, 16);
+#else
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cpAsyncCommit() {
+#ifndef MOEX_EMU
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// cpAsyncWait waits until at most n committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void cpAsyncWait() {
+#ifndef MOEX_EMU
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+#endif
+}
+
 // groupedGemm is the body of both entry points. With SWIGLU, w2 is the up
 // projection and the tile writes silu(a·w) · (a·w2) (the first expert
 // projection, gate and up in one pass over A); without, a·w times the
@@ -37,9 +64,9 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
                             const uint16_t* __restrict__ w2, const int32_t* __restrict__ sorted,
                             const int32_t* __restrict__ blockExpert, int topK, int pairs, int N, int K,
                             const float* __restrict__ weights, float* __restrict__ c) {
-  __shared__ uint16_t As[kGemmBM][kGemmBK];
-  __shared__ uint16_t Bs[kGemmBN][kGemmBK];
-  __shared__ uint16_t B2s[SWIGLU ? kGemmBN : 1][kGemmBK];
+  __shared__ __align__(16) uint16_t As[2][kGemmBM][kGemmBK];
+  __shared__ __align__(16) uint16_t Bs[2][kGemmBN][kGemmBK];
+  __shared__ __align__(16) uint16_t B2s[2][SWIGLU ? kGemmBN : 1][kGemmBK];
   __shared__ int tokenOf[kGemmBM];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = blockIdx.x * kGemmBM, n0 = blockIdx.y * kGemmBN;
@@ -54,30 +81,42 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   for (int j = 0; j < (SWIGLU ? 8 : 1); j++)
     for (int i = 0; i < 4; i++) acc2[j][i] = 0;
   __syncthreads();
+  // Each thread moves one 16-byte chunk (8 values) of each tile per k step:
+  // row tid/2, half tid%2.
+  const int lr = tid / 2, lc = (tid % 2) * 8;
+  const int tok = tokenOf[lr], ln = n0 + lr;
+  auto load = [&](int buf, int k0) {
+    cpAsync16(&As[buf][lr][lc], tok >= 0 ? a + (size_t)tok * K + k0 + lc : a, tok >= 0);
+    cpAsync16(&Bs[buf][lr][lc], ln < N ? w + eoff + (size_t)ln * K + k0 + lc : w, ln < N);
+    if (SWIGLU) cpAsync16(&B2s[buf][SWIGLU ? lr : 0][lc], ln < N ? w2 + eoff + (size_t)ln * K + k0 + lc : w2, ln < N);
+    cpAsyncCommit();
+  };
   const int g = lane >> 2, t = lane % 4, m = warp * 16;
-  for (int k0 = 0; k0 < K; k0 += kGemmBK) {
-    for (int i = tid; i < kGemmBM * kGemmBK; i += kGemmThreads) {
-      int r = i / kGemmBK, kk = i % kGemmBK;
-      int tok = tokenOf[r];
-      As[r][kk] = tok >= 0 ? a[(size_t)tok * K + k0 + kk] : uint16_t(0);
-      int n = n0 + r;
-      Bs[r][kk] = n < N ? w[eoff + (size_t)n * K + k0 + kk] : uint16_t(0);
-      if (SWIGLU) B2s[r][kk] = n < N ? w2[eoff + (size_t)n * K + k0 + kk] : uint16_t(0);
+  load(0, 0);
+  for (int k0 = 0, buf = 0; k0 < K; k0 += kGemmBK, buf ^= 1) {
+    if (k0 + kGemmBK < K) {
+      load(buf ^ 1, k0 + kGemmBK);
+      cpAsyncWait<1>();
+    } else {
+      cpAsyncWait<0>();
     }
     __syncthreads();
-    uint32_t af[4] = {pack2(As[m + g][2 * t], As[m + g][2 * t + 1]), pack2(As[m + g + 8][2 * t], As[m + g + 8][2 * t + 1]),
-                      pack2(As[m + g][2 * t + 8], As[m + g][2 * t + 9]),
-                      pack2(As[m + g + 8][2 * t + 8], As[m + g + 8][2 * t + 9])};
+    uint16_t(*A)[kGemmBK] = As[buf];
+    uint16_t(*B)[kGemmBK] = Bs[buf];
+    uint32_t af[4] = {pack2(A[m + g][2 * t], A[m + g][2 * t + 1]), pack2(A[m + g + 8][2 * t], A[m + g + 8][2 * t + 1]),
+                      pack2(A[m + g][2 * t + 8], A[m + g][2 * t + 9]),
+                      pack2(A[m + g + 8][2 * t + 8], A[m + g + 8][2 * t + 9])};
     for (int j = 0; j < 8; j++) {
       const int n = j * 8 + g;
-      uint32_t bf[2] = {pack2(Bs[n][2 * t], Bs[n][2 * t + 1]), pack2(Bs[n][2 * t + 8], Bs[n][2 * t + 9])};
+      uint32_t bf[2] = {pack2(B[n][2 * t], B[n][2 * t + 1]), pack2(B[n][2 * t + 8], B[n][2 * t + 9])};
       mma16816(acc[j], af, bf);
       if (SWIGLU) {
-        uint32_t bf2[2] = {pack2(B2s[n][2 * t], B2s[n][2 * t + 1]), pack2(B2s[n][2 * t + 8], B2s[n][2 * t + 9])};
+        uint16_t(*B2)[kGemmBK] = B2s[buf];
+        uint32_t bf2[2] = {pack2(B2[n][2 * t], B2[n][2 * t + 1]), pack2(B2[n][2 * t + 8], B2[n][2 * t + 9])};
         mma16816(acc2[SWIGLU ? j : 0], af, bf2);
       }
     }
-    __syncthreads();
+    __syncthreads();  // the buffer is refilled by the next step's load
   }
   for (int j = 0; j < 8; j++)
     for (int i = 0; i < 4; i++) {

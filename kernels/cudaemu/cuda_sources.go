@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=b186c5be4771f8758e0d6311b3716fd3
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=472584c9254ac32bbce04bd2055bda56
 import "C"
