@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/...
 
-.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda-check emu-test race bench fuzz golden clean
+.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
 all: build
 
@@ -35,11 +35,19 @@ CUDA_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm
 cuda-check:
 	./scripts/install-cuda.sh
 	mkdir -p build
-	nvcc --fatbin -std=c++17 -O3 $(CUDA_ARCH) -Xptxas -v -o build/moex_kernels.fatbin $(CUDA_SRC) 2> build/ptxas.txt || { cat build/ptxas.txt; exit 1; }
+	nvcc --fatbin -std=c++17 -O3 $(CUDA_ARCH) -Xptxas -v -o cuda/moex_kernels.fatbin $(CUDA_SRC) 2> build/ptxas.txt || { cat build/ptxas.txt; exit 1; }
 	grep -E "Compiling entry|Used" build/ptxas.txt
 	$(GO) vet -tags cuda ./...
 	cd kernels/cudaemu && $(GO) run gen_sources.go
 	@git diff --exit-code --stat -- kernels/cudaemu/cuda_sources.go || { echo "kernels/cudaemu/cuda_sources.go is stale: run make cuda-check and commit"; exit 1; }
+
+# What a GPU host runs (no Go there): the cuda-tagged kernel tests and a
+# script that runs them and measures the device's baselines.
+gpu-bundle: cuda-check
+	mkdir -p bundle
+	$(GO) test -c -tags cuda -o bundle/cuda.test ./cuda
+	cp scripts/gpu-run.sh bundle/run.sh
+	@du -sh bundle
 
 # The CUDA kernels on CPU threads (the emulation), against the Go paths.
 emu-test:

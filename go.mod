@@ -14,8 +14,11 @@ require (
 
 require (
 	github.com/campoy/embedmd v1.0.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/nlpodyssey/gopickle v0.3.0 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/text v0.34.0 // indirect
+	gorgonia.org/cu v0.9.6 // indirect
 )

@@ -74,21 +74,9 @@ func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
 	if T == 0 {
 		return ids, w, nil
 	}
-	scoring := 1
-	if cfg.Scoring == moe.Sigmoid {
-		scoring = 2
-	}
-	method := map[moe.TopKMethod]int{moe.Greedy: 1, moe.GroupLimitedGreedy: 2, moe.NoAuxTC: 3}[cfg.Method]
-	groups, keep := max(cfg.NumGroups, 1), max(cfg.TopKGroups, 1)
-	norm, eps := 0, float32(0)
-	if cfg.NormTopK {
-		norm = 1
-		if cfg.ModelType == "deepseek_v2" || cfg.ModelType == "deepseek_v3" {
-			eps = 1e-20
-		}
-	}
-	C.moex_emu_gate(f32p(logits), f32p(bias), C.int(T), C.int(E), C.int(K), C.int(scoring), C.int(method),
-		C.int(groups), C.int(keep), C.int(norm), C.float(eps), C.float(cfg.RoutedScaling), i32p(ids), f32p(w))
+	k := cfg.GateKernelArgs()
+	C.moex_emu_gate(f32p(logits), f32p(bias), C.int(T), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring), C.int(k.Method),
+		C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling), i32p(ids), f32p(w))
 	return ids, w, nil
 }
 

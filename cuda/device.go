@@ -1,0 +1,245 @@
+//go:build cuda
+
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/moex-project/moex/moe"
+)
+
+// fatbin is kernels/cuda/moex.cu built by nvcc for sm_80, sm_90 and PTX
+// (`make cuda-check` writes it here).
+//
+//go:embed moex_kernels.fatbin
+var fatbin string
+
+// Kernel launch shapes, as in kernels/cuda.
+const (
+	gateThreads  = 256
+	alignThreads = 256
+	mlaThreads   = 128
+	gemmBM       = 64
+	gemmBN       = 64
+	gemmThreads  = 128
+)
+
+// Device is one GPU with moex's kernels loaded. Not safe for concurrent
+// use: the calls bind its context to the calling OS thread.
+type Device struct {
+	ctx cu.CUContext
+	mod cu.Module
+	fns map[string]cu.Function
+}
+
+// Open makes a context on GPU ordinal and loads the kernels.
+func Open(ordinal int) (*Device, error) {
+	dev, err := cu.GetDevice(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
+	}
+	ctx, err := dev.MakeContext(cu.SchedAuto)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: context on device %d: %w", ordinal, err)
+	}
+	mod, err := cu.LoadFatBinary(fatbin)
+	if err != nil {
+		ctx.Destroy()
+		return nil, fmt.Errorf("cuda: loading the kernels: %w", err)
+	}
+	d := &Device{ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
+	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
+		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16"} {
+		fn, err := mod.Function(name)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("cuda: kernel %s: %w", name, err)
+		}
+		d.fns[name] = fn
+	}
+	return d, nil
+}
+
+// Close unloads the kernels and destroys the context.
+func (d *Device) Close() error {
+	if err := d.mod.Unload(); err != nil {
+		return err
+	}
+	return d.ctx.Destroy()
+}
+
+// Buffer is device memory.
+type Buffer struct {
+	ptr   cu.DevicePtr
+	Bytes int64
+}
+
+// Alloc allocates bytes of device memory (at least one byte).
+func (d *Device) Alloc(bytes int64) (Buffer, error) {
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		return Buffer{}, err
+	}
+	p, err := cu.MemAlloc(max(bytes, 1))
+	if err != nil {
+		return Buffer{}, fmt.Errorf("cuda: allocating %d bytes: %w", bytes, err)
+	}
+	return Buffer{ptr: p, Bytes: bytes}, nil
+}
+
+// Free releases the buffer.
+func (b Buffer) Free() error { return cu.MemFree(b.ptr) }
+
+// Upload copies a host slice into a new device buffer.
+func Upload[T any](d *Device, v []T) (Buffer, error) {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	b, err := d.Alloc(n)
+	if err != nil || n == 0 {
+		return b, err
+	}
+	return b, cu.MemcpyHtoD(b.ptr, unsafe.Pointer(&v[0]), n)
+}
+
+// Download copies a device buffer into a host slice of the same size.
+func Download[T any](b Buffer, v []T) error {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	if n != b.Bytes {
+		return fmt.Errorf("cuda: download of %d bytes into %d", b.Bytes, n)
+	}
+	if n == 0 {
+		return nil
+	}
+	return cu.MemcpyDtoH(unsafe.Pointer(&v[0]), b.ptr, n)
+}
+
+// args holds kernel arguments, each scalar and pointer in its own 8-byte
+// slot (gorgonia.org/cu's Launch passes one pointer per argument; the
+// driver reads the parameter's own size from it).
+type args struct{ slots []unsafe.Pointer }
+
+func (a *args) ptr(b Buffer) *args {
+	p := new(uint64)
+	*p = uint64(b.ptr)
+	a.slots = append(a.slots, unsafe.Pointer(p))
+	return a
+}
+
+func (a *args) null() *args {
+	a.slots = append(a.slots, unsafe.Pointer(new(uint64)))
+	return a
+}
+
+func (a *args) int(v int) *args {
+	p := new(uint64)
+	*p = uint64(uint32(int32(v)))
+	a.slots = append(a.slots, unsafe.Pointer(p))
+	return a
+}
+
+func (a *args) f32(v float32) *args {
+	p := new(uint64)
+	*p = uint64(math.Float32bits(v))
+	a.slots = append(a.slots, unsafe.Pointer(p))
+	return a
+}
+
+// raw passes a by-value struct argument.
+func (a *args) raw(p unsafe.Pointer) *args {
+	a.slots = append(a.slots, p)
+	return a
+}
+
+func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		return err
+	}
+	fn := d.fns[name]
+	if err := fn.LaunchAndSync(grid[0], grid[1], grid[2], block, 1, 1, 0, cu.Stream{}, a.slots); err != nil {
+		return fmt.Errorf("cuda: %s: %w", name, err)
+	}
+	return nil
+}
+
+// Gate launches the gating kernel: logits [tokens, experts] fp32, bias
+// [experts] (noaux_tc; zero Buffer otherwise) → ids, weights [tokens, top_k].
+func (d *Device) Gate(cfg *moe.Config, logits, bias, ids, weights Buffer, tokens int) error {
+	if tokens == 0 {
+		return nil
+	}
+	k := cfg.GateKernelArgs()
+	a := (&args{}).ptr(logits)
+	if bias.Bytes > 0 {
+		a.ptr(bias)
+	} else {
+		a.null()
+	}
+	a.raw(unsafe.Pointer(&k)).ptr(ids).ptr(weights)
+	return d.launch("moex_gate", [3]int{tokens, 1, 1}, gateThreads, a)
+}
+
+// Align launches the dispatch-layout kernel over n = tokens·top_k ids.
+func (d *Device) Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+	a := (&args{}).ptr(ids).int(n).int(experts).int(block).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
+	return d.launch("moex_align", [3]int{1, 1, 1}, alignThreads, a)
+}
+
+// Combine launches the combine kernel; shared may be the zero Buffer.
+func (d *Device) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error {
+	if tokens == 0 {
+		return nil
+	}
+	a := (&args{}).ptr(out).ptr(rows).int(topK).int(hidden)
+	if shared.Bytes > 0 {
+		a.ptr(shared)
+	} else {
+		a.null()
+	}
+	a.ptr(y)
+	return d.launch("moex_combine", [3]int{tokens, 1, 1}, 64, a)
+}
+
+// MLADecode launches split-KV MLA decode and the merge: q [batch, heads, D],
+// cache [blocks, blockSize, D] (bf16 bits when bf16), blockTable [batch,
+// maxBlocks], seqlens [batch]; partO and partL hold batch·heads·splits·dv
+// and batch·heads·splits floats; out [batch, heads, dv], lse [batch, heads].
+func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
+	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+	name := "moex_mla_decode_f32"
+	if bf16 {
+		name = "moex_mla_decode_bf16"
+	}
+	a := (&args{}).ptr(q).ptr(cache).ptr(blockTable).ptr(seqlens).int(heads).int(D).int(dv).int(blockSize).
+		int(maxBlocks).int(splitRows).int(splits).f32(scale).ptr(partO).ptr(partL)
+	if err := d.launch(name, [3]int{batch * heads, splits, 1}, mlaThreads, a); err != nil {
+		return err
+	}
+	m := (&args{}).ptr(partO).ptr(partL).int(splits).int(dv).ptr(out).ptr(lse)
+	return d.launch("moex_mla_merge", [3]int{batch * heads, 1, 1}, 128, m)
+}
+
+// GroupedGEMM launches the second-projection GEMM over a layout of
+// paddedRows rows (blocks of 64): c [paddedRows, N]; weights may be the
+// zero Buffer.
+func (d *Device) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, weights, c Buffer) error {
+	g := (&args{}).ptr(a).ptr(w).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K)
+	if weights.Bytes > 0 {
+		g.ptr(weights)
+	} else {
+		g.null()
+	}
+	g.ptr(c)
+	return d.launch("moex_grouped_gemm_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
+}
+
+// GroupedSwiGLU launches the fused first projection: h = silu(a·gateᵀ) ·
+// (a·upᵀ) [paddedRows, N].
+func (d *Device) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+	g := (&args{}).ptr(a).ptr(gate).ptr(up).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+	return d.launch("moex_grouped_gemm_swiglu_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
+}

@@ -1,0 +1,139 @@
+//go:build cuda
+
+package cuda_test
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// These tests need a GPU: gorgonia.org/cu exits the process at init
+// without one, so they run from `make gpu-bundle` on GPU hosts only.
+
+func open(t *testing.T) *cuda.Device {
+	t.Helper()
+	d, err := cuda.Open(0)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func up[T any](t *testing.T, d *cuda.Device, v []T) cuda.Buffer {
+	t.Helper()
+	b, err := cuda.Upload(d, v)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+func TestRoutingKernels(t *testing.T) {
+	d := open(t)
+	cfg := &moe.Config{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid,
+		Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1}
+	const T = 33
+	rng := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float32, T*cfg.NumExperts)
+	wide := make([]float64, len(logits))
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+		wide[i] = float64(logits[i])
+	}
+	bias := make([]float32, cfg.NumExperts)
+	for i := range bias {
+		bias[i] = float32(rng.NormFloat64() * 0.05)
+	}
+	w, _ := kernels.NewF32(cfg.NumExperts, 1, make([]float32, cfg.NumExperts))
+	router, err := moe.NewRouter(cfg, w, bias)
+	require.NoError(t, err)
+	wantIDs := make([]int32, T*cfg.TopK)
+	wantW := make([]float32, T*cfg.TopK)
+	router.RouteLogits(wide, wantIDs, wantW)
+
+	ids := up(t, d, make([]int32, T*cfg.TopK))
+	weights := up(t, d, make([]float32, T*cfg.TopK))
+	require.NoError(t, d.Gate(cfg, up(t, d, logits), up(t, d, bias), ids, weights, T))
+	gotIDs := make([]int32, T*cfg.TopK)
+	gotW := make([]float32, T*cfg.TopK)
+	require.NoError(t, cuda.Download(ids, gotIDs))
+	require.NoError(t, cuda.Download(weights, gotW))
+	require.Equal(t, wantIDs, gotIDs)
+	for i := range gotW {
+		require.InDelta(t, wantW[i], gotW[i], 1e-5*math.Max(1, math.Abs(float64(wantW[i]))))
+	}
+
+	lay, err := moe.NewLayout(wantIDs, T, cfg.TopK, cfg.NumExperts, 64)
+	require.NoError(t, err)
+	n := T * cfg.TopK
+	counts, offsets := up(t, d, make([]int32, cfg.NumExperts)), up(t, d, make([]int32, cfg.NumExperts+1))
+	sorted := up(t, d, make([]int32, n+cfg.NumExperts*63))
+	blockExpert := up(t, d, make([]int32, (n+cfg.NumExperts*63)/64+1))
+	rows := up(t, d, make([]int32, n))
+	require.NoError(t, d.Align(ids, n, cfg.NumExperts, 64, counts, offsets, sorted, blockExpert, rows))
+	gotOff := make([]int32, cfg.NumExperts+1)
+	require.NoError(t, cuda.Download(offsets, gotOff))
+	require.Equal(t, lay.Offsets, gotOff)
+	gotRows := make([]int32, n)
+	require.NoError(t, cuda.Download(rows, gotRows))
+	require.Equal(t, lay.Rows, gotRows)
+}
+
+func TestMLADecodeKernel(t *testing.T) {
+	d := open(t)
+	const heads, D, dv, bs = 16, 576, 512, 64
+	lens := []int32{1, 64, 65, 3000}
+	c, err := dpattn.NewLatentCache(64, bs, D, kernels.BF16)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(3, 4))
+	maxBlocks := 0
+	for s, l := range lens {
+		rows := make([]float32, int(l)*D)
+		for i := range rows {
+			rows[i] = float32(rng.NormFloat64())
+		}
+		require.NoError(t, c.Append(s, rows))
+		maxBlocks = max(maxBlocks, len(c.BlockTable(s)))
+	}
+	table := make([]int32, len(lens)*maxBlocks)
+	queries := make([]dpattn.Query, len(lens))
+	for s := range lens {
+		copy(table[s*maxBlocks:], c.BlockTable(s))
+		queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: int(lens[s])}
+	}
+	q := make([]float32, len(lens)*heads*D)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	want := make([]float32, len(lens)*heads*dv)
+	require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, 0.07, want, nil, dpattn.Options{}))
+	dense := make([]uint16, 0, 64*bs*D)
+	for b := 0; b < 64; b++ {
+		m := c.Block(b)
+		for r := 0; r < bs; r++ {
+			for x := 0; x < D; x++ {
+				dense = append(dense, half.F32ToBF16(m.At(r, x)))
+			}
+		}
+	}
+	const split = 512
+	splits := (3000 + split - 1) / split
+	B := len(lens)
+	out, lse := up(t, d, make([]float32, B*heads*dv)), up(t, d, make([]float32, B*heads))
+	partO, partL := up(t, d, make([]float32, B*heads*splits*dv)), up(t, d, make([]float32, B*heads*splits))
+	require.NoError(t, d.MLADecode(true, up(t, d, q), up(t, d, dense), up(t, d, table), up(t, d, lens), B, heads, D, dv, bs,
+		maxBlocks, split, splits, 0.07, partO, partL, out, lse))
+	got := make([]float32, B*heads*dv)
+	require.NoError(t, cuda.Download(out, got))
+	for i := range want {
+		require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))))
+	}
+}
