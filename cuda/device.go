@@ -54,7 +54,7 @@ func Open(ordinal int) (*Device, error) {
 	}
 	d := &Device{ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
 	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
-		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16"} {
+		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_f32_to_bf16"} {
 		fn, err := mod.Function(name)
 		if err != nil {
 			d.Close()
@@ -73,11 +73,9 @@ func (d *Device) Close() error {
 	return d.ctx.Destroy()
 }
 
-// Buffer is device memory.
-type Buffer struct {
-	ptr   cu.DevicePtr
-	Bytes int64
-}
+var _ Launcher = (*Device)(nil)
+
+func (b Buffer) dev() cu.DevicePtr { return cu.DevicePtr(b.id) }
 
 // Alloc allocates bytes of device memory (at least one byte).
 func (d *Device) Alloc(bytes int64) (Buffer, error) {
@@ -88,35 +86,37 @@ func (d *Device) Alloc(bytes int64) (Buffer, error) {
 	if err != nil {
 		return Buffer{}, fmt.Errorf("cuda: allocating %d bytes: %w", bytes, err)
 	}
-	return Buffer{ptr: p, Bytes: bytes}, nil
+	return Buffer{id: uint64(p), Bytes: bytes}, nil
 }
 
-// Free releases the buffer.
-func (b Buffer) Free() error { return cu.MemFree(b.ptr) }
+// Free releases a buffer.
+func (d *Device) Free(b Buffer) {
+	if b.id != 0 {
+		cu.MemFree(b.dev())
+	}
+}
+
+// ToDevice copies n bytes from the host.
+func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
+	if n > dst.Bytes {
+		return fmt.Errorf("cuda: copy of %d bytes into %d", n, dst.Bytes)
+	}
+	return cu.MemcpyHtoD(dst.dev(), src, n)
+}
+
+// ToHost copies n bytes to the host.
+func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
+	if n > src.Bytes {
+		return fmt.Errorf("cuda: copy of %d bytes from %d", n, src.Bytes)
+	}
+	return cu.MemcpyDtoH(dst, src.dev(), n)
+}
 
 // Upload copies a host slice into a new device buffer.
-func Upload[T any](d *Device, v []T) (Buffer, error) {
-	var zero T
-	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
-	b, err := d.Alloc(n)
-	if err != nil || n == 0 {
-		return b, err
-	}
-	return b, cu.MemcpyHtoD(b.ptr, unsafe.Pointer(&v[0]), n)
-}
+func Upload[T any](d *Device, v []T) (Buffer, error) { return upload(Launcher(d), v) }
 
-// Download copies a device buffer into a host slice of the same size.
-func Download[T any](b Buffer, v []T) error {
-	var zero T
-	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
-	if n != b.Bytes {
-		return fmt.Errorf("cuda: download of %d bytes into %d", b.Bytes, n)
-	}
-	if n == 0 {
-		return nil
-	}
-	return cu.MemcpyDtoH(unsafe.Pointer(&v[0]), b.ptr, n)
-}
+// Download copies a device buffer into a host slice.
+func Download[T any](d *Device, b Buffer, v []T) error { return download(Launcher(d), b, v) }
 
 // args holds kernel arguments, each scalar and pointer in its own 8-byte
 // slot (gorgonia.org/cu's Launch passes one pointer per argument; the
@@ -125,13 +125,8 @@ type args struct{ slots []unsafe.Pointer }
 
 func (a *args) ptr(b Buffer) *args {
 	p := new(uint64)
-	*p = uint64(b.ptr)
+	*p = b.id // 0 for the zero Buffer: a null pointer
 	a.slots = append(a.slots, unsafe.Pointer(p))
-	return a
-}
-
-func (a *args) null() *args {
-	a.slots = append(a.slots, unsafe.Pointer(new(uint64)))
 	return a
 }
 
@@ -168,18 +163,11 @@ func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
 
 // Gate launches the gating kernel: logits [tokens, experts] fp32, bias
 // [experts] (noaux_tc; zero Buffer otherwise) → ids, weights [tokens, top_k].
-func (d *Device) Gate(cfg *moe.Config, logits, bias, ids, weights Buffer, tokens int) error {
+func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
 	if tokens == 0 {
 		return nil
 	}
-	k := cfg.GateKernelArgs()
-	a := (&args{}).ptr(logits)
-	if bias.Bytes > 0 {
-		a.ptr(bias)
-	} else {
-		a.null()
-	}
-	a.raw(unsafe.Pointer(&k)).ptr(ids).ptr(weights)
+	a := (&args{}).ptr(logits).ptr(bias).raw(unsafe.Pointer(&k)).ptr(ids).ptr(weights)
 	return d.launch("moex_gate", [3]int{tokens, 1, 1}, gateThreads, a)
 }
 
@@ -194,13 +182,7 @@ func (d *Device) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y B
 	if tokens == 0 {
 		return nil
 	}
-	a := (&args{}).ptr(out).ptr(rows).int(topK).int(hidden)
-	if shared.Bytes > 0 {
-		a.ptr(shared)
-	} else {
-		a.null()
-	}
-	a.ptr(y)
+	a := (&args{}).ptr(out).ptr(rows).int(topK).int(hidden).ptr(shared).ptr(y)
 	return d.launch("moex_combine", [3]int{tokens, 1, 1}, 64, a)
 }
 
@@ -226,20 +208,33 @@ func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batc
 // GroupedGEMM launches the second-projection GEMM over a layout of
 // paddedRows rows (blocks of 64): c [paddedRows, N]; weights may be the
 // zero Buffer.
-func (d *Device) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, weights, c Buffer) error {
-	g := (&args{}).ptr(a).ptr(w).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K)
-	if weights.Bytes > 0 {
-		g.ptr(weights)
-	} else {
-		g.null()
+func (d *Device) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+	if paddedRows == 0 {
+		return nil
 	}
-	g.ptr(c)
+	gather := 0
+	if gatherA {
+		gather = 1
+	}
+	g := (&args{}).ptr(a).ptr(w).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
 	return d.launch("moex_grouped_gemm_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
 }
 
 // GroupedSwiGLU launches the fused first projection: h = silu(a·gateᵀ) ·
 // (a·upᵀ) [paddedRows, N].
 func (d *Device) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+	if paddedRows == 0 {
+		return nil
+	}
 	g := (&args{}).ptr(a).ptr(gate).ptr(up).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
 	return d.launch("moex_grouped_gemm_swiglu_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
+}
+
+// F32ToBF16 launches the conversion kernel over n values.
+func (d *Device) F32ToBF16(src, dst Buffer, n int) error {
+	if n == 0 {
+		return nil
+	}
+	a := (&args{}).ptr(src).ptr(dst).int(n)
+	return d.launch("moex_f32_to_bf16", [3]int{min(1024, (n+255)/256), 1, 1}, 256, a)
 }

@@ -32,7 +32,7 @@ func up[T any](t *testing.T, d *cuda.Device, v []T) cuda.Buffer {
 	t.Helper()
 	b, err := cuda.Upload(d, v)
 	require.NoError(t, err)
-	t.Cleanup(func() { b.Free() })
+	t.Cleanup(func() { d.Free(b) })
 	return b
 }
 
@@ -61,11 +61,11 @@ func TestRoutingKernels(t *testing.T) {
 
 	ids := up(t, d, make([]int32, T*cfg.TopK))
 	weights := up(t, d, make([]float32, T*cfg.TopK))
-	require.NoError(t, d.Gate(cfg, up(t, d, logits), up(t, d, bias), ids, weights, T))
+	require.NoError(t, d.Gate(cfg.GateKernelArgs(), up(t, d, logits), up(t, d, bias), ids, weights, T))
 	gotIDs := make([]int32, T*cfg.TopK)
 	gotW := make([]float32, T*cfg.TopK)
-	require.NoError(t, cuda.Download(ids, gotIDs))
-	require.NoError(t, cuda.Download(weights, gotW))
+	require.NoError(t, cuda.Download(d, ids, gotIDs))
+	require.NoError(t, cuda.Download(d, weights, gotW))
 	require.Equal(t, wantIDs, gotIDs)
 	for i := range gotW {
 		require.InDelta(t, wantW[i], gotW[i], 1e-5*math.Max(1, math.Abs(float64(wantW[i]))))
@@ -80,10 +80,10 @@ func TestRoutingKernels(t *testing.T) {
 	rows := up(t, d, make([]int32, n))
 	require.NoError(t, d.Align(ids, n, cfg.NumExperts, 64, counts, offsets, sorted, blockExpert, rows))
 	gotOff := make([]int32, cfg.NumExperts+1)
-	require.NoError(t, cuda.Download(offsets, gotOff))
+	require.NoError(t, cuda.Download(d, offsets, gotOff))
 	require.Equal(t, lay.Offsets, gotOff)
 	gotRows := make([]int32, n)
-	require.NoError(t, cuda.Download(rows, gotRows))
+	require.NoError(t, cuda.Download(d, rows, gotRows))
 	require.Equal(t, lay.Rows, gotRows)
 }
 
@@ -132,7 +132,7 @@ func TestMLADecodeKernel(t *testing.T) {
 	require.NoError(t, d.MLADecode(true, up(t, d, q), up(t, d, dense), up(t, d, table), up(t, d, lens), B, heads, D, dv, bs,
 		maxBlocks, split, splits, 0.07, partO, partL, out, lse))
 	got := make([]float32, B*heads*dv)
-	require.NoError(t, cuda.Download(out, got))
+	require.NoError(t, cuda.Download(d, out, got))
 	for i := range want {
 		require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))))
 	}

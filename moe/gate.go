@@ -53,6 +53,21 @@ func (r *Router) Route(x []float32, ids []int32, weights []float32, t0, t1 int) 
 	}
 }
 
+// Weight is the gate's weight [experts, hidden].
+func (r *Router) Weight() kernels.Matrix { return r.weight }
+
+// Bias is the noaux_tc correction bias [experts] as float32, or nil.
+func (r *Router) Bias() []float32 {
+	if r.bias == nil {
+		return nil
+	}
+	b := make([]float32, len(r.bias))
+	for i, v := range r.bias {
+		b[i] = float32(v)
+	}
+	return b
+}
+
 // RouteLogits chooses experts from router logits [tokens, experts]
 // computed elsewhere (a GPU kernel, a test): ids and weights [tokens,
 // top_k], as Route returns them.

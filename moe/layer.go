@@ -399,6 +399,10 @@ func (l *Layer) Expert(e int) (Expert, bool) {
 	return l.experts[e], true
 }
 
+// SharedExpert returns the shared-expert MLP and qwen2_moe's gate on its
+// output [1, hidden] (nil for other families); nil, nil when there is none.
+func (l *Layer) SharedExpert() (*Expert, *kernels.Matrix) { return l.shared, l.sharedGate }
+
 // WorkerCount is the goroutine count a forward pass uses.
 func (l *Layer) WorkerCount() int { return l.workers() }
 

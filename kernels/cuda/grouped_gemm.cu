@@ -62,7 +62,7 @@ __device__ __forceinline__ void cpAsyncWait() {
 template <bool SWIGLU>
 __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
                             const uint16_t* __restrict__ w2, const int32_t* __restrict__ sorted,
-                            const int32_t* __restrict__ blockExpert, int topK, int pairs, int N, int K,
+                            const int32_t* __restrict__ blockExpert, int topK, int pairs, int gatherA, int N, int K,
                             const float* __restrict__ weights, float* __restrict__ c) {
   __shared__ __align__(16) uint16_t As[2][kGemmBM][kGemmBK];
   __shared__ __align__(16) uint16_t Bs[2][kGemmBN][kGemmBK];
@@ -73,7 +73,7 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   const size_t eoff = (size_t)blockExpert[blockIdx.x] * N * K;
   if (tid < kGemmBM) {
     int p = sorted[row0 + tid];
-    tokenOf[tid] = p < pairs ? p / topK : -1;
+    tokenOf[tid] = p < pairs ? (gatherA ? p / topK : row0 + tid) : -1;
   }
   float acc[8][4], acc2[SWIGLU ? 8 : 1][4];
   for (int j = 0; j < 8; j++)
@@ -137,13 +137,15 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
 }
 
 // grid (paddedRows / kGemmBM, ceil(N / kGemmBN)), kGemmThreads threads.
-// a [tokens, K] bf16; w [experts, N, K] bf16; sorted, blockExpert: the
-// layout (block size kGemmBM); pairs = tokens·topK is the sentinel; weights
-// [pairs] or null; c [paddedRows, N] fp32. K must be a multiple of 16.
+// a [tokens, K] bf16 (gatherA: row = token of the pair), or [paddedRows, K]
+// already in layout order (!gatherA); w [experts, N, K] bf16; sorted,
+// blockExpert: the layout (block size kGemmBM); pairs = tokens·topK is the
+// sentinel; weights [pairs] or null; c [paddedRows, N] fp32. K must be a
+// multiple of 16.
 extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
-                                                  const int32_t* blockExpert, int topK, int pairs, int N, int K,
-                                                  const float* weights, float* c) {
-  groupedGemm<false>(a, w, nullptr, sorted, blockExpert, topK, pairs, N, K, weights, c);
+                                                  const int32_t* blockExpert, int topK, int pairs, int gatherA, int N,
+                                                  int K, const float* weights, float* c) {
+  groupedGemm<false>(a, w, nullptr, sorted, blockExpert, topK, pairs, gatherA, N, K, weights, c);
 }
 
 // The first projection: gate and up [experts, N, K] → h = silu(gate)·up
@@ -151,7 +153,22 @@ extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint1
 extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
                                                          const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                          int pairs, int N, int K, float* h) {
-  groupedGemm<true>(a, gate, up, sorted, blockExpert, topK, pairs, N, K, nullptr, h);
+  groupedGemm<true>(a, gate, up, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
+}
+
+// moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN
+// kept quiet); grid-stride over n.
+extern "C" __global__ void moex_f32_to_bf16(const float* __restrict__ src, uint16_t* __restrict__ dst, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    if ((u & 0x7fffffff) > 0x7f800000) {
+      dst[i] = uint16_t((u >> 16) | 0x40);
+    } else {
+      u += 0x7fff + ((u >> 16) & 1);
+      dst[i] = uint16_t(u >> 16);
+    }
+  }
 }
 
 }  // namespace moex

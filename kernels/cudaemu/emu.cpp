@@ -48,11 +48,17 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
 }
 
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
-                                int paddedRows, int topK, int pairs, int N, int K, const float* weights, float* c) {
+                                int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
+                                float* c) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
-  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_bf16, a, w, sorted, blockExpert, topK, pairs, N, K,
-              weights, c);
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_bf16, a, w, sorted, blockExpert, topK, pairs,
+              gatherA, N, K, weights, c);
+}
+
+void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(4), dim3(64), moex::moex_f32_to_bf16, src, dst, n);
 }
 
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,

@@ -18,7 +18,9 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
                          int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
                          float scale, float* partO, float* partL, float* out, float* lse);
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
-                                int paddedRows, int topK, int pairs, int N, int K, const float* weights, float* c);
+                                int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
+                                float* c);
+void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                        float* h);
@@ -175,7 +177,7 @@ func GroupedGEMMBF16(a, w []uint16, lay *moe.Layout, blockExpert []int32, N, K i
 		return c, nil
 	}
 	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(unsafe.Pointer(&a[0])), (*C.uint16_t)(unsafe.Pointer(&w[0])),
-		i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK), C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K),
+		i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK), C.int(lay.Tokens*lay.TopK), 1, C.int(N), C.int(K),
 		f32p(weights), f32p(c))
 	return c, nil
 }
@@ -195,4 +197,48 @@ func GroupedSwiGLUBF16(a, gate, up []uint16, lay *moe.Layout, blockExpert []int3
 		(*C.uint16_t)(unsafe.Pointer(&up[0])), i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK),
 		C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K), f32p(h))
 	return h, nil
+}
+
+// The raw entry points below take device-style pointers (here: host memory)
+// for the launch code of package cuda, which drives the emulation as it
+// drives a GPU.
+
+// GateRaw launches the gating kernel.
+func GateRaw(logits, bias unsafe.Pointer, tokens int, k moe.GateKernelArgs, ids, weights unsafe.Pointer) {
+	C.moex_emu_gate((*C.float)(logits), (*C.float)(bias), C.int(tokens), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring),
+		C.int(k.Method), C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling),
+		(*C.int32_t)(ids), (*C.float)(weights))
+}
+
+// AlignRaw launches the dispatch-layout kernel.
+func AlignRaw(ids unsafe.Pointer, n, experts, block int, counts, offsets, sorted, blockExpert, rows unsafe.Pointer) {
+	C.moex_emu_align((*C.int32_t)(ids), C.int(n), C.int(experts), C.int(block), (*C.int32_t)(counts),
+		(*C.int32_t)(offsets), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), (*C.int32_t)(rows))
+}
+
+// CombineRaw launches the combine kernel.
+func CombineRaw(out, rows unsafe.Pointer, tokens, topK, hidden int, shared, y unsafe.Pointer) {
+	C.moex_emu_combine((*C.float)(out), (*C.int32_t)(rows), C.int(tokens), C.int(topK), C.int(hidden), (*C.float)(shared),
+		(*C.float)(y))
+}
+
+// GroupedGEMMRaw launches the grouped GEMM.
+func GroupedGEMMRaw(a, w, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c unsafe.Pointer) {
+	g := 0
+	if gatherA {
+		g = 1
+	}
+	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(a), (*C.uint16_t)(w), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert),
+		C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K), (*C.float)(weights), (*C.float)(c))
+}
+
+// GroupedSwiGLURaw launches the fused first projection.
+func GroupedSwiGLURaw(a, gate, up, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs, N, K int, h unsafe.Pointer) {
+	C.moex_emu_grouped_gemm_swiglu_bf16((*C.uint16_t)(a), (*C.uint16_t)(gate), (*C.uint16_t)(up), (*C.int32_t)(sorted),
+		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(N), C.int(K), (*C.float)(h))
+}
+
+// F32ToBF16Raw launches the conversion kernel.
+func F32ToBF16Raw(src, dst unsafe.Pointer, n int) {
+	C.moex_emu_f32_to_bf16((*C.float)(src), (*C.uint16_t)(dst), C.int(n))
 }

@@ -1,0 +1,295 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// Buffer is device memory: an address on the GPU (tag cuda) or a block of
+// host memory standing for it (tag cudaemu).
+type Buffer struct {
+	id    uint64
+	Bytes int64
+}
+
+// Launcher is what the launch code needs of a device: memory, copies and
+// the kernels of kernels/cuda. The GPU (tag cuda) and the CPU emulation
+// (tag cudaemu) implement it, so the same launch code runs on both.
+type Launcher interface {
+	Alloc(bytes int64) (Buffer, error)
+	Free(b Buffer)
+	ToDevice(dst Buffer, src unsafe.Pointer, n int64) error
+	ToHost(dst unsafe.Pointer, src Buffer, n int64) error
+	Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error
+	Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error
+	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
+	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
+	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
+	F32ToBF16(src, dst Buffer, n int) error
+}
+
+// gemmBlock is the row block of the grouped GEMM (kernels/cuda).
+const gemmBlock = 64
+
+func upload[T any](d Launcher, v []T) (Buffer, error) {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	b, err := d.Alloc(n)
+	if err != nil || n == 0 {
+		return b, err
+	}
+	return b, d.ToDevice(b, unsafe.Pointer(&v[0]), n)
+}
+
+func download[T any](d Launcher, b Buffer, v []T) error {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	if n == 0 {
+		return nil
+	}
+	return d.ToHost(unsafe.Pointer(&v[0]), b, n)
+}
+
+// bf16Rows widens m's rows and rounds them to bf16 bits.
+func bf16Rows(m kernels.Matrix) []uint16 {
+	out := make([]uint16, m.Rows*m.Cols)
+	row := make([]float32, m.Cols)
+	for r := 0; r < m.Rows; r++ {
+		m.RowF32(r, row)
+		for c, v := range row {
+			out[r*m.Cols+c] = half.F32ToBF16(v)
+		}
+	}
+	return out
+}
+
+// MoE is a MoE layer on a device: bf16 weights (experts stacked [E, N, K]),
+// the routing, grouped GEMMs and combine of kernels/cuda.
+type MoE struct {
+	dev             Launcher
+	cfg             *moe.Config
+	router, bias    Buffer
+	gate, up, down  Buffer
+	sGate, sUp, sDn Buffer
+	sharedGate      *kernels.Matrix // qwen2_moe: applied host-side as a row weight
+	hasShared       bool
+}
+
+// NewMoE uploads the layer's weights as bf16. Every expert must be held by
+// the layer; hidden and the intermediate sizes must be multiples of 16.
+func NewMoE(dev Launcher, l *moe.Layer) (*MoE, error) {
+	c := l.Config
+	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
+		return nil, fmt.Errorf("cuda: moe: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
+	}
+	m := &MoE{dev: dev, cfg: c}
+	var err error
+	if m.router, err = upload(dev, bf16Rows(l.Router.Weight())); err != nil {
+		return nil, err
+	}
+	if b := l.Router.Bias(); b != nil {
+		if m.bias, err = upload(dev, b); err != nil {
+			return nil, err
+		}
+	}
+	var gate, up, down []uint16
+	for e := 0; e < c.NumExperts; e++ {
+		x, ok := l.Expert(e)
+		if !ok {
+			return nil, fmt.Errorf("cuda: moe: the layer does not hold expert %d", e)
+		}
+		gate = append(gate, bf16Rows(x.Gate)...)
+		up = append(up, bf16Rows(x.Up)...)
+		down = append(down, bf16Rows(x.Down)...)
+	}
+	if m.gate, err = upload(dev, gate); err != nil {
+		return nil, err
+	}
+	if m.up, err = upload(dev, up); err != nil {
+		return nil, err
+	}
+	if m.down, err = upload(dev, down); err != nil {
+		return nil, err
+	}
+	if s, g := l.SharedExpert(); s != nil {
+		m.hasShared, m.sharedGate = true, g
+		if m.sGate, err = upload(dev, bf16Rows(s.Gate)); err != nil {
+			return nil, err
+		}
+		if m.sUp, err = upload(dev, bf16Rows(s.Up)); err != nil {
+			return nil, err
+		}
+		if m.sDn, err = upload(dev, bf16Rows(s.Down)); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Close frees the weights.
+func (m *MoE) Close() {
+	for _, b := range []Buffer{m.router, m.bias, m.gate, m.up, m.down, m.sGate, m.sUp, m.sDn} {
+		if b.Bytes > 0 {
+			m.dev.Free(b)
+		}
+	}
+}
+
+// identityLayout routes every token to expert 0 once: the layout of the
+// router and shared-expert GEMMs.
+func identityLayout(tokens int) (*moe.Layout, []int32, error) {
+	lay, err := moe.NewLayout(make([]int32, tokens), tokens, 1, 1, gemmBlock)
+	if err != nil {
+		return nil, nil, err
+	}
+	return lay, make([]int32, len(lay.Pairs)/gemmBlock), nil
+}
+
+// Forward computes y = MoE(x), x and y [tokens, hidden] on the host, with
+// activations rounded to bf16 on the device (tensor-core numerics: within
+// about 1e-2 of the fp32 CPU path).
+func (m *MoE) Forward(x, y []float32) error {
+	c, d := m.cfg, m.dev
+	H, E, K, I := c.Hidden, c.NumExperts, c.TopK, c.Inter
+	if len(x)%H != 0 || len(y) != len(x) {
+		return fmt.Errorf("cuda: moe: x has %d values and y %d, want [tokens, %d]", len(x), len(y), H)
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return err
+	}
+	T := len(x) / H
+	if T == 0 {
+		return nil
+	}
+	var err error
+	var bufs []Buffer
+	alloc := func(bytes int64) Buffer {
+		b, e := d.Alloc(bytes)
+		if e != nil && err == nil {
+			err = e
+		}
+		bufs = append(bufs, b)
+		return b
+	}
+	defer func() {
+		for _, b := range bufs {
+			d.Free(b)
+		}
+	}()
+	xf, err := upload(d, x)
+	if err != nil {
+		return err
+	}
+	bufs = append(bufs, xf)
+	xb := alloc(int64(T * H * 2))
+	if err := d.F32ToBF16(xf, xb, T*H); err != nil {
+		return err
+	}
+
+	// Router logits: one "expert" over every token.
+	idLay, idBlocks, err := identityLayout(T)
+	if err != nil {
+		return err
+	}
+	idSorted, err := upload(d, idLay.Pairs)
+	if err != nil {
+		return err
+	}
+	idExp, err := upload(d, idBlocks)
+	if err != nil {
+		return err
+	}
+	bufs = append(bufs, idSorted, idExp)
+	idRows := len(idLay.Pairs)
+	logits := alloc(int64(idRows * E * 4))
+	if err := d.GroupedGEMM(xb, m.router, idSorted, idExp, idRows, 1, T, true, E, H, Buffer{}, logits); err != nil {
+		return err
+	}
+
+	// Gate and layout.
+	ids, weights := alloc(int64(T*K*4)), alloc(int64(T*K*4))
+	if err := d.Gate(c.GateKernelArgs(), logits, m.bias, ids, weights, T); err != nil {
+		return err
+	}
+	n := T * K
+	maxRows := n + E*(gemmBlock-1)
+	counts, offsets := alloc(int64(E*4)), alloc(int64((E+1)*4))
+	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(n*4))
+	if err != nil {
+		return err
+	}
+	if err := d.Align(ids, n, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
+		return err
+	}
+	off := make([]int32, E+1)
+	if err := download(d, offsets, off); err != nil {
+		return err
+	}
+	padded := int(off[E])
+
+	// Experts: h = silu(x·gate)·(x·up), then weighted h·down, in layout order.
+	h := alloc(int64(padded * I * 4))
+	hb := alloc(int64(padded * I * 2))
+	out := alloc(int64(padded * H * 4))
+	if err != nil {
+		return err
+	}
+	if err := d.GroupedSwiGLU(xb, m.gate, m.up, sorted, blockExpert, padded, K, n, I, H, h); err != nil {
+		return err
+	}
+	if err := d.F32ToBF16(h, hb, padded*I); err != nil {
+		return err
+	}
+	if err := d.GroupedGEMM(hb, m.down, sorted, blockExpert, padded, K, n, false, H, I, weights, out); err != nil {
+		return err
+	}
+
+	// Shared expert over every token, its qwen2_moe gate as a row weight.
+	shared := Buffer{}
+	if m.hasShared {
+		S := c.SharedInter
+		var sw Buffer
+		if m.sharedGate != nil {
+			g := make([]float32, T)
+			logit := make([]float64, 1)
+			for t := 0; t < T; t++ {
+				kernels.RouterLogits(logit, x[t*H:(t+1)*H], *m.sharedGate)
+				g[t] = float32(1 / (1 + math.Exp(-logit[0])))
+			}
+			if sw, err = upload(d, g); err != nil {
+				return err
+			}
+			bufs = append(bufs, sw)
+		}
+		sh, shb, so := alloc(int64(idRows*S*4)), alloc(int64(idRows*S*2)), alloc(int64(idRows*H*4))
+		if err != nil {
+			return err
+		}
+		if err := d.GroupedSwiGLU(xb, m.sGate, m.sUp, idSorted, idExp, idRows, 1, T, S, H, sh); err != nil {
+			return err
+		}
+		if err := d.F32ToBF16(sh, shb, idRows*S); err != nil {
+			return err
+		}
+		if err := d.GroupedGEMM(shb, m.sDn, idSorted, idExp, idRows, 1, T, false, H, S, sw, so); err != nil {
+			return err
+		}
+		shared = so
+	}
+
+	yb := alloc(int64(T * H * 4))
+	if err != nil {
+		return err
+	}
+	if err := d.Combine(out, rows, T, K, H, shared, yb); err != nil {
+		return err
+	}
+	return download(d, yb, y)
+}

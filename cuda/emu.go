@@ -1,0 +1,104 @@
+//go:build cudaemu && !cuda
+
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/moex-project/moex/kernels/cudaemu"
+	"github.com/moex-project/moex/moe"
+)
+
+// Emu is the CPU emulation as a Launcher: buffers are host memory, kernels
+// run through kernels/cudaemu on CPU threads.
+type Emu struct {
+	mu   sync.Mutex
+	next uint64
+	mem  map[uint64][]uint64 // 8-byte words: every buffer 8-byte aligned
+}
+
+// NewEmu makes an emulated device.
+func NewEmu() *Emu { return &Emu{mem: map[uint64][]uint64{}} }
+
+var _ Launcher = (*Emu)(nil)
+
+func (e *Emu) Alloc(bytes int64) (Buffer, error) {
+	if bytes < 0 {
+		return Buffer{}, fmt.Errorf("cuda: emu: allocating %d bytes", bytes)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.next++
+	e.mem[e.next] = make([]uint64, (bytes+7)/8+1)
+	return Buffer{id: e.next, Bytes: bytes}, nil
+}
+
+func (e *Emu) Free(b Buffer) {
+	e.mu.Lock()
+	delete(e.mem, b.id)
+	e.mu.Unlock()
+}
+
+// p is the host address of a buffer, nil for the zero Buffer.
+func (e *Emu) p(b Buffer) unsafe.Pointer {
+	if b.id == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return unsafe.Pointer(&e.mem[b.id][0])
+}
+
+func (e *Emu) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
+	if n > dst.Bytes {
+		return fmt.Errorf("cuda: emu: copy of %d bytes into %d", n, dst.Bytes)
+	}
+	copy(unsafe.Slice((*byte)(e.p(dst)), n), unsafe.Slice((*byte)(src), n))
+	return nil
+}
+
+func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
+	if n > src.Bytes {
+		return fmt.Errorf("cuda: emu: copy of %d bytes from %d", n, src.Bytes)
+	}
+	copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(e.p(src)), n))
+	return nil
+}
+
+func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
+	cudaemu.GateRaw(e.p(logits), e.p(bias), tokens, k, e.p(ids), e.p(weights))
+	return nil
+}
+
+func (e *Emu) Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+	cudaemu.AlignRaw(e.p(ids), n, experts, block, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
+	return nil
+}
+
+func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error {
+	cudaemu.CombineRaw(e.p(out), e.p(rows), tokens, topK, hidden, e.p(shared), e.p(y))
+	return nil
+}
+
+func (e *Emu) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+	if paddedRows > 0 {
+		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+	}
+	return nil
+}
+
+func (e *Emu) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+	if paddedRows > 0 {
+		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate), e.p(up), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+	}
+	return nil
+}
+
+func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
+	if n > 0 {
+		cudaemu.F32ToBF16Raw(e.p(src), e.p(dst), n)
+	}
+	return nil
+}
