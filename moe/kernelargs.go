@@ -5,7 +5,7 @@ package moe
 // then two float32, the same layout).
 type GateKernelArgs struct {
 	Experts, TopK, Scoring, Method, Groups, TopKGroups, Norm int32
-	NormEps, Scaling                                        float32
+	NormEps, Scaling                                         float32
 }
 
 // GateKernelArgs maps c's routing to the kernel's codes: scoring 1 softmax,
