@@ -33,6 +33,8 @@ type Launcher interface {
 	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
 	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
 	F32ToBF16(src, dst Buffer, n int) error
+	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
+		splits int, scale float32, partO, partL, out, lse Buffer) error
 }
 
 // gemmBlock is the row block of the grouped GEMM (kernels/cuda).
@@ -292,4 +294,77 @@ func (m *MoE) Forward(x, y []float32) error {
 		return err
 	}
 	return download(d, yb, y)
+}
+
+// MLAInput is an MLA decode batch as `moex exec mla-decode` takes it: q
+// [batch, heads, D], a dense paged cache [blocks, BlockSize, D] as fp32
+// (CacheF32) or bf16 bits (CacheBF16), a block table [batch, MaxBlocks]
+// and lengths [batch].
+type MLAInput struct {
+	Q                    []float32
+	CacheF32             []float32
+	CacheBF16            []uint16
+	BlockSize, D         int
+	BlockTable           []int32
+	MaxBlocks            int
+	SeqLens              []int32
+	Heads, DV, SplitRows int
+	Scale                float32
+}
+
+// MLADecode runs MLA decode on the device: out [batch, heads, dv] and lse
+// [batch, heads], the contract of dpattn.MLA.
+func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
+	B := len(in.SeqLens)
+	if in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.D ||
+		len(in.BlockTable) != B*in.MaxBlocks {
+		return nil, nil, fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
+	}
+	maxLen := 1
+	for b, l := range in.SeqLens {
+		if l < 1 || int(l) > in.MaxBlocks*in.BlockSize {
+			return nil, nil, fmt.Errorf("cuda: mla decode: sequence %d has length %d", b, l)
+		}
+		maxLen = max(maxLen, int(l))
+	}
+	splits := (maxLen + in.SplitRows - 1) / in.SplitRows
+	out, lse = make([]float32, B*in.Heads*in.DV), make([]float32, B*in.Heads)
+	if B == 0 {
+		return out, lse, nil
+	}
+	var bufs []Buffer
+	defer func() {
+		for _, b := range bufs {
+			d.Free(b)
+		}
+	}()
+	put := func(b Buffer, e error) Buffer {
+		bufs = append(bufs, b)
+		if e != nil && err == nil {
+			err = e
+		}
+		return b
+	}
+	q := put(upload(d, in.Q))
+	var cache Buffer
+	if in.CacheBF16 != nil {
+		cache = put(upload(d, in.CacheBF16))
+	} else {
+		cache = put(upload(d, in.CacheF32))
+	}
+	bt, sl := put(upload(d, in.BlockTable)), put(upload(d, in.SeqLens))
+	partO := put(d.Alloc(int64(B * in.Heads * splits * in.DV * 4)))
+	partL := put(d.Alloc(int64(B * in.Heads * splits * 4)))
+	o, l := put(d.Alloc(int64(len(out)*4))), put(d.Alloc(int64(len(lse)*4)))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := d.MLADecode(in.CacheBF16 != nil, q, cache, bt, sl, B, in.Heads, in.D, in.DV, in.BlockSize, in.MaxBlocks,
+		in.SplitRows, splits, in.Scale, partO, partL, o, l); err != nil {
+		return nil, nil, err
+	}
+	if err := download(d, o, out); err != nil {
+		return nil, nil, err
+	}
+	return out, lse, download(d, l, lse)
 }

@@ -102,3 +102,10 @@ func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 	}
 	return nil
 }
+
+func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
+	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+	cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
+		splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
+	return nil
+}

@@ -242,3 +242,15 @@ func GroupedSwiGLURaw(a, gate, up, sorted, blockExpert unsafe.Pointer, paddedRow
 func F32ToBF16Raw(src, dst unsafe.Pointer, n int) {
 	C.moex_emu_f32_to_bf16((*C.float)(src), (*C.uint16_t)(dst), C.int(n))
 }
+
+// MLADecodeRaw launches MLA decode and its merge.
+func MLADecodeRaw(bf16 bool, q, cache, blockTable, seqlens unsafe.Pointer, batch, heads, D, dv, blockSize, maxBlocks,
+	splitRows, splits int, scale float32, partO, partL, out, lse unsafe.Pointer) {
+	b := 0
+	if bf16 {
+		b = 1
+	}
+	C.moex_emu_mla_decode(C.int(b), (*C.float)(q), cache, (*C.int32_t)(blockTable), (*C.int32_t)(seqlens), C.int(batch),
+		C.int(heads), C.int(D), C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits),
+		C.float(scale), (*C.float)(partO), (*C.float)(partL), (*C.float)(out), (*C.float)(lse))
+}
