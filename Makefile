@@ -4,7 +4,7 @@ BIN     ?= moex
 # go-nvml's headers mark functions deprecated; the warnings say nothing about moex.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/...
+RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/...
 
 .PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
