@@ -1,7 +1,9 @@
-// Package nccl will hold the NCCL shim (libnccl.so.2 through dlopen) that
-// implements ep.Comm on device buffers. It has, today, the bootstrap that
-// gives every rank the communicator's 128-byte unique id over TCP, with
-// torchrun's variables.
+// Package nccl is a thin shim over NCCL, loaded with dlopen (libnccl.so.2;
+// no NCCL headers, no link-time dependency): communicators and the
+// collectives moex uses on device buffers, all-to-all as grouped
+// ncclSend/ncclRecv, errors carrying NCCL's own strings, and
+// ErrLibraryNotFound without the library. Bootstrap gives every rank the
+// communicator's unique id over TCP with torchrun's variables.
 package nccl
 
 import (

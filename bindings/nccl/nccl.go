@@ -1,0 +1,210 @@
+//go:build cgo
+
+package nccl
+
+/*
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// ErrLibraryNotFound: libnccl.so.2 (or the path given) could not be loaded.
+var ErrLibraryNotFound = errors.New("nccl: library not found")
+
+// DefaultLibrary is the library Load opens without a path.
+const DefaultLibrary = "libnccl.so.2"
+
+var (
+	loadMu   sync.Mutex
+	loaded   string
+	loadErr  error
+	attempts = map[string]error{}
+)
+
+// Load opens the NCCL library at path (DefaultLibrary when empty) with
+// dlopen; the first successful load is kept for the process. Without the
+// library it returns an error wrapping ErrLibraryNotFound.
+func Load(path string) error {
+	if path == "" {
+		path = DefaultLibrary
+	}
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if loaded != "" {
+		if loaded == path {
+			return nil
+		}
+		return fmt.Errorf("nccl: %s is already loaded; cannot load %s too", loaded, path)
+	}
+	if err, ok := attempts[path]; ok {
+		return err
+	}
+	// dlerror's message is per thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	if C.moex_nccl_open(cpath, &msg[0], C.size_t(len(msg))) != 0 {
+		loadErr = fmt.Errorf("%w: %s", ErrLibraryNotFound, C.GoString(&msg[0]))
+		attempts[path] = loadErr
+		return loadErr
+	}
+	loaded = path
+	return nil
+}
+
+func ensure() error {
+	loadMu.Lock()
+	ok := loaded != ""
+	loadMu.Unlock()
+	if ok {
+		return nil
+	}
+	return Load("")
+}
+
+// resultError turns an ncclResult_t into an error carrying NCCL's string.
+func resultError(call string, r C.int) error {
+	if r == 0 {
+		return nil
+	}
+	return fmt.Errorf("nccl: %s: %s (ncclResult %d)", call, C.GoString(C.moex_nccl_error_string(r)), int(r))
+}
+
+// GetUniqueID makes a new communicator id (rank 0 calls it).
+func GetUniqueID() (UniqueID, error) {
+	if err := ensure(); err != nil {
+		return UniqueID{}, err
+	}
+	var id C.moexNcclUniqueId
+	if err := resultError("ncclGetUniqueId", C.moex_nccl_get_unique_id(&id)); err != nil {
+		return UniqueID{}, err
+	}
+	var out UniqueID
+	copy(out[:], unsafe.Slice((*byte)(unsafe.Pointer(&id.internal[0])), UniqueIDBytes))
+	return out, nil
+}
+
+// Comm is an NCCL communicator. Buffers are device addresses; streams are
+// cudaStream_t values (0: the default stream).
+type Comm struct {
+	c          C.moexNcclComm
+	rank, size int
+}
+
+// DType is an NCCL data type.
+type DType int
+
+// Data types.
+const (
+	Int8     DType = C.MOEX_NCCL_INT8
+	Int32    DType = C.MOEX_NCCL_INT32
+	Int64    DType = C.MOEX_NCCL_INT64
+	Float16  DType = C.MOEX_NCCL_FLOAT16
+	Float32  DType = C.MOEX_NCCL_FLOAT32
+	BFloat16 DType = C.MOEX_NCCL_BFLOAT16
+)
+
+// RedOp is an NCCL reduction.
+type RedOp int
+
+// Reductions.
+const (
+	Sum RedOp = C.MOEX_NCCL_SUM
+	Max RedOp = C.MOEX_NCCL_MAX
+	Min RedOp = C.MOEX_NCCL_MIN
+)
+
+// InitRank joins the communicator of id as rank of size ranks.
+func InitRank(id UniqueID, size, rank int) (*Comm, error) {
+	if err := ensure(); err != nil {
+		return nil, err
+	}
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("nccl: rank %d of %d", rank, size)
+	}
+	var cid C.moexNcclUniqueId
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&cid.internal[0])), UniqueIDBytes), id[:])
+	var c C.moexNcclComm
+	if err := resultError("ncclCommInitRank", C.moex_nccl_comm_init_rank(&c, C.int(size), cid, C.int(rank))); err != nil {
+		return nil, err
+	}
+	return &Comm{c: c, rank: rank, size: size}, nil
+}
+
+func (c *Comm) Rank() int { return c.rank }
+func (c *Comm) Size() int { return c.size }
+
+// Destroy frees the communicator after its work is done.
+func (c *Comm) Destroy() error {
+	return resultError("ncclCommDestroy", C.moex_nccl_comm_destroy(c.c))
+}
+
+// Abort frees the communicator at once, cancelling its pending work: the
+// way out when a peer does not arrive.
+func (c *Comm) Abort() error {
+	return resultError("ncclCommAbort", C.moex_nccl_comm_abort(c.c))
+}
+
+// AsyncError reports an error raised by in-flight operations.
+func (c *Comm) AsyncError() error {
+	var e C.int
+	if err := resultError("ncclCommGetAsyncError", C.moex_nccl_comm_get_async_error(c.c, &e)); err != nil {
+		return err
+	}
+	return resultError("asynchronous operation", e)
+}
+
+// AllReduce reduces count elements of send into recv on every rank.
+func (c *Comm) AllReduce(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error {
+	return resultError("ncclAllReduce", C.moex_nccl_all_reduce(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
+}
+
+// AllGather gathers count elements from every rank into recv (size·count).
+func (c *Comm) AllGather(send, recv uintptr, count int, dt DType, stream uintptr) error {
+	return resultError("ncclAllGather", C.moex_nccl_all_gather(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), c.c, C.uintptr_t(stream)))
+}
+
+// ReduceScatter reduces size·count elements and leaves count on each rank.
+func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error {
+	return resultError("ncclReduceScatter", C.moex_nccl_reduce_scatter(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
+}
+
+// AllToAllV sends sendCounts[r] elements from send + sendOffsets[r] to
+// rank r and receives recvCounts[r] elements into recv + recvOffsets[r],
+// as one group of ncclSend/ncclRecv (offsets and counts in elements of
+// elemBytes bytes).
+func (c *Comm) AllToAllV(send uintptr, sendCounts, sendOffsets []int, recv uintptr, recvCounts, recvOffsets []int,
+	dt DType, elemBytes int, stream uintptr) error {
+	if len(sendCounts) != c.size || len(sendOffsets) != c.size || len(recvCounts) != c.size || len(recvOffsets) != c.size {
+		return fmt.Errorf("nccl: all-to-all of %d ranks needs %d counts and offsets each way", c.size, c.size)
+	}
+	if err := resultError("ncclGroupStart", C.moex_nccl_group_start()); err != nil {
+		return err
+	}
+	var first error
+	for r := 0; r < c.size; r++ {
+		if sendCounts[r] > 0 && first == nil {
+			first = resultError("ncclSend", C.moex_nccl_send(C.uintptr_t(send+uintptr(sendOffsets[r]*elemBytes)), C.size_t(sendCounts[r]),
+				C.int(dt), C.int(r), c.c, C.uintptr_t(stream)))
+		}
+		if recvCounts[r] > 0 && first == nil {
+			first = resultError("ncclRecv", C.moex_nccl_recv(C.uintptr_t(recv+uintptr(recvOffsets[r]*elemBytes)), C.size_t(recvCounts[r]),
+				C.int(dt), C.int(r), c.c, C.uintptr_t(stream)))
+		}
+	}
+	if err := resultError("ncclGroupEnd", C.moex_nccl_group_end()); err != nil && first == nil {
+		first = err
+	}
+	return first
+}

@@ -1,0 +1,97 @@
+//go:build cgo
+
+package nccl
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// stubLibrary builds testdata/stub_nccl.c into a libnccl.so.2 of its own.
+func stubLibrary(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libnccl.so.2")
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-o", lib, filepath.Join("testdata", "stub_nccl.c")).CombinedOutput()
+	if err != nil {
+		t.Skipf("no C compiler for the stub library: %v %s", err, out)
+	}
+	return lib
+}
+
+func readLog(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(path))
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+// TestShimAgainstStub drives every entry point through the stub library:
+// argument order, the grouping of the all-to-all, error strings.
+func TestShimAgainstStub(t *testing.T) {
+	err := Load(filepath.Join(t.TempDir(), "missing", "libnccl.so.2"))
+	require.ErrorIs(t, err, ErrLibraryNotFound)
+	require.ErrorContains(t, err, "libnccl.so.2")
+
+	lib := stubLibrary(t)
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("NCCL_STUB_LOG", logPath)
+	require.NoError(t, Load(lib))
+	require.NoError(t, Load(lib), "a second load of the same library is fine")
+
+	id, err := GetUniqueID()
+	require.NoError(t, err)
+	require.Equal(t, byte(1), id[0])
+	require.Equal(t, byte((127*3+1)%256), id[127])
+	c, err := InitRank(id, 4, 2)
+	require.NoError(t, err)
+	require.Equal(t, []string{"ncclGetUniqueId", "ncclCommInitRank nranks=4 rank=2 id0=1 id127=126"}, readLog(t, logPath))
+
+	require.NoError(t, c.AllReduce(0x1000, 0x2000, 10, Float32, Max, 0x99))
+	require.NoError(t, c.AllGather(0x3000, 0x4000, 5, BFloat16, 0))
+	require.NoError(t, c.ReduceScatter(0x5000, 0x6000, 7, Float32, Sum, 0x98))
+	require.Equal(t, []string{
+		"ncclAllReduce send=0x1000 recv=0x2000 count=10 dtype=7 op=2 comm=1 stream=0x99",
+		"ncclAllGather send=0x3000 recv=0x4000 count=5 dtype=9 comm=1 stream=0",
+		"ncclReduceScatter send=0x5000 recv=0x6000 count=7 dtype=7 op=0 comm=1 stream=0x98",
+	}, readLog(t, logPath))
+
+	// All-to-all: one group of sends and receives, empty pairs skipped.
+	require.NoError(t, c.AllToAllV(0x10000, []int{2, 0, 3, 1}, []int{0, 2, 2, 5}, 0x20000, []int{1, 4, 0, 2}, []int{0, 1, 5, 5},
+		Float32, 4, 0))
+	require.Equal(t, []string{
+		"ncclGroupStart",
+		"ncclSend buf=0x10000 count=2 dtype=7 peer=0",
+		"ncclRecv buf=0x20000 count=1 dtype=7 peer=0",
+		"ncclRecv buf=0x20004 count=4 dtype=7 peer=1",
+		"ncclSend buf=0x10008 count=3 dtype=7 peer=2",
+		"ncclSend buf=0x10014 count=1 dtype=7 peer=3",
+		"ncclRecv buf=0x20014 count=2 dtype=7 peer=3",
+		"ncclGroupEnd",
+	}, readLog(t, logPath))
+	require.ErrorContains(t, c.AllToAllV(0, []int{1}, []int{0}, 0, []int{1}, []int{0}, Float32, 4, 0), "needs 4 counts")
+
+	// Errors carry NCCL's own string; a failed send still closes the group.
+	t.Setenv("NCCL_STUB_FAIL", "ncclAllGather")
+	err = c.AllGather(1, 2, 3, Float32, 0)
+	require.ErrorContains(t, err, "nccl: ncclAllGather: stub internal error (ncclResult 3)")
+	t.Setenv("NCCL_STUB_FAIL", "ncclSend")
+	err = c.AllToAllV(0, []int{1, 1, 1, 1}, []int{0, 1, 2, 3}, 0, []int{0, 0, 0, 0}, []int{0, 0, 0, 0}, Float32, 4, 0)
+	require.ErrorContains(t, err, "ncclSend: stub internal error")
+	lines := readLog(t, logPath)
+	require.Equal(t, "ncclGroupEnd", lines[len(lines)-1])
+	t.Setenv("NCCL_STUB_FAIL", "")
+
+	require.NoError(t, c.AsyncError())
+	require.NoError(t, c.Abort())
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
+	_, err = InitRank(id, 4, 4)
+	require.ErrorContains(t, err, "rank 4 of 4")
+	require.ErrorContains(t, Load("/elsewhere/libnccl.so.2"), "is already loaded")
+}
