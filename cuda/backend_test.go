@@ -13,7 +13,6 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
-	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -40,26 +39,7 @@ func TestMoEOnEmulation(t *testing.T) {
 			l, err := moe.Load(dir, s.Layer)
 			require.NoError(t, err)
 			defer l.Close()
-			g, err := cuda.NewMoE(cuda.NewEmu(), l)
-			require.NoError(t, err)
-			defer g.Close()
-			for _, T := range []int{1, 37} {
-				x := moetest.Input(uint64(T), T, s.Hidden, false)
-				for i, v := range x {
-					x[i] = half.BF16ToF32(half.F32ToBF16(v))
-				}
-				want := make([]float32, len(x))
-				require.NoError(t, l.Forward(context.Background(), x, want))
-				got := make([]float32, len(x))
-				require.NoError(t, g.Forward(x, got))
-				ref := make([]float64, len(want))
-				for i, v := range want {
-					ref[i] = float64(v)
-				}
-				e := moetest.RelErr(got, ref)
-				t.Logf("%d tokens: relative error %.2e", T, e)
-				require.LessOrEqual(t, e, 1e-2)
-			}
+			checkMoE(t, cuda.NewEmu(), l, 1, 37)
 		})
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/half"
-	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -143,28 +142,7 @@ func TestMLADecodeKernel(t *testing.T) {
 // input), as the emulation test checks it.
 func TestMoEOnGPU(t *testing.T) {
 	d := open(t)
-	s := moetest.Spec{ModelType: "deepseek_v2", Hidden: 2048, Experts: 64, TopK: 6, Inter: 1408, SharedExperts: 2,
-		Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16", Seed: 7}
-	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, s.Seed)
+	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 7)
 	require.NoError(t, err)
-	g, err := cuda.NewMoE(d, l)
-	require.NoError(t, err)
-	defer g.Close()
-	for _, T := range []int{1, 16, 300} {
-		x := moetest.Input(uint64(T), T, s.Hidden, false)
-		for i, v := range x {
-			x[i] = half.BF16ToF32(half.F32ToBF16(v))
-		}
-		want := make([]float32, len(x))
-		require.NoError(t, l.Forward(context.Background(), x, want))
-		got := make([]float32, len(x))
-		require.NoError(t, g.Forward(x, got))
-		ref := make([]float64, len(want))
-		for i, v := range want {
-			ref[i] = float64(v)
-		}
-		e := moetest.RelErr(got, ref)
-		t.Logf("%d tokens: relative error %.2e", T, e)
-		require.LessOrEqual(t, e, 1e-2)
-	}
+	checkMoE(t, d, l, 1, 16, 300)
 }
