@@ -3,16 +3,13 @@
 package cuda_test
 
 import (
-	"context"
 	"math"
-	"math/rand/v2"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -47,42 +44,7 @@ func TestMoEOnEmulation(t *testing.T) {
 // TestMLADecodeOnEmulation: MLA decode through the device launch code
 // against dpattn.MLA.
 func TestMLADecodeOnEmulation(t *testing.T) {
-	const heads, D, dv, bs = 2, 64, 48, 16
-	lens := []int32{1, 16, 50}
-	c, err := dpattn.NewLatentCache(12, bs, D, kernels.F32)
-	require.NoError(t, err)
-	rng := rand.New(rand.NewPCG(2, 3))
-	maxBlocks := 0
-	for s, l := range lens {
-		rows := make([]float32, int(l)*D)
-		for i := range rows {
-			rows[i] = float32(rng.NormFloat64())
-		}
-		require.NoError(t, c.Append(s, rows))
-		maxBlocks = max(maxBlocks, len(c.BlockTable(s)))
-	}
-	in := cuda.MLAInput{BlockSize: bs, D: D, MaxBlocks: maxBlocks, SeqLens: lens, Heads: heads, DV: dv, SplitRows: 20, Scale: 0.2,
-		BlockTable: make([]int32, len(lens)*maxBlocks)}
-	queries := make([]dpattn.Query, len(lens))
-	for s := range lens {
-		copy(in.BlockTable[s*maxBlocks:], c.BlockTable(s))
-		queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: int(lens[s])}
-	}
-	in.Q = make([]float32, len(lens)*heads*D)
-	for i := range in.Q {
-		in.Q[i] = float32(rng.NormFloat64())
-	}
-	for b := 0; b < c.NumBlocks(); b++ {
-		m := c.Block(b)
-		for r := 0; r < bs; r++ {
-			for x := 0; x < D; x++ {
-				in.CacheF32 = append(in.CacheF32, m.At(r, x))
-			}
-		}
-	}
-	want := make([]float32, len(lens)*heads*dv)
-	wantLSE := make([]float32, len(lens)*heads)
-	require.NoError(t, dpattn.MLA(context.Background(), c, in.Q, queries, heads, dv, 0.2, want, wantLSE, dpattn.Options{}))
+	in, want, wantLSE := mlaCase(t, 2, []int32{1, 16, 50}, 2, 64, 48, 16, 20, 0.2, kernels.F32)
 	got, lse, err := cuda.MLADecode(cuda.NewEmu(), in)
 	require.NoError(t, err)
 	for i := range want {

@@ -3,7 +3,6 @@
 package cuda_test
 
 import (
-	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -11,8 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
-	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -89,50 +86,9 @@ func TestRoutingKernels(t *testing.T) {
 
 func TestMLADecodeKernel(t *testing.T) {
 	d := open(t)
-	const heads, D, dv, bs = 16, 576, 512, 64
-	lens := []int32{1, 64, 65, 3000}
-	c, err := dpattn.NewLatentCache(64, bs, D, kernels.BF16)
+	in, want, _ := mlaCase(t, 3, []int32{1, 64, 65, 3000}, 16, 576, 512, 64, 512, 0.07, kernels.BF16)
+	got, _, err := cuda.MLADecode(d, in)
 	require.NoError(t, err)
-	rng := rand.New(rand.NewPCG(3, 4))
-	maxBlocks := 0
-	for s, l := range lens {
-		rows := make([]float32, int(l)*D)
-		for i := range rows {
-			rows[i] = float32(rng.NormFloat64())
-		}
-		require.NoError(t, c.Append(s, rows))
-		maxBlocks = max(maxBlocks, len(c.BlockTable(s)))
-	}
-	table := make([]int32, len(lens)*maxBlocks)
-	queries := make([]dpattn.Query, len(lens))
-	for s := range lens {
-		copy(table[s*maxBlocks:], c.BlockTable(s))
-		queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: int(lens[s])}
-	}
-	q := make([]float32, len(lens)*heads*D)
-	for i := range q {
-		q[i] = float32(rng.NormFloat64())
-	}
-	want := make([]float32, len(lens)*heads*dv)
-	require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, 0.07, want, nil, dpattn.Options{}))
-	dense := make([]uint16, 0, 64*bs*D)
-	for b := 0; b < 64; b++ {
-		m := c.Block(b)
-		for r := 0; r < bs; r++ {
-			for x := 0; x < D; x++ {
-				dense = append(dense, half.F32ToBF16(m.At(r, x)))
-			}
-		}
-	}
-	const split = 512
-	splits := (3000 + split - 1) / split
-	B := len(lens)
-	out, lse := up(t, d, make([]float32, B*heads*dv)), up(t, d, make([]float32, B*heads))
-	partO, partL := up(t, d, make([]float32, B*heads*splits*dv)), up(t, d, make([]float32, B*heads*splits))
-	require.NoError(t, d.MLADecode(true, up(t, d, q), up(t, d, dense), up(t, d, table), up(t, d, lens), B, heads, D, dv, bs,
-		maxBlocks, split, splits, 0.07, partO, partL, out, lse))
-	got := make([]float32, B*heads*dv)
-	require.NoError(t, cuda.Download(d, out, got))
 	for i := range want {
 		require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))))
 	}
