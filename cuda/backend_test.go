@@ -57,3 +57,20 @@ func TestMLADecodeOnEmulation(t *testing.T) {
 		BlockSize: 1, MaxBlocks: 1, BlockTable: []int32{0}, SplitRows: 1})
 	require.ErrorContains(t, err, "sequence 0 has length 0")
 }
+
+func TestMoEBadShapes(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 24, NumExperts: 2, TopK: 1, Inter: 16, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	l, err := moe.NewRandom(cfg, kernels.BF16, 1)
+	require.NoError(t, err)
+	_, err = cuda.NewMoE(cuda.NewEmu(), l)
+	require.ErrorContains(t, err, "must be multiples of 16")
+
+	cfg.Hidden = 32
+	l, err = moe.NewRandom(cfg, kernels.BF16, 1)
+	require.NoError(t, err)
+	g, err := cuda.NewMoE(cuda.NewEmu(), l)
+	require.NoError(t, err)
+	defer g.Close()
+	require.ErrorContains(t, g.Forward(make([]float32, 33), make([]float32, 33)), "want [tokens, 32]")
+}

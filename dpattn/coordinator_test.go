@@ -183,3 +183,16 @@ func TestGatherMode(t *testing.T) {
 		require.LessOrEqual(t, math.Sqrt(n/d), 1e-6, "R=%d", R)
 	}
 }
+
+func TestPlanBadInput(t *testing.T) {
+	errs := onRanks(t, 1, func(c ep.Comm) error {
+		_, err := dpattn.NewCoordinator(c).Plan(context.Background(), -1, dpattn.Decode)
+		return err
+	})
+	require.ErrorContains(t, errs[0], "plan: -1 tokens")
+	errs = onRanks(t, 1, func(c ep.Comm) error {
+		_, err := dpattn.NewCoordinator(c).Plan(context.Background(), 1, dpattn.Mode(9))
+		return err
+	})
+	require.ErrorContains(t, errs[0], "unknown mode 9")
+}
