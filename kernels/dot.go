@@ -1,20 +1,97 @@
 package kernels
 
-import "unsafe"
+import (
+	"sync"
+	"unsafe"
+)
 
-// The SIMD drivers walk a projection in blocks of weight rows sized to
-// stay in L2, and within a block in micro-tiles of maxMR activation rows ×
-// 4 weight rows, each computed by one assembly kernel call. Activation rows
-// are read in place through their token index (no gather copy) and weights
-// in their stored dtype (no packing): the kernels widen them in registers.
-// A row's result depends only on its own data: the k order is fixed by the
-// kernel's lanes, whatever the tile or the batch. The k % lanes tail is
-// added after the lane reduction, one rounded product at a time.
+// The SIMD drivers have two schedules, both built on kernels of one lane
+// order, so that a row's bits never depend on which one ran it.
+//
+// Few rows (decode, at most maxMR8): weights stream from memory once, in
+// blocks of weight rows sized to stay in L2, eight weight rows per kernel
+// call for more streams in flight.
+//
+// More rows: a strip of maxMR activation rows at a time, the k range in
+// blocks whose activation strip stays in L1 while the weight rows of the
+// work item (in L2) pass under it; the kernels carry each output's lanes in
+// a small buffer between k blocks, which keeps the order exactly.
+//
+// Activation rows are read in place through their token index (no gather
+// copy) and weights in their stored dtype (no packing): the kernels widen
+// them in registers. The k % lanes tail is added after the lane reduction,
+// one rounded product at a time.
 
 // blockRows is the number of weight rows of one L2 block: half of L2 for
 // weights, the rest for activations and outputs.
 func blockRows(k int, dtype DType) int {
 	return max(4, l2Bytes/2/max(1, k*dtype.Size()))
+}
+
+// laneAcc holds the lanes of one kernel call's outputs between k blocks:
+// one 64-byte slot per output.
+type laneAcc = [4 * maxKernelRows * 16]float32
+
+// Blocking of the many-row schedule, from the L1 size: a k block whose
+// activation strip takes half of L1, and calls per column block so that
+// their lane buffers take a quarter; the weight rows stream through the
+// rest. Tests shrink them.
+var (
+	stripK     = max(64, l1dBytes/2/(maxKernelRows*4))
+	stripCalls = max(1, l1dBytes/4/int(unsafe.Sizeof(laneAcc{})))
+)
+
+// stripScratch is the per-call state of the many-row schedule.
+type stripScratch struct {
+	b    [][4]*byte
+	out  [][4 * maxKernelRows]float32
+	lane []laneAcc
+}
+
+var stripPool = sync.Pool{New: func() any { return new(stripScratch) }}
+
+func (sc *stripScratch) grow(calls int) {
+	if cap(sc.b) < calls {
+		sc.b = make([][4]*byte, calls)
+		sc.out = make([][4 * maxKernelRows]float32, calls)
+	}
+	sc.b, sc.out = sc.b[:calls], sc.out[:calls]
+	if len(sc.lane) < min(calls, stripCalls) {
+		sc.lane = make([]laneAcc, min(calls, stripCalls))
+	}
+}
+
+// strip computes, for every call c, the 4·mr dot products of the rows a
+// with the four weight rows sc.b[c] over kMain elements into sc.out[c].
+func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esize int, sc *stripScratch) {
+	kc := max(s.lanes, stripK-stripK%s.lanes)
+	var ap [maxKernelRows]*float32
+	var bp [4]*byte
+	for c0 := 0; c0 < len(sc.b); c0 += stripCalls {
+		c1 := min(c0+stripCalls, len(sc.b))
+		for kb := 0; ; kb += kc {
+			kl := min(kc, kMain-kb)
+			flags := 0
+			if kb > 0 {
+				flags |= 1 // lanes carried from the previous block
+			}
+			if kb+kl == kMain {
+				flags |= 2 // last block: reduce
+			}
+			for i := 0; i < mr; i++ {
+				ap[i] = (*float32)(unsafe.Add(unsafe.Pointer(a[i]), 4*kb))
+			}
+			for c := c0; c < c1; c++ {
+				for j, p := range &sc.b[c] {
+					bp[j] = (*byte)(unsafe.Add(unsafe.Pointer(p), esize*kb))
+				}
+				kern(&ap, &bp, kl, &sc.lane[c-c0], flags, &sc.out[c])
+			}
+			if flags&2 != 0 {
+				break
+			}
+		}
+	}
 }
 
 // gateUpSIMD is GateUp on the active SIMD implementation.
@@ -29,46 +106,71 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 		}
 		return
 	}
+	if n1 <= n0 || M == 0 {
+		return
+	}
 	kMain := K - K%s.lanes
-	kern := &s.kern[gate.DType]
+	kern := s.kern[gate.DType]
 	var a [maxKernelRows]*float32
-	var b [4]*byte
-	var out [4 * maxKernelRows]float32
-	step := max(2, blockRows(K, gate.DType)/2) // two weight rows (gate, up) per column
-	for nb := n0; nb < n1; nb += step {
-		ne := min(nb+step, n1)
-		for m0 := 0; m0 < M; m0 += s.maxMR {
-			mr := min(s.maxMR, M-m0)
-			for i := 0; i < mr; i++ {
-				a[i] = &x[int(idx[m0+i])*K]
-			}
-			n := nb
-			if mr <= s.maxMR8 {
-				// Few rows: eight weight streams per call, four columns.
-				n = gateUp8(s, h[m0*inter:], inter, &a, mr, K, gate, up, kMain, nb, ne)
-			}
+	if M <= s.maxMR8 {
+		for i := 0; i < M; i++ {
+			a[i] = &x[int(idx[i])*K]
+		}
+		step := max(4, blockRows(K, gate.DType)/2) // two weight rows (gate, up) per column
+		var lane laneAcc
+		var b [4]*byte
+		var out [4 * maxKernelRows]float32
+		for nb := n0; nb < n1; nb += step {
+			ne := min(nb+step, n1)
+			n := gateUp8(s, h, inter, &a, M, K, gate, up, kMain, nb, ne)
 			for ; n < ne; n += 2 {
 				n2 := min(n+1, ne-1)
 				b = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
-				kern[mr](&a, &b, kMain, &out)
-				if kMain < K {
-					for i := 0; i < mr; i++ {
-						xr := x[int(idx[m0+i])*K:][:K]
-						for k := kMain; k < K; k++ {
-							out[4*i] += float32(xr[k] * gate.At(n, k))
-							out[4*i+1] += float32(xr[k] * gate.At(n2, k))
-							out[4*i+2] += float32(xr[k] * up.At(n, k))
-							out[4*i+3] += float32(xr[k] * up.At(n2, k))
-						}
-					}
-				}
-				for i := 0; i < mr; i++ {
-					row := h[(m0+i)*inter:]
-					row[n] = SwiGLU(out[4*i], out[4*i+2])
-					row[n2] = SwiGLU(out[4*i+1], out[4*i+3])
-				}
+				kern[M](&a, &b, kMain, &lane, 2, &out)
+				gateUpTail(h, inter, &a, M, K, kMain, gate, up, n, n2, &out)
 			}
 		}
+		return
+	}
+	sc := stripPool.Get().(*stripScratch)
+	defer stripPool.Put(sc)
+	sc.grow((n1 - n0 + 1) / 2)
+	for c := range sc.b {
+		n := n0 + 2*c
+		n2 := min(n+1, n1-1)
+		sc.b[c] = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
+	}
+	for m0 := 0; m0 < M; m0 += s.maxMR {
+		mr := min(s.maxMR, M-m0)
+		for i := 0; i < mr; i++ {
+			a[i] = &x[int(idx[m0+i])*K]
+		}
+		s.strip(kern[mr], &a, mr, kMain, gate.DType.Size(), sc)
+		for c := range sc.out {
+			n := n0 + 2*c
+			gateUpTail(h[m0*inter:], inter, &a, mr, K, kMain, gate, up, n, min(n+1, n1-1), &sc.out[c])
+		}
+	}
+}
+
+// gateUpTail adds the k tail to one kernel call's gate/up dot products
+// (columns n, n2 of rows a[:mr]) and writes their activations into h
+// [mr, inter].
+func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain int, gate, up Matrix, n, n2 int, out *[4 * maxKernelRows]float32) {
+	for i := 0; i < mr; i++ {
+		o := out[4*i : 4*i+4]
+		if kMain < K {
+			xr := unsafe.Slice(a[i], K)
+			for k := kMain; k < K; k++ {
+				o[0] += float32(xr[k] * gate.At(n, k))
+				o[1] += float32(xr[k] * gate.At(n2, k))
+				o[2] += float32(xr[k] * up.At(n, k))
+				o[3] += float32(xr[k] * up.At(n2, k))
+			}
+		}
+		row := h[i*inter:]
+		row[n] = SwiGLU(o[0], o[2])
+		row[n2] = SwiGLU(o[1], o[3])
 	}
 }
 
@@ -85,51 +187,78 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 		return
 	}
 	M := len(h) / K
-	row := func(r int) []float32 { return h[r*K : (r+1)*K] }
+	row := func(r int) *float32 { return &h[r*K] }
 	if idx != nil {
 		M = len(idx)
-		row = func(r int) []float32 { return h[int(idx[r])*K:][:K] }
+		row = func(r int) *float32 { return &h[int(idx[r])*K] }
+	}
+	if n1 <= n0 || M == 0 {
+		return
 	}
 	kMain := K - K%s.lanes
-	kern := &s.kern[down.DType]
+	kern := s.kern[down.DType]
 	var a [maxKernelRows]*float32
-	var b [4]*byte
-	var acc [4 * maxKernelRows]float32
-	step := max(4, blockRows(K, down.DType))
-	for nb := n0; nb < n1; nb += step {
-		ne := min(nb+step, n1)
-		for m0 := 0; m0 < M; m0 += s.maxMR {
-			mr := min(s.maxMR, M-m0)
-			for i := 0; i < mr; i++ {
-				a[i] = &row(m0 + i)[0]
-			}
-			n := nb
-			if mr <= s.maxMR8 {
-				n = down8(s, out[m0*hidden:], &a, mr, K, down, scale, m0, kMain, nb, ne)
-			}
+	if M <= s.maxMR8 {
+		for i := 0; i < M; i++ {
+			a[i] = row(i)
+		}
+		step := max(8, blockRows(K, down.DType))
+		var lane laneAcc
+		var b [4]*byte
+		var acc [4 * maxKernelRows]float32
+		for nb := n0; nb < n1; nb += step {
+			ne := min(nb+step, n1)
+			n := down8(s, out, &a, M, K, down, scale, 0, kMain, nb, ne)
 			for ; n < ne; n += 4 {
 				cols := min(4, ne-n)
 				for j := range b {
 					b[j] = down.rowPtr(n + min(j, cols-1))
 				}
-				kern[mr](&a, &b, kMain, &acc)
-				if kMain < K {
-					for i := 0; i < mr; i++ {
-						hr := row(m0 + i)
-						for j := 0; j < cols; j++ {
-							for k := kMain; k < K; k++ {
-								acc[4*i+j] += float32(hr[k] * down.At(n+j, k))
-							}
-						}
-					}
-				}
-				for i := 0; i < mr; i++ {
-					r := m0 + i
-					for j := 0; j < cols; j++ {
-						out[r*hidden+n+j] = scaled(acc[4*i+j], scale, r)
-					}
+				kern[M](&a, &b, kMain, &lane, 2, &acc)
+				downTail(out, hidden, &a, M, K, kMain, down, scale, 0, n, cols, &acc)
+			}
+		}
+		return
+	}
+	sc := stripPool.Get().(*stripScratch)
+	defer stripPool.Put(sc)
+	sc.grow((n1 - n0 + 3) / 4)
+	for c := range sc.b {
+		n := n0 + 4*c
+		cols := min(4, n1-n)
+		for j := range sc.b[c] {
+			sc.b[c][j] = down.rowPtr(n + min(j, cols-1))
+		}
+	}
+	for m0 := 0; m0 < M; m0 += s.maxMR {
+		mr := min(s.maxMR, M-m0)
+		for i := 0; i < mr; i++ {
+			a[i] = row(m0 + i)
+		}
+		s.strip(kern[mr], &a, mr, kMain, down.DType.Size(), sc)
+		for c := range sc.out {
+			n := n0 + 4*c
+			downTail(out[m0*hidden:], hidden, &a, mr, K, kMain, down, scale, m0, n, min(4, n1-n), &sc.out[c])
+		}
+	}
+}
+
+// downTail adds the k tail to one kernel call's dot products (columns
+// n … n+cols-1 of rows a[:mr], rows r0… of the call) and writes them,
+// scaled, into out [mr, hidden].
+func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMain int, down Matrix, scale []float32, r0, n, cols int, acc *[4 * maxKernelRows]float32) {
+	for i := 0; i < mr; i++ {
+		o := acc[4*i : 4*i+4]
+		if kMain < K {
+			hr := unsafe.Slice(a[i], K)
+			for j := 0; j < cols; j++ {
+				for k := kMain; k < K; k++ {
+					o[j] += float32(hr[k] * down.At(n+j, k))
 				}
 			}
+		}
+		for j := 0; j < cols; j++ {
+			out[i*hidden+n+j] = scaled(o[j], scale, r0+i)
 		}
 	}
 }

@@ -4,18 +4,31 @@
 
 #include "textflag.h"
 
-// func dotAVX2F32x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, FMA3
-TEXT ·dotAVX2F32x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX2F32x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX2F32x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Y0
+	VMOVUPS 64(R9), Y1
+	VMOVUPS 128(R9), Y2
+	VMOVUPS 192(R9), Y3
+	JMP     dotAVX2F32x1_loop
+
+dotAVX2F32x1_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -37,9 +50,22 @@ dotAVX2F32x1_loop:
 	ADDQ        $0x00000008, R8
 	JMP         dotAVX2F32x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F32x1_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F32x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F32x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X4
 	VADDPS       X4, X0, X0
 	VMOVHLPS     X0, X0, X4
@@ -71,19 +97,36 @@ dotAVX2F32x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F32x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F32x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, FMA3
-TEXT ·dotAVX2F32x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX2F32x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX2F32x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Y0
+	VMOVUPS 64(R10), Y1
+	VMOVUPS 128(R10), Y2
+	VMOVUPS 192(R10), Y3
+	VMOVUPS 256(R10), Y4
+	VMOVUPS 320(R10), Y5
+	VMOVUPS 384(R10), Y6
+	VMOVUPS 448(R10), Y7
+	JMP     dotAVX2F32x2_loop
+
+dotAVX2F32x2_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -114,9 +157,26 @@ dotAVX2F32x2_loop:
 	ADDQ        $0x00000008, R9
 	JMP         dotAVX2F32x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F32x2_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F32x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F32x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -176,20 +236,41 @@ dotAVX2F32x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, FMA3
-TEXT ·dotAVX2F32x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX2F32x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX2F32x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Y0
+	VMOVUPS 64(R11), Y1
+	VMOVUPS 128(R11), Y2
+	VMOVUPS 192(R11), Y3
+	VMOVUPS 256(R11), Y4
+	VMOVUPS 320(R11), Y5
+	VMOVUPS 384(R11), Y6
+	VMOVUPS 448(R11), Y7
+	VMOVUPS 512(R11), Y8
+	VMOVUPS 576(R11), Y9
+	VMOVUPS 640(R11), Y10
+	VMOVUPS 704(R11), Y11
+	JMP     dotAVX2F32x3_loop
+
+dotAVX2F32x3_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -229,9 +310,30 @@ dotAVX2F32x3_loop:
 	ADDQ        $0x00000008, R10
 	JMP         dotAVX2F32x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F32x3_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F32x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VMOVUPS Y8, 512(AX)
+	VMOVUPS Y9, 576(AX)
+	VMOVUPS Y10, 640(AX)
+	VMOVUPS Y11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F32x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X12
 	VADDPS       X12, X0, X0
 	VMOVHLPS     X0, X0, X12
@@ -411,8 +513,8 @@ dotAVX2F32x1n8_loop:
 	ADDQ        $0x00000008, R12
 	JMP         dotAVX2F32x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F32x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
@@ -473,18 +575,31 @@ dotAVX2F32x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2BF16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2BF16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·dotAVX2BF16x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX2BF16x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX2BF16x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Y0
+	VMOVUPS 64(R9), Y1
+	VMOVUPS 128(R9), Y2
+	VMOVUPS 192(R9), Y3
+	JMP     dotAVX2BF16x1_loop
+
+dotAVX2BF16x1_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -510,9 +625,22 @@ dotAVX2BF16x1_loop:
 	ADDQ        $0x00000008, R8
 	JMP         dotAVX2BF16x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2BF16x1_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2BF16x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2BF16x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X4
 	VADDPS       X4, X0, X0
 	VMOVHLPS     X0, X0, X4
@@ -544,19 +672,36 @@ dotAVX2BF16x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2BF16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2BF16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·dotAVX2BF16x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX2BF16x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX2BF16x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Y0
+	VMOVUPS 64(R10), Y1
+	VMOVUPS 128(R10), Y2
+	VMOVUPS 192(R10), Y3
+	VMOVUPS 256(R10), Y4
+	VMOVUPS 320(R10), Y5
+	VMOVUPS 384(R10), Y6
+	VMOVUPS 448(R10), Y7
+	JMP     dotAVX2BF16x2_loop
+
+dotAVX2BF16x2_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -591,9 +736,26 @@ dotAVX2BF16x2_loop:
 	ADDQ        $0x00000008, R9
 	JMP         dotAVX2BF16x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2BF16x2_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2BF16x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2BF16x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -653,20 +815,41 @@ dotAVX2BF16x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·dotAVX2BF16x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX2BF16x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX2BF16x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Y0
+	VMOVUPS 64(R11), Y1
+	VMOVUPS 128(R11), Y2
+	VMOVUPS 192(R11), Y3
+	VMOVUPS 256(R11), Y4
+	VMOVUPS 320(R11), Y5
+	VMOVUPS 384(R11), Y6
+	VMOVUPS 448(R11), Y7
+	VMOVUPS 512(R11), Y8
+	VMOVUPS 576(R11), Y9
+	VMOVUPS 640(R11), Y10
+	VMOVUPS 704(R11), Y11
+	JMP     dotAVX2BF16x3_loop
+
+dotAVX2BF16x3_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -710,9 +893,30 @@ dotAVX2BF16x3_loop:
 	ADDQ        $0x00000008, R10
 	JMP         dotAVX2BF16x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2BF16x3_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2BF16x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VMOVUPS Y8, 512(AX)
+	VMOVUPS Y9, 576(AX)
+	VMOVUPS Y10, 640(AX)
+	VMOVUPS Y11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2BF16x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X12
 	VADDPS       X12, X0, X0
 	VMOVHLPS     X0, X0, X12
@@ -900,8 +1104,8 @@ dotAVX2BF16x1n8_loop:
 	ADDQ        $0x00000008, R12
 	JMP         dotAVX2BF16x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2BF16x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
@@ -962,18 +1166,31 @@ dotAVX2BF16x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, F16C, FMA3
-TEXT ·dotAVX2F16x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX2F16x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX2F16x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Y0
+	VMOVUPS 64(R9), Y1
+	VMOVUPS 128(R9), Y2
+	VMOVUPS 192(R9), Y3
+	JMP     dotAVX2F16x1_loop
+
+dotAVX2F16x1_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -995,9 +1212,22 @@ dotAVX2F16x1_loop:
 	ADDQ        $0x00000008, R8
 	JMP         dotAVX2F16x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F16x1_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F16x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F16x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X4
 	VADDPS       X4, X0, X0
 	VMOVHLPS     X0, X0, X4
@@ -1029,19 +1259,36 @@ dotAVX2F16x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, F16C, FMA3
-TEXT ·dotAVX2F16x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX2F16x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX2F16x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Y0
+	VMOVUPS 64(R10), Y1
+	VMOVUPS 128(R10), Y2
+	VMOVUPS 192(R10), Y3
+	VMOVUPS 256(R10), Y4
+	VMOVUPS 320(R10), Y5
+	VMOVUPS 384(R10), Y6
+	VMOVUPS 448(R10), Y7
+	JMP     dotAVX2F16x2_loop
+
+dotAVX2F16x2_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -1072,9 +1319,26 @@ dotAVX2F16x2_loop:
 	ADDQ        $0x00000008, R9
 	JMP         dotAVX2F16x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F16x2_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F16x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F16x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
 	VMOVHLPS     X0, X0, X8
@@ -1134,20 +1398,41 @@ dotAVX2F16x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, F16C, FMA3
-TEXT ·dotAVX2F16x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX2F16x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX2F16x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Y0
+	VMOVUPS 64(R11), Y1
+	VMOVUPS 128(R11), Y2
+	VMOVUPS 192(R11), Y3
+	VMOVUPS 256(R11), Y4
+	VMOVUPS 320(R11), Y5
+	VMOVUPS 384(R11), Y6
+	VMOVUPS 448(R11), Y7
+	VMOVUPS 512(R11), Y8
+	VMOVUPS 576(R11), Y9
+	VMOVUPS 640(R11), Y10
+	VMOVUPS 704(R11), Y11
+	JMP     dotAVX2F16x3_loop
+
+dotAVX2F16x3_zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -1187,9 +1472,30 @@ dotAVX2F16x3_loop:
 	ADDQ        $0x00000008, R10
 	JMP         dotAVX2F16x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F16x3_reduce:
-	MOVQ         out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX2F16x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 64(AX)
+	VMOVUPS Y2, 128(AX)
+	VMOVUPS Y3, 192(AX)
+	VMOVUPS Y4, 256(AX)
+	VMOVUPS Y5, 320(AX)
+	VMOVUPS Y6, 384(AX)
+	VMOVUPS Y7, 448(AX)
+	VMOVUPS Y8, 512(AX)
+	VMOVUPS Y9, 576(AX)
+	VMOVUPS Y10, 640(AX)
+	VMOVUPS Y11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX2F16x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ         out+40(FP), AX
 	VEXTRACTF128 $0x01, Y0, X12
 	VADDPS       X12, X0, X0
 	VMOVHLPS     X0, X0, X12
@@ -1369,8 +1675,8 @@ dotAVX2F16x1n8_loop:
 	ADDQ        $0x00000008, R12
 	JMP         dotAVX2F16x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX2F16x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ         out+32(FP), AX
 	VEXTRACTF128 $0x01, Y0, X8
 	VADDPS       X8, X0, X0
@@ -1431,18 +1737,31 @@ dotAVX2F16x1n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX512F32x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX512F32x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	JMP     dotAVX512F32x1_loop
+
+dotAVX512F32x1_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1464,9 +1783,22 @@ dotAVX512F32x1_loop:
 	ADDQ        $0x00000010, R8
 	JMP         dotAVX512F32x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x1_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z4
 	VADDPS     Z4, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z4
@@ -1506,19 +1838,36 @@ dotAVX512F32x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX512F32x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX512F32x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	VMOVUPS 256(R10), Z4
+	VMOVUPS 320(R10), Z5
+	VMOVUPS 384(R10), Z6
+	VMOVUPS 448(R10), Z7
+	JMP     dotAVX512F32x2_loop
+
+dotAVX512F32x2_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1549,9 +1898,26 @@ dotAVX512F32x2_loop:
 	ADDQ        $0x00000010, R9
 	JMP         dotAVX512F32x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x2_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -1627,20 +1993,41 @@ dotAVX512F32x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX512F32x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX512F32x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	VMOVUPS 256(R11), Z4
+	VMOVUPS 320(R11), Z5
+	VMOVUPS 384(R11), Z6
+	VMOVUPS 448(R11), Z7
+	VMOVUPS 512(R11), Z8
+	VMOVUPS 576(R11), Z9
+	VMOVUPS 640(R11), Z10
+	VMOVUPS 704(R11), Z11
+	JMP     dotAVX512F32x3_loop
+
+dotAVX512F32x3_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1680,9 +2067,30 @@ dotAVX512F32x3_loop:
 	ADDQ        $0x00000010, R10
 	JMP         dotAVX512F32x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x3_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z12
 	VADDPS     Z12, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z12
@@ -1794,21 +2202,46 @@ dotAVX512F32x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x4(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), AX
-	MOVQ   b+8(FP), SI
-	MOVQ   (SI), DI
-	MOVQ   8(SI), R8
-	MOVQ   16(SI), R9
-	MOVQ   24(SI), SI
-	MOVQ   k+16(FP), R10
-	XORQ   R11, R11
+TEXT ·dotAVX512F32x4(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ (SI), DI
+	MOVQ 8(SI), R8
+	MOVQ 16(SI), R9
+	MOVQ 24(SI), SI
+	MOVQ k+16(FP), R10
+	XORQ R11, R11
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dotAVX512F32x4_zero
+	MOVQ    acc+24(FP), R12
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	VMOVUPS 256(R12), Z4
+	VMOVUPS 320(R12), Z5
+	VMOVUPS 384(R12), Z6
+	VMOVUPS 448(R12), Z7
+	VMOVUPS 512(R12), Z8
+	VMOVUPS 576(R12), Z9
+	VMOVUPS 640(R12), Z10
+	VMOVUPS 704(R12), Z11
+	VMOVUPS 768(R12), Z12
+	VMOVUPS 832(R12), Z13
+	VMOVUPS 896(R12), Z14
+	VMOVUPS 960(R12), Z15
+	JMP     dotAVX512F32x4_loop
+
+dotAVX512F32x4_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1857,9 +2290,34 @@ dotAVX512F32x4_loop:
 	ADDQ        $0x00000010, R11
 	JMP         dotAVX512F32x4_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x4_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x4_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x4_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -2007,22 +2465,51 @@ dotAVX512F32x4_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x5(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), AX
-	MOVQ   b+8(FP), DI
-	MOVQ   (DI), R8
-	MOVQ   8(DI), R9
-	MOVQ   16(DI), R10
-	MOVQ   24(DI), DI
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
+TEXT ·dotAVX512F32x5(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ (DI), R8
+	MOVQ 8(DI), R9
+	MOVQ 16(DI), R10
+	MOVQ 24(DI), DI
+	MOVQ k+16(FP), R11
+	XORQ R12, R12
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      dotAVX512F32x5_zero
+	MOVQ    acc+24(FP), R13
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	VMOVUPS 192(R13), Z3
+	VMOVUPS 256(R13), Z4
+	VMOVUPS 320(R13), Z5
+	VMOVUPS 384(R13), Z6
+	VMOVUPS 448(R13), Z7
+	VMOVUPS 512(R13), Z8
+	VMOVUPS 576(R13), Z9
+	VMOVUPS 640(R13), Z10
+	VMOVUPS 704(R13), Z11
+	VMOVUPS 768(R13), Z12
+	VMOVUPS 832(R13), Z13
+	VMOVUPS 896(R13), Z14
+	VMOVUPS 960(R13), Z15
+	VMOVUPS 1024(R13), Z16
+	VMOVUPS 1088(R13), Z17
+	VMOVUPS 1152(R13), Z18
+	VMOVUPS 1216(R13), Z19
+	JMP     dotAVX512F32x5_loop
+
+dotAVX512F32x5_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2080,9 +2567,38 @@ dotAVX512F32x5_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512F32x5_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x5_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x5_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x5_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z20
 	VADDPS     Z20, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z20
@@ -2266,23 +2782,56 @@ dotAVX512F32x5_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F32x6(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), DI
-	MOVQ   40(AX), AX
-	MOVQ   b+8(FP), R8
-	MOVQ   (R8), R9
-	MOVQ   8(R8), R10
-	MOVQ   16(R8), R11
-	MOVQ   24(R8), R8
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
+TEXT ·dotAVX512F32x6(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ (R8), R9
+	MOVQ 8(R8), R10
+	MOVQ 16(R8), R11
+	MOVQ 24(R8), R8
+	MOVQ k+16(FP), R12
+	XORQ R13, R13
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R14
+	TESTQ   $0x00000001, R14
+	JZ      dotAVX512F32x6_zero
+	MOVQ    acc+24(FP), R14
+	VMOVUPS (R14), Z0
+	VMOVUPS 64(R14), Z1
+	VMOVUPS 128(R14), Z2
+	VMOVUPS 192(R14), Z3
+	VMOVUPS 256(R14), Z4
+	VMOVUPS 320(R14), Z5
+	VMOVUPS 384(R14), Z6
+	VMOVUPS 448(R14), Z7
+	VMOVUPS 512(R14), Z8
+	VMOVUPS 576(R14), Z9
+	VMOVUPS 640(R14), Z10
+	VMOVUPS 704(R14), Z11
+	VMOVUPS 768(R14), Z12
+	VMOVUPS 832(R14), Z13
+	VMOVUPS 896(R14), Z14
+	VMOVUPS 960(R14), Z15
+	VMOVUPS 1024(R14), Z16
+	VMOVUPS 1088(R14), Z17
+	VMOVUPS 1152(R14), Z18
+	VMOVUPS 1216(R14), Z19
+	VMOVUPS 1280(R14), Z20
+	VMOVUPS 1344(R14), Z21
+	VMOVUPS 1408(R14), Z22
+	VMOVUPS 1472(R14), Z23
+	JMP     dotAVX512F32x6_loop
+
+dotAVX512F32x6_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2349,9 +2898,42 @@ dotAVX512F32x6_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512F32x6_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x6_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F32x6_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VMOVUPS Z20, 1280(AX)
+	VMOVUPS Z21, 1344(AX)
+	VMOVUPS Z22, 1408(AX)
+	VMOVUPS Z23, 1472(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F32x6_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24
@@ -2663,8 +3245,8 @@ dotAVX512F32x1n8_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512F32x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
@@ -2851,8 +3433,8 @@ dotAVX512F32x2n8_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512F32x2n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x2n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
@@ -3129,8 +3711,8 @@ dotAVX512F32x3n8_loop:
 	ADDQ        $0x00000010, R14
 	JMP         dotAVX512F32x3n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F32x3n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
@@ -3351,18 +3933,31 @@ dotAVX512F32x3n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX512BF16x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX512BF16x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	JMP     dotAVX512BF16x1_loop
+
+dotAVX512BF16x1_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3388,9 +3983,22 @@ dotAVX512BF16x1_loop:
 	ADDQ        $0x00000010, R8
 	JMP         dotAVX512BF16x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x1_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z4
 	VADDPS     Z4, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z4
@@ -3430,19 +4038,36 @@ dotAVX512BF16x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX512BF16x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX512BF16x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	VMOVUPS 256(R10), Z4
+	VMOVUPS 320(R10), Z5
+	VMOVUPS 384(R10), Z6
+	VMOVUPS 448(R10), Z7
+	JMP     dotAVX512BF16x2_loop
+
+dotAVX512BF16x2_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3477,9 +4102,26 @@ dotAVX512BF16x2_loop:
 	ADDQ        $0x00000010, R9
 	JMP         dotAVX512BF16x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x2_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -3555,20 +4197,41 @@ dotAVX512BF16x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX512BF16x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX512BF16x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	VMOVUPS 256(R11), Z4
+	VMOVUPS 320(R11), Z5
+	VMOVUPS 384(R11), Z6
+	VMOVUPS 448(R11), Z7
+	VMOVUPS 512(R11), Z8
+	VMOVUPS 576(R11), Z9
+	VMOVUPS 640(R11), Z10
+	VMOVUPS 704(R11), Z11
+	JMP     dotAVX512BF16x3_loop
+
+dotAVX512BF16x3_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3612,9 +4275,30 @@ dotAVX512BF16x3_loop:
 	ADDQ        $0x00000010, R10
 	JMP         dotAVX512BF16x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x3_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z12
 	VADDPS     Z12, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z12
@@ -3726,21 +4410,46 @@ dotAVX512BF16x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x4(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), AX
-	MOVQ   b+8(FP), SI
-	MOVQ   (SI), DI
-	MOVQ   8(SI), R8
-	MOVQ   16(SI), R9
-	MOVQ   24(SI), SI
-	MOVQ   k+16(FP), R10
-	XORQ   R11, R11
+TEXT ·dotAVX512BF16x4(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ (SI), DI
+	MOVQ 8(SI), R8
+	MOVQ 16(SI), R9
+	MOVQ 24(SI), SI
+	MOVQ k+16(FP), R10
+	XORQ R11, R11
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dotAVX512BF16x4_zero
+	MOVQ    acc+24(FP), R12
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	VMOVUPS 256(R12), Z4
+	VMOVUPS 320(R12), Z5
+	VMOVUPS 384(R12), Z6
+	VMOVUPS 448(R12), Z7
+	VMOVUPS 512(R12), Z8
+	VMOVUPS 576(R12), Z9
+	VMOVUPS 640(R12), Z10
+	VMOVUPS 704(R12), Z11
+	VMOVUPS 768(R12), Z12
+	VMOVUPS 832(R12), Z13
+	VMOVUPS 896(R12), Z14
+	VMOVUPS 960(R12), Z15
+	JMP     dotAVX512BF16x4_loop
+
+dotAVX512BF16x4_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3793,9 +4502,34 @@ dotAVX512BF16x4_loop:
 	ADDQ        $0x00000010, R11
 	JMP         dotAVX512BF16x4_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x4_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x4_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x4_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -3943,22 +4677,51 @@ dotAVX512BF16x4_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x5(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), AX
-	MOVQ   b+8(FP), DI
-	MOVQ   (DI), R8
-	MOVQ   8(DI), R9
-	MOVQ   16(DI), R10
-	MOVQ   24(DI), DI
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
+TEXT ·dotAVX512BF16x5(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ (DI), R8
+	MOVQ 8(DI), R9
+	MOVQ 16(DI), R10
+	MOVQ 24(DI), DI
+	MOVQ k+16(FP), R11
+	XORQ R12, R12
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      dotAVX512BF16x5_zero
+	MOVQ    acc+24(FP), R13
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	VMOVUPS 192(R13), Z3
+	VMOVUPS 256(R13), Z4
+	VMOVUPS 320(R13), Z5
+	VMOVUPS 384(R13), Z6
+	VMOVUPS 448(R13), Z7
+	VMOVUPS 512(R13), Z8
+	VMOVUPS 576(R13), Z9
+	VMOVUPS 640(R13), Z10
+	VMOVUPS 704(R13), Z11
+	VMOVUPS 768(R13), Z12
+	VMOVUPS 832(R13), Z13
+	VMOVUPS 896(R13), Z14
+	VMOVUPS 960(R13), Z15
+	VMOVUPS 1024(R13), Z16
+	VMOVUPS 1088(R13), Z17
+	VMOVUPS 1152(R13), Z18
+	VMOVUPS 1216(R13), Z19
+	JMP     dotAVX512BF16x5_loop
+
+dotAVX512BF16x5_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -4020,9 +4783,38 @@ dotAVX512BF16x5_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512BF16x5_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x5_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x5_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x5_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z20
 	VADDPS     Z20, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z20
@@ -4206,23 +4998,56 @@ dotAVX512BF16x5_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512BF16x6(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), DI
-	MOVQ   40(AX), AX
-	MOVQ   b+8(FP), R8
-	MOVQ   (R8), R9
-	MOVQ   8(R8), R10
-	MOVQ   16(R8), R11
-	MOVQ   24(R8), R8
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
+TEXT ·dotAVX512BF16x6(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ (R8), R9
+	MOVQ 8(R8), R10
+	MOVQ 16(R8), R11
+	MOVQ 24(R8), R8
+	MOVQ k+16(FP), R12
+	XORQ R13, R13
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R14
+	TESTQ   $0x00000001, R14
+	JZ      dotAVX512BF16x6_zero
+	MOVQ    acc+24(FP), R14
+	VMOVUPS (R14), Z0
+	VMOVUPS 64(R14), Z1
+	VMOVUPS 128(R14), Z2
+	VMOVUPS 192(R14), Z3
+	VMOVUPS 256(R14), Z4
+	VMOVUPS 320(R14), Z5
+	VMOVUPS 384(R14), Z6
+	VMOVUPS 448(R14), Z7
+	VMOVUPS 512(R14), Z8
+	VMOVUPS 576(R14), Z9
+	VMOVUPS 640(R14), Z10
+	VMOVUPS 704(R14), Z11
+	VMOVUPS 768(R14), Z12
+	VMOVUPS 832(R14), Z13
+	VMOVUPS 896(R14), Z14
+	VMOVUPS 960(R14), Z15
+	VMOVUPS 1024(R14), Z16
+	VMOVUPS 1088(R14), Z17
+	VMOVUPS 1152(R14), Z18
+	VMOVUPS 1216(R14), Z19
+	VMOVUPS 1280(R14), Z20
+	VMOVUPS 1344(R14), Z21
+	VMOVUPS 1408(R14), Z22
+	VMOVUPS 1472(R14), Z23
+	JMP     dotAVX512BF16x6_loop
+
+dotAVX512BF16x6_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -4293,9 +5118,42 @@ dotAVX512BF16x6_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512BF16x6_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x6_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512BF16x6_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VMOVUPS Z20, 1280(AX)
+	VMOVUPS Z21, 1344(AX)
+	VMOVUPS Z22, 1408(AX)
+	VMOVUPS Z23, 1472(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512BF16x6_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24
@@ -4615,8 +5473,8 @@ dotAVX512BF16x1n8_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512BF16x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
@@ -4811,8 +5669,8 @@ dotAVX512BF16x2n8_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512BF16x2n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x2n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
@@ -5097,8 +5955,8 @@ dotAVX512BF16x3n8_loop:
 	ADDQ        $0x00000010, R14
 	JMP         dotAVX512BF16x3n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512BF16x3n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
@@ -5319,18 +6177,31 @@ dotAVX512BF16x3n8_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x1(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), AX
-	MOVQ   b+8(FP), CX
-	MOVQ   (CX), DX
-	MOVQ   8(CX), BX
-	MOVQ   16(CX), SI
-	MOVQ   24(CX), CX
-	MOVQ   k+16(FP), DI
-	XORQ   R8, R8
+TEXT ·dotAVX512F16x1(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ k+16(FP), DI
+	XORQ R8, R8
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dotAVX512F16x1_zero
+	MOVQ    acc+24(FP), R9
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	JMP     dotAVX512F16x1_loop
+
+dotAVX512F16x1_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -5352,9 +6223,22 @@ dotAVX512F16x1_loop:
 	ADDQ        $0x00000010, R8
 	JMP         dotAVX512F16x1_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x1_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x1_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x1_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z4
 	VADDPS     Z4, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z4
@@ -5394,19 +6278,36 @@ dotAVX512F16x1_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x2(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), AX
-	MOVQ   b+8(FP), DX
-	MOVQ   (DX), BX
-	MOVQ   8(DX), SI
-	MOVQ   16(DX), DI
-	MOVQ   24(DX), DX
-	MOVQ   k+16(FP), R8
-	XORQ   R9, R9
+TEXT ·dotAVX512F16x2(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ k+16(FP), R8
+	XORQ R9, R9
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dotAVX512F16x2_zero
+	MOVQ    acc+24(FP), R10
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	VMOVUPS 256(R10), Z4
+	VMOVUPS 320(R10), Z5
+	VMOVUPS 384(R10), Z6
+	VMOVUPS 448(R10), Z7
+	JMP     dotAVX512F16x2_loop
+
+dotAVX512F16x2_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -5437,9 +6338,26 @@ dotAVX512F16x2_loop:
 	ADDQ        $0x00000010, R9
 	JMP         dotAVX512F16x2_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x2_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x2_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x2_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z8
@@ -5515,20 +6433,41 @@ dotAVX512F16x2_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x3(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), AX
-	MOVQ   b+8(FP), BX
-	MOVQ   (BX), SI
-	MOVQ   8(BX), DI
-	MOVQ   16(BX), R8
-	MOVQ   24(BX), BX
-	MOVQ   k+16(FP), R9
-	XORQ   R10, R10
+TEXT ·dotAVX512F16x3(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ (BX), SI
+	MOVQ 8(BX), DI
+	MOVQ 16(BX), R8
+	MOVQ 24(BX), BX
+	MOVQ k+16(FP), R9
+	XORQ R10, R10
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dotAVX512F16x3_zero
+	MOVQ    acc+24(FP), R11
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	VMOVUPS 256(R11), Z4
+	VMOVUPS 320(R11), Z5
+	VMOVUPS 384(R11), Z6
+	VMOVUPS 448(R11), Z7
+	VMOVUPS 512(R11), Z8
+	VMOVUPS 576(R11), Z9
+	VMOVUPS 640(R11), Z10
+	VMOVUPS 704(R11), Z11
+	JMP     dotAVX512F16x3_loop
+
+dotAVX512F16x3_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -5568,9 +6507,30 @@ dotAVX512F16x3_loop:
 	ADDQ        $0x00000010, R10
 	JMP         dotAVX512F16x3_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x3_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x3_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x3_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z12
 	VADDPS     Z12, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z12
@@ -5682,21 +6642,46 @@ dotAVX512F16x3_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x4(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), AX
-	MOVQ   b+8(FP), SI
-	MOVQ   (SI), DI
-	MOVQ   8(SI), R8
-	MOVQ   16(SI), R9
-	MOVQ   24(SI), SI
-	MOVQ   k+16(FP), R10
-	XORQ   R11, R11
+TEXT ·dotAVX512F16x4(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ (SI), DI
+	MOVQ 8(SI), R8
+	MOVQ 16(SI), R9
+	MOVQ 24(SI), SI
+	MOVQ k+16(FP), R10
+	XORQ R11, R11
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dotAVX512F16x4_zero
+	MOVQ    acc+24(FP), R12
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	VMOVUPS 256(R12), Z4
+	VMOVUPS 320(R12), Z5
+	VMOVUPS 384(R12), Z6
+	VMOVUPS 448(R12), Z7
+	VMOVUPS 512(R12), Z8
+	VMOVUPS 576(R12), Z9
+	VMOVUPS 640(R12), Z10
+	VMOVUPS 704(R12), Z11
+	VMOVUPS 768(R12), Z12
+	VMOVUPS 832(R12), Z13
+	VMOVUPS 896(R12), Z14
+	VMOVUPS 960(R12), Z15
+	JMP     dotAVX512F16x4_loop
+
+dotAVX512F16x4_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -5745,9 +6730,34 @@ dotAVX512F16x4_loop:
 	ADDQ        $0x00000010, R11
 	JMP         dotAVX512F16x4_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x4_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x4_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x4_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z16
@@ -5895,22 +6905,51 @@ dotAVX512F16x4_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x5(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), AX
-	MOVQ   b+8(FP), DI
-	MOVQ   (DI), R8
-	MOVQ   8(DI), R9
-	MOVQ   16(DI), R10
-	MOVQ   24(DI), DI
-	MOVQ   k+16(FP), R11
-	XORQ   R12, R12
+TEXT ·dotAVX512F16x5(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ (DI), R8
+	MOVQ 8(DI), R9
+	MOVQ 16(DI), R10
+	MOVQ 24(DI), DI
+	MOVQ k+16(FP), R11
+	XORQ R12, R12
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      dotAVX512F16x5_zero
+	MOVQ    acc+24(FP), R13
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	VMOVUPS 192(R13), Z3
+	VMOVUPS 256(R13), Z4
+	VMOVUPS 320(R13), Z5
+	VMOVUPS 384(R13), Z6
+	VMOVUPS 448(R13), Z7
+	VMOVUPS 512(R13), Z8
+	VMOVUPS 576(R13), Z9
+	VMOVUPS 640(R13), Z10
+	VMOVUPS 704(R13), Z11
+	VMOVUPS 768(R13), Z12
+	VMOVUPS 832(R13), Z13
+	VMOVUPS 896(R13), Z14
+	VMOVUPS 960(R13), Z15
+	VMOVUPS 1024(R13), Z16
+	VMOVUPS 1088(R13), Z17
+	VMOVUPS 1152(R13), Z18
+	VMOVUPS 1216(R13), Z19
+	JMP     dotAVX512F16x5_loop
+
+dotAVX512F16x5_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -5968,9 +7007,38 @@ dotAVX512F16x5_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512F16x5_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x5_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x5_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x5_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z20
 	VADDPS     Z20, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z20
@@ -6154,23 +7222,56 @@ dotAVX512F16x5_reduce:
 	VZEROUPPER
 	RET
 
-// func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+// func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·dotAVX512F16x6(SB), NOSPLIT, $0-32
-	MOVQ   a+0(FP), AX
-	MOVQ   (AX), CX
-	MOVQ   8(AX), DX
-	MOVQ   16(AX), BX
-	MOVQ   24(AX), SI
-	MOVQ   32(AX), DI
-	MOVQ   40(AX), AX
-	MOVQ   b+8(FP), R8
-	MOVQ   (R8), R9
-	MOVQ   8(R8), R10
-	MOVQ   16(R8), R11
-	MOVQ   24(R8), R8
-	MOVQ   k+16(FP), R12
-	XORQ   R13, R13
+TEXT ·dotAVX512F16x6(SB), NOSPLIT, $0-48
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ (R8), R9
+	MOVQ 8(R8), R10
+	MOVQ 16(R8), R11
+	MOVQ 24(R8), R8
+	MOVQ k+16(FP), R12
+	XORQ R13, R13
+
+	// Start from the lanes carried in acc (flags bit 0), or from zero.
+	MOVQ    flags+32(FP), R14
+	TESTQ   $0x00000001, R14
+	JZ      dotAVX512F16x6_zero
+	MOVQ    acc+24(FP), R14
+	VMOVUPS (R14), Z0
+	VMOVUPS 64(R14), Z1
+	VMOVUPS 128(R14), Z2
+	VMOVUPS 192(R14), Z3
+	VMOVUPS 256(R14), Z4
+	VMOVUPS 320(R14), Z5
+	VMOVUPS 384(R14), Z6
+	VMOVUPS 448(R14), Z7
+	VMOVUPS 512(R14), Z8
+	VMOVUPS 576(R14), Z9
+	VMOVUPS 640(R14), Z10
+	VMOVUPS 704(R14), Z11
+	VMOVUPS 768(R14), Z12
+	VMOVUPS 832(R14), Z13
+	VMOVUPS 896(R14), Z14
+	VMOVUPS 960(R14), Z15
+	VMOVUPS 1024(R14), Z16
+	VMOVUPS 1088(R14), Z17
+	VMOVUPS 1152(R14), Z18
+	VMOVUPS 1216(R14), Z19
+	VMOVUPS 1280(R14), Z20
+	VMOVUPS 1344(R14), Z21
+	VMOVUPS 1408(R14), Z22
+	VMOVUPS 1472(R14), Z23
+	JMP     dotAVX512F16x6_loop
+
+dotAVX512F16x6_zero:
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -6237,9 +7338,42 @@ dotAVX512F16x6_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512F16x6_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x6_reduce:
-	MOVQ       out+24(FP), AX
+	// Without flags bit 1, carry the lanes in acc to the next block.
+	MOVQ    flags+32(FP), AX
+	TESTQ   $0x00000002, AX
+	JNZ     dotAVX512F16x6_sum
+	MOVQ    acc+24(FP), AX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	VMOVUPS Z8, 512(AX)
+	VMOVUPS Z9, 576(AX)
+	VMOVUPS Z10, 640(AX)
+	VMOVUPS Z11, 704(AX)
+	VMOVUPS Z12, 768(AX)
+	VMOVUPS Z13, 832(AX)
+	VMOVUPS Z14, 896(AX)
+	VMOVUPS Z15, 960(AX)
+	VMOVUPS Z16, 1024(AX)
+	VMOVUPS Z17, 1088(AX)
+	VMOVUPS Z18, 1152(AX)
+	VMOVUPS Z19, 1216(AX)
+	VMOVUPS Z20, 1280(AX)
+	VMOVUPS Z21, 1344(AX)
+	VMOVUPS Z22, 1408(AX)
+	VMOVUPS Z23, 1472(AX)
+	VZEROUPPER
+	RET
+
+dotAVX512F16x6_sum:
+	// Reduce each accumulator: halves added until one lane is left.
+	MOVQ       out+40(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0
 	VSHUFF64X2 $0xb1, Z0, Z0, Z24
@@ -6551,8 +7685,8 @@ dotAVX512F16x1n8_loop:
 	ADDQ        $0x00000010, R12
 	JMP         dotAVX512F16x1n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x1n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z8
 	VADDPS     Z8, Z0, Z0
@@ -6739,8 +7873,8 @@ dotAVX512F16x2n8_loop:
 	ADDQ        $0x00000010, R13
 	JMP         dotAVX512F16x2n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x2n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z16
 	VADDPS     Z16, Z0, Z0
@@ -7017,8 +8151,8 @@ dotAVX512F16x3n8_loop:
 	ADDQ        $0x00000010, R14
 	JMP         dotAVX512F16x3n8_loop
 
-	// Reduce each accumulator: halves added until one lane is left.
 dotAVX512F16x3n8_reduce:
+	// Reduce each accumulator: halves added until one lane is left.
 	MOVQ       out+32(FP), AX
 	VSHUFF64X2 $0x4e, Z0, Z0, Z24
 	VADDPS     Z24, Z0, Z0

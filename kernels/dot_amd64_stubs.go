@@ -7,17 +7,17 @@ package kernels
 // dotAVX2F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F32x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F32x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 F32 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F32x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F32x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F32x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 F32 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 8.
 //
@@ -27,17 +27,17 @@ func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48
 // dotAVX2BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2BF16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2BF16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2BF16x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2BF16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2BF16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2BF16x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 8.
 //
@@ -47,17 +47,17 @@ func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[4
 // dotAVX2F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F16x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F16x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
 //go:noescape
-func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX2F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 8.
 //
@@ -67,32 +67,32 @@ func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x4 computes the 4×4 lane-ordered dot products of 4 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x5 computes the 5×4 lane-ordered dot products of 5 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x6 computes the 6×4 lane-ordered dot products of 6 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F32x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F32x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F32 rows; k is a multiple of 16.
 //
@@ -112,32 +112,32 @@ func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[
 // dotAVX512BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x4 computes the 4×4 lane-ordered dot products of 4 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x5 computes the 5×4 lane-ordered dot products of 5 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x6 computes the 6×4 lane-ordered dot products of 6 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512BF16x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512BF16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 BF16 rows; k is a multiple of 16.
 //
@@ -157,32 +157,32 @@ func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *
 // dotAVX512F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x1(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x2 computes the 2×4 lane-ordered dot products of 2 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x2(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x2(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x3 computes the 3×4 lane-ordered dot products of 3 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x3(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x4 computes the 4×4 lane-ordered dot products of 4 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x4(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x4(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x5 computes the 5×4 lane-ordered dot products of 5 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x5(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x5(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x6 computes the 6×4 lane-ordered dot products of 6 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
-func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, out *[24]float32)
+func dotAVX512F16x6(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 
 // dotAVX512F16x1n8 computes the 1×8 lane-ordered dot products of 1 fp32 rows with 8 F16 rows; k is a multiple of 16.
 //

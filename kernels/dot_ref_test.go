@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -110,13 +111,37 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 							}
 						}
 						var out [4 * maxKernelRows]float32
-						s.kern[dt][mr](&a, &b, K, &out)
+						var lane laneAcc
+						s.kern[dt][mr](&a, &b, K, &lane, 2, &out)
 						for m := 0; m < mr; m++ {
 							for n := 0; n < 4; n++ {
 								want := laneDot(rows[m], wide[n], s.lanes)
 								require.Equal(t, math.Float32bits(want), math.Float32bits(out[4*m+n]), "row %d col %d: %v vs %v", m, n, out[4*m+n], want)
 							}
 						}
+						// The same k range in blocks of one, two and three
+						// vectors, the lanes carried in lane between them.
+						var blocked [4 * maxKernelRows]float32
+						for kb, step := 0, 1; kb < K; kb, step = kb+step*s.lanes, step%3+1 {
+							kl := min(step*s.lanes, K-kb)
+							flags := 0
+							if kb > 0 {
+								flags |= 1
+							}
+							if kb+kl == K {
+								flags |= 2
+							}
+							var ap [maxKernelRows]*float32
+							for m := range rows {
+								ap[m] = &rows[m][kb]
+							}
+							var bp [4]*byte
+							for n := range bp {
+								bp[n] = (*byte)(unsafe.Add(unsafe.Pointer(b[n]), kb*dt.Size()))
+							}
+							s.kern[dt][mr](&ap, &bp, kl, &lane, flags, &blocked)
+						}
+						require.Equal(t, out, blocked, "blocked k range")
 					})
 				}
 			}
@@ -125,12 +150,23 @@ func TestKernelsMatchLaneOrder(t *testing.T) {
 }
 
 // TestDriverMatchesLaneOrder checks the Go drivers, tails and the one-row
-// eight-stream kernels included.
+// eight-stream kernels included, with the machine's blocking and with
+// blocks small enough that every k range and column range is split.
 func TestDriverMatchesLaneOrder(t *testing.T) {
+	for _, blocking := range [][2]int{{stripK, stripCalls}, {1, 1}, {40, 3}} {
+		t.Run(fmt.Sprintf("k=%d/calls=%d", blocking[0], blocking[1]), func(t *testing.T) {
+			defer func(k, c int) { stripK, stripCalls = k, c }(stripK, stripCalls)
+			stripK, stripCalls = blocking[0], blocking[1]
+			testDriverMatchesLaneOrder(t)
+		})
+	}
+}
+
+func testDriverMatchesLaneOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, s := range simds {
 		for _, K := range []int{5, 37, 130} {
-			for _, M := range []int{1, 2, 3, 7, 8} {
+			for _, M := range []int{1, 2, 3, 7, 8, 13} {
 				const N = 13
 				h := make([]float32, M*K)
 				for i := range h {

@@ -28,8 +28,10 @@ type simd struct {
 type kernel8Func func(a *[maxKernelRows]*float32, b, next *[8]*byte, k int, out *[8 * maxKernelRows]float32)
 
 // kernelFunc computes mr×4 dot products of fp32 rows a[:mr] with 4 weight
-// rows b over k elements, k a multiple of the lane count; see _asm/dot.go.
-type kernelFunc func(a *[maxKernelRows]*float32, b *[4]*byte, k int, out *[4 * maxKernelRows]float32)
+// rows b over k elements, k a multiple of the lane count, starting from the
+// lanes in acc (flags bit 0) and reducing into out (flags bit 1) or storing
+// the lanes back to acc; see _asm/dot.go.
+type kernelFunc func(a *[maxKernelRows]*float32, b *[4]*byte, k int, acc *laneAcc, flags int, out *[4 * maxKernelRows]float32)
 
 // maxKernelRows is the size of the row-pointer array of every kernel.
 const maxKernelRows = 6

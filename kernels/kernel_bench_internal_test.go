@@ -24,8 +24,9 @@ func BenchmarkKernelL1(b *testing.B) {
 					bp[n] = m.rowPtr(n)
 				}
 				var out [4 * maxKernelRows]float32
+				var lane laneAcc
 				for b.Loop() {
-					s.kern[F32][mr](&a, &bp, K, &out)
+					s.kern[F32][mr](&a, &bp, K, &lane, 2, &out)
 				}
 				b.ReportMetric(float64(2*mr*4*K)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})

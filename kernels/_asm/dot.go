@@ -14,6 +14,12 @@
 // order is the same for every MR, so a row's result never depends on the
 // rows computed beside it. dot_ref_test.go in package kernels holds an exact
 // emulation of this order.
+//
+// The four-row kernels also run a k range in blocks: flags bit 0 starts the
+// accumulators from acc (one 64-byte slot per output) instead of zero, and
+// without bit 1 they are stored back to acc instead of reduced into out.
+// Lanes carried in memory between blocks keep the order exactly, so a
+// blocked product has the bits of an unblocked one.
 package main
 
 import (
@@ -64,7 +70,7 @@ func main() {
 
 func dot(is isa, dt string, mr, nr int) {
 	name := fmt.Sprintf("dot%s%sx%d", is.name, dt, mr)
-	sig := fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, out *[%d]float32)", maxMR, 4*maxMR)
+	sig := fmt.Sprintf("func(a *[%d]*float32, b *[4]*byte, k int, acc *[%d]float32, flags int, out *[%d]float32)", maxMR, 4*maxMR*16, 4*maxMR)
 	if nr != 4 {
 		name = fmt.Sprintf("dot%s%sx%dn%d", is.name, dt, mr, nr)
 		sig = fmt.Sprintf("func(a *[%d]*float32, b *[%d]*byte, next *[%d]*byte, k int, out *[%d]float32)", maxMR, nr, nr, nr*maxMR)
@@ -109,6 +115,25 @@ func dot(is isa, dt string, mr, nr int) {
 		acc[m] = make([]VecVirtual, nr)
 		for n := range acc[m] {
 			acc[m][n] = is.vec()
+		}
+	}
+	blocked := nr == 4
+	if blocked {
+		Comment("Start from the lanes carried in acc (flags bit 0), or from zero.")
+		flags := Load(Param("flags"), GP64())
+		TESTQ(U32(1), flags)
+		JZ(LabelRef(name + "_zero"))
+		accPtr := Load(Param("acc"), GP64())
+		for m := range acc {
+			for n := range acc[m] {
+				VMOVUPS(Mem{Base: accPtr, Disp: 64 * (nr*m + n)}, acc[m][n])
+			}
+		}
+		JMP(LabelRef(name + "_loop"))
+		Label(name + "_zero")
+	}
+	for m := range acc {
+		for n := range acc[m] {
 			VXORPS(acc[m][n], acc[m][n], acc[m][n])
 		}
 	}
@@ -140,8 +165,23 @@ func dot(is isa, dt string, mr, nr int) {
 	ADDQ(U32(is.lanes), i)
 	JMP(LabelRef(name + "_loop"))
 
-	Comment("Reduce each accumulator: halves added until one lane is left.")
 	Label(name + "_reduce")
+	if blocked {
+		Comment("Without flags bit 1, carry the lanes in acc to the next block.")
+		flags := Load(Param("flags"), GP64())
+		TESTQ(U32(2), flags)
+		JNZ(LabelRef(name + "_sum"))
+		accPtr := Load(Param("acc"), GP64())
+		for m := range acc {
+			for n := range acc[m] {
+				VMOVUPS(acc[m][n], Mem{Base: accPtr, Disp: 64 * (nr*m + n)})
+			}
+		}
+		VZEROUPPER()
+		RET()
+		Label(name + "_sum")
+	}
+	Comment("Reduce each accumulator: halves added until one lane is left.")
 	out := Load(Param("out"), GP64())
 	for m := range acc {
 		for n := range acc[m] {
