@@ -4,6 +4,7 @@ package cuda_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/kerneltest"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -73,4 +75,35 @@ func TestMoEBadShapes(t *testing.T) {
 	require.NoError(t, err)
 	defer g.Close()
 	require.ErrorContains(t, g.Forward(make([]float32, 33), make([]float32, 33)), "want [tokens, 32]")
+}
+
+// TestGroupedFFNOnEmulation runs the grouped FFN conformance suite (the one
+// every CPU implementation runs) on the emulated device kernels.
+func TestGroupedFFNOnEmulation(t *testing.T) {
+	kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
+		return cuda.GroupedFFN(cuda.NewEmu(), x, groups)
+	}, kerneltest.GroupedOptions{DTypes: []kernels.DType{kernels.BF16}, BF16Activations: true})
+}
+
+func TestGroupedFFNBadInput(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	w := func(dt kernels.DType, r, c int) kernels.Matrix { m, _ := kerneltest.Weights(rng, dt, r, c); return m }
+	x := make([]float32, 3*32)
+	g := kernels.FFNGroup{Gate: w(kernels.BF16, 16, 32), Up: w(kernels.BF16, 16, 32), Down: w(kernels.BF16, 32, 16),
+		Rows: []int32{0, 2}, Out: make([]float32, 2*32)}
+	emu := cuda.NewEmu()
+	bad := g
+	bad.Up = w(kernels.F32, 16, 32)
+	require.EqualError(t, cuda.GroupedFFN(emu, x, []kernels.FFNGroup{bad}),
+		"cuda: grouped FFN: group 0 up weights are F32; the device kernels take bf16")
+	bad = g
+	bad.Rows = []int32{0, 3}
+	require.EqualError(t, cuda.GroupedFFN(emu, x, []kernels.FFNGroup{g, bad}), "cuda: grouped FFN: group 1 names row 3 of 3")
+	bad = g
+	bad.Out = make([]float32, 32)
+	require.ErrorContains(t, cuda.GroupedFFN(emu, x, []kernels.FFNGroup{bad}), "group 0 output has 32 values, want 2 rows × 32")
+	require.ErrorContains(t, cuda.GroupedFFN(emu, x[:40], []kernels.FFNGroup{g}), "x has 40 values, not a multiple of hidden size 32")
+	bad = g
+	bad.Gate, bad.Up, bad.Down = w(kernels.BF16, 16, 24), w(kernels.BF16, 16, 24), w(kernels.BF16, 24, 16)
+	require.ErrorContains(t, cuda.GroupedFFN(emu, x, []kernels.FFNGroup{bad}), "must be positive multiples of 16")
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/kerneltest"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -101,4 +102,12 @@ func TestMoEOnGPU(t *testing.T) {
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 7)
 	require.NoError(t, err)
 	checkMoE(t, d, l, 1, 16, 300)
+}
+
+// TestGroupedFFNOnGPU runs the grouped FFN conformance suite on the GPU.
+func TestGroupedFFNOnGPU(t *testing.T) {
+	d := open(t)
+	kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
+		return cuda.GroupedFFN(d, x, groups)
+	}, kerneltest.GroupedOptions{DTypes: []kernels.DType{kernels.BF16}, BF16Activations: true})
 }

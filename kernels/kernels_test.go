@@ -1,6 +1,7 @@
 package kernels_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -29,6 +30,11 @@ func TestAllImplementations(t *testing.T) {
 		t.Run("GateUp", func(t *testing.T) { kerneltest.TestGateUp(t, kernels.GateUp) })
 		t.Run("Down", func(t *testing.T) { kerneltest.TestDown(t, kernels.Down) })
 		t.Run("NaN", func(t *testing.T) { kerneltest.TestNaN(t, kernels.GateUp, kernels.Down) })
+		t.Run("GroupedFFN", func(t *testing.T) {
+			kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
+				return kernels.GroupedFFN(context.Background(), 0, x, groups, nil)
+			}, kerneltest.GroupedOptions{})
+		})
 	})
 }
 

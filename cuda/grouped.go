@@ -1,0 +1,152 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/moex-project/moex/kernels"
+)
+
+// GroupedFFN is kernels.GroupedFFN on a device: every group's SwiGLU FFN
+// over the rows of x [tokens, hidden] it names, scaled by its routing
+// weights, into its Out. Weights must be bf16 and every group's shapes the
+// same, hidden and intermediate sizes multiples of 16. Activations are
+// rounded to bf16 on the device (tensor-core numerics).
+//
+// The rows are gathered into one batch on the host, the dispatch layout is
+// built by the align kernel (one expert per group), and the two grouped
+// GEMMs run over it. Weights are uploaded on every call: this is the
+// contract's device form, for conformance tests and one-off use; MoE keeps
+// its weights resident.
+func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
+	if len(groups) == 0 {
+		return nil
+	}
+	g0 := groups[0]
+	H, I := g0.Gate.Cols, g0.Gate.Rows
+	if H%16 != 0 || I%16 != 0 || H == 0 || I == 0 {
+		return fmt.Errorf("cuda: grouped FFN: hidden %d and intermediate %d must be positive multiples of 16", H, I)
+	}
+	if len(x)%H != 0 {
+		return fmt.Errorf("cuda: grouped FFN: x has %d values, not a multiple of hidden size %d", len(x), H)
+	}
+	T := len(x) / H
+	P := 0
+	for e, g := range groups {
+		for i, m := range []kernels.Matrix{g.Gate, g.Up, g.Down} {
+			if m.DType != kernels.BF16 {
+				return fmt.Errorf("cuda: grouped FFN: group %d %s weights are %v; the device kernels take bf16",
+					e, [...]string{"gate", "up", "down"}[i], m.DType)
+			}
+		}
+		if g.Gate.Rows != I || g.Gate.Cols != H || g.Up.Rows != I || g.Up.Cols != H || g.Down.Rows != H || g.Down.Cols != I {
+			return fmt.Errorf("cuda: grouped FFN: group %d has gate %dx%d, up %dx%d, down %dx%d; group 0 sets [%d, %d] and [%d, %d]",
+				e, g.Gate.Rows, g.Gate.Cols, g.Up.Rows, g.Up.Cols, g.Down.Rows, g.Down.Cols, I, H, H, I)
+		}
+		if g.Scale != nil && len(g.Scale) != len(g.Rows) {
+			return fmt.Errorf("cuda: grouped FFN: group %d has %d rows and %d scales", e, len(g.Rows), len(g.Scale))
+		}
+		if len(g.Out) != len(g.Rows)*H {
+			return fmt.Errorf("cuda: grouped FFN: group %d output has %d values, want %d rows × %d", e, len(g.Out), len(g.Rows), H)
+		}
+		for _, r := range g.Rows {
+			if r < 0 || int(r) >= T {
+				return fmt.Errorf("cuda: grouped FFN: group %d names row %d of %d", e, r, T)
+			}
+		}
+		P += len(g.Rows)
+	}
+	if P == 0 {
+		return nil
+	}
+
+	// One batch of the named rows; pair p belongs to the expert of its group.
+	xs := make([]float32, 0, P*H)
+	ids := make([]int32, 0, P)
+	scale := make([]float32, 0, P)
+	var gate, up, down []uint16
+	for e, g := range groups {
+		for i, r := range g.Rows {
+			xs = append(xs, x[int(r)*H:int(r+1)*H]...)
+			ids = append(ids, int32(e))
+			s := float32(1)
+			if g.Scale != nil {
+				s = g.Scale[i]
+			}
+			scale = append(scale, s)
+		}
+		gate = append(gate, bf16Rows(g.Gate)...)
+		up = append(up, bf16Rows(g.Up)...)
+		down = append(down, bf16Rows(g.Down)...)
+	}
+
+	var err error
+	var bufs []Buffer
+	defer func() {
+		for _, b := range bufs {
+			d.Free(b)
+		}
+	}()
+	put := func(b Buffer, e error) Buffer {
+		if e != nil && err == nil {
+			err = e
+		}
+		bufs = append(bufs, b)
+		return b
+	}
+	alloc := func(bytes int64) Buffer { return put(d.Alloc(bytes)) }
+	E := len(groups)
+	xf := put(upload(d, xs))
+	wg, wu, wd := put(upload(d, gate)), put(upload(d, up)), put(upload(d, down))
+	idb, sb := put(upload(d, ids)), put(upload(d, scale))
+	maxRows := P + E*(gemmBlock-1)
+	xb := alloc(int64(P * H * 2))
+	counts, offsets := alloc(int64(E*4)), alloc(int64((E+1)*4))
+	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(P*4))
+	if err != nil {
+		return err
+	}
+	if err := d.F32ToBF16(xf, xb, P*H); err != nil {
+		return err
+	}
+	if err := d.Align(idb, P, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
+		return err
+	}
+	off := make([]int32, E+1)
+	if err := download(d, offsets, off); err != nil {
+		return err
+	}
+	padded := int(off[E])
+	h, hb, out := alloc(int64(padded*I*4)), alloc(int64(padded*I*2)), alloc(int64(padded*H*4))
+	if err != nil {
+		return err
+	}
+	if err := d.GroupedSwiGLU(xb, wg, wu, sorted, blockExpert, padded, 1, P, I, H, h); err != nil {
+		return err
+	}
+	if err := d.F32ToBF16(h, hb, padded*I); err != nil {
+		return err
+	}
+	if err := d.GroupedGEMM(hb, wd, sorted, blockExpert, padded, 1, P, false, H, I, sb, out); err != nil {
+		return err
+	}
+
+	// Back to the groups: pair p's output is row rows[p] of the layout.
+	inv := make([]int32, P)
+	if err := download(d, rows, inv); err != nil {
+		return err
+	}
+	all := make([]float32, padded*H)
+	if err := download(d, out, all); err != nil {
+		return err
+	}
+	p := 0
+	for _, g := range groups {
+		for i := range g.Rows {
+			copy(g.Out[i*H:(i+1)*H], all[int(inv[p])*H:][:H])
+			p++
+		}
+	}
+	return nil
+}
