@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/...
 
-.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda-check emu-test gpu-bundle race bench fuzz golden clean
+.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
 all: build
 
@@ -22,6 +22,7 @@ test: check asm-check purego cuda-check
 	$(GO) test -count=1 ./...
 	./scripts/mpi-parity.sh
 	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
+	$(GO) test -count=1 -tags cudaemu -run ExecBackend ./cmd/moex
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
@@ -41,6 +42,11 @@ cuda-check:
 	cd kernels/cudaemu && $(GO) run gen_sources.go
 	@git diff --exit-code --stat -- kernels/cudaemu/cuda_sources.go || { echo "kernels/cudaemu/cuda_sources.go is stale: run make cuda-check and commit"; exit 1; }
 
+# moex with the GPU path (--backend cuda): the kernels' fatbin embedded.
+# Runs where a GPU and its driver are (gorgonia.org/cu exits without one).
+cuda: cuda-check
+	$(GO) build -tags cuda -o $(BIN) ./cmd/moex
+
 # What a GPU host runs (no Go there): the cuda-tagged kernel tests and a
 # script that runs them and measures the device's baselines.
 gpu-bundle: cuda-check
@@ -53,6 +59,7 @@ gpu-bundle: cuda-check
 emu-test:
 	cd kernels/cudaemu && $(GO) run gen_sources.go
 	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
+	$(GO) test -count=1 -tags cudaemu -run ExecBackend ./cmd/moex
 
 # moex with the MPI transport (needs libopenmpi-dev).
 mpi:

@@ -157,11 +157,19 @@ func identityLayout(tokens int) (*moe.Layout, []int32, error) {
 // Forward computes y = MoE(x), x and y [tokens, hidden] on the host, with
 // activations rounded to bf16 on the device (tensor-core numerics: within
 // about 1e-2 of the fp32 CPU path).
-func (m *MoE) Forward(x, y []float32) error {
+func (m *MoE) Forward(x, y []float32) error { return m.ForwardRouting(x, y, nil, nil) }
+
+// ForwardRouting is Forward that also returns each token's experts
+// (ascending) and their routing weights, ids and weights [tokens, top_k];
+// either may be nil.
+func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) error {
 	c, d := m.cfg, m.dev
 	H, E, K, I := c.Hidden, c.NumExperts, c.TopK, c.Inter
 	if len(x)%H != 0 || len(y) != len(x) {
 		return fmt.Errorf("cuda: moe: x has %d values and y %d, want [tokens, %d]", len(x), len(y), H)
+	}
+	if n := len(x) / H * K; (ids != nil && len(ids) != n) || (weights != nil && len(weights) != n) {
+		return fmt.Errorf("cuda: moe: ids has %d values and weights %d, want [%d tokens, top_k %d]", len(ids), len(weights), len(x)/H, K)
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err
@@ -216,9 +224,22 @@ func (m *MoE) Forward(x, y []float32) error {
 	}
 
 	// Gate and layout.
-	ids, weights := alloc(int64(T*K*4)), alloc(int64(T*K*4))
-	if err := d.Gate(c.GateKernelArgs(), logits, m.bias, ids, weights, T); err != nil {
+	idb, wb := alloc(int64(T*K*4)), alloc(int64(T*K*4))
+	if err != nil {
 		return err
+	}
+	if err := d.Gate(c.GateKernelArgs(), logits, m.bias, idb, wb, T); err != nil {
+		return err
+	}
+	if ids != nil {
+		if err := download(d, idb, ids); err != nil {
+			return err
+		}
+	}
+	if weights != nil {
+		if err := download(d, wb, weights); err != nil {
+			return err
+		}
 	}
 	n := T * K
 	maxRows := n + E*(gemmBlock-1)
@@ -227,7 +248,7 @@ func (m *MoE) Forward(x, y []float32) error {
 	if err != nil {
 		return err
 	}
-	if err := d.Align(ids, n, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
+	if err := d.Align(idb, n, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
 	}
 	off := make([]int32, E+1)
@@ -249,7 +270,7 @@ func (m *MoE) Forward(x, y []float32) error {
 	if err := d.F32ToBF16(h, hb, padded*I); err != nil {
 		return err
 	}
-	if err := d.GroupedGEMM(hb, m.down, sorted, blockExpert, padded, K, n, false, H, I, weights, out); err != nil {
+	if err := d.GroupedGEMM(hb, m.down, sorted, blockExpert, padded, K, n, false, H, I, wb, out); err != nil {
 		return err
 	}
 
@@ -320,12 +341,25 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 		len(in.BlockTable) != B*in.MaxBlocks {
 		return nil, nil, fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
 	}
+	nBlocks := len(in.CacheF32)
+	if in.CacheBF16 != nil {
+		nBlocks = len(in.CacheBF16)
+	}
+	if in.BlockSize < 1 || in.D < 1 || nBlocks%(in.BlockSize*in.D) != 0 {
+		return nil, nil, fmt.Errorf("cuda: mla decode: the cache has %d values, not whole blocks of %d × %d", nBlocks, in.BlockSize, in.D)
+	}
+	nBlocks /= in.BlockSize * in.D
 	maxLen := 1
 	for b, l := range in.SeqLens {
 		if l < 1 || int(l) > in.MaxBlocks*in.BlockSize {
-			return nil, nil, fmt.Errorf("cuda: mla decode: sequence %d has length %d", b, l)
+			return nil, nil, fmt.Errorf("cuda: mla decode: sequence %d has length %d, the block table holds %d rows", b, l, in.MaxBlocks*in.BlockSize)
 		}
 		maxLen = max(maxLen, int(l))
+		for i, blk := range in.BlockTable[b*in.MaxBlocks:][:(int(l)+in.BlockSize-1)/in.BlockSize] {
+			if blk < 0 || int(blk) >= nBlocks {
+				return nil, nil, fmt.Errorf("cuda: mla decode: query %d: block table entry %d is %d, out of range [0, %d)", b, i, blk, nBlocks)
+			}
+		}
 	}
 	splits := (maxLen + in.SplitRows - 1) / in.SplitRows
 	out, lse = make([]float32, B*in.Heads*in.DV), make([]float32, B*in.Heads)

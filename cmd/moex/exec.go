@@ -46,6 +46,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	redundant := fs.Int("redundant", -1, "balanced: extra expert slots (default: one per rank)")
 	commName := fs.String("comm", "local", "local (goroutines in this process) or mpi (one process per rank, under mpirun)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
+	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels, one rank; needs a `make cuda` build)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -65,8 +66,15 @@ func execMoE(args []string, stderr io.Writer) error {
 	defer cancel()
 	var res *epResult
 	var err error
-	switch *commName {
-	case "local":
+	switch {
+	case *backend == "cuda":
+		if *ranks != 1 || *commName != "local" {
+			return fmt.Errorf("%w: exec moe: --backend cuda runs one rank (--ep 1 --comm local)", errUsage)
+		}
+		res, err = moeOnDevice(job)
+	case *backend != "cpu":
+		return fmt.Errorf("%w: exec moe: --backend %q (want cpu or cuda)", errUsage, *backend)
+	case *commName == "local":
 		if *ranks == 1 {
 			res, err = job.single(ctx)
 			break
@@ -81,7 +89,7 @@ func execMoE(args []string, stderr io.Writer) error {
 			return cerr
 		}
 		res, err = results[0], firstError(errs)
-	case "mpi":
+	case *commName == "mpi":
 		c, closeComm, cerr := mpiWorld()
 		if cerr != nil {
 			return cerr

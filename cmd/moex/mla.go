@@ -25,6 +25,7 @@ func execMLADecode(args []string, stderr io.Writer) error {
 	outPath := fs.String("out", "", "output float32 .npy [batch, heads, dv]")
 	lsePath := fs.String("lse-out", "", "optional float32 .npy [batch, heads]: natural-log sum-exp of the scaled scores")
 	split := fs.Int("split", 0, "split-KV chunk length in rows (0: default)")
+	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels; needs a `make cuda` build)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -77,12 +78,23 @@ func execMLADecode(args []string, stderr io.Writer) error {
 		}
 		queries[b] = dpattn.Query{Table: bt.Data[b*MB : (b+1)*MB], Len: int(sl.Data[b])}
 	}
-	cache := dpattn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
-	out := make([]float32, B*H**dv)
-	lse := make([]float32, B*H)
-	if err := dpattn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
-		dpattn.Options{SplitRows: *split}); err != nil {
-		return err
+	var out, lse []float32
+	switch *backend {
+	case "cpu":
+		cache := dpattn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
+		out, lse = make([]float32, B*H**dv), make([]float32, B*H)
+		if err := dpattn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
+			dpattn.Options{SplitRows: *split}); err != nil {
+			return err
+		}
+	case "cuda":
+		if out, lse, err = mlaOnDevice(mlaJob{q: q.Data, cache: kv.Data, blockSize: kv.Shape[1], d: D,
+			blockTable: bt.Data, maxBlocks: MB, seqLens: sl.Data, heads: H, dv: *dv, split: *split,
+			scale: float32(*scale)}); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%w: exec mla-decode: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
 	if err := npy.WriteFloat32(*outPath, []int{B, H, *dv}, out); err != nil {
 		return err
@@ -91,4 +103,13 @@ func execMLADecode(args []string, stderr io.Writer) error {
 		return npy.WriteFloat32(*lsePath, []int{B, H}, lse)
 	}
 	return nil
+}
+
+// mlaJob is an exec mla-decode batch for the device backend.
+type mlaJob struct {
+	q, cache                       []float32
+	blockTable, seqLens            []int32
+	blockSize, d, maxBlocks, heads int
+	dv, split                      int
+	scale                          float32
 }

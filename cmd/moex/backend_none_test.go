@@ -1,0 +1,18 @@
+//go:build !cuda && !cudaemu
+
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestExecBackendCUDAMissing(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	_, _, err := runCLI("exec", "moe", "--backend", "cuda", "--model", dir, "--layer", "1", "--input", filepath.Join(dir, "x.npy"),
+		"--out", filepath.Join(t.TempDir(), "y.npy"))
+	require.ErrorIs(t, err, errNoCUDA)
+	require.ErrorContains(t, err, "built without CUDA: build it with `make cuda`")
+}

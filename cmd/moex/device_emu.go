@@ -1,0 +1,11 @@
+//go:build cudaemu && !cuda
+
+package main
+
+import "github.com/moex-project/moex/cuda"
+
+// openDevice gives --backend cuda the CPU emulation of the kernels: the
+// same launch code as on a GPU, run on CPU threads (slow; for tests).
+func openDevice() (cuda.Launcher, func(), error) {
+	return cuda.NewEmu(), func() {}, nil
+}
