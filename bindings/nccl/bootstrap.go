@@ -3,7 +3,10 @@
 // collectives moex uses on device buffers, all-to-all as grouped
 // ncclSend/ncclRecv, errors carrying NCCL's own strings, and
 // ErrLibraryNotFound without the library. Bootstrap gives every rank the
-// communicator's unique id over TCP with torchrun's variables.
+// communicator's unique id over TCP with torchrun's variables, BootstrapOver
+// through a host group already there (MPI under mpirun); Comm.Await waits
+// for enqueued work and aborts the communicator when a peer does not arrive
+// by the context's deadline.
 package nccl
 
 import (
@@ -17,6 +20,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/moex-project/moex/ep"
 )
 
 // UniqueIDBytes is the size of ncclUniqueId.
@@ -195,5 +200,33 @@ func fetch(ctx context.Context, addr string, rank int) (UniqueID, error) {
 	if _, err := io.ReadFull(conn, id[:]); err != nil {
 		return UniqueID{}, fmt.Errorf("nccl: rank %d: reading the id from %s: %w", rank, addr, err)
 	}
+	return id, nil
+}
+
+// BootstrapOver gives every rank of an existing host group the same unique
+// id: the launch path under mpirun, where the MPI world (bindings/mpi) or
+// any other ep.Comm is already there. Rank 0 makes the id with newID and one
+// all-gather carries it; a rank 0 that cannot make one aborts the group, so
+// the others fail too instead of waiting.
+func BootstrapOver(ctx context.Context, c ep.Comm, newID func() (UniqueID, error)) (UniqueID, error) {
+	var id UniqueID
+	send := []byte{}
+	if c.Rank() == 0 {
+		var err error
+		if id, err = newID(); err != nil {
+			err = fmt.Errorf("nccl: rank 0 could not make the unique id: %w", err)
+			c.Abort(err)
+			return UniqueID{}, err
+		}
+		send = id[:]
+	}
+	parts, err := c.AllGather(ctx, send)
+	if err != nil {
+		return UniqueID{}, err
+	}
+	if len(parts[0]) != UniqueIDBytes {
+		return UniqueID{}, fmt.Errorf("nccl: rank 0 sent a %d-byte unique id, want %d", len(parts[0]), UniqueIDBytes)
+	}
+	copy(id[:], parts[0])
 	return id, nil
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/ep"
 )
 
 func testID() UniqueID {
@@ -135,4 +137,33 @@ func TestRankNeverConnects(t *testing.T) {
 	_, err := Bootstrap(ctx2, Env{"127.0.0.1", freePort(t), 2, 3}, nil)
 	require.ErrorContains(t, err, "rank 2: rank 0 at 127.0.0.1")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// TestBootstrapOver: under mpirun the id travels over the host group that
+// is already there; a rank 0 that cannot make one fails every rank.
+func TestBootstrapOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ids := make([]UniqueID, 4)
+	errs, err := ep.RunLocal(4, func(c ep.Comm) error {
+		var err error
+		ids[c.Rank()], err = BootstrapOver(ctx, c, func() (UniqueID, error) { return testID(), nil })
+		return err
+	})
+	require.NoError(t, err)
+	for r := range ids {
+		require.NoError(t, errs[r])
+		require.Equal(t, testID(), ids[r], "rank %d", r)
+	}
+
+	errs, err = ep.RunLocal(3, func(c ep.Comm) error {
+		_, err := BootstrapOver(ctx, c, func() (UniqueID, error) { return UniqueID{}, ErrLibraryNotFound })
+		return err
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, errs[0], ErrLibraryNotFound)
+	require.ErrorContains(t, errs[0], "rank 0 could not make the unique id")
+	for r := 1; r < 3; r++ {
+		require.ErrorIs(t, errs[r], ep.ErrAborted, "rank %d", r)
+	}
 }

@@ -3,11 +3,14 @@
 package nccl
 
 import (
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -91,6 +94,29 @@ func TestShimAgainstStub(t *testing.T) {
 	require.NoError(t, c.AsyncError())
 	require.NoError(t, c.Abort())
 	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
+
+	// Await: finished work returns; an asynchronous error, or a peer that
+	// never arrives (the context's deadline), aborts the communicator.
+	polls := 0
+	require.NoError(t, c.Await(context.Background(), func() (bool, error) { polls++; return polls == 3, nil }))
+	require.Equal(t, 3, polls)
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1"}, readLog(t, logPath))
+	never := func() (bool, error) { return false, nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err = c.Await(ctx, never)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "nccl: rank 2: collective not finished: context deadline exceeded; communicator aborted")
+	lines = readLog(t, logPath)
+	require.Equal(t, "ncclCommAbort comm=1", lines[len(lines)-1])
+	t.Setenv("NCCL_STUB_ASYNC", "3")
+	err = c.Await(context.Background(), never)
+	require.EqualError(t, err, "nccl: asynchronous operation: stub internal error (ncclResult 3); communicator aborted")
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
+	t.Setenv("NCCL_STUB_ASYNC", "")
+	require.ErrorContains(t, c.Await(context.Background(), func() (bool, error) { return false, errors.New("stream query failed") }),
+		"stream query failed")
+
 	_, err = InitRank(id, 4, 4)
 	require.ErrorContains(t, err, "rank 4 of 4")
 	require.ErrorContains(t, Load("/elsewhere/libnccl.so.2"), "is already loaded")

@@ -43,7 +43,8 @@ int ncclCommInitRank(ncclComm_t* c, int nranks, ncclUniqueId id, int rank) {
 int ncclCommDestroy(ncclComm_t c) { return record("ncclCommDestroy", " comm=%d", c == &comm); }
 int ncclCommAbort(ncclComm_t c) { return record("ncclCommAbort", " comm=%d", c == &comm); }
 int ncclCommGetAsyncError(ncclComm_t c, int* e) {
-  *e = 0;
+  const char* async = getenv("NCCL_STUB_ASYNC");  // the error in-flight work raised
+  *e = async ? atoi(async) : 0;
   return record("ncclCommGetAsyncError", " comm=%d", c == &comm);
 }
 int ncclAllReduce(const void* s, void* r, size_t n, int dt, int op, ncclComm_t c, void* st) {

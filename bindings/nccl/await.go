@@ -1,0 +1,48 @@
+//go:build cgo
+
+package nccl
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Await waits for this rank's enqueued NCCL work, which done reports
+// finished (typically cudaStreamQuery on the collective's stream). It polls
+// done and the communicator's asynchronous error; when that error is set,
+// or when ctx ends first (a peer that never joins the collective), it
+// aborts the communicator, NCCL's only way out of a collective that cannot
+// complete, and returns the reason. After an abort the communicator is
+// gone: make a new one.
+func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
+	wait := 10 * time.Microsecond
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		ok, err := done()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if err := c.AsyncError(); err != nil {
+			return c.abortWith(err)
+		}
+		select {
+		case <-ctx.Done():
+			return c.abortWith(fmt.Errorf("nccl: rank %d: collective not finished: %w", c.rank, context.Cause(ctx)))
+		case <-timer.C:
+		}
+		wait = min(2*wait, time.Millisecond)
+		timer.Reset(wait)
+	}
+}
+
+func (c *Comm) abortWith(err error) error {
+	if aerr := c.Abort(); aerr != nil {
+		return fmt.Errorf("%w (and the abort failed: %v)", err, aerr)
+	}
+	return fmt.Errorf("%w; communicator aborted", err)
+}
