@@ -2,23 +2,15 @@
 
 package main
 
-import (
-	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/moe"
-)
+import "github.com/moex-project/moex/cuda"
 
 // moeOnDevice runs exec moe's layer on the device (one rank).
 func moeOnDevice(j *epJob) (*epResult, error) {
-	l, err := moe.Load(j.model, j.layer)
+	l, x, r, err := j.loadOne()
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close()
-	c := l.Config
-	x, err := j.readInput(c)
-	if err != nil {
-		return nil, err
-	}
 	d, closeDev, err := openDevice()
 	if err != nil {
 		return nil, err
@@ -29,9 +21,6 @@ func moeOnDevice(j *epJob) (*epResult, error) {
 		return nil, err
 	}
 	defer g.Close()
-	T := x.Shape[0]
-	r := &epResult{tokens: T, hidden: c.Hidden, topK: c.TopK, y: make([]float32, T*c.Hidden),
-		ids: make([]int32, T*c.TopK), weights: make([]float32, T*c.TopK)}
 	return r, g.ForwardRouting(x.Data, r.y, r.ids, r.weights)
 }
 

@@ -164,20 +164,31 @@ func (j *epJob) readInput(cfg *moe.Config) (npy.Float32, error) {
 	return x, nil
 }
 
-func (j *epJob) single(ctx context.Context) (*epResult, error) {
+// loadOne loads the whole layer and the input for a one-rank run, with the
+// result's buffers; the caller closes the layer.
+func (j *epJob) loadOne() (*moe.Layer, npy.Float32, *epResult, error) {
 	l, err := moe.Load(j.model, j.layer)
 	if err != nil {
-		return nil, err
+		return nil, npy.Float32{}, nil, err
 	}
-	defer l.Close()
 	c := l.Config
 	x, err := j.readInput(c)
 	if err != nil {
-		return nil, err
+		l.Close()
+		return nil, x, nil, err
 	}
 	T := x.Shape[0]
 	r := &epResult{tokens: T, hidden: c.Hidden, topK: c.TopK, y: make([]float32, T*c.Hidden),
 		ids: make([]int32, T*c.TopK), weights: make([]float32, T*c.TopK)}
+	return l, x, r, nil
+}
+
+func (j *epJob) single(ctx context.Context) (*epResult, error) {
+	l, x, r, err := j.loadOne()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
 	return r, l.ForwardRouting(ctx, x.Data, r.y, r.ids, r.weights)
 }
 
