@@ -64,7 +64,12 @@ func (sc *stripScratch) grow(calls int) {
 // strip computes, for every call c, the 4·mr dot products of the rows a
 // with the four weight rows sc.b[c] over kMain elements into sc.out[c].
 func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esize int, sc *stripScratch) {
+	// Blocks of equal length (whole vectors), the fewest that fit stripK.
 	kc := max(s.lanes, stripK-stripK%s.lanes)
+	if blocks := (kMain + kc - 1) / kc; blocks > 1 {
+		vecs := kMain / s.lanes
+		kc = (vecs + blocks - 1) / blocks * s.lanes
+	}
 	var ap [maxKernelRows]*float32
 	var bp [4]*byte
 	for c0 := 0; c0 < len(sc.b); c0 += stripCalls {
