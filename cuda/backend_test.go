@@ -3,6 +3,7 @@
 package cuda_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/kerneltest"
@@ -106,4 +109,83 @@ func TestGroupedFFNBadInput(t *testing.T) {
 	bad = g
 	bad.Gate, bad.Up, bad.Down = w(kernels.BF16, 16, 24), w(kernels.BF16, 16, 24), w(kernels.BF16, 24, 16)
 	require.ErrorContains(t, cuda.GroupedFFN(emu, x, []kernels.FFNGroup{bad}), "must be positive multiples of 16")
+}
+
+// TestExpertsOnEmulation: a layer whose experts run on the device through
+// cuda.Experts, on one rank and as two EP ranks sharing the device, against
+// the same layer on the CPU.
+func TestExpertsOnEmulation(t *testing.T) {
+	m, err := moetest.Generate(moetest.Spec{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 3, Inter: 32,
+		SharedExperts: 1, Method: "greedy", Scoring: "softmax", Scaling: 1, DType: "BF16", Seed: 9})
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, m.WriteTo(dir))
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	const T = 21
+	x := moetest.Input(5, T, 64, false)
+	for i, v := range x {
+		x[i] = half.BF16ToF32(half.F32ToBF16(v))
+	}
+	want := make([]float32, len(x))
+	require.NoError(t, l.Forward(context.Background(), x, want))
+	ref := make([]float64, len(want))
+	for i, v := range want {
+		ref[i] = float64(v)
+	}
+
+	dev := cuda.NewEmu()
+	whole := l.Subset(func(int) bool { return true })
+	ex, err := cuda.NewExperts(dev, whole)
+	require.NoError(t, err)
+	defer ex.Close()
+	whole.Experts = ex
+	got := make([]float32, len(x))
+	require.NoError(t, whole.Forward(context.Background(), x, got))
+	e := moetest.RelErr(got, ref)
+	t.Logf("one rank: relative error %.2e", e)
+	require.LessOrEqual(t, e, 1e-2)
+
+	// Two EP ranks, each with its shard's experts on the (shared) device.
+	place, err := ep.Contiguous(8, 2)
+	require.NoError(t, err)
+	outs := make([][]float32, 2)
+	errs, err := ep.RunLocal(2, func(c ep.Comm) error {
+		r := c.Rank()
+		mine := map[int]bool{}
+		for _, e := range place.Local(r) {
+			mine[e] = true
+		}
+		shard := l.Subset(func(e int) bool { return mine[e] })
+		ex, err := cuda.NewExperts(dev, shard)
+		if err != nil {
+			return err
+		}
+		defer ex.Close()
+		shard.Experts = ex
+		el, err := ep.FromLayer(shard, c, place)
+		if err != nil {
+			return err
+		}
+		lo, hi := r*T/2, (r+1)*T/2
+		outs[r] = make([]float32, (hi-lo)*64)
+		return el.Forward(context.Background(), x[lo*64:hi*64], outs[r])
+	})
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	e = moetest.RelErr(append(outs[0], outs[1]...), ref)
+	t.Logf("two EP ranks: relative error %.2e", e)
+	require.LessOrEqual(t, e, 1e-2)
+
+	// A group for an expert the device does not hold.
+	half0 := l.Subset(func(e int) bool { return e < 4 })
+	ex0, err := cuda.NewExperts(dev, half0)
+	require.NoError(t, err)
+	defer ex0.Close()
+	w, _ := l.Expert(6)
+	err = ex0.GroupedFFN(context.Background(), x, []kernels.FFNGroup{{Gate: w.Gate, Up: w.Up, Down: w.Down,
+		Rows: []int32{0}, Out: make([]float32, 64), Expert: 6}})
+	require.EqualError(t, err, "cuda: experts: group 0 needs expert 6, which is not on the device")
 }

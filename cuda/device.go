@@ -6,6 +6,8 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -29,16 +31,36 @@ const (
 	gemmThreads  = 128
 )
 
-// Device is one GPU with moex's kernels loaded. Not safe for concurrent
-// use: the calls bind its context to the calling OS thread.
+// Device is one GPU with moex's kernels loaded. It is safe for concurrent
+// use: each call holds its lock with the context bound to the calling OS
+// thread.
 type Device struct {
+	mu  sync.Mutex
 	ctx cu.CUContext
 	mod cu.Module
 	fns map[string]cu.Function
 }
 
+// bind makes the context current on this goroutine's OS thread, pinned
+// (and the Device locked) until the returned function runs.
+func (d *Device) bind() (func(), error) {
+	d.mu.Lock()
+	runtime.LockOSThread()
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		runtime.UnlockOSThread()
+		d.mu.Unlock()
+		return nil, fmt.Errorf("cuda: binding the context: %w", err)
+	}
+	return func() {
+		runtime.UnlockOSThread()
+		d.mu.Unlock()
+	}, nil
+}
+
 // Open makes a context on GPU ordinal and loads the kernels.
 func Open(ordinal int) (*Device, error) {
+	runtime.LockOSThread() // the new context is current on this thread only
+	defer runtime.UnlockOSThread()
 	dev, err := cu.GetDevice(ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
@@ -67,6 +89,11 @@ func Open(ordinal int) (*Device, error) {
 
 // Close unloads the kernels and destroys the context.
 func (d *Device) Close() error {
+	done, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
 	if err := d.mod.Unload(); err != nil {
 		return err
 	}
@@ -79,9 +106,11 @@ func (b Buffer) dev() cu.DevicePtr { return cu.DevicePtr(b.id) }
 
 // Alloc allocates bytes of device memory (at least one byte).
 func (d *Device) Alloc(bytes int64) (Buffer, error) {
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
+	done, err := d.bind()
+	if err != nil {
 		return Buffer{}, err
 	}
+	defer done()
 	p, err := cu.MemAlloc(max(bytes, 1))
 	if err != nil {
 		return Buffer{}, fmt.Errorf("cuda: allocating %d bytes: %w", bytes, err)
@@ -91,8 +120,12 @@ func (d *Device) Alloc(bytes int64) (Buffer, error) {
 
 // Free releases a buffer.
 func (d *Device) Free(b Buffer) {
-	if b.id != 0 {
+	if b.id == 0 {
+		return
+	}
+	if done, err := d.bind(); err == nil {
 		cu.MemFree(b.dev())
+		done()
 	}
 }
 
@@ -101,6 +134,11 @@ func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 	if n > dst.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes into %d", n, dst.Bytes)
 	}
+	done, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
 	return cu.MemcpyHtoD(dst.dev(), src, n)
 }
 
@@ -109,6 +147,11 @@ func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	if n > src.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes from %d", n, src.Bytes)
 	}
+	done, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
 	return cu.MemcpyDtoH(dst, src.dev(), n)
 }
 
@@ -151,9 +194,11 @@ func (a *args) raw(p unsafe.Pointer) *args {
 }
 
 func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
+	done, err := d.bind()
+	if err != nil {
 		return err
 	}
+	defer done()
 	fn := d.fns[name]
 	if err := fn.LaunchAndSync(grid[0], grid[1], grid[2], block, 1, 1, 0, cu.Stream{}, a.slots); err != nil {
 		return fmt.Errorf("cuda: %s: %w", name, err)

@@ -3,6 +3,7 @@
 package cuda_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/kerneltest"
 	"github.com/moex-project/moex/moe"
@@ -110,4 +113,34 @@ func TestGroupedFFNOnGPU(t *testing.T) {
 	kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
 		return cuda.GroupedFFN(d, x, groups)
 	}, kerneltest.GroupedOptions{DTypes: []kernels.DType{kernels.BF16}, BF16Activations: true})
+}
+
+// TestExpertsOnGPU: a DeepSeek-V2-Lite-shaped layer with its experts
+// resident on the GPU, against the CPU layer (bf16-rounded input).
+func TestExpertsOnGPU(t *testing.T) {
+	d := open(t)
+	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 8)
+	require.NoError(t, err)
+	ex, err := cuda.NewExperts(d, l)
+	require.NoError(t, err)
+	defer ex.Close()
+	for _, T := range []int{1, 16, 300} {
+		x := moetest.Input(uint64(T), T, l.Config.Hidden, false)
+		for i, v := range x {
+			x[i] = half.BF16ToF32(half.F32ToBF16(v))
+		}
+		want := make([]float32, len(x))
+		l.Experts = nil
+		require.NoError(t, l.Forward(context.Background(), x, want))
+		got := make([]float32, len(x))
+		l.Experts = ex
+		require.NoError(t, l.Forward(context.Background(), x, got))
+		ref := make([]float64, len(want))
+		for i, v := range want {
+			ref[i] = float64(v)
+		}
+		e := moetest.RelErr(got, ref)
+		t.Logf("%d tokens: relative error %.2e", T, e)
+		require.LessOrEqual(t, e, 1e-2)
+	}
 }

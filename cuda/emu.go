@@ -17,6 +17,10 @@ type Emu struct {
 	mu   sync.Mutex
 	next uint64
 	mem  map[uint64][]uint64 // 8-byte words: every buffer 8-byte aligned
+	// run serialises kernels: the emulation keeps a kernel's __shared__
+	// memory in static storage, as one GPU would run one launch at a time
+	// on one stream.
+	run sync.Mutex
 }
 
 // NewEmu makes an emulated device.
@@ -68,22 +72,30 @@ func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 }
 
 func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
+	e.run.Lock()
+	defer e.run.Unlock()
 	cudaemu.GateRaw(e.p(logits), e.p(bias), tokens, k, e.p(ids), e.p(weights))
 	return nil
 }
 
 func (e *Emu) Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+	e.run.Lock()
+	defer e.run.Unlock()
 	cudaemu.AlignRaw(e.p(ids), n, experts, block, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
 	return nil
 }
 
 func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error {
+	e.run.Lock()
+	defer e.run.Unlock()
 	cudaemu.CombineRaw(e.p(out), e.p(rows), tokens, topK, hidden, e.p(shared), e.p(y))
 	return nil
 }
 
 func (e *Emu) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
 	if paddedRows > 0 {
+		e.run.Lock()
+		defer e.run.Unlock()
 		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
 	}
 	return nil
@@ -91,6 +103,8 @@ func (e *Emu) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pa
 
 func (e *Emu) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
 	if paddedRows > 0 {
+		e.run.Lock()
+		defer e.run.Unlock()
 		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate), e.p(up), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
 	}
 	return nil
@@ -98,6 +112,8 @@ func (e *Emu) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows,
 
 func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 	if n > 0 {
+		e.run.Lock()
+		defer e.run.Unlock()
 		cudaemu.F32ToBF16Raw(e.p(src), e.p(dst), n)
 	}
 	return nil
@@ -105,6 +121,8 @@ func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 
 func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
 	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+	e.run.Lock()
+	defer e.run.Unlock()
 	cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
 		splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
 	return nil

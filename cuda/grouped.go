@@ -44,16 +44,8 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 			return fmt.Errorf("cuda: grouped FFN: group %d has gate %dx%d, up %dx%d, down %dx%d; group 0 sets [%d, %d] and [%d, %d]",
 				e, g.Gate.Rows, g.Gate.Cols, g.Up.Rows, g.Up.Cols, g.Down.Rows, g.Down.Cols, I, H, H, I)
 		}
-		if g.Scale != nil && len(g.Scale) != len(g.Rows) {
-			return fmt.Errorf("cuda: grouped FFN: group %d has %d rows and %d scales", e, len(g.Rows), len(g.Scale))
-		}
-		if len(g.Out) != len(g.Rows)*H {
-			return fmt.Errorf("cuda: grouped FFN: group %d output has %d values, want %d rows × %d", e, len(g.Out), len(g.Rows), H)
-		}
-		for _, r := range g.Rows {
-			if r < 0 || int(r) >= T {
-				return fmt.Errorf("cuda: grouped FFN: group %d names row %d of %d", e, r, T)
-			}
+		if err := checkRows(e, g, H, T); err != nil {
+			return err
 		}
 		P += len(g.Rows)
 	}
@@ -61,26 +53,61 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 		return nil
 	}
 
-	// One batch of the named rows; pair p belongs to the expert of its group.
-	xs := make([]float32, 0, P*H)
-	ids := make([]int32, 0, P)
-	scale := make([]float32, 0, P)
 	var gate, up, down []uint16
-	for e, g := range groups {
-		for i, r := range g.Rows {
-			xs = append(xs, x[int(r)*H:int(r+1)*H]...)
-			ids = append(ids, int32(e))
-			s := float32(1)
-			if g.Scale != nil {
-				s = g.Scale[i]
-			}
-			scale = append(scale, s)
-		}
+	for _, g := range groups {
 		gate = append(gate, bf16Rows(g.Gate)...)
 		up = append(up, bf16Rows(g.Up)...)
 		down = append(down, bf16Rows(g.Down)...)
 	}
+	var err error
+	var bufs []Buffer
+	defer func() {
+		for _, b := range bufs {
+			d.Free(b)
+		}
+	}()
+	put := func(b Buffer, e error) Buffer {
+		if e != nil && err == nil {
+			err = e
+		}
+		bufs = append(bufs, b)
+		return b
+	}
+	wg, wu, wd := put(upload(d, gate)), put(upload(d, up)), put(upload(d, down))
+	if err != nil {
+		return err
+	}
+	return runGroups(d, x, H, I, len(groups), groups, func(i int) int { return i }, wg, wu, wd)
+}
 
+// runGroups runs the groups' FFNs on weights stacked in device buffers
+// (gate and up [slots, inter, hidden], down [slots, hidden, inter]; group
+// i uses slot(i)): the named rows batched, the layout built by the align
+// kernel, the fused SwiGLU GEMM, the weighted down GEMM, and the rows back
+// into each group's Out. Shapes are the caller's to check.
+func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGroup, slot func(i int) int, gate, up, down Buffer) error {
+	P := 0
+	for _, g := range groups {
+		P += len(g.Rows)
+	}
+	if P == 0 {
+		return nil
+	}
+	// One batch of the named rows; pair p belongs to its group's slot.
+	xs := make([]float32, 0, P*H)
+	ids := make([]int32, 0, P)
+	scale := make([]float32, 0, P)
+	for i, g := range groups {
+		for j, r := range g.Rows {
+			xs = append(xs, x[int(r)*H:int(r+1)*H]...)
+			ids = append(ids, int32(slot(i)))
+			s := float32(1)
+			if g.Scale != nil {
+				s = g.Scale[j]
+			}
+			scale = append(scale, s)
+		}
+	}
 	var err error
 	var bufs []Buffer
 	defer func() {
@@ -96,13 +123,11 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 		return b
 	}
 	alloc := func(bytes int64) Buffer { return put(d.Alloc(bytes)) }
-	E := len(groups)
 	xf := put(upload(d, xs))
-	wg, wu, wd := put(upload(d, gate)), put(upload(d, up)), put(upload(d, down))
 	idb, sb := put(upload(d, ids)), put(upload(d, scale))
-	maxRows := P + E*(gemmBlock-1)
+	maxRows := P + slots*(gemmBlock-1)
 	xb := alloc(int64(P * H * 2))
-	counts, offsets := alloc(int64(E*4)), alloc(int64((E+1)*4))
+	counts, offsets := alloc(int64(slots*4)), alloc(int64((slots+1)*4))
 	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(P*4))
 	if err != nil {
 		return err
@@ -110,25 +135,25 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 	if err := d.F32ToBF16(xf, xb, P*H); err != nil {
 		return err
 	}
-	if err := d.Align(idb, P, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
+	if err := d.Align(idb, P, slots, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
 	}
-	off := make([]int32, E+1)
+	off := make([]int32, slots+1)
 	if err := download(d, offsets, off); err != nil {
 		return err
 	}
-	padded := int(off[E])
+	padded := int(off[slots])
 	h, hb, out := alloc(int64(padded*I*4)), alloc(int64(padded*I*2)), alloc(int64(padded*H*4))
 	if err != nil {
 		return err
 	}
-	if err := d.GroupedSwiGLU(xb, wg, wu, sorted, blockExpert, padded, 1, P, I, H, h); err != nil {
+	if err := d.GroupedSwiGLU(xb, gate, up, sorted, blockExpert, padded, 1, P, I, H, h); err != nil {
 		return err
 	}
 	if err := d.F32ToBF16(h, hb, padded*I); err != nil {
 		return err
 	}
-	if err := d.GroupedGEMM(hb, wd, sorted, blockExpert, padded, 1, P, false, H, I, sb, out); err != nil {
+	if err := d.GroupedGEMM(hb, down, sorted, blockExpert, padded, 1, P, false, H, I, sb, out); err != nil {
 		return err
 	}
 
@@ -146,6 +171,22 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 		for i := range g.Rows {
 			copy(g.Out[i*H:(i+1)*H], all[int(inv[p])*H:][:H])
 			p++
+		}
+	}
+	return nil
+}
+
+// checkRows checks group e's rows, scales and output against x's T rows.
+func checkRows(e int, g kernels.FFNGroup, H, T int) error {
+	if g.Scale != nil && len(g.Scale) != len(g.Rows) {
+		return fmt.Errorf("cuda: grouped FFN: group %d has %d rows and %d scales", e, len(g.Rows), len(g.Scale))
+	}
+	if len(g.Out) != len(g.Rows)*H {
+		return fmt.Errorf("cuda: grouped FFN: group %d output has %d values, want %d rows × %d", e, len(g.Out), len(g.Rows), H)
+	}
+	for _, r := range g.Rows {
+		if r < 0 || int(r) >= T {
+			return fmt.Errorf("cuda: grouped FFN: group %d names row %d of %d", e, r, T)
 		}
 	}
 	return nil

@@ -93,7 +93,7 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 			scale[i] = weights[p]
 			rowOf[p] = int32(rows + i)
 		}
-		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down, Rows: tok, Scale: scale})
+		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down, Rows: tok, Scale: scale, Expert: e})
 		rows += len(pairs)
 	}
 	out := make([]float32, rows*H)
@@ -103,7 +103,7 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		groups[i].Out = out[lo*H : (lo+n)*H]
 		lo += n
 	}
-	if err := kernels.GroupedFFN(ctx, shard.WorkerCount(), all, groups, nil); err != nil {
+	if err := shard.RunExperts(ctx, all, groups, nil); err != nil {
 		comm.Abort(err)
 		return err
 	}
@@ -137,7 +137,7 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 	times.Scatter += t3.Sub(t2)
 	defer func() { times.Experts += time.Since(t3) }()
 	if shared := shard.SharedFFN(x, nil, nil); shared != nil {
-		if err := kernels.GroupedFFN(ctx, shard.WorkerCount(), x, []kernels.FFNGroup{*shared}, nil); err != nil {
+		if err := shard.RunExperts(ctx, x, []kernels.FFNGroup{*shared}, nil); err != nil {
 			comm.Abort(err)
 			return err
 		}

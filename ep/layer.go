@@ -206,7 +206,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		// Outputs land in received order: the rows of one expert are
 		// scattered, so each group writes a scratch block first.
 		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down,
-			Rows: rows, Scale: scale, Out: make([]float32, len(rows)*H)})
+			Rows: rows, Scale: scale, Out: make([]float32, len(rows)*H), Expert: e})
 	}
 	own := make([]int32, T)
 	for t := range own {
@@ -216,7 +216,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
-	if err := kernels.GroupedFFN(ctx, l.moe.WorkerCount(), all, groups, &l.ffn); err != nil {
+	if err := l.moe.RunExperts(ctx, all, groups, &l.ffn); err != nil {
 		return fail(err)
 	}
 	for _, g := range groups[:len(groups)-boolInt(shared != nil)] {

@@ -15,7 +15,13 @@ type FFNGroup struct {
 	Rows     []int32   // [rows]: the rows of x this expert reads
 	Scale    []float32 // [rows]: routing weight of each row, or nil for one
 	Out      []float32 // [rows, hidden]: scale · expert(x[row])
+	// Expert names the weights for implementations that keep them
+	// elsewhere (a GPU): the routed expert's id, or SharedExpert.
+	Expert int
 }
+
+// SharedExpert is FFNGroup.Expert of a shared expert.
+const SharedExpert = -1
 
 // GEMMGroup is one expert's share of a grouped GEMM:
 // Out[r, n] = Scale[r] · (A[Rows[r]] · B[n]).

@@ -50,6 +50,11 @@ type Layer struct {
 	// GOMAXPROCS. The result does not depend on it.
 	Workers int
 
+	// Experts runs the grouped expert FFNs of a forward pass; nil: the CPU
+	// kernels. Subset does not carry it over (a runner holds its layer's
+	// weights).
+	Experts ExpertRunner
+
 	scratchMu sync.Mutex
 	scratches []*scratch
 }
@@ -272,13 +277,13 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		}
 		x := l.experts[e]
 		groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
-			Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H]})
+			Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H], Expert: e})
 	}
 	shared := l.SharedFFN(x, nil, kernels.Grow(&sc.shared, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
-	if err := kernels.GroupedFFN(ctx, l.workers(), x, groups, &sc.ffn); err != nil {
+	if err := l.RunExperts(ctx, x, groups, &sc.ffn); err != nil {
 		return err
 	}
 	var sharedOut []float32
@@ -287,6 +292,22 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	}
 	Combine(y, out, lay.Rows, K, H, sharedOut)
 	return nil
+}
+
+// An ExpertRunner computes grouped expert FFNs with the contract of
+// kernels.GroupedFFN, finding each group's weights by its Expert; the CUDA
+// backend (cuda.Experts) keeps them on a GPU.
+type ExpertRunner interface {
+	GroupedFFN(ctx context.Context, x []float32, groups []kernels.FFNGroup) error
+}
+
+// RunExperts computes the groups (built from this layer's experts) on the
+// layer's runner, or on the CPU kernels with sc (nil: none) as scratch.
+func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FFNGroup, sc *kernels.Scratch) error {
+	if l.Experts != nil {
+		return l.Experts.GroupedFFN(ctx, x, groups)
+	}
+	return kernels.GroupedFFN(ctx, l.workers(), x, groups, sc)
 }
 
 // Route chooses the experts of every token of x [tokens, hidden]: ids and
@@ -327,7 +348,8 @@ func (l *Layer) SharedFFN(x []float32, rows []int32, out []float32) *kernels.FFN
 		out = make([]float32, len(rows)*H)
 	}
 	s := l.shared
-	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: out[:len(rows)*H]}
+	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: out[:len(rows)*H],
+		Expert: kernels.SharedExpert}
 }
 
 // scratch is one forward pass's reusable buffers.
