@@ -22,7 +22,7 @@ test: check asm-check purego cuda-check
 	$(GO) test -count=1 ./...
 	./scripts/mpi-parity.sh
 	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
-	$(GO) test -count=1 -tags cudaemu -run ExecBackend ./cmd/moex
+	$(GO) test -count=1 -tags cudaemu -run Backend ./cmd/moex
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
@@ -59,7 +59,7 @@ gpu-bundle: cuda-check
 emu-test:
 	cd kernels/cudaemu && $(GO) run gen_sources.go
 	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
-	$(GO) test -count=1 -tags cudaemu -run ExecBackend ./cmd/moex
+	$(GO) test -count=1 -tags cudaemu -run Backend ./cmd/moex
 
 # moex with the MPI transport (needs libopenmpi-dev).
 mpi:

@@ -24,6 +24,10 @@ type RunConfig struct {
 	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
 	Attn         Block
 	CacheDType   kernels.DType
+	// Experts, when set, gives each rank the runner of its shard's experts
+	// (a GPU: cuda.Experts) and what releases it; nil: the CPU kernels.
+	// The one-rank reference of the parity check stays on the CPU.
+	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -212,6 +216,14 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, p
 	}
 	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
 	shard.Workers = workers
+	if cfg.Experts != nil {
+		runner, release, err := cfg.Experts(r, shard)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		shard.Experts = runner
+	}
 	epl, err := ep.FromLayer(shard, comm, place)
 	if err != nil {
 		return nil, err

@@ -91,3 +91,16 @@ func TestExecBackendCUDA(t *testing.T) {
 	_, _, err = runCLI(append(args, "--backend", "cuda", "--out", p("gpu.npy"))...)
 	require.EqualError(t, err, "cuda: mla decode: query 1: block table entry 0 is 8, out of range [0, 8)")
 }
+
+// TestRunBackendCUDA: moex run with every rank's experts on the (emulated)
+// device, both MoE modes, parity with the CPU within bf16 tolerance.
+func TestRunBackendCUDA(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	for _, mode := range []string{"alltoall", "gather"} {
+		out, _, err := runCLI("run", "--backend", "cuda", "--model", dir, "--layer", "1", "--ranks", "3", "--steps", "3", "--moe-mode", mode)
+		require.NoError(t, err)
+		require.Contains(t, out, "backend: MoE experts on the CPU emulation of the CUDA kernels")
+		require.Contains(t, out, "parity against one rank (within 1e-2 of the CPU path expected)")
+		require.Contains(t, out, ": ok")
+	}
+}

@@ -16,3 +16,10 @@ func TestExecBackendCUDAMissing(t *testing.T) {
 	require.ErrorIs(t, err, errNoCUDA)
 	require.ErrorContains(t, err, "built without CUDA: build it with `make cuda`")
 }
+
+func TestRunBackendCUDAMissing(t *testing.T) {
+	_, _, err := runCLI("run", "--backend", "cuda", "--steps", "1")
+	require.ErrorIs(t, err, errNoCUDA)
+	_, _, err = runCLI("run", "--backend", "tpu", "--steps", "1")
+	require.ErrorContains(t, err, `--backend "tpu" (want cpu or cuda)`)
+}

@@ -4,6 +4,9 @@ package main
 
 import "github.com/moex-project/moex/cuda"
 
+// deviceName says where --backend cuda runs.
+const deviceName = "GPU 0"
+
 // openDevice opens GPU 0 for --backend cuda.
 func openDevice() (cuda.Launcher, func(), error) {
 	d, err := cuda.Open(0)

@@ -2,11 +2,21 @@
 
 package main
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/moex-project/moex/moe"
+)
 
 // errNoCUDA is what --backend cuda says in a build without the GPU path.
 var errNoCUDA = errors.New("this moex was built without CUDA: build it with `make cuda` (needs nvcc; runs where a GPU and its driver are)")
 
+const deviceName = "no device"
+
 func moeOnDevice(*epJob) (*epResult, error) { return nil, errNoCUDA }
 
 func mlaOnDevice(mlaJob) (out, lse []float32, err error) { return nil, nil, errNoCUDA }
+
+func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
+	return nil, nil, errNoCUDA
+}
