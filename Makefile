@@ -52,6 +52,7 @@ cuda: cuda-check
 gpu-bundle: cuda-check
 	mkdir -p bundle
 	$(GO) test -c -tags cuda -o bundle/cuda.test ./cuda
+	$(GO) build -tags cuda -o bundle/moex ./cmd/moex
 	cp scripts/gpu-run.sh bundle/run.sh
 	@du -sh bundle
 

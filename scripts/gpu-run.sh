@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a GPU host (no Go needed) from the folder `make gpu-bundle` makes:
-# the CUDA kernels' tests against the CPU paths, and the device's copy
+# the CUDA kernels' tests against the CPU paths, moex run with the experts
+# on the GPU against the CPU path, and the device's copy
 # bandwidth and dense bf16 GEMM rate through PyTorch when it is there.
 # Writes results.txt beside itself.
 set -uo pipefail
@@ -10,6 +11,10 @@ cd "$(dirname "$0")"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
   echo "## kernel tests"
   ./cuda.test -test.v 2>&1
+  echo "## moex run --backend cuda (in-process ranks sharing GPU 0)"
+  ./moex run --backend cuda --ranks 1 --steps 4 2>&1
+  ./moex run --backend cuda --ranks 4 --steps 8 2>&1
+  ./moex run --backend cuda --ranks 4 --steps 8 --moe-mode gather 2>&1
   echo "## device baselines (PyTorch)"
   python3 - <<'PY' 2>&1 || echo "no PyTorch: baselines skipped"
 import torch, time
