@@ -28,7 +28,8 @@ type Launcher interface {
 	ToDevice(dst Buffer, src unsafe.Pointer, n int64) error
 	ToHost(dst unsafe.Pointer, src Buffer, n int64) error
 	Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error
-	Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error
+	// Align's blockExpert holds maxBlocks entries, -1 past the layout.
+	Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
 	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
 	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
 	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
@@ -248,7 +249,7 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if err != nil {
 		return err
 	}
-	if err := d.Align(idb, n, E, gemmBlock, counts, offsets, sorted, blockExpert, rows); err != nil {
+	if err := d.Align(idb, n, E, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
 	}
 	off := make([]int32, E+1)

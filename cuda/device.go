@@ -217,8 +217,8 @@ func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, t
 }
 
 // Align launches the dispatch-layout kernel over n = tokens·top_k ids.
-func (d *Device) Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error {
-	a := (&args{}).ptr(ids).int(n).int(experts).int(block).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
+func (d *Device) Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+	a := (&args{}).ptr(ids).int(n).int(experts).int(block).int(maxBlocks).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
 	return d.launch("moex_align", [3]int{1, 1, 1}, alignThreads, a)
 }
 

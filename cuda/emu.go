@@ -78,10 +78,10 @@ func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, toke
 	return nil
 }
 
-func (e *Emu) Align(ids Buffer, n, experts, block int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+func (e *Emu) Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
 	e.run.Lock()
 	defer e.run.Unlock()
-	cudaemu.AlignRaw(e.p(ids), n, experts, block, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
+	cudaemu.AlignRaw(e.p(ids), n, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
 	return nil
 }
 

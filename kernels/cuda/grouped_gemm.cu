@@ -70,6 +70,7 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   __shared__ int tokenOf[kGemmBM];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = blockIdx.x * kGemmBM, n0 = blockIdx.y * kGemmBN;
+  if (blockExpert[blockIdx.x] < 0) return;  // past the layout's rows (a fixed grid)
   const size_t eoff = (size_t)blockExpert[blockIdx.x] * N * K;
   if (tid < kGemmBM) {
     int p = sorted[row0 + tid];

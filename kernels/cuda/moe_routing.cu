@@ -148,10 +148,13 @@ constexpr int kAlignThreads = 256;
 
 // moex_align: the dispatch layout of ids [n = T·K] over E ≤ kMaxExperts experts,
 // padded to multiples of block: counts [E], offsets [E+1], sorted [padded
-// total] (token·K + slot, sentinel n in the padding), blockExpert [padded
-// total / block], rows [n] (the inverse). One block; within an expert the
-// pairs keep their order, as on the CPU.
-extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, int E, int block, int32_t* __restrict__ counts,
+// total] (token·K + slot, sentinel n in the padding), blockExpert [maxBlocks]
+// (the expert of each block of the padded total, -1 beyond it: the GEMMs of a
+// fixed grid, as a captured graph has, skip those blocks), rows [n] (the
+// inverse). One block; within an expert the pairs keep their order, as on
+// the CPU.
+extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, int E, int block, int maxBlocks,
+                      int32_t* __restrict__ counts,
                       int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ blockExpert,
                       int32_t* __restrict__ rows) {
   __shared__ int cnt[kMaxExperts];
@@ -177,6 +180,7 @@ extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, in
     }
     blockExpert[b] = lo;
   }
+  for (int b = off[E] / block + tid; b < maxBlocks; b += kAlignThreads) blockExpert[b] = -1;
   __syncthreads();
   // Each thread places its experts' pairs in pair order (deterministic).
   for (int e = tid; e < E; e += kAlignThreads) {

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=00a6b91ec82f0e58832b8748fec8a64a
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=23c048a1ad9f61ce8cb400e5df9900a8
 import "C"

@@ -10,8 +10,8 @@ package cudaemu
 #include <stdint.h>
 void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
                    int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights);
-void moex_emu_align(const int32_t* ids, int n, int experts, int block, int32_t* counts, int32_t* offsets,
-                    int32_t* sorted, int32_t* blockExpert, int32_t* rows);
+void moex_emu_align(const int32_t* ids, int n, int experts, int block, int maxBlocks, int32_t* counts,
+                    int32_t* offsets, int32_t* sorted, int32_t* blockExpert, int32_t* rows);
 void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
                       float* y);
 void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
@@ -100,9 +100,14 @@ func Align(ids []int32, tokens, topK, experts, block int) (*moe.Layout, []int32,
 	maxRows := n + experts*(block-1)
 	sorted := make([]int32, maxRows+1)
 	blockExpert := make([]int32, maxRows/block+1)
-	C.moex_emu_align(i32p(ids), C.int(n), C.int(experts), C.int(block), i32p(l.Counts), i32p(l.Offsets),
-		i32p(sorted), i32p(blockExpert), i32p(l.Rows))
+	C.moex_emu_align(i32p(ids), C.int(n), C.int(experts), C.int(block), C.int(len(blockExpert)), i32p(l.Counts),
+		i32p(l.Offsets), i32p(sorted), i32p(blockExpert), i32p(l.Rows))
 	total := int(l.Offsets[experts])
+	for b, e := range blockExpert[total/block:] {
+		if e != -1 {
+			return nil, nil, fmt.Errorf("cudaemu: align: block %d past the layout's %d rows has expert %d, want -1", total/block+b, total, e)
+		}
+	}
 	l.Pairs = sorted[:total]
 	return l, blockExpert[:total/block], nil
 }
@@ -210,9 +215,10 @@ func GateRaw(logits, bias unsafe.Pointer, tokens int, k moe.GateKernelArgs, ids,
 		(*C.int32_t)(ids), (*C.float)(weights))
 }
 
-// AlignRaw launches the dispatch-layout kernel.
-func AlignRaw(ids unsafe.Pointer, n, experts, block int, counts, offsets, sorted, blockExpert, rows unsafe.Pointer) {
-	C.moex_emu_align((*C.int32_t)(ids), C.int(n), C.int(experts), C.int(block), (*C.int32_t)(counts),
+// AlignRaw launches the dispatch-layout kernel; blockExpert holds
+// maxBlocks entries.
+func AlignRaw(ids unsafe.Pointer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows unsafe.Pointer) {
+	C.moex_emu_align((*C.int32_t)(ids), C.int(n), C.int(experts), C.int(block), C.int(maxBlocks), (*C.int32_t)(counts),
 		(*C.int32_t)(offsets), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), (*C.int32_t)(rows))
 }
 
