@@ -36,6 +36,9 @@ type Launcher interface {
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error
+	// Capture records the kernels record launches as a Graph instead of
+	// running them; copies during the capture are errors.
+	Capture(record func() error) (Graph, error)
 }
 
 // gemmBlock is the row block of the grouped GEMM (kernels/cuda).
@@ -49,6 +52,16 @@ func upload[T any](d Launcher, v []T) (Buffer, error) {
 		return b, err
 	}
 	return b, d.ToDevice(b, unsafe.Pointer(&v[0]), n)
+}
+
+// copyIn copies v into the device buffer b.
+func copyIn[T any](d Launcher, b Buffer, v []T) error {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	if n == 0 {
+		return nil
+	}
+	return d.ToDevice(b, unsafe.Pointer(&v[0]), n)
 }
 
 func download[T any](d Launcher, b Buffer, v []T) error {

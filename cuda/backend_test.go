@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -188,4 +189,58 @@ func TestExpertsOnEmulation(t *testing.T) {
 	err = ex0.GroupedFFN(context.Background(), x, []kernels.FFNGroup{{Gate: w.Gate, Up: w.Up, Down: w.Down,
 		Rows: []int32{0}, Out: make([]float32, 64), Expert: 6}})
 	require.EqualError(t, err, "cuda: experts: group 0 needs expert 6, which is not on the device")
+}
+
+// TestMoEStepGraphOnEmulation: the fixed-buffer decode step gives the
+// bits of MoE.Forward for every batch size up to its bucket (padding rows
+// change nothing), eagerly and replayed from its captured graph with new
+// inputs; an IDLE replay (zero tokens) runs; copies cannot be captured.
+func TestMoEStepGraphOnEmulation(t *testing.T) {
+	specs := []moetest.Spec{
+		{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 3, Inter: 32, SharedExperts: 1, Method: "greedy",
+			Scoring: "softmax", Scaling: 1, DType: "BF16", Seed: 11},
+		{ModelType: "qwen2_moe", Hidden: 32, Experts: 6, TopK: 2, Inter: 16, SharedInter: 32, NormTopK: true, DType: "BF16", Seed: 12},
+	}
+	for _, spec := range specs {
+		t.Run(spec.ModelType, func(t *testing.T) {
+			m, err := moetest.Generate(spec)
+			require.NoError(t, err)
+			dir := filepath.Join(t.TempDir(), "ckpt")
+			require.NoError(t, m.WriteTo(dir))
+			l, err := moe.Load(dir, spec.Layer)
+			require.NoError(t, err)
+			defer l.Close()
+			dev := cuda.NewEmu()
+			g, err := cuda.NewMoE(dev, l)
+			require.NoError(t, err)
+			defer g.Close()
+			const bucket = 8
+			step, err := g.NewStep(bucket)
+			require.NoError(t, err)
+			defer step.Close()
+			H := spec.Hidden
+			check := func(seed uint64, tokens int) {
+				x := moetest.Input(seed, tokens, H, false)
+				want := make([]float32, len(x))
+				require.NoError(t, g.Forward(x, want))
+				got := make([]float32, len(x))
+				require.NoError(t, step.Forward(x, got))
+				require.Equal(t, want, got, "%d tokens in a bucket of %d", tokens, bucket)
+			}
+			for _, n := range []int{bucket, 5, 1} {
+				check(uint64(n), n)
+			}
+			require.NoError(t, step.Capture())
+			for _, n := range []int{bucket, 3, 1} {
+				check(uint64(100+n), n) // replays, new inputs in the same buffers
+			}
+			require.NoError(t, step.Forward(nil, nil), "an IDLE rank replays with zero tokens")
+			require.ErrorContains(t, step.Forward(make([]float32, (bucket+1)*H), make([]float32, (bucket+1)*H)), "want [t ≤ 8")
+		})
+	}
+	dev := cuda.NewEmu()
+	b, err := dev.Alloc(8)
+	require.NoError(t, err)
+	_, err = dev.Capture(func() error { return dev.ToDevice(b, unsafe.Pointer(&[2]float32{}), 8) })
+	require.ErrorContains(t, err, "a copy while capturing a graph")
 }

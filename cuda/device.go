@@ -39,6 +39,7 @@ type Device struct {
 	ctx cu.CUContext
 	mod cu.Module
 	fns map[string]cu.Function
+	rec *[]launchRec // while capturing: launches recorded, not run
 }
 
 // bind makes the context current on this goroutine's OS thread, pinned
@@ -139,6 +140,9 @@ func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 		return err
 	}
 	defer done()
+	if d.rec != nil {
+		return errCopyInGraph
+	}
 	return cu.MemcpyHtoD(dst.dev(), src, n)
 }
 
@@ -152,6 +156,9 @@ func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 		return err
 	}
 	defer done()
+	if d.rec != nil {
+		return errCopyInGraph
+	}
 	return cu.MemcpyDtoH(dst, src.dev(), n)
 }
 
@@ -164,12 +171,16 @@ func Download[T any](d *Device, b Buffer, v []T) error { return download(Launche
 // args holds kernel arguments, each scalar and pointer in its own 8-byte
 // slot (gorgonia.org/cu's Launch passes one pointer per argument; the
 // driver reads the parameter's own size from it).
-type args struct{ slots []unsafe.Pointer }
+type args struct {
+	slots []unsafe.Pointer
+	sizes []int // bytes behind each slot (a graph copies them)
+}
 
 func (a *args) ptr(b Buffer) *args {
 	p := new(uint64)
 	*p = b.id // 0 for the zero Buffer: a null pointer
 	a.slots = append(a.slots, unsafe.Pointer(p))
+	a.sizes = append(a.sizes, 8)
 	return a
 }
 
@@ -177,6 +188,7 @@ func (a *args) int(v int) *args {
 	p := new(uint64)
 	*p = uint64(uint32(int32(v)))
 	a.slots = append(a.slots, unsafe.Pointer(p))
+	a.sizes = append(a.sizes, 8)
 	return a
 }
 
@@ -184,12 +196,14 @@ func (a *args) f32(v float32) *args {
 	p := new(uint64)
 	*p = uint64(math.Float32bits(v))
 	a.slots = append(a.slots, unsafe.Pointer(p))
+	a.sizes = append(a.sizes, 8)
 	return a
 }
 
-// raw passes a by-value struct argument.
-func (a *args) raw(p unsafe.Pointer) *args {
+// raw passes a by-value struct argument of size bytes.
+func (a *args) raw(p unsafe.Pointer, size uintptr) *args {
 	a.slots = append(a.slots, p)
+	a.sizes = append(a.sizes, int(size))
 	return a
 }
 
@@ -199,6 +213,10 @@ func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
 		return err
 	}
 	defer done()
+	if d.rec != nil {
+		*d.rec = append(*d.rec, launchRec{name: name, fn: d.fns[name], grid: grid, block: block, args: a})
+		return nil
+	}
 	fn := d.fns[name]
 	if err := fn.LaunchAndSync(grid[0], grid[1], grid[2], block, 1, 1, 0, cu.Stream{}, a.slots); err != nil {
 		return fmt.Errorf("cuda: %s: %w", name, err)
@@ -212,7 +230,7 @@ func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, t
 	if tokens == 0 {
 		return nil
 	}
-	a := (&args{}).ptr(logits).ptr(bias).raw(unsafe.Pointer(&k)).ptr(ids).ptr(weights)
+	a := (&args{}).ptr(logits).ptr(bias).raw(unsafe.Pointer(&k), unsafe.Sizeof(k)).ptr(ids).ptr(weights)
 	return d.launch("moex_gate", [3]int{tokens, 1, 1}, gateThreads, a)
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -142,5 +143,42 @@ func TestExpertsOnGPU(t *testing.T) {
 		e := moetest.RelErr(got, ref)
 		t.Logf("%d tokens: relative error %.2e", T, e)
 		require.LessOrEqual(t, e, 1e-2)
+	}
+}
+
+// TestMoEStepGraphOnGPU: the decode step as a CUDA graph on the GPU gives
+// MoE.Forward's bits for batches within its bucket; logs eager and replay
+// times.
+func TestMoEStepGraphOnGPU(t *testing.T) {
+	d := open(t)
+	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 9)
+	require.NoError(t, err)
+	g, err := cuda.NewMoE(d, l)
+	require.NoError(t, err)
+	defer g.Close()
+	const bucket = 16
+	step, err := g.NewStep(bucket)
+	require.NoError(t, err)
+	defer step.Close()
+	H := l.Config.Hidden
+	run := func(label string, tokens int) {
+		x := moetest.Input(uint64(tokens), tokens, H, false)
+		want := make([]float32, len(x))
+		require.NoError(t, g.Forward(x, want))
+		got := make([]float32, len(x))
+		start := time.Now()
+		const reps = 20
+		for i := 0; i < reps; i++ {
+			require.NoError(t, step.Forward(x, got))
+		}
+		t.Logf("%s, %d tokens: %v per step (copies included)", label, tokens, time.Since(start)/reps)
+		require.Equal(t, want, got)
+	}
+	for _, n := range []int{bucket, 7, 1} {
+		run("eager", n)
+	}
+	require.NoError(t, step.Capture())
+	for _, n := range []int{bucket, 7, 1} {
+		run("graph", n)
 	}
 }

@@ -21,6 +21,7 @@ type Emu struct {
 	// memory in static storage, as one GPU would run one launch at a time
 	// on one stream.
 	run sync.Mutex
+	rec *[]func() // while capturing: kernels recorded, not run
 }
 
 // NewEmu makes an emulated device.
@@ -56,6 +57,9 @@ func (e *Emu) p(b Buffer) unsafe.Pointer {
 }
 
 func (e *Emu) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
+	if e.capturing() {
+		return errCopyInGraph
+	}
 	if n > dst.Bytes {
 		return fmt.Errorf("cuda: emu: copy of %d bytes into %d", n, dst.Bytes)
 	}
@@ -64,6 +68,9 @@ func (e *Emu) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 }
 
 func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
+	if e.capturing() {
+		return errCopyInGraph
+	}
 	if n > src.Bytes {
 		return fmt.Errorf("cuda: emu: copy of %d bytes from %d", n, src.Bytes)
 	}
@@ -72,58 +79,112 @@ func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 }
 
 func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
-	e.run.Lock()
-	defer e.run.Unlock()
-	cudaemu.GateRaw(e.p(logits), e.p(bias), tokens, k, e.p(ids), e.p(weights))
-	return nil
+	return e.kernel(func() {
+		cudaemu.GateRaw(e.p(logits), e.p(bias), tokens, k, e.p(ids), e.p(weights))
+	})
 }
 
 func (e *Emu) Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
-	e.run.Lock()
-	defer e.run.Unlock()
-	cudaemu.AlignRaw(e.p(ids), n, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
-	return nil
+	return e.kernel(func() {
+		cudaemu.AlignRaw(e.p(ids), n, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
+	})
 }
 
 func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error {
-	e.run.Lock()
-	defer e.run.Unlock()
-	cudaemu.CombineRaw(e.p(out), e.p(rows), tokens, topK, hidden, e.p(shared), e.p(y))
-	return nil
+	return e.kernel(func() {
+		cudaemu.CombineRaw(e.p(out), e.p(rows), tokens, topK, hidden, e.p(shared), e.p(y))
+	})
 }
 
 func (e *Emu) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
 	if paddedRows > 0 {
-		e.run.Lock()
-		defer e.run.Unlock()
-		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+		return e.kernel(func() {
+			cudaemu.GroupedGEMMRaw(e.p(a), e.p(w), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+		})
 	}
 	return nil
 }
 
 func (e *Emu) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
 	if paddedRows > 0 {
-		e.run.Lock()
-		defer e.run.Unlock()
-		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate), e.p(up), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+		return e.kernel(func() {
+			cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate), e.p(up), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+		})
 	}
 	return nil
 }
 
 func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 	if n > 0 {
-		e.run.Lock()
-		defer e.run.Unlock()
-		cudaemu.F32ToBF16Raw(e.p(src), e.p(dst), n)
+		return e.kernel(func() {
+			cudaemu.F32ToBF16Raw(e.p(src), e.p(dst), n)
+		})
 	}
 	return nil
 }
 
 func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
 	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+	return e.kernel(func() {
+		cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
+			splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
+	})
+}
+
+// kernel runs f, one kernel at a time, or records it while capturing.
+func (e *Emu) kernel(f func()) error {
+	e.mu.Lock()
+	if e.rec != nil {
+		*e.rec = append(*e.rec, f)
+		e.mu.Unlock()
+		return nil
+	}
+	e.mu.Unlock()
 	e.run.Lock()
 	defer e.run.Unlock()
-	cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
-		splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
+	f()
 	return nil
+}
+
+// Capture records the kernels record launches, without running them
+// (copies are refused), as a Graph that runs them in order.
+func (e *Emu) Capture(record func() error) (Graph, error) {
+	var ops []func()
+	e.mu.Lock()
+	if e.rec != nil {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("cuda: emu: a capture is already in progress")
+	}
+	e.rec = &ops
+	e.mu.Unlock()
+	err := record()
+	e.mu.Lock()
+	e.rec = nil
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &emuGraph{e: e, ops: ops}, nil
+}
+
+type emuGraph struct {
+	e   *Emu
+	ops []func()
+}
+
+func (g *emuGraph) Replay() error {
+	for _, f := range g.ops {
+		if err := g.e.kernel(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *emuGraph) Close() { g.ops = nil }
+
+func (e *Emu) capturing() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rec != nil
 }

@@ -1,0 +1,17 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import "errors"
+
+// A Graph is a recorded sequence of kernel launches on fixed buffers that
+// runs as one unit: a CUDA graph on a GPU, the recorded calls on the
+// emulation. Replays read the buffers' contents at the time: new inputs
+// copied into the same buffers give new results.
+type Graph interface {
+	Replay() error
+	Close()
+}
+
+// errCopyInGraph: copies are not recorded into graphs.
+var errCopyInGraph = errors.New("cuda: a copy while capturing a graph: copy inputs before Replay and outputs after")

@@ -1,0 +1,161 @@
+//go:build cuda
+
+package cuda
+
+/*
+#cgo LDFLAGS: -lcuda
+#include <cuda.h>
+#include <stdlib.h>
+#include <string.h>
+
+static CUresult moex_graph_add_kernel(CUgraph g, CUgraphNode* node, CUgraphNode* dep, CUfunction f, unsigned gx,
+                                      unsigned gy, unsigned gz, unsigned bx, void** params) {
+  CUDA_KERNEL_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.func = f;
+  p.gridDimX = gx;
+  p.gridDimY = gy;
+  p.gridDimZ = gz;
+  p.blockDimX = bx;
+  p.blockDimY = 1;
+  p.blockDimZ = 1;
+  p.kernelParams = params;
+  return cuGraphAddKernelNode(node, g, dep, dep ? 1 : 0, &p);
+}
+
+static const char* moex_cu_error(CUresult r) {
+  const char* s = 0;
+  cuGetErrorString(r, &s);
+  return s ? s : "unknown CUDA error";
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+// launchRec is a kernel launch recorded while capturing.
+type launchRec struct {
+	name  string
+	fn    cu.Function
+	grid  [3]int
+	block int
+	args  *args
+}
+
+func cuErr(call string, r C.CUresult) error {
+	if r == C.CUDA_SUCCESS {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %s (CUresult %d)", call, C.GoString(C.moex_cu_error(r)), int(r))
+}
+
+// deviceGraph is an instantiated CUDA graph: the recorded launches as a
+// chain of kernel nodes, their arguments copied into C memory it owns.
+type deviceGraph struct {
+	d     *Device
+	graph C.CUgraph
+	exec  C.CUgraphExec
+	mem   []unsafe.Pointer
+}
+
+// Capture records the kernel launches record makes (without running them;
+// copies are refused) and builds a CUDA graph of them, one node after the
+// other. Nothing else may use the device during the capture.
+func (d *Device) Capture(record func() error) (Graph, error) {
+	var recs []launchRec
+	d.mu.Lock()
+	if d.rec != nil {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("cuda: a capture is already in progress")
+	}
+	d.rec = &recs
+	d.mu.Unlock()
+	err := record()
+	d.mu.Lock()
+	d.rec = nil
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	done, err := d.bind()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	g := &deviceGraph{d: d}
+	if err := cuErr("cuGraphCreate", C.cuGraphCreate(&g.graph, 0)); err != nil {
+		return nil, err
+	}
+	var prev C.CUgraphNode
+	for i, r := range recs {
+		// The arguments, copied: a C array of pointers to C copies.
+		n := len(r.args.slots)
+		params := C.malloc(C.size_t(max(1, n) * int(unsafe.Sizeof(uintptr(0)))))
+		g.mem = append(g.mem, params)
+		ptrs := unsafe.Slice((*unsafe.Pointer)(params), max(1, n))
+		for j, slot := range r.args.slots {
+			v := C.malloc(C.size_t(r.args.sizes[j]))
+			g.mem = append(g.mem, v)
+			C.memcpy(v, slot, C.size_t(r.args.sizes[j]))
+			ptrs[j] = v
+		}
+		fn := *(*C.CUfunction)(unsafe.Pointer(&r.fn)) // cu.Function holds the CUfunction alone
+		var node C.CUgraphNode
+		var dep *C.CUgraphNode
+		if i > 0 {
+			dep = &prev
+		}
+		if err := cuErr("cuGraphAddKernelNode "+r.name, C.moex_graph_add_kernel(g.graph, &node, dep, fn,
+			C.uint(r.grid[0]), C.uint(r.grid[1]), C.uint(r.grid[2]), C.uint(r.block), (*unsafe.Pointer)(params))); err != nil {
+			g.free()
+			return nil, err
+		}
+		prev = node
+	}
+	if err := cuErr("cuGraphInstantiateWithFlags", C.cuGraphInstantiateWithFlags(&g.exec, g.graph, 0)); err != nil {
+		g.free()
+		return nil, err
+	}
+	return g, nil
+}
+
+// Replay launches the graph on the default stream and waits for it.
+func (g *deviceGraph) Replay() error {
+	done, err := g.d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := cuErr("cuGraphLaunch", C.cuGraphLaunch(g.exec, nil)); err != nil {
+		return err
+	}
+	return cuErr("cuStreamSynchronize", C.cuStreamSynchronize(nil))
+}
+
+// Close destroys the graph.
+func (g *deviceGraph) Close() {
+	if done, err := g.d.bind(); err == nil {
+		g.free()
+		done()
+	}
+}
+
+func (g *deviceGraph) free() {
+	if g.exec != nil {
+		C.cuGraphExecDestroy(g.exec)
+		g.exec = nil
+	}
+	if g.graph != nil {
+		C.cuGraphDestroy(g.graph)
+		g.graph = nil
+	}
+	for _, p := range g.mem {
+		C.free(p)
+	}
+	g.mem = nil
+}
