@@ -15,6 +15,8 @@ cd "$(dirname "$0")"
   ./moex run --backend cuda --ranks 1 --steps 4 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 --moe-mode gather 2>&1
+  echo "## moex bench moe --backend cuda (eager launches and CUDA-graph replays, host copies included)"
+  ./moex bench moe --backend cuda --preset deepseek-v2-lite --tokens 1,16,64,256 2>&1
   echo "## device baselines (PyTorch)"
   python3 - <<'PY' 2>&1 || echo "no PyTorch: baselines skipped"
 import torch, time

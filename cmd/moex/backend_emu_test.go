@@ -3,9 +3,11 @@
 package main
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -103,4 +105,22 @@ func TestRunBackendCUDA(t *testing.T) {
 		require.Contains(t, out, "parity against one rank (within 1e-2 of the CPU path expected)")
 		require.Contains(t, out, ": ok")
 	}
+}
+
+// TestBenchMoEBackendCUDA: bench moe on the device, eager and graph
+// replays, one JSON object per case.
+func TestBenchMoEBackendCUDA(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	out, _, err := runCLI("bench", "moe", "--backend", "cuda", "--model", dir, "--layer", "1", "--tokens", "1,3",
+		"--format", "json", "--min-time", "1ms")
+	require.NoError(t, err)
+	var impls []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r benchResult
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		require.Positive(t, r.MedianNS)
+		require.Positive(t, r.GBPS)
+		impls = append(impls, r.Impl)
+	}
+	require.Equal(t, []string{"cuda", "cuda-graph", "cuda", "cuda-graph"}, impls)
 }

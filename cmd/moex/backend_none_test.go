@@ -23,3 +23,8 @@ func TestRunBackendCUDAMissing(t *testing.T) {
 	_, _, err = runCLI("run", "--backend", "tpu", "--steps", "1")
 	require.ErrorContains(t, err, `--backend "tpu" (want cpu or cuda)`)
 }
+
+func TestBenchMoEBackendCUDAMissing(t *testing.T) {
+	_, _, err := runCLI("bench", "moe", "--backend", "cuda", "--preset", "deepseek-v2-lite", "--tokens", "1")
+	require.ErrorIs(t, err, errNoCUDA)
+}

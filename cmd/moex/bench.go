@@ -148,10 +148,14 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 	}
 	fmt.Fprintln(tw, "case\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.1f\t%.1f\t%.0f%%\t\n", r.Case, r.Impl, r.Threads,
-			time.Duration(r.MedianNS).Round(time.Microsecond), r.GFLOPS, r.GBPS, 100*r.BWFraction)
+		frac := fmt.Sprintf("%.0f%%", 100*r.BWFraction)
+		if r.ProbeGBPS == 0 {
+			frac = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.1f\t%.1f\t%s\t\n", r.Case, r.Impl, r.Threads,
+			time.Duration(r.MedianNS).Round(time.Microsecond), r.GFLOPS, r.GBPS, frac)
 	}
-	if len(rs) > 0 {
+	if len(rs) > 0 && rs[0].ProbeGBPS > 0 {
 		fmt.Fprintf(tw, "memory read-bandwidth probe: %.1f GB/s\t\t\t\t\t\t\t\n", rs[0].ProbeGBPS)
 	}
 	return tw.Flush()
@@ -316,7 +320,7 @@ func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duratio
 		Bench: bench, Case: label, Impl: impl, Threads: threads, Dtype: dtype, Runs: len(ts),
 		MedianNS: med.Nanoseconds(), MinNS: ts[0].Nanoseconds(),
 		GFLOPS: flops / med.Seconds() / 1e9, Bytes: bytes, GBPS: gbps,
-		ProbeGBPS: probe, BWFraction: gbps / probe,
+		ProbeGBPS: probe, BWFraction: gbps / max(probe, 1e-300),
 	}
 }
 
@@ -328,6 +332,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
 	dtype := fs.String("dtype", "bf16", "dtype of the preset's random weights")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
+	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -362,6 +367,13 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		name = "deepseek-v2-lite"
 	default:
 		return nil, fmt.Errorf("%w: bench moe: --model DIR or --preset deepseek-v2-lite is required", errUsage)
+	}
+	switch *backend {
+	case "cpu":
+	case "cuda":
+		return benchMoEOnDevice(l, name, ts, o, *seed)
+	default:
+		return nil, fmt.Errorf("%w: bench moe: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
 	c := l.Config
 	probe := memoryBandwidth()

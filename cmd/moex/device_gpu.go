@@ -3,6 +3,9 @@
 package main
 
 import (
+	"fmt"
+	"math/rand/v2"
+
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/moe"
 )
@@ -57,4 +60,56 @@ func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), f
 		}
 		return ex, ex.Close, nil
 	}, closeDev, nil
+}
+
+// benchMoEOnDevice times the layer on the device for each token count:
+// eager launches (MoE.Forward, layout read back to size the GEMMs) and the
+// fixed-buffer step replayed from its CUDA graph, host copies included.
+func benchMoEOnDevice(l *moe.Layer, name string, ts []int, o *benchOpts, seed uint64) ([]benchResult, error) {
+	d, closeDev, err := openDevice()
+	if err != nil {
+		return nil, err
+	}
+	defer closeDev()
+	g, err := cuda.NewMoE(d, l)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	c := l.Config
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var results []benchResult
+	for _, T := range ts {
+		x := make([]float32, T*c.Hidden)
+		for i := range x {
+			x[i] = 2*rng.Float32() - 1
+		}
+		y := make([]float32, len(x))
+		ids := make([]int32, T*c.TopK)
+		if err := g.ForwardRouting(x, y, ids, nil); err != nil {
+			return nil, err
+		}
+		bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
+		label := fmt.Sprintf("%s T=%d", name, T)
+		times, err := o.time(label+" cuda", func() error { return g.Forward(x, y) })
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, makeResult("moe", label, "cuda", "bf16", 0, times, c.FLOPs(T), bytes, 0))
+		step, err := g.NewStep(T)
+		if err != nil {
+			return nil, err
+		}
+		if err := step.Capture(); err != nil {
+			step.Close()
+			return nil, err
+		}
+		times, err = o.time(label+" cuda-graph", func() error { return step.Forward(x, y) })
+		step.Close()
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, makeResult("moe", label, "cuda-graph", "bf16", 0, times, c.FLOPs(T), bytes, 0))
+	}
+	return results, nil
 }

@@ -17,6 +17,10 @@ func moeOnDevice(*epJob) (*epResult, error) { return nil, errNoCUDA }
 
 func mlaOnDevice(mlaJob) (out, lse []float32, err error) { return nil, nil, errNoCUDA }
 
+func benchMoEOnDevice(*moe.Layer, string, []int, *benchOpts, uint64) ([]benchResult, error) {
+	return nil, errNoCUDA
+}
+
 func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
 	return nil, nil, errNoCUDA
 }
