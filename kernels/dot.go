@@ -61,6 +61,19 @@ func (sc *stripScratch) grow(calls int) {
 	}
 }
 
+// stripRows is the row count of the strip that starts at row m0 of M: the
+// fewest strips of at most maxMR rows, their sizes as even as can be (16
+// rows of three-row kernels are 3+3+3+3+2+2, not 3+3+3+3+3+1: a lone row
+// has too few accumulators to hide the FMA latency).
+func (s *simd) stripRows(M, m0 int) int {
+	n := (M + s.maxMR - 1) / s.maxMR
+	base, extra := M/n, M%n // extra strips of base+1 rows, then base rows
+	if m0 < extra*(base+1) {
+		return base + 1
+	}
+	return base
+}
+
 // strip computes, for every call c, the 4·mr dot products of the rows a
 // with the four weight rows sc.b[c] over kMain elements into sc.out[c].
 func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esize int, sc *stripScratch) {
@@ -145,8 +158,8 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 		n2 := min(n+1, n1-1)
 		sc.b[c] = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
 	}
-	for m0 := 0; m0 < M; m0 += s.maxMR {
-		mr := min(s.maxMR, M-m0)
+	for m0, mr := 0, 0; m0 < M; m0 += mr {
+		mr = s.stripRows(M, m0)
 		for i := 0; i < mr; i++ {
 			a[i] = &x[int(idx[m0+i])*K]
 		}
@@ -235,8 +248,8 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 			sc.b[c][j] = down.rowPtr(n + min(j, cols-1))
 		}
 	}
-	for m0 := 0; m0 < M; m0 += s.maxMR {
-		mr := min(s.maxMR, M-m0)
+	for m0, mr := 0, 0; m0 < M; m0 += mr {
+		mr = s.stripRows(M, m0)
 		for i := 0; i < mr; i++ {
 			a[i] = row(m0 + i)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -242,4 +243,21 @@ func matrixOf(dt DType, rows, cols int, v []float32) Matrix {
 	}
 	m, _ := NewHalf(dt, rows, cols, u)
 	return m
+}
+
+func TestStripRows(t *testing.T) {
+	for _, s := range []*simd{{maxMR: 3}, {maxMR: 6}} {
+		for M := 1; M <= 40; M++ {
+			var sizes []int
+			for m0, mr := 0, 0; m0 < M; m0 += mr {
+				mr = s.stripRows(M, m0)
+				require.Positive(t, mr)
+				require.LessOrEqual(t, mr, s.maxMR)
+				sizes = append(sizes, mr)
+			}
+			require.Len(t, sizes, (M+s.maxMR-1)/s.maxMR, "M=%d: %v", M, sizes)
+			require.LessOrEqual(t, slices.Max(sizes)-slices.Min(sizes), 1, "M=%d: %v", M, sizes)
+		}
+	}
+	require.Equal(t, 2, (&simd{maxMR: 3}).stripRows(16, 12))
 }
