@@ -35,11 +35,13 @@ const (
 // use: each call holds its lock with the context bound to the calling OS
 // thread.
 type Device struct {
-	mu  sync.Mutex
-	ctx cu.CUContext
-	mod cu.Module
-	fns map[string]cu.Function
-	rec *[]launchRec // while capturing: launches recorded, not run
+	mu      sync.Mutex
+	dev     cu.Device
+	ordinal int
+	ctx     cu.CUContext
+	mod     cu.Module
+	fns     map[string]cu.Function
+	rec     *[]launchRec // while capturing: launches recorded, not run
 }
 
 // bind makes the context current on this goroutine's OS thread, pinned
@@ -66,16 +68,22 @@ func Open(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
 	}
-	ctx, err := dev.MakeContext(cu.SchedAuto)
+	// The primary context: the one the CUDA runtime, NCCL and PyTorch use,
+	// so that buffers and streams are shared with them.
+	ctx, err := dev.RetainPrimaryCtx()
 	if err != nil {
+		return nil, fmt.Errorf("cuda: context on device %d: %w", ordinal, err)
+	}
+	if err := cu.SetCurrentContext(ctx); err != nil {
+		dev.ReleasePrimaryCtx()
 		return nil, fmt.Errorf("cuda: context on device %d: %w", ordinal, err)
 	}
 	mod, err := cu.LoadFatBinary(fatbin)
 	if err != nil {
-		ctx.Destroy()
+		dev.ReleasePrimaryCtx()
 		return nil, fmt.Errorf("cuda: loading the kernels: %w", err)
 	}
-	d := &Device{ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
+	d := &Device{dev: dev, ordinal: ordinal, ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
 	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
 		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_f32_to_bf16"} {
 		fn, err := mod.Function(name)
@@ -98,8 +106,16 @@ func (d *Device) Close() error {
 	if err := d.mod.Unload(); err != nil {
 		return err
 	}
-	return d.ctx.Destroy()
+	return d.dev.ReleasePrimaryCtx()
 }
+
+// Ordinal is the device's index.
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// Bind makes the device's context current on the calling OS thread, which
+// stays locked to the goroutine until the returned function runs: for
+// libraries that use the current device (NCCL's communicator setup).
+func (d *Device) Bind() (func(), error) { return d.bind() }
 
 var _ Launcher = (*Device)(nil)
 

@@ -163,6 +163,13 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 			return nil, err
 		}
 	}
+	return rep, finish(ctx, cfg, sched, rep, ys)
+}
+
+// finish fills in the report's totals and the parity of ys [rank][step]
+// against the same tokens on one rank.
+func finish(ctx context.Context, cfg RunConfig, sched schedule, rep *RunReport, ys [][][]float32) error {
+	R, S := cfg.Ranks, cfg.Steps
 	for r := range sched.batch {
 		for st, b := range sched.batch[r] {
 			rep.Tokens += b
@@ -171,10 +178,9 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 			}
 		}
 	}
-	// The same tokens on one rank.
 	want, err := runOneRank(ctx, cfg, sched)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var num, den float64
 	rep.ParityExact = true
@@ -195,7 +201,76 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 	if den > 0 {
 		rep.ParityRelErr = math.Sqrt(num / den)
 	}
-	return rep, nil
+	return nil
+}
+
+// RunComm is Run with this process as one rank of comm (MPI, NCCL, …): every
+// rank calls it with the same cfg (Ranks is comm's size). Rank 0 gets the
+// report, with every rank's outputs and stage times gathered to it and the
+// parity against one rank computed there; the other ranks get nil.
+func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, error) {
+	cfg.Ranks = comm.Size()
+	R, S := cfg.Ranks, cfg.Steps
+	if S < 1 {
+		return nil, fmt.Errorf("dpattn: run of %d steps", S)
+	}
+	if cfg.Mode != "alltoall" && cfg.Mode != "gather" {
+		return nil, fmt.Errorf("dpattn: run: MoE mode %q (want alltoall or gather)", cfg.Mode)
+	}
+	if cfg.Attn.HiddenSize() != cfg.MoE.Config.Hidden {
+		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), cfg.MoE.Config.Hidden)
+	}
+	sched := makeSchedule(R, S, cfg.Seed)
+	place, err := ep.Contiguous(cfg.MoE.Config.NumExperts, R)
+	if err != nil {
+		return nil, err
+	}
+	rep := &RunReport{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
+	var mine RankTimes
+	start := time.Now()
+	y, err := runRank(ctx, cfg, sched, comm, place, runtime.GOMAXPROCS(0), &mine, rep.Steps)
+	if err != nil {
+		comm.Abort(fmt.Errorf("rank %d: %w", comm.Rank(), err))
+		return nil, err
+	}
+	wall := []int64{int64(time.Since(start))}
+	if err := comm.AllReduceInt64(ctx, wall, ep.Max); err != nil {
+		return nil, err
+	}
+	rep.Wall = time.Duration(wall[0])
+	// Everything to every rank (the transports have all-gather, not gather).
+	t := []int64{int64(mine.Plan), int64(mine.Attention), int64(mine.Gather), int64(mine.MoE), int64(mine.Scatter), int64(mine.Tokens)}
+	parts, err := comm.AllGather(ctx, ep.Bytes(t))
+	if err != nil {
+		return nil, err
+	}
+	for r, b := range parts {
+		v, err := ep.FromBytes[int64](b)
+		if err != nil || len(v) != 6 {
+			return nil, fmt.Errorf("dpattn: run: rank %d sent %d bytes of stage times", r, len(b))
+		}
+		rep.Ranks[r] = RankTimes{Plan: time.Duration(v[0]), Attention: time.Duration(v[1]), Gather: time.Duration(v[2]),
+			MoE: time.Duration(v[3]), Scatter: time.Duration(v[4]), Tokens: int(v[5])}
+	}
+	ys := make([][][]float32, R)
+	for r := range ys {
+		ys[r] = make([][]float32, S)
+	}
+	for st := 0; st < S; st++ {
+		parts, err := comm.AllGather(ctx, ep.Bytes(y[st]))
+		if err != nil {
+			return nil, err
+		}
+		for r, b := range parts {
+			if ys[r][st], err = ep.FromBytes[float32](b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if comm.Rank() != 0 {
+		return nil, nil
+	}
+	return rep, finish(ctx, cfg, sched, rep, ys)
 }
 
 func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, place *ep.Placement, workers int, times *RankTimes, steps []StepInfo) ([][]float32, error) {

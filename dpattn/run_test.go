@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -42,4 +43,43 @@ func TestRunParity(t *testing.T) {
 	}
 	_, err = dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "broadcast", MoE: layer, Attn: attn})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
+}
+
+// TestRunComm: each rank calling RunComm on its own communicator gives
+// rank 0 the report of Run: the same tokens, plan and parity.
+func TestRunComm(t *testing.T) {
+	dir, spec := layerFixture(t)
+	layer, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer layer.Close()
+	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
+	require.NoError(t, err)
+	for _, mode := range []string{"alltoall", "gather"} {
+		cfg := dpattn.RunConfig{Ranks: 3, Steps: 4, Mode: mode, Seed: 5, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+		want, err := dpattn.Run(context.Background(), cfg)
+		require.NoError(t, err)
+		reps := make([]*dpattn.RunReport, 3)
+		errs, err := ep.RunLocal(3, func(c ep.Comm) error {
+			var err error
+			reps[c.Rank()], err = dpattn.RunComm(context.Background(), cfg, c)
+			return err
+		})
+		require.NoError(t, err)
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+		require.Nil(t, reps[1])
+		require.Nil(t, reps[2])
+		got := reps[0]
+		require.NotNil(t, got)
+		require.Equal(t, want.Tokens, got.Tokens)
+		require.Equal(t, want.Steps, got.Steps)
+		require.Equal(t, want.IdleSteps, got.IdleSteps)
+		require.Equal(t, want.ParityExact, got.ParityExact, mode)
+		require.InDelta(t, want.ParityRelErr, got.ParityRelErr, 1e-12, mode)
+		for r := range got.Ranks {
+			require.Equal(t, want.Ranks[r].Tokens, got.Ranks[r].Tokens)
+		}
+	}
 }
