@@ -109,6 +109,9 @@ func (d *Device) Close() error {
 	return d.dev.ReleasePrimaryCtx()
 }
 
+// Count is the number of CUDA devices.
+func Count() (int, error) { return cu.NumDevices() }
+
 // Ordinal is the device's index.
 func (d *Device) Ordinal() int { return d.ordinal }
 

@@ -78,6 +78,16 @@ func (m *NCCLMemory) ToHost(dst []byte, src uintptr) error {
 // Stream is the legacy default stream.
 func (m *NCCLMemory) Stream() uintptr { return 0 }
 
+// Enqueue runs f with the device's context current.
+func (m *NCCLMemory) Enqueue(f func() error) error {
+	done, err := m.d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return f()
+}
+
 // Done reports whether the default stream's work has finished.
 func (m *NCCLMemory) Done() (bool, error) {
 	done, err := m.d.bind()

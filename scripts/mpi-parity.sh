@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Multi-process parity of expert parallelism over MPI: `moex exec moe` under
-# mpirun with --ep N --comm mpi must write the same bytes as one rank.
+# mpirun with --ep N --comm mpi must write the same bytes as one rank, and
+# `moex run --comm mpi` (one process per rank) must pass its parity check.
 # Installs Debian's Open MPI when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,15 @@ for case in deepseek_v3_f32 qwen2_moe_bf16 mixtral_bf16_sharded deepseek_v2_bf16
       checked=$((checked + 1))
     done
   done
+done
+
+# The decode run with one process per rank: parity with one rank on rank 0.
+for mode in alltoall gather; do
+  timeout 300 "${mpirun[@]}" -np 3 "$tmp/moex" run --comm mpi --model testdata/moe/deepseek_v2_f32 --layer 1 \
+    --steps 3 --moe-mode "$mode" --timeout 2m >"$tmp/run.txt" 2>&1 || { echo "mpi-parity: run --comm mpi ($mode) failed"; cat "$tmp/run.txt"; exit 1; }
+  grep -q "transport mpi" "$tmp/run.txt" && grep -q "parity against one rank.*: ok" "$tmp/run.txt" ||
+    { echo "mpi-parity: run --comm mpi ($mode): no parity line"; cat "$tmp/run.txt"; exit 1; }
+  checked=$((checked + 1))
 done
 
 # A rank count that does not match --ep is an error on every rank, not a hang.

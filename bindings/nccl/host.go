@@ -36,6 +36,9 @@ type Memory interface {
 	ToDevice(dst uintptr, src []byte) error
 	ToHost(dst []byte, src uintptr) error
 	Stream() uintptr
+	// Enqueue runs f, which enqueues NCCL work, with the device current on
+	// the calling thread.
+	Enqueue(f func() error) error
 	// Done reports whether the stream's work has finished.
 	Done() (bool, error)
 }
@@ -116,7 +119,7 @@ func (h *HostComm) run(ctx context.Context, name string, in []byte, out int, cal
 			return nil, err
 		}
 	}
-	if err := call(h.send.addr, h.recv.addr); err != nil {
+	if err := h.m.Enqueue(func() error { return call(h.send.addr, h.recv.addr) }); err != nil {
 		return nil, h.fail(fmt.Errorf("nccl: %s: %w", name, err))
 	}
 	if err := h.c.Await(ctx, h.m.Done); err != nil {

@@ -225,7 +225,8 @@ func (f *fakeRank) ToHost(dst []byte, src uintptr) error {
 	copy(dst, f.h.mem[src])
 	return nil
 }
-func (f *fakeRank) Stream() uintptr { return 0 }
+func (f *fakeRank) Stream() uintptr               { return 0 }
+func (f *fakeRank) Enqueue(fn func() error) error { return fn() }
 func (f *fakeRank) Done() (bool, error) {
 	f.h.mu.Lock()
 	defer f.h.mu.Unlock()

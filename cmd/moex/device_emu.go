@@ -2,7 +2,13 @@
 
 package main
 
-import "github.com/moex-project/moex/cuda"
+import (
+	"context"
+	"errors"
+
+	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/ep"
+)
 
 // deviceName says where --backend cuda runs.
 const deviceName = "the CPU emulation of the CUDA kernels"
@@ -11,4 +17,9 @@ const deviceName = "the CPU emulation of the CUDA kernels"
 // same launch code as on a GPU, run on CPU threads (slow; for tests).
 func openDevice() (cuda.Launcher, func(), error) {
 	return cuda.NewEmu(), func() {}, nil
+}
+
+// ncclWorld: the emulation has no NCCL.
+func ncclWorld(context.Context) (ep.Comm, func(), error) {
+	return nil, nil, errors.New("run: --comm nccl needs GPUs and NCCL (a `make cuda` build); the emulation has neither")
 }

@@ -3,8 +3,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -24,3 +26,5 @@ func benchMoEOnDevice(*moe.Layer, string, []int, *benchOpts, uint64) ([]benchRes
 func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
 	return nil, nil, errNoCUDA
 }
+
+func ncclWorld(context.Context) (ep.Comm, func(), error) { return nil, nil, errNoCUDA }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -28,11 +29,39 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	kvGiB := fs.Float64("kv-budget-gib", 16, "KV-cache memory per rank for the accounting, GiB")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: every rank's MoE experts on the GPU (needs a `make cuda` build)")
+	commName := fs.String("comm", "local", "local (ranks as goroutines), mpi (one process per rank under mpirun), or nccl "+
+		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
+	}
+	ranksSet := false
+	fs.Visit(func(f *flag.Flag) { ranksSet = ranksSet || f.Name == "ranks" })
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var comm ep.Comm
+	switch *commName {
+	case "local":
+	case "mpi", "nccl":
+		world := mpiWorld
+		if *commName == "nccl" {
+			*backend = "cuda"
+			world = func() (ep.Comm, func(), error) { return ncclWorld(ctx) }
+		}
+		c, closeComm, err := world()
+		if err != nil {
+			return err
+		}
+		defer closeComm()
+		if ranksSet && *ranks != c.Size() {
+			return fmt.Errorf("run: --ranks %d, but %d ranks were started", *ranks, c.Size())
+		}
+		comm, *ranks = c, c.Size()
+	default:
+		return fmt.Errorf("%w: run: --comm %q (want local, mpi or nccl)", errUsage, *commName)
 	}
 	var experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
 	switch *backend {
@@ -81,13 +110,20 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
-	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
-		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts})
+	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
+		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts}
+	var rep *dpattn.RunReport
+	if comm == nil {
+		rep, err = dpattn.Run(ctx, cfg)
+	} else if rep, err = dpattn.RunComm(ctx, cfg, comm); err == nil && rep == nil {
+		return nil // rank 0 reports
+	}
 	if err != nil {
 		return err
 	}
 
-	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s\n", *ranks, *steps, *mode, kernels.Implementation())
+	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s, transport %s\n", *ranks, *steps, *mode,
+		kernels.Implementation(), *commName)
 	fmt.Fprintf(stdout, "  model: %s (setup %v)\n", source, setup.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "  layer: %s; MoE %s %d experts top-%d, inter %d, shared %d\n",
 		attnDesc, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
