@@ -54,6 +54,34 @@ func upload[T any](d Launcher, v []T) (Buffer, error) {
 	return b, d.ToDevice(b, unsafe.Pointer(&v[0]), n)
 }
 
+// buffers tracks the device buffers of one call or object: the first
+// error of their allocations and uploads, and one Free for all of them.
+type buffers struct {
+	d    Launcher
+	bufs []Buffer
+	err  error
+}
+
+// put keeps b (even when e is set: an upload's buffer may exist) and e.
+func (s *buffers) put(b Buffer, e error) Buffer {
+	if b.id != 0 {
+		s.bufs = append(s.bufs, b)
+	}
+	if e != nil && s.err == nil {
+		s.err = e
+	}
+	return b
+}
+
+func (s *buffers) alloc(bytes int64) Buffer { return s.put(s.d.Alloc(bytes)) }
+
+func (s *buffers) free() {
+	for _, b := range s.bufs {
+		s.d.Free(b)
+	}
+	s.bufs = nil
+}
+
 // copyIn copies v into the device buffer b.
 func copyIn[T any](d Launcher, b Buffer, v []T) error {
 	var zero T
@@ -192,27 +220,14 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if T == 0 {
 		return nil
 	}
-	var err error
-	var bufs []Buffer
-	alloc := func(bytes int64) Buffer {
-		b, e := d.Alloc(bytes)
-		if e != nil && err == nil {
-			err = e
-		}
-		bufs = append(bufs, b)
-		return b
-	}
-	defer func() {
-		for _, b := range bufs {
-			d.Free(b)
-		}
-	}()
-	xf, err := upload(d, x)
-	if err != nil {
-		return err
-	}
-	bufs = append(bufs, xf)
+	bs := &buffers{d: d}
+	defer bs.free()
+	alloc := bs.alloc
+	xf := bs.put(upload(d, x))
 	xb := alloc(int64(T * H * 2))
+	if bs.err != nil {
+		return bs.err
+	}
 	if err := d.F32ToBF16(xf, xb, T*H); err != nil {
 		return err
 	}
@@ -222,25 +237,20 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if err != nil {
 		return err
 	}
-	idSorted, err := upload(d, idLay.Pairs)
-	if err != nil {
-		return err
-	}
-	idExp, err := upload(d, idBlocks)
-	if err != nil {
-		return err
-	}
-	bufs = append(bufs, idSorted, idExp)
+	idSorted, idExp := bs.put(upload(d, idLay.Pairs)), bs.put(upload(d, idBlocks))
 	idRows := len(idLay.Pairs)
 	logits := alloc(int64(idRows * E * 4))
+	if bs.err != nil {
+		return bs.err
+	}
 	if err := d.GroupedGEMM(xb, m.router, idSorted, idExp, idRows, 1, T, true, E, H, Buffer{}, logits); err != nil {
 		return err
 	}
 
 	// Gate and layout.
 	idb, wb := alloc(int64(T*K*4)), alloc(int64(T*K*4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.Gate(c.GateKernelArgs(), logits, m.bias, idb, wb, T); err != nil {
 		return err
@@ -259,8 +269,8 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	maxRows := n + E*(gemmBlock-1)
 	counts, offsets := alloc(int64(E*4)), alloc(int64((E+1)*4))
 	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(n*4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.Align(idb, n, E, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
@@ -275,8 +285,8 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	h := alloc(int64(padded * I * 4))
 	hb := alloc(int64(padded * I * 2))
 	out := alloc(int64(padded * H * 4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.GroupedSwiGLU(xb, m.gate, m.up, sorted, blockExpert, padded, K, n, I, H, h); err != nil {
 		return err
@@ -300,14 +310,11 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 				kernels.RouterLogits(logit, x[t*H:(t+1)*H], *m.sharedGate)
 				g[t] = float32(1 / (1 + math.Exp(-logit[0])))
 			}
-			if sw, err = upload(d, g); err != nil {
-				return err
-			}
-			bufs = append(bufs, sw)
+			sw = bs.put(upload(d, g))
 		}
 		sh, shb, so := alloc(int64(idRows*S*4)), alloc(int64(idRows*S*2)), alloc(int64(idRows*H*4))
-		if err != nil {
-			return err
+		if bs.err != nil {
+			return bs.err
 		}
 		if err := d.GroupedSwiGLU(xb, m.sGate, m.sUp, idSorted, idExp, idRows, 1, T, S, H, sh); err != nil {
 			return err
@@ -322,8 +329,8 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	}
 
 	yb := alloc(int64(T * H * 4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.Combine(out, rows, T, K, H, shared, yb); err != nil {
 		return err
@@ -380,19 +387,9 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 	if B == 0 {
 		return out, lse, nil
 	}
-	var bufs []Buffer
-	defer func() {
-		for _, b := range bufs {
-			d.Free(b)
-		}
-	}()
-	put := func(b Buffer, e error) Buffer {
-		bufs = append(bufs, b)
-		if e != nil && err == nil {
-			err = e
-		}
-		return b
-	}
+	bs := &buffers{d: d}
+	defer bs.free()
+	put := bs.put
 	q := put(upload(d, in.Q))
 	var cache Buffer
 	if in.CacheBF16 != nil {
@@ -404,8 +401,8 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 	partO := put(d.Alloc(int64(B * in.Heads * splits * in.DV * 4)))
 	partL := put(d.Alloc(int64(B * in.Heads * splits * 4)))
 	o, l := put(d.Alloc(int64(len(out)*4))), put(d.Alloc(int64(len(lse)*4)))
-	if err != nil {
-		return nil, nil, err
+	if bs.err != nil {
+		return nil, nil, bs.err
 	}
 	if err := d.MLADecode(in.CacheBF16 != nil, q, cache, bt, sl, B, in.Heads, in.D, in.DV, in.BlockSize, in.MaxBlocks,
 		in.SplitRows, splits, in.Scale, partO, partL, o, l); err != nil {

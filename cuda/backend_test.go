@@ -148,6 +148,28 @@ func TestExpertsOnEmulation(t *testing.T) {
 	t.Logf("one rank: relative error %.2e", e)
 	require.LessOrEqual(t, e, 1e-2)
 
+	// The same runner replaying captured graphs (row buckets of 16, 32):
+	// the eager bits, for several batch sizes; eager again when the vote
+	// says no.
+	graphed := l.Subset(func(int) bool { return true })
+	exG, err := cuda.NewExperts(dev, graphed)
+	require.NoError(t, err)
+	defer exG.Close()
+	exG.EnableGraphs()
+	graphed.Experts = exG
+	for _, n := range []int{T, 1} {
+		eager := make([]float32, n*64)
+		require.NoError(t, whole.Forward(context.Background(), x[:n*64], eager))
+		exG.AllowGraph(true)
+		replayed := make([]float32, n*64)
+		require.NoError(t, graphed.Forward(context.Background(), x[:n*64], replayed))
+		require.Equal(t, eager, replayed, "%d tokens", n)
+	}
+	require.Equal(t, 2, exG.Replays)
+	exG.AllowGraph(false)
+	require.NoError(t, graphed.Forward(context.Background(), x, got))
+	require.Equal(t, 1, exG.Eager)
+
 	// Two EP ranks, each with its shard's experts on the (shared) device.
 	place, err := ep.Contiguous(8, 2)
 	require.NoError(t, err)

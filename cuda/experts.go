@@ -22,6 +22,51 @@ type Experts struct {
 	gate, up, down    Buffer
 	sharedInter       int
 	sGate, sUp, sDown Buffer
+	bs                buffers
+
+	graphs  bool // replay captured graphs when the step allows
+	allowed bool
+	buckets map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
+	// Replays and Eager count the calls each way.
+	Replays, Eager int
+}
+
+// EnableGraphs makes the runner replay CUDA graphs: each call's rows padded
+// to a bucket (powers of two from 16 rows), the bucket's grouped FFN
+// captured on first use, replayed whenever AllowGraph said yes for the
+// step; eager launches otherwise. The results are the same bits.
+func (x *Experts) EnableGraphs() { x.graphs = true }
+
+// AllowGraph is the coordinator's vote for the coming step (every rank in
+// decode or idle): graphs may replay.
+func (x *Experts) AllowGraph(ok bool) { x.allowed = ok }
+
+var _ moe.GraphVoter = (*Experts)(nil)
+
+// runBucket runs groups on the bucket of their row count for a weight
+// stack, capturing it on first use.
+func (x *Experts) runBucket(kind, slots, inter int, xs []float32, groups []kernels.FFNGroup, slot func(int) int,
+	gate, up, down Buffer) error {
+	rows := 0
+	for _, g := range groups {
+		rows += len(g.Rows)
+	}
+	if rows == 0 {
+		return nil
+	}
+	key := [2]int{kind, bucketRows(rows)}
+	b := x.buckets[key]
+	if b == nil {
+		var err error
+		if b, err = newBucket(x.dev, key[1], slots, x.hidden, inter, gate, up, down); err != nil {
+			return err
+		}
+		if x.buckets == nil {
+			x.buckets = map[[2]int]*bucket{}
+		}
+		x.buckets[key] = b
+	}
+	return b.run(xs, groups, slot)
 }
 
 var _ moe.ExpertRunner = (*Experts)(nil)
@@ -33,7 +78,7 @@ func NewExperts(d Launcher, l *moe.Layer) (*Experts, error) {
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: experts: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
-	x := &Experts{dev: d, hidden: c.Hidden, inter: c.Inter, slot: map[int]int{}}
+	x := &Experts{dev: d, hidden: c.Hidden, inter: c.Inter, slot: map[int]int{}, bs: buffers{d: d}}
 	var gate, up, down []uint16
 	for e := 0; e < c.NumExperts; e++ {
 		w, ok := l.Expert(e)
@@ -45,32 +90,26 @@ func NewExperts(d Launcher, l *moe.Layer) (*Experts, error) {
 		up = append(up, bf16Rows(w.Up)...)
 		down = append(down, bf16Rows(w.Down)...)
 	}
-	var err error
-	put := func(b Buffer, e error) Buffer {
-		if e != nil && err == nil {
-			err = e
-		}
-		return b
-	}
+	put := x.bs.put
 	x.gate, x.up, x.down = put(upload(d, gate)), put(upload(d, up)), put(upload(d, down))
 	if s, _ := l.SharedExpert(); s != nil {
 		x.sharedInter = s.Gate.Rows
 		x.sGate, x.sUp, x.sDown = put(upload(d, bf16Rows(s.Gate))), put(upload(d, bf16Rows(s.Up))), put(upload(d, bf16Rows(s.Down)))
 	}
-	if err != nil {
+	if x.bs.err != nil {
 		x.Close()
-		return nil, err
+		return nil, x.bs.err
 	}
 	return x, nil
 }
 
 // Close frees the device weights.
 func (x *Experts) Close() {
-	for _, b := range []Buffer{x.gate, x.up, x.down, x.sGate, x.sUp, x.sDown} {
-		if b.id != 0 {
-			x.dev.Free(b)
-		}
+	for _, b := range x.buckets {
+		b.close()
 	}
+	x.buckets = nil
+	x.bs.free()
 }
 
 // GroupedFFN computes the groups on the device: routed experts by their
@@ -99,8 +138,17 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 			return fmt.Errorf("cuda: experts: group %d needs expert %d, which is not on the device", i, g.Expert)
 		}
 	}
-	if err := runGroups(x.dev, xs, H, x.inter, max(1, len(x.slot)), routed, func(i int) int { return x.slot[routed[i].Expert] },
-		x.gate, x.up, x.down); err != nil {
+	slots := max(1, len(x.slot))
+	routedSlot := func(i int) int { return x.slot[routed[i].Expert] }
+	if x.graphs && x.allowed {
+		x.Replays++
+		if err := x.runBucket(0, slots, x.inter, xs, routed, routedSlot, x.gate, x.up, x.down); err != nil {
+			return err
+		}
+		return x.runBucket(1, 1, x.sharedInter, xs, shared, func(int) int { return 0 }, x.sGate, x.sUp, x.sDown)
+	}
+	x.Eager++
+	if err := runGroups(x.dev, xs, H, x.inter, slots, routed, routedSlot, x.gate, x.up, x.down); err != nil {
 		return err
 	}
 	return runGroups(x.dev, xs, H, x.sharedInter, 1, shared, func(int) int { return 0 }, x.sGate, x.sUp, x.sDown)

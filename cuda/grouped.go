@@ -59,23 +59,11 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 		up = append(up, bf16Rows(g.Up)...)
 		down = append(down, bf16Rows(g.Down)...)
 	}
-	var err error
-	var bufs []Buffer
-	defer func() {
-		for _, b := range bufs {
-			d.Free(b)
-		}
-	}()
-	put := func(b Buffer, e error) Buffer {
-		if e != nil && err == nil {
-			err = e
-		}
-		bufs = append(bufs, b)
-		return b
-	}
-	wg, wu, wd := put(upload(d, gate)), put(upload(d, up)), put(upload(d, down))
-	if err != nil {
-		return err
+	bs := &buffers{d: d}
+	defer bs.free()
+	wg, wu, wd := bs.put(upload(d, gate)), bs.put(upload(d, up)), bs.put(upload(d, down))
+	if bs.err != nil {
+		return bs.err
 	}
 	return runGroups(d, x, H, I, len(groups), groups, func(i int) int { return i }, wg, wu, wd)
 }
@@ -108,29 +96,17 @@ func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGro
 			scale = append(scale, s)
 		}
 	}
-	var err error
-	var bufs []Buffer
-	defer func() {
-		for _, b := range bufs {
-			d.Free(b)
-		}
-	}()
-	put := func(b Buffer, e error) Buffer {
-		if e != nil && err == nil {
-			err = e
-		}
-		bufs = append(bufs, b)
-		return b
-	}
-	alloc := func(bytes int64) Buffer { return put(d.Alloc(bytes)) }
+	bs := &buffers{d: d}
+	defer bs.free()
+	put, alloc := bs.put, bs.alloc
 	xf := put(upload(d, xs))
 	idb, sb := put(upload(d, ids)), put(upload(d, scale))
 	maxRows := P + slots*(gemmBlock-1)
 	xb := alloc(int64(P * H * 2))
 	counts, offsets := alloc(int64(slots*4)), alloc(int64((slots+1)*4))
 	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(P*4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.F32ToBF16(xf, xb, P*H); err != nil {
 		return err
@@ -144,8 +120,8 @@ func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGro
 	}
 	padded := int(off[slots])
 	h, hb, out := alloc(int64(padded*I*4)), alloc(int64(padded*I*2)), alloc(int64(padded*H*4))
-	if err != nil {
-		return err
+	if bs.err != nil {
+		return bs.err
 	}
 	if err := d.GroupedSwiGLU(xb, gate, up, sorted, blockExpert, padded, 1, P, I, H, h); err != nil {
 		return err

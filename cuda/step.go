@@ -29,7 +29,7 @@ type MoEStep struct {
 	h, hb, out                                Buffer
 	sw, sh, shb, so, y                        Buffer
 	idRows, blocks                            int
-	bufs                                      []Buffer
+	bs                                        buffers
 }
 
 // NewStep allocates the step's buffers for a bucket of tokens.
@@ -39,16 +39,8 @@ func (m *MoE) NewStep(tokens int) (*MoEStep, error) {
 	}
 	c, d := m.cfg, m.dev
 	H, E, K, I, T := c.Hidden, c.NumExperts, c.TopK, c.Inter, tokens
-	s := &MoEStep{m: m, Tokens: T}
-	var err error
-	alloc := func(bytes int64) Buffer {
-		b, e := d.Alloc(bytes)
-		if e != nil && err == nil {
-			err = e
-		}
-		s.bufs = append(s.bufs, b)
-		return b
-	}
+	s := &MoEStep{m: m, Tokens: T, bs: buffers{d: d}}
+	alloc := s.bs.alloc
 	idLay, idBlocks, lerr := identityLayout(T)
 	if lerr != nil {
 		return nil, lerr
@@ -71,21 +63,10 @@ func (m *MoE) NewStep(tokens int) (*MoEStep, error) {
 			s.sw = alloc(int64(T * 4))
 		}
 	}
-	if err != nil {
+	s.idSorted, s.idExp = s.bs.put(upload(d, idLay.Pairs)), s.bs.put(upload(d, idBlocks))
+	if s.bs.err != nil {
 		s.Close()
-		return nil, err
-	}
-	put := func(b Buffer, e error) Buffer {
-		if e != nil && err == nil {
-			err = e
-		}
-		s.bufs = append(s.bufs, b)
-		return b
-	}
-	s.idSorted, s.idExp = put(upload(d, idLay.Pairs)), put(upload(d, idBlocks))
-	if err != nil {
-		s.Close()
-		return nil, err
+		return nil, s.bs.err
 	}
 	return s, nil
 }
@@ -96,12 +77,7 @@ func (s *MoEStep) Close() {
 		s.graph.Close()
 		s.graph = nil
 	}
-	for _, b := range s.bufs {
-		if b.id != 0 {
-			s.m.dev.Free(b)
-		}
-	}
-	s.bufs = nil
+	s.bs.free()
 }
 
 // enqueue launches the step's kernels on its buffers.

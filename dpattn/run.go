@@ -317,6 +317,9 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, p
 		if r == 0 {
 			steps[st] = StepInfo{Counts: plan.Counts, Skip: plan.Skip, GraphOK: plan.GraphOK}
 		}
+		if v, ok := shard.Experts.(moe.GraphVoter); ok {
+			v.AllowGraph(plan.GraphOK)
+		}
 		if plan.Skip {
 			continue
 		}

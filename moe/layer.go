@@ -301,6 +301,13 @@ type ExpertRunner interface {
 	GroupedFFN(ctx context.Context, x []float32, groups []kernels.FFNGroup) error
 }
 
+// A GraphVoter is an ExpertRunner that replays captured graphs (CUDA
+// graphs) when the step allows: the decode loop passes it the coordinator's
+// vote (every rank in decode or idle) before each step.
+type GraphVoter interface {
+	AllowGraph(ok bool)
+}
+
 // RunExperts computes the groups (built from this layer's experts) on the
 // layer's runner, or on the CPU kernels with sc (nil: none) as scratch.
 func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FFNGroup, sc *kernels.Scratch) error {

@@ -102,6 +102,7 @@ func TestRunBackendCUDA(t *testing.T) {
 		out, _, err := runCLI("run", "--backend", "cuda", "--model", dir, "--layer", "1", "--ranks", "3", "--steps", "3", "--moe-mode", mode)
 		require.NoError(t, err)
 		require.Contains(t, out, "backend: MoE experts on the CPU emulation of the CUDA kernels")
+		require.Contains(t, out, "CUDA graphs per row bucket, replayed when the vote allows")
 		require.Contains(t, out, "parity against one rank (within 1e-2 of the CPU path expected)")
 		require.Contains(t, out, ": ok")
 	}

@@ -48,7 +48,7 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 
 // deviceExperts opens the device for moex run: every rank's expert shard
 // resident on it (the ranks share it), and what closes it.
-func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
+func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
 		return nil, nil, err
@@ -57,6 +57,9 @@ func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), f
 		ex, err := cuda.NewExperts(d, shard)
 		if err != nil {
 			return nil, nil, err
+		}
+		if graphs {
+			ex.EnableGraphs()
 		}
 		return ex, ex.Close, nil
 	}, closeDev, nil

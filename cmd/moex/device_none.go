@@ -23,7 +23,7 @@ func benchMoEOnDevice(*moe.Layer, string, []int, *benchOpts, uint64) ([]benchRes
 	return nil, errNoCUDA
 }
 
-func deviceExperts() (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
+func deviceExperts(bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
 	return nil, nil, errNoCUDA
 }
 

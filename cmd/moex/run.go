@@ -32,6 +32,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	commName := fs.String("comm", "local", "local (ranks as goroutines), mpi (one process per rank under mpirun), or nccl "+
 		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
+	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts when the coordinator's vote allows")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -67,7 +68,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	switch *backend {
 	case "cpu":
 	case "cuda":
-		hook, closeDev, err := deviceExperts()
+		hook, closeDev, err := deviceExperts(*graphs)
 		if err != nil {
 			return err
 		}
@@ -128,7 +129,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  layer: %s; MoE %s %d experts top-%d, inter %d, shared %d\n",
 		attnDesc, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
 	if experts != nil {
-		fmt.Fprintf(stdout, "  backend: MoE experts on %s (each rank's shard resident, bf16 activations, eager launches); attention and collectives on the CPU\n", deviceName)
+		launches := "eager launches"
+		if *graphs {
+			launches = "CUDA graphs per row bucket, replayed when the vote allows"
+		}
+		fmt.Fprintf(stdout, "  backend: MoE experts on %s (each rank's shard resident, bf16 activations, %s); attention and collectives on the CPU\n",
+			deviceName, launches)
 	}
 	fmt.Fprintln(stdout)
 
