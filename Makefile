@@ -44,8 +44,11 @@ cuda-check:
 
 # moex with the GPU path (--backend cuda): the kernels' fatbin embedded.
 # Runs where a GPU and its driver are (gorgonia.org/cu exits without one).
+# CUDA_TAGS=cuda,mpi adds MPI (mpirun ... moex run --comm nccl: the
+# coordinator on MPI, the hidden states on NCCL).
+CUDA_TAGS ?= cuda
 cuda: cuda-check
-	$(GO) build -tags cuda -o $(BIN) ./cmd/moex
+	$(GO) build -tags $(CUDA_TAGS) -o $(BIN) ./cmd/moex
 
 # What a GPU host runs (no Go there): the cuda-tagged kernel tests and a
 # script that runs them and measures the device's baselines.

@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 	var wg sync.WaitGroup
 	for r, comm := range comms {
 		wg.Go(func() {
-			ys[r], errs[r] = runRank(ctx, cfg, sched, comm, place, workers, &rep.Ranks[r], rep.Steps)
+			ys[r], errs[r] = runRank(ctx, cfg, sched, comm, comm, place, workers, &rep.Ranks[r], rep.Steps)
 			if errs[r] != nil {
 				comm.Abort(fmt.Errorf("rank %d: %w", r, errs[r]))
 			}
@@ -209,6 +209,18 @@ func finish(ctx context.Context, cfg RunConfig, sched schedule, rep *RunReport, 
 // report, with every rank's outputs and stage times gathered to it and the
 // parity against one rank computed there; the other ranks get nil.
 func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, error) {
+	return RunComms(ctx, cfg, comm, comm)
+}
+
+// RunComms is RunComm with the coordinator's collectives (token counts, the
+// graph vote) on plan, a CPU group, and the hidden states on comm (NCCL):
+// SGLang's split between its CPU and device process groups. Both must
+// number the ranks alike.
+func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunReport, error) {
+	if plan.Size() != comm.Size() || plan.Rank() != comm.Rank() {
+		return nil, fmt.Errorf("dpattn: run: rank %d of %d in the plan group, %d of %d in the data group",
+			plan.Rank(), plan.Size(), comm.Rank(), comm.Size())
+	}
 	cfg.Ranks = comm.Size()
 	R, S := cfg.Ranks, cfg.Steps
 	if S < 1 {
@@ -228,7 +240,7 @@ func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, erro
 	rep := &RunReport{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
 	var mine RankTimes
 	start := time.Now()
-	y, err := runRank(ctx, cfg, sched, comm, place, runtime.GOMAXPROCS(0), &mine, rep.Steps)
+	y, err := runRank(ctx, cfg, sched, comm, plan, place, runtime.GOMAXPROCS(0), &mine, rep.Steps)
 	if err != nil {
 		comm.Abort(fmt.Errorf("rank %d: %w", comm.Rank(), err))
 		return nil, err
@@ -273,7 +285,8 @@ func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, erro
 	return rep, finish(ctx, cfg, sched, rep, ys)
 }
 
-func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, place *ep.Placement, workers int, times *RankTimes, steps []StepInfo) ([][]float32, error) {
+func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.Comm, place *ep.Placement, workers int,
+	times *RankTimes, steps []StepInfo) ([][]float32, error) {
 	r := comm.Rank()
 	H := cfg.Attn.HiddenSize()
 	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
@@ -303,7 +316,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm ep.Comm, p
 	if err != nil {
 		return nil, err
 	}
-	coord := NewCoordinator(comm)
+	coord := NewCoordinator(plan)
 	var gt GatherTimes
 	out := make([][]float32, cfg.Steps)
 	for st := 0; st < cfg.Steps; st++ {

@@ -83,3 +83,38 @@ func TestRunComm(t *testing.T) {
 		}
 	}
 }
+
+// TestRunComms: the plan on one group and the data on another give the
+// same report as one group for both.
+func TestRunComms(t *testing.T) {
+	dir, spec := layerFixture(t)
+	layer, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer layer.Close()
+	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
+	require.NoError(t, err)
+	cfg := dpattn.RunConfig{Ranks: 3, Steps: 3, Mode: "alltoall", Seed: 6, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+	want, err := dpattn.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	plans, err := ep.NewLocal(3)
+	require.NoError(t, err)
+	var got *dpattn.RunReport
+	errs, err := ep.RunLocal(3, func(c ep.Comm) error {
+		rep, err := dpattn.RunComms(context.Background(), cfg, c, plans[c.Rank()])
+		if c.Rank() == 0 {
+			got = rep
+		}
+		return err
+	})
+	require.NoError(t, err)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.True(t, got.ParityExact)
+	require.Equal(t, want.Steps, got.Steps)
+	require.Equal(t, want.Tokens, got.Tokens)
+
+	_, err = dpattn.RunComms(context.Background(), cfg, plans[0], plans[1])
+	require.ErrorContains(t, err, "rank 1 of 3 in the plan group, 0 of 3 in the data group")
+}

@@ -31,54 +31,83 @@ func openDevice() (cuda.Launcher, func(), error) {
 	return d, func() { d.Close() }, nil
 }
 
-// ncclWorld joins the torchrun-style group (MASTER_ADDR, MASTER_PORT, RANK,
-// WORLD_SIZE; LOCAL_RANK picks the GPU, else RANK modulo the GPU count):
-// the unique id over TCP from rank 0, an NCCL communicator on this rank's
-// GPU, and ep.Comm over it with host bytes staged through the GPU.
-func ncclWorld(ctx context.Context) (ep.Comm, func(), error) {
-	env, err := nccl.EnvFromOS()
-	if err != nil {
-		return nil, nil, err
+// ncclWorld joins the NCCL group of this process's rank and returns ep.Comm
+// over it (host bytes staged through the rank's GPU) and the group for the
+// coordinator. Under mpirun (an MPI build), MPI numbers the ranks, carries
+// the unique id and is the coordinator's CPU group; otherwise torchrun's
+// MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE do, the id travels over TCP
+// from rank 0 and the coordinator shares the NCCL group. LOCAL_RANK (or
+// OMPI_COMM_WORLD_LOCAL_RANK) picks the GPU, else the rank modulo the GPUs.
+func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
+	var plan ep.Comm
+	closePlan := func() {}
+	var rank, world int
+	var bootstrap func() (nccl.UniqueID, error)
+	local := os.Getenv("LOCAL_RANK")
+	if os.Getenv("OMPI_COMM_WORLD_SIZE") != "" {
+		c, closeMPI, err := mpiWorld()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		plan, closePlan = c, closeMPI
+		rank, world = c.Rank(), c.Size()
+		bootstrap = func() (nccl.UniqueID, error) { return nccl.BootstrapOver(ctx, c, nccl.GetUniqueID) }
+		local = os.Getenv("OMPI_COMM_WORLD_LOCAL_RANK")
+	} else {
+		env, err := nccl.EnvFromOS()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		rank, world = env.Rank, env.WorldSize
+		bootstrap = func() (nccl.UniqueID, error) { return nccl.Bootstrap(ctx, env, nccl.GetUniqueID) }
+	}
+	fail := func(err error) (ep.Comm, ep.Comm, func(), error) {
+		closePlan()
+		return nil, nil, nil, err
 	}
 	if err := nccl.Load(nccl.DefaultLibrary); err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	count, err := cuda.Count()
 	if err != nil || count == 0 {
-		return nil, nil, fmt.Errorf("run: no GPU for NCCL rank %d: %v", env.Rank, err)
+		return fail(fmt.Errorf("run: no GPU for NCCL rank %d: %v", rank, err))
 	}
-	ordinal := env.Rank % count
-	if v := os.Getenv("LOCAL_RANK"); v != "" {
-		if ordinal, err = strconv.Atoi(v); err != nil || ordinal < 0 || ordinal >= count {
-			return nil, nil, fmt.Errorf("run: LOCAL_RANK=%q is not a GPU index below %d", v, count)
+	ordinal := rank % count
+	if local != "" {
+		if ordinal, err = strconv.Atoi(local); err != nil || ordinal < 0 || ordinal >= count {
+			return fail(fmt.Errorf("run: local rank %q is not a GPU index below %d", local, count))
 		}
 	}
 	d, err := cuda.Open(ordinal)
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
-	id, err := nccl.Bootstrap(ctx, env, nccl.GetUniqueID)
+	id, err := bootstrap()
 	if err != nil {
 		d.Close()
-		return nil, nil, err
+		return fail(err)
 	}
 	unbind, err := d.Bind() // NCCL sets up on the current device
 	if err != nil {
 		d.Close()
-		return nil, nil, err
+		return fail(err)
 	}
-	c, err := nccl.InitRank(id, env.WorldSize, env.Rank)
+	c, err := nccl.InitRank(id, world, rank)
 	unbind()
 	if err != nil {
 		d.Close()
-		return nil, nil, err
+		return fail(err)
 	}
 	h := nccl.NewHostComm(c, d.NCCLMemory())
+	if plan == nil {
+		plan = h
+	}
 	worldDevice = d
-	return h, func() {
+	return h, plan, func() {
 		h.Close()
 		c.Destroy()
 		worldDevice = nil
 		d.Close()
+		closePlan()
 	}, nil
 }

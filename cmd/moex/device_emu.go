@@ -20,6 +20,6 @@ func openDevice() (cuda.Launcher, func(), error) {
 }
 
 // ncclWorld: the emulation has no NCCL.
-func ncclWorld(context.Context) (ep.Comm, func(), error) {
-	return nil, nil, errors.New("run: --comm nccl needs GPUs and NCCL (a `make cuda` build); the emulation has neither")
+func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) {
+	return nil, nil, nil, errors.New("run: --comm nccl needs GPUs and NCCL (a `make cuda` build); the emulation has neither")
 }

@@ -27,4 +27,4 @@ func deviceExperts(bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error
 	return nil, nil, errNoCUDA
 }
 
-func ncclWorld(context.Context) (ep.Comm, func(), error) { return nil, nil, errNoCUDA }
+func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) { return nil, nil, nil, errNoCUDA }

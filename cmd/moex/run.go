@@ -43,24 +43,27 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs.Visit(func(f *flag.Flag) { ranksSet = ranksSet || f.Name == "ranks" })
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	var comm ep.Comm
+	var comm, plan ep.Comm
 	switch *commName {
 	case "local":
 	case "mpi", "nccl":
-		world := mpiWorld
-		if *commName == "nccl" {
+		var closeComm func()
+		var err error
+		if *commName == "mpi" {
+			comm, closeComm, err = mpiWorld()
+			plan = comm
+		} else {
 			*backend = "cuda"
-			world = func() (ep.Comm, func(), error) { return ncclWorld(ctx) }
+			comm, plan, closeComm, err = ncclWorld(ctx)
 		}
-		c, closeComm, err := world()
 		if err != nil {
 			return err
 		}
 		defer closeComm()
-		if ranksSet && *ranks != c.Size() {
-			return fmt.Errorf("run: --ranks %d, but %d ranks were started", *ranks, c.Size())
+		if ranksSet && *ranks != comm.Size() {
+			return fmt.Errorf("run: --ranks %d, but %d ranks were started", *ranks, comm.Size())
 		}
-		comm, *ranks = c, c.Size()
+		*ranks = comm.Size()
 	default:
 		return fmt.Errorf("%w: run: --comm %q (want local, mpi or nccl)", errUsage, *commName)
 	}
@@ -116,7 +119,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	var rep *dpattn.RunReport
 	if comm == nil {
 		rep, err = dpattn.Run(ctx, cfg)
-	} else if rep, err = dpattn.RunComm(ctx, cfg, comm); err == nil && rep == nil {
+	} else if rep, err = dpattn.RunComms(ctx, cfg, comm, plan); err == nil && rep == nil {
 		return nil // rank 0 reports
 	}
 	if err != nil {
