@@ -36,9 +36,10 @@ type Launcher interface {
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error
-	// Capture records the kernels record launches as a Graph instead of
-	// running them; copies during the capture are errors.
-	Capture(record func() error) (Graph, error)
+	// Capture gives record a recorder of the device: the kernels record
+	// launches on it make a Graph instead of running (copies are errors),
+	// while other users of the device go on as usual.
+	Capture(record func(rec Launcher) error) (Graph, error)
 }
 
 // gemmBlock is the row block of the grouped GEMM (kernels/cuda).

@@ -170,7 +170,8 @@ func TestExpertsOnEmulation(t *testing.T) {
 	require.NoError(t, graphed.Forward(context.Background(), x, got))
 	require.Equal(t, 1, exG.Eager)
 
-	// Two EP ranks, each with its shard's experts on the (shared) device.
+	// Two EP ranks, each with its shard's experts on the (shared) device,
+	// replaying graphs.
 	place, err := ep.Contiguous(8, 2)
 	require.NoError(t, err)
 	outs := make([][]float32, 2)
@@ -186,6 +187,8 @@ func TestExpertsOnEmulation(t *testing.T) {
 			return err
 		}
 		defer ex.Close()
+		ex.EnableGraphs() // both ranks capture on the shared device at once
+		ex.AllowGraph(true)
 		shard.Experts = ex
 		el, err := ep.FromLayer(shard, c, place)
 		if err != nil {
@@ -263,6 +266,6 @@ func TestMoEStepGraphOnEmulation(t *testing.T) {
 	dev := cuda.NewEmu()
 	b, err := dev.Alloc(8)
 	require.NoError(t, err)
-	_, err = dev.Capture(func() error { return dev.ToDevice(b, unsafe.Pointer(&[2]float32{}), 8) })
+	_, err = dev.Capture(func(rec cuda.Launcher) error { return rec.ToDevice(b, unsafe.Pointer(&[2]float32{}), 8) })
 	require.ErrorContains(t, err, "a copy while capturing a graph")
 }

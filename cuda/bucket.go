@@ -43,7 +43,7 @@ func newBucket(d Launcher, rows, slots, H, I int, gate, up, down Buffer) (*bucke
 		b.close()
 		return nil, b.bs.err
 	}
-	g, err := d.Capture(func() error {
+	g, err := d.Capture(func(d Launcher) error {
 		for _, f := range []func() error{
 			func() error { return d.F32ToBF16(b.xf, b.xb, rows*H) },
 			func() error {

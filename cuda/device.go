@@ -154,14 +154,14 @@ func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 	if n > dst.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes into %d", n, dst.Bytes)
 	}
+	if d.rec != nil {
+		return errCopyInGraph
+	}
 	done, err := d.bind()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if d.rec != nil {
-		return errCopyInGraph
-	}
 	return cu.MemcpyHtoD(dst.dev(), src, n)
 }
 
@@ -170,14 +170,14 @@ func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	if n > src.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes from %d", n, src.Bytes)
 	}
+	if d.rec != nil {
+		return errCopyInGraph
+	}
 	done, err := d.bind()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if d.rec != nil {
-		return errCopyInGraph
-	}
 	return cu.MemcpyDtoH(dst, src.dev(), n)
 }
 
@@ -227,15 +227,15 @@ func (a *args) raw(p unsafe.Pointer, size uintptr) *args {
 }
 
 func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
+	if d.rec != nil {
+		*d.rec = append(*d.rec, launchRec{name: name, fn: d.fns[name], grid: grid, block: block, args: a})
+		return nil
+	}
 	done, err := d.bind()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if d.rec != nil {
-		*d.rec = append(*d.rec, launchRec{name: name, fn: d.fns[name], grid: grid, block: block, args: a})
-		return nil
-	}
 	fn := d.fns[name]
 	if err := fn.LaunchAndSync(grid[0], grid[1], grid[2], block, 1, 1, 0, cu.Stream{}, a.slots); err != nil {
 		return fmt.Errorf("cuda: %s: %w", name, err)

@@ -14,6 +14,12 @@ import (
 // Emu is the CPU emulation as a Launcher: buffers are host memory, kernels
 // run through kernels/cudaemu on CPU threads.
 type Emu struct {
+	*emuState
+	rec *[]func() // a capture's recorder: kernels recorded, not run
+}
+
+// emuState is the emulated device, shared by it and its recorders.
+type emuState struct {
 	mu   sync.Mutex
 	next uint64
 	mem  map[uint64][]uint64 // 8-byte words: every buffer 8-byte aligned
@@ -21,11 +27,10 @@ type Emu struct {
 	// memory in static storage, as one GPU would run one launch at a time
 	// on one stream.
 	run sync.Mutex
-	rec *[]func() // while capturing: kernels recorded, not run
 }
 
 // NewEmu makes an emulated device.
-func NewEmu() *Emu { return &Emu{mem: map[uint64][]uint64{}} }
+func NewEmu() *Emu { return &Emu{emuState: &emuState{mem: map[uint64][]uint64{}}} }
 
 var _ Launcher = (*Emu)(nil)
 
@@ -131,37 +136,24 @@ func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, 
 	})
 }
 
-// kernel runs f, one kernel at a time, or records it while capturing.
+// kernel runs f, one kernel at a time, or records it on a recorder.
 func (e *Emu) kernel(f func()) error {
-	e.mu.Lock()
 	if e.rec != nil {
 		*e.rec = append(*e.rec, f)
-		e.mu.Unlock()
 		return nil
 	}
-	e.mu.Unlock()
 	e.run.Lock()
 	defer e.run.Unlock()
 	f()
 	return nil
 }
 
-// Capture records the kernels record launches, without running them
-// (copies are refused), as a Graph that runs them in order.
-func (e *Emu) Capture(record func() error) (Graph, error) {
+// Capture gives record a recorder of this device: the kernels it launches
+// there are recorded (not run; copies are refused) as a Graph that runs them
+// in order. Other users of the device are not affected.
+func (e *Emu) Capture(record func(rec Launcher) error) (Graph, error) {
 	var ops []func()
-	e.mu.Lock()
-	if e.rec != nil {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("cuda: emu: a capture is already in progress")
-	}
-	e.rec = &ops
-	e.mu.Unlock()
-	err := record()
-	e.mu.Lock()
-	e.rec = nil
-	e.mu.Unlock()
-	if err != nil {
+	if err := record(&Emu{emuState: e.emuState, rec: &ops}); err != nil {
 		return nil, err
 	}
 	return &emuGraph{e: e, ops: ops}, nil
@@ -183,8 +175,4 @@ func (g *emuGraph) Replay() error {
 
 func (g *emuGraph) Close() { g.ops = nil }
 
-func (e *Emu) capturing() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.rec != nil
-}
+func (e *Emu) capturing() bool { return e.rec != nil }

@@ -63,23 +63,13 @@ type deviceGraph struct {
 	mem   []unsafe.Pointer
 }
 
-// Capture records the kernel launches record makes (without running them;
-// copies are refused) and builds a CUDA graph of them, one node after the
-// other. Nothing else may use the device during the capture.
-func (d *Device) Capture(record func() error) (Graph, error) {
+// Capture gives record a recorder of this device: the kernels it launches
+// there are recorded (not run; copies are refused), then built into a CUDA
+// graph, one node after the other. Other users of the device are not
+// affected.
+func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 	var recs []launchRec
-	d.mu.Lock()
-	if d.rec != nil {
-		d.mu.Unlock()
-		return nil, fmt.Errorf("cuda: a capture is already in progress")
-	}
-	d.rec = &recs
-	d.mu.Unlock()
-	err := record()
-	d.mu.Lock()
-	d.rec = nil
-	d.mu.Unlock()
-	if err != nil {
+	if err := record(&Device{dev: d.dev, ordinal: d.ordinal, ctx: d.ctx, mod: d.mod, fns: d.fns, rec: &recs}); err != nil {
 		return nil, err
 	}
 	done, err := d.bind()

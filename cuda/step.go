@@ -80,9 +80,10 @@ func (s *MoEStep) Close() {
 	s.bs.free()
 }
 
-// enqueue launches the step's kernels on its buffers.
-func (s *MoEStep) enqueue() error {
-	m, d, c := s.m, s.m.dev, s.m.cfg
+// enqueue launches the step's kernels on its buffers, on d (the device or
+// a recorder of it).
+func (s *MoEStep) enqueue(d Launcher) error {
+	m, c := s.m, s.m.cfg
 	H, E, K, I, T := c.Hidden, c.NumExperts, c.TopK, c.Inter, s.Tokens
 	n, rows := T*K, s.blocks*gemmBlock
 	steps := []func() error{
@@ -165,7 +166,7 @@ func (s *MoEStep) Forward(x, y []float32) error {
 	if s.graph != nil {
 		err = s.graph.Replay()
 	} else {
-		err = s.enqueue()
+		err = s.enqueue(s.m.dev)
 	}
 	if err != nil {
 		return err
