@@ -27,6 +27,8 @@ type Launcher interface {
 	Free(b Buffer)
 	ToDevice(dst Buffer, src unsafe.Pointer, n int64) error
 	ToHost(dst unsafe.Pointer, src Buffer, n int64) error
+	// ToDeviceAt copies n bytes from the host to dst at byte offset off.
+	ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error
 	Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error
 	// Align's blockExpert holds maxBlocks entries, -1 past the layout.
 	Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
@@ -358,30 +360,58 @@ type MLAInput struct {
 // MLADecode runs MLA decode on the device: out [batch, heads, dv] and lse
 // [batch, heads], the contract of dpattn.MLA.
 func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
+	n := len(in.CacheF32)
+	if in.CacheBF16 != nil {
+		n = len(in.CacheBF16)
+	}
+	if in.BlockSize < 1 || in.D < 1 || n%(in.BlockSize*in.D) != 0 {
+		return nil, nil, fmt.Errorf("cuda: mla decode: the cache has %d values, not whole blocks of %d × %d", n, in.BlockSize, in.D)
+	}
+	if err := in.check(n / (in.BlockSize * in.D)); err != nil {
+		return nil, nil, err
+	}
+	bs := &buffers{d: d}
+	defer bs.free()
+	var cache Buffer
+	if in.CacheBF16 != nil {
+		cache = bs.put(upload(d, in.CacheBF16))
+	} else {
+		cache = bs.put(upload(d, in.CacheF32))
+	}
+	if bs.err != nil {
+		return nil, nil, bs.err
+	}
+	return mlaDecode(d, cache, in.CacheBF16 != nil, in)
+}
+
+// check checks the batch's shapes, lengths and block-table entries against
+// a cache of nBlocks blocks.
+func (in *MLAInput) check(nBlocks int) error {
 	B := len(in.SeqLens)
 	if in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.D ||
 		len(in.BlockTable) != B*in.MaxBlocks {
-		return nil, nil, fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
+		return fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
 	}
-	nBlocks := len(in.CacheF32)
-	if in.CacheBF16 != nil {
-		nBlocks = len(in.CacheBF16)
-	}
-	if in.BlockSize < 1 || in.D < 1 || nBlocks%(in.BlockSize*in.D) != 0 {
-		return nil, nil, fmt.Errorf("cuda: mla decode: the cache has %d values, not whole blocks of %d × %d", nBlocks, in.BlockSize, in.D)
-	}
-	nBlocks /= in.BlockSize * in.D
-	maxLen := 1
 	for b, l := range in.SeqLens {
 		if l < 1 || int(l) > in.MaxBlocks*in.BlockSize {
-			return nil, nil, fmt.Errorf("cuda: mla decode: sequence %d has length %d, the block table holds %d rows", b, l, in.MaxBlocks*in.BlockSize)
+			return fmt.Errorf("cuda: mla decode: sequence %d has length %d, the block table holds %d rows", b, l, in.MaxBlocks*in.BlockSize)
 		}
-		maxLen = max(maxLen, int(l))
 		for i, blk := range in.BlockTable[b*in.MaxBlocks:][:(int(l)+in.BlockSize-1)/in.BlockSize] {
 			if blk < 0 || int(blk) >= nBlocks {
-				return nil, nil, fmt.Errorf("cuda: mla decode: query %d: block table entry %d is %d, out of range [0, %d)", b, i, blk, nBlocks)
+				return fmt.Errorf("cuda: mla decode: query %d: block table entry %d is %d, out of range [0, %d)", b, i, blk, nBlocks)
 			}
 		}
+	}
+	return nil
+}
+
+// mlaDecode runs a checked batch over a cache already on the device (its
+// Cache fields are not read).
+func mlaDecode(d Launcher, cache Buffer, bf16 bool, in MLAInput) (out, lse []float32, err error) {
+	B := len(in.SeqLens)
+	maxLen := 1
+	for _, l := range in.SeqLens {
+		maxLen = max(maxLen, int(l))
 	}
 	splits := (maxLen + in.SplitRows - 1) / in.SplitRows
 	out, lse = make([]float32, B*in.Heads*in.DV), make([]float32, B*in.Heads)
@@ -392,12 +422,6 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 	defer bs.free()
 	put := bs.put
 	q := put(upload(d, in.Q))
-	var cache Buffer
-	if in.CacheBF16 != nil {
-		cache = put(upload(d, in.CacheBF16))
-	} else {
-		cache = put(upload(d, in.CacheF32))
-	}
 	bt, sl := put(upload(d, in.BlockTable)), put(upload(d, in.SeqLens))
 	partO := put(d.Alloc(int64(B * in.Heads * splits * in.DV * 4)))
 	partL := put(d.Alloc(int64(B * in.Heads * splits * 4)))
@@ -405,7 +429,7 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 	if bs.err != nil {
 		return nil, nil, bs.err
 	}
-	if err := d.MLADecode(in.CacheBF16 != nil, q, cache, bt, sl, B, in.Heads, in.D, in.DV, in.BlockSize, in.MaxBlocks,
+	if err := d.MLADecode(bf16, q, cache, bt, sl, B, in.Heads, in.D, in.DV, in.BlockSize, in.MaxBlocks,
 		in.SplitRows, splits, in.Scale, partO, partL, o, l); err != nil {
 		return nil, nil, err
 	}

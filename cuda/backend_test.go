@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
@@ -268,4 +269,45 @@ func TestMoEStepGraphOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	_, err = dev.Capture(func(rec cuda.Launcher) error { return rec.ToDevice(b, unsafe.Pointer(&[2]float32{}), 8) })
 	require.ErrorContains(t, err, "a copy while capturing a graph")
+}
+
+// TestAttentionOnEmulation: the DeepSeek attention block with its MLA core
+// on the device (a synced copy of the cache) against the same block on the
+// host, over prefilled sequences and several decode steps.
+func TestAttentionOnEmulation(t *testing.T) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+				RopeTheta: 10000, RMSNormEps: 1e-6}
+			blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+			require.NoError(t, err)
+			host, err := dpattn.NewLatentCache(12, 16, 64, dt)
+			require.NoError(t, err)
+			dev, err := dpattn.NewLatentCache(12, 16, 64, dt)
+			require.NoError(t, err)
+			att := cuda.NewAttention(cuda.NewEmu())
+			defer att.Close()
+			att.SplitRows = 16 // several splits: the merge kernel runs too
+			dev.Core = att
+			rng := rand.New(rand.NewPCG(7, 8))
+			for s, n := range []int{5, 40, 17} {
+				rows := make([]float32, n*64)
+				for i := range rows {
+					rows[i] = float32(rng.NormFloat64())
+				}
+				require.NoError(t, host.Append(s, rows))
+				require.NoError(t, dev.Append(s, rows))
+			}
+			for step := 0; step < 3; step++ {
+				seqs := []int{0, 1, 2}
+				x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+				want, got := make([]float32, len(x)), make([]float32, len(x))
+				require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
+				require.NoError(t, blk.Forward(context.Background(), dev, seqs, x, got))
+				for i := range want {
+					require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))), "step %d value %d", step, i)
+				}
+			}
+		})
+	}
 }

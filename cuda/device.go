@@ -165,6 +165,22 @@ func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 	return cu.MemcpyHtoD(dst.dev(), src, n)
 }
 
+// ToDeviceAt copies n bytes from the host to dst at byte offset off.
+func (d *Device) ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error {
+	if off < 0 || off+n > dst.Bytes {
+		return fmt.Errorf("cuda: copy of %d bytes at %d into %d", n, off, dst.Bytes)
+	}
+	if d.rec != nil {
+		return errCopyInGraph
+	}
+	done, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return cu.MemcpyHtoD(dst.dev()+cu.DevicePtr(off), src, n)
+}
+
 // ToHost copies n bytes to the host.
 func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	if n > src.Bytes {

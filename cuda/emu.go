@@ -72,6 +72,17 @@ func (e *Emu) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 	return nil
 }
 
+func (e *Emu) ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error {
+	if e.capturing() {
+		return errCopyInGraph
+	}
+	if off < 0 || off+n > dst.Bytes {
+		return fmt.Errorf("cuda: emu: copy of %d bytes at %d into %d", n, off, dst.Bytes)
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Add(e.p(dst), off)), n), unsafe.Slice((*byte)(src), n))
+	return nil
+}
+
 func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	if e.capturing() {
 		return errCopyInGraph

@@ -1,8 +1,10 @@
 package dpattn
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
@@ -30,9 +32,53 @@ type LatentCache struct {
 	f32                       []float32
 	u16                       []uint16
 
-	mu   sync.Mutex
-	free []int32 // free blocks, popped from the end
-	seqs map[int]*sequence
+	mu       sync.Mutex
+	free     []int32 // free blocks, popped from the end
+	seqs     map[int]*sequence
+	versions []uint64 // per block, bumped by every write: what a device copy syncs by
+
+	// Core, when set, computes the attention over this cache (a device
+	// copy of it: cuda.Attention); nil: MLA on the host.
+	Core AttentionCore
+}
+
+// An AttentionCore computes MLA (the contract of MLA, without lse) over a
+// LatentCache, elsewhere than on its host memory: a GPU holding a copy of
+// it, kept in sync through Changed.
+type AttentionCore interface {
+	Attend(ctx context.Context, c *LatentCache, q []float32, queries []Query, heads, dv int, scale float32, out []float32) error
+}
+
+// DType is the cache's storage type, F32 or BF16.
+func (c *LatentCache) DType() kernels.DType { return c.dtype }
+
+// Changed calls fn with the contents of every block written since seen was
+// last brought up to date (seen: one version per block, zero at first) and
+// brings it up to date: how a device copy of the cache syncs. The cache is
+// locked meanwhile.
+func (c *LatentCache) Changed(seen []uint64, fn func(block int, data []byte) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(seen) != c.numBlocks {
+		return fmt.Errorf("dpattn: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
+	}
+	n := c.blockSize * c.dim
+	for i, v := range c.versions {
+		if v == seen[i] {
+			continue
+		}
+		var data []byte
+		if c.dtype == kernels.F32 {
+			data = unsafe.Slice((*byte)(unsafe.Pointer(&c.f32[i*n])), 4*n)
+		} else {
+			data = unsafe.Slice((*byte)(unsafe.Pointer(&c.u16[i*n])), 2*n)
+		}
+		if err := fn(i, data); err != nil {
+			return err
+		}
+		seen[i] = v
+	}
+	return nil
 }
 
 type sequence struct {
@@ -46,7 +92,8 @@ func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Latent
 	if numBlocks < 1 || blockSize < 1 || dim < 1 {
 		return nil, fmt.Errorf("dpattn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
 	}
-	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{}}
+	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{},
+		versions: make([]uint64, numBlocks)}
 	switch dtype {
 	case kernels.F32:
 		c.f32 = make([]float32, numBlocks*blockSize*dim)
@@ -108,6 +155,7 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 	for i := 0; i < n; i++ {
 		pos := s.len + i
 		blk := int(s.blocks[pos/c.blockSize])
+		c.versions[blk]++
 		off := (blk*c.blockSize + pos%c.blockSize) * c.dim
 		src := rows[i*c.dim : (i+1)*c.dim]
 		if c.dtype == kernels.F32 {

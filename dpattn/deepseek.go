@@ -371,7 +371,11 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 		}
 	}
 	o := make([]float32, T*nh*L)
-	if err := MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}); err != nil {
+	attend := func() error { return MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}) }
+	if cache.Core != nil {
+		attend = func() error { return cache.Core.Attend(ctx, cache, qAbs, queries, nh, L, b.Scale, o) }
+	}
+	if err := attend(); err != nil {
 		return err
 	}
 	v := make([]float32, T*nh*c.VDim)

@@ -28,6 +28,10 @@ type RunConfig struct {
 	// (a GPU: cuda.Experts) and what releases it; nil: the CPU kernels.
 	// The one-rank reference of the parity check stays on the CPU.
 	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
+	// AttnCore, when set, computes every rank's attention over its cache
+	// (a GPU: cuda.Attention); nil: MLA on the host. The one-rank reference
+	// stays on the host.
+	AttnCore AttentionCore
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -293,6 +297,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	if err != nil {
 		return nil, err
 	}
+	cache.Core = cfg.AttnCore
 	for q, l := range sched.requests[r] {
 		if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
 			return nil, err

@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/internal/npy"
+	"github.com/moex-project/moex/internal/stwrite"
 )
 
 // TestExecBackendCUDA runs `exec moe` and `exec mla-decode` with --backend
@@ -97,11 +99,23 @@ func TestExecBackendCUDA(t *testing.T) {
 // TestRunBackendCUDA: moex run with every rank's experts on the (emulated)
 // device, both MoE modes, parity with the CPU within bf16 tolerance.
 func TestRunBackendCUDA(t *testing.T) {
-	dir := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	// A small DeepSeek layer (MoE and MLA), sizes the device kernels take.
+	ms := moetest.Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 4, TopK: 2, Inter: 16, SharedExperts: 1,
+		Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16", Seed: 3}
+	m, err := moetest.Generate(ms)
+	require.NoError(t, err)
+	am, err := moetest.GenerateAttention(moetest.AttnSpec{Hidden: 32, Heads: 2, KVLoraRank: 48, Nope: 16, Rope: 16,
+		VDim: 16, Theta: 10000, DType: "BF16", Seed: 3})
+	require.NoError(t, err)
+	for k, v := range am.Config {
+		m.Config[k] = v
+	}
+	dir := t.TempDir()
+	require.NoError(t, stwrite.WriteCheckpoint(dir, m.Config, append(m.Tensors, am.Tensors...), 1))
 	for _, mode := range []string{"alltoall", "gather"} {
-		out, _, err := runCLI("run", "--backend", "cuda", "--model", dir, "--layer", "1", "--ranks", "3", "--steps", "3", "--moe-mode", mode)
+		out, _, err := runCLI("run", "--backend", "cuda", "--model", dir, "--layer", "0", "--ranks", "3", "--steps", "2", "--moe-mode", mode)
 		require.NoError(t, err)
-		require.Contains(t, out, "backend: MoE experts on the CPU emulation of the CUDA kernels")
+		require.Contains(t, out, "backend: on the CPU emulation of the CUDA kernels: MLA decode over a synced copy")
 		require.Contains(t, out, "CUDA graphs per row bucket, replayed when the vote allows")
 		require.Contains(t, out, "parity against one rank (within 1e-2 of the CPU path expected)")
 		require.Contains(t, out, ": ok")

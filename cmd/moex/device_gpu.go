@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -47,12 +48,14 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 }
 
 // deviceExperts opens the device for moex run: every rank's expert shard
-// resident on it (the ranks share it), and what closes it.
-func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
+// resident on it and its attention over a synced copy of its cache (the
+// ranks share the device), and what closes it.
+func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), dpattn.AttentionCore, func(), error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	att := cuda.NewAttention(d)
 	return func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
 		ex, err := cuda.NewExperts(d, shard)
 		if err != nil {
@@ -62,7 +65,7 @@ func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func()
 			ex.EnableGraphs()
 		}
 		return ex, ex.Close, nil
-	}, closeDev, nil
+	}, att, func() { att.Close(); closeDev() }, nil
 }
 
 // benchMoEOnDevice times the layer on the device for each token count:

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/moe"
 )
@@ -23,8 +24,8 @@ func benchMoEOnDevice(*moe.Layer, string, []int, *benchOpts, uint64) ([]benchRes
 	return nil, errNoCUDA
 }
 
-func deviceExperts(bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), func(), error) {
-	return nil, nil, errNoCUDA
+func deviceExperts(bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), dpattn.AttentionCore, func(), error) {
+	return nil, nil, nil, errNoCUDA
 }
 
 func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) { return nil, nil, nil, errNoCUDA }

@@ -68,15 +68,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: run: --comm %q (want local, mpi or nccl)", errUsage, *commName)
 	}
 	var experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
+	var attnCore dpattn.AttentionCore
 	switch *backend {
 	case "cpu":
 	case "cuda":
-		hook, closeDev, err := deviceExperts(*graphs)
+		hook, core, closeDev, err := deviceExperts(*graphs)
 		if err != nil {
 			return err
 		}
 		defer closeDev()
-		experts = hook
+		experts, attnCore = hook, core
 	default:
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
@@ -115,7 +116,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
 	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
-		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts}
+		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts, AttnCore: attnCore}
 	var rep *dpattn.RunReport
 	if comm == nil {
 		rep, err = dpattn.Run(ctx, cfg)
@@ -136,8 +137,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		if *graphs {
 			launches = "CUDA graphs per row bucket, replayed when the vote allows"
 		}
-		fmt.Fprintf(stdout, "  backend: MoE experts on %s (each rank's shard resident, bf16 activations, %s); attention and collectives on the CPU\n",
-			deviceName, launches)
+		fmt.Fprintf(stdout, "  backend: on %s: MLA decode over a synced copy of each rank's cache, MoE experts (each rank's shard "+
+			"resident, bf16 activations, %s); projections and collectives on the CPU\n", deviceName, launches)
 	}
 	fmt.Fprintln(stdout)
 
