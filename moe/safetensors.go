@@ -207,6 +207,7 @@ func openSafetensors(path string) (*safetensorsFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("moe: %s: mmap: %w", path, err)
 	}
+	adviseHuge(data) // file-backed: honoured where the kernel has read-only THP for files
 	hdr, err := ParseHeader(data, size)
 	if err != nil {
 		unix.Munmap(data)

@@ -1,0 +1,25 @@
+package moe
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// adviseHuge asks the kernel for transparent huge pages behind the weights
+// in b (the whole 2 MiB pages inside it), before they are first touched:
+// decode streams every weight row once, and 4 KiB pages cost a TLB miss per
+// row. Where the kernel says no, nothing changes.
+func adviseHuge(b []byte) {
+	const huge = 2 << 20
+	if len(b) < huge {
+		return
+	}
+	base := uintptr(unsafe.Pointer(&b[0]))
+	start := int((base+huge-1)&^(huge-1) - base)
+	end := int((base+uintptr(len(b)))&^(huge-1) - base)
+	if end <= start {
+		return
+	}
+	unix.Madvise(b[start:end], unix.MADV_HUGEPAGE)
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package moe
+
+func adviseHuge([]byte) {}
