@@ -388,7 +388,7 @@ func MLADecode(d Launcher, in MLAInput) (out, lse []float32, err error) {
 // a cache of nBlocks blocks.
 func (in *MLAInput) check(nBlocks int) error {
 	B := len(in.SeqLens)
-	if in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.D ||
+	if in.Heads < 1 || in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.D ||
 		len(in.BlockTable) != B*in.MaxBlocks {
 		return fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
 	}

@@ -103,10 +103,11 @@ func (d *Device) Close() error {
 		return err
 	}
 	defer done()
-	if err := d.mod.Unload(); err != nil {
-		return err
+	err = d.mod.Unload()
+	if rerr := d.dev.ReleasePrimaryCtx(); err == nil {
+		err = rerr
 	}
-	return d.dev.ReleasePrimaryCtx()
+	return err
 }
 
 // Count is the number of CUDA devices.
@@ -220,6 +221,9 @@ func (a *args) ptr(b Buffer) *args {
 }
 
 func (a *args) int(v int) *args {
+	if v != int(int32(v)) {
+		panic(fmt.Sprintf("cuda: kernel argument %d does not fit an int", v)) // sizes are checked before launches
+	}
 	p := new(uint64)
 	*p = uint64(uint32(int32(v)))
 	a.slots = append(a.slots, unsafe.Pointer(p))
@@ -252,11 +256,10 @@ func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
 		return err
 	}
 	defer done()
-	fn := d.fns[name]
-	if err := fn.LaunchAndSync(grid[0], grid[1], grid[2], block, 1, 1, 0, cu.Stream{}, a.slots); err != nil {
-		return fmt.Errorf("cuda: %s: %w", name, err)
+	if grid[0] < 1 || grid[1] < 1 || grid[2] < 1 {
+		return fmt.Errorf("cuda: %s: empty grid %v", name, grid)
 	}
-	return nil
+	return launchKernel(name, d.fns[name], grid, block, a)
 }
 
 // Gate launches the gating kernel: logits [tokens, experts] fp32, bias

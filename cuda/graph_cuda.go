@@ -47,6 +47,42 @@ type launchRec struct {
 	args  *args
 }
 
+// cArgs copies a launch's arguments into C memory, each at its full size,
+// and returns the C array of pointers to them and every block to free.
+func cArgs(a *args) (unsafe.Pointer, []unsafe.Pointer) {
+	n := len(a.slots)
+	params := C.malloc(C.size_t(max(1, n) * int(unsafe.Sizeof(uintptr(0)))))
+	mem := []unsafe.Pointer{params}
+	ptrs := unsafe.Slice((*unsafe.Pointer)(params), max(1, n))
+	for j, slot := range a.slots {
+		v := C.malloc(C.size_t(a.sizes[j]))
+		mem = append(mem, v)
+		C.memcpy(v, slot, C.size_t(a.sizes[j]))
+		ptrs[j] = v
+	}
+	return params, mem
+}
+
+// cFunction is the CUfunction a cu.Function holds (its only field).
+func cFunction(fn cu.Function) C.CUfunction { return *(*C.CUfunction)(unsafe.Pointer(&fn)) }
+
+// launchKernel launches fn with every argument at its full size (a
+// by-value struct included: gorgonia.org/cu's Launch copies 8 bytes per
+// argument) and waits for it. The context must be current.
+func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args) error {
+	params, mem := cArgs(a)
+	defer func() {
+		for _, p := range mem {
+			C.free(p)
+		}
+	}()
+	if err := cuErr("cuLaunchKernel "+name, C.cuLaunchKernel(cFunction(fn), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block), 1, 1, 0, nil, (*unsafe.Pointer)(params), nil)); err != nil {
+		return err
+	}
+	return cuErr("cuCtxSynchronize after "+name, C.cuCtxSynchronize())
+}
+
 func cuErr(call string, r C.CUresult) error {
 	if r == C.CUDA_SUCCESS {
 		return nil
@@ -83,18 +119,9 @@ func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 	}
 	var prev C.CUgraphNode
 	for i, r := range recs {
-		// The arguments, copied: a C array of pointers to C copies.
-		n := len(r.args.slots)
-		params := C.malloc(C.size_t(max(1, n) * int(unsafe.Sizeof(uintptr(0)))))
-		g.mem = append(g.mem, params)
-		ptrs := unsafe.Slice((*unsafe.Pointer)(params), max(1, n))
-		for j, slot := range r.args.slots {
-			v := C.malloc(C.size_t(r.args.sizes[j]))
-			g.mem = append(g.mem, v)
-			C.memcpy(v, slot, C.size_t(r.args.sizes[j]))
-			ptrs[j] = v
-		}
-		fn := *(*C.CUfunction)(unsafe.Pointer(&r.fn)) // cu.Function holds the CUfunction alone
+		params, mem := cArgs(r.args)
+		g.mem = append(g.mem, mem...)
+		fn := cFunction(r.fn)
 		var node C.CUgraphNode
 		var dep *C.CUgraphNode
 		if i > 0 {

@@ -22,7 +22,7 @@ func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
 	for {
 		ok, err := done()
 		if err != nil {
-			return err
+			return c.abortWith(err) // the work may be stuck: do not leave it to Destroy
 		}
 		if ok {
 			return nil

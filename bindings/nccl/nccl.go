@@ -100,6 +100,7 @@ func GetUniqueID() (UniqueID, error) {
 type Comm struct {
 	c          C.moexNcclComm
 	rank, size int
+	aborted    bool // ncclCommAbort freed c: Destroy and Abort do nothing more
 }
 
 // DType is an NCCL data type.
@@ -147,12 +148,19 @@ func (c *Comm) Size() int { return c.size }
 
 // Destroy frees the communicator after its work is done.
 func (c *Comm) Destroy() error {
+	if c.aborted {
+		return nil // ncclCommAbort freed it
+	}
 	return resultError("ncclCommDestroy", C.moex_nccl_comm_destroy(c.c))
 }
 
 // Abort frees the communicator at once, cancelling its pending work: the
 // way out when a peer does not arrive.
 func (c *Comm) Abort() error {
+	if c.aborted {
+		return nil
+	}
+	c.aborted = true
 	return resultError("ncclCommAbort", C.moex_nccl_comm_abort(c.c))
 }
 

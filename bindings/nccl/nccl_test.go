@@ -93,10 +93,20 @@ func TestShimAgainstStub(t *testing.T) {
 
 	require.NoError(t, c.AsyncError())
 	require.NoError(t, c.Abort())
+
+	require.NoError(t, c.Abort(), "a second abort does nothing")
+	require.NoError(t, c.Destroy(), "nor does destroying an aborted communicator")
 	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
 
 	// Await: finished work returns; an asynchronous error, or a peer that
 	// never arrives (the context's deadline), aborts the communicator.
+	fresh := func() *Comm {
+		c, err := InitRank(id, 4, 2)
+		require.NoError(t, err)
+		readLog(t, logPath)
+		return c
+	}
+	c = fresh()
 	polls := 0
 	require.NoError(t, c.Await(context.Background(), func() (bool, error) { polls++; return polls == 3, nil }))
 	require.Equal(t, 3, polls)
@@ -109,13 +119,16 @@ func TestShimAgainstStub(t *testing.T) {
 	require.ErrorContains(t, err, "nccl: rank 2: collective not finished: context deadline exceeded; communicator aborted")
 	lines = readLog(t, logPath)
 	require.Equal(t, "ncclCommAbort comm=1", lines[len(lines)-1])
+	c = fresh()
 	t.Setenv("NCCL_STUB_ASYNC", "3")
 	err = c.Await(context.Background(), never)
 	require.EqualError(t, err, "nccl: asynchronous operation: stub internal error (ncclResult 3); communicator aborted")
 	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
 	t.Setenv("NCCL_STUB_ASYNC", "")
+	c = fresh()
 	require.ErrorContains(t, c.Await(context.Background(), func() (bool, error) { return false, errors.New("stream query failed") }),
-		"stream query failed")
+		"stream query failed; communicator aborted")
+	require.Equal(t, []string{"ncclCommAbort comm=1"}, readLog(t, logPath))
 
 	_, err = InitRank(id, 4, 4)
 	require.ErrorContains(t, err, "rank 4 of 4")

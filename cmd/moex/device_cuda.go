@@ -74,9 +74,12 @@ func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
 	}
 	ordinal := rank % count
 	if local != "" {
-		if ordinal, err = strconv.Atoi(local); err != nil || ordinal < 0 || ordinal >= count {
-			return fail(fmt.Errorf("run: local rank %q is not a GPU index below %d", local, count))
+		// Modulo the GPUs this process sees: launchers that give each process
+		// one GPU (CUDA_VISIBLE_DEVICES) still set LOCAL_RANK.
+		if ordinal, err = strconv.Atoi(local); err != nil || ordinal < 0 {
+			return fail(fmt.Errorf("run: local rank %q is not a non-negative integer", local))
 		}
+		ordinal %= count
 	}
 	d, err := cuda.Open(ordinal)
 	if err != nil {
