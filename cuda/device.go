@@ -152,18 +152,7 @@ func (d *Device) Free(b Buffer) {
 
 // ToDevice copies n bytes from the host.
 func (d *Device) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
-	if n > dst.Bytes {
-		return fmt.Errorf("cuda: copy of %d bytes into %d", n, dst.Bytes)
-	}
-	if d.rec != nil {
-		return errCopyInGraph
-	}
-	done, err := d.bind()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return cu.MemcpyHtoD(dst.dev(), src, n)
+	return d.ToDeviceAt(dst, 0, src, n)
 }
 
 // ToDeviceAt copies n bytes from the host to dst at byte offset off.
@@ -171,15 +160,7 @@ func (d *Device) ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) 
 	if off < 0 || off+n > dst.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes at %d into %d", n, off, dst.Bytes)
 	}
-	if d.rec != nil {
-		return errCopyInGraph
-	}
-	done, err := d.bind()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return cu.MemcpyHtoD(dst.dev()+cu.DevicePtr(off), src, n)
+	return d.copy(func() error { return cu.MemcpyHtoD(dst.dev()+cu.DevicePtr(off), src, n) })
 }
 
 // ToHost copies n bytes to the host.
@@ -187,6 +168,11 @@ func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	if n > src.Bytes {
 		return fmt.Errorf("cuda: copy of %d bytes from %d", n, src.Bytes)
 	}
+	return d.copy(func() error { return cu.MemcpyDtoH(dst, src.dev(), n) })
+}
+
+// copy runs a copy with the context bound; a capture's recorder refuses it.
+func (d *Device) copy(f func() error) error {
 	if d.rec != nil {
 		return errCopyInGraph
 	}
@@ -195,7 +181,7 @@ func (d *Device) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 		return err
 	}
 	defer done()
-	return cu.MemcpyDtoH(dst, src.dev(), n)
+	return f()
 }
 
 // Upload copies a host slice into a new device buffer.

@@ -13,16 +13,24 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
-// TestRunParity: the multi-rank decode run equals one rank, bit for bit in
-// all-to-all mode and to 1e-6 in gather mode, with idle ranks on the way.
-func TestRunParity(t *testing.T) {
+// runFixture is a small DeepSeek MoE layer and a random attention block
+// of its hidden size.
+func runFixture(t *testing.T) (*moe.Layer, *dpattn.MLABlock) {
+	t.Helper()
 	dir, spec := layerFixture(t)
 	layer, err := moe.Load(dir, 0)
 	require.NoError(t, err)
-	defer layer.Close()
+	t.Cleanup(func() { layer.Close() })
 	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
 		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
 	require.NoError(t, err)
+	return layer, attn
+}
+
+// TestRunParity: the multi-rank decode run equals one rank, bit for bit in
+// all-to-all mode and to 1e-6 in gather mode, with idle ranks on the way.
+func TestRunParity(t *testing.T) {
+	layer, attn := runFixture(t)
 	for _, mode := range []string{"alltoall", "gather"} {
 		for _, R := range []int{1, 2, 3} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", mode, R), func(t *testing.T) {
@@ -41,20 +49,14 @@ func TestRunParity(t *testing.T) {
 			})
 		}
 	}
-	_, err = dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "broadcast", MoE: layer, Attn: attn})
+	_, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "broadcast", MoE: layer, Attn: attn})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
 }
 
 // TestRunComm: each rank calling RunComm on its own communicator gives
 // rank 0 the report of Run: the same tokens, plan and parity.
 func TestRunComm(t *testing.T) {
-	dir, spec := layerFixture(t)
-	layer, err := moe.Load(dir, 0)
-	require.NoError(t, err)
-	defer layer.Close()
-	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
-		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
-	require.NoError(t, err)
+	layer, attn := runFixture(t)
 	for _, mode := range []string{"alltoall", "gather"} {
 		cfg := dpattn.RunConfig{Ranks: 3, Steps: 4, Mode: mode, Seed: 5, MoE: layer, Attn: attn, CacheDType: kernels.F32}
 		want, err := dpattn.Run(context.Background(), cfg)
@@ -87,13 +89,7 @@ func TestRunComm(t *testing.T) {
 // TestRunComms: the plan on one group and the data on another give the
 // same report as one group for both.
 func TestRunComms(t *testing.T) {
-	dir, spec := layerFixture(t)
-	layer, err := moe.Load(dir, 0)
-	require.NoError(t, err)
-	defer layer.Close()
-	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
-		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
-	require.NoError(t, err)
+	layer, attn := runFixture(t)
 	cfg := dpattn.RunConfig{Ranks: 3, Steps: 3, Mode: "alltoall", Seed: 6, MoE: layer, Attn: attn, CacheDType: kernels.F32}
 	want, err := dpattn.Run(context.Background(), cfg)
 	require.NoError(t, err)

@@ -18,17 +18,27 @@ func moeOnDevice(j *epJob) (*epResult, error) {
 		return nil, err
 	}
 	defer l.Close()
+	g, closeAll, err := layerOnDevice(l)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	return r, g.ForwardRouting(x.Data, r.y, r.ids, r.weights)
+}
+
+// layerOnDevice opens the device and uploads the layer; the function
+// returned frees both.
+func layerOnDevice(l *moe.Layer) (*cuda.MoE, func(), error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer closeDev()
 	g, err := cuda.NewMoE(d, l)
 	if err != nil {
-		return nil, err
+		closeDev()
+		return nil, nil, err
 	}
-	defer g.Close()
-	return r, g.ForwardRouting(x.Data, r.y, r.ids, r.weights)
+	return g, func() { g.Close(); closeDev() }, nil
 }
 
 // mlaOnDevice runs exec mla-decode's batch on the device.
@@ -72,16 +82,11 @@ func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func()
 // eager launches (MoE.Forward, layout read back to size the GEMMs) and the
 // fixed-buffer step replayed from its CUDA graph, host copies included.
 func benchMoEOnDevice(l *moe.Layer, name string, ts []int, o *benchOpts, seed uint64) ([]benchResult, error) {
-	d, closeDev, err := openDevice()
+	g, closeAll, err := layerOnDevice(l)
 	if err != nil {
 		return nil, err
 	}
-	defer closeDev()
-	g, err := cuda.NewMoE(d, l)
-	if err != nil {
-		return nil, err
-	}
-	defer g.Close()
+	defer closeAll()
 	c := l.Config
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var results []benchResult
