@@ -264,6 +264,15 @@ func TestMoEStepGraphOnEmulation(t *testing.T) {
 			require.ErrorContains(t, step.Forward(make([]float32, (bucket+1)*H), make([]float32, (bucket+1)*H)), "want [t ≤ 8")
 		})
 	}
+	l, err := moe.NewRandom(&moe.Config{ModelType: "mixtral", Hidden: 32, NumExperts: 2, TopK: 1, Inter: 16,
+		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}, kernels.BF16, 1)
+	require.NoError(t, err)
+	g, err := cuda.NewMoE(cuda.NewEmu(), l)
+	require.NoError(t, err)
+	defer g.Close()
+	_, err = g.NewStep(0)
+	require.EqualError(t, err, "cuda: moe step: bucket of 0 tokens")
+
 	dev := cuda.NewEmu()
 	b, err := dev.Alloc(8)
 	require.NoError(t, err)

@@ -48,6 +48,13 @@ for mode in alltoall gather; do
   checked=$((checked + 1))
 done
 
+# --ranks that disagrees with mpirun's process count is a named error.
+if timeout 120 "${mpirun[@]}" -np 2 "$tmp/moex" run --comm mpi --ranks 3 --steps 1 --model testdata/moe/deepseek_v2_f32 \
+    --layer 1 2>"$tmp/err" >/dev/null; then
+  echo "mpi-parity: run --ranks 3 under 2 processes succeeded"; exit 1
+fi
+grep -q "run: --ranks 3, but 2 ranks were started" "$tmp/err" || { echo "mpi-parity: unexpected error: $(cat "$tmp/err")"; exit 1; }
+
 # A rank count that does not match --ep is an error on every rank, not a hang.
 if timeout 120 "${mpirun[@]}" -np 3 "$tmp/moex" exec moe --model testdata/moe/mixtral_f32 --layer 1 \
     --input testdata/moe/mixtral_f32/x.npy --out "$tmp/y.npy" --ep 4 --comm mpi 2>"$tmp/err"; then

@@ -28,3 +28,10 @@ func TestBenchMoEBackendCUDAMissing(t *testing.T) {
 	_, _, err := runCLI("bench", "moe", "--backend", "cuda", "--preset", "deepseek-v2-lite", "--tokens", "1")
 	require.ErrorIs(t, err, errNoCUDA)
 }
+
+func TestRunCommErrors(t *testing.T) {
+	_, _, err := runCLI("run", "--comm", "carrier-pigeon", "--steps", "1")
+	require.ErrorContains(t, err, `--comm "carrier-pigeon" (want local, mpi or nccl)`)
+	_, _, err = runCLI("run", "--comm", "nccl", "--steps", "1")
+	require.ErrorIs(t, err, errNoCUDA)
+}

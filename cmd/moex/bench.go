@@ -380,12 +380,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	var results []benchResult
 	for _, T := range ts {
-		x := make([]float32, T*c.Hidden)
-		for i := range x {
-			x[i] = 2*rng.Float32() - 1
-		}
-		y := make([]float32, len(x))
-		ids := make([]int32, T*c.TopK)
+		x, y, ids := moeCase(rng, c, T)
 		if err := l.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
 			return nil, err
 		}
@@ -405,6 +400,16 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		}
 	}
 	return results, nil
+}
+
+// moeCase is a bench moe input of T random tokens, with its output and
+// expert-id buffers.
+func moeCase(rng *rand.Rand, c *moe.Config, T int) (x, y []float32, ids []int32) {
+	x = make([]float32, T*c.Hidden)
+	for i := range x {
+		x[i] = 2*rng.Float32() - 1
+	}
+	return x, make([]float32, len(x)), make([]int32, T*c.TopK)
 }
 
 // benchEP times the dispatch and combine all-to-alls of an EP step with

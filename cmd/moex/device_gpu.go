@@ -91,12 +91,7 @@ func benchMoEOnDevice(l *moe.Layer, name string, ts []int, o *benchOpts, seed ui
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var results []benchResult
 	for _, T := range ts {
-		x := make([]float32, T*c.Hidden)
-		for i := range x {
-			x[i] = 2*rng.Float32() - 1
-		}
-		y := make([]float32, len(x))
-		ids := make([]int32, T*c.TopK)
+		x, y, ids := moeCase(rng, c, T)
 		if err := g.ForwardRouting(x, y, ids, nil); err != nil {
 			return nil, err
 		}
