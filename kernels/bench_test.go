@@ -61,22 +61,28 @@ func BenchmarkSGEMM(b *testing.B) {
 		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k)
 		for _, threads := range []int{1, 2} {
 			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-				w, _ := kerneltest.Weights(rng, dt, s.n, s.k)
+				rowMajor, _ := kerneltest.Weights(rng, dt, s.n, s.k)
 				for _, impl := range kernels.Implementations() {
-					b.Run(fmt.Sprintf("%s/moex-%s-%v/threads=%d", s.name, impl, dt, threads), func(b *testing.B) {
-						restore, err := kernels.Use(impl)
-						if err != nil {
-							b.Fatal(err)
+					for _, layout := range []string{"", "-rows"} {
+						w := kernels.Pack(rowMajor)
+						if layout != "" {
+							w = rowMajor
 						}
-						defer restore()
-						groups := []kernels.GEMMGroup{{B: w, Rows: rows, Out: make([]float32, s.m*s.n)}}
-						for b.Loop() {
-							if err := kernels.GroupedGEMM(context.Background(), threads, a, groups); err != nil {
+						b.Run(fmt.Sprintf("%s/moex-%s-%v%s/threads=%d", s.name, impl, dt, layout, threads), func(b *testing.B) {
+							restore, err := kernels.Use(impl)
+							if err != nil {
 								b.Fatal(err)
 							}
-						}
-						b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-					})
+							defer restore()
+							groups := []kernels.GEMMGroup{{B: w, Rows: rows, Out: make([]float32, s.m*s.n)}}
+							for b.Loop() {
+								if err := kernels.GroupedGEMM(context.Background(), threads, a, groups); err != nil {
+									b.Fatal(err)
+								}
+							}
+							b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+						})
+					}
 				}
 			}
 			bf := make([]float32, s.n*s.k)

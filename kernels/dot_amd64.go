@@ -5,10 +5,10 @@ package kernels
 import "github.com/klauspost/cpuid/v2"
 
 // The AVX2 kernels need FMA and F16C as well; the AVX-512 ones need BW for
-// the bf16 widening (VPMOVZXWD on zmm).
+// the bf16 widening (VPMOVZXWD on zmm) and DQ for VXORPS on zmm.
 var (
 	hasAVX2   = cpuid.CPU.Supports(cpuid.AVX2, cpuid.FMA3, cpuid.F16C)
-	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW)
+	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512DQ)
 )
 
 func init() {
@@ -19,6 +19,7 @@ func init() {
 		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F16x1, dotAVX2F16x2, dotAVX2F16x3}
 		s.maxMR8 = 1
 		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
+		s.outer = outerAVX2
 		register(s)
 	}
 	if hasAVX512 {
@@ -30,6 +31,7 @@ func init() {
 		s.kern8[F32] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F32x1n8, dotAVX512F32x2n8, dotAVX512F32x3n8}
 		s.kern8[BF16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512BF16x1n8, dotAVX512BF16x2n8, dotAVX512BF16x3n8}
 		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
+		s.outer = outerAVX512
 		register(s)
 	}
 }

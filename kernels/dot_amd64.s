@@ -575,6 +575,856 @@ dotAVX2F32x1n8_reduce:
 	VZEROUPPER
 	RET
 
+// func opAVX2F32x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX2F32x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
+	JMP     opAVX2F32x1p1_start
+
+opAVX2F32x1p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+opAVX2F32x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX2F32x1p1_store
+	VMOVUPS      (CX)(SI*1), Y2
+	VMOVUPS      32(CX)(SI*1), Y3
+	VBROADCASTSS (AX)(BX*4), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	INCQ         BX
+	ADDQ         $0x00000040, SI
+	JMP          opAVX2F32x1p1_loop
+
+opAVX2F32x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2F32x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
+	JMP     opAVX2F32x1p2_start
+
+opAVX2F32x1p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2F32x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2F32x1p2_store
+	VMOVUPS      (CX)(DI*1), Y4
+	VMOVUPS      32(CX)(DI*1), Y5
+	VMOVUPS      (DX)(DI*1), Y6
+	VMOVUPS      32(DX)(DI*1), Y7
+	VBROADCASTSS (AX)(SI*4), Y8
+	VFMADD231PS  Y4, Y8, Y0
+	VFMADD231PS  Y5, Y8, Y1
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	INCQ         SI
+	ADDQ         $0x00000040, DI
+	JMP          opAVX2F32x1p2_loop
+
+opAVX2F32x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F32x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	JMP     opAVX2F32x1p3_start
+
+opAVX2F32x1p3_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2F32x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F32x1p3_store
+	VMOVUPS      (CX)(R8*1), Y6
+	VMOVUPS      32(CX)(R8*1), Y7
+	VMOVUPS      (BX)(R8*1), Y8
+	VMOVUPS      32(BX)(R8*1), Y9
+	VMOVUPS      (DX)(R8*1), Y10
+	VMOVUPS      32(DX)(R8*1), Y11
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y6, Y12, Y0
+	VFMADD231PS  Y7, Y12, Y1
+	VFMADD231PS  Y8, Y12, Y2
+	VFMADD231PS  Y9, Y12, Y3
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX2F32x1p3_loop
+
+opAVX2F32x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F32x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	JMP     opAVX2F32x1p4_start
+
+opAVX2F32x1p4_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F32x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F32x1p4_store
+	VBROADCASTSS (AX)(R8*4), Y8
+	VMOVUPS      (CX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VMOVUPS      32(CX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VMOVUPS      (BX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VMOVUPS      32(BX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VMOVUPS      (SI)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VMOVUPS      32(SI)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VMOVUPS      (DX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VMOVUPS      32(DX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y7
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX2F32x1p4_loop
+
+opAVX2F32x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2F32x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	ADDQ    SI, BX
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	JMP     opAVX2F32x2p1_start
+
+opAVX2F32x2p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2F32x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2F32x2p1_store
+	VMOVUPS      (DX)(DI*1), Y4
+	VMOVUPS      32(DX)(DI*1), Y5
+	VBROADCASTSS (CX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VBROADCASTSS (AX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	INCQ         SI
+	ADDQ         $0x00000040, DI
+	JMP          opAVX2F32x2p1_loop
+
+opAVX2F32x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F32x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	VMOVUPS 64(SI), Y6
+	VMOVUPS 96(SI), Y7
+	JMP     opAVX2F32x2p2_start
+
+opAVX2F32x2p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F32x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F32x2p2_store
+	VMOVUPS      (DX)(R8*1), Y8
+	VMOVUPS      32(DX)(R8*1), Y9
+	VMOVUPS      (BX)(R8*1), Y10
+	VMOVUPS      32(BX)(R8*1), Y11
+	VBROADCASTSS (CX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y0
+	VFMADD231PS  Y9, Y12, Y1
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX2F32x2p2_loop
+
+opAVX2F32x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F32x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	JMP     opAVX2F32x3p1_start
+
+opAVX2F32x3p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2F32x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F32x3p1_store
+	VMOVUPS      (BX)(R8*1), Y6
+	VMOVUPS      32(BX)(R8*1), Y7
+	VBROADCASTSS (CX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y1
+	VBROADCASTSS (DX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (AX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y4
+	VFMADD231PS  Y7, Y8, Y5
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX2F32x3p1_loop
+
+opAVX2F32x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F32x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	VMOVUPS 64(DI), Y6
+	VMOVUPS 96(DI), Y7
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y8
+	VMOVUPS 32(DI), Y9
+	VMOVUPS 64(DI), Y10
+	VMOVUPS 96(DI), Y11
+	JMP     opAVX2F32x3p2_start
+
+opAVX2F32x3p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2F32x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F32x3p2_store
+	VBROADCASTSS (CX)(R8*4), Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VBROADCASTSS (AX)(R8*4), Y14
+	VMOVUPS      (BX)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VMOVUPS      32(BX)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VMOVUPS      (SI)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VMOVUPS      32(SI)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX2F32x3p2_loop
+
+opAVX2F32x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VMOVUPS Y10, 64(AX)
+	VMOVUPS Y11, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F32x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y7
+	JMP     opAVX2F32x4p1_start
+
+opAVX2F32x4p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F32x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F32x4p1_store
+	VMOVUPS      (SI)(R9*1), Y8
+	VMOVUPS      32(SI)(R9*1), Y9
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS (BX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS (AX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX2F32x4p1_loop
+
+opAVX2F32x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2F32x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y6
+	VMOVUPS 32(R8), Y7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y8
+	VMOVUPS 32(R8), Y9
+	JMP     opAVX2F32x5p1_start
+
+opAVX2F32x5p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2F32x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2F32x5p1_store
+	VMOVUPS      (DI)(R10*1), Y10
+	VMOVUPS      32(DI)(R10*1), Y11
+	VBROADCASTSS (CX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y0
+	VFMADD231PS  Y11, Y12, Y1
+	VBROADCASTSS (DX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (BX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	VBROADCASTSS (SI)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	VBROADCASTSS (AX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y8
+	VFMADD231PS  Y11, Y12, Y9
+	INCQ         R9
+	ADDQ         $0x00000040, R10
+	JMP          opAVX2F32x5p1_loop
+
+opAVX2F32x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F32x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, FMA3
+TEXT ·opAVX2F32x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2F32x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y8
+	VMOVUPS 32(R9), Y9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y10
+	VMOVUPS 32(R9), Y11
+	JMP     opAVX2F32x6p1_start
+
+opAVX2F32x6p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2F32x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F32x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX2F32x6p1_store
+	VMOVUPS      (R8)(R11*1), Y12
+	VMOVUPS      32(R8)(R11*1), Y13
+	VBROADCASTSS (CX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (DX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (BX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (SI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y7
+	VBROADCASTSS (DI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (AX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y10
+	VFMADD231PS  Y13, Y14, Y11
+	INCQ         R10
+	ADDQ         $0x00000040, R11
+	JMP          opAVX2F32x6p1_loop
+
+opAVX2F32x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y10, (AX)
+	VMOVUPS Y11, 32(AX)
+	VZEROUPPER
+	RET
+
 // func dotAVX2BF16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX2, FMA3
 TEXT ·dotAVX2BF16x1(SB), NOSPLIT, $0-48
@@ -1166,6 +2016,894 @@ dotAVX2BF16x1n8_reduce:
 	VZEROUPPER
 	RET
 
+// func opAVX2BF16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX2BF16x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
+	JMP     opAVX2BF16x1p1_start
+
+opAVX2BF16x1p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+opAVX2BF16x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX2BF16x1p1_store
+	VPMOVZXWD    (CX)(SI*1), Y2
+	VPSLLD       $0x10, Y2, Y2
+	VPMOVZXWD    16(CX)(SI*1), Y3
+	VPSLLD       $0x10, Y3, Y3
+	VBROADCASTSS (AX)(BX*4), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	INCQ         BX
+	ADDQ         $0x00000020, SI
+	JMP          opAVX2BF16x1p1_loop
+
+opAVX2BF16x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2BF16x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
+	JMP     opAVX2BF16x1p2_start
+
+opAVX2BF16x1p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2BF16x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2BF16x1p2_store
+	VPMOVZXWD    (CX)(DI*1), Y4
+	VPSLLD       $0x10, Y4, Y4
+	VPMOVZXWD    16(CX)(DI*1), Y5
+	VPSLLD       $0x10, Y5, Y5
+	VPMOVZXWD    (DX)(DI*1), Y6
+	VPSLLD       $0x10, Y6, Y6
+	VPMOVZXWD    16(DX)(DI*1), Y7
+	VPSLLD       $0x10, Y7, Y7
+	VBROADCASTSS (AX)(SI*4), Y8
+	VFMADD231PS  Y4, Y8, Y0
+	VFMADD231PS  Y5, Y8, Y1
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX2BF16x1p2_loop
+
+opAVX2BF16x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2BF16x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	JMP     opAVX2BF16x1p3_start
+
+opAVX2BF16x1p3_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2BF16x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2BF16x1p3_store
+	VPMOVZXWD    (CX)(R8*1), Y6
+	VPSLLD       $0x10, Y6, Y6
+	VPMOVZXWD    16(CX)(R8*1), Y7
+	VPSLLD       $0x10, Y7, Y7
+	VPMOVZXWD    (BX)(R8*1), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VPMOVZXWD    16(BX)(R8*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VPMOVZXWD    (DX)(R8*1), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VPMOVZXWD    16(DX)(R8*1), Y11
+	VPSLLD       $0x10, Y11, Y11
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y6, Y12, Y0
+	VFMADD231PS  Y7, Y12, Y1
+	VFMADD231PS  Y8, Y12, Y2
+	VFMADD231PS  Y9, Y12, Y3
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2BF16x1p3_loop
+
+opAVX2BF16x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2BF16x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	JMP     opAVX2BF16x1p4_start
+
+opAVX2BF16x1p4_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2BF16x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2BF16x1p4_store
+	VBROADCASTSS (AX)(R8*4), Y8
+	VPMOVZXWD    (CX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VPMOVZXWD    16(CX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VPMOVZXWD    (BX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VPMOVZXWD    16(BX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VPMOVZXWD    (SI)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVZXWD    16(SI)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VPMOVZXWD    (DX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VPMOVZXWD    16(DX)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y7
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2BF16x1p4_loop
+
+opAVX2BF16x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2BF16x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	ADDQ    SI, BX
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	JMP     opAVX2BF16x2p1_start
+
+opAVX2BF16x2p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2BF16x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2BF16x2p1_store
+	VPMOVZXWD    (DX)(DI*1), Y4
+	VPSLLD       $0x10, Y4, Y4
+	VPMOVZXWD    16(DX)(DI*1), Y5
+	VPSLLD       $0x10, Y5, Y5
+	VBROADCASTSS (CX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VBROADCASTSS (AX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX2BF16x2p1_loop
+
+opAVX2BF16x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2BF16x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	VMOVUPS 64(SI), Y6
+	VMOVUPS 96(SI), Y7
+	JMP     opAVX2BF16x2p2_start
+
+opAVX2BF16x2p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2BF16x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2BF16x2p2_store
+	VPMOVZXWD    (DX)(R8*1), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VPMOVZXWD    16(DX)(R8*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VPMOVZXWD    (BX)(R8*1), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VPMOVZXWD    16(BX)(R8*1), Y11
+	VPSLLD       $0x10, Y11, Y11
+	VBROADCASTSS (CX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y0
+	VFMADD231PS  Y9, Y12, Y1
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2BF16x2p2_loop
+
+opAVX2BF16x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2BF16x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	JMP     opAVX2BF16x3p1_start
+
+opAVX2BF16x3p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2BF16x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2BF16x3p1_store
+	VPMOVZXWD    (BX)(R8*1), Y6
+	VPSLLD       $0x10, Y6, Y6
+	VPMOVZXWD    16(BX)(R8*1), Y7
+	VPSLLD       $0x10, Y7, Y7
+	VBROADCASTSS (CX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y1
+	VBROADCASTSS (DX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (AX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y4
+	VFMADD231PS  Y7, Y8, Y5
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2BF16x3p1_loop
+
+opAVX2BF16x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2BF16x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	VMOVUPS 64(DI), Y6
+	VMOVUPS 96(DI), Y7
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y8
+	VMOVUPS 32(DI), Y9
+	VMOVUPS 64(DI), Y10
+	VMOVUPS 96(DI), Y11
+	JMP     opAVX2BF16x3p2_start
+
+opAVX2BF16x3p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2BF16x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2BF16x3p2_store
+	VBROADCASTSS (CX)(R8*4), Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VBROADCASTSS (AX)(R8*4), Y14
+	VPMOVZXWD    (BX)(R9*1), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VPMOVZXWD    16(BX)(R9*1), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VPMOVZXWD    (SI)(R9*1), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VPMOVZXWD    16(SI)(R9*1), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2BF16x3p2_loop
+
+opAVX2BF16x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VMOVUPS Y10, 64(AX)
+	VMOVUPS Y11, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2BF16x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y7
+	JMP     opAVX2BF16x4p1_start
+
+opAVX2BF16x4p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2BF16x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2BF16x4p1_store
+	VPMOVZXWD    (SI)(R9*1), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VPMOVZXWD    16(SI)(R9*1), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS (BX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS (AX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2BF16x4p1_loop
+
+opAVX2BF16x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2BF16x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y6
+	VMOVUPS 32(R8), Y7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y8
+	VMOVUPS 32(R8), Y9
+	JMP     opAVX2BF16x5p1_start
+
+opAVX2BF16x5p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2BF16x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2BF16x5p1_store
+	VPMOVZXWD    (DI)(R10*1), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VPMOVZXWD    16(DI)(R10*1), Y11
+	VPSLLD       $0x10, Y11, Y11
+	VBROADCASTSS (CX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y0
+	VFMADD231PS  Y11, Y12, Y1
+	VBROADCASTSS (DX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (BX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	VBROADCASTSS (SI)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	VBROADCASTSS (AX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y8
+	VFMADD231PS  Y11, Y12, Y9
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX2BF16x5p1_loop
+
+opAVX2BF16x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2BF16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2BF16x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2BF16x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y8
+	VMOVUPS 32(R9), Y9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y10
+	VMOVUPS 32(R9), Y11
+	JMP     opAVX2BF16x6p1_start
+
+opAVX2BF16x6p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2BF16x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2BF16x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX2BF16x6p1_store
+	VPMOVZXWD    (R8)(R11*1), Y12
+	VPSLLD       $0x10, Y12, Y12
+	VPMOVZXWD    16(R8)(R11*1), Y13
+	VPSLLD       $0x10, Y13, Y13
+	VBROADCASTSS (CX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (DX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (BX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (SI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y7
+	VBROADCASTSS (DI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (AX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y10
+	VFMADD231PS  Y13, Y14, Y11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX2BF16x6p1_loop
+
+opAVX2BF16x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y10, (AX)
+	VMOVUPS Y11, 32(AX)
+	VZEROUPPER
+	RET
+
 // func dotAVX2F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, F16C, FMA3
 TEXT ·dotAVX2F16x1(SB), NOSPLIT, $0-48
@@ -1734,6 +3472,856 @@ dotAVX2F16x1n8_reduce:
 	VMOVSHDUP    X7, X0
 	VADDSS       X0, X7, X7
 	VMOVSS       X7, 28(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX2F16x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
+	JMP     opAVX2F16x1p1_start
+
+opAVX2F16x1p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+opAVX2F16x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX2F16x1p1_store
+	VCVTPH2PS    (CX)(SI*1), Y2
+	VCVTPH2PS    16(CX)(SI*1), Y3
+	VBROADCASTSS (AX)(BX*4), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	INCQ         BX
+	ADDQ         $0x00000020, SI
+	JMP          opAVX2F16x1p1_loop
+
+opAVX2F16x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2F16x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 64(BX), Y2
+	VMOVUPS 96(BX), Y3
+	JMP     opAVX2F16x1p2_start
+
+opAVX2F16x1p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2F16x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2F16x1p2_store
+	VCVTPH2PS    (CX)(DI*1), Y4
+	VCVTPH2PS    16(CX)(DI*1), Y5
+	VCVTPH2PS    (DX)(DI*1), Y6
+	VCVTPH2PS    16(DX)(DI*1), Y7
+	VBROADCASTSS (AX)(SI*4), Y8
+	VFMADD231PS  Y4, Y8, Y0
+	VFMADD231PS  Y5, Y8, Y1
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX2F16x1p2_loop
+
+opAVX2F16x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F16x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	JMP     opAVX2F16x1p3_start
+
+opAVX2F16x1p3_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2F16x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F16x1p3_store
+	VCVTPH2PS    (CX)(R8*1), Y6
+	VCVTPH2PS    16(CX)(R8*1), Y7
+	VCVTPH2PS    (BX)(R8*1), Y8
+	VCVTPH2PS    16(BX)(R8*1), Y9
+	VCVTPH2PS    (DX)(R8*1), Y10
+	VCVTPH2PS    16(DX)(R8*1), Y11
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y6, Y12, Y0
+	VFMADD231PS  Y7, Y12, Y1
+	VFMADD231PS  Y8, Y12, Y2
+	VFMADD231PS  Y9, Y12, Y3
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2F16x1p3_loop
+
+opAVX2F16x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F16x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	JMP     opAVX2F16x1p4_start
+
+opAVX2F16x1p4_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F16x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F16x1p4_store
+	VBROADCASTSS (AX)(R8*4), Y8
+	VCVTPH2PS    (CX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VCVTPH2PS    16(CX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VCVTPH2PS    (BX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VCVTPH2PS    16(BX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VCVTPH2PS    (SI)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VCVTPH2PS    16(SI)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VCVTPH2PS    (DX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VCVTPH2PS    16(DX)(R9*1), Y9
+	VFMADD231PS  Y9, Y8, Y7
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2F16x1p4_loop
+
+opAVX2F16x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2F16x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	ADDQ    SI, BX
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	JMP     opAVX2F16x2p1_start
+
+opAVX2F16x2p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2F16x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2F16x2p1_store
+	VCVTPH2PS    (DX)(DI*1), Y4
+	VCVTPH2PS    16(DX)(DI*1), Y5
+	VBROADCASTSS (CX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VBROADCASTSS (AX)(SI*4), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX2F16x2p1_loop
+
+opAVX2F16x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F16x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	VMOVUPS 64(SI), Y6
+	VMOVUPS 96(SI), Y7
+	JMP     opAVX2F16x2p2_start
+
+opAVX2F16x2p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F16x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F16x2p2_store
+	VCVTPH2PS    (DX)(R8*1), Y8
+	VCVTPH2PS    16(DX)(R8*1), Y9
+	VCVTPH2PS    (BX)(R8*1), Y10
+	VCVTPH2PS    16(BX)(R8*1), Y11
+	VBROADCASTSS (CX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y0
+	VFMADD231PS  Y9, Y12, Y1
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (AX)(DI*4), Y12
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2F16x2p2_loop
+
+opAVX2F16x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F16x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	JMP     opAVX2F16x3p1_start
+
+opAVX2F16x3p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2F16x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F16x3p1_store
+	VCVTPH2PS    (BX)(R8*1), Y6
+	VCVTPH2PS    16(BX)(R8*1), Y7
+	VBROADCASTSS (CX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y1
+	VBROADCASTSS (DX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (AX)(DI*4), Y8
+	VFMADD231PS  Y6, Y8, Y4
+	VFMADD231PS  Y7, Y8, Y5
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX2F16x3p1_loop
+
+opAVX2F16x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F16x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	VMOVUPS 64(DI), Y6
+	VMOVUPS 96(DI), Y7
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y8
+	VMOVUPS 32(DI), Y9
+	VMOVUPS 64(DI), Y10
+	VMOVUPS 96(DI), Y11
+	JMP     opAVX2F16x3p2_start
+
+opAVX2F16x3p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2F16x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F16x3p2_store
+	VBROADCASTSS (CX)(R8*4), Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VBROADCASTSS (AX)(R8*4), Y14
+	VCVTPH2PS    (BX)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VCVTPH2PS    16(BX)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VCVTPH2PS    (SI)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VCVTPH2PS    16(SI)(R9*1), Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2F16x3p2_loop
+
+opAVX2F16x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VMOVUPS Y10, 64(AX)
+	VMOVUPS Y11, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F16x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y7
+	JMP     opAVX2F16x4p1_start
+
+opAVX2F16x4p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2F16x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F16x4p1_store
+	VCVTPH2PS    (SI)(R9*1), Y8
+	VCVTPH2PS    16(SI)(R9*1), Y9
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS (BX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS (AX)(R8*4), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX2F16x4p1_loop
+
+opAVX2F16x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2F16x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y6
+	VMOVUPS 32(R8), Y7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y8
+	VMOVUPS 32(R8), Y9
+	JMP     opAVX2F16x5p1_start
+
+opAVX2F16x5p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2F16x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2F16x5p1_store
+	VCVTPH2PS    (DI)(R10*1), Y10
+	VCVTPH2PS    16(DI)(R10*1), Y11
+	VBROADCASTSS (CX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y0
+	VFMADD231PS  Y11, Y12, Y1
+	VBROADCASTSS (DX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (BX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	VBROADCASTSS (SI)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	VBROADCASTSS (AX)(R9*4), Y12
+	VFMADD231PS  Y10, Y12, Y8
+	VFMADD231PS  Y11, Y12, Y9
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX2F16x5p1_loop
+
+opAVX2F16x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, F16C, FMA3
+TEXT ·opAVX2F16x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2F16x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y8
+	VMOVUPS 32(R9), Y9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y10
+	VMOVUPS 32(R9), Y11
+	JMP     opAVX2F16x6p1_start
+
+opAVX2F16x6p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2F16x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F16x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX2F16x6p1_store
+	VCVTPH2PS    (R8)(R11*1), Y12
+	VCVTPH2PS    16(R8)(R11*1), Y13
+	VBROADCASTSS (CX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (DX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (BX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (SI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y7
+	VBROADCASTSS (DI)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (AX)(R10*4), Y14
+	VFMADD231PS  Y12, Y14, Y10
+	VFMADD231PS  Y13, Y14, Y11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX2F16x6p1_loop
+
+opAVX2F16x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y10, (AX)
+	VMOVUPS Y11, 32(AX)
 	VZEROUPPER
 	RET
 
@@ -3930,6 +6518,2088 @@ dotAVX512F32x3n8_reduce:
 	VMOVSHDUP  Z23, Z0
 	VADDSS     X0, X23, X23
 	VMOVSS     X23, 92(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX512F32x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Z0
+	JMP     opAVX512F32x1p1_start
+
+opAVX512F32x1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+opAVX512F32x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX512F32x1p1_store
+	VMOVUPS      (CX)(SI*1), Z1
+	VBROADCASTSS (AX)(BX*4), Z2
+	VFMADD231PS  Z1, Z2, Z0
+	INCQ         BX
+	ADDQ         $0x00000040, SI
+	JMP          opAVX512F32x1p1_loop
+
+opAVX512F32x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512F32x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	VMOVUPS 64(BX), Z1
+	JMP     opAVX512F32x1p2_start
+
+opAVX512F32x1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512F32x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512F32x1p2_store
+	VMOVUPS      (CX)(DI*1), Z2
+	VMOVUPS      (DX)(DI*1), Z3
+	VBROADCASTSS (AX)(SI*4), Z4
+	VFMADD231PS  Z2, Z4, Z0
+	VFMADD231PS  Z3, Z4, Z1
+	INCQ         SI
+	ADDQ         $0x00000040, DI
+	JMP          opAVX512F32x1p2_loop
+
+opAVX512F32x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F32x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	JMP     opAVX512F32x1p3_start
+
+opAVX512F32x1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F32x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F32x1p3_store
+	VMOVUPS      (CX)(R8*1), Z3
+	VMOVUPS      (BX)(R8*1), Z4
+	VMOVUPS      (DX)(R8*1), Z5
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z3, Z6, Z0
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z6, Z2
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX512F32x1p3_loop
+
+opAVX512F32x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F32x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	JMP     opAVX512F32x1p4_start
+
+opAVX512F32x1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F32x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F32x1p4_store
+	VMOVUPS      (CX)(R9*1), Z4
+	VMOVUPS      (BX)(R9*1), Z5
+	VMOVUPS      (SI)(R9*1), Z6
+	VMOVUPS      (DX)(R9*1), Z7
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z4, Z8, Z0
+	VFMADD231PS  Z5, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX512F32x1p4_loop
+
+opAVX512F32x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512F32x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	ADDQ    SI, BX
+	VMOVUPS (BX), Z1
+	JMP     opAVX512F32x2p1_start
+
+opAVX512F32x2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512F32x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512F32x2p1_store
+	VMOVUPS      (DX)(DI*1), Z2
+	VBROADCASTSS (CX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z0
+	VBROADCASTSS (AX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         SI
+	ADDQ         $0x00000040, DI
+	JMP          opAVX512F32x2p1_loop
+
+opAVX512F32x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F32x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	JMP     opAVX512F32x2p2_start
+
+opAVX512F32x2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F32x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F32x2p2_store
+	VMOVUPS      (DX)(R8*1), Z4
+	VMOVUPS      (BX)(R8*1), Z5
+	VBROADCASTSS (CX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z0
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z6, Z3
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX512F32x2p2_loop
+
+opAVX512F32x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x2p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F32x2p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z5
+	JMP     opAVX512F32x2p3_start
+
+opAVX512F32x2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F32x2p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x2p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F32x2p3_store
+	VMOVUPS      (DX)(R9*1), Z6
+	VMOVUPS      (SI)(R9*1), Z7
+	VMOVUPS      (BX)(R9*1), Z8
+	VBROADCASTSS (CX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z0
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (AX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z9, Z5
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX512F32x2p3_loop
+
+opAVX512F32x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x2p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F32x2p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	VMOVUPS 192(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z7
+	JMP     opAVX512F32x2p4_start
+
+opAVX512F32x2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512F32x2p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x2p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F32x2p4_store
+	VMOVUPS      (DX)(R10*1), Z8
+	VMOVUPS      (SI)(R10*1), Z9
+	VMOVUPS      (DI)(R10*1), Z10
+	VMOVUPS      (BX)(R10*1), Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z0
+	VFMADD231PS  Z9, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z4
+	VFMADD231PS  Z9, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	INCQ         R9
+	ADDQ         $0x00000040, R10
+	JMP          opAVX512F32x2p4_loop
+
+opAVX512F32x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F32x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512F32x3p1_start
+
+opAVX512F32x3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F32x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F32x3p1_store
+	VMOVUPS      (BX)(R8*1), Z3
+	VBROADCASTSS (CX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z0
+	VBROADCASTSS (DX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (AX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         DI
+	ADDQ         $0x00000040, R8
+	JMP          opAVX512F32x3p1_loop
+
+opAVX512F32x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F32x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	JMP     opAVX512F32x3p2_start
+
+opAVX512F32x3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F32x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F32x3p2_store
+	VMOVUPS      (BX)(R9*1), Z6
+	VMOVUPS      (SI)(R9*1), Z7
+	VBROADCASTSS (CX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z0
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (DX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z8, Z5
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX512F32x3p2_loop
+
+opAVX512F32x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x3p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F32x3p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	VMOVUPS 128(R8), Z8
+	JMP     opAVX512F32x3p3_start
+
+opAVX512F32x3p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512F32x3p3_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x3p3_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F32x3p3_store
+	VMOVUPS      (BX)(R10*1), Z9
+	VMOVUPS      (DI)(R10*1), Z10
+	VMOVUPS      (SI)(R10*1), Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z0
+	VFMADD231PS  Z10, Z12, Z1
+	VFMADD231PS  Z11, Z12, Z2
+	VBROADCASTSS (DX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z6
+	VFMADD231PS  Z10, Z12, Z7
+	VFMADD231PS  Z11, Z12, Z8
+	INCQ         R9
+	ADDQ         $0x00000040, R10
+	JMP          opAVX512F32x3p3_loop
+
+opAVX512F32x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x3p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F32x3p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	VMOVUPS 128(R9), Z10
+	VMOVUPS 192(R9), Z11
+	JMP     opAVX512F32x3p4_start
+
+opAVX512F32x3p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F32x3p4_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x3p4_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F32x3p4_store
+	VMOVUPS      (BX)(R11*1), Z12
+	VMOVUPS      (DI)(R11*1), Z13
+	VMOVUPS      (R8)(R11*1), Z14
+	VMOVUPS      (SI)(R11*1), Z15
+	VBROADCASTSS (CX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z0
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (DX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z4
+	VFMADD231PS  Z13, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z15, Z16, Z7
+	VBROADCASTSS (AX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z13, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z15, Z16, Z11
+	INCQ         R10
+	ADDQ         $0x00000040, R11
+	JMP          opAVX512F32x3p4_loop
+
+opAVX512F32x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F32x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512F32x4p1_start
+
+opAVX512F32x4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F32x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F32x4p1_store
+	VMOVUPS      (SI)(R9*1), Z4
+	VBROADCASTSS (CX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z0
+	VBROADCASTSS (DX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (BX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (AX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R8
+	ADDQ         $0x00000040, R9
+	JMP          opAVX512F32x4p1_loop
+
+opAVX512F32x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x4p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F32x4p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	JMP     opAVX512F32x4p2_start
+
+opAVX512F32x4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512F32x4p2_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x4p2_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F32x4p2_store
+	VMOVUPS      (SI)(R10*1), Z8
+	VMOVUPS      (DI)(R10*1), Z9
+	VBROADCASTSS (CX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z0
+	VFMADD231PS  Z9, Z10, Z1
+	VBROADCASTSS (DX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (BX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z10, Z5
+	VBROADCASTSS (AX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z10, Z7
+	INCQ         R9
+	ADDQ         $0x00000040, R10
+	JMP          opAVX512F32x4p2_loop
+
+opAVX512F32x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x4p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F32x4p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	VMOVUPS 128(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z11
+	JMP     opAVX512F32x4p3_start
+
+opAVX512F32x4p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F32x4p3_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x4p3_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F32x4p3_store
+	VMOVUPS      (SI)(R11*1), Z12
+	VMOVUPS      (R8)(R11*1), Z13
+	VMOVUPS      (DI)(R11*1), Z14
+	VBROADCASTSS (CX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z0
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (DX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z14, Z15, Z5
+	VBROADCASTSS (BX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z6
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (AX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z14, Z15, Z11
+	INCQ         R10
+	ADDQ         $0x00000040, R11
+	JMP          opAVX512F32x4p3_loop
+
+opAVX512F32x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x4p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), R9
+	LEAQ (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F32x4p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	VMOVUPS 192(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z15
+	JMP     opAVX512F32x4p4_start
+
+opAVX512F32x4p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512F32x4p4_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x4p4_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F32x4p4_store
+	VMOVUPS      (SI)(R12*1), Z16
+	VMOVUPS      (R8)(R12*1), Z17
+	VMOVUPS      (R9)(R12*1), Z18
+	VMOVUPS      (DI)(R12*1), Z19
+	VBROADCASTSS (CX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z17, Z20, Z1
+	VFMADD231PS  Z18, Z20, Z2
+	VFMADD231PS  Z19, Z20, Z3
+	VBROADCASTSS (DX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z4
+	VFMADD231PS  Z17, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z19, Z20, Z7
+	VBROADCASTSS (BX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z17, Z20, Z9
+	VFMADD231PS  Z18, Z20, Z10
+	VFMADD231PS  Z19, Z20, Z11
+	VBROADCASTSS (AX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z12
+	VFMADD231PS  Z17, Z20, Z13
+	VFMADD231PS  Z18, Z20, Z14
+	VFMADD231PS  Z19, Z20, Z15
+	INCQ         R11
+	ADDQ         $0x00000040, R12
+	JMP          opAVX512F32x4p4_loop
+
+opAVX512F32x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F32x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512F32x5p1_start
+
+opAVX512F32x5p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512F32x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F32x5p1_store
+	VMOVUPS      (DI)(R10*1), Z5
+	VBROADCASTSS (CX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z0
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (BX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (SI)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (AX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R9
+	ADDQ         $0x00000040, R10
+	JMP          opAVX512F32x5p1_loop
+
+opAVX512F32x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x5p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F32x5p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	JMP     opAVX512F32x5p2_start
+
+opAVX512F32x5p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512F32x5p2_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x5p2_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F32x5p2_store
+	VMOVUPS      (DI)(R11*1), Z10
+	VMOVUPS      (R8)(R11*1), Z11
+	VBROADCASTSS (CX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z0
+	VFMADD231PS  Z11, Z12, Z1
+	VBROADCASTSS (DX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (BX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (SI)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	VBROADCASTSS (AX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z8
+	VFMADD231PS  Z11, Z12, Z9
+	INCQ         R10
+	ADDQ         $0x00000040, R11
+	JMP          opAVX512F32x5p2_loop
+
+opAVX512F32x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x5p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F32x5p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	JMP     opAVX512F32x5p3_start
+
+opAVX512F32x5p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512F32x5p3_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x5p3_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F32x5p3_store
+	VMOVUPS      (DI)(R12*1), Z15
+	VMOVUPS      (R9)(R12*1), Z16
+	VMOVUPS      (R8)(R12*1), Z17
+	VBROADCASTSS (CX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z0
+	VFMADD231PS  Z16, Z18, Z1
+	VFMADD231PS  Z17, Z18, Z2
+	VBROADCASTSS (DX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z17, Z18, Z5
+	VBROADCASTSS (BX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z6
+	VFMADD231PS  Z16, Z18, Z7
+	VFMADD231PS  Z17, Z18, Z8
+	VBROADCASTSS (SI)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z17, Z18, Z11
+	VBROADCASTSS (AX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z12
+	VFMADD231PS  Z16, Z18, Z13
+	VFMADD231PS  Z17, Z18, Z14
+	INCQ         R11
+	ADDQ         $0x00000040, R12
+	JMP          opAVX512F32x5p3_loop
+
+opAVX512F32x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x5p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F32x5p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z16
+	VMOVUPS 64(R11), Z17
+	VMOVUPS 128(R11), Z18
+	VMOVUPS 192(R11), Z19
+	JMP     opAVX512F32x5p4_start
+
+opAVX512F32x5p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+
+opAVX512F32x5p4_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x5p4_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F32x5p4_store
+	VMOVUPS      (DI)(R13*1), Z20
+	VMOVUPS      (R9)(R13*1), Z21
+	VMOVUPS      (R10)(R13*1), Z22
+	VMOVUPS      (R8)(R13*1), Z23
+	VBROADCASTSS (CX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z0
+	VFMADD231PS  Z21, Z24, Z1
+	VFMADD231PS  Z22, Z24, Z2
+	VFMADD231PS  Z23, Z24, Z3
+	VBROADCASTSS (DX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z4
+	VFMADD231PS  Z21, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VFMADD231PS  Z23, Z24, Z7
+	VBROADCASTSS (BX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z21, Z24, Z9
+	VFMADD231PS  Z22, Z24, Z10
+	VFMADD231PS  Z23, Z24, Z11
+	VBROADCASTSS (SI)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z12
+	VFMADD231PS  Z21, Z24, Z13
+	VFMADD231PS  Z22, Z24, Z14
+	VFMADD231PS  Z23, Z24, Z15
+	VBROADCASTSS (AX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z16
+	VFMADD231PS  Z21, Z24, Z17
+	VFMADD231PS  Z22, Z24, Z18
+	VFMADD231PS  Z23, Z24, Z19
+	INCQ         R12
+	ADDQ         $0x00000040, R13
+	JMP          opAVX512F32x5p4_loop
+
+opAVX512F32x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F32x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512F32x6p1_start
+
+opAVX512F32x6p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F32x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F32x6p1_store
+	VMOVUPS      (R8)(R11*1), Z6
+	VBROADCASTSS (CX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z0
+	VBROADCASTSS (DX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (BX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (SI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (DI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (AX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R10
+	ADDQ         $0x00000040, R11
+	JMP          opAVX512F32x6p1_loop
+
+opAVX512F32x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x6p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F32x6p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	JMP     opAVX512F32x6p2_start
+
+opAVX512F32x6p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F32x6p2_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x6p2_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F32x6p2_store
+	VMOVUPS      (R8)(R12*1), Z12
+	VMOVUPS      (R9)(R12*1), Z13
+	VBROADCASTSS (CX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z0
+	VFMADD231PS  Z13, Z14, Z1
+	VBROADCASTSS (DX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z13, Z14, Z3
+	VBROADCASTSS (BX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z13, Z14, Z5
+	VBROADCASTSS (SI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z13, Z14, Z7
+	VBROADCASTSS (DI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z13, Z14, Z9
+	VBROADCASTSS (AX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z10
+	VFMADD231PS  Z13, Z14, Z11
+	INCQ         R11
+	ADDQ         $0x00000040, R12
+	JMP          opAVX512F32x6p2_loop
+
+opAVX512F32x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x6p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F32x6p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z15
+	VMOVUPS 64(R11), Z16
+	VMOVUPS 128(R11), Z17
+	JMP     opAVX512F32x6p3_start
+
+opAVX512F32x6p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+
+opAVX512F32x6p3_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x6p3_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F32x6p3_store
+	VMOVUPS      (R8)(R13*1), Z18
+	VMOVUPS      (R10)(R13*1), Z19
+	VMOVUPS      (R9)(R13*1), Z20
+	VBROADCASTSS (CX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z0
+	VFMADD231PS  Z19, Z21, Z1
+	VFMADD231PS  Z20, Z21, Z2
+	VBROADCASTSS (DX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z20, Z21, Z5
+	VBROADCASTSS (BX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (SI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z9
+	VFMADD231PS  Z19, Z21, Z10
+	VFMADD231PS  Z20, Z21, Z11
+	VBROADCASTSS (DI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z12
+	VFMADD231PS  Z19, Z21, Z13
+	VFMADD231PS  Z20, Z21, Z14
+	VBROADCASTSS (AX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z15
+	VFMADD231PS  Z19, Z21, Z16
+	VFMADD231PS  Z20, Z21, Z17
+	INCQ         R12
+	ADDQ         $0x00000040, R13
+	JMP          opAVX512F32x6p3_loop
+
+opAVX512F32x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F32x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F32x6p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R11
+	LEAQ (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512F32x6p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z15
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z16
+	VMOVUPS 64(R12), Z17
+	VMOVUPS 128(R12), Z18
+	VMOVUPS 192(R12), Z19
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z20
+	VMOVUPS 64(R12), Z21
+	VMOVUPS 128(R12), Z22
+	VMOVUPS 192(R12), Z23
+	JMP     opAVX512F32x6p4_start
+
+opAVX512F32x6p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+
+opAVX512F32x6p4_start:
+	MOVQ k+24(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F32x6p4_loop:
+	CMPQ         R13, R12
+	JGE          opAVX512F32x6p4_store
+	VMOVUPS      (R8)(R14*1), Z24
+	VMOVUPS      (R10)(R14*1), Z25
+	VMOVUPS      (R11)(R14*1), Z26
+	VMOVUPS      (R9)(R14*1), Z27
+	VBROADCASTSS (CX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z0
+	VFMADD231PS  Z25, Z28, Z1
+	VFMADD231PS  Z26, Z28, Z2
+	VFMADD231PS  Z27, Z28, Z3
+	VBROADCASTSS (DX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z4
+	VFMADD231PS  Z25, Z28, Z5
+	VFMADD231PS  Z26, Z28, Z6
+	VFMADD231PS  Z27, Z28, Z7
+	VBROADCASTSS (BX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z8
+	VFMADD231PS  Z25, Z28, Z9
+	VFMADD231PS  Z26, Z28, Z10
+	VFMADD231PS  Z27, Z28, Z11
+	VBROADCASTSS (SI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z12
+	VFMADD231PS  Z25, Z28, Z13
+	VFMADD231PS  Z26, Z28, Z14
+	VFMADD231PS  Z27, Z28, Z15
+	VBROADCASTSS (DI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z16
+	VFMADD231PS  Z25, Z28, Z17
+	VFMADD231PS  Z26, Z28, Z18
+	VFMADD231PS  Z27, Z28, Z19
+	VBROADCASTSS (AX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z20
+	VFMADD231PS  Z25, Z28, Z21
+	VFMADD231PS  Z26, Z28, Z22
+	VFMADD231PS  Z27, Z28, Z23
+	INCQ         R13
+	ADDQ         $0x00000040, R14
+	JMP          opAVX512F32x6p4_loop
+
+opAVX512F32x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
 	VZEROUPPER
 	RET
 
@@ -6177,6 +10847,2148 @@ dotAVX512BF16x3n8_reduce:
 	VZEROUPPER
 	RET
 
+// func opAVX512BF16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX512BF16x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Z0
+	JMP     opAVX512BF16x1p1_start
+
+opAVX512BF16x1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+opAVX512BF16x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX512BF16x1p1_store
+	VPMOVZXWD    (CX)(SI*1), Z1
+	VPSLLD       $0x10, Z1, Z1
+	VBROADCASTSS (AX)(BX*4), Z2
+	VFMADD231PS  Z1, Z2, Z0
+	INCQ         BX
+	ADDQ         $0x00000020, SI
+	JMP          opAVX512BF16x1p1_loop
+
+opAVX512BF16x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512BF16x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	VMOVUPS 64(BX), Z1
+	JMP     opAVX512BF16x1p2_start
+
+opAVX512BF16x1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512BF16x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512BF16x1p2_store
+	VPMOVZXWD    (CX)(DI*1), Z2
+	VPSLLD       $0x10, Z2, Z2
+	VPMOVZXWD    (DX)(DI*1), Z3
+	VPSLLD       $0x10, Z3, Z3
+	VBROADCASTSS (AX)(SI*4), Z4
+	VFMADD231PS  Z2, Z4, Z0
+	VFMADD231PS  Z3, Z4, Z1
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX512BF16x1p2_loop
+
+opAVX512BF16x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512BF16x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	JMP     opAVX512BF16x1p3_start
+
+opAVX512BF16x1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512BF16x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512BF16x1p3_store
+	VPMOVZXWD    (CX)(R8*1), Z3
+	VPSLLD       $0x10, Z3, Z3
+	VPMOVZXWD    (BX)(R8*1), Z4
+	VPSLLD       $0x10, Z4, Z4
+	VPMOVZXWD    (DX)(R8*1), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z3, Z6, Z0
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z6, Z2
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512BF16x1p3_loop
+
+opAVX512BF16x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512BF16x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	JMP     opAVX512BF16x1p4_start
+
+opAVX512BF16x1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512BF16x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512BF16x1p4_store
+	VPMOVZXWD    (CX)(R9*1), Z4
+	VPSLLD       $0x10, Z4, Z4
+	VPMOVZXWD    (BX)(R9*1), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VPMOVZXWD    (SI)(R9*1), Z6
+	VPSLLD       $0x10, Z6, Z6
+	VPMOVZXWD    (DX)(R9*1), Z7
+	VPSLLD       $0x10, Z7, Z7
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z4, Z8, Z0
+	VFMADD231PS  Z5, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512BF16x1p4_loop
+
+opAVX512BF16x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512BF16x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	ADDQ    SI, BX
+	VMOVUPS (BX), Z1
+	JMP     opAVX512BF16x2p1_start
+
+opAVX512BF16x2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512BF16x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512BF16x2p1_store
+	VPMOVZXWD    (DX)(DI*1), Z2
+	VPSLLD       $0x10, Z2, Z2
+	VBROADCASTSS (CX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z0
+	VBROADCASTSS (AX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX512BF16x2p1_loop
+
+opAVX512BF16x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512BF16x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	JMP     opAVX512BF16x2p2_start
+
+opAVX512BF16x2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512BF16x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512BF16x2p2_store
+	VPMOVZXWD    (DX)(R8*1), Z4
+	VPSLLD       $0x10, Z4, Z4
+	VPMOVZXWD    (BX)(R8*1), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VBROADCASTSS (CX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z0
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z6, Z3
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512BF16x2p2_loop
+
+opAVX512BF16x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x2p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512BF16x2p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z5
+	JMP     opAVX512BF16x2p3_start
+
+opAVX512BF16x2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512BF16x2p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x2p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512BF16x2p3_store
+	VPMOVZXWD    (DX)(R9*1), Z6
+	VPSLLD       $0x10, Z6, Z6
+	VPMOVZXWD    (SI)(R9*1), Z7
+	VPSLLD       $0x10, Z7, Z7
+	VPMOVZXWD    (BX)(R9*1), Z8
+	VPSLLD       $0x10, Z8, Z8
+	VBROADCASTSS (CX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z0
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (AX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z9, Z5
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512BF16x2p3_loop
+
+opAVX512BF16x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x2p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512BF16x2p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	VMOVUPS 192(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z7
+	JMP     opAVX512BF16x2p4_start
+
+opAVX512BF16x2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512BF16x2p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x2p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512BF16x2p4_store
+	VPMOVZXWD    (DX)(R10*1), Z8
+	VPSLLD       $0x10, Z8, Z8
+	VPMOVZXWD    (SI)(R10*1), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VPMOVZXWD    (DI)(R10*1), Z10
+	VPSLLD       $0x10, Z10, Z10
+	VPMOVZXWD    (BX)(R10*1), Z11
+	VPSLLD       $0x10, Z11, Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z0
+	VFMADD231PS  Z9, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z4
+	VFMADD231PS  Z9, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512BF16x2p4_loop
+
+opAVX512BF16x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512BF16x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512BF16x3p1_start
+
+opAVX512BF16x3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512BF16x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512BF16x3p1_store
+	VPMOVZXWD    (BX)(R8*1), Z3
+	VPSLLD       $0x10, Z3, Z3
+	VBROADCASTSS (CX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z0
+	VBROADCASTSS (DX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (AX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512BF16x3p1_loop
+
+opAVX512BF16x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512BF16x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	JMP     opAVX512BF16x3p2_start
+
+opAVX512BF16x3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512BF16x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512BF16x3p2_store
+	VPMOVZXWD    (BX)(R9*1), Z6
+	VPSLLD       $0x10, Z6, Z6
+	VPMOVZXWD    (SI)(R9*1), Z7
+	VPSLLD       $0x10, Z7, Z7
+	VBROADCASTSS (CX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z0
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (DX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z8, Z5
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512BF16x3p2_loop
+
+opAVX512BF16x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x3p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512BF16x3p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	VMOVUPS 128(R8), Z8
+	JMP     opAVX512BF16x3p3_start
+
+opAVX512BF16x3p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512BF16x3p3_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x3p3_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512BF16x3p3_store
+	VPMOVZXWD    (BX)(R10*1), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VPMOVZXWD    (DI)(R10*1), Z10
+	VPSLLD       $0x10, Z10, Z10
+	VPMOVZXWD    (SI)(R10*1), Z11
+	VPSLLD       $0x10, Z11, Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z0
+	VFMADD231PS  Z10, Z12, Z1
+	VFMADD231PS  Z11, Z12, Z2
+	VBROADCASTSS (DX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z6
+	VFMADD231PS  Z10, Z12, Z7
+	VFMADD231PS  Z11, Z12, Z8
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512BF16x3p3_loop
+
+opAVX512BF16x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x3p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512BF16x3p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	VMOVUPS 128(R9), Z10
+	VMOVUPS 192(R9), Z11
+	JMP     opAVX512BF16x3p4_start
+
+opAVX512BF16x3p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512BF16x3p4_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x3p4_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512BF16x3p4_store
+	VPMOVZXWD    (BX)(R11*1), Z12
+	VPSLLD       $0x10, Z12, Z12
+	VPMOVZXWD    (DI)(R11*1), Z13
+	VPSLLD       $0x10, Z13, Z13
+	VPMOVZXWD    (R8)(R11*1), Z14
+	VPSLLD       $0x10, Z14, Z14
+	VPMOVZXWD    (SI)(R11*1), Z15
+	VPSLLD       $0x10, Z15, Z15
+	VBROADCASTSS (CX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z0
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (DX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z4
+	VFMADD231PS  Z13, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z15, Z16, Z7
+	VBROADCASTSS (AX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z13, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z15, Z16, Z11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512BF16x3p4_loop
+
+opAVX512BF16x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512BF16x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512BF16x4p1_start
+
+opAVX512BF16x4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512BF16x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512BF16x4p1_store
+	VPMOVZXWD    (SI)(R9*1), Z4
+	VPSLLD       $0x10, Z4, Z4
+	VBROADCASTSS (CX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z0
+	VBROADCASTSS (DX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (BX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (AX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512BF16x4p1_loop
+
+opAVX512BF16x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x4p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512BF16x4p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	JMP     opAVX512BF16x4p2_start
+
+opAVX512BF16x4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512BF16x4p2_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x4p2_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512BF16x4p2_store
+	VPMOVZXWD    (SI)(R10*1), Z8
+	VPSLLD       $0x10, Z8, Z8
+	VPMOVZXWD    (DI)(R10*1), Z9
+	VPSLLD       $0x10, Z9, Z9
+	VBROADCASTSS (CX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z0
+	VFMADD231PS  Z9, Z10, Z1
+	VBROADCASTSS (DX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (BX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z10, Z5
+	VBROADCASTSS (AX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z10, Z7
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512BF16x4p2_loop
+
+opAVX512BF16x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x4p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512BF16x4p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	VMOVUPS 128(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z11
+	JMP     opAVX512BF16x4p3_start
+
+opAVX512BF16x4p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512BF16x4p3_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x4p3_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512BF16x4p3_store
+	VPMOVZXWD    (SI)(R11*1), Z12
+	VPSLLD       $0x10, Z12, Z12
+	VPMOVZXWD    (R8)(R11*1), Z13
+	VPSLLD       $0x10, Z13, Z13
+	VPMOVZXWD    (DI)(R11*1), Z14
+	VPSLLD       $0x10, Z14, Z14
+	VBROADCASTSS (CX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z0
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (DX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z14, Z15, Z5
+	VBROADCASTSS (BX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z6
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (AX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z14, Z15, Z11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512BF16x4p3_loop
+
+opAVX512BF16x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x4p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), R9
+	LEAQ (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512BF16x4p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	VMOVUPS 192(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z15
+	JMP     opAVX512BF16x4p4_start
+
+opAVX512BF16x4p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512BF16x4p4_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x4p4_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512BF16x4p4_store
+	VPMOVZXWD    (SI)(R12*1), Z16
+	VPSLLD       $0x10, Z16, Z16
+	VPMOVZXWD    (R8)(R12*1), Z17
+	VPSLLD       $0x10, Z17, Z17
+	VPMOVZXWD    (R9)(R12*1), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VPMOVZXWD    (DI)(R12*1), Z19
+	VPSLLD       $0x10, Z19, Z19
+	VBROADCASTSS (CX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z17, Z20, Z1
+	VFMADD231PS  Z18, Z20, Z2
+	VFMADD231PS  Z19, Z20, Z3
+	VBROADCASTSS (DX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z4
+	VFMADD231PS  Z17, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z19, Z20, Z7
+	VBROADCASTSS (BX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z17, Z20, Z9
+	VFMADD231PS  Z18, Z20, Z10
+	VFMADD231PS  Z19, Z20, Z11
+	VBROADCASTSS (AX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z12
+	VFMADD231PS  Z17, Z20, Z13
+	VFMADD231PS  Z18, Z20, Z14
+	VFMADD231PS  Z19, Z20, Z15
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512BF16x4p4_loop
+
+opAVX512BF16x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512BF16x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512BF16x5p1_start
+
+opAVX512BF16x5p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512BF16x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512BF16x5p1_store
+	VPMOVZXWD    (DI)(R10*1), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VBROADCASTSS (CX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z0
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (BX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (SI)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (AX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512BF16x5p1_loop
+
+opAVX512BF16x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x5p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512BF16x5p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	JMP     opAVX512BF16x5p2_start
+
+opAVX512BF16x5p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512BF16x5p2_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x5p2_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512BF16x5p2_store
+	VPMOVZXWD    (DI)(R11*1), Z10
+	VPSLLD       $0x10, Z10, Z10
+	VPMOVZXWD    (R8)(R11*1), Z11
+	VPSLLD       $0x10, Z11, Z11
+	VBROADCASTSS (CX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z0
+	VFMADD231PS  Z11, Z12, Z1
+	VBROADCASTSS (DX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (BX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (SI)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	VBROADCASTSS (AX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z8
+	VFMADD231PS  Z11, Z12, Z9
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512BF16x5p2_loop
+
+opAVX512BF16x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x5p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512BF16x5p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	JMP     opAVX512BF16x5p3_start
+
+opAVX512BF16x5p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512BF16x5p3_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x5p3_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512BF16x5p3_store
+	VPMOVZXWD    (DI)(R12*1), Z15
+	VPSLLD       $0x10, Z15, Z15
+	VPMOVZXWD    (R9)(R12*1), Z16
+	VPSLLD       $0x10, Z16, Z16
+	VPMOVZXWD    (R8)(R12*1), Z17
+	VPSLLD       $0x10, Z17, Z17
+	VBROADCASTSS (CX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z0
+	VFMADD231PS  Z16, Z18, Z1
+	VFMADD231PS  Z17, Z18, Z2
+	VBROADCASTSS (DX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z17, Z18, Z5
+	VBROADCASTSS (BX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z6
+	VFMADD231PS  Z16, Z18, Z7
+	VFMADD231PS  Z17, Z18, Z8
+	VBROADCASTSS (SI)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z17, Z18, Z11
+	VBROADCASTSS (AX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z12
+	VFMADD231PS  Z16, Z18, Z13
+	VFMADD231PS  Z17, Z18, Z14
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512BF16x5p3_loop
+
+opAVX512BF16x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x5p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512BF16x5p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z16
+	VMOVUPS 64(R11), Z17
+	VMOVUPS 128(R11), Z18
+	VMOVUPS 192(R11), Z19
+	JMP     opAVX512BF16x5p4_start
+
+opAVX512BF16x5p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+
+opAVX512BF16x5p4_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x5p4_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512BF16x5p4_store
+	VPMOVZXWD    (DI)(R13*1), Z20
+	VPSLLD       $0x10, Z20, Z20
+	VPMOVZXWD    (R9)(R13*1), Z21
+	VPSLLD       $0x10, Z21, Z21
+	VPMOVZXWD    (R10)(R13*1), Z22
+	VPSLLD       $0x10, Z22, Z22
+	VPMOVZXWD    (R8)(R13*1), Z23
+	VPSLLD       $0x10, Z23, Z23
+	VBROADCASTSS (CX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z0
+	VFMADD231PS  Z21, Z24, Z1
+	VFMADD231PS  Z22, Z24, Z2
+	VFMADD231PS  Z23, Z24, Z3
+	VBROADCASTSS (DX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z4
+	VFMADD231PS  Z21, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VFMADD231PS  Z23, Z24, Z7
+	VBROADCASTSS (BX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z21, Z24, Z9
+	VFMADD231PS  Z22, Z24, Z10
+	VFMADD231PS  Z23, Z24, Z11
+	VBROADCASTSS (SI)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z12
+	VFMADD231PS  Z21, Z24, Z13
+	VFMADD231PS  Z22, Z24, Z14
+	VFMADD231PS  Z23, Z24, Z15
+	VBROADCASTSS (AX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z16
+	VFMADD231PS  Z21, Z24, Z17
+	VFMADD231PS  Z22, Z24, Z18
+	VFMADD231PS  Z23, Z24, Z19
+	INCQ         R12
+	ADDQ         $0x00000020, R13
+	JMP          opAVX512BF16x5p4_loop
+
+opAVX512BF16x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512BF16x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512BF16x6p1_start
+
+opAVX512BF16x6p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512BF16x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512BF16x6p1_store
+	VPMOVZXWD    (R8)(R11*1), Z6
+	VPSLLD       $0x10, Z6, Z6
+	VBROADCASTSS (CX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z0
+	VBROADCASTSS (DX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (BX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (SI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (DI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (AX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512BF16x6p1_loop
+
+opAVX512BF16x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x6p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512BF16x6p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	JMP     opAVX512BF16x6p2_start
+
+opAVX512BF16x6p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512BF16x6p2_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x6p2_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512BF16x6p2_store
+	VPMOVZXWD    (R8)(R12*1), Z12
+	VPSLLD       $0x10, Z12, Z12
+	VPMOVZXWD    (R9)(R12*1), Z13
+	VPSLLD       $0x10, Z13, Z13
+	VBROADCASTSS (CX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z0
+	VFMADD231PS  Z13, Z14, Z1
+	VBROADCASTSS (DX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z13, Z14, Z3
+	VBROADCASTSS (BX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z13, Z14, Z5
+	VBROADCASTSS (SI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z13, Z14, Z7
+	VBROADCASTSS (DI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z13, Z14, Z9
+	VBROADCASTSS (AX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z10
+	VFMADD231PS  Z13, Z14, Z11
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512BF16x6p2_loop
+
+opAVX512BF16x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x6p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512BF16x6p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z15
+	VMOVUPS 64(R11), Z16
+	VMOVUPS 128(R11), Z17
+	JMP     opAVX512BF16x6p3_start
+
+opAVX512BF16x6p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+
+opAVX512BF16x6p3_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x6p3_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512BF16x6p3_store
+	VPMOVZXWD    (R8)(R13*1), Z18
+	VPSLLD       $0x10, Z18, Z18
+	VPMOVZXWD    (R10)(R13*1), Z19
+	VPSLLD       $0x10, Z19, Z19
+	VPMOVZXWD    (R9)(R13*1), Z20
+	VPSLLD       $0x10, Z20, Z20
+	VBROADCASTSS (CX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z0
+	VFMADD231PS  Z19, Z21, Z1
+	VFMADD231PS  Z20, Z21, Z2
+	VBROADCASTSS (DX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z20, Z21, Z5
+	VBROADCASTSS (BX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (SI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z9
+	VFMADD231PS  Z19, Z21, Z10
+	VFMADD231PS  Z20, Z21, Z11
+	VBROADCASTSS (DI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z12
+	VFMADD231PS  Z19, Z21, Z13
+	VFMADD231PS  Z20, Z21, Z14
+	VBROADCASTSS (AX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z15
+	VFMADD231PS  Z19, Z21, Z16
+	VFMADD231PS  Z20, Z21, Z17
+	INCQ         R12
+	ADDQ         $0x00000020, R13
+	JMP          opAVX512BF16x6p3_loop
+
+opAVX512BF16x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512BF16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512BF16x6p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R11
+	LEAQ (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512BF16x6p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z15
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z16
+	VMOVUPS 64(R12), Z17
+	VMOVUPS 128(R12), Z18
+	VMOVUPS 192(R12), Z19
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z20
+	VMOVUPS 64(R12), Z21
+	VMOVUPS 128(R12), Z22
+	VMOVUPS 192(R12), Z23
+	JMP     opAVX512BF16x6p4_start
+
+opAVX512BF16x6p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+
+opAVX512BF16x6p4_start:
+	MOVQ k+24(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512BF16x6p4_loop:
+	CMPQ         R13, R12
+	JGE          opAVX512BF16x6p4_store
+	VPMOVZXWD    (R8)(R14*1), Z24
+	VPSLLD       $0x10, Z24, Z24
+	VPMOVZXWD    (R10)(R14*1), Z25
+	VPSLLD       $0x10, Z25, Z25
+	VPMOVZXWD    (R11)(R14*1), Z26
+	VPSLLD       $0x10, Z26, Z26
+	VPMOVZXWD    (R9)(R14*1), Z27
+	VPSLLD       $0x10, Z27, Z27
+	VBROADCASTSS (CX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z0
+	VFMADD231PS  Z25, Z28, Z1
+	VFMADD231PS  Z26, Z28, Z2
+	VFMADD231PS  Z27, Z28, Z3
+	VBROADCASTSS (DX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z4
+	VFMADD231PS  Z25, Z28, Z5
+	VFMADD231PS  Z26, Z28, Z6
+	VFMADD231PS  Z27, Z28, Z7
+	VBROADCASTSS (BX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z8
+	VFMADD231PS  Z25, Z28, Z9
+	VFMADD231PS  Z26, Z28, Z10
+	VFMADD231PS  Z27, Z28, Z11
+	VBROADCASTSS (SI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z12
+	VFMADD231PS  Z25, Z28, Z13
+	VFMADD231PS  Z26, Z28, Z14
+	VFMADD231PS  Z27, Z28, Z15
+	VBROADCASTSS (DI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z16
+	VFMADD231PS  Z25, Z28, Z17
+	VFMADD231PS  Z26, Z28, Z18
+	VFMADD231PS  Z27, Z28, Z19
+	VBROADCASTSS (AX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z20
+	VFMADD231PS  Z25, Z28, Z21
+	VFMADD231PS  Z26, Z28, Z22
+	VFMADD231PS  Z27, Z28, Z23
+	INCQ         R13
+	ADDQ         $0x00000020, R14
+	JMP          opAVX512BF16x6p4_loop
+
+opAVX512BF16x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
 // func dotAVX512F16x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
 TEXT ·dotAVX512F16x1(SB), NOSPLIT, $0-48
@@ -8370,5 +15182,2087 @@ dotAVX512F16x3n8_reduce:
 	VMOVSHDUP  Z23, Z0
 	VADDSS     X0, X23, X23
 	VMOVSS     X23, 92(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DX
+	TESTQ   $0x00000001, DX
+	JZ      opAVX512F16x1p1_zero
+	MOVQ    c+32(FP), DX
+	MOVQ    ldc+40(FP), BX
+	VMOVUPS (DX), Z0
+	JMP     opAVX512F16x1p1_start
+
+opAVX512F16x1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+opAVX512F16x1p1_start:
+	MOVQ k+24(FP), DX
+	XORQ BX, BX
+	XORQ SI, SI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x1p1_loop:
+	CMPQ         BX, DX
+	JGE          opAVX512F16x1p1_store
+	VCVTPH2PS    (CX)(SI*1), Z1
+	VBROADCASTSS (AX)(BX*4), Z2
+	VFMADD231PS  Z1, Z2, Z0
+	INCQ         BX
+	ADDQ         $0x00000020, SI
+	JMP          opAVX512F16x1p1_loop
+
+opAVX512F16x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512F16x1p2_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	VMOVUPS 64(BX), Z1
+	JMP     opAVX512F16x1p2_start
+
+opAVX512F16x1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512F16x1p2_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x1p2_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512F16x1p2_store
+	VCVTPH2PS    (CX)(DI*1), Z2
+	VCVTPH2PS    (DX)(DI*1), Z3
+	VBROADCASTSS (AX)(SI*4), Z4
+	VFMADD231PS  Z2, Z4, Z0
+	VFMADD231PS  Z3, Z4, Z1
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX512F16x1p2_loop
+
+opAVX512F16x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F16x1p3_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	JMP     opAVX512F16x1p3_start
+
+opAVX512F16x1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F16x1p3_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x1p3_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F16x1p3_store
+	VCVTPH2PS    (CX)(R8*1), Z3
+	VCVTPH2PS    (BX)(R8*1), Z4
+	VCVTPH2PS    (DX)(R8*1), Z5
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z3, Z6, Z0
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z6, Z2
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512F16x1p3_loop
+
+opAVX512F16x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F16x1p4_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	JMP     opAVX512F16x1p4_start
+
+opAVX512F16x1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F16x1p4_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x1p4_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F16x1p4_store
+	VCVTPH2PS    (CX)(R9*1), Z4
+	VCVTPH2PS    (BX)(R9*1), Z5
+	VCVTPH2PS    (SI)(R9*1), Z6
+	VCVTPH2PS    (DX)(R9*1), Z7
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z4, Z8, Z0
+	VFMADD231PS  Z5, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512F16x1p4_loop
+
+opAVX512F16x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512F16x2p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	ADDQ    SI, BX
+	VMOVUPS (BX), Z1
+	JMP     opAVX512F16x2p1_start
+
+opAVX512F16x2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512F16x2p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x2p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512F16x2p1_store
+	VCVTPH2PS    (DX)(DI*1), Z2
+	VBROADCASTSS (CX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z0
+	VBROADCASTSS (AX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         SI
+	ADDQ         $0x00000020, DI
+	JMP          opAVX512F16x2p1_loop
+
+opAVX512F16x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F16x2p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	JMP     opAVX512F16x2p2_start
+
+opAVX512F16x2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F16x2p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x2p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F16x2p2_store
+	VCVTPH2PS    (DX)(R8*1), Z4
+	VCVTPH2PS    (BX)(R8*1), Z5
+	VBROADCASTSS (CX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z0
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (AX)(DI*4), Z6
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z6, Z3
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512F16x2p2_loop
+
+opAVX512F16x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x2p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F16x2p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z5
+	JMP     opAVX512F16x2p3_start
+
+opAVX512F16x2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F16x2p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x2p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F16x2p3_store
+	VCVTPH2PS    (DX)(R9*1), Z6
+	VCVTPH2PS    (SI)(R9*1), Z7
+	VCVTPH2PS    (BX)(R9*1), Z8
+	VBROADCASTSS (CX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z0
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (AX)(R8*4), Z9
+	VFMADD231PS  Z6, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z9, Z5
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512F16x2p3_loop
+
+opAVX512F16x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x2p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F16x2p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	VMOVUPS 192(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z7
+	JMP     opAVX512F16x2p4_start
+
+opAVX512F16x2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512F16x2p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x2p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F16x2p4_store
+	VCVTPH2PS    (DX)(R10*1), Z8
+	VCVTPH2PS    (SI)(R10*1), Z9
+	VCVTPH2PS    (DI)(R10*1), Z10
+	VCVTPH2PS    (BX)(R10*1), Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z0
+	VFMADD231PS  Z9, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z8, Z12, Z4
+	VFMADD231PS  Z9, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512F16x2p4_loop
+
+opAVX512F16x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F16x3p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512F16x3p1_start
+
+opAVX512F16x3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F16x3p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x3p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F16x3p1_store
+	VCVTPH2PS    (BX)(R8*1), Z3
+	VBROADCASTSS (CX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z0
+	VBROADCASTSS (DX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (AX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         DI
+	ADDQ         $0x00000020, R8
+	JMP          opAVX512F16x3p1_loop
+
+opAVX512F16x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F16x3p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	JMP     opAVX512F16x3p2_start
+
+opAVX512F16x3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F16x3p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x3p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F16x3p2_store
+	VCVTPH2PS    (BX)(R9*1), Z6
+	VCVTPH2PS    (SI)(R9*1), Z7
+	VBROADCASTSS (CX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z0
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (DX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (AX)(R8*4), Z8
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z8, Z5
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512F16x3p2_loop
+
+opAVX512F16x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x3p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F16x3p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	VMOVUPS 128(R8), Z8
+	JMP     opAVX512F16x3p3_start
+
+opAVX512F16x3p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512F16x3p3_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x3p3_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F16x3p3_store
+	VCVTPH2PS    (BX)(R10*1), Z9
+	VCVTPH2PS    (DI)(R10*1), Z10
+	VCVTPH2PS    (SI)(R10*1), Z11
+	VBROADCASTSS (CX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z0
+	VFMADD231PS  Z10, Z12, Z1
+	VFMADD231PS  Z11, Z12, Z2
+	VBROADCASTSS (DX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (AX)(R9*4), Z12
+	VFMADD231PS  Z9, Z12, Z6
+	VFMADD231PS  Z10, Z12, Z7
+	VFMADD231PS  Z11, Z12, Z8
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512F16x3p3_loop
+
+opAVX512F16x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x3p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F16x3p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	VMOVUPS 128(R9), Z10
+	VMOVUPS 192(R9), Z11
+	JMP     opAVX512F16x3p4_start
+
+opAVX512F16x3p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F16x3p4_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x3p4_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F16x3p4_store
+	VCVTPH2PS    (BX)(R11*1), Z12
+	VCVTPH2PS    (DI)(R11*1), Z13
+	VCVTPH2PS    (R8)(R11*1), Z14
+	VCVTPH2PS    (SI)(R11*1), Z15
+	VBROADCASTSS (CX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z0
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (DX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z4
+	VFMADD231PS  Z13, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z15, Z16, Z7
+	VBROADCASTSS (AX)(R10*4), Z16
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z13, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z15, Z16, Z11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512F16x3p4_loop
+
+opAVX512F16x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F16x4p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512F16x4p1_start
+
+opAVX512F16x4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F16x4p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x4p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F16x4p1_store
+	VCVTPH2PS    (SI)(R9*1), Z4
+	VBROADCASTSS (CX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z0
+	VBROADCASTSS (DX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (BX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (AX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R8
+	ADDQ         $0x00000020, R9
+	JMP          opAVX512F16x4p1_loop
+
+opAVX512F16x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x4p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F16x4p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	JMP     opAVX512F16x4p2_start
+
+opAVX512F16x4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512F16x4p2_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x4p2_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F16x4p2_store
+	VCVTPH2PS    (SI)(R10*1), Z8
+	VCVTPH2PS    (DI)(R10*1), Z9
+	VBROADCASTSS (CX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z0
+	VFMADD231PS  Z9, Z10, Z1
+	VBROADCASTSS (DX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (BX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z10, Z5
+	VBROADCASTSS (AX)(R9*4), Z10
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z10, Z7
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512F16x4p2_loop
+
+opAVX512F16x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x4p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F16x4p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	VMOVUPS 128(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z11
+	JMP     opAVX512F16x4p3_start
+
+opAVX512F16x4p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F16x4p3_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x4p3_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F16x4p3_store
+	VCVTPH2PS    (SI)(R11*1), Z12
+	VCVTPH2PS    (R8)(R11*1), Z13
+	VCVTPH2PS    (DI)(R11*1), Z14
+	VBROADCASTSS (CX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z0
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (DX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z14, Z15, Z5
+	VBROADCASTSS (BX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z6
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (AX)(R10*4), Z15
+	VFMADD231PS  Z12, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z14, Z15, Z11
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512F16x4p3_loop
+
+opAVX512F16x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x4p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), R9
+	LEAQ (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F16x4p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	VMOVUPS 192(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z15
+	JMP     opAVX512F16x4p4_start
+
+opAVX512F16x4p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512F16x4p4_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x4p4_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F16x4p4_store
+	VCVTPH2PS    (SI)(R12*1), Z16
+	VCVTPH2PS    (R8)(R12*1), Z17
+	VCVTPH2PS    (R9)(R12*1), Z18
+	VCVTPH2PS    (DI)(R12*1), Z19
+	VBROADCASTSS (CX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z17, Z20, Z1
+	VFMADD231PS  Z18, Z20, Z2
+	VFMADD231PS  Z19, Z20, Z3
+	VBROADCASTSS (DX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z4
+	VFMADD231PS  Z17, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z19, Z20, Z7
+	VBROADCASTSS (BX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z17, Z20, Z9
+	VFMADD231PS  Z18, Z20, Z10
+	VFMADD231PS  Z19, Z20, Z11
+	VBROADCASTSS (AX)(R11*4), Z20
+	VFMADD231PS  Z16, Z20, Z12
+	VFMADD231PS  Z17, Z20, Z13
+	VFMADD231PS  Z18, Z20, Z14
+	VFMADD231PS  Z19, Z20, Z15
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512F16x4p4_loop
+
+opAVX512F16x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F16x5p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512F16x5p1_start
+
+opAVX512F16x5p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512F16x5p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x5p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F16x5p1_store
+	VCVTPH2PS    (DI)(R10*1), Z5
+	VBROADCASTSS (CX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z0
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (BX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (SI)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (AX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R9
+	ADDQ         $0x00000020, R10
+	JMP          opAVX512F16x5p1_loop
+
+opAVX512F16x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x5p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F16x5p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	JMP     opAVX512F16x5p2_start
+
+opAVX512F16x5p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512F16x5p2_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x5p2_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F16x5p2_store
+	VCVTPH2PS    (DI)(R11*1), Z10
+	VCVTPH2PS    (R8)(R11*1), Z11
+	VBROADCASTSS (CX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z0
+	VFMADD231PS  Z11, Z12, Z1
+	VBROADCASTSS (DX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (BX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (SI)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	VBROADCASTSS (AX)(R10*4), Z12
+	VFMADD231PS  Z10, Z12, Z8
+	VFMADD231PS  Z11, Z12, Z9
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512F16x5p2_loop
+
+opAVX512F16x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x5p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F16x5p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	JMP     opAVX512F16x5p3_start
+
+opAVX512F16x5p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512F16x5p3_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x5p3_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F16x5p3_store
+	VCVTPH2PS    (DI)(R12*1), Z15
+	VCVTPH2PS    (R9)(R12*1), Z16
+	VCVTPH2PS    (R8)(R12*1), Z17
+	VBROADCASTSS (CX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z0
+	VFMADD231PS  Z16, Z18, Z1
+	VFMADD231PS  Z17, Z18, Z2
+	VBROADCASTSS (DX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z17, Z18, Z5
+	VBROADCASTSS (BX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z6
+	VFMADD231PS  Z16, Z18, Z7
+	VFMADD231PS  Z17, Z18, Z8
+	VBROADCASTSS (SI)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z17, Z18, Z11
+	VBROADCASTSS (AX)(R11*4), Z18
+	VFMADD231PS  Z15, Z18, Z12
+	VFMADD231PS  Z16, Z18, Z13
+	VFMADD231PS  Z17, Z18, Z14
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512F16x5p3_loop
+
+opAVX512F16x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x5p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F16x5p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z16
+	VMOVUPS 64(R11), Z17
+	VMOVUPS 128(R11), Z18
+	VMOVUPS 192(R11), Z19
+	JMP     opAVX512F16x5p4_start
+
+opAVX512F16x5p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+
+opAVX512F16x5p4_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x5p4_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F16x5p4_store
+	VCVTPH2PS    (DI)(R13*1), Z20
+	VCVTPH2PS    (R9)(R13*1), Z21
+	VCVTPH2PS    (R10)(R13*1), Z22
+	VCVTPH2PS    (R8)(R13*1), Z23
+	VBROADCASTSS (CX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z0
+	VFMADD231PS  Z21, Z24, Z1
+	VFMADD231PS  Z22, Z24, Z2
+	VFMADD231PS  Z23, Z24, Z3
+	VBROADCASTSS (DX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z4
+	VFMADD231PS  Z21, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VFMADD231PS  Z23, Z24, Z7
+	VBROADCASTSS (BX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z21, Z24, Z9
+	VFMADD231PS  Z22, Z24, Z10
+	VFMADD231PS  Z23, Z24, Z11
+	VBROADCASTSS (SI)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z12
+	VFMADD231PS  Z21, Z24, Z13
+	VFMADD231PS  Z22, Z24, Z14
+	VFMADD231PS  Z23, Z24, Z15
+	VBROADCASTSS (AX)(R12*4), Z24
+	VFMADD231PS  Z20, Z24, Z16
+	VFMADD231PS  Z21, Z24, Z17
+	VFMADD231PS  Z22, Z24, Z18
+	VFMADD231PS  Z23, Z24, Z19
+	INCQ         R12
+	ADDQ         $0x00000020, R13
+	JMP          opAVX512F16x5p4_loop
+
+opAVX512F16x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F16x6p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512F16x6p1_start
+
+opAVX512F16x6p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F16x6p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x6p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F16x6p1_store
+	VCVTPH2PS    (R8)(R11*1), Z6
+	VBROADCASTSS (CX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z0
+	VBROADCASTSS (DX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (BX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (SI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (DI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (AX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R10
+	ADDQ         $0x00000020, R11
+	JMP          opAVX512F16x6p1_loop
+
+opAVX512F16x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x6p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F16x6p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	JMP     opAVX512F16x6p2_start
+
+opAVX512F16x6p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512F16x6p2_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x6p2_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F16x6p2_store
+	VCVTPH2PS    (R8)(R12*1), Z12
+	VCVTPH2PS    (R9)(R12*1), Z13
+	VBROADCASTSS (CX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z0
+	VFMADD231PS  Z13, Z14, Z1
+	VBROADCASTSS (DX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z13, Z14, Z3
+	VBROADCASTSS (BX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z13, Z14, Z5
+	VBROADCASTSS (SI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z13, Z14, Z7
+	VBROADCASTSS (DI)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z13, Z14, Z9
+	VBROADCASTSS (AX)(R11*4), Z14
+	VFMADD231PS  Z12, Z14, Z10
+	VFMADD231PS  Z13, Z14, Z11
+	INCQ         R11
+	ADDQ         $0x00000020, R12
+	JMP          opAVX512F16x6p2_loop
+
+opAVX512F16x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x6p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F16x6p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z15
+	VMOVUPS 64(R11), Z16
+	VMOVUPS 128(R11), Z17
+	JMP     opAVX512F16x6p3_start
+
+opAVX512F16x6p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+
+opAVX512F16x6p3_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x6p3_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F16x6p3_store
+	VCVTPH2PS    (R8)(R13*1), Z18
+	VCVTPH2PS    (R10)(R13*1), Z19
+	VCVTPH2PS    (R9)(R13*1), Z20
+	VBROADCASTSS (CX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z0
+	VFMADD231PS  Z19, Z21, Z1
+	VFMADD231PS  Z20, Z21, Z2
+	VBROADCASTSS (DX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z20, Z21, Z5
+	VBROADCASTSS (BX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (SI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z9
+	VFMADD231PS  Z19, Z21, Z10
+	VFMADD231PS  Z20, Z21, Z11
+	VBROADCASTSS (DI)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z12
+	VFMADD231PS  Z19, Z21, Z13
+	VFMADD231PS  Z20, Z21, Z14
+	VBROADCASTSS (AX)(R12*4), Z21
+	VFMADD231PS  Z18, Z21, Z15
+	VFMADD231PS  Z19, Z21, Z16
+	VFMADD231PS  Z20, Z21, Z17
+	INCQ         R12
+	ADDQ         $0x00000020, R13
+	JMP          opAVX512F16x6p3_loop
+
+opAVX512F16x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F16x6p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), SI
+	MOVQ 32(AX), DI
+	MOVQ 40(AX), AX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R11
+	LEAQ (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512F16x6p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z15
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z16
+	VMOVUPS 64(R12), Z17
+	VMOVUPS 128(R12), Z18
+	VMOVUPS 192(R12), Z19
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z20
+	VMOVUPS 64(R12), Z21
+	VMOVUPS 128(R12), Z22
+	VMOVUPS 192(R12), Z23
+	JMP     opAVX512F16x6p4_start
+
+opAVX512F16x6p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+
+opAVX512F16x6p4_start:
+	MOVQ k+24(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F16x6p4_loop:
+	CMPQ         R13, R12
+	JGE          opAVX512F16x6p4_store
+	VCVTPH2PS    (R8)(R14*1), Z24
+	VCVTPH2PS    (R10)(R14*1), Z25
+	VCVTPH2PS    (R11)(R14*1), Z26
+	VCVTPH2PS    (R9)(R14*1), Z27
+	VBROADCASTSS (CX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z0
+	VFMADD231PS  Z25, Z28, Z1
+	VFMADD231PS  Z26, Z28, Z2
+	VFMADD231PS  Z27, Z28, Z3
+	VBROADCASTSS (DX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z4
+	VFMADD231PS  Z25, Z28, Z5
+	VFMADD231PS  Z26, Z28, Z6
+	VFMADD231PS  Z27, Z28, Z7
+	VBROADCASTSS (BX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z8
+	VFMADD231PS  Z25, Z28, Z9
+	VFMADD231PS  Z26, Z28, Z10
+	VFMADD231PS  Z27, Z28, Z11
+	VBROADCASTSS (SI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z12
+	VFMADD231PS  Z25, Z28, Z13
+	VFMADD231PS  Z26, Z28, Z14
+	VFMADD231PS  Z27, Z28, Z15
+	VBROADCASTSS (DI)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z16
+	VFMADD231PS  Z25, Z28, Z17
+	VFMADD231PS  Z26, Z28, Z18
+	VFMADD231PS  Z27, Z28, Z19
+	VBROADCASTSS (AX)(R13*4), Z28
+	VFMADD231PS  Z24, Z28, Z20
+	VFMADD231PS  Z25, Z28, Z21
+	VFMADD231PS  Z26, Z28, Z22
+	VFMADD231PS  Z27, Z28, Z23
+	INCQ         R13
+	ADDQ         $0x00000020, R14
+	JMP          opAVX512F16x6p4_loop
+
+opAVX512F16x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
 	VZEROUPPER
 	RET

@@ -24,6 +24,61 @@ func dotAVX2F32x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags i
 //go:noescape
 func dotAVX2F32x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
+// opAVX2F32x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F32 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F32 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F32 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F32 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F32 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F32 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F32 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F32 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F32 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F32 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F32x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F32 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F32x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
 // dotAVX2BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 8.
 //
 //go:noescape
@@ -44,6 +99,61 @@ func dotAVX2BF16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags 
 //go:noescape
 func dotAVX2BF16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
+// opAVX2BF16x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of BF16 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of BF16 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of BF16 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of BF16 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of BF16 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of BF16 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of BF16 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of BF16 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of BF16 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of BF16 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2BF16x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of BF16 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2BF16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
 // dotAVX2F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 8.
 //
 //go:noescape
@@ -63,6 +173,61 @@ func dotAVX2F16x3(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags i
 //
 //go:noescape
 func dotAVX2F16x1n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+
+// opAVX2F16x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F16 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F16 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F16 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F16 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F16 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F16 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F16 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F16 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F16 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F16 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX2F16x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F16 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX2F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
 
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
@@ -109,6 +274,126 @@ func dotAVX512F32x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[
 //go:noescape
 func dotAVX512F32x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
+// opAVX512F32x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F32 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F32 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F32 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F32 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F32 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F32 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of F32 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of F32 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F32 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F32 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of F32 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of F32 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F32 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of F32 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of F32 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of F32 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F32 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of F32 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of F32 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of F32 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F32 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of F32 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of F32 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F32x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of F32 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F32x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
 // dotAVX512BF16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 BF16 rows; k is a multiple of 16.
 //
 //go:noescape
@@ -154,6 +439,126 @@ func dotAVX512BF16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *
 //go:noescape
 func dotAVX512BF16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
 
+// opAVX512BF16x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of BF16 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of BF16 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of BF16 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of BF16 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of BF16 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of BF16 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of BF16 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of BF16 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of BF16 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of BF16 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of BF16 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of BF16 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of BF16 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of BF16 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of BF16 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of BF16 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of BF16 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of BF16 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of BF16 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of BF16 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of BF16 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of BF16 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of BF16 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512BF16x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of BF16 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512BF16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
 // dotAVX512F16x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F16 rows; k is a multiple of 16.
 //
 //go:noescape
@@ -198,3 +603,123 @@ func dotAVX512F16x2n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[
 //
 //go:noescape
 func dotAVX512F16x3n8(a *[6]*float32, b *[8]*byte, next *[8]*byte, k int, out *[48]float32)
+
+// opAVX512F16x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F16 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F16 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F16 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F16 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F16 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F16 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of F16 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of F16 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F16 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F16 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of F16 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of F16 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F16 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of F16 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of F16 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of F16 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F16 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of F16 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of F16 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of F16 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F16 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of F16 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of F16 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F16x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of F16 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+//
+//go:noescape
+func opAVX512F16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)

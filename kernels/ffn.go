@@ -9,7 +9,11 @@ package kernels
 // Only columns [n0, n1) of h are written, so that callers can split the work
 // into column tiles. Shapes are the caller's contract (checked by the layer).
 func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
-	if s := active; s != nil {
+	if s := active; s != nil && gate.packed == up.packed {
+		if gate.packed && gate.Cols > 0 && n0 < n1 && len(idx) > 0 {
+			gateUpOuter(s, h, x, idx, gate, up, n0, n1)
+			return
+		}
 		gateUpSIMD(s, h, x, idx, gate, up, n0, n1)
 		return
 	}
@@ -25,6 +29,10 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 	if s := active; s != nil {
+		if down.packed && down.Cols > 0 && n0 < n1 && len(h) > 0 {
+			downOuter(s, out, h, nil, down, scale, n0, n1)
+			return
+		}
 		downSIMD(s, out, h, nil, down, scale, n0, n1)
 		return
 	}
@@ -43,6 +51,10 @@ func RouterLogits(dst []float64, x []float32, w Matrix) {
 // [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
 func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
 	if s := active; s != nil {
+		if b.packed && b.Cols > 0 && n0 < n1 && len(idx) > 0 {
+			downOuter(s, out, a, idx, b, scale, n0, n1)
+			return
+		}
 		downSIMD(s, out, a, idx, b, scale, n0, n1)
 		return
 	}

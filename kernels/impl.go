@@ -21,6 +21,8 @@ type simd struct {
 	// more weight streams in flight for the memory-bound decode case.
 	kern8  [F16 + 1][maxKernelRows + 1]kernel8Func
 	maxMR8 int
+	// outer holds the outer-product kernels for packed weights.
+	outer outerTable
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight

@@ -35,7 +35,48 @@ func TestAllImplementations(t *testing.T) {
 				return kernels.GroupedFFN(context.Background(), 0, x, groups, nil)
 			}, kerneltest.GroupedOptions{})
 		})
+		// The same contracts on weights packed for the outer-product kernels.
+		gateUp := func(h, x []float32, idx []int32, gate, up kernels.Matrix, n0, n1 int) {
+			kernels.GateUp(h, x, idx, kernels.Pack(gate), kernels.Pack(up), n0, n1)
+		}
+		down := func(out, h []float32, w kernels.Matrix, scale []float32, n0, n1 int) {
+			kernels.Down(out, h, kernels.Pack(w), scale, n0, n1)
+		}
+		t.Run("PackedGateUp", func(t *testing.T) { kerneltest.TestGateUp(t, gateUp) })
+		t.Run("PackedDown", func(t *testing.T) { kerneltest.TestDown(t, down) })
+		t.Run("PackedNaN", func(t *testing.T) { kerneltest.TestNaN(t, gateUp, down) })
+		t.Run("PackedGroupedFFN", func(t *testing.T) {
+			kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
+				packed := make([]kernels.FFNGroup, len(groups))
+				for i, g := range groups {
+					g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
+					packed[i] = g
+				}
+				return kernels.GroupedFFN(context.Background(), 0, x, packed, nil)
+			}, kerneltest.GroupedOptions{})
+		})
 	})
+}
+
+// TestMixedPacking: gate and up packed differently still give GateUp's
+// result (on the generic path).
+func TestMixedPacking(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	gate, _ := kerneltest.Weights(rng, kernels.BF16, 20, 33)
+	up, _ := kerneltest.Weights(rng, kernels.BF16, 20, 33)
+	x := make([]float32, 3*33)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	idx := []int32{2, 0, 1}
+	want := make([]float32, 3*20)
+	restore, err := kernels.Use("generic")
+	require.NoError(t, err)
+	kernels.GateUp(want, x, idx, gate, up, 0, 20)
+	restore()
+	got := make([]float32, 3*20)
+	kernels.GateUp(got, x, idx, gate, kernels.Pack(up), 0, 20)
+	require.Equal(t, want, got)
 }
 
 func TestUseUnknown(t *testing.T) {
@@ -67,17 +108,21 @@ func FuzzSIMDAgainstGeneric(f *testing.F) {
 		for i := range idx {
 			idx[i] = int32(i)
 		}
-		run := func(name string) ([]float32, []float32) {
+		run := func(name string, packed bool) ([]float32, []float32) {
 			restore, err := kernels.Use(name)
 			require.NoError(t, err)
 			defer restore()
+			g, u := gate, up
+			if packed {
+				g, u = kernels.Pack(gate), kernels.Pack(up)
+			}
 			h := make([]float32, M*N)
-			kernels.GateUp(h, x, idx, gate, up, 0, N)
+			kernels.GateUp(h, x, idx, g, u, 0, N)
 			out := make([]float32, M*N)
-			kernels.Down(out, x, gate, nil, 0, N)
+			kernels.Down(out, x, g, nil, 0, N)
 			return h, out
 		}
-		gh, gout := run("generic")
+		gh, gout := run("generic", false)
 		// Tolerances scale with Σ|x·w|, the size of the rounding errors.
 		mag := func(w kernels.Matrix, r, c int) float64 {
 			var s float64
@@ -87,12 +132,14 @@ func FuzzSIMDAgainstGeneric(f *testing.F) {
 			return s
 		}
 		for _, name := range kernels.Implementations()[1:] {
-			h, out := run(name)
-			for i := range h {
-				r, c := i/N, i%N
-				mg, mu := mag(gate, r, c), mag(up, r, c)
-				require.InDelta(t, gh[i], h[i], 1e-5*(mg+mu)*(1+mg+mu), "%s gate/up %d", name, i)
-				require.InDelta(t, gout[i], out[i], 1e-5*mg+1e-30, "%s down %d", name, i)
+			for _, packed := range []bool{false, true} {
+				h, out := run(name, packed)
+				for i := range h {
+					r, c := i/N, i%N
+					mg, mu := mag(gate, r, c), mag(up, r, c)
+					require.InDelta(t, gh[i], h[i], 1e-5*(mg+mu)*(1+mg+mu), "%s packed=%v gate/up %d", name, packed, i)
+					require.InDelta(t, gout[i], out[i], 1e-5*mg+1e-30, "%s packed=%v down %d", name, packed, i)
+				}
 			}
 		}
 	})

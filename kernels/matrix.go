@@ -47,13 +47,15 @@ func (d DType) Size() int {
 	return 2
 }
 
-// Matrix is a row-major weight matrix [Rows, Cols] in its stored dtype, laid
-// out as Hugging Face's nn.Linear stores it: [out, in].
+// Matrix is a weight matrix [Rows, Cols] in its stored dtype: row-major as
+// Hugging Face's nn.Linear stores it ([out, in]), or packed in panels for
+// the SIMD kernels (see Pack).
 type Matrix struct {
 	DType      DType
 	Rows, Cols int
 	f32        []float32
 	u16        []uint16
+	packed     bool
 }
 
 // NewF32 wraps data as an fp32 matrix [rows, cols] without copying.
@@ -88,6 +90,12 @@ func checkDims(rows, cols, n int) error {
 // RowF32 widens row i into dst[:Cols].
 func (m Matrix) RowF32(i int, dst []float32) {
 	dst = dst[:m.Cols]
+	if m.packed {
+		for k := range dst {
+			dst[k] = m.At(i, k)
+		}
+		return
+	}
 	lo := i * m.Cols
 	switch m.DType {
 	case F32:
@@ -102,6 +110,9 @@ func (m Matrix) RowF32(i int, dst []float32) {
 // At returns element [i, j] widened to float32.
 func (m Matrix) At(i, j int) float32 {
 	k := i*m.Cols + j
+	if m.packed {
+		k = m.packedIndex(i, j)
+	}
 	switch m.DType {
 	case BF16:
 		return half.BF16ToF32(m.u16[k])

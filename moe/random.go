@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/hugepage"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -45,7 +46,7 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		var err error
 		if dtype == kernels.F32 {
 			v := make([]float32, rows*cols)
-			adviseHuge(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v)))
+			hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v)))
 			for i := range v {
 				v[i] = float32((2*rng.Float64() - 1) * a)
 			}
@@ -56,7 +57,7 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 				conv = half.F32ToF16
 			}
 			v := make([]uint16, rows*cols)
-			adviseHuge(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 2*len(v)))
+			hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 2*len(v)))
 			for i := range v {
 				v[i] = conv(float32((2*rng.Float64() - 1) * a))
 			}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moex-project/moex/internal/hugepage"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -207,7 +208,7 @@ func openSafetensors(path string) (*safetensorsFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("moe: %s: mmap: %w", path, err)
 	}
-	adviseHuge(data) // file-backed: honoured where the kernel has read-only THP for files
+	hugepage.Advise(data) // file-backed: honoured where the kernel has read-only THP for files
 	hdr, err := ParseHeader(data, size)
 	if err != nil {
 		unix.Munmap(data)

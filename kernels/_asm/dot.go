@@ -51,7 +51,6 @@ var isas = []isa{
 }
 
 func main() {
-	Package("github.com/moex-project/moex/kernels")
 	ConstraintExpr("!purego")
 	for _, is := range isas {
 		for _, dt := range []string{"F32", "BF16", "F16"} {
@@ -63,9 +62,11 @@ func main() {
 			for mr := 1; mr <= is.maxMR8; mr++ {
 				dot(is, dt, mr, 8)
 			}
+			outerKernels(is, dt)
 		}
 	}
 	Generate()
+	writeOuterTable("../outer_table_amd64.go")
 }
 
 func dot(is isa, dt string, mr, nr int) {

@@ -1,4 +1,4 @@
-package moe
+package hugepage
 
 import (
 	"unsafe"
@@ -6,11 +6,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// adviseHuge asks the kernel for transparent huge pages behind the weights
+// Advise asks the kernel for transparent huge pages behind the weights
 // in b (the whole 2 MiB pages inside it), before they are first touched:
 // decode streams every weight row once, and 4 KiB pages cost a TLB miss per
 // row. Where the kernel says no, nothing changes.
-func adviseHuge(b []byte) {
+func Advise(b []byte) {
 	const huge = 2 << 20
 	if len(b) < huge {
 		return

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package hugepage
+
+// Advise does nothing where transparent huge pages are not known.
+func Advise([]byte) {}

@@ -1,0 +1,162 @@
+package kernels
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// The outer-product schedule runs on packed weights (see Pack). A kernel
+// call adds k steps of MR activation rows times NP panels to a tile of the
+// output, each output one FMA chain over ascending k carried through the
+// tile between calls, so neither the strips of rows, nor the k blocks, nor
+// the panels beside an output change its bits.
+//
+// Loops, outermost first: k blocks (the activation block of every row in
+// L2), weight matrices (gate and up share each block), groups of
+// outerGroup panels (whose k block stays in L1), strips of at most maxMR
+// rows, panels in steps of the strip's kernel width.
+
+// outerFunc is an outer-product kernel: c[m][16j+l] += a[m][k]·panel_j[k][l]
+// over k steps, panel j at b + j·stride bytes, c [mr][ldc bytes], starting
+// from c when flags bit 0 is set and from zero otherwise; see _asm/outer.go.
+type outerFunc func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int)
+
+// outerTable holds an implementation's outer-product kernels by dtype, rows
+// and panel count (the widest at the end of each slice).
+type outerTable = [F16 + 1][maxKernelRows + 1][]outerFunc
+
+// outerGroup is the number of panels whose k block is kept in L1 while
+// every strip of rows passes over it.
+const outerGroup = 4
+
+// outerKBytes is the bytes of one k step of an outerGroup's panels that
+// fit half of L1: the k block is outerKBytes over the element size. Tests
+// shrink it.
+var outerKBytes = max(16, l1dBytes/2/(outerGroup*PanelWidth))
+
+type outerScratch struct {
+	rows []*float32
+	c    [2][]float32
+}
+
+var outerPool = sync.Pool{New: func() any { return new(outerScratch) }}
+
+// outerBlockK is the k block for M rows over K: the whole range for one
+// strip (its panels are read once), else blocks of equal length, the fewest
+// of at most outerKBytes per element.
+func (s *simd) outerBlockK(M, K int, dtype DType) int {
+	if M <= s.maxMR {
+		return K
+	}
+	kc := max(1, outerKBytes/dtype.Size())
+	blocks := (K + kc - 1) / kc
+	return (K + blocks - 1) / blocks
+}
+
+// outerGEMM computes c[i][r][j] = Σ_k rows[r][k]·b[i][16·p0 + j][k] for the
+// panels [p0, p1) of each packed matrix b[i] (all [·, K] of one dtype), c[i]
+// holding len(rows) rows of ldc floats. K must be positive.
+func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+	M, K := len(rows), b[0].Cols
+	kern := &s.outer[b[0].DType]
+	esize := b[0].DType.Size()
+	stride := PanelWidth * K * esize
+	kc := s.outerBlockK(M, K, b[0].DType)
+	var ap [maxKernelRows]*float32
+	for kb := 0; kb < K; kb += kc {
+		kl := min(kc, K-kb)
+		flags := 0
+		if kb > 0 {
+			flags = 1 // continue the chains in c
+		}
+		for i, bi := range b {
+			for g := p0; g < p1; g += outerGroup {
+				ge := min(g+outerGroup, p1)
+				for m0, mr := 0, 0; m0 < M; m0 += mr {
+					mr = s.stripRows(M, m0)
+					for r := 0; r < mr; r++ {
+						ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*kb))
+					}
+					ks := kern[mr]
+					for p := g; p < ge; {
+						np := min(len(ks)-1, ge-p)
+						ks[np](&ap, bi.panelPtr(p, kb), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
+						p += np
+					}
+				}
+			}
+		}
+	}
+}
+
+// gateUpOuter is GateUp on packed weights: the panels that cover [n0, n1)
+// into scratch tiles, then the activation of the columns asked for.
+func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+	K, inter := gate.Cols, gate.Rows
+	M := len(idx)
+	sc := outerPool.Get().(*outerScratch)
+	defer outerPool.Put(sc)
+	rows := sc.grow(M)
+	for r := range rows {
+		rows[r] = &x[int(idx[r])*K]
+	}
+	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
+	ldc := (p1 - p0) * PanelWidth
+	sc.c[0], sc.c[1] = Grow(&sc.c[0], M*ldc), Grow(&sc.c[1], M*ldc)
+	mats := [2]Matrix{gate, up}
+	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
+	off := p0 * PanelWidth
+	for r := 0; r < M; r++ {
+		g, u := sc.c[0][r*ldc+n0-off:][:n1-n0], sc.c[1][r*ldc+n0-off:][:n1-n0]
+		hr := h[r*inter+n0:][:n1-n0]
+		for n := range hr {
+			hr[n] = SwiGLU(g[n], u[n])
+		}
+	}
+}
+
+// downOuter is Down and GEMMRows on a packed matrix; with idx non-nil, row
+// r of h is h[idx[r]].
+func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
+	hidden, K := down.Rows, down.Cols
+	M := len(h) / K
+	if idx != nil {
+		M = len(idx)
+	}
+	sc := outerPool.Get().(*outerScratch)
+	defer outerPool.Put(sc)
+	rows := sc.grow(M)
+	for r := range rows {
+		i := r
+		if idx != nil {
+			i = int(idx[r])
+		}
+		rows[r] = &h[i*K]
+	}
+	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
+	ldc := (p1 - p0) * PanelWidth
+	sc.c[0] = Grow(&sc.c[0], M*ldc)
+	mats := [1]Matrix{down}
+	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
+	off := p0 * PanelWidth
+	for r := 0; r < M; r++ {
+		c := sc.c[0][r*ldc+n0-off:][:n1-n0]
+		o := out[r*hidden+n0:][:n1-n0]
+		if scale == nil {
+			copy(o, c)
+			continue
+		}
+		w := scale[r]
+		for n := range o {
+			o[n] = c[n] * w
+		}
+	}
+}
+
+func (sc *outerScratch) grow(m int) []*float32 {
+	if cap(sc.rows) < m {
+		sc.rows = make([]*float32, m)
+	}
+	sc.rows = sc.rows[:m]
+	return sc.rows
+}

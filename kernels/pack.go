@@ -1,0 +1,75 @@
+package kernels
+
+import (
+	"unsafe"
+
+	"github.com/moex-project/moex/internal/hugepage"
+)
+
+// PanelWidth is the number of weight rows in one panel of a packed matrix.
+const PanelWidth = 16
+
+// Pack returns a copy of m laid out for the outer-product kernels: the
+// weight rows in panels of PanelWidth, each panel k-major (element [n, k]
+// at panel n/PanelWidth, position k·PanelWidth + n%PanelWidth), the last
+// panel padded with zero rows. The dtype stays, so packed bf16 weights take
+// the bytes they did. A packed matrix goes wherever a Matrix does and gives
+// the same values through RowF32 and At; a packed m is returned as it is.
+//
+// Packing is done once, when weights are loaded: the SIMD kernels then read
+// one contiguous stream per panel, and every output is a single FMA chain
+// over ascending k, whatever the batch (see the package's kernels).
+func Pack(m Matrix) Matrix {
+	if m.packed {
+		return m
+	}
+	p := m
+	p.packed = true
+	K := m.Cols
+	n := m.panels() * PanelWidth * K
+	switch m.DType {
+	case F32:
+		p.f32 = make([]float32, n)
+		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.f32))), 4*n))
+		packRows(p.f32, m.f32, m.Rows, K)
+	default:
+		p.u16 = make([]uint16, n)
+		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.u16))), 2*n))
+		packRows(p.u16, m.u16, m.Rows, K)
+	}
+	return p
+}
+
+// packRows writes the rows×k matrix src into dst in panels, one panel at
+// a time, so that the strided writes stay within one panel's cache lines.
+func packRows[T float32 | uint16](dst, src []T, rows, k int) {
+	for p0 := 0; p0 < rows; p0 += PanelWidth {
+		panel := dst[p0*k:][:PanelWidth*k]
+		for r := p0; r < min(p0+PanelWidth, rows); r++ {
+			row := src[r*k:][:k]
+			for j, v := range row {
+				panel[j*PanelWidth+r-p0] = v
+			}
+		}
+	}
+}
+
+// Packed says whether m is laid out in panels (see Pack).
+func (m Matrix) Packed() bool { return m.packed }
+
+// panels is the number of panels that cover m's rows.
+func (m Matrix) panels() int { return (m.Rows + PanelWidth - 1) / PanelWidth }
+
+// packedIndex is the position of element [i, j] of a packed matrix.
+func (m Matrix) packedIndex(i, j int) int {
+	return (i-i%PanelWidth)*m.Cols + j*PanelWidth + i%PanelWidth
+}
+
+// panelPtr points at step k of panel p of a packed matrix with Cols > 0.
+func (m Matrix) panelPtr(p, k int) *byte {
+	off := (p*m.Cols + k) * PanelWidth
+	if m.DType == F32 {
+		return (*byte)(unsafe.Pointer(&m.f32[off]))
+	}
+	return (*byte)(unsafe.Pointer(&m.u16[off]))
+}

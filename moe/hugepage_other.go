@@ -1,5 +1,0 @@
-//go:build !linux
-
-package moe
-
-func adviseHuge([]byte) {}
