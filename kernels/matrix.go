@@ -91,9 +91,7 @@ func checkDims(rows, cols, n int) error {
 func (m Matrix) RowF32(i int, dst []float32) {
 	dst = dst[:m.Cols]
 	if m.packed {
-		for k := range dst {
-			dst[k] = m.At(i, k)
-		}
+		m.packedRowF32(i, dst)
 		return
 	}
 	lo := i * m.Cols

@@ -3,6 +3,7 @@ package kernels
 import (
 	"unsafe"
 
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/hugepage"
 )
 
@@ -54,11 +55,45 @@ func packRows[T float32 | uint16](dst, src []T, rows, k int) {
 	}
 }
 
+// PacksWeights says whether this machine has kernels for packed weights
+// (a SIMD implementation): where it does, layers pack their experts when
+// they are made; elsewhere packing would only slow the generic path.
+func PacksWeights() bool {
+	implMu.Lock()
+	defer implMu.Unlock()
+	return len(simds) > 0
+}
+
 // Packed says whether m is laid out in panels (see Pack).
 func (m Matrix) Packed() bool { return m.packed }
 
 // panels is the number of panels that cover m's rows.
 func (m Matrix) panels() int { return (m.Rows + PanelWidth - 1) / PanelWidth }
+
+// packedRowF32 widens row i of a packed matrix into dst[:Cols].
+func (m Matrix) packedRowF32(i int, dst []float32) {
+	if m.Cols == 0 {
+		return
+	}
+	base := m.packedIndex(i, 0)
+	switch m.DType {
+	case F32:
+		src := m.f32[base:]
+		for k := range dst {
+			dst[k] = src[k*PanelWidth]
+		}
+	case BF16:
+		src := m.u16[base:]
+		for k := range dst {
+			dst[k] = half.BF16ToF32(src[k*PanelWidth])
+		}
+	case F16:
+		src := m.u16[base:]
+		for k := range dst {
+			dst[k] = half.F16ToF32(src[k*PanelWidth])
+		}
+	}
+}
 
 // packedIndex is the position of element [i, j] of a packed matrix.
 func (m Matrix) packedIndex(i, j int) int {

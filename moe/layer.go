@@ -16,6 +16,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moex-project/moex/kernels"
 )
@@ -148,7 +149,9 @@ func loadExpert(ck *Checkpoint, gate, up, down string, hidden, inter int) (Exper
 }
 
 // New makes a layer from weights already in memory, checking every shape
-// against cfg.
+// against cfg. On machines with SIMD kernels the experts' matrices are
+// packed for them (a copy in the same dtype, see kernels.Pack) unless they
+// are packed already; w is not changed.
 func New(cfg *Config, w Weights) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
@@ -186,7 +189,32 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 	for e := range loaded {
 		loaded[e] = w.Experts[e].Gate.Rows > 0
 	}
+	if kernels.PacksWeights() {
+		w.Experts = packExperts(w.Experts)
+		if w.Shared != nil {
+			s := packExperts([]Expert{*w.Shared})[0]
+			w.Shared = &s
+		}
+	}
 	return &Layer{Config: cfg, Router: router, experts: w.Experts, loaded: loaded, shared: w.Shared, sharedGate: w.SharedGate}, nil
+}
+
+// packExperts returns the experts with their matrices packed, on
+// GOMAXPROCS goroutines.
+func packExperts(xs []Expert) []Expert {
+	out := make([]Expert, len(xs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(xs)) {
+		wg.Go(func() {
+			for e := int(next.Add(1) - 1); e < len(xs); e = int(next.Add(1) - 1) {
+				x := xs[e]
+				out[e] = Expert{Gate: kernels.Pack(x.Gate), Up: kernels.Pack(x.Up), Down: kernels.Pack(x.Down)}
+			}
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 func checkExpert(x Expert, hidden, inter int) error {

@@ -78,7 +78,11 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		wg.Go(func() {
 			for e := range jobs {
 				s := uint64(e+1) * 4
-				w.Experts[e] = Expert{Gate: matrix(s, cfg.Inter, H), Up: matrix(s+1, cfg.Inter, H), Down: matrix(s+2, H, cfg.Inter)}
+				x := Expert{Gate: matrix(s, cfg.Inter, H), Up: matrix(s+1, cfg.Inter, H), Down: matrix(s+2, H, cfg.Inter)}
+				if kernels.PacksWeights() { // now, so that the row-major copy is garbage at once
+					x = Expert{Gate: kernels.Pack(x.Gate), Up: kernels.Pack(x.Up), Down: kernels.Pack(x.Down)}
+				}
+				w.Experts[e] = x
 			}
 		})
 	}
