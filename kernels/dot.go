@@ -5,8 +5,10 @@ import (
 	"unsafe"
 )
 
-// The SIMD drivers have two schedules, both built on kernels of one lane
-// order, so that a row's bits never depend on which one ran it.
+// The dot-product drivers below run row-major weights (packed weights take
+// the outer-product kernels, outer.go). They have two schedules, both built
+// on kernels of one lane order, so that a row's bits never depend on which
+// one ran it.
 //
 // Few rows (decode, at most maxMR8): weights stream from memory once, in
 // blocks of weight rows sized to stay in L2, eight weight rows per kernel

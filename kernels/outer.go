@@ -30,9 +30,11 @@ type outerTable = [F16 + 1][maxKernelRows + 1][]outerFunc
 const outerGroup = 4
 
 // outerKBytes is the bytes of one k step of an outerGroup's panels that
-// fit half of L1: the k block is outerKBytes over the element size. Tests
-// shrink it.
-var outerKBytes = max(16, l1dBytes/2/(outerGroup*PanelWidth))
+// fit a quarter of L2: the k block is outerKBytes over the element size.
+// (Blocks sized for L1 measured slower: the kernels' panel loads hide L2
+// latency well, and longer blocks reload the output tiles less often.)
+// Tests shrink it.
+var outerKBytes = max(16, l2Bytes/4/(outerGroup*PanelWidth))
 
 type outerScratch struct {
 	rows []*float32

@@ -223,7 +223,7 @@ func dtypeOf(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16 or f16)", errUsage, s)
 }
 
-// randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/√cols.
+// randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/cols.
 func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
 	a := 1 / float32(max(1, cols))
 	if dt == kernels.F32 {
@@ -251,6 +251,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	n := fs.Int("n", 2816, "output columns (weight rows)")
 	k := fs.Int("k", 2048, "reduction length")
 	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16")
+	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -265,6 +266,9 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	if *experts < 1 || *n < 1 || *k < 1 {
 		return nil, fmt.Errorf("%w: bench grouped-gemm: --experts, --n and --k must be positive", errUsage)
 	}
+	if *layout != "packed" && *layout != "rows" {
+		return nil, fmt.Errorf("%w: bench grouped-gemm: --layout %q (want packed or rows)", errUsage, *layout)
+	}
 	probe := memoryBandwidth()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var results []benchResult
@@ -277,6 +281,9 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 		for e := range bs {
 			if bs[e], err = randomMatrix(rng, dt, *n, *k); err != nil {
 				return nil, err
+			}
+			if *layout == "packed" {
+				bs[e] = kernels.Pack(bs[e])
 			}
 		}
 		for _, m := range ms {
@@ -294,7 +301,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 			}
 			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
 			bytes := int64(*experts) * (int64(*n)*int64(*k)*int64(dt.Size()) + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
-			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", *experts, m, *n, *k, ds)
+			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s %s", *experts, m, *n, *k, ds, *layout)
 			err := o.forEachSetting(func(impl string, threads int) error {
 				ts, err := o.time(label+" "+impl, func() error {
 					return kernels.GroupedGEMM(context.Background(), threads, a, groups)

@@ -207,6 +207,11 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 4)
 	require.Contains(t, out, `"speed_vs_memcpy"`)
 
+	out, _, err = runCLI("bench", "grouped-gemm", "--layout", "rows", "--n", "4", "--k", "4", "--tokens-per-expert", "2", "--min-time", "0", "--max-runs", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, "f32 rows")
+	_, _, err = runCLI("bench", "grouped-gemm", "--layout", "cols", "--n", "4", "--k", "4")
+	require.ErrorContains(t, err, `--layout "cols" (want packed or rows)`)
 	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
 	require.ErrorContains(t, err, `implementation "sve2" is not available`)
 	_, _, err = runCLI("bench", "moe", "--min-time", "0")

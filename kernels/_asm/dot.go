@@ -1,9 +1,10 @@
 //go:generate go run . -out ../dot_amd64.s -stubs ../dot_amd64_stubs.go -pkg kernels
 
-// Command _asm generates the register-blocked dot-product micro-kernels of
-// package kernels with avo: for an ISA (AVX2+FMA with 8 lanes, AVX-512 with
-// 16), a weight dtype (F32, BF16, F16) and a row count MR, the kernel
-// computes the MR×4 dot products of MR activation rows (fp32) with 4 weight
+// Command _asm generates the micro-kernels of package kernels with avo: the
+// outer-product kernels on packed weights (outer.go), the Go table of them,
+// and the register-blocked dot-product kernels on row-major weights: for an
+// ISA (AVX2+FMA with 8 lanes, AVX-512 with 16), a weight dtype (F32, BF16,
+// F16) and a row count MR, the kernel computes the MR×4 dot products of MR activation rows (fp32) with 4 weight
 // rows (in their stored dtype, widened in registers) over k elements, k a
 // multiple of the lane count:
 //
