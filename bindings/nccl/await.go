@@ -16,23 +16,45 @@ import (
 // complete, and returns the reason. After an abort the communicator is
 // gone: make a new one.
 func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
+	err := poll(ctx, func() (bool, error) {
+		ok, err := done()
+		if err != nil {
+			return false, err // the work may be stuck: do not leave it to Destroy
+		}
+		state, err := c.asyncState()
+		switch {
+		case err != nil:
+			return false, err
+		case state == inProgress: // a non-blocking communicator still enqueuing
+			return false, nil
+		case state != 0:
+			return false, resultError("asynchronous operation", state)
+		}
+		return ok, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("nccl: rank %d: collective not finished: %w", c.rank, context.Cause(ctx))
+	}
+	if err != nil {
+		return c.abortWith(err)
+	}
+	return nil
+}
+
+// poll calls check, backing off from 10µs to 1ms between calls, until it
+// reports done or an error, or ctx ends (its error is returned then).
+func poll(ctx context.Context, check func() (bool, error)) error {
 	wait := 10 * time.Microsecond
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		ok, err := done()
-		if err != nil {
-			return c.abortWith(err) // the work may be stuck: do not leave it to Destroy
-		}
-		if ok {
-			return nil
-		}
-		if err := c.AsyncError(); err != nil {
-			return c.abortWith(err)
+		ok, err := check()
+		if err != nil || ok {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return c.abortWith(fmt.Errorf("nccl: rank %d: collective not finished: %w", c.rank, context.Cause(ctx)))
+			return ctx.Err()
 		case <-timer.C:
 		}
 		wait = min(2*wait, time.Millisecond)

@@ -10,6 +10,7 @@ package nccl
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -98,10 +99,14 @@ func GetUniqueID() (UniqueID, error) {
 // Comm is an NCCL communicator. Buffers are device addresses; streams are
 // cudaStream_t values (0: the default stream).
 type Comm struct {
-	c          C.moexNcclComm
-	rank, size int
-	aborted    bool // ncclCommAbort freed c: Destroy and Abort do nothing more
+	c           C.moexNcclComm
+	rank, size  int
+	aborted     bool // ncclCommAbort freed c: Destroy and Abort do nothing more
+	nonblocking bool // made by InitRankContext: calls may return ncclInProgress
 }
+
+// inProgress is ncclInProgress.
+const inProgress = C.MOEX_NCCL_IN_PROGRESS
 
 // DType is an NCCL data type.
 type DType int
@@ -143,6 +148,83 @@ func InitRank(id UniqueID, size, rank int) (*Comm, error) {
 	return &Comm{c: c, rank: rank, size: size}, nil
 }
 
+// InitRankContext joins the communicator of id as rank of size ranks like
+// InitRank, but gives up when ctx ends before every rank has joined (a
+// peer that died before init): the communicator is made non-blocking
+// (ncclCommInitRankConfig, NCCL ≥ 2.14), its forming is polled, and on
+// ctx's end it is aborted and the error names the rank and the cause.
+// With an older library the blocking init runs on its own thread, which
+// stays blocked after a timeout until the process exits.
+func InitRankContext(ctx context.Context, id UniqueID, size, rank int) (*Comm, error) {
+	if err := ensure(); err != nil {
+		return nil, err
+	}
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("nccl: rank %d of %d", rank, size)
+	}
+	var cid C.moexNcclUniqueId
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&cid.internal[0])), UniqueIDBytes), id[:])
+	var c C.moexNcclComm
+	r := C.moex_nccl_comm_init_rank_config(&c, C.int(size), cid, C.int(rank), 0)
+	if r == C.MOEX_NCCL_NO_CONFIG {
+		return initRankThread(ctx, id, size, rank)
+	}
+	comm := &Comm{c: c, rank: rank, size: size, nonblocking: true}
+	if r != 0 && r != inProgress {
+		err := resultError("ncclCommInitRankConfig", r)
+		if c != nil {
+			return nil, comm.abortWith(err)
+		}
+		return nil, err
+	}
+	notFormed := func(cause error) error {
+		return fmt.Errorf("nccl: rank %d of %d: communicator not formed: %w", rank, size, cause)
+	}
+	err := poll(ctx, func() (bool, error) {
+		state, err := comm.asyncState()
+		switch {
+		case err != nil:
+			return false, err
+		case state == inProgress:
+			return false, nil
+		}
+		return true, resultError("ncclCommInitRankConfig", state)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = notFormed(context.Cause(ctx))
+		}
+		return nil, comm.abortWith(err)
+	}
+	return comm, nil
+}
+
+// initRankThread is InitRankContext over a library without
+// ncclCommInitRankConfig.
+func initRankThread(ctx context.Context, id UniqueID, size, rank int) (*Comm, error) {
+	type result struct {
+		c   *Comm
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := InitRank(id, size, rank)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.c, r.err
+	case <-ctx.Done():
+		go func() { // a communicator formed too late is not used
+			if r := <-done; r.c != nil {
+				r.c.Destroy()
+			}
+		}()
+		return nil, fmt.Errorf("nccl: rank %d of %d: communicator not formed (this NCCL cannot abort an init; its thread stays blocked): %w",
+			rank, size, context.Cause(ctx))
+	}
+}
+
 func (c *Comm) Rank() int { return c.rank }
 func (c *Comm) Size() int { return c.size }
 
@@ -164,28 +246,49 @@ func (c *Comm) Abort() error {
 	return resultError("ncclCommAbort", C.moex_nccl_comm_abort(c.c))
 }
 
-// AsyncError reports an error raised by in-flight operations.
+// AsyncError reports an error raised by in-flight operations (none while
+// a non-blocking communicator's work is still in progress).
 func (c *Comm) AsyncError() error {
-	var e C.int
-	if err := resultError("ncclCommGetAsyncError", C.moex_nccl_comm_get_async_error(c.c, &e)); err != nil {
+	state, err := c.asyncState()
+	if err != nil || state == inProgress {
 		return err
 	}
-	return resultError("asynchronous operation", e)
+	return resultError("asynchronous operation", state)
+}
+
+// asyncState is ncclCommGetAsyncError's state: 0, ncclInProgress or an
+// error code.
+func (c *Comm) asyncState() (C.int, error) {
+	var e C.int
+	if err := resultError("ncclCommGetAsyncError", C.moex_nccl_comm_get_async_error(c.c, &e)); err != nil {
+		return 0, err
+	}
+	return e, nil
+}
+
+// result is resultError for a call on c: on a non-blocking communicator
+// ncclInProgress means the call goes on in the background, which Await
+// waits for.
+func (c *Comm) result(call string, r C.int) error {
+	if r == inProgress && c.nonblocking {
+		return nil
+	}
+	return resultError(call, r)
 }
 
 // AllReduce reduces count elements of send into recv on every rank.
 func (c *Comm) AllReduce(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error {
-	return resultError("ncclAllReduce", C.moex_nccl_all_reduce(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
+	return c.result("ncclAllReduce", C.moex_nccl_all_reduce(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
 }
 
 // AllGather gathers count elements from every rank into recv (size·count).
 func (c *Comm) AllGather(send, recv uintptr, count int, dt DType, stream uintptr) error {
-	return resultError("ncclAllGather", C.moex_nccl_all_gather(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), c.c, C.uintptr_t(stream)))
+	return c.result("ncclAllGather", C.moex_nccl_all_gather(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), c.c, C.uintptr_t(stream)))
 }
 
 // ReduceScatter reduces size·count elements and leaves count on each rank.
 func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error {
-	return resultError("ncclReduceScatter", C.moex_nccl_reduce_scatter(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
+	return c.result("ncclReduceScatter", C.moex_nccl_reduce_scatter(C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(dt), C.int(op), c.c, C.uintptr_t(stream)))
 }
 
 // AllToAllV sends sendCounts[r] elements from send + sendOffsets[r] to
@@ -197,21 +300,21 @@ func (c *Comm) AllToAllV(send uintptr, sendCounts, sendOffsets []int, recv uintp
 	if len(sendCounts) != c.size || len(sendOffsets) != c.size || len(recvCounts) != c.size || len(recvOffsets) != c.size {
 		return fmt.Errorf("nccl: all-to-all of %d ranks needs %d counts and offsets each way", c.size, c.size)
 	}
-	if err := resultError("ncclGroupStart", C.moex_nccl_group_start()); err != nil {
+	if err := c.result("ncclGroupStart", C.moex_nccl_group_start()); err != nil {
 		return err
 	}
 	var first error
 	for r := 0; r < c.size; r++ {
 		if sendCounts[r] > 0 && first == nil {
-			first = resultError("ncclSend", C.moex_nccl_send(C.uintptr_t(send+uintptr(sendOffsets[r]*elemBytes)), C.size_t(sendCounts[r]),
+			first = c.result("ncclSend", C.moex_nccl_send(C.uintptr_t(send+uintptr(sendOffsets[r]*elemBytes)), C.size_t(sendCounts[r]),
 				C.int(dt), C.int(r), c.c, C.uintptr_t(stream)))
 		}
 		if recvCounts[r] > 0 && first == nil {
-			first = resultError("ncclRecv", C.moex_nccl_recv(C.uintptr_t(recv+uintptr(recvOffsets[r]*elemBytes)), C.size_t(recvCounts[r]),
+			first = c.result("ncclRecv", C.moex_nccl_recv(C.uintptr_t(recv+uintptr(recvOffsets[r]*elemBytes)), C.size_t(recvCounts[r]),
 				C.int(dt), C.int(r), c.c, C.uintptr_t(stream)))
 		}
 	}
-	if err := resultError("ncclGroupEnd", C.moex_nccl_group_end()); err != nil && first == nil {
+	if err := c.result("ncclGroupEnd", C.moex_nccl_group_end()); err != nil && first == nil {
 		first = err
 	}
 	return first

@@ -16,11 +16,12 @@ import (
 )
 
 // stubLibrary builds testdata/stub_nccl.c into a libnccl.so.2 of its own.
-func stubLibrary(t *testing.T) string {
+func stubLibrary(t *testing.T, defines ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libnccl.so.2")
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-o", lib, filepath.Join("testdata", "stub_nccl.c")).CombinedOutput()
+	args := append([]string{"-shared", "-fPIC", "-O1", "-o", lib}, defines...)
+	out, err := exec.Command("gcc", append(args, filepath.Join("testdata", "stub_nccl.c"))...).CombinedOutput()
 	if err != nil {
 		t.Skipf("no C compiler for the stub library: %v %s", err, out)
 	}
@@ -110,7 +111,7 @@ func TestShimAgainstStub(t *testing.T) {
 	polls := 0
 	require.NoError(t, c.Await(context.Background(), func() (bool, error) { polls++; return polls == 3, nil }))
 	require.Equal(t, 3, polls)
-	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1"}, readLog(t, logPath))
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1"}, readLog(t, logPath))
 	never := func() (bool, error) { return false, nil }
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
@@ -130,7 +131,77 @@ func TestShimAgainstStub(t *testing.T) {
 		"stream query failed; communicator aborted")
 	require.Equal(t, []string{"ncclCommAbort comm=1"}, readLog(t, logPath))
 
+	// A non-blocking init: polled until the ranks have met; a peer that
+	// never comes ends it at the deadline, aborted.
+	t.Setenv("NCCL_STUB_PENDING", "3")
+	c, err = InitRankContext(context.Background(), id, 4, 2)
+	require.NoError(t, err)
+	lines = readLog(t, logPath)
+	require.Equal(t, "ncclCommInitRankConfig nranks=4 rank=2 id0=1 size=24 magic=0xcafebeef version=21400 blocking=0", lines[0])
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1", "ncclCommGetAsyncError comm=1"}, lines[1:])
+	// Its calls may return ncclInProgress, which Await then waits out.
+	t.Setenv("NCCL_STUB_FAIL", "ncclGroupEnd")
+	t.Setenv("NCCL_STUB_FAIL_CODE", "7")
+	require.NoError(t, c.AllToAllV(0, []int{1, 1, 1, 1}, []int{0, 1, 2, 3}, 0, []int{0, 0, 0, 0}, []int{0, 0, 0, 0}, Float32, 4, 0))
+	blocking := fresh()
+	require.ErrorContains(t, blocking.AllToAllV(0, []int{1, 1, 1, 1}, []int{0, 1, 2, 3}, 0, []int{0, 0, 0, 0}, []int{0, 0, 0, 0}, Float32, 4, 0),
+		"ncclGroupEnd: stub: other (ncclResult 7)", "a blocking communicator never answers ncclInProgress")
+	t.Setenv("NCCL_STUB_FAIL", "")
+	t.Setenv("NCCL_STUB_FAIL_CODE", "")
+	t.Setenv("NCCL_STUB_ASYNC", "7")
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err = c.Await(ctx, func() (bool, error) { return true, nil })
+	require.ErrorContains(t, err, "collective not finished", "the stream is done, NCCL is not")
+	t.Setenv("NCCL_STUB_ASYNC", "")
+	readLog(t, logPath)
+
+	t.Setenv("NCCL_STUB_PENDING", "-1")
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err = InitRankContext(ctx, id, 4, 2)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.EqualError(t, err, "nccl: rank 2 of 4: communicator not formed: context deadline exceeded; communicator aborted")
+	lines = readLog(t, logPath)
+	require.Equal(t, "ncclCommAbort comm=1", lines[len(lines)-1])
+	t.Setenv("NCCL_STUB_PENDING", "")
+	t.Setenv("NCCL_STUB_FAIL", "ncclCommInitRankConfig")
+	_, err = InitRankContext(context.Background(), id, 4, 2)
+	require.EqualError(t, err, "nccl: ncclCommInitRankConfig: stub internal error (ncclResult 3); communicator aborted")
+	t.Setenv("NCCL_STUB_FAIL", "")
+
 	_, err = InitRank(id, 4, 4)
 	require.ErrorContains(t, err, "rank 4 of 4")
+	_, err = InitRankContext(context.Background(), id, 4, -1)
+	require.ErrorContains(t, err, "rank -1 of 4")
 	require.ErrorContains(t, Load("/elsewhere/libnccl.so.2"), "is already loaded")
+}
+
+// TestInitRankWithoutConfig: with an NCCL older than 2.14 (no
+// ncclCommInitRankConfig) InitRankContext runs the blocking init, and still
+// returns at the deadline. The library loads once per process, so the test
+// runs itself in a child process.
+func TestInitRankWithoutConfig(t *testing.T) {
+	if lib := os.Getenv("NCCL_STUB_CHILD"); lib != "" {
+		require.NoError(t, Load(lib))
+		c, err := InitRankContext(context.Background(), UniqueID{1}, 2, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, c.Rank())
+		require.Equal(t, []string{"ncclCommInitRank nranks=2 rank=1 id0=1 id127=0"}, readLog(t, os.Getenv("NCCL_STUB_LOG")))
+		t.Setenv("NCCL_STUB_INIT_SLEEP_MS", "2000")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err = InitRankContext(ctx, UniqueID{1}, 2, 1)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "nccl: rank 1 of 2: communicator not formed (this NCCL cannot abort an init")
+		require.Less(t, time.Since(start), time.Second)
+		return
+	}
+	lib := stubLibrary(t, "-DSTUB_NO_CONFIG")
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestInitRankWithoutConfig$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), "NCCL_STUB_CHILD="+lib, "NCCL_STUB_LOG="+filepath.Join(t.TempDir(), "calls.log"))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "PASS")
 }

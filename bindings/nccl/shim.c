@@ -8,7 +8,19 @@
 
 static void* lib;
 
+// ncclConfig_t as NCCL 2.14 introduced it. Later libraries copy the
+// config's own size and reset the fields its version lacks to defaults.
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+} moexNcclConfig;
+#define MOEX_NCCL_CONFIG_MAGIC 0xcafebeef
+#define MOEX_NCCL_CONFIG_VERSION 21400  // NCCL_VERSION(2, 14, 0)
+
 typedef int (*fnGetUniqueId)(moexNcclUniqueId*);
+typedef int (*fnCommInitRankConfig)(moexNcclComm*, int, moexNcclUniqueId, int, moexNcclConfig*);
 typedef int (*fnCommInitRank)(moexNcclComm*, int, moexNcclUniqueId, int);
 typedef int (*fnComm)(moexNcclComm);
 typedef int (*fnCommAsync)(moexNcclComm, int*);
@@ -21,6 +33,7 @@ typedef const char* (*fnErrorString)(int);
 
 static fnGetUniqueId pGetUniqueId;
 static fnCommInitRank pCommInitRank;
+static fnCommInitRankConfig pCommInitRankConfig;  // NULL before NCCL 2.14
 static fnComm pCommDestroy, pCommAbort;
 static fnCommAsync pCommGetAsyncError;
 static fnAllReduce pAllReduce, pReduceScatter;
@@ -60,12 +73,23 @@ int moex_nccl_open(const char* path, char* err, size_t errLen) {
   LOAD(pGroupEnd, fnVoid, "ncclGroupEnd");
   LOAD(pErrorString, fnErrorString, "ncclGetErrorString");
 #undef LOAD
+  pCommInitRankConfig = (fnCommInitRankConfig)dlsym(lib, "ncclCommInitRankConfig");
   return 0;
 }
 
 int moex_nccl_get_unique_id(moexNcclUniqueId* id) { return pGetUniqueId(id); }
 int moex_nccl_comm_init_rank(moexNcclComm* comm, int nranks, moexNcclUniqueId id, int rank) {
   return pCommInitRank(comm, nranks, id, rank);
+}
+int moex_nccl_comm_init_rank_config(moexNcclComm* comm, int nranks, moexNcclUniqueId id, int rank, int blocking) {
+  if (pCommInitRankConfig == NULL) return MOEX_NCCL_NO_CONFIG;
+  moexNcclConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.size = sizeof cfg;
+  cfg.magic = MOEX_NCCL_CONFIG_MAGIC;
+  cfg.version = MOEX_NCCL_CONFIG_VERSION;
+  cfg.blocking = blocking;
+  return pCommInitRankConfig(comm, nranks, id, rank, &cfg);
 }
 int moex_nccl_comm_destroy(moexNcclComm comm) { return pCommDestroy(comm); }
 int moex_nccl_comm_abort(moexNcclComm comm) { return pCommAbort(comm); }

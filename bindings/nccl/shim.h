@@ -18,9 +18,18 @@ enum { MOEX_NCCL_SUM = 0, MOEX_NCCL_PROD = 1, MOEX_NCCL_MAX = 2, MOEX_NCCL_MIN =
 // the loader's message in err (errLen bytes).
 int moex_nccl_open(const char* path, char* err, size_t errLen);
 
+// ncclInProgress: a non-blocking communicator's call goes on in the
+// background (ncclCommGetAsyncError reports when it is done).
+enum { MOEX_NCCL_IN_PROGRESS = 7 };
+// MOEX_NCCL_NO_CONFIG: the library predates ncclCommInitRankConfig (2.14).
+enum { MOEX_NCCL_NO_CONFIG = -1 };
+
 // Each returns NCCL's ncclResult_t (0: success).
 int moex_nccl_get_unique_id(moexNcclUniqueId* id);
 int moex_nccl_comm_init_rank(moexNcclComm* comm, int nranks, moexNcclUniqueId id, int rank);
+// ncclCommInitRankConfig with a config that sets only blocking, or
+// MOEX_NCCL_NO_CONFIG.
+int moex_nccl_comm_init_rank_config(moexNcclComm* comm, int nranks, moexNcclUniqueId id, int rank, int blocking);
 int moex_nccl_comm_destroy(moexNcclComm comm);
 int moex_nccl_comm_abort(moexNcclComm comm);
 int moex_nccl_comm_get_async_error(moexNcclComm comm, int* asyncError);
