@@ -139,12 +139,14 @@ func (d *Device) Alloc(bytes int64) (Buffer, error) {
 	return Buffer{id: uint64(p), Bytes: bytes}, nil
 }
 
-// Free releases a buffer.
+// Free releases a buffer once the work launched before has finished
+// (launches do not wait; see launchKernel).
 func (d *Device) Free(b Buffer) {
 	if b.id == 0 {
 		return
 	}
 	if done, err := d.bind(); err == nil {
+		cu.Synchronize() // cuCtxSynchronize
 		cu.MemFree(b.dev())
 		done()
 	}

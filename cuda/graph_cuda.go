@@ -66,9 +66,13 @@ func cArgs(a *args) (unsafe.Pointer, []unsafe.Pointer) {
 // cFunction is the CUfunction a cu.Function holds (its only field).
 func cFunction(fn cu.Function) C.CUfunction { return *(*C.CUfunction)(unsafe.Pointer(&fn)) }
 
-// launchKernel launches fn with every argument at its full size (a
-// by-value struct included: gorgonia.org/cu's Launch copies 8 bytes per
-// argument) and waits for it. The context must be current.
+// launchKernel launches fn on the legacy default stream with every
+// argument at its full size (a by-value struct included: gorgonia.org/cu's
+// Launch copies 8 bytes per argument; the driver copies the values at the
+// launch). It does not wait: the stream orders the kernels and the
+// synchronous copies that read their results, so the host waits only where
+// it reads (CUDA_LAUNCH_BLOCKING=1 makes every launch wait, to find the
+// kernel behind an error). The context must be current.
 func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args) error {
 	params, mem := cArgs(a)
 	defer func() {
@@ -76,11 +80,8 @@ func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args) 
 			C.free(p)
 		}
 	}()
-	if err := cuErr("cuLaunchKernel "+name, C.cuLaunchKernel(cFunction(fn), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block), 1, 1, 0, nil, (*unsafe.Pointer)(params), nil)); err != nil {
-		return err
-	}
-	return cuErr("cuCtxSynchronize after "+name, C.cuCtxSynchronize())
+	return cuErr("cuLaunchKernel "+name, C.cuLaunchKernel(cFunction(fn), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block), 1, 1, 0, nil, (*unsafe.Pointer)(params), nil))
 }
 
 func cuErr(call string, r C.CUresult) error {
@@ -141,22 +142,21 @@ func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 	return g, nil
 }
 
-// Replay launches the graph on the default stream and waits for it.
+// Replay launches the graph on the legacy default stream, after the work
+// before it and before the copies that read its results.
 func (g *deviceGraph) Replay() error {
 	done, err := g.d.bind()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if err := cuErr("cuGraphLaunch", C.cuGraphLaunch(g.exec, nil)); err != nil {
-		return err
-	}
-	return cuErr("cuStreamSynchronize", C.cuStreamSynchronize(nil))
+	return cuErr("cuGraphLaunch", C.cuGraphLaunch(g.exec, nil))
 }
 
-// Close destroys the graph.
+// Close destroys the graph once its replays have finished.
 func (g *deviceGraph) Close() {
 	if done, err := g.d.bind(); err == nil {
+		C.cuCtxSynchronize()
 		g.free()
 		done()
 	}
