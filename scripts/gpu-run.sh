@@ -10,7 +10,12 @@ cd "$(dirname "$0")"
   echo "# moex GPU results, $(date -u)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
   echo "## kernel tests"
-  ./cuda.test -test.v 2>&1
+  if ! ./cuda.test -test.v 2>&1; then
+    # Launches do not wait for the GPU: rerun with every launch waiting, to
+    # tell a kernel's own failure from an ordering one.
+    echo "## kernel tests again, CUDA_LAUNCH_BLOCKING=1"
+    CUDA_LAUNCH_BLOCKING=1 ./cuda.test -test.v 2>&1
+  fi
   echo "## moex run --backend cuda (in-process ranks sharing GPU 0)"
   ./moex run --backend cuda --ranks 1 --steps 4 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 2>&1
