@@ -131,16 +131,25 @@ const (
 	Min RedOp = C.MOEX_NCCL_MIN
 )
 
-// InitRank joins the communicator of id as rank of size ranks.
-func InitRank(id UniqueID, size, rank int) (*Comm, error) {
+// initArgs loads the library, checks rank and size and gives id as C's.
+func initArgs(id UniqueID, size, rank int) (C.moexNcclUniqueId, error) {
+	var cid C.moexNcclUniqueId
 	if err := ensure(); err != nil {
-		return nil, err
+		return cid, err
 	}
 	if size < 1 || rank < 0 || rank >= size {
-		return nil, fmt.Errorf("nccl: rank %d of %d", rank, size)
+		return cid, fmt.Errorf("nccl: rank %d of %d", rank, size)
 	}
-	var cid C.moexNcclUniqueId
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(&cid.internal[0])), UniqueIDBytes), id[:])
+	return cid, nil
+}
+
+// InitRank joins the communicator of id as rank of size ranks.
+func InitRank(id UniqueID, size, rank int) (*Comm, error) {
+	cid, err := initArgs(id, size, rank)
+	if err != nil {
+		return nil, err
+	}
 	var c C.moexNcclComm
 	if err := resultError("ncclCommInitRank", C.moex_nccl_comm_init_rank(&c, C.int(size), cid, C.int(rank))); err != nil {
 		return nil, err
@@ -156,14 +165,10 @@ func InitRank(id UniqueID, size, rank int) (*Comm, error) {
 // With an older library the blocking init runs on its own thread, which
 // stays blocked after a timeout until the process exits.
 func InitRankContext(ctx context.Context, id UniqueID, size, rank int) (*Comm, error) {
-	if err := ensure(); err != nil {
+	cid, err := initArgs(id, size, rank)
+	if err != nil {
 		return nil, err
 	}
-	if size < 1 || rank < 0 || rank >= size {
-		return nil, fmt.Errorf("nccl: rank %d of %d", rank, size)
-	}
-	var cid C.moexNcclUniqueId
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&cid.internal[0])), UniqueIDBytes), id[:])
 	var c C.moexNcclComm
 	r := C.moex_nccl_comm_init_rank_config(&c, C.int(size), cid, C.int(rank), 0)
 	if r == C.MOEX_NCCL_NO_CONFIG {
@@ -180,7 +185,7 @@ func InitRankContext(ctx context.Context, id UniqueID, size, rank int) (*Comm, e
 	notFormed := func(cause error) error {
 		return fmt.Errorf("nccl: rank %d of %d: communicator not formed: %w", rank, size, cause)
 	}
-	err := poll(ctx, func() (bool, error) {
+	err = poll(ctx, func() (bool, error) {
 		state, err := comm.asyncState()
 		switch {
 		case err != nil:
