@@ -103,7 +103,10 @@ func (d *Device) Close() error {
 		return err
 	}
 	defer done()
-	err = d.mod.Unload()
+	err = cu.Synchronize() // the work launched before (launches do not wait)
+	if uerr := d.mod.Unload(); err == nil {
+		err = uerr
+	}
 	if rerr := d.dev.ReleasePrimaryCtx(); err == nil {
 		err = rerr
 	}

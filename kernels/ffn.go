@@ -29,7 +29,7 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 	if s := active; s != nil {
-		if down.packed && down.Cols > 0 && n0 < n1 && len(h) > 0 {
+		if down.packed && down.Cols > 0 && n0 < n1 {
 			downOuter(s, out, h, nil, down, scale, n0, n1)
 			return
 		}
@@ -51,7 +51,7 @@ func RouterLogits(dst []float64, x []float32, w Matrix) {
 // [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
 func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
 	if s := active; s != nil {
-		if b.packed && b.Cols > 0 && n0 < n1 && len(idx) > 0 {
+		if b.packed && b.Cols > 0 && n0 < n1 { // idx nil: every row of a
 			downOuter(s, out, a, idx, b, scale, n0, n1)
 			return
 		}

@@ -97,7 +97,7 @@ func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 i
 	K, inter := gate.Cols, gate.Rows
 	M := len(idx)
 	sc := outerPool.Get().(*outerScratch)
-	defer outerPool.Put(sc)
+	defer sc.put()
 	rows := sc.grow(M)
 	for r := range rows {
 		rows[r] = &x[int(idx[r])*K]
@@ -126,7 +126,7 @@ func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []floa
 		M = len(idx)
 	}
 	sc := outerPool.Get().(*outerScratch)
-	defer outerPool.Put(sc)
+	defer sc.put()
 	rows := sc.grow(M)
 	for r := range rows {
 		i := r
@@ -153,6 +153,13 @@ func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []floa
 			o[n] = c[n] * w
 		}
 	}
+}
+
+// put returns the scratch to the pool without its row pointers, which
+// would keep the activations from the collector.
+func (sc *outerScratch) put() {
+	clear(sc.rows)
+	outerPool.Put(sc)
 }
 
 func (sc *outerScratch) grow(m int) []*float32 {

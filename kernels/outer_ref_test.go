@@ -84,6 +84,16 @@ func testOuterMatchesChainOrder(t *testing.T) {
 						downOuter(s, gathered, h, idx, pw, nil, n0, n1)
 						gu := make([]float32, M*N)
 						gateUpOuter(s, gu, h, idx, pw, pu, n0, n1)
+						if K > 1 && cols == [3]int{20, 0, 20} { // through the public entry points
+							restore := useSIMD(s)
+							all := make([]float32, M*N)
+							GEMMRows(all, h, nil, pw, scale, n0, n1) // idx nil: every row
+							require.Equal(t, out, all, "GEMMRows without idx, %s", s.name)
+							viaDown := make([]float32, M*N)
+							Down(viaDown, h, pw, scale, n0, n1)
+							require.Equal(t, out, viaDown, "Down, %s", s.name)
+							restore()
+						}
 						for m := 0; m < M; m++ {
 							xm := h[int(idx[m])*K:][:K]
 							for n := 0; n < N; n++ {
@@ -106,4 +116,11 @@ func testOuterMatchesChainOrder(t *testing.T) {
 			}
 		}
 	}
+}
+
+// useSIMD makes s the active implementation until restore is called.
+func useSIMD(s *simd) (restore func()) {
+	prev := active
+	active = s
+	return func() { active = prev }
 }

@@ -17,18 +17,20 @@ import (
 // gone: make a new one.
 func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
 	err := poll(ctx, func() (bool, error) {
-		ok, err := done()
-		if err != nil {
-			return false, err // the work may be stuck: do not leave it to Destroy
-		}
+		// NCCL first: a non-blocking communicator still queuing its work
+		// (ncclInProgress) leaves the stream idle before the work is on it.
 		state, err := c.asyncState()
 		switch {
 		case err != nil:
 			return false, err
-		case state == inProgress: // a non-blocking communicator still enqueuing
+		case state == inProgress:
 			return false, nil
 		case state != 0:
 			return false, resultError("asynchronous operation", state)
+		}
+		ok, err := done()
+		if err != nil {
+			return false, err // the work may be stuck: do not leave it to Destroy
 		}
 		return ok, nil
 	})

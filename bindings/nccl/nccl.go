@@ -162,17 +162,35 @@ func InitRank(id UniqueID, size, rank int) (*Comm, error) {
 // peer that died before init): the communicator is made non-blocking
 // (ncclCommInitRankConfig, NCCL ≥ 2.14), its forming is polled, and on
 // ctx's end it is aborted and the error names the rank and the cause.
-// With an older library the blocking init runs on its own thread, which
-// stays blocked after a timeout until the process exits.
-func InitRankContext(ctx context.Context, id UniqueID, size, rank int) (*Comm, error) {
+// With an older library the blocking init runs on a thread of its own,
+// which stays blocked after a timeout until the process exits.
+//
+// bind (nil: none) makes the rank's GPU current on the calling thread and
+// returns the undo; NCCL takes its device from the thread that calls it.
+//
+// Calls on a non-blocking communicator may return before NCCL has queued
+// their work (ncclInProgress): follow each one with Await before the next
+// NCCL call, as HostComm does.
+func InitRankContext(ctx context.Context, id UniqueID, size, rank int, bind func() (func(), error)) (*Comm, error) {
 	cid, err := initArgs(id, size, rank)
 	if err != nil {
 		return nil, err
 	}
+	if bind == nil {
+		bind = func() (func(), error) { return func() {}, nil }
+	}
+	runtime.LockOSThread()
+	unbind, err := bind()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
 	var c C.moexNcclComm
 	r := C.moex_nccl_comm_init_rank_config(&c, C.int(size), cid, C.int(rank), 0)
+	unbind()
+	runtime.UnlockOSThread()
 	if r == C.MOEX_NCCL_NO_CONFIG {
-		return initRankThread(ctx, id, size, rank)
+		return initRankThread(ctx, id, size, rank, bind)
 	}
 	comm := &Comm{c: c, rank: rank, size: size, nonblocking: true}
 	if r != 0 && r != inProgress {
@@ -206,13 +224,21 @@ func InitRankContext(ctx context.Context, id UniqueID, size, rank int) (*Comm, e
 
 // initRankThread is InitRankContext over a library without
 // ncclCommInitRankConfig.
-func initRankThread(ctx context.Context, id UniqueID, size, rank int) (*Comm, error) {
+func initRankThread(ctx context.Context, id UniqueID, size, rank int, bind func() (func(), error)) (*Comm, error) {
 	type result struct {
 		c   *Comm
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		unbind, err := bind()
+		if err != nil {
+			done <- result{nil, err}
+			return
+		}
+		defer unbind()
 		c, err := InitRank(id, size, rank)
 		done <- result{c, err}
 	}()

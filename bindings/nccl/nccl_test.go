@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,12 +130,12 @@ func TestShimAgainstStub(t *testing.T) {
 	c = fresh()
 	require.ErrorContains(t, c.Await(context.Background(), func() (bool, error) { return false, errors.New("stream query failed") }),
 		"stream query failed; communicator aborted")
-	require.Equal(t, []string{"ncclCommAbort comm=1"}, readLog(t, logPath))
+	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
 
 	// A non-blocking init: polled until the ranks have met; a peer that
 	// never comes ends it at the deadline, aborted.
 	t.Setenv("NCCL_STUB_PENDING", "3")
-	c, err = InitRankContext(context.Background(), id, 4, 2)
+	c, err = InitRankContext(context.Background(), id, 4, 2, nil)
 	require.NoError(t, err)
 	lines = readLog(t, logPath)
 	require.Equal(t, "ncclCommInitRankConfig nranks=4 rank=2 id0=1 size=24 magic=0xcafebeef version=21400 blocking=0", lines[0])
@@ -151,28 +152,30 @@ func TestShimAgainstStub(t *testing.T) {
 	t.Setenv("NCCL_STUB_ASYNC", "7")
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	err = c.Await(ctx, func() (bool, error) { return true, nil })
-	require.ErrorContains(t, err, "collective not finished", "the stream is done, NCCL is not")
+	queries := 0
+	err = c.Await(ctx, func() (bool, error) { queries++; return true, nil })
+	require.ErrorContains(t, err, "collective not finished", "the stream is idle, NCCL is still queuing")
+	require.Zero(t, queries, "the stream is not asked while NCCL is still queuing: it may be idle before the work is on it")
 	t.Setenv("NCCL_STUB_ASYNC", "")
 	readLog(t, logPath)
 
 	t.Setenv("NCCL_STUB_PENDING", "-1")
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	_, err = InitRankContext(ctx, id, 4, 2)
+	_, err = InitRankContext(ctx, id, 4, 2, nil)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.EqualError(t, err, "nccl: rank 2 of 4: communicator not formed: context deadline exceeded; communicator aborted")
 	lines = readLog(t, logPath)
 	require.Equal(t, "ncclCommAbort comm=1", lines[len(lines)-1])
 	t.Setenv("NCCL_STUB_PENDING", "")
 	t.Setenv("NCCL_STUB_FAIL", "ncclCommInitRankConfig")
-	_, err = InitRankContext(context.Background(), id, 4, 2)
+	_, err = InitRankContext(context.Background(), id, 4, 2, nil)
 	require.EqualError(t, err, "nccl: ncclCommInitRankConfig: stub internal error (ncclResult 3); communicator aborted")
 	t.Setenv("NCCL_STUB_FAIL", "")
 
 	_, err = InitRank(id, 4, 4)
 	require.ErrorContains(t, err, "rank 4 of 4")
-	_, err = InitRankContext(context.Background(), id, 4, -1)
+	_, err = InitRankContext(context.Background(), id, 4, -1, nil)
 	require.ErrorContains(t, err, "rank -1 of 4")
 	require.ErrorContains(t, Load("/elsewhere/libnccl.so.2"), "is already loaded")
 }
@@ -184,15 +187,20 @@ func TestShimAgainstStub(t *testing.T) {
 func TestInitRankWithoutConfig(t *testing.T) {
 	if lib := os.Getenv("NCCL_STUB_CHILD"); lib != "" {
 		require.NoError(t, Load(lib))
-		c, err := InitRankContext(context.Background(), UniqueID{1}, 2, 1)
+		// The init runs on a thread of its own, which must be bound too.
+		var binds, unbinds atomic.Int32
+		bind := func() (func(), error) { binds.Add(1); return func() { unbinds.Add(1) }, nil }
+		c, err := InitRankContext(context.Background(), UniqueID{1}, 2, 1, bind)
 		require.NoError(t, err)
 		require.Equal(t, 1, c.Rank())
 		require.Equal(t, []string{"ncclCommInitRank nranks=2 rank=1 id0=1 id127=0"}, readLog(t, os.Getenv("NCCL_STUB_LOG")))
+		require.Equal(t, int32(2), binds.Load(), "the caller's thread (for the config call) and the init's")
+		require.Equal(t, int32(2), unbinds.Load())
 		t.Setenv("NCCL_STUB_INIT_SLEEP_MS", "2000")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err = InitRankContext(ctx, UniqueID{1}, 2, 1)
+		_, err = InitRankContext(ctx, UniqueID{1}, 2, 1, bind)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorContains(t, err, "nccl: rank 1 of 2: communicator not formed (this NCCL cannot abort an init")
 		require.Less(t, time.Since(start), time.Second)

@@ -90,13 +90,9 @@ func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
 		d.Close()
 		return fail(err)
 	}
-	unbind, err := d.Bind() // NCCL sets up on the current device
-	if err != nil {
-		d.Close()
-		return fail(err)
-	}
-	c, err := nccl.InitRankContext(ctx, id, world, rank) // a rank that never joins ends it at the deadline
-	unbind()
+	// NCCL sets up on the device current on the thread that calls it; a rank
+	// that never joins ends the init at the deadline.
+	c, err := nccl.InitRankContext(ctx, id, world, rank, d.Bind)
 	if err != nil {
 		d.Close()
 		return fail(err)
