@@ -169,8 +169,25 @@ func newMLABlock(get tensorSource, n int, cfg AttnConfig) (*MLABlock, error) {
 		m, _ = kernels.NewF32(cfg.VDim, L, vv)
 		b.wUV = append(b.wUV, m)
 	}
+	b.pack()
 	b.rope()
 	return b, nil
+}
+
+// pack lays the projections out for the SIMD kernels where the machine has
+// them, as moe.New does the experts' (see kernels.Pack).
+func (b *MLABlock) pack() {
+	if !kernels.PacksWeights() {
+		return
+	}
+	for _, m := range []*kernels.Matrix{&b.qProj, &b.qA, &b.qB, &b.kvA, &b.oProj} {
+		if m.Rows > 0 { // q_proj or the q_a/q_b pair is absent
+			*m = kernels.Pack(*m)
+		}
+	}
+	for h := range b.wUKT {
+		b.wUKT[h], b.wUV[h] = kernels.Pack(b.wUKT[h]), kernels.Pack(b.wUV[h])
+	}
 }
 
 // rope sets the rotary frequencies (yarn when the config says so) and the
