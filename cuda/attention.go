@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
 )
 
 // Attention computes MLA decode on a device for latent caches
@@ -25,12 +27,58 @@ type Attention struct {
 
 	mu      sync.Mutex
 	mirrors map[*dpattn.LatentCache]*mirror
+
+	graphs  bool // replay captured graphs when the step allows
+	allowed atomic.Bool
+	// Replays and Eager count the calls each way.
+	Replays, Eager atomic.Int64
 }
 
 type mirror struct {
-	mu   sync.Mutex
-	buf  Buffer
-	seen []uint64
+	mu     sync.Mutex
+	buf    Buffer
+	seen   []uint64
+	graphs map[attnKey]*attnGraph
+}
+
+// attnKey names a captured decode: the query bucket, the split bucket and
+// the shape the kernels were given.
+type attnKey struct {
+	queries, splits, heads, dv int
+	scale                      float32
+}
+
+// attnGraph is MLA decode for a bucket of queries and splits on fixed
+// buffers, captured as a Graph.
+type attnGraph struct {
+	q, table, lens, partO, partL, o, lse Buffer
+	width                                int // block-table entries per query
+	graph                                Graph
+	bs                                   buffers
+}
+
+// EnableGraphs makes the core replay CUDA graphs: each call padded to a
+// bucket of queries (powers of two) and of KV splits (powers of two), the
+// bucket's decode captured on first use and replayed whenever AllowGraph
+// said yes; eager launches otherwise. Padding queries attend to one row of
+// block 0 and are dropped; padding splits are empty and add exact zeros in
+// the merge, so a replay gives the eager bits.
+func (a *Attention) EnableGraphs() { a.graphs = true }
+
+// AllowGraph is the coordinator's vote for the coming step (every rank in
+// decode or idle): graphs may replay. Ranks sharing the core get the same
+// vote.
+func (a *Attention) AllowGraph(ok bool) { a.allowed.Store(ok) }
+
+var _ moe.GraphVoter = (*Attention)(nil)
+
+// pow2 is the smallest power of two ≥ n (n ≥ 1).
+func pow2(n int) int {
+	b := 1
+	for b < n {
+		b *= 2
+	}
+	return b
 }
 
 var _ dpattn.AttentionCore = (*Attention)(nil)
@@ -45,6 +93,9 @@ func (a *Attention) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for c, m := range a.mirrors {
+		for _, g := range m.graphs {
+			g.close()
+		}
 		a.d.Free(m.buf)
 		delete(a.mirrors, c)
 	}
@@ -103,10 +154,97 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	if len(out) != B*heads*dv {
 		return fmt.Errorf("cuda: attention: out has %d values, want %d × %d × %d", len(out), B, heads, dv)
 	}
+	if a.graphs && a.allowed.Load() && B > 0 {
+		a.Replays.Add(1)
+		return a.replay(m, c, in, out)
+	}
+	a.Eager.Add(1)
 	o, _, err := mlaDecode(a.d, m.buf, c.DType() == kernels.BF16, in)
 	if err != nil {
 		return err
 	}
 	copy(out, o)
 	return nil
+}
+
+// replay runs in on the graph of its bucket, capturing it on first use.
+// The mirror is locked.
+func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) error {
+	B := len(in.SeqLens)
+	maxLen := 1
+	for _, l := range in.SeqLens {
+		maxLen = max(maxLen, int(l))
+	}
+	key := attnKey{queries: pow2(B), splits: pow2((maxLen + in.SplitRows - 1) / in.SplitRows), heads: in.Heads, dv: in.DV,
+		scale: in.Scale}
+	g := m.graphs[key]
+	if g == nil {
+		var err error
+		if g, err = a.capture(m, c, in, key); err != nil {
+			return err
+		}
+		if m.graphs == nil {
+			m.graphs = map[attnKey]*attnGraph{}
+		}
+		m.graphs[key] = g
+	}
+	// Inputs padded to the bucket: zero queries of length one on block 0.
+	q := make([]float32, key.queries*in.Heads*in.D)
+	copy(q, in.Q)
+	table := make([]int32, key.queries*g.width)
+	lens := make([]int32, key.queries)
+	for i := range lens {
+		lens[i] = 1
+		if i < B {
+			copy(table[i*g.width:(i+1)*g.width], in.BlockTable[i*in.MaxBlocks:(i+1)*in.MaxBlocks])
+			lens[i] = in.SeqLens[i]
+		}
+	}
+	for _, f := range []func() error{
+		func() error { return copyIn(a.d, g.q, q) },
+		func() error { return copyIn(a.d, g.table, table) },
+		func() error { return copyIn(a.d, g.lens, lens) },
+		g.graph.Replay,
+		func() error { return download(a.d, g.o, out) }, // the first B queries' rows
+	} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// capture makes the graph of a bucket over the mirror's cache.
+func (a *Attention) capture(m *mirror, c *dpattn.LatentCache, in MLAInput, key attnKey) (*attnGraph, error) {
+	g := &attnGraph{bs: buffers{d: a.d}}
+	// Enough table entries for key.splits splits of SplitRows rows.
+	// (A query of at most that many rows reads no entry past them.)
+	g.width = min(c.NumBlocks(), (key.splits*in.SplitRows+in.BlockSize-1)/in.BlockSize)
+	Q, S := key.queries, key.splits
+	al := g.bs.alloc
+	g.q, g.table, g.lens = al(int64(Q*in.Heads*in.D*4)), al(int64(Q*g.width*4)), al(int64(Q*4))
+	g.partO, g.partL = al(int64(Q*in.Heads*S*in.DV*4)), al(int64(Q*in.Heads*S*4))
+	g.o, g.lse = al(int64(Q*in.Heads*in.DV*4)), al(int64(Q*in.Heads*4))
+	if g.bs.err != nil {
+		g.close()
+		return nil, g.bs.err
+	}
+	bf16 := c.DType() == kernels.BF16
+	graph, err := a.d.Capture(func(d Launcher) error {
+		return d.MLADecode(bf16, g.q, m.buf, g.table, g.lens, Q, in.Heads, in.D, in.DV, in.BlockSize, g.width, in.SplitRows, S,
+			in.Scale, g.partO, g.partL, g.o, g.lse)
+	})
+	if err != nil {
+		g.close()
+		return nil, err
+	}
+	g.graph = graph
+	return g, nil
+}
+
+func (g *attnGraph) close() {
+	if g.graph != nil {
+		g.graph.Close()
+	}
+	g.bs.free()
 }

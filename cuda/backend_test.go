@@ -320,3 +320,47 @@ func TestAttentionOnEmulation(t *testing.T) {
 		})
 	}
 }
+
+// TestAttentionGraphsOnEmulation: replayed graphs of MLA decode (queries
+// and splits padded to their buckets) give the eager bits, across batches
+// of different sizes and sequences that grow into a larger split bucket;
+// a step the vote does not allow runs eagerly.
+func TestAttentionGraphsOnEmulation(t *testing.T) {
+	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+		RopeTheta: 10000, RMSNormEps: 1e-6}
+	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+	require.NoError(t, err)
+	var caches [2]*dpattn.LatentCache
+	var cores [2]*cuda.Attention
+	for i := range caches {
+		caches[i], err = dpattn.NewLatentCache(12, 16, 64, kernels.BF16)
+		require.NoError(t, err)
+		cores[i] = cuda.NewAttention(cuda.NewEmu())
+		defer cores[i].Close()
+		cores[i].SplitRows = 16
+		caches[i].Core = cores[i]
+	}
+	cores[1].EnableGraphs()
+	rng := rand.New(rand.NewPCG(9, 10))
+	for s, n := range []int{5, 62, 17} {
+		rows := make([]float32, n*64)
+		for i := range rows {
+			rows[i] = float32(rng.NormFloat64())
+		}
+		for _, c := range caches {
+			require.NoError(t, c.Append(s, rows))
+		}
+	}
+	steps := [][]int{{0, 1, 2}, {1}, {0, 2}, {1, 2}, {0, 1, 2}, {1}}
+	for step, seqs := range steps {
+		cores[1].AllowGraph(step != 2)
+		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+		want, got := make([]float32, len(x)), make([]float32, len(x))
+		require.NoError(t, blk.Forward(context.Background(), caches[0], seqs, x, want))
+		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
+		require.Equal(t, want, got, "step %d, sequences %v", step, seqs)
+	}
+	require.Equal(t, int64(5), cores[1].Replays.Load())
+	require.Equal(t, int64(1), cores[1].Eager.Load())
+	require.Equal(t, int64(0), cores[0].Replays.Load(), "graphs are off unless enabled")
+}

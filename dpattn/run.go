@@ -30,7 +30,8 @@ type RunConfig struct {
 	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
 	// AttnCore, when set, computes every rank's attention over its cache
 	// (a GPU: cuda.Attention); nil: MLA on the host. The one-rank reference
-	// stays on the host.
+	// stays on the host. A core that is a moe.GraphVoter gets each step's
+	// vote, as the experts' runner does.
 	AttnCore AttentionCore
 }
 
@@ -336,6 +337,9 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 			steps[st] = StepInfo{Counts: plan.Counts, Skip: plan.Skip, GraphOK: plan.GraphOK}
 		}
 		if v, ok := shard.Experts.(moe.GraphVoter); ok {
+			v.AllowGraph(plan.GraphOK)
+		}
+		if v, ok := cfg.AttnCore.(moe.GraphVoter); ok {
 			v.AllowGraph(plan.GraphOK)
 		}
 		if plan.Skip {

@@ -59,13 +59,17 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 
 // deviceExperts opens the device for moex run: every rank's expert shard
 // resident on it and its attention over a synced copy of its cache (the
-// ranks share the device), and what closes it.
+// ranks share the device), with CUDA graphs of both when graphs is set,
+// and what closes it.
 func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), dpattn.AttentionCore, func(), error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	att := cuda.NewAttention(d)
+	if graphs {
+		att.EnableGraphs()
+	}
 	return func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
 		ex, err := cuda.NewExperts(d, shard)
 		if err != nil {

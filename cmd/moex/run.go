@@ -32,7 +32,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	commName := fs.String("comm", "local", "local (ranks as goroutines), mpi (one process per rank under mpirun), or nccl "+
 		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
-	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts when the coordinator's vote allows")
+	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts and of attention when the coordinator's vote allows")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
