@@ -28,6 +28,8 @@ type Attention struct {
 	mu      sync.Mutex
 	mirrors map[*dpattn.LatentCache]*mirror
 
+	proj *projector // made by Projections
+
 	graphs  bool // replay captured graphs when the step allows
 	allowed atomic.Bool
 	// Replays and Eager count the calls each way.
@@ -88,10 +90,13 @@ func NewAttention(d Launcher) *Attention {
 	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}}
 }
 
-// Close frees the device copies of the caches.
+// Close frees the device copies of the caches and of the projections.
 func (a *Attention) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.proj != nil {
+		a.proj.close()
+	}
 	for c, m := range a.mirrors {
 		for _, g := range m.graphs {
 			g.close()

@@ -364,3 +364,89 @@ func TestAttentionGraphsOnEmulation(t *testing.T) {
 	require.Equal(t, int64(1), cores[1].Eager.Load())
 	require.Equal(t, int64(0), cores[0].Replays.Load(), "graphs are off unless enabled")
 }
+
+// TestProjectionsOnEmulation: the device projector against a float64
+// reference over bf16-rounded inputs (as the tensor cores see them): one
+// matrix, and heads whose rows span several GEMM blocks; bad shapes are
+// named.
+func TestProjectionsOnEmulation(t *testing.T) {
+	att := cuda.NewAttention(cuda.NewEmu())
+	defer att.Close()
+	p := att.Projections()
+	rng := rand.New(rand.NewPCG(11, 12))
+	bf := func(v float32) float64 { return float64(half.BF16ToF32(half.F32ToBF16(v))) }
+	for _, c := range []struct{ heads, tokens, n, k int }{{1, 3, 40, 32}, {1, 70, 16, 48}, {3, 70, 24, 16}, {2, 1, 64, 64}} {
+		ws := make([]kernels.Matrix, c.heads)
+		vals := make([][][]float64, c.heads)
+		for h := range ws {
+			ws[h], vals[h] = kerneltest.Weights(rng, kernels.BF16, c.n, c.k)
+		}
+		rows := c.tokens * c.heads
+		x := make([]float32, rows*c.k)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		out := make([]float32, rows*c.n)
+		if c.heads == 1 {
+			require.NoError(t, p.Project(context.Background(), &ws[0], x, out))
+		} else {
+			require.NoError(t, p.ProjectHeads(context.Background(), ws, x, out))
+		}
+		for r := 0; r < rows; r++ {
+			for n := 0; n < c.n; n++ {
+				var want, mag float64
+				for k := 0; k < c.k; k++ {
+					v := bf(x[r*c.k+k]) * vals[r%c.heads][n][k]
+					want += v
+					mag += math.Abs(v)
+				}
+				require.InDelta(t, want, out[r*c.n+n], 1e-5*mag+1e-6, "%+v row %d col %d", c, r, n)
+			}
+		}
+	}
+	w, _ := kerneltest.Weights(rng, kernels.BF16, 16, 20)
+	require.ErrorContains(t, p.Project(context.Background(), &w, make([]float32, 20), make([]float32, 16)),
+		"the device GEMM takes k a positive multiple of 16")
+	w, _ = kerneltest.Weights(rng, kernels.BF16, 16, 32)
+	require.ErrorContains(t, p.Project(context.Background(), &w, make([]float32, 33), make([]float32, 16)),
+		"x has 33 values and out 16")
+}
+
+// TestMLABlockOnEmulation: the whole MLA block with its projections and its
+// attention on the device, against the block on the host: within the
+// bf16 tolerance of the tensor-core path.
+func TestMLABlockOnEmulation(t *testing.T) {
+	cfg := dpattn.AttnConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
+		RopeTheta: 10000, RMSNormEps: 1e-6}
+	r := 32
+	cfg.QLoraRank = &r
+	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 5)
+	require.NoError(t, err)
+	host, err := dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+	require.NoError(t, err)
+	dev, err := dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+	require.NoError(t, err)
+	att := cuda.NewAttention(cuda.NewEmu())
+	defer att.Close()
+	dev.Core, dev.Proj = att, att.Projections()
+	for step := 0; step < 3; step++ {
+		seqs := []int{0, 1, 2}
+		if step == 0 {
+			seqs = []int{0, 0, 0, 1, 1, 2} // an extend: several tokens of a sequence
+		}
+		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+		want, got := make([]float32, len(x)), make([]float32, len(x))
+		require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
+		require.NoError(t, blk.Forward(context.Background(), dev, seqs, x, got))
+		var diff, norm float64
+		for i := range want {
+			d := float64(got[i] - want[i])
+			diff += d * d
+			norm += float64(want[i]) * float64(want[i])
+		}
+		rel := math.Sqrt(diff / norm)
+		t.Logf("step %d: relative error %.2e", step, rel)
+		require.Less(t, rel, 1e-2, "step %d", step)
+		require.Greater(t, rel, 0.0, "the device rounds to bf16: the same bits would mean it did not run")
+	}
+}

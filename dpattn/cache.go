@@ -40,6 +40,51 @@ type LatentCache struct {
 	// Core, when set, computes the attention over this cache (a device
 	// copy of it: cuda.Attention); nil: MLA on the host.
 	Core AttentionCore
+	// Proj, when set, computes the projections of the blocks that run over
+	// this cache (a device: cuda.Attention's Projections); nil: the CPU
+	// kernels.
+	Proj Projector
+}
+
+// A Projector computes an attention block's projections, where it keeps
+// the weights (a GPU holds them resident, keyed by the matrices' addresses,
+// which stay put for the block's life).
+type Projector interface {
+	// Project computes out [rows, n] = x [rows, k] · wᵀ for w [n, k].
+	Project(ctx context.Context, w *kernels.Matrix, x, out []float32) error
+	// ProjectHeads computes out [rows, n] for rows of len(ws) heads each
+	// (row r is head r % len(ws)): out[r] = x[r] · ws[r % len(ws)]ᵀ, every
+	// ws[h] [n, k].
+	ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, out []float32) error
+}
+
+// cpuProjector is the Projector of the CPU kernels.
+type cpuProjector struct{}
+
+func (cpuProjector) Project(_ context.Context, w *kernels.Matrix, x, out []float32) error {
+	kernels.GEMMRows(out, x, nil, *w, nil, 0, w.Rows)
+	return nil
+}
+
+func (cpuProjector) ProjectHeads(_ context.Context, ws []kernels.Matrix, x, out []float32) error {
+	heads := len(ws)
+	if heads == 0 || len(x) == 0 {
+		return nil
+	}
+	k, n := ws[0].Cols, ws[0].Rows
+	rows := len(x) / k
+	idx := make([]int32, rows/heads)
+	tmp := make([]float32, len(idx)*n)
+	for h, w := range ws {
+		for t := range idx {
+			idx[t] = int32(t*heads + h)
+		}
+		kernels.GEMMRows(tmp, x, idx, w, nil, 0, n)
+		for t := range idx {
+			copy(out[(t*heads+h)*n:(t*heads+h+1)*n], tmp[t*n:(t+1)*n])
+		}
+	}
+	return nil
 }
 
 // An AttentionCore computes MLA (the contract of MLA, without lse) over a

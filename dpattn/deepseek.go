@@ -345,24 +345,32 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 	if T == 0 {
 		return nil
 	}
-	all := make([]int32, T)
-	for t := range all {
-		all[t] = int32(t)
+	var proj Projector = cpuProjector{}
+	if cache.Proj != nil {
+		proj = cache.Proj
 	}
 	q := make([]float32, T*nh*qd)
 	if c.QLoraRank == nil {
-		kernels.GEMMRows(q, x, all, b.qProj, nil, 0, b.qProj.Rows)
+		if err := proj.Project(ctx, &b.qProj, x, q); err != nil {
+			return err
+		}
 	} else {
 		r := *c.QLoraRank
 		qa := make([]float32, T*r)
-		kernels.GEMMRows(qa, x, all, b.qA, nil, 0, r)
+		if err := proj.Project(ctx, &b.qA, x, qa); err != nil {
+			return err
+		}
 		for t := 0; t < T; t++ {
 			rmsNorm(qa[t*r:(t+1)*r], b.qANorm, c.RMSNormEps)
 		}
-		kernels.GEMMRows(q, qa, all, b.qB, nil, 0, b.qB.Rows)
+		if err := proj.Project(ctx, &b.qB, qa, q); err != nil {
+			return err
+		}
 	}
 	kv := make([]float32, T*(L+R))
-	kernels.GEMMRows(kv, x, all, b.kvA, nil, 0, L+R)
+	if err := proj.Project(ctx, &b.kvA, x, kv); err != nil {
+		return err
+	}
 	// Cache rows and positions, in token order.
 	queries := make([]Query, T)
 	for t, s := range seqs {
@@ -375,15 +383,24 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 		}
 		queries[t] = Query{Table: cache.BlockTable(s), Len: pos + 1}
 	}
-	// Absorbed queries [T, heads, L+R].
+	// Absorbed queries [T, heads, L+R]: the nope half through each head's
+	// W_UKᵀ, the rope half rotated.
+	qNope := make([]float32, T*nh*c.NopeDim)
+	for th := 0; th < T*nh; th++ {
+		copy(qNope[th*c.NopeDim:(th+1)*c.NopeDim], q[th*qd:th*qd+c.NopeDim])
+	}
+	qLat := make([]float32, T*nh*L)
+	if err := proj.ProjectHeads(ctx, b.wUKT, qNope, qLat); err != nil {
+		return err
+	}
 	qAbs := make([]float32, T*nh*(L+R))
 	for t := 0; t < T; t++ {
 		pos := queries[t].Len - 1
 		for h := 0; h < nh; h++ {
-			qh := q[(t*nh+h)*qd : (t*nh+h+1)*qd]
-			dst := qAbs[(t*nh+h)*(L+R) : (t*nh+h+1)*(L+R)]
-			kernels.GEMMRows(dst[:L], qh[:c.NopeDim], []int32{0}, b.wUKT[h], nil, 0, L)
-			copy(dst[L:], qh[c.NopeDim:])
+			th := t*nh + h
+			dst := qAbs[th*(L+R) : (th+1)*(L+R)]
+			copy(dst[:L], qLat[th*L:(th+1)*L])
+			copy(dst[L:], q[th*qd+c.NopeDim:(th+1)*qd])
 			b.applyRope(dst[L:], pos)
 		}
 	}
@@ -396,11 +413,8 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 		return err
 	}
 	v := make([]float32, T*nh*c.VDim)
-	for t := 0; t < T; t++ {
-		for h := 0; h < nh; h++ {
-			kernels.GEMMRows(v[(t*nh+h)*c.VDim:(t*nh+h+1)*c.VDim], o[(t*nh+h)*L:(t*nh+h+1)*L], []int32{0}, b.wUV[h], nil, 0, c.VDim)
-		}
+	if err := proj.ProjectHeads(ctx, b.wUV, o, v); err != nil {
+		return err
 	}
-	kernels.GEMMRows(out, v, all, b.oProj, nil, 0, H)
-	return nil
+	return proj.Project(ctx, &b.oProj, v, out)
 }

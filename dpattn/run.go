@@ -33,6 +33,10 @@ type RunConfig struct {
 	// stays on the host. A core that is a moe.GraphVoter gets each step's
 	// vote, as the experts' runner does.
 	AttnCore AttentionCore
+	// AttnProj, when set, computes every rank's attention projections (a
+	// GPU: cuda.Attention's Projections); nil: the CPU kernels. The one-rank
+	// reference stays on the host.
+	AttnProj Projector
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -298,7 +302,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	if err != nil {
 		return nil, err
 	}
-	cache.Core = cfg.AttnCore
+	cache.Core, cache.Proj = cfg.AttnCore, cfg.AttnProj
 	for q, l := range sched.requests[r] {
 		if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
 			return nil, err

@@ -28,7 +28,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "", "checkpoint folder for the MoE layer; default: DeepSeek-V2-Lite shapes with random bf16 weights")
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	kvGiB := fs.Float64("kv-budget-gib", 16, "KV-cache memory per rank for the accounting, GiB")
-	backend := fs.String("backend", "cpu", "cpu, or cuda: every rank's MoE experts on the GPU (needs a `make cuda` build)")
+	backend := fs.String("backend", "cpu", "cpu, or cuda: every rank's attention (projections and MLA over a device copy of its cache) and MoE experts on the GPU (needs a `make cuda` build)")
 	commName := fs.String("comm", "local", "local (ranks as goroutines), mpi (one process per rank under mpirun), or nccl "+
 		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
@@ -69,6 +69,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	var experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
 	var attnCore dpattn.AttentionCore
+	var attnProj dpattn.Projector
 	switch *backend {
 	case "cpu":
 	case "cuda":
@@ -78,6 +79,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		}
 		defer closeDev()
 		experts, attnCore = hook, core
+		if p, ok := core.(interface{ Projections() dpattn.Projector }); ok {
+			attnProj = p.Projections() // the attention block's projections there too
+		}
 	default:
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
@@ -116,7 +120,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
 	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
-		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts, AttnCore: attnCore}
+		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts, AttnCore: attnCore, AttnProj: attnProj}
 	var rep *dpattn.RunReport
 	if comm == nil {
 		rep, err = dpattn.Run(ctx, cfg)

@@ -1,0 +1,147 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/kernels"
+)
+
+// projector computes an attention block's projections on a device
+// (dpattn.Projector): each weight matrix, or each stack of per-head
+// matrices, is uploaded as bf16 on first use and kept there by the address
+// the block holds it at; activations are rounded to bf16 on the device
+// (tensor-core numerics) and the grouped GEMM runs with one group per
+// head. Safe for concurrent use.
+type projector struct {
+	d       Launcher
+	mu      sync.Mutex
+	weights map[*kernels.Matrix]Buffer
+	bs      buffers
+}
+
+var _ dpattn.Projector = (*projector)(nil)
+
+// Projections returns the device's projector of attention blocks, shared
+// by every cache that uses this core (set it as the caches' Proj).
+func (a *Attention) Projections() dpattn.Projector {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.proj == nil {
+		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]Buffer{}, bs: buffers{d: a.d}}
+	}
+	return a.proj
+}
+
+func (p *projector) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.bs.free()
+	clear(p.weights)
+}
+
+func (p *projector) Project(ctx context.Context, w *kernels.Matrix, x, out []float32) error {
+	return p.run(ctx, "projection", []kernels.Matrix{*w}, w, x, out)
+}
+
+func (p *projector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, out []float32) error {
+	if len(ws) == 0 {
+		return fmt.Errorf("cuda: head projection: no heads")
+	}
+	return p.run(ctx, "head projection", ws, &ws[0], x, out)
+}
+
+// stack returns the device copy of ws ([heads, n, k] bf16), kept under key.
+func (p *projector) stack(key *kernels.Matrix, ws []kernels.Matrix) (Buffer, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b, ok := p.weights[key]; ok {
+		return b, nil
+	}
+	var rows []uint16
+	for _, w := range ws {
+		rows = append(rows, bf16Rows(w)...)
+	}
+	b, err := upload(p.d, rows)
+	p.bs.put(b, err)
+	if err != nil {
+		return Buffer{}, fmt.Errorf("cuda: uploading a [%d, %d, %d] projection: %w", len(ws), ws[0].Rows, ws[0].Cols, err)
+	}
+	p.weights[key] = b
+	return b, nil
+}
+
+// run computes out[r] = x[r] · ws[r % heads]ᵀ: the rows of each head in a
+// block range of their own (the layout built here), one grouped GEMM.
+func (p *projector) run(ctx context.Context, what string, ws []kernels.Matrix, key *kernels.Matrix, x, out []float32) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	heads := len(ws)
+	N, K := ws[0].Rows, ws[0].Cols
+	for h, w := range ws {
+		if w.Rows != N || w.Cols != K {
+			return fmt.Errorf("cuda: %s: head %d is [%d, %d], head 0 [%d, %d]", what, h, w.Rows, w.Cols, N, K)
+		}
+	}
+	if K == 0 || K%16 != 0 || N == 0 {
+		return fmt.Errorf("cuda: %s: [%d, %d] weights; the device GEMM takes k a positive multiple of 16", what, N, K)
+	}
+	rows := len(x) / K
+	if len(x) != rows*K || rows%heads != 0 || len(out) != rows*N {
+		return fmt.Errorf("cuda: %s: x has %d values and out %d, want rows of %d and %d, a multiple of %d rows",
+			what, len(x), len(out), K, N, heads)
+	}
+	if rows == 0 {
+		return nil
+	}
+	w, err := p.stack(key, ws)
+	if err != nil {
+		return err
+	}
+	T := rows / heads
+	per := (T + gemmBlock - 1) / gemmBlock // blocks per head
+	padded := heads * per * gemmBlock
+	sorted := make([]int32, padded)
+	blockExpert := make([]int32, heads*per)
+	for h := 0; h < heads; h++ {
+		for i := 0; i < per*gemmBlock; i++ {
+			sorted[h*per*gemmBlock+i] = int32(rows) // past the rows: padding
+			if i < T {
+				sorted[h*per*gemmBlock+i] = int32(i*heads + h)
+			}
+		}
+		for b := 0; b < per; b++ {
+			blockExpert[h*per+b] = int32(h)
+		}
+	}
+	bs := &buffers{d: p.d}
+	defer bs.free()
+	xf := bs.put(upload(p.d, x))
+	sb, be := bs.put(upload(p.d, sorted)), bs.put(upload(p.d, blockExpert))
+	xb, c := bs.alloc(int64(rows*K*2)), bs.alloc(int64(padded*N*4))
+	if bs.err != nil {
+		return bs.err
+	}
+	if err := p.d.F32ToBF16(xf, xb, rows*K); err != nil {
+		return err
+	}
+	if err := p.d.GroupedGEMM(xb, w, sb, be, padded, 1, rows, true, N, K, Buffer{}, c); err != nil {
+		return err
+	}
+	cs := make([]float32, padded*N)
+	if err := download(p.d, c, cs); err != nil {
+		return err
+	}
+	for h := 0; h < heads; h++ {
+		for t := 0; t < T; t++ {
+			src := (h*per*gemmBlock + t) * N
+			copy(out[(t*heads+h)*N:(t*heads+h+1)*N], cs[src:src+N])
+		}
+	}
+	return nil
+}
