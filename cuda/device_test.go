@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
@@ -180,5 +181,60 @@ func TestMoEStepGraphOnGPU(t *testing.T) {
 	require.NoError(t, step.Capture())
 	for _, n := range []int{bucket, 7, 1} {
 		run("graph", n)
+	}
+}
+
+// TestMLABlockOnGPU: a DeepSeek-V2-Lite-shaped MLA block with its
+// projections and attention on the GPU against the host block (within the
+// bf16 tolerance), and the attention's graph replays against eager
+// launches (the same bits).
+func TestMLABlockOnGPU(t *testing.T) {
+	d := open(t)
+	cfg := dpattn.DeepSeekV2LiteAttention()
+	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 6)
+	require.NoError(t, err)
+	latent := blk.LatentDim()
+	var caches [3]*dpattn.LatentCache // host, device eager, device graphs
+	for i := range caches {
+		caches[i], err = dpattn.NewLatentCache(64, 64, latent, kernels.BF16)
+		require.NoError(t, err)
+	}
+	for i, graphs := range []bool{false, true} {
+		att := cuda.NewAttention(d)
+		defer att.Close()
+		if graphs {
+			att.EnableGraphs()
+			att.AllowGraph(true)
+		}
+		caches[i+1].Core, caches[i+1].Proj = att, att.Projections()
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for s, n := range []int{100, 700, 33, 1} {
+		rows := make([]float32, n*latent)
+		for i := range rows {
+			rows[i] = float32(rng.NormFloat64())
+		}
+		for _, c := range caches {
+			require.NoError(t, c.Append(s, rows))
+		}
+	}
+	for step := 0; step < 4; step++ {
+		seqs := []int{0, 1, 2, 3}[:1+step%4]
+		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+		var outs [3][]float32
+		for i, c := range caches {
+			outs[i] = make([]float32, len(x))
+			start := time.Now()
+			require.NoError(t, blk.Forward(context.Background(), c, seqs, x, outs[i]))
+			t.Logf("step %d, %d sequences, path %d: %v", step, len(seqs), i, time.Since(start))
+		}
+		ref := make([]float64, len(x))
+		for i, v := range outs[0] {
+			ref[i] = float64(v)
+		}
+		e := moetest.RelErr(outs[1], ref)
+		t.Logf("step %d: relative error %.2e", step, e)
+		require.LessOrEqual(t, e, 1e-2)
+		require.Equal(t, outs[1], outs[2], "step %d: replays give the eager bits", step)
 	}
 }
