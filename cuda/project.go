@@ -22,6 +22,7 @@ type projector struct {
 	mu      sync.Mutex
 	weights map[*kernels.Matrix]Buffer
 	bs      buffers
+	tmp     scratchPool // each call's inputs, layout and outputs
 }
 
 var _ dpattn.Projector = (*projector)(nil)
@@ -32,7 +33,7 @@ func (a *Attention) Projections() dpattn.Projector {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.proj == nil {
-		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]Buffer{}, bs: buffers{d: a.d}}
+		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]Buffer{}, bs: buffers{d: a.d}, tmp: scratchPool{d: a.d}}
 	}
 	return a.proj
 }
@@ -41,6 +42,7 @@ func (p *projector) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.bs.free()
+	p.tmp.free()
 	clear(p.weights)
 }
 
@@ -119,23 +121,28 @@ func (p *projector) run(ctx context.Context, what string, ws []kernels.Matrix, k
 			blockExpert[h*per+b] = int32(h)
 		}
 	}
-	bs := &buffers{d: p.d}
-	defer bs.free()
-	xf := bs.put(upload(p.d, x))
-	sb, be := bs.put(upload(p.d, sorted)), bs.put(upload(p.d, blockExpert))
-	xb, c := bs.alloc(int64(rows*K*2)), bs.alloc(int64(padded*N*4))
-	if bs.err != nil {
-		return bs.err
+	sc := p.tmp.get()
+	defer p.tmp.put(sc)
+	var buf [5]Buffer
+	for i, bytes := range []int64{int64(len(x) * 4), int64(len(sorted) * 4), int64(len(blockExpert) * 4), int64(rows * K * 2),
+		int64(padded * N * 4)} {
+		if buf[i], err = sc.at(i, bytes); err != nil {
+			return err
+		}
 	}
-	if err := p.d.F32ToBF16(xf, xb, rows*K); err != nil {
-		return err
-	}
-	if err := p.d.GroupedGEMM(xb, w, sb, be, padded, 1, rows, true, N, K, Buffer{}, c); err != nil {
-		return err
-	}
+	xf, sb, be, xb, c := buf[0], buf[1], buf[2], buf[3], buf[4]
 	cs := make([]float32, padded*N)
-	if err := download(p.d, c, cs); err != nil {
-		return err
+	for _, f := range []func() error{
+		func() error { return copyIn(p.d, xf, x) },
+		func() error { return copyIn(p.d, sb, sorted) },
+		func() error { return copyIn(p.d, be, blockExpert) },
+		func() error { return p.d.F32ToBF16(xf, xb, rows*K) },
+		func() error { return p.d.GroupedGEMM(xb, w, sb, be, padded, 1, rows, true, N, K, Buffer{}, c) },
+		func() error { return download(p.d, c, cs) },
+	} {
+		if err := f(); err != nil {
+			return err
+		}
 	}
 	for h := 0; h < heads; h++ {
 		for t := 0; t < T; t++ {
