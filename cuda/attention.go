@@ -28,7 +28,8 @@ type Attention struct {
 	mu      sync.Mutex
 	mirrors map[*dpattn.LatentCache]*mirror
 
-	proj *projector // made by Projections
+	proj *projector  // made by Projections
+	tmp  scratchPool // the eager decode's temporaries
 
 	graphs  bool // replay captured graphs when the step allows
 	allowed atomic.Bool
@@ -87,7 +88,7 @@ var _ dpattn.AttentionCore = (*Attention)(nil)
 
 // NewAttention makes the attention core of a device.
 func NewAttention(d Launcher) *Attention {
-	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}}
+	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: scratchPool{d: d}}
 }
 
 // Close frees the device copies of the caches and of the projections.
@@ -97,6 +98,7 @@ func (a *Attention) Close() {
 	if a.proj != nil {
 		a.proj.close()
 	}
+	a.tmp.free()
 	for c, m := range a.mirrors {
 		for _, g := range m.graphs {
 			g.close()
@@ -164,7 +166,9 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 		return a.replay(m, c, in, out)
 	}
 	a.Eager.Add(1)
-	o, _, err := mlaDecode(a.d, m.buf, c.DType() == kernels.BF16, in)
+	sc := a.tmp.get()
+	defer a.tmp.put(sc)
+	o, _, err := mlaDecodeIn(a.d, sc, m.buf, c.DType() == kernels.BF16, in)
 	if err != nil {
 		return err
 	}

@@ -408,6 +408,13 @@ func (in *MLAInput) check(nBlocks int) error {
 // mlaDecode runs a checked batch over a cache already on the device (its
 // Cache fields are not read).
 func mlaDecode(d Launcher, cache Buffer, bf16 bool, in MLAInput) (out, lse []float32, err error) {
+	sc := &scratch{d: d}
+	defer sc.free()
+	return mlaDecodeIn(d, sc, cache, bf16, in)
+}
+
+// mlaDecodeIn is mlaDecode with its device temporaries in sc.
+func mlaDecodeIn(d Launcher, sc *scratch, cache Buffer, bf16 bool, in MLAInput) (out, lse []float32, err error) {
 	B := len(in.SeqLens)
 	maxLen := 1
 	for _, l := range in.SeqLens {
@@ -418,16 +425,22 @@ func mlaDecode(d Launcher, cache Buffer, bf16 bool, in MLAInput) (out, lse []flo
 	if B == 0 {
 		return out, lse, nil
 	}
-	bs := &buffers{d: d}
-	defer bs.free()
-	put := bs.put
-	q := put(upload(d, in.Q))
-	bt, sl := put(upload(d, in.BlockTable)), put(upload(d, in.SeqLens))
-	partO := put(d.Alloc(int64(B * in.Heads * splits * in.DV * 4)))
-	partL := put(d.Alloc(int64(B * in.Heads * splits * 4)))
-	o, l := put(d.Alloc(int64(len(out)*4))), put(d.Alloc(int64(len(lse)*4)))
-	if bs.err != nil {
-		return nil, nil, bs.err
+	var buf [7]Buffer
+	for i, bytes := range []int64{int64(len(in.Q) * 4), int64(len(in.BlockTable) * 4), int64(len(in.SeqLens) * 4),
+		int64(B * in.Heads * splits * in.DV * 4), int64(B * in.Heads * splits * 4), int64(len(out) * 4), int64(len(lse) * 4)} {
+		if buf[i], err = sc.at(i, bytes); err != nil {
+			return nil, nil, err
+		}
+	}
+	q, bt, sl, partO, partL, o, l := buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6]
+	for _, f := range []func() error{
+		func() error { return copyIn(d, q, in.Q) },
+		func() error { return copyIn(d, bt, in.BlockTable) },
+		func() error { return copyIn(d, sl, in.SeqLens) },
+	} {
+		if err := f(); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := d.MLADecode(bf16, q, cache, bt, sl, B, in.Heads, in.D, in.DV, in.BlockSize, in.MaxBlocks,
 		in.SplitRows, splits, in.Scale, partO, partL, o, l); err != nil {
