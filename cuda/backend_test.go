@@ -410,6 +410,10 @@ func TestProjectionsOnEmulation(t *testing.T) {
 	w, _ = kerneltest.Weights(rng, kernels.BF16, 16, 32)
 	require.ErrorContains(t, p.Project(context.Background(), &w, make([]float32, 33), make([]float32, 16)),
 		"x has 33 values and out 16")
+	require.ErrorContains(t, p.ProjectHeads(context.Background(), nil, nil, nil), "head projection: no heads")
+	other, _ := kerneltest.Weights(rng, kernels.BF16, 8, 32)
+	require.ErrorContains(t, p.ProjectHeads(context.Background(), []kernels.Matrix{w, other}, make([]float32, 64), make([]float32, 32)),
+		"head projection: head 1 is [8, 32], head 0 [16, 32]")
 }
 
 // TestMLABlockOnEmulation: the whole MLA block with its projections and its
