@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -38,15 +39,27 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	var mu sync.Mutex
 	var firstErr error
 	// Each matrix has its own stream, so the weights do not depend on the
-	// order the goroutines run in.
-	matrix := func(stream uint64, rows, cols int) kernels.Matrix {
+	// order the goroutines run in. With tmp, the values are made in tmp's
+	// buffers (reused) and the matrix is the packed copy of them; without,
+	// in memory of their own.
+	type scratch struct {
+		f32 []float32
+		u16 []uint16
+	}
+	matrix := func(stream uint64, rows, cols int, tmp *scratch) kernels.Matrix {
 		rng := rand.New(rand.NewPCG(seed, stream))
 		a := 1 / math.Sqrt(float64(cols))
 		var m kernels.Matrix
 		var err error
 		if dtype == kernels.F32 {
-			v := make([]float32, rows*cols)
-			hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v)))
+			var v []float32
+			if tmp != nil {
+				tmp.f32 = slices.Grow(tmp.f32[:0], rows*cols)[:rows*cols]
+				v = tmp.f32
+			} else {
+				v = make([]float32, rows*cols)
+				hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v)))
+			}
 			for i := range v {
 				v[i] = float32((2*rng.Float64() - 1) * a)
 			}
@@ -56,8 +69,14 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 			if dtype == kernels.F16 {
 				conv = half.F32ToF16
 			}
-			v := make([]uint16, rows*cols)
-			hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 2*len(v)))
+			var v []uint16
+			if tmp != nil {
+				tmp.u16 = slices.Grow(tmp.u16[:0], rows*cols)[:rows*cols]
+				v = tmp.u16
+			} else {
+				v = make([]uint16, rows*cols)
+				hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 2*len(v)))
+			}
 			for i := range v {
 				v[i] = conv(float32((2*rng.Float64() - 1) * a))
 			}
@@ -68,6 +87,9 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 			firstErr = err
 			mu.Unlock()
 		}
+		if tmp != nil {
+			m = kernels.Pack(m) // a copy: tmp is reused
+		}
 		return m
 	}
 	var w Weights
@@ -76,13 +98,15 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	var wg sync.WaitGroup
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
+			// Where layers pack their experts, each worker makes the values
+			// in one reused buffer and keeps only the packed copies.
+			var tmp *scratch
+			if kernels.PacksWeights() {
+				tmp = new(scratch)
+			}
 			for e := range jobs {
 				s := uint64(e+1) * 4
-				x := Expert{Gate: matrix(s, cfg.Inter, H), Up: matrix(s+1, cfg.Inter, H), Down: matrix(s+2, H, cfg.Inter)}
-				if kernels.PacksWeights() { // now, so that the row-major copy is garbage at once
-					x = Expert{Gate: kernels.Pack(x.Gate), Up: kernels.Pack(x.Up), Down: kernels.Pack(x.Down)}
-				}
-				w.Experts[e] = x
+				w.Experts[e] = Expert{Gate: matrix(s, cfg.Inter, H, tmp), Up: matrix(s+1, cfg.Inter, H, tmp), Down: matrix(s+2, H, cfg.Inter, tmp)}
 			}
 		})
 	}
@@ -91,11 +115,11 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	}
 	close(jobs)
 	wg.Wait()
-	w.Gate = matrix(1, cfg.NumExperts, H)
+	w.Gate = matrix(1, cfg.NumExperts, H, nil)
 	if cfg.SharedInter > 0 {
-		w.Shared = &Expert{Gate: matrix(2, cfg.SharedInter, H), Up: matrix(3, cfg.SharedInter, H), Down: matrix(0, H, cfg.SharedInter)}
+		w.Shared = &Expert{Gate: matrix(2, cfg.SharedInter, H, nil), Up: matrix(3, cfg.SharedInter, H, nil), Down: matrix(0, H, cfg.SharedInter, nil)}
 		if cfg.SharedGate {
-			g := matrix(1<<32, 1, H)
+			g := matrix(1<<32, 1, H, nil)
 			w.SharedGate = &g
 		}
 	}
