@@ -27,6 +27,7 @@ type Experts struct {
 	graphs  bool // replay captured graphs when the step allows
 	allowed bool
 	buckets map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
+	tmp     scratchPool        // the eager path's temporaries
 	// Replays and Eager count the calls each way.
 	Replays, Eager int
 }
@@ -78,7 +79,7 @@ func NewExperts(d Launcher, l *moe.Layer) (*Experts, error) {
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: experts: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
-	x := &Experts{dev: d, hidden: c.Hidden, inter: c.Inter, slot: map[int]int{}, bs: buffers{d: d}}
+	x := &Experts{dev: d, hidden: c.Hidden, inter: c.Inter, slot: map[int]int{}, bs: buffers{d: d}, tmp: scratchPool{d: d}}
 	var gate, up, down []uint16
 	for e := 0; e < c.NumExperts; e++ {
 		w, ok := l.Expert(e)
@@ -109,6 +110,7 @@ func (x *Experts) Close() {
 		b.close()
 	}
 	x.buckets = nil
+	x.tmp.free()
 	x.bs.free()
 }
 
@@ -148,8 +150,10 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 		return x.runBucket(1, 1, x.sharedInter, xs, shared, func(int) int { return 0 }, x.sGate, x.sUp, x.sDown)
 	}
 	x.Eager++
-	if err := runGroups(x.dev, xs, H, x.inter, slots, routed, routedSlot, x.gate, x.up, x.down); err != nil {
+	sc := x.tmp.get()
+	defer x.tmp.put(sc)
+	if err := runGroups(x.dev, sc, xs, H, x.inter, slots, routed, routedSlot, x.gate, x.up, x.down); err != nil {
 		return err
 	}
-	return runGroups(x.dev, xs, H, x.sharedInter, 1, shared, func(int) int { return 0 }, x.sGate, x.sUp, x.sDown)
+	return runGroups(x.dev, sc, xs, H, x.sharedInter, 1, shared, func(int) int { return 0 }, x.sGate, x.sUp, x.sDown)
 }

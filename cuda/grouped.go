@@ -65,15 +65,18 @@ func GroupedFFN(d Launcher, x []float32, groups []kernels.FFNGroup) error {
 	if bs.err != nil {
 		return bs.err
 	}
-	return runGroups(d, x, H, I, len(groups), groups, func(i int) int { return i }, wg, wu, wd)
+	sc := &scratch{d: d}
+	defer sc.free()
+	return runGroups(d, sc, x, H, I, len(groups), groups, func(i int) int { return i }, wg, wu, wd)
 }
 
 // runGroups runs the groups' FFNs on weights stacked in device buffers
 // (gate and up [slots, inter, hidden], down [slots, hidden, inter]; group
 // i uses slot(i)): the named rows batched, the layout built by the align
 // kernel, the fused SwiGLU GEMM, the weighted down GEMM, and the rows back
-// into each group's Out. Shapes are the caller's to check.
-func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGroup, slot func(i int) int, gate, up, down Buffer) error {
+// into each group's Out, its temporaries in sc. Shapes are the caller's to
+// check.
+func runGroups(d Launcher, sc *scratch, x []float32, H, I, slots int, groups []kernels.FFNGroup, slot func(i int) int, gate, up, down Buffer) error {
 	P := 0
 	for _, g := range groups {
 		P += len(g.Rows)
@@ -96,17 +99,29 @@ func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGro
 			scale = append(scale, s)
 		}
 	}
-	bs := &buffers{d: d}
-	defer bs.free()
-	put, alloc := bs.put, bs.alloc
-	xf := put(upload(d, xs))
-	idb, sb := put(upload(d, ids)), put(upload(d, scale))
+	var err error
+	alloc := func(i int, bytes int64) Buffer {
+		b, e := sc.at(i, bytes)
+		if e != nil && err == nil {
+			err = e
+		}
+		return b
+	}
 	maxRows := P + slots*(gemmBlock-1)
-	xb := alloc(int64(P * H * 2))
-	counts, offsets := alloc(int64(slots*4)), alloc(int64((slots+1)*4))
-	sorted, blockExpert, rows := alloc(int64(maxRows*4)), alloc(int64((maxRows/gemmBlock+1)*4)), alloc(int64(P*4))
-	if bs.err != nil {
-		return bs.err
+	xf, idb, sb, xb := alloc(0, int64(len(xs)*4)), alloc(1, int64(P*4)), alloc(2, int64(P*4)), alloc(3, int64(P*H*2))
+	counts, offsets := alloc(4, int64(slots*4)), alloc(5, int64((slots+1)*4))
+	sorted, blockExpert, rows := alloc(6, int64(maxRows*4)), alloc(7, int64((maxRows/gemmBlock+1)*4)), alloc(8, int64(P*4))
+	if err != nil {
+		return err
+	}
+	for _, f := range []func() error{
+		func() error { return copyIn(d, xf, xs) },
+		func() error { return copyIn(d, idb, ids) },
+		func() error { return copyIn(d, sb, scale) },
+	} {
+		if err := f(); err != nil {
+			return err
+		}
 	}
 	if err := d.F32ToBF16(xf, xb, P*H); err != nil {
 		return err
@@ -119,9 +134,9 @@ func runGroups(d Launcher, x []float32, H, I, slots int, groups []kernels.FFNGro
 		return err
 	}
 	padded := int(off[slots])
-	h, hb, out := alloc(int64(padded*I*4)), alloc(int64(padded*I*2)), alloc(int64(padded*H*4))
-	if bs.err != nil {
-		return bs.err
+	h, hb, out := alloc(9, int64(padded*I*4)), alloc(10, int64(padded*I*2)), alloc(11, int64(padded*H*4))
+	if err != nil {
+		return err
 	}
 	if err := d.GroupedSwiGLU(xb, gate, up, sorted, blockExpert, padded, 1, P, I, H, h); err != nil {
 		return err
