@@ -47,8 +47,8 @@ type mirror struct {
 // attnKey names a captured decode: the query bucket, the split bucket and
 // the shape the kernels were given.
 type attnKey struct {
-	queries, splits, heads, dv int
-	scale                      float32
+	queries, splits, splitRows, heads, dv int
+	scale                                 float32
 }
 
 // attnGraph is MLA decode for a bucket of queries and splits on fixed
@@ -63,14 +63,16 @@ type attnGraph struct {
 // EnableGraphs makes the core replay CUDA graphs: each call padded to a
 // bucket of queries (powers of two) and of KV splits (powers of two), the
 // bucket's decode captured on first use and replayed whenever AllowGraph
-// said yes; eager launches otherwise. Padding queries attend to one row of
-// block 0 and are dropped; padding splits are empty and add exact zeros in
-// the merge, so a replay gives the eager bits.
+// said yes; eager launches otherwise (and for a bucket whose capture
+// failed). Padding queries repeat the first query and are dropped; padding
+// splits are empty and add exact zeros in the merge, so a replay gives the
+// eager bits. Each bucket keeps buffers of its own for the core's life.
 func (a *Attention) EnableGraphs() { a.graphs = true }
 
 // AllowGraph is the coordinator's vote for the coming step (every rank in
-// decode or idle): graphs may replay. Ranks sharing the core get the same
-// vote.
+// decode or idle): graphs may replay. Ranks sharing the core each pass the
+// same vote; the last one stands, which is harmless either way since a
+// replay gives the eager bits.
 func (a *Attention) AllowGraph(ok bool) { a.allowed.Store(ok) }
 
 var _ moe.GraphVoter = (*Attention)(nil)
@@ -101,7 +103,9 @@ func (a *Attention) Close() {
 	a.tmp.free()
 	for c, m := range a.mirrors {
 		for _, g := range m.graphs {
-			g.close()
+			if g != nil { // nil: a bucket that could not be captured
+				g.close()
+			}
 		}
 		a.d.Free(m.buf)
 		delete(a.mirrors, c)
@@ -162,8 +166,10 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 		return fmt.Errorf("cuda: attention: out has %d values, want %d × %d × %d", len(out), B, heads, dv)
 	}
 	if a.graphs && a.allowed.Load() && B > 0 {
-		a.Replays.Add(1)
-		return a.replay(m, c, in, out)
+		if ok, err := a.replay(m, c, in, out); ok || err != nil {
+			a.Replays.Add(1)
+			return err
+		}
 	}
 	a.Eager.Add(1)
 	sc := a.tmp.get()
@@ -176,38 +182,44 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	return nil
 }
 
-// replay runs in on the graph of its bucket, capturing it on first use.
-// The mirror is locked.
-func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) error {
+// replay runs in on the graph of its bucket, capturing it on first use,
+// and says whether it did: a bucket that cannot be captured (no memory for
+// its buffers, say) is remembered and left to the eager path. The mirror is
+// locked.
+func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) (bool, error) {
 	B := len(in.SeqLens)
 	maxLen := 1
 	for _, l := range in.SeqLens {
 		maxLen = max(maxLen, int(l))
 	}
-	key := attnKey{queries: pow2(B), splits: pow2((maxLen + in.SplitRows - 1) / in.SplitRows), heads: in.Heads, dv: in.DV,
-		scale: in.Scale}
-	g := m.graphs[key]
-	if g == nil {
+	key := attnKey{queries: pow2(B), splits: pow2((maxLen + in.SplitRows - 1) / in.SplitRows), splitRows: in.SplitRows,
+		heads: in.Heads, dv: in.DV, scale: in.Scale}
+	g, seen := m.graphs[key]
+	if !seen {
 		var err error
 		if g, err = a.capture(m, c, in, key); err != nil {
-			return err
+			g = nil // eager from now on for this bucket
 		}
 		if m.graphs == nil {
 			m.graphs = map[attnKey]*attnGraph{}
 		}
 		m.graphs[key] = g
 	}
-	// Inputs padded to the bucket: zero queries of length one on block 0.
+	if g == nil {
+		return false, nil
+	}
+	// Inputs padded to the bucket: copies of the first query, dropped.
 	q := make([]float32, key.queries*in.Heads*in.D)
 	copy(q, in.Q)
 	table := make([]int32, key.queries*g.width)
 	lens := make([]int32, key.queries)
 	for i := range lens {
-		lens[i] = 1
-		if i < B {
-			copy(table[i*g.width:(i+1)*g.width], in.BlockTable[i*in.MaxBlocks:(i+1)*in.MaxBlocks])
-			lens[i] = in.SeqLens[i]
+		j := i // the query whose table and length row i takes
+		if i >= B {
+			j = 0
 		}
+		copy(table[i*g.width:(i+1)*g.width], in.BlockTable[j*in.MaxBlocks:(j+1)*in.MaxBlocks])
+		lens[i] = in.SeqLens[j]
 	}
 	for _, f := range []func() error{
 		func() error { return copyIn(a.d, g.q, q) },
@@ -217,10 +229,10 @@ func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []
 		func() error { return download(a.d, g.o, out) }, // the first B queries' rows
 	} {
 		if err := f(); err != nil {
-			return err
+			return true, err
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // capture makes the graph of a bucket over the mirror's cache.

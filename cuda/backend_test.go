@@ -4,6 +4,7 @@ package cuda_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -411,6 +412,10 @@ func TestProjectionsOnEmulation(t *testing.T) {
 	require.ErrorContains(t, p.Project(context.Background(), &w, make([]float32, 33), make([]float32, 16)),
 		"x has 33 values and out 16")
 	require.ErrorContains(t, p.ProjectHeads(context.Background(), nil, nil, nil), "head projection: no heads")
+	pair := []kernels.Matrix{w, w}
+	require.NoError(t, p.Project(context.Background(), &pair[0], make([]float32, 32), make([]float32, 16)))
+	require.ErrorContains(t, p.ProjectHeads(context.Background(), pair, make([]float32, 64), make([]float32, 32)),
+		"are on the device as 1 × [16, 32], asked for as 2 × [16, 32]")
 	other, _ := kerneltest.Weights(rng, kernels.BF16, 8, 32)
 	require.ErrorContains(t, p.ProjectHeads(context.Background(), []kernels.Matrix{w, other}, make([]float32, 64), make([]float32, 32)),
 		"head projection: head 1 is [8, 32], head 0 [16, 32]")
@@ -453,4 +458,48 @@ func TestMLABlockOnEmulation(t *testing.T) {
 		require.Less(t, rel, 1e-2, "step %d", step)
 		require.Greater(t, rel, 0.0, "the device rounds to bf16: the same bits would mean it did not run")
 	}
+}
+
+// noGraphs is a device whose captures fail (no memory for a graph, say),
+// counting the attempts.
+type noGraphs struct {
+	cuda.Launcher
+	tries *int
+}
+
+func (g noGraphs) Capture(func(cuda.Launcher) error) (cuda.Graph, error) {
+	*g.tries++
+	return nil, errors.New("no graphs here")
+}
+
+// TestAttentionGraphCaptureFails: a bucket that cannot be captured runs
+// eagerly, with the eager results, and its capture is not tried again.
+func TestAttentionGraphCaptureFails(t *testing.T) {
+	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+		RopeTheta: 10000, RMSNormEps: 1e-6}
+	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+	require.NoError(t, err)
+	var caches [2]*dpattn.LatentCache
+	captures := 0
+	var cores [2]*cuda.Attention
+	for i, d := range []cuda.Launcher{cuda.NewEmu(), noGraphs{cuda.NewEmu(), &captures}} {
+		caches[i], err = dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+		require.NoError(t, err)
+		cores[i] = cuda.NewAttention(d)
+		defer cores[i].Close()
+		caches[i].Core = cores[i]
+	}
+	cores[1].EnableGraphs()
+	cores[1].AllowGraph(true)
+	for step := 0; step < 3; step++ {
+		seqs := []int{0, 1}
+		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+		want, got := make([]float32, len(x)), make([]float32, len(x))
+		require.NoError(t, blk.Forward(context.Background(), caches[0], seqs, x, want))
+		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
+		require.Equal(t, want, got, "step %d", step)
+	}
+	require.Equal(t, int64(0), cores[1].Replays.Load())
+	require.Equal(t, int64(3), cores[1].Eager.Load())
+	require.Equal(t, 1, captures, "one bucket, tried once")
 }

@@ -199,12 +199,14 @@ func TestMLABlockOnGPU(t *testing.T) {
 		caches[i], err = dpattn.NewLatentCache(64, 64, latent, kernels.BF16)
 		require.NoError(t, err)
 	}
+	var graphCore *cuda.Attention
 	for i, graphs := range []bool{false, true} {
 		att := cuda.NewAttention(d)
 		defer att.Close()
 		if graphs {
 			att.EnableGraphs()
 			att.AllowGraph(true)
+			graphCore = att
 		}
 		caches[i+1].Core, caches[i+1].Proj = att, att.Projections()
 	}
@@ -237,4 +239,5 @@ func TestMLABlockOnGPU(t *testing.T) {
 		require.LessOrEqual(t, e, 1e-2)
 		require.Equal(t, outs[1], outs[2], "step %d: replays give the eager bits", step)
 	}
+	require.Equal(t, int64(4), graphCore.Replays.Load(), "every step replayed")
 }

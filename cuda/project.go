@@ -20,12 +20,18 @@ import (
 type projector struct {
 	d       Launcher
 	mu      sync.Mutex
-	weights map[*kernels.Matrix]Buffer
+	weights map[*kernels.Matrix]resident
 	bs      buffers
 	tmp     scratchPool // each call's inputs, layout and outputs
 }
 
 var _ dpattn.Projector = (*projector)(nil)
+
+// resident is a weight stack on the device and its shape.
+type resident struct {
+	buf               Buffer
+	heads, rows, cols int
+}
 
 // Projections returns the device's projector of attention blocks, shared
 // by every cache that uses this core (set it as the caches' Proj).
@@ -33,7 +39,7 @@ func (a *Attention) Projections() dpattn.Projector {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.proj == nil {
-		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]Buffer{}, bs: buffers{d: a.d}, tmp: scratchPool{d: a.d}}
+		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]resident{}, bs: buffers{d: a.d}, tmp: scratchPool{d: a.d}}
 	}
 	return a.proj
 }
@@ -61,8 +67,13 @@ func (p *projector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, ou
 func (p *projector) stack(key *kernels.Matrix, ws []kernels.Matrix) (Buffer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if b, ok := p.weights[key]; ok {
-		return b, nil
+	want := resident{heads: len(ws), rows: ws[0].Rows, cols: ws[0].Cols}
+	if r, ok := p.weights[key]; ok {
+		if r.heads != want.heads || r.rows != want.rows || r.cols != want.cols {
+			return Buffer{}, fmt.Errorf("cuda: the weights at %p are on the device as %d × [%d, %d], asked for as %d × [%d, %d]",
+				key, r.heads, r.rows, r.cols, want.heads, want.rows, want.cols)
+		}
+		return r.buf, nil
 	}
 	var rows []uint16
 	for _, w := range ws {
@@ -73,7 +84,8 @@ func (p *projector) stack(key *kernels.Matrix, ws []kernels.Matrix) (Buffer, err
 	if err != nil {
 		return Buffer{}, fmt.Errorf("cuda: uploading a [%d, %d, %d] projection: %w", len(ws), ws[0].Rows, ws[0].Cols, err)
 	}
-	p.weights[key] = b
+	want.buf = b
+	p.weights[key] = want
 	return b, nil
 }
 
