@@ -321,6 +321,39 @@ func NewRandomMLABlock(cfg AttnConfig, dtype kernels.DType, seed uint64) (*MLABl
 // HiddenSize is the model width.
 func (b *MLABlock) HiddenSize() int { return b.Cfg.Hidden }
 
+// matrices lists the block's projection weights.
+func (b *MLABlock) matrices() []kernels.Matrix {
+	ms := []kernels.Matrix{b.qProj, b.qA, b.qB, b.kvA, b.oProj}
+	ms = append(ms, b.wUKT...)
+	return append(ms, b.wUV...)
+}
+
+// WeightBytes is the bytes of the block's projection weights in their
+// stored dtypes: what a step reads of them.
+func (b *MLABlock) WeightBytes() int64 {
+	var n int64
+	for _, m := range b.matrices() {
+		if m.Rows > 0 {
+			n += int64(m.Rows) * int64(m.Cols) * int64(m.DType.Size())
+		}
+	}
+	return n
+}
+
+// DecodeFLOPs is the floating-point work of a step of tokens queries, each
+// attending over context cached rows: the projections, and per head the
+// scores over kv_lora_rank + rope values and the weighted sum of
+// kv_lora_rank.
+func (b *MLABlock) DecodeFLOPs(tokens, context int) float64 {
+	var params float64
+	for _, m := range b.matrices() {
+		params += float64(m.Rows) * float64(m.Cols)
+	}
+	c := b.Cfg
+	attend := 2 * float64(c.Heads) * float64(context) * float64(2*c.KVLoraRank+c.RopeDim)
+	return float64(tokens) * (2*params + attend)
+}
+
 // LatentDim is the cached row width: kv_lora_rank + qk_rope_head_dim.
 func (b *MLABlock) LatentDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
 

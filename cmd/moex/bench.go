@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
@@ -25,6 +26,8 @@ const benchUsage = `usage:
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
   moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16]
                  [--threads T[,...]] [--impl ...] [--format table|json]
+  moex bench mla (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] --context C[,...]
+                 [--threads T[,...]] [--impl ...] [--format table|json]   a decode step of the MLA block
   moex bench ep [--ranks 1,2,4,8] [--tokens 16,128,1024]   dispatch+combine of a DeepSeek-V2-Lite-shaped
                  layer over in-process ranks, against a memcpy of the same bytes
   moex bench membw   the memory-bandwidth probe alone
@@ -98,7 +101,7 @@ func intList(s, name string) ([]int, error) {
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, ep or membw", errUsage)
+		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, mla, ep or membw", errUsage)
 	}
 	opts := &benchOpts{stderr: stderr, start: time.Now()}
 	var results []benchResult
@@ -108,6 +111,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		results, err = benchGroupedGEMM(args[1:], opts)
 	case "moe":
 		results, err = benchMoE(args[1:], opts)
+	case "mla":
+		results, err = benchMLA(args[1:], opts)
 	case "ep":
 		results, err = benchEP(args[1:], opts)
 	case "membw":
@@ -119,7 +124,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, ep, membw)", errUsage, args[0])
+		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, mla, ep, membw)", errUsage, args[0])
 	}
 	if err != nil {
 		return err
@@ -404,6 +409,104 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		})
 		if err != nil {
 			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// benchMLA times a decode step of the MLA block (bf16 latent cache): tokens
+// sequences of context cached rows each take one token, projections and
+// attention; bytes are the projection weights and the cache rows read.
+func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
+	fs := flag.NewFlagSet("bench mla", flag.ContinueOnError)
+	model := fs.String("model", "", "checkpoint folder")
+	layerIdx := fs.Int("layer", 1, "layer of --model")
+	preset := fs.String("preset", "", "built-in shape with random bf16 weights: deepseek-v2-lite")
+	tokens := fs.String("tokens", "1,16", "sequences decoding a token each, comma-separated list")
+	contexts := fs.String("context", "512,4096", "cached rows per sequence, comma-separated list")
+	seed := fs.Uint64("seed", 1, "seed of random weights, cache rows and inputs")
+	finish := o.register(fs)
+	if err := parseFlags(fs, args, o.stderr); err != nil {
+		return nil, err
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	ts, err := intList(*tokens, "--tokens")
+	if err != nil {
+		return nil, err
+	}
+	cs, err := intList(*contexts, "--context")
+	if err != nil {
+		return nil, err
+	}
+	if slices.Min(ts) < 1 || slices.Min(cs) < 0 {
+		return nil, fmt.Errorf("%w: bench mla: --tokens must be positive and --context not negative", errUsage)
+	}
+	var blk *dpattn.MLABlock
+	var name string
+	switch {
+	case *model != "" && *preset != "":
+		return nil, fmt.Errorf("%w: bench mla: give --model or --preset, not both", errUsage)
+	case *model != "":
+		if blk, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
+			return nil, err
+		}
+		defer blk.Close()
+		name = fmt.Sprintf("%s:%d", *model, *layerIdx)
+	case *preset == "deepseek-v2-lite":
+		if blk, err = dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, *seed); err != nil {
+			return nil, err
+		}
+		name = "deepseek-v2-lite"
+	default:
+		return nil, fmt.Errorf("%w: bench mla: --model DIR or --preset deepseek-v2-lite is required", errUsage)
+	}
+	probe := memoryBandwidth()
+	rng := rand.New(rand.NewPCG(*seed, 11))
+	const blockRows = 64
+	latent := blk.LatentDim()
+	var results []benchResult
+	for _, C := range cs {
+		for _, T := range ts {
+			x := make([]float32, T*blk.HiddenSize())
+			for i := range x {
+				x[i] = 2*rng.Float32() - 1
+			}
+			out := make([]float32, len(x))
+			seqs := make([]int, T)
+			for i := range seqs {
+				seqs[i] = i
+			}
+			label := fmt.Sprintf("%s T=%d ctx=%d", name, T, C)
+			bytes := blk.WeightBytes() + int64(T)*int64(C)*int64(latent)*2
+			err := o.forEachSetting(func(impl string, threads int) error {
+				// A fresh cache per setting, with room for every timed step
+				// (each appends a row to every sequence).
+				per := (C + o.maxRuns + 1 + blockRows - 1) / blockRows
+				cache, err := dpattn.NewLatentCache(T*per, blockRows, latent, kernels.BF16)
+				if err != nil {
+					return err
+				}
+				rows := make([]float32, C*latent)
+				for s := range seqs {
+					for i := range rows {
+						rows[i] = float32(rng.NormFloat64())
+					}
+					if err := cache.Append(s, rows); err != nil {
+						return err
+					}
+				}
+				times, err := o.time(label+" "+impl, func() error { return blk.Forward(context.Background(), cache, seqs, x, out) })
+				if err != nil {
+					return err
+				}
+				results = append(results, makeResult("mla", label, impl, "bf16", threads, times, blk.DecodeFLOPs(T, C), bytes, probe))
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	return results, nil

@@ -202,6 +202,23 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.Contains(t, out, "T=3")
 	require.Contains(t, out, "memory read-bandwidth probe")
 
+	out, _, err = runCLI("bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "1,2", "--context", "0,70", "--min-time", "0",
+		"--max-runs", "2", "--format", "json")
+	require.NoError(t, err)
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 4)
+	for _, line := range lines {
+		var r benchResult
+		require.NoError(t, json.Unmarshal([]byte(line), &r))
+		require.Equal(t, "mla", r.Bench)
+		require.Positive(t, r.GFLOPS)
+		require.Positive(t, r.Bytes)
+	}
+	_, _, err = runCLI("bench", "mla", "--min-time", "0")
+	require.ErrorContains(t, err, "bench mla: --model DIR or --preset deepseek-v2-lite is required")
+	_, _, err = runCLI("bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "0")
+	require.ErrorContains(t, err, "--tokens must be positive")
+
 	out, _, err = runCLI("bench", "ep", "--ranks", "1,3", "--tokens", "0,2", "--min-time", "0", "--max-runs", "1", "--format", "json")
 	require.NoError(t, err)
 	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 4)
