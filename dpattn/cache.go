@@ -58,30 +58,45 @@ type Projector interface {
 	ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, out []float32) error
 }
 
-// cpuProjector is the Projector of the CPU kernels.
+// cpuProjector is the Projector of the CPU kernels, each projection's
+// column tiles (and heads) spread over GOMAXPROCS goroutines.
 type cpuProjector struct{}
 
-func (cpuProjector) Project(_ context.Context, w *kernels.Matrix, x, out []float32) error {
-	kernels.GEMMRows(out, x, nil, *w, nil, 0, w.Rows)
-	return nil
+func (cpuProjector) Project(ctx context.Context, w *kernels.Matrix, x, out []float32) error {
+	if w.Cols == 0 {
+		clear(out)
+		return nil
+	}
+	rows := make([]int32, len(x)/w.Cols)
+	for r := range rows {
+		rows[r] = int32(r)
+	}
+	return kernels.GroupedGEMM(ctx, 0, x, []kernels.GEMMGroup{{B: *w, Rows: rows, Out: out}})
 }
 
-func (cpuProjector) ProjectHeads(_ context.Context, ws []kernels.Matrix, x, out []float32) error {
+func (cpuProjector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, out []float32) error {
 	heads := len(ws)
-	if heads == 0 || len(x) == 0 {
+	if heads == 0 || len(x) == 0 || ws[0].Cols == 0 {
+		clear(out)
 		return nil
 	}
 	k, n := ws[0].Cols, ws[0].Rows
-	rows := len(x) / k
-	idx := make([]int32, rows/heads)
-	tmp := make([]float32, len(idx)*n)
+	T := len(x) / k / heads
+	groups := make([]kernels.GEMMGroup, heads)
+	tmp := make([]float32, heads*T*n)
 	for h, w := range ws {
-		for t := range idx {
-			idx[t] = int32(t*heads + h)
+		rows := make([]int32, T)
+		for t := range rows {
+			rows[t] = int32(t*heads + h)
 		}
-		kernels.GEMMRows(tmp, x, idx, w, nil, 0, n)
-		for t := range idx {
-			copy(out[(t*heads+h)*n:(t*heads+h+1)*n], tmp[t*n:(t+1)*n])
+		groups[h] = kernels.GEMMGroup{B: w, Rows: rows, Out: tmp[h*T*n : (h+1)*T*n]}
+	}
+	if err := kernels.GroupedGEMM(ctx, 0, x, groups); err != nil {
+		return err
+	}
+	for h := range groups {
+		for t := 0; t < T; t++ {
+			copy(out[(t*heads+h)*n:(t*heads+h+1)*n], tmp[(h*T+t)*n:(h*T+t+1)*n])
 		}
 	}
 	return nil

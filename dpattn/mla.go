@@ -128,50 +128,59 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 
 // attendChunk computes one query's attention over cached rows [r0, r1):
 // o [heads, dv] normalised within the chunk and lse [heads] of the chunk,
-// with an online softmax over the blocks.
+// with an online softmax over the blocks: each block's scores (one GEMM of
+// the heads' queries with its rows), the running maximum and sum rescaled
+// once per block, and the block's values weighted by one GEMM of the heads'
+// probabilities with its rows' first dv columns.
 func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, scale float32, o []float32, lse []float64) {
-	bs, D := kv.BlockSize(), kv.Dim()
+	bs := kv.BlockSize()
 	scores := make([]float32, heads*bs)
+	probs := make([]float32, heads*bs)
+	part := make([]float32, heads*dv)
 	m := make([]float64, heads)
 	l := make([]float64, heads)
 	for h := range m {
 		m[h] = math.Inf(-1)
 	}
 	clear(o)
-	v := make([]float32, D)
-	p := make([]float32, heads)
+	var values kernels.Matrix
 	for r := r0; r < r1; {
 		blk := kv.Block(int(table[r/bs]))
 		lo := r % bs
 		hi := min(bs, lo+(r1-r))
+		n := hi - lo
 		kernels.Down(scores, q, blk, nil, lo, hi) // scores[h, j] = q[h]·row j
-		for j := lo; j < hi; j++ {
-			blk.RowF32(j, v)
-			for h := 0; h < heads; h++ {
-				s := float64(scale * scores[h*bs+j])
-				if s > m[h] { // rescale what came before
-					c := math.Exp(m[h] - s)
-					l[h] *= c
-					oh := o[h*dv : (h+1)*dv]
-					cf := float32(c)
-					for x := range oh {
-						oh[x] *= cf
-					}
-					m[h] = s
-				}
-				e := math.Exp(s - m[h])
-				l[h] += e
-				p[h] = float32(e)
+		for h := 0; h < heads; h++ {
+			sh := scores[h*bs+lo : h*bs+hi]
+			top := m[h]
+			for _, v := range sh {
+				top = math.Max(top, float64(scale*v))
 			}
-			for h := 0; h < heads; h++ {
+			if top > m[h] { // rescale what came before
+				c := math.Exp(m[h] - top)
+				l[h] *= c
 				oh := o[h*dv : (h+1)*dv]
-				ph := p[h]
+				cf := float32(c)
 				for x := range oh {
-					oh[x] += float32(ph * v[x])
+					oh[x] *= cf
 				}
+				m[h] = top
+			}
+			ph := probs[h*n : (h+1)*n]
+			for j, v := range sh {
+				e := math.Exp(float64(scale*v) - m[h])
+				l[h] += e
+				ph[j] = float32(e)
 			}
 		}
-		r += hi - lo
+		// part[h, x] = Σ_j probs[h, j] · row j [x]: the rows' value columns
+		// packed as the weights of a GEMM over the block's rows.
+		values = kernels.PackColumns(blk, lo, hi, dv, values)
+		kernels.GEMMRows(part, probs[:heads*n], nil, values, nil, 0, dv)
+		for x, v := range part {
+			o[x] += v
+		}
+		r += n
 	}
 	for h := 0; h < heads; h++ {
 		inv := float32(1 / l[h])

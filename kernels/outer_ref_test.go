@@ -124,3 +124,28 @@ func useSIMD(s *simd) (restore func()) {
 	active = s
 	return func() { active = prev }
 }
+
+func TestPackColumns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for dt := F32; dt <= F16; dt++ {
+		m, rows := randMatrix(rng, dt, 9, 40)
+		var prev Matrix
+		for _, c := range [][3]int{{0, 9, 40}, {2, 7, 33}, {4, 5, 16}, {0, 9, 1}} {
+			r0, r1, n := c[0], c[1], c[2]
+			p := PackColumns(m, r0, r1, n, prev)
+			require.True(t, p.Packed())
+			require.Equal(t, [2]int{n, r1 - r0}, [2]int{p.Rows, p.Cols})
+			for x := 0; x < n; x++ {
+				for j := r0; j < r1; j++ {
+					require.Equal(t, rows[j][x], p.At(x, j-r0), "%v %v column %d row %d", dt, c, x, j)
+				}
+			}
+			for x := n; x < p.panels()*PanelWidth; x++ {
+				for j := 0; j < r1-r0; j++ {
+					require.Zero(t, p.At(x, j), "%v %v padding", dt, c)
+				}
+			}
+			prev = p // the next case reuses (and must clear) its memory
+		}
+	}
+}

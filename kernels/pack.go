@@ -108,3 +108,44 @@ func (m Matrix) panelPtr(p, k int) *byte {
 	}
 	return (*byte)(unsafe.Pointer(&m.u16[off]))
 }
+
+// PackColumns returns, packed, the transpose of rows [r0, r1) and columns
+// [0, n) of the row-major m: the [n, r1-r0] matrix whose row x is column x
+// of those rows (an attention block's values as the weights of a GEMM over
+// its rows). Each panel's k step is a run of one of m's rows, so nothing is
+// transposed element by element. reuse, a previous result, lends its memory
+// when it is large enough and of m's dtype.
+func PackColumns(m Matrix, r0, r1, n int, reuse Matrix) Matrix {
+	K := r1 - r0
+	p := Matrix{DType: m.DType, Rows: n, Cols: K, packed: true}
+	size := p.panels() * PanelWidth * K
+	switch m.DType {
+	case F32:
+		p.f32 = reuse.f32
+		if cap(p.f32) < size || reuse.DType != F32 {
+			p.f32 = make([]float32, size)
+		}
+		p.f32 = p.f32[:size]
+		packColumns(p.f32, m.f32, m.Cols, r0, K, n)
+	default:
+		p.u16 = reuse.u16
+		if cap(p.u16) < size || reuse.DType != m.DType {
+			p.u16 = make([]uint16, size)
+		}
+		p.u16 = p.u16[:size]
+		packColumns(p.u16, m.u16, m.Cols, r0, K, n)
+	}
+	return p
+}
+
+func packColumns[T float32 | uint16](dst, src []T, cols, r0, k, n int) {
+	for x0 := 0; x0 < n; x0 += PanelWidth {
+		w := min(PanelWidth, n-x0)
+		panel := dst[x0*k:][:PanelWidth*k]
+		for j := 0; j < k; j++ {
+			step := panel[j*PanelWidth:][:PanelWidth]
+			copy(step, src[(r0+j)*cols+x0:][:w])
+			clear(step[w:]) // the last panel's padding
+		}
+	}
+}
