@@ -160,18 +160,38 @@ func newMLABlock(get tensorSource, n int, cfg AttnConfig) (*MLABlock, error) {
 				kt[c*cfg.NopeDim+j] = v
 			}
 		}
-		m, _ := kernels.NewF32(L, cfg.NopeDim, kt)
-		b.wUKT = append(b.wUKT, m)
+		b.wUKT = append(b.wUKT, sameDType(kvB.DType, L, cfg.NopeDim, kt))
 		vv := make([]float32, cfg.VDim*L)
 		for j := 0; j < cfg.VDim; j++ {
 			kvB.RowF32(base+cfg.NopeDim+j, vv[j*L:(j+1)*L])
 		}
-		m, _ = kernels.NewF32(cfg.VDim, L, vv)
-		b.wUV = append(b.wUV, m)
+		b.wUV = append(b.wUV, sameDType(kvB.DType, cfg.VDim, L, vv))
 	}
 	b.pack()
 	b.rope()
 	return b, nil
+}
+
+// sameDType is the [rows, cols] matrix of values v, all exactly
+// representable in dtype (they come from a matrix of it), stored in dtype:
+// half the bytes of fp32 for bf16 and fp16 weights, the same values.
+func sameDType(dtype kernels.DType, rows, cols int, v []float32) kernels.Matrix {
+	var m kernels.Matrix
+	switch dtype {
+	case kernels.BF16, kernels.F16:
+		conv := half.F32ToBF16
+		if dtype == kernels.F16 {
+			conv = half.F32ToF16
+		}
+		u := make([]uint16, len(v))
+		for i, x := range v {
+			u[i] = conv(x)
+		}
+		m, _ = kernels.NewHalf(dtype, rows, cols, u)
+	default:
+		m, _ = kernels.NewF32(rows, cols, v)
+	}
+	return m
 }
 
 // pack lays the projections out for the SIMD kernels where the machine has
