@@ -356,18 +356,17 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	name, err := benchSource("moe", *model, *preset, *layerIdx)
+	if err != nil {
+		return nil, err
+	}
 	var l *moe.Layer
-	var name string
-	switch {
-	case *model != "" && *preset != "":
-		return nil, fmt.Errorf("%w: bench moe: give --model or --preset, not both", errUsage)
-	case *model != "":
+	if *model != "" {
 		if l, err = moe.Load(*model, *layerIdx); err != nil {
 			return nil, err
 		}
 		defer l.Close()
-		name = fmt.Sprintf("%s:%d", *model, *layerIdx)
-	case *preset == "deepseek-v2-lite":
+	} else {
 		dt, err := dtypeOf(*dtype)
 		if err != nil {
 			return nil, err
@@ -376,9 +375,6 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		if l, err = moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed); err != nil {
 			return nil, err
 		}
-		name = "deepseek-v2-lite"
-	default:
-		return nil, fmt.Errorf("%w: bench moe: --model DIR or --preset deepseek-v2-lite is required", errUsage)
 	}
 	switch *backend {
 	case "cpu":
@@ -443,24 +439,18 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 	if slices.Min(ts) < 1 || slices.Min(cs) < 0 {
 		return nil, fmt.Errorf("%w: bench mla: --tokens must be positive and --context not negative", errUsage)
 	}
+	name, err := benchSource("mla", *model, *preset, *layerIdx)
+	if err != nil {
+		return nil, err
+	}
 	var blk *dpattn.MLABlock
-	var name string
-	switch {
-	case *model != "" && *preset != "":
-		return nil, fmt.Errorf("%w: bench mla: give --model or --preset, not both", errUsage)
-	case *model != "":
+	if *model != "" {
 		if blk, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return nil, err
 		}
 		defer blk.Close()
-		name = fmt.Sprintf("%s:%d", *model, *layerIdx)
-	case *preset == "deepseek-v2-lite":
-		if blk, err = dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, *seed); err != nil {
-			return nil, err
-		}
-		name = "deepseek-v2-lite"
-	default:
-		return nil, fmt.Errorf("%w: bench mla: --model DIR or --preset deepseek-v2-lite is required", errUsage)
+	} else if blk, err = dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, *seed); err != nil {
+		return nil, err
 	}
 	probe := memoryBandwidth()
 	rng := rand.New(rand.NewPCG(*seed, 11))
@@ -510,6 +500,20 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 		}
 	}
 	return results, nil
+}
+
+// benchSource checks a benchmark's --model and --preset and names its
+// cases: the model's layer, or the preset.
+func benchSource(bench, model, preset string, layer int) (string, error) {
+	switch {
+	case model != "" && preset != "":
+		return "", fmt.Errorf("%w: bench %s: give --model or --preset, not both", errUsage, bench)
+	case model != "":
+		return fmt.Sprintf("%s:%d", model, layer), nil
+	case preset == "deepseek-v2-lite":
+		return preset, nil
+	}
+	return "", fmt.Errorf("%w: bench %s: --model DIR or --preset deepseek-v2-lite is required", errUsage, bench)
 }
 
 // moeCase is a bench moe input of T random tokens, with its output and
