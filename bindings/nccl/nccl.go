@@ -238,8 +238,8 @@ func initRankThread(ctx context.Context, id UniqueID, size, rank int, bind func(
 			done <- result{nil, err}
 			return
 		}
-		defer unbind()
 		c, err := InitRank(id, size, rank)
+		unbind() // before the answer: the caller may look at the thread's state at once
 		done <- result{c, err}
 	}()
 	select {
