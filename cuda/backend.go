@@ -30,8 +30,10 @@ type Launcher interface {
 	// ToDeviceAt copies n bytes from the host to dst at byte offset off.
 	ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error
 	Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error
-	// Align's blockExpert holds maxBlocks entries, -1 past the layout.
-	Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
+	// Align lays out the pairs of the experts lo … lo+experts-1 (a shard;
+	// the others' rows are -1); blockExpert holds maxBlocks entries, -1
+	// past the layout.
+	Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
 	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
 	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
 	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
@@ -275,7 +277,7 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if bs.err != nil {
 		return bs.err
 	}
-	if err := d.Align(idb, n, E, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
+	if err := d.Align(idb, n, 0, E, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
 	}
 	off := make([]int32, E+1)

@@ -47,7 +47,7 @@ func newBucket(d Launcher, rows, slots, H, I int, gate, up, down Buffer) (*bucke
 		for _, f := range []func() error{
 			func() error { return d.F32ToBF16(b.xf, b.xb, rows*H) },
 			func() error {
-				return d.Align(b.ids, rows, slots, gemmBlock, b.blocks, b.counts, b.offsets, b.sorted, b.blockEx, b.rowOf)
+				return d.Align(b.ids, rows, 0, slots, gemmBlock, b.blocks, b.counts, b.offsets, b.sorted, b.blockEx, b.rowOf)
 			},
 			func() error { return d.GroupedSwiGLU(b.xb, gate, up, b.sorted, b.blockEx, padded, 1, rows, I, H, b.h) },
 			func() error { return d.F32ToBF16(b.h, b.hb, padded*I) },

@@ -263,9 +263,10 @@ func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, t
 	return d.launch("moex_gate", [3]int{tokens, 1, 1}, gateThreads, a)
 }
 
-// Align launches the dispatch-layout kernel over n = tokens·top_k ids.
-func (d *Device) Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
-	a := (&args{}).ptr(ids).int(n).int(experts).int(block).int(maxBlocks).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
+// Align launches the dispatch-layout kernel over n = tokens·top_k ids and
+// the experts lo … lo+experts-1.
+func (d *Device) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+	a := (&args{}).ptr(ids).int(n).int(lo).int(experts).int(block).int(maxBlocks).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
 	return d.launch("moex_align", [3]int{1, 1, 1}, alignThreads, a)
 }
 

@@ -81,7 +81,7 @@ func TestRoutingKernels(t *testing.T) {
 	sorted := up(t, d, make([]int32, n+cfg.NumExperts*63))
 	blockExpert := up(t, d, make([]int32, (n+cfg.NumExperts*63)/64+1))
 	rows := up(t, d, make([]int32, n))
-	require.NoError(t, d.Align(ids, n, cfg.NumExperts, 64, (n+cfg.NumExperts*63)/64+1, counts, offsets, sorted, blockExpert, rows))
+	require.NoError(t, d.Align(ids, n, 0, cfg.NumExperts, 64, (n+cfg.NumExperts*63)/64+1, counts, offsets, sorted, blockExpert, rows))
 	gotOff := make([]int32, cfg.NumExperts+1)
 	require.NoError(t, cuda.Download(d, offsets, gotOff))
 	require.Equal(t, lay.Offsets, gotOff)

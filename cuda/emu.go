@@ -100,9 +100,9 @@ func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, toke
 	})
 }
 
-func (e *Emu) Align(ids Buffer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+func (e *Emu) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
 	return e.kernel(func() {
-		cudaemu.AlignRaw(e.p(ids), n, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
+		cudaemu.AlignRaw(e.p(ids), n, lo, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
 	})
 }
 

@@ -126,7 +126,7 @@ func runGroups(d Launcher, sc *scratch, x []float32, H, I, slots int, groups []k
 	if err := d.F32ToBF16(xf, xb, P*H); err != nil {
 		return err
 	}
-	if err := d.Align(idb, P, slots, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
+	if err := d.Align(idb, P, 0, slots, gemmBlock, maxRows/gemmBlock+1, counts, offsets, sorted, blockExpert, rows); err != nil {
 		return err
 	}
 	off := make([]int32, slots+1)

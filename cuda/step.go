@@ -93,7 +93,7 @@ func (s *MoEStep) enqueue(d Launcher) error {
 		},
 		func() error { return d.Gate(c.GateKernelArgs(), s.logits, m.bias, s.ids, s.weights, T) },
 		func() error {
-			return d.Align(s.ids, n, E, gemmBlock, s.blocks, s.counts, s.offsets, s.sorted, s.blockExp, s.rowsOf)
+			return d.Align(s.ids, n, 0, E, gemmBlock, s.blocks, s.counts, s.offsets, s.sorted, s.blockExp, s.rowsOf)
 		},
 		func() error { return d.GroupedSwiGLU(s.xb, m.gate, m.up, s.sorted, s.blockExp, rows, K, n, I, H, s.h) },
 		func() error { return d.F32ToBF16(s.h, s.hb, rows*I) },

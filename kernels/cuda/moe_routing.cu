@@ -146,14 +146,15 @@ extern "C" __global__ void moex_gate(const float* __restrict__ logits, const flo
 
 constexpr int kAlignThreads = 256;
 
-// moex_align: the dispatch layout of ids [n = T·K] over E ≤ kMaxExperts experts,
+// moex_align: the dispatch layout of ids [n = T·K] over the E ≤ kMaxExperts
+// experts lo … lo+E-1 (a rank's shard; lo = 0 and E = all: the whole layer),
 // padded to multiples of block: counts [E], offsets [E+1], sorted [padded
 // total] (token·K + slot, sentinel n in the padding), blockExpert [maxBlocks]
-// (the expert of each block of the padded total, -1 beyond it: the GEMMs of a
-// fixed grid, as a captured graph has, skip those blocks), rows [n] (the
-// inverse). One block; within an expert the pairs keep their order, as on
-// the CPU.
-extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, int E, int block, int maxBlocks,
+// (the shard's expert of each block of the padded total, -1 beyond it: the
+// GEMMs of a fixed grid, as a captured graph has, skip those blocks), rows
+// [n] (the inverse; -1 for a pair whose expert is not in the shard). One
+// block; within an expert the pairs keep their order, as on the CPU.
+extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, int lo, int E, int block, int maxBlocks,
                       int32_t* __restrict__ counts,
                       int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ blockExpert,
                       int32_t* __restrict__ rows) {
@@ -162,7 +163,11 @@ extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, in
   const int tid = threadIdx.x;
   for (int e = tid; e < E; e += kAlignThreads) cnt[e] = 0;
   __syncthreads();
-  for (int i = tid; i < n; i += kAlignThreads) atomicAdd(&cnt[ids[i]], 1);
+  for (int i = tid; i < n; i += kAlignThreads) {
+    const unsigned e = unsigned(ids[i] - lo);
+    if (e < unsigned(E)) atomicAdd(&cnt[e], 1);
+    else rows[i] = -1;
+  }
   __syncthreads();
   if (tid == 0) {
     off[0] = 0;
@@ -186,7 +191,7 @@ extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, in
   for (int e = tid; e < E; e += kAlignThreads) {
     int next = off[e];
     for (int i = 0; i < n; i++)
-      if (ids[i] == e) {
+      if (ids[i] - lo == e) {
         sorted[next] = i;
         rows[i] = next;
         next++;
@@ -194,15 +199,23 @@ extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, in
   }
 }
 
-// moex_combine: y[t] = Σ_j out[rows[t·K+j]] in j order (ascending experts), then
-// + shared[t] (null for none). One block per token, threads over hidden.
+// moex_combine: y[t] = Σ_j out[rows[t·K+j]] in j order (ascending experts),
+// skipping rows of -1 (experts of other ranks; none at all: 0), then +
+// shared[t] (null for none). One block per token, threads over hidden.
 // The order, and so the bits, are those of the CPU path.
 extern "C" __global__ void moex_combine(const float* __restrict__ out, const int32_t* __restrict__ rows, int topK, int hidden,
                         const float* __restrict__ shared, float* __restrict__ y) {
   const int t = blockIdx.x;
   for (int h = threadIdx.x; h < hidden; h += blockDim.x) {
-    float acc = out[(size_t)rows[t * topK] * hidden + h];
-    for (int j = 1; j < topK; j++) acc = acc + out[(size_t)rows[t * topK + j] * hidden + h];
+    float acc = 0.0f;
+    bool any = false;
+    for (int j = 0; j < topK; j++) {
+      const int r = rows[t * topK + j];
+      if (r < 0) continue;
+      const float v = out[(size_t)r * hidden + h];
+      acc = any ? acc + v : v;
+      any = true;
+    }
     if (shared != nullptr) acc = acc + shared[(size_t)t * hidden + h];
     y[(size_t)t * hidden + h] = acc;
   }

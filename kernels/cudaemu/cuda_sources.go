@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=23c048a1ad9f61ce8cb400e5df9900a8
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=4a27b87baa9996c4461b8cf9d46234ef
 import "C"

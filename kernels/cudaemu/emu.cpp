@@ -19,10 +19,10 @@ void moex_emu_gate(const float* logits, const float* bias, int tokens, int exper
   emu::launch(dim3(tokens), dim3(moex::kGateThreads), moex::moex_gate, logits, bias, p, ids, weights);
 }
 
-void moex_emu_align(const int32_t* ids, int n, int experts, int block, int maxBlocks, int32_t* counts,
+void moex_emu_align(const int32_t* ids, int n, int lo, int experts, int block, int maxBlocks, int32_t* counts,
                     int32_t* offsets, int32_t* sorted, int32_t* blockExpert, int32_t* rows) {
   std::lock_guard<std::mutex> lock(launchMu);
-  emu::launch(dim3(1), dim3(moex::kAlignThreads), moex::moex_align, ids, n, experts, block, maxBlocks, counts, offsets,
+  emu::launch(dim3(1), dim3(moex::kAlignThreads), moex::moex_align, ids, n, lo, experts, block, maxBlocks, counts, offsets,
               sorted, blockExpert, rows);
 }
 

@@ -10,7 +10,7 @@ package cudaemu
 #include <stdint.h>
 void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
                    int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights);
-void moex_emu_align(const int32_t* ids, int n, int experts, int block, int maxBlocks, int32_t* counts,
+void moex_emu_align(const int32_t* ids, int n, int lo, int experts, int block, int maxBlocks, int32_t* counts,
                     int32_t* offsets, int32_t* sorted, int32_t* blockExpert, int32_t* rows);
 void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
                       float* y);
@@ -83,15 +83,18 @@ func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
 }
 
 // Align runs the dispatch-layout kernel on ids [tokens, top_k] (each row
-// strictly ascending, in range) and returns the layout as moe.NewLayout
-// does, plus the expert of each row block.
-func Align(ids []int32, tokens, topK, experts, block int) (*moe.Layout, []int32, error) {
-	if experts < 1 || experts > MaxExperts || block < 1 || topK < 1 || len(ids) != tokens*topK {
-		return nil, nil, fmt.Errorf("cudaemu: align: %d ids for %d tokens × top-%d, %d experts, block %d", len(ids), tokens, topK, experts, block)
+// strictly ascending, each id ≥ 0) over the shard of experts lo …
+// lo+experts-1 and returns the layout as moe.NewLayout does, in the shard's
+// numbering (Rows -1 for a pair whose expert is not in the shard), plus the
+// shard's expert of each row block. lo = 0 and every expert: the whole layer.
+func Align(ids []int32, tokens, topK, lo, experts, block int) (*moe.Layout, []int32, error) {
+	if lo < 0 || experts < 1 || experts > MaxExperts || block < 1 || topK < 1 || len(ids) != tokens*topK {
+		return nil, nil, fmt.Errorf("cudaemu: align: %d ids for %d tokens × top-%d, %d experts from %d, block %d",
+			len(ids), tokens, topK, experts, lo, block)
 	}
 	for i, e := range ids {
-		if e < 0 || int(e) >= experts {
-			return nil, nil, fmt.Errorf("cudaemu: align: id %d at %d out of range [0, %d)", e, i, experts)
+		if e < 0 {
+			return nil, nil, fmt.Errorf("cudaemu: align: id %d at %d is negative", e, i)
 		}
 	}
 	n := tokens * topK
@@ -100,7 +103,7 @@ func Align(ids []int32, tokens, topK, experts, block int) (*moe.Layout, []int32,
 	maxRows := n + experts*(block-1)
 	sorted := make([]int32, maxRows+1)
 	blockExpert := make([]int32, maxRows/block+1)
-	C.moex_emu_align(i32p(ids), C.int(n), C.int(experts), C.int(block), C.int(len(blockExpert)), i32p(l.Counts),
+	C.moex_emu_align(i32p(ids), C.int(n), C.int(lo), C.int(experts), C.int(block), C.int(len(blockExpert)), i32p(l.Counts),
 		i32p(l.Offsets), i32p(sorted), i32p(blockExpert), i32p(l.Rows))
 	total := int(l.Offsets[experts])
 	for b, e := range blockExpert[total/block:] {
@@ -215,10 +218,10 @@ func GateRaw(logits, bias unsafe.Pointer, tokens int, k moe.GateKernelArgs, ids,
 		(*C.int32_t)(ids), (*C.float)(weights))
 }
 
-// AlignRaw launches the dispatch-layout kernel; blockExpert holds
-// maxBlocks entries.
-func AlignRaw(ids unsafe.Pointer, n, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows unsafe.Pointer) {
-	C.moex_emu_align((*C.int32_t)(ids), C.int(n), C.int(experts), C.int(block), C.int(maxBlocks), (*C.int32_t)(counts),
+// AlignRaw launches the dispatch-layout kernel over the shard of experts
+// lo … lo+experts-1; blockExpert holds maxBlocks entries.
+func AlignRaw(ids unsafe.Pointer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows unsafe.Pointer) {
+	C.moex_emu_align((*C.int32_t)(ids), C.int(n), C.int(lo), C.int(experts), C.int(block), C.int(maxBlocks), (*C.int32_t)(counts),
 		(*C.int32_t)(offsets), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), (*C.int32_t)(rows))
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -95,7 +96,7 @@ func TestAlign(t *testing.T) {
 			}
 			want, err := moe.NewLayout(ids, c.tokens, c.k, c.experts, c.block)
 			require.NoError(t, err)
-			got, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, c.experts, c.block)
+			got, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, 0, c.experts, c.block)
 			require.NoError(t, err)
 			require.Equal(t, want.Counts, got.Counts)
 			require.Equal(t, want.Offsets, got.Offsets)
@@ -105,6 +106,74 @@ func TestAlign(t *testing.T) {
 				require.True(t, want.Offsets[e] <= int32(b*c.block) && int32(b*c.block) < want.Offsets[e+1], "block %d → expert %d", b, e)
 			}
 		})
+	}
+}
+
+// TestAlignShard: over a rank's shard of experts the layout holds the
+// shard's pairs only, in its own numbering, and marks the others' rows -1;
+// the combine then sums the shard's rows only.
+func TestAlignShard(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	const T, K, E, H, block = 37, 4, 16, 24, 8
+	ids := make([]int32, 0, T*K)
+	for range T {
+		row := rng.Perm(E)[:K]
+		slices.Sort(row)
+		for _, e := range row {
+			ids = append(ids, int32(e))
+		}
+	}
+	for _, shard := range [][2]int{{0, 5}, {5, 6}, {11, 5}, {0, E}} {
+		lo, n := shard[0], shard[1]
+		lay, blockExpert, err := cudaemu.Align(ids, T, K, lo, n, block)
+		require.NoError(t, err)
+		// The reference: each shard expert's pairs in pair order, padded.
+		off := int32(0)
+		rows := slices.Repeat([]int32{-1}, T*K)
+		for e := 0; e < n; e++ {
+			require.Equal(t, off, lay.Offsets[e], "shard %v expert %d", shard, e)
+			next := off
+			for p, id := range ids {
+				if int(id) == lo+e {
+					require.Equal(t, int32(p), lay.Pairs[next])
+					rows[p] = next
+					next++
+				}
+			}
+			require.Equal(t, next-off, lay.Counts[e])
+			for ; next%block != 0; next++ {
+				require.Equal(t, int32(T*K), lay.Pairs[next], "padding holds the sentinel")
+			}
+			for b := off / block; b < next/block; b++ {
+				require.Equal(t, int32(e), blockExpert[b])
+			}
+			off = next
+		}
+		require.Equal(t, off, lay.Offsets[n])
+		require.Equal(t, rows, lay.Rows)
+
+		out := make([]float32, int(off)*H)
+		for i := range out {
+			out[i] = float32(rng.NormFloat64())
+		}
+		got := make([]float32, T*H)
+		cudaemu.Combine(got, out, lay.Rows, K, H, nil)
+		for tok := 0; tok < T; tok++ {
+			for h := 0; h < H; h++ {
+				var want float32 // Σ in slot order, from the first of the shard's rows
+				first := true
+				for j := 0; j < K; j++ {
+					if r := rows[tok*K+j]; r >= 0 {
+						if first {
+							want, first = out[int(r)*H+h], false
+						} else {
+							want += out[int(r)*H+h]
+						}
+					}
+				}
+				require.Equal(t, math.Float32bits(want), math.Float32bits(got[tok*H+h]), "shard %v token %d", shard, tok)
+			}
+		}
 	}
 }
 
@@ -238,7 +307,7 @@ func TestGroupedGEMM(t *testing.T) {
 			for i := range weights {
 				weights[i] = rng.Float32()
 			}
-			lay, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, c.experts, cudaemu.GemmBlock)
+			lay, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, 0, c.experts, cudaemu.GemmBlock)
 			require.NoError(t, err)
 			got, err := cudaemu.GroupedGEMMBF16(a, w, lay, blockExpert, c.N, c.K, weights)
 			require.NoError(t, err)
