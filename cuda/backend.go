@@ -40,6 +40,10 @@ type Launcher interface {
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error
+	// Collective enqueues op, the work of a communication library (NCCL)
+	// on the device's stream, which it is given: after the kernels before
+	// it, before those after. On a recorder it becomes a step of the graph.
+	Collective(name string, op func(stream uintptr) error) error
 	// Capture gives record a recorder of the device: the kernels record
 	// launches on it make a Graph instead of running (copies are errors),
 	// while other users of the device go on as usual.

@@ -250,7 +250,25 @@ func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
 	if grid[0] < 1 || grid[1] < 1 || grid[2] < 1 {
 		return fmt.Errorf("cuda: %s: empty grid %v", name, grid)
 	}
-	return launchKernel(name, d.fns[name], grid, block, a)
+	return launchKernel(name, d.fns[name], grid, block, a, nil)
+}
+
+// Collective runs op with the context current, on the legacy default
+// stream (0), or records it while capturing.
+func (d *Device) Collective(name string, op func(stream uintptr) error) error {
+	if d.rec != nil {
+		*d.rec = append(*d.rec, launchRec{name: name, coll: op})
+		return nil
+	}
+	done, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := op(0); err != nil {
+		return fmt.Errorf("cuda: %s: %w", name, err)
+	}
+	return nil
 }
 
 // Gate launches the gating kernel: logits [tokens, experts] fp32, bias

@@ -15,7 +15,13 @@ import (
 // run through kernels/cudaemu on CPU threads.
 type Emu struct {
 	*emuState
-	rec *[]func() // a capture's recorder: kernels recorded, not run
+	rec *[]emuOp // a capture's recorder: kernels recorded, not run
+}
+
+// emuOp is one recorded step of a graph: a kernel, or a collective.
+type emuOp struct {
+	kernel func()
+	coll   func(stream uintptr) error
 }
 
 // emuState is the emulated device, shared by it and its recorders.
@@ -150,7 +156,7 @@ func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, 
 // kernel runs f, one kernel at a time, or records it on a recorder.
 func (e *Emu) kernel(f func()) error {
 	if e.rec != nil {
-		*e.rec = append(*e.rec, f)
+		*e.rec = append(*e.rec, emuOp{kernel: f})
 		return nil
 	}
 	e.run.Lock()
@@ -159,11 +165,25 @@ func (e *Emu) kernel(f func()) error {
 	return nil
 }
 
+// Collective runs op at once (the emulation's stream is synchronous) or
+// records it; it runs outside the kernels' lock, since it waits for the
+// other ranks, which may share this emulated device.
+func (e *Emu) Collective(name string, op func(stream uintptr) error) error {
+	if e.rec != nil {
+		*e.rec = append(*e.rec, emuOp{coll: op})
+		return nil
+	}
+	if err := op(0); err != nil {
+		return fmt.Errorf("cuda: emu: %s: %w", name, err)
+	}
+	return nil
+}
+
 // Capture gives record a recorder of this device: the kernels it launches
 // there are recorded (not run; copies are refused) as a Graph that runs them
 // in order. Other users of the device are not affected.
 func (e *Emu) Capture(record func(rec Launcher) error) (Graph, error) {
-	var ops []func()
+	var ops []emuOp
 	if err := record(&Emu{emuState: e.emuState, rec: &ops}); err != nil {
 		return nil, err
 	}
@@ -172,12 +192,18 @@ func (e *Emu) Capture(record func(rec Launcher) error) (Graph, error) {
 
 type emuGraph struct {
 	e   *Emu
-	ops []func()
+	ops []emuOp
 }
 
 func (g *emuGraph) Replay() error {
-	for _, f := range g.ops {
-		if err := g.e.kernel(f); err != nil {
+	for _, op := range g.ops {
+		var err error
+		if op.coll != nil {
+			err = op.coll(0)
+		} else {
+			err = g.e.kernel(op.kernel)
+		}
+		if err != nil {
 			return err
 		}
 	}

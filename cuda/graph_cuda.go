@@ -8,21 +8,6 @@ package cuda
 #include <stdlib.h>
 #include <string.h>
 
-static CUresult moex_graph_add_kernel(CUgraph g, CUgraphNode* node, CUgraphNode* dep, CUfunction f, unsigned gx,
-                                      unsigned gy, unsigned gz, unsigned bx, void** params) {
-  CUDA_KERNEL_NODE_PARAMS p;
-  memset(&p, 0, sizeof p);
-  p.func = f;
-  p.gridDimX = gx;
-  p.gridDimY = gy;
-  p.gridDimZ = gz;
-  p.blockDimX = bx;
-  p.blockDimY = 1;
-  p.blockDimZ = 1;
-  p.kernelParams = params;
-  return cuGraphAddKernelNode(node, g, dep, dep ? 1 : 0, &p);
-}
-
 static const char* moex_cu_error(CUresult r) {
   const char* s = 0;
   cuGetErrorString(r, &s);
@@ -38,13 +23,15 @@ import (
 	"gorgonia.org/cu"
 )
 
-// launchRec is a kernel launch recorded while capturing.
+// launchRec is a kernel launch, or a collective (coll), recorded while
+// capturing.
 type launchRec struct {
 	name  string
 	fn    cu.Function
 	grid  [3]int
 	block int
 	args  *args
+	coll  func(stream uintptr) error
 }
 
 // cArgs copies a launch's arguments into C memory, each at its full size,
@@ -66,14 +53,14 @@ func cArgs(a *args) (unsafe.Pointer, []unsafe.Pointer) {
 // cFunction is the CUfunction a cu.Function holds (its only field).
 func cFunction(fn cu.Function) C.CUfunction { return *(*C.CUfunction)(unsafe.Pointer(&fn)) }
 
-// launchKernel launches fn on the legacy default stream with every
-// argument at its full size (a by-value struct included: gorgonia.org/cu's
+// launchKernel launches fn on stream (nil: the legacy default stream) with
+// every argument at its full size (a by-value struct included: gorgonia.org/cu's
 // Launch copies 8 bytes per argument; the driver copies the values at the
 // launch). It does not wait: the stream orders the kernels and the
 // synchronous copies that read their results, so the host waits only where
 // it reads (CUDA_LAUNCH_BLOCKING=1 makes every launch wait, to find the
 // kernel behind an error). The context must be current.
-func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args) error {
+func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args, stream C.CUstream) error {
 	params, mem := cArgs(a)
 	defer func() {
 		for _, p := range mem {
@@ -81,7 +68,7 @@ func launchKernel(name string, fn cu.Function, grid [3]int, block int, a *args) 
 		}
 	}()
 	return cuErr("cuLaunchKernel "+name, C.cuLaunchKernel(cFunction(fn), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block), 1, 1, 0, nil, (*unsafe.Pointer)(params), nil))
+		C.uint(block), 1, 1, 0, stream, (*unsafe.Pointer)(params), nil))
 }
 
 func cuErr(call string, r C.CUresult) error {
@@ -91,19 +78,21 @@ func cuErr(call string, r C.CUresult) error {
 	return fmt.Errorf("cuda: %s: %s (CUresult %d)", call, C.GoString(C.moex_cu_error(r)), int(r))
 }
 
-// deviceGraph is an instantiated CUDA graph: the recorded launches as a
-// chain of kernel nodes, their arguments copied into C memory it owns.
+// deviceGraph is an instantiated CUDA graph.
 type deviceGraph struct {
 	d     *Device
 	graph C.CUgraph
 	exec  C.CUgraphExec
-	mem   []unsafe.Pointer
 }
 
 // Capture gives record a recorder of this device: the kernels it launches
-// there are recorded (not run; copies are refused), then built into a CUDA
-// graph, one node after the other. Other users of the device are not
-// affected.
+// there, and the collectives it enqueues, are recorded (not run; copies are
+// refused), then captured in order on a stream of the capture's own (CUDA
+// stream capture, the only way to put NCCL's work in a graph; the kernels'
+// arguments are copied into the graph at their launch) and instantiated.
+// Other users of the device wait for the capture (it holds the device);
+// the capture mode is thread-local, so other threads' CUDA calls are not
+// disturbed.
 func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 	var recs []launchRec
 	if err := record(&Device{dev: d.dev, ordinal: d.ordinal, ctx: d.ctx, mod: d.mod, fns: d.fns, rec: &recs}); err != nil {
@@ -114,26 +103,36 @@ func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 		return nil, err
 	}
 	defer done()
-	g := &deviceGraph{d: d}
-	if err := cuErr("cuGraphCreate", C.cuGraphCreate(&g.graph, 0)); err != nil {
+	var s C.CUstream
+	if err := cuErr("cuStreamCreate", C.cuStreamCreate(&s, C.CU_STREAM_NON_BLOCKING)); err != nil {
 		return nil, err
 	}
-	var prev C.CUgraphNode
-	for i, r := range recs {
-		params, mem := cArgs(r.args)
-		g.mem = append(g.mem, mem...)
-		fn := cFunction(r.fn)
-		var node C.CUgraphNode
-		var dep *C.CUgraphNode
-		if i > 0 {
-			dep = &prev
+	defer C.cuStreamDestroy(s)
+	if err := cuErr("cuStreamBeginCapture", C.cuStreamBeginCapture(s, C.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)); err != nil {
+		return nil, err
+	}
+	var recErr error
+	for _, r := range recs {
+		if r.coll != nil {
+			if err := r.coll(uintptr(unsafe.Pointer(s))); err != nil {
+				recErr = fmt.Errorf("cuda: capturing %s: %w", r.name, err)
+			}
+		} else {
+			recErr = launchKernel(r.name, r.fn, r.grid, r.block, r.args, s)
 		}
-		if err := cuErr("cuGraphAddKernelNode "+r.name, C.moex_graph_add_kernel(g.graph, &node, dep, fn,
-			C.uint(r.grid[0]), C.uint(r.grid[1]), C.uint(r.grid[2]), C.uint(r.block), (*unsafe.Pointer)(params))); err != nil {
-			g.free()
-			return nil, err
+		if recErr != nil {
+			break
 		}
-		prev = node
+	}
+	g := &deviceGraph{d: d}
+	// The capture ends even after an error: the stream is usable again.
+	endErr := cuErr("cuStreamEndCapture", C.cuStreamEndCapture(s, &g.graph))
+	if recErr == nil {
+		recErr = endErr
+	}
+	if recErr != nil {
+		g.free()
+		return nil, recErr
 	}
 	if err := cuErr("cuGraphInstantiateWithFlags", C.cuGraphInstantiateWithFlags(&g.exec, g.graph, 0)); err != nil {
 		g.free()
@@ -171,8 +170,4 @@ func (g *deviceGraph) free() {
 		C.cuGraphDestroy(g.graph)
 		g.graph = nil
 	}
-	for _, p := range g.mem {
-		C.free(p)
-	}
-	g.mem = nil
 }

@@ -43,6 +43,36 @@ func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
 	return nil
 }
 
+// Queued waits until NCCL has queued this rank's last call on a
+// non-blocking communicator (its state is no longer ncclInProgress): what
+// must come before the next NCCL call, and all that can be waited for
+// while a stream is being captured into a CUDA graph (a capturing stream
+// may not be queried). A blocking communicator has queued its work when
+// the call returns. On an asynchronous error, or at ctx's end, it aborts
+// the communicator.
+func (c *Comm) Queued(ctx context.Context) error {
+	if !c.nonblocking {
+		return nil
+	}
+	err := poll(ctx, func() (bool, error) {
+		state, err := c.asyncState()
+		switch {
+		case err != nil:
+			return false, err
+		case state == inProgress:
+			return false, nil
+		}
+		return true, resultError("asynchronous operation", state)
+	})
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("nccl: rank %d: collective not queued: %w", c.rank, context.Cause(ctx))
+	}
+	if err != nil {
+		return c.abortWith(err)
+	}
+	return nil
+}
+
 // poll calls check, backing off from 10µs to 1ms between calls, until it
 // reports done or an error, or ctx ends (its error is returned then).
 func poll(ctx context.Context, check func() (bool, error)) error {
