@@ -133,10 +133,13 @@ type MoE struct {
 	sGate, sUp, sDn Buffer
 	sharedGate      *kernels.Matrix // qwen2_moe: applied host-side as a row weight
 	hasShared       bool
+	lo, local       int // the experts held: lo … lo+local-1 (all, but in a gather step)
 }
 
-// NewMoE uploads the layer's weights as bf16. Every expert must be held by
-// the layer; hidden and the intermediate sizes must be multiples of 16.
+// NewMoE uploads the layer's weights as bf16. The layer holds every expert
+// (Forward, NewStep) or, for a GatherStep, a contiguous shard of them (as
+// ep.Contiguous places them); hidden and the intermediate sizes must be
+// multiples of 16.
 func NewMoE(dev Launcher, l *moe.Layer) (*MoE, error) {
 	c := l.Config
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
@@ -152,12 +155,24 @@ func NewMoE(dev Launcher, l *moe.Layer) (*MoE, error) {
 			return nil, err
 		}
 	}
-	var gate, up, down []uint16
+	m.lo = -1
 	for e := 0; e < c.NumExperts; e++ {
-		x, ok := l.Expert(e)
-		if !ok {
-			return nil, fmt.Errorf("cuda: moe: the layer does not hold expert %d", e)
+		if _, ok := l.Expert(e); ok {
+			if m.lo < 0 {
+				m.lo = e
+			} else if e != m.lo+m.local {
+				return nil, fmt.Errorf("cuda: moe: the layer holds experts %d and %d but not those between (a device shard is contiguous)",
+					m.lo+m.local-1, e)
+			}
+			m.local++
 		}
+	}
+	if m.local == 0 {
+		return nil, fmt.Errorf("cuda: moe: the layer holds no expert")
+	}
+	var gate, up, down []uint16
+	for e := m.lo; e < m.lo+m.local; e++ {
+		x, _ := l.Expert(e)
 		gate = append(gate, bf16Rows(x.Gate)...)
 		up = append(up, bf16Rows(x.Up)...)
 		down = append(down, bf16Rows(x.Down)...)
@@ -195,6 +210,14 @@ func (m *MoE) Close() {
 	}
 }
 
+// whole reports an error unless m holds every expert.
+func (m *MoE) whole() error {
+	if m.local != m.cfg.NumExperts {
+		return fmt.Errorf("cuda: moe: the layer holds experts %d…%d of %d: a shard runs in a GatherStep", m.lo, m.lo+m.local-1, m.cfg.NumExperts)
+	}
+	return nil
+}
+
 // identityLayout routes every token to expert 0 once: the layout of the
 // router and shared-expert GEMMs.
 func identityLayout(tokens int) (*moe.Layout, []int32, error) {
@@ -214,6 +237,9 @@ func (m *MoE) Forward(x, y []float32) error { return m.ForwardRouting(x, y, nil,
 // (ascending) and their routing weights, ids and weights [tokens, top_k];
 // either may be nil.
 func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) error {
+	if err := m.whole(); err != nil {
+		return err
+	}
 	c, d := m.cfg, m.dev
 	H, E, K, I := c.Hidden, c.NumExperts, c.TopK, c.Inter
 	if len(x)%H != 0 || len(y) != len(x) {

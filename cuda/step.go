@@ -37,6 +37,9 @@ func (m *MoE) NewStep(tokens int) (*MoEStep, error) {
 	if tokens < 1 {
 		return nil, fmt.Errorf("cuda: moe step: bucket of %d tokens", tokens)
 	}
+	if err := m.whole(); err != nil {
+		return nil, err
+	}
 	c, d := m.cfg, m.dev
 	H, E, K, I, T := c.Hidden, c.NumExperts, c.TopK, c.Inter, tokens
 	s := &MoEStep{m: m, Tokens: T, bs: buffers{d: d}}

@@ -17,6 +17,14 @@ type GatherTimes struct {
 	Scatter time.Duration // reduce-scatter of the partial outputs
 }
 
+// GatherRunner runs gather mode's MoE stage of one rank somewhere other
+// than the CPU (a GPU: cuda.GatherMoE): every rank calls Forward for each
+// step that is not skipped, with its rows x of plan (none when IDLE), and
+// gets its rows of the layer's output in y.
+type GatherRunner interface {
+	Forward(ctx context.Context, plan *StepPlan, x, y []float32, times *GatherTimes) error
+}
+
 // MoEGather runs the MoE layer in gather mode (SGLang, late 2024): the
 // hidden states of every rank are all-gathered, each rank runs the experts
 // it holds (shard, e.g. from moe.LoadSubset with an ep.Placement) on all

@@ -1,0 +1,59 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+
+	"github.com/moex-project/moex/bindings/nccl"
+)
+
+// NCCLComm is a DeviceComm over an NCCL communicator on this device: its
+// collectives go on the stream they are given (the legacy default stream,
+// or a capture's stream, so graphs hold them). On a non-blocking
+// communicator each call is followed by nccl.Comm.Queued, which is what a
+// capture may wait for.
+type NCCLComm struct {
+	d   *Device
+	c   *nccl.Comm
+	ctx context.Context
+}
+
+// NewNCCLComm makes a DeviceComm of c on d; ctx bounds the waits for NCCL
+// to queue its work.
+func NewNCCLComm(ctx context.Context, d *Device, c *nccl.Comm) *NCCLComm {
+	return &NCCLComm{d: d, c: c, ctx: ctx}
+}
+
+func (n *NCCLComm) Rank() int { return n.c.Rank() }
+func (n *NCCLComm) Size() int { return n.c.Size() }
+
+func (n *NCCLComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
+	if err := checkAllGather(n, send, recv, bytes); err != nil {
+		return err
+	}
+	return l.Collective("ncclAllGather", func(stream uintptr) error {
+		if err := n.c.AllGather(uintptr(send.id), uintptr(recv.id), int(bytes), nccl.Int8, stream); err != nil {
+			return err
+		}
+		return n.c.Queued(n.ctx)
+	})
+}
+
+func (n *NCCLComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error {
+	if err := checkReduceScatter(n, send, recv, count); err != nil {
+		return err
+	}
+	return l.Collective("ncclReduceScatter", func(stream uintptr) error {
+		if err := n.c.ReduceScatter(uintptr(send.id), uintptr(recv.id), count, nccl.Float32, nccl.Sum, stream); err != nil {
+			return err
+		}
+		return n.c.Queued(n.ctx)
+	})
+}
+
+// Wait waits for the default stream's work, the collectives included, and
+// aborts the communicator at ctx's end.
+func (n *NCCLComm) Wait(ctx context.Context) error {
+	return n.c.Await(ctx, n.d.NCCLMemory().Done)
+}
