@@ -21,7 +21,9 @@ type EmuComm struct {
 }
 
 // NewEmuComm makes a DeviceComm of c on e; its collectives run under ctx.
-func NewEmuComm(ctx context.Context, e *Emu, c ep.Comm) *EmuComm { return &EmuComm{e: e, c: c, ctx: ctx} }
+func NewEmuComm(ctx context.Context, e *Emu, c ep.Comm) *EmuComm {
+	return &EmuComm{e: e, c: c, ctx: ctx}
+}
 
 func (m *EmuComm) Rank() int { return m.c.Rank() }
 func (m *EmuComm) Size() int { return m.c.Size() }
