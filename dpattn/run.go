@@ -37,6 +37,12 @@ type RunConfig struct {
 	// GPU: cuda.Attention's Projections); nil: the CPU kernels. The one-rank
 	// reference stays on the host.
 	AttnProj Projector
+	// Gather, when set, gives each rank gather mode's MoE stage over its
+	// data communicator comm (a GPU: cuda.GatherMoE, the hidden states
+	// gathered and scattered in device memory) and what releases it;
+	// Experts is then not used in gather mode. nil: MoEGather on the CPU.
+	// A runner that is a moe.GraphVoter gets each step's vote.
+	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (GatherRunner, func(), error)
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -314,7 +320,15 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	}
 	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
 	shard.Workers = workers
-	if cfg.Experts != nil {
+	var gather GatherRunner
+	if cfg.Mode == "gather" && cfg.Gather != nil {
+		runner, release, err := cfg.Gather(ctx, r, shard, comm)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		gather = runner
+	} else if cfg.Experts != nil {
 		runner, release, err := cfg.Experts(r, shard)
 		if err != nil {
 			return nil, err
@@ -346,6 +360,9 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 		if v, ok := cfg.AttnCore.(moe.GraphVoter); ok {
 			v.AllowGraph(plan.GraphOK)
 		}
+		if v, ok := gather.(moe.GraphVoter); ok {
+			v.AllowGraph(plan.GraphOK)
+		}
 		if plan.Skip {
 			continue
 		}
@@ -362,6 +379,10 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 		y := make([]float32, len(x))
 		if cfg.Mode == "alltoall" {
 			if err := epl.Forward(ctx, attn, y); err != nil {
+				return nil, err
+			}
+		} else if gather != nil {
+			if err := gather.Forward(ctx, plan, attn, y, &gt); err != nil {
 				return nil, err
 			}
 		} else if err := MoEGather(ctx, comm, shard, plan, attn, y, &gt); err != nil {

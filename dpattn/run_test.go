@@ -2,7 +2,9 @@ package dpattn_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -51,6 +53,63 @@ func TestRunParity(t *testing.T) {
 	}
 	_, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "broadcast", MoE: layer, Attn: attn})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
+}
+
+// countingGather is a GatherRunner that runs MoEGather on the CPU and
+// counts its calls and the votes it is given.
+type countingGather struct {
+	comm         ep.Comm
+	shard        *moe.Layer
+	calls, votes *atomic.Int32
+	shardExperts int
+}
+
+func (g countingGather) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []float32, times *dpattn.GatherTimes) error {
+	g.calls.Add(1)
+	return dpattn.MoEGather(ctx, g.comm, g.shard, plan, x, y, times)
+}
+
+func (g countingGather) AllowGraph(ok bool) { g.votes.Add(1) }
+
+// TestRunGatherRunner: in gather mode a RunConfig.Gather runner takes the
+// MoE stage of every rank at every step that is not skipped (IDLE ranks
+// included), gets every step's vote, and is released; the other mode does
+// not use it.
+func TestRunGatherRunner(t *testing.T) {
+	layer, attn := runFixture(t)
+	const R, S = 3, 5
+	for _, mode := range []string{"gather", "alltoall"} {
+		var calls, votes, made, released atomic.Int32
+		rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: mode, Seed: 9,
+			MoE: layer, Attn: attn, CacheDType: kernels.F32,
+			Gather: func(_ context.Context, rank int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
+				made.Add(1)
+				require.Equal(t, rank, comm.Rank())
+				return countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, func() { released.Add(1) }, nil
+			}})
+		require.NoError(t, err)
+		if mode == "alltoall" {
+			require.Zero(t, made.Load())
+			continue
+		}
+		require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+		skipped := 0
+		for _, s := range rep.Steps {
+			if s.Skip {
+				skipped++
+			}
+		}
+		require.Equal(t, int32(R), made.Load())
+		require.Equal(t, int32(R), released.Load())
+		require.Equal(t, int32(R*(S-skipped)), calls.Load())
+		require.Equal(t, int32(R*S), votes.Load())
+	}
+	_, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "gather", MoE: layer, Attn: attn,
+		CacheDType: kernels.F32,
+		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
+			return nil, nil, errors.New("no device here")
+		}})
+	require.ErrorContains(t, err, "no device here")
 }
 
 // TestRunComm: each rank calling RunComm on its own communicator gives

@@ -16,8 +16,23 @@ import (
 // deviceName says where --backend cuda runs.
 const deviceName = "the GPU"
 
-// worldDevice is the GPU of this process's NCCL rank, once joined.
-var worldDevice *cuda.Device
+// worldDevice is the GPU of this process's NCCL rank, once joined, and
+// worldNCCL its communicator.
+var (
+	worldDevice *cuda.Device
+	worldNCCL   *nccl.Comm
+)
+
+// deviceComm carries gather mode's hidden states between the ranks'
+// devices: NCCL on the device buffers when this process is an NCCL rank,
+// else comm staged through the host (ranks sharing a GPU, MPI without
+// NCCL; such steps are not captured in graphs).
+func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) cuda.DeviceComm {
+	if dev, ok := d.(*cuda.Device); ok && dev == worldDevice && worldNCCL != nil {
+		return cuda.NewNCCLComm(ctx, dev, worldNCCL)
+	}
+	return cuda.NewStagedComm(ctx, d, comm)
+}
 
 // openDevice opens the GPU for --backend cuda: the NCCL rank's, or GPU 0.
 func openDevice() (cuda.Launcher, func(), error) {
@@ -101,11 +116,11 @@ func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
 	if plan == nil {
 		plan = h
 	}
-	worldDevice = d
+	worldDevice, worldNCCL = d, c
 	return h, plan, func() {
 		h.Close()
 		c.Destroy()
-		worldDevice = nil
+		worldDevice, worldNCCL = nil, nil
 		d.Close()
 		closePlan()
 	}, nil

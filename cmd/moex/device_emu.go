@@ -23,3 +23,9 @@ func openDevice() (cuda.Launcher, func(), error) {
 func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) {
 	return nil, nil, nil, errors.New("run: --comm nccl needs GPUs and NCCL (a `make cuda` build); the emulation has neither")
 }
+
+// deviceComm: the ranks of the emulation exchange the emulated device's
+// buffers over their ep.Comm, as steps of its stream (graphs hold them).
+func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) cuda.DeviceComm {
+	return cuda.NewEmuComm(ctx, d.(*cuda.Emu), comm)
+}

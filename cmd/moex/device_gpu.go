@@ -3,11 +3,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -57,29 +59,44 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 		SplitRows: split, Scale: m.scale})
 }
 
-// deviceExperts opens the device for moex run: every rank's expert shard
-// resident on it and its attention over a synced copy of its cache (the
-// ranks share the device), with CUDA graphs of both when graphs is set,
-// and what closes it.
-func deviceExperts(graphs bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), dpattn.AttentionCore, func(), error) {
+// openDeviceRun opens the device for moex run: every rank's expert shard
+// resident on it, or in gather mode its whole MoE stage (the hidden states
+// gathered and scattered in device memory over deviceComm), and its
+// attention over a synced copy of its cache (the ranks of a process share
+// the device), with CUDA graphs when graphs is set.
+func openDeviceRun(graphs bool) (*deviceRun, error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	att := cuda.NewAttention(d)
 	if graphs {
 		att.EnableGraphs()
 	}
-	return func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
-		ex, err := cuda.NewExperts(d, shard)
-		if err != nil {
-			return nil, nil, err
-		}
-		if graphs {
-			ex.EnableGraphs()
-		}
-		return ex, ex.Close, nil
-	}, att, func() { att.Close(); closeDev() }, nil
+	return &deviceRun{
+		experts: func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
+			ex, err := cuda.NewExperts(d, shard)
+			if err != nil {
+				return nil, nil, err
+			}
+			if graphs {
+				ex.EnableGraphs()
+			}
+			return ex, ex.Close, nil
+		},
+		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
+			g, err := cuda.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
+			if err != nil {
+				return nil, nil, err
+			}
+			if graphs {
+				g.EnableGraphs()
+			}
+			return g, g.Close, nil
+		},
+		core:  att,
+		close: func() { att.Close(); closeDev() },
+	}, nil
 }
 
 // benchMoEOnDevice times the layer on the device for each token count:

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/moe"
 )
@@ -24,8 +23,6 @@ func benchMoEOnDevice(*moe.Layer, string, []int, *benchOpts, uint64) ([]benchRes
 	return nil, errNoCUDA
 }
 
-func deviceExperts(bool) (func(int, *moe.Layer) (moe.ExpertRunner, func(), error), dpattn.AttentionCore, func(), error) {
-	return nil, nil, nil, errNoCUDA
-}
+func openDeviceRun(bool) (*deviceRun, error) { return nil, errNoCUDA }
 
 func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) { return nil, nil, nil, errNoCUDA }

@@ -67,24 +67,23 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("%w: run: --comm %q (want local, mpi or nccl)", errUsage, *commName)
 	}
-	var experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
-	var attnCore dpattn.AttentionCore
+	var dev *deviceRun
 	var attnProj dpattn.Projector
 	switch *backend {
 	case "cpu":
+		dev = &deviceRun{close: func() {}}
 	case "cuda":
-		hook, core, closeDev, err := deviceExperts(*graphs)
-		if err != nil {
+		var err error
+		if dev, err = openDeviceRun(*graphs); err != nil {
 			return err
 		}
-		defer closeDev()
-		experts, attnCore = hook, core
-		if p, ok := core.(interface{ Projections() dpattn.Projector }); ok {
+		if p, ok := dev.core.(interface{ Projections() dpattn.Projector }); ok {
 			attnProj = p.Projections() // the attention block's projections there too
 		}
 	default:
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
+	defer dev.close()
 	t0 := time.Now()
 	var layer *moe.Layer
 	var err error
@@ -120,7 +119,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
 	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
-		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: experts, AttnCore: attnCore, AttnProj: attnProj}
+		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	var rep *dpattn.RunReport
 	if comm == nil {
 		rep, err = dpattn.Run(ctx, cfg)
@@ -136,13 +135,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  model: %s (setup %v)\n", source, setup.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "  layer: %s; MoE %s %d experts top-%d, inter %d, shared %d\n",
 		attnDesc, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
-	if experts != nil {
+	if dev.core != nil {
 		launches := "eager launches"
 		if *graphs {
-			launches = "CUDA graphs per row bucket, replayed when the vote allows"
+			launches = "CUDA graphs per bucket, replayed when the vote allows"
 		}
-		fmt.Fprintf(stdout, "  backend: on %s: MLA decode over a synced copy of each rank's cache, MoE experts (each rank's shard "+
-			"resident, bf16 activations, %s); projections and collectives on the CPU\n", deviceName, launches)
+		moeDesc := "the experts of each rank's shard (resident; routing, dispatch and combine on the CPU)"
+		if *mode == "gather" {
+			moeDesc = "the whole MoE stage (the hidden states all-gathered and reduce-scattered in device memory; router, " +
+				"the rank's shard of experts and the shared expert there; its time in the MoE column)"
+		}
+		fmt.Fprintf(stdout, "  backend: on %s, bf16 activations, %s: the attention projections, MLA decode over a synced copy of "+
+			"each rank's cache, and %s; RMSNorm, RoPE and the cache append on the CPU\n", deviceName, launches, moeDesc)
 	}
 	fmt.Fprintln(stdout)
 
@@ -182,7 +186,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	limit, want := 0.0, "bit-identical"
 	switch {
-	case experts != nil:
+	case dev.core != nil:
 		limit, want = 1e-2, "within 1e-2 of the CPU path"
 	case *mode == "gather":
 		limit, want = 1e-6, "within 1e-6"
@@ -197,4 +201,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("run: parity with one rank failed (relative error %.2e)", rep.ParityRelErr)
 	}
 	return nil
+}
+
+// deviceRun is what --backend cuda gives moex run (see openDeviceRun); the
+// CPU backend leaves everything but close nil.
+type deviceRun struct {
+	experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
+	gather  func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error)
+	core    dpattn.AttentionCore
+	close   func()
 }
