@@ -9,6 +9,9 @@ cd "$(dirname "$0")"
 {
   echo "# moex GPU results, $(date -u)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
+  # NCCL usually comes with PyTorch's wheels: put its folder on the search path.
+  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
+  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
   echo "## kernel tests"
   if ! ./cuda.test -test.v 2>&1; then
     # Launches do not wait for the GPU: rerun with every launch waiting, to
@@ -21,21 +24,20 @@ cd "$(dirname "$0")"
   ./moex run --backend cuda --ranks 4 --steps 8 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 --moe-mode gather 2>&1
   echo "## moex run --comm nccl (one process per GPU, torchrun's variables)"
-  # NCCL usually comes with PyTorch's wheels: put its folder on the search path.
-  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
-  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
   gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
   for world in 1 "$gpus"; do
     [ "$world" -ge 1 ] || continue
-    echo "### world size $world"
-    pids=()
-    for ((r = 0; r < world; r++)); do
-      MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 WORLD_SIZE=$world RANK=$r LOCAL_RANK=$r \
-        timeout 600 ./moex run --comm nccl --steps 8 --timeout 5m > "rank$r.txt" 2>&1 &
-      pids+=($!)
+    for mode in alltoall gather; do
+      echo "### world size $world, MoE mode $mode (gather: the collectives on the device buffers, inside the graphs)"
+      pids=()
+      for ((r = 0; r < world; r++)); do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 WORLD_SIZE=$world RANK=$r LOCAL_RANK=$r \
+          timeout 600 ./moex run --comm nccl --steps 8 --moe-mode $mode --timeout 5m > "rank$r.txt" 2>&1 &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p"; echo "exit status $?"; done
+      cat rank0.txt; for ((r = 1; r < world; r++)); do tail -3 "rank$r.txt"; done
     done
-    for p in "${pids[@]}"; do wait "$p"; echo "exit status $?"; done
-    cat rank0.txt; for ((r = 1; r < world; r++)); do tail -3 "rank$r.txt"; done
     [ "$world" -gt 1 ] || [ "$gpus" -gt 1 ] || break
   done
   echo "## moex bench moe --backend cuda (eager launches and CUDA-graph replays, host copies included)"
