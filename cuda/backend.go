@@ -40,6 +40,19 @@ type Launcher interface {
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error
+	// RMSNorm normalises x[r, col … col+width) in place, for rows rows of
+	// stride values, with weight w (fp32 [width]).
+	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error
+	// Rope rotates x[r, col … col+width) in place for position
+	// pos[r/perPos] (int32): DeepSeek's interleaved pairs in, halves out;
+	// freq holds width/2 inverse frequencies and the cos/sin scale (fp64).
+	Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buffer) error
+	// CopyRows copies, for i < rows, width values of row srcMap[i] of src
+	// (from srcCol; rows of srcStride values) to row dstMap[i] of dst (from
+	// dstCol; dstStride), as fp32 or rounded to bf16; a zero Buffer map is
+	// the identity, a negative index skips the row.
+	CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
+		rows, width int) error
 	// Collective enqueues op, the work of a communication library (NCCL)
 	// on the device's stream, which it is given: after the kernels before
 	// it, before those after. On a recorder it becomes a step of the graph.
@@ -52,6 +65,14 @@ type Launcher interface {
 
 // gemmBlock is the row block of the grouped GEMM (kernels/cuda).
 const gemmBlock = 64
+
+// The launch shapes and limits of kernels/cuda/mla_prep.cu.
+const (
+	normThreads = 128
+	ropeThreads = 64
+	copyThreads = 128
+	maxRope     = 512
+)
 
 func upload[T any](d Launcher, v []T) (Buffer, error) {
 	var zero T

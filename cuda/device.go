@@ -85,7 +85,8 @@ func Open(ordinal int) (*Device, error) {
 	}
 	d := &Device{dev: dev, ordinal: ordinal, ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
 	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
-		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_f32_to_bf16"} {
+		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_f32_to_bf16", "moex_rmsnorm", "moex_rope",
+		"moex_copy_rows"} {
 		fn, err := mod.Function(name)
 		if err != nil {
 			d.Close()
@@ -286,6 +287,41 @@ func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, t
 func (d *Device) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
 	a := (&args{}).ptr(ids).int(n).int(lo).int(experts).int(block).int(maxBlocks).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
 	return d.launch("moex_align", [3]int{1, 1, 1}, alignThreads, a)
+}
+
+// RMSNorm launches the RMSNorm kernel, a block per row.
+func (d *Device) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error {
+	if rows == 0 {
+		return nil
+	}
+	a := (&args{}).ptr(x).int(stride).int(col).int(width).ptr(w).f32(eps)
+	return d.launch("moex_rmsnorm", [3]int{rows, 1, 1}, normThreads, a)
+}
+
+// Rope launches the rotary-embedding kernel, a block per row.
+func (d *Device) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buffer) error {
+	if rows == 0 {
+		return nil
+	}
+	if width%2 != 0 || width > maxRope || perPos < 1 {
+		return fmt.Errorf("cuda: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, maxRope)
+	}
+	a := (&args{}).ptr(x).int(stride).int(col).int(width).int(perPos).ptr(pos).ptr(freq)
+	return d.launch("moex_rope", [3]int{rows, 1, 1}, ropeThreads, a)
+}
+
+// CopyRows launches the row-copy kernel, a block per row.
+func (d *Device) CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
+	rows, width int) error {
+	if rows == 0 {
+		return nil
+	}
+	b := 0
+	if dstBF16 {
+		b = 1
+	}
+	a := (&args{}).ptr(src).int(srcStride).int(srcCol).ptr(srcMap).ptr(dst).int(b).int(dstStride).int(dstCol).ptr(dstMap).int(width)
+	return d.launch("moex_copy_rows", [3]int{rows, 1, 1}, copyThreads, a)
 }
 
 // Combine launches the combine kernel; shared may be the zero Buffer.

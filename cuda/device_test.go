@@ -327,3 +327,5 @@ func TestGatherMoEOnGPU(t *testing.T) {
 	require.Equal(t, eager, run("graph (NCCL captured in it)"))
 	require.Equal(t, 20, g.Replays)
 }
+
+func TestPrepKernelsOnGPU(t *testing.T) { testPrepKernels(t, open(t)) }

@@ -153,6 +153,33 @@ func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, 
 	})
 }
 
+func (e *Emu) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error {
+	if rows == 0 {
+		return nil
+	}
+	return e.kernel(func() { cudaemu.RMSNormRaw(e.p(x), rows, stride, col, width, e.p(w), eps) })
+}
+
+func (e *Emu) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buffer) error {
+	if rows == 0 {
+		return nil
+	}
+	if width%2 != 0 || width > maxRope || perPos < 1 {
+		return fmt.Errorf("cuda: emu: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, maxRope)
+	}
+	return e.kernel(func() { cudaemu.RopeRaw(e.p(x), rows, stride, col, width, perPos, e.p(pos), e.p(freq)) })
+}
+
+func (e *Emu) CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
+	rows, width int) error {
+	if rows == 0 {
+		return nil
+	}
+	return e.kernel(func() {
+		cudaemu.CopyRowsRaw(e.p(src), srcStride, srcCol, e.p(srcMap), e.p(dst), dstBF16, dstStride, dstCol, e.p(dstMap), rows, width)
+	})
+}
+
 // kernel runs f, one kernel at a time, or records it on a recorder.
 func (e *Emu) kernel(f func()) error {
 	if e.rec != nil {

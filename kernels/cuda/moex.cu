@@ -3,3 +3,4 @@
 #include "mla_decode.cu"
 #include "moe_routing.cu"
 #include "grouped_gemm.cu"
+#include "mla_prep.cu"

@@ -70,4 +70,20 @@ void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, 
               pairs, N, K, h);
 }
 
+void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, float eps) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(rows), dim3(moex::kNormThreads), moex::moex_rmsnorm, x, stride, col, width, w, eps);
+}
+
+void moex_emu_rope(float* x, int rows, int stride, int col, int width, int perPos, const int32_t* pos, const double* freq) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(rows), dim3(moex::kRopeThreads), moex::moex_rope, x, stride, col, width, perPos, pos, freq);
+}
+
+void moex_emu_copy_rows(const float* src, int srcStride, int srcCol, const int32_t* srcMap, void* dst, int dstBF16,
+                        int dstStride, int dstCol, const int32_t* dstMap, int rows, int width) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  emu::launch(dim3(rows), dim3(moex::kCopyThreads), moex::moex_copy_rows, src, srcStride, srcCol, srcMap, dst, dstBF16,
+              dstStride, dstCol, dstMap, width);
+}
 }  // extern "C"

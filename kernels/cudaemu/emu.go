@@ -24,6 +24,10 @@ void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                        float* h);
+void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, float eps);
+void moex_emu_rope(float* x, int rows, int stride, int col, int width, int perPos, const int32_t* pos, const double* freq);
+void moex_emu_copy_rows(const float* src, int srcStride, int srcCol, const int32_t* srcMap, void* dst, int dstBF16,
+                        int dstStride, int dstCol, const int32_t* dstMap, int rows, int width);
 */
 import "C"
 
@@ -262,4 +266,26 @@ func MLADecodeRaw(bf16 bool, q, cache, blockTable, seqlens unsafe.Pointer, batch
 	C.moex_emu_mla_decode(C.int(b), (*C.float)(q), cache, (*C.int32_t)(blockTable), (*C.int32_t)(seqlens), C.int(batch),
 		C.int(heads), C.int(D), C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits),
 		C.float(scale), (*C.float)(partO), (*C.float)(partL), (*C.float)(out), (*C.float)(lse))
+}
+
+// RMSNormRaw launches the RMSNorm kernel over rows of x.
+func RMSNormRaw(x unsafe.Pointer, rows, stride, col, width int, w unsafe.Pointer, eps float32) {
+	C.moex_emu_rmsnorm((*C.float)(x), C.int(rows), C.int(stride), C.int(col), C.int(width), (*C.float)(w), C.float(eps))
+}
+
+// RopeRaw launches the rotary-embedding kernel over rows of x.
+func RopeRaw(x unsafe.Pointer, rows, stride, col, width, perPos int, pos, freq unsafe.Pointer) {
+	C.moex_emu_rope((*C.float)(x), C.int(rows), C.int(stride), C.int(col), C.int(width), C.int(perPos), (*C.int32_t)(pos),
+		(*C.double)(freq))
+}
+
+// CopyRowsRaw launches the row-copy kernel.
+func CopyRowsRaw(src unsafe.Pointer, srcStride, srcCol int, srcMap, dst unsafe.Pointer, dstBF16 bool, dstStride, dstCol int,
+	dstMap unsafe.Pointer, rows, width int) {
+	b := 0
+	if dstBF16 {
+		b = 1
+	}
+	C.moex_emu_copy_rows((*C.float)(src), C.int(srcStride), C.int(srcCol), (*C.int32_t)(srcMap), dst, C.int(b),
+		C.int(dstStride), C.int(dstCol), (*C.int32_t)(dstMap), C.int(rows), C.int(width))
 }

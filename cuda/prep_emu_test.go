@@ -1,0 +1,11 @@
+//go:build cudaemu && !cuda
+
+package cuda_test
+
+import (
+	"testing"
+
+	"github.com/moex-project/moex/cuda"
+)
+
+func TestPrepKernelsOnEmulation(t *testing.T) { testPrepKernels(t, cuda.NewEmu()) }
