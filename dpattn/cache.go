@@ -230,6 +230,72 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 	return nil
 }
 
+// Reserve extends sequence seq (created on first use) by n rows whose
+// values a device copy of the cache computes and writes (a decode step on
+// the device), taking blocks as needed, and returns each row's slot
+// (block·BlockSize + row in the block). The rows hold zeros here until Fill
+// gives them their values, and their blocks are not marked changed, so a
+// device copy's sync does not overwrite them. If the cache has too few free
+// blocks it returns an error and changes nothing.
+func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("dpattn: reserving %d rows", n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.seqs[seq]
+	if s == nil {
+		s = &sequence{}
+		c.seqs[seq] = s
+	}
+	need := (s.len+n+c.blockSize-1)/c.blockSize - len(s.blocks)
+	if need > len(c.free) {
+		if s.len == 0 {
+			delete(c.seqs, seq)
+		}
+		return nil, fmt.Errorf("dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
+			seq, need, len(c.free), c.numBlocks)
+	}
+	for ; need > 0; need-- {
+		s.blocks = append(s.blocks, c.free[len(c.free)-1])
+		c.free = c.free[:len(c.free)-1]
+	}
+	slots := make([]int32, n)
+	for i := range slots {
+		pos := s.len + i
+		slots[i] = s.blocks[pos/c.blockSize]*int32(c.blockSize) + int32(pos%c.blockSize)
+	}
+	s.len += n
+	return slots, nil
+}
+
+// Fill writes rows [len(slots), dim], already written at slots (from
+// Reserve) in a device copy, into the host memory, stored as the cache's
+// dtype (bf16 rounded to nearest even, as on the device), without marking
+// their blocks changed.
+func (c *LatentCache) Fill(slots []int32, rows []float32) error {
+	if len(rows) != len(slots)*c.dim {
+		return fmt.Errorf("dpattn: fill: %d values for %d rows of %d", len(rows), len(slots), c.dim)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, slot := range slots {
+		if slot < 0 || int(slot) >= c.numBlocks*c.blockSize {
+			return fmt.Errorf("dpattn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
+		}
+		off := int(slot) * c.dim
+		src := rows[i*c.dim : (i+1)*c.dim]
+		if c.dtype == kernels.F32 {
+			copy(c.f32[off:off+c.dim], src)
+		} else {
+			for j, v := range src {
+				c.u16[off+j] = half.F32ToBF16(v)
+			}
+		}
+	}
+	return nil
+}
+
 // Free releases sequence seq's blocks for reuse.
 func (c *LatentCache) Free(seq int) error {
 	c.mu.Lock()

@@ -61,6 +61,34 @@ type MLABlock struct {
 	ck            *moe.Checkpoint
 }
 
+// MLAWeights are an MLA block's tensors as a device path takes them: the
+// block's own (pointers into it, stable for its life, so a device can key
+// its resident copies by them), not copies.
+type MLAWeights struct {
+	QProj     *kernels.Matrix // nil with a q_lora_rank: QA, its norm, then QB
+	QA, QB    *kernels.Matrix
+	QANorm    []float32
+	KVA       *kernels.Matrix // [kv_lora_rank + rope, hidden]
+	KVANorm   []float32       // [kv_lora_rank]
+	WUKT, WUV []kernels.Matrix
+	OProj     *kernels.Matrix
+	RopeFreq  []float64 // rope/2 inverse frequencies (yarn's when configured), then the cos/sin scale
+	Scale     float32   // the softmax scale
+	Eps       float64   // the RMSNorm epsilon
+}
+
+// Weights returns the block's tensors for a device path.
+func (b *MLABlock) Weights() MLAWeights {
+	w := MLAWeights{KVA: &b.kvA, KVANorm: b.kvANorm, WUKT: b.wUKT, WUV: b.wUV, OProj: &b.oProj,
+		RopeFreq: append(append([]float64(nil), b.invFreq...), b.cosSinScale), Scale: b.Scale, Eps: b.Cfg.RMSNormEps}
+	if b.Cfg.QLoraRank == nil {
+		w.QProj = &b.qProj
+	} else {
+		w.QA, w.QB, w.QANorm = &b.qA, &b.qB, b.qANorm
+	}
+	return w
+}
+
 // LoadMLABlock maps layer n's self_attn tensors from a deepseek_v2 or
 // deepseek_v3 checkpoint.
 func LoadMLABlock(dir string, n int) (*MLABlock, error) {

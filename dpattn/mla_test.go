@@ -171,3 +171,51 @@ func TestLatentCache(t *testing.T) {
 	_, err = dpattn.NewLatentCache(1, 1, 1, kernels.F16)
 	require.ErrorContains(t, err, "cache dtype F16")
 }
+
+// TestLatentCacheReserve: rows reserved for a device and filled afterwards
+// leave the cache as appending them would, without marking their blocks
+// changed (a device copy that wrote them is not overwritten by a sync).
+func TestLatentCacheReserve(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	rows := make([]float32, 7*3)
+	for i := range rows {
+		rows[i] = float32(rng.NormFloat64())
+	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		app, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		require.NoError(t, err)
+		res, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		require.NoError(t, err)
+		require.NoError(t, app.Append(5, rows[:2*3]))
+		require.NoError(t, res.Append(5, rows[:2*3]))
+		seen := make([]uint64, 4)
+		synced := func() []int {
+			var blocks []int
+			require.NoError(t, res.Changed(seen, func(block int, _ []byte) error { blocks = append(blocks, block); return nil }))
+			return blocks
+		}
+		require.Equal(t, []int{0}, synced())
+		require.NoError(t, app.Append(5, rows[2*3:]))
+		slots, err := res.Reserve(5, 5)
+		require.NoError(t, err)
+		require.Equal(t, []int32{2, 3, 4, 5, 6}, slots, "rows 2, 3 of block 0, then block 1")
+		require.Equal(t, 7, res.Len(5))
+		require.Equal(t, app.BlockTable(5), res.BlockTable(5))
+		require.NoError(t, res.Fill(slots, rows[2*3:]))
+		require.Empty(t, synced(), "reserved rows do not mark their blocks changed")
+		for b := 0; b < 2; b++ {
+			want, got := app.Block(b), res.Block(b)
+			for r := 0; r < 4; r++ {
+				w, g := make([]float32, 3), make([]float32, 3)
+				want.RowF32(r, w)
+				got.RowF32(r, g)
+				require.Equal(t, w, g, "%v block %d row %d", dt, b, r)
+			}
+		}
+		_, err = res.Reserve(6, 9) // 3 blocks; 2 are free
+		require.ErrorContains(t, err, "latent cache exhausted: sequence 6 needs 3 more blocks, 2 of 4 are free")
+		require.Zero(t, res.Len(6))
+		require.ErrorContains(t, res.Fill([]int32{16}, rows[:3]), "slot 16 out of range [0, 16)")
+		require.ErrorContains(t, res.Fill([]int32{1}, rows[:4]), "4 values for 1 rows of 3")
+	}
+}
