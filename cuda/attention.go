@@ -28,8 +28,9 @@ type Attention struct {
 	mu      sync.Mutex
 	mirrors map[*dpattn.LatentCache]*mirror
 
-	proj *projector  // made by Projections
-	tmp  scratchPool // the eager decode's temporaries
+	proj   *projector // made by Projections
+	blocks map[*dpattn.MLABlock]*blockOnDevice
+	tmp    scratchPool // the eager decode's temporaries
 
 	graphs  bool // replay captured graphs when the step allows
 	allowed atomic.Bool
@@ -42,6 +43,7 @@ type mirror struct {
 	buf    Buffer
 	seen   []uint64
 	graphs map[attnKey]*attnGraph
+	steps  map[stepKey]*stepBucket
 }
 
 // attnKey names a captured decode: the query bucket, the split bucket and
@@ -100,12 +102,22 @@ func (a *Attention) Close() {
 	if a.proj != nil {
 		a.proj.close()
 	}
+	for blk, b := range a.blocks {
+		b.free(a.d)
+		delete(a.blocks, blk)
+	}
 	a.tmp.free()
 	for c, m := range a.mirrors {
 		for _, g := range m.graphs {
 			if g != nil { // nil: a bucket that could not be captured
 				g.close()
 			}
+		}
+		for _, s := range m.steps {
+			if s.graph != nil {
+				s.graph.Close()
+			}
+			s.bs.free()
 		}
 		a.d.Free(m.buf)
 		delete(a.mirrors, c)

@@ -1,0 +1,404 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/kernels"
+)
+
+// The MLA block's decode step with every activation in device memory: the
+// projections on the resident weights of the core's projector, RMSNorm and
+// RoPE, the new latent rows written into the cache's device copy, the
+// absorbed queries, MLA decode, the value lift and o_proj, then the
+// residual. No host copy between its kernels, so a bucket of queries and
+// KV splits is captured once as a graph and replayed, as the attention
+// graphs are; the new rows are read back afterwards into the host cache
+// (LatentCache.Fill) so both copies agree.
+
+// stepKey names a step's buffers and graph: the block, the query bucket
+// and the split bucket.
+type stepKey struct {
+	blk             *dpattn.MLABlock
+	queries, splits int
+}
+
+// stepBucket is a decode step of Q queries over at most S splits of the
+// cache on fixed buffers.
+type stepBucket struct {
+	Q, S, width, idRows, headRows int
+	// Inputs, staged before each run.
+	x, pos, slots, table, lens Buffer
+	// The step's work.
+	xb, qa, qab, q, kv, qNope, qLat, qAbs   Buffer
+	partO, partL, o, lse, ob, vhm, vtm, out Buffer
+	// Output: the block's output plus x, [Q, hidden].
+	hidden                                            Buffer
+	idSorted, idExp, headSorted, headExp, headMap, id Buffer
+	graph                                             Graph
+	noGraph                                           bool
+	bs                                                buffers
+}
+
+// blockOnDevice is a block's weights on the device (resident in the
+// projector) and its norm weights and rotary frequencies.
+type blockOnDevice struct {
+	w                              dpattn.MLAWeights
+	qProj, qA, qB, kvA, wUKT, wUV  Buffer
+	oProj                          Buffer
+	qANorm, kvANorm, freq          Buffer
+	hidden, heads, qRank, L, R, qd int
+	nope, vd                       int
+}
+
+// blockOf uploads blk's weights on first use.
+func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
+	a.mu.Lock()
+	b := a.blocks[blk]
+	a.mu.Unlock()
+	if b != nil {
+		return b, nil
+	}
+	c := blk.Cfg
+	w := blk.Weights()
+	b = &blockOnDevice{w: w, hidden: c.Hidden, heads: c.Heads, L: c.KVLoraRank, R: c.RopeDim, qd: c.NopeDim + c.RopeDim,
+		nope: c.NopeDim, vd: c.VDim}
+	for name, k := range map[string]int{"hidden": c.Hidden, "kv_lora_rank": c.KVLoraRank, "qk_nope_head_dim": c.NopeDim,
+		"heads·v_head_dim": c.Heads * c.VDim} {
+		if k%16 != 0 {
+			return nil, fmt.Errorf("cuda: mla step: %s %d is not a multiple of 16 (the device GEMM's k)", name, k)
+		}
+	}
+	if c.RopeDim%2 != 0 || c.RopeDim > maxRope {
+		return nil, fmt.Errorf("cuda: mla step: rope dims %d (want even, ≤ %d)", c.RopeDim, maxRope)
+	}
+	p := a.Projections().(*projector)
+	one := func(m *kernels.Matrix) (Buffer, error) { return p.stack(m, []kernels.Matrix{*m}) }
+	var err error
+	set := func(dst *Buffer, f func() (Buffer, error)) {
+		if err == nil {
+			*dst, err = f()
+		}
+	}
+	if w.QProj != nil {
+		set(&b.qProj, func() (Buffer, error) { return one(w.QProj) })
+	} else {
+		b.qRank = w.QA.Rows
+		if b.qRank%16 != 0 {
+			return nil, fmt.Errorf("cuda: mla step: q_lora_rank %d is not a multiple of 16", b.qRank)
+		}
+		set(&b.qA, func() (Buffer, error) { return one(w.QA) })
+		set(&b.qB, func() (Buffer, error) { return one(w.QB) })
+		set(&b.qANorm, func() (Buffer, error) { return upload(a.d, w.QANorm) })
+	}
+	set(&b.kvA, func() (Buffer, error) { return one(w.KVA) })
+	set(&b.oProj, func() (Buffer, error) { return one(w.OProj) })
+	set(&b.wUKT, func() (Buffer, error) { return p.stack(&w.WUKT[0], w.WUKT) })
+	set(&b.wUV, func() (Buffer, error) { return p.stack(&w.WUV[0], w.WUV) })
+	set(&b.kvANorm, func() (Buffer, error) { return upload(a.d, w.KVANorm) })
+	set(&b.freq, func() (Buffer, error) { return upload(a.d, w.RopeFreq) })
+	if err != nil {
+		for _, x := range []Buffer{b.qANorm, b.kvANorm, b.freq} {
+			if x.id != 0 {
+				a.d.Free(x)
+			}
+		}
+		return nil, fmt.Errorf("cuda: mla step: uploading the block: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.blocks == nil {
+		a.blocks = map[*dpattn.MLABlock]*blockOnDevice{}
+	}
+	a.blocks[blk] = b
+	return b, nil
+}
+
+func (b *blockOnDevice) free(d Launcher) {
+	for _, x := range []Buffer{b.qANorm, b.kvANorm, b.freq} {
+		if x.id != 0 {
+			d.Free(x)
+		}
+	}
+}
+
+// newStepBucket allocates the buffers of Q queries and S splits.
+func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S, splitRows int) (*stepBucket, error) {
+	s := &stepBucket{Q: Q, S: S, bs: buffers{d: a.d}}
+	s.width = min(c.NumBlocks(), (S*splitRows+c.BlockSize()-1)/c.BlockSize())
+	H, nh, L, R, qd := b.hidden, b.heads, b.L, b.R, b.qd
+	lay, blocks, err := identityLayout(Q)
+	if err != nil {
+		return nil, err
+	}
+	s.idRows = len(lay.Pairs)
+	per := (Q + gemmBlock - 1) / gemmBlock // blocks per head
+	s.headRows = nh * per * gemmBlock
+	headSorted := make([]int32, s.headRows)
+	headExp := make([]int32, nh*per)
+	headMap := make([]int32, Q*nh)
+	for h := 0; h < nh; h++ {
+		for i := 0; i < per*gemmBlock; i++ {
+			headSorted[h*per*gemmBlock+i] = int32(Q * nh) // the sentinel: padding
+			if i < Q {
+				headSorted[h*per*gemmBlock+i] = int32(i*nh + h)
+				headMap[i*nh+h] = int32(h*per*gemmBlock + i)
+			}
+		}
+		for k := 0; k < per; k++ {
+			headExp[h*per+k] = int32(h)
+		}
+	}
+	ident := make([]int32, Q)
+	for i := range ident {
+		ident[i] = int32(i)
+	}
+	al := s.bs.alloc
+	s.x, s.pos, s.slots, s.table, s.lens = al(int64(Q*H*4)), al(int64(Q*4)), al(int64(Q*4)), al(int64(Q*s.width*4)), al(int64(Q*4))
+	s.xb = al(int64(Q * H * 2))
+	if b.qRank > 0 {
+		s.qa, s.qab = al(int64(s.idRows*b.qRank*4)), al(int64(Q*b.qRank*2))
+	}
+	s.q, s.kv = al(int64(s.idRows*nh*qd*4)), al(int64(s.idRows*(L+R)*4))
+	s.qNope, s.qLat, s.qAbs = al(int64(Q*nh*b.nope*2)), al(int64(s.headRows*L*4)), al(int64(Q*nh*(L+R)*4))
+	s.partO, s.partL = al(int64(Q*nh*S*L*4)), al(int64(Q*nh*S*4))
+	s.o, s.lse, s.ob = al(int64(Q*nh*L*4)), al(int64(Q*nh*4)), al(int64(Q*nh*L*2))
+	s.vhm, s.vtm = al(int64(s.headRows*b.vd*4)), al(int64(Q*nh*b.vd*2))
+	s.out, s.hidden = al(int64(s.idRows*H*4)), al(int64(Q*H*4))
+	s.idSorted, s.idExp = s.bs.put(upload(a.d, lay.Pairs)), s.bs.put(upload(a.d, blocks))
+	s.headSorted, s.headExp = s.bs.put(upload(a.d, headSorted)), s.bs.put(upload(a.d, headExp))
+	s.headMap, s.id = s.bs.put(upload(a.d, headMap)), s.bs.put(upload(a.d, ident))
+	if s.bs.err != nil {
+		s.bs.free()
+		return nil, fmt.Errorf("cuda: mla step of %d queries, %d splits: %w", Q, S, s.bs.err)
+	}
+	return s, nil
+}
+
+// enqueue launches the step on s's buffers, on l (the device or a
+// recorder of it), over the cache's device copy.
+func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cache Buffer, c *dpattn.LatentCache, splitRows int) error {
+	H, nh, L, R, qd, Q := b.hidden, b.heads, b.L, b.R, b.qd, s.Q
+	D := L + R
+	eps := float32(b.w.Eps)
+	proj := func(in Buffer, w Buffer, N, K int, out Buffer) error {
+		return l.GroupedGEMM(in, w, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, Buffer{}, out)
+	}
+	heads := func(in Buffer, w Buffer, N, K int, out Buffer) error {
+		return l.GroupedGEMM(in, w, s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, Buffer{}, out)
+	}
+	steps := []func() error{func() error { return l.F32ToBF16(s.x, s.xb, Q*H) }}
+	if b.qRank == 0 {
+		steps = append(steps, func() error { return proj(s.xb, b.qProj, nh*qd, H, s.q) })
+	} else {
+		r := b.qRank
+		steps = append(steps,
+			func() error { return proj(s.xb, b.qA, r, H, s.qa) },
+			func() error { return l.RMSNorm(s.qa, Q, r, 0, r, b.qANorm, eps) },
+			func() error { return l.F32ToBF16(s.qa, s.qab, Q*r) },
+			func() error { return proj(s.qab, b.qB, nh*qd, r, s.q) })
+	}
+	steps = append(steps,
+		// The latent rows: normalised, the rope part rotated, into the cache.
+		func() error { return proj(s.xb, b.kvA, D, H, s.kv) },
+		func() error { return l.RMSNorm(s.kv, Q, D, 0, L, b.kvANorm, eps) },
+		func() error { return l.Rope(s.kv, Q, D, L, R, 1, s.pos, b.freq) },
+		func() error {
+			return l.CopyRows(s.kv, D, 0, Buffer{}, cache, c.DType() == kernels.BF16, D, 0, s.slots, Q, D)
+		},
+		// Absorbed queries: each head's nope part through W_UKᵀ, the rope
+		// part rotated.
+		func() error {
+			return l.CopyRows(s.q, qd, 0, Buffer{}, s.qNope, true, b.nope, 0, Buffer{}, Q*nh, b.nope)
+		},
+		func() error { return heads(s.qNope, b.wUKT, L, b.nope, s.qLat) },
+		func() error { return l.CopyRows(s.qLat, L, 0, s.headMap, s.qAbs, false, D, 0, Buffer{}, Q*nh, L) },
+		func() error { return l.CopyRows(s.q, qd, b.nope, Buffer{}, s.qAbs, false, D, L, Buffer{}, Q*nh, R) },
+		func() error { return l.Rope(s.qAbs, Q*nh, D, L, R, nh, s.pos, b.freq) },
+		func() error {
+			return l.MLADecode(c.DType() == kernels.BF16, s.qAbs, cache, s.table, s.lens, Q, nh, D, L, c.BlockSize(), s.width,
+				splitRows, s.S, b.w.Scale, s.partO, s.partL, s.o, s.lse)
+		},
+		// Each head's latent output lifted by W_UV, heads side by side, o_proj.
+		func() error { return l.F32ToBF16(s.o, s.ob, Q*nh*L) },
+		func() error { return heads(s.ob, b.wUV, b.vd, L, s.vhm) },
+		func() error { return l.CopyRows(s.vhm, b.vd, 0, s.headMap, s.vtm, true, b.vd, 0, Buffer{}, Q*nh, b.vd) },
+		func() error { return proj(s.vtm, b.oProj, H, nh*b.vd, s.out) },
+		// The residual: hidden = out + x, as the decode loop adds it.
+		func() error { return l.Combine(s.out, s.id, Q, 1, H, s.x, s.hidden) },
+	)
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stepRun is one staged step: its bucket, the cache's copy and the rows
+// reserved for the new tokens.
+type stepRun struct {
+	b     *blockOnDevice
+	s     *stepBucket
+	m     *mirror
+	slots []int32
+	T     int
+}
+
+// prepareStep reserves the new tokens' cache rows, brings the cache's
+// device copy up to date and stages the inputs of the step's bucket. The
+// mirror is locked on return (unlock it when the step's results are read).
+func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x []float32) (*stepRun, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cfg := blk.Cfg
+	T, H := len(seqs), cfg.Hidden
+	if len(x) != T*H {
+		return nil, fmt.Errorf("cuda: mla step: x has %d values, want %d tokens × %d", len(x), T, H)
+	}
+	if c.Dim() != cfg.KVLoraRank+cfg.RopeDim {
+		return nil, fmt.Errorf("cuda: mla step: cache rows have %d values, want kv_lora_rank + rope = %d", c.Dim(), cfg.KVLoraRank+cfg.RopeDim)
+	}
+	b, err := a.blockOf(blk)
+	if err != nil {
+		return nil, err
+	}
+	m, err := a.mirrorOf(c)
+	if err != nil {
+		return nil, err
+	}
+	splitRows := a.SplitRows
+	if splitRows == 0 {
+		splitRows = 512
+	}
+	m.mu.Lock()
+	run, err := a.stage(m, b, blk, c, seqs, x, splitRows)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	return run, nil
+}
+
+func (a *Attention) stage(m *mirror, b *blockOnDevice, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x []float32,
+	splitRows int) (*stepRun, error) {
+	T, H := len(seqs), b.hidden
+	if err := c.Changed(m.seen, func(block int, data []byte) error {
+		return a.d.ToDeviceAt(m.buf, int64(block)*int64(len(data)), unsafe.Pointer(&data[0]), int64(len(data)))
+	}); err != nil {
+		return nil, err
+	}
+	slots := make([]int32, T)
+	pos := make([]int32, T)
+	tables := make([][]int32, T)
+	maxLen := 1
+	for t, seq := range seqs {
+		pos[t] = int32(c.Len(seq))
+		sl, err := c.Reserve(seq, 1)
+		if err != nil {
+			return nil, err
+		}
+		slots[t] = sl[0]
+		tables[t] = c.BlockTable(seq)
+		maxLen = max(maxLen, int(pos[t])+1)
+	}
+	key := stepKey{blk: blk, queries: pow2(T), splits: pow2((maxLen + splitRows - 1) / splitRows)}
+	s := m.steps[key]
+	if s == nil {
+		var err error
+		if s, err = a.newStepBucket(b, c, key.queries, key.splits, splitRows); err != nil {
+			return nil, err
+		}
+		if m.steps == nil {
+			m.steps = map[stepKey]*stepBucket{}
+		}
+		m.steps[key] = s
+	}
+	Q := s.Q
+	// Padding rows: zero hidden states, no cache row written, and the first
+	// token's table and length (their outputs are dropped).
+	xp := make([]float32, Q*H)
+	copy(xp, x)
+	ps, ss, ls := make([]int32, Q), make([]int32, Q), make([]int32, Q)
+	table := make([]int32, Q*s.width)
+	for i := 0; i < Q; i++ {
+		j := min(i, T-1)
+		ps[i], ls[i] = pos[j], pos[j]+1
+		ss[i] = -1
+		if i < T {
+			ss[i] = slots[i]
+		}
+		copy(table[i*s.width:(i+1)*s.width], tables[j])
+	}
+	for _, f := range []func() error{
+		func() error { return copyIn(a.d, s.x, xp) },
+		func() error { return copyIn(a.d, s.pos, ps) },
+		func() error { return copyIn(a.d, s.slots, ss) },
+		func() error { return copyIn(a.d, s.table, table) },
+		func() error { return copyIn(a.d, s.lens, ls) },
+	} {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	return &stepRun{b: b, s: s, m: m, slots: slots, T: T}, nil
+}
+
+// finishStep reads the new latent rows back into the host cache.
+func (a *Attention) finishStep(r *stepRun, c *dpattn.LatentCache) error {
+	D := c.Dim()
+	rows := make([]float32, r.T*D)
+	if err := download(a.d, r.s.kv, rows); err != nil {
+		return err
+	}
+	return c.Fill(r.slots, rows)
+}
+
+// Step runs the block's decode step for one new token of each of seqs,
+// hidden states x [len(seqs), hidden], entirely on the device, and writes
+// the block's output plus x (the MoE layer's input) to out. Each token's
+// latent row goes into the cache (and its device copy); it attends over
+// its sequence. With graphs enabled and the step's vote allowing, the
+// step's bucket replays its graph.
+func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x, out []float32) error {
+	if len(out) != len(x) {
+		return fmt.Errorf("cuda: mla step: out has %d values, x %d", len(out), len(x))
+	}
+	if len(seqs) == 0 {
+		return nil
+	}
+	r, err := a.prepareStep(ctx, blk, c, seqs, x)
+	if err != nil {
+		return err
+	}
+	defer r.m.mu.Unlock()
+	splitRows := a.SplitRows
+	if splitRows == 0 {
+		splitRows = 512
+	}
+	s := r.s
+	enqueue := func(l Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c, splitRows) }
+	if a.graphs && a.allowed.Load() && !s.noGraph && s.graph == nil {
+		s.graph, err = a.d.Capture(enqueue)
+		s.noGraph = err != nil
+	}
+	if a.graphs && a.allowed.Load() && s.graph != nil {
+		a.Replays.Add(1)
+		err = s.graph.Replay()
+	} else {
+		a.Eager.Add(1)
+		err = enqueue(a.d)
+	}
+	if err != nil {
+		return err
+	}
+	if err := download(a.d, s.hidden, out); err != nil {
+		return err
+	}
+	return a.finishStep(r, c)
+}

@@ -1,0 +1,114 @@
+//go:build cudaemu && !cuda
+
+package cuda_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+)
+
+// TestMLAStepOnEmulation: the MLA block's decode step with its activations
+// in device memory against the block on the host plus the residual, over
+// prefilled sequences (several cache blocks each) and decode steps of
+// different batch sizes; the rows it writes reach the host cache; replayed
+// graphs give the eager bits.
+func TestMLAStepOnEmulation(t *testing.T) {
+	for _, qLora := range []bool{true, false} {
+		t.Run(fmt.Sprintf("q_lora=%v", qLora), func(t *testing.T) {
+			cfg := dpattn.AttnConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
+				RopeTheta: 10000, RMSNormEps: 1e-6}
+			if qLora {
+				r := 32
+				cfg.QLoraRank = &r
+				cfg.Scaling = &dpattn.YarnScaling{Type: "yarn", Factor: 4, OrigMaxPos: 64, BetaFast: 32, BetaSlow: 1, MScale: 0.707,
+					MScaleAllDm: 0.707}
+			}
+			blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 6)
+			require.NoError(t, err)
+			D := cfg.KVLoraRank + cfg.RopeDim
+			newCache := func() *dpattn.LatentCache {
+				c, err := dpattn.NewLatentCache(12, 16, D, kernels.BF16)
+				require.NoError(t, err)
+				rng := rand.New(rand.NewPCG(3, 3))
+				for seq, n := range []int{5, 17, 40} {
+					rows := make([]float32, n*D)
+					for i := range rows {
+						rows[i] = float32(rng.NormFloat64())
+					}
+					require.NoError(t, c.Append(seq, rows))
+				}
+				return c
+			}
+			host := newCache()
+			steps := [][]int{{0, 1, 2}, {0, 2}, {0, 1, 2}, {1}}
+			// run gives every step's outputs on a fresh cache, and the cache.
+			run := func(att *cuda.Attention) ([][]float32, *dpattn.LatentCache) {
+				c := newCache()
+				var outs [][]float32
+				for st, seqs := range steps {
+					x := moetest.Input(uint64(10+st), len(seqs), cfg.Hidden, false)
+					got := make([]float32, len(x))
+					require.NoError(t, att.Step(context.Background(), blk, c, seqs, x, got))
+					outs = append(outs, got)
+				}
+				return outs, c
+			}
+			att := cuda.NewAttention(cuda.NewEmu())
+			defer att.Close()
+			eager, dev := run(att)
+			for st, seqs := range steps {
+				x := moetest.Input(uint64(10+st), len(seqs), cfg.Hidden, false)
+				want := make([]float32, len(x))
+				require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
+				ref := make([]float64, len(want))
+				for i := range want {
+					ref[i] = float64(want[i] + x[i])
+				}
+				e := moetest.RelErr(eager[st], ref)
+				t.Logf("step %d (%d tokens): relative error %.2e against the host block", st, len(seqs), e)
+				require.Less(t, e, 1e-2)
+				require.Greater(t, e, 0.0, "the device rounds to bf16: the same bits would mean it did not run")
+			}
+			// The rows the device wrote are in the host cache, as the host
+			// block wrote its own.
+			for seq := 0; seq < 3; seq++ {
+				require.Equal(t, host.Len(seq), dev.Len(seq))
+				require.Equal(t, host.BlockTable(seq), dev.BlockTable(seq))
+			}
+			var num, den float64
+			for b := 0; b < dev.NumBlocks(); b++ {
+				hb, db := host.Block(b), dev.Block(b)
+				w, g := make([]float32, D), make([]float32, D)
+				for r := 0; r < 16; r++ {
+					hb.RowF32(r, w)
+					db.RowF32(r, g)
+					for i := range w {
+						num += float64(g[i]-w[i]) * float64(g[i]-w[i])
+						den += float64(w[i]) * float64(w[i])
+					}
+				}
+			}
+			t.Logf("caches: relative difference %.2e", math.Sqrt(num/den))
+			require.Less(t, math.Sqrt(num/den), 1e-2)
+			require.Greater(t, num, 0.0, "the new rows were computed on the device")
+
+			graphed := cuda.NewAttention(cuda.NewEmu())
+			defer graphed.Close()
+			graphed.EnableGraphs()
+			graphed.AllowGraph(true)
+			replayed, _ := run(graphed)
+			require.Equal(t, eager, replayed, "a replay gives the eager bits")
+			require.EqualValues(t, len(steps), graphed.Replays.Load())
+		})
+	}
+}
