@@ -56,6 +56,7 @@ type Launcher interface {
 	// Collective enqueues op, the work of a communication library (NCCL)
 	// on the device's stream, which it is given: after the kernels before
 	// it, before those after. On a recorder it becomes a step of the graph.
+	// op runs with the device held: it must not call the device itself.
 	Collective(name string, op func(stream uintptr) error) error
 	// Capture gives record a recorder of the device: the kernels record
 	// launches on it make a Graph instead of running (copies are errors),

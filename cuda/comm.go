@@ -29,6 +29,23 @@ type DeviceComm interface {
 	// Wait waits for the collectives enqueued so far. At ctx's end (a peer
 	// that does not arrive) it aborts the communicator and says why.
 	Wait(ctx context.Context) error
+	// Agree returns whether ok holds on every rank (a host-side
+	// all-reduce): whether a graph holding collectives was captured on
+	// every rank, since NCCL needs every rank to capture a collective, or
+	// none to.
+	Agree(ctx context.Context, ok bool) (bool, error)
+}
+
+// agree is Agree over a host communicator.
+func agree(ctx context.Context, c ep.Comm, ok bool) (bool, error) {
+	v := []int64{0}
+	if ok {
+		v[0] = 1
+	}
+	if err := c.AllReduceInt64(ctx, v, ep.Min); err != nil {
+		return false, err
+	}
+	return v[0] == 1, nil
 }
 
 // errNotCapturable: the communicator's collectives cannot be in a graph.
@@ -122,3 +139,5 @@ func (s *StagedComm) ReduceScatter(l Launcher, send, recv Buffer, count int) err
 
 // Wait: the staged collectives finished when they returned.
 func (s *StagedComm) Wait(ctx context.Context) error { return nil }
+
+func (s *StagedComm) Agree(ctx context.Context, ok bool) (bool, error) { return agree(ctx, s.c, ok) }

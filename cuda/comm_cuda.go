@@ -6,24 +6,39 @@ import (
 	"context"
 
 	"github.com/moex-project/moex/bindings/nccl"
+	"github.com/moex-project/moex/ep"
 )
 
 // NCCLComm is a DeviceComm over an NCCL communicator on this device: its
 // collectives go on the stream they are given (the legacy default stream,
 // or a capture's stream, so graphs hold them). On a non-blocking
-// communicator each call is followed by nccl.Comm.Queued, which is what a
-// capture may wait for.
+// communicator each call is followed by a wait for NCCL to queue it, which
+// is what a capture may wait for (an error there does not abort inside the
+// capture: Wait or the next eager call does).
 type NCCLComm struct {
-	d   *Device
-	c   *nccl.Comm
-	ctx context.Context
+	d    *Device
+	c    *nccl.Comm
+	host ep.Comm
+	ctx  context.Context
 }
 
 // NewNCCLComm makes a DeviceComm of c on d; ctx bounds the waits for NCCL
-// to queue its work.
-func NewNCCLComm(ctx context.Context, d *Device, c *nccl.Comm) *NCCLComm {
-	return &NCCLComm{d: d, c: c, ctx: ctx}
+// to queue its work; host (an ep.Comm of the same ranks: the coordinator's
+// group, or nccl.HostComm over c) carries Agree.
+func NewNCCLComm(ctx context.Context, d *Device, c *nccl.Comm, host ep.Comm) *NCCLComm {
+	return &NCCLComm{d: d, c: c, host: host, ctx: ctx}
 }
+
+// queued waits for NCCL to queue the call just made on stream: aborting on
+// an error when eager (the legacy stream, 0), not inside a capture.
+func (n *NCCLComm) queued(stream uintptr) error {
+	if stream != 0 {
+		return n.c.WaitQueued(n.ctx)
+	}
+	return n.c.Queued(n.ctx)
+}
+
+func (n *NCCLComm) Agree(ctx context.Context, ok bool) (bool, error) { return agree(ctx, n.host, ok) }
 
 func (n *NCCLComm) Rank() int { return n.c.Rank() }
 func (n *NCCLComm) Size() int { return n.c.Size() }
@@ -36,7 +51,7 @@ func (n *NCCLComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
 		if err := n.c.AllGather(uintptr(send.id), uintptr(recv.id), int(bytes), nccl.Int8, stream); err != nil {
 			return err
 		}
-		return n.c.Queued(n.ctx)
+		return n.queued(stream)
 	})
 }
 
@@ -48,7 +63,7 @@ func (n *NCCLComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error
 		if err := n.c.ReduceScatter(uintptr(send.id), uintptr(recv.id), count, nccl.Float32, nccl.Sum, stream); err != nil {
 			return err
 		}
-		return n.c.Queued(n.ctx)
+		return n.queued(stream)
 	})
 }
 

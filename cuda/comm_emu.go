@@ -80,3 +80,5 @@ func (m *EmuComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error 
 
 // Wait: the emulation's collectives finished when they ran.
 func (m *EmuComm) Wait(ctx context.Context) error { return nil }
+
+func (m *EmuComm) Agree(ctx context.Context, ok bool) (bool, error) { return agree(ctx, m.c, ok) }

@@ -304,7 +304,9 @@ func TestGatherMoEOnGPU(t *testing.T) {
 	comm, err := nccl.InitRankContext(ctx, id, 1, 0, d.Bind)
 	require.NoError(t, err)
 	defer comm.Destroy()
-	g, err := cuda.NewGatherMoE(d, l, cuda.NewNCCLComm(ctx, d, comm))
+	host, err := ep.NewLocal(1)
+	require.NoError(t, err)
+	g, err := cuda.NewGatherMoE(d, l, cuda.NewNCCLComm(ctx, d, comm, host[0]))
 	require.NoError(t, err)
 	defer g.Close()
 	plan := &dpattn.StepPlan{Counts: []int64{T}, Tokens: T}
@@ -325,7 +327,8 @@ func TestGatherMoEOnGPU(t *testing.T) {
 	g.EnableGraphs()
 	g.AllowGraph(true)
 	require.Equal(t, eager, run("graph (NCCL captured in it)"))
-	require.Equal(t, 20, g.Replays)
+	require.NoError(t, g.CaptureErr)
+	require.Equal(t, 20, g.Replays, "the bucket ran eagerly before: captured on the first allowed step")
 }
 
 func TestPrepKernelsOnGPU(t *testing.T) { testPrepKernels(t, open(t)) }

@@ -23,8 +23,12 @@ import (
 // largest count), so the whole stage, collectives included, is captured
 // once per bucket as a graph and replayed whenever the step's vote allows,
 // as SGLang replays its decode graphs; an IDLE rank (no tokens) replays all
-// padding. A bucket whose capture fails (a communicator that stages through
-// the host, no memory) runs eagerly from then on.
+// padding. A bucket is captured on its second step the vote allows, after
+// an eager one (NCCL sets up its connections on a collective's first run,
+// which a capture may not do), and only kept if every rank captured it
+// (DeviceComm.Agree): a bucket that failed anywhere (a communicator that
+// stages through the host, no memory) runs eagerly from then on everywhere,
+// its first error in CaptureErr.
 //
 // Activations are rounded to bf16 on the device, so the output matches the
 // CPU's MoEGather within the tensor-core tolerance; a replay gives the bits
@@ -38,6 +42,8 @@ type GatherMoE struct {
 	host    []float32 // the padded rows, staged
 	// Replays and Eager count the steps each way.
 	Replays, Eager int
+	// CaptureErr is the first capture that failed on this rank.
+	CaptureErr error
 }
 
 var (
@@ -54,11 +60,12 @@ type gatherBucket struct {
 	blockExp, rowsOf               Buffer
 	h, hb, out, partial, mine      Buffer
 	inb, sw, sh, shb, so, y        Buffer
-	idSorted, idExp, idRows        Buffer // the router's layout over T rows
+	idSorted, idExp                Buffer // the router's layout over T rows
 	idSortedB, idExpB, identRows   Buffer // the shared expert's over B, and rows 0…B-1
 	routerRows, sharedRows, blocks int
 	graph                          Graph
-	noGraph                        bool
+	noGraph                        bool // on every rank: no graph for this bucket
+	warm                           bool // run eagerly once
 	bs                             buffers
 }
 
@@ -240,15 +247,32 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 			return err
 		}
 	}
-	if g.graphs && g.allowed && !b.noGraph && b.graph == nil {
-		b.graph, err = g.m.dev.Capture(func(rec Launcher) error { return g.enqueue(rec, b) })
-		b.noGraph = err != nil // runs eagerly from now on
+	if g.graphs && g.allowed && !b.noGraph && b.graph == nil && b.warm {
+		// The same on every rank (the vote, the bucket's history), so
+		// every rank agrees here.
+		graph, cerr := g.m.dev.Capture(func(rec Launcher) error { return g.enqueue(rec, b) })
+		if cerr != nil && g.CaptureErr == nil {
+			g.CaptureErr = fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, cerr)
+		}
+		ok, err := g.comm.Agree(ctx, cerr == nil)
+		if err != nil || !ok {
+			if graph != nil {
+				graph.Close()
+			}
+			if err != nil {
+				return err
+			}
+			b.noGraph = true // eagerly from now on, on every rank
+		} else {
+			b.graph = graph
+		}
 	}
 	if g.graphs && g.allowed && b.graph != nil {
 		g.Replays++
 		err = b.graph.Replay()
 	} else {
 		g.Eager++
+		b.warm = true
 		err = g.enqueue(g.m.dev, b)
 	}
 	if err != nil {

@@ -22,15 +22,18 @@ import (
 // the whole layer on the CPU over every rank's tokens; replayed graphs
 // (collectives inside) give the eager bits, for several token counts, an
 // IDLE rank among them; a communicator that stages through the host runs
-// eagerly with the same bits. (The emulation is slow: small shapes, and
-// the graphs on one model only.)
+// eagerly with the same bits, and so do all ranks when one rank's capture
+// fails. (The emulation is slow: small shapes, and the graphs on one model
+// only.)
 func TestGatherMoEOnEmulation(t *testing.T) {
 	specs := []moetest.Spec{
 		{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 3, Inter: 32, SharedExperts: 1, Method: "greedy",
 			Scoring: "softmax", Scaling: 1, DType: "BF16", Seed: 21},
 		{ModelType: "qwen2_moe", Hidden: 32, Experts: 6, TopK: 2, Inter: 16, SharedInter: 32, NormTopK: true, DType: "BF16", Seed: 22},
 	}
-	steps := [][]int64{{3, 0, 2}, {1, 1, 0}, {4, 1, 3}} // buckets of 4, 1 and 4 rows per rank
+	// Buckets of 4, 1, 4, 1, 4 rows per rank: with graphs, each bucket runs
+	// eagerly once, then is captured and replays (steps 2, 3, 4).
+	steps := [][]int64{{3, 0, 2}, {1, 1, 0}, {4, 1, 3}, {1, 0, 1}, {2, 3, 0}}
 	const R = 3
 	for i, spec := range specs {
 		t.Run(spec.ModelType, func(t *testing.T) {
@@ -59,16 +62,18 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			dev := cuda.NewEmu()
 			// run gives every step's outputs, in rank order, of R ranks
 			// with comms made by mk.
-			run := func(graphs bool, mk func(c ep.Comm) cuda.DeviceComm) ([][]float32, []int) {
+			run := func(graphs bool, mk func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm)) ([][]float32, []int, []error) {
 				outs := make([][][]float32, R)
 				replays := make([]int, R)
+				captureErrs := make([]error, R)
 				errs, err := ep.RunLocal(R, func(c ep.Comm) error {
 					r := c.Rank()
 					mine := map[int]bool{}
 					for _, e := range place.Local(r) {
 						mine[e] = true
 					}
-					g, err := cuda.NewGatherMoE(dev, l.Subset(func(e int) bool { return mine[e] }), mk(c))
+					l2, dc := mk(c)
+					g, err := cuda.NewGatherMoE(l2, l.Subset(func(e int) bool { return mine[e] }), dc)
 					if err != nil {
 						return err
 					}
@@ -90,7 +95,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 						}
 						outs[r] = append(outs[r], y)
 					}
-					replays[r] = g.Replays
+					replays[r], captureErrs[r] = g.Replays, g.CaptureErr
 					return nil
 				})
 				require.NoError(t, err)
@@ -103,10 +108,12 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 						all[st] = append(all[st], outs[r][st]...)
 					}
 				}
-				return all, replays
+				return all, replays, captureErrs
 			}
-			emu := func(c ep.Comm) cuda.DeviceComm { return cuda.NewEmuComm(context.Background(), dev, c) }
-			eager, replays := run(false, emu)
+			emu := func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
+				return dev, cuda.NewEmuComm(context.Background(), dev, c)
+			}
+			eager, replays, _ := run(false, emu)
 			require.Equal(t, []int{0, 0, 0}, replays)
 			for st, x := range inputs {
 				want := make([]float32, len(x))
@@ -122,14 +129,28 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			if i > 0 {
 				return
 			}
-			graphed, replays := run(true, emu)
-			require.Equal(t, []int{len(steps), len(steps), len(steps)}, replays, "every step replays its bucket's graph")
+			graphed, replays, errs := run(true, emu)
+			require.Equal(t, []int{3, 3, 3}, replays, "each bucket's first step runs eagerly, the later ones replay")
+			require.Equal(t, []error{nil, nil, nil}, errs)
 			require.Equal(t, eager, graphed, "a replay gives the eager bits")
-			staged, replays := run(true, func(c ep.Comm) cuda.DeviceComm {
-				return cuda.NewStagedComm(context.Background(), dev, c)
+			staged, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
+				return dev, cuda.NewStagedComm(context.Background(), dev, c)
 			})
 			require.Equal(t, []int{0, 0, 0}, replays, "collectives staged through the host are not captured")
+			require.ErrorContains(t, errs[0], "cannot be captured in a graph")
 			require.Equal(t, eager, staged)
+			tries := 0
+			oneFails, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
+				if c.Rank() == 1 {
+					return noGraphs{Launcher: dev, tries: &tries}, cuda.NewEmuComm(context.Background(), dev, c)
+				}
+				return dev, cuda.NewEmuComm(context.Background(), dev, c)
+			})
+			require.Equal(t, []int{0, 0, 0}, replays, "a capture that failed on one rank leaves every rank eager")
+			require.NoError(t, errs[0])
+			require.ErrorContains(t, errs[1], "no graphs here")
+			require.Equal(t, 2, tries, "each bucket (4 and 1 rows) is tried once, not again after failing")
+			require.Equal(t, eager, oneFails)
 		})
 	}
 

@@ -51,6 +51,16 @@ func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
 // the call returns. On an asynchronous error, or at ctx's end, it aborts
 // the communicator.
 func (c *Comm) Queued(ctx context.Context) error {
+	if err := c.WaitQueued(ctx); err != nil {
+		return c.abortWith(err)
+	}
+	return nil
+}
+
+// WaitQueued is Queued without the abort: for a caller that cannot abort
+// where it is (inside a stream capture, whose thread may not synchronise)
+// and aborts once out of it.
+func (c *Comm) WaitQueued(ctx context.Context) error {
 	if !c.nonblocking {
 		return nil
 	}
@@ -67,10 +77,7 @@ func (c *Comm) Queued(ctx context.Context) error {
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("nccl: rank %d: collective not queued: %w", c.rank, context.Cause(ctx))
 	}
-	if err != nil {
-		return c.abortWith(err)
-	}
-	return nil
+	return err
 }
 
 // poll calls check, backing off from 10µs to 1ms between calls, until it

@@ -161,6 +161,8 @@ func TestShimAgainstStub(t *testing.T) {
 	require.NoError(t, err)
 	readLog(t, logPath)
 	t.Setenv("NCCL_STUB_ASYNC", "3")
+	require.EqualError(t, c.WaitQueued(context.Background()), "nccl: asynchronous operation: stub internal error (ncclResult 3)")
+	require.NotContains(t, readLog(t, logPath), "ncclCommAbort comm=1", "WaitQueued leaves the abort to its caller")
 	require.EqualError(t, c.Queued(context.Background()), "nccl: asynchronous operation: stub internal error (ncclResult 3); communicator aborted")
 	t.Setenv("NCCL_STUB_ASYNC", "")
 	readLog(t, logPath)

@@ -29,7 +29,7 @@ var (
 // NCCL; such steps are not captured in graphs).
 func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) cuda.DeviceComm {
 	if dev, ok := d.(*cuda.Device); ok && dev == worldDevice && worldNCCL != nil {
-		return cuda.NewNCCLComm(ctx, dev, worldNCCL)
+		return cuda.NewNCCLComm(ctx, dev, worldNCCL, comm)
 	}
 	return cuda.NewStagedComm(ctx, d, comm)
 }

@@ -178,12 +178,12 @@ extern "C" __global__ void moex_align(const int32_t* __restrict__ ids, int n, in
   for (int e = tid; e <= E; e += kAlignThreads) offsets[e] = off[e];
   for (int i = tid; i < off[E]; i += kAlignThreads) sorted[i] = n;
   for (int b = tid; b < off[E] / block; b += kAlignThreads) {
-    int lo = 0, hi = E;  // the expert whose range holds row b·block
-    while (hi - lo > 1) {
-      int mid = (lo + hi) / 2;
-      if (off[mid] <= b * block) lo = mid; else hi = mid;
+    int first = 0, last = E;  // the expert whose range holds row b·block
+    while (last - first > 1) {
+      int mid = (first + last) / 2;
+      if (off[mid] <= b * block) first = mid; else last = mid;
     }
-    blockExpert[b] = lo;
+    blockExpert[b] = first;
   }
   for (int b = off[E] / block + tid; b < maxBlocks; b += kAlignThreads) blockExpert[b] = -1;
   __syncthreads();

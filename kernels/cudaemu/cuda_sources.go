@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=7c2bcdb749ec01ed4ce159c592b17c72
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=1a10f906881e956577776aa3786ed3ed
 import "C"
