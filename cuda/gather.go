@@ -144,6 +144,10 @@ func (g *GatherMoE) bucket(B int) (*gatherBucket, error) {
 		b.idSortedB, b.idExpB = b.bs.put(upload(d, layB.Pairs)), b.bs.put(upload(d, blocksB))
 	}
 	b.idSorted, b.idExp = b.bs.put(upload(d, lay.Pairs)), b.bs.put(upload(d, blocks))
+	if b.bs.err == nil {
+		// Rows past a step's own stay finite: zeros until written.
+		b.bs.put(Buffer{}, copyIn(d, b.in, make([]float32, B*H)))
+	}
 	if b.bs.err != nil {
 		b.bs.free()
 		return nil, fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, b.bs.err)

@@ -13,6 +13,7 @@ import (
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -195,4 +196,13 @@ func TestPlanBadInput(t *testing.T) {
 		return err
 	})
 	require.ErrorContains(t, errs[0], "unknown mode 9")
+	// A plan whose total disagrees with its counts: an error, not a panic.
+	l, err := moe.NewRandom(&moe.Config{ModelType: "mixtral", Hidden: 4, NumExperts: 2, TopK: 1, Inter: 4, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}, kernels.F32, 1)
+	require.NoError(t, err)
+	errs = onRanks(t, 1, func(c ep.Comm) error {
+		return dpattn.MoEGather(context.Background(), c, l, &dpattn.StepPlan{Counts: []int64{1}, Tokens: 1}, make([]float32, 4),
+			make([]float32, 4), nil)
+	})
+	require.ErrorContains(t, errs[0], "dpattn: gather: the plan's counts [1] (total 0) for 1 ranks")
 }

@@ -25,6 +25,16 @@ type GatherRunner interface {
 	Forward(ctx context.Context, plan *StepPlan, x, y []float32, times *GatherTimes) error
 }
 
+// LayerRunner runs a whole decoder layer's decode step of one rank (a GPU:
+// cuda.DecodeLayer): the attention block over cache for one new token of
+// each of seqs, the residual, and gather mode's MoE stage; x are the
+// tokens' hidden states (none when IDLE), y gets the layer's output. Every
+// rank calls Forward for each step that is not skipped. times (nil: none)
+// accumulates the step's wall time.
+type LayerRunner interface {
+	Forward(ctx context.Context, plan *StepPlan, cache *LatentCache, seqs []int, x, y []float32, times *time.Duration) error
+}
+
 // MoEGather runs the MoE layer in gather mode (SGLang, late 2024): the
 // hidden states of every rank are all-gathered, each rank runs the experts
 // it holds (shard, e.g. from moe.LoadSubset with an ep.Placement) on all
@@ -50,6 +60,15 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		return err
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
+		comm.Abort(err)
+		return err
+	}
+	var total int64
+	for _, n := range plan.Counts {
+		total += n
+	}
+	if int64(plan.Total) != total || len(plan.Counts) != comm.Size() {
+		err := fmt.Errorf("dpattn: gather: the plan's counts %v (total %d) for %d ranks", plan.Counts, plan.Total, comm.Size())
 		comm.Abort(err)
 		return err
 	}

@@ -1,0 +1,203 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/moe"
+)
+
+// DecodeLayer is a whole decoder layer's decode step of one rank on its
+// device, as SGLang's DP attention runs it: the MLA block over the rank's
+// cache (Attention.Step's kernels), the residual, and gather mode's MoE
+// stage (GatherMoE's: all-gather, router, the rank's experts, reduce-scatter,
+// shared expert), with no host copy from the hidden states' upload to the
+// output's download. With graphs it is captured as ONE graph per (query
+// bucket, split bucket, gather bucket), collectives inside, and replayed
+// whenever the coordinator's vote allows; an IDLE rank's graph holds the
+// MoE stage alone. Every rank must make the same choice between graph and
+// eager launches for a step (NCCL's rule for captured collectives), so with
+// graphs on, the ranks agree on it each step (DeviceComm.Agree: a host
+// all-reduce of one integer): a step replays only where every rank holds
+// its shape's graph.
+//
+// The MoE layer's qwen2_moe shared-expert gate runs on the host and is not
+// supported here (DeepSeek's layers have none). One goroutine (the rank's)
+// calls it.
+type DecodeLayer struct {
+	att    *Attention
+	moe    *GatherMoE
+	blk    *dpattn.MLABlock
+	graphs bool
+	steps  map[layerKey]*layerGraph
+	// Replays and Eager count the steps each way; CaptureErr is the first
+	// capture that failed on this rank.
+	Replays, Eager int
+	CaptureErr     error
+	allowed        bool
+}
+
+var (
+	_ dpattn.LayerRunner = (*DecodeLayer)(nil)
+	_ moe.GraphVoter     = (*DecodeLayer)(nil)
+)
+
+// layerKey names a layer step's graph: the attention bucket (zero for an
+// IDLE rank) and the gather bucket.
+type layerKey struct {
+	attn   stepKey
+	gather int
+}
+
+type layerGraph struct {
+	graph         Graph
+	noGraph, warm bool
+}
+
+// NewDecodeLayer makes the layer step of block blk (its attention on att,
+// whose device it shares) and of shard (gather mode's MoE stage over comm).
+func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm DeviceComm) (*DecodeLayer, error) {
+	if blk.Cfg.Hidden != shard.Config.Hidden {
+		return nil, fmt.Errorf("cuda: decode layer: attention hidden %d, MoE hidden %d", blk.Cfg.Hidden, shard.Config.Hidden)
+	}
+	g, err := NewGatherMoE(att.d, shard, comm)
+	if err != nil {
+		return nil, err
+	}
+	if g.m.sharedGate != nil {
+		g.Close()
+		return nil, fmt.Errorf("cuda: decode layer: %s's shared-expert gate runs on the host; run the stages apart", shard.Config.ModelType)
+	}
+	return &DecodeLayer{att: att, moe: g, blk: blk, steps: map[layerKey]*layerGraph{}}, nil
+}
+
+// EnableGraphs makes the layer capture each step shape once (after one
+// eager run of it) and replay it when the vote allows.
+func (l *DecodeLayer) EnableGraphs() { l.graphs = true }
+
+// AllowGraph is the coordinator's vote for the coming step.
+func (l *DecodeLayer) AllowGraph(ok bool) { l.allowed = ok }
+
+// Close frees the MoE stage's buffers and weights and the layer's graphs
+// (the attention's buffers are the Attention's).
+func (l *DecodeLayer) Close() {
+	for _, g := range l.steps {
+		if g.graph != nil {
+			g.graph.Close()
+		}
+	}
+	l.steps = nil
+	l.moe.Close()
+}
+
+// Forward runs the layer's decode step for this rank's tokens of plan: x
+// [tokens, hidden] the hidden states of one new token of each of seqs
+// (none when IDLE), y the layer's output (attention, residual, MoE) for
+// them. The whole step's time goes to times (dpattn's MoE column).
+func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpattn.LatentCache, seqs []int, x, y []float32,
+	times *time.Duration) error {
+	t0 := time.Now()
+	H, R, rank := l.blk.Cfg.Hidden, l.moe.comm.Size(), l.moe.comm.Rank()
+	if len(plan.Counts) != R {
+		return fmt.Errorf("cuda: decode layer: the plan has %d ranks, the communicator %d", len(plan.Counts), R)
+	}
+	T := int(plan.Counts[rank])
+	if len(seqs) != T || len(x) != T*H || len(y) != len(x) {
+		return fmt.Errorf("cuda: decode layer: %d sequences, x has %d values and y %d; the plan says %d tokens of %d",
+			len(seqs), len(x), len(y), T, H)
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return err
+	}
+	most := int64(1)
+	for _, n := range plan.Counts {
+		most = max(most, n)
+	}
+	b, err := l.moe.bucket(pow2(int(most)))
+	if err != nil {
+		return err
+	}
+	key := layerKey{gather: b.B}
+	var run *stepRun
+	if T > 0 {
+		if run, err = l.att.prepareStep(ctx, l.blk, c, seqs, x); err != nil {
+			return err
+		}
+		defer run.m.mu.Unlock()
+		key.attn = stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S}
+	}
+	splitRows := l.att.SplitRows
+	if splitRows == 0 {
+		splitRows = 512
+	}
+	enqueue := func(d Launcher) error {
+		if run != nil {
+			if err := l.att.enqueueStep(d, run.b, run.s, run.m.buf, c, splitRows); err != nil {
+				return err
+			}
+			if err := d.CopyRows(run.s.hidden, H, 0, Buffer{}, b.in, false, H, 0, Buffer{}, run.s.Q, H); err != nil {
+				return err
+			}
+		}
+		return l.moe.enqueue(d, b)
+	}
+	g := l.steps[key]
+	if g == nil {
+		g = &layerGraph{}
+		l.steps[key] = g
+	}
+	replay := false
+	if l.graphs && l.allowed {
+		// Captured here, host-side only, once the shape has run eagerly;
+		// then every rank replays, or none does (a rank whose step shape is
+		// new, or failed to capture, holds the others to eager launches).
+		if g.graph == nil && g.warm && !g.noGraph {
+			graph, cerr := l.att.d.Capture(enqueue)
+			if cerr != nil {
+				g.noGraph = true
+				if l.CaptureErr == nil {
+					l.CaptureErr = fmt.Errorf("cuda: decode layer step %+v: %w", key, cerr)
+				}
+			} else {
+				g.graph = graph
+			}
+		}
+		if replay, err = l.moe.comm.Agree(ctx, g.graph != nil); err != nil {
+			return err
+		}
+	}
+	if replay {
+		l.Replays++
+		err = g.graph.Replay()
+	} else {
+		l.Eager++
+		g.warm = true
+		err = enqueue(l.att.d)
+	}
+	if err != nil {
+		return err
+	}
+	if err := l.moe.comm.Wait(ctx); err != nil {
+		return err
+	}
+	out := b.mine
+	if l.moe.m.hasShared {
+		out = b.y
+	}
+	if err := download(l.att.d, out, y); err != nil {
+		return err
+	}
+	if run != nil {
+		if err := l.att.finishStep(run, c); err != nil {
+			return err
+		}
+	}
+	if times != nil {
+		*times += time.Since(t0)
+	}
+	return nil
+}
