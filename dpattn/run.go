@@ -43,6 +43,13 @@ type RunConfig struct {
 	// Experts is then not used in gather mode. nil: MoEGather on the CPU.
 	// A runner that is a moe.GraphVoter gets each step's vote.
 	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (GatherRunner, func(), error)
+	// Layer, when set, gives each rank the whole layer's decode step in
+	// gather mode (a GPU: cuda.DecodeLayer, attention and MoE in one
+	// graph) and what releases it; Attention, AttnCore, AttnProj, Gather
+	// and Experts are then not used by the ranks (the one-rank reference
+	// still runs on the host). A nil runner: this layer is not for it (the
+	// stages run apart). Its time is reported as the MoE stage's.
+	Layer func(ctx context.Context, rank int, attn Block, shard *moe.Layer, comm ep.Comm) (LayerRunner, func(), error)
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -321,14 +328,27 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
 	shard.Workers = workers
 	var gather GatherRunner
-	if cfg.Mode == "gather" && cfg.Gather != nil {
+	var layer LayerRunner
+	if cfg.Mode == "gather" && cfg.Layer != nil {
+		runner, release, err := cfg.Layer(ctx, r, cfg.Attn, shard, comm)
+		if err != nil {
+			return nil, err
+		}
+		if runner != nil {
+			defer release()
+			layer = runner
+		}
+	}
+	switch {
+	case layer != nil: // the layer runner holds its experts
+	case cfg.Mode == "gather" && cfg.Gather != nil:
 		runner, release, err := cfg.Gather(ctx, r, shard, comm)
 		if err != nil {
 			return nil, err
 		}
 		defer release()
 		gather = runner
-	} else if cfg.Experts != nil {
+	case cfg.Experts != nil:
 		runner, release, err := cfg.Experts(r, shard)
 		if err != nil {
 			return nil, err
@@ -363,10 +383,22 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 		if v, ok := gather.(moe.GraphVoter); ok {
 			v.AllowGraph(plan.GraphOK)
 		}
+		if v, ok := layer.(moe.GraphVoter); ok {
+			v.AllowGraph(plan.GraphOK)
+		}
 		if plan.Skip {
 			continue
 		}
 		x, seqs := stepInputs(cfg.Seed, r, st, b, H)
+		if layer != nil {
+			y := make([]float32, len(x))
+			if err := layer.Forward(ctx, plan, cache, seqs, x, y, &times.MoE); err != nil {
+				return nil, err
+			}
+			times.Tokens += b
+			out[st] = y
+			continue
+		}
 		t1 := time.Now()
 		attn := make([]float32, len(x))
 		if err := cfg.Attn.Forward(ctx, cache, seqs, x, attn); err != nil {
@@ -394,7 +426,8 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	if cfg.Mode == "alltoall" {
 		times.Gather, times.MoE, times.Scatter = epl.Times.Dispatch, epl.Times.Experts, epl.Times.Combine
 	} else {
-		times.Gather, times.MoE, times.Scatter = gt.Gather, gt.Experts, gt.Scatter
+		times.Gather, times.Scatter = gt.Gather, gt.Scatter
+		times.MoE += gt.Experts
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -113,6 +114,71 @@ func TestRunGatherRunner(t *testing.T) {
 			return nil, nil, errors.New("no device here")
 		}})
 	require.ErrorContains(t, err, "no device here")
+}
+
+// countingLayer is a LayerRunner on the CPU (the block, the residual,
+// MoEGather) that counts its calls and votes.
+type countingLayer struct {
+	countingGather
+	attn dpattn.Block
+}
+
+func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache *dpattn.LatentCache, seqs []int, x, y []float32,
+	times *time.Duration) error {
+	l.calls.Add(1)
+	h := make([]float32, len(x))
+	if err := l.attn.Forward(ctx, cache, seqs, x, h); err != nil {
+		return err
+	}
+	for i := range h {
+		h[i] += x[i]
+	}
+	return dpattn.MoEGather(ctx, l.comm, l.shard, plan, h, y, nil)
+}
+
+// TestRunLayerRunner: a RunConfig.Layer runner takes every rank's whole
+// layer step in gather mode (the stages' hooks unused), gets the votes,
+// and matches one rank; a nil runner leaves the stages to run apart.
+func TestRunLayerRunner(t *testing.T) {
+	layer, attn := runFixture(t)
+	const R, S = 3, 5
+	var calls, votes, gathers atomic.Int32
+	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: "gather", Seed: 9,
+		MoE: layer, Attn: attn, CacheDType: kernels.F32,
+		Layer: func(_ context.Context, _ int, a dpattn.Block, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
+			return countingLayer{countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, a}, func() {}, nil
+		},
+		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
+			gathers.Add(1)
+			return nil, nil, errors.New("unused")
+		}})
+	require.NoError(t, err)
+	require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+	skipped := 0
+	for _, s := range rep.Steps {
+		if s.Skip {
+			skipped++
+		}
+	}
+	require.Equal(t, int32(R*(S-skipped)), calls.Load())
+	require.Equal(t, int32(R*S), votes.Load())
+	require.Zero(t, gathers.Load())
+	for _, r := range rep.Ranks {
+		require.Zero(t, r.Attention, "the layer's time is the MoE stage's")
+	}
+
+	var gatherCalls, gatherVotes atomic.Int32
+	rep, err = dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: "gather", Seed: 9,
+		MoE: layer, Attn: attn, CacheDType: kernels.F32,
+		Layer: func(context.Context, int, dpattn.Block, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error) {
+			return nil, nil, nil
+		},
+		Gather: func(_ context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
+			return countingGather{comm: comm, shard: shard, calls: &gatherCalls, votes: &gatherVotes}, func() {}, nil
+		}})
+	require.NoError(t, err)
+	require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+	require.Equal(t, int32(R*(S-skipped)), gatherCalls.Load(), "no layer runner: the gather runner runs")
 }
 
 // TestRunComm: each rank calling RunComm on its own communicator gives

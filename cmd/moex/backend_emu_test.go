@@ -112,15 +112,23 @@ func TestRunBackendCUDA(t *testing.T) {
 	}
 	dir := t.TempDir()
 	require.NoError(t, stwrite.WriteCheckpoint(dir, m.Config, append(m.Tensors, am.Tensors...), 1))
-	for _, mode := range []string{"alltoall", "gather"} {
-		out, _, err := runCLI("run", "--backend", "cuda", "--model", dir, "--layer", "0", "--ranks", "3", "--steps", "2", "--moe-mode", mode)
+	for _, mode := range []string{"alltoall", "gather", "gather-stages"} {
+		args := []string{"run", "--backend", "cuda", "--model", dir, "--layer", "0", "--ranks", "3", "--steps", "2", "--moe-mode", mode}
+		if mode == "gather-stages" {
+			args[len(args)-1] = "gather"
+			args = append(args, "--fused-layer=false")
+		}
+		out, _, err := runCLI(args...)
 		require.NoError(t, err)
 		t.Logf("%s", out)
 		require.Contains(t, out, "backend: on the CPU emulation of the CUDA kernels, bf16 activations, CUDA graphs per bucket, "+
-			"replayed when the vote allows: the attention projections, MLA decode over a synced copy")
-		if mode == "gather" {
-			require.Contains(t, out, "and the whole MoE stage (the hidden states all-gathered and reduce-scattered in device memory")
-		} else {
+			"replayed when the vote allows: ")
+		switch mode {
+		case "gather":
+			require.Contains(t, out, "each rank's whole layer step (MLA block with RMSNorm")
+		case "gather-stages":
+			require.Contains(t, out, "then the whole MoE stage (the hidden states all-gathered and reduce-scattered in device memory")
+		default:
 			require.Contains(t, out, "and the experts of each rank's shard")
 		}
 		require.Contains(t, out, "parity against one rank (within 1e-2 of the CPU path expected)")

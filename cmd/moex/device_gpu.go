@@ -94,6 +94,20 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			}
 			return g, g.Close, nil
 		},
+		layer: func(ctx context.Context, _ int, a dpattn.Block, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
+			blk, ok := a.(*dpattn.MLABlock)
+			if _, gate := shard.SharedExpert(); !ok || gate != nil {
+				return nil, nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
+			}
+			l, err := cuda.NewDecodeLayer(att, blk, shard, deviceComm(ctx, d, comm))
+			if err != nil {
+				return nil, nil, err
+			}
+			if graphs {
+				l.EnableGraphs()
+			}
+			return l, l.Close, nil
+		},
 		core:  att,
 		close: func() { att.Close(); closeDev() },
 	}, nil

@@ -33,6 +33,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
 	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts and of attention when the coordinator's vote allows")
+	fused := fs.Bool("fused-layer", true, "--backend cuda --moe-mode gather: the layer's whole decode step (attention, residual, "+
+		"all-gather, MoE, reduce-scatter) on the device with no host copy between, one CUDA graph per step shape; false: the stages apart")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -120,6 +122,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	setup := time.Since(t0)
 	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
+	if *fused {
+		cfg.Layer = dev.layer
+	}
 	var rep *dpattn.RunReport
 	if comm == nil {
 		rep, err = dpattn.Run(ctx, cfg)
@@ -140,13 +145,22 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		if *graphs {
 			launches = "CUDA graphs per bucket, replayed when the vote allows"
 		}
-		moeDesc := "the experts of each rank's shard (resident; routing, dispatch and combine on the CPU)"
-		if *mode == "gather" {
-			moeDesc = "the whole MoE stage (the hidden states all-gathered and reduce-scattered in device memory; router, " +
-				"the rank's shard of experts and the shared expert there; its time in the MoE column)"
+		_, sharedGate := layer.SharedExpert()
+		switch {
+		case *mode == "gather" && (!*fused || sharedGate != nil): // qwen2_moe's shared gate runs on the host
+			fmt.Fprintf(stdout, "  backend: on %s, bf16 activations, %s: the attention projections and MLA decode over a synced "+
+				"copy of each rank's cache (RMSNorm, RoPE and the cache append on the CPU), then the whole MoE stage (the hidden "+
+				"states all-gathered and reduce-scattered in device memory; router, the rank's experts and the shared expert "+
+				"there; its time in the MoE column)\n", deviceName, launches)
+		case *mode == "gather":
+			fmt.Fprintf(stdout, "  backend: on %s, bf16 activations, %s: each rank's whole layer step (MLA block with RMSNorm, "+
+				"RoPE and the cache append, residual, all-gather, router and the rank's experts, reduce-scatter, shared expert) "+
+				"with no host copy between its upload and download; its time in the MoE column\n", deviceName, launches)
+		default:
+			fmt.Fprintf(stdout, "  backend: on %s, bf16 activations, %s: the attention projections and MLA decode over a synced "+
+				"copy of each rank's cache (RMSNorm, RoPE and the cache append on the CPU), and the experts of each rank's shard "+
+				"(resident; routing, dispatch and combine on the CPU)\n", deviceName, launches)
 		}
-		fmt.Fprintf(stdout, "  backend: on %s, bf16 activations, %s: the attention projections, MLA decode over a synced copy of "+
-			"each rank's cache, and %s; RMSNorm, RoPE and the cache append on the CPU\n", deviceName, launches, moeDesc)
 	}
 	fmt.Fprintln(stdout)
 
@@ -208,6 +222,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 type deviceRun struct {
 	experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
 	gather  func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error)
+	layer   func(context.Context, int, dpattn.Block, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error)
 	core    dpattn.AttentionCore
 	close   func()
 }
