@@ -23,6 +23,7 @@ cd "$(dirname "$0")"
   ./moex run --backend cuda --ranks 1 --steps 4 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 --moe-mode gather 2>&1
+  ./moex run --backend cuda --ranks 4 --steps 8 --moe-mode gather --fused-layer=false 2>&1
   echo "## moex run --comm nccl (one process per GPU, torchrun's variables)"
   gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
   for world in 1 "$gpus"; do
