@@ -108,20 +108,40 @@ func (a *Attention) Close() {
 	}
 	a.tmp.free()
 	for c, m := range a.mirrors {
-		for _, g := range m.graphs {
-			if g != nil { // nil: a bucket that could not be captured
-				g.close()
-			}
-		}
-		for _, s := range m.steps {
-			if s.graph != nil {
-				s.graph.Close()
-			}
-			s.bs.free()
-		}
-		a.d.Free(m.buf)
+		a.free(m)
 		delete(a.mirrors, c)
 	}
+}
+
+// Forget frees c's device copy and the graphs and buffers of its buckets
+// (a cache the caller is done with); c gets a new copy if used again.
+func (a *Attention) Forget(c *dpattn.LatentCache) {
+	a.mu.Lock()
+	m := a.mirrors[c]
+	delete(a.mirrors, c)
+	a.mu.Unlock()
+	if m != nil {
+		m.mu.Lock() // after any step still running on it
+		defer m.mu.Unlock()
+		a.free(m)
+	}
+}
+
+// free releases a mirror's memory, graphs and buckets.
+func (a *Attention) free(m *mirror) {
+	for _, g := range m.graphs {
+		if g != nil { // nil: a bucket that could not be captured
+			g.close()
+		}
+	}
+	for _, s := range m.steps {
+		if s.graph != nil {
+			s.graph.Close()
+		}
+		s.bs.free()
+	}
+	m.graphs, m.steps = nil, nil
+	a.d.Free(m.buf)
 }
 
 func (a *Attention) mirrorOf(c *dpattn.LatentCache) (*mirror, error) {

@@ -46,9 +46,10 @@ var (
 	_ moe.GraphVoter     = (*DecodeLayer)(nil)
 )
 
-// layerKey names a layer step's graph: the attention bucket (zero for an
-// IDLE rank) and the gather bucket.
+// layerKey names a layer step's graph: the cache's device copy and its
+// attention bucket (zero for an IDLE rank), and the gather bucket.
 type layerKey struct {
+	m      *mirror
 	attn   stepKey
 	gather int
 }
@@ -128,7 +129,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 			return err
 		}
 		defer run.m.mu.Unlock()
-		key.attn = stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S}
+		key.m, key.attn = run.m, stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S}
 	}
 	splitRows := l.att.SplitRows
 	if splitRows == 0 {

@@ -106,9 +106,22 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			defer graphed.Close()
 			graphed.EnableGraphs()
 			graphed.AllowGraph(true)
-			replayed, _ := run(graphed)
+			replayed, c := run(graphed)
 			require.Equal(t, eager, replayed, "a replay gives the eager bits")
 			require.EqualValues(t, len(steps), graphed.Replays.Load())
+
+			// A forgotten cache gets a new device copy from the host's rows,
+			// the device-written ones included.
+			graphed.Forget(c)
+			x := moetest.Input(99, 1, cfg.Hidden, false)
+			want, got := make([]float32, len(x)), make([]float32, len(x))
+			require.NoError(t, blk.Forward(context.Background(), host, []int{2}, x, want))
+			require.NoError(t, graphed.Step(context.Background(), blk, c, []int{2}, x, got))
+			ref := make([]float64, len(want))
+			for i := range want {
+				ref[i] = float64(want[i] + x[i])
+			}
+			require.Less(t, moetest.RelErr(got, ref), 1e-2, "after Forget")
 		})
 	}
 }
