@@ -42,7 +42,7 @@ type Launcher interface {
 		splits int, scale float32, partO, partL, out, lse Buffer) error
 	// RMSNorm normalises x[r, col … col+width) in place, for rows rows of
 	// stride values, with weight w (fp32 [width]).
-	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error
+	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error
 	// Rope rotates x[r, col … col+width) in place for position
 	// pos[r/perPos] (int32): DeepSeek's interleaved pairs in, halves out;
 	// freq holds width/2 inverse frequencies and the cos/sin scale (fp64).

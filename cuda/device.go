@@ -231,6 +231,14 @@ func (a *args) f32(v float32) *args {
 	return a
 }
 
+func (a *args) f64(v float64) *args {
+	p := new(uint64)
+	*p = math.Float64bits(v)
+	a.slots = append(a.slots, unsafe.Pointer(p))
+	a.sizes = append(a.sizes, 8)
+	return a
+}
+
 // raw passes a by-value struct argument of size bytes.
 func (a *args) raw(p unsafe.Pointer, size uintptr) *args {
 	a.slots = append(a.slots, p)
@@ -290,11 +298,11 @@ func (d *Device) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts,
 }
 
 // RMSNorm launches the RMSNorm kernel, a block per row.
-func (d *Device) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error {
+func (d *Device) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error {
 	if rows == 0 {
 		return nil
 	}
-	a := (&args{}).ptr(x).int(stride).int(col).int(width).ptr(w).f32(eps)
+	a := (&args{}).ptr(x).int(stride).int(col).int(width).ptr(w).f64(eps)
 	return d.launch("moex_rmsnorm", [3]int{rows, 1, 1}, normThreads, a)
 }
 

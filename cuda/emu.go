@@ -153,7 +153,7 @@ func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, 
 	})
 }
 
-func (e *Emu) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float32) error {
+func (e *Emu) RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error {
 	if rows == 0 {
 		return nil
 	}

@@ -65,6 +65,9 @@ func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm
 	if blk.Cfg.Hidden != shard.Config.Hidden {
 		return nil, fmt.Errorf("cuda: decode layer: attention hidden %d, MoE hidden %d", blk.Cfg.Hidden, shard.Config.Hidden)
 	}
+	if _, err := att.blockOf(blk); err != nil { // every rank checks the block, IDLE or not
+		return nil, err
+	}
 	g, err := NewGatherMoE(att.d, shard, comm)
 	if err != nil {
 		return nil, err
@@ -128,16 +131,12 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 		if run, err = l.att.prepareStep(ctx, l.blk, c, seqs, x); err != nil {
 			return err
 		}
-		defer run.m.mu.Unlock()
-		key.m, key.attn = run.m, stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S}
-	}
-	splitRows := l.att.SplitRows
-	if splitRows == 0 {
-		splitRows = 512
+		defer run.release()
+		key.m, key.attn = run.m, stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S, splitRows: run.s.splitRows}
 	}
 	enqueue := func(d Launcher) error {
 		if run != nil {
-			if err := l.att.enqueueStep(d, run.b, run.s, run.m.buf, c, splitRows); err != nil {
+			if err := l.att.enqueueStep(d, run.b, run.s, run.m.buf, c); err != nil {
 				return err
 			}
 			if err := d.CopyRows(run.s.hidden, H, 0, Buffer{}, b.in, false, H, 0, Buffer{}, run.s.Q, H); err != nil {
@@ -193,7 +192,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 		return err
 	}
 	if run != nil {
-		if err := l.att.finishStep(run, c); err != nil {
+		if err := run.finish(l.att.d); err != nil {
 			return err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
 )
 
 // The MLA block's decode step with every activation in device memory: the
@@ -23,14 +24,15 @@ import (
 // stepKey names a step's buffers and graph: the block, the query bucket
 // and the split bucket.
 type stepKey struct {
-	blk             *dpattn.MLABlock
-	queries, splits int
+	blk                        *dpattn.MLABlock
+	queries, splits, splitRows int
 }
 
 // stepBucket is a decode step of Q queries over at most S splits of the
 // cache on fixed buffers.
 type stepBucket struct {
-	Q, S, width, idRows, headRows int
+	Q, S, splitRows, width int
+	idRows, headRows       int
 	// Inputs, staged before each run.
 	x, pos, slots, table, lens Buffer
 	// The step's work.
@@ -64,6 +66,10 @@ func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
 		return b, nil
 	}
 	c := blk.Cfg
+	if c.Heads < 1 || c.Hidden < 1 || c.KVLoraRank < 1 || c.VDim < 1 {
+		return nil, fmt.Errorf("cuda: mla step: %d heads, hidden %d, kv_lora_rank %d, v_head_dim %d", c.Heads, c.Hidden,
+			c.KVLoraRank, c.VDim)
+	}
 	w := blk.Weights()
 	b = &blockOnDevice{w: w, hidden: c.Hidden, heads: c.Heads, L: c.KVLoraRank, R: c.RopeDim, qd: c.NopeDim + c.RopeDim,
 		nope: c.NopeDim, vd: c.VDim}
@@ -111,6 +117,10 @@ func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if won := a.blocks[blk]; won != nil { // another rank uploaded it meanwhile
+		b.free(a.d)
+		return won, nil
+	}
 	if a.blocks == nil {
 		a.blocks = map[*dpattn.MLABlock]*blockOnDevice{}
 	}
@@ -128,7 +138,7 @@ func (b *blockOnDevice) free(d Launcher) {
 
 // newStepBucket allocates the buffers of Q queries and S splits.
 func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S, splitRows int) (*stepBucket, error) {
-	s := &stepBucket{Q: Q, S: S, bs: buffers{d: a.d}}
+	s := &stepBucket{Q: Q, S: S, splitRows: splitRows, bs: buffers{d: a.d}}
 	s.width = min(c.NumBlocks(), (S*splitRows+c.BlockSize()-1)/c.BlockSize())
 	H, nh, L, R, qd := b.hidden, b.heads, b.L, b.R, b.qd
 	lay, blocks, err := identityLayout(Q)
@@ -181,10 +191,10 @@ func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S,
 
 // enqueue launches the step on s's buffers, on l (the device or a
 // recorder of it), over the cache's device copy.
-func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cache Buffer, c *dpattn.LatentCache, splitRows int) error {
+func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cache Buffer, c *dpattn.LatentCache) error {
 	H, nh, L, R, qd, Q := b.hidden, b.heads, b.L, b.R, b.qd, s.Q
 	D := L + R
-	eps := float32(b.w.Eps)
+	eps := b.w.Eps
 	proj := func(in Buffer, w Buffer, N, K int, out Buffer) error {
 		return l.GroupedGEMM(in, w, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, Buffer{}, out)
 	}
@@ -221,7 +231,7 @@ func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cac
 		func() error { return l.Rope(s.qAbs, Q*nh, D, L, R, nh, s.pos, b.freq) },
 		func() error {
 			return l.MLADecode(c.DType() == kernels.BF16, s.qAbs, cache, s.table, s.lens, Q, nh, D, L, c.BlockSize(), s.width,
-				splitRows, s.S, b.w.Scale, s.partO, s.partL, s.o, s.lse)
+				s.splitRows, s.S, b.w.Scale, s.partO, s.partL, s.o, s.lse)
 		},
 		// Each head's latent output lifted by W_UV, heads side by side, o_proj.
 		func() error { return l.F32ToBF16(s.o, s.ob, Q*nh*L) },
@@ -245,13 +255,17 @@ type stepRun struct {
 	b     *blockOnDevice
 	s     *stepBucket
 	m     *mirror
+	c     *dpattn.LatentCache
+	seqs  []int
+	lens  map[int]int // the sequences' lengths before the step
 	slots []int32
-	T     int
+	done  bool
 }
 
 // prepareStep reserves the new tokens' cache rows, brings the cache's
 // device copy up to date and stages the inputs of the step's bucket. The
-// mirror is locked on return (unlock it when the step's results are read).
+// mirror is locked on return: release unlocks it, and takes the reserved
+// rows back unless finish has run.
 func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x []float32) (*stepRun, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -261,8 +275,14 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 	if len(x) != T*H {
 		return nil, fmt.Errorf("cuda: mla step: x has %d values, want %d tokens × %d", len(x), T, H)
 	}
+	if T == 0 {
+		return nil, fmt.Errorf("cuda: mla step: no tokens")
+	}
 	if c.Dim() != cfg.KVLoraRank+cfg.RopeDim {
 		return nil, fmt.Errorf("cuda: mla step: cache rows have %d values, want kv_lora_rank + rope = %d", c.Dim(), cfg.KVLoraRank+cfg.RopeDim)
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return nil, err
 	}
 	b, err := a.blockOf(blk)
 	if err != nil {
@@ -277,50 +297,65 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 		splitRows = 512
 	}
 	m.mu.Lock()
-	run, err := a.stage(m, b, blk, c, seqs, x, splitRows)
-	if err != nil {
-		m.mu.Unlock()
+	r := &stepRun{b: b, m: m, c: c, seqs: seqs, lens: map[int]int{}}
+	if err := a.stage(r, blk, x, splitRows); err != nil {
+		r.release()
 		return nil, err
 	}
-	return run, nil
+	return r, nil
 }
 
-func (a *Attention) stage(m *mirror, b *blockOnDevice, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x []float32,
-	splitRows int) (*stepRun, error) {
-	T, H := len(seqs), b.hidden
-	if err := c.Changed(m.seen, func(block int, data []byte) error {
-		return a.d.ToDeviceAt(m.buf, int64(block)*int64(len(data)), unsafe.Pointer(&data[0]), int64(len(data)))
-	}); err != nil {
-		return nil, err
-	}
-	slots := make([]int32, T)
+// stage fills in r: the bucket (made first, so that a failure there leaves
+// the cache alone), the cache's device copy brought up to date, the rows
+// reserved, the inputs staged.
+func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRows int) error {
+	c, m, b := r.c, r.m, r.b
+	T, H := len(r.seqs), b.hidden
+	// Positions: a sequence's tokens follow each other.
 	pos := make([]int32, T)
-	tables := make([][]int32, T)
 	maxLen := 1
-	for t, seq := range seqs {
-		pos[t] = int32(c.Len(seq))
-		sl, err := c.Reserve(seq, 1)
-		if err != nil {
-			return nil, err
+	for t, seq := range r.seqs {
+		if _, ok := r.lens[seq]; !ok {
+			r.lens[seq] = c.Len(seq)
 		}
-		slots[t] = sl[0]
-		tables[t] = c.BlockTable(seq)
+		pos[t] = int32(r.lens[seq])
+		for u := 0; u < t; u++ {
+			if r.seqs[u] == seq {
+				pos[t]++
+			}
+		}
 		maxLen = max(maxLen, int(pos[t])+1)
 	}
-	key := stepKey{blk: blk, queries: pow2(T), splits: pow2((maxLen + splitRows - 1) / splitRows)}
+	key := stepKey{blk: blk, queries: pow2(T), splits: pow2((maxLen + splitRows - 1) / splitRows), splitRows: splitRows}
 	s := m.steps[key]
 	if s == nil {
 		var err error
 		if s, err = a.newStepBucket(b, c, key.queries, key.splits, splitRows); err != nil {
-			return nil, err
+			return err
 		}
 		if m.steps == nil {
 			m.steps = map[stepKey]*stepBucket{}
 		}
 		m.steps[key] = s
 	}
+	r.s = s
+	if err := c.Changed(m.seen, func(block int, data []byte) error {
+		return a.d.ToDeviceAt(m.buf, int64(block)*int64(len(data)), unsafe.Pointer(&data[0]), int64(len(data)))
+	}); err != nil {
+		return err
+	}
+	r.slots = make([]int32, T)
+	tables := make([][]int32, T)
+	for t, seq := range r.seqs {
+		sl, err := c.Reserve(seq, 1)
+		if err != nil {
+			return err
+		}
+		r.slots[t] = sl[0]
+		tables[t] = c.BlockTable(seq)
+	}
 	Q := s.Q
-	// Padding rows: zero hidden states, no cache row written, and the first
+	// Padding rows: zero hidden states, no cache row written, and the last
 	// token's table and length (their outputs are dropped).
 	xp := make([]float32, Q*H)
 	copy(xp, x)
@@ -331,7 +366,7 @@ func (a *Attention) stage(m *mirror, b *blockOnDevice, blk *dpattn.MLABlock, c *
 		ps[i], ls[i] = pos[j], pos[j]+1
 		ss[i] = -1
 		if i < T {
-			ss[i] = slots[i]
+			ss[i] = r.slots[i]
 		}
 		copy(table[i*s.width:(i+1)*s.width], tables[j])
 	}
@@ -343,20 +378,38 @@ func (a *Attention) stage(m *mirror, b *blockOnDevice, blk *dpattn.MLABlock, c *
 		func() error { return copyIn(a.d, s.lens, ls) },
 	} {
 		if err := f(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return &stepRun{b: b, s: s, m: m, slots: slots, T: T}, nil
+	return nil
 }
 
-// finishStep reads the new latent rows back into the host cache.
-func (a *Attention) finishStep(r *stepRun, c *dpattn.LatentCache) error {
-	D := c.Dim()
-	rows := make([]float32, r.T*D)
-	if err := download(a.d, r.s.kv, rows); err != nil {
+// finish reads the new latent rows back into the host cache: the step is
+// done.
+func (r *stepRun) finish(d Launcher) error {
+	D := r.c.Dim()
+	rows := make([]float32, len(r.seqs)*D)
+	if err := download(d, r.s.kv, rows); err != nil {
 		return err
 	}
-	return c.Fill(r.slots, rows)
+	if err := r.c.Fill(r.slots, rows, r.m.seen); err != nil {
+		return err
+	}
+	r.done = true
+	return nil
+}
+
+// release unlocks the mirror; a step that did not finish gives its
+// reserved rows back.
+func (r *stepRun) release() {
+	if !r.done {
+		for seq, n := range r.lens {
+			if r.c.Len(seq) > n {
+				_ = r.c.Truncate(seq, n) // n ≤ its length: cannot fail
+			}
+		}
+	}
+	r.m.mu.Unlock()
 }
 
 // Step runs the block's decode step for one new token of each of seqs,
@@ -364,25 +417,22 @@ func (a *Attention) finishStep(r *stepRun, c *dpattn.LatentCache) error {
 // the block's output plus x (the MoE layer's input) to out. Each token's
 // latent row goes into the cache (and its device copy); it attends over
 // its sequence. With graphs enabled and the step's vote allowing, the
-// step's bucket replays its graph.
+// step's bucket replays its graph. A step that fails leaves the cache's
+// sequences as they were.
 func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x, out []float32) error {
 	if len(out) != len(x) {
 		return fmt.Errorf("cuda: mla step: out has %d values, x %d", len(out), len(x))
 	}
-	if len(seqs) == 0 {
+	if len(seqs) == 0 && len(x) == 0 {
 		return nil
 	}
 	r, err := a.prepareStep(ctx, blk, c, seqs, x)
 	if err != nil {
 		return err
 	}
-	defer r.m.mu.Unlock()
-	splitRows := a.SplitRows
-	if splitRows == 0 {
-		splitRows = 512
-	}
+	defer r.release()
 	s := r.s
-	enqueue := func(l Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c, splitRows) }
+	enqueue := func(l Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c) }
 	if a.graphs && a.allowed.Load() && !s.noGraph && s.graph == nil {
 		s.graph, err = a.d.Capture(enqueue)
 		s.noGraph = err != nil
@@ -400,5 +450,5 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 	if err := download(a.d, s.hidden, out); err != nil {
 		return err
 	}
-	return a.finishStep(r, c)
+	return r.finish(a.d)
 }

@@ -40,7 +40,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 				c, err := dpattn.NewLatentCache(12, 16, D, kernels.BF16)
 				require.NoError(t, err)
 				rng := rand.New(rand.NewPCG(3, 3))
-				for seq, n := range []int{5, 17, 40} {
+				for seq, n := range []int{5, 15, 40} { // sequence 1 crosses into a new block on its second step
 					rows := make([]float32, n*D)
 					for i := range rows {
 						rows[i] = float32(rng.NormFloat64())
@@ -111,17 +111,35 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			require.EqualValues(t, len(steps), graphed.Replays.Load())
 
 			// A forgotten cache gets a new device copy from the host's rows,
-			// the device-written ones included.
+			// the device-written ones included (those of sequence 1's new
+			// block too): the same bits as the copy that never left.
 			graphed.Forget(c)
-			x := moetest.Input(99, 1, cfg.Hidden, false)
-			want, got := make([]float32, len(x)), make([]float32, len(x))
-			require.NoError(t, blk.Forward(context.Background(), host, []int{2}, x, want))
-			require.NoError(t, graphed.Step(context.Background(), blk, c, []int{2}, x, got))
-			ref := make([]float64, len(want))
-			for i := range want {
-				ref[i] = float64(want[i] + x[i])
+			for i, seq := range []int{2, 1} {
+				x := moetest.Input(uint64(90+i), 1, cfg.Hidden, false)
+				want, kept, got := make([]float32, len(x)), make([]float32, len(x)), make([]float32, len(x))
+				require.NoError(t, blk.Forward(context.Background(), host, []int{seq}, x, want))
+				require.NoError(t, att.Step(context.Background(), blk, dev, []int{seq}, x, kept))
+				require.NoError(t, graphed.Step(context.Background(), blk, c, []int{seq}, x, got))
+				require.Equal(t, kept, got, "sequence %d after Forget", seq)
+				ref := make([]float64, len(want))
+				for i := range want {
+					ref[i] = float64(want[i] + x[i])
+				}
+				require.Less(t, moetest.RelErr(got, ref), 1e-2)
 			}
-			require.Less(t, moetest.RelErr(got, ref), 1e-2, "after Forget")
+
+			// A step that cannot reserve every row takes back those it did.
+			full, err := dpattn.NewLatentCache(2, 16, D, kernels.BF16)
+			require.NoError(t, err)
+			require.NoError(t, full.Append(0, make([]float32, 3*D)))
+			require.NoError(t, full.Append(1, make([]float32, 16*D)))
+			x := moetest.Input(97, 2, cfg.Hidden, false)
+			err = graphed.Step(context.Background(), blk, full, []int{0, 1}, x, make([]float32, len(x)))
+			require.ErrorContains(t, err, "latent cache exhausted: sequence 1 needs 1 more blocks, 0 of 2 are free")
+			require.Equal(t, 3, full.Len(0), "the row reserved for sequence 0 is given back")
+			require.Equal(t, 16, full.Len(1))
+			x[5] = float32(math.NaN())
+			require.ErrorContains(t, graphed.Step(context.Background(), blk, full, []int{0, 1}, x, make([]float32, len(x))), "NaN")
 		})
 	}
 }

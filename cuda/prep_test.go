@@ -65,7 +65,7 @@ func testPrepKernels(t *testing.T, l cuda.Launcher) {
 			v := float64(x[r*stride+col+j])
 			s += v * v
 		}
-		inv := 1 / math.Sqrt(s/width+float64(float32(eps)))
+		inv := 1 / math.Sqrt(s/width+eps)
 		for j := 0; j < stride; j++ {
 			want := float64(x[r*stride+j]) // outside the slice: untouched
 			if j >= col && j < col+width {

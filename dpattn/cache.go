@@ -233,10 +233,11 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 // Reserve extends sequence seq (created on first use) by n rows whose
 // values a device copy of the cache computes and writes (a decode step on
 // the device), taking blocks as needed, and returns each row's slot
-// (block·BlockSize + row in the block). The rows hold zeros here until Fill
-// gives them their values, and their blocks are not marked changed, so a
-// device copy's sync does not overwrite them. If the cache has too few free
-// blocks it returns an error and changes nothing.
+// (block·BlockSize + row in the block). Here the rows keep whatever their
+// blocks held until Fill gives them their values, and their blocks are not
+// marked changed, so a device copy's sync does not overwrite them. If the
+// cache has too few free blocks it returns an error and changes nothing;
+// Truncate undoes it.
 func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("dpattn: reserving %d rows", n)
@@ -271,17 +272,31 @@ func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
 
 // Fill writes rows [len(slots), dim], already written at slots (from
 // Reserve) in a device copy, into the host memory, stored as the cache's
-// dtype (bf16 rounded to nearest even, as on the device), without marking
-// their blocks changed.
-func (c *LatentCache) Fill(slots []int32, rows []float32) error {
+// dtype (bf16 rounded to nearest even, as on the device), and marks their
+// blocks changed, so that any other copy (a new one included) gets them.
+// seen (nil: none) are the writing copy's block versions (as Changed keeps
+// them): a block it was up to date with stays so, since it holds the rows
+// already.
+func (c *LatentCache) Fill(slots []int32, rows []float32, seen []uint64) error {
 	if len(rows) != len(slots)*c.dim {
 		return fmt.Errorf("dpattn: fill: %d values for %d rows of %d", len(rows), len(slots), c.dim)
+	}
+	if seen != nil && len(seen) != c.numBlocks {
+		return fmt.Errorf("dpattn: fill: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
+	}
+	for _, slot := range slots {
+		if slot < 0 || int(slot) >= c.numBlocks*c.blockSize {
+			return fmt.Errorf("dpattn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, slot := range slots {
-		if slot < 0 || int(slot) >= c.numBlocks*c.blockSize {
-			return fmt.Errorf("dpattn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
+		blk := int(slot) / c.blockSize
+		current := seen != nil && seen[blk] == c.versions[blk]
+		c.versions[blk]++
+		if current {
+			seen[blk] = c.versions[blk]
 		}
 		off := int(slot) * c.dim
 		src := rows[i*c.dim : (i+1)*c.dim]
@@ -294,6 +309,34 @@ func (c *LatentCache) Fill(slots []int32, rows []float32) error {
 		}
 	}
 	return nil
+}
+
+// Truncate shortens sequence seq to its first n rows (n ≤ its length),
+// releasing the blocks past them: how a step that reserved rows and then
+// failed takes them back. A sequence truncated to nothing is removed.
+func (c *LatentCache) Truncate(seq, n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.seqs[seq]
+	if !ok || n < 0 || n > s.len {
+		return fmt.Errorf("dpattn: truncating sequence %d to %d rows: it has %d", seq, n, c.lenLocked(seq))
+	}
+	keep := (n + c.blockSize - 1) / c.blockSize
+	for i := len(s.blocks) - 1; i >= keep; i-- {
+		c.free = append(c.free, s.blocks[i])
+	}
+	s.blocks, s.len = s.blocks[:keep], n
+	if n == 0 {
+		delete(c.seqs, seq)
+	}
+	return nil
+}
+
+func (c *LatentCache) lenLocked(seq int) int {
+	if s := c.seqs[seq]; s != nil {
+		return s.len
+	}
+	return 0
 }
 
 // Free releases sequence seq's blocks for reuse.

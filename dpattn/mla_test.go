@@ -173,8 +173,9 @@ func TestLatentCache(t *testing.T) {
 }
 
 // TestLatentCacheReserve: rows reserved for a device and filled afterwards
-// leave the cache as appending them would, without marking their blocks
-// changed (a device copy that wrote them is not overwritten by a sync).
+// leave the cache as appending them would; their blocks are marked changed
+// for other copies, not for the copy that wrote them; Truncate takes them
+// back.
 func TestLatentCacheReserve(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
 	rows := make([]float32, 7*3)
@@ -201,8 +202,12 @@ func TestLatentCacheReserve(t *testing.T) {
 		require.Equal(t, []int32{2, 3, 4, 5, 6}, slots, "rows 2, 3 of block 0, then block 1")
 		require.Equal(t, 7, res.Len(5))
 		require.Equal(t, app.BlockTable(5), res.BlockTable(5))
-		require.NoError(t, res.Fill(slots, rows[2*3:]))
-		require.Empty(t, synced(), "reserved rows do not mark their blocks changed")
+		fresh := make([]uint64, 4) // a copy made now
+		require.NoError(t, res.Fill(slots, rows[2*3:], seen))
+		require.Empty(t, synced(), "the copy that wrote the rows is up to date")
+		var blocks []int
+		require.NoError(t, res.Changed(fresh, func(block int, _ []byte) error { blocks = append(blocks, block); return nil }))
+		require.Equal(t, []int{0, 1}, blocks, "a new copy gets every block holding rows, the device-written one included")
 		for b := 0; b < 2; b++ {
 			want, got := app.Block(b), res.Block(b)
 			for r := 0; r < 4; r++ {
@@ -215,7 +220,31 @@ func TestLatentCacheReserve(t *testing.T) {
 		_, err = res.Reserve(6, 9) // 3 blocks; 2 are free
 		require.ErrorContains(t, err, "latent cache exhausted: sequence 6 needs 3 more blocks, 2 of 4 are free")
 		require.Zero(t, res.Len(6))
-		require.ErrorContains(t, res.Fill([]int32{16}, rows[:3]), "slot 16 out of range [0, 16)")
-		require.ErrorContains(t, res.Fill([]int32{1}, rows[:4]), "4 values for 1 rows of 3")
+		require.ErrorContains(t, res.Fill([]int32{1, 16}, rows[:6], nil), "slot 16 out of range [0, 16)")
+		require.Equal(t, blockRows(app, 0), blockRows(res, 0), "a bad slot is found before any row is written")
+		require.ErrorContains(t, res.Fill([]int32{1}, rows[:4], nil), "4 values for 1 rows of 3")
+		require.ErrorContains(t, res.Fill([]int32{1}, rows[:3], make([]uint64, 3)), "3 block versions for a cache of 4 blocks")
+
+		// Truncate: back to 3 rows frees block 1; to 0 removes the sequence.
+		require.NoError(t, res.Truncate(5, 3))
+		require.Equal(t, 3, res.Len(5))
+		require.Equal(t, app.BlockTable(5)[:1], res.BlockTable(5))
+		more, err := res.Reserve(7, 12) // three blocks: the freed one is back
+		require.NoError(t, err)
+		require.Len(t, more, 12)
+		require.NoError(t, res.Truncate(7, 0))
+		require.Zero(t, res.Len(7))
+		require.ErrorContains(t, res.Truncate(5, 4), "truncating sequence 5 to 4 rows: it has 3")
+		require.ErrorContains(t, res.Truncate(8, 0), "truncating sequence 8 to 0 rows: it has 0")
 	}
+}
+
+// blockRows reads block b of c.
+func blockRows(c *dpattn.LatentCache, b int) []float32 {
+	m := c.Block(b)
+	out := make([]float32, m.Rows*m.Cols)
+	for r := 0; r < m.Rows; r++ {
+		m.RowF32(r, out[r*m.Cols:(r+1)*m.Cols])
+	}
+	return out
 }

@@ -19,7 +19,7 @@ constexpr int kCopyThreads = 128;
 // moex_rmsnorm: x[r, col … col+width) *= w / sqrt(mean(x²) + eps) in place,
 // for row r = blockIdx.x of stride values; the sum of squares in fp64 (as
 // the CPU path), the scaled value rounded to fp32 before the weight.
-extern "C" __global__ void moex_rmsnorm(float* x, int stride, int col, int width, const float* __restrict__ w, float eps) {
+extern "C" __global__ void moex_rmsnorm(float* x, int stride, int col, int width, const float* __restrict__ w, double eps) {
   __shared__ double part[kNormThreads];
   float* v = x + (size_t)blockIdx.x * stride + col;
   double s = 0;
@@ -30,7 +30,7 @@ extern "C" __global__ void moex_rmsnorm(float* x, int stride, int col, int width
     if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
     __syncthreads();
   }
-  const double r = 1.0 / sqrt(part[0] / width + double(eps));
+  const double r = 1.0 / sqrt(part[0] / width + eps);
   for (int j = threadIdx.x; j < width; j += kNormThreads) v[j] = float(double(v[j]) * r) * w[j];
 }
 

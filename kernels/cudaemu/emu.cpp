@@ -70,7 +70,7 @@ void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, 
               pairs, N, K, h);
 }
 
-void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, float eps) {
+void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, double eps) {
   std::lock_guard<std::mutex> lock(launchMu);
   emu::launch(dim3(rows), dim3(moex::kNormThreads), moex::moex_rmsnorm, x, stride, col, width, w, eps);
 }

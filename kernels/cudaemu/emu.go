@@ -24,7 +24,7 @@ void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                        float* h);
-void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, float eps);
+void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, double eps);
 void moex_emu_rope(float* x, int rows, int stride, int col, int width, int perPos, const int32_t* pos, const double* freq);
 void moex_emu_copy_rows(const float* src, int srcStride, int srcCol, const int32_t* srcMap, void* dst, int dstBF16,
                         int dstStride, int dstCol, const int32_t* dstMap, int rows, int width);
@@ -269,8 +269,8 @@ func MLADecodeRaw(bf16 bool, q, cache, blockTable, seqlens unsafe.Pointer, batch
 }
 
 // RMSNormRaw launches the RMSNorm kernel over rows of x.
-func RMSNormRaw(x unsafe.Pointer, rows, stride, col, width int, w unsafe.Pointer, eps float32) {
-	C.moex_emu_rmsnorm((*C.float)(x), C.int(rows), C.int(stride), C.int(col), C.int(width), (*C.float)(w), C.float(eps))
+func RMSNormRaw(x unsafe.Pointer, rows, stride, col, width int, w unsafe.Pointer, eps float64) {
+	C.moex_emu_rmsnorm((*C.float)(x), C.int(rows), C.int(stride), C.int(col), C.int(width), (*C.float)(w), C.double(eps))
 }
 
 // RopeRaw launches the rotary-embedding kernel over rows of x.
