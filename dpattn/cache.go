@@ -195,22 +195,9 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 	n := len(rows) / c.dim
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.seqs[seq]
-	if s == nil {
-		s = &sequence{}
-		c.seqs[seq] = s
-	}
-	need := (s.len+n+c.blockSize-1)/c.blockSize - len(s.blocks)
-	if need > len(c.free) {
-		if s.len == 0 {
-			delete(c.seqs, seq)
-		}
-		return fmt.Errorf("dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
-			seq, need, len(c.free), c.numBlocks)
-	}
-	for ; need > 0; need-- {
-		s.blocks = append(s.blocks, c.free[len(c.free)-1])
-		c.free = c.free[:len(c.free)-1]
+	s, err := c.grow(seq, n)
+	if err != nil {
+		return err
 	}
 	for i := 0; i < n; i++ {
 		pos := s.len + i
@@ -230,20 +217,10 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 	return nil
 }
 
-// Reserve extends sequence seq (created on first use) by n rows whose
-// values a device copy of the cache computes and writes (a decode step on
-// the device), taking blocks as needed, and returns each row's slot
-// (block·BlockSize + row in the block). Here the rows keep whatever their
-// blocks held until Fill gives them their values, and their blocks are not
-// marked changed, so a device copy's sync does not overwrite them. If the
-// cache has too few free blocks it returns an error and changes nothing;
-// Truncate undoes it.
-func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
-	if n < 0 {
-		return nil, fmt.Errorf("dpattn: reserving %d rows", n)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// grow gives sequence seq (created on first use) the blocks for n more
+// rows, or an error and no change when too few are free; the lock is held.
+// The caller writes the rows and their length.
+func (c *LatentCache) grow(seq, n int) (*sequence, error) {
 	s := c.seqs[seq]
 	if s == nil {
 		s = &sequence{}
@@ -260,6 +237,27 @@ func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
 	for ; need > 0; need-- {
 		s.blocks = append(s.blocks, c.free[len(c.free)-1])
 		c.free = c.free[:len(c.free)-1]
+	}
+	return s, nil
+}
+
+// Reserve extends sequence seq (created on first use) by n rows whose
+// values a device copy of the cache computes and writes (a decode step on
+// the device), taking blocks as needed, and returns each row's slot
+// (block·BlockSize + row in the block). Here the rows keep whatever their
+// blocks held until Fill gives them their values, and their blocks are not
+// marked changed, so a device copy's sync does not overwrite them. If the
+// cache has too few free blocks it returns an error and changes nothing;
+// Truncate undoes it.
+func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("dpattn: reserving %d rows", n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.grow(seq, n)
+	if err != nil {
+		return nil, err
 	}
 	slots := make([]int32, n)
 	for i := range slots {

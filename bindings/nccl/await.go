@@ -19,14 +19,8 @@ func (c *Comm) Await(ctx context.Context, done func() (bool, error)) error {
 	err := poll(ctx, func() (bool, error) {
 		// NCCL first: a non-blocking communicator still queuing its work
 		// (ncclInProgress) leaves the stream idle before the work is on it.
-		state, err := c.asyncState()
-		switch {
-		case err != nil:
+		if queued, err := c.queued(); err != nil || !queued {
 			return false, err
-		case state == inProgress:
-			return false, nil
-		case state != 0:
-			return false, resultError("asynchronous operation", state)
 		}
 		ok, err := done()
 		if err != nil {
@@ -64,20 +58,24 @@ func (c *Comm) WaitQueued(ctx context.Context) error {
 	if !c.nonblocking {
 		return nil
 	}
-	err := poll(ctx, func() (bool, error) {
-		state, err := c.asyncState()
-		switch {
-		case err != nil:
-			return false, err
-		case state == inProgress:
-			return false, nil
-		}
-		return true, resultError("asynchronous operation", state)
-	})
+	err := poll(ctx, c.queued)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("nccl: rank %d: collective not queued: %w", c.rank, context.Cause(ctx))
 	}
 	return err
+}
+
+// queued asks NCCL once whether its last call is queued (not
+// ncclInProgress), and for an asynchronous error.
+func (c *Comm) queued() (bool, error) {
+	state, err := c.asyncState()
+	switch {
+	case err != nil:
+		return false, err
+	case state == inProgress:
+		return false, nil
+	}
+	return true, resultError("asynchronous operation", state)
 }
 
 // poll calls check, backing off from 10µs to 1ms between calls, until it
