@@ -80,6 +80,9 @@ func NewGatherMoE(dev Launcher, shard *moe.Layer, comm DeviceComm) (*GatherMoE, 
 	return &GatherMoE{m: m, comm: comm, buckets: map[int]*gatherBucket{}}, nil
 }
 
+// GraphReplays is the number of steps replayed from a graph.
+func (g *GatherMoE) GraphReplays() int { return g.Replays }
+
 // EnableGraphs makes the stage capture each bucket on first use and replay
 // it whenever AllowGraph said yes for the step.
 func (g *GatherMoE) EnableGraphs() { g.graphs = true }

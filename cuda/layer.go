@@ -79,6 +79,9 @@ func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm
 	return &DecodeLayer{att: att, moe: g, blk: blk, steps: map[layerKey]*layerGraph{}}, nil
 }
 
+// GraphReplays is the number of steps replayed from a graph.
+func (l *DecodeLayer) GraphReplays() int { return l.Replays }
+
 // EnableGraphs makes the layer capture each step shape once (after one
 // eager run of it) and replay it when the vote allows.
 func (l *DecodeLayer) EnableGraphs() { l.graphs = true }

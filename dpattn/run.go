@@ -60,6 +60,9 @@ type RankTimes struct {
 	MoE       time.Duration // the experts
 	Scatter   time.Duration // gather: reduce-scatter; alltoall: combine
 	Tokens    int
+	// Replays: the steps a device runner (Layer or Gather) replayed from a
+	// CUDA graph, for runners that count them (GraphReplays).
+	Replays int
 }
 
 // StepInfo is what the coordinator planned for one step.
@@ -273,18 +276,19 @@ func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunRepor
 	}
 	rep.Wall = time.Duration(wall[0])
 	// Everything to every rank (the transports have all-gather, not gather).
-	t := []int64{int64(mine.Plan), int64(mine.Attention), int64(mine.Gather), int64(mine.MoE), int64(mine.Scatter), int64(mine.Tokens)}
+	t := []int64{int64(mine.Plan), int64(mine.Attention), int64(mine.Gather), int64(mine.MoE), int64(mine.Scatter), int64(mine.Tokens),
+		int64(mine.Replays)}
 	parts, err := comm.AllGather(ctx, ep.Bytes(t))
 	if err != nil {
 		return nil, err
 	}
 	for r, b := range parts {
 		v, err := ep.FromBytes[int64](b)
-		if err != nil || len(v) != 6 {
+		if err != nil || len(v) != len(t) {
 			return nil, fmt.Errorf("dpattn: run: rank %d sent %d bytes of stage times", r, len(b))
 		}
 		rep.Ranks[r] = RankTimes{Plan: time.Duration(v[0]), Attention: time.Duration(v[1]), Gather: time.Duration(v[2]),
-			MoE: time.Duration(v[3]), Scatter: time.Duration(v[4]), Tokens: int(v[5])}
+			MoE: time.Duration(v[3]), Scatter: time.Duration(v[4]), Tokens: int(v[5]), Replays: int(v[6])}
 	}
 	ys := make([][][]float32, R)
 	for r := range ys {
@@ -422,6 +426,11 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 		}
 		times.Tokens += b
 		out[st] = y
+	}
+	for _, runner := range []any{layer, gather} {
+		if c, ok := runner.(interface{ GraphReplays() int }); ok {
+			times.Replays += c.GraphReplays()
+		}
 	}
 	if cfg.Mode == "alltoall" {
 		times.Gather, times.MoE, times.Scatter = epl.Times.Dispatch, epl.Times.Experts, epl.Times.Combine

@@ -136,6 +136,9 @@ func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache
 	return dpattn.MoEGather(ctx, l.comm, l.shard, plan, h, y, nil)
 }
 
+// GraphReplays: a count for the report to carry.
+func (l countingLayer) GraphReplays() int { return 7 }
+
 // TestRunLayerRunner: a RunConfig.Layer runner takes every rank's whole
 // layer step in gather mode (the stages' hooks unused), gets the votes,
 // and matches one rank; a nil runner leaves the stages to run apart.
@@ -165,6 +168,7 @@ func TestRunLayerRunner(t *testing.T) {
 	require.Zero(t, gathers.Load())
 	for _, r := range rep.Ranks {
 		require.Zero(t, r.Attention, "the layer's time is the MoE stage's")
+		require.Equal(t, 7, r.Replays, "the runner's replay count reaches the report")
 	}
 
 	var gatherCalls, gatherVotes atomic.Int32

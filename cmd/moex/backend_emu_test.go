@@ -126,6 +126,7 @@ func TestRunBackendCUDA(t *testing.T) {
 		switch mode {
 		case "gather":
 			require.Contains(t, out, "each rank's whole layer step (MLA block with RMSNorm")
+			require.Contains(t, out, "CUDA graph replays per rank: [")
 		case "gather-stages":
 			require.Contains(t, out, "then the whole MoE stage (the hidden states all-gathered and reduce-scattered in device memory")
 		default:

@@ -191,6 +191,19 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	tw.Flush()
 	fmt.Fprintf(stdout, "\n  %d tokens in %v: %.1f tokens/s; %d idle (rank, step) batches\n", rep.Tokens, rep.Wall.Round(time.Millisecond),
 		float64(rep.Tokens)/rep.Wall.Seconds(), rep.IdleSteps)
+	if dev.core != nil && *mode == "gather" && *graphs {
+		replays, ran := make([]int, len(rep.Ranks)), 0
+		for r, t := range rep.Ranks {
+			replays[r] = t.Replays
+		}
+		for _, st := range rep.Steps {
+			if !st.Skip {
+				ran++
+			}
+		}
+		fmt.Fprintf(stdout, "  CUDA graph replays per rank: %v of %d steps (a step shape runs eagerly first; a step replays where "+
+			"every rank holds its shape's graph and the vote allows)\n", replays, ran)
+	}
 	if c.NumLayers > 0 {
 		acct, err := dpattn.Account(*ranks, c.NumLayers, latent, 2, int64(*kvGiB*(1<<30)))
 		if err != nil {
