@@ -44,6 +44,7 @@ type mirror struct {
 	seen   []uint64
 	graphs map[attnKey]*attnGraph
 	steps  map[stepKey]*stepBucket
+	dead   atomic.Bool // freed (Forget, Close): its users get a new one
 }
 
 // attnKey names a captured decode: the query bucket, the split bucket and
@@ -108,7 +109,9 @@ func (a *Attention) Close() {
 	}
 	a.tmp.free()
 	for c, m := range a.mirrors {
+		m.mu.Lock() // after a step still running on it
 		a.free(m)
+		m.mu.Unlock()
 		delete(a.mirrors, c)
 	}
 }
@@ -127,8 +130,25 @@ func (a *Attention) Forget(c *dpattn.LatentCache) {
 	}
 }
 
-// free releases a mirror's memory, graphs and buckets.
+// lockMirror returns c's device copy, locked: a live one (a copy freed
+// between the lookup and the lock is looked up again).
+func (a *Attention) lockMirror(c *dpattn.LatentCache) (*mirror, error) {
+	for {
+		m, err := a.mirrorOf(c)
+		if err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		if !m.dead.Load() {
+			return m, nil
+		}
+		m.mu.Unlock()
+	}
+}
+
+// free releases a mirror's memory, graphs and buckets; its lock is held.
 func (a *Attention) free(m *mirror) {
+	m.dead.Store(true)
 	for _, g := range m.graphs {
 		if g != nil { // nil: a bucket that could not be captured
 			g.close()
@@ -166,11 +186,10 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	m, err := a.mirrorOf(c)
+	m, err := a.lockMirror(c)
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := c.Changed(m.seen, func(block int, data []byte) error {
 		return a.d.ToDeviceAt(m.buf, int64(block)*int64(len(data)), unsafe.Pointer(&data[0]), int64(len(data)))

@@ -148,6 +148,14 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 		}
 		return l.moe.enqueue(d, b)
 	}
+	for k, old := range l.steps { // graphs over a forgotten cache copy
+		if k.m != nil && k.m.dead.Load() {
+			if old.graph != nil {
+				old.graph.Close()
+			}
+			delete(l.steps, k)
+		}
+	}
 	g := l.steps[key]
 	if g == nil {
 		g = &layerGraph{}

@@ -288,20 +288,25 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 	if err != nil {
 		return nil, err
 	}
-	m, err := a.mirrorOf(c)
-	if err != nil {
-		return nil, err
-	}
 	splitRows := a.SplitRows
 	if splitRows == 0 {
 		splitRows = 512
 	}
-	m.mu.Lock()
-	r := &stepRun{b: b, m: m, c: c, seqs: seqs, lens: map[int]int{}}
-	if err := a.stage(r, blk, x, splitRows); err != nil {
-		r.release()
+	m, err := a.lockMirror(c)
+	if err != nil {
 		return nil, err
 	}
+	r := &stepRun{b: b, m: m, c: c, seqs: seqs, lens: map[int]int{}}
+	ok := false
+	defer func() {
+		if !ok { // an error, or a panic on its way up
+			r.release()
+		}
+	}()
+	if err := a.stage(r, blk, x, splitRows); err != nil {
+		return nil, err
+	}
+	ok = true
 	return r, nil
 }
 
@@ -405,7 +410,7 @@ func (r *stepRun) release() {
 	if !r.done {
 		for seq, n := range r.lens {
 			if r.c.Len(seq) > n {
-				_ = r.c.Truncate(seq, n) // n ≤ its length: cannot fail
+				_ = r.c.Truncate(seq, n) // n < its length (one writer per sequence): cannot fail
 			}
 		}
 	}
@@ -418,7 +423,8 @@ func (r *stepRun) release() {
 // latent row goes into the cache (and its device copy); it attends over
 // its sequence. With graphs enabled and the step's vote allowing, the
 // step's bucket replays its graph. A step that fails leaves the cache's
-// sequences as they were.
+// sequences as they were. Nothing else may write seqs' rows meanwhile (one
+// writer per sequence, as a serving loop has).
 func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x, out []float32) error {
 	if len(out) != len(x) {
 		return fmt.Errorf("cuda: mla step: out has %d values, x %d", len(out), len(x))

@@ -143,3 +143,42 @@ func TestMLAStepOnEmulation(t *testing.T) {
 		})
 	}
 }
+
+// TestMLAStepForgetRace: Forget while steps run on the same cache: each
+// step runs on a live device copy (a fresh one after a Forget, synced from
+// the host's rows) and matches the host block.
+func TestMLAStepForgetRace(t *testing.T) {
+	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
+		RMSNormEps: 1e-6}
+	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 8)
+	require.NoError(t, err)
+	D := cfg.KVLoraRank + cfg.RopeDim
+	host, err := dpattn.NewLatentCache(4, 16, D, kernels.BF16)
+	require.NoError(t, err)
+	dev, err := dpattn.NewLatentCache(4, 16, D, kernels.BF16)
+	require.NoError(t, err)
+	rows := moetest.Input(1, 9, D, false)
+	require.NoError(t, host.Append(0, rows))
+	require.NoError(t, dev.Append(0, rows))
+	att := cuda.NewAttention(cuda.NewEmu())
+	defer att.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 20; i++ {
+			att.Forget(dev)
+		}
+	}()
+	for st := 0; st < 4; st++ {
+		x := moetest.Input(uint64(st), 1, cfg.Hidden, false)
+		want, got := make([]float32, len(x)), make([]float32, len(x))
+		require.NoError(t, blk.Forward(context.Background(), host, []int{0}, x, want))
+		require.NoError(t, att.Step(context.Background(), blk, dev, []int{0}, x, got))
+		ref := make([]float64, len(want))
+		for i := range want {
+			ref[i] = float64(want[i] + x[i])
+		}
+		require.Less(t, moetest.RelErr(got, ref), 1e-2, "step %d", st)
+	}
+	<-done
+}
