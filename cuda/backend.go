@@ -155,7 +155,8 @@ type MoE struct {
 	sGate, sUp, sDn Buffer
 	sharedGate      *kernels.Matrix // qwen2_moe: applied host-side as a row weight
 	hasShared       bool
-	lo, local       int // the experts held: lo … lo+local-1 (all, but in a gather step)
+	lo, local       int         // the experts held: lo … lo+local-1 (all, but in a gather step)
+	tmp             scratchPool // Forward's temporaries, kept between calls
 }
 
 // NewMoE uploads the layer's weights as bf16. The layer holds every expert
@@ -167,7 +168,7 @@ func NewMoE(dev Launcher, l *moe.Layer) (*MoE, error) {
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: moe: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
-	m := &MoE{dev: dev, cfg: c}
+	m := &MoE{dev: dev, cfg: c, tmp: scratchPool{d: dev}}
 	var err error
 	if m.router, err = upload(dev, bf16Rows(l.Router.Weight())); err != nil {
 		return nil, err
@@ -230,6 +231,7 @@ func (m *MoE) Close() {
 			m.dev.Free(b)
 		}
 	}
+	m.tmp.free()
 }
 
 // whole reports an error unless m holds every expert.
@@ -252,7 +254,8 @@ func identityLayout(tokens int) (*moe.Layout, []int32, error) {
 
 // Forward computes y = MoE(x), x and y [tokens, hidden] on the host, with
 // activations rounded to bf16 on the device (tensor-core numerics: within
-// about 1e-2 of the fp32 CPU path).
+// about 1e-2 of the fp32 CPU path). Its device temporaries are kept from
+// call to call (one set per concurrent caller).
 func (m *MoE) Forward(x, y []float32) error { return m.ForwardRouting(x, y, nil, nil) }
 
 // ForwardRouting is Forward that also returns each token's experts
@@ -277,10 +280,11 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if T == 0 {
 		return nil
 	}
-	bs := &buffers{d: d}
-	defer bs.free()
+	sc := m.tmp.get()
+	defer m.tmp.put(sc)
+	bs := &scratchAlloc{sc: sc}
 	alloc := bs.alloc
-	xf := bs.put(upload(d, x))
+	xf := stage(bs, x)
 	xb := alloc(int64(T * H * 2))
 	if bs.err != nil {
 		return bs.err
@@ -294,7 +298,7 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 	if err != nil {
 		return err
 	}
-	idSorted, idExp := bs.put(upload(d, idLay.Pairs)), bs.put(upload(d, idBlocks))
+	idSorted, idExp := stage(bs, idLay.Pairs), stage(bs, idBlocks)
 	idRows := len(idLay.Pairs)
 	logits := alloc(int64(idRows * E * 4))
 	if bs.err != nil {
@@ -367,7 +371,7 @@ func (m *MoE) ForwardRouting(x, y []float32, ids []int32, weights []float32) err
 				kernels.RouterLogits(logit, x[t*H:(t+1)*H], *m.sharedGate)
 				g[t] = float32(1 / (1 + math.Exp(-logit[0])))
 			}
-			sw = bs.put(upload(d, g))
+			sw = stage(bs, g)
 		}
 		sh, shb, so := alloc(int64(idRows*S*4)), alloc(int64(idRows*S*2)), alloc(int64(idRows*H*4))
 		if bs.err != nil {

@@ -2,7 +2,10 @@
 
 package cuda
 
-import "sync"
+import (
+	"sync"
+	"unsafe"
+)
 
 // scratch is a set of device buffers kept from call to call, each grown to
 // the largest size asked of it and never shrunk: a call's temporaries
@@ -78,4 +81,33 @@ func (p *scratchPool) free() {
 		s.free()
 	}
 	p.all, p.idle = nil, nil
+}
+
+// scratchAlloc hands out a scratch set's buffers in order, keeping the
+// first error, as buffers does for fresh allocations.
+type scratchAlloc struct {
+	sc   *scratch
+	next int
+	err  error
+}
+
+// alloc returns the next buffer of the set, at least bytes long.
+func (s *scratchAlloc) alloc(bytes int64) Buffer {
+	if s.err != nil {
+		return Buffer{}
+	}
+	b, err := s.sc.at(s.next, bytes)
+	s.next++
+	s.err = err
+	return b
+}
+
+// stage copies v into the next buffer of s.
+func stage[T any](s *scratchAlloc, v []T) Buffer {
+	var zero T
+	b := s.alloc(max(1, int64(len(v))*int64(unsafe.Sizeof(zero))))
+	if s.err == nil {
+		s.err = copyIn(s.sc.d, b, v)
+	}
+	return b
 }
