@@ -296,17 +296,7 @@ func TestGatherMoEOnGPU(t *testing.T) {
 	t.Logf("two ranks staged through the host: relative error %.2e", e)
 	require.LessOrEqual(t, e, 1e-2)
 
-	if err := nccl.Load(""); err != nil {
-		t.Skipf("no NCCL for the device collectives: %v", err)
-	}
-	id, err := nccl.GetUniqueID()
-	require.NoError(t, err)
-	comm, err := nccl.InitRankContext(ctx, id, 1, 0, d.Bind)
-	require.NoError(t, err)
-	defer comm.Destroy()
-	host, err := ep.NewLocal(1)
-	require.NoError(t, err)
-	g, err := cuda.NewGatherMoE(d, l, cuda.NewNCCLComm(ctx, d, comm, host[0]))
+	g, err := cuda.NewGatherMoE(d, l, ncclRank(t, ctx, d))
 	require.NoError(t, err)
 	defer g.Close()
 	plan := &dpattn.StepPlan{Counts: []int64{T}, Tokens: T}
@@ -340,9 +330,6 @@ func TestPrepKernelsOnGPU(t *testing.T) { testPrepKernels(t, open(t)) }
 // bit for bit; per-step times logged for both.
 func TestDecodeLayerOnGPU(t *testing.T) {
 	d := open(t)
-	if err := nccl.Load(""); err != nil {
-		t.Skipf("no NCCL: %v", err)
-	}
 	blk, err := dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, 11)
 	require.NoError(t, err)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 11)
@@ -350,13 +337,7 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 	H, D := l.Config.Hidden, blk.LatentDim()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	id, err := nccl.GetUniqueID()
-	require.NoError(t, err)
-	comm, err := nccl.InitRankContext(ctx, id, 1, 0, d.Bind)
-	require.NoError(t, err)
-	defer comm.Destroy()
-	host, err := ep.NewLocal(1)
-	require.NoError(t, err)
+	comm := ncclRank(t, ctx, d)
 	const B = 16
 	newCache := func() *dpattn.LatentCache {
 		c, err := dpattn.NewLatentCache(B*20, 64, D, kernels.BF16)
@@ -380,7 +361,7 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 	run := func(graphs bool) ([][]float32, *cuda.DecodeLayer) {
 		att := cuda.NewAttention(d)
 		t.Cleanup(att.Close)
-		layer, err := cuda.NewDecodeLayer(att, blk, l, cuda.NewNCCLComm(ctx, d, comm, host[0]))
+		layer, err := cuda.NewDecodeLayer(att, blk, l, comm)
 		require.NoError(t, err)
 		t.Cleanup(layer.Close)
 		if graphs {
@@ -426,4 +407,21 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 		t.Logf("step %d: relative error %.2e against the host", st, e)
 		require.LessOrEqual(t, e, 1e-2)
 	}
+}
+
+// ncclRank is a one-rank NCCL communicator on d as a DeviceComm (the test
+// is skipped without libnccl), destroyed when the test ends.
+func ncclRank(t *testing.T, ctx context.Context, d *cuda.Device) cuda.DeviceComm {
+	t.Helper()
+	if err := nccl.Load(""); err != nil {
+		t.Skipf("no NCCL for the device collectives: %v", err)
+	}
+	id, err := nccl.GetUniqueID()
+	require.NoError(t, err)
+	comm, err := nccl.InitRankContext(ctx, id, 1, 0, d.Bind)
+	require.NoError(t, err)
+	t.Cleanup(func() { comm.Destroy() })
+	host, err := ep.NewLocal(1)
+	require.NoError(t, err)
+	return cuda.NewNCCLComm(ctx, d, comm, host[0])
 }

@@ -103,6 +103,25 @@ func (g *GatherMoE) Close() {
 	g.m.Close()
 }
 
+// bucketOf is the bucket of a step: every rank's rows padded to the ranks'
+// largest count, rounded up to a power of two.
+func (g *GatherMoE) bucketOf(plan *dpattn.StepPlan) (*gatherBucket, error) {
+	most := int64(1)
+	for _, n := range plan.Counts {
+		most = max(most, n)
+	}
+	return g.bucket(pow2(int(most)))
+}
+
+// output is the buffer holding a bucket's result: the scattered sum, plus
+// the shared expert when the layer has one.
+func (g *GatherMoE) output(b *gatherBucket) Buffer {
+	if g.m.hasShared {
+		return b.y
+	}
+	return b.mine
+}
+
 func (g *GatherMoE) bucket(B int) (*gatherBucket, error) {
 	if b := g.buckets[B]; b != nil {
 		return b, nil
@@ -218,10 +237,6 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 	if len(plan.Counts) != R {
 		return fmt.Errorf("cuda: gather step: the plan has %d ranks, the communicator %d", len(plan.Counts), R)
 	}
-	most := int64(1)
-	for _, n := range plan.Counts {
-		most = max(most, n)
-	}
 	mine := int(plan.Counts[r])
 	if len(x) != mine*H || len(y) != len(x) {
 		return fmt.Errorf("cuda: gather step: x has %d values and y %d, the plan says %d tokens of %d", len(x), len(y), mine, H)
@@ -229,7 +244,7 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err
 	}
-	b, err := g.bucket(pow2(int(most)))
+	b, err := g.bucketOf(plan)
 	if err != nil {
 		return err
 	}
@@ -288,11 +303,7 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 	if err := g.comm.Wait(ctx); err != nil {
 		return err
 	}
-	out := b.mine
-	if g.m.hasShared {
-		out = b.y
-	}
-	if err := download(g.m.dev, out, y); err != nil {
+	if err := download(g.m.dev, g.output(b), y); err != nil {
 		return err
 	}
 	if times != nil {

@@ -120,11 +120,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err
 	}
-	most := int64(1)
-	for _, n := range plan.Counts {
-		most = max(most, n)
-	}
-	b, err := l.moe.bucket(pow2(int(most)))
+	b, err := l.moe.bucketOf(plan)
 	if err != nil {
 		return err
 	}
@@ -195,11 +191,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 	if err := l.moe.comm.Wait(ctx); err != nil {
 		return err
 	}
-	out := b.mine
-	if l.moe.m.hasShared {
-		out = b.y
-	}
-	if err := download(l.att.d, out, y); err != nil {
+	if err := download(l.att.d, l.moe.output(b), y); err != nil {
 		return err
 	}
 	if run != nil {

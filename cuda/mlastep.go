@@ -319,16 +319,13 @@ func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRo
 	// Positions: a sequence's tokens follow each other.
 	pos := make([]int32, T)
 	maxLen := 1
+	added := map[int]int{}
 	for t, seq := range r.seqs {
 		if _, ok := r.lens[seq]; !ok {
 			r.lens[seq] = c.Len(seq)
 		}
-		pos[t] = int32(r.lens[seq])
-		for u := 0; u < t; u++ {
-			if r.seqs[u] == seq {
-				pos[t]++
-			}
-		}
+		pos[t] = int32(r.lens[seq] + added[seq])
+		added[seq]++
 		maxLen = max(maxLen, int(pos[t])+1)
 	}
 	key := stepKey{blk: blk, queries: pow2(T), splits: pow2((maxLen + splitRows - 1) / splitRows), splitRows: splitRows}
