@@ -3,6 +3,8 @@ GO      ?= go
 BIN     ?= moex
 # go-nvml's headers mark functions deprecated; the warnings say nothing about moex.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+# The packages with code for the device (tags cuda, cudaemu).
+EMU_PKGS = ./kernels/cudaemu/... ./cuda/... ./moe/moegpu/... ./ep/epgpu/... ./dpattn/dpattngpu/...
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/...
 
@@ -21,7 +23,7 @@ run: build
 test: check asm-check purego cuda-check
 	$(GO) test -count=1 ./...
 	./scripts/mpi-parity.sh
-	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
+	$(GO) test -count=1 -tags cudaemu $(EMU_PKGS)
 	$(GO) test -count=1 -tags cudaemu -run Backend ./cmd/moex
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
@@ -55,6 +57,8 @@ cuda: cuda-check
 gpu-bundle: cuda-check
 	mkdir -p bundle
 	$(GO) test -c -tags cuda -o bundle/cuda.test ./cuda
+	$(GO) test -c -tags cuda -o bundle/moegpu.test ./moe/moegpu
+	$(GO) test -c -tags cuda -o bundle/dpattngpu.test ./dpattn/dpattngpu
 	$(GO) build -tags cuda -o bundle/moex ./cmd/moex
 	cp scripts/gpu-run.sh bundle/run.sh
 	@du -sh bundle
@@ -62,7 +66,7 @@ gpu-bundle: cuda-check
 # The CUDA kernels on CPU threads (the emulation), against the Go paths.
 emu-test:
 	cd kernels/cudaemu && $(GO) run gen_sources.go
-	$(GO) test -count=1 -tags cudaemu ./kernels/cudaemu/... ./cuda/...
+	$(GO) test -count=1 -tags cudaemu $(EMU_PKGS)
 	$(GO) test -count=1 -tags cudaemu -run Backend ./cmd/moex
 
 # moex with the MPI transport (needs libopenmpi-dev).

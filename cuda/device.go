@@ -12,7 +12,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/kernels"
 )
 
 // fatbin is kernels/cuda/moex.cu built by nvcc for sm_80, sm_90 and PTX
@@ -190,12 +190,6 @@ func (d *Device) copy(f func() error) error {
 	return f()
 }
 
-// Upload copies a host slice into a new device buffer.
-func Upload[T any](d *Device, v []T) (Buffer, error) { return upload(Launcher(d), v) }
-
-// Download copies a device buffer into a host slice.
-func Download[T any](d *Device, b Buffer, v []T) error { return download(Launcher(d), b, v) }
-
 // args holds kernel arguments, each scalar and pointer in its own 8-byte
 // slot (gorgonia.org/cu's Launch passes one pointer per argument; the
 // driver reads the parameter's own size from it).
@@ -282,7 +276,7 @@ func (d *Device) Collective(name string, op func(stream uintptr) error) error {
 
 // Gate launches the gating kernel: logits [tokens, experts] fp32, bias
 // [experts] (noaux_tc; zero Buffer otherwise) → ids, weights [tokens, top_k].
-func (d *Device) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
+func (d *Device) Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tokens int) error {
 	if tokens == 0 {
 		return nil
 	}
@@ -311,8 +305,8 @@ func (d *Device) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq 
 	if rows == 0 {
 		return nil
 	}
-	if width%2 != 0 || width > maxRope || perPos < 1 {
-		return fmt.Errorf("cuda: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, maxRope)
+	if width%2 != 0 || width > MaxRope || perPos < 1 {
+		return fmt.Errorf("cuda: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, MaxRope)
 	}
 	a := (&args{}).ptr(x).int(stride).int(col).int(width).int(perPos).ptr(pos).ptr(freq)
 	return d.launch("moex_rope", [3]int{rows, 1, 1}, ropeThreads, a)

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/cudaemu"
-	"github.com/moex-project/moex/moe"
 )
 
 // Emu is the CPU emulation as a Launcher: buffers are host memory, kernels
@@ -67,6 +67,15 @@ func (e *Emu) p(b Buffer) unsafe.Pointer {
 	return unsafe.Pointer(&e.mem[b.id][0])
 }
 
+// Bytes is the first n bytes of b's memory (host memory on the
+// emulation), for a communicator that moves them as NCCL would.
+func (e *Emu) Bytes(b Buffer, n int64) []byte {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(e.p(b)), n)
+}
+
 func (e *Emu) ToDevice(dst Buffer, src unsafe.Pointer, n int64) error {
 	if e.capturing() {
 		return errCopyInGraph
@@ -100,7 +109,7 @@ func (e *Emu) ToHost(dst unsafe.Pointer, src Buffer, n int64) error {
 	return nil
 }
 
-func (e *Emu) Gate(k moe.GateKernelArgs, logits, bias, ids, weights Buffer, tokens int) error {
+func (e *Emu) Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tokens int) error {
 	return e.kernel(func() {
 		cudaemu.GateRaw(e.p(logits), e.p(bias), tokens, k, e.p(ids), e.p(weights))
 	})
@@ -164,8 +173,8 @@ func (e *Emu) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buf
 	if rows == 0 {
 		return nil
 	}
-	if width%2 != 0 || width > maxRope || perPos < 1 {
-		return fmt.Errorf("cuda: emu: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, maxRope)
+	if width%2 != 0 || width > MaxRope || perPos < 1 {
+		return fmt.Errorf("cuda: emu: rope of %d values, %d rows per position (want even, ≤ %d)", width, perPos, MaxRope)
 	}
 	return e.kernel(func() { cudaemu.RopeRaw(e.p(x), rows, stride, col, width, perPos, e.p(pos), e.p(freq)) })
 }

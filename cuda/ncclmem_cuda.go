@@ -11,11 +11,9 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
-
-	"github.com/moex-project/moex/bindings/nccl"
 )
 
-// NCCLMemory is the device side of nccl.HostComm on this GPU: staging
+// NCCLMemory is the device side of ncclcomm.HostComm on this GPU: staging
 // buffers in its memory, NCCL's work on the legacy default stream.
 type NCCLMemory struct {
 	d    *Device
@@ -23,10 +21,8 @@ type NCCLMemory struct {
 	bufs map[uintptr]Buffer
 }
 
-// NCCLMemory returns the GPU as nccl.HostComm's memory.
+// NCCLMemory returns the GPU as ncclcomm.HostComm's memory.
 func (d *Device) NCCLMemory() *NCCLMemory { return &NCCLMemory{d: d, bufs: map[uintptr]Buffer{}} }
-
-var _ nccl.Memory = (*NCCLMemory)(nil)
 
 func (m *NCCLMemory) Alloc(bytes int) (uintptr, error) {
 	b, err := m.d.Alloc(int64(bytes))

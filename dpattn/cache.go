@@ -38,10 +38,10 @@ type LatentCache struct {
 	versions []uint64 // per block, bumped by every write: what a device copy syncs by
 
 	// Core, when set, computes the attention over this cache (a device
-	// copy of it: cuda.Attention); nil: MLA on the host.
+	// copy of it: dpattngpu.Attention); nil: MLA on the host.
 	Core AttentionCore
 	// Proj, when set, computes the projections of the blocks that run over
-	// this cache (a device: cuda.Attention's Projections); nil: the CPU
+	// this cache (a device: dpattngpu.Attention's Projections); nil: the CPU
 	// kernels.
 	Proj Projector
 }

@@ -18,7 +18,7 @@ type GatherTimes struct {
 }
 
 // GatherRunner runs gather mode's MoE stage of one rank somewhere other
-// than the CPU (a GPU: cuda.GatherMoE): every rank calls Forward for each
+// than the CPU (a GPU: dpattngpu.GatherMoE): every rank calls Forward for each
 // step that is not skipped, with its rows x of plan (none when IDLE), and
 // gets its rows of the layer's output in y.
 type GatherRunner interface {
@@ -26,7 +26,7 @@ type GatherRunner interface {
 }
 
 // LayerRunner runs a whole decoder layer's decode step of one rank (a GPU:
-// cuda.DecodeLayer): the attention block over cache for one new token of
+// dpattngpu.DecodeLayer): the attention block over cache for one new token of
 // each of seqs, the residual, and gather mode's MoE stage; x are the
 // tokens' hidden states (none when IDLE), y gets the layer's output. Every
 // rank calls Forward for each step that is not skipped. times (nil: none)

@@ -25,26 +25,26 @@ type RunConfig struct {
 	Attn         Block
 	CacheDType   kernels.DType
 	// Experts, when set, gives each rank the runner of its shard's experts
-	// (a GPU: cuda.Experts) and what releases it; nil: the CPU kernels.
+	// (a GPU: moegpu.Experts) and what releases it; nil: the CPU kernels.
 	// The one-rank reference of the parity check stays on the CPU.
 	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
 	// AttnCore, when set, computes every rank's attention over its cache
-	// (a GPU: cuda.Attention); nil: MLA on the host. The one-rank reference
+	// (a GPU: dpattngpu.Attention); nil: MLA on the host. The one-rank reference
 	// stays on the host. A core that is a moe.GraphVoter gets each step's
 	// vote, as the experts' runner does.
 	AttnCore AttentionCore
 	// AttnProj, when set, computes every rank's attention projections (a
-	// GPU: cuda.Attention's Projections); nil: the CPU kernels. The one-rank
+	// GPU: dpattngpu.Attention's Projections); nil: the CPU kernels. The one-rank
 	// reference stays on the host.
 	AttnProj Projector
 	// Gather, when set, gives each rank gather mode's MoE stage over its
-	// data communicator comm (a GPU: cuda.GatherMoE, the hidden states
+	// data communicator comm (a GPU: dpattngpu.GatherMoE, the hidden states
 	// gathered and scattered in device memory) and what releases it;
 	// Experts is then not used in gather mode. nil: MoEGather on the CPU.
 	// A runner that is a moe.GraphVoter gets each step's vote.
 	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (GatherRunner, func(), error)
 	// Layer, when set, gives each rank the whole layer's decode step in
-	// gather mode (a GPU: cuda.DecodeLayer, attention and MoE in one
+	// gather mode (a GPU: dpattngpu.DecodeLayer, attention and MoE in one
 	// graph) and what releases it; Attention, AttnCore, AttnProj, Gather
 	// and Experts are then not used by the ranks (the one-rank reference
 	// still runs on the host). A nil runner: this layer is not for it (the

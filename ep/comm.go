@@ -7,7 +7,8 @@
 // not depend on the rank count or the placement.
 //
 // Comm is the collective interface the transports implement: NewLocal
-// connects ranks inside one process; bindings/mpi connects processes.
+// connects ranks inside one process; ep/mpi connects processes, and
+// ep/ncclcomm does over NCCL.
 package ep
 
 import (

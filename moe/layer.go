@@ -279,7 +279,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err := l.Route(ctx, x, ids, weights); err != nil {
 		return err
 	}
-	lay, err := NewLayout(ids, T, K, c.NumExperts, 1)
+	lay, err := kernels.NewLayout(ids, T, K, c.NumExperts, 1)
 	if err != nil {
 		return err
 	}
@@ -324,7 +324,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 
 // An ExpertRunner computes grouped expert FFNs with the contract of
 // kernels.GroupedFFN, finding each group's weights by its Expert; the CUDA
-// backend (cuda.Experts) keeps them on a GPU.
+// backend (moegpu.Experts) keeps them on a GPU.
 type ExpertRunner interface {
 	GroupedFFN(ctx context.Context, x []float32, groups []kernels.FFNGroup) error
 }
@@ -372,12 +372,7 @@ func (l *Layer) SharedFFN(x []float32, rows []int32, out []float32) *kernels.FFN
 	}
 	var gate []float32
 	if l.sharedGate != nil {
-		gate = make([]float32, len(rows))
-		logit := make([]float64, 1)
-		for i, t := range rows {
-			kernels.RouterLogits(logit, x[int(t)*H:(int(t)+1)*H], *l.sharedGate)
-			gate[i] = float32(1 / (1 + math.Exp(-logit[0])))
-		}
+		gate = SharedGate(*l.sharedGate, x, rows, make([]float32, len(rows)))
 	}
 	if out == nil {
 		out = make([]float32, len(rows)*H)
@@ -385,6 +380,28 @@ func (l *Layer) SharedFFN(x []float32, rows []int32, out []float32) *kernels.FFN
 	s := l.shared
 	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: out[:len(rows)*H],
 		Expert: kernels.SharedExpert}
+}
+
+// SharedGate is qwen2_moe's shared-expert gate: out[i] = sigmoid(x[rows[i]]
+// · g) for g [1, hidden] and x [tokens, hidden], one float64 dot product per
+// row (every row of x when rows is nil). It returns out.
+func SharedGate(g kernels.Matrix, x []float32, rows []int32, out []float32) []float32 {
+	H := g.Cols
+	logit := make([]float64, 1)
+	row := func(i, t int) {
+		kernels.RouterLogits(logit, x[t*H:(t+1)*H], g)
+		out[i] = float32(1 / (1 + math.Exp(-logit[0])))
+	}
+	if rows == nil {
+		for t := 0; t < len(x)/H; t++ {
+			row(t, t)
+		}
+		return out
+	}
+	for i, t := range rows {
+		row(i, int(t))
+	}
+	return out
 }
 
 // scratch is one forward pass's reusable buffers.

@@ -12,13 +12,16 @@ cd "$(dirname "$0")"
   # NCCL usually comes with PyTorch's wheels: put its folder on the search path.
   nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
   [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
-  echo "## kernel tests"
-  if ! ./cuda.test -test.v 2>&1; then
-    # Launches do not wait for the GPU: rerun with every launch waiting, to
-    # tell a kernel's own failure from an ordering one.
-    echo "## kernel tests again, CUDA_LAUNCH_BLOCKING=1"
-    CUDA_LAUNCH_BLOCKING=1 ./cuda.test -test.v 2>&1
-  fi
+  # The runtime's kernels, the MoE pipeline, DP attention's device steps.
+  for t in cuda moegpu dpattngpu; do
+    echo "## $t tests"
+    if ! ./$t.test -test.v 2>&1; then
+      # Launches do not wait for the GPU: rerun with every launch waiting, to
+      # tell a kernel's own failure from an ordering one.
+      echo "## $t tests again, CUDA_LAUNCH_BLOCKING=1"
+      CUDA_LAUNCH_BLOCKING=1 ./$t.test -test.v 2>&1
+    fi
+  done
   echo "## moex run --backend cuda (in-process ranks sharing GPU 0)"
   ./moex run --backend cuda --ranks 1 --steps 4 2>&1
   ./moex run --backend cuda --ranks 4 --steps 8 2>&1

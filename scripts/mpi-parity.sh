@@ -16,7 +16,7 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-$GO vet -tags mpi ./bindings/... ./cmd/...
+$GO vet -tags mpi ./ep/mpi/... ./cmd/...
 $GO build -tags mpi -o "$tmp/moex" ./cmd/moex
 mpirun=(mpirun --oversubscribe --allow-run-as-root)
 

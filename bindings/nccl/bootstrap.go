@@ -20,8 +20,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/moex-project/moex/ep"
 )
 
 // UniqueIDBytes is the size of ncclUniqueId.
@@ -203,12 +201,22 @@ func fetch(ctx context.Context, addr string, rank int) (UniqueID, error) {
 	return id, nil
 }
 
+// A Group is a host group the ranks already share (an ep.Comm: the MPI
+// world, in-process ranks), as BootstrapOver needs it.
+type Group interface {
+	Rank() int
+	// AllGather returns every rank's send, in rank order.
+	AllGather(ctx context.Context, send []byte) ([][]byte, error)
+	// Abort makes every rank's pending and later calls fail with err.
+	Abort(err error)
+}
+
 // BootstrapOver gives every rank of an existing host group the same unique
-// id: the launch path under mpirun, where the MPI world (bindings/mpi) or
-// any other ep.Comm is already there. Rank 0 makes the id with newID and one
+// id: the launch path under mpirun, where the MPI world (ep/mpi) or any
+// other ep.Comm is already there. Rank 0 makes the id with newID and one
 // all-gather carries it; a rank 0 that cannot make one aborts the group, so
 // the others fail too instead of waiting.
-func BootstrapOver(ctx context.Context, c ep.Comm, newID func() (UniqueID, error)) (UniqueID, error) {
+func BootstrapOver(ctx context.Context, c Group, newID func() (UniqueID, error)) (UniqueID, error) {
 	var id UniqueID
 	send := []byte{}
 	if c.Rank() == 0 {

@@ -3,8 +3,8 @@
 package main
 
 import (
-	"github.com/moex-project/moex/bindings/mpi"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/mpi"
 )
 
 // mpiWorld is MPI_COMM_WORLD; the returned function finalises MPI.

@@ -11,6 +11,8 @@ import (
 	"github.com/moex-project/moex/bindings/nccl"
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/epgpu"
+	"github.com/moex-project/moex/ep/ncclcomm"
 )
 
 // deviceName says where --backend cuda runs.
@@ -27,11 +29,11 @@ var (
 // devices: NCCL on the device buffers when this process is an NCCL rank,
 // else comm staged through the host (ranks sharing a GPU, MPI without
 // NCCL; such steps are not captured in graphs).
-func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) cuda.DeviceComm {
+func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
 	if dev, ok := d.(*cuda.Device); ok && dev == worldDevice && worldNCCL != nil {
-		return cuda.NewNCCLComm(ctx, dev, worldNCCL, comm)
+		return epgpu.NewNCCLComm(ctx, dev, worldNCCL, comm)
 	}
-	return cuda.NewStagedComm(ctx, d, comm)
+	return epgpu.NewStagedComm(ctx, d, comm)
 }
 
 // openDevice opens the GPU for --backend cuda: the NCCL rank's, or GPU 0.
@@ -112,7 +114,7 @@ func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
 		d.Close()
 		return fail(err)
 	}
-	h := nccl.NewHostComm(c, d.NCCLMemory())
+	h := ncclcomm.NewHostComm(c, d.NCCLMemory())
 	if plan == nil {
 		plan = h
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/epgpu"
 )
 
 // deviceName says where --backend cuda runs.
@@ -26,6 +27,6 @@ func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) {
 
 // deviceComm: the ranks of the emulation exchange the emulated device's
 // buffers over their ep.Comm, as steps of its stream (graphs hold them).
-func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) cuda.DeviceComm {
-	return cuda.NewEmuComm(ctx, d.(*cuda.Emu), comm)
+func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
+	return epgpu.NewEmuComm(ctx, d.(*cuda.Emu), comm)
 }

@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/moe/moegpu"
 )
 
 // moeOnDevice runs exec moe's layer on the device (one rank).
@@ -25,17 +26,17 @@ func moeOnDevice(j *epJob) (*epResult, error) {
 		return nil, err
 	}
 	defer closeAll()
-	return r, g.ForwardRouting(x.Data, r.y, r.ids, r.weights)
+	return r, g.ForwardRouting(context.Background(), x.Data, r.y, r.ids, r.weights)
 }
 
 // layerOnDevice opens the device and uploads the layer; the function
 // returned frees both.
-func layerOnDevice(l *moe.Layer) (*cuda.MoE, func(), error) {
+func layerOnDevice(l *moe.Layer) (*moegpu.MoE, func(), error) {
 	d, closeDev, err := openDevice()
 	if err != nil {
 		return nil, nil, err
 	}
-	g, err := cuda.NewMoE(d, l)
+	g, err := moegpu.NewMoE(d, l)
 	if err != nil {
 		closeDev()
 		return nil, nil, err
@@ -54,7 +55,7 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 	if split == 0 {
 		split = 512 // dpattn's default
 	}
-	return cuda.MLADecode(d, cuda.MLAInput{Q: m.q, CacheF32: m.cache, BlockSize: m.blockSize, D: m.d,
+	return dpattngpu.MLADecode(d, dpattngpu.MLAInput{Q: m.q, CacheF32: m.cache, BlockSize: m.blockSize, D: m.d,
 		BlockTable: m.blockTable, MaxBlocks: m.maxBlocks, SeqLens: m.seqLens, Heads: m.heads, DV: m.dv,
 		SplitRows: split, Scale: m.scale})
 }
@@ -69,13 +70,13 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	att := cuda.NewAttention(d)
+	att := dpattngpu.NewAttention(d)
 	if graphs {
 		att.EnableGraphs()
 	}
 	return &deviceRun{
 		experts: func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
-			ex, err := cuda.NewExperts(d, shard)
+			ex, err := moegpu.NewExperts(d, shard)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -85,7 +86,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			return ex, ex.Close, nil
 		},
 		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
-			g, err := cuda.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
+			g, err := dpattngpu.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -99,7 +100,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			if _, gate := shard.SharedExpert(); !ok || gate != nil {
 				return nil, nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
 			}
-			l, err := cuda.NewDecodeLayer(att, blk, shard, deviceComm(ctx, d, comm))
+			l, err := dpattngpu.NewDecodeLayer(att, blk, shard, deviceComm(ctx, d, comm))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -127,12 +128,12 @@ func benchMoEOnDevice(l *moe.Layer, name string, ts []int, o *benchOpts, seed ui
 	var results []benchResult
 	for _, T := range ts {
 		x, y, ids := moeCase(rng, c, T)
-		if err := g.ForwardRouting(x, y, ids, nil); err != nil {
+		if err := g.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
 			return nil, err
 		}
 		bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
 		label := fmt.Sprintf("%s T=%d", name, T)
-		times, err := o.time(label+" cuda", func() error { return g.Forward(x, y) })
+		times, err := o.time(label+" cuda", func() error { return g.Forward(context.Background(), x, y) })
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +146,7 @@ func benchMoEOnDevice(l *moe.Layer, name string, ts []int, o *benchOpts, seed ui
 			step.Close()
 			return nil, err
 		}
-		times, err = o.time(label+" cuda-graph", func() error { return step.Forward(x, y) })
+		times, err = o.time(label+" cuda-graph", func() error { return step.Forward(context.Background(), x, y) })
 		step.Close()
 		if err != nil {
 			return nil, err

@@ -35,7 +35,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/kernels"
 )
 
 // Limits of the fused kernels.
@@ -59,19 +59,19 @@ func i32p(v []int32) *C.int32_t {
 	return (*C.int32_t)(unsafe.Pointer(&v[0]))
 }
 
-// Gate runs the gating kernel on logits [tokens, experts] with cfg's
-// routing (bias [experts] for noaux_tc, else nil): ids and weights
-// [tokens, top_k], ids ascending.
-func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
-	E, K := cfg.NumExperts, cfg.TopK
-	if E > MaxExperts || K > MaxTopK || cfg.NumGroups > MaxGroups {
+// Gate runs the gating kernel on logits [tokens, experts] with routing k
+// (bias [experts] for noaux_tc, else nil): ids and weights [tokens, top_k],
+// ids ascending.
+func Gate(k kernels.GateArgs, logits, bias []float32) ([]int32, []float32, error) {
+	E, K := int(k.Experts), int(k.TopK)
+	if E < 1 || K < 1 || E > MaxExperts || K > MaxTopK || k.Groups > MaxGroups {
 		return nil, nil, fmt.Errorf("cudaemu: gate: %d experts, top-%d, %d groups exceed the fused kernel's %d, %d, %d",
-			E, K, cfg.NumGroups, MaxExperts, MaxTopK, MaxGroups)
+			E, K, k.Groups, MaxExperts, MaxTopK, MaxGroups)
 	}
 	if len(logits)%E != 0 {
 		return nil, nil, fmt.Errorf("cudaemu: gate: %d logits are not rows of %d experts", len(logits), E)
 	}
-	if cfg.Method == moe.NoAuxTC && len(bias) != E {
+	if k.Method == kernels.GateNoAuxTC && len(bias) != E {
 		return nil, nil, fmt.Errorf("cudaemu: gate: noaux_tc needs %d bias values, have %d", E, len(bias))
 	}
 	T := len(logits) / E
@@ -80,7 +80,6 @@ func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
 	if T == 0 {
 		return ids, w, nil
 	}
-	k := cfg.GateKernelArgs()
 	C.moex_emu_gate(f32p(logits), f32p(bias), C.int(T), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring), C.int(k.Method),
 		C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling), i32p(ids), f32p(w))
 	return ids, w, nil
@@ -88,10 +87,10 @@ func Gate(cfg *moe.Config, logits, bias []float32) ([]int32, []float32, error) {
 
 // Align runs the dispatch-layout kernel on ids [tokens, top_k] (each row
 // strictly ascending, each id ≥ 0) over the shard of experts lo …
-// lo+experts-1 and returns the layout as moe.NewLayout does, in the shard's
+// lo+experts-1 and returns the layout as kernels.NewLayout does, in the shard's
 // numbering (Rows -1 for a pair whose expert is not in the shard), plus the
 // shard's expert of each row block. lo = 0 and every expert: the whole layer.
-func Align(ids []int32, tokens, topK, lo, experts, block int) (*moe.Layout, []int32, error) {
+func Align(ids []int32, tokens, topK, lo, experts, block int) (*kernels.Layout, []int32, error) {
 	if lo < 0 || experts < 1 || experts > MaxExperts || block < 1 || topK < 1 || len(ids) != tokens*topK {
 		return nil, nil, fmt.Errorf("cudaemu: align: %d ids for %d tokens × top-%d, %d experts from %d, block %d",
 			len(ids), tokens, topK, experts, lo, block)
@@ -102,7 +101,7 @@ func Align(ids []int32, tokens, topK, lo, experts, block int) (*moe.Layout, []in
 		}
 	}
 	n := tokens * topK
-	l := &moe.Layout{Experts: experts, TopK: topK, Tokens: tokens, Block: block,
+	l := &kernels.Layout{Experts: experts, TopK: topK, Tokens: tokens, Block: block,
 		Counts: make([]int32, experts), Offsets: make([]int32, experts+1), Rows: make([]int32, n)}
 	maxRows := n + experts*(block-1)
 	sorted := make([]int32, maxRows+1)
@@ -179,7 +178,7 @@ const GemmBlock = 64
 // [experts, N, K] as bf16 bits, the layout (block GemmBlock) and its block
 // experts, optional weights [tokens·topK]; returns c [padded rows, N] in
 // layout order. K must be a multiple of 16.
-func GroupedGEMMBF16(a, w []uint16, lay *moe.Layout, blockExpert []int32, N, K int, weights []float32) ([]float32, error) {
+func GroupedGEMMBF16(a, w []uint16, lay *kernels.Layout, blockExpert []int32, N, K int, weights []float32) ([]float32, error) {
 	if lay.Block != GemmBlock || K%16 != 0 || N < 1 {
 		return nil, fmt.Errorf("cudaemu: grouped gemm: layout block %d (want %d), K %d (a multiple of 16), N %d", lay.Block, GemmBlock, K, N)
 	}
@@ -196,7 +195,7 @@ func GroupedGEMMBF16(a, w []uint16, lay *moe.Layout, blockExpert []int32, N, K i
 
 // GroupedSwiGLUBF16 runs the fused first projection: h [padded rows, N] =
 // silu(a·gateᵀ) · (a·upᵀ) per row's expert, gate and up [experts, N, K] bf16.
-func GroupedSwiGLUBF16(a, gate, up []uint16, lay *moe.Layout, blockExpert []int32, N, K int) ([]float32, error) {
+func GroupedSwiGLUBF16(a, gate, up []uint16, lay *kernels.Layout, blockExpert []int32, N, K int) ([]float32, error) {
 	if lay.Block != GemmBlock || K%16 != 0 || N < 1 || len(gate) != len(up) {
 		return nil, fmt.Errorf("cudaemu: grouped swiglu: layout block %d (want %d), K %d, N %d", lay.Block, GemmBlock, K, N)
 	}
@@ -216,7 +215,7 @@ func GroupedSwiGLUBF16(a, gate, up []uint16, lay *moe.Layout, blockExpert []int3
 // drives a GPU.
 
 // GateRaw launches the gating kernel.
-func GateRaw(logits, bias unsafe.Pointer, tokens int, k moe.GateKernelArgs, ids, weights unsafe.Pointer) {
+func GateRaw(logits, bias unsafe.Pointer, tokens int, k kernels.GateArgs, ids, weights unsafe.Pointer) {
 	C.moex_emu_gate((*C.float)(logits), (*C.float)(bias), C.int(tokens), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring),
 		C.int(k.Method), C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling),
 		(*C.int32_t)(ids), (*C.float)(weights))

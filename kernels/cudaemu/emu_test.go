@@ -58,7 +58,7 @@ func TestGate(t *testing.T) {
 				wantIDs := make([]int32, T*cfg.TopK)
 				wantW := make([]float32, T*cfg.TopK)
 				router.RouteLogits(wide, wantIDs, wantW)
-				ids, weights, err := cudaemu.Gate(cfg, logits, bias)
+				ids, weights, err := cudaemu.Gate(cfg.GateKernelArgs(), logits, bias)
 				require.NoError(t, err)
 				require.Equal(t, wantIDs, ids)
 				for j := range weights {
@@ -67,11 +67,11 @@ func TestGate(t *testing.T) {
 			})
 		}
 	}
-	_, _, err := cudaemu.Gate(&moe.Config{NumExperts: 2048, TopK: 2}, nil, nil)
+	_, _, err := cudaemu.Gate((&moe.Config{NumExperts: 2048, TopK: 2}).GateKernelArgs(), nil, nil)
 	require.ErrorContains(t, err, "exceed the fused kernel")
 }
 
-// TestAlign: the layout kernel equals moe.NewLayout, with ragged and
+// TestAlign: the layout kernel equals kernels.NewLayout, with ragged and
 // empty experts, one token, and padding blocks.
 func TestAlign(t *testing.T) {
 	for _, c := range []struct{ tokens, k, experts, block int }{
@@ -94,7 +94,7 @@ func TestAlign(t *testing.T) {
 				}
 				ids = append(ids, row...)
 			}
-			want, err := moe.NewLayout(ids, c.tokens, c.k, c.experts, c.block)
+			want, err := kernels.NewLayout(ids, c.tokens, c.k, c.experts, c.block)
 			require.NoError(t, err)
 			got, blockExpert, err := cudaemu.Align(ids, c.tokens, c.k, 0, c.experts, c.block)
 			require.NoError(t, err)

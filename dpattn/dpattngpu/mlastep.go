@@ -1,12 +1,13 @@
 //go:build cuda || cudaemu
 
-package cuda
+package dpattngpu
 
 import (
 	"context"
 	"fmt"
 	"unsafe"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -34,25 +35,25 @@ type stepBucket struct {
 	Q, S, splitRows, width int
 	idRows, headRows       int
 	// Inputs, staged before each run.
-	x, pos, slots, table, lens Buffer
+	x, pos, slots, table, lens cuda.Buffer
 	// The step's work.
-	xb, qa, qab, q, kv, qNope, qLat, qAbs   Buffer
-	partO, partL, o, lse, ob, vhm, vtm, out Buffer
+	xb, qa, qab, q, kv, qNope, qLat, qAbs   cuda.Buffer
+	partO, partL, o, lse, ob, vhm, vtm, out cuda.Buffer
 	// Output: the block's output plus x, [Q, hidden].
-	hidden                                            Buffer
-	idSorted, idExp, headSorted, headExp, headMap, id Buffer
-	graph                                             Graph
+	hidden                                            cuda.Buffer
+	idSorted, idExp, headSorted, headExp, headMap, id cuda.Buffer
+	graph                                             cuda.Graph
 	noGraph                                           bool
-	bs                                                buffers
+	bs                                                *cuda.Buffers
 }
 
 // blockOnDevice is a block's weights on the device (resident in the
 // projector) and its norm weights and rotary frequencies.
 type blockOnDevice struct {
 	w                              dpattn.MLAWeights
-	qProj, qA, qB, kvA, wUKT, wUV  Buffer
-	oProj                          Buffer
-	qANorm, kvANorm, freq          Buffer
+	qProj, qA, qB, kvA, wUKT, wUV  cuda.Buffer
+	oProj                          cuda.Buffer
+	qANorm, kvANorm, freq          cuda.Buffer
 	hidden, heads, qRank, L, R, qd int
 	nope, vd                       int
 }
@@ -79,37 +80,37 @@ func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
 			return nil, fmt.Errorf("cuda: mla step: %s %d is not a multiple of 16 (the device GEMM's k)", name, k)
 		}
 	}
-	if c.RopeDim%2 != 0 || c.RopeDim > maxRope {
-		return nil, fmt.Errorf("cuda: mla step: rope dims %d (want even, ≤ %d)", c.RopeDim, maxRope)
+	if c.RopeDim%2 != 0 || c.RopeDim > cuda.MaxRope {
+		return nil, fmt.Errorf("cuda: mla step: rope dims %d (want even, ≤ %d)", c.RopeDim, cuda.MaxRope)
 	}
 	p := a.Projections().(*projector)
-	one := func(m *kernels.Matrix) (Buffer, error) { return p.stack(m, []kernels.Matrix{*m}) }
+	one := func(m *kernels.Matrix) (cuda.Buffer, error) { return p.stack(m, []kernels.Matrix{*m}) }
 	var err error
-	set := func(dst *Buffer, f func() (Buffer, error)) {
+	set := func(dst *cuda.Buffer, f func() (cuda.Buffer, error)) {
 		if err == nil {
 			*dst, err = f()
 		}
 	}
 	if w.QProj != nil {
-		set(&b.qProj, func() (Buffer, error) { return one(w.QProj) })
+		set(&b.qProj, func() (cuda.Buffer, error) { return one(w.QProj) })
 	} else {
 		b.qRank = w.QA.Rows
 		if b.qRank%16 != 0 {
 			return nil, fmt.Errorf("cuda: mla step: q_lora_rank %d is not a multiple of 16", b.qRank)
 		}
-		set(&b.qA, func() (Buffer, error) { return one(w.QA) })
-		set(&b.qB, func() (Buffer, error) { return one(w.QB) })
-		set(&b.qANorm, func() (Buffer, error) { return upload(a.d, w.QANorm) })
+		set(&b.qA, func() (cuda.Buffer, error) { return one(w.QA) })
+		set(&b.qB, func() (cuda.Buffer, error) { return one(w.QB) })
+		set(&b.qANorm, func() (cuda.Buffer, error) { return cuda.Upload(a.d, w.QANorm) })
 	}
-	set(&b.kvA, func() (Buffer, error) { return one(w.KVA) })
-	set(&b.oProj, func() (Buffer, error) { return one(w.OProj) })
-	set(&b.wUKT, func() (Buffer, error) { return p.stack(&w.WUKT[0], w.WUKT) })
-	set(&b.wUV, func() (Buffer, error) { return p.stack(&w.WUV[0], w.WUV) })
-	set(&b.kvANorm, func() (Buffer, error) { return upload(a.d, w.KVANorm) })
-	set(&b.freq, func() (Buffer, error) { return upload(a.d, w.RopeFreq) })
+	set(&b.kvA, func() (cuda.Buffer, error) { return one(w.KVA) })
+	set(&b.oProj, func() (cuda.Buffer, error) { return one(w.OProj) })
+	set(&b.wUKT, func() (cuda.Buffer, error) { return p.stack(&w.WUKT[0], w.WUKT) })
+	set(&b.wUV, func() (cuda.Buffer, error) { return p.stack(&w.WUV[0], w.WUV) })
+	set(&b.kvANorm, func() (cuda.Buffer, error) { return cuda.Upload(a.d, w.KVANorm) })
+	set(&b.freq, func() (cuda.Buffer, error) { return cuda.Upload(a.d, w.RopeFreq) })
 	if err != nil {
-		for _, x := range []Buffer{b.qANorm, b.kvANorm, b.freq} {
-			if x.id != 0 {
+		for _, x := range []cuda.Buffer{b.qANorm, b.kvANorm, b.freq} {
+			if !x.IsZero() {
 				a.d.Free(x)
 			}
 		}
@@ -128,9 +129,9 @@ func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
 	return b, nil
 }
 
-func (b *blockOnDevice) free(d Launcher) {
-	for _, x := range []Buffer{b.qANorm, b.kvANorm, b.freq} {
-		if x.id != 0 {
+func (b *blockOnDevice) free(d cuda.Launcher) {
+	for _, x := range []cuda.Buffer{b.qANorm, b.kvANorm, b.freq} {
+		if !x.IsZero() {
 			d.Free(x)
 		}
 	}
@@ -138,25 +139,22 @@ func (b *blockOnDevice) free(d Launcher) {
 
 // newStepBucket allocates the buffers of Q queries and S splits.
 func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S, splitRows int) (*stepBucket, error) {
-	s := &stepBucket{Q: Q, S: S, splitRows: splitRows, bs: buffers{d: a.d}}
+	s := &stepBucket{Q: Q, S: S, splitRows: splitRows, bs: cuda.NewBuffers(a.d)}
 	s.width = min(c.NumBlocks(), (S*splitRows+c.BlockSize()-1)/c.BlockSize())
 	H, nh, L, R, qd := b.hidden, b.heads, b.L, b.R, b.qd
-	lay, blocks, err := identityLayout(Q)
-	if err != nil {
-		return nil, err
-	}
-	s.idRows = len(lay.Pairs)
-	per := (Q + gemmBlock - 1) / gemmBlock // blocks per head
-	s.headRows = nh * per * gemmBlock
+	layPairs, blocks := cuda.DenseLayout(Q)
+	s.idRows = len(layPairs)
+	per := (Q + cuda.GEMMBlock - 1) / cuda.GEMMBlock // blocks per head
+	s.headRows = nh * per * cuda.GEMMBlock
 	headSorted := make([]int32, s.headRows)
 	headExp := make([]int32, nh*per)
 	headMap := make([]int32, Q*nh)
 	for h := 0; h < nh; h++ {
-		for i := 0; i < per*gemmBlock; i++ {
-			headSorted[h*per*gemmBlock+i] = int32(Q * nh) // the sentinel: padding
+		for i := 0; i < per*cuda.GEMMBlock; i++ {
+			headSorted[h*per*cuda.GEMMBlock+i] = int32(Q * nh) // the sentinel: padding
 			if i < Q {
-				headSorted[h*per*gemmBlock+i] = int32(i*nh + h)
-				headMap[i*nh+h] = int32(h*per*gemmBlock + i)
+				headSorted[h*per*cuda.GEMMBlock+i] = int32(i*nh + h)
+				headMap[i*nh+h] = int32(h*per*cuda.GEMMBlock + i)
 			}
 		}
 		for k := 0; k < per; k++ {
@@ -167,7 +165,7 @@ func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S,
 	for i := range ident {
 		ident[i] = int32(i)
 	}
-	al := s.bs.alloc
+	al := s.bs.Alloc
 	s.x, s.pos, s.slots, s.table, s.lens = al(int64(Q*H*4)), al(int64(Q*4)), al(int64(Q*4)), al(int64(Q*s.width*4)), al(int64(Q*4))
 	s.xb = al(int64(Q * H * 2))
 	if b.qRank > 0 {
@@ -179,27 +177,27 @@ func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S,
 	s.o, s.lse, s.ob = al(int64(Q*nh*L*4)), al(int64(Q*nh*4)), al(int64(Q*nh*L*2))
 	s.vhm, s.vtm = al(int64(s.headRows*b.vd*4)), al(int64(Q*nh*b.vd*2))
 	s.out, s.hidden = al(int64(s.idRows*H*4)), al(int64(Q*H*4))
-	s.idSorted, s.idExp = s.bs.put(upload(a.d, lay.Pairs)), s.bs.put(upload(a.d, blocks))
-	s.headSorted, s.headExp = s.bs.put(upload(a.d, headSorted)), s.bs.put(upload(a.d, headExp))
-	s.headMap, s.id = s.bs.put(upload(a.d, headMap)), s.bs.put(upload(a.d, ident))
-	if s.bs.err != nil {
-		s.bs.free()
-		return nil, fmt.Errorf("cuda: mla step of %d queries, %d splits: %w", Q, S, s.bs.err)
+	s.idSorted, s.idExp = s.bs.Put(cuda.Upload(a.d, layPairs)), s.bs.Put(cuda.Upload(a.d, blocks))
+	s.headSorted, s.headExp = s.bs.Put(cuda.Upload(a.d, headSorted)), s.bs.Put(cuda.Upload(a.d, headExp))
+	s.headMap, s.id = s.bs.Put(cuda.Upload(a.d, headMap)), s.bs.Put(cuda.Upload(a.d, ident))
+	if s.bs.Err() != nil {
+		s.bs.Free()
+		return nil, fmt.Errorf("cuda: mla step of %d queries, %d splits: %w", Q, S, s.bs.Err())
 	}
 	return s, nil
 }
 
 // enqueue launches the step on s's buffers, on l (the device or a
 // recorder of it), over the cache's device copy.
-func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cache Buffer, c *dpattn.LatentCache) error {
+func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket, cache cuda.Buffer, c *dpattn.LatentCache) error {
 	H, nh, L, R, qd, Q := b.hidden, b.heads, b.L, b.R, b.qd, s.Q
 	D := L + R
 	eps := b.w.Eps
-	proj := func(in Buffer, w Buffer, N, K int, out Buffer) error {
-		return l.GroupedGEMM(in, w, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, Buffer{}, out)
+	proj := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
+		return l.GroupedGEMM(in, w, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, cuda.Buffer{}, out)
 	}
-	heads := func(in Buffer, w Buffer, N, K int, out Buffer) error {
-		return l.GroupedGEMM(in, w, s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, Buffer{}, out)
+	heads := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
+		return l.GroupedGEMM(in, w, s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, cuda.Buffer{}, out)
 	}
 	steps := []func() error{func() error { return l.F32ToBF16(s.x, s.xb, Q*H) }}
 	if b.qRank == 0 {
@@ -218,16 +216,18 @@ func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cac
 		func() error { return l.RMSNorm(s.kv, Q, D, 0, L, b.kvANorm, eps) },
 		func() error { return l.Rope(s.kv, Q, D, L, R, 1, s.pos, b.freq) },
 		func() error {
-			return l.CopyRows(s.kv, D, 0, Buffer{}, cache, c.DType() == kernels.BF16, D, 0, s.slots, Q, D)
+			return l.CopyRows(s.kv, D, 0, cuda.Buffer{}, cache, c.DType() == kernels.BF16, D, 0, s.slots, Q, D)
 		},
 		// Absorbed queries: each head's nope part through W_UKᵀ, the rope
 		// part rotated.
 		func() error {
-			return l.CopyRows(s.q, qd, 0, Buffer{}, s.qNope, true, b.nope, 0, Buffer{}, Q*nh, b.nope)
+			return l.CopyRows(s.q, qd, 0, cuda.Buffer{}, s.qNope, true, b.nope, 0, cuda.Buffer{}, Q*nh, b.nope)
 		},
 		func() error { return heads(s.qNope, b.wUKT, L, b.nope, s.qLat) },
-		func() error { return l.CopyRows(s.qLat, L, 0, s.headMap, s.qAbs, false, D, 0, Buffer{}, Q*nh, L) },
-		func() error { return l.CopyRows(s.q, qd, b.nope, Buffer{}, s.qAbs, false, D, L, Buffer{}, Q*nh, R) },
+		func() error { return l.CopyRows(s.qLat, L, 0, s.headMap, s.qAbs, false, D, 0, cuda.Buffer{}, Q*nh, L) },
+		func() error {
+			return l.CopyRows(s.q, qd, b.nope, cuda.Buffer{}, s.qAbs, false, D, L, cuda.Buffer{}, Q*nh, R)
+		},
 		func() error { return l.Rope(s.qAbs, Q*nh, D, L, R, nh, s.pos, b.freq) },
 		func() error {
 			return l.MLADecode(c.DType() == kernels.BF16, s.qAbs, cache, s.table, s.lens, Q, nh, D, L, c.BlockSize(), s.width,
@@ -236,7 +236,9 @@ func (a *Attention) enqueueStep(l Launcher, b *blockOnDevice, s *stepBucket, cac
 		// Each head's latent output lifted by W_UV, heads side by side, o_proj.
 		func() error { return l.F32ToBF16(s.o, s.ob, Q*nh*L) },
 		func() error { return heads(s.ob, b.wUV, b.vd, L, s.vhm) },
-		func() error { return l.CopyRows(s.vhm, b.vd, 0, s.headMap, s.vtm, true, b.vd, 0, Buffer{}, Q*nh, b.vd) },
+		func() error {
+			return l.CopyRows(s.vhm, b.vd, 0, s.headMap, s.vtm, true, b.vd, 0, cuda.Buffer{}, Q*nh, b.vd)
+		},
 		func() error { return proj(s.vtm, b.oProj, H, nh*b.vd, s.out) },
 		// The residual: hidden = out + x, as the decode loop adds it.
 		func() error { return l.Combine(s.out, s.id, Q, 1, H, s.x, s.hidden) },
@@ -328,7 +330,7 @@ func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRo
 		added[seq]++
 		maxLen = max(maxLen, int(pos[t])+1)
 	}
-	key := stepKey{blk: blk, queries: pow2(T), splits: pow2((maxLen + splitRows - 1) / splitRows), splitRows: splitRows}
+	key := stepKey{blk: blk, queries: cuda.Pow2(T), splits: cuda.Pow2((maxLen + splitRows - 1) / splitRows), splitRows: splitRows}
 	s := m.steps[key]
 	if s == nil {
 		var err error
@@ -373,11 +375,11 @@ func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRo
 		copy(table[i*s.width:(i+1)*s.width], tables[j])
 	}
 	for _, f := range []func() error{
-		func() error { return copyIn(a.d, s.x, xp) },
-		func() error { return copyIn(a.d, s.pos, ps) },
-		func() error { return copyIn(a.d, s.slots, ss) },
-		func() error { return copyIn(a.d, s.table, table) },
-		func() error { return copyIn(a.d, s.lens, ls) },
+		func() error { return cuda.CopyIn(a.d, s.x, xp) },
+		func() error { return cuda.CopyIn(a.d, s.pos, ps) },
+		func() error { return cuda.CopyIn(a.d, s.slots, ss) },
+		func() error { return cuda.CopyIn(a.d, s.table, table) },
+		func() error { return cuda.CopyIn(a.d, s.lens, ls) },
 	} {
 		if err := f(); err != nil {
 			return err
@@ -388,10 +390,10 @@ func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRo
 
 // finish reads the new latent rows back into the host cache: the step is
 // done.
-func (r *stepRun) finish(d Launcher) error {
+func (r *stepRun) finish(d cuda.Launcher) error {
 	D := r.c.Dim()
 	rows := make([]float32, len(r.seqs)*D)
-	if err := download(d, r.s.kv, rows); err != nil {
+	if err := cuda.Download(d, r.s.kv, rows); err != nil {
 		return err
 	}
 	if err := r.c.Fill(r.slots, rows, r.m.seen); err != nil {
@@ -435,7 +437,7 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 	}
 	defer r.release()
 	s := r.s
-	enqueue := func(l Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c) }
+	enqueue := func(l cuda.Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c) }
 	if a.graphs && a.allowed.Load() && !s.noGraph && s.graph == nil {
 		s.graph, err = a.d.Capture(enqueue)
 		s.noGraph = err != nil
@@ -450,7 +452,7 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 	if err != nil {
 		return err
 	}
-	if err := download(a.d, s.hidden, out); err != nil {
+	if err := cuda.Download(a.d, s.hidden, out); err != nil {
 		return err
 	}
 	return r.finish(a.d)

@@ -1,6 +1,6 @@
 //go:build cudaemu && !cuda
 
-package cuda_test
+package dpattngpu_test
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/epgpu"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -22,7 +24,7 @@ func TestDeviceStepBadInput(t *testing.T) {
 	dev := cuda.NewEmu()
 	comms, err := ep.NewLocal(1)
 	require.NoError(t, err)
-	comm := cuda.NewEmuComm(ctx, dev, comms[0])
+	comm := epgpu.NewEmuComm(ctx, dev, comms[0])
 	small, err := dev.Alloc(8)
 	require.NoError(t, err)
 	big, err := dev.Alloc(64)
@@ -31,7 +33,7 @@ func TestDeviceStepBadInput(t *testing.T) {
 		"cuda: all-gather of 16 bytes from each of 1 ranks: send holds 8 bytes, recv 64")
 	require.EqualError(t, comm.ReduceScatter(dev, big, small, 4),
 		"cuda: reduce-scatter of 4 float32 to each of 1 ranks: send holds 64 bytes, recv 8")
-	staged := cuda.NewStagedComm(ctx, dev, comms[0])
+	staged := epgpu.NewStagedComm(ctx, dev, comms[0])
 	require.ErrorContains(t, staged.AllGather(dev, small, big, -1), "all-gather of -1 bytes")
 
 	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
@@ -40,7 +42,7 @@ func TestDeviceStepBadInput(t *testing.T) {
 	require.NoError(t, err)
 	cache, err := dpattn.NewLatentCache(2, 16, 48, kernels.BF16)
 	require.NoError(t, err)
-	att := cuda.NewAttention(dev)
+	att := dpattngpu.NewAttention(dev)
 	defer att.Close()
 	require.EqualError(t, att.Step(ctx, blk, cache, []int{0}, make([]float32, 31), make([]float32, 31)),
 		"cuda: mla step: x has 31 values, want 1 tokens × 32")
@@ -65,12 +67,12 @@ func TestDeviceStepBadInput(t *testing.T) {
 	l, err := moe.NewRandom(&moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 2, TopK: 1, Inter: 16,
 		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}, kernels.BF16, 1)
 	require.NoError(t, err)
-	_, err = cuda.NewDecodeLayer(att, blk, l, comm)
+	_, err = dpattngpu.NewDecodeLayer(att, blk, l, comm)
 	require.EqualError(t, err, "cuda: decode layer: attention hidden 32, MoE hidden 64")
 	l32, err := moe.NewRandom(&moe.Config{ModelType: "mixtral", Hidden: 32, NumExperts: 2, TopK: 1, Inter: 16,
 		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}, kernels.BF16, 1)
 	require.NoError(t, err)
-	layer, err := cuda.NewDecodeLayer(att, blk, l32, comm)
+	layer, err := dpattngpu.NewDecodeLayer(att, blk, l32, comm)
 	require.NoError(t, err)
 	defer layer.Close()
 	plan := &dpattn.StepPlan{Counts: []int64{2}, Total: 2, Tokens: 2}

@@ -1,13 +1,15 @@
 //go:build cuda || cudaemu
 
-package cuda
+package dpattngpu
 
 import (
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/ep/epgpu"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -21,7 +23,7 @@ import (
 // whenever the coordinator's vote allows; an IDLE rank's graph holds the
 // MoE stage alone. Every rank must make the same choice between graph and
 // eager launches for a step (NCCL's rule for captured collectives), so with
-// graphs on, the ranks agree on it each step (DeviceComm.Agree: a host
+// graphs on, the ranks agree on it each step (epgpu.DeviceComm.Agree: a host
 // all-reduce of one integer): a step replays only where every rank holds
 // its shape's graph.
 //
@@ -55,13 +57,13 @@ type layerKey struct {
 }
 
 type layerGraph struct {
-	graph         Graph
+	graph         cuda.Graph
 	noGraph, warm bool
 }
 
 // NewDecodeLayer makes the layer step of block blk (its attention on att,
 // whose device it shares) and of shard (gather mode's MoE stage over comm).
-func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm DeviceComm) (*DecodeLayer, error) {
+func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm epgpu.DeviceComm) (*DecodeLayer, error) {
 	if blk.Cfg.Hidden != shard.Config.Hidden {
 		return nil, fmt.Errorf("cuda: decode layer: attention hidden %d, MoE hidden %d", blk.Cfg.Hidden, shard.Config.Hidden)
 	}
@@ -72,7 +74,7 @@ func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm
 	if err != nil {
 		return nil, err
 	}
-	if g.m.sharedGate != nil {
+	if g.m.HostSharedGate() {
 		g.Close()
 		return nil, fmt.Errorf("cuda: decode layer: %s's shared-expert gate runs on the host; run the stages apart", shard.Config.ModelType)
 	}
@@ -133,12 +135,12 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 		defer run.release()
 		key.m, key.attn = run.m, stepKey{blk: l.blk, queries: run.s.Q, splits: run.s.S, splitRows: run.s.splitRows}
 	}
-	enqueue := func(d Launcher) error {
+	enqueue := func(d cuda.Launcher) error {
 		if run != nil {
 			if err := l.att.enqueueStep(d, run.b, run.s, run.m.buf, c); err != nil {
 				return err
 			}
-			if err := d.CopyRows(run.s.hidden, H, 0, Buffer{}, b.in, false, H, 0, Buffer{}, run.s.Q, H); err != nil {
+			if err := d.CopyRows(run.s.hidden, H, 0, cuda.Buffer{}, b.in, false, H, 0, cuda.Buffer{}, run.s.Q, H); err != nil {
 				return err
 			}
 		}
@@ -191,7 +193,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 	if err := l.moe.comm.Wait(ctx); err != nil {
 		return err
 	}
-	if err := download(l.att.d, l.moe.output(b), y); err != nil {
+	if err := cuda.Download(l.att.d, l.moe.output(b), y); err != nil {
 		return err
 	}
 	if run != nil {

@@ -1,12 +1,13 @@
 //go:build cudaemu && !cuda
 
-package cuda
+package epgpu
 
 import (
 	"context"
 	"fmt"
 	"unsafe"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/ep"
 )
 
@@ -15,13 +16,13 @@ import (
 // ranks of one process share the emulated device). They are steps of the
 // stream like NCCL's, so graphs hold them and replay them.
 type EmuComm struct {
-	e   *Emu
+	e   *cuda.Emu
 	c   ep.Comm
 	ctx context.Context
 }
 
 // NewEmuComm makes a DeviceComm of c on e; its collectives run under ctx.
-func NewEmuComm(ctx context.Context, e *Emu, c ep.Comm) *EmuComm {
+func NewEmuComm(ctx context.Context, e *cuda.Emu, c ep.Comm) *EmuComm {
 	return &EmuComm{e: e, c: c, ctx: ctx}
 }
 
@@ -29,14 +30,9 @@ func (m *EmuComm) Rank() int { return m.c.Rank() }
 func (m *EmuComm) Size() int { return m.c.Size() }
 
 // bytesOf is n bytes of the emulated memory of b.
-func (m *EmuComm) bytesOf(b Buffer, n int64) []byte {
-	if n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(m.e.p(b)), n)
-}
+func (m *EmuComm) bytesOf(b cuda.Buffer, n int64) []byte { return m.e.Bytes(b, n) }
 
-func (m *EmuComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
+func (m *EmuComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(m, send, recv, bytes); err != nil {
 		return err
 	}
@@ -56,12 +52,12 @@ func (m *EmuComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
 	})
 }
 
-func (m *EmuComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error {
+func (m *EmuComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(m, send, recv, count); err != nil {
 		return err
 	}
 	return l.Collective("reduce-scatter", func(uintptr) error {
-		v := append([]float32(nil), unsafe.Slice((*float32)(m.e.p(send)), m.Size()*count)...)
+		v := append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(m.bytesOf(send, int64(m.Size()*count*4))))), m.Size()*count)...)
 		counts := make([]int, m.Size())
 		for r := range counts {
 			counts[r] = count
@@ -73,7 +69,7 @@ func (m *EmuComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error 
 		if len(mine) != count {
 			return fmt.Errorf("%d values back, want %d", len(mine), count)
 		}
-		copy(unsafe.Slice((*float32)(m.e.p(recv)), count), mine)
+		copy(unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(m.bytesOf(recv, int64(count*4))))), count), mine)
 		return nil
 	})
 }

@@ -1,11 +1,12 @@
 //go:build cuda
 
-package cuda
+package epgpu
 
 import (
 	"context"
 
 	"github.com/moex-project/moex/bindings/nccl"
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/ep"
 )
 
@@ -16,7 +17,7 @@ import (
 // is what a capture may wait for (an error there does not abort inside the
 // capture: Wait or the next eager call does).
 type NCCLComm struct {
-	d    *Device
+	d    *cuda.Device
 	c    *nccl.Comm
 	host ep.Comm
 	ctx  context.Context
@@ -24,8 +25,8 @@ type NCCLComm struct {
 
 // NewNCCLComm makes a DeviceComm of c on d; ctx bounds the waits for NCCL
 // to queue its work; host (an ep.Comm of the same ranks: the coordinator's
-// group, or nccl.HostComm over c) carries Agree.
-func NewNCCLComm(ctx context.Context, d *Device, c *nccl.Comm, host ep.Comm) *NCCLComm {
+// group, or ncclcomm.HostComm over c) carries Agree.
+func NewNCCLComm(ctx context.Context, d *cuda.Device, c *nccl.Comm, host ep.Comm) *NCCLComm {
 	return &NCCLComm{d: d, c: c, host: host, ctx: ctx}
 }
 
@@ -43,24 +44,24 @@ func (n *NCCLComm) Agree(ctx context.Context, ok bool) (bool, error) { return ag
 func (n *NCCLComm) Rank() int { return n.c.Rank() }
 func (n *NCCLComm) Size() int { return n.c.Size() }
 
-func (n *NCCLComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
+func (n *NCCLComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(n, send, recv, bytes); err != nil {
 		return err
 	}
 	return l.Collective("ncclAllGather", func(stream uintptr) error {
-		if err := n.c.AllGather(uintptr(send.id), uintptr(recv.id), int(bytes), nccl.Int8, stream); err != nil {
+		if err := n.c.AllGather(send.Addr(), recv.Addr(), int(bytes), nccl.Int8, stream); err != nil {
 			return err
 		}
 		return n.queued(stream)
 	})
 }
 
-func (n *NCCLComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error {
+func (n *NCCLComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(n, send, recv, count); err != nil {
 		return err
 	}
 	return l.Collective("ncclReduceScatter", func(stream uintptr) error {
-		if err := n.c.ReduceScatter(uintptr(send.id), uintptr(recv.id), count, nccl.Float32, nccl.Sum, stream); err != nil {
+		if err := n.c.ReduceScatter(send.Addr(), recv.Addr(), count, nccl.Float32, nccl.Sum, stream); err != nil {
 			return err
 		}
 		return n.queued(stream)

@@ -1,6 +1,6 @@
 //go:build cudaemu && !cuda
 
-package cuda_test
+package dpattngpu_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 )
@@ -52,7 +53,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			host := newCache()
 			steps := [][]int{{0, 1, 2}, {0, 2}, {0, 1, 2}, {1}}
 			// run gives every step's outputs on a fresh cache, and the cache.
-			run := func(att *cuda.Attention) ([][]float32, *dpattn.LatentCache) {
+			run := func(att *dpattngpu.Attention) ([][]float32, *dpattn.LatentCache) {
 				c := newCache()
 				var outs [][]float32
 				for st, seqs := range steps {
@@ -63,7 +64,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 				}
 				return outs, c
 			}
-			att := cuda.NewAttention(cuda.NewEmu())
+			att := dpattngpu.NewAttention(cuda.NewEmu())
 			defer att.Close()
 			eager, dev := run(att)
 			for st, seqs := range steps {
@@ -102,7 +103,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			require.Less(t, math.Sqrt(num/den), 1e-2)
 			require.Greater(t, num, 0.0, "the new rows were computed on the device")
 
-			graphed := cuda.NewAttention(cuda.NewEmu())
+			graphed := dpattngpu.NewAttention(cuda.NewEmu())
 			defer graphed.Close()
 			graphed.EnableGraphs()
 			graphed.AllowGraph(true)
@@ -160,7 +161,7 @@ func TestMLAStepForgetRace(t *testing.T) {
 	rows := moetest.Input(1, 9, D, false)
 	require.NoError(t, host.Append(0, rows))
 	require.NoError(t, dev.Append(0, rows))
-	att := cuda.NewAttention(cuda.NewEmu())
+	att := dpattngpu.NewAttention(cuda.NewEmu())
 	defer att.Close()
 	done := make(chan struct{})
 	go func() {

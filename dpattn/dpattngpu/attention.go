@@ -1,6 +1,6 @@
 //go:build cuda || cudaemu
 
-package cuda
+package dpattngpu
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -21,7 +22,7 @@ import (
 // the log-sum-exp merge) run over it. Safe for concurrent use: ranks with
 // caches of their own may share it.
 type Attention struct {
-	d Launcher
+	d cuda.Launcher
 	// SplitRows is the split-KV chunk length; 0: 512.
 	SplitRows int
 
@@ -30,7 +31,7 @@ type Attention struct {
 
 	proj   *projector // made by Projections
 	blocks map[*dpattn.MLABlock]*blockOnDevice
-	tmp    scratchPool // the eager decode's temporaries
+	tmp    *cuda.ScratchPool // the eager decode's temporaries
 
 	graphs  bool // replay captured graphs when the step allows
 	allowed atomic.Bool
@@ -40,7 +41,7 @@ type Attention struct {
 
 type mirror struct {
 	mu     sync.Mutex
-	buf    Buffer
+	buf    cuda.Buffer
 	seen   []uint64
 	graphs map[attnKey]*attnGraph
 	steps  map[stepKey]*stepBucket
@@ -55,12 +56,12 @@ type attnKey struct {
 }
 
 // attnGraph is MLA decode for a bucket of queries and splits on fixed
-// buffers, captured as a Graph.
+// buffers, captured as a cuda.Graph.
 type attnGraph struct {
-	q, table, lens, partO, partL, o, lse Buffer
+	q, table, lens, partO, partL, o, lse cuda.Buffer
 	width                                int // block-table entries per query
-	graph                                Graph
-	bs                                   buffers
+	graph                                cuda.Graph
+	bs                                   *cuda.Buffers
 }
 
 // EnableGraphs makes the core replay CUDA graphs: each call padded to a
@@ -80,20 +81,11 @@ func (a *Attention) AllowGraph(ok bool) { a.allowed.Store(ok) }
 
 var _ moe.GraphVoter = (*Attention)(nil)
 
-// pow2 is the smallest power of two ≥ n (n ≥ 1).
-func pow2(n int) int {
-	b := 1
-	for b < n {
-		b *= 2
-	}
-	return b
-}
-
 var _ dpattn.AttentionCore = (*Attention)(nil)
 
 // NewAttention makes the attention core of a device.
-func NewAttention(d Launcher) *Attention {
-	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: scratchPool{d: d}}
+func NewAttention(d cuda.Launcher) *Attention {
+	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: cuda.NewScratchPool(d)}
 }
 
 // Close frees the device copies of the caches and of the projections.
@@ -107,7 +99,7 @@ func (a *Attention) Close() {
 		b.free(a.d)
 		delete(a.blocks, blk)
 	}
-	a.tmp.free()
+	a.tmp.Free()
 	for c, m := range a.mirrors {
 		m.mu.Lock() // after a step still running on it
 		a.free(m)
@@ -158,7 +150,7 @@ func (a *Attention) free(m *mirror) {
 		if s.graph != nil {
 			s.graph.Close()
 		}
-		s.bs.free()
+		s.bs.Free()
 	}
 	m.graphs, m.steps = nil, nil
 	a.d.Free(m.buf)
@@ -223,8 +215,8 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 		}
 	}
 	a.Eager.Add(1)
-	sc := a.tmp.get()
-	defer a.tmp.put(sc)
+	sc := a.tmp.Get()
+	defer a.tmp.Put(sc)
 	o, _, err := mlaDecodeIn(a.d, sc, m.buf, c.DType() == kernels.BF16, in)
 	if err != nil {
 		return err
@@ -243,7 +235,7 @@ func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []
 	for _, l := range in.SeqLens {
 		maxLen = max(maxLen, int(l))
 	}
-	key := attnKey{queries: pow2(B), splits: pow2((maxLen + in.SplitRows - 1) / in.SplitRows), splitRows: in.SplitRows,
+	key := attnKey{queries: cuda.Pow2(B), splits: cuda.Pow2((maxLen + in.SplitRows - 1) / in.SplitRows), splitRows: in.SplitRows,
 		heads: in.Heads, dv: in.DV, scale: in.Scale}
 	g, seen := m.graphs[key]
 	if !seen {
@@ -273,11 +265,11 @@ func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []
 		lens[i] = in.SeqLens[j]
 	}
 	for _, f := range []func() error{
-		func() error { return copyIn(a.d, g.q, q) },
-		func() error { return copyIn(a.d, g.table, table) },
-		func() error { return copyIn(a.d, g.lens, lens) },
+		func() error { return cuda.CopyIn(a.d, g.q, q) },
+		func() error { return cuda.CopyIn(a.d, g.table, table) },
+		func() error { return cuda.CopyIn(a.d, g.lens, lens) },
 		g.graph.Replay,
-		func() error { return download(a.d, g.o, out) }, // the first B queries' rows
+		func() error { return cuda.Download(a.d, g.o, out) }, // the first B queries' rows
 	} {
 		if err := f(); err != nil {
 			return true, err
@@ -288,21 +280,21 @@ func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []
 
 // capture makes the graph of a bucket over the mirror's cache.
 func (a *Attention) capture(m *mirror, c *dpattn.LatentCache, in MLAInput, key attnKey) (*attnGraph, error) {
-	g := &attnGraph{bs: buffers{d: a.d}}
+	g := &attnGraph{bs: cuda.NewBuffers(a.d)}
 	// Enough table entries for key.splits splits of SplitRows rows.
 	// (A query of at most that many rows reads no entry past them.)
 	g.width = min(c.NumBlocks(), (key.splits*in.SplitRows+in.BlockSize-1)/in.BlockSize)
 	Q, S := key.queries, key.splits
-	al := g.bs.alloc
+	al := g.bs.Alloc
 	g.q, g.table, g.lens = al(int64(Q*in.Heads*in.D*4)), al(int64(Q*g.width*4)), al(int64(Q*4))
 	g.partO, g.partL = al(int64(Q*in.Heads*S*in.DV*4)), al(int64(Q*in.Heads*S*4))
 	g.o, g.lse = al(int64(Q*in.Heads*in.DV*4)), al(int64(Q*in.Heads*4))
-	if g.bs.err != nil {
+	if g.bs.Err() != nil {
 		g.close()
-		return nil, g.bs.err
+		return nil, g.bs.Err()
 	}
 	bf16 := c.DType() == kernels.BF16
-	graph, err := a.d.Capture(func(d Launcher) error {
+	graph, err := a.d.Capture(func(d cuda.Launcher) error {
 		return d.MLADecode(bf16, g.q, m.buf, g.table, g.lens, Q, in.Heads, in.D, in.DV, in.BlockSize, g.width, in.SplitRows, S,
 			in.Scale, g.partO, g.partL, g.o, g.lse)
 	})
@@ -318,5 +310,5 @@ func (g *attnGraph) close() {
 	if g.graph != nil {
 		g.graph.Close()
 	}
-	g.bs.free()
+	g.bs.Free()
 }

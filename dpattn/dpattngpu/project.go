@@ -1,12 +1,13 @@
 //go:build cuda || cudaemu
 
-package cuda
+package dpattngpu
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 )
@@ -18,18 +19,18 @@ import (
 // (tensor-core numerics) and the grouped GEMM runs with one group per
 // head. Safe for concurrent use.
 type projector struct {
-	d       Launcher
+	d       cuda.Launcher
 	mu      sync.Mutex
 	weights map[*kernels.Matrix]resident
-	bs      buffers
-	tmp     scratchPool // each call's inputs, layout and outputs
+	bs      *cuda.Buffers
+	tmp     *cuda.ScratchPool // each call's inputs, layout and outputs
 }
 
 var _ dpattn.Projector = (*projector)(nil)
 
 // resident is a weight stack on the device and its shape.
 type resident struct {
-	buf               Buffer
+	buf               cuda.Buffer
 	heads, rows, cols int
 }
 
@@ -39,7 +40,7 @@ func (a *Attention) Projections() dpattn.Projector {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.proj == nil {
-		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]resident{}, bs: buffers{d: a.d}, tmp: scratchPool{d: a.d}}
+		a.proj = &projector{d: a.d, weights: map[*kernels.Matrix]resident{}, bs: cuda.NewBuffers(a.d), tmp: cuda.NewScratchPool(a.d)}
 	}
 	return a.proj
 }
@@ -47,8 +48,8 @@ func (a *Attention) Projections() dpattn.Projector {
 func (p *projector) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.bs.free()
-	p.tmp.free()
+	p.bs.Free()
+	p.tmp.Free()
 	clear(p.weights)
 }
 
@@ -64,25 +65,25 @@ func (p *projector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, ou
 }
 
 // stack returns the device copy of ws ([heads, n, k] bf16), kept under key.
-func (p *projector) stack(key *kernels.Matrix, ws []kernels.Matrix) (Buffer, error) {
+func (p *projector) stack(key *kernels.Matrix, ws []kernels.Matrix) (cuda.Buffer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	want := resident{heads: len(ws), rows: ws[0].Rows, cols: ws[0].Cols}
 	if r, ok := p.weights[key]; ok {
 		if r.heads != want.heads || r.rows != want.rows || r.cols != want.cols {
-			return Buffer{}, fmt.Errorf("cuda: the weights at %p are on the device as %d × [%d, %d], asked for as %d × [%d, %d]",
+			return cuda.Buffer{}, fmt.Errorf("cuda: the weights at %p are on the device as %d × [%d, %d], asked for as %d × [%d, %d]",
 				key, r.heads, r.rows, r.cols, want.heads, want.rows, want.cols)
 		}
 		return r.buf, nil
 	}
 	var rows []uint16
 	for _, w := range ws {
-		rows = append(rows, bf16Rows(w)...)
+		rows = append(rows, cuda.BF16Rows(w)...)
 	}
-	b, err := upload(p.d, rows)
-	p.bs.put(b, err)
+	b, err := cuda.Upload(p.d, rows)
+	p.bs.Put(b, err)
 	if err != nil {
-		return Buffer{}, fmt.Errorf("cuda: uploading a [%d, %d, %d] projection: %w", len(ws), ws[0].Rows, ws[0].Cols, err)
+		return cuda.Buffer{}, fmt.Errorf("cuda: uploading a [%d, %d, %d] projection: %w", len(ws), ws[0].Rows, ws[0].Cols, err)
 	}
 	want.buf = b
 	p.weights[key] = want
@@ -118,39 +119,39 @@ func (p *projector) run(ctx context.Context, what string, ws []kernels.Matrix, k
 		return err
 	}
 	T := rows / heads
-	per := (T + gemmBlock - 1) / gemmBlock // blocks per head
-	padded := heads * per * gemmBlock
+	per := (T + cuda.GEMMBlock - 1) / cuda.GEMMBlock // blocks per head
+	padded := heads * per * cuda.GEMMBlock
 	sorted := make([]int32, padded)
 	blockExpert := make([]int32, heads*per)
 	for h := 0; h < heads; h++ {
-		for i := 0; i < per*gemmBlock; i++ {
-			sorted[h*per*gemmBlock+i] = int32(rows) // past the rows: padding
+		for i := 0; i < per*cuda.GEMMBlock; i++ {
+			sorted[h*per*cuda.GEMMBlock+i] = int32(rows) // past the rows: padding
 			if i < T {
-				sorted[h*per*gemmBlock+i] = int32(i*heads + h)
+				sorted[h*per*cuda.GEMMBlock+i] = int32(i*heads + h)
 			}
 		}
 		for b := 0; b < per; b++ {
 			blockExpert[h*per+b] = int32(h)
 		}
 	}
-	sc := p.tmp.get()
-	defer p.tmp.put(sc)
-	var buf [5]Buffer
+	sc := p.tmp.Get()
+	defer p.tmp.Put(sc)
+	var buf [5]cuda.Buffer
 	for i, bytes := range []int64{int64(len(x) * 4), int64(len(sorted) * 4), int64(len(blockExpert) * 4), int64(rows * K * 2),
 		int64(padded * N * 4)} {
-		if buf[i], err = sc.at(i, bytes); err != nil {
+		if buf[i], err = sc.At(i, bytes); err != nil {
 			return err
 		}
 	}
 	xf, sb, be, xb, c := buf[0], buf[1], buf[2], buf[3], buf[4]
 	cs := make([]float32, padded*N)
 	for _, f := range []func() error{
-		func() error { return copyIn(p.d, xf, x) },
-		func() error { return copyIn(p.d, sb, sorted) },
-		func() error { return copyIn(p.d, be, blockExpert) },
+		func() error { return cuda.CopyIn(p.d, xf, x) },
+		func() error { return cuda.CopyIn(p.d, sb, sorted) },
+		func() error { return cuda.CopyIn(p.d, be, blockExpert) },
 		func() error { return p.d.F32ToBF16(xf, xb, rows*K) },
-		func() error { return p.d.GroupedGEMM(xb, w, sb, be, padded, 1, rows, true, N, K, Buffer{}, c) },
-		func() error { return download(p.d, c, cs) },
+		func() error { return p.d.GroupedGEMM(xb, w, sb, be, padded, 1, rows, true, N, K, cuda.Buffer{}, c) },
+		func() error { return cuda.Download(p.d, c, cs) },
 	} {
 		if err := f(); err != nil {
 			return err
@@ -158,7 +159,7 @@ func (p *projector) run(ctx context.Context, what string, ws []kernels.Matrix, k
 	}
 	for h := 0; h < heads; h++ {
 		for t := 0; t < T; t++ {
-			src := (h*per*gemmBlock + t) * N
+			src := (h*per*cuda.GEMMBlock + t) * N
 			copy(out[(t*heads+h)*N:(t*heads+h+1)*N], cs[src:src+N])
 		}
 	}

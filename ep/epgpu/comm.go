@@ -1,6 +1,6 @@
 //go:build cuda || cudaemu
 
-package cuda
+package epgpu
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/ep"
 )
 
@@ -22,10 +23,10 @@ type DeviceComm interface {
 	Size() int
 	// AllGather enqueues on l (the device, or a recorder of it): the first
 	// bytes of every rank's send land in recv at rank·bytes.
-	AllGather(l Launcher, send, recv Buffer, bytes int64) error
+	AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error
 	// ReduceScatter enqueues on l: recv's count float32 are the sum over
 	// the ranks of their send's part rank (send holds Size()·count).
-	ReduceScatter(l Launcher, send, recv Buffer, count int) error
+	ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error
 	// Wait waits for the collectives enqueued so far. At ctx's end (a peer
 	// that does not arrive) it aborts the communicator and says why.
 	Wait(ctx context.Context) error
@@ -51,7 +52,7 @@ func agree(ctx context.Context, c ep.Comm, ok bool) (bool, error) {
 // errNotCapturable: the communicator's collectives cannot be in a graph.
 var errNotCapturable = errors.New("cuda: this communicator's collectives stage through the host and cannot be captured in a graph")
 
-func checkAllGather(c DeviceComm, send, recv Buffer, bytes int64) error {
+func checkAllGather(c DeviceComm, send, recv cuda.Buffer, bytes int64) error {
 	if bytes < 0 || send.Bytes < bytes || recv.Bytes < int64(c.Size())*bytes {
 		return fmt.Errorf("cuda: all-gather of %d bytes from each of %d ranks: send holds %d bytes, recv %d",
 			bytes, c.Size(), send.Bytes, recv.Bytes)
@@ -59,7 +60,7 @@ func checkAllGather(c DeviceComm, send, recv Buffer, bytes int64) error {
 	return nil
 }
 
-func checkReduceScatter(c DeviceComm, send, recv Buffer, count int) error {
+func checkReduceScatter(c DeviceComm, send, recv cuda.Buffer, count int) error {
 	if count < 0 || send.Bytes < int64(c.Size()*count*4) || recv.Bytes < int64(count*4) {
 		return fmt.Errorf("cuda: reduce-scatter of %d float32 to each of %d ranks: send holds %d bytes, recv %d",
 			count, c.Size(), send.Bytes, recv.Bytes)
@@ -72,20 +73,20 @@ func checkReduceScatter(c DeviceComm, send, recv Buffer, count int) error {
 // eagerly on its device only; a graph that holds its collectives fails to
 // capture (and runs eagerly).
 type StagedComm struct {
-	dev Launcher
+	dev cuda.Launcher
 	c   ep.Comm
 	ctx context.Context
 }
 
 // NewStagedComm makes a DeviceComm of c on dev; its collectives run under ctx.
-func NewStagedComm(ctx context.Context, dev Launcher, c ep.Comm) *StagedComm {
+func NewStagedComm(ctx context.Context, dev cuda.Launcher, c ep.Comm) *StagedComm {
 	return &StagedComm{dev: dev, c: c, ctx: ctx}
 }
 
 func (s *StagedComm) Rank() int { return s.c.Rank() }
 func (s *StagedComm) Size() int { return s.c.Size() }
 
-func (s *StagedComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error {
+func (s *StagedComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(s, send, recv, bytes); err != nil {
 		return err
 	}
@@ -109,10 +110,10 @@ func (s *StagedComm) AllGather(l Launcher, send, recv Buffer, bytes int64) error
 		}
 		all = append(all, p...)
 	}
-	return copyIn(s.dev, recv, all)
+	return cuda.CopyIn(s.dev, recv, all)
 }
 
-func (s *StagedComm) ReduceScatter(l Launcher, send, recv Buffer, count int) error {
+func (s *StagedComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(s, send, recv, count); err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func (s *StagedComm) ReduceScatter(l Launcher, send, recv Buffer, count int) err
 		return errNotCapturable
 	}
 	v := make([]float32, s.Size()*count)
-	if err := download(s.dev, send, v); err != nil {
+	if err := cuda.Download(s.dev, send, v); err != nil {
 		return err
 	}
 	counts := make([]int, s.Size())
@@ -134,7 +135,7 @@ func (s *StagedComm) ReduceScatter(l Launcher, send, recv Buffer, count int) err
 	if len(mine) != count {
 		return fmt.Errorf("cuda: reduce-scatter: %d values back, want %d", len(mine), count)
 	}
-	return copyIn(s.dev, recv, mine)
+	return cuda.CopyIn(s.dev, recv, mine)
 }
 
 // Wait: the staged collectives finished when they returned.

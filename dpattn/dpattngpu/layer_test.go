@@ -1,6 +1,6 @@
 //go:build cudaemu && !cuda
 
-package cuda_test
+package dpattngpu_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/epgpu"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -120,13 +122,13 @@ func TestDecodeLayerOnEmulation(t *testing.T) {
 	})
 	dev := cuda.NewEmu()
 	run := func(graphs bool) ([][]float32, [R]int) {
-		att := cuda.NewAttention(dev)
+		att := dpattngpu.NewAttention(dev)
 		defer att.Close()
 		att.SplitRows = 16 // the 20-row sequences take two splits
 		var replays [R]int
 		got := each(func(c ep.Comm, outs *[][]float32) error {
 			cache := newCache(c.Rank())
-			layer, err := cuda.NewDecodeLayer(att, blk, shardOf(c.Rank()), cuda.NewEmuComm(context.Background(), dev, c))
+			layer, err := dpattngpu.NewDecodeLayer(att, blk, shardOf(c.Rank()), epgpu.NewEmuComm(context.Background(), dev, c))
 			if err != nil {
 				return err
 			}

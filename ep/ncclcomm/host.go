@@ -1,6 +1,6 @@
 //go:build cgo
 
-package nccl
+package ncclcomm
 
 import (
 	"context"
@@ -9,24 +9,25 @@ import (
 	"math"
 	"sync"
 
+	"github.com/moex-project/moex/bindings/nccl"
 	"github.com/moex-project/moex/ep"
 )
 
-// Collectives is what HostComm needs of a communicator: *Comm's
+// Collectives is what HostComm needs of a communicator: *nccl.Comm's
 // collectives on device addresses, its wait and its abort.
 type Collectives interface {
 	Rank() int
 	Size() int
-	AllReduce(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error
-	AllGather(send, recv uintptr, count int, dt DType, stream uintptr) error
-	ReduceScatter(send, recv uintptr, count int, dt DType, op RedOp, stream uintptr) error
+	AllReduce(send, recv uintptr, count int, dt nccl.DType, op nccl.RedOp, stream uintptr) error
+	AllGather(send, recv uintptr, count int, dt nccl.DType, stream uintptr) error
+	ReduceScatter(send, recv uintptr, count int, dt nccl.DType, op nccl.RedOp, stream uintptr) error
 	AllToAllV(send uintptr, sendCounts, sendOffsets []int, recv uintptr, recvCounts, recvOffsets []int,
-		dt DType, elemBytes int, stream uintptr) error
+		dt nccl.DType, elemBytes int, stream uintptr) error
 	Await(ctx context.Context, done func() (bool, error)) error
 	Abort() error
 }
 
-var _ Collectives = (*Comm)(nil)
+var _ Collectives = (*nccl.Comm)(nil)
 
 // Memory is the device side of HostComm: memory for its staging buffers,
 // copies, and the stream the collectives run on.
@@ -159,7 +160,7 @@ func (h *HostComm) AllGather(ctx context.Context, send []byte) ([][]byte, error)
 	R := h.Size()
 	st := h.m.Stream()
 	sizes, err := h.run(ctx, "all-gather (sizes)", binary.LittleEndian.AppendUint64(nil, uint64(len(send))), 8*R,
-		func(s, r uintptr) error { return h.c.AllGather(s, r, 1, Int64, st) })
+		func(s, r uintptr) error { return h.c.AllGather(s, r, 1, nccl.Int64, st) })
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +179,7 @@ func (h *HostComm) AllGather(ctx context.Context, send []byte) ([][]byte, error)
 	}
 	padded := make([]byte, most)
 	copy(padded, send)
-	all, err := h.run(ctx, "all-gather", padded, most*R, func(s, r uintptr) error { return h.c.AllGather(s, r, most, Int8, st) })
+	all, err := h.run(ctx, "all-gather", padded, most*R, func(s, r uintptr) error { return h.c.AllGather(s, r, most, nccl.Int8, st) })
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +203,7 @@ func (h *HostComm) AllToAllV(ctx context.Context, send [][]byte) ([][]byte, erro
 		ones[r], offs[r] = 1, r
 	}
 	got, err := h.run(ctx, "all-to-all (counts)", counts, 8*R,
-		func(s, r uintptr) error { return h.c.AllToAllV(s, ones, offs, r, ones, offs, Int64, 8, st) })
+		func(s, r uintptr) error { return h.c.AllToAllV(s, ones, offs, r, ones, offs, nccl.Int64, 8, st) })
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +218,7 @@ func (h *HostComm) AllToAllV(ctx context.Context, send [][]byte) ([][]byte, erro
 		total += recvCounts[r]
 	}
 	all, err := h.run(ctx, "all-to-all", flat, total, func(s, r uintptr) error {
-		return h.c.AllToAllV(s, sendCounts, sendOffs, r, recvCounts, recvOffs, Int8, 1, st)
+		return h.c.AllToAllV(s, sendCounts, sendOffs, r, recvCounts, recvOffs, nccl.Int8, 1, st)
 	})
 	if err != nil {
 		return nil, err
@@ -229,14 +230,14 @@ func (h *HostComm) AllToAllV(ctx context.Context, send [][]byte) ([][]byte, erro
 	return out, nil
 }
 
-func redOp(op ep.Op) (RedOp, error) {
+func redOp(op ep.Op) (nccl.RedOp, error) {
 	switch op {
 	case ep.Sum:
-		return Sum, nil
+		return nccl.Sum, nil
 	case ep.Min:
-		return Min, nil
+		return nccl.Min, nil
 	case ep.Max:
-		return Max, nil
+		return nccl.Max, nil
 	}
 	return 0, fmt.Errorf("nccl: reduction %v", op)
 }
@@ -248,7 +249,7 @@ func (h *HostComm) AllReduceInt64(ctx context.Context, v []int64, op ep.Op) erro
 		return err
 	}
 	st := h.m.Stream()
-	res, err := h.run(ctx, "all-reduce", ep.Bytes(v), 8*len(v), func(s, r uintptr) error { return h.c.AllReduce(s, r, len(v), Int64, o, st) })
+	res, err := h.run(ctx, "all-reduce", ep.Bytes(v), 8*len(v), func(s, r uintptr) error { return h.c.AllReduce(s, r, len(v), nccl.Int64, o, st) })
 	if err != nil {
 		return err
 	}
@@ -265,7 +266,7 @@ func (h *HostComm) AllReduceFloat32(ctx context.Context, v []float32, op ep.Op) 
 		return err
 	}
 	st := h.m.Stream()
-	res, err := h.run(ctx, "all-reduce", ep.Bytes(v), 4*len(v), func(s, r uintptr) error { return h.c.AllReduce(s, r, len(v), Float32, o, st) })
+	res, err := h.run(ctx, "all-reduce", ep.Bytes(v), 4*len(v), func(s, r uintptr) error { return h.c.AllReduce(s, r, len(v), nccl.Float32, o, st) })
 	if err != nil {
 		return err
 	}
@@ -300,7 +301,7 @@ func (h *HostComm) ReduceScatter(ctx context.Context, v []float32, counts []int)
 	}
 	st := h.m.Stream()
 	res, err := h.run(ctx, "reduce-scatter", ep.Bytes(padded), 4*most, func(s, r uintptr) error {
-		return h.c.ReduceScatter(s, r, most, Float32, Sum, st)
+		return h.c.ReduceScatter(s, r, most, nccl.Float32, nccl.Sum, st)
 	})
 	if err != nil {
 		return nil, err

@@ -1,6 +1,6 @@
 //go:build cudaemu && !cuda
 
-package cuda_test
+package dpattngpu_test
 
 import (
 	"context"
@@ -11,10 +11,13 @@ import (
 
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/ep/epgpu"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/moe/moegpu"
 )
 
 // TestGatherMoEOnEmulation: gather mode's MoE stage on the (emulated)
@@ -62,7 +65,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			dev := cuda.NewEmu()
 			// run gives every step's outputs, in rank order, of R ranks
 			// with comms made by mk.
-			run := func(graphs bool, mk func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm)) ([][]float32, []int, []error) {
+			run := func(graphs bool, mk func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm)) ([][]float32, []int, []error) {
 				outs := make([][][]float32, R)
 				replays := make([]int, R)
 				captureErrs := make([]error, R)
@@ -73,7 +76,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 						mine[e] = true
 					}
 					l2, dc := mk(c)
-					g, err := cuda.NewGatherMoE(l2, l.Subset(func(e int) bool { return mine[e] }), dc)
+					g, err := dpattngpu.NewGatherMoE(l2, l.Subset(func(e int) bool { return mine[e] }), dc)
 					if err != nil {
 						return err
 					}
@@ -110,8 +113,8 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 				}
 				return all, replays, captureErrs
 			}
-			emu := func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
-				return dev, cuda.NewEmuComm(context.Background(), dev, c)
+			emu := func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
+				return dev, epgpu.NewEmuComm(context.Background(), dev, c)
 			}
 			eager, replays, _ := run(false, emu)
 			require.Equal(t, []int{0, 0, 0}, replays)
@@ -133,18 +136,18 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			require.Equal(t, []int{3, 3, 3}, replays, "each bucket's first step runs eagerly, the later ones replay")
 			require.Equal(t, []error{nil, nil, nil}, errs)
 			require.Equal(t, eager, graphed, "a replay gives the eager bits")
-			staged, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
-				return dev, cuda.NewStagedComm(context.Background(), dev, c)
+			staged, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
+				return dev, epgpu.NewStagedComm(context.Background(), dev, c)
 			})
 			require.Equal(t, []int{0, 0, 0}, replays, "collectives staged through the host are not captured")
 			require.ErrorContains(t, errs[0], "cannot be captured in a graph")
 			require.Equal(t, eager, staged)
 			tries := 0
-			oneFails, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, cuda.DeviceComm) {
+			oneFails, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
 				if c.Rank() == 1 {
-					return noGraphs{Launcher: dev, tries: &tries}, cuda.NewEmuComm(context.Background(), dev, c)
+					return noGraphs{Launcher: dev, tries: &tries}, epgpu.NewEmuComm(context.Background(), dev, c)
 				}
-				return dev, cuda.NewEmuComm(context.Background(), dev, c)
+				return dev, epgpu.NewEmuComm(context.Background(), dev, c)
 			})
 			require.Equal(t, []int{0, 0, 0}, replays, "a capture that failed on one rank leaves every rank eager")
 			require.NoError(t, errs[0])
@@ -162,15 +165,15 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	dev := cuda.NewEmu()
-	_, err = cuda.NewGatherMoE(dev, l.Subset(func(e int) bool { return e == 1 || e == 3 }), nil)
+	_, err = dpattngpu.NewGatherMoE(dev, l.Subset(func(e int) bool { return e == 1 || e == 3 }), nil)
 	require.EqualError(t, err, "cuda: moe: the layer holds experts 1 and 3 but not those between (a device shard is contiguous)")
-	shard, err := cuda.NewMoE(dev, l.Subset(func(e int) bool { return e >= 4 }))
+	shard, err := moegpu.NewMoE(dev, l.Subset(func(e int) bool { return e >= 4 }))
 	require.NoError(t, err)
 	defer shard.Close()
-	require.EqualError(t, shard.Forward(make([]float32, 64), make([]float32, 64)),
-		"cuda: moe: the layer holds experts 4…7 of 8: a shard runs in a GatherStep")
+	require.EqualError(t, shard.Forward(context.Background(), make([]float32, 64), make([]float32, 64)),
+		"cuda: moe: the layer holds experts 4…7 of 8: a shard runs in a partial Stage (gather mode)")
 	errs, err := ep.RunLocal(2, func(c ep.Comm) error {
-		g, err := cuda.NewGatherMoE(dev, l.Subset(func(e int) bool { return e/4 == c.Rank() }), cuda.NewEmuComm(context.Background(), dev, c))
+		g, err := dpattngpu.NewGatherMoE(dev, l.Subset(func(e int) bool { return e/4 == c.Rank() }), epgpu.NewEmuComm(context.Background(), dev, c))
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package moe
+package kernels
 
 import "fmt"
 
@@ -21,10 +21,10 @@ type Layout struct {
 // expert's rows to a multiple of block.
 func NewLayout(ids []int32, tokens, topK, experts, block int) (*Layout, error) {
 	if tokens < 0 || topK <= 0 || experts <= 0 || block <= 0 {
-		return nil, fmt.Errorf("moe: layout of %d tokens, top-%d of %d experts, block %d", tokens, topK, experts, block)
+		return nil, fmt.Errorf("kernels: layout of %d tokens, top-%d of %d experts, block %d", tokens, topK, experts, block)
 	}
 	if len(ids) != tokens*topK {
-		return nil, fmt.Errorf("moe: layout: %d expert ids for %d tokens × top-%d", len(ids), tokens, topK)
+		return nil, fmt.Errorf("kernels: layout: %d expert ids for %d tokens × top-%d", len(ids), tokens, topK)
 	}
 	l := &Layout{
 		Experts: experts, TopK: topK, Tokens: tokens, Block: block,
@@ -36,10 +36,10 @@ func NewLayout(ids []int32, tokens, topK, experts, block int) (*Layout, error) {
 		for j := 0; j < topK; j++ {
 			e := ids[t*topK+j]
 			if e < 0 || int(e) >= experts {
-				return nil, fmt.Errorf("moe: token %d slot %d: expert id %d out of range [0, %d)", t, j, e, experts)
+				return nil, fmt.Errorf("kernels: token %d slot %d: expert id %d out of range [0, %d)", t, j, e, experts)
 			}
 			if j > 0 && e <= ids[t*topK+j-1] {
-				return nil, fmt.Errorf("moe: token %d: expert ids %v are not strictly ascending", t, ids[t*topK:(t+1)*topK])
+				return nil, fmt.Errorf("kernels: token %d: expert ids %v are not strictly ascending", t, ids[t*topK:(t+1)*topK])
 			}
 			l.Counts[e]++
 		}

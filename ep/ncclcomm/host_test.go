@@ -1,6 +1,6 @@
 //go:build cgo
 
-package nccl
+package ncclcomm
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/bindings/nccl"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/ep/eptest"
 )
@@ -38,9 +39,9 @@ type fakeOp struct {
 	kind           string
 	send, recv     uintptr
 	count, elem    int
-	op             RedOp
+	op             nccl.RedOp
 	sc, so, rc, ro []int
-	dt             DType
+	dt             nccl.DType
 }
 
 func newFakeHub(n int) *fakeHub {
@@ -71,11 +72,11 @@ func (h *fakeHub) enqueue(rank int, op *fakeOp) error {
 	return nil
 }
 
-func elemSize(dt DType) int {
+func elemSize(dt nccl.DType) int {
 	switch dt {
-	case Int64:
+	case nccl.Int64:
 		return 8
-	case Float32, Int32:
+	case nccl.Float32, nccl.Int32:
 		return 4
 	}
 	return 1
@@ -99,7 +100,7 @@ func (h *fakeHub) carryOut(ops []*fakeOp) error {
 			for r, o := range ops {
 				b := get(o.send, i*es, es)
 				var v float64
-				if ops[0].dt == Int64 {
+				if ops[0].dt == nccl.Int64 {
 					v = float64(int64(binary.LittleEndian.Uint64(b)))
 				} else {
 					v = float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
@@ -107,15 +108,15 @@ func (h *fakeHub) carryOut(ops []*fakeOp) error {
 				switch {
 				case r == 0:
 					acc = v
-				case o.op == Sum:
+				case o.op == nccl.Sum:
 					acc += v
-				case o.op == Max:
+				case o.op == nccl.Max:
 					acc = max(acc, v)
-				case o.op == Min:
+				case o.op == nccl.Min:
 					acc = min(acc, v)
 				}
 			}
-			if ops[0].dt == Int64 {
+			if ops[0].dt == nccl.Int64 {
 				binary.LittleEndian.PutUint64(res[i*es:], uint64(int64(acc)))
 			} else {
 				binary.LittleEndian.PutUint32(res[i*es:], math.Float32bits(float32(acc)))
@@ -164,16 +165,16 @@ type fakeRank struct {
 
 func (f *fakeRank) Rank() int { return f.rank }
 func (f *fakeRank) Size() int { return f.h.n }
-func (f *fakeRank) AllReduce(send, recv uintptr, count int, dt DType, op RedOp, _ uintptr) error {
+func (f *fakeRank) AllReduce(send, recv uintptr, count int, dt nccl.DType, op nccl.RedOp, _ uintptr) error {
 	return f.h.enqueue(f.rank, &fakeOp{kind: "allreduce", send: send, recv: recv, count: count, dt: dt, op: op})
 }
-func (f *fakeRank) AllGather(send, recv uintptr, count int, dt DType, _ uintptr) error {
+func (f *fakeRank) AllGather(send, recv uintptr, count int, dt nccl.DType, _ uintptr) error {
 	return f.h.enqueue(f.rank, &fakeOp{kind: "allgather", send: send, recv: recv, count: count, dt: dt})
 }
-func (f *fakeRank) ReduceScatter(send, recv uintptr, count int, dt DType, op RedOp, _ uintptr) error {
+func (f *fakeRank) ReduceScatter(send, recv uintptr, count int, dt nccl.DType, op nccl.RedOp, _ uintptr) error {
 	return f.h.enqueue(f.rank, &fakeOp{kind: "reducescatter", send: send, recv: recv, count: count, dt: dt, op: op})
 }
-func (f *fakeRank) AllToAllV(send uintptr, sc, so []int, recv uintptr, rc, ro []int, dt DType, elem int, _ uintptr) error {
+func (f *fakeRank) AllToAllV(send uintptr, sc, so []int, recv uintptr, rc, ro []int, dt nccl.DType, elem int, _ uintptr) error {
 	return f.h.enqueue(f.rank, &fakeOp{kind: "alltoall", send: send, recv: recv, sc: sc, so: so, rc: rc, ro: ro, dt: dt, elem: elem})
 }
 func (f *fakeRank) Abort() error {
@@ -183,7 +184,7 @@ func (f *fakeRank) Abort() error {
 	return nil
 }
 
-// Await is Comm.Await's loop over the fake: completion, or abort at the
+// Await is nccl.Comm.Await's loop over the fake: completion, or abort at the
 // context's end.
 func (f *fakeRank) Await(ctx context.Context, done func() (bool, error)) error {
 	for {

@@ -1,0 +1,195 @@
+//go:build cuda || cudaemu
+
+package cuda
+
+import (
+	"unsafe"
+
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/kernels"
+)
+
+// Buffer is device memory: an address on the GPU (tag cuda) or a block of
+// host memory standing for it (tag cudaemu).
+type Buffer struct {
+	id    uint64
+	Bytes int64
+}
+
+// Launcher is what the launch code needs of a device: memory, copies and
+// the kernels of kernels/cuda. The GPU (tag cuda) and the CPU emulation
+// (tag cudaemu) implement it, so the same launch code runs on both.
+type Launcher interface {
+	Alloc(bytes int64) (Buffer, error)
+	Free(b Buffer)
+	ToDevice(dst Buffer, src unsafe.Pointer, n int64) error
+	ToHost(dst unsafe.Pointer, src Buffer, n int64) error
+	// ToDeviceAt copies n bytes from the host to dst at byte offset off.
+	ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error
+	Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tokens int) error
+	// Align lays out the pairs of the experts lo … lo+experts-1 (a shard;
+	// the others' rows are -1); blockExpert holds maxBlocks entries, -1
+	// past the layout.
+	Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
+	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
+	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
+	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
+	F32ToBF16(src, dst Buffer, n int) error
+	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
+		splits int, scale float32, partO, partL, out, lse Buffer) error
+	// RMSNorm normalises x[r, col … col+width) in place, for rows rows of
+	// stride values, with weight w (fp32 [width]).
+	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error
+	// Rope rotates x[r, col … col+width) in place for position
+	// pos[r/perPos] (int32): DeepSeek's interleaved pairs in, halves out;
+	// freq holds width/2 inverse frequencies and the cos/sin scale (fp64).
+	Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buffer) error
+	// CopyRows copies, for i < rows, width values of row srcMap[i] of src
+	// (from srcCol; rows of srcStride values) to row dstMap[i] of dst (from
+	// dstCol; dstStride), as fp32 or rounded to bf16; a zero Buffer map is
+	// the identity, a negative index skips the row.
+	CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
+		rows, width int) error
+	// Collective enqueues op, the work of a communication library (NCCL)
+	// on the device's stream, which it is given: after the kernels before
+	// it, before those after. On a recorder it becomes a step of the graph.
+	// op runs with the device held: it must not call the device itself.
+	Collective(name string, op func(stream uintptr) error) error
+	// Capture gives record a recorder of the device: the kernels record
+	// launches on it make a Graph instead of running (copies are errors),
+	// while other users of the device go on as usual.
+	Capture(record func(rec Launcher) error) (Graph, error)
+}
+
+// GEMMBlock is the row block of the grouped GEMM (kernels/cuda): every
+// group's rows in a layout start at a multiple of it.
+const GEMMBlock = 64
+
+// The launch shapes and limits of kernels/cuda/mla_prep.cu.
+const (
+	normThreads = 128
+	ropeThreads = 64
+	copyThreads = 128
+	MaxRope     = 512
+)
+
+// IsZero reports whether b is no buffer (the zero Buffer: an optional
+// argument left out).
+func (b Buffer) IsZero() bool { return b.id == 0 }
+
+// Addr is b's device address (for a communication library such as NCCL).
+func (b Buffer) Addr() uintptr { return uintptr(b.id) }
+
+// Upload allocates a buffer on d holding v.
+func Upload[T any](d Launcher, v []T) (Buffer, error) {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	b, err := d.Alloc(n)
+	if err != nil || n == 0 {
+		return b, err
+	}
+	return b, d.ToDevice(b, unsafe.Pointer(&v[0]), n)
+}
+
+// Buffers tracks the device buffers of one call or object: the first
+// error of their allocations and uploads, and one Free for all of them.
+// The zero value is not usable: make one with NewBuffers.
+type Buffers struct {
+	d    Launcher
+	bufs []Buffer
+	err  error
+}
+
+// NewBuffers tracks buffers of d.
+func NewBuffers(d Launcher) *Buffers { return &Buffers{d: d} }
+
+// Put keeps b (even when e is set: an upload's buffer may exist) and e,
+// and returns b.
+func (s *Buffers) Put(b Buffer, e error) Buffer {
+	if b.id != 0 {
+		s.bufs = append(s.bufs, b)
+	}
+	if e != nil && s.err == nil {
+		s.err = e
+	}
+	return b
+}
+
+// Alloc allocates a buffer of bytes (its error kept for Err).
+func (s *Buffers) Alloc(bytes int64) Buffer { return s.Put(s.d.Alloc(bytes)) }
+
+// Err is the first error of the allocations and uploads.
+func (s *Buffers) Err() error { return s.err }
+
+// Keep records err if it is the first error.
+func (s *Buffers) Keep(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// Device is the device of the buffers.
+func (s *Buffers) Device() Launcher { return s.d }
+
+// Free frees every buffer kept; the set may be used again.
+func (s *Buffers) Free() {
+	for _, b := range s.bufs {
+		s.d.Free(b)
+	}
+	s.bufs = nil
+}
+
+// CopyIn copies v into the device buffer b.
+func CopyIn[T any](d Launcher, b Buffer, v []T) error {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	if n == 0 {
+		return nil
+	}
+	return d.ToDevice(b, unsafe.Pointer(&v[0]), n)
+}
+
+// Download copies the first len(v) values of b into v.
+func Download[T any](d Launcher, b Buffer, v []T) error {
+	var zero T
+	n := int64(len(v)) * int64(unsafe.Sizeof(zero))
+	if n == 0 {
+		return nil
+	}
+	return d.ToHost(unsafe.Pointer(&v[0]), b, n)
+}
+
+// BF16Rows widens m's rows and rounds them to bf16 bits: [rows, cols],
+// row-major, as the device kernels take weights.
+func BF16Rows(m kernels.Matrix) []uint16 {
+	out := make([]uint16, m.Rows*m.Cols)
+	row := make([]float32, m.Cols)
+	for r := 0; r < m.Rows; r++ {
+		m.RowF32(r, row)
+		for c, v := range row {
+			out[r*m.Cols+c] = half.F32ToBF16(v)
+		}
+	}
+	return out
+}
+
+// DenseLayout is the grouped GEMM's layout of rows rows all in group 0 (a
+// dense GEMM: the router, a shared expert): the rows in order, padded to
+// GEMMBlock with the sentinel rows, and the group of each row block.
+func DenseLayout(rows int) (sorted, blockGroup []int32) {
+	blocks := (rows + GEMMBlock - 1) / GEMMBlock
+	sorted = make([]int32, blocks*GEMMBlock)
+	for i := range sorted {
+		sorted[i] = int32(min(i, rows))
+	}
+	return sorted, make([]int32, blocks)
+}
+
+// Pow2 is the smallest power of two ≥ n (n ≥ 1): the buckets of graphs.
+func Pow2(n int) int {
+	p := 1
+	for p < n {
+		p *= 2
+	}
+	return p
+}

@@ -1,0 +1,283 @@
+//go:build cuda || cudaemu
+
+package moegpu
+
+import (
+	"fmt"
+
+	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/moe"
+)
+
+// The device MoE pipeline, written once: route (router GEMM and gate) →
+// group by expert (the align kernel's dispatch layout) → run the groups (the
+// fused SwiGLU GEMM and the weighted down GEMM) → combine (with the shared
+// expert, or a shard's partial sum). Every user — MoE.Forward, Step,
+// Stage (gather mode), SharedStage, Experts and GroupedFFN — sizes the same
+// pieces for its row count and enqueues them on a device or a recorder of
+// it. The grouped GEMMs are sized for the largest layout their pairs can
+// make (blocks past the actual layout idle), so no piece reads a size back
+// from the device between kernels: each sequence is capturable as a graph,
+// and since a row's result does not depend on where the layout puts it, a
+// replay gives the eager bits.
+
+// stack is a stack of SwiGLU expert weights on the device as bf16: gate and
+// up [n, inter, hidden], down [n, hidden, inter], for the experts lo …
+// lo+n-1 of the layer (a stack's own slots 0 … n-1 for Experts).
+type stack struct {
+	gate, up, down cuda.Buffer
+	lo, n          int
+	hidden, inter  int
+}
+
+// uploadStack uploads the experts' weights as a stack (of the layer's
+// experts lo …); bs keeps its buffers and the first error.
+func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int) stack {
+	var gate, up, down []uint16
+	for _, x := range experts {
+		gate = append(gate, cuda.BF16Rows(x.Gate)...)
+		up = append(up, cuda.BF16Rows(x.Up)...)
+		down = append(down, cuda.BF16Rows(x.Down)...)
+	}
+	d := bs.Device()
+	return stack{gate: bs.Put(cuda.Upload(d, gate)), up: bs.Put(cuda.Upload(d, up)), down: bs.Put(cuda.Upload(d, down)),
+		lo: lo, n: len(experts), hidden: hidden, inter: inter}
+}
+
+// dense is the grouped GEMM's layout of rows rows in one group: a dense
+// GEMM (the router, a shared expert) on the grouped kernels.
+type dense struct {
+	rows, padded       int
+	sorted, blockGroup cuda.Buffer
+}
+
+func newDense(a cuda.Allocator, rows int) dense {
+	sorted, groups := cuda.DenseLayout(rows)
+	return dense{rows: rows, padded: len(sorted), sorted: cuda.Stage(a, sorted), blockGroup: cuda.Stage(a, groups)}
+}
+
+// ffnRun is one grouped FFN of a stack over tokens·topK (token, slot)
+// pairs: the dispatch layout, the SwiGLU activations and the weighted
+// outputs, out [padded rows, hidden] in layout order (rowsOf: the row of
+// each pair, -1 for a pair of an expert outside the stack).
+type ffnRun struct {
+	st                                   *stack
+	tokens, topK, blocks                 int
+	counts, offsets, sorted, blockExpert cuda.Buffer
+	rowsOf, h, hb, out                   cuda.Buffer
+}
+
+func newFFNRun(a cuda.Allocator, st *stack, tokens, topK int) *ffnRun {
+	n := tokens * topK
+	r := &ffnRun{st: st, tokens: tokens, topK: topK,
+		blocks: (n + st.n*(cuda.GEMMBlock-1)) / cuda.GEMMBlock} // the padded total never needs more
+	rows := r.blocks * cuda.GEMMBlock
+	r.counts, r.offsets = a.Alloc(int64(st.n*4)), a.Alloc(int64((st.n+1)*4))
+	r.sorted, r.blockExpert, r.rowsOf = a.Alloc(int64(max(rows, 1)*4)), a.Alloc(int64(max(r.blocks, 1)*4)), a.Alloc(int64(max(n, 1)*4))
+	r.h, r.hb = a.Alloc(int64(max(rows, 1)*st.inter*4)), a.Alloc(int64(max(rows, 1)*st.inter*2))
+	r.out = a.Alloc(int64(max(rows, 1) * st.hidden * 4))
+	return r
+}
+
+// enqueue lays out the pairs of ids [tokens, topK] (expert ids of the
+// layer) over the stack's experts and runs them on xb (bf16 [tokens,
+// hidden]), each output row scaled by its pair's weight in scale (fp32
+// [tokens·topK]; a zero Buffer: 1).
+func (r *ffnRun) enqueue(l cuda.Launcher, xb, ids, scale cuda.Buffer) error {
+	st, n := r.st, r.tokens*r.topK
+	rows := r.blocks * cuda.GEMMBlock
+	if err := l.Align(ids, n, st.lo, st.n, cuda.GEMMBlock, r.blocks, r.counts, r.offsets, r.sorted, r.blockExpert, r.rowsOf); err != nil {
+		return err
+	}
+	if err := l.GroupedSwiGLU(xb, st.gate, st.up, r.sorted, r.blockExpert, rows, r.topK, n, st.inter, st.hidden, r.h); err != nil {
+		return err
+	}
+	if err := l.F32ToBF16(r.h, r.hb, rows*st.inter); err != nil {
+		return err
+	}
+	return l.GroupedGEMM(r.hb, st.down, r.sorted, r.blockExpert, rows, r.topK, n, false, st.hidden, st.inter, scale, r.out)
+}
+
+// sharedRun is the shared expert (a stack of one) over rows rows: out
+// [padded rows, hidden], each row scaled by scale (qwen2_moe's gate; a
+// zero Buffer for none).
+type sharedRun struct {
+	st         *stack
+	lay        dense
+	h, hb, out cuda.Buffer
+	scale      cuda.Buffer
+}
+
+func newSharedRun(a cuda.Allocator, st *stack, rows int, gated bool) *sharedRun {
+	r := &sharedRun{st: st, lay: newDense(a, rows)}
+	p := max(r.lay.padded, 1)
+	r.h, r.hb, r.out = a.Alloc(int64(p*st.inter*4)), a.Alloc(int64(p*st.inter*2)), a.Alloc(int64(p*st.hidden*4))
+	if gated {
+		r.scale = a.Alloc(int64(max(rows, 1) * 4))
+	}
+	return r
+}
+
+func (r *sharedRun) enqueue(l cuda.Launcher, xb cuda.Buffer) error {
+	st, lay := r.st, r.lay
+	if err := l.GroupedSwiGLU(xb, st.gate, st.up, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, st.inter, st.hidden, r.h); err != nil {
+		return err
+	}
+	if err := l.F32ToBF16(r.h, r.hb, lay.padded*st.inter); err != nil {
+		return err
+	}
+	return l.GroupedGEMM(r.hb, st.down, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, false, st.hidden, st.inter, r.scale, r.out)
+}
+
+// A Stage is the MoE pipeline for Tokens tokens on fixed device buffers:
+// In (fp32 [Tokens, hidden]) rounded to bf16, the router GEMM and the gate,
+// the layout over the experts the MoE holds, the grouped FFN, and the
+// combine into Out (fp32 [Tokens, hidden]): each token's sum over the held
+// experts in ascending id, plus the shared expert unless the stage is
+// partial. Enqueue launches it on the device or records it into a graph.
+type Stage struct {
+	m                 *MoE
+	tokens            int
+	in, xb, logits    cuda.Buffer
+	ids, weights, out cuda.Buffer
+	router            dense
+	ffn               *ffnRun
+	shared            *sharedRun // nil when partial or without a shared expert
+}
+
+// NewStage sizes a stage for tokens tokens (≥ 1) on a's buffers. A
+// partial stage leaves the shared expert out: a shard's share of gather
+// mode, whose sums over the ranks make the routed output; a whole stage
+// needs a MoE that holds every expert.
+func (m *MoE) NewStage(a cuda.Allocator, tokens int, partial bool) (*Stage, error) {
+	if tokens < 1 {
+		return nil, fmt.Errorf("cuda: moe: a stage of %d tokens", tokens)
+	}
+	if !partial {
+		if err := m.whole(); err != nil {
+			return nil, err
+		}
+	}
+	c := m.cfg
+	H, E, K := c.Hidden, c.NumExperts, c.TopK
+	s := &Stage{m: m, tokens: tokens}
+	s.in, s.xb = a.Alloc(int64(tokens*H*4)), a.Alloc(int64(tokens*H*2))
+	s.router = newDense(a, tokens)
+	s.logits = a.Alloc(int64(s.router.padded * E * 4))
+	s.ids, s.weights = a.Alloc(int64(tokens*K*4)), a.Alloc(int64(tokens*K*4))
+	s.ffn = newFFNRun(a, &m.routed, tokens, K)
+	if m.shared != nil && !partial {
+		s.shared = newSharedRun(a, m.shared, tokens, m.sharedGate != nil)
+	}
+	s.out = a.Alloc(int64(tokens * H * 4))
+	if err := a.Err(); err != nil {
+		return nil, fmt.Errorf("cuda: moe: buffers for %d tokens: %w", tokens, err)
+	}
+	return s, nil
+}
+
+// Tokens is the stage's row count.
+func (s *Stage) Tokens() int { return s.tokens }
+
+// In is the stage's input, fp32 [Tokens, hidden].
+func (s *Stage) In() cuda.Buffer { return s.in }
+
+// Out is the stage's output, fp32 [Tokens, hidden].
+func (s *Stage) Out() cuda.Buffer { return s.out }
+
+// Enqueue launches the stage's kernels on l (the device, or a recorder of
+// it): no copy and no host synchronisation between them.
+func (s *Stage) Enqueue(l cuda.Launcher) error {
+	m, c, T := s.m, s.m.cfg, s.tokens
+	H, E, K := c.Hidden, c.NumExperts, c.TopK
+	if err := l.F32ToBF16(s.in, s.xb, T*H); err != nil {
+		return err
+	}
+	// Router logits: one dense GEMM over every token.
+	if err := l.GroupedGEMM(s.xb, m.router, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
+		cuda.Buffer{}, s.logits); err != nil {
+		return err
+	}
+	if err := l.Gate(c.GateKernelArgs(), s.logits, m.bias, s.ids, s.weights, T); err != nil {
+		return err
+	}
+	if err := s.ffn.enqueue(l, s.xb, s.ids, s.weights); err != nil {
+		return err
+	}
+	shared := cuda.Buffer{}
+	if s.shared != nil {
+		if err := s.shared.enqueue(l, s.xb); err != nil {
+			return err
+		}
+		shared = s.shared.out
+	}
+	// Every token's sum over the held experts (zero for none) in ascending
+	// expert id, then the shared expert.
+	return l.Combine(s.ffn.out, s.ffn.rowsOf, T, K, H, shared, s.out)
+}
+
+// sharedScale stages qwen2_moe's shared-expert gate of x's rows (the rows
+// past them zero) into the stage's scale buffer; nothing for other
+// families.
+func (m *MoE) sharedScale(r *sharedRun, x []float32) error {
+	if m.sharedGate == nil || r == nil {
+		return nil
+	}
+	return cuda.CopyIn(m.dev, r.scale, moe.SharedGate(*m.sharedGate, x, nil, make([]float32, r.lay.rows)))
+}
+
+// A SharedStage is the shared expert of a MoE over Rows rows on fixed
+// buffers, added to a routed sum: Out = routed + shared(In), for gather
+// mode, where the routed sum comes back from the other ranks.
+type SharedStage struct {
+	m            *MoE
+	rows         int
+	in, inb, out cuda.Buffer
+	ident        cuda.Buffer // rows 0 … Rows-1: the combine's layout
+	run          *sharedRun
+}
+
+// NewSharedStage sizes the shared expert's stage for rows rows on a's
+// buffers; nil for a layer without a shared expert.
+func (m *MoE) NewSharedStage(a cuda.Allocator, rows int) (*SharedStage, error) {
+	if m.shared == nil {
+		return nil, nil
+	}
+	H := m.cfg.Hidden
+	s := &SharedStage{m: m, rows: rows}
+	s.in, s.inb, s.out = a.Alloc(int64(rows*H*4)), a.Alloc(int64(rows*H*2)), a.Alloc(int64(rows*H*4))
+	ident := make([]int32, rows)
+	for i := range ident {
+		ident[i] = int32(i)
+	}
+	s.ident = cuda.Stage(a, ident)
+	s.run = newSharedRun(a, m.shared, rows, m.sharedGate != nil)
+	if err := a.Err(); err != nil {
+		return nil, fmt.Errorf("cuda: moe: shared expert's buffers for %d rows: %w", rows, err)
+	}
+	return s, nil
+}
+
+// In is the shared expert's input, fp32 [Rows, hidden].
+func (s *SharedStage) In() cuda.Buffer { return s.in }
+
+// Out is routed plus the shared expert, fp32 [Rows, hidden].
+func (s *SharedStage) Out() cuda.Buffer { return s.out }
+
+// Gate stages qwen2_moe's shared-expert gate of x [t ≤ Rows, hidden] (the
+// host rows the stage's input holds); nothing for other families.
+func (s *SharedStage) Gate(x []float32) error { return s.m.sharedScale(s.run, x) }
+
+// Enqueue launches Out = routed + shared(In) on l, routed fp32 [Rows,
+// hidden].
+func (s *SharedStage) Enqueue(l cuda.Launcher, routed cuda.Buffer) error {
+	H := s.m.cfg.Hidden
+	if err := l.F32ToBF16(s.in, s.inb, s.rows*H); err != nil {
+		return err
+	}
+	if err := s.run.enqueue(l, s.inb); err != nil {
+		return err
+	}
+	// y = the routed experts' sum + the shared expert, as on the CPU.
+	return l.Combine(routed, s.ident, s.rows, 1, H, s.run.out, s.out)
+}
