@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 )
@@ -231,7 +232,7 @@ func (c *LatentCache) grow(seq, n int) (*sequence, error) {
 		if s.len == 0 {
 			delete(c.seqs, seq)
 		}
-		return nil, fmt.Errorf("dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
+		return nil, errkind.Errorf(ErrCacheExhausted, "dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
 			seq, need, len(c.free), c.numBlocks)
 	}
 	for ; need > 0; need-- {

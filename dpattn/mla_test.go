@@ -159,6 +159,7 @@ func TestLatentCache(t *testing.T) {
 	require.EqualValues(t, c.BytesTotal(), c.BytesUsed())
 	err = c.Append(2, make([]float32, 3*2)) // needs a second block: none left
 	require.ErrorContains(t, err, "latent cache exhausted: sequence 2 needs 1 more blocks, 0 of 3 are free")
+	require.ErrorIs(t, err, dpattn.ErrCacheExhausted)
 	require.Equal(t, 2, c.Len(2), "a failed append changes nothing")
 	require.ErrorContains(t, c.Append(3, make([]float32, 3)), "not whole rows")
 	freed := c.BlockTable(1)

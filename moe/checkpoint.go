@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -119,11 +120,11 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return kernels.Matrix{}, fmt.Errorf("moe: checkpoint %s is closed", c.Dir)
+		return kernels.Matrix{}, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
 	}
 	file, ok := c.where[name]
 	if !ok {
-		return kernels.Matrix{}, fmt.Errorf("moe: checkpoint %s: missing tensor %q", c.Dir, name)
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
 	}
 	if c.accessed == nil {
 		c.accessed = map[string]bool{}
@@ -134,7 +135,7 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 		return kernels.Matrix{}, err
 	}
 	if _, ok := f.hdr.Tensors[name]; !ok {
-		return kernels.Matrix{}, fmt.Errorf("moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
 	return f.matrix(name, shape...)
 }

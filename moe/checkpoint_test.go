@@ -135,23 +135,37 @@ func TestLoadErrors(t *testing.T) {
 		edit  func(m *moetest.Model)
 		layer int
 		err   string
+		kind  error // the class callers branch on, or nil
 	}{
-		{"dense layer", nil, 0, "layer 0 is a dense MLP layer (below first_k_dense_replace 1), not MoE"},
-		{"layer out of range", nil, 3, "layer 3 out of range: the model has 3 layers"},
-		{"missing expert tensor", drop("model.layers.1.mlp.experts.2.up_proj.weight"), 1, `missing tensor "model.layers.1.mlp.experts.2.up_proj.weight"`},
-		{"missing shared expert", drop("model.layers.1.mlp.shared_experts.down_proj.weight"), 1, `missing tensor "model.layers.1.mlp.shared_experts.down_proj.weight"`},
+		{"dense layer", nil, 0, "layer 0 is a dense MLP layer (below first_k_dense_replace 1), not MoE", moe.ErrDenseLayer},
+		{"layer out of range", nil, 3, "layer 3 out of range: the model has 3 layers", nil},
+		{"missing expert tensor", drop("model.layers.1.mlp.experts.2.up_proj.weight"), 1, `missing tensor "model.layers.1.mlp.experts.2.up_proj.weight"`,
+			moe.ErrMissingTensor},
+		{"missing shared expert", drop("model.layers.1.mlp.shared_experts.down_proj.weight"), 1, `missing tensor "model.layers.1.mlp.shared_experts.down_proj.weight"`,
+			moe.ErrMissingTensor},
 		{"wrong shape", retype("model.layers.1.mlp.experts.0.gate_proj.weight", "BF16", []int{16, 8}), 1,
-			`model.safetensors: tensor "model.layers.1.mlp.experts.0.gate_proj.weight" has shape [16 8], the config needs [8 16]`},
+			`model.safetensors: tensor "model.layers.1.mlp.experts.0.gate_proj.weight" has shape [16 8], the config needs [8 16]`,
+			moe.ErrMissingTensor},
 		{"fp8", retype("model.layers.1.mlp.experts.3.down_proj.weight", "F8_E4M3", []int{16, 8}), 1,
-			`tensor "model.layers.1.mlp.experts.3.down_proj.weight" is F8_E4M3: FP8 weights are not supported yet`},
+			`tensor "model.layers.1.mlp.experts.3.down_proj.weight" is F8_E4M3: FP8 weights are not supported yet`,
+			moe.ErrUnsupportedFormat},
 		{"integer weights", retype("model.layers.1.mlp.gate.weight", "I64", []int{4, 16}), 1,
-			`tensor "model.layers.1.mlp.gate.weight" has dtype I64, want F32, BF16 or F16`},
+			`tensor "model.layers.1.mlp.gate.weight" has dtype I64, want F32, BF16 or F16`, moe.ErrUnsupportedFormat},
 	}
+	classes := []error{moe.ErrDenseLayer, moe.ErrMissingTensor, moe.ErrUnsupportedFormat, moe.ErrShape, moe.ErrNonFinite,
+		moe.ErrUnknownFamily, moe.ErrClosed}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := write(t, tt.edit)
 			_, err := moe.Load(dir, tt.layer)
 			require.ErrorContains(t, err, tt.err)
+			for _, c := range classes {
+				if c == tt.kind {
+					require.ErrorIs(t, err, c)
+				} else {
+					require.NotErrorIs(t, err, c, "one class only")
+				}
+			}
 		})
 	}
 
@@ -169,6 +183,7 @@ func TestLoadErrors(t *testing.T) {
 		dir := write(t, func(m *moetest.Model) { m.Config["model_type"] = "gpt2" })
 		_, err := moe.Load(dir, 1)
 		require.ErrorContains(t, err, `config.json: unknown model_type "gpt2"`)
+		require.ErrorIs(t, err, moe.ErrUnknownFamily)
 	})
 	t.Run("truncated file", func(t *testing.T) {
 		dir := write(t, nil)

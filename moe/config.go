@@ -3,6 +3,7 @@ package moe
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/moex-project/moex/internal/errkind"
 	"os"
 	"path/filepath"
 	"slices"
@@ -230,9 +231,9 @@ func ParseConfig(data []byte) (*Config, error) {
 			c.TopKGroups = or(raw.TopKGroup, min(defKeep, c.NumGroups))
 		}
 	case "":
-		return nil, fmt.Errorf("config.json has no model_type (supported: %v)", Families)
+		return nil, errkind.Errorf(ErrUnknownFamily, "config.json has no model_type (supported: %v)", Families)
 	default:
-		return nil, fmt.Errorf("unknown model_type %q (supported: %v)", raw.ModelType, Families)
+		return nil, errkind.Errorf(ErrUnknownFamily, "unknown model_type %q (supported: %v)", raw.ModelType, Families)
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, missing)
@@ -248,7 +249,7 @@ func ParseConfig(data []byte) (*Config, error) {
 // experts to choose from.
 func (c *Config) Validate() error {
 	if !slices.Contains(Families, c.ModelType) {
-		return fmt.Errorf("unknown model_type %q (supported: %v)", c.ModelType, Families)
+		return errkind.Errorf(ErrUnknownFamily, "unknown model_type %q (supported: %v)", c.ModelType, Families)
 	}
 	for _, f := range []struct {
 		name string
@@ -308,18 +309,18 @@ func (c *Config) CheckMoELayer(n int) error {
 	switch c.ModelType {
 	case "qwen2_moe", "qwen3_moe":
 		if slices.Contains(c.MLPOnlyLayers, n) {
-			return fmt.Errorf("layer %d is a dense MLP layer (in mlp_only_layers), not MoE", n)
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (in mlp_only_layers), not MoE", n)
 		}
 		if (n+1)%c.SparseStep != 0 {
-			return fmt.Errorf("layer %d is a dense MLP layer (decoder_sparse_step %d makes layers %d, %d, … MoE), not MoE",
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (decoder_sparse_step %d makes layers %d, %d, … MoE), not MoE",
 				n, c.SparseStep, c.SparseStep-1, 2*c.SparseStep-1)
 		}
 	case "deepseek_v2", "deepseek_v3":
 		if n < c.FirstKDense {
-			return fmt.Errorf("layer %d is a dense MLP layer (below first_k_dense_replace %d), not MoE", n, c.FirstKDense)
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (below first_k_dense_replace %d), not MoE", n, c.FirstKDense)
 		}
 		if n%c.LayerFreq != 0 {
-			return fmt.Errorf("layer %d is a dense MLP layer (not a multiple of moe_layer_freq %d), not MoE", n, c.LayerFreq)
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (not a multiple of moe_layer_freq %d), not MoE", n, c.LayerFreq)
 		}
 	}
 	return nil

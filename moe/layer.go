@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -161,7 +162,7 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 		return nil, err
 	}
 	if len(w.Experts) != cfg.NumExperts {
-		return nil, fmt.Errorf("moe: %d experts given, the config has %d", len(w.Experts), cfg.NumExperts)
+		return nil, errkind.Errorf(ErrShape, "moe: %d experts given, the config has %d", len(w.Experts), cfg.NumExperts)
 	}
 	for e, x := range w.Experts {
 		if x.Gate.Rows == 0 && x.Up.Rows == 0 && x.Down.Rows == 0 {
@@ -183,7 +184,7 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 		return nil, fmt.Errorf("moe: shared expert gate given: %v, the config wants one: %v", w.SharedGate != nil, cfg.SharedGate)
 	}
 	if g := w.SharedGate; g != nil && (g.Rows != 1 || g.Cols != cfg.Hidden) {
-		return nil, fmt.Errorf("moe: shared expert gate is [%d, %d], want [1, %d]", g.Rows, g.Cols, cfg.Hidden)
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: shared expert gate is [%d, %d], want [1, %d]", g.Rows, g.Cols, cfg.Hidden)
 	}
 	loaded := make([]bool, len(w.Experts))
 	for e := range loaded {
@@ -224,7 +225,7 @@ func checkExpert(x Expert, hidden, inter int) error {
 		rows, cols int
 	}{{"gate", x.Gate, inter, hidden}, {"up", x.Up, inter, hidden}, {"down", x.Down, hidden, inter}} {
 		if m.m.Rows != m.rows || m.m.Cols != m.cols {
-			return fmt.Errorf("%s projection is [%d, %d], want [%d, %d]", m.name, m.m.Rows, m.m.Cols, m.rows, m.cols)
+			return errkind.Errorf(ErrMissingTensor, "%s projection is [%d, %d], want [%d, %d]", m.name, m.m.Rows, m.m.Cols, m.rows, m.cols)
 		}
 	}
 	return nil
@@ -252,14 +253,14 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	c := l.Config
 	H, K := c.Hidden, c.TopK
 	if len(x)%H != 0 {
-		return fmt.Errorf("moe: input has %d values, not a multiple of hidden size %d", len(x), H)
+		return errkind.Errorf(ErrShape, "moe: input has %d values, not a multiple of hidden size %d", len(x), H)
 	}
 	T := len(x) / H
 	if len(y) != len(x) {
-		return fmt.Errorf("moe: output has %d values, want %d ([%d tokens, %d])", len(y), len(x), T, H)
+		return errkind.Errorf(ErrShape, "moe: output has %d values, want %d ([%d tokens, %d])", len(y), len(x), T, H)
 	}
 	if ids != nil && len(ids) != T*K || weights != nil && len(weights) != T*K {
-		return fmt.Errorf("moe: routing outputs have %d ids and %d weights, want [%d tokens, top-%d] = %d", len(ids), len(weights), T, K, T*K)
+		return errkind.Errorf(ErrShape, "moe: routing outputs have %d ids and %d weights, want [%d tokens, top-%d] = %d", len(ids), len(weights), T, K, T*K)
 	}
 	if err := CheckFinite(x, H); err != nil {
 		return err
@@ -485,7 +486,7 @@ func (l *Layer) WorkerCount() int { return l.workers() }
 func CheckFinite(x []float32, hidden int) error {
 	for i, v := range x {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("moe: input token %d has a non-finite value %v at column %d", i/hidden, v, i%hidden)
+			return errkind.Errorf(ErrNonFinite, "moe: input token %d has a non-finite value %v at column %d", i/hidden, v, i%hidden)
 		}
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/hugepage"
 	"github.com/moex-project/moex/kernels"
 )
@@ -233,10 +234,10 @@ func (f *safetensorsFile) close() error {
 func (f *safetensorsFile) matrix(name string, wantShape ...int) (kernels.Matrix, error) {
 	t, ok := f.hdr.Tensors[name]
 	if !ok {
-		return kernels.Matrix{}, fmt.Errorf("moe: %s: missing tensor %q", f.path, name)
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.path, name)
 	}
 	if !slices.Equal(t.Shape, wantShape) {
-		return kernels.Matrix{}, fmt.Errorf("moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, wantShape)
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, wantShape)
 	}
 	rows, cols := 1, wantShape[len(wantShape)-1]
 	if len(wantShape) == 2 {
@@ -251,9 +252,9 @@ func (f *safetensorsFile) matrix(name string, wantShape ...int) (kernels.Matrix,
 	case "F16":
 		return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](raw))
 	case "F8_E4M3", "F8_E5M2":
-		return kernels.Matrix{}, fmt.Errorf("moe: %s: tensor %q is %s: FP8 weights are not supported yet (want F32, BF16 or F16)", f.path, name, t.DType)
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: FP8 weights are not supported yet (want F32, BF16 or F16)", f.path, name, t.DType)
 	}
-	return kernels.Matrix{}, fmt.Errorf("moe: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.path, name, t.DType)
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.path, name, t.DType)
 }
 
 // castSlice reinterprets little-endian bytes as a slice of T, copying them

@@ -1,0 +1,23 @@
+package moe
+
+import "errors"
+
+// The classes of error a caller branches on (errors.Is); each error's
+// message still names the tensor, token, layer or file.
+var (
+	// ErrShape: an input or output of the wrong size.
+	ErrShape = errors.New("moe: bad shape")
+	// ErrNonFinite: NaN or ±Inf in an input.
+	ErrNonFinite = errors.New("moe: non-finite input")
+	// ErrMissingTensor: a tensor the family needs is missing from the
+	// checkpoint, or has the wrong shape.
+	ErrMissingTensor = errors.New("moe: missing or misshapen tensor")
+	// ErrDenseLayer: the layer asked for is a dense MLP layer, not MoE.
+	ErrDenseLayer = errors.New("moe: dense layer")
+	// ErrUnsupportedFormat: a weight dtype or format moex cannot run.
+	ErrUnsupportedFormat = errors.New("moe: unsupported weight format")
+	// ErrUnknownFamily: a model_type moex does not know.
+	ErrUnknownFamily = errors.New("moe: unknown model family")
+	// ErrClosed: a call on a closed checkpoint or layer.
+	ErrClosed = errors.New("moe: closed")
+)
