@@ -2,8 +2,9 @@ package dpattn
 
 import "context"
 
-// Block is an attention block the decode run can drive.
-type Block interface {
+// AttentionBlock is an attention layer a decode loop can drive (MLABlock:
+// DeepSeek's), not to be confused with Blocks, the pages of a cache.
+type AttentionBlock interface {
 	HiddenSize() int
 	LatentDim() int
 	// Forward runs new tokens x [T, hidden] of sequences seqs (a sequence's
@@ -12,4 +13,4 @@ type Block interface {
 	Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error
 }
 
-var _ Block = (*MLABlock)(nil)
+var _ AttentionBlock = (*MLABlock)(nil)

@@ -67,8 +67,7 @@ func TestPlanSemantics(t *testing.T) {
 // its single-rank outputs for x.
 func layerFixture(t *testing.T) (string, moetest.Spec) {
 	t.Helper()
-	spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 1,
-		Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16", Seed: 77}
+	spec := moetest.LayerFixture
 	m, err := moetest.Generate(spec)
 	require.NoError(t, err)
 	dir := filepath.Join(t.TempDir(), "ckpt")

@@ -9,26 +9,16 @@ import (
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/moetest"
-	"github.com/moex-project/moex/internal/stwrite"
 	"github.com/moex-project/moex/kernels"
-	"github.com/moex-project/moex/moe"
 )
 
 // attnCheckpoint writes a deepseek_v2 checkpoint with MoE and attention
 // tensors for layer 0.
 func attnCheckpoint(t *testing.T, a moetest.AttnSpec) (string, *moetest.AttnModel) {
 	t.Helper()
-	ms := moetest.Spec{ModelType: "deepseek_v2", Hidden: a.Hidden, Experts: 4, TopK: 2, Inter: 8, Method: "greedy",
-		Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: a.DType, Seed: a.Seed}
-	m, err := moetest.Generate(ms)
-	require.NoError(t, err)
-	am, err := moetest.GenerateAttention(a)
-	require.NoError(t, err)
-	for k, v := range am.Config {
-		m.Config[k] = v
-	}
 	dir := t.TempDir()
-	require.NoError(t, stwrite.WriteCheckpoint(dir, m.Config, append(m.Tensors, am.Tensors...), 2))
+	am, err := moetest.WriteAttnCheckpoint(dir, a)
+	require.NoError(t, err)
 	return dir, am
 }
 
@@ -61,29 +51,6 @@ func TestMLABlockMatchesReference(t *testing.T) {
 				require.LessOrEqual(t, moetest.RelErr(one, want[j*H:(j+1)*H]), 1e-5, "decode position %d", j)
 			}
 		})
-	}
-}
-
-// TestRunWithCheckpointAttention: the decode run over a checkpoint's MLA
-// block and MoE layer keeps its parity with one rank.
-func TestRunWithCheckpointAttention(t *testing.T) {
-	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16,
-		Theta: 10000, Yarn: true, DType: "BF16", Seed: 5})
-	b, err := dpattn.LoadMLABlock(dir, 0)
-	require.NoError(t, err)
-	defer b.Close()
-	layer, err := moe.Load(dir, 0)
-	require.NoError(t, err)
-	defer layer.Close()
-	for _, mode := range []string{"alltoall", "gather"} {
-		rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 3, Steps: 4, Mode: mode, Seed: 2,
-			MoE: layer, Attn: b, CacheDType: kernels.BF16})
-		require.NoError(t, err)
-		if mode == "alltoall" {
-			require.True(t, rep.ParityExact)
-		} else {
-			require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
-		}
 	}
 }
 

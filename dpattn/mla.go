@@ -16,10 +16,15 @@ type Query struct {
 	Len   int
 }
 
+// DefaultSplitRows is the split-KV chunk length, in cached rows, when
+// Options.SplitRows (or a device path's) is 0: long sequences are split
+// into chunks of it, attended in parallel and merged by log-sum-exp.
+const DefaultSplitRows = 512
+
 // Options tune MLA; the zero value is ready.
 type Options struct {
 	Workers   int // goroutines; 0: GOMAXPROCS
-	SplitRows int // split-KV chunk length in rows; 0: 512. Results depend on it only by rounding.
+	SplitRows int // split-KV chunk length in rows; 0: DefaultSplitRows. Results depend on it only by rounding.
 }
 
 // MLA is MLA attention in the absorbed form over a paged latent cache: for
@@ -70,7 +75,7 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	}
 	split := opt.SplitRows
 	if split <= 0 {
-		split = 512
+		split = DefaultSplitRows
 	}
 	// Work items: (query, chunk of rows).
 	type item struct{ q, r0, r1, slot int }

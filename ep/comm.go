@@ -1,14 +1,3 @@
-// Package ep is expert parallelism: the experts of a MoE layer are spread
-// over ranks by a Placement; every rank routes its own tokens, dispatches
-// them to the ranks that own their experts with one all-to-all, runs its
-// local experts as one grouped FFN, and combines the results back with a
-// second all-to-all, summing each token's experts in ascending expert id
-// and then the shared expert, the order of one rank, so the output bits do
-// not depend on the rank count or the placement.
-//
-// Comm is the collective interface the transports implement: NewLocal
-// connects ranks inside one process; ep/mpi connects processes, and
-// ep/ncclcomm does over NCCL.
 package ep
 
 import (

@@ -106,17 +106,17 @@ func (l *Layer) Close() error {
 // SetWorkers sets the goroutines the local expert FFN uses (0: GOMAXPROCS).
 func (l *Layer) SetWorkers(n int) { l.moe.Workers = n }
 
-// Load returns the per-expert token counts this rank has routed so far.
-func (l *Layer) Load() []int64 {
+// ExpertLoad returns the per-expert token counts this rank has routed so far.
+func (l *Layer) ExpertLoad() []int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]int64(nil), l.load...)
 }
 
-// GlobalLoad sums every rank's per-expert counts (a collective), the input
+// GlobalExpertLoad sums every rank's per-expert counts (a collective), the input
 // Balanced wants.
-func (l *Layer) GlobalLoad(ctx context.Context) ([]int64, error) {
-	v := l.Load()
+func (l *Layer) GlobalExpertLoad(ctx context.Context) ([]int64, error) {
+	v := l.ExpertLoad()
 	if err := l.comm.AllReduceInt64(ctx, v, Sum); err != nil {
 		return nil, err
 	}

@@ -208,7 +208,7 @@ func TestEPFaults(t *testing.T) {
 					return err
 				}
 			}
-			g, err := l.GlobalLoad(ctx)
+			g, err := l.GlobalExpertLoad(ctx)
 			if err != nil {
 				return err
 			}

@@ -82,6 +82,7 @@ type Config struct {
 	NumGroups      int     // n_group, for the group-limited methods
 	TopKGroups     int     // topk_group
 	NormTopK       bool    // renormalise the k weights to sum to one
+	NormEps        float64 // added to the renormalisation's denominator (DeepSeek: 1e-20)
 	RoutedScaling  float64 // multiply the final weights by this
 	ScoreBiasInput bool    // NoAuxTC: the gate has an e_score_correction_bias tensor
 
@@ -180,6 +181,7 @@ func ParseConfig(data []byte) (*Config, error) {
 			c.SharedGate = c.SharedInter > 0
 		}
 	case "deepseek_v2", "deepseek_v3":
+		c.NormEps = 1e-20
 		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
 		c.SharedInter = or(raw.NSharedExperts, 0) * c.Inter

@@ -167,9 +167,7 @@ func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *r
 		sum += s.scores[e]
 	}
 	if c.NormTopK {
-		if c.ModelType == "deepseek_v2" || c.ModelType == "deepseek_v3" {
-			sum += 1e-20
-		}
+		sum += c.NormEps
 	} else {
 		sum = 1
 	}

@@ -3,8 +3,7 @@ package moe
 import "github.com/moex-project/moex/kernels"
 
 // GateKernelArgs maps c's routing to the gating kernel's codes (see
-// kernels.GateArgs); DeepSeek's renormalisation adds 1e-20 to the
-// denominator.
+// kernels.GateArgs).
 func (c *Config) GateKernelArgs() kernels.GateArgs {
 	a := kernels.GateArgs{Experts: int32(c.NumExperts), TopK: int32(c.TopK), Scoring: kernels.GateSoftmax,
 		Groups: int32(max(c.NumGroups, 1)), TopKGroups: int32(max(c.TopKGroups, 1)), Scaling: float32(c.RoutedScaling)}
@@ -13,10 +12,7 @@ func (c *Config) GateKernelArgs() kernels.GateArgs {
 	}
 	a.Method = map[TopKMethod]int32{Greedy: kernels.GateGreedy, GroupLimitedGreedy: kernels.GateGroupLimitedGreedy, NoAuxTC: kernels.GateNoAuxTC}[c.Method]
 	if c.NormTopK {
-		a.Norm = 1
-		if c.ModelType == "deepseek_v2" || c.ModelType == "deepseek_v3" {
-			a.NormEps = 1e-20
-		}
+		a.Norm, a.NormEps = 1, float32(c.NormEps)
 	}
 	return a
 }

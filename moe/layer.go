@@ -8,6 +8,23 @@
 // Each token's output is the sum of its experts' weighted outputs in
 // ascending expert id, then the shared expert: one fixed order, so a
 // token's bits do not depend on the batch it is in or on the thread count.
+// moe/moegpu runs the same pipeline on a device.
+//
+// The contract a serving process relies on:
+//
+//   - Concurrency: a Layer's Forward and ForwardRouting may be called from
+//     many goroutines at once (each call takes reusable buffers of its own)
+//     and give each caller the bits a serial call gives. Setting Workers or
+//     Experts, and Close, must not race with calls in flight.
+//   - Buffers: the caller owns x, y, ids and weights; a call reads x and
+//     writes the others, and keeps none of them.
+//   - Blocking calls take a context.Context first; a cancelled context
+//     stops a forward pass between its stages with ctx.Err().
+//   - Errors: bad input is an error, never a panic, of a class callers
+//     branch on with errors.Is (ErrShape, ErrNonFinite, ErrMissingTensor,
+//     ErrDenseLayer, ErrUnsupportedFormat, ErrUnknownFamily, ErrClosed); the
+//     message names the tensor, token or layer.
+//   - Close releases the checkpoint mapping; it is safe to call twice.
 package moe
 
 import (
@@ -330,9 +347,10 @@ type ExpertRunner interface {
 	GroupedFFN(ctx context.Context, x []float32, groups []kernels.FFNGroup) error
 }
 
-// A GraphVoter is an ExpertRunner that replays captured graphs (CUDA
-// graphs) when the step allows: the decode loop passes it the coordinator's
-// vote (every rank in decode or idle) before each step.
+// A GraphVoter is a device runner (of experts, attention, a MoE stage or a
+// whole layer) that replays captured graphs (CUDA graphs) when the step
+// allows: the decode loop passes it the coordinator's vote (every rank in
+// decode or idle) before each step.
 type GraphVoter interface {
 	AllowGraph(ok bool)
 }

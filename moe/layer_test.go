@@ -11,6 +11,10 @@ import (
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 )
 
 // familySpecs covers every family, weight dtype and routing method, with
@@ -209,4 +213,50 @@ func TestForwardBadInput(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	require.ErrorIs(t, l.Forward(cancelled, x, make([]float32, len(x))), context.Canceled)
+}
+
+// TestForwardConcurrent: the package's concurrency guarantee — many
+// goroutines calling Forward on one Layer at once, each on a batch of its
+// own, get the bits of serial calls (run under -race in make test).
+func TestForwardConcurrent(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "moe", "qwen2_moe_bf16")
+	data, err := os.ReadFile(filepath.Join(dir, "layer"))
+	require.NoError(t, err)
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	require.NoError(t, err)
+	l, err := moe.Load(dir, n)
+	require.NoError(t, err)
+	defer l.Close()
+	ctx := context.Background()
+	H := l.Config.Hidden
+	const callers = 8
+	xs, want := make([][]float32, callers), make([][]float32, callers)
+	for i := range xs {
+		xs[i] = moetest.Input(uint64(i+1), 1+i%5, H, false)
+		want[i] = make([]float32, len(xs[i]))
+		require.NoError(t, l.Forward(ctx, xs[i], want[i]))
+	}
+	var wg sync.WaitGroup
+	got := make([][][]float32, callers)
+	errs := make([]error, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				y := make([]float32, len(xs[i]))
+				if errs[i] = l.Forward(ctx, xs[i], y); errs[i] != nil {
+					return
+				}
+				got[i] = append(got[i], y)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i])
+		for _, y := range got[i] {
+			require.Equal(t, want[i], y, "caller %d", i)
+		}
+	}
 }

@@ -53,7 +53,7 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 	defer closeDev()
 	split := m.split
 	if split == 0 {
-		split = 512 // dpattn's default
+		split = dpattn.DefaultSplitRows
 	}
 	return dpattngpu.MLADecode(d, dpattngpu.MLAInput{Q: m.q, CacheF32: m.cache, BlockSize: m.blockSize, D: m.d,
 		BlockTable: m.blockTable, MaxBlocks: m.maxBlocks, SeqLens: m.seqLens, Heads: m.heads, DV: m.dv,
@@ -95,7 +95,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			}
 			return g, g.Close, nil
 		},
-		layer: func(ctx context.Context, _ int, a dpattn.Block, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
+		layer: func(ctx context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
 			blk, ok := a.(*dpattn.MLABlock)
 			if _, gate := shard.SharedExpert(); !ok || gate != nil {
 				return nil, nil, nil // the stages apart: qwen2_moe's shared gate runs on the host

@@ -1,10 +1,10 @@
 // Command moex runs, checks and measures the MoE engine.
 //
-//	moex run  [flags]                 a MoE layer forward over a batch, with a short report
+//	moex run  [flags]                 DP-attention decode steps of one layer over in-process (or MPI) ranks, checked against one rank
 //	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
 //	moex exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy [--lse-out lse.npy]
-//	moex bench grouped-gemm|moe|membw  time kernels and layers against a memory-bandwidth probe
-//	moex info                         what this machine offers (CPU features)
+//	moex bench grouped-gemm|moe|mla|ep|membw  time kernels and layers against a baseline of the same run
+//	moex info                         what this machine offers (CPU features, GPUs)
 //
 // Errors are printed on one line to stderr and exit with status 1 (2 for
 // bad usage).
@@ -38,11 +38,13 @@ func main() {
 const usage = `usage: moex <command> [flags]
 
 commands:
-  run    a MoE layer forward over a batch (DeepSeek-V2-Lite shapes, random weights, unless --model)
+  run    decode steps of one layer (MLA attention + MoE) over DP-attention ranks, each with its own
+         requests and latent cache, in all-to-all or gather mode, checked against one rank
+         (DeepSeek-V2-Lite shapes, random weights, unless --model)
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
          exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
-  bench  measure kernels and layers: bench grouped-gemm | bench moe | bench membw
-  info   report this machine's CPU features
+  bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw
+  info   report this machine's CPU features and GPUs
 `
 
 func run(args []string, stdout, stderr io.Writer) error {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/decoderun"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -120,15 +121,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
-	cfg := dpattn.RunConfig{Ranks: *ranks, Steps: *steps, Mode: *mode, Seed: *seed,
+	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, MoEMode: *mode, Seed: *seed,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	if *fused {
 		cfg.Layer = dev.layer
 	}
-	var rep *dpattn.RunReport
+	var rep *decoderun.Report
 	if comm == nil {
-		rep, err = dpattn.Run(ctx, cfg)
-	} else if rep, err = dpattn.RunComms(ctx, cfg, comm, plan); err == nil && rep == nil {
+		rep, err = decoderun.Run(ctx, cfg)
+	} else if rep, err = decoderun.RunComms(ctx, cfg, comm, plan); err == nil && rep == nil {
 		return nil // rank 0 reports
 	}
 	if err != nil {
@@ -235,7 +236,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 type deviceRun struct {
 	experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
 	gather  func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error)
-	layer   func(context.Context, int, dpattn.Block, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error)
+	layer   func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error)
 	core    dpattn.AttentionCore
 	close   func()
 }

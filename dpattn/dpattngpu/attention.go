@@ -23,7 +23,7 @@ import (
 // caches of their own may share it.
 type Attention struct {
 	d cuda.Launcher
-	// SplitRows is the split-KV chunk length; 0: 512.
+	// SplitRows is the split-KV chunk length; 0: dpattn.DefaultSplitRows.
 	SplitRows int
 
 	mu      sync.Mutex
@@ -196,7 +196,7 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	in := MLAInput{Q: q, BlockSize: c.BlockSize(), D: c.Dim(), BlockTable: make([]int32, B*maxBlocks), MaxBlocks: maxBlocks,
 		SeqLens: make([]int32, B), Heads: heads, DV: dv, SplitRows: a.SplitRows, Scale: scale}
 	if in.SplitRows == 0 {
-		in.SplitRows = 512
+		in.SplitRows = dpattn.DefaultSplitRows
 	}
 	for i, qr := range queries {
 		copy(in.BlockTable[i*maxBlocks:], qr.Table)

@@ -292,7 +292,7 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 	}
 	splitRows := a.SplitRows
 	if splitRows == 0 {
-		splitRows = 512
+		splitRows = dpattn.DefaultSplitRows
 	}
 	m, err := a.lockMirror(c)
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package floors states the floors of the house (../shared/DESIGN.md) and
 // its test checks that every import of a moex package points down them:
 //
-//	0 internal/…       helpers every floor may use
+//	0 internal/…       helpers every floor may use (but internal/decoderun)
 //	1 kernels/…        CPU kernels, CUDA sources, their emulation
 //	2 cuda, bindings/… the device runtime; C shims (NCCL by dlopen)
 //	3 moe/…            configs, checkpoints, gating, the MoE pipeline (moe/moegpu on a device)
@@ -9,6 +9,7 @@
 //	5 dpattn/…         DP attention (dpattn/dpattngpu on a device)
 //	6 model/…          a whole model
 //	7 serve/…, router/… the worker; the router (which imports no engine package)
+//	7 internal/decoderun moex run's decode loop over in-process or MPI ranks
 //	8 cmd/…            the CLI
 //
 // A package may import a lower floor, or its own ancestor on its floor (a
@@ -20,7 +21,8 @@
 package floors
 
 // Floors maps a package path (relative to the module) or the root of a
-// tree of packages to its floor.
+// tree of packages to its floor; the longest path that names a package or
+// one of its ancestors wins.
 var Floors = map[string]int{
 	"internal": 0,
 	"kernels":  1,
@@ -32,5 +34,7 @@ var Floors = map[string]int{
 	"model":    6,
 	"serve":    7,
 	"router":   7,
-	"cmd":      8,
+
+	"internal/decoderun": 7,
+	"cmd":                8,
 }

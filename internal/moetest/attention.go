@@ -220,3 +220,28 @@ func (m *AttnModel) Forward(x []float32) []float64 {
 	}
 	return out
 }
+
+// LayerFixture is the small DeepSeek-V2 MoE layer (8 experts, top-3, a
+// shared expert, bf16) the DP-attention tests run.
+var LayerFixture = Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 1,
+	Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16", Seed: 77}
+
+// WriteAttnCheckpoint writes into dir a deepseek_v2 checkpoint with a small
+// MoE layer (4 experts, top-2) and a's attention tensors for layer 0, and
+// returns the attention's reference model.
+func WriteAttnCheckpoint(dir string, a AttnSpec) (*AttnModel, error) {
+	ms := Spec{ModelType: "deepseek_v2", Hidden: a.Hidden, Experts: 4, TopK: 2, Inter: 8, Method: "greedy",
+		Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: a.DType, Seed: a.Seed}
+	m, err := Generate(ms)
+	if err != nil {
+		return nil, err
+	}
+	am, err := GenerateAttention(a)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range am.Config {
+		m.Config[k] = v
+	}
+	return am, stwrite.WriteCheckpoint(dir, m.Config, append(m.Tensors, am.Tensors...), 2)
+}

@@ -1,4 +1,4 @@
-//go:generate go run . -out ../dot_amd64.s -stubs ../dot_amd64_stubs.go -pkg kernels
+//go:generate go run . -out ../simd_amd64.s -stubs ../simd_amd64_stubs.go -pkg kernels
 
 // Command _asm generates the micro-kernels of package kernels with avo: the
 // outer-product kernels on packed weights (outer.go), the Go table of them,

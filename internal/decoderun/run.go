@@ -1,4 +1,12 @@
-package dpattn
+// Package decoderun is moex run's decode loop, the harness that drives the
+// library the way a serving process would: R ranks (in-process, or one per
+// process over a communicator), each with its own requests and latent
+// cache on a deterministic schedule, run decode steps of one layer (the
+// attention block, then the MoE layer in all-to-all or gather mode) with
+// the coordinator's plan and IDLE batches, then the same tokens on one
+// rank, and report the stage times, the KV accounting and the parity. The
+// device implementations plug in through Config's hooks.
+package decoderun
 
 import (
 	"context"
@@ -9,47 +17,48 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
-// RunConfig is a multi-rank decode run: R in-process ranks, each with its
+// Config is a multi-rank decode run: R in-process ranks, each with its
 // own requests and latent cache, run Steps decode steps of one layer (MLA
 // attention, then the MoE layer in the chosen mode).
-type RunConfig struct {
+type Config struct {
 	Ranks, Steps int
-	Mode         string // "alltoall" (EP dispatch/combine) or "gather"
+	MoEMode      string // "alltoall" (EP dispatch/combine) or "gather"
 	Seed         uint64
 	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
-	Attn         Block
+	Attn         dpattn.AttentionBlock
 	CacheDType   kernels.DType
 	// Experts, when set, gives each rank the runner of its shard's experts
 	// (a GPU: moegpu.Experts) and what releases it; nil: the CPU kernels.
 	// The one-rank reference of the parity check stays on the CPU.
 	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
 	// AttnCore, when set, computes every rank's attention over its cache
-	// (a GPU: dpattngpu.Attention); nil: MLA on the host. The one-rank reference
+	// (a GPU: dpattngpu.Attention); nil: dpattn.MLA on the host. The one-rank reference
 	// stays on the host. A core that is a moe.GraphVoter gets each step's
 	// vote, as the experts' runner does.
-	AttnCore AttentionCore
+	AttnCore dpattn.AttentionCore
 	// AttnProj, when set, computes every rank's attention projections (a
 	// GPU: dpattngpu.Attention's Projections); nil: the CPU kernels. The one-rank
 	// reference stays on the host.
-	AttnProj Projector
+	AttnProj dpattn.Projector
 	// Gather, when set, gives each rank gather mode's MoE stage over its
 	// data communicator comm (a GPU: dpattngpu.GatherMoE, the hidden states
 	// gathered and scattered in device memory) and what releases it;
-	// Experts is then not used in gather mode. nil: MoEGather on the CPU.
+	// Experts is then not used in gather mode. nil: dpattn.MoEGather on the CPU.
 	// A runner that is a moe.GraphVoter gets each step's vote.
-	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (GatherRunner, func(), error)
+	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error)
 	// Layer, when set, gives each rank the whole layer's decode step in
 	// gather mode (a GPU: dpattngpu.DecodeLayer, attention and MoE in one
-	// graph) and what releases it; Attention, AttnCore, AttnProj, Gather
+	// graph) and what releases it; AttnCore, AttnProj, Gather
 	// and Experts are then not used by the ranks (the one-rank reference
 	// still runs on the host). A nil runner: this layer is not for it (the
 	// stages run apart). Its time is reported as the MoE stage's.
-	Layer func(ctx context.Context, rank int, attn Block, shard *moe.Layer, comm ep.Comm) (LayerRunner, func(), error)
+	Layer func(ctx context.Context, rank int, attn dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error)
 }
 
 // RankTimes are one rank's accumulated stage times.
@@ -72,9 +81,9 @@ type StepInfo struct {
 	GraphOK bool
 }
 
-// RunReport is the outcome of Run.
-type RunReport struct {
-	Config       RunConfig
+// Report is the outcome of Run.
+type Report struct {
+	Config       Config
 	Wall         time.Duration
 	Tokens       int
 	Ranks        []RankTimes
@@ -125,7 +134,7 @@ func hiddenOf(seed uint64, r, q, st, hidden int) []float32 {
 }
 
 // prefill fills request q's prompt into the cache with deterministic latents.
-func prefill(c *LatentCache, seq int, length int, seed uint64) error {
+func prefill(c *dpattn.LatentCache, seq int, length int, seed uint64) error {
 	rng := rand.New(rand.NewPCG(seed, uint64(seq)+1<<50))
 	rows := make([]float32, length*c.Dim())
 	for i := range rows {
@@ -134,29 +143,29 @@ func prefill(c *LatentCache, seq int, length int, seed uint64) error {
 	return c.Append(seq, rows)
 }
 
-func newCacheFor(s schedule, ranks []int, steps, dim int, dtype kernels.DType) (*LatentCache, error) {
+func newCacheFor(s schedule, ranks []int, steps, dim int, dtype kernels.DType) (*dpattn.LatentCache, error) {
 	blocks := 0
 	for _, r := range ranks {
 		for _, l := range s.requests[r] {
-			blocks += (l+steps+DefaultBlockSize-1)/DefaultBlockSize + 1
+			blocks += (l+steps+dpattn.DefaultBlockSize-1)/dpattn.DefaultBlockSize + 1
 		}
 	}
-	return NewLatentCache(max(blocks, 1), DefaultBlockSize, dim, dtype)
+	return dpattn.NewLatentCache(max(blocks, 1), dpattn.DefaultBlockSize, dim, dtype)
 }
 
 // Run runs the decode steps on cfg.Ranks in-process ranks, then the same
 // tokens on one rank, and reports times and parity.
-func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
+func Run(ctx context.Context, cfg Config) (*Report, error) {
 	R, S := cfg.Ranks, cfg.Steps
 	if R < 1 || S < 1 {
 		return nil, fmt.Errorf("dpattn: run of %d ranks × %d steps", R, S)
 	}
-	if cfg.Mode != "alltoall" && cfg.Mode != "gather" {
-		return nil, fmt.Errorf("dpattn: run: MoE mode %q (want alltoall or gather)", cfg.Mode)
+	if cfg.MoEMode != "alltoall" && cfg.MoEMode != "gather" {
+		return nil, fmt.Errorf("decoderun: MoE mode %q (want alltoall or gather)", cfg.MoEMode)
 	}
 	H := cfg.MoE.Config.Hidden
 	if cfg.Attn.HiddenSize() != H {
-		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), H)
+		return nil, fmt.Errorf("decoderun: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), H)
 	}
 	sched := makeSchedule(R, S, cfg.Seed)
 	comms, err := ep.NewLocal(R)
@@ -168,7 +177,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 		return nil, err
 	}
 	workers := max(1, runtime.GOMAXPROCS(0)/R)
-	rep := &RunReport{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
+	rep := &Report{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
 	ys := make([][][]float32, R) // [rank][step] outputs
 	errs := make([]error, R)
 	start := time.Now()
@@ -193,7 +202,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunReport, error) {
 
 // finish fills in the report's totals and the parity of ys [rank][step]
 // against the same tokens on one rank.
-func finish(ctx context.Context, cfg RunConfig, sched schedule, rep *RunReport, ys [][][]float32) error {
+func finish(ctx context.Context, cfg Config, sched schedule, rep *Report, ys [][][]float32) error {
 	R, S := cfg.Ranks, cfg.Steps
 	for r := range sched.batch {
 		for st, b := range sched.batch[r] {
@@ -233,7 +242,7 @@ func finish(ctx context.Context, cfg RunConfig, sched schedule, rep *RunReport, 
 // rank calls it with the same cfg (Ranks is comm's size). Rank 0 gets the
 // report, with every rank's outputs and stage times gathered to it and the
 // parity against one rank computed there; the other ranks get nil.
-func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, error) {
+func RunComm(ctx context.Context, cfg Config, comm ep.Comm) (*Report, error) {
 	return RunComms(ctx, cfg, comm, comm)
 }
 
@@ -241,9 +250,9 @@ func RunComm(ctx context.Context, cfg RunConfig, comm ep.Comm) (*RunReport, erro
 // graph vote) on plan, a CPU group, and the hidden states on comm (NCCL):
 // SGLang's split between its CPU and device process groups. Both must
 // number the ranks alike.
-func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunReport, error) {
+func RunComms(ctx context.Context, cfg Config, comm, plan ep.Comm) (*Report, error) {
 	if plan.Size() != comm.Size() || plan.Rank() != comm.Rank() {
-		return nil, fmt.Errorf("dpattn: run: rank %d of %d in the plan group, %d of %d in the data group",
+		return nil, fmt.Errorf("decoderun: rank %d of %d in the plan group, %d of %d in the data group",
 			plan.Rank(), plan.Size(), comm.Rank(), comm.Size())
 	}
 	cfg.Ranks = comm.Size()
@@ -251,18 +260,18 @@ func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunRepor
 	if S < 1 {
 		return nil, fmt.Errorf("dpattn: run of %d steps", S)
 	}
-	if cfg.Mode != "alltoall" && cfg.Mode != "gather" {
-		return nil, fmt.Errorf("dpattn: run: MoE mode %q (want alltoall or gather)", cfg.Mode)
+	if cfg.MoEMode != "alltoall" && cfg.MoEMode != "gather" {
+		return nil, fmt.Errorf("decoderun: MoE mode %q (want alltoall or gather)", cfg.MoEMode)
 	}
 	if cfg.Attn.HiddenSize() != cfg.MoE.Config.Hidden {
-		return nil, fmt.Errorf("dpattn: run: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), cfg.MoE.Config.Hidden)
+		return nil, fmt.Errorf("decoderun: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), cfg.MoE.Config.Hidden)
 	}
 	sched := makeSchedule(R, S, cfg.Seed)
 	place, err := ep.Contiguous(cfg.MoE.Config.NumExperts, R)
 	if err != nil {
 		return nil, err
 	}
-	rep := &RunReport{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
+	rep := &Report{Config: cfg, Ranks: make([]RankTimes, R), Steps: make([]StepInfo, S)}
 	var mine RankTimes
 	start := time.Now()
 	y, err := runRank(ctx, cfg, sched, comm, plan, place, runtime.GOMAXPROCS(0), &mine, rep.Steps)
@@ -285,7 +294,7 @@ func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunRepor
 	for r, b := range parts {
 		v, err := ep.FromBytes[int64](b)
 		if err != nil || len(v) != len(t) {
-			return nil, fmt.Errorf("dpattn: run: rank %d sent %d bytes of stage times", r, len(b))
+			return nil, fmt.Errorf("decoderun: rank %d sent %d bytes of stage times", r, len(b))
 		}
 		rep.Ranks[r] = RankTimes{Plan: time.Duration(v[0]), Attention: time.Duration(v[1]), Gather: time.Duration(v[2]),
 			MoE: time.Duration(v[3]), Scatter: time.Duration(v[4]), Tokens: int(v[5]), Replays: int(v[6])}
@@ -311,7 +320,7 @@ func RunComms(ctx context.Context, cfg RunConfig, comm, plan ep.Comm) (*RunRepor
 	return rep, finish(ctx, cfg, sched, rep, ys)
 }
 
-func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.Comm, place *ep.Placement, workers int,
+func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm, place *ep.Placement, workers int,
 	times *RankTimes, steps []StepInfo) ([][]float32, error) {
 	r := comm.Rank()
 	H := cfg.Attn.HiddenSize()
@@ -331,9 +340,9 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	}
 	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
 	shard.Workers = workers
-	var gather GatherRunner
-	var layer LayerRunner
-	if cfg.Mode == "gather" && cfg.Layer != nil {
+	var gather dpattn.GatherRunner
+	var layer dpattn.LayerRunner
+	if cfg.MoEMode == "gather" && cfg.Layer != nil {
 		runner, release, err := cfg.Layer(ctx, r, cfg.Attn, shard, comm)
 		if err != nil {
 			return nil, err
@@ -345,7 +354,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	}
 	switch {
 	case layer != nil: // the layer runner holds its experts
-	case cfg.Mode == "gather" && cfg.Gather != nil:
+	case cfg.MoEMode == "gather" && cfg.Gather != nil:
 		runner, release, err := cfg.Gather(ctx, r, shard, comm)
 		if err != nil {
 			return nil, err
@@ -364,13 +373,13 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 	if err != nil {
 		return nil, err
 	}
-	coord := NewCoordinator(plan)
-	var gt GatherTimes
+	coord := dpattn.NewCoordinator(plan)
+	var gt dpattn.GatherTimes
 	out := make([][]float32, cfg.Steps)
 	for st := 0; st < cfg.Steps; st++ {
 		b := sched.batch[r][st]
 		t0 := time.Now()
-		plan, err := coord.Plan(ctx, b, Decode)
+		plan, err := coord.Plan(ctx, b, dpattn.Decode)
 		if err != nil {
 			return nil, err
 		}
@@ -413,7 +422,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 		}
 		times.Attention += time.Since(t1)
 		y := make([]float32, len(x))
-		if cfg.Mode == "alltoall" {
+		if cfg.MoEMode == "alltoall" {
 			if err := epl.Forward(ctx, attn, y); err != nil {
 				return nil, err
 			}
@@ -421,7 +430,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 			if err := gather.Forward(ctx, plan, attn, y, &gt); err != nil {
 				return nil, err
 			}
-		} else if err := MoEGather(ctx, comm, shard, plan, attn, y, &gt); err != nil {
+		} else if err := dpattn.MoEGather(ctx, comm, shard, plan, attn, y, &gt); err != nil {
 			return nil, err
 		}
 		times.Tokens += b
@@ -432,7 +441,7 @@ func runRank(ctx context.Context, cfg RunConfig, sched schedule, comm, plan ep.C
 			times.Replays += c.GraphReplays()
 		}
 	}
-	if cfg.Mode == "alltoall" {
+	if cfg.MoEMode == "alltoall" {
 		times.Gather, times.MoE, times.Scatter = epl.Times.Dispatch, epl.Times.Experts, epl.Times.Combine
 	} else {
 		times.Gather, times.Scatter = gt.Gather, gt.Scatter
@@ -457,7 +466,7 @@ func stepInputs(seed uint64, r, st, b, hidden int) ([]float32, []int) {
 
 // runOneRank computes every step's outputs, all ranks' tokens together in
 // rank order, on one rank: attention per request, then the whole MoE layer.
-func runOneRank(ctx context.Context, cfg RunConfig, sched schedule) ([][]float32, error) {
+func runOneRank(ctx context.Context, cfg Config, sched schedule) ([][]float32, error) {
 	H := cfg.Attn.HiddenSize()
 	all := make([]int, cfg.Ranks)
 	for r := range all {

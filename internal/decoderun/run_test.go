@@ -1,4 +1,4 @@
-package dpattn_test
+package decoderun_test
 
 import (
 	"context"
@@ -12,8 +12,11 @@ import (
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/decoderun"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
+	"path/filepath"
 )
 
 // runFixture is a small DeepSeek MoE layer and a random attention block
@@ -37,7 +40,7 @@ func TestRunParity(t *testing.T) {
 	for _, mode := range []string{"alltoall", "gather"} {
 		for _, R := range []int{1, 2, 3} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", mode, R), func(t *testing.T) {
-				rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: 5, Mode: mode, Seed: 9,
+				rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, MoEMode: mode, Seed: 9,
 					MoE: layer, Attn: attn, CacheDType: kernels.F32})
 				require.NoError(t, err)
 				require.Positive(t, rep.Tokens)
@@ -52,7 +55,7 @@ func TestRunParity(t *testing.T) {
 			})
 		}
 	}
-	_, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "broadcast", MoE: layer, Attn: attn})
+	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "broadcast", MoE: layer, Attn: attn})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
 }
 
@@ -81,7 +84,7 @@ func TestRunGatherRunner(t *testing.T) {
 	const R, S = 3, 5
 	for _, mode := range []string{"gather", "alltoall"} {
 		var calls, votes, made, released, misnumbered atomic.Int32
-		rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: mode, Seed: 9,
+		rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: mode, Seed: 9,
 			MoE: layer, Attn: attn, CacheDType: kernels.F32,
 			Gather: func(_ context.Context, rank int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
 				made.Add(1)
@@ -108,7 +111,7 @@ func TestRunGatherRunner(t *testing.T) {
 		require.Equal(t, int32(R*(S-skipped)), calls.Load())
 		require.Equal(t, int32(R*S), votes.Load())
 	}
-	_, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: 2, Steps: 1, Mode: "gather", MoE: layer, Attn: attn,
+	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "gather", MoE: layer, Attn: attn,
 		CacheDType: kernels.F32,
 		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
 			return nil, nil, errors.New("no device here")
@@ -120,7 +123,7 @@ func TestRunGatherRunner(t *testing.T) {
 // MoEGather) that counts its calls and votes.
 type countingLayer struct {
 	countingGather
-	attn dpattn.Block
+	attn dpattn.AttentionBlock
 }
 
 func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache *dpattn.LatentCache, seqs []int, x, y []float32,
@@ -146,9 +149,9 @@ func TestRunLayerRunner(t *testing.T) {
 	layer, attn := runFixture(t)
 	const R, S = 3, 5
 	var calls, votes, gathers atomic.Int32
-	rep, err := dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: "gather", Seed: 9,
+	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
 		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(_ context.Context, _ int, a dpattn.Block, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
+		Layer: func(_ context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
 			return countingLayer{countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, a}, func() {}, nil
 		},
 		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
@@ -172,9 +175,9 @@ func TestRunLayerRunner(t *testing.T) {
 	}
 
 	var gatherCalls, gatherVotes atomic.Int32
-	rep, err = dpattn.Run(context.Background(), dpattn.RunConfig{Ranks: R, Steps: S, Mode: "gather", Seed: 9,
+	rep, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
 		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(context.Context, int, dpattn.Block, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error) {
+		Layer: func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error) {
 			return nil, nil, nil
 		},
 		Gather: func(_ context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
@@ -190,13 +193,13 @@ func TestRunLayerRunner(t *testing.T) {
 func TestRunComm(t *testing.T) {
 	layer, attn := runFixture(t)
 	for _, mode := range []string{"alltoall", "gather"} {
-		cfg := dpattn.RunConfig{Ranks: 3, Steps: 4, Mode: mode, Seed: 5, MoE: layer, Attn: attn, CacheDType: kernels.F32}
-		want, err := dpattn.Run(context.Background(), cfg)
+		cfg := decoderun.Config{Ranks: 3, Steps: 4, MoEMode: mode, Seed: 5, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+		want, err := decoderun.Run(context.Background(), cfg)
 		require.NoError(t, err)
-		reps := make([]*dpattn.RunReport, 3)
+		reps := make([]*decoderun.Report, 3)
 		errs, err := ep.RunLocal(3, func(c ep.Comm) error {
 			var err error
-			reps[c.Rank()], err = dpattn.RunComm(context.Background(), cfg, c)
+			reps[c.Rank()], err = decoderun.RunComm(context.Background(), cfg, c)
 			return err
 		})
 		require.NoError(t, err)
@@ -222,14 +225,14 @@ func TestRunComm(t *testing.T) {
 // same report as one group for both.
 func TestRunComms(t *testing.T) {
 	layer, attn := runFixture(t)
-	cfg := dpattn.RunConfig{Ranks: 3, Steps: 3, Mode: "alltoall", Seed: 6, MoE: layer, Attn: attn, CacheDType: kernels.F32}
-	want, err := dpattn.Run(context.Background(), cfg)
+	cfg := decoderun.Config{Ranks: 3, Steps: 3, MoEMode: "alltoall", Seed: 6, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+	want, err := decoderun.Run(context.Background(), cfg)
 	require.NoError(t, err)
 	plans, err := ep.NewLocal(3)
 	require.NoError(t, err)
-	var got *dpattn.RunReport
+	var got *decoderun.Report
 	errs, err := ep.RunLocal(3, func(c ep.Comm) error {
-		rep, err := dpattn.RunComms(context.Background(), cfg, c, plans[c.Rank()])
+		rep, err := decoderun.RunComms(context.Background(), cfg, c, plans[c.Rank()])
 		if c.Rank() == 0 {
 			got = rep
 		}
@@ -243,6 +246,49 @@ func TestRunComms(t *testing.T) {
 	require.Equal(t, want.Steps, got.Steps)
 	require.Equal(t, want.Tokens, got.Tokens)
 
-	_, err = dpattn.RunComms(context.Background(), cfg, plans[0], plans[1])
+	_, err = decoderun.RunComms(context.Background(), cfg, plans[0], plans[1])
 	require.ErrorContains(t, err, "rank 1 of 3 in the plan group, 0 of 3 in the data group")
+}
+
+// TestRunWithCheckpointAttention: the decode run over a checkpoint's MLA
+// block and MoE layer keeps its parity with one rank.
+func TestRunWithCheckpointAttention(t *testing.T) {
+	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16,
+		Theta: 10000, Yarn: true, DType: "BF16", Seed: 5})
+	b, err := dpattn.LoadMLABlock(dir, 0)
+	require.NoError(t, err)
+	defer b.Close()
+	layer, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer layer.Close()
+	for _, mode := range []string{"alltoall", "gather"} {
+		rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 3, Steps: 4, MoEMode: mode, Seed: 2,
+			MoE: layer, Attn: b, CacheDType: kernels.BF16})
+		require.NoError(t, err)
+		if mode == "alltoall" {
+			require.True(t, rep.ParityExact)
+		} else {
+			require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+		}
+	}
+}
+
+// layerFixture writes moetest.LayerFixture's checkpoint.
+func layerFixture(t *testing.T) (string, moetest.Spec) {
+	t.Helper()
+	m, err := moetest.Generate(moetest.LayerFixture)
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, m.WriteTo(dir))
+	return dir, moetest.LayerFixture
+}
+
+// attnCheckpoint writes a deepseek_v2 checkpoint with MoE and attention
+// tensors for layer 0.
+func attnCheckpoint(t *testing.T, a moetest.AttnSpec) (string, *moetest.AttnModel) {
+	t.Helper()
+	dir := t.TempDir()
+	am, err := moetest.WriteAttnCheckpoint(dir, a)
+	require.NoError(t, err)
+	return dir, am
 }
