@@ -10,28 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/cuda/cudatest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
-func open(t *testing.T) *cuda.Device {
-	t.Helper()
-	d, err := cuda.Open(0)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-func up[T any](t *testing.T, d *cuda.Device, v []T) cuda.Buffer {
-	t.Helper()
-	b, err := cuda.Upload(d, v)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Free(b) })
-	return b
-}
-
 func TestRoutingKernels(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	cfg := &moe.Config{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid,
 		Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1}
 	const T = 33
@@ -53,9 +38,9 @@ func TestRoutingKernels(t *testing.T) {
 	wantW := make([]float32, T*cfg.TopK)
 	router.RouteLogits(wide, wantIDs, wantW)
 
-	ids := up(t, d, make([]int32, T*cfg.TopK))
-	weights := up(t, d, make([]float32, T*cfg.TopK))
-	require.NoError(t, d.Gate(cfg.GateKernelArgs(), up(t, d, logits), up(t, d, bias), ids, weights, T))
+	ids := cudatest.Up(t, d, make([]int32, T*cfg.TopK))
+	weights := cudatest.Up(t, d, make([]float32, T*cfg.TopK))
+	require.NoError(t, d.Gate(cfg.GateKernelArgs(), cudatest.Up(t, d, logits), cudatest.Up(t, d, bias), ids, weights, T))
 	gotIDs := make([]int32, T*cfg.TopK)
 	gotW := make([]float32, T*cfg.TopK)
 	require.NoError(t, cuda.Download(d, ids, gotIDs))
@@ -68,10 +53,10 @@ func TestRoutingKernels(t *testing.T) {
 	lay, err := kernels.NewLayout(wantIDs, T, cfg.TopK, cfg.NumExperts, 64)
 	require.NoError(t, err)
 	n := T * cfg.TopK
-	counts, offsets := up(t, d, make([]int32, cfg.NumExperts)), up(t, d, make([]int32, cfg.NumExperts+1))
-	sorted := up(t, d, make([]int32, n+cfg.NumExperts*63))
-	blockExpert := up(t, d, make([]int32, (n+cfg.NumExperts*63)/64+1))
-	rows := up(t, d, make([]int32, n))
+	counts, offsets := cudatest.Up(t, d, make([]int32, cfg.NumExperts)), cudatest.Up(t, d, make([]int32, cfg.NumExperts+1))
+	sorted := cudatest.Up(t, d, make([]int32, n+cfg.NumExperts*63))
+	blockExpert := cudatest.Up(t, d, make([]int32, (n+cfg.NumExperts*63)/64+1))
+	rows := cudatest.Up(t, d, make([]int32, n))
 	require.NoError(t, d.Align(ids, n, 0, cfg.NumExperts, 64, (n+cfg.NumExperts*63)/64+1, counts, offsets, sorted, blockExpert, rows))
 	gotOff := make([]int32, cfg.NumExperts+1)
 	require.NoError(t, cuda.Download(d, offsets, gotOff))
@@ -81,4 +66,4 @@ func TestRoutingKernels(t *testing.T) {
 	require.Equal(t, lay.Rows, gotRows)
 }
 
-func TestPrepKernelsOnGPU(t *testing.T) { testPrepKernels(t, open(t)) }
+func TestPrepKernelsOnGPU(t *testing.T) { testPrepKernels(t, cudatest.Open(t)) }

@@ -246,6 +246,6 @@ func (g *emuGraph) Replay() error {
 	return nil
 }
 
-func (g *emuGraph) Close() { g.ops = nil }
+func (g *emuGraph) Close() error { g.ops = nil; return nil }
 
 func (e *Emu) capturing() bool { return e.rec != nil }

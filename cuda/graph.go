@@ -10,7 +10,9 @@ import "errors"
 // copied into the same buffers give new results.
 type Graph interface {
 	Replay() error
-	Close()
+	// Close frees the graph once its replays have finished; a second
+	// Close does nothing.
+	Close() error
 }
 
 // errCopyInGraph: copies are not recorded into graphs.

@@ -153,12 +153,20 @@ func (g *deviceGraph) Replay() error {
 }
 
 // Close destroys the graph once its replays have finished.
-func (g *deviceGraph) Close() {
-	if done, err := g.d.bind(); err == nil {
-		C.cuCtxSynchronize()
-		g.free()
-		done()
+func (g *deviceGraph) Close() error {
+	if g.exec == nil && g.graph == nil {
+		return nil
 	}
+	done, err := g.d.bind()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := cuErr("cuCtxSynchronize", C.cuCtxSynchronize()); err != nil {
+		return err
+	}
+	g.free()
+	return nil
 }
 
 func (g *deviceGraph) free() {

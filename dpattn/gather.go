@@ -95,60 +95,20 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		comm.Abort(err)
 		return err
 	}
-	// This rank's experts over every token routed to them.
-	perExpert := make([][]int32, c.NumExperts) // pairs t·K+j
-	for p, e := range ids {
-		if _, ok := shard.Expert(int(e)); ok {
-			perExpert[e] = append(perExpert[e], int32(p))
-		}
-	}
-	rowOf := make([]int32, T*K) // pair → row of out, -1 when another rank has the expert
-	for i := range rowOf {
-		rowOf[i] = -1
-	}
-	var groups []kernels.FFNGroup
-	rows := 0
-	for e, pairs := range perExpert {
-		if len(pairs) == 0 {
-			continue
-		}
-		w, _ := shard.Expert(e)
-		tok := make([]int32, len(pairs))
-		scale := make([]float32, len(pairs))
-		for i, p := range pairs {
-			tok[i] = p / int32(K)
-			scale[i] = weights[p]
-			rowOf[p] = int32(rows + i)
-		}
-		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down, Rows: tok, Scale: scale, Expert: e})
-		rows += len(pairs)
-	}
-	out := make([]float32, rows*H)
-	lo := 0
-	for i := range groups {
-		n := len(groups[i].Rows)
-		groups[i].Out = out[lo*H : (lo+n)*H]
-		lo += n
-	}
-	if err := shard.RunExperts(ctx, all, groups, nil); err != nil {
+	// This rank's experts over every token routed to them, then each
+	// token's partial sum over them in ascending expert id (zero where this
+	// rank holds none): the one pipeline's grouping and combine.
+	g, err := shard.Group(ids, weights, K, true, nil)
+	if err != nil {
 		comm.Abort(err)
 		return err
 	}
-	// Partial sums in ascending expert id, zero where this rank holds none.
-	partial := make([]float32, T*H)
-	for t := 0; t < T; t++ {
-		pt := partial[t*H : (t+1)*H]
-		for j := 0; j < K; j++ {
-			r := rowOf[t*K+j]
-			if r < 0 {
-				continue
-			}
-			o := out[int(r)*H : (int(r)+1)*H]
-			for i := range pt {
-				pt[i] += o[i]
-			}
-		}
+	if err := shard.RunExperts(ctx, all, g.Groups, nil); err != nil {
+		comm.Abort(err)
+		return err
 	}
+	partial := make([]float32, T*H)
+	moe.Combine(partial, g.Out, g.RowOf, K, H, nil)
 	counts := make([]int, len(plan.Counts))
 	for r, n := range plan.Counts {
 		counts[r] = int(n) * H

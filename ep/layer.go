@@ -24,6 +24,7 @@ type Layer struct {
 	ex        Exchanger
 	ffn       kernels.Scratch
 	out       []float32
+	grouped   []float32
 	sharedOut []float32
 
 	mu   sync.Mutex
@@ -185,29 +186,21 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
 	all := d.Hidden
 	copy(all[len(d.Rows)*H:], x)
-	out := kernels.Grow(&l.out, len(d.Rows)*H)
-	perExpert := make([][]int32, c.NumExperts)
+	rowIDs := make([]int32, len(d.Rows))
+	rowWeights := make([]float32, len(d.Rows))
 	for i, rw := range d.Rows {
 		if _, ok := l.moe.Expert(rw.Expert); !ok {
 			return fail(fmt.Errorf("ep: rank %d sent a row for expert %d, which rank %d does not hold", rw.Src, rw.Expert, comm.Rank()))
 		}
-		perExpert[rw.Expert] = append(perExpert[rw.Expert], int32(i))
+		rowIDs[i], rowWeights[i] = int32(rw.Expert), rw.Weight
 	}
-	var groups []kernels.FFNGroup
-	for e, rows := range perExpert {
-		if len(rows) == 0 {
-			continue
-		}
-		w, _ := l.moe.Expert(e)
-		scale := make([]float32, len(rows))
-		for i, r := range rows {
-			scale[i] = d.Rows[r].Weight
-		}
-		// Outputs land in received order: the rows of one expert are
-		// scattered, so each group writes a scratch block first.
-		groups = append(groups, kernels.FFNGroup{Gate: w.Gate, Up: w.Up, Down: w.Down,
-			Rows: rows, Scale: scale, Out: make([]float32, len(rows)*H), Expert: e})
+	// Each received row is a pair of its own (top-1): grouped by expert by
+	// the one pipeline's Group.
+	g, err := l.moe.Group(rowIDs, rowWeights, 1, false, kernels.Grow(&l.grouped, len(d.Rows)*H))
+	if err != nil {
+		return fail(err)
 	}
+	groups := g.Groups
 	own := make([]int32, T)
 	for t := range own {
 		own[t] = int32(len(d.Rows) + t)
@@ -219,10 +212,10 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err := l.moe.RunExperts(ctx, all, groups, &l.ffn); err != nil {
 		return fail(err)
 	}
-	for _, g := range groups[:len(groups)-boolInt(shared != nil)] {
-		for i, r := range g.Rows {
-			copy(out[int(r)*H:(int(r)+1)*H], g.Out[i*H:(i+1)*H])
-		}
+	// The outputs go back in received order.
+	out := kernels.Grow(&l.out, len(d.Rows)*H)
+	for i, r := range g.RowOf {
+		copy(out[i*H:(i+1)*H], g.Out[int(r)*H:][:H])
 	}
 	tCombine := time.Now()
 	l.Times.Experts += tCombine.Sub(tExperts)
@@ -242,11 +235,4 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	}
 	moe.Combine(y, pairOut, rowsOf, K, H, sharedOut)
 	return nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -297,34 +297,14 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err := l.Route(ctx, x, ids, weights); err != nil {
 		return err
 	}
-	lay, err := kernels.NewLayout(ids, T, K, c.NumExperts, 1)
+	sc := l.getScratch()
+	defer l.putScratch(sc)
+	g, err := l.Group(ids, weights, K, false, kernels.Grow(&sc.out, T*K*H))
 	if err != nil {
 		return err
 	}
-	sc := l.getScratch()
-	defer l.putScratch(sc)
-	rows := len(lay.Pairs)
-	token := make([]int32, rows)
-	scale := make([]float32, rows)
-	for r, p := range lay.Pairs {
-		token[r] = p / int32(K)
-		scale[r] = weights[p]
-	}
-	// Grouped expert FFN, the shared expert included as one more group.
-	out := kernels.Grow(&sc.out, rows*H)
-	groups := make([]kernels.FFNGroup, 0, c.NumExperts+1)
-	for e := range l.experts {
-		lo, hi := int(lay.Offsets[e]), int(lay.Offsets[e]+lay.Counts[e])
-		if hi == lo {
-			continue
-		}
-		if !l.loaded[e] {
-			return fmt.Errorf("moe: tokens routed to expert %d, which this layer did not load", e)
-		}
-		x := l.experts[e]
-		groups = append(groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
-			Rows: token[lo:hi], Scale: scale[lo:hi], Out: out[lo*H : hi*H], Expert: e})
-	}
+	// The grouped expert FFN, the shared expert included as one more group.
+	groups := g.Groups
 	shared := l.SharedFFN(x, nil, kernels.Grow(&sc.shared, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
@@ -336,8 +316,78 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if shared != nil {
 		sharedOut = shared.Out
 	}
-	Combine(y, out, lay.Rows, K, H, sharedOut)
+	Combine(y, g.Out, g.RowOf, K, H, sharedOut)
 	return nil
+}
+
+// Grouped is a batch's (token, slot) pairs laid out as the grouped expert
+// FFN of the experts a layer holds, the middle of the one MoE pipeline
+// (route → group → run the groups → combine) that Forward, ep's dispatched
+// rows and gather mode's shard share.
+type Grouped struct {
+	// Groups has one group per held expert that a pair chose, in ascending
+	// expert id: its rows the tokens that chose it (ascending), scaled by
+	// their routing weights, its output a block of Out.
+	Groups []kernels.FFNGroup
+	// RowOf is each pair's row of Out ([tokens·topK]); -1 for a pair of an
+	// expert the layer does not hold (a partial grouping).
+	RowOf []int32
+	// Out is the groups' outputs, [rows, hidden] in group order.
+	Out []float32
+}
+
+// Group lays out the pairs of ids [tokens, topK] (each row ascending; the
+// routing weights in weights) over the experts the layer holds, the
+// outputs in buf where it is large enough. A pair of an expert the layer
+// does not hold is an error, unless partial: then it is left out (RowOf
+// -1), a shard's share of the tokens.
+func (l *Layer) Group(ids []int32, weights []float32, topK int, partial bool, buf []float32) (*Grouped, error) {
+	c := l.Config
+	H := c.Hidden
+	if topK < 1 || len(ids)%topK != 0 || len(weights) != len(ids) {
+		return nil, errkind.Errorf(ErrShape, "moe: grouping %d ids and %d weights of top-%d", len(ids), len(weights), topK)
+	}
+	T := len(ids) / topK
+	lay, err := kernels.NewLayout(ids, T, topK, c.NumExperts, 1)
+	if err != nil {
+		return nil, err
+	}
+	g := &Grouped{RowOf: make([]int32, len(ids))}
+	rows := 0
+	for e := range l.experts {
+		if lay.Counts[e] > 0 && l.loaded[e] {
+			rows += int(lay.Counts[e])
+		} else if lay.Counts[e] > 0 && !partial {
+			return nil, fmt.Errorf("moe: tokens routed to expert %d, which this layer did not load", e)
+		}
+	}
+	if cap(buf) >= rows*H {
+		g.Out = buf[:rows*H]
+	} else {
+		g.Out = make([]float32, rows*H)
+	}
+	token := make([]int32, rows)
+	scale := make([]float32, rows)
+	for p := range g.RowOf {
+		g.RowOf[p] = -1
+	}
+	r := 0
+	for e := range l.experts {
+		lo, hi := int(lay.Offsets[e]), int(lay.Offsets[e]+lay.Counts[e])
+		if hi == lo || !l.loaded[e] {
+			continue
+		}
+		first := r
+		for _, p := range lay.Pairs[lo:hi] {
+			token[r], scale[r] = p/int32(topK), weights[p]
+			g.RowOf[p] = int32(r)
+			r++
+		}
+		x := l.experts[e]
+		g.Groups = append(g.Groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
+			Rows: token[first:r], Scale: scale[first:r], Out: g.Out[first*H : r*H], Expert: e})
+	}
+	return g, nil
 }
 
 // An ExpertRunner computes grouped expert FFNs with the contract of
@@ -451,17 +501,30 @@ func (l *Layer) putScratch(s *scratch) {
 // Combine sums each token's expert outputs into y [tokens, hidden]: out
 // holds weighted expert outputs [rows, hidden], rows[t·k+j] is the row of
 // token t's j-th expert (experts ascending); the sum runs over j in order,
-// then adds shared[t] (nil for none). This is the one combine order of moex.
+// then adds shared[t] (nil for none); a row of -1 (an expert another rank
+// holds) is left out of the sum. This is the one combine order of moex.
 func Combine(y, out []float32, rows []int32, k, hidden int, shared []float32) {
 	T := len(rows) / k
 	for t := 0; t < T; t++ {
 		yt := y[t*hidden : (t+1)*hidden]
-		copy(yt, out[int(rows[t*k])*hidden:][:hidden])
-		for j := 1; j < k; j++ {
-			o := out[int(rows[t*k+j])*hidden:][:hidden]
+		first := true
+		for j := 0; j < k; j++ {
+			r := rows[t*k+j]
+			if r < 0 {
+				continue // an expert of another rank
+			}
+			o := out[int(r)*hidden:][:hidden]
+			if first {
+				copy(yt, o)
+				first = false
+				continue
+			}
 			for i := range yt {
 				yt[i] += o[i]
 			}
+		}
+		if first {
+			clear(yt)
 		}
 		if shared != nil {
 			o := shared[t*hidden:][:hidden]

@@ -101,7 +101,8 @@ func GetUniqueID() (UniqueID, error) {
 type Comm struct {
 	c           C.moexNcclComm
 	rank, size  int
-	aborted     bool // ncclCommAbort freed c: Destroy and Abort do nothing more
+	aborted     bool // ncclCommAbort freed c: Close and Abort do nothing more
+	closed      bool // ncclCommDestroy freed c
 	nonblocking bool // made by InitRankContext: calls may return ncclInProgress
 }
 
@@ -248,7 +249,7 @@ func initRankThread(ctx context.Context, id UniqueID, size, rank int, bind func(
 	case <-ctx.Done():
 		go func() { // a communicator formed too late is not used
 			if r := <-done; r.c != nil {
-				r.c.Destroy()
+				r.c.Close()
 			}
 		}()
 		return nil, fmt.Errorf("nccl: rank %d of %d: communicator not formed (this NCCL cannot abort an init; its thread stays blocked): %w",
@@ -259,11 +260,13 @@ func initRankThread(ctx context.Context, id UniqueID, size, rank int, bind func(
 func (c *Comm) Rank() int { return c.rank }
 func (c *Comm) Size() int { return c.size }
 
-// Destroy frees the communicator after its work is done.
-func (c *Comm) Destroy() error {
-	if c.aborted {
-		return nil // ncclCommAbort freed it
+// Close frees the communicator after its work is done (ncclCommDestroy);
+// a second Close, or one after Abort, does nothing.
+func (c *Comm) Close() error {
+	if c.aborted || c.closed {
+		return nil // ncclCommAbort freed it, or a Close before
 	}
+	c.closed = true
 	return resultError("ncclCommDestroy", C.moex_nccl_comm_destroy(c.c))
 }
 

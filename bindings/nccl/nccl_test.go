@@ -97,7 +97,7 @@ func TestShimAgainstStub(t *testing.T) {
 	require.NoError(t, c.Abort())
 
 	require.NoError(t, c.Abort(), "a second abort does nothing")
-	require.NoError(t, c.Destroy(), "nor does destroying an aborted communicator")
+	require.NoError(t, c.Close(), "nor does closing an aborted communicator")
 	require.Equal(t, []string{"ncclCommGetAsyncError comm=1", "ncclCommAbort comm=1"}, readLog(t, logPath))
 
 	// Await: finished work returns; an asynchronous error, or a peer that

@@ -121,7 +121,7 @@ func ncclWorld(ctx context.Context) (ep.Comm, ep.Comm, func(), error) {
 	worldDevice, worldNCCL = d, c
 	return h, plan, func() {
 		h.Close()
-		c.Destroy()
+		c.Close()
 		worldDevice, worldNCCL = nil, nil
 		d.Close()
 		closePlan()

@@ -83,7 +83,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			if graphs {
 				ex.EnableGraphs()
 			}
-			return ex, ex.Close, nil
+			return ex, func() { ex.Close() }, nil
 		},
 		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
 			g, err := dpattngpu.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
@@ -93,7 +93,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			if graphs {
 				g.EnableGraphs()
 			}
-			return g, g.Close, nil
+			return g, func() { g.Close() }, nil
 		},
 		layer: func(ctx context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
 			blk, ok := a.(*dpattn.MLABlock)
@@ -107,7 +107,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			if graphs {
 				l.EnableGraphs()
 			}
-			return l, l.Close, nil
+			return l, func() { l.Close() }, nil
 		},
 		core:  att,
 		close: func() { att.Close(); closeDev() },

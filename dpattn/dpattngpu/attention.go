@@ -88,8 +88,9 @@ func NewAttention(d cuda.Launcher) *Attention {
 	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: cuda.NewScratchPool(d)}
 }
 
-// Close frees the device copies of the caches and of the projections.
-func (a *Attention) Close() {
+// Close frees the device copies of the caches and of the projections,
+// after the steps running on them; a second Close does nothing.
+func (a *Attention) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.proj != nil {
@@ -106,6 +107,7 @@ func (a *Attention) Close() {
 		m.mu.Unlock()
 		delete(a.mirrors, c)
 	}
+	return nil
 }
 
 // Forget frees c's device copy and the graphs and buffers of its buckets

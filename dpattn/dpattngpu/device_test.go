@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-project/moex/bindings/nccl"
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/cuda/cudatest"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
@@ -24,7 +25,7 @@ import (
 )
 
 func TestMLADecodeKernel(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	in, want, _ := mlaCase(t, 3, []int32{1, 64, 65, 3000}, 16, 576, 512, 64, 512, 0.07, kernels.BF16)
 	got, _, err := dpattngpu.MLADecode(d, in)
 	require.NoError(t, err)
@@ -38,7 +39,7 @@ func TestMLADecodeKernel(t *testing.T) {
 // bf16 tolerance), and the attention's graph replays against eager
 // launches (the same bits).
 func TestMLABlockOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	cfg := dpattn.DeepSeekV2LiteAttention()
 	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 6)
 	require.NoError(t, err)
@@ -98,7 +99,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 // the CPU layer within the bf16 tolerance, replays against eager launches
 // bit for bit; eager and replay times logged.
 func TestGatherMoEOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 10)
 	require.NoError(t, err)
 	H := l.Config.Hidden
@@ -174,7 +175,7 @@ func TestGatherMoEOnGPU(t *testing.T) {
 // bf16 tolerance; the graph's replays (NCCL inside) against eager launches
 // bit for bit; per-step times logged for both.
 func TestDecodeLayerOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	blk, err := dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, 11)
 	require.NoError(t, err)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 11)
@@ -205,10 +206,10 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 	const steps = 12
 	run := func(graphs bool) ([][]float32, *dpattngpu.DecodeLayer) {
 		att := dpattngpu.NewAttention(d)
-		t.Cleanup(att.Close)
+		t.Cleanup(func() { att.Close() })
 		layer, err := dpattngpu.NewDecodeLayer(att, blk, l, comm)
 		require.NoError(t, err)
-		t.Cleanup(layer.Close)
+		t.Cleanup(func() { layer.Close() })
 		if graphs {
 			layer.EnableGraphs()
 			layer.AllowGraph(true)
@@ -265,24 +266,8 @@ func ncclRank(t *testing.T, ctx context.Context, d *cuda.Device) epgpu.DeviceCom
 	require.NoError(t, err)
 	comm, err := nccl.InitRankContext(ctx, id, 1, 0, d.Bind)
 	require.NoError(t, err)
-	t.Cleanup(func() { comm.Destroy() })
+	t.Cleanup(func() { comm.Close() })
 	host, err := ep.NewLocal(1)
 	require.NoError(t, err)
 	return epgpu.NewNCCLComm(ctx, d, comm, host[0])
-}
-
-func open(t *testing.T) *cuda.Device {
-	t.Helper()
-	d, err := cuda.Open(0)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-func up[T any](t *testing.T, d *cuda.Device, v []T) cuda.Buffer {
-	t.Helper()
-	b, err := cuda.Upload(d, v)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Free(b) })
-	return b
 }

@@ -90,7 +90,7 @@ func (g *GatherMoE) EnableGraphs() { g.graphs = true }
 func (g *GatherMoE) AllowGraph(ok bool) { g.allowed = ok }
 
 // Close frees the buckets and the weights.
-func (g *GatherMoE) Close() {
+func (g *GatherMoE) Close() error {
 	for _, b := range g.buckets {
 		if b.graph != nil {
 			b.graph.Close()
@@ -99,6 +99,7 @@ func (g *GatherMoE) Close() {
 	}
 	g.buckets = nil
 	g.m.Close()
+	return nil
 }
 
 // bucketOf is the bucket of a step: every rank's rows padded to the ranks'

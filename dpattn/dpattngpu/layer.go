@@ -93,7 +93,7 @@ func (l *DecodeLayer) AllowGraph(ok bool) { l.allowed = ok }
 
 // Close frees the MoE stage's buffers and weights and the layer's graphs
 // (the attention's buffers are the Attention's).
-func (l *DecodeLayer) Close() {
+func (l *DecodeLayer) Close() error {
 	for _, g := range l.steps {
 		if g.graph != nil {
 			g.graph.Close()
@@ -101,6 +101,7 @@ func (l *DecodeLayer) Close() {
 	}
 	l.steps = nil
 	l.moe.Close()
+	return nil
 }
 
 // Forward runs the layer's decode step for this rank's tokens of plan: x

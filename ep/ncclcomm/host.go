@@ -74,14 +74,16 @@ var _ ep.Comm = (*HostComm)(nil)
 func (h *HostComm) Rank() int { return h.c.Rank() }
 func (h *HostComm) Size() int { return h.c.Size() }
 
-// Close frees the staging buffers (not the communicator).
-func (h *HostComm) Close() {
+// Close frees the staging buffers (not the communicator); a second Close
+// does nothing.
+func (h *HostComm) Close() error {
 	for _, s := range []*staging{&h.send, &h.recv} {
 		if s.size > 0 {
 			h.m.Free(s.addr)
 			*s = staging{}
 		}
 	}
+	return nil
 }
 
 func (h *HostComm) grow(s *staging, bytes int) error {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/cuda/cudatest"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
@@ -21,7 +21,7 @@ import (
 // TestMoEOnGPU: the device MoE layer against the CPU layer (bf16-rounded
 // input), as the emulation test checks it.
 func TestMoEOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 7)
 	require.NoError(t, err)
 	checkMoE(t, d, l, 1, 16, 300)
@@ -29,7 +29,7 @@ func TestMoEOnGPU(t *testing.T) {
 
 // TestGroupedFFNOnGPU runs the grouped FFN conformance suite on the GPU.
 func TestGroupedFFNOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	kerneltest.TestGroupedFFN(t, func(x []float32, groups []kernels.FFNGroup) error {
 		return moegpu.GroupedFFN(context.Background(), d, x, groups)
 	}, kerneltest.GroupedOptions{DTypes: []kernels.DType{kernels.BF16}, BF16Activations: true})
@@ -38,7 +38,7 @@ func TestGroupedFFNOnGPU(t *testing.T) {
 // TestExpertsOnGPU: a DeepSeek-V2-Lite-shaped layer with its experts
 // resident on the GPU, against the CPU layer (bf16-rounded input).
 func TestExpertsOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 8)
 	require.NoError(t, err)
 	ex, err := moegpu.NewExperts(d, l)
@@ -69,7 +69,7 @@ func TestExpertsOnGPU(t *testing.T) {
 // MoE.Forward's bits for batches within its bucket; logs eager and replay
 // times.
 func TestMoEStepGraphOnGPU(t *testing.T) {
-	d := open(t)
+	d := cudatest.Open(t)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 9)
 	require.NoError(t, err)
 	g, err := moegpu.NewMoE(d, l)
@@ -100,20 +100,4 @@ func TestMoEStepGraphOnGPU(t *testing.T) {
 	for _, n := range []int{bucket, 7, 1} {
 		run("graph", n)
 	}
-}
-
-func open(t *testing.T) *cuda.Device {
-	t.Helper()
-	d, err := cuda.Open(0)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-func up[T any](t *testing.T, d *cuda.Device, v []T) cuda.Buffer {
-	t.Helper()
-	b, err := cuda.Upload(d, v)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Free(b) })
-	return b
 }

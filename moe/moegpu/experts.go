@@ -77,13 +77,14 @@ func (x *Experts) EnableGraphs() { x.graphs = true }
 func (x *Experts) AllowGraph(ok bool) { x.allowed = ok }
 
 // Close frees the device weights and graphs.
-func (x *Experts) Close() {
+func (x *Experts) Close() error {
 	for _, b := range x.buckets {
 		b.close()
 	}
 	x.buckets = nil
 	x.tmp.Free()
 	x.bs.Free()
+	return nil
 }
 
 // GroupedFFN computes the groups on the device: routed experts by their

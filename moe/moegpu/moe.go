@@ -86,9 +86,10 @@ func (m *MoE) Experts() (lo, n int) { return m.routed.lo, m.routed.n }
 func (m *MoE) HostSharedGate() bool { return m.sharedGate != nil }
 
 // Close frees the weights and the temporaries.
-func (m *MoE) Close() {
+func (m *MoE) Close() error {
 	m.bs.Free()
 	m.tmp.Free()
+	return nil
 }
 
 // whole reports an error unless m holds every expert.

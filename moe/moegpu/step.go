@@ -45,12 +45,13 @@ func (m *MoE) NewStep(tokens int) (*Step, error) {
 }
 
 // Close frees the step's buffers and its graph.
-func (s *Step) Close() {
+func (s *Step) Close() error {
 	if s.graph != nil {
 		s.graph.Close()
 		s.graph = nil
 	}
 	s.bs.Free()
+	return nil
 }
 
 // Capture records the step as a Graph; later Forward calls replay it.

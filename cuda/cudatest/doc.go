@@ -1,0 +1,2 @@
+// Package cudatest has the helpers of the GPU tests (build tag cuda).
+package cudatest
