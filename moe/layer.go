@@ -405,6 +405,12 @@ type GraphVoter interface {
 	AllowGraph(ok bool)
 }
 
+// A GraphCounter is a device runner that counts the steps it replayed from
+// a captured graph (what a run reports, to show its graphs replayed).
+type GraphCounter interface {
+	GraphReplays() int
+}
+
 // RunExperts computes the groups (built from this layer's experts) on the
 // layer's runner, or on the CPU kernels with sc (nil: none) as scratch.
 func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FFNGroup, sc *kernels.Scratch) error {

@@ -110,6 +110,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			return l, func() { l.Close() }, nil
 		},
 		core:  att,
+		proj:  att.Projections(),
 		close: func() { att.Close(); closeDev() },
 	}, nil
 }

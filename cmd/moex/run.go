@@ -80,9 +80,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		if dev, err = openDeviceRun(*graphs); err != nil {
 			return err
 		}
-		if p, ok := dev.core.(interface{ Projections() dpattn.Projector }); ok {
-			attnProj = p.Projections() // the attention block's projections there too
-		}
+		attnProj = dev.proj // the attention block's projections there too
 	default:
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
@@ -238,5 +236,6 @@ type deviceRun struct {
 	gather  func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error)
 	layer   func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error)
 	core    dpattn.AttentionCore
+	proj    dpattn.Projector
 	close   func()
 }

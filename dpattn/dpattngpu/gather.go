@@ -50,6 +50,7 @@ type GatherMoE struct {
 var (
 	_ dpattn.GatherRunner = (*GatherMoE)(nil)
 	_ moe.GraphVoter      = (*GatherMoE)(nil)
+	_ moe.GraphCounter    = (*GatherMoE)(nil)
 )
 
 // gatherBucket is the stage's buffers for B rows per rank: the rank's rows

@@ -46,6 +46,7 @@ type DecodeLayer struct {
 var (
 	_ dpattn.LayerRunner = (*DecodeLayer)(nil)
 	_ moe.GraphVoter     = (*DecodeLayer)(nil)
+	_ moe.GraphCounter   = (*DecodeLayer)(nil)
 )
 
 // layerKey names a layer step's graph: the cache's device copy and its

@@ -437,7 +437,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		out[st] = y
 	}
 	for _, runner := range []any{layer, gather} {
-		if c, ok := runner.(interface{ GraphReplays() int }); ok {
+		if c, ok := runner.(moe.GraphCounter); ok {
 			times.Replays += c.GraphReplays()
 		}
 	}

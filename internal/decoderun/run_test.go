@@ -75,7 +75,7 @@ func (g countingGather) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y
 
 func (g countingGather) AllowGraph(ok bool) { g.votes.Add(1) }
 
-// TestRunGatherRunner: in gather mode a RunConfig.Gather runner takes the
+// TestRunGatherRunner: in gather mode a Config.Gather runner takes the
 // MoE stage of every rank at every step that is not skipped (IDLE ranks
 // included), gets every step's vote, and is released; the other mode does
 // not use it.
@@ -142,7 +142,7 @@ func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache
 // GraphReplays: a count for the report to carry.
 func (l countingLayer) GraphReplays() int { return 7 }
 
-// TestRunLayerRunner: a RunConfig.Layer runner takes every rank's whole
+// TestRunLayerRunner: a Config.Layer runner takes every rank's whole
 // layer step in gather mode (the stages' hooks unused), gets the votes,
 // and matches one rank; a nil runner leaves the stages to run apart.
 func TestRunLayerRunner(t *testing.T) {
