@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"context"
 	_ "embed"
 	"fmt"
 	"math"
@@ -258,9 +259,9 @@ func (d *Device) launch(name string, grid [3]int, block int, a *args) error {
 
 // Collective runs op with the context current, on the legacy default
 // stream (0), or records it while capturing.
-func (d *Device) Collective(name string, op func(stream uintptr) error) error {
+func (d *Device) Collective(ctx context.Context, name string, op func(ctx context.Context, stream uintptr) error) error {
 	if d.rec != nil {
-		*d.rec = append(*d.rec, launchRec{name: name, coll: op})
+		*d.rec = append(*d.rec, launchRec{name: name, coll: op, ctx: ctx})
 		return nil
 	}
 	done, err := d.bind()
@@ -268,7 +269,7 @@ func (d *Device) Collective(name string, op func(stream uintptr) error) error {
 		return err
 	}
 	defer done()
-	if err := op(0); err != nil {
+	if err := op(ctx, 0); err != nil {
 		return fmt.Errorf("cuda: %s: %w", name, err)
 	}
 	return nil

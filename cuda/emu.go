@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -21,7 +22,7 @@ type Emu struct {
 // emuOp is one recorded step of a graph: a kernel, or a collective.
 type emuOp struct {
 	kernel func()
-	coll   func(stream uintptr) error
+	coll   func(ctx context.Context, stream uintptr) error
 }
 
 // emuState is the emulated device, shared by it and its recorders.
@@ -204,12 +205,12 @@ func (e *Emu) kernel(f func()) error {
 // Collective runs op at once (the emulation's stream is synchronous) or
 // records it; it runs outside the kernels' lock, since it waits for the
 // other ranks, which may share this emulated device.
-func (e *Emu) Collective(name string, op func(stream uintptr) error) error {
+func (e *Emu) Collective(ctx context.Context, name string, op func(ctx context.Context, stream uintptr) error) error {
 	if e.rec != nil {
 		*e.rec = append(*e.rec, emuOp{coll: op})
 		return nil
 	}
-	if err := op(0); err != nil {
+	if err := op(ctx, 0); err != nil {
 		return fmt.Errorf("cuda: emu: %s: %w", name, err)
 	}
 	return nil
@@ -231,11 +232,11 @@ type emuGraph struct {
 	ops []emuOp
 }
 
-func (g *emuGraph) Replay() error {
+func (g *emuGraph) Replay(ctx context.Context) error {
 	for _, op := range g.ops {
 		var err error
 		if op.coll != nil {
-			err = op.coll(0)
+			err = op.coll(ctx, 0)
 		} else {
 			err = g.e.kernel(op.kernel)
 		}

@@ -17,6 +17,7 @@ static const char* moex_cu_error(CUresult r) {
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"unsafe"
 
@@ -31,7 +32,8 @@ type launchRec struct {
 	grid  [3]int
 	block int
 	args  *args
-	coll  func(stream uintptr) error
+	coll  func(ctx context.Context, stream uintptr) error
+	ctx   context.Context // the collective's, at its enqueue
 }
 
 // cArgs copies a launch's arguments into C memory, each at its full size,
@@ -114,7 +116,7 @@ func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 	var recErr error
 	for _, r := range recs {
 		if r.coll != nil {
-			if err := r.coll(uintptr(unsafe.Pointer(s))); err != nil {
+			if err := r.coll(r.ctx, uintptr(unsafe.Pointer(s))); err != nil {
 				recErr = fmt.Errorf("cuda: capturing %s: %w", r.name, err)
 			}
 		} else {
@@ -143,7 +145,10 @@ func (d *Device) Capture(record func(rec Launcher) error) (Graph, error) {
 
 // Replay launches the graph on the legacy default stream, after the work
 // before it and before the copies that read its results.
-func (g *deviceGraph) Replay() error {
+func (g *deviceGraph) Replay(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	done, err := g.d.bind()
 	if err != nil {
 		return err

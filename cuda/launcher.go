@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"context"
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
@@ -52,9 +53,10 @@ type Launcher interface {
 		rows, width int) error
 	// Collective enqueues op, the work of a communication library (NCCL)
 	// on the device's stream, which it is given: after the kernels before
-	// it, before those after. On a recorder it becomes a step of the graph.
+	// it, before those after. On a recorder it becomes a step of the graph
+	// (on the emulation, run again at each Replay with Replay's context).
 	// op runs with the device held: it must not call the device itself.
-	Collective(name string, op func(stream uintptr) error) error
+	Collective(ctx context.Context, name string, op func(ctx context.Context, stream uintptr) error) error
 	// Capture gives record a recorder of the device: the kernels record
 	// launches on it make a Graph instead of running (copies are errors),
 	// while other users of the device go on as usual.

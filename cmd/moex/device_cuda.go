@@ -31,9 +31,9 @@ var (
 // NCCL; such steps are not captured in graphs).
 func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
 	if dev, ok := d.(*cuda.Device); ok && dev == worldDevice && worldNCCL != nil {
-		return epgpu.NewNCCLComm(ctx, dev, worldNCCL, comm)
+		return epgpu.NewNCCLComm(dev, worldNCCL, comm)
 	}
-	return epgpu.NewStagedComm(ctx, d, comm)
+	return epgpu.NewStagedComm(d, comm)
 }
 
 // openDevice opens the GPU for --backend cuda: the NCCL rank's, or GPU 0.

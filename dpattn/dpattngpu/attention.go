@@ -211,7 +211,7 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 		return fmt.Errorf("cuda: attention: out has %d values, want %d × %d × %d", len(out), B, heads, dv)
 	}
 	if a.graphs && a.allowed.Load() && B > 0 {
-		if ok, err := a.replay(m, c, in, out); ok || err != nil {
+		if ok, err := a.replay(ctx, m, c, in, out); ok || err != nil {
 			a.Replays.Add(1)
 			return err
 		}
@@ -231,7 +231,7 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 // and says whether it did: a bucket that cannot be captured (no memory for
 // its buffers, say) is remembered and left to the eager path. The mirror is
 // locked.
-func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) (bool, error) {
+func (a *Attention) replay(ctx context.Context, m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) (bool, error) {
 	B := len(in.SeqLens)
 	maxLen := 1
 	for _, l := range in.SeqLens {
@@ -270,7 +270,7 @@ func (a *Attention) replay(m *mirror, c *dpattn.LatentCache, in MLAInput, out []
 		func() error { return cuda.CopyIn(a.d, g.q, q) },
 		func() error { return cuda.CopyIn(a.d, g.table, table) },
 		func() error { return cuda.CopyIn(a.d, g.lens, lens) },
-		g.graph.Replay,
+		func() error { return g.graph.Replay(ctx) },
 		func() error { return cuda.Download(a.d, g.o, out) }, // the first B queries' rows
 	} {
 		if err := f(); err != nil {

@@ -24,17 +24,17 @@ func TestDeviceStepBadInput(t *testing.T) {
 	dev := cuda.NewEmu()
 	comms, err := ep.NewLocal(1)
 	require.NoError(t, err)
-	comm := epgpu.NewEmuComm(ctx, dev, comms[0])
+	comm := epgpu.NewEmuComm(dev, comms[0])
 	small, err := dev.Alloc(8)
 	require.NoError(t, err)
 	big, err := dev.Alloc(64)
 	require.NoError(t, err)
-	require.EqualError(t, comm.AllGather(dev, small, big, 16),
+	require.EqualError(t, comm.AllGather(ctx, dev, small, big, 16),
 		"cuda: all-gather of 16 bytes from each of 1 ranks: send holds 8 bytes, recv 64")
-	require.EqualError(t, comm.ReduceScatter(dev, big, small, 4),
+	require.EqualError(t, comm.ReduceScatter(ctx, dev, big, small, 4),
 		"cuda: reduce-scatter of 4 float32 to each of 1 ranks: send holds 64 bytes, recv 8")
-	staged := epgpu.NewStagedComm(ctx, dev, comms[0])
-	require.ErrorContains(t, staged.AllGather(dev, small, big, -1), "all-gather of -1 bytes")
+	staged := epgpu.NewStagedComm(dev, comms[0])
+	require.ErrorContains(t, staged.AllGather(ctx, dev, small, big, -1), "all-gather of -1 bytes")
 
 	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
 		RMSNormEps: 1e-6}

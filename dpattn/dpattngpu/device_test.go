@@ -127,7 +127,7 @@ func TestGatherMoEOnGPU(t *testing.T) {
 		for _, e := range place.Local(r) {
 			mine[e] = true
 		}
-		g, err := dpattngpu.NewGatherMoE(d, l.Subset(func(e int) bool { return mine[e] }), epgpu.NewStagedComm(ctx, d, c))
+		g, err := dpattngpu.NewGatherMoE(d, l.Subset(func(e int) bool { return mine[e] }), epgpu.NewStagedComm(d, c))
 		if err != nil {
 			return err
 		}
@@ -269,5 +269,5 @@ func ncclRank(t *testing.T, ctx context.Context, d *cuda.Device) epgpu.DeviceCom
 	t.Cleanup(func() { comm.Close() })
 	host, err := ep.NewLocal(1)
 	require.NoError(t, err)
-	return epgpu.NewNCCLComm(ctx, d, comm, host[0])
+	return epgpu.NewNCCLComm(d, comm, host[0])
 }

@@ -160,15 +160,15 @@ func (g *GatherMoE) bucket(B int) (*gatherBucket, error) {
 // of it): the all-gather, the MoE pipeline's partial stage (every token's
 // sum over this rank's experts, zero for none, in ascending expert id),
 // the reduce-scatter adding the ranks' sums, the shared expert.
-func (g *GatherMoE) enqueue(l cuda.Launcher, b *gatherBucket) error {
+func (g *GatherMoE) enqueue(ctx context.Context, l cuda.Launcher, b *gatherBucket) error {
 	H, B := g.m.Config().Hidden, b.B
-	if err := g.comm.AllGather(l, b.in, b.routed.In(), int64(B*H*4)); err != nil {
+	if err := g.comm.AllGather(ctx, l, b.in, b.routed.In(), int64(B*H*4)); err != nil {
 		return err
 	}
 	if err := b.routed.Enqueue(l); err != nil {
 		return err
 	}
-	if err := g.comm.ReduceScatter(l, b.routed.Out(), b.mine, B*H); err != nil {
+	if err := g.comm.ReduceScatter(ctx, l, b.routed.Out(), b.mine, B*H); err != nil {
 		return err
 	}
 	if b.shared != nil {
@@ -216,7 +216,7 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 	if g.graphs && g.allowed && !b.noGraph && b.graph == nil && b.warm {
 		// The same on every rank (the vote, the bucket's history), so
 		// every rank agrees here.
-		graph, cerr := g.m.Device().Capture(func(rec cuda.Launcher) error { return g.enqueue(rec, b) })
+		graph, cerr := g.m.Device().Capture(func(rec cuda.Launcher) error { return g.enqueue(ctx, rec, b) })
 		if cerr != nil && g.CaptureErr == nil {
 			g.CaptureErr = fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, cerr)
 		}
@@ -235,11 +235,11 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 	}
 	if g.graphs && g.allowed && b.graph != nil {
 		g.Replays++
-		err = b.graph.Replay()
+		err = b.graph.Replay(ctx)
 	} else {
 		g.Eager++
 		b.warm = true
-		err = g.enqueue(g.m.Device(), b)
+		err = g.enqueue(ctx, g.m.Device(), b)
 	}
 	if err != nil {
 		return err

@@ -114,7 +114,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 				return all, replays, captureErrs
 			}
 			emu := func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
-				return dev, epgpu.NewEmuComm(context.Background(), dev, c)
+				return dev, epgpu.NewEmuComm(dev, c)
 			}
 			eager, replays, _ := run(false, emu)
 			require.Equal(t, []int{0, 0, 0}, replays)
@@ -137,7 +137,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			require.Equal(t, []error{nil, nil, nil}, errs)
 			require.Equal(t, eager, graphed, "a replay gives the eager bits")
 			staged, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
-				return dev, epgpu.NewStagedComm(context.Background(), dev, c)
+				return dev, epgpu.NewStagedComm(dev, c)
 			})
 			require.Equal(t, []int{0, 0, 0}, replays, "collectives staged through the host are not captured")
 			require.ErrorContains(t, errs[0], "cannot be captured in a graph")
@@ -145,9 +145,9 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 			tries := 0
 			oneFails, replays, errs := run(true, func(c ep.Comm) (cuda.Launcher, epgpu.DeviceComm) {
 				if c.Rank() == 1 {
-					return noGraphs{Launcher: dev, tries: &tries}, epgpu.NewEmuComm(context.Background(), dev, c)
+					return noGraphs{Launcher: dev, tries: &tries}, epgpu.NewEmuComm(dev, c)
 				}
-				return dev, epgpu.NewEmuComm(context.Background(), dev, c)
+				return dev, epgpu.NewEmuComm(dev, c)
 			})
 			require.Equal(t, []int{0, 0, 0}, replays, "a capture that failed on one rank leaves every rank eager")
 			require.NoError(t, errs[0])
@@ -173,7 +173,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 	require.EqualError(t, shard.Forward(context.Background(), make([]float32, 64), make([]float32, 64)),
 		"cuda: moe: the layer holds experts 4…7 of 8: a shard runs in a partial Stage (gather mode)")
 	errs, err := ep.RunLocal(2, func(c ep.Comm) error {
-		g, err := dpattngpu.NewGatherMoE(dev, l.Subset(func(e int) bool { return e/4 == c.Rank() }), epgpu.NewEmuComm(context.Background(), dev, c))
+		g, err := dpattngpu.NewGatherMoE(dev, l.Subset(func(e int) bool { return e/4 == c.Rank() }), epgpu.NewEmuComm(dev, c))
 		if err != nil {
 			return err
 		}

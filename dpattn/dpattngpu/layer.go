@@ -146,7 +146,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 				return err
 			}
 		}
-		return l.moe.enqueue(d, b)
+		return l.moe.enqueue(ctx, d, b)
 	}
 	for k, old := range l.steps { // graphs over a forgotten cache copy
 		if k.m != nil && k.m.dead.Load() {
@@ -183,7 +183,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 	}
 	if replay {
 		l.Replays++
-		err = g.graph.Replay()
+		err = g.graph.Replay(ctx)
 	} else {
 		l.Eager++
 		g.warm = true

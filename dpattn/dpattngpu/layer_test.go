@@ -128,7 +128,7 @@ func TestDecodeLayerOnEmulation(t *testing.T) {
 		var replays [R]int
 		got := each(func(c ep.Comm, outs *[][]float32) error {
 			cache := newCache(c.Rank())
-			layer, err := dpattngpu.NewDecodeLayer(att, blk, shardOf(c.Rank()), epgpu.NewEmuComm(context.Background(), dev, c))
+			layer, err := dpattngpu.NewDecodeLayer(att, blk, shardOf(c.Rank()), epgpu.NewEmuComm(dev, c))
 			if err != nil {
 				return err
 			}

@@ -444,7 +444,7 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 	}
 	if a.graphs && a.allowed.Load() && s.graph != nil {
 		a.Replays.Add(1)
-		err = s.graph.Replay()
+		err = s.graph.Replay(ctx)
 	} else {
 		a.Eager.Add(1)
 		err = enqueue(a.d)

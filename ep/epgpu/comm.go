@@ -22,11 +22,12 @@ type DeviceComm interface {
 	Rank() int
 	Size() int
 	// AllGather enqueues on l (the device, or a recorder of it): the first
-	// bytes of every rank's send land in recv at rank·bytes.
-	AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error
+	// bytes of every rank's send land in recv at rank·bytes. ctx bounds
+	// what the enqueue waits for on the host.
+	AllGather(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error
 	// ReduceScatter enqueues on l: recv's count float32 are the sum over
 	// the ranks of their send's part rank (send holds Size()·count).
-	ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error
+	ReduceScatter(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, count int) error
 	// Wait waits for the collectives enqueued so far. At ctx's end (a peer
 	// that does not arrive) it aborts the communicator and says why.
 	Wait(ctx context.Context) error
@@ -75,18 +76,17 @@ func checkReduceScatter(c DeviceComm, send, recv cuda.Buffer, count int) error {
 type StagedComm struct {
 	dev cuda.Launcher
 	c   ep.Comm
-	ctx context.Context
 }
 
-// NewStagedComm makes a DeviceComm of c on dev; its collectives run under ctx.
-func NewStagedComm(ctx context.Context, dev cuda.Launcher, c ep.Comm) *StagedComm {
-	return &StagedComm{dev: dev, c: c, ctx: ctx}
+// NewStagedComm makes a DeviceComm of c on dev.
+func NewStagedComm(dev cuda.Launcher, c ep.Comm) *StagedComm {
+	return &StagedComm{dev: dev, c: c}
 }
 
 func (s *StagedComm) Rank() int { return s.c.Rank() }
 func (s *StagedComm) Size() int { return s.c.Size() }
 
-func (s *StagedComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
+func (s *StagedComm) AllGather(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(s, send, recv, bytes); err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func (s *StagedComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes in
 			return err
 		}
 	}
-	parts, err := s.c.AllGather(s.ctx, mine)
+	parts, err := s.c.AllGather(ctx, mine)
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (s *StagedComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes in
 	return cuda.CopyIn(s.dev, recv, all)
 }
 
-func (s *StagedComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
+func (s *StagedComm) ReduceScatter(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(s, send, recv, count); err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (s *StagedComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, coun
 	for r := range counts {
 		counts[r] = count
 	}
-	mine, err := s.c.ReduceScatter(s.ctx, v, counts)
+	mine, err := s.c.ReduceScatter(ctx, v, counts)
 	if err != nil {
 		return err
 	}

@@ -20,23 +20,23 @@ type NCCLComm struct {
 	d    *cuda.Device
 	c    *nccl.Comm
 	host ep.Comm
-	ctx  context.Context
 }
 
-// NewNCCLComm makes a DeviceComm of c on d; ctx bounds the waits for NCCL
-// to queue its work; host (an ep.Comm of the same ranks: the coordinator's
-// group, or ncclcomm.HostComm over c) carries Agree.
-func NewNCCLComm(ctx context.Context, d *cuda.Device, c *nccl.Comm, host ep.Comm) *NCCLComm {
-	return &NCCLComm{d: d, c: c, host: host, ctx: ctx}
+// NewNCCLComm makes a DeviceComm of c on d; host (an ep.Comm of the same
+// ranks: the coordinator's group, or ncclcomm.HostComm over c) carries
+// Agree.
+func NewNCCLComm(d *cuda.Device, c *nccl.Comm, host ep.Comm) *NCCLComm {
+	return &NCCLComm{d: d, c: c, host: host}
 }
 
-// queued waits for NCCL to queue the call just made on stream: aborting on
-// an error when eager (the legacy stream, 0), not inside a capture.
-func (n *NCCLComm) queued(stream uintptr) error {
+// queued waits (under ctx) for NCCL to queue the call just made on stream:
+// aborting on an error when eager (the legacy stream, 0), not inside a
+// capture.
+func (n *NCCLComm) queued(ctx context.Context, stream uintptr) error {
 	if stream != 0 {
-		return n.c.WaitQueued(n.ctx)
+		return n.c.WaitQueued(ctx)
 	}
-	return n.c.Queued(n.ctx)
+	return n.c.Queued(ctx)
 }
 
 func (n *NCCLComm) Agree(ctx context.Context, ok bool) (bool, error) { return agree(ctx, n.host, ok) }
@@ -44,27 +44,27 @@ func (n *NCCLComm) Agree(ctx context.Context, ok bool) (bool, error) { return ag
 func (n *NCCLComm) Rank() int { return n.c.Rank() }
 func (n *NCCLComm) Size() int { return n.c.Size() }
 
-func (n *NCCLComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
+func (n *NCCLComm) AllGather(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(n, send, recv, bytes); err != nil {
 		return err
 	}
-	return l.Collective("ncclAllGather", func(stream uintptr) error {
+	return l.Collective(ctx, "ncclAllGather", func(ctx context.Context, stream uintptr) error {
 		if err := n.c.AllGather(send.Addr(), recv.Addr(), int(bytes), nccl.Int8, stream); err != nil {
 			return err
 		}
-		return n.queued(stream)
+		return n.queued(ctx, stream)
 	})
 }
 
-func (n *NCCLComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
+func (n *NCCLComm) ReduceScatter(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(n, send, recv, count); err != nil {
 		return err
 	}
-	return l.Collective("ncclReduceScatter", func(stream uintptr) error {
+	return l.Collective(ctx, "ncclReduceScatter", func(ctx context.Context, stream uintptr) error {
 		if err := n.c.ReduceScatter(send.Addr(), recv.Addr(), count, nccl.Float32, nccl.Sum, stream); err != nil {
 			return err
 		}
-		return n.queued(stream)
+		return n.queued(ctx, stream)
 	})
 }
 

@@ -16,14 +16,14 @@ import (
 // ranks of one process share the emulated device). They are steps of the
 // stream like NCCL's, so graphs hold them and replay them.
 type EmuComm struct {
-	e   *cuda.Emu
-	c   ep.Comm
-	ctx context.Context
+	e *cuda.Emu
+	c ep.Comm
 }
 
-// NewEmuComm makes a DeviceComm of c on e; its collectives run under ctx.
-func NewEmuComm(ctx context.Context, e *cuda.Emu, c ep.Comm) *EmuComm {
-	return &EmuComm{e: e, c: c, ctx: ctx}
+// NewEmuComm makes a DeviceComm of c on e; its collectives run under the
+// context of their enqueue, or in a graph of its Replay.
+func NewEmuComm(e *cuda.Emu, c ep.Comm) *EmuComm {
+	return &EmuComm{e: e, c: c}
 }
 
 func (m *EmuComm) Rank() int { return m.c.Rank() }
@@ -32,12 +32,12 @@ func (m *EmuComm) Size() int { return m.c.Size() }
 // bytesOf is n bytes of the emulated memory of b.
 func (m *EmuComm) bytesOf(b cuda.Buffer, n int64) []byte { return m.e.Bytes(b, n) }
 
-func (m *EmuComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
+func (m *EmuComm) AllGather(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, bytes int64) error {
 	if err := checkAllGather(m, send, recv, bytes); err != nil {
 		return err
 	}
-	return l.Collective("all-gather", func(uintptr) error {
-		parts, err := m.c.AllGather(m.ctx, append([]byte(nil), m.bytesOf(send, bytes)...))
+	return l.Collective(ctx, "all-gather", func(ctx context.Context, _ uintptr) error {
+		parts, err := m.c.AllGather(ctx, append([]byte(nil), m.bytesOf(send, bytes)...))
 		if err != nil {
 			return err
 		}
@@ -52,17 +52,17 @@ func (m *EmuComm) AllGather(l cuda.Launcher, send, recv cuda.Buffer, bytes int64
 	})
 }
 
-func (m *EmuComm) ReduceScatter(l cuda.Launcher, send, recv cuda.Buffer, count int) error {
+func (m *EmuComm) ReduceScatter(ctx context.Context, l cuda.Launcher, send, recv cuda.Buffer, count int) error {
 	if err := checkReduceScatter(m, send, recv, count); err != nil {
 		return err
 	}
-	return l.Collective("reduce-scatter", func(uintptr) error {
+	return l.Collective(ctx, "reduce-scatter", func(ctx context.Context, _ uintptr) error {
 		v := append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(m.bytesOf(send, int64(m.Size()*count*4))))), m.Size()*count)...)
 		counts := make([]int, m.Size())
 		for r := range counts {
 			counts[r] = count
 		}
-		mine, err := m.c.ReduceScatter(m.ctx, v, counts)
+		mine, err := m.c.ReduceScatter(ctx, v, counts)
 		if err != nil {
 			return err
 		}

@@ -117,10 +117,10 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 	sharedSlot := func(int) int { return 0 }
 	if x.graphs && x.allowed {
 		x.Replays++
-		if err := x.runBucket(0, &x.routed, xs, routed, routedSlot); err != nil {
+		if err := x.runBucket(ctx, 0, &x.routed, xs, routed, routedSlot); err != nil {
 			return err
 		}
-		return x.runBucket(1, x.shared, xs, shared, sharedSlot)
+		return x.runBucket(ctx, 1, x.shared, xs, shared, sharedSlot)
 	}
 	x.Eager++
 	sc := x.tmp.Get()
@@ -133,7 +133,7 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 
 // runBucket runs groups on the bucket of their row count for a weight
 // stack, capturing it on first use.
-func (x *Experts) runBucket(kind int, st *stack, xs []float32, groups []kernels.FFNGroup, slot func(int) int) error {
+func (x *Experts) runBucket(ctx context.Context, kind int, st *stack, xs []float32, groups []kernels.FFNGroup, slot func(int) int) error {
 	rows := groupRows(groups)
 	if rows == 0 {
 		return nil
@@ -153,7 +153,7 @@ func (x *Experts) runBucket(kind int, st *stack, xs []float32, groups []kernels.
 	if err := b.run.stageIn(x.dev, xs, groups, slot); err != nil {
 		return err
 	}
-	if err := b.graph.Replay(); err != nil {
+	if err := b.graph.Replay(ctx); err != nil {
 		return err
 	}
 	return b.run.collect(x.dev, groups)

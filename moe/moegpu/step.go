@@ -93,7 +93,7 @@ func (s *Step) Forward(ctx context.Context, x, y []float32) error {
 	}
 	var err error
 	if s.graph != nil {
-		err = s.graph.Replay()
+		err = s.graph.Replay(ctx)
 	} else {
 		err = s.stage.Enqueue(d)
 	}
