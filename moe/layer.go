@@ -24,7 +24,10 @@
 //     branch on with errors.Is (ErrShape, ErrNonFinite, ErrMissingTensor,
 //     ErrDenseLayer, ErrUnsupportedFormat, ErrUnknownFamily, ErrClosed); the
 //     message names the tensor, token or layer.
-//   - Close releases the checkpoint mapping; it is safe to call twice.
+//   - Close releases the checkpoint mapping once the forward passes in
+//     flight are done; later ones return ErrClosed; a second Close does
+//     nothing. (A Subset shares its parent's weights: close the parent
+//     last.)
 package moe
 
 import (
@@ -76,6 +79,9 @@ type Layer struct {
 
 	scratchMu sync.Mutex
 	scratches []*scratch
+
+	life   sync.RWMutex // forward passes hold it shared, Close exclusive
+	closed bool
 }
 
 // Load opens the checkpoint folder dir and maps the MoE block of layer n.
@@ -248,8 +254,16 @@ func checkExpert(x Expert, hidden, inter int) error {
 	return nil
 }
 
-// Close releases the checkpoint mapping of a loaded layer.
+// Close releases the checkpoint mapping of a loaded layer, after the
+// forward passes in flight; later ones return ErrClosed. A second Close
+// does nothing.
 func (l *Layer) Close() error {
+	l.life.Lock()
+	defer l.life.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
 	if l.ckpt == nil {
 		return nil
 	}
@@ -267,6 +281,11 @@ func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
 // top_k], each row ascending, and weights in the same order (after
 // normalisation and scaling). Either may be nil.
 func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return errkind.Errorf(ErrClosed, "moe: forward on a closed layer")
+	}
 	c := l.Config
 	H, K := c.Hidden, c.TopK
 	if len(x)%H != 0 {

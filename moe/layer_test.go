@@ -260,3 +260,18 @@ func TestForwardConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardAfterClose: Close waits for nothing in flight here, a second
+// Close is harmless, and a forward pass after it is ErrClosed.
+func TestForwardAfterClose(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "moe", "deepseek_v3_f32")
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	x := make([]float32, l.Config.Hidden)
+	require.NoError(t, l.Forward(context.Background(), x, make([]float32, len(x))))
+	require.NoError(t, l.Close())
+	require.NoError(t, l.Close(), "a second Close does nothing")
+	err = l.Forward(context.Background(), x, make([]float32, len(x)))
+	require.ErrorIs(t, err, moe.ErrClosed)
+	require.EqualError(t, err, "moe: forward on a closed layer")
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/decoderun"
 	"github.com/moex-project/moex/moe"
 	"github.com/moex-project/moex/moe/moegpu"
 )
@@ -75,39 +76,39 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 		att.EnableGraphs()
 	}
 	return &deviceRun{
-		experts: func(_ int, shard *moe.Layer) (moe.ExpertRunner, func(), error) {
+		experts: func(_ int, shard *moe.Layer) (decoderun.ExpertRunner, error) {
 			ex, err := moegpu.NewExperts(d, shard)
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			if graphs {
 				ex.EnableGraphs()
 			}
-			return ex, func() { ex.Close() }, nil
+			return ex, nil
 		},
-		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
+		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
 			g, err := dpattngpu.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			if graphs {
 				g.EnableGraphs()
 			}
-			return g, func() { g.Close() }, nil
+			return g, nil
 		},
-		layer: func(ctx context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
+		layer: func(ctx context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
 			blk, ok := a.(*dpattn.MLABlock)
 			if _, gate := shard.SharedExpert(); !ok || gate != nil {
-				return nil, nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
+				return nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
 			}
 			l, err := dpattngpu.NewDecodeLayer(att, blk, shard, deviceComm(ctx, d, comm))
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			if graphs {
 				l.EnableGraphs()
 			}
-			return l, func() { l.Close() }, nil
+			return l, nil
 		},
 		core:  att,
 		proj:  att.Projections(),

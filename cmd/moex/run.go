@@ -232,9 +232,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 // deviceRun is what --backend cuda gives moex run (see openDeviceRun); the
 // CPU backend leaves everything but close nil.
 type deviceRun struct {
-	experts func(int, *moe.Layer) (moe.ExpertRunner, func(), error)
-	gather  func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error)
-	layer   func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error)
+	experts func(int, *moe.Layer) (decoderun.ExpertRunner, error)
+	gather  func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error)
+	layer   func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error)
 	core    dpattn.AttentionCore
 	proj    dpattn.Projector
 	close   func()

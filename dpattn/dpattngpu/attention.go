@@ -35,8 +35,8 @@ type Attention struct {
 
 	graphs  bool // replay captured graphs when the step allows
 	allowed atomic.Bool
-	// Replays and Eager count the calls each way.
-	Replays, Eager atomic.Int64
+	// replays and eager count the calls each way.
+	replays, eager atomic.Int64
 }
 
 type mirror struct {
@@ -87,6 +87,13 @@ var _ dpattn.AttentionCore = (*Attention)(nil)
 func NewAttention(d cuda.Launcher) *Attention {
 	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: cuda.NewScratchPool(d)}
 }
+
+// GraphReplays is the number of calls (attention and steps) replayed from
+// a graph.
+func (a *Attention) GraphReplays() int { return int(a.replays.Load()) }
+
+// EagerRuns is the number of calls launched kernel by kernel.
+func (a *Attention) EagerRuns() int { return int(a.eager.Load()) }
 
 // Close frees the device copies of the caches and of the projections,
 // after the steps running on them; a second Close does nothing.
@@ -212,11 +219,11 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	}
 	if a.graphs && a.allowed.Load() && B > 0 {
 		if ok, err := a.replay(ctx, m, c, in, out); ok || err != nil {
-			a.Replays.Add(1)
+			a.replays.Add(1)
 			return err
 		}
 	}
-	a.Eager.Add(1)
+	a.eager.Add(1)
 	sc := a.tmp.Get()
 	defer a.tmp.Put(sc)
 	o, _, err := mlaDecodeIn(a.d, sc, m.buf, c.DType() == kernels.BF16, in)

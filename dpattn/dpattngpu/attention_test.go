@@ -117,9 +117,9 @@ func TestAttentionGraphsOnEmulation(t *testing.T) {
 		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
 		require.Equal(t, want, got, "step %d, sequences %v", step, seqs)
 	}
-	require.Equal(t, int64(5), cores[1].Replays.Load())
-	require.Equal(t, int64(1), cores[1].Eager.Load())
-	require.Equal(t, int64(0), cores[0].Replays.Load(), "graphs are off unless enabled")
+	require.Equal(t, 5, cores[1].GraphReplays())
+	require.Equal(t, 1, cores[1].EagerRuns())
+	require.Equal(t, 0, cores[0].GraphReplays(), "graphs are off unless enabled")
 }
 
 // TestProjectionsOnEmulation: the device projector against a float64
@@ -255,7 +255,7 @@ func TestAttentionGraphCaptureFails(t *testing.T) {
 		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
 		require.Equal(t, want, got, "step %d", step)
 	}
-	require.Equal(t, int64(0), cores[1].Replays.Load())
-	require.Equal(t, int64(3), cores[1].Eager.Load())
+	require.Equal(t, 0, cores[1].GraphReplays())
+	require.Equal(t, 3, cores[1].EagerRuns())
 	require.Equal(t, 1, captures, "one bucket, tried once")
 }

@@ -89,7 +89,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 		require.LessOrEqual(t, e, 1e-2)
 		require.Equal(t, outs[1], outs[2], "step %d: replays give the eager bits", step)
 	}
-	require.Equal(t, int64(4), graphCore.Replays.Load(), "every step replayed")
+	require.Equal(t, 4, graphCore.GraphReplays(), "every step replayed")
 }
 
 // TestGatherMoEOnGPU: gather mode's MoE stage of a DeepSeek-V2-Lite-shaped
@@ -165,8 +165,8 @@ func TestGatherMoEOnGPU(t *testing.T) {
 	g.EnableGraphs()
 	g.AllowGraph(true)
 	require.Equal(t, eager, run("graph (NCCL captured in it)"))
-	require.NoError(t, g.CaptureErr)
-	require.Equal(t, 20, g.Replays, "the bucket ran eagerly before: captured on the first allowed step")
+	require.NoError(t, g.CaptureErr())
+	require.Equal(t, 20, g.GraphReplays(), "the bucket ran eagerly before: captured on the first allowed step")
 }
 
 // TestDecodeLayerOnGPU: the whole layer's decode step of DeepSeek-V2-Lite
@@ -224,14 +224,14 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 			outs = append(outs, y)
 		}
 		t.Logf("graphs %v: %v per step of %d tokens (copies included; %d replays, %d eager)", graphs,
-			time.Since(start)/steps, B, layer.Replays, layer.Eager)
+			time.Since(start)/steps, B, layer.GraphReplays(), layer.EagerRuns())
 		return outs, layer
 	}
 	eager, _ := run(false)
 	replayed, layer := run(true)
-	require.NoError(t, layer.CaptureErr)
+	require.NoError(t, layer.CaptureErr())
 	require.Equal(t, eager, replayed, "a replay gives the eager bits")
-	require.Positive(t, layer.Replays)
+	require.Positive(t, layer.GraphReplays())
 
 	// The host: the block (CPU projections), the residual, the whole MoE
 	// layer (one rank: gather mode's stage is the layer).

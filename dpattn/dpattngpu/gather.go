@@ -29,22 +29,20 @@ import (
 // which a capture may not do), and only kept if every rank captured it
 // (epgpu.DeviceComm.Agree): a bucket that failed anywhere (a communicator that
 // stages through the host, no memory) runs eagerly from then on everywhere,
-// its first error in CaptureErr.
+// its first error in CaptureErr().
 //
 // Activations are rounded to bf16 on the device, so the output matches the
 // CPU's MoEGather within the tensor-core tolerance; a replay gives the bits
 // of the eager launches. One goroutine (the rank's) calls it.
 type GatherMoE struct {
-	m       *moegpu.MoE
-	comm    epgpu.DeviceComm
-	graphs  bool
-	allowed bool
-	buckets map[int]*gatherBucket
-	host    []float32 // the padded rows, staged
-	// Replays and Eager count the steps each way.
-	Replays, Eager int
-	// CaptureErr is the first capture that failed on this rank.
-	CaptureErr error
+	m              *moegpu.MoE
+	comm           epgpu.DeviceComm
+	graphs         bool
+	allowed        bool
+	buckets        map[int]*gatherBucket
+	host           []float32 // the padded rows, staged
+	replays, eager int       // the steps each way
+	captureErr     error     // the first capture that failed on this rank
 }
 
 var (
@@ -80,7 +78,14 @@ func NewGatherMoE(dev cuda.Launcher, shard *moe.Layer, comm epgpu.DeviceComm) (*
 }
 
 // GraphReplays is the number of steps replayed from a graph.
-func (g *GatherMoE) GraphReplays() int { return g.Replays }
+func (g *GatherMoE) GraphReplays() int { return g.replays }
+
+// EagerRuns is the number of steps launched kernel by kernel.
+func (g *GatherMoE) EagerRuns() int { return g.eager }
+
+// CaptureErr is the first capture that failed on this rank (those steps
+// run eagerly), or nil.
+func (g *GatherMoE) CaptureErr() error { return g.captureErr }
 
 // EnableGraphs makes the stage capture each bucket on first use and replay
 // it whenever AllowGraph said yes for the step.
@@ -217,8 +222,8 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 		// The same on every rank (the vote, the bucket's history), so
 		// every rank agrees here.
 		graph, cerr := g.m.Device().Capture(func(rec cuda.Launcher) error { return g.enqueue(ctx, rec, b) })
-		if cerr != nil && g.CaptureErr == nil {
-			g.CaptureErr = fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, cerr)
+		if cerr != nil && g.captureErr == nil {
+			g.captureErr = fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, cerr)
 		}
 		ok, err := g.comm.Agree(ctx, cerr == nil)
 		if err != nil || !ok {
@@ -234,10 +239,10 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 		}
 	}
 	if g.graphs && g.allowed && b.graph != nil {
-		g.Replays++
+		g.replays++
 		err = b.graph.Replay(ctx)
 	} else {
-		g.Eager++
+		g.eager++
 		b.warm = true
 		err = g.enqueue(ctx, g.m.Device(), b)
 	}

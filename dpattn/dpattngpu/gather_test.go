@@ -98,7 +98,7 @@ func TestGatherMoEOnEmulation(t *testing.T) {
 						}
 						outs[r] = append(outs[r], y)
 					}
-					replays[r], captureErrs[r] = g.Replays, g.CaptureErr
+					replays[r], captureErrs[r] = g.GraphReplays(), g.CaptureErr()
 					return nil
 				})
 				require.NoError(t, err)

@@ -38,8 +38,8 @@ type DecodeLayer struct {
 	steps  map[layerKey]*layerGraph
 	// Replays and Eager count the steps each way; CaptureErr is the first
 	// capture that failed on this rank.
-	Replays, Eager int
-	CaptureErr     error
+	replays, eager int
+	captureErr     error
 	allowed        bool
 }
 
@@ -83,7 +83,13 @@ func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm
 }
 
 // GraphReplays is the number of steps replayed from a graph.
-func (l *DecodeLayer) GraphReplays() int { return l.Replays }
+func (l *DecodeLayer) GraphReplays() int { return l.replays }
+
+// EagerRuns is the number of steps launched kernel by kernel.
+func (l *DecodeLayer) EagerRuns() int { return l.eager }
+
+// CaptureErr is the first capture that failed on this rank, or nil.
+func (l *DecodeLayer) CaptureErr() error { return l.captureErr }
 
 // EnableGraphs makes the layer capture each step shape once (after one
 // eager run of it) and replay it when the vote allows.
@@ -170,8 +176,8 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 			graph, cerr := l.att.d.Capture(enqueue)
 			if cerr != nil {
 				g.noGraph = true
-				if l.CaptureErr == nil {
-					l.CaptureErr = fmt.Errorf("cuda: decode layer step %+v: %w", key, cerr)
+				if l.captureErr == nil {
+					l.captureErr = fmt.Errorf("cuda: decode layer step %+v: %w", key, cerr)
 				}
 			} else {
 				g.graph = graph
@@ -182,10 +188,10 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 		}
 	}
 	if replay {
-		l.Replays++
+		l.replays++
 		err = g.graph.Replay(ctx)
 	} else {
-		l.Eager++
+		l.eager++
 		g.warm = true
 		err = enqueue(l.att.d)
 	}

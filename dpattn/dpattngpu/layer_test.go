@@ -145,8 +145,8 @@ func TestDecodeLayerOnEmulation(t *testing.T) {
 				}
 				*outs = append(*outs, y)
 			}
-			replays[c.Rank()] = layer.Replays
-			return layer.CaptureErr
+			replays[c.Rank()] = layer.GraphReplays()
+			return layer.CaptureErr()
 		})
 		return got, replays
 	}

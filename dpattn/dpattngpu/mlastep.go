@@ -443,10 +443,10 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 		s.noGraph = err != nil
 	}
 	if a.graphs && a.allowed.Load() && s.graph != nil {
-		a.Replays.Add(1)
+		a.replays.Add(1)
 		err = s.graph.Replay(ctx)
 	} else {
-		a.Eager.Add(1)
+		a.eager.Add(1)
 		err = enqueue(a.d)
 	}
 	if err != nil {

@@ -109,7 +109,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			graphed.AllowGraph(true)
 			replayed, c := run(graphed)
 			require.Equal(t, eager, replayed, "a replay gives the eager bits")
-			require.EqualValues(t, len(steps), graphed.Replays.Load())
+			require.EqualValues(t, len(steps), graphed.GraphReplays())
 
 			// A forgotten cache gets a new device copy from the host's rows,
 			// the device-written ones included (those of sequence 1's new

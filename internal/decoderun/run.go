@@ -11,6 +11,7 @@ package decoderun
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -34,9 +35,9 @@ type Config struct {
 	Attn         dpattn.AttentionBlock
 	CacheDType   kernels.DType
 	// Experts, when set, gives each rank the runner of its shard's experts
-	// (a GPU: moegpu.Experts) and what releases it; nil: the CPU kernels.
+	// (a GPU: moegpu.Experts), which the run closes; nil: the CPU kernels.
 	// The one-rank reference of the parity check stays on the CPU.
-	Experts func(rank int, shard *moe.Layer) (moe.ExpertRunner, func(), error)
+	Experts func(rank int, shard *moe.Layer) (ExpertRunner, error)
 	// AttnCore, when set, computes every rank's attention over its cache
 	// (a GPU: dpattngpu.Attention); nil: dpattn.MLA on the host. The one-rank reference
 	// stays on the host. A core that is a moe.GraphVoter gets each step's
@@ -48,18 +49,35 @@ type Config struct {
 	AttnProj dpattn.Projector
 	// Gather, when set, gives each rank gather mode's MoE stage over its
 	// data communicator comm (a GPU: dpattngpu.GatherMoE, the hidden states
-	// gathered and scattered in device memory) and what releases it;
+	// gathered and scattered in device memory), which the run closes;
 	// Experts is then not used in gather mode. nil: dpattn.MoEGather on the CPU.
 	// A runner that is a moe.GraphVoter gets each step's vote.
-	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error)
+	Gather func(ctx context.Context, rank int, shard *moe.Layer, comm ep.Comm) (GatherRunner, error)
 	// Layer, when set, gives each rank the whole layer's decode step in
 	// gather mode (a GPU: dpattngpu.DecodeLayer, attention and MoE in one
-	// graph) and what releases it; AttnCore, AttnProj, Gather
+	// graph), which the run closes; AttnCore, AttnProj, Gather
 	// and Experts are then not used by the ranks (the one-rank reference
 	// still runs on the host). A nil runner: this layer is not for it (the
 	// stages run apart). Its time is reported as the MoE stage's.
-	Layer func(ctx context.Context, rank int, attn dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error)
+	Layer func(ctx context.Context, rank int, attn dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (LayerRunner, error)
 }
+
+// The runners a Config's hooks give: their role's interface, and Close,
+// which the run calls when the rank is done with them.
+type (
+	ExpertRunner interface {
+		moe.ExpertRunner
+		io.Closer
+	}
+	GatherRunner interface {
+		dpattn.GatherRunner
+		io.Closer
+	}
+	LayerRunner interface {
+		dpattn.LayerRunner
+		io.Closer
+	}
+)
 
 // RankTimes are one rank's accumulated stage times.
 type RankTimes struct {
@@ -343,30 +361,30 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	var gather dpattn.GatherRunner
 	var layer dpattn.LayerRunner
 	if cfg.MoEMode == "gather" && cfg.Layer != nil {
-		runner, release, err := cfg.Layer(ctx, r, cfg.Attn, shard, comm)
+		runner, err := cfg.Layer(ctx, r, cfg.Attn, shard, comm)
 		if err != nil {
 			return nil, err
 		}
 		if runner != nil {
-			defer release()
+			defer runner.Close()
 			layer = runner
 		}
 	}
 	switch {
 	case layer != nil: // the layer runner holds its experts
 	case cfg.MoEMode == "gather" && cfg.Gather != nil:
-		runner, release, err := cfg.Gather(ctx, r, shard, comm)
+		runner, err := cfg.Gather(ctx, r, shard, comm)
 		if err != nil {
 			return nil, err
 		}
-		defer release()
+		defer runner.Close()
 		gather = runner
 	case cfg.Experts != nil:
-		runner, release, err := cfg.Experts(r, shard)
+		runner, err := cfg.Experts(r, shard)
 		if err != nil {
 			return nil, err
 		}
-		defer release()
+		defer runner.Close()
 		shard.Experts = runner
 	}
 	epl, err := ep.FromLayer(shard, comm, place)

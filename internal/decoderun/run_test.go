@@ -65,6 +65,7 @@ type countingGather struct {
 	comm         ep.Comm
 	shard        *moe.Layer
 	calls, votes *atomic.Int32
+	released     *atomic.Int32 // Close calls, or nil
 	shardExperts int
 }
 
@@ -74,6 +75,13 @@ func (g countingGather) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y
 }
 
 func (g countingGather) AllowGraph(ok bool) { g.votes.Add(1) }
+
+func (g countingGather) Close() error {
+	if g.released != nil {
+		g.released.Add(1)
+	}
+	return nil
+}
 
 // TestRunGatherRunner: in gather mode a Config.Gather runner takes the
 // MoE stage of every rank at every step that is not skipped (IDLE ranks
@@ -86,12 +94,12 @@ func TestRunGatherRunner(t *testing.T) {
 		var calls, votes, made, released, misnumbered atomic.Int32
 		rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: mode, Seed: 9,
 			MoE: layer, Attn: attn, CacheDType: kernels.F32,
-			Gather: func(_ context.Context, rank int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
+			Gather: func(_ context.Context, rank int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
 				made.Add(1)
 				if rank != comm.Rank() {
 					misnumbered.Add(1)
 				}
-				return countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, func() { released.Add(1) }, nil
+				return countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes, released: &released}, nil
 			}})
 		require.NoError(t, err)
 		require.Zero(t, misnumbered.Load(), "the hook's rank is its communicator's")
@@ -113,8 +121,8 @@ func TestRunGatherRunner(t *testing.T) {
 	}
 	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "gather", MoE: layer, Attn: attn,
 		CacheDType: kernels.F32,
-		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
-			return nil, nil, errors.New("no device here")
+		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error) {
+			return nil, errors.New("no device here")
 		}})
 	require.ErrorContains(t, err, "no device here")
 }
@@ -151,12 +159,12 @@ func TestRunLayerRunner(t *testing.T) {
 	var calls, votes, gathers atomic.Int32
 	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
 		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(_ context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (dpattn.LayerRunner, func(), error) {
-			return countingLayer{countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, a}, func() {}, nil
+		Layer: func(_ context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
+			return countingLayer{countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, a}, nil
 		},
-		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (dpattn.GatherRunner, func(), error) {
+		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error) {
 			gathers.Add(1)
-			return nil, nil, errors.New("unused")
+			return nil, errors.New("unused")
 		}})
 	require.NoError(t, err)
 	require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
@@ -177,11 +185,11 @@ func TestRunLayerRunner(t *testing.T) {
 	var gatherCalls, gatherVotes atomic.Int32
 	rep, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
 		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (dpattn.LayerRunner, func(), error) {
-			return nil, nil, nil
+		Layer: func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error) {
+			return nil, nil
 		},
-		Gather: func(_ context.Context, _ int, shard *moe.Layer, comm ep.Comm) (dpattn.GatherRunner, func(), error) {
-			return countingGather{comm: comm, shard: shard, calls: &gatherCalls, votes: &gatherVotes}, func() {}, nil
+		Gather: func(_ context.Context, _ int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
+			return countingGather{comm: comm, shard: shard, calls: &gatherCalls, votes: &gatherVotes}, nil
 		}})
 	require.NoError(t, err)
 	require.LessOrEqual(t, rep.ParityRelErr, 1e-6)

@@ -25,12 +25,11 @@ type Experts struct {
 	shared *stack
 	bs     *cuda.Buffers
 
-	graphs  bool // replay captured graphs when the step allows
-	allowed bool
-	buckets map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
-	tmp     *cuda.ScratchPool  // the eager path's temporaries
-	// Replays and Eager count the calls each way.
-	Replays, Eager int
+	graphs         bool // replay captured graphs when the step allows
+	allowed        bool
+	buckets        map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
+	tmp            *cuda.ScratchPool  // the eager path's temporaries
+	replays, eager int                // the calls each way
 }
 
 var (
@@ -65,6 +64,12 @@ func NewExperts(d cuda.Launcher, l *moe.Layer) (*Experts, error) {
 	}
 	return x, nil
 }
+
+// GraphReplays is the number of calls replayed from a graph.
+func (x *Experts) GraphReplays() int { return x.replays }
+
+// EagerRuns is the number of calls launched kernel by kernel.
+func (x *Experts) EagerRuns() int { return x.eager }
 
 // EnableGraphs makes the runner replay CUDA graphs: each call's rows padded
 // to a bucket (powers of two from 16 rows), the bucket's grouped FFN
@@ -116,13 +121,13 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 	routedSlot := func(i int) int { return x.slot[routed[i].Expert] }
 	sharedSlot := func(int) int { return 0 }
 	if x.graphs && x.allowed {
-		x.Replays++
+		x.replays++
 		if err := x.runBucket(ctx, 0, &x.routed, xs, routed, routedSlot); err != nil {
 			return err
 		}
 		return x.runBucket(ctx, 1, x.shared, xs, shared, sharedSlot)
 	}
-	x.Eager++
+	x.eager++
 	sc := x.tmp.Get()
 	defer x.tmp.Put(sc)
 	if err := runGroups(x.dev, sc, &x.routed, xs, routed, routedSlot); err != nil {

@@ -5,8 +5,10 @@ package moegpu
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -23,6 +25,8 @@ type MoE struct {
 	sharedGate   *kernels.Matrix
 	bs           *cuda.Buffers     // the weights
 	tmp          *cuda.ScratchPool // Forward's temporaries, kept between calls
+	life         sync.RWMutex      // Forward holds it shared, Close exclusive
+	closed       bool
 }
 
 // NewMoE uploads the layer's weights as bf16. The layer holds every expert
@@ -85,8 +89,13 @@ func (m *MoE) Experts() (lo, n int) { return m.routed.lo, m.routed.n }
 // each step's rows.
 func (m *MoE) HostSharedGate() bool { return m.sharedGate != nil }
 
-// Close frees the weights and the temporaries.
+// Close frees the weights and the temporaries once the Forward calls in
+// flight are done; later ones return moe.ErrClosed. Steps and stages made
+// from m must be closed first. A second Close does nothing.
 func (m *MoE) Close() error {
+	m.life.Lock()
+	defer m.life.Unlock()
+	m.closed = true
 	m.bs.Free()
 	m.tmp.Free()
 	return nil
@@ -115,6 +124,11 @@ func (m *MoE) Forward(ctx context.Context, x, y []float32) error {
 func (m *MoE) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	m.life.RLock()
+	defer m.life.RUnlock()
+	if m.closed {
+		return errkind.Errorf(moe.ErrClosed, "cuda: moe: forward on a closed layer")
 	}
 	if err := m.whole(); err != nil {
 		return err

@@ -60,8 +60,12 @@ func TestMoEBadShapes(t *testing.T) {
 	require.NoError(t, err)
 	g, err := moegpu.NewMoE(cuda.NewEmu(), l)
 	require.NoError(t, err)
-	defer g.Close()
 	require.ErrorContains(t, g.Forward(context.Background(), make([]float32, 33), make([]float32, 33)), "want [tokens, 32]")
+	x := make([]float32, 32)
+	require.NoError(t, g.Forward(context.Background(), x, make([]float32, 32)))
+	require.NoError(t, g.Close())
+	require.NoError(t, g.Close(), "a second Close does nothing")
+	require.ErrorIs(t, g.Forward(context.Background(), x, make([]float32, 32)), moe.ErrClosed)
 }
 
 // TestGroupedFFNOnEmulation runs the grouped FFN conformance suite (the one
@@ -148,10 +152,10 @@ func TestExpertsOnEmulation(t *testing.T) {
 		require.NoError(t, graphed.Forward(context.Background(), x[:n*64], replayed))
 		require.Equal(t, eager, replayed, "%d tokens", n)
 	}
-	require.Equal(t, 2, exG.Replays)
+	require.Equal(t, 2, exG.GraphReplays())
 	exG.AllowGraph(false)
 	require.NoError(t, graphed.Forward(context.Background(), x, got))
-	require.Equal(t, 1, exG.Eager)
+	require.Equal(t, 1, exG.EagerRuns())
 
 	// Two EP ranks, each with its shard's experts on the (shared) device,
 	// replaying graphs.

@@ -10,7 +10,7 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
-// Step is the MoE layer's decode step for a bucket of up to Tokens tokens
+// Step is the MoE layer's decode step for a bucket of up to Tokens() tokens
 // on fixed device buffers: a Stage of the bucket's size, every kernel sized
 // for the largest layout the bucket can route to, no copy and no host
 // synchronisation between them. That makes the step capturable once as a
@@ -20,7 +20,7 @@ import (
 // padding. One goroutine at a time calls it.
 type Step struct {
 	m      *MoE
-	Tokens int
+	tokens int
 	stage  *Stage
 	graph  cuda.Graph
 	bs     *cuda.Buffers
@@ -35,7 +35,7 @@ func (m *MoE) NewStep(tokens int) (*Step, error) {
 	if err := m.whole(); err != nil {
 		return nil, err
 	}
-	s := &Step{m: m, Tokens: tokens, bs: cuda.NewBuffers(m.dev)}
+	s := &Step{m: m, tokens: tokens, bs: cuda.NewBuffers(m.dev)}
 	var err error
 	if s.stage, err = m.NewStage(s.bs, tokens, false); err != nil {
 		s.bs.Free()
@@ -43,6 +43,9 @@ func (m *MoE) NewStep(tokens int) (*Step, error) {
 	}
 	return s, nil
 }
+
+// Tokens is the step's bucket: the most tokens a Forward takes.
+func (s *Step) Tokens() int { return s.tokens }
 
 // Close frees the step's buffers and its graph.
 func (s *Step) Close() error {
@@ -67,21 +70,21 @@ func (s *Step) Capture() error {
 	return nil
 }
 
-// Forward runs the step on x [t, hidden], t ≤ Tokens, into y [t, hidden]:
+// Forward runs the step on x [t, hidden], t ≤ Tokens(), into y [t, hidden]:
 // the graph's replay once captured, the kernels one by one before.
 func (s *Step) Forward(ctx context.Context, x, y []float32) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	H, d := s.m.cfg.Hidden, s.m.dev
-	if len(x)%H != 0 || len(y) != len(x) || len(x)/H > s.Tokens {
-		return fmt.Errorf("cuda: moe step: x has %d values and y %d, want [t ≤ %d, %d]", len(x), len(y), s.Tokens, H)
+	if len(x)%H != 0 || len(y) != len(x) || len(x)/H > s.tokens {
+		return fmt.Errorf("cuda: moe step: x has %d values and y %d, want [t ≤ %d, %d]", len(x), len(y), s.tokens, H)
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err
 	}
 	if s.host == nil {
-		s.host = make([]float32, s.Tokens*H)
+		s.host = make([]float32, s.tokens*H)
 	}
 	copy(s.host, x)
 	clear(s.host[len(x):]) // zero rows pad the bucket
