@@ -15,7 +15,7 @@
 //   - Concurrency: a Layer's Forward and ForwardRouting may be called from
 //     many goroutines at once (each call takes reusable buffers of its own)
 //     and give each caller the bits a serial call gives. Setting Workers or
-//     Experts, and Close, must not race with calls in flight.
+//     Experts must not race with calls in flight; Close waits for them.
 //   - Buffers: the caller owns x, y, ids and weights; a call reads x and
 //     writes the others, and keeps none of them.
 //   - Blocking calls take a context.Context first; a cancelled context
