@@ -11,6 +11,9 @@ type AttentionBlock interface {
 	// tokens consecutive, in order), appending their latent rows to the
 	// cache, and writes out [T, hidden].
 	Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error
+	// ForwardWith is Forward with the block's work on be (the zero
+	// Backend: the host, as Forward).
+	ForwardWith(ctx context.Context, be Backend, cache *LatentCache, seqs []int, x, out []float32) error
 }
 
 var _ AttentionBlock = (*MLABlock)(nil)

@@ -37,13 +37,14 @@ type LatentCache struct {
 	free     []int32 // free blocks, popped from the end
 	seqs     map[int]*sequence
 	versions []uint64 // per block, bumped by every write: what a device copy syncs by
+}
 
-	// Core, when set, computes the attention over this cache (a device
-	// copy of it: dpattngpu.Attention); nil: MLA on the host.
+// Backend is where an attention block's work runs: Core computes MLA over
+// a cache (over a device copy of it: dpattngpu.Attention), Proj the
+// block's projections (dpattngpu.Attention's Projections). A nil field runs
+// that part on the host; the zero Backend is the host.
+type Backend struct {
 	Core AttentionCore
-	// Proj, when set, computes the projections of the blocks that run over
-	// this cache (a device: dpattngpu.Attention's Projections); nil: the CPU
-	// kernels.
 	Proj Projector
 }
 

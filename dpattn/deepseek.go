@@ -411,6 +411,11 @@ func (b *MLABlock) LatentDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
 // several). Each token's latent row goes into the cache and the token
 // attends causally. out is [T, hidden].
 func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error {
+	return b.ForwardWith(ctx, Backend{}, cache, seqs, x, out)
+}
+
+// ForwardWith is Forward with its projections and attention on be.
+func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCache, seqs []int, x, out []float32) error {
 	c := b.Cfg
 	T, H, nh := len(seqs), c.Hidden, c.Heads
 	L, R, qd := c.KVLoraRank, c.RopeDim, c.NopeDim+c.RopeDim
@@ -427,8 +432,8 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 		return nil
 	}
 	var proj Projector = cpuProjector{}
-	if cache.Proj != nil {
-		proj = cache.Proj
+	if be.Proj != nil {
+		proj = be.Proj
 	}
 	q := make([]float32, T*nh*qd)
 	if c.QLoraRank == nil {
@@ -487,8 +492,8 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 	}
 	o := make([]float32, T*nh*L)
 	attend := func() error { return MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}) }
-	if cache.Core != nil {
-		attend = func() error { return cache.Core.Attend(ctx, cache, qAbs, queries, nh, L, b.Scale, o) }
+	if be.Core != nil {
+		attend = func() error { return be.Core.Attend(ctx, cache, qAbs, queries, nh, L, b.Scale, o) }
 	}
 	if err := attend(); err != nil {
 		return err

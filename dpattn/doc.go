@@ -6,8 +6,8 @@
 // attention in the absorbed form (MLA: decode and causal extend, split-KV
 // with a log-sum-exp merge), DeepSeek's attention block (MLABlock), and the
 // KV accounting of TP against DP attention. dpattn/dpattngpu runs its steps
-// on a device, plugging in through AttentionCore, Projector, GatherRunner
-// and LayerRunner.
+// on a device, plugging in through a Backend (AttentionCore, Projector),
+// GatherRunner and LayerRunner.
 //
 // The contract:
 //

@@ -54,7 +54,7 @@ func TestAttentionOnEmulation(t *testing.T) {
 			att := dpattngpu.NewAttention(cuda.NewEmu())
 			defer att.Close()
 			att.SplitRows = 16 // several splits: the merge kernel runs too
-			dev.Core = att
+			devBE := dpattn.Backend{Core: att}
 			rng := rand.New(rand.NewPCG(7, 8))
 			for s, n := range []int{5, 40, 17} {
 				rows := make([]float32, n*64)
@@ -69,7 +69,7 @@ func TestAttentionOnEmulation(t *testing.T) {
 				x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
 				want, got := make([]float32, len(x)), make([]float32, len(x))
 				require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
-				require.NoError(t, blk.Forward(context.Background(), dev, seqs, x, got))
+				require.NoError(t, blk.ForwardWith(context.Background(), devBE, dev, seqs, x, got))
 				for i := range want {
 					require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))), "step %d value %d", step, i)
 				}
@@ -89,13 +89,14 @@ func TestAttentionGraphsOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	var caches [2]*dpattn.LatentCache
 	var cores [2]*dpattngpu.Attention
+	var backends [2]dpattn.Backend
 	for i := range caches {
 		caches[i], err = dpattn.NewLatentCache(12, 16, 64, kernels.BF16)
 		require.NoError(t, err)
 		cores[i] = dpattngpu.NewAttention(cuda.NewEmu())
 		defer cores[i].Close()
 		cores[i].SplitRows = 16
-		caches[i].Core = cores[i]
+		backends[i] = dpattn.Backend{Core: cores[i]}
 	}
 	cores[1].EnableGraphs()
 	rng := rand.New(rand.NewPCG(9, 10))
@@ -113,8 +114,8 @@ func TestAttentionGraphsOnEmulation(t *testing.T) {
 		cores[1].AllowGraph(step != 2)
 		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
 		want, got := make([]float32, len(x)), make([]float32, len(x))
-		require.NoError(t, blk.Forward(context.Background(), caches[0], seqs, x, want))
-		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
+		require.NoError(t, blk.ForwardWith(context.Background(), backends[0], caches[0], seqs, x, want))
+		require.NoError(t, blk.ForwardWith(context.Background(), backends[1], caches[1], seqs, x, got))
 		require.Equal(t, want, got, "step %d, sequences %v", step, seqs)
 	}
 	require.Equal(t, 5, cores[1].GraphReplays())
@@ -193,7 +194,7 @@ func TestMLABlockOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	att := dpattngpu.NewAttention(cuda.NewEmu())
 	defer att.Close()
-	dev.Core, dev.Proj = att, att.Projections()
+	devBE := dpattn.Backend{Core: att, Proj: att.Projections()}
 	for step := 0; step < 3; step++ {
 		seqs := []int{0, 1, 2}
 		if step == 0 {
@@ -202,7 +203,7 @@ func TestMLABlockOnEmulation(t *testing.T) {
 		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
 		want, got := make([]float32, len(x)), make([]float32, len(x))
 		require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
-		require.NoError(t, blk.Forward(context.Background(), dev, seqs, x, got))
+		require.NoError(t, blk.ForwardWith(context.Background(), devBE, dev, seqs, x, got))
 		var diff, norm float64
 		for i := range want {
 			d := float64(got[i] - want[i])
@@ -238,12 +239,13 @@ func TestAttentionGraphCaptureFails(t *testing.T) {
 	var caches [2]*dpattn.LatentCache
 	captures := 0
 	var cores [2]*dpattngpu.Attention
+	var backends [2]dpattn.Backend
 	for i, d := range []cuda.Launcher{cuda.NewEmu(), noGraphs{cuda.NewEmu(), &captures}} {
 		caches[i], err = dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
 		require.NoError(t, err)
 		cores[i] = dpattngpu.NewAttention(d)
 		defer cores[i].Close()
-		caches[i].Core = cores[i]
+		backends[i] = dpattn.Backend{Core: cores[i]}
 	}
 	cores[1].EnableGraphs()
 	cores[1].AllowGraph(true)
@@ -251,8 +253,8 @@ func TestAttentionGraphCaptureFails(t *testing.T) {
 		seqs := []int{0, 1}
 		x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
 		want, got := make([]float32, len(x)), make([]float32, len(x))
-		require.NoError(t, blk.Forward(context.Background(), caches[0], seqs, x, want))
-		require.NoError(t, blk.Forward(context.Background(), caches[1], seqs, x, got))
+		require.NoError(t, blk.ForwardWith(context.Background(), backends[0], caches[0], seqs, x, want))
+		require.NoError(t, blk.ForwardWith(context.Background(), backends[1], caches[1], seqs, x, got))
 		require.Equal(t, want, got, "step %d", step)
 	}
 	require.Equal(t, 0, cores[1].GraphReplays())

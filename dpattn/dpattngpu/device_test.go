@@ -50,6 +50,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var graphCore *dpattngpu.Attention
+	var backends [3]dpattn.Backend // the host, then the device without and with graphs
 	for i, graphs := range []bool{false, true} {
 		att := dpattngpu.NewAttention(d)
 		defer att.Close()
@@ -58,7 +59,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 			att.AllowGraph(true)
 			graphCore = att
 		}
-		caches[i+1].Core, caches[i+1].Proj = att, att.Projections()
+		backends[i+1] = dpattn.Backend{Core: att, Proj: att.Projections()}
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for s, n := range []int{100, 700, 33, 1} {
@@ -77,7 +78,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 		for i, c := range caches {
 			outs[i] = make([]float32, len(x))
 			start := time.Now()
-			require.NoError(t, blk.Forward(context.Background(), c, seqs, x, outs[i]))
+			require.NoError(t, blk.ForwardWith(context.Background(), backends[i], c, seqs, x, outs[i]))
 			t.Logf("step %d, %d sequences, path %d: %v", step, len(seqs), i, time.Since(start))
 		}
 		ref := make([]float64, len(x))

@@ -346,7 +346,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	if err != nil {
 		return nil, err
 	}
-	cache.Core, cache.Proj = cfg.AttnCore, cfg.AttnProj
+	backend := dpattn.Backend{Core: cfg.AttnCore, Proj: cfg.AttnProj}
 	for q, l := range sched.requests[r] {
 		if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
 			return nil, err
@@ -432,7 +432,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		}
 		t1 := time.Now()
 		attn := make([]float32, len(x))
-		if err := cfg.Attn.Forward(ctx, cache, seqs, x, attn); err != nil {
+		if err := cfg.Attn.ForwardWith(ctx, backend, cache, seqs, x, attn); err != nil {
 			return nil, err
 		}
 		for i := range attn {
