@@ -182,7 +182,7 @@ func DenseLayout(rows int) (sorted, blockGroup []int32) {
 	blocks := (rows + GEMMBlock - 1) / GEMMBlock
 	sorted = make([]int32, blocks*GEMMBlock)
 	for i := range sorted {
-		sorted[i] = int32(min(i, rows))
+		sorted[i] = int32(min(i, rows)) // rows: kernels.Layout's sentinel for top-1
 	}
 	return sorted, make([]int32, blocks)
 }

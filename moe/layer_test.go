@@ -275,3 +275,36 @@ func TestForwardAfterClose(t *testing.T) {
 	require.ErrorIs(t, err, moe.ErrClosed)
 	require.EqualError(t, err, "moe: forward on a closed layer")
 }
+
+// TestGroup: the pipeline's grouping of a whole layer and of a shard, and
+// its bad input.
+func TestGroup(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 16, NumExperts: 4, TopK: 2, Inter: 16, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	l, err := moe.NewRandom(cfg, kernels.F32, 1)
+	require.NoError(t, err)
+	ids := []int32{0, 2, 1, 2, 0, 3} // 3 tokens, top-2
+	w := []float32{.5, .5, .25, .75, .9, .1}
+	g, err := l.Group(ids, w, 2, false, nil)
+	require.NoError(t, err)
+	require.Len(t, g.Groups, 4)
+	require.Equal(t, []int32{0, 2}, g.Groups[0].Rows, "expert 0: tokens 0 and 2")
+	require.Equal(t, []float32{.5, .9}, g.Groups[0].Scale)
+	require.Equal(t, []int32{0, 1}, g.Groups[2].Rows, "expert 2: tokens 0 and 1")
+	require.Equal(t, []int32{0, 3, 2, 4, 1, 5}, g.RowOf, "rows by expert, then token: e0 {p0, p4}, e1 {p2}, e2 {p1, p3}, e3 {p5}")
+	require.Len(t, g.Out, 6*cfg.Hidden)
+
+	shard := l.Subset(func(e int) bool { return e >= 2 })
+	g, err = shard.Group(ids, w, 2, true, nil)
+	require.NoError(t, err)
+	require.Len(t, g.Groups, 2)
+	require.Equal(t, []int32{-1, 0, -1, 1, -1, 2}, g.RowOf, "pairs of experts 0 and 1 are other ranks'")
+	_, err = shard.Group(ids, w, 2, false, nil)
+	require.EqualError(t, err, "moe: tokens routed to expert 0, which this layer did not load")
+
+	_, err = l.Group(ids, w[:5], 2, false, nil)
+	require.ErrorIs(t, err, moe.ErrShape)
+	require.EqualError(t, err, "moe: grouping 6 ids and 5 weights of top-2")
+	_, err = l.Group(ids, w, 4, false, nil)
+	require.ErrorContains(t, err, "grouping 6 ids and 6 weights of top-4")
+}

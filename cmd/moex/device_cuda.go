@@ -29,7 +29,7 @@ var (
 // devices: NCCL on the device buffers when this process is an NCCL rank,
 // else comm staged through the host (ranks sharing a GPU, MPI without
 // NCCL; such steps are not captured in graphs).
-func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
+func deviceComm(d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
 	if dev, ok := d.(*cuda.Device); ok && dev == worldDevice && worldNCCL != nil {
 		return epgpu.NewNCCLComm(dev, worldNCCL, comm)
 	}

@@ -27,6 +27,6 @@ func ncclWorld(context.Context) (ep.Comm, ep.Comm, func(), error) {
 
 // deviceComm: the ranks of the emulation exchange the emulated device's
 // buffers over their ep.Comm, as steps of its stream (graphs hold them).
-func deviceComm(ctx context.Context, d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
+func deviceComm(d cuda.Launcher, comm ep.Comm) epgpu.DeviceComm {
 	return epgpu.NewEmuComm(d.(*cuda.Emu), comm)
 }

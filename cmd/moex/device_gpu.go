@@ -87,7 +87,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			return ex, nil
 		},
 		gather: func(ctx context.Context, _ int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
-			g, err := dpattngpu.NewGatherMoE(d, shard, deviceComm(ctx, d, comm))
+			g, err := dpattngpu.NewGatherMoE(d, shard, deviceComm(d, comm))
 			if err != nil {
 				return nil, err
 			}
@@ -101,7 +101,7 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			if _, gate := shard.SharedExpert(); !ok || gate != nil {
 				return nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
 			}
-			l, err := dpattngpu.NewDecodeLayer(att, blk, shard, deviceComm(ctx, d, comm))
+			l, err := dpattngpu.NewDecodeLayer(att, blk, shard, deviceComm(d, comm))
 			if err != nil {
 				return nil, err
 			}

@@ -63,6 +63,8 @@ func TestMoEBadShapes(t *testing.T) {
 	require.ErrorContains(t, g.Forward(context.Background(), make([]float32, 33), make([]float32, 33)), "want [tokens, 32]")
 	x := make([]float32, 32)
 	require.NoError(t, g.Forward(context.Background(), x, make([]float32, 32)))
+	_, err = g.NewStage(cuda.NewBuffers(cuda.NewEmu()), 0, false)
+	require.EqualError(t, err, "cuda: moe: a stage of 0 tokens")
 	require.NoError(t, g.Close())
 	require.NoError(t, g.Close(), "a second Close does nothing")
 	require.ErrorIs(t, g.Forward(context.Background(), x, make([]float32, 32)), moe.ErrClosed)

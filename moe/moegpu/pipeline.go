@@ -108,8 +108,11 @@ type sharedRun struct {
 	scale      cuda.Buffer
 }
 
-func newSharedRun(a cuda.Allocator, st *stack, rows int, gated bool) *sharedRun {
-	r := &sharedRun{st: st, lay: newDense(a, rows)}
+// newSharedRun sizes the shared expert over lay's rows (the layout of a
+// stage's router, or one of its own).
+func newSharedRun(a cuda.Allocator, st *stack, lay dense, gated bool) *sharedRun {
+	rows := lay.rows
+	r := &sharedRun{st: st, lay: lay}
 	p := max(r.lay.padded, 1)
 	r.h, r.hb, r.out = a.Alloc(int64(p*st.inter*4)), a.Alloc(int64(p*st.inter*2)), a.Alloc(int64(p*st.hidden*4))
 	if gated {
@@ -167,7 +170,7 @@ func (m *MoE) NewStage(a cuda.Allocator, tokens int, partial bool) (*Stage, erro
 	s.ids, s.weights = a.Alloc(int64(tokens*K*4)), a.Alloc(int64(tokens*K*4))
 	s.ffn = newFFNRun(a, &m.routed, tokens, K)
 	if m.shared != nil && !partial {
-		s.shared = newSharedRun(a, m.shared, tokens, m.sharedGate != nil)
+		s.shared = newSharedRun(a, m.shared, s.router, m.sharedGate != nil) // the router's layout: the same rows
 	}
 	s.out = a.Alloc(int64(tokens * H * 4))
 	if err := a.Err(); err != nil {
@@ -251,7 +254,7 @@ func (m *MoE) NewSharedStage(a cuda.Allocator, rows int) (*SharedStage, error) {
 		ident[i] = int32(i)
 	}
 	s.ident = cuda.Stage(a, ident)
-	s.run = newSharedRun(a, m.shared, rows, m.sharedGate != nil)
+	s.run = newSharedRun(a, m.shared, newDense(a, rows), m.sharedGate != nil)
 	if err := a.Err(); err != nil {
 		return nil, fmt.Errorf("cuda: moe: shared expert's buffers for %d rows: %w", rows, err)
 	}
