@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moex-project/moex/internal/buffers"
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -27,11 +29,10 @@ type Layer struct {
 	grouped   []float32
 	sharedOut []float32
 
-	mu   sync.Mutex
-	load []int64 // tokens routed to each expert by this rank, all steps so far
-
-	// Times accumulates the stages of every forward pass on this rank.
-	Times StageTimes
+	mu     sync.Mutex
+	load   []int64    // tokens routed to each expert by this rank, all steps so far
+	times  StageTimes // the stages of every forward pass on this rank
+	closed bool
 }
 
 // StageTimes are the accumulated wall times of an EP layer's stages.
@@ -96,16 +97,45 @@ func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {
 	return &Layer{Config: m.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
 }
 
-// Close releases the checkpoint mapping.
+// Close releases the checkpoint mapping Load opened (FromLayer's and
+// LoadFrom's stay their caller's). Later forward passes fail with
+// moe.ErrClosed; a second Close does nothing. Like Forward, it must not be
+// called while a forward pass runs.
 func (l *Layer) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
 	if l.ckpt == nil {
 		return nil
 	}
 	return l.ckpt.Close()
 }
 
+// StageTimes returns the wall times of this rank's stages, summed over every
+// forward pass so far.
+func (l *Layer) StageTimes() StageTimes {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.times
+}
+
+func (l *Layer) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+func (l *Layer) addTimes(f func(t *StageTimes)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f(&l.times)
+}
+
 // SetWorkers sets the goroutines the local expert FFN uses (0: GOMAXPROCS).
-func (l *Layer) SetWorkers(n int) { l.moe.Workers = n }
+func (l *Layer) SetWorkers(n int) { l.moe.SetWorkers(n) }
 
 // ExpertLoad returns the per-expert token counts this rank has routed so far.
 func (l *Layer) ExpertLoad() []int64 {
@@ -142,6 +172,9 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	fail := func(err error) error {
 		comm.Abort(fmt.Errorf("rank %d: %w", comm.Rank(), err))
 		return err
+	}
+	if l.isClosed() {
+		return fail(errkind.Errorf(moe.ErrClosed, "ep: rank %d: forward pass on a closed layer", comm.Rank()))
 	}
 	if len(x)%H != 0 || len(y) != len(x) {
 		return fail(fmt.Errorf("ep: input has %d values and output %d, want equal multiples of hidden size %d", len(x), len(y), H))
@@ -181,7 +214,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		return err
 	}
 	tExperts := time.Now()
-	l.Times.Dispatch += tExperts.Sub(start)
+	l.addTimes(func(t *StageTimes) { t.Dispatch += tExperts.Sub(start) })
 	// Local experts over the received rows, plus the shared expert over this
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
 	all := d.Hidden
@@ -196,7 +229,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	}
 	// Each received row is a pair of its own (top-1): grouped by expert by
 	// the one pipeline's Group.
-	g, err := l.moe.Group(rowIDs, rowWeights, 1, false, kernels.Grow(&l.grouped, len(d.Rows)*H))
+	g, err := l.moe.Group(rowIDs, rowWeights, 1, false, buffers.Grow(&l.grouped, len(d.Rows)*H))
 	if err != nil {
 		return fail(err)
 	}
@@ -205,7 +238,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	for t := range own {
 		own[t] = int32(len(d.Rows) + t)
 	}
-	shared := l.moe.SharedFFN(all, own, kernels.Grow(&l.sharedOut, T*H))
+	shared := l.moe.SharedFFN(all, own, buffers.Grow(&l.sharedOut, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
@@ -213,13 +246,13 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		return fail(err)
 	}
 	// The outputs go back in received order.
-	out := kernels.Grow(&l.out, len(d.Rows)*H)
+	out := buffers.Grow(&l.out, len(d.Rows)*H)
 	for i, r := range g.RowOf {
 		copy(out[i*H:(i+1)*H], g.Out[int(r)*H:][:H])
 	}
 	tCombine := time.Now()
-	l.Times.Experts += tCombine.Sub(tExperts)
-	defer func() { l.Times.Combine += time.Since(tCombine) }()
+	l.addTimes(func(t *StageTimes) { t.Experts += tCombine.Sub(tExperts) })
+	defer l.addTimes(func(t *StageTimes) { t.Combine += time.Since(tCombine) })
 	pairOut, err := d.Return(ctx, comm, out)
 	if err != nil {
 		return err

@@ -223,4 +223,27 @@ func TestEPFaults(t *testing.T) {
 			require.NoError(t, err)
 		}
 	})
+	t.Run("forward after close", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		errs := onRanks(t, 3, func(c ep.Comm) error {
+			l, err := ep.Load(dir, 0, c, place)
+			if err != nil {
+				c.Abort(err)
+				return err
+			}
+			xr := x[2*c.Rank()*H : 2*(c.Rank()+1)*H]
+			if err := l.Forward(ctx, xr, make([]float32, len(xr))); err != nil {
+				return err
+			}
+			st := l.StageTimes()
+			require.Positive(t, st.Dispatch+st.Experts+st.Combine)
+			require.NoError(t, l.Close())
+			require.NoError(t, l.Close(), "a second Close does nothing")
+			return l.Forward(ctx, xr, make([]float32, len(xr)))
+		})
+		for r, err := range errs {
+			require.ErrorIs(t, err, moe.ErrClosed, "rank %d", r)
+		}
+	})
 }

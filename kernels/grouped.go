@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/moex-project/moex/internal/buffers"
 )
 
 // FFNGroup is one expert applied to the rows routed to it: the unit of a
@@ -46,14 +48,6 @@ type Scratch struct {
 	h []float32
 }
 
-// Grow returns a buffer of n float32s from the scratch (contents undefined).
-func Grow(buf *[]float32, n int) []float32 {
-	if cap(*buf) < n {
-		*buf = make([]float32, n, n+n/4)
-	}
-	return (*buf)[:n]
-}
-
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
 // workers goroutines (0: GOMAXPROCS): all gate/up tiles, then all down
 // tiles. s (nil: none) keeps the intermediate buffer for the next call. It
@@ -67,7 +61,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 	for _, g := range groups {
 		total += len(g.Rows) * g.Gate.Rows
 	}
-	all := Grow(&s.h, total)
+	all := buffers.Grow(&s.h, total)
 	hs := make([][]float32, len(groups))
 	var first, second []item
 	for i, g := range groups {

@@ -3,6 +3,8 @@ package kernels
 import (
 	"sync"
 	"unsafe"
+
+	"github.com/moex-project/moex/internal/buffers"
 )
 
 // The outer-product schedule runs on packed weights (see Pack). A kernel
@@ -104,7 +106,7 @@ func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 i
 	}
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldc := (p1 - p0) * PanelWidth
-	sc.c[0], sc.c[1] = Grow(&sc.c[0], M*ldc), Grow(&sc.c[1], M*ldc)
+	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], M*ldc), buffers.Grow(&sc.c[1], M*ldc)
 	mats := [2]Matrix{gate, up}
 	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
@@ -137,7 +139,7 @@ func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []floa
 	}
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldc := (p1 - p0) * PanelWidth
-	sc.c[0] = Grow(&sc.c[0], M*ldc)
+	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
 	mats := [1]Matrix{down}
 	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth

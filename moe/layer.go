@@ -14,8 +14,8 @@
 //
 //   - Concurrency: a Layer's Forward and ForwardRouting may be called from
 //     many goroutines at once (each call takes reusable buffers of its own)
-//     and give each caller the bits a serial call gives. Setting Workers or
-//     Experts must not race with calls in flight; Close waits for them.
+//     and give each caller the bits a serial call gives. SetWorkers,
+//     SetExpertRunner and Close wait for the calls in flight.
 //   - Buffers: the caller owns x, y, ids and weights; a call reads x and
 //     writes the others, and keeps none of them.
 //   - Blocking calls take a context.Context first; a cancelled context
@@ -38,6 +38,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
@@ -57,7 +58,8 @@ type Weights struct {
 	SharedGate *kernels.Matrix // [1, hidden]: qwen2_moe's shared_expert_gate, or nil
 }
 
-// Layer is one MoE block, ready to run.
+// Layer is one MoE block, ready to run. Config and Router are shared with
+// the layer's subsets and device runners: read them, never change them.
 type Layer struct {
 	Config *Config
 	Router *Router
@@ -68,14 +70,8 @@ type Layer struct {
 	sharedGate *kernels.Matrix
 	ckpt       *Checkpoint
 
-	// Workers is the number of goroutines a forward pass uses; 0 means
-	// GOMAXPROCS. The result does not depend on it.
-	Workers int
-
-	// Experts runs the grouped expert FFNs of a forward pass; nil: the CPU
-	// kernels. Subset does not carry it over (a runner holds its layer's
-	// weights).
-	Experts ExpertRunner
+	workers int          // SetWorkers
+	runner  ExpertRunner // SetExpertRunner
 
 	scratchMu sync.Mutex
 	scratches []*scratch
@@ -318,13 +314,13 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	}
 	sc := l.getScratch()
 	defer l.putScratch(sc)
-	g, err := l.Group(ids, weights, K, false, kernels.Grow(&sc.out, T*K*H))
+	g, err := l.Group(ids, weights, K, false, buffers.Grow(&sc.out, T*K*H))
 	if err != nil {
 		return err
 	}
 	// The grouped expert FFN, the shared expert included as one more group.
 	groups := g.Groups
-	shared := l.SharedFFN(x, nil, kernels.Grow(&sc.shared, T*H))
+	shared := l.SharedFFN(x, nil, buffers.Grow(&sc.shared, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
@@ -433,10 +429,10 @@ type GraphCounter interface {
 // RunExperts computes the groups (built from this layer's experts) on the
 // layer's runner, or on the CPU kernels with sc (nil: none) as scratch.
 func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FFNGroup, sc *kernels.Scratch) error {
-	if l.Experts != nil {
-		return l.Experts.GroupedFFN(ctx, x, groups)
+	if l.runner != nil {
+		return l.runner.GroupedFFN(ctx, x, groups)
 	}
-	return kernels.GroupedFFN(ctx, l.workers(), x, groups, sc)
+	return kernels.GroupedFFN(ctx, l.workerCount(), x, groups, sc)
 }
 
 // Route chooses the experts of every token of x [tokens, hidden]: ids and
@@ -444,7 +440,7 @@ func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FF
 func (l *Layer) Route(ctx context.Context, x []float32, ids []int32, weights []float32) error {
 	const chunk = 16
 	T := len(x) / l.Config.Hidden
-	return kernels.Parallel(ctx, l.workers(), (T+chunk-1)/chunk, func(i int) {
+	return kernels.Parallel(ctx, l.workerCount(), (T+chunk-1)/chunk, func(i int) {
 		l.Router.Route(x, ids, weights, i*chunk, min((i+1)*chunk, T))
 	})
 }
@@ -568,7 +564,7 @@ func (l *Layer) Subset(keep func(e int) bool) *Layer {
 		loaded[e] = l.loaded[e] && keep(e)
 	}
 	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded,
-		shared: l.shared, sharedGate: l.sharedGate, Workers: l.Workers}
+		shared: l.shared, sharedGate: l.sharedGate, workers: l.workers}
 }
 
 // Expert returns routed expert e's weights, and whether this layer holds
@@ -585,7 +581,26 @@ func (l *Layer) Expert(e int) (Expert, bool) {
 func (l *Layer) SharedExpert() (*Expert, *kernels.Matrix) { return l.shared, l.sharedGate }
 
 // WorkerCount is the goroutine count a forward pass uses.
-func (l *Layer) WorkerCount() int { return l.workers() }
+func (l *Layer) WorkerCount() int { return l.workerCount() }
+
+// SetWorkers sets the number of goroutines a forward pass uses; 0 (the
+// default) means GOMAXPROCS. The result does not depend on it. It waits for
+// the forward passes in flight.
+func (l *Layer) SetWorkers(n int) {
+	l.life.Lock()
+	defer l.life.Unlock()
+	l.workers = max(n, 0)
+}
+
+// SetExpertRunner makes r run the grouped expert FFNs of later forward
+// passes; nil (the default) runs them on the CPU kernels. It waits for the
+// forward passes in flight. Subset does not carry the runner over (a runner
+// holds its layer's weights).
+func (l *Layer) SetExpertRunner(r ExpertRunner) {
+	l.life.Lock()
+	defer l.life.Unlock()
+	l.runner = r
+}
 
 // CheckFinite returns an error naming the first token of x [tokens, hidden]
 // that holds a NaN or an infinity.
@@ -598,9 +613,9 @@ func CheckFinite(x []float32, hidden int) error {
 	return nil
 }
 
-func (l *Layer) workers() int {
-	if l.Workers > 0 {
-		return l.Workers
+func (l *Layer) workerCount() int {
+	if l.workers > 0 {
+		return l.workers
 	}
 	return runtime.GOMAXPROCS(0)
 }

@@ -140,10 +140,10 @@ func checkBatchIndependence(t *testing.T, spec moetest.Spec, x []float32) {
 	H := spec.Hidden
 	T := len(x) / H
 	full := make([]float32, len(x))
-	l.Workers = 1
+	l.SetWorkers(1)
 	require.NoError(t, l.Forward(context.Background(), x, full))
 	for _, workers := range []int{2, 3, 8} {
-		l.Workers = workers
+		l.SetWorkers(workers)
 		y := make([]float32, len(x))
 		require.NoError(t, l.Forward(context.Background(), x, y))
 		require.Equal(t, math32bits(full), math32bits(y), "workers %d", workers)

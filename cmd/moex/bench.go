@@ -395,7 +395,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
 		label := fmt.Sprintf("%s T=%d", name, T)
 		err := o.forEachSetting(func(impl string, threads int) error {
-			l.Workers = threads
+			l.SetWorkers(threads)
 			times, err := o.time(label+" "+impl, func() error { return l.Forward(context.Background(), x, y) })
 			if err != nil {
 				return err

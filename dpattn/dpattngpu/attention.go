@@ -33,10 +33,16 @@ type Attention struct {
 	blocks map[*dpattn.MLABlock]*blockOnDevice
 	tmp    *cuda.ScratchPool // the eager decode's temporaries
 
-	graphs  bool // replay captured graphs when the step allows
-	allowed atomic.Bool
-	// replays and eager count the calls each way.
-	replays, eager atomic.Int64
+	// With graphs enabled, each call is padded to a bucket of queries
+	// (powers of two) and of KV splits (powers of two), the bucket's decode
+	// captured on first use and replayed whenever the step's vote allows;
+	// eager launches otherwise (and for a bucket whose capture failed).
+	// Padding queries repeat the first query and are dropped; padding
+	// splits are empty and add exact zeros in the merge, so a replay gives
+	// the eager bits. Each bucket keeps buffers of its own for the core's
+	// life. Ranks sharing the core each pass the same vote; the last one
+	// stands, which is harmless either way.
+	cuda.GraphMode
 }
 
 type mirror struct {
@@ -64,22 +70,10 @@ type attnGraph struct {
 	bs                                   *cuda.Buffers
 }
 
-// EnableGraphs makes the core replay CUDA graphs: each call padded to a
-// bucket of queries (powers of two) and of KV splits (powers of two), the
-// bucket's decode captured on first use and replayed whenever AllowGraph
-// said yes; eager launches otherwise (and for a bucket whose capture
-// failed). Padding queries repeat the first query and are dropped; padding
-// splits are empty and add exact zeros in the merge, so a replay gives the
-// eager bits. Each bucket keeps buffers of its own for the core's life.
-func (a *Attention) EnableGraphs() { a.graphs = true }
-
-// AllowGraph is the coordinator's vote for the coming step (every rank in
-// decode or idle): graphs may replay. Ranks sharing the core each pass the
-// same vote; the last one stands, which is harmless either way since a
-// replay gives the eager bits.
-func (a *Attention) AllowGraph(ok bool) { a.allowed.Store(ok) }
-
-var _ moe.GraphVoter = (*Attention)(nil)
+var (
+	_ moe.GraphVoter   = (*Attention)(nil)
+	_ moe.GraphCounter = (*Attention)(nil)
+)
 
 var _ dpattn.AttentionCore = (*Attention)(nil)
 
@@ -87,13 +81,6 @@ var _ dpattn.AttentionCore = (*Attention)(nil)
 func NewAttention(d cuda.Launcher) *Attention {
 	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: cuda.NewScratchPool(d)}
 }
-
-// GraphReplays is the number of calls (attention and steps) replayed from
-// a graph.
-func (a *Attention) GraphReplays() int { return int(a.replays.Load()) }
-
-// EagerRuns is the number of calls launched kernel by kernel.
-func (a *Attention) EagerRuns() int { return int(a.eager.Load()) }
 
 // Close frees the device copies of the caches and of the projections,
 // after the steps running on them; a second Close does nothing.
@@ -217,13 +204,13 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	if len(out) != B*heads*dv {
 		return fmt.Errorf("cuda: attention: out has %d values, want %d × %d × %d", len(out), B, heads, dv)
 	}
-	if a.graphs && a.allowed.Load() && B > 0 {
+	if a.Replaying() && B > 0 {
 		if ok, err := a.replay(ctx, m, c, in, out); ok || err != nil {
-			a.replays.Add(1)
+			a.CountReplay()
 			return err
 		}
 	}
-	a.eager.Add(1)
+	a.CountEager()
 	sc := a.tmp.Get()
 	defer a.tmp.Put(sc)
 	o, _, err := mlaDecodeIn(a.d, sc, m.buf, c.DType() == kernels.BF16, in)
@@ -303,7 +290,7 @@ func (a *Attention) capture(m *mirror, c *dpattn.LatentCache, in MLAInput, key a
 		return nil, g.bs.Err()
 	}
 	bf16 := c.DType() == kernels.BF16
-	graph, err := a.d.Capture(func(d cuda.Launcher) error {
+	graph, err := a.Capture(a.d, fmt.Sprintf("cuda: attention bucket %+v", key), func(d cuda.Launcher) error {
 		return d.MLADecode(bf16, g.q, m.buf, g.table, g.lens, Q, in.Heads, in.D, in.DV, in.BlockSize, g.width, in.SplitRows, S,
 			in.Scale, g.partO, g.partL, g.o, g.lse)
 	})

@@ -29,20 +29,17 @@ import (
 // which a capture may not do), and only kept if every rank captured it
 // (epgpu.DeviceComm.Agree): a bucket that failed anywhere (a communicator that
 // stages through the host, no memory) runs eagerly from then on everywhere,
-// its first error in CaptureErr().
+// its first error in CaptureErr.
 //
 // Activations are rounded to bf16 on the device, so the output matches the
 // CPU's MoEGather within the tensor-core tolerance; a replay gives the bits
 // of the eager launches. One goroutine (the rank's) calls it.
 type GatherMoE struct {
-	m              *moegpu.MoE
-	comm           epgpu.DeviceComm
-	graphs         bool
-	allowed        bool
-	buckets        map[int]*gatherBucket
-	host           []float32 // the padded rows, staged
-	replays, eager int       // the steps each way
-	captureErr     error     // the first capture that failed on this rank
+	m       *moegpu.MoE
+	comm    epgpu.DeviceComm
+	buckets map[int]*gatherBucket
+	host    []float32 // the padded rows, staged
+	cuda.GraphMode
 }
 
 var (
@@ -55,15 +52,27 @@ var (
 // (in), the MoE pipeline's partial stage over every rank's rows, the
 // scattered sum (mine) and the shared expert on the rank's own rows.
 type gatherBucket struct {
-	B       int // rows per rank
-	in      cuda.Buffer
-	routed  *moegpu.Stage
-	mine    cuda.Buffer
-	shared  *moegpu.SharedStage // nil without a shared expert
+	B      int // rows per rank
+	in     cuda.Buffer
+	routed *moegpu.Stage
+	mine   cuda.Buffer
+	shared *moegpu.SharedStage // nil without a shared expert
+	graphSlot
+	bs *cuda.Buffers
+}
+
+// graphSlot is the graph of one step shape and its history.
+type graphSlot struct {
 	graph   cuda.Graph
-	noGraph bool // on every rank: no graph for this bucket
+	noGraph bool // no graph for this shape from now on
 	warm    bool // run eagerly once
-	bs      *cuda.Buffers
+}
+
+func (s *graphSlot) close() {
+	if s.graph != nil {
+		s.graph.Close()
+		s.graph = nil
+	}
 }
 
 // NewGatherMoE uploads shard (the router, a contiguous range of experts as
@@ -77,30 +86,10 @@ func NewGatherMoE(dev cuda.Launcher, shard *moe.Layer, comm epgpu.DeviceComm) (*
 	return &GatherMoE{m: m, comm: comm, buckets: map[int]*gatherBucket{}}, nil
 }
 
-// GraphReplays is the number of steps replayed from a graph.
-func (g *GatherMoE) GraphReplays() int { return g.replays }
-
-// EagerRuns is the number of steps launched kernel by kernel.
-func (g *GatherMoE) EagerRuns() int { return g.eager }
-
-// CaptureErr is the first capture that failed on this rank (those steps
-// run eagerly), or nil.
-func (g *GatherMoE) CaptureErr() error { return g.captureErr }
-
-// EnableGraphs makes the stage capture each bucket on first use and replay
-// it whenever AllowGraph said yes for the step.
-func (g *GatherMoE) EnableGraphs() { g.graphs = true }
-
-// AllowGraph is the coordinator's vote for the coming step (every rank in
-// decode or idle).
-func (g *GatherMoE) AllowGraph(ok bool) { g.allowed = ok }
-
 // Close frees the buckets and the weights.
 func (g *GatherMoE) Close() error {
 	for _, b := range g.buckets {
-		if b.graph != nil {
-			b.graph.Close()
-		}
+		b.close()
 		b.bs.Free()
 	}
 	g.buckets = nil
@@ -218,35 +207,34 @@ func (g *GatherMoE) Forward(ctx context.Context, plan *dpattn.StepPlan, x, y []f
 			return err
 		}
 	}
-	if g.graphs && g.allowed && !b.noGraph && b.graph == nil && b.warm {
-		// The same on every rank (the vote, the bucket's history), so
-		// every rank agrees here.
-		graph, cerr := g.m.Device().Capture(func(rec cuda.Launcher) error { return g.enqueue(ctx, rec, b) })
-		if cerr != nil && g.captureErr == nil {
-			g.captureErr = fmt.Errorf("cuda: gather step of %d rows per rank: %w", B, cerr)
-		}
-		ok, err := g.comm.Agree(ctx, cerr == nil)
-		if err != nil || !ok {
-			if graph != nil {
-				graph.Close()
+	d := g.m.Device()
+	enqueue := func(l cuda.Launcher) error { return g.enqueue(ctx, l, b) }
+	var graph cuda.Graph
+	if g.Replaying() && !b.noGraph {
+		if b.graph == nil && b.warm {
+			// The same on every rank (the vote, the bucket's history), so
+			// every rank agrees here.
+			captured, cerr := g.Capture(d, fmt.Sprintf("cuda: gather step of %d rows per rank", B), enqueue)
+			ok, err := g.comm.Agree(ctx, cerr == nil)
+			switch {
+			case err != nil || !ok:
+				if captured != nil {
+					captured.Close()
+				}
+				if err != nil {
+					return err
+				}
+				b.noGraph = true // eagerly from now on, on every rank
+			default:
+				b.graph = captured
 			}
-			if err != nil {
-				return err
-			}
-			b.noGraph = true // eagerly from now on, on every rank
-		} else {
-			b.graph = graph
 		}
+		graph = b.graph
 	}
-	if g.graphs && g.allowed && b.graph != nil {
-		g.replays++
-		err = b.graph.Replay(ctx)
-	} else {
-		g.eager++
+	if graph == nil {
 		b.warm = true
-		err = g.enqueue(ctx, g.m.Device(), b)
 	}
-	if err != nil {
+	if err := g.Run(ctx, d, graph, enqueue); err != nil {
 		return err
 	}
 	if err := g.comm.Wait(ctx); err != nil {

@@ -31,16 +31,13 @@ import (
 // supported here (DeepSeek's layers have none). One goroutine (the rank's)
 // calls it.
 type DecodeLayer struct {
-	att    *Attention
-	moe    *GatherMoE
-	blk    *dpattn.MLABlock
-	graphs bool
-	steps  map[layerKey]*layerGraph
-	// Replays and Eager count the steps each way; CaptureErr is the first
-	// capture that failed on this rank.
-	replays, eager int
-	captureErr     error
-	allowed        bool
+	att   *Attention
+	moe   *GatherMoE
+	blk   *dpattn.MLABlock
+	steps map[layerKey]*graphSlot
+	// With graphs enabled, each step shape is captured after one eager run
+	// of it and replayed when the vote allows.
+	cuda.GraphMode
 }
 
 var (
@@ -55,11 +52,6 @@ type layerKey struct {
 	m      *mirror
 	attn   stepKey
 	gather int
-}
-
-type layerGraph struct {
-	graph         cuda.Graph
-	noGraph, warm bool
 }
 
 // NewDecodeLayer makes the layer step of block blk (its attention on att,
@@ -79,32 +71,14 @@ func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm
 		g.Close()
 		return nil, fmt.Errorf("cuda: decode layer: %s's shared-expert gate runs on the host; run the stages apart", shard.Config.ModelType)
 	}
-	return &DecodeLayer{att: att, moe: g, blk: blk, steps: map[layerKey]*layerGraph{}}, nil
+	return &DecodeLayer{att: att, moe: g, blk: blk, steps: map[layerKey]*graphSlot{}}, nil
 }
-
-// GraphReplays is the number of steps replayed from a graph.
-func (l *DecodeLayer) GraphReplays() int { return l.replays }
-
-// EagerRuns is the number of steps launched kernel by kernel.
-func (l *DecodeLayer) EagerRuns() int { return l.eager }
-
-// CaptureErr is the first capture that failed on this rank, or nil.
-func (l *DecodeLayer) CaptureErr() error { return l.captureErr }
-
-// EnableGraphs makes the layer capture each step shape once (after one
-// eager run of it) and replay it when the vote allows.
-func (l *DecodeLayer) EnableGraphs() { l.graphs = true }
-
-// AllowGraph is the coordinator's vote for the coming step.
-func (l *DecodeLayer) AllowGraph(ok bool) { l.allowed = ok }
 
 // Close frees the MoE stage's buffers and weights and the layer's graphs
 // (the attention's buffers are the Attention's).
 func (l *DecodeLayer) Close() error {
 	for _, g := range l.steps {
-		if g.graph != nil {
-			g.graph.Close()
-		}
+		g.close()
 	}
 	l.steps = nil
 	l.moe.Close()
@@ -156,46 +130,37 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpa
 	}
 	for k, old := range l.steps { // graphs over a forgotten cache copy
 		if k.m != nil && k.m.dead.Load() {
-			if old.graph != nil {
-				old.graph.Close()
-			}
+			old.close()
 			delete(l.steps, k)
 		}
 	}
 	g := l.steps[key]
 	if g == nil {
-		g = &layerGraph{}
+		g = &graphSlot{}
 		l.steps[key] = g
 	}
-	replay := false
-	if l.graphs && l.allowed {
+	var graph cuda.Graph
+	if l.Replaying() {
 		// Captured here, host-side only, once the shape has run eagerly;
 		// then every rank replays, or none does (a rank whose step shape is
 		// new, or failed to capture, holds the others to eager launches).
 		if g.graph == nil && g.warm && !g.noGraph {
-			graph, cerr := l.att.d.Capture(enqueue)
-			if cerr != nil {
-				g.noGraph = true
-				if l.captureErr == nil {
-					l.captureErr = fmt.Errorf("cuda: decode layer step %+v: %w", key, cerr)
-				}
-			} else {
-				g.graph = graph
-			}
+			var cerr error
+			g.graph, cerr = l.Capture(l.att.d, fmt.Sprintf("cuda: decode layer step %+v", key), enqueue)
+			g.noGraph = cerr != nil
 		}
-		if replay, err = l.moe.comm.Agree(ctx, g.graph != nil); err != nil {
+		replay, err := l.moe.comm.Agree(ctx, g.graph != nil)
+		if err != nil {
 			return err
 		}
+		if replay {
+			graph = g.graph
+		}
 	}
-	if replay {
-		l.replays++
-		err = g.graph.Replay(ctx)
-	} else {
-		l.eager++
+	if graph == nil {
 		g.warm = true
-		err = enqueue(l.att.d)
 	}
-	if err != nil {
+	if err := l.Run(ctx, l.att.d, graph, enqueue); err != nil {
 		return err
 	}
 	if err := l.moe.comm.Wait(ctx); err != nil {

@@ -438,18 +438,15 @@ func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.La
 	defer r.release()
 	s := r.s
 	enqueue := func(l cuda.Launcher) error { return a.enqueueStep(l, r.b, s, r.m.buf, c) }
-	if a.graphs && a.allowed.Load() && !s.noGraph && s.graph == nil {
-		s.graph, err = a.d.Capture(enqueue)
-		s.noGraph = err != nil
+	var graph cuda.Graph
+	if a.Replaying() {
+		if !s.noGraph && s.graph == nil {
+			s.graph, err = a.Capture(a.d, fmt.Sprintf("cuda: mla step of %d queries, %d splits", s.Q, s.S), enqueue)
+			s.noGraph = err != nil
+		}
+		graph = s.graph
 	}
-	if a.graphs && a.allowed.Load() && s.graph != nil {
-		a.replays.Add(1)
-		err = s.graph.Replay(ctx)
-	} else {
-		a.eager.Add(1)
-		err = enqueue(a.d)
-	}
-	if err != nil {
+	if err := a.Run(ctx, a.d, graph, enqueue); err != nil {
 		return err
 	}
 	if err := cuda.Download(a.d, s.hidden, out); err != nil {

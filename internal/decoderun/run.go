@@ -357,7 +357,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		mine[e] = true
 	}
 	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
-	shard.Workers = workers
+	shard.SetWorkers(workers)
 	var gather dpattn.GatherRunner
 	var layer dpattn.LayerRunner
 	if cfg.MoEMode == "gather" && cfg.Layer != nil {
@@ -370,6 +370,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 			layer = runner
 		}
 	}
+	var experts ExpertRunner
 	switch {
 	case layer != nil: // the layer runner holds its experts
 	case cfg.MoEMode == "gather" && cfg.Gather != nil:
@@ -385,7 +386,8 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 			return nil, err
 		}
 		defer runner.Close()
-		shard.Experts = runner
+		shard.SetExpertRunner(runner)
+		experts = runner
 	}
 	epl, err := ep.FromLayer(shard, comm, place)
 	if err != nil {
@@ -405,7 +407,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		if r == 0 {
 			steps[st] = StepInfo{Counts: plan.Counts, Skip: plan.Skip, GraphOK: plan.GraphOK}
 		}
-		if v, ok := shard.Experts.(moe.GraphVoter); ok {
+		if v, ok := experts.(moe.GraphVoter); ok {
 			v.AllowGraph(plan.GraphOK)
 		}
 		if v, ok := cfg.AttnCore.(moe.GraphVoter); ok {
@@ -460,7 +462,8 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		}
 	}
 	if cfg.MoEMode == "alltoall" {
-		times.Gather, times.MoE, times.Scatter = epl.Times.Dispatch, epl.Times.Experts, epl.Times.Combine
+		st := epl.StageTimes()
+		times.Gather, times.MoE, times.Scatter = st.Dispatch, st.Experts, st.Combine
 	} else {
 		times.Gather, times.Scatter = gt.Gather, gt.Scatter
 		times.MoE += gt.Experts

@@ -50,10 +50,10 @@ func TestExpertsOnGPU(t *testing.T) {
 			x[i] = half.BF16ToF32(half.F32ToBF16(v))
 		}
 		want := make([]float32, len(x))
-		l.Experts = nil
+		l.SetExpertRunner(nil)
 		require.NoError(t, l.Forward(context.Background(), x, want))
 		got := make([]float32, len(x))
-		l.Experts = ex
+		l.SetExpertRunner(ex)
 		require.NoError(t, l.Forward(context.Background(), x, got))
 		ref := make([]float64, len(want))
 		for i, v := range want {

@@ -25,16 +25,19 @@ type Experts struct {
 	shared *stack
 	bs     *cuda.Buffers
 
-	graphs         bool // replay captured graphs when the step allows
-	allowed        bool
-	buckets        map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
-	tmp            *cuda.ScratchPool  // the eager path's temporaries
-	replays, eager int                // the calls each way
+	buckets map[[2]int]*bucket // (0 routed | 1 shared, rows) → captured graph
+	tmp     *cuda.ScratchPool  // the eager path's temporaries
+
+	// With graphs enabled, each call's rows are padded to a bucket (powers
+	// of two from 16 rows), the bucket's grouped FFN captured on first use
+	// and replayed whenever the step's vote allows.
+	cuda.GraphMode
 }
 
 var (
 	_ moe.ExpertRunner = (*Experts)(nil)
 	_ moe.GraphVoter   = (*Experts)(nil)
+	_ moe.GraphCounter = (*Experts)(nil)
 )
 
 // NewExperts uploads the experts l holds (a shard of EP, or all of them).
@@ -64,22 +67,6 @@ func NewExperts(d cuda.Launcher, l *moe.Layer) (*Experts, error) {
 	}
 	return x, nil
 }
-
-// GraphReplays is the number of calls replayed from a graph.
-func (x *Experts) GraphReplays() int { return x.replays }
-
-// EagerRuns is the number of calls launched kernel by kernel.
-func (x *Experts) EagerRuns() int { return x.eager }
-
-// EnableGraphs makes the runner replay CUDA graphs: each call's rows padded
-// to a bucket (powers of two from 16 rows), the bucket's grouped FFN
-// captured on first use, replayed whenever AllowGraph said yes for the
-// step; eager launches otherwise. The results are the same bits.
-func (x *Experts) EnableGraphs() { x.graphs = true }
-
-// AllowGraph is the coordinator's vote for the coming step (every rank in
-// decode or idle): graphs may replay.
-func (x *Experts) AllowGraph(ok bool) { x.allowed = ok }
 
 // Close frees the device weights and graphs.
 func (x *Experts) Close() error {
@@ -120,14 +107,14 @@ func (x *Experts) GroupedFFN(ctx context.Context, xs []float32, groups []kernels
 	}
 	routedSlot := func(i int) int { return x.slot[routed[i].Expert] }
 	sharedSlot := func(int) int { return 0 }
-	if x.graphs && x.allowed {
-		x.replays++
+	if x.Replaying() {
+		x.CountReplay()
 		if err := x.runBucket(ctx, 0, &x.routed, xs, routed, routedSlot); err != nil {
 			return err
 		}
 		return x.runBucket(ctx, 1, x.shared, xs, shared, sharedSlot)
 	}
-	x.eager++
+	x.CountEager()
 	sc := x.tmp.Get()
 	defer x.tmp.Put(sc)
 	if err := runGroups(x.dev, sc, &x.routed, xs, routed, routedSlot); err != nil {

@@ -130,7 +130,7 @@ func TestExpertsOnEmulation(t *testing.T) {
 	ex, err := moegpu.NewExperts(dev, whole)
 	require.NoError(t, err)
 	defer ex.Close()
-	whole.Experts = ex
+	whole.SetExpertRunner(ex)
 	got := make([]float32, len(x))
 	require.NoError(t, whole.Forward(context.Background(), x, got))
 	e := moetest.RelErr(got, ref)
@@ -145,7 +145,7 @@ func TestExpertsOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	defer exG.Close()
 	exG.EnableGraphs()
-	graphed.Experts = exG
+	graphed.SetExpertRunner(exG)
 	for _, n := range []int{T, 1} {
 		eager := make([]float32, n*64)
 		require.NoError(t, whole.Forward(context.Background(), x[:n*64], eager))
@@ -178,7 +178,7 @@ func TestExpertsOnEmulation(t *testing.T) {
 		defer ex.Close()
 		ex.EnableGraphs() // both ranks capture on the shared device at once
 		ex.AllowGraph(true)
-		shard.Experts = ex
+		shard.SetExpertRunner(ex)
 		el, err := ep.FromLayer(shard, c, place)
 		if err != nil {
 			return err
