@@ -19,7 +19,7 @@ func init() {
 		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F16x1, dotAVX2F16x2, dotAVX2F16x3}
 		s.maxMR8 = 1
 		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
-		s.outer = outerAVX2
+		s.outer, s.outerFP8 = outerAVX2, outerFP8AVX2
 		register(s)
 	}
 	if hasAVX512 {
@@ -31,7 +31,7 @@ func init() {
 		s.kern8[F32] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F32x1n8, dotAVX512F32x2n8, dotAVX512F32x3n8}
 		s.kern8[BF16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512BF16x1n8, dotAVX512BF16x2n8, dotAVX512BF16x3n8}
 		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
-		s.outer = outerAVX512
+		s.outer, s.outerFP8 = outerAVX512, outerFP8AVX512
 		register(s)
 	}
 }

@@ -9,7 +9,7 @@ package kernels
 // Only columns [n0, n1) of h are written, so that callers can split the work
 // into column tiles. Shapes are the caller's contract (checked by the layer).
 func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
-	if s := active; s != nil && gate.packed == up.packed {
+	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
 		if gate.packed && gate.Cols > 0 && n0 < n1 && len(idx) > 0 {
 			gateUpOuter(s, h, x, idx, gate, up, n0, n1)
 			return
@@ -28,7 +28,7 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // h is [rows, inter], down is [hidden, inter], out is [rows, hidden];
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
-	if s := active; s != nil {
+	if s := active; s != nil && s.runs(down) {
 		if down.packed && down.Cols > 0 && n0 < n1 {
 			downOuter(s, out, h, nil, down, scale, n0, n1)
 			return
@@ -50,7 +50,7 @@ func RouterLogits(dst []float64, x []float32, w Matrix) {
 // GEMMRows computes out[r, n] = scale[r] · (a[idx[r]] · b[n]) for n in
 // [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
 func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
-	if s := active; s != nil {
+	if s := active; s != nil && s.runs(b) {
 		if b.packed && b.Cols > 0 && n0 < n1 { // idx nil: every row of a
 			downOuter(s, out, a, idx, b, scale, n0, n1)
 			return

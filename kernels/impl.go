@@ -21,8 +21,20 @@ type simd struct {
 	// more weight streams in flight for the memory-bound decode case.
 	kern8  [F16 + 1][maxKernelRows + 1]kernel8Func
 	maxMR8 int
-	// outer holds the outer-product kernels for packed weights.
-	outer outerTable
+	// outer holds the outer-product kernels for packed weights; outerFP8
+	// those for packed FP8 weights.
+	outer    outerTable
+	outerFP8 outerFP8Table
+}
+
+// runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;
+// an FP8 one when it is packed, its scales allow the kernels' widening and
+// s has the FP8 kernels. Others take the generic path.
+func (s *simd) runs(m Matrix) bool {
+	if m.DType != F8E4M3 {
+		return true
+	}
+	return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight
@@ -125,8 +137,11 @@ func namesLocked() []string {
 
 // rowPtr points at the first element of row n; m.Cols must be positive.
 func (m Matrix) rowPtr(n int) *byte {
-	if m.DType == F32 {
+	switch m.DType {
+	case F32:
 		return (*byte)(unsafe.Pointer(&m.f32[n*m.Cols]))
+	case F8E4M3:
+		return &m.u8[n*m.Cols]
 	}
 	return (*byte)(unsafe.Pointer(&m.u16[n*m.Cols]))
 }

@@ -4,10 +4,11 @@
 // generic implementation, the reference for all others; faster CPU paths and
 // the CUDA sources plug in beneath the same functions.
 //
-// Weights stay in the dtype they were stored in (fp32, bf16 or fp16) and are
-// widened to fp32 inside the kernels; accumulation is fp32 (float64 for the
-// router) in a fixed order, so a token's result never depends on the other
-// rows of its batch.
+// Weights stay in the format they were stored in (fp32, bf16, fp16, or FP8
+// e4m3 with block scales) and are widened to fp32 inside the kernels, an
+// FP8 weight to its dequantized value (see NewFP8); accumulation is fp32
+// (float64 for the router) in a fixed order, so a token's result never
+// depends on the other rows of its batch.
 package kernels
 
 import (
@@ -24,6 +25,8 @@ const (
 	F32 DType = iota + 1
 	BF16
 	F16
+	// F8E4M3 is FP8 e4m3fn with block scales (see NewFP8).
+	F8E4M3
 )
 
 // String returns the safetensors name of the dtype.
@@ -35,14 +38,20 @@ func (d DType) String() string {
 		return "BF16"
 	case F16:
 		return "F16"
+	case F8E4M3:
+		return "F8_E4M3"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
 
-// Size is the size of one element in bytes.
+// Size is the size of one element in bytes (an FP8 matrix's block scales
+// come on top).
 func (d DType) Size() int {
-	if d == F32 {
+	switch d {
+	case F32:
 		return 4
+	case F8E4M3:
+		return 1
 	}
 	return 2
 }
@@ -55,6 +64,8 @@ type Matrix struct {
 	Rows, Cols int
 	f32        []float32
 	u16        []uint16
+	u8         []uint8      // F8E4M3's bytes
+	q          *blockScales // F8E4M3's scales
 	packed     bool
 }
 
@@ -102,6 +113,8 @@ func (m Matrix) RowF32(i int, dst []float32) {
 		half.BF16SliceToF32(dst, m.u16[lo:lo+m.Cols])
 	case F16:
 		half.F16SliceToF32(dst, m.u16[lo:lo+m.Cols])
+	case F8E4M3:
+		m.fp8RowF32(i, dst)
 	}
 }
 
@@ -116,6 +129,8 @@ func (m Matrix) At(i, j int) float32 {
 		return half.BF16ToF32(m.u16[k])
 	case F16:
 		return half.F16ToF32(m.u16[k])
+	case F8E4M3:
+		return e4m3[m.u8[k]] * m.q.at(i, j)
 	}
 	return m.f32[k]
 }

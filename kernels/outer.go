@@ -27,6 +27,15 @@ type outerFunc func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float
 // and panel count (the widest at the end of each slice).
 type outerTable = [F16 + 1][maxKernelRows + 1][]outerFunc
 
+// outerFP8Func is an outer-product kernel on FP8 panels: outerFunc's sum
+// with panel j's byte [k][l] widened to its e4m3 value times 2^-120 and
+// multiplied by s[16j + l] (its row's scale times 2^120, the same for the
+// k steps of one call): the dequantized weight, exactly.
+type outerFP8Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s *float32)
+
+// outerFP8Table holds the FP8 kernels by rows and panel count.
+type outerFP8Table = [maxKernelRows + 1][]outerFP8Func
+
 // outerGroup is the number of panels whose k block is kept in L1 while
 // every strip of rows passes over it.
 const outerGroup = 4
@@ -62,6 +71,10 @@ func (s *simd) outerBlockK(M, K int, dtype DType) int {
 // holding len(rows) rows of ldc floats. K must be positive.
 func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K := len(rows), b[0].Cols
+	if b[0].DType == F8E4M3 {
+		s.outerGEMMFP8(rows, b, p0, p1, c, ldc)
+		return
+	}
 	kern := &s.outer[b[0].DType]
 	esize := b[0].DType.Size()
 	stride := PanelWidth * K * esize
@@ -85,6 +98,51 @@ func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32
 					for p := g; p < ge; {
 						np := min(len(ks)-1, ge-p)
 						ks[np](&ap, bi.panelPtr(p, kb), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
+						p += np
+					}
+				}
+			}
+		}
+	}
+}
+
+// outerGEMMFP8 is outerGEMM on packed FP8 matrices: each kernel call's k
+// range stays within one block of the scales, the chain carried through c
+// from call to call.
+func (s *simd) outerGEMMFP8(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+	M, K := len(rows), b[0].Cols
+	bc := b[0].q.cols
+	stride := PanelWidth * K
+	kc := s.outerBlockK(M, K, F8E4M3)
+	if kc < K {
+		kc = max(bc, kc-kc%bc) // k blocks of whole scale blocks
+	}
+	var ap [maxKernelRows]*float32
+	for kb := 0; kb < K; kb += kc {
+		ke := min(kb+kc, K)
+		for i, bi := range b {
+			q := bi.q
+			for g := p0; g < p1; g += outerGroup {
+				ge := min(g+outerGroup, p1)
+				for m0, mr := 0, 0; m0 < M; m0 += mr {
+					mr = s.stripRows(M, m0)
+					ks := s.outerFP8[mr]
+					for p := g; p < ge; {
+						np := min(len(ks)-1, ge-p)
+						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
+						for k0 := kb; k0 < ke; {
+							k1 := min(ke, (k0/bc+1)*bc)
+							for r := 0; r < mr; r++ {
+								ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*k0))
+							}
+							flags := 0
+							if k0 > 0 {
+								flags = 1 // continue the chains in c
+							}
+							sc := &q.panel[(k0/bc*q.panels+p)*PanelWidth]
+							ks[np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc)
+							k0 = k1
+						}
 						p += np
 					}
 				}

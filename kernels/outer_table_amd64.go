@@ -32,6 +32,16 @@ var outerAVX2 = outerTable{
 	},
 }
 
+// outerFP8AVX2 holds the AVX2 outer-product kernels on FP8 panels by rows and panels.
+var outerFP8AVX2 = outerFP8Table{
+	1: {1: opAVX2F8x1p1, 2: opAVX2F8x1p2, 3: opAVX2F8x1p3, 4: opAVX2F8x1p4},
+	2: {1: opAVX2F8x2p1, 2: opAVX2F8x2p2},
+	3: {1: opAVX2F8x3p1},
+	4: {1: opAVX2F8x4p1},
+	5: {1: opAVX2F8x5p1},
+	6: {1: opAVX2F8x6p1},
+}
+
 // outerAVX512 holds the AVX512 outer-product kernels by dtype, rows and panels.
 var outerAVX512 = outerTable{
 	F32: {
@@ -58,4 +68,14 @@ var outerAVX512 = outerTable{
 		5: {1: opAVX512F16x5p1, 2: opAVX512F16x5p2, 3: opAVX512F16x5p3, 4: opAVX512F16x5p4},
 		6: {1: opAVX512F16x6p1, 2: opAVX512F16x6p2, 3: opAVX512F16x6p3, 4: opAVX512F16x6p4},
 	},
+}
+
+// outerFP8AVX512 holds the AVX512 outer-product kernels on FP8 panels by rows and panels.
+var outerFP8AVX512 = outerFP8Table{
+	1: {1: opAVX512F8x1p1, 2: opAVX512F8x1p2, 3: opAVX512F8x1p3, 4: opAVX512F8x1p4},
+	2: {1: opAVX512F8x2p1, 2: opAVX512F8x2p2, 3: opAVX512F8x2p3, 4: opAVX512F8x2p4},
+	3: {1: opAVX512F8x3p1, 2: opAVX512F8x3p2, 3: opAVX512F8x3p3, 4: opAVX512F8x3p4},
+	4: {1: opAVX512F8x4p1, 2: opAVX512F8x4p2, 3: opAVX512F8x4p3, 4: opAVX512F8x4p4},
+	5: {1: opAVX512F8x5p1, 2: opAVX512F8x5p2, 3: opAVX512F8x5p3, 4: opAVX512F8x5p4},
+	6: {1: opAVX512F8x6p1, 2: opAVX512F8x6p2, 3: opAVX512F8x6p3, 4: opAVX512F8x6p4},
 }

@@ -33,6 +33,11 @@ func Pack(m Matrix) Matrix {
 		p.f32 = make([]float32, n)
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.f32))), 4*n))
 		packRows(p.f32, m.f32, m.Rows, K)
+	case F8E4M3:
+		p.u8 = make([]uint8, n)
+		hugepage.Advise(p.u8)
+		packRows(p.u8, m.u8, m.Rows, K)
+		p.q = m.q.packScales(m.Rows, m.panels())
 	default:
 		p.u16 = make([]uint16, n)
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.u16))), 2*n))
@@ -43,7 +48,7 @@ func Pack(m Matrix) Matrix {
 
 // packRows writes the rows×k matrix src into dst in panels, one panel at
 // a time, so that the strided writes stay within one panel's cache lines.
-func packRows[T float32 | uint16](dst, src []T, rows, k int) {
+func packRows[T float32 | uint16 | uint8](dst, src []T, rows, k int) {
 	for p0 := 0; p0 < rows; p0 += PanelWidth {
 		panel := dst[p0*k:][:PanelWidth*k]
 		for r := p0; r < min(p0+PanelWidth, rows); r++ {
@@ -92,6 +97,11 @@ func (m Matrix) packedRowF32(i int, dst []float32) {
 		for k := range dst {
 			dst[k] = half.F16ToF32(src[k*PanelWidth])
 		}
+	case F8E4M3:
+		src := m.u8[base:]
+		for k := range dst {
+			dst[k] = e4m3[src[k*PanelWidth]] * m.q.at(i, k)
+		}
 	}
 }
 
@@ -103,8 +113,11 @@ func (m Matrix) packedIndex(i, j int) int {
 // panelPtr points at step k of panel p of a packed matrix with Cols > 0.
 func (m Matrix) panelPtr(p, k int) *byte {
 	off := (p*m.Cols + k) * PanelWidth
-	if m.DType == F32 {
+	switch m.DType {
+	case F32:
 		return (*byte)(unsafe.Pointer(&m.f32[off]))
+	case F8E4M3:
+		return &m.u8[off]
 	}
 	return (*byte)(unsafe.Pointer(&m.u16[off]))
 }

@@ -4325,6 +4325,899 @@ opAVX2F16x6p1_store:
 	VZEROUPPER
 	RET
 
+// func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x1p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2F8x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y1
+	VMOVUPS 32(BX), Y2
+	JMP     opAVX2F8x1p1_start
+
+opAVX2F8x1p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+
+opAVX2F8x1p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x1p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2F8x1p1_store
+	VPMOVSXBD    (DX)(DI*1), Y3
+	VPSLLD       $0x14, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVSXBD    8(DX)(DI*1), Y4
+	VPSLLD       $0x14, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS (CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	INCQ         SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX2F8x1p1_loop
+
+opAVX2F8x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x1p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F8x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	VMOVUPS 64(SI), Y3
+	VMOVUPS 96(SI), Y4
+	JMP     opAVX2F8x1p2_start
+
+opAVX2F8x1p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2F8x1p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x1p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F8x1p2_store
+	VPMOVSXBD    (DX)(R8*1), Y5
+	VPSLLD       $0x14, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVSXBD    8(DX)(R8*1), Y6
+	VPSLLD       $0x14, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVSXBD    (BX)(R8*1), Y7
+	VPSLLD       $0x14, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVSXBD    8(BX)(R8*1), Y8
+	VPSLLD       $0x14, Y8, Y8
+	VPAND        Y0, Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2F8x1p2_loop
+
+opAVX2F8x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x1p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F8x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	VMOVUPS 64(DI), Y3
+	VMOVUPS 96(DI), Y4
+	VMOVUPS 128(DI), Y5
+	VMOVUPS 160(DI), Y6
+	JMP     opAVX2F8x1p3_start
+
+opAVX2F8x1p3_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+
+opAVX2F8x1p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x1p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F8x1p3_store
+	VPMOVSXBD    (DX)(R9*1), Y7
+	VPSLLD       $0x14, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVSXBD    8(DX)(R9*1), Y8
+	VPSLLD       $0x14, Y8, Y8
+	VPAND        Y0, Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VPMOVSXBD    (SI)(R9*1), Y9
+	VPSLLD       $0x14, Y9, Y9
+	VPAND        Y0, Y9, Y9
+	VMULPS       64(AX), Y9, Y9
+	VPMOVSXBD    8(SI)(R9*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       96(AX), Y10, Y10
+	VPMOVSXBD    (BX)(R9*1), Y11
+	VPSLLD       $0x14, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VMULPS       128(AX), Y11, Y11
+	VPMOVSXBD    8(BX)(R9*1), Y12
+	VPSLLD       $0x14, Y12, Y12
+	VPAND        Y0, Y12, Y12
+	VMULPS       160(AX), Y12, Y12
+	VBROADCASTSS (CX)(R8*4), Y13
+	VFMADD231PS  Y7, Y13, Y1
+	VFMADD231PS  Y8, Y13, Y2
+	VFMADD231PS  Y9, Y13, Y3
+	VFMADD231PS  Y10, Y13, Y4
+	VFMADD231PS  Y11, Y13, Y5
+	VFMADD231PS  Y12, Y13, Y6
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2F8x1p3_loop
+
+opAVX2F8x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VMOVUPS Y5, 128(AX)
+	VMOVUPS Y6, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x1p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2F8x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y1
+	VMOVUPS 32(R8), Y2
+	VMOVUPS 64(R8), Y3
+	VMOVUPS 96(R8), Y4
+	VMOVUPS 128(R8), Y5
+	VMOVUPS 160(R8), Y6
+	VMOVUPS 192(R8), Y7
+	VMOVUPS 224(R8), Y8
+	JMP     opAVX2F8x1p4_start
+
+opAVX2F8x1p4_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2F8x1p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x1p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2F8x1p4_store
+	VBROADCASTSS (CX)(R9*4), Y9
+	VPMOVSXBD    (DX)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       (AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y1
+	VPMOVSXBD    8(DX)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y2
+	VPMOVSXBD    (SI)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       64(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y3
+	VPMOVSXBD    8(SI)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       96(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y4
+	VPMOVSXBD    (DI)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       128(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y5
+	VPMOVSXBD    8(DI)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       160(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y6
+	VPMOVSXBD    (BX)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       192(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y7
+	VPMOVSXBD    8(BX)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       224(AX), Y10, Y10
+	VFMADD231PS  Y10, Y9, Y8
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2F8x1p4_loop
+
+opAVX2F8x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VMOVUPS Y5, 128(AX)
+	VMOVUPS Y6, 160(AX)
+	VMOVUPS Y7, 192(AX)
+	VMOVUPS Y8, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x2p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2F8x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y4
+	JMP     opAVX2F8x2p1_start
+
+opAVX2F8x2p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2F8x2p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x2p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2F8x2p1_store
+	VPMOVSXBD    (BX)(R8*1), Y5
+	VPSLLD       $0x14, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVSXBD    8(BX)(R8*1), Y6
+	VPSLLD       $0x14, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS (DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS (CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2F8x2p1_loop
+
+opAVX2F8x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x2p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F8x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	VMOVUPS 64(DI), Y3
+	VMOVUPS 96(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	VMOVUPS 64(DI), Y7
+	VMOVUPS 96(DI), Y8
+	JMP     opAVX2F8x2p2_start
+
+opAVX2F8x2p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2F8x2p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x2p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F8x2p2_store
+	VPMOVSXBD    (BX)(R9*1), Y9
+	VPSLLD       $0x14, Y9, Y9
+	VPAND        Y0, Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVSXBD    8(BX)(R9*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVSXBD    (SI)(R9*1), Y11
+	VPSLLD       $0x14, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVSXBD    8(SI)(R9*1), Y12
+	VPSLLD       $0x14, Y12, Y12
+	VPAND        Y0, Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS (CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2F8x2p2_loop
+
+opAVX2F8x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VMOVUPS Y7, 64(AX)
+	VMOVUPS Y8, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x3p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2F8x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y3
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	JMP     opAVX2F8x3p1_start
+
+opAVX2F8x3p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+
+opAVX2F8x3p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x3p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2F8x3p1_store
+	VPMOVSXBD    (SI)(R9*1), Y7
+	VPSLLD       $0x14, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVSXBD    8(SI)(R9*1), Y8
+	VPSLLD       $0x14, Y8, Y8
+	VPAND        Y0, Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS (DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS (BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS (CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2F8x3p1_loop
+
+opAVX2F8x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x4p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2F8x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y1
+	VMOVUPS 32(R8), Y2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y3
+	VMOVUPS 32(R8), Y4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y5
+	VMOVUPS 32(R8), Y6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y7
+	VMOVUPS 32(R8), Y8
+	JMP     opAVX2F8x4p1_start
+
+opAVX2F8x4p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2F8x4p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x4p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2F8x4p1_store
+	VPMOVSXBD    (DI)(R10*1), Y9
+	VPSLLD       $0x14, Y9, Y9
+	VPAND        Y0, Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVSXBD    8(DI)(R10*1), Y10
+	VPSLLD       $0x14, Y10, Y10
+	VPAND        Y0, Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VBROADCASTSS (DX)(R9*4), Y11
+	VFMADD231PS  Y9, Y11, Y1
+	VFMADD231PS  Y10, Y11, Y2
+	VBROADCASTSS (BX)(R9*4), Y11
+	VFMADD231PS  Y9, Y11, Y3
+	VFMADD231PS  Y10, Y11, Y4
+	VBROADCASTSS (SI)(R9*4), Y11
+	VFMADD231PS  Y9, Y11, Y5
+	VFMADD231PS  Y10, Y11, Y6
+	VBROADCASTSS (CX)(R9*4), Y11
+	VFMADD231PS  Y9, Y11, Y7
+	VFMADD231PS  Y10, Y11, Y8
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2F8x4p1_loop
+
+opAVX2F8x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y7, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x5p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2F8x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y1
+	VMOVUPS 32(R9), Y2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y3
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y5
+	VMOVUPS 32(R9), Y6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y7
+	VMOVUPS 32(R9), Y8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y9
+	VMOVUPS 32(R9), Y10
+	JMP     opAVX2F8x5p1_start
+
+opAVX2F8x5p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+
+opAVX2F8x5p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x5p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX2F8x5p1_store
+	VPMOVSXBD    (R8)(R11*1), Y11
+	VPSLLD       $0x14, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VMULPS       (AX), Y11, Y11
+	VPMOVSXBD    8(R8)(R11*1), Y12
+	VPSLLD       $0x14, Y12, Y12
+	VPAND        Y0, Y12, Y12
+	VMULPS       32(AX), Y12, Y12
+	VBROADCASTSS (DX)(R10*4), Y13
+	VFMADD231PS  Y11, Y13, Y1
+	VFMADD231PS  Y12, Y13, Y2
+	VBROADCASTSS (BX)(R10*4), Y13
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS (SI)(R10*4), Y13
+	VFMADD231PS  Y11, Y13, Y5
+	VFMADD231PS  Y12, Y13, Y6
+	VBROADCASTSS (DI)(R10*4), Y13
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VBROADCASTSS (CX)(R10*4), Y13
+	VFMADD231PS  Y11, Y13, Y9
+	VFMADD231PS  Y12, Y13, Y10
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX2F8x5p1_loop
+
+opAVX2F8x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y7, (AX)
+	VMOVUPS Y8, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y9, (AX)
+	VMOVUPS Y10, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2F8x6p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX2F8x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Y1
+	VMOVUPS 32(R10), Y2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y3
+	VMOVUPS 32(R10), Y4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y5
+	VMOVUPS 32(R10), Y6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y7
+	VMOVUPS 32(R10), Y8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y9
+	VMOVUPS 32(R10), Y10
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y11
+	VMOVUPS 32(R10), Y12
+	JMP     opAVX2F8x6p1_start
+
+opAVX2F8x6p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	VXORPS Y12, Y12, Y12
+
+opAVX2F8x6p1_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2F8x6p1_loop:
+	CMPQ         R11, R10
+	JGE          opAVX2F8x6p1_store
+	VPMOVSXBD    (R9)(R12*1), Y13
+	VPSLLD       $0x14, Y13, Y13
+	VPAND        Y0, Y13, Y13
+	VMULPS       (AX), Y13, Y13
+	VPMOVSXBD    8(R9)(R12*1), Y14
+	VPSLLD       $0x14, Y14, Y14
+	VPAND        Y0, Y14, Y14
+	VMULPS       32(AX), Y14, Y14
+	VBROADCASTSS (DX)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y1
+	VFMADD231PS  Y14, Y15, Y2
+	VBROADCASTSS (BX)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y3
+	VFMADD231PS  Y14, Y15, Y4
+	VBROADCASTSS (SI)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y5
+	VFMADD231PS  Y14, Y15, Y6
+	VBROADCASTSS (DI)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y7
+	VFMADD231PS  Y14, Y15, Y8
+	VBROADCASTSS (R8)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y9
+	VFMADD231PS  Y14, Y15, Y10
+	VBROADCASTSS (CX)(R11*4), Y15
+	VFMADD231PS  Y13, Y15, Y11
+	VFMADD231PS  Y14, Y15, Y12
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX2F8x6p1_loop
+
+opAVX2F8x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y7, (AX)
+	VMOVUPS Y8, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y9, (AX)
+	VMOVUPS Y10, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y11, (AX)
+	VMOVUPS Y12, 32(AX)
+	VZEROUPPER
+	RET
+
 // func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
 TEXT ·dotAVX512F32x1(SB), NOSPLIT, $0-48
@@ -17264,5 +18157,2339 @@ opAVX512F16x6p4_store:
 	VMOVUPS Z21, 64(AX)
 	VMOVUPS Z22, 128(AX)
 	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x1p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512F8x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z1
+	JMP     opAVX512F8x1p1_start
+
+opAVX512F8x1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+opAVX512F8x1p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x1p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX512F8x1p1_store
+	VPMOVSXBD    (DX)(DI*1), Z2
+	VPSLLD       $0x14, Z2, Z2
+	VPANDD       Z0, Z2, Z2
+	VMULPS       (AX), Z2, Z2
+	VBROADCASTSS (CX)(SI*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX512F8x1p1_loop
+
+opAVX512F8x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x1p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F8x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	VMOVUPS 64(SI), Z2
+	JMP     opAVX512F8x1p2_start
+
+opAVX512F8x1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F8x1p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x1p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F8x1p2_store
+	VPMOVSXBD    (DX)(R8*1), Z3
+	VPSLLD       $0x14, Z3, Z3
+	VPANDD       Z0, Z3, Z3
+	VMULPS       (AX), Z3, Z3
+	VPMOVSXBD    (BX)(R8*1), Z4
+	VPSLLD       $0x14, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VMULPS       64(AX), Z4, Z4
+	VBROADCASTSS (CX)(DI*4), Z5
+	VFMADD231PS  Z3, Z5, Z1
+	VFMADD231PS  Z4, Z5, Z2
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512F8x1p2_loop
+
+opAVX512F8x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x1p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F8x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	VMOVUPS 128(DI), Z3
+	JMP     opAVX512F8x1p3_start
+
+opAVX512F8x1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F8x1p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x1p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F8x1p3_store
+	VPMOVSXBD    (DX)(R9*1), Z4
+	VPSLLD       $0x14, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VMULPS       (AX), Z4, Z4
+	VPMOVSXBD    (SI)(R9*1), Z5
+	VPSLLD       $0x14, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	VMULPS       64(AX), Z5, Z5
+	VPMOVSXBD    (BX)(R9*1), Z6
+	VPSLLD       $0x14, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMULPS       128(AX), Z6, Z6
+	VBROADCASTSS (CX)(R8*4), Z7
+	VFMADD231PS  Z4, Z7, Z1
+	VFMADD231PS  Z5, Z7, Z2
+	VFMADD231PS  Z6, Z7, Z3
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512F8x1p3_loop
+
+opAVX512F8x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x1p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F8x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z3
+	VMOVUPS 192(R8), Z4
+	JMP     opAVX512F8x1p4_start
+
+opAVX512F8x1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512F8x1p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x1p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F8x1p4_store
+	VPMOVSXBD    (DX)(R10*1), Z5
+	VPSLLD       $0x14, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	VMULPS       (AX), Z5, Z5
+	VPMOVSXBD    (SI)(R10*1), Z6
+	VPSLLD       $0x14, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMULPS       64(AX), Z6, Z6
+	VPMOVSXBD    (DI)(R10*1), Z7
+	VPSLLD       $0x14, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VMULPS       128(AX), Z7, Z7
+	VPMOVSXBD    (BX)(R10*1), Z8
+	VPSLLD       $0x14, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMULPS       192(AX), Z8, Z8
+	VBROADCASTSS (CX)(R9*4), Z9
+	VFMADD231PS  Z5, Z9, Z1
+	VFMADD231PS  Z6, Z9, Z2
+	VFMADD231PS  Z7, Z9, Z3
+	VFMADD231PS  Z8, Z9, Z4
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512F8x1p4_loop
+
+opAVX512F8x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x2p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512F8x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512F8x2p1_start
+
+opAVX512F8x2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512F8x2p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x2p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX512F8x2p1_store
+	VPMOVSXBD    (BX)(R8*1), Z3
+	VPSLLD       $0x14, Z3, Z3
+	VPANDD       Z0, Z3, Z3
+	VMULPS       (AX), Z3, Z3
+	VBROADCASTSS (DX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (CX)(DI*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512F8x2p1_loop
+
+opAVX512F8x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x2p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F8x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	JMP     opAVX512F8x2p2_start
+
+opAVX512F8x2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512F8x2p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x2p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F8x2p2_store
+	VPMOVSXBD    (BX)(R9*1), Z5
+	VPSLLD       $0x14, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	VMULPS       (AX), Z5, Z5
+	VPMOVSXBD    (SI)(R9*1), Z6
+	VPSLLD       $0x14, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMULPS       64(AX), Z6, Z6
+	VBROADCASTSS (DX)(R8*4), Z7
+	VFMADD231PS  Z5, Z7, Z1
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (CX)(R8*4), Z7
+	VFMADD231PS  Z5, Z7, Z3
+	VFMADD231PS  Z6, Z7, Z4
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512F8x2p2_loop
+
+opAVX512F8x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x2p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F8x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	JMP     opAVX512F8x2p3_start
+
+opAVX512F8x2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512F8x2p3_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x2p3_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F8x2p3_store
+	VPMOVSXBD    (BX)(R10*1), Z7
+	VPSLLD       $0x14, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VMULPS       (AX), Z7, Z7
+	VPMOVSXBD    (DI)(R10*1), Z8
+	VPSLLD       $0x14, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMULPS       64(AX), Z8, Z8
+	VPMOVSXBD    (SI)(R10*1), Z9
+	VPSLLD       $0x14, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VMULPS       128(AX), Z9, Z9
+	VBROADCASTSS (DX)(R9*4), Z10
+	VFMADD231PS  Z7, Z10, Z1
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (CX)(R9*4), Z10
+	VFMADD231PS  Z7, Z10, Z4
+	VFMADD231PS  Z8, Z10, Z5
+	VFMADD231PS  Z9, Z10, Z6
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512F8x2p3_loop
+
+opAVX512F8x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x2p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F8x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	VMOVUPS 192(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	VMOVUPS 128(R9), Z7
+	VMOVUPS 192(R9), Z8
+	JMP     opAVX512F8x2p4_start
+
+opAVX512F8x2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512F8x2p4_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x2p4_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F8x2p4_store
+	VPMOVSXBD    (BX)(R11*1), Z9
+	VPSLLD       $0x14, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VMULPS       (AX), Z9, Z9
+	VPMOVSXBD    (DI)(R11*1), Z10
+	VPSLLD       $0x14, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMULPS       64(AX), Z10, Z10
+	VPMOVSXBD    (R8)(R11*1), Z11
+	VPSLLD       $0x14, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VMULPS       128(AX), Z11, Z11
+	VPMOVSXBD    (SI)(R11*1), Z12
+	VPSLLD       $0x14, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMULPS       192(AX), Z12, Z12
+	VBROADCASTSS (DX)(R10*4), Z13
+	VFMADD231PS  Z9, Z13, Z1
+	VFMADD231PS  Z10, Z13, Z2
+	VFMADD231PS  Z11, Z13, Z3
+	VFMADD231PS  Z12, Z13, Z4
+	VBROADCASTSS (CX)(R10*4), Z13
+	VFMADD231PS  Z9, Z13, Z5
+	VFMADD231PS  Z10, Z13, Z6
+	VFMADD231PS  Z11, Z13, Z7
+	VFMADD231PS  Z12, Z13, Z8
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512F8x2p4_loop
+
+opAVX512F8x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x3p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512F8x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512F8x3p1_start
+
+opAVX512F8x3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512F8x3p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x3p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX512F8x3p1_store
+	VPMOVSXBD    (SI)(R9*1), Z4
+	VPSLLD       $0x14, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VMULPS       (AX), Z4, Z4
+	VBROADCASTSS (DX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (BX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (CX)(R8*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512F8x3p1_loop
+
+opAVX512F8x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x3p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F8x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z6
+	JMP     opAVX512F8x3p2_start
+
+opAVX512F8x3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512F8x3p2_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x3p2_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F8x3p2_store
+	VPMOVSXBD    (SI)(R10*1), Z7
+	VPSLLD       $0x14, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VMULPS       (AX), Z7, Z7
+	VPMOVSXBD    (DI)(R10*1), Z8
+	VPSLLD       $0x14, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMULPS       64(AX), Z8, Z8
+	VBROADCASTSS (DX)(R9*4), Z9
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (BX)(R9*4), Z9
+	VFMADD231PS  Z7, Z9, Z3
+	VFMADD231PS  Z8, Z9, Z4
+	VBROADCASTSS (CX)(R9*4), Z9
+	VFMADD231PS  Z7, Z9, Z5
+	VFMADD231PS  Z8, Z9, Z6
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512F8x3p2_loop
+
+opAVX512F8x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x3p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F8x3p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	VMOVUPS 128(R9), Z9
+	JMP     opAVX512F8x3p3_start
+
+opAVX512F8x3p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512F8x3p3_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x3p3_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F8x3p3_store
+	VPMOVSXBD    (SI)(R11*1), Z10
+	VPSLLD       $0x14, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMULPS       (AX), Z10, Z10
+	VPMOVSXBD    (R8)(R11*1), Z11
+	VPSLLD       $0x14, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VMULPS       64(AX), Z11, Z11
+	VPMOVSXBD    (DI)(R11*1), Z12
+	VPSLLD       $0x14, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMULPS       128(AX), Z12, Z12
+	VBROADCASTSS (DX)(R10*4), Z13
+	VFMADD231PS  Z10, Z13, Z1
+	VFMADD231PS  Z11, Z13, Z2
+	VFMADD231PS  Z12, Z13, Z3
+	VBROADCASTSS (BX)(R10*4), Z13
+	VFMADD231PS  Z10, Z13, Z4
+	VFMADD231PS  Z11, Z13, Z5
+	VFMADD231PS  Z12, Z13, Z6
+	VBROADCASTSS (CX)(R10*4), Z13
+	VFMADD231PS  Z10, Z13, Z7
+	VFMADD231PS  Z11, Z13, Z8
+	VFMADD231PS  Z12, Z13, Z9
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512F8x3p3_loop
+
+opAVX512F8x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x3p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F8x3p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	VMOVUPS 192(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	VMOVUPS 128(R10), Z7
+	VMOVUPS 192(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	VMOVUPS 192(R10), Z12
+	JMP     opAVX512F8x3p4_start
+
+opAVX512F8x3p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512F8x3p4_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x3p4_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F8x3p4_store
+	VPMOVSXBD    (SI)(R12*1), Z13
+	VPSLLD       $0x14, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VMULPS       (AX), Z13, Z13
+	VPMOVSXBD    (R8)(R12*1), Z14
+	VPSLLD       $0x14, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMULPS       64(AX), Z14, Z14
+	VPMOVSXBD    (R9)(R12*1), Z15
+	VPSLLD       $0x14, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	VMULPS       128(AX), Z15, Z15
+	VPMOVSXBD    (DI)(R12*1), Z16
+	VPSLLD       $0x14, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMULPS       192(AX), Z16, Z16
+	VBROADCASTSS (DX)(R11*4), Z17
+	VFMADD231PS  Z13, Z17, Z1
+	VFMADD231PS  Z14, Z17, Z2
+	VFMADD231PS  Z15, Z17, Z3
+	VFMADD231PS  Z16, Z17, Z4
+	VBROADCASTSS (BX)(R11*4), Z17
+	VFMADD231PS  Z13, Z17, Z5
+	VFMADD231PS  Z14, Z17, Z6
+	VFMADD231PS  Z15, Z17, Z7
+	VFMADD231PS  Z16, Z17, Z8
+	VBROADCASTSS (CX)(R11*4), Z17
+	VFMADD231PS  Z13, Z17, Z9
+	VFMADD231PS  Z14, Z17, Z10
+	VFMADD231PS  Z15, Z17, Z11
+	VFMADD231PS  Z16, Z17, Z12
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512F8x3p4_loop
+
+opAVX512F8x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x4p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512F8x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512F8x4p1_start
+
+opAVX512F8x4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512F8x4p1_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x4p1_loop:
+	CMPQ         R9, R8
+	JGE          opAVX512F8x4p1_store
+	VPMOVSXBD    (DI)(R10*1), Z5
+	VPSLLD       $0x14, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	VMULPS       (AX), Z5, Z5
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (BX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (SI)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (CX)(R9*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512F8x4p1_loop
+
+opAVX512F8x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x4p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F8x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	JMP     opAVX512F8x4p2_start
+
+opAVX512F8x4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512F8x4p2_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x4p2_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F8x4p2_store
+	VPMOVSXBD    (DI)(R11*1), Z9
+	VPSLLD       $0x14, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VMULPS       (AX), Z9, Z9
+	VPMOVSXBD    (R8)(R11*1), Z10
+	VPSLLD       $0x14, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMULPS       64(AX), Z10, Z10
+	VBROADCASTSS (DX)(R10*4), Z11
+	VFMADD231PS  Z9, Z11, Z1
+	VFMADD231PS  Z10, Z11, Z2
+	VBROADCASTSS (BX)(R10*4), Z11
+	VFMADD231PS  Z9, Z11, Z3
+	VFMADD231PS  Z10, Z11, Z4
+	VBROADCASTSS (SI)(R10*4), Z11
+	VFMADD231PS  Z9, Z11, Z5
+	VFMADD231PS  Z10, Z11, Z6
+	VBROADCASTSS (CX)(R10*4), Z11
+	VFMADD231PS  Z9, Z11, Z7
+	VFMADD231PS  Z10, Z11, Z8
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512F8x4p2_loop
+
+opAVX512F8x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x4p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R9
+	LEAQ         (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F8x4p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	VMOVUPS 128(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	VMOVUPS 128(R10), Z12
+	JMP     opAVX512F8x4p3_start
+
+opAVX512F8x4p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512F8x4p3_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x4p3_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F8x4p3_store
+	VPMOVSXBD    (DI)(R12*1), Z13
+	VPSLLD       $0x14, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VMULPS       (AX), Z13, Z13
+	VPMOVSXBD    (R9)(R12*1), Z14
+	VPSLLD       $0x14, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMULPS       64(AX), Z14, Z14
+	VPMOVSXBD    (R8)(R12*1), Z15
+	VPSLLD       $0x14, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	VMULPS       128(AX), Z15, Z15
+	VBROADCASTSS (DX)(R11*4), Z16
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (BX)(R11*4), Z16
+	VFMADD231PS  Z13, Z16, Z4
+	VFMADD231PS  Z14, Z16, Z5
+	VFMADD231PS  Z15, Z16, Z6
+	VBROADCASTSS (SI)(R11*4), Z16
+	VFMADD231PS  Z13, Z16, Z7
+	VFMADD231PS  Z14, Z16, Z8
+	VFMADD231PS  Z15, Z16, Z9
+	VBROADCASTSS (CX)(R11*4), Z16
+	VFMADD231PS  Z13, Z16, Z10
+	VFMADD231PS  Z14, Z16, Z11
+	VFMADD231PS  Z15, Z16, Z12
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512F8x4p3_loop
+
+opAVX512F8x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x4p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R9
+	LEAQ         (R9)(R8*1), R10
+	LEAQ         (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F8x4p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	VMOVUPS 192(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	VMOVUPS 128(R11), Z7
+	VMOVUPS 192(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	VMOVUPS 192(R11), Z12
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z13
+	VMOVUPS 64(R11), Z14
+	VMOVUPS 128(R11), Z15
+	VMOVUPS 192(R11), Z16
+	JMP     opAVX512F8x4p4_start
+
+opAVX512F8x4p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+
+opAVX512F8x4p4_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x4p4_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F8x4p4_store
+	VPMOVSXBD    (DI)(R13*1), Z17
+	VPSLLD       $0x14, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	VMULPS       (AX), Z17, Z17
+	VPMOVSXBD    (R9)(R13*1), Z18
+	VPSLLD       $0x14, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMULPS       64(AX), Z18, Z18
+	VPMOVSXBD    (R10)(R13*1), Z19
+	VPSLLD       $0x14, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	VMULPS       128(AX), Z19, Z19
+	VPMOVSXBD    (R8)(R13*1), Z20
+	VPSLLD       $0x14, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMULPS       192(AX), Z20, Z20
+	VBROADCASTSS (DX)(R12*4), Z21
+	VFMADD231PS  Z17, Z21, Z1
+	VFMADD231PS  Z18, Z21, Z2
+	VFMADD231PS  Z19, Z21, Z3
+	VFMADD231PS  Z20, Z21, Z4
+	VBROADCASTSS (BX)(R12*4), Z21
+	VFMADD231PS  Z17, Z21, Z5
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (SI)(R12*4), Z21
+	VFMADD231PS  Z17, Z21, Z9
+	VFMADD231PS  Z18, Z21, Z10
+	VFMADD231PS  Z19, Z21, Z11
+	VFMADD231PS  Z20, Z21, Z12
+	VBROADCASTSS (CX)(R12*4), Z21
+	VFMADD231PS  Z17, Z21, Z13
+	VFMADD231PS  Z18, Z21, Z14
+	VFMADD231PS  Z19, Z21, Z15
+	VFMADD231PS  Z20, Z21, Z16
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512F8x4p4_loop
+
+opAVX512F8x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x5p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512F8x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512F8x5p1_start
+
+opAVX512F8x5p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512F8x5p1_start:
+	MOVQ k+24(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x5p1_loop:
+	CMPQ         R10, R9
+	JGE          opAVX512F8x5p1_store
+	VPMOVSXBD    (R8)(R11*1), Z6
+	VPSLLD       $0x14, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMULPS       (AX), Z6, Z6
+	VBROADCASTSS (DX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (BX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (SI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (DI)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (CX)(R10*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512F8x5p1_loop
+
+opAVX512F8x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x5p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F8x5p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	JMP     opAVX512F8x5p2_start
+
+opAVX512F8x5p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512F8x5p2_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x5p2_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F8x5p2_store
+	VPMOVSXBD    (R8)(R12*1), Z11
+	VPSLLD       $0x14, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VMULPS       (AX), Z11, Z11
+	VPMOVSXBD    (R9)(R12*1), Z12
+	VPSLLD       $0x14, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMULPS       64(AX), Z12, Z12
+	VBROADCASTSS (DX)(R11*4), Z13
+	VFMADD231PS  Z11, Z13, Z1
+	VFMADD231PS  Z12, Z13, Z2
+	VBROADCASTSS (BX)(R11*4), Z13
+	VFMADD231PS  Z11, Z13, Z3
+	VFMADD231PS  Z12, Z13, Z4
+	VBROADCASTSS (SI)(R11*4), Z13
+	VFMADD231PS  Z11, Z13, Z5
+	VFMADD231PS  Z12, Z13, Z6
+	VBROADCASTSS (DI)(R11*4), Z13
+	VFMADD231PS  Z11, Z13, Z7
+	VFMADD231PS  Z12, Z13, Z8
+	VBROADCASTSS (CX)(R11*4), Z13
+	VFMADD231PS  Z11, Z13, Z9
+	VFMADD231PS  Z12, Z13, Z10
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512F8x5p2_loop
+
+opAVX512F8x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x5p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R10
+	LEAQ         (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F8x5p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	VMOVUPS 128(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	VMOVUPS 128(R11), Z12
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z13
+	VMOVUPS 64(R11), Z14
+	VMOVUPS 128(R11), Z15
+	JMP     opAVX512F8x5p3_start
+
+opAVX512F8x5p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512F8x5p3_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x5p3_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F8x5p3_store
+	VPMOVSXBD    (R8)(R13*1), Z16
+	VPSLLD       $0x14, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMULPS       (AX), Z16, Z16
+	VPMOVSXBD    (R10)(R13*1), Z17
+	VPSLLD       $0x14, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	VMULPS       64(AX), Z17, Z17
+	VPMOVSXBD    (R9)(R13*1), Z18
+	VPSLLD       $0x14, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMULPS       128(AX), Z18, Z18
+	VBROADCASTSS (DX)(R12*4), Z19
+	VFMADD231PS  Z16, Z19, Z1
+	VFMADD231PS  Z17, Z19, Z2
+	VFMADD231PS  Z18, Z19, Z3
+	VBROADCASTSS (BX)(R12*4), Z19
+	VFMADD231PS  Z16, Z19, Z4
+	VFMADD231PS  Z17, Z19, Z5
+	VFMADD231PS  Z18, Z19, Z6
+	VBROADCASTSS (SI)(R12*4), Z19
+	VFMADD231PS  Z16, Z19, Z7
+	VFMADD231PS  Z17, Z19, Z8
+	VFMADD231PS  Z18, Z19, Z9
+	VBROADCASTSS (DI)(R12*4), Z19
+	VFMADD231PS  Z16, Z19, Z10
+	VFMADD231PS  Z17, Z19, Z11
+	VFMADD231PS  Z18, Z19, Z12
+	VBROADCASTSS (CX)(R12*4), Z19
+	VFMADD231PS  Z16, Z19, Z13
+	VFMADD231PS  Z17, Z19, Z14
+	VFMADD231PS  Z18, Z19, Z15
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512F8x5p3_loop
+
+opAVX512F8x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x5p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R10
+	LEAQ         (R10)(R9*1), R11
+	LEAQ         (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512F8x5p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z3
+	VMOVUPS 192(R12), Z4
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z5
+	VMOVUPS 64(R12), Z6
+	VMOVUPS 128(R12), Z7
+	VMOVUPS 192(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z11
+	VMOVUPS 192(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z14
+	VMOVUPS 128(R12), Z15
+	VMOVUPS 192(R12), Z16
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z17
+	VMOVUPS 64(R12), Z18
+	VMOVUPS 128(R12), Z19
+	VMOVUPS 192(R12), Z20
+	JMP     opAVX512F8x5p4_start
+
+opAVX512F8x5p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+
+opAVX512F8x5p4_start:
+	MOVQ k+24(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x5p4_loop:
+	CMPQ         R13, R12
+	JGE          opAVX512F8x5p4_store
+	VPMOVSXBD    (R8)(R14*1), Z21
+	VPSLLD       $0x14, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	VMULPS       (AX), Z21, Z21
+	VPMOVSXBD    (R10)(R14*1), Z22
+	VPSLLD       $0x14, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	VMULPS       64(AX), Z22, Z22
+	VPMOVSXBD    (R11)(R14*1), Z23
+	VPSLLD       $0x14, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	VMULPS       128(AX), Z23, Z23
+	VPMOVSXBD    (R9)(R14*1), Z24
+	VPSLLD       $0x14, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	VMULPS       192(AX), Z24, Z24
+	VBROADCASTSS (DX)(R13*4), Z25
+	VFMADD231PS  Z21, Z25, Z1
+	VFMADD231PS  Z22, Z25, Z2
+	VFMADD231PS  Z23, Z25, Z3
+	VFMADD231PS  Z24, Z25, Z4
+	VBROADCASTSS (BX)(R13*4), Z25
+	VFMADD231PS  Z21, Z25, Z5
+	VFMADD231PS  Z22, Z25, Z6
+	VFMADD231PS  Z23, Z25, Z7
+	VFMADD231PS  Z24, Z25, Z8
+	VBROADCASTSS (SI)(R13*4), Z25
+	VFMADD231PS  Z21, Z25, Z9
+	VFMADD231PS  Z22, Z25, Z10
+	VFMADD231PS  Z23, Z25, Z11
+	VFMADD231PS  Z24, Z25, Z12
+	VBROADCASTSS (DI)(R13*4), Z25
+	VFMADD231PS  Z21, Z25, Z13
+	VFMADD231PS  Z22, Z25, Z14
+	VFMADD231PS  Z23, Z25, Z15
+	VFMADD231PS  Z24, Z25, Z16
+	VBROADCASTSS (CX)(R13*4), Z25
+	VFMADD231PS  Z21, Z25, Z17
+	VFMADD231PS  Z22, Z25, Z18
+	VFMADD231PS  Z23, Z25, Z19
+	VFMADD231PS  Z24, Z25, Z20
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512F8x5p4_loop
+
+opAVX512F8x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z17, (AX)
+	VMOVUPS Z18, 64(AX)
+	VMOVUPS Z19, 128(AX)
+	VMOVUPS Z20, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x6p1(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512F8x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	JMP     opAVX512F8x6p1_start
+
+opAVX512F8x6p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512F8x6p1_start:
+	MOVQ k+24(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x6p1_loop:
+	CMPQ         R11, R10
+	JGE          opAVX512F8x6p1_store
+	VPMOVSXBD    (R9)(R12*1), Z7
+	VPSLLD       $0x14, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VMULPS       (AX), Z7, Z7
+	VBROADCASTSS (DX)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (BX)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z2
+	VBROADCASTSS (SI)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (DI)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z4
+	VBROADCASTSS (R8)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z5
+	VBROADCASTSS (CX)(R11*4), Z8
+	VFMADD231PS  Z7, Z8, Z6
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512F8x6p1_loop
+
+opAVX512F8x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x6p2(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512F8x6p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z11
+	VMOVUPS 64(R11), Z12
+	JMP     opAVX512F8x6p2_start
+
+opAVX512F8x6p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512F8x6p2_start:
+	MOVQ k+24(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x6p2_loop:
+	CMPQ         R12, R11
+	JGE          opAVX512F8x6p2_store
+	VPMOVSXBD    (R9)(R13*1), Z13
+	VPSLLD       $0x14, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VMULPS       (AX), Z13, Z13
+	VPMOVSXBD    (R10)(R13*1), Z14
+	VPSLLD       $0x14, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMULPS       64(AX), Z14, Z14
+	VBROADCASTSS (DX)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (BX)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z3
+	VFMADD231PS  Z14, Z15, Z4
+	VBROADCASTSS (SI)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z5
+	VFMADD231PS  Z14, Z15, Z6
+	VBROADCASTSS (DI)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (R8)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z9
+	VFMADD231PS  Z14, Z15, Z10
+	VBROADCASTSS (CX)(R12*4), Z15
+	VFMADD231PS  Z13, Z15, Z11
+	VFMADD231PS  Z14, Z15, Z12
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512F8x6p2_loop
+
+opAVX512F8x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x6p3(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R11
+	LEAQ         (R11)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512F8x6p3_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z7
+	VMOVUPS 64(R12), Z8
+	VMOVUPS 128(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z11
+	VMOVUPS 128(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z14
+	VMOVUPS 128(R12), Z15
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z16
+	VMOVUPS 64(R12), Z17
+	VMOVUPS 128(R12), Z18
+	JMP     opAVX512F8x6p3_start
+
+opAVX512F8x6p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+
+opAVX512F8x6p3_start:
+	MOVQ k+24(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x6p3_loop:
+	CMPQ         R13, R12
+	JGE          opAVX512F8x6p3_store
+	VPMOVSXBD    (R9)(R14*1), Z19
+	VPSLLD       $0x14, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	VMULPS       (AX), Z19, Z19
+	VPMOVSXBD    (R11)(R14*1), Z20
+	VPSLLD       $0x14, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMULPS       64(AX), Z20, Z20
+	VPMOVSXBD    (R10)(R14*1), Z21
+	VPSLLD       $0x14, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	VMULPS       128(AX), Z21, Z21
+	VBROADCASTSS (DX)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z1
+	VFMADD231PS  Z20, Z22, Z2
+	VFMADD231PS  Z21, Z22, Z3
+	VBROADCASTSS (BX)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z4
+	VFMADD231PS  Z20, Z22, Z5
+	VFMADD231PS  Z21, Z22, Z6
+	VBROADCASTSS (SI)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z7
+	VFMADD231PS  Z20, Z22, Z8
+	VFMADD231PS  Z21, Z22, Z9
+	VBROADCASTSS (DI)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z10
+	VFMADD231PS  Z20, Z22, Z11
+	VFMADD231PS  Z21, Z22, Z12
+	VBROADCASTSS (R8)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z13
+	VFMADD231PS  Z20, Z22, Z14
+	VFMADD231PS  Z21, Z22, Z15
+	VBROADCASTSS (CX)(R13*4), Z22
+	VFMADD231PS  Z19, Z22, Z16
+	VFMADD231PS  Z20, Z22, Z17
+	VFMADD231PS  Z21, Z22, Z18
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512F8x6p3_loop
+
+opAVX512F8x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512F8x6p4(SB), NOSPLIT, $0-64
+	MOVQ         s+56(FP), AX
+	MOVL         $0x87f00000, CX
+	VPBROADCASTD CX, Z0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R11
+	LEAQ         (R11)(R10*1), R12
+	LEAQ         (R12)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      opAVX512F8x6p4_zero
+	MOVQ    c+32(FP), R13
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (R13), Z1
+	VMOVUPS 64(R13), Z2
+	VMOVUPS 128(R13), Z3
+	VMOVUPS 192(R13), Z4
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z5
+	VMOVUPS 64(R13), Z6
+	VMOVUPS 128(R13), Z7
+	VMOVUPS 192(R13), Z8
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z9
+	VMOVUPS 64(R13), Z10
+	VMOVUPS 128(R13), Z11
+	VMOVUPS 192(R13), Z12
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z13
+	VMOVUPS 64(R13), Z14
+	VMOVUPS 128(R13), Z15
+	VMOVUPS 192(R13), Z16
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z17
+	VMOVUPS 64(R13), Z18
+	VMOVUPS 128(R13), Z19
+	VMOVUPS 192(R13), Z20
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z21
+	VMOVUPS 64(R13), Z22
+	VMOVUPS 128(R13), Z23
+	VMOVUPS 192(R13), Z24
+	JMP     opAVX512F8x6p4_start
+
+opAVX512F8x6p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+	VXORPS Z24, Z24, Z24
+
+opAVX512F8x6p4_start:
+	MOVQ k+24(FP), R13
+	XORQ R14, R14
+	XORQ R15, R15
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512F8x6p4_loop:
+	CMPQ         R14, R13
+	JGE          opAVX512F8x6p4_store
+	VPMOVSXBD    (R9)(R15*1), Z25
+	VPSLLD       $0x14, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	VMULPS       (AX), Z25, Z25
+	VPMOVSXBD    (R11)(R15*1), Z26
+	VPSLLD       $0x14, Z26, Z26
+	VPANDD       Z0, Z26, Z26
+	VMULPS       64(AX), Z26, Z26
+	VPMOVSXBD    (R12)(R15*1), Z27
+	VPSLLD       $0x14, Z27, Z27
+	VPANDD       Z0, Z27, Z27
+	VMULPS       128(AX), Z27, Z27
+	VPMOVSXBD    (R10)(R15*1), Z28
+	VPSLLD       $0x14, Z28, Z28
+	VPANDD       Z0, Z28, Z28
+	VMULPS       192(AX), Z28, Z28
+	VBROADCASTSS (DX)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z1
+	VFMADD231PS  Z26, Z29, Z2
+	VFMADD231PS  Z27, Z29, Z3
+	VFMADD231PS  Z28, Z29, Z4
+	VBROADCASTSS (BX)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z5
+	VFMADD231PS  Z26, Z29, Z6
+	VFMADD231PS  Z27, Z29, Z7
+	VFMADD231PS  Z28, Z29, Z8
+	VBROADCASTSS (SI)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z9
+	VFMADD231PS  Z26, Z29, Z10
+	VFMADD231PS  Z27, Z29, Z11
+	VFMADD231PS  Z28, Z29, Z12
+	VBROADCASTSS (DI)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z13
+	VFMADD231PS  Z26, Z29, Z14
+	VFMADD231PS  Z27, Z29, Z15
+	VFMADD231PS  Z28, Z29, Z16
+	VBROADCASTSS (R8)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z17
+	VFMADD231PS  Z26, Z29, Z18
+	VFMADD231PS  Z27, Z29, Z19
+	VFMADD231PS  Z28, Z29, Z20
+	VBROADCASTSS (CX)(R14*4), Z29
+	VFMADD231PS  Z25, Z29, Z21
+	VFMADD231PS  Z26, Z29, Z22
+	VFMADD231PS  Z27, Z29, Z23
+	VFMADD231PS  Z28, Z29, Z24
+	INCQ         R14
+	ADDQ         $0x00000010, R15
+	JMP          opAVX512F8x6p4_loop
+
+opAVX512F8x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z17, (AX)
+	VMOVUPS Z18, 64(AX)
+	VMOVUPS Z19, 128(AX)
+	VMOVUPS Z20, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z21, (AX)
+	VMOVUPS Z22, 64(AX)
+	VMOVUPS Z23, 128(AX)
+	VMOVUPS Z24, 192(AX)
 	VZEROUPPER
 	RET

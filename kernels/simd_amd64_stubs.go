@@ -229,6 +229,56 @@ func opAVX2F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc i
 //go:noescape
 func opAVX2F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
 
+// opAVX2F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX2F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape
@@ -723,3 +773,123 @@ func opAVX512F16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc
 //
 //go:noescape
 func opAVX512F16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// opAVX512F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of F8 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of F8 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F8 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of F8 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of F8 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of F8 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of F8 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of F8 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of F8 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of F8 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of F8 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of F8 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of F8 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+
+// opAVX512F8x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of F8 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+//
+//go:noescape
+func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)

@@ -134,10 +134,56 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	if err != nil {
 		return kernels.Matrix{}, err
 	}
-	if _, ok := f.hdr.Tensors[name]; !ok {
+	t, ok := f.hdr.Tensors[name]
+	if !ok {
 		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
+	if t.DType == "F8_E4M3" {
+		return c.fp8Matrix(f, name, shape)
+	}
 	return f.matrix(name, shape...)
+}
+
+// fp8Matrix reads the FP8 weight name of f with its scales, the tensor
+// name + "_scale_inv" ([ceil(rows/block), ceil(cols/block)], F32 or BF16)
+// in the block size config.json's quantization_config gives; c.mu is held.
+func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (kernels.Matrix, error) {
+	q := c.Config.Quant
+	if q == nil || q.Method != "fp8" {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E4M3 but config.json has no fp8 quantization_config", f.path, name)
+	}
+	if len(shape) != 2 {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E4M3; only matrices may be fp8", f.path, name)
+	}
+	data, err := f.bytes(name, "F8_E4M3", shape)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	rows, cols := shape[0], shape[1]
+	sname := name + "_scale_inv"
+	sfile, ok := c.where[sname]
+	if !ok {
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: fp8 tensor %q has no scales %q", c.Dir, name, sname)
+	}
+	sf, err := c.open(sfile)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	c.accessed[sname] = true
+	gr, gc := (rows+q.BlockRows-1)/q.BlockRows, (cols+q.BlockCols-1)/q.BlockCols
+	sm, err := sf.matrix(sname, gr, gc)
+	if err != nil {
+		return kernels.Matrix{}, fmt.Errorf("%w (the scales of %s in blocks of [%d, %d])", err, name, q.BlockRows, q.BlockCols)
+	}
+	scales := make([]float32, gr*gc)
+	for r := 0; r < gr; r++ {
+		sm.RowF32(r, scales[r*gc:][:gc])
+	}
+	m, err := kernels.NewFP8(rows, cols, data, scales, q.BlockRows, q.BlockCols)
+	if err != nil {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q: %w", f.path, name, err)
+	}
+	return m, nil
 }
 
 // Accessed lists the tensors asked for so far, sorted.

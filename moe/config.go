@@ -95,34 +95,85 @@ type Config struct {
 	LayerFreq     int   // deepseek: moe_layer_freq
 	SparseStep    int   // qwen: decoder_sparse_step
 	MLPOnlyLayers []int // qwen: mlp_only_layers
+
+	// Quant is config.json's quantization_config; nil when there is none.
+	Quant *Quantization
+}
+
+// Quantization is how a checkpoint's quantized weights are stored (its
+// config.json's quantization_config). Which tensors are quantized is what
+// the checkpoint holds: a tensor stored as FP8 is read with its scales,
+// the others as they are.
+type Quantization struct {
+	// Method is quant_method: "fp8" (fine-grained FP8, e4m3 with block
+	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2).
+	Method string
+	// BlockRows, BlockCols are weight_block_size: one scale for each block
+	// of [BlockRows, BlockCols] elements of a weight [out, in].
+	BlockRows, BlockCols int
+	// NotConverted lists modules_to_not_convert and ignored_layers, the
+	// modules left unquantized.
+	NotConverted []string
+}
+
+// rawQuant is quantization_config as the checkpoints write it.
+type rawQuant struct {
+	QuantMethod         string   `json:"quant_method"`
+	Fmt                 string   `json:"fmt"`
+	WeightBlockSize     []int    `json:"weight_block_size"`
+	ActivationScheme    string   `json:"activation_scheme"`
+	ModulesToNotConvert []string `json:"modules_to_not_convert"`
+	IgnoredLayers       []string `json:"ignored_layers"`
+}
+
+// parseQuant reads quantization_config: FP8 e4m3 with block scales, or an
+// ErrUnsupportedFormat error naming what it holds.
+func parseQuant(raw *rawQuant) (*Quantization, error) {
+	switch raw.QuantMethod {
+	case "fp8":
+	case "":
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8)")
+	default:
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8)", raw.QuantMethod)
+	}
+	if raw.Fmt != "" && raw.Fmt != "e4m3" {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.fmt %q is not supported (fp8 weights must be e4m3)", raw.Fmt)
+	}
+	if len(raw.WeightBlockSize) != 2 || raw.WeightBlockSize[0] < 1 || raw.WeightBlockSize[1] < 1 {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.weight_block_size is %v: fp8 weights need a block size [rows, cols] of positive values", raw.WeightBlockSize)
+	}
+	q := &Quantization{Method: raw.QuantMethod, BlockRows: raw.WeightBlockSize[0], BlockCols: raw.WeightBlockSize[1]}
+	q.NotConverted = append(append(q.NotConverted, raw.ModulesToNotConvert...), raw.IgnoredLayers...)
+	return q, nil
 }
 
 // rawConfig is config.json as written by the families' Hugging Face
 // configuration classes. Pointers tell a missing field from a zero.
 type rawConfig struct {
-	ModelType             string   `json:"model_type"`
-	HiddenSize            *int     `json:"hidden_size"`
-	NumHiddenLayers       *int     `json:"num_hidden_layers"`
-	NumLocalExperts       *int     `json:"num_local_experts"`
-	NumExperts            *int     `json:"num_experts"`
-	NRoutedExperts        *int     `json:"n_routed_experts"`
-	NumExpertsPerTok      *int     `json:"num_experts_per_tok"`
-	IntermediateSize      *int     `json:"intermediate_size"`
-	MoEIntermediateSize   *int     `json:"moe_intermediate_size"`
-	SharedExpertInterSize *int     `json:"shared_expert_intermediate_size"`
-	NSharedExperts        *int     `json:"n_shared_experts"`
-	NormTopKProb          *bool    `json:"norm_topk_prob"`
-	DecoderSparseStep     *int     `json:"decoder_sparse_step"`
-	MLPOnlyLayers         []int    `json:"mlp_only_layers"`
-	TopKMethod            *string  `json:"topk_method"`
-	ScoringFunc           *string  `json:"scoring_func"`
-	NGroup                *int     `json:"n_group"`
-	TopKGroup             *int     `json:"topk_group"`
-	RoutedScalingFactor   *float64 `json:"routed_scaling_factor"`
-	FirstKDenseReplace    *int     `json:"first_k_dense_replace"`
-	MoELayerFreq          *int     `json:"moe_layer_freq"`
-	KVLoraRank            *int     `json:"kv_lora_rank"`
-	QKRopeHeadDim         *int     `json:"qk_rope_head_dim"`
+	ModelType             string    `json:"model_type"`
+	HiddenSize            *int      `json:"hidden_size"`
+	NumHiddenLayers       *int      `json:"num_hidden_layers"`
+	NumLocalExperts       *int      `json:"num_local_experts"`
+	NumExperts            *int      `json:"num_experts"`
+	NRoutedExperts        *int      `json:"n_routed_experts"`
+	NumExpertsPerTok      *int      `json:"num_experts_per_tok"`
+	IntermediateSize      *int      `json:"intermediate_size"`
+	MoEIntermediateSize   *int      `json:"moe_intermediate_size"`
+	SharedExpertInterSize *int      `json:"shared_expert_intermediate_size"`
+	NSharedExperts        *int      `json:"n_shared_experts"`
+	NormTopKProb          *bool     `json:"norm_topk_prob"`
+	DecoderSparseStep     *int      `json:"decoder_sparse_step"`
+	MLPOnlyLayers         []int     `json:"mlp_only_layers"`
+	TopKMethod            *string   `json:"topk_method"`
+	ScoringFunc           *string   `json:"scoring_func"`
+	NGroup                *int      `json:"n_group"`
+	TopKGroup             *int      `json:"topk_group"`
+	RoutedScalingFactor   *float64  `json:"routed_scaling_factor"`
+	FirstKDenseReplace    *int      `json:"first_k_dense_replace"`
+	MoELayerFreq          *int      `json:"moe_layer_freq"`
+	KVLoraRank            *int      `json:"kv_lora_rank"`
+	QKRopeHeadDim         *int      `json:"qk_rope_head_dim"`
+	QuantizationConfig    *rawQuant `json:"quantization_config"`
 }
 
 // LoadConfig reads dir/config.json.
@@ -239,6 +290,12 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, missing)
+	}
+	if raw.QuantizationConfig != nil {
+		var err error
+		if c.Quant, err = parseQuant(raw.QuantizationConfig); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err

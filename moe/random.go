@@ -27,12 +27,14 @@ func DeepSeekV2Lite() *Config {
 
 // NewRandom makes a layer of cfg with random weights in dtype, uniform in
 // ±1/√fan_in (the correction bias, if any, in ±0.05), the same for the
-// same seed. It is for benchmarks and demonstrations.
+// same seed. With kernels.F8E4M3 the experts are quantized as fine-grained
+// FP8 checkpoints are (128×128 blocks, scale max|w|/448) and the router
+// stays bf16. It is for benchmarks and demonstrations.
 func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
-	if dtype != kernels.F32 && dtype != kernels.BF16 && dtype != kernels.F16 {
+	if dtype != kernels.F32 && dtype != kernels.BF16 && dtype != kernels.F16 && dtype != kernels.F8E4M3 {
 		return nil, fmt.Errorf("moe: random weights of dtype %v", dtype)
 	}
 	H := cfg.Hidden
@@ -46,12 +48,20 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		f32 []float32
 		u16 []uint16
 	}
-	matrix := func(stream uint64, rows, cols int, tmp *scratch) kernels.Matrix {
+	matrixOf := func(dtype kernels.DType, stream uint64, rows, cols int, tmp *scratch) kernels.Matrix {
 		rng := rand.New(rand.NewPCG(seed, stream))
 		a := 1 / math.Sqrt(float64(cols))
 		var m kernels.Matrix
 		var err error
-		if dtype == kernels.F32 {
+		switch dtype {
+		case kernels.F8E4M3:
+			v := make([]float32, rows*cols)
+			for i := range v {
+				v[i] = float32((2*rng.Float64() - 1) * a)
+			}
+			data, scales := kernels.QuantizeFP8(v, rows, cols, 128, 128)
+			m, err = kernels.NewFP8(rows, cols, data, scales, 128, 128)
+		case kernels.F32:
 			var v []float32
 			if tmp != nil {
 				tmp.f32 = slices.Grow(tmp.f32[:0], rows*cols)[:rows*cols]
@@ -64,7 +74,7 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 				v[i] = float32((2*rng.Float64() - 1) * a)
 			}
 			m, err = kernels.NewF32(rows, cols, v)
-		} else {
+		default:
 			conv := half.F32ToBF16
 			if dtype == kernels.F16 {
 				conv = half.F32ToF16
@@ -92,6 +102,13 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		}
 		return m
 	}
+	matrix := func(stream uint64, rows, cols int, tmp *scratch) kernels.Matrix {
+		return matrixOf(dtype, stream, rows, cols, tmp)
+	}
+	routerDType := dtype // the router (and qwen2_moe's shared-expert gate) of an fp8 checkpoint stays bf16
+	if dtype == kernels.F8E4M3 {
+		routerDType = kernels.BF16
+	}
 	var w Weights
 	w.Experts = make([]Expert, cfg.NumExperts)
 	jobs := make(chan int)
@@ -115,11 +132,11 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	}
 	close(jobs)
 	wg.Wait()
-	w.Gate = matrix(1, cfg.NumExperts, H, nil)
+	w.Gate = matrixOf(routerDType, 1, cfg.NumExperts, H, nil)
 	if cfg.SharedInter > 0 {
 		w.Shared = &Expert{Gate: matrix(2, cfg.SharedInter, H, nil), Up: matrix(3, cfg.SharedInter, H, nil), Down: matrix(0, H, cfg.SharedInter, nil)}
 		if cfg.SharedGate {
-			g := matrix(1<<32, 1, H, nil)
+			g := matrixOf(routerDType, 1<<32, 1, H, nil)
 			w.SharedGate = &g
 		}
 	}

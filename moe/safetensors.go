@@ -26,7 +26,8 @@ import (
 const maxHeaderSize = 100 << 20
 
 // dtypeSizes are the element sizes of the safetensors dtypes. Any of them
-// may appear in a file; only F32, BF16 and F16 can be loaded as weights.
+// may appear in a file; F32, BF16, F16 and F8_E4M3 (with its scales) can be
+// loaded as weights.
 var dtypeSizes = map[string]int{
 	"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
 	"I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -251,10 +252,26 @@ func (f *safetensorsFile) matrix(name string, wantShape ...int) (kernels.Matrix,
 		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](raw))
 	case "F16":
 		return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](raw))
-	case "F8_E4M3", "F8_E5M2":
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: FP8 weights are not supported yet (want F32, BF16 or F16)", f.path, name, t.DType)
+	case "F8_E5M2":
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E5M2: fp8 weights must be e4m3 (F8_E4M3)", f.path, name)
 	}
 	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.path, name, t.DType)
+}
+
+// bytes returns the bytes of tensor name, which must be of dtype and have
+// exactly shape.
+func (f *safetensorsFile) bytes(name, dtype string, shape []int) ([]byte, error) {
+	t, ok := f.hdr.Tensors[name]
+	if !ok {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.path, name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, shape)
+	}
+	if t.DType != dtype {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want %s", f.path, name, t.DType, dtype)
+	}
+	return f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End], nil
 }
 
 // castSlice reinterprets little-endian bytes as a slice of T, copying them

@@ -65,6 +65,7 @@ func main() {
 			}
 			outerKernels(is, dt)
 		}
+		outerKernels(is, "F8")
 	}
 	Generate()
 	writeOuterTable("../outer_table_amd64.go")

@@ -30,9 +30,9 @@ const panelWidth = 16
 // outerNP is the widest panel count per kernel for MR rows: as many
 // accumulators as the registers allow (leaving room for the panel vectors
 // or the broadcasts), at most four panels.
-func outerNP(is isa, mr int) int {
+func outerNP(is isa, dt string, mr int) int {
 	for np := 4; np > 1; np /= 2 {
-		if _, ok := outerRegs(is, mr, np); ok {
+		if _, ok := outerRegs(is, dt, mr, np); ok {
 			return np
 		}
 	}
@@ -42,10 +42,14 @@ func outerNP(is isa, mr int) int {
 // outerRegs says whether an MR×NP kernel fits the vector registers, and
 // whether it loads the panel vectors first (each broadcast feeding NP·vpp
 // FMAs) rather than the broadcasts first (each panel vector feeding MR).
-func outerRegs(is isa, mr, np int) (panelsFirst, ok bool) {
+// The FP8 kernels hold one more: the mask of their widening.
+func outerRegs(is isa, dt string, mr, np int) (panelsFirst, ok bool) {
 	regs := 16
 	if is.lanes == 16 {
 		regs = 32
+	}
+	if dt == "F8" {
+		regs--
 	}
 	vpp := panelWidth / is.lanes
 	acc := mr * np * vpp
@@ -57,7 +61,7 @@ func outerRegs(is isa, mr, np int) (panelsFirst, ok bool) {
 
 func outerKernels(is isa, dt string) {
 	for mr := 1; mr <= maxMR; mr++ {
-		for np := 1; np <= outerNP(is, mr); np++ {
+		for np := 1; np <= outerNP(is, dt, mr); np++ {
 			outer(is, dt, mr, np)
 		}
 	}
@@ -75,10 +79,20 @@ func writeOuterTable(path string) {
 			fmt.Fprintf(&b, "%s: {\n", dt)
 			for mr := 1; mr <= maxMR; mr++ {
 				fmt.Fprintf(&b, "%d: {", mr)
-				for np := 1; np <= outerNP(is, mr); np++ {
+				for np := 1; np <= outerNP(is, dt, mr); np++ {
 					fmt.Fprintf(&b, "%d: op%s%sx%dp%d, ", np, is.name, dt, mr, np)
 				}
 				b.WriteString("},\n")
+			}
+			b.WriteString("},\n")
+		}
+		b.WriteString("}\n\n")
+		fmt.Fprintf(&b, "// outerFP8%s holds the %s outer-product kernels on FP8 panels by rows and panels.\n", is.name, is.name)
+		fmt.Fprintf(&b, "var outerFP8%s = outerFP8Table{\n", is.name)
+		for mr := 1; mr <= maxMR; mr++ {
+			fmt.Fprintf(&b, "%d: {", mr)
+			for np := 1; np <= outerNP(is, "F8", mr); np++ {
+				fmt.Fprintf(&b, "%d: op%sF8x%dp%d, ", np, is.name, mr, np)
 			}
 			b.WriteString("},\n")
 		}
@@ -95,17 +109,40 @@ func writeOuterTable(path string) {
 
 func outer(is isa, dt string, mr, np int) {
 	name := fmt.Sprintf("op%s%sx%dp%d", is.name, dt, mr, np)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)", maxMR))
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s adds, for k steps, the products of %d fp32 rows with %d panels of %s weights to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
-		name, mr, np, dt, mr, np*panelWidth))
-
-	esize := 4
-	if dt != "F32" {
-		esize = 2
+	sig := fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)", maxMR)
+	doc := fmt.Sprintf("%s adds, for k steps, the products of %d fp32 rows with %d panels of %s weights to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
+		name, mr, np, dt, mr, np*panelWidth)
+	if dt == "F8" {
+		sig = sig[:len(sig)-1] + ", s *float32)"
+		doc += " Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120)."
 	}
+	TEXT(name, NOSPLIT, sig)
+	Pragma("noescape")
+	Doc(doc)
+
+	esize := map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8": 1}[dt]
 	vpp := panelWidth / is.lanes
-	panelsFirst, _ := outerRegs(is, mr, np)
+	panelsFirst, _ := outerRegs(is, dt, mr, np)
+	var scales Register
+	var mask VecVirtual
+	if dt == "F8" {
+		// An e4m3 byte, sign-extended to 32 bits and shifted up by 20,
+		// holds its sign at bit 31, its exponent at 23…26 and its mantissa
+		// at 20…22 under copies of the sign at 27…30, which the mask
+		// clears: an fp32 of the byte's value times 2^-120, subnormals
+		// included.
+		scales = Load(Param("s"), GP64())
+		mask = is.vec()
+		t := GP32()
+		MOVL(U32(0x87F00000), t)
+		if is.lanes == 16 {
+			VPBROADCASTD(t, mask)
+		} else {
+			x := XMM()
+			VMOVD(t, x)
+			VPBROADCASTD(x, mask)
+		}
+	}
 
 	a := make([]GPVirtual, mr)
 	aPtr := Load(Param("a"), GP64())
@@ -173,6 +210,15 @@ func outer(is isa, dt string, mr, np int) {
 			VPSLLD(U8(16), dst, dst)
 		case "F16":
 			VCVTPH2PS(at, dst)
+		case "F8":
+			VPMOVSXBD(at, dst)
+			VPSLLD(U8(20), dst, dst)
+			if is.lanes == 16 {
+				VPANDD(mask, dst, dst)
+			} else {
+				VPAND(mask, dst, dst)
+			}
+			VMULPS(Mem{Base: scales, Disp: 4 * (j*panelWidth + w*is.lanes)}, dst, dst)
 		}
 	}
 

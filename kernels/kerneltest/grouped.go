@@ -19,7 +19,7 @@ type GroupedFFNFunc func(x []float32, groups []kernels.FFNGroup) error
 
 // GroupedOptions describe the implementation under test.
 type GroupedOptions struct {
-	// DTypes are the weight dtypes it takes (all three when empty).
+	// DTypes are the weight dtypes it takes (kerneltest.DTypes when empty).
 	DTypes []kernels.DType
 	// BF16Activations: x and the intermediate activation h are rounded to
 	// bf16 before each GEMM, as tensor-core paths do; the reference rounds
@@ -55,7 +55,7 @@ var GroupedCases = []GroupedCase{
 func TestGroupedFFN(t *testing.T, ffn GroupedFFNFunc, opt GroupedOptions) {
 	dtypes := opt.DTypes
 	if len(dtypes) == 0 {
-		dtypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
+		dtypes = DTypes
 	}
 	for _, dt := range dtypes {
 		for ci, c := range GroupedCases {

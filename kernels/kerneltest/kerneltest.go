@@ -36,9 +36,69 @@ var Shapes = []Shape{
 	{64, 20, 130}, {13, 37, 257}, {1000, 6, 40}, {4, 64, 2048}, {2, 24, 1408},
 }
 
+// DTypes are the weight dtypes of the suite.
+var DTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3}
+
+// FP8Block is the scale block of the suite's FP8 matrices: rows in blocks
+// that split a 16-row panel, columns in blocks whose edges fall inside the
+// shapes' k ranges.
+var FP8Block = [2]int{8, 24}
+
+// E4M3 is an FP8 e4m3fn byte's value from the format's definition: 1 sign,
+// 4 exponent bits of bias 7, 3 mantissa bits, subnormals at exponent 0;
+// NaN for 0x7F and 0xFF.
+func E4M3(b uint8) float64 {
+	sign := 1.0
+	if b&0x80 != 0 {
+		sign = -1
+	}
+	exp, man := int(b>>3&15), float64(b&7)
+	switch {
+	case exp == 15 && man == 7:
+		return math.NaN()
+	case exp == 0:
+		return sign * man / 8 * math.Pow(2, -6)
+	}
+	return sign * (1 + man/8) * math.Pow(2, float64(exp-7))
+}
+
+// FP8Weights returns a random FP8 [rows, cols] matrix with scales in
+// blocks of block, every byte but the NaN ones drawn, and its dequantized
+// values (byte × scale) in float64.
+func FP8Weights(rng *rand.Rand, rows, cols int, block [2]int) (kernels.Matrix, [][]float64) {
+	br, bc := block[0], block[1]
+	gr, gc := (rows+br-1)/br, (cols+bc-1)/bc
+	scales := make([]float32, gr*gc)
+	for i := range scales {
+		scales[i] = float32(math.Ldexp(1+rng.Float64(), -7-rng.IntN(4))) // 2^-10 … 2^-6
+	}
+	data := make([]uint8, rows*cols)
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			b := uint8(rng.IntN(256))
+			for b&0x7F == 0x7F {
+				b = uint8(rng.IntN(256))
+			}
+			data[r*cols+c] = b
+			vals[r][c] = E4M3(b) * float64(scales[r/br*gc+c/bc])
+		}
+	}
+	m, err := kernels.NewFP8(rows, cols, data, scales, br, bc)
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
 // Weights returns a random [rows, cols] matrix of dtype and its exact
-// float64 values.
+// float64 values (an FP8 matrix's dequantized values, its scales in blocks
+// of FP8Block).
 func Weights(rng *rand.Rand, dtype kernels.DType, rows, cols int) (kernels.Matrix, [][]float64) {
+	if dtype == kernels.F8E4M3 {
+		return FP8Weights(rng, rows, cols, FP8Block)
+	}
 	vals := make([][]float64, rows)
 	f32 := make([]float32, rows*cols)
 	u16 := make([]uint16, rows*cols)
@@ -101,7 +161,7 @@ func relClose(t *testing.T, want float64, got float32, scale float64, msg string
 // TestGateUp runs the GateUp contract over every shape and dtype, on full
 // and partial column ranges and through a scattered row index.
 func TestGateUp(t *testing.T, gateUp GateUpFunc) {
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+	for _, dt := range DTypes {
 		for _, s := range Shapes {
 			for _, part := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%v/M=%d,N=%d,K=%d,part=%v", dt, s.M, s.N, s.K, part), func(t *testing.T) {
@@ -153,7 +213,7 @@ func TestGateUp(t *testing.T, gateUp GateUpFunc) {
 // TestDown runs the Down contract over every shape and dtype, with and
 // without routing weights.
 func TestDown(t *testing.T, down DownFunc) {
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+	for _, dt := range DTypes {
 		for _, s := range Shapes {
 			for _, withScale := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%v/M=%d,N=%d,K=%d,scale=%v", dt, s.M, s.N, s.K, withScale), func(t *testing.T) {
@@ -209,7 +269,7 @@ func TestDown(t *testing.T, down DownFunc) {
 func TestNaN(t *testing.T, gateUp GateUpFunc, down DownFunc) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const M, N, K = 5, 6, 40
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+	for _, dt := range DTypes {
 		gate, _ := Weights(rng, dt, N, K)
 		up, _ := Weights(rng, dt, N, K)
 		w, _ := Weights(rng, dt, N, K)

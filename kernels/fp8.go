@@ -1,0 +1,201 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// e4m3 is the value of every FP8 e4m3fn byte: 1 sign, 4 exponent (bias 7)
+// and 3 mantissa bits, subnormals, no infinities; 0x7F and 0xFF are NaN.
+var e4m3 = func() (t [256]float32) {
+	for b := range t {
+		e, m := b>>3&15, b&7
+		var v float64
+		switch {
+		case e == 15 && m == 7:
+			v = math.NaN()
+		case e == 0:
+			v = math.Ldexp(float64(m), -9) // m/8 · 2^-6
+		default:
+			v = math.Ldexp(float64(8+m), e-10) // (1 + m/8) · 2^(e-7)
+		}
+		if b&0x80 != 0 {
+			v = -v
+		}
+		t[b] = float32(v)
+	}
+	return t
+}()
+
+// E4M3 returns the value of an FP8 e4m3fn byte (NaN for 0x7F and 0xFF).
+func E4M3(b uint8) float32 { return e4m3[b] }
+
+// blockScales are an FP8 matrix's scales: one per block of rows×cols
+// elements, row-major over the blocks.
+type blockScales struct {
+	rows, cols int
+	gridCols   int       // blocks along a row
+	grid       []float32 // [ceil(Rows/rows), gridCols]
+	// panel, for a packed matrix, holds each panel's scales for each k
+	// block, the 16 rows' scales side by side and multiplied by 2^120 (the
+	// kernels widen an e4m3 byte to its value times 2^-120): panel p's k
+	// block b at (b·panels + p)·16, so that a kernel call's panels have
+	// theirs side by side. Nil when a scale is too large for that (2^8 or
+	// more): the matrix then runs on the generic kernels.
+	panel  []float32
+	panels int
+}
+
+// at is the scale of element [i, j].
+func (q *blockScales) at(i, j int) float32 {
+	return q.grid[i/q.rows*q.gridCols+j/q.cols]
+}
+
+// NewFP8 wraps FP8 e4m3fn bytes [rows, cols] (row-major, as nn.Linear
+// stores its weight [out, in]) and their block scales without copying: the
+// weight at [i, j] is e4m3(data[i·cols+j]) × scales[i/blockRows][j/blockCols]
+// rounded once to fp32 (the dequantized weight: the scale multiplies,
+// despite the name weight_scale_inv the checkpoints give it). scales is
+// [ceil(rows/blockRows), ceil(cols/blockCols)], edge blocks partial. It
+// fails, naming the element, on a NaN byte (0x7F, 0xFF) and on a scale that
+// is not finite or is negative.
+func NewFP8(rows, cols int, data []uint8, scales []float32, blockRows, blockCols int) (Matrix, error) {
+	if err := checkDims(rows, cols, len(data)); err != nil {
+		return Matrix{}, err
+	}
+	if blockRows < 1 || blockCols < 1 {
+		return Matrix{}, fmt.Errorf("kernels: fp8 block size [%d, %d] is not positive", blockRows, blockCols)
+	}
+	gr, gc := (rows+blockRows-1)/blockRows, (cols+blockCols-1)/blockCols
+	if len(scales) != gr*gc {
+		return Matrix{}, fmt.Errorf("kernels: fp8 matrix [%d, %d] in blocks of [%d, %d] needs [%d, %d] scales, have %d",
+			rows, cols, blockRows, blockCols, gr, gc, len(scales))
+	}
+	for i, s := range scales {
+		if math.IsNaN(float64(s)) || math.IsInf(float64(s), 0) || math.Signbit(float64(s)) {
+			return Matrix{}, fmt.Errorf("kernels: fp8 scale [%d, %d] is %v: want a finite value of at least +0", i/gc, i%gc, s)
+		}
+	}
+	data = data[:rows*cols]
+	for i, b := range data {
+		if b&0x7F == 0x7F {
+			return Matrix{}, fmt.Errorf("kernels: fp8 weight [%d, %d] is the NaN byte %#02x", i/cols, i%cols, b)
+		}
+	}
+	q := &blockScales{rows: blockRows, cols: blockCols, gridCols: gc, grid: scales}
+	return Matrix{DType: F8E4M3, Rows: rows, Cols: cols, u8: data, q: q}, nil
+}
+
+// BlockSize is an FP8 matrix's scale block [rows, cols] ([0, 0] for other
+// dtypes).
+func (m Matrix) BlockSize() (rows, cols int) {
+	if m.q == nil {
+		return 0, 0
+	}
+	return m.q.rows, m.q.cols
+}
+
+// ScaleBytes is the size of an FP8 matrix's scales (0 for other dtypes).
+func (m Matrix) ScaleBytes() int {
+	if m.q == nil {
+		return 0
+	}
+	return 4 * len(m.q.grid)
+}
+
+// fp8RowF32 widens row i of a row-major FP8 matrix into dst[:Cols].
+func (m Matrix) fp8RowF32(i int, dst []float32) {
+	src := m.u8[i*m.Cols:][:m.Cols]
+	q := m.q
+	scales := q.grid[i/q.rows*q.gridCols:][:q.gridCols]
+	for b, s := range scales {
+		lo := b * q.cols
+		hi := min(lo+q.cols, m.Cols)
+		for j := lo; j < hi; j++ {
+			dst[j] = e4m3[src[j]] * s
+		}
+	}
+}
+
+// packScales builds a packed FP8 matrix's panel scales (see blockScales).
+func (q *blockScales) packScales(rows, panels int) *blockScales {
+	p := *q
+	p.panels = panels
+	p.panel = make([]float32, panels*q.gridCols*PanelWidth)
+	for pi := 0; pi < panels; pi++ {
+		for r := pi * PanelWidth; r < min(rows, (pi+1)*PanelWidth); r++ {
+			for b := 0; b < q.gridCols; b++ {
+				s := float64(q.grid[r/q.rows*q.gridCols+b]) * 0x1p120
+				if s > math.MaxFloat32 {
+					p.panel = nil
+					return &p
+				}
+				p.panel[(b*panels+pi)*PanelWidth+r%PanelWidth] = float32(s)
+			}
+		}
+	}
+	return &p
+}
+
+// EncodeE4M3 rounds v to the nearest FP8 e4m3fn value, ties to the even
+// code, saturating at ±448 (the largest); NaN gives the NaN byte 0x7F.
+func EncodeE4M3(v float32) uint8 {
+	if v != v {
+		return 0x7F
+	}
+	var sign uint8
+	if math.Signbit(float64(v)) {
+		sign, v = 0x80, -v
+	}
+	const top = 0x7E // 448
+	if v >= e4m3[top] {
+		return sign | top
+	}
+	// The largest code at most v (codes 0…0x7E increase with their value).
+	lo, hi := 0, top
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if e4m3[mid] <= v {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	c := uint8(lo)
+	if d0, d1 := v-e4m3[c], e4m3[c+1]-v; d1 < d0 || d1 == d0 && c&1 == 1 {
+		c++
+	}
+	return sign | c
+}
+
+// QuantizeFP8 quantizes the fp32 matrix v [rows, cols] as fine-grained FP8
+// checkpoints do: per block of [blockRows, blockCols], scale = max|v|/448
+// and each byte the nearest e4m3 value of v/scale (a block of zeros gets
+// scale 0 and zero bytes).
+func QuantizeFP8(v []float32, rows, cols, blockRows, blockCols int) (data []uint8, scales []float32) {
+	gr, gc := (rows+blockRows-1)/blockRows, (cols+blockCols-1)/blockCols
+	data, scales = make([]uint8, rows*cols), make([]float32, gr*gc)
+	for bi := 0; bi < gr; bi++ {
+		for bj := 0; bj < gc; bj++ {
+			r0, r1 := bi*blockRows, min((bi+1)*blockRows, rows)
+			c0, c1 := bj*blockCols, min((bj+1)*blockCols, cols)
+			var amax float32
+			for r := r0; r < r1; r++ {
+				for _, x := range v[r*cols+c0 : r*cols+c1] {
+					amax = max(amax, float32(math.Abs(float64(x))))
+				}
+			}
+			s := amax / 448
+			scales[bi*gc+bj] = s
+			if s == 0 {
+				continue
+			}
+			for r := r0; r < r1; r++ {
+				for c := c0; c < c1; c++ {
+					data[r*cols+c] = EncodeE4M3(v[r*cols+c] / s)
+				}
+			}
+		}
+	}
+	return data, scales
+}
