@@ -38,8 +38,16 @@ type Spec struct {
 	SparseStep  int   // qwen decoder_sparse_step (0 means 1)
 	MLPOnly     []int // qwen mlp_only_layers
 
-	DType  string // F32, BF16 or F16: the dtype of every weight but the bias (F32)
-	Shards int    // > 1 writes a sharded checkpoint
+	// DType is F32, BF16 or F16: the dtype of every weight but the bias
+	// (F32); or F8_E4M3: the experts (routed and shared) as fine-grained
+	// FP8 with their _scale_inv, the router and qwen2_moe's shared-expert
+	// gate BF16, as the FP8 checkpoints ship them.
+	DType string
+	// FP8Block is the FP8 scale block [rows, cols] (zero: [128, 128]) and
+	// ScaleDType the scales' dtype (F32, the default, or BF16).
+	FP8Block   [2]int
+	ScaleDType string
+	Shards     int // > 1 writes a sharded checkpoint
 	Seed   uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
@@ -109,18 +117,53 @@ func Generate(s Spec) (*Model, error) {
 		}
 		return out
 	}
+	if s.DType == "F8_E4M3" {
+		if s.FP8Block == [2]int{} {
+			s.FP8Block = [2]int{128, 128}
+			m.Spec.FP8Block = s.FP8Block
+		}
+		if s.ScaleDType == "" {
+			s.ScaleDType = "F32"
+			m.Spec.ScaleDType = s.ScaleDType
+		}
+	}
+	// addWeight is add for an expert's weight: FP8 with its scales where
+	// the checkpoint is FP8.
+	addWeight := func(name string, rows, cols int, scale float64) [][]float64 {
+		if s.DType != "F8_E4M3" {
+			return add(name, s.DType, rows, cols, scale, func(int, int) (float64, bool) { return 0, false })
+		}
+		v := make([]float64, rows*cols)
+		for i := range v {
+			v[i] = (rng.Float64()*2 - 1) * scale
+		}
+		data, scales, vals, e := quantizeFP8(v, rows, cols, s.FP8Block, s.ScaleDType)
+		if e != nil {
+			err = e
+			return nil
+		}
+		br, bc := s.FP8Block[0], s.FP8Block[1]
+		m.Tensors = append(m.Tensors,
+			stwrite.Tensor{Name: name, DType: "F8_E4M3", Shape: []int{rows, cols}, Data: data},
+			stwrite.Tensor{Name: name + "_scale_inv", DType: s.ScaleDType, Shape: []int{(rows + br - 1) / br, (cols + bc - 1) / bc}, Data: scales})
+		return vals
+	}
+	routerDType := s.DType
+	if s.DType == "F8_E4M3" {
+		routerDType = "BF16"
+	}
 	none := func(int, int) (float64, bool) { return 0, false }
 	hot := func(r, c int) (float64, bool) { return 1, s.HotExpert > 0 && r == s.HotExpert-1 }
 
-	m.Gate = add(prefix+"gate.weight", s.DType, E, H, 2/math.Sqrt(float64(H)), hot)
+	m.Gate = add(prefix+"gate.weight", routerDType, E, H, 2/math.Sqrt(float64(H)), hot)
 	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" {
 		m.Bias = add(prefix+"gate.e_score_correction_bias", "F32", 1, E, 0.05, none)[0]
 	}
 	expert := func(p, gate, up, down string, inter int) Expert64 {
 		return Expert64{
-			Gate: add(p+gate, s.DType, inter, H, 1/math.Sqrt(float64(H)), none),
-			Up:   add(p+up, s.DType, inter, H, 1/math.Sqrt(float64(H)), none),
-			Down: add(p+down, s.DType, H, inter, 1/math.Sqrt(float64(inter)), none),
+			Gate: addWeight(p+gate, inter, H, 1/math.Sqrt(float64(H))),
+			Up:   addWeight(p+up, inter, H, 1/math.Sqrt(float64(H))),
+			Down: addWeight(p+down, H, inter, 1/math.Sqrt(float64(inter))),
 		}
 	}
 	m.Experts = make([]Expert64, E)
@@ -136,7 +179,7 @@ func Generate(s Spec) (*Model, error) {
 	case s.ModelType == "qwen2_moe" && s.SharedInter > 0:
 		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedInter)
 		m.Shared = &sh
-		m.SharedGate = add(prefix+"shared_expert_gate.weight", s.DType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
+		m.SharedGate = add(prefix+"shared_expert_gate.weight", routerDType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
 	case (s.ModelType == "deepseek_v2" || s.ModelType == "deepseek_v3") && s.SharedExperts > 0:
 		sh := expert(prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedExperts*I)
 		m.Shared = &sh
@@ -159,7 +202,11 @@ func configJSON(s Spec) map[string]any {
 		"hidden_size":         s.Hidden,
 		"num_hidden_layers":   s.NumLayers,
 		"num_experts_per_tok": s.TopK,
-		"torch_dtype":         map[string]string{"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[s.DType],
+		"torch_dtype":         map[string]string{"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F8_E4M3": "bfloat16"}[s.DType],
+	}
+	if s.DType == "F8_E4M3" {
+		c["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+			"weight_block_size": []int{s.FP8Block[0], s.FP8Block[1]}}
 	}
 	switch s.ModelType {
 	case "mixtral":
