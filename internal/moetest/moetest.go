@@ -48,7 +48,7 @@ type Spec struct {
 	FP8Block   [2]int
 	ScaleDType string
 	Shards     int // > 1 writes a sharded checkpoint
-	Seed   uint64
+	Seed       uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
 	HotExpert int
