@@ -95,10 +95,14 @@ func (m Matrix) BlockSize() (rows, cols int) {
 	return m.q.rows, m.q.cols
 }
 
-// ScaleBytes is the size of an FP8 matrix's scales (0 for other dtypes).
+// ScaleBytes is the size of the scales the kernels read for an FP8 matrix
+// (0 for other dtypes): the scale grid, or a packed matrix's panel scales.
 func (m Matrix) ScaleBytes() int {
-	if m.q == nil {
+	switch {
+	case m.q == nil:
 		return 0
+	case m.q.panel != nil:
+		return 4 * len(m.q.panel)
 	}
 	return 4 * len(m.q.grid)
 }

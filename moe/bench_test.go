@@ -14,14 +14,21 @@ import (
 
 // BenchmarkForward: a DeepSeek-V2-Lite expert shape (hidden 2048, inter
 // 1408, top-6, two shared experts) with 16 experts instead of 64 to keep
-// the setup short, bf16 weights; decode and batch sizes.
+// the setup short, bf16 and fp8 weights; decode and batch sizes.
 func BenchmarkForward(b *testing.B) {
 	cfg := moe.DeepSeekV2Lite()
 	cfg.NumExperts = 16
-	l, err := moe.NewRandom(cfg, kernels.BF16, 1)
-	require.NoError(b, err)
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
+		l, err := moe.NewRandom(cfg, dt, 1)
+		require.NoError(b, err)
+		benchForward(b, l, dt)
+	}
+}
+
+func benchForward(b *testing.B, l *moe.Layer, dt kernels.DType) {
+	cfg := l.Config
 	for _, tokens := range []int{1, 16, 128} {
-		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%v/tokens=%d", dt, tokens), func(b *testing.B) {
 			x := moetest.Input(1, tokens, cfg.Hidden, false)
 			y := make([]float32, len(x))
 			b.SetBytes(0)

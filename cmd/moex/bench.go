@@ -22,9 +22,9 @@ import (
 )
 
 const benchUsage = `usage:
-  moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16[,...]]
+  moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16|fp8[,...]]
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
-  moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16]
+  moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16[,fp8,...]]
                  [--threads T[,...]] [--impl ...] [--format table|json]
   moex bench mla (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] --context C[,...]
                  [--threads T[,...]] [--impl ...] [--format table|json]   a decode step of the MLA block
@@ -224,13 +224,23 @@ func dtypeOf(s string) (kernels.DType, error) {
 		return kernels.BF16, nil
 	case "f16":
 		return kernels.F16, nil
+	case "fp8":
+		return kernels.F8E4M3, nil
 	}
-	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16 or f16)", errUsage, s)
+	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16 or fp8)", errUsage, s)
 }
 
 // randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/cols.
 func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
 	a := 1 / float32(max(1, cols))
+	if dt == kernels.F8E4M3 { // quantized as the fp8 checkpoints are: 128×128 blocks
+		v := make([]float32, rows*cols)
+		for i := range v {
+			v[i] = (2*rng.Float32() - 1) * a
+		}
+		data, scales := kernels.QuantizeFP8(v, rows, cols, 128, 128)
+		return kernels.NewFP8(rows, cols, data, scales, 128, 128)
+	}
 	if dt == kernels.F32 {
 		v := make([]float32, rows*cols)
 		for i := range v {
@@ -255,7 +265,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	tokens := fs.String("tokens-per-expert", "16,64,256", "rows per expert, comma-separated list")
 	n := fs.Int("n", 2816, "output columns (weight rows)")
 	k := fs.Int("k", 2048, "reduction length")
-	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16")
+	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
@@ -342,7 +352,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite")
 	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
-	dtype := fs.String("dtype", "bf16", "dtype of the preset's random weights")
+	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales, the router bf16)")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
 	finish := o.register(fs)
@@ -360,32 +370,47 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	var l *moe.Layer
 	if *model != "" {
-		if l, err = moe.Load(*model, *layerIdx); err != nil {
-			return nil, err
-		}
-		defer l.Close()
-	} else {
-		dt, err := dtypeOf(*dtype)
+		l, err := moe.Load(*model, *layerIdx)
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(o.stderr, "bench: making a DeepSeek-V2-Lite-shaped layer with random %s weights\n", *dtype)
-		if l, err = moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed); err != nil {
+		defer l.Close()
+		return benchMoELayer(l, name, ts, *backend, o, *seed)
+	}
+	var results []benchResult
+	for _, ds := range strings.Split(*dtype, ",") {
+		dt, err := dtypeOf(ds)
+		if err != nil {
 			return nil, err
 		}
+		fmt.Fprintf(o.stderr, "bench: making a DeepSeek-V2-Lite-shaped layer with random %s weights\n", ds)
+		l, err := moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := benchMoELayer(l, name, ts, *backend, o, *seed)
+		l.Close()
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, rs...)
 	}
-	switch *backend {
+	return results, nil
+}
+
+// benchMoELayer times l's forward passes of ts tokens on backend.
+func benchMoELayer(l *moe.Layer, name string, ts []int, backend string, o *benchOpts, seed uint64) ([]benchResult, error) {
+	switch backend {
 	case "cpu":
 	case "cuda":
-		return benchMoEOnDevice(l, name, ts, o, *seed)
+		return benchMoEOnDevice(l, name, ts, o, seed)
 	default:
-		return nil, fmt.Errorf("%w: bench moe: --backend %q (want cpu or cuda)", errUsage, *backend)
+		return nil, fmt.Errorf("%w: bench moe: --backend %q (want cpu or cuda)", errUsage, backend)
 	}
 	c := l.Config
 	probe := memoryBandwidth()
-	rng := rand.New(rand.NewPCG(*seed, 7))
+	rng := rand.New(rand.NewPCG(seed, 7))
 	var results []benchResult
 	for _, T := range ts {
 		x, y, ids := moeCase(rng, c, T)
