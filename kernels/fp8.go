@@ -151,25 +151,17 @@ func EncodeE4M3(v float32) uint8 {
 	if math.Signbit(float64(v)) {
 		sign, v = 0x80, -v
 	}
-	const top = 0x7E // 448
-	if v >= e4m3[top] {
-		return sign | top
+	switch {
+	case v >= 448:
+		return sign | 0x7E
+	case v < 0x1p-6: // subnormals: multiples of 2^-9 (8 of them is the smallest normal, 0x08)
+		return sign | uint8(math.RoundToEven(float64(v)*512))
 	}
-	// The largest code at most v (codes 0…0x7E increase with their value).
-	lo, hi := 0, top
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		if e4m3[mid] <= v {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	c := uint8(lo)
-	if d0, d1 := v-e4m3[c], e4m3[c+1]-v; d1 < d0 || d1 == d0 && c&1 == 1 {
-		c++
-	}
-	return sign | c
+	// Round the fp32 mantissa to 3 bits, ties to even; a carry moves into
+	// the exponent as it should.
+	b := math.Float32bits(v)
+	b += 0x7FFFF + (b >> 20 & 1)
+	return sign | uint8(int(b>>23)-127+7)<<3 | uint8(b>>20&7)
 }
 
 // QuantizeFP8 quantizes the fp32 matrix v [rows, cols] as fine-grained FP8

@@ -36,6 +36,32 @@ func TestE4M3(t *testing.T) {
 	require.Equal(t, uint8(0x39), kernels.EncodeE4M3(1.1))
 	require.Equal(t, uint8(0x01), kernels.EncodeE4M3(0x1p-9), "the smallest subnormal")
 	require.Equal(t, uint8(0x00), kernels.EncodeE4M3(0x1p-11))
+	// Random values against the nearest code found by search, ties (the
+	// midpoints, drawn on purpose) to the even code.
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 20000; i++ {
+		v := float32(math.Ldexp(rng.Float64(), -12+rng.IntN(22)))
+		if i%4 == 0 { // a midpoint between two neighbouring codes
+			c := rng.IntN(0x7E)
+			v = float32((kerneltest.E4M3(uint8(c)) + kerneltest.E4M3(uint8(c+1))) / 2)
+		}
+		if rng.IntN(2) == 0 {
+			v = -v
+		}
+		want, best := uint8(0x7E), math.Inf(1)
+		if math.Abs(float64(v)) < 448 {
+			for c := 0; c < 0x7F; c++ {
+				d := math.Abs(kerneltest.E4M3(uint8(c)) - math.Abs(float64(v)))
+				if d < best || d == best && c%2 == 0 {
+					want, best = uint8(c), d
+				}
+			}
+		}
+		if v < 0 {
+			want |= 0x80
+		}
+		require.Equal(t, want, kernels.EncodeE4M3(v), "%v", v)
+	}
 }
 
 func bitsOf(v []float32) []uint32 {
