@@ -382,7 +382,7 @@ func (b *MLABlock) WeightBytes() int64 {
 	var n int64
 	for _, m := range b.matrices() {
 		if m.Rows > 0 {
-			n += int64(m.Rows) * int64(m.Cols) * int64(m.DType.Size())
+			n += m.Bytes()
 		}
 	}
 	return n

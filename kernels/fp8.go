@@ -30,15 +30,16 @@ var e4m3 = func() (t [256]float32) {
 // E4M3 returns the value of an FP8 e4m3fn byte (NaN for 0x7F and 0xFF).
 func E4M3(b uint8) float32 { return e4m3[b] }
 
-// blockScales are an FP8 matrix's scales: one per block of rows×cols
-// elements, row-major over the blocks.
+// blockScales are a quantized matrix's scales: one per block of rows×cols
+// elements, row-major over the blocks (the 4-bit dtypes: blocks of one row
+// and a group of columns).
 type blockScales struct {
 	rows, cols int
 	gridCols   int       // blocks along a row
 	grid       []float32 // [ceil(Rows/rows), gridCols]
 	// panel, for a packed matrix, holds each panel's scales for each k
-	// block, the 16 rows' scales side by side and multiplied by 2^120 (the
-	// kernels widen an e4m3 byte to its value times 2^-120): panel p's k
+	// block, the 16 rows' scales side by side; FP8's multiplied by 2^120
+	// (the kernels widen an e4m3 byte to its value times 2^-120): panel p's k
 	// block b at (b·panels + p)·16, so that a kernel call's panels have
 	// theirs side by side. Nil when a scale is too large for that (2^8 or
 	// more): the matrix then runs on the generic kernels.
@@ -95,7 +96,13 @@ func (m Matrix) BlockSize() (rows, cols int) {
 	return m.q.rows, m.q.cols
 }
 
-// ScaleBytes is the size of the scales the kernels read for an FP8 matrix
+// Bytes is the size of what the kernels read of m: its elements and, for
+// the quantized dtypes, its scales.
+func (m Matrix) Bytes() int64 {
+	return int64(m.Rows)*int64(m.Cols)*int64(m.DType.Bits())/8 + int64(m.ScaleBytes())
+}
+
+// ScaleBytes is the size of the scales the kernels read for a quantized matrix
 // (0 for other dtypes): the scale grid, or a packed matrix's panel scales.
 func (m Matrix) ScaleBytes() int {
 	switch {
@@ -121,15 +128,16 @@ func (m Matrix) fp8RowF32(i int, dst []float32) {
 	}
 }
 
-// packScales builds a packed FP8 matrix's panel scales (see blockScales).
-func (q *blockScales) packScales(rows, panels int) *blockScales {
+// packScales builds a packed matrix's panel scales (see blockScales), each
+// times factor (FP8: 2^120; the 4-bit dtypes: 1).
+func (q *blockScales) packScales(rows, panels int, factor float64) *blockScales {
 	p := *q
 	p.panels = panels
 	p.panel = make([]float32, panels*q.gridCols*PanelWidth)
 	for pi := 0; pi < panels; pi++ {
 		for r := pi * PanelWidth; r < min(rows, (pi+1)*PanelWidth); r++ {
 			for b := 0; b < q.gridCols; b++ {
-				s := float64(q.grid[r/q.rows*q.gridCols+b]) * 0x1p120
+				s := float64(q.grid[r/q.rows*q.gridCols+b]) * factor
 				if s > math.MaxFloat32 {
 					p.panel = nil
 					return &p

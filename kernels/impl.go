@@ -25,16 +25,21 @@ type simd struct {
 	// those for packed FP8 weights.
 	outer    outerTable
 	outerFP8 outerFP8Table
+	// outerQ4 holds those for packed 4-bit weights (MXFP4, INT4).
+	outerQ4 outerQ4Table
 }
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;
-// an FP8 one when it is packed, its scales allow the kernels' widening and
-// s has the FP8 kernels. Others take the generic path.
+// a quantized one when it is packed, its scales allow the kernels'
+// widening and s has kernels for its dtype. Others take the generic path.
 func (s *simd) runs(m Matrix) bool {
-	if m.DType != F8E4M3 {
-		return true
+	switch m.DType {
+	case F8E4M3:
+		return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
+	case MXFP4, INT4:
+		return m.packed && m.q.panel != nil && len(s.outerQ4[1]) > 1
 	}
-	return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
+	return true
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight

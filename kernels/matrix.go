@@ -27,6 +27,12 @@ const (
 	F16
 	// F8E4M3 is FP8 e4m3fn with block scales (see NewFP8).
 	F8E4M3
+	// MXFP4 is OCP MXFP4: e2m1 nibbles with a power-of-two (E8M0) scale
+	// per 32 along a row (see NewMXFP4).
+	MXFP4
+	// INT4 is symmetric 4-bit integers with a scale per group along a row,
+	// compressed-tensors' pack-quantized (see NewINT4).
+	INT4
 )
 
 // String returns the safetensors name of the dtype.
@@ -40,21 +46,37 @@ func (d DType) String() string {
 		return "F16"
 	case F8E4M3:
 		return "F8_E4M3"
+	case MXFP4:
+		return "MXFP4"
+	case INT4:
+		return "INT4"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
 
-// Size is the size of one element in bytes (an FP8 matrix's block scales
-// come on top).
+// Size is the size of one element in bytes, rounded up (the 4-bit dtypes
+// hold two elements a byte, see Bits; the scales of the quantized dtypes
+// come on top, see Matrix.Bytes).
 func (d DType) Size() int {
 	switch d {
 	case F32:
 		return 4
-	case F8E4M3:
+	case F8E4M3, MXFP4, INT4:
 		return 1
 	}
 	return 2
 }
+
+// Bits is the size of one element in bits.
+func (d DType) Bits() int {
+	if d == MXFP4 || d == INT4 {
+		return 4
+	}
+	return 8 * d.Size()
+}
+
+// quantized says whether d is stored with scales (FP8, MXFP4, INT4).
+func (d DType) quantized() bool { return d == F8E4M3 || d == MXFP4 || d == INT4 }
 
 // Matrix is a weight matrix [Rows, Cols] in its stored dtype: row-major as
 // Hugging Face's nn.Linear stores it ([out, in]), or packed in panels for
@@ -64,8 +86,9 @@ type Matrix struct {
 	Rows, Cols int
 	f32        []float32
 	u16        []uint16
-	u8         []uint8      // F8E4M3's bytes
-	q          *blockScales // F8E4M3's scales
+	u8         []uint8      // the quantized dtypes' bytes
+	q          *blockScales // the quantized dtypes' scales
+	lut        *[16]float32 // the 4-bit dtypes' nibble values
 	packed     bool
 }
 
@@ -115,6 +138,8 @@ func (m Matrix) RowF32(i int, dst []float32) {
 		half.F16SliceToF32(dst, m.u16[lo:lo+m.Cols])
 	case F8E4M3:
 		m.fp8RowF32(i, dst)
+	case MXFP4, INT4:
+		m.q4RowF32(i, dst)
 	}
 }
 
@@ -131,6 +156,8 @@ func (m Matrix) At(i, j int) float32 {
 		return half.F16ToF32(m.u16[k])
 	case F8E4M3:
 		return e4m3[m.u8[k]] * m.q.at(i, j)
+	case MXFP4, INT4: // k counts nibbles
+		return m.lut[m.u8[k/2]>>(4*(k&1))&15] * m.q.at(i, j)
 	}
 	return m.f32[k]
 }

@@ -36,6 +36,15 @@ type outerFP8Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *fl
 // outerFP8Table holds the FP8 kernels by rows and panel count.
 type outerFP8Table = [maxKernelRows + 1][]outerFP8Func
 
+// outerQ4Func is an outer-product kernel on 4-bit panels, k even: each
+// byte holds a row's nibbles of two k steps (low first), a nibble's weight
+// being t[nibble] times its row's scale in s (16 per panel, the same for
+// the k steps of one call).
+type outerQ4Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s, t *float32)
+
+// outerQ4Table holds the 4-bit kernels by rows and panel count.
+type outerQ4Table = [maxKernelRows + 1][]outerQ4Func
+
 // outerGroup is the number of panels whose k block is kept in L1 while
 // every strip of rows passes over it.
 const outerGroup = 4
@@ -71,8 +80,8 @@ func (s *simd) outerBlockK(M, K int, dtype DType) int {
 // holding len(rows) rows of ldc floats. K must be positive.
 func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K := len(rows), b[0].Cols
-	if b[0].DType == F8E4M3 {
-		s.outerGEMMFP8(rows, b, p0, p1, c, ldc)
+	if b[0].DType.quantized() {
+		s.outerGEMMQ(rows, b, p0, p1, c, ldc)
 		return
 	}
 	kern := &s.outer[b[0].DType]
@@ -106,14 +115,14 @@ func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32
 	}
 }
 
-// outerGEMMFP8 is outerGEMM on packed FP8 matrices: each kernel call's k
-// range stays within one block of the scales, the chain carried through c
-// from call to call.
-func (s *simd) outerGEMMFP8(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
-	M, K := len(rows), b[0].Cols
+// outerGEMMQ is outerGEMM on packed quantized matrices: each kernel
+// call's k range stays within one block (group) of the scales, the chain
+// carried through c from call to call.
+func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	bc := b[0].q.cols
-	stride := PanelWidth * K
-	kc := s.outerBlockK(M, K, F8E4M3)
+	stride := PanelWidth * K * dt.Bits() / 8
+	kc := s.outerBlockK(M, K, dt)
 	if kc < K {
 		kc = max(bc, kc-kc%bc) // k blocks of whole scale blocks
 	}
@@ -126,9 +135,12 @@ func (s *simd) outerGEMMFP8(rows []*float32, b []Matrix, p0, p1 int, c [2][]floa
 				ge := min(g+outerGroup, p1)
 				for m0, mr := 0, 0; m0 < M; m0 += mr {
 					mr = s.stripRows(M, m0)
-					ks := s.outerFP8[mr]
+					widest := len(s.outerFP8[mr]) - 1
+					if dt != F8E4M3 {
+						widest = len(s.outerQ4[mr]) - 1
+					}
 					for p := g; p < ge; {
-						np := min(len(ks)-1, ge-p)
+						np := min(widest, ge-p)
 						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
 						for k0 := kb; k0 < ke; {
 							k1 := min(ke, (k0/bc+1)*bc)
@@ -140,7 +152,11 @@ func (s *simd) outerGEMMFP8(rows []*float32, b []Matrix, p0, p1 int, c [2][]floa
 								flags = 1 // continue the chains in c
 							}
 							sc := &q.panel[(k0/bc*q.panels+p)*PanelWidth]
-							ks[np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc)
+							if dt == F8E4M3 {
+								s.outerFP8[mr][np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc)
+							} else {
+								s.outerQ4[mr][np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc, &bi.lut[0])
+							}
 							k0 = k1
 						}
 						p += np

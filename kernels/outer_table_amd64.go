@@ -79,3 +79,13 @@ var outerFP8AVX512 = outerFP8Table{
 	5: {1: opAVX512F8x5p1, 2: opAVX512F8x5p2, 3: opAVX512F8x5p3, 4: opAVX512F8x5p4},
 	6: {1: opAVX512F8x6p1, 2: opAVX512F8x6p2, 3: opAVX512F8x6p3, 4: opAVX512F8x6p4},
 }
+
+// outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.
+var outerQ4AVX512 = outerQ4Table{
+	1: {1: opAVX512Q4x1p1, 2: opAVX512Q4x1p2, 3: opAVX512Q4x1p3, 4: opAVX512Q4x1p4},
+	2: {1: opAVX512Q4x2p1, 2: opAVX512Q4x2p2, 3: opAVX512Q4x2p3, 4: opAVX512Q4x2p4},
+	3: {1: opAVX512Q4x3p1, 2: opAVX512Q4x3p2, 3: opAVX512Q4x3p3, 4: opAVX512Q4x3p4},
+	4: {1: opAVX512Q4x4p1, 2: opAVX512Q4x4p2, 3: opAVX512Q4x4p3, 4: opAVX512Q4x4p4},
+	5: {1: opAVX512Q4x5p1, 2: opAVX512Q4x5p2, 3: opAVX512Q4x5p3, 4: opAVX512Q4x5p4},
+	6: {1: opAVX512Q4x6p1, 2: opAVX512Q4x6p2},
+}

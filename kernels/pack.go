@@ -37,7 +37,12 @@ func Pack(m Matrix) Matrix {
 		p.u8 = make([]uint8, n)
 		hugepage.Advise(p.u8)
 		packRows(p.u8, m.u8, m.Rows, K)
-		p.q = m.q.packScales(m.Rows, m.panels())
+		p.q = m.q.packScales(m.Rows, m.panels(), 0x1p120)
+	case MXFP4, INT4:
+		p.u8 = make([]uint8, n/2)
+		hugepage.Advise(p.u8)
+		packNibbles(p.u8, m.u8, m.Rows, K, m.lut)
+		p.q = m.q.packScales(m.Rows, m.panels(), 1)
 	default:
 		p.u16 = make([]uint16, n)
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.u16))), 2*n))
@@ -102,11 +107,20 @@ func (m Matrix) packedRowF32(i int, dst []float32) {
 		for k := range dst {
 			dst[k] = e4m3[src[k*PanelWidth]] * m.q.at(i, k)
 		}
+	case MXFP4, INT4:
+		for k := range dst {
+			dst[k] = m.At(i, k)
+		}
 	}
 }
 
 // packedIndex is the position of element [i, j] of a packed matrix.
+// For the 4-bit dtypes it counts nibbles: a panel's k steps go in pairs,
+// byte l of pair j holding row l's nibbles of steps 2j (low) and 2j+1.
 func (m Matrix) packedIndex(i, j int) int {
+	if m.DType.Bits() == 4 {
+		return 2*((i-i%PanelWidth)*m.Cols/2+j/2*PanelWidth+i%PanelWidth) + j&1
+	}
 	return (i-i%PanelWidth)*m.Cols + j*PanelWidth + i%PanelWidth
 }
 
@@ -118,6 +132,8 @@ func (m Matrix) panelPtr(p, k int) *byte {
 		return (*byte)(unsafe.Pointer(&m.f32[off]))
 	case F8E4M3:
 		return &m.u8[off]
+	case MXFP4, INT4: // k even
+		return &m.u8[off/2]
 	}
 	return (*byte)(unsafe.Pointer(&m.u16[off]))
 }

@@ -624,9 +624,7 @@ func (l *Layer) workerCount() int {
 // reads: the router, each distinct routed expert once, and the shared
 // expert. Experts no token chose cost nothing.
 func (l *Layer) WeightBytesRead(ids []int32) int64 {
-	size := func(m kernels.Matrix) int64 {
-		return int64(m.Rows)*int64(m.Cols)*int64(m.DType.Size()) + int64(m.ScaleBytes())
-	}
+	size := kernels.Matrix.Bytes
 	expert := func(x *Expert) int64 { return size(x.Gate) + size(x.Up) + size(x.Down) }
 	n := size(l.Router.weight)
 	seen := make([]bool, len(l.experts))

@@ -27,14 +27,16 @@ func DeepSeekV2Lite() *Config {
 
 // NewRandom makes a layer of cfg with random weights in dtype, uniform in
 // ±1/√fan_in (the correction bias, if any, in ±0.05), the same for the
-// same seed. With kernels.F8E4M3 the experts are quantized as fine-grained
-// FP8 checkpoints are (128×128 blocks, scale max|w|/448) and the router
+// same seed. With a quantized dtype (F8E4M3, MXFP4, INT4) the experts are
+// quantized as those checkpoints are (kernels.Quantize) and the router
 // stays bf16. It is for benchmarks and demonstrations.
 func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
-	if dtype != kernels.F32 && dtype != kernels.BF16 && dtype != kernels.F16 && dtype != kernels.F8E4M3 {
+	switch dtype {
+	case kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3, kernels.MXFP4, kernels.INT4:
+	default:
 		return nil, fmt.Errorf("moe: random weights of dtype %v", dtype)
 	}
 	H := cfg.Hidden
@@ -54,13 +56,12 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		var m kernels.Matrix
 		var err error
 		switch dtype {
-		case kernels.F8E4M3:
+		case kernels.F8E4M3, kernels.MXFP4, kernels.INT4:
 			v := make([]float32, rows*cols)
 			for i := range v {
 				v[i] = float32((2*rng.Float64() - 1) * a)
 			}
-			data, scales := kernels.QuantizeFP8(v, rows, cols, 128, 128)
-			m, err = kernels.NewFP8(rows, cols, data, scales, 128, 128)
+			m, err = kernels.Quantize(dtype, v, rows, cols)
 		case kernels.F32:
 			var v []float32
 			if tmp != nil {
@@ -105,8 +106,8 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	matrix := func(stream uint64, rows, cols int, tmp *scratch) kernels.Matrix {
 		return matrixOf(dtype, stream, rows, cols, tmp)
 	}
-	routerDType := dtype // the router (and qwen2_moe's shared-expert gate) of an fp8 checkpoint stays bf16
-	if dtype == kernels.F8E4M3 {
+	routerDType := dtype // the router (and qwen2_moe's shared-expert gate) of a quantized checkpoint stays bf16
+	if dtype == kernels.F8E4M3 || dtype == kernels.MXFP4 || dtype == kernels.INT4 {
 		routerDType = kernels.BF16
 	}
 	var w Weights

@@ -22,7 +22,7 @@ import (
 )
 
 const benchUsage = `usage:
-  moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16|fp8[,...]]
+  moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16|fp8|mxfp4|int4[,...]]
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
   moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16[,fp8,...]]
                  [--threads T[,...]] [--impl ...] [--format table|json]
@@ -226,20 +226,23 @@ func dtypeOf(s string) (kernels.DType, error) {
 		return kernels.F16, nil
 	case "fp8":
 		return kernels.F8E4M3, nil
+	case "mxfp4":
+		return kernels.MXFP4, nil
+	case "int4":
+		return kernels.INT4, nil
 	}
-	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16 or fp8)", errUsage, s)
+	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4 or int4)", errUsage, s)
 }
 
 // randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/cols.
 func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
 	a := 1 / float32(max(1, cols))
-	if dt == kernels.F8E4M3 { // quantized as the fp8 checkpoints are: 128×128 blocks
+	if dt == kernels.F8E4M3 || dt == kernels.MXFP4 || dt == kernels.INT4 {
 		v := make([]float32, rows*cols)
 		for i := range v {
 			v[i] = (2*rng.Float32() - 1) * a
 		}
-		data, scales := kernels.QuantizeFP8(v, rows, cols, 128, 128)
-		return kernels.NewFP8(rows, cols, data, scales, 128, 128)
+		return kernels.Quantize(dt, v, rows, cols)
 	}
 	if dt == kernels.F32 {
 		v := make([]float32, rows*cols)
@@ -265,7 +268,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	tokens := fs.String("tokens-per-expert", "16,64,256", "rows per expert, comma-separated list")
 	n := fs.Int("n", 2816, "output columns (weight rows)")
 	k := fs.Int("k", 2048, "reduction length")
-	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales)")
+	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
@@ -315,7 +318,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 				groups[e] = kernels.GEMMGroup{B: bs[e], Rows: rows, Out: make([]float32, m**n)}
 			}
 			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
-			bytes := int64(*experts) * (int64(*n)*int64(*k)*int64(dt.Size()) + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
+			bytes := int64(*experts) * (bs[0].Bytes() + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
 			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s %s", *experts, m, *n, *k, ds, *layout)
 			err := o.forEachSetting(func(impl string, threads int) error {
 				ts, err := o.time(label+" "+impl, func() error {
@@ -352,7 +355,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite")
 	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
-	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales, the router bf16)")
+	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
 	finish := o.register(fs)

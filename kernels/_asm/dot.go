@@ -66,6 +66,13 @@ func main() {
 			outerKernels(is, dt)
 		}
 		outerKernels(is, "F8")
+		if is.lanes == 16 {
+			for mr := 1; mr <= maxMR; mr++ {
+				for np := 1; np <= outerQ4NP(mr); np++ {
+					outerQ4(mr, np)
+				}
+			}
+		}
 	}
 	Generate()
 	writeOuterTable("../outer_table_amd64.go")

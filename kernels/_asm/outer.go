@@ -97,6 +97,18 @@ func writeOuterTable(path string) {
 			b.WriteString("},\n")
 		}
 		b.WriteString("}\n\n")
+		if is.lanes == 16 {
+			b.WriteString("// outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.\n")
+			b.WriteString("var outerQ4AVX512 = outerQ4Table{\n")
+			for mr := 1; mr <= maxMR; mr++ {
+				fmt.Fprintf(&b, "%d: {", mr)
+				for np := 1; np <= outerQ4NP(mr); np++ {
+					fmt.Fprintf(&b, "%d: opAVX512Q4x%dp%d, ", np, mr, np)
+				}
+				b.WriteString("},\n")
+			}
+			b.WriteString("}\n\n")
+		}
 	}
 	src, err := format.Source(b.Bytes())
 	if err != nil {
@@ -263,6 +275,125 @@ func outer(is isa, dt string, mr, np int) {
 
 	Label(name + "_store")
 	tile(func(m, v int, at Mem) { VMOVUPS(acc[m][v], at) })
+	VZEROUPPER()
+	RET()
+}
+
+// The 4-bit kernels (AVX-512 only: the 16-entry value table is one
+// register, and VPERMPS looks a nibble up in it). A byte of a panel holds
+// a row's nibbles of two k steps, the low one first; a step's weight is
+// table[nibble] times the row's scale:
+//
+//	c[m][16j+l] = fma(a[m][k+1], t[hi]·s[16j+l], fma(a[m][k], t[lo]·s[16j+l], c[m][16j+l]))
+
+// outerQ4NP is the widest panel count of a 4-bit kernel for MR rows: the
+// accumulators, two weight vectors a panel, two broadcasts and the table.
+func outerQ4NP(mr int) int {
+	for np := 4; np > 1; np /= 2 {
+		if mr*np+2*np+3 <= 32 {
+			return np
+		}
+	}
+	return 1
+}
+
+func outerQ4(mr, np int) {
+	name := fmt.Sprintf("opAVX512Q4x%dp%d", mr, np)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)", maxMR))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s adds, for k steps (k even), the products of %d fp32 rows with %d panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
+		name, mr, np, mr, np*panelWidth))
+
+	table := ZMM()
+	VMOVUPS(Mem{Base: Load(Param("t"), GP64())}, table)
+	scales := Load(Param("s"), GP64())
+	a := make([]GPVirtual, mr)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	b := make([]GPVirtual, np)
+	b[0] = GP64()
+	Load(Param("b"), b[0])
+	if np > 1 {
+		stride := Load(Param("stride"), GP64())
+		for j := 1; j < np; j++ {
+			b[j] = GP64()
+			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
+		}
+	}
+	acc := make([][]VecVirtual, mr)
+	for m := range acc {
+		acc[m] = make([]VecVirtual, np)
+		for j := range acc[m] {
+			acc[m][j] = ZMM()
+		}
+	}
+	tile := func(f func(m, j int, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for j := range acc[m] {
+				f(m, j, Mem{Base: c, Disp: 64 * j})
+			}
+		}
+	}
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) })
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+	k := Load(Param("k"), GP64())
+	i := GP64() // k index into the activation rows
+	o := GP64() // byte offset of step pair i/2 into each panel
+	XORQ(i, i)
+	XORQ(o, o)
+
+	Comment("Two steps of k: a byte vector per panel, two broadcasts per row.")
+	Label(name + "_loop")
+	CMPQ(i, k)
+	JGE(LabelRef(name + "_store"))
+	lo := make([]VecVirtual, np)
+	hi := make([]VecVirtual, np)
+	for j := 0; j < np; j++ {
+		lo[j], hi[j] = ZMM(), ZMM()
+		sc := Mem{Base: scales, Disp: 4 * j * panelWidth}
+		VPMOVZXBD(Mem{Base: b[j], Index: o, Scale: 1}, hi[j])
+		VPERMPS(table, hi[j], lo[j]) // the index's low 4 bits: the low nibble
+		VMULPS(sc, lo[j], lo[j])
+		VPSRLD(U8(4), hi[j], hi[j])
+		VPERMPS(table, hi[j], hi[j])
+		VMULPS(sc, hi[j], hi[j])
+	}
+	for m := range a {
+		x0, x1 := ZMM(), ZMM()
+		VBROADCASTSS(Mem{Base: a[m], Index: i, Scale: 4}, x0)
+		VBROADCASTSS(Mem{Base: a[m], Index: i, Scale: 4, Disp: 4}, x1)
+		for j := 0; j < np; j++ {
+			VFMADD231PS(lo[j], x0, acc[m][j])
+		}
+		for j := 0; j < np; j++ {
+			VFMADD231PS(hi[j], x1, acc[m][j])
+		}
+	}
+	ADDQ(U32(2), i)
+	ADDQ(U32(panelWidth), o)
+	JMP(LabelRef(name + "_loop"))
+
+	Label(name + "_store")
+	tile(func(m, j int, at Mem) { VMOVUPS(acc[m][j], at) })
 	VZEROUPPER()
 	RET()
 }

@@ -299,3 +299,69 @@ func TestNaN(t *testing.T, gateUp GateUpFunc, down DownFunc) {
 		}
 	}
 }
+
+// E2M1 is an OCP FP4 (e2m1) nibble's value from the format's definition:
+// 1 sign, 2 exponent bits of bias 1, 1 mantissa bit, subnormal at exponent 0.
+func E2M1(n uint8) float64 {
+	sign := 1.0
+	if n&8 != 0 {
+		sign = -1
+	}
+	exp, man := int(n>>1&3), float64(n&1)
+	if exp == 0 {
+		return sign * man / 2
+	}
+	return sign * (1 + man/2) * math.Pow(2, float64(exp-1))
+}
+
+// MXFP4Weights returns a random MXFP4 [rows, cols] matrix (cols a multiple
+// of 32, scales' exponents around 2^-4) and its values e2m1 × 2^(e−127).
+func MXFP4Weights(rng *rand.Rand, rows, cols int) (kernels.Matrix, [][]float64) {
+	blocks := make([]uint8, rows*cols/2)
+	scales := make([]uint8, rows*cols/32)
+	for i := range blocks {
+		blocks[i] = uint8(rng.IntN(256))
+	}
+	for i := range scales {
+		scales[i] = uint8(127 - 6 + rng.IntN(5))
+	}
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			n := blocks[(r*cols+c)/2] >> (4 * (c % 2)) & 15
+			vals[r][c] = E2M1(n) * math.Ldexp(1, int(scales[r*cols/32+c/32])-127)
+		}
+	}
+	m, err := kernels.NewMXFP4(rows, cols, blocks, scales)
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
+// INT4Weights returns a random symmetric int4 [rows, cols] matrix in
+// groups of group along a row and its values (field − 8) × scale.
+func INT4Weights(rng *rand.Rand, rows, cols, group int) (kernels.Matrix, [][]float64) {
+	packed := make([]uint8, rows*cols/2)
+	scales := make([]float32, rows*cols/group)
+	for i := range packed {
+		packed[i] = uint8(rng.IntN(256))
+	}
+	for i := range scales {
+		scales[i] = float32(rng.Float64() * 0.05)
+	}
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			field := int(packed[(r*cols+c)/2] >> (4 * (c % 2)) & 15)
+			vals[r][c] = float64(field-8) * float64(scales[r*cols/group+c/group])
+		}
+	}
+	m, err := kernels.NewINT4(rows, cols, group, packed, scales)
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
