@@ -122,12 +122,15 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	if c.closed {
 		return kernels.Matrix{}, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
 	}
-	file, ok := c.where[name]
-	if !ok {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
-	}
 	if c.accessed == nil {
 		c.accessed = map[string]bool{}
+	}
+	file, ok := c.where[name]
+	if !ok {
+		if _, packed := c.where[name+"_packed"]; packed {
+			return c.int4Matrix(name, shape)
+		}
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
 	}
 	c.accessed[name] = true
 	f, err := c.open(file)
@@ -142,6 +145,72 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 		return c.fp8Matrix(f, name, shape)
 	}
 	return f.matrix(name, shape...)
+}
+
+// tensorFile maps the file that holds tensor name; c.mu is held.
+func (c *Checkpoint) tensorFile(name string) (*safetensorsFile, error) {
+	file, ok := c.where[name]
+	if !ok {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
+	}
+	c.accessed[name] = true
+	return c.open(file)
+}
+
+// int4Matrix reads the weight name [rows, cols] stored as compressed-
+// tensors' pack-quantized int4: name_packed (I32 [rows, cols/8], element
+// j of a row at bits 4·(j mod 8) of word j/8, the value plus 8),
+// name_scale ([rows, cols/group]) and name_shape ([rows, cols]), the
+// scheme config.json declares; c.mu is held.
+func (c *Checkpoint) int4Matrix(name string, shape []int) (kernels.Matrix, error) {
+	q := c.Config.Quant
+	if q == nil || q.Method != "compressed-tensors" {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is stored packed (%s_packed) but config.json has no compressed-tensors quantization_config", c.Dir, name, name)
+	}
+	if len(shape) != 2 {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is int4; only matrices may be", c.Dir, name)
+	}
+	rows, cols := shape[0], shape[1]
+	if cols%8 != 0 || cols%q.GroupSize != 0 {
+		return kernels.Matrix{}, errkind.Errorf(ErrShape, "moe: checkpoint %s: int4 tensor %q has %d columns, not a multiple of 8 and of the group size %d", c.Dir, name, cols, q.GroupSize)
+	}
+	if _, asym := c.where[name+"_zero_point"]; asym {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q has %s_zero_point: asymmetric int4 is not supported", c.Dir, name, name)
+	}
+	pname, sname, shname := name+"_packed", name+"_scale", name+"_shape"
+	f, err := c.tensorFile(pname)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	data, err := f.bytes(pname, "I32", []int{rows, cols / 8})
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	if shf, err := c.tensorFile(shname); err == nil {
+		if err := shf.checkShapeTensor(shname, rows, cols); err != nil {
+			return kernels.Matrix{}, err
+		}
+	} else if !errors.Is(err, ErrMissingTensor) {
+		return kernels.Matrix{}, err
+	}
+	sf, err := c.tensorFile(sname)
+	if err != nil {
+		return kernels.Matrix{}, fmt.Errorf("%w (the scales of int4 tensor %s)", err, name)
+	}
+	g := cols / q.GroupSize
+	sm, err := sf.matrix(sname, rows, g)
+	if err != nil {
+		return kernels.Matrix{}, fmt.Errorf("%w (the scales of %s in groups of %d)", err, name, q.GroupSize)
+	}
+	scales := make([]float32, rows*g)
+	for r := 0; r < rows; r++ {
+		sm.RowF32(r, scales[r*g:][:g])
+	}
+	m, err := kernels.NewINT4(rows, cols, q.GroupSize, data, scales)
+	if err != nil {
+		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q: %w", f.path, pname, err)
+	}
+	return m, nil
 }
 
 // fp8Matrix reads the FP8 weight name of f with its scales, the tensor
@@ -161,15 +230,13 @@ func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (ke
 	}
 	rows, cols := shape[0], shape[1]
 	sname := name + "_scale_inv"
-	sfile, ok := c.where[sname]
-	if !ok {
+	if _, ok := c.where[sname]; !ok {
 		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: fp8 tensor %q has no scales %q", c.Dir, name, sname)
 	}
-	sf, err := c.open(sfile)
+	sf, err := c.tensorFile(sname)
 	if err != nil {
 		return kernels.Matrix{}, err
 	}
-	c.accessed[sname] = true
 	gr, gc := (rows+q.BlockRows-1)/q.BlockRows, (cols+q.BlockCols-1)/q.BlockCols
 	sm, err := sf.matrix(sname, gr, gc)
 	if err != nil {

@@ -3,10 +3,12 @@ package moe
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/moex-project/moex/internal/errkind"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+
+	"github.com/moex-project/moex/internal/errkind"
 )
 
 // Scoring turns router logits into expert scores.
@@ -106,11 +108,16 @@ type Config struct {
 // the others as they are.
 type Quantization struct {
 	// Method is quant_method: "fp8" (fine-grained FP8, e4m3 with block
-	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2).
+	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2), or
+	// "compressed-tensors" in its pack-quantized format with symmetric
+	// int4 groups (Kimi-K2-Thinking, K2.5).
 	Method string
-	// BlockRows, BlockCols are weight_block_size: one scale for each block
-	// of [BlockRows, BlockCols] elements of a weight [out, in].
+	// BlockRows, BlockCols are fp8's weight_block_size: one scale for each
+	// block of [BlockRows, BlockCols] elements of a weight [out, in].
 	BlockRows, BlockCols int
+	// GroupSize is the int4 scheme's group_size: one scale for each group
+	// of GroupSize elements along a weight's row.
+	GroupSize int
 	// NotConverted lists modules_to_not_convert and ignored_layers, the
 	// modules left unquantized.
 	NotConverted []string
@@ -124,6 +131,62 @@ type rawQuant struct {
 	ActivationScheme    string   `json:"activation_scheme"`
 	ModulesToNotConvert []string `json:"modules_to_not_convert"`
 	IgnoredLayers       []string `json:"ignored_layers"`
+	// compressed-tensors
+	Format       string                `json:"format"`
+	ConfigGroups map[string]rawCTGroup `json:"config_groups"`
+	Ignore       []string              `json:"ignore"`
+}
+
+// rawCTGroup is one of compressed-tensors' config_groups.
+type rawCTGroup struct {
+	Targets []string `json:"targets"`
+	Weights *struct {
+		NumBits   int    `json:"num_bits"`
+		Type      string `json:"type"`
+		Symmetric bool   `json:"symmetric"`
+		Strategy  string `json:"strategy"`
+		GroupSize int    `json:"group_size"`
+		Dynamic   bool   `json:"dynamic"`
+	} `json:"weights"`
+	InputActivations json.RawMessage `json:"input_activations"`
+}
+
+// parseCompressedTensors reads a compressed-tensors quantization_config:
+// the pack-quantized format with every config group's weights symmetric
+// int4 in groups along the row, weight-only. Anything else is an
+// ErrUnsupportedFormat error naming the scheme.
+func parseCompressedTensors(raw *rawQuant) (*Quantization, error) {
+	if raw.Format != "pack-quantized" {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: compressed-tensors format %q is not supported (supported: pack-quantized)", raw.Format)
+	}
+	if len(raw.ConfigGroups) == 0 {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: compressed-tensors without config_groups")
+	}
+	q := &Quantization{Method: "compressed-tensors", NotConverted: raw.Ignore}
+	names := make([]string, 0, len(raw.ConfigGroups))
+	for name := range raw.ConfigGroups {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		g := raw.ConfigGroups[name]
+		w := g.Weights
+		if w == nil {
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s has no weights scheme", name)
+		}
+		scheme := fmt.Sprintf("num_bits %d, type %q, symmetric %v, strategy %q, group_size %d", w.NumBits, w.Type, w.Symmetric, w.Strategy, w.GroupSize)
+		if w.NumBits != 4 || w.Type != "int" || !w.Symmetric || w.Strategy != "group" || w.GroupSize < 2 || w.GroupSize%2 != 0 || w.Dynamic {
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s: weights scheme (%s) is not supported (supported: num_bits 4, type \"int\", symmetric, strategy \"group\", an even group_size)", name, scheme)
+		}
+		if a := strings.TrimSpace(string(g.InputActivations)); a != "" && a != "null" {
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s quantizes input activations (%s): only weight-only schemes are supported", name, a)
+		}
+		if q.GroupSize != 0 && q.GroupSize != w.GroupSize {
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: config groups with group sizes %d and %d", q.GroupSize, w.GroupSize)
+		}
+		q.GroupSize = w.GroupSize
+	}
+	return q, nil
 }
 
 // parseQuant reads quantization_config: FP8 e4m3 with block scales, or an
@@ -131,10 +194,12 @@ type rawQuant struct {
 func parseQuant(raw *rawQuant) (*Quantization, error) {
 	switch raw.QuantMethod {
 	case "fp8":
+	case "compressed-tensors":
+		return parseCompressedTensors(raw)
 	case "":
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8)")
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8, compressed-tensors)")
 	default:
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8)", raw.QuantMethod)
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8, compressed-tensors)", raw.QuantMethod)
 	}
 	if raw.Fmt != "" && raw.Fmt != "e4m3" {
 		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.fmt %q is not supported (fp8 weights must be e4m3)", raw.Fmt)

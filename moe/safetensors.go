@@ -274,6 +274,26 @@ func (f *safetensorsFile) bytes(name, dtype string, shape []int) ([]byte, error)
 	return f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End], nil
 }
 
+// checkShapeTensor checks that tensor name, a shape ([2] of I32 or I64),
+// says [rows, cols].
+func (f *safetensorsFile) checkShapeTensor(name string, rows, cols int) error {
+	t := f.hdr.Tensors[name]
+	raw := f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]
+	var got []int64
+	switch {
+	case t.DType == "I32" && slices.Equal(t.Shape, []int{2}):
+		got = []int64{int64(int32(binary.LittleEndian.Uint32(raw))), int64(int32(binary.LittleEndian.Uint32(raw[4:])))}
+	case t.DType == "I64" && slices.Equal(t.Shape, []int{2}):
+		got = []int64{int64(binary.LittleEndian.Uint64(raw)), int64(binary.LittleEndian.Uint64(raw[8:]))}
+	default:
+		return errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q is %s %v, want a shape: I32 or I64 [2]", f.path, name, t.DType, t.Shape)
+	}
+	if got[0] != int64(rows) || got[1] != int64(cols) {
+		return errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q says the weight is %v, the config needs [%d %d]", f.path, name, got, rows, cols)
+	}
+	return nil
+}
+
 // castSlice reinterprets little-endian bytes as a slice of T, copying them
 // to an aligned buffer when the bytes are not aligned for T.
 func castSlice[T float32 | uint16](raw []byte) []T {

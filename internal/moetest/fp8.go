@@ -86,3 +86,54 @@ func quantizeFP8(v []float64, rows, cols int, block [2]int, scaleDType string) (
 	}
 	return data, enc, vals, nil
 }
+
+// quantizeINT4 quantizes v [rows, cols] as compressed-tensors' symmetric
+// int4 groups along a row: scale = max|v|/7 (stored in scaleDType), each
+// field round(v/scale) + 8 in 1…15, packed eight a little-endian int32,
+// element j at bits 4·(j mod 8). It returns the packed words, the encoded
+// scales and the values (field − 8) × stored scale.
+func quantizeINT4(v []float64, rows, cols, group int, scaleDType string) ([]byte, []byte, [][]float64, error) {
+	if cols%8 != 0 || cols%group != 0 {
+		return nil, nil, nil, fmt.Errorf("moetest: int4 [%d, %d] in groups of %d", rows, cols, group)
+	}
+	g := cols / group
+	stored := make([]float64, rows*g)
+	var enc []byte
+	for i := range stored {
+		amax := 0.0
+		for _, x := range v[i*group : (i+1)*group] {
+			amax = math.Max(amax, math.Abs(x))
+		}
+		s := float32(amax / 7)
+		switch scaleDType {
+		case "F32":
+			enc = binary.LittleEndian.AppendUint32(enc, math.Float32bits(s))
+			stored[i] = float64(s)
+		case "BF16":
+			h := half.F32ToBF16(s)
+			enc = binary.LittleEndian.AppendUint16(enc, h)
+			stored[i] = float64(half.BF16ToF32(h))
+		default:
+			return nil, nil, nil, fmt.Errorf("moetest: int4 scales of dtype %s", scaleDType)
+		}
+	}
+	words := make([]uint32, rows*cols/8)
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			s := stored[(r*cols+c)/group]
+			q := 0.0
+			if s > 0 {
+				q = math.Max(-7, math.Min(7, math.RoundToEven(v[r*cols+c]/s)))
+			}
+			words[(r*cols+c)/8] |= uint32(q+8) << (4 * (c % 8))
+			vals[r][c] = q * s
+		}
+	}
+	packed := make([]byte, 0, 4*len(words))
+	for _, w := range words {
+		packed = binary.LittleEndian.AppendUint32(packed, w)
+	}
+	return packed, enc, vals, nil
+}

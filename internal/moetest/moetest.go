@@ -6,6 +6,7 @@
 package moetest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -42,10 +43,14 @@ type Spec struct {
 	// (F32); or F8_E4M3: the experts (routed and shared) as fine-grained
 	// FP8 with their _scale_inv, the router and qwen2_moe's shared-expert
 	// gate BF16, as the FP8 checkpoints ship them.
+	// Or INT4: the experts as compressed-tensors' pack-quantized symmetric
+	// int4 (weight_packed, weight_scale, weight_shape), the router BF16.
 	DType string
-	// FP8Block is the FP8 scale block [rows, cols] (zero: [128, 128]) and
-	// ScaleDType the scales' dtype (F32, the default, or BF16).
+	// FP8Block is the FP8 scale block [rows, cols] (zero: [128, 128]),
+	// GroupSize INT4's group along a row (zero: 32), and ScaleDType the
+	// scales' dtype (F32 or BF16; zero: F32 for FP8, BF16 for INT4).
 	FP8Block   [2]int
+	GroupSize  int
 	ScaleDType string
 	Shards     int // > 1 writes a sharded checkpoint
 	Seed       uint64
@@ -127,9 +132,35 @@ func Generate(s Spec) (*Model, error) {
 			m.Spec.ScaleDType = s.ScaleDType
 		}
 	}
-	// addWeight is add for an expert's weight: FP8 with its scales where
-	// the checkpoint is FP8.
+	if s.DType == "INT4" {
+		if s.GroupSize == 0 {
+			s.GroupSize = 32
+			m.Spec.GroupSize = 32
+		}
+		if s.ScaleDType == "" {
+			s.ScaleDType = "BF16"
+			m.Spec.ScaleDType = s.ScaleDType
+		}
+	}
+	// addWeight is add for an expert's weight: FP8 or INT4 with its scales
+	// where the checkpoint is quantized.
 	addWeight := func(name string, rows, cols int, scale float64) [][]float64 {
+		if s.DType == "INT4" {
+			v := make([]float64, rows*cols)
+			for i := range v {
+				v[i] = (rng.Float64()*2 - 1) * scale
+			}
+			packed, scales, vals, e := quantizeINT4(v, rows, cols, s.GroupSize, s.ScaleDType)
+			if e != nil {
+				err = e
+				return nil
+			}
+			m.Tensors = append(m.Tensors,
+				stwrite.Tensor{Name: name + "_packed", DType: "I32", Shape: []int{rows, cols / 8}, Data: packed},
+				stwrite.Tensor{Name: name + "_scale", DType: s.ScaleDType, Shape: []int{rows, cols / s.GroupSize}, Data: scales},
+				stwrite.Tensor{Name: name + "_shape", DType: "I32", Shape: []int{2}, Data: binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, uint32(rows)), uint32(cols))})
+			return vals
+		}
 		if s.DType != "F8_E4M3" {
 			return add(name, s.DType, rows, cols, scale, func(int, int) (float64, bool) { return 0, false })
 		}
@@ -149,7 +180,7 @@ func Generate(s Spec) (*Model, error) {
 		return vals
 	}
 	routerDType := s.DType
-	if s.DType == "F8_E4M3" {
+	if s.DType == "F8_E4M3" || s.DType == "INT4" {
 		routerDType = "BF16"
 	}
 	none := func(int, int) (float64, bool) { return 0, false }
@@ -202,11 +233,20 @@ func configJSON(s Spec) map[string]any {
 		"hidden_size":         s.Hidden,
 		"num_hidden_layers":   s.NumLayers,
 		"num_experts_per_tok": s.TopK,
-		"torch_dtype":         map[string]string{"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F8_E4M3": "bfloat16"}[s.DType],
+		"torch_dtype":         map[string]string{"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F8_E4M3": "bfloat16", "INT4": "bfloat16"}[s.DType],
 	}
 	if s.DType == "F8_E4M3" {
 		c["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
 			"weight_block_size": []int{s.FP8Block[0], s.FP8Block[1]}}
+	}
+	if s.DType == "INT4" {
+		c["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "pack-quantized",
+			"config_groups": map[string]any{"group_0": map[string]any{
+				"targets":           []string{"Linear"},
+				"weights":           map[string]any{"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": s.GroupSize, "dynamic": false},
+				"input_activations": nil,
+			}},
+			"ignore": []string{"lm_head", "re:.*mlp.gate$"}}
 	}
 	switch s.ModelType {
 	case "mixtral":
