@@ -24,6 +24,9 @@ var epSpecs = []moetest.Spec{
 		Scoring: "softmax", NGroup: 4, TopKGroup: 2, Scaling: 16, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 44},
 	{ModelType: "deepseek_v3", Hidden: 40, Experts: 12, TopK: 4, Inter: 16, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid",
 		NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Shards: 3, Seed: 45},
+	{ModelType: "deepseek_v3", Hidden: 40, Experts: 12, TopK: 4, Inter: 24, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid",
+		NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F8_E4M3", FP8Block: [2]int{16, 16}, Seed: 46},
+	{ModelType: "qwen3_moe", Hidden: 64, Experts: 10, TopK: 4, Inter: 32, DType: "INT4", Seed: 47},
 }
 
 func bitsOf(v []float32) []uint32 {

@@ -30,6 +30,9 @@ var goldenSpecs = map[string]moetest.Spec{
 	"deepseek_v2_f32":      {ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, Method: "greedy", Scoring: "softmax", NGroup: 1, TopKGroup: 1, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "F32", Seed: 107},
 	"deepseek_v2_bf16_glg": {ModelType: "deepseek_v2", Hidden: 32, Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, Method: "group_limited_greedy", Scoring: "softmax", NGroup: 4, TopKGroup: 2, Scaling: 16, DType: "BF16", Seed: 108},
 	"deepseek_v3_f32":      {ModelType: "deepseek_v3", Hidden: 32, Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 109},
+	"deepseek_v3_fp8":      {ModelType: "deepseek_v3", Hidden: 64, Experts: 16, TopK: 4, Inter: 32, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F8_E4M3", FP8Block: [2]int{16, 32}, Seed: 111},
+	"qwen3_moe_fp8_bf16":   {ModelType: "qwen3_moe", Hidden: 48, Experts: 8, TopK: 2, Inter: 24, NormTopK: true, DType: "F8_E4M3", ScaleDType: "BF16", Seed: 112},
+	"deepseek_v3_int4":     {ModelType: "deepseek_v3", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "INT4", Seed: 113},
 	"deepseek_v3_bf16_all": {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
 }
 
