@@ -27,6 +27,10 @@ type simd struct {
 	outerFP8 outerFP8Table
 	// outerQ4 holds those for packed 4-bit weights (MXFP4, INT4).
 	outerQ4 outerQ4Table
+	// dqFP8 and dqQ4 widen k steps of one quantized panel into fp32 (see
+	// outerGEMMWiden); nil where the implementation has none.
+	dqFP8 func(dst *float32, b *byte, k int, s *float32)
+	dqQ4  func(dst *float32, b *byte, k int, s, t *float32)
 }
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;

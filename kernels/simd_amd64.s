@@ -22850,3 +22850,64 @@ opAVX512Q4x6p2_store:
 	VMOVUPS Z12, 64(AX)
 	VZEROUPPER
 	RET
+
+// func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
+// Requires: AVX, AVX512F
+TEXT ·dqAVX512F8(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         s+24(FP), BX
+	VMOVUPS      (BX), Z0
+	MOVL         $0x87f00000, BX
+	VPBROADCASTD BX, Z1
+	XORQ         BX, BX
+
+dqAVX512F8_loop:
+	CMPQ      BX, DX
+	JGE       dqAVX512F8_done
+	VPMOVSXBD (CX), Z2
+	VPSLLD    $0x14, Z2, Z2
+	VPANDD    Z1, Z2, Z2
+	VMULPS    Z0, Z2, Z2
+	VMOVUPS   Z2, (AX)
+	ADDQ      $0x00000010, CX
+	ADDQ      $0x00000040, AX
+	INCQ      BX
+	JMP       dqAVX512F8_loop
+
+dqAVX512F8_done:
+	VZEROUPPER
+	RET
+
+// func dqAVX512Q4(dst *float32, b *byte, k int, s *float32, t *float32)
+// Requires: AVX, AVX512F
+TEXT ·dqAVX512Q4(SB), NOSPLIT, $0-40
+	MOVQ    dst+0(FP), AX
+	MOVQ    b+8(FP), CX
+	MOVQ    k+16(FP), DX
+	MOVQ    s+24(FP), BX
+	VMOVUPS (BX), Z0
+	MOVQ    t+32(FP), BX
+	VMOVUPS (BX), Z1
+	XORQ    BX, BX
+
+dqAVX512Q4_loop:
+	CMPQ      BX, DX
+	JGE       dqAVX512Q4_done
+	VPMOVZXBD (CX), Z2
+	VPERMPS   Z1, Z2, Z3
+	VMULPS    Z0, Z3, Z3
+	VMOVUPS   Z3, (AX)
+	VPSRLD    $0x04, Z2, Z2
+	VPERMPS   Z1, Z2, Z2
+	VMULPS    Z0, Z2, Z2
+	VMOVUPS   Z2, 64(AX)
+	ADDQ      $0x00000010, CX
+	ADDQ      $0x00000080, AX
+	ADDQ      $0x00000002, BX
+	JMP       dqAVX512Q4_loop
+
+dqAVX512Q4_done:
+	VZEROUPPER
+	RET

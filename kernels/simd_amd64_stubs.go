@@ -1003,3 +1003,13 @@ func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc 
 //
 //go:noescape
 func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// dqAVX512F8 widens k steps of one F8 panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
+
+// dqAVX512Q4 widens k steps of one Q4 panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512Q4(dst *float32, b *byte, k int, s *float32, t *float32)

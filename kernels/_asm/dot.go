@@ -72,6 +72,8 @@ func main() {
 					outerQ4(mr, np)
 				}
 			}
+			dequant("F8")
+			dequant("Q4")
 		}
 	}
 	Generate()

@@ -397,3 +397,64 @@ func outerQ4(mr, np int) {
 	VZEROUPPER()
 	RET()
 }
+
+// dequant writes the fp32 weights of k steps of one quantized panel (FP8,
+// or 4-bit with k even) to dst, 16 a step: the same widening as the
+// outer-product kernels, so that the fp32 kernels over dst give their bits
+// (the many-row schedule widens a panel's k block once for every strip).
+func dequant(dt string) {
+	name := "dqAVX512" + dt
+	sig := "func(dst *float32, b *byte, k int, s *float32)"
+	if dt == "Q4" {
+		sig = "func(dst *float32, b *byte, k int, s *float32, t *float32)"
+	}
+	TEXT(name, NOSPLIT, sig)
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s widens k steps of one %s panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).", name, dt))
+	dst := Load(Param("dst"), GP64())
+	b := Load(Param("b"), GP64())
+	k := Load(Param("k"), GP64())
+	sc := ZMM()
+	VMOVUPS(Mem{Base: Load(Param("s"), GP64())}, sc)
+	aux := ZMM() // FP8: the mask; Q4: the table
+	if dt == "Q4" {
+		VMOVUPS(Mem{Base: Load(Param("t"), GP64())}, aux)
+	} else {
+		t := GP32()
+		MOVL(U32(0x87F00000), t)
+		VPBROADCASTD(t, aux)
+	}
+	i := GP64()
+	XORQ(i, i)
+	Label(name + "_loop")
+	CMPQ(i, k)
+	JGE(LabelRef(name + "_done"))
+	if dt == "Q4" {
+		x, lo := ZMM(), ZMM()
+		VPMOVZXBD(Mem{Base: b}, x)
+		VPERMPS(aux, x, lo)
+		VMULPS(sc, lo, lo)
+		VMOVUPS(lo, Mem{Base: dst})
+		VPSRLD(U8(4), x, x)
+		VPERMPS(aux, x, x)
+		VMULPS(sc, x, x)
+		VMOVUPS(x, Mem{Base: dst, Disp: 64})
+		ADDQ(U32(16), b)
+		ADDQ(U32(128), dst)
+		ADDQ(U32(2), i)
+	} else {
+		x := ZMM()
+		VPMOVSXBD(Mem{Base: b}, x)
+		VPSLLD(U8(20), x, x)
+		VPANDD(aux, x, x)
+		VMULPS(sc, x, x)
+		VMOVUPS(x, Mem{Base: dst})
+		ADDQ(U32(16), b)
+		ADDQ(U32(64), dst)
+		INCQ(i)
+	}
+	JMP(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
