@@ -33,6 +33,7 @@ func init() {
 		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
 		s.outer, s.outerFP8, s.outerQ4 = outerAVX512, outerFP8AVX512, outerQ4AVX512
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
+		readSIMD = readAVX512
 		register(s)
 	}
 }

@@ -22911,3 +22911,43 @@ dqAVX512Q4_loop:
 dqAVX512Q4_done:
 	VZEROUPPER
 	RET
+
+// func readAVX512(p *byte, n int) uint64
+// Requires: AVX, AVX2, AVX512F
+TEXT ·readAVX512(SB), NOSPLIT, $0-24
+	MOVQ   p+0(FP), AX
+	MOVQ   n+8(FP), CX
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	VPXORQ Z3, Z3, Z3
+	LEAQ   (AX)(CX*1), CX
+
+read_loop:
+	CMPQ  AX, CX
+	JGE   read_done
+	VPORQ (AX), Z0, Z0
+	VPORQ 64(AX), Z1, Z1
+	VPORQ 128(AX), Z2, Z2
+	VPORQ 192(AX), Z3, Z3
+	VPORQ 256(AX), Z0, Z0
+	VPORQ 320(AX), Z1, Z1
+	VPORQ 384(AX), Z2, Z2
+	VPORQ 448(AX), Z3, Z3
+	ADDQ  $0x00000200, AX
+	JMP   read_loop
+
+read_done:
+	VPORQ         Z1, Z0, Z0
+	VPORQ         Z3, Z2, Z2
+	VPORQ         Z2, Z0, Z0
+	VEXTRACTI64X4 $0x01, Z0, Y1
+	VPOR          Y1, Y0, Y1
+	VEXTRACTI128  $0x01, Y1, X0
+	VPOR          X0, X1, X0
+	VPSRLDQ       $0x08, X0, X1
+	VPOR          X1, X0, X0
+	VMOVQ         X0, AX
+	MOVQ          AX, ret+16(FP)
+	VZEROUPPER
+	RET

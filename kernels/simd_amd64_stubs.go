@@ -1013,3 +1013,8 @@ func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
 //
 //go:noescape
 func dqAVX512Q4(dst *float32, b *byte, k int, s *float32, t *float32)
+
+// readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
+//
+//go:noescape
+func readAVX512(p *byte, n int) uint64

@@ -1,16 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/moex-project/moex/kernels"
 )
 
 // memoryBandwidth measures the machine's read bandwidth in GB/s: every
-// thread scans its share of a 512 MiB buffer with bytes.IndexByte (the
-// runtime's vectorised search, reading at memory speed) for a byte that is
-// not there. Best of five passes.
+// thread reads its share of a 512 MiB buffer with kernels.ReadBytes (on
+// AVX-512 a four-accumulator loop of 64-byte loads). Best of five passes.
 func memoryBandwidth() float64 {
 	const size = 512 << 20
 	buf := make([]byte, size)
@@ -25,7 +25,7 @@ func memoryBandwidth() float64 {
 		for t := 0; t < threads; t++ {
 			part := buf[t*size/threads : (t+1)*size/threads]
 			wg.Go(func() {
-				if bytes.IndexByte(part, 1) >= 0 {
+				if kernels.ReadBytes(part) != 0 {
 					panic("unreachable: the buffer is all zeros")
 				}
 			})

@@ -8,10 +8,10 @@ import (
 	"github.com/moex-project/moex/internal/half"
 )
 
-// e4m3 is an FP8 e4m3fn byte's value from the format's definition (sign,
+// E4M3 is an FP8 e4m3fn byte's value from the format's definition (sign,
 // 4 exponent bits of bias 7, 3 mantissa bits, subnormals at exponent 0);
-// NaN for 0x7F and 0xFF.
-func e4m3(b uint8) float64 {
+// NaN for 0x7F and 0xFF. It is the reference the kernels' tests use too.
+func E4M3(b uint8) float64 {
 	sign := 1.0
 	if b&0x80 != 0 {
 		sign = -1
@@ -34,7 +34,7 @@ func nearestE4M3(v float64) uint8 {
 		if b&0x7F == 0x7F {
 			continue
 		}
-		if d := math.Abs(e4m3(uint8(b)) - v); d < bestD {
+		if d := math.Abs(E4M3(uint8(b)) - v); d < bestD {
 			best, bestD = uint8(b), d
 		}
 	}
@@ -81,7 +81,7 @@ func quantizeFP8(v []float64, rows, cols int, block [2]int, scaleDType string) (
 			if s > 0 {
 				data[r*cols+c] = nearestE4M3(math.Max(-448, math.Min(448, v[r*cols+c]/s)))
 			}
-			vals[r][c] = e4m3(data[r*cols+c]) * s
+			vals[r][c] = E4M3(data[r*cols+c]) * s
 		}
 	}
 	return data, enc, vals, nil

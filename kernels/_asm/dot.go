@@ -74,6 +74,7 @@ func main() {
 			}
 			dequant("F8")
 			dequant("Q4")
+			readLoop()
 		}
 	}
 	Generate()

@@ -458,3 +458,45 @@ func dequant(dt string) {
 	VZEROUPPER()
 	RET()
 }
+
+// readLoop ORs n bytes at p (n a multiple of 512) into one word, with four
+// accumulators and eight 64-byte loads a step: the read-bandwidth probe.
+func readLoop() {
+	TEXT("readAVX512", NOSPLIT, "func(p *byte, n int) uint64")
+	Pragma("noescape")
+	Doc("readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.")
+	p := Load(Param("p"), GP64())
+	n := Load(Param("n"), GP64())
+	acc := []VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
+	for _, a := range acc {
+		VPXORQ(a, a, a)
+	}
+	end := GP64()
+	LEAQ(Mem{Base: p, Index: n, Scale: 1}, end)
+	Label("read_loop")
+	CMPQ(p, end)
+	JGE(LabelRef("read_done"))
+	for i := 0; i < 8; i++ {
+		VPORQ(Mem{Base: p, Disp: 64 * i}, acc[i%4], acc[i%4])
+	}
+	ADDQ(U32(512), p)
+	JMP(LabelRef("read_loop"))
+	Label("read_done")
+	VPORQ(acc[1], acc[0], acc[0])
+	VPORQ(acc[3], acc[2], acc[2])
+	VPORQ(acc[2], acc[0], acc[0])
+	y := YMM()
+	VEXTRACTI64X4(U8(1), acc[0], y)
+	VPOR(y, acc[0].AsY(), y)
+	x := XMM()
+	VEXTRACTI128(U8(1), y, x)
+	VPOR(x, y.AsX(), x)
+	x2 := XMM()
+	VPSRLDQ(U8(8), x, x2)
+	VPOR(x2, x, x)
+	r := GP64()
+	VMOVQ(x, r)
+	Store(r, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -44,23 +45,9 @@ var DTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16, kernels.F8E
 // shapes' k ranges.
 var FP8Block = [2]int{8, 24}
 
-// E4M3 is an FP8 e4m3fn byte's value from the format's definition: 1 sign,
-// 4 exponent bits of bias 7, 3 mantissa bits, subnormals at exponent 0;
-// NaN for 0x7F and 0xFF.
-func E4M3(b uint8) float64 {
-	sign := 1.0
-	if b&0x80 != 0 {
-		sign = -1
-	}
-	exp, man := int(b>>3&15), float64(b&7)
-	switch {
-	case exp == 15 && man == 7:
-		return math.NaN()
-	case exp == 0:
-		return sign * man / 8 * math.Pow(2, -6)
-	}
-	return sign * (1 + man/8) * math.Pow(2, float64(exp-7))
-}
+// E4M3 is an FP8 e4m3fn byte's value from the format's definition
+// (moetest.E4M3): NaN for 0x7F and 0xFF.
+func E4M3(b uint8) float64 { return moetest.E4M3(b) }
 
 // FP8Weights returns a random FP8 [rows, cols] matrix with scales in
 // blocks of block, every byte but the NaN ones drawn, and its dequantized
