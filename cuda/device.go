@@ -86,8 +86,8 @@ func Open(ordinal int) (*Device, error) {
 	}
 	d := &Device{dev: dev, ordinal: ordinal, ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
 	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
-		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_f32_to_bf16", "moex_rmsnorm", "moex_rope",
-		"moex_copy_rows"} {
+		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_grouped_gemm_fp8",
+		"moex_grouped_gemm_swiglu_fp8", "moex_f32_to_bf16", "moex_rmsnorm", "moex_rope", "moex_copy_rows"} {
 		fn, err := mod.Function(name)
 		if err != nil {
 			d.Close()
@@ -358,7 +358,7 @@ func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batc
 // GroupedGEMM launches the second-projection GEMM over a layout of
 // paddedRows rows (blocks of 64): c [paddedRows, N]; weights may be the
 // zero Buffer.
-func (d *Device) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+func (d *Device) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
@@ -366,18 +366,33 @@ func (d *Device) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK,
 	if gatherA {
 		gather = 1
 	}
-	g := (&args{}).ptr(a).ptr(w).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
-	return d.launch("moex_grouped_gemm_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
+	grid := [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}
+	if w.FP8() {
+		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockRows).int(w.BlockCols).ptr(sorted).ptr(blockExpert).int(topK).
+			int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+		return d.launch("moex_grouped_gemm_fp8", grid, gemmThreads, g)
+	}
+	g := (&args{}).ptr(a).ptr(w.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+	return d.launch("moex_grouped_gemm_bf16", grid, gemmThreads, g)
 }
 
 // GroupedSwiGLU launches the fused first projection: h = silu(a·gateᵀ) ·
 // (a·upᵀ) [paddedRows, N].
-func (d *Device) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
-	g := (&args{}).ptr(a).ptr(gate).ptr(up).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
-	return d.launch("moex_grouped_gemm_swiglu_bf16", [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}, gemmThreads, g)
+	if gate.FP8() != up.FP8() || gate.BlockRows != up.BlockRows || gate.BlockCols != up.BlockCols {
+		return fmt.Errorf("cuda: grouped swiglu: gate and up weights of different formats")
+	}
+	grid := [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}
+	if gate.FP8() {
+		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockRows).int(gate.BlockCols).
+			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+		return d.launch("moex_grouped_gemm_swiglu_fp8", grid, gemmThreads, g)
+	}
+	g := (&args{}).ptr(a).ptr(gate.W).ptr(up.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+	return d.launch("moex_grouped_gemm_swiglu_bf16", grid, gemmThreads, g)
 }
 
 // F32ToBF16 launches the conversion kernel over n values.

@@ -128,22 +128,37 @@ func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buff
 	})
 }
 
-func (e *Emu) GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
-	if paddedRows > 0 {
+func (e *Emu) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+	if paddedRows == 0 {
+		return nil
+	}
+	if w.FP8() {
 		return e.kernel(func() {
-			cudaemu.GroupedGEMMRaw(e.p(a), e.p(w), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+			cudaemu.GroupedGEMMFP8Raw(e.p(a), e.p(w.W), e.p(w.Scales), w.BlockRows, w.BlockCols, e.p(sorted), e.p(blockExpert),
+				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
 		})
 	}
-	return nil
+	return e.kernel(func() {
+		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+	})
 }
 
-func (e *Emu) GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
-	if paddedRows > 0 {
+func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+	if paddedRows == 0 {
+		return nil
+	}
+	if gate.FP8() != up.FP8() || gate.BlockRows != up.BlockRows || gate.BlockCols != up.BlockCols {
+		return fmt.Errorf("cuda: grouped swiglu: gate and up weights of different formats")
+	}
+	if gate.FP8() {
 		return e.kernel(func() {
-			cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate), e.p(up), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+			cudaemu.GroupedSwiGLUFP8Raw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(up.W), e.p(up.Scales), gate.BlockRows, gate.BlockCols,
+				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
 		})
 	}
-	return nil
+	return e.kernel(func() {
+		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate.W), e.p(up.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+	})
 }
 
 func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {

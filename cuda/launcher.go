@@ -10,6 +10,23 @@ import (
 	"github.com/moex-project/moex/kernels"
 )
 
+// Weights are a grouped GEMM's weights on the device, [experts, N, K]: bf16
+// (Scales zero), or FP8 e4m3 bytes with their block scales, fp32
+// [experts, ceil(N/BlockRows), ceil(K/BlockCols)], a weight being its byte's
+// value times its block's scale. The FP8 kernels dequantize each tile to
+// bf16 as they load it, so FP8 experts take half the device memory of
+// bf16 ones and give the bf16 path's numbers.
+type Weights struct {
+	W, Scales            Buffer
+	BlockRows, BlockCols int
+}
+
+// BF16Weights are bf16 weights w.
+func BF16Weights(w Buffer) Weights { return Weights{W: w} }
+
+// FP8 says whether the weights are FP8.
+func (w Weights) FP8() bool { return !w.Scales.IsZero() }
+
 // Buffer is device memory: an address on the GPU (tag cuda) or a block of
 // host memory standing for it (tag cudaemu).
 type Buffer struct {
@@ -33,8 +50,11 @@ type Launcher interface {
 	// past the layout.
 	Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
 	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
-	GroupedGEMM(a, w, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
-	GroupedSwiGLU(a, gate, up, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
+	// GroupedGEMM and GroupedSwiGLU take their weights [experts, N, K] in
+	// bf16, or in FP8 with block scales (see Weights; gate and up of one
+	// format).
+	GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
+	GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error

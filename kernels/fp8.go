@@ -114,6 +114,25 @@ func (m Matrix) ScaleBytes() int {
 	return 4 * len(m.q.grid)
 }
 
+// FP8Data returns an FP8 matrix's bytes row-major ([Rows, Cols], unpacked
+// when m is packed: then a copy) and its block scales ([ceil(Rows/br),
+// ceil(Cols/bc)], shared), and false for other dtypes.
+func (m Matrix) FP8Data() (data []uint8, scales []float32, blockRows, blockCols int, ok bool) {
+	if m.DType != F8E4M3 {
+		return nil, nil, 0, 0, false
+	}
+	data = m.u8
+	if m.packed {
+		data = make([]uint8, m.Rows*m.Cols)
+		for i := 0; i < m.Rows; i++ {
+			for j := 0; j < m.Cols; j++ {
+				data[i*m.Cols+j] = m.u8[m.packedIndex(i, j)]
+			}
+		}
+	}
+	return data, m.q.grid, m.q.rows, m.q.cols, true
+}
+
 // fp8RowF32 widens row i of a row-major FP8 matrix into dst[:Cols].
 func (m Matrix) fp8RowF32(i int, dst []float32) {
 	src := m.u8[i*m.Cols:][:m.Cols]

@@ -55,15 +55,59 @@ __device__ __forceinline__ void cpAsyncWait() {
 #endif
 }
 
-// groupedGemm is the body of both entry points. With SWIGLU, w2 is the up
+// e4m3ToFloat is an FP8 e4m3fn byte's value: sign-extended and shifted up
+// by 20, its sign lands at bit 31, its exponent and mantissa at 20…26 under
+// copies of the sign the mask clears: an fp32 of the value times 2^-120
+// (subnormals included), scaled back exactly.
+__device__ __forceinline__ float e4m3ToFloat(uint8_t b) {
+  uint32_t u = (uint32_t(int32_t(int8_t(b))) << 20) & 0x87F00000u;
+  float f;
+  memcpy(&f, &u, 4);
+  return f * 0x1p120f;
+}
+
+// bf16Round rounds to the nearest bf16, ties to even (no NaN reaches it).
+__device__ __forceinline__ uint16_t bf16Round(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+// Fp8Weights are a stack of FP8 weights [experts, N, K] (bytes) with their
+// block scales [experts, ceil(N/br), ceil(K/bc)]: weight = e4m3 × scale.
+struct Fp8Weights {
+  const uint8_t* w;
+  const float* scales;
+  int br, bc;
+};
+
+// loadFp8 dequantizes 8 weights of row n (k … k+7) of expert e's FP8 matrix
+// [N, K] to bf16 into dst (zeros past N): the fp32 dequantized weight,
+// rounded once to bf16, as the bf16 path would hold it.
+__device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int e, int n, int k, int N, int K) {
+  if (n >= N) {
+    for (int i = 0; i < 8; i++) dst[i] = 0;
+    return;
+  }
+  const int gr = (N + q.br - 1) / q.br, gc = (K + q.bc - 1) / q.bc;
+  const uint8_t* src = q.w + (size_t)e * N * K + (size_t)n * K + k;
+  const float* srow = q.scales + ((size_t)e * gr + n / q.br) * gc;
+  for (int i = 0; i < 8; i++) dst[i] = bf16Round(e4m3ToFloat(src[i]) * srow[(k + i) / q.bc]);
+}
+
+// groupedGemm is the body of the entry points. With SWIGLU, w2 is the up
 // projection and the tile writes silu(a·w) · (a·w2) (the first expert
 // projection, gate and up in one pass over A); without, a·w times the
-// routing weight (the second).
-template <bool SWIGLU>
+// routing weight (the second). With FP8 the weights are q and q2 (w and w2
+// unused): each B tile is dequantized to bf16 as it is loaded into shared
+// memory, and the same mma.sync path runs.
+template <bool SWIGLU, bool FP8>
 __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
-                            const uint16_t* __restrict__ w2, const int32_t* __restrict__ sorted,
-                            const int32_t* __restrict__ blockExpert, int topK, int pairs, int gatherA, int N, int K,
-                            const float* __restrict__ weights, float* __restrict__ c) {
+                            const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2,
+                            const int32_t* __restrict__ sorted, const int32_t* __restrict__ blockExpert, int topK,
+                            int pairs, int gatherA, int N, int K, const float* __restrict__ weights,
+                            float* __restrict__ c) {
   __shared__ __align__(16) uint16_t As[2][kGemmBM][kGemmBK];
   __shared__ __align__(16) uint16_t Bs[2][kGemmBN][kGemmBK];
   __shared__ __align__(16) uint16_t B2s[2][SWIGLU ? kGemmBN : 1][kGemmBK];
@@ -71,7 +115,8 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = blockIdx.x * kGemmBM, n0 = blockIdx.y * kGemmBN;
   if (blockExpert[blockIdx.x] < 0) return;  // past the layout's rows (a fixed grid)
-  const size_t eoff = (size_t)blockExpert[blockIdx.x] * N * K;
+  const int expert = blockExpert[blockIdx.x];
+  const size_t eoff = (size_t)expert * N * K;
   if (tid < kGemmBM) {
     int p = sorted[row0 + tid];
     tokenOf[tid] = p < pairs ? (gatherA ? p / topK : row0 + tid) : -1;
@@ -88,8 +133,13 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   const int tok = tokenOf[lr], ln = n0 + lr;
   auto load = [&](int buf, int k0) {
     cpAsync16(&As[buf][lr][lc], tok >= 0 ? a + (size_t)tok * K + k0 + lc : a, tok >= 0);
-    cpAsync16(&Bs[buf][lr][lc], ln < N ? w + eoff + (size_t)ln * K + k0 + lc : w, ln < N);
-    if (SWIGLU) cpAsync16(&B2s[buf][SWIGLU ? lr : 0][lc], ln < N ? w2 + eoff + (size_t)ln * K + k0 + lc : w2, ln < N);
+    if (FP8) {  // visible to the other threads after the step's __syncthreads
+      loadFp8(&Bs[buf][lr][lc], q, expert, ln, k0 + lc, N, K);
+      if (SWIGLU) loadFp8(&B2s[buf][SWIGLU ? lr : 0][lc], q2, expert, ln, k0 + lc, N, K);
+    } else {
+      cpAsync16(&Bs[buf][lr][lc], ln < N ? w + eoff + (size_t)ln * K + k0 + lc : w, ln < N);
+      if (SWIGLU) cpAsync16(&B2s[buf][SWIGLU ? lr : 0][lc], ln < N ? w2 + eoff + (size_t)ln * K + k0 + lc : w2, ln < N);
+    }
     cpAsyncCommit();
   };
   const int g = lane >> 2, t = lane % 4, m = warp * 16;
@@ -146,7 +196,17 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
 extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
                                                   const int32_t* blockExpert, int topK, int pairs, int gatherA, int N,
                                                   int K, const float* weights, float* c) {
-  groupedGemm<false>(a, w, nullptr, sorted, blockExpert, topK, pairs, gatherA, N, K, weights, c);
+  groupedGemm<false, false>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
+                            weights, c);
+}
+
+// moex_grouped_gemm_fp8 is moex_grouped_gemm_bf16 on FP8 weights w
+// [experts, N, K] with block scales ws [experts, ceil(N/br), ceil(K/bc)].
+extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
+                                                 const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
+                                                 int gatherA, int N, int K, const float* weights, float* c) {
+  groupedGemm<false, true>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, sorted, blockExpert, topK,
+                           pairs, gatherA, N, K, weights, c);
 }
 
 // The first projection: gate and up [experts, N, K] → h = silu(gate)·up
@@ -154,7 +214,18 @@ extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint1
 extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
                                                          const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                          int pairs, int N, int K, float* h) {
-  groupedGemm<true>(a, gate, up, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
+  groupedGemm<true, false>(a, gate, up, Fp8Weights{}, Fp8Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
+                           h);
+}
+
+// moex_grouped_gemm_swiglu_fp8 is moex_grouped_gemm_swiglu_bf16 on FP8
+// gate and up weights with their block scales.
+extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs,
+                                                        const uint8_t* up, const float* us, int br, int bc,
+                                                        const int32_t* sorted, const int32_t* blockExpert, int topK,
+                                                        int pairs, int N, int K, float* h) {
+  groupedGemm<true, true>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, sorted,
+                          blockExpert, topK, pairs, 1, N, K, nullptr, h);
 }
 
 // moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=bc45e0ddc7242f5c84890456b38b35a0
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=31c98e300a8c692bd284cc43de7cc74f
 import "C"

@@ -21,6 +21,13 @@ void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int3
                                 int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
                                 float* c);
 void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
+void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
+                               const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
+                               int gatherA, int N, int K, const float* weights, float* c);
+void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
+                                      const float* us, int br, int bc, const int32_t* sorted,
+                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
+                                      float* h);
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                        float* h);
@@ -242,6 +249,28 @@ func GroupedGEMMRaw(a, w, sorted, blockExpert unsafe.Pointer, paddedRows, topK, 
 	}
 	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(a), (*C.uint16_t)(w), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert),
 		C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K), (*C.float)(weights), (*C.float)(c))
+}
+
+// GroupedGEMMFP8Raw launches the grouped GEMM on FP8 weights w with block
+// scales ws in blocks of [br, bc].
+func GroupedGEMMFP8Raw(a, w, ws unsafe.Pointer, br, bc int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
+	gatherA bool, N, K int, weights, c unsafe.Pointer) {
+	g := 0
+	if gatherA {
+		g = 1
+	}
+	C.moex_emu_grouped_gemm_fp8((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), C.int(br), C.int(bc), (*C.int32_t)(sorted),
+		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
+		(*C.float)(weights), (*C.float)(c))
+}
+
+// GroupedSwiGLUFP8Raw launches the fused first projection on FP8 gate and
+// up weights with their block scales.
+func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
+	pairs, N, K int, h unsafe.Pointer) {
+	C.moex_emu_grouped_gemm_swiglu_fp8((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
+		C.int(br), C.int(bc), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
+		C.int(N), C.int(K), (*C.float)(h))
 }
 
 // GroupedSwiGLURaw launches the fused first projection.

@@ -32,9 +32,13 @@ func TestMoEOnEmulation(t *testing.T) {
 			Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 2},
 		{ModelType: "qwen2_moe", Hidden: 32, Experts: 6, TopK: 2, Inter: 16, SharedInter: 32, NormTopK: true, DType: "F32", Seed: 3},
 		{ModelType: "mixtral", Hidden: 32, Experts: 4, TopK: 2, Inter: 48, DType: "F32", Seed: 4},
+		// FP8 experts stay FP8 on the device, dequantized tile by tile.
+		{ModelType: "deepseek_v3", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1, Method: "noaux_tc",
+			Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "F8_E4M3", FP8Block: [2]int{16, 16}, Seed: 5},
+		{ModelType: "qwen3_moe", Hidden: 48, Experts: 6, TopK: 2, Inter: 32, NormTopK: true, DType: "F8_E4M3", FP8Block: [2]int{8, 24}, Seed: 6},
 	}
 	for _, s := range specs {
-		t.Run(s.ModelType, func(t *testing.T) {
+		t.Run(s.ModelType+" "+s.DType, func(t *testing.T) {
 			m, err := moetest.Generate(s)
 			require.NoError(t, err)
 			dir := filepath.Join(t.TempDir(), "ckpt")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -21,11 +22,13 @@ import (
 // and since a row's result does not depend on where the layout puts it, a
 // replay gives the eager bits.
 
-// stack is a stack of SwiGLU expert weights on the device as bf16: gate and
-// up [n, inter, hidden], down [n, hidden, inter], for the experts lo …
-// lo+n-1 of the layer (a stack's own slots 0 … n-1 for Experts).
+// stack is a stack of SwiGLU expert weights on the device: gate and up
+// [n, inter, hidden], down [n, hidden, inter], for the experts lo … lo+n-1
+// of the layer (a stack's own slots 0 … n-1 for Experts). They stay FP8
+// (with their block scales) when every matrix of the stack is FP8 in one
+// block size; other weights are held as bf16.
 type stack struct {
-	gate, up, down cuda.Buffer
+	gate, up, down cuda.Weights
 	lo, n          int
 	hidden, inter  int
 }
@@ -33,15 +36,63 @@ type stack struct {
 // uploadStack uploads the experts' weights as a stack (of the layer's
 // experts lo …); bs keeps its buffers and the first error.
 func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int) stack {
-	var gate, up, down []uint16
-	for _, x := range experts {
-		gate = append(gate, cuda.BF16Rows(x.Gate)...)
-		up = append(up, cuda.BF16Rows(x.Up)...)
-		down = append(down, cuda.BF16Rows(x.Down)...)
+	st := stack{lo: lo, n: len(experts), hidden: hidden, inter: inter}
+	mats := func(pick func(x *moe.Expert) kernels.Matrix) []kernels.Matrix {
+		out := make([]kernels.Matrix, len(experts))
+		for i := range experts {
+			out[i] = pick(&experts[i])
+		}
+		return out
+	}
+	gate := mats(func(x *moe.Expert) kernels.Matrix { return x.Gate })
+	up := mats(func(x *moe.Expert) kernels.Matrix { return x.Up })
+	down := mats(func(x *moe.Expert) kernels.Matrix { return x.Down })
+	if fp8Stack(gate, up, down) {
+		st.gate, st.up, st.down = uploadFP8(bs, gate), uploadFP8(bs, up), uploadFP8(bs, down)
+		return st
+	}
+	st.gate, st.up, st.down = uploadBF16(bs, gate), uploadBF16(bs, up), uploadBF16(bs, down)
+	return st
+}
+
+// fp8Stack says whether every matrix is FP8 in one block size.
+func fp8Stack(groups ...[]kernels.Matrix) bool {
+	br, bc := -1, -1
+	for _, ms := range groups {
+		for _, m := range ms {
+			if m.DType != kernels.F8E4M3 {
+				return false
+			}
+			r, c := m.BlockSize()
+			if br >= 0 && (r != br || c != bc) {
+				return false
+			}
+			br, bc = r, c
+		}
+	}
+	return br > 0
+}
+
+func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
+	var w []uint16
+	for _, m := range ms {
+		w = append(w, cuda.BF16Rows(m)...)
+	}
+	return cuda.BF16Weights(bs.Put(cuda.Upload(bs.Device(), w)))
+}
+
+// uploadFP8 uploads FP8 matrices as they are stored: the bytes and the
+// block scales of each, stacked.
+func uploadFP8(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
+	var w []uint8
+	var sc []float32
+	var br, bc int
+	for _, m := range ms {
+		data, scales, r, c, _ := m.FP8Data()
+		w, sc, br, bc = append(w, data...), append(sc, scales...), r, c
 	}
 	d := bs.Device()
-	return stack{gate: bs.Put(cuda.Upload(d, gate)), up: bs.Put(cuda.Upload(d, up)), down: bs.Put(cuda.Upload(d, down)),
-		lo: lo, n: len(experts), hidden: hidden, inter: inter}
+	return cuda.Weights{W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: br, BlockCols: bc}
 }
 
 // dense is the grouped GEMM's layout of rows rows in one group: a dense
@@ -197,7 +248,7 @@ func (s *Stage) Enqueue(l cuda.Launcher) error {
 		return err
 	}
 	// Router logits: one dense GEMM over every token.
-	if err := l.GroupedGEMM(s.xb, m.router, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
+	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
 		cuda.Buffer{}, s.logits); err != nil {
 		return err
 	}
