@@ -87,7 +87,7 @@ func Open(ordinal int) (*Device, error) {
 	d := &Device{dev: dev, ordinal: ordinal, ctx: ctx, mod: mod, fns: map[string]cu.Function{}}
 	for _, name := range []string{"moex_gate", "moex_align", "moex_combine", "moex_mla_decode_f32", "moex_mla_decode_bf16",
 		"moex_mla_merge", "moex_grouped_gemm_bf16", "moex_grouped_gemm_swiglu_bf16", "moex_grouped_gemm_fp8",
-		"moex_grouped_gemm_swiglu_fp8", "moex_f32_to_bf16", "moex_rmsnorm", "moex_rope", "moex_copy_rows"} {
+		"moex_grouped_gemm_swiglu_fp8", "moex_grouped_gemm_q4", "moex_grouped_gemm_swiglu_q4", "moex_f32_to_bf16", "moex_rmsnorm", "moex_rope", "moex_copy_rows"} {
 		fn, err := mod.Function(name)
 		if err != nil {
 			d.Close()
@@ -367,10 +367,15 @@ func (d *Device) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, pa
 		gather = 1
 	}
 	grid := [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}
-	if w.FP8() {
+	switch w.Format {
+	case FP8:
 		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockRows).int(w.BlockCols).ptr(sorted).ptr(blockExpert).int(topK).
 			int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
 		return d.launch("moex_grouped_gemm_fp8", grid, gemmThreads, g)
+	case MXFP4, INT4:
+		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockCols).int(w.int4Flag()).ptr(sorted).ptr(blockExpert).int(topK).
+			int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+		return d.launch("moex_grouped_gemm_q4", grid, gemmThreads, g)
 	}
 	g := (&args{}).ptr(a).ptr(w.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
 	return d.launch("moex_grouped_gemm_bf16", grid, gemmThreads, g)
@@ -382,14 +387,19 @@ func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert B
 	if paddedRows == 0 {
 		return nil
 	}
-	if gate.FP8() != up.FP8() || gate.BlockRows != up.BlockRows || gate.BlockCols != up.BlockCols {
+	if !sameFormat(gate, up) {
 		return fmt.Errorf("cuda: grouped swiglu: gate and up weights of different formats")
 	}
 	grid := [3]int{paddedRows / gemmBM, (N + gemmBN - 1) / gemmBN, 1}
-	if gate.FP8() {
+	switch gate.Format {
+	case FP8:
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockRows).int(gate.BlockCols).
 			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_fp8", grid, gemmThreads, g)
+	case MXFP4, INT4:
+		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockCols).int(gate.int4Flag()).
+			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+		return d.launch("moex_grouped_gemm_swiglu_q4", grid, gemmThreads, g)
 	}
 	g := (&args{}).ptr(a).ptr(gate.W).ptr(up.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
 	return d.launch("moex_grouped_gemm_swiglu_bf16", grid, gemmThreads, g)

@@ -132,9 +132,15 @@ func (e *Emu) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, padde
 	if paddedRows == 0 {
 		return nil
 	}
-	if w.FP8() {
+	switch w.Format {
+	case FP8:
 		return e.kernel(func() {
 			cudaemu.GroupedGEMMFP8Raw(e.p(a), e.p(w.W), e.p(w.Scales), w.BlockRows, w.BlockCols, e.p(sorted), e.p(blockExpert),
+				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+		})
+	case MXFP4, INT4:
+		return e.kernel(func() {
+			cudaemu.GroupedGEMMQ4Raw(e.p(a), e.p(w.W), e.p(w.Scales), w.BlockCols, w.int4Flag(), e.p(sorted), e.p(blockExpert),
 				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
 		})
 	}
@@ -147,12 +153,18 @@ func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buff
 	if paddedRows == 0 {
 		return nil
 	}
-	if gate.FP8() != up.FP8() || gate.BlockRows != up.BlockRows || gate.BlockCols != up.BlockCols {
+	if !sameFormat(gate, up) {
 		return fmt.Errorf("cuda: grouped swiglu: gate and up weights of different formats")
 	}
-	if gate.FP8() {
+	switch gate.Format {
+	case FP8:
 		return e.kernel(func() {
 			cudaemu.GroupedSwiGLUFP8Raw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(up.W), e.p(up.Scales), gate.BlockRows, gate.BlockCols,
+				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+		})
+	case MXFP4, INT4:
+		return e.kernel(func() {
+			cudaemu.GroupedSwiGLUQ4Raw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(up.W), e.p(up.Scales), gate.BlockCols, gate.int4Flag(),
 				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
 		})
 	}

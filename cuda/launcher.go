@@ -10,22 +10,48 @@ import (
 	"github.com/moex-project/moex/kernels"
 )
 
-// Weights are a grouped GEMM's weights on the device, [experts, N, K]: bf16
-// (Scales zero), or FP8 e4m3 bytes with their block scales, fp32
-// [experts, ceil(N/BlockRows), ceil(K/BlockCols)], a weight being its byte's
-// value times its block's scale. The FP8 kernels dequantize each tile to
-// bf16 as they load it, so FP8 experts take half the device memory of
-// bf16 ones and give the bf16 path's numbers.
+// Weights are a grouped GEMM's weights on the device, [experts, N, K], in
+// one of the formats below. The quantized kernels dequantize each tile to
+// bf16 as they load it into shared memory, so quantized experts stay in
+// their bytes on the device (FP8: half the memory of bf16; 4-bit: about a
+// third with their scales) and run the bf16 path's tensor-core GEMM.
 type Weights struct {
-	W, Scales            Buffer
+	Format WeightFormat
+	W      Buffer // bf16 values, FP8 bytes, or 4-bit nibbles (two a byte, the even k low)
+	// Scales, fp32: FP8 [experts, ceil(N/BlockRows), ceil(K/BlockCols)];
+	// 4-bit [experts, N, K/BlockCols] (BlockRows 1, BlockCols the group).
+	Scales               Buffer
 	BlockRows, BlockCols int
 }
+
+// WeightFormat is how a grouped GEMM's weights are stored.
+type WeightFormat uint8
+
+// Weight formats: a weight is the stored value (BF16), or its value times
+// its block's or group's scale: an e4m3 byte (FP8), an e2m1 nibble (MXFP4),
+// a nibble minus 8 (INT4).
+const (
+	BF16 WeightFormat = iota
+	FP8
+	MXFP4
+	INT4
+)
 
 // BF16Weights are bf16 weights w.
 func BF16Weights(w Buffer) Weights { return Weights{W: w} }
 
-// FP8 says whether the weights are FP8.
-func (w Weights) FP8() bool { return !w.Scales.IsZero() }
+// sameFormat says whether a and b can be one launch's gate and up.
+func sameFormat(a, b Weights) bool {
+	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols
+}
+
+// int4Flag is the kernels' int4 argument of a 4-bit format.
+func (w Weights) int4Flag() int {
+	if w.Format == INT4 {
+		return 1
+	}
+	return 0
+}
 
 // Buffer is device memory: an address on the GPU (tag cuda) or a block of
 // host memory standing for it (tag cudaemu).

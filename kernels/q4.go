@@ -97,6 +97,27 @@ func (m Matrix) GroupSize() int {
 	return m.q.cols
 }
 
+// Q4Data returns a 4-bit matrix's nibbles row-major ([Rows, Cols/2]
+// bytes, the even column low; unpacked when m is packed: then a copy), its
+// scales ([Rows, Cols/group], shared) and group, and false for other dtypes.
+func (m Matrix) Q4Data() (data []uint8, scales []float32, group int, ok bool) {
+	if m.DType != MXFP4 && m.DType != INT4 {
+		return nil, nil, 0, false
+	}
+	data = m.u8
+	if m.packed {
+		data = make([]uint8, m.Rows*m.Cols/2)
+		for i := 0; i < m.Rows; i++ {
+			for j := 0; j < m.Cols; j++ {
+				k := m.packedIndex(i, j)
+				n := m.u8[k/2] >> (4 * (k & 1)) & 15
+				data[(i*m.Cols+j)/2] |= n << (4 * (j & 1))
+			}
+		}
+	}
+	return data, m.q.grid, m.q.cols, true
+}
+
 // q4RowF32 widens row i of a row-major 4-bit matrix into dst[:Cols].
 func (m Matrix) q4RowF32(i int, dst []float32) {
 	src := m.u8[i*m.Cols/2:][:m.Cols/2]

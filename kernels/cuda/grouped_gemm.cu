@@ -96,15 +96,47 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
   for (int i = 0; i < 8; i++) dst[i] = bf16Round(e4m3ToFloat(src[i]) * srow[(k + i) / q.bc]);
 }
 
+// Q4Weights are a stack of 4-bit weights [experts, N, K] (two a byte, the
+// even k in the low nibble) with a scale per group of k: [experts, N,
+// K/group]; a weight is table[nibble] × scale, table e2m1 (MXFP4) or the
+// field minus 8 (int4).
+struct Q4Weights {
+  const uint8_t* w;
+  const float* scales;
+  int group, int4;
+};
+
+__device__ __forceinline__ float q4Value(uint8_t n, int int4) {
+  if (int4) return float(int(n) - 8);
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return n & 8 ? -mag[n & 7] : mag[n & 7];
+}
+
+// loadQ4 dequantizes 8 weights of row n (k … k+7, k even) of expert e's
+// 4-bit matrix to bf16 into dst (zeros past N).
+__device__ __forceinline__ void loadQ4(uint16_t* dst, const Q4Weights& q, int e, int n, int k, int N, int K) {
+  if (n >= N) {
+    for (int i = 0; i < 8; i++) dst[i] = 0;
+    return;
+  }
+  const size_t row = (size_t)e * N + n;
+  const uint8_t* src = q.w + (row * K + k) / 2;
+  const float* srow = q.scales + row * (K / q.group);
+  for (int i = 0; i < 8; i++) {
+    const uint8_t nib = (src[i / 2] >> (4 * (i & 1))) & 15;
+    dst[i] = bf16Round(q4Value(nib, q.int4) * srow[(k + i) / q.group]);
+  }
+}
+
 // groupedGemm is the body of the entry points. With SWIGLU, w2 is the up
 // projection and the tile writes silu(a·w) · (a·w2) (the first expert
 // projection, gate and up in one pass over A); without, a·w times the
-// routing weight (the second). With FP8 the weights are q and q2 (w and w2
-// unused): each B tile is dequantized to bf16 as it is loaded into shared
-// memory, and the same mma.sync path runs.
-template <bool SWIGLU, bool FP8>
+// routing weight (the second). With FP8 the weights are q and q2, with
+// 4-bit ones r and r2 (w and w2 unused): each B tile is dequantized to bf16
+// as it is loaded into shared memory, and the same mma.sync path runs.
+template <bool SWIGLU, int FMT>  // FMT: 0 bf16, 1 FP8, 2 4-bit
 __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
-                            const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2,
+                            const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2, Q4Weights r, Q4Weights r2,
                             const int32_t* __restrict__ sorted, const int32_t* __restrict__ blockExpert, int topK,
                             int pairs, int gatherA, int N, int K, const float* __restrict__ weights,
                             float* __restrict__ c) {
@@ -133,9 +165,12 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
   const int tok = tokenOf[lr], ln = n0 + lr;
   auto load = [&](int buf, int k0) {
     cpAsync16(&As[buf][lr][lc], tok >= 0 ? a + (size_t)tok * K + k0 + lc : a, tok >= 0);
-    if (FP8) {  // visible to the other threads after the step's __syncthreads
+    if (FMT == 1) {  // visible to the other threads after the step's __syncthreads
       loadFp8(&Bs[buf][lr][lc], q, expert, ln, k0 + lc, N, K);
       if (SWIGLU) loadFp8(&B2s[buf][SWIGLU ? lr : 0][lc], q2, expert, ln, k0 + lc, N, K);
+    } else if (FMT == 2) {
+      loadQ4(&Bs[buf][lr][lc], r, expert, ln, k0 + lc, N, K);
+      if (SWIGLU) loadQ4(&B2s[buf][SWIGLU ? lr : 0][lc], r2, expert, ln, k0 + lc, N, K);
     } else {
       cpAsync16(&Bs[buf][lr][lc], ln < N ? w + eoff + (size_t)ln * K + k0 + lc : w, ln < N);
       if (SWIGLU) cpAsync16(&B2s[buf][SWIGLU ? lr : 0][lc], ln < N ? w2 + eoff + (size_t)ln * K + k0 + lc : w2, ln < N);
@@ -196,7 +231,7 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
 extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
                                                   const int32_t* blockExpert, int topK, int pairs, int gatherA, int N,
                                                   int K, const float* weights, float* c) {
-  groupedGemm<false, false>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
+  groupedGemm<false, 0>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
                             weights, c);
 }
 
@@ -205,8 +240,18 @@ extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint1
 extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                                  const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
                                                  int gatherA, int N, int K, const float* weights, float* c) {
-  groupedGemm<false, true>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, sorted, blockExpert, topK,
-                           pairs, gatherA, N, K, weights, c);
+  groupedGemm<false, 1>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted,
+                        blockExpert, topK, pairs, gatherA, N, K, weights, c);
+}
+
+// moex_grouped_gemm_q4 is moex_grouped_gemm_bf16 on 4-bit weights w
+// [experts, N, K/2] bytes with scales ws [experts, N, K/group] (int4: the
+// nibble is the value plus 8; else e2m1).
+extern "C" __global__ void moex_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
+                                                const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
+                                                int gatherA, int N, int K, const float* weights, float* c) {
+  groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{w, ws, group, int4}, Q4Weights{},
+                        sorted, blockExpert, topK, pairs, gatherA, N, K, weights, c);
 }
 
 // The first projection: gate and up [experts, N, K] → h = silu(gate)·up
@@ -214,7 +259,7 @@ extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_
 extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
                                                          const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                          int pairs, int N, int K, float* h) {
-  groupedGemm<true, false>(a, gate, up, Fp8Weights{}, Fp8Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
+  groupedGemm<true, 0>(a, gate, up, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
                            h);
 }
 
@@ -224,8 +269,18 @@ extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const
                                                         const uint8_t* up, const float* us, int br, int bc,
                                                         const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                         int pairs, int N, int K, float* h) {
-  groupedGemm<true, true>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, sorted,
-                          blockExpert, topK, pairs, 1, N, K, nullptr, h);
+  groupedGemm<true, 1>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, Q4Weights{},
+                       Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
+}
+
+// moex_grouped_gemm_swiglu_q4 is moex_grouped_gemm_swiglu_bf16 on 4-bit
+// gate and up weights with their scales.
+extern "C" __global__ void moex_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs,
+                                                       const uint8_t* up, const float* us, int group, int int4,
+                                                       const int32_t* sorted, const int32_t* blockExpert, int topK,
+                                                       int pairs, int N, int K, float* h) {
+  groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{gate, gs, group, int4},
+                       Q4Weights{up, us, group, int4}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
 }
 
 // moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN

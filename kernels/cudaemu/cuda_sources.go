@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=31c98e300a8c692bd284cc43de7cc74f
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=f0c5c43c0a2dbaf0d50653ea0ac8087e
 import "C"

@@ -75,6 +75,25 @@ void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, co
               blockExpert, topK, pairs, N, K, h);
 }
 
+void moex_emu_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
+                              const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
+                              int gatherA, int N, int K, const float* weights, float* c) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_q4, a, w, ws, group, int4, sorted, blockExpert,
+              topK, pairs, gatherA, N, K, weights, c);
+}
+
+void moex_emu_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
+                                     const float* us, int group, int int4, const int32_t* sorted,
+                                     const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
+                                     float* h) {
+  std::lock_guard<std::mutex> lock(launchMu);
+  dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_q4, a, gate, gs, up, us, group, int4,
+              sorted, blockExpert, topK, pairs, N, K, h);
+}
+
 void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n) {
   std::lock_guard<std::mutex> lock(launchMu);
   emu::launch(dim3(4), dim3(64), moex::moex_f32_to_bf16, src, dst, n);

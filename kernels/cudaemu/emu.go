@@ -24,6 +24,13 @@ void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                                int gatherA, int N, int K, const float* weights, float* c);
+void moex_emu_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
+                              const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
+                              int gatherA, int N, int K, const float* weights, float* c);
+void moex_emu_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
+                                     const float* us, int group, int int4, const int32_t* sorted,
+                                     const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
+                                     float* h);
 void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
                                       const float* us, int br, int bc, const int32_t* sorted,
                                       const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
@@ -270,6 +277,28 @@ func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted,
 	pairs, N, K int, h unsafe.Pointer) {
 	C.moex_emu_grouped_gemm_swiglu_fp8((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
 		C.int(br), C.int(bc), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
+		C.int(N), C.int(K), (*C.float)(h))
+}
+
+// GroupedGEMMQ4Raw launches the grouped GEMM on 4-bit weights w with a
+// scale per group of k (int4: the nibble minus 8; else e2m1).
+func GroupedGEMMQ4Raw(a, w, ws unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
+	gatherA bool, N, K int, weights, c unsafe.Pointer) {
+	g := 0
+	if gatherA {
+		g = 1
+	}
+	C.moex_emu_grouped_gemm_q4((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), C.int(group), C.int(int4), (*C.int32_t)(sorted),
+		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
+		(*C.float)(weights), (*C.float)(c))
+}
+
+// GroupedSwiGLUQ4Raw launches the fused first projection on 4-bit gate
+// and up weights with their scales.
+func GroupedSwiGLUQ4Raw(a, gate, gs, up, us unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
+	pairs, N, K int, h unsafe.Pointer) {
+	C.moex_emu_grouped_gemm_swiglu_q4((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
+		C.int(group), C.int(int4), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
 		C.int(N), C.int(K), (*C.float)(h))
 }
 

@@ -36,6 +36,9 @@ func TestMoEOnEmulation(t *testing.T) {
 		{ModelType: "deepseek_v3", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1, Method: "noaux_tc",
 			Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "F8_E4M3", FP8Block: [2]int{16, 16}, Seed: 5},
 		{ModelType: "qwen3_moe", Hidden: 48, Experts: 6, TopK: 2, Inter: 32, NormTopK: true, DType: "F8_E4M3", FP8Block: [2]int{8, 24}, Seed: 6},
+		// And INT4 (compressed-tensors) experts stay 4-bit.
+		{ModelType: "deepseek_v3", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1, Method: "noaux_tc",
+			Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "INT4", Seed: 7},
 	}
 	for _, s := range specs {
 		t.Run(s.ModelType+" "+s.DType, func(t *testing.T) {
@@ -49,6 +52,16 @@ func TestMoEOnEmulation(t *testing.T) {
 			checkMoE(t, cuda.NewEmu(), l, 1, 37)
 		})
 	}
+}
+
+// TestMXFP4MoEOnEmulation: a layer of random MXFP4 experts (their nibbles
+// resident on the device) against the CPU layer.
+func TestMXFP4MoEOnEmulation(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 4, TopK: 2, Inter: 96, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	l, err := moe.NewRandom(cfg, kernels.MXFP4, 8)
+	require.NoError(t, err)
+	checkMoE(t, cuda.NewEmu(), l, 1, 37)
 }
 
 func TestMoEBadShapes(t *testing.T) {

@@ -24,9 +24,10 @@ import (
 
 // stack is a stack of SwiGLU expert weights on the device: gate and up
 // [n, inter, hidden], down [n, hidden, inter], for the experts lo … lo+n-1
-// of the layer (a stack's own slots 0 … n-1 for Experts). They stay FP8
-// (with their block scales) when every matrix of the stack is FP8 in one
-// block size; other weights are held as bf16.
+// of the layer (a stack's own slots 0 … n-1 for Experts). They stay in
+// their quantized bytes (with their scales) when every matrix of the stack
+// is FP8 in one block size, or MXFP4, or INT4 in one group size; other
+// weights are held as bf16.
 type stack struct {
 	gate, up, down cuda.Weights
 	lo, n          int
@@ -47,8 +48,12 @@ func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int) 
 	gate := mats(func(x *moe.Expert) kernels.Matrix { return x.Gate })
 	up := mats(func(x *moe.Expert) kernels.Matrix { return x.Up })
 	down := mats(func(x *moe.Expert) kernels.Matrix { return x.Down })
-	if fp8Stack(gate, up, down) {
+	switch {
+	case fp8Stack(gate, up, down):
 		st.gate, st.up, st.down = uploadFP8(bs, gate), uploadFP8(bs, up), uploadFP8(bs, down)
+		return st
+	case q4Stack(gate, up, down):
+		st.gate, st.up, st.down = uploadQ4(bs, gate), uploadQ4(bs, up), uploadQ4(bs, down)
 		return st
 	}
 	st.gate, st.up, st.down = uploadBF16(bs, gate), uploadBF16(bs, up), uploadBF16(bs, down)
@@ -73,6 +78,39 @@ func fp8Stack(groups ...[]kernels.Matrix) bool {
 	return br > 0
 }
 
+// q4Stack says whether every matrix is of one 4-bit dtype and group size.
+func q4Stack(groups ...[]kernels.Matrix) bool {
+	var dt kernels.DType
+	g := -1
+	for _, ms := range groups {
+		for _, m := range ms {
+			if m.DType != kernels.MXFP4 && m.DType != kernels.INT4 || dt != 0 && (m.DType != dt || m.GroupSize() != g) {
+				return false
+			}
+			dt, g = m.DType, m.GroupSize()
+		}
+	}
+	return g > 0
+}
+
+// uploadQ4 uploads 4-bit matrices as they are stored: the nibbles and the
+// scales of each, stacked.
+func uploadQ4(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
+	var w []uint8
+	var sc []float32
+	var group int
+	for _, m := range ms {
+		data, scales, g, _ := m.Q4Data()
+		w, sc, group = append(w, data...), append(sc, scales...), g
+	}
+	f := cuda.MXFP4
+	if ms[0].DType == kernels.INT4 {
+		f = cuda.INT4
+	}
+	d := bs.Device()
+	return cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group}
+}
+
 func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
 	var w []uint16
 	for _, m := range ms {
@@ -92,7 +130,7 @@ func uploadFP8(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
 		w, sc, br, bc = append(w, data...), append(sc, scales...), r, c
 	}
 	d := bs.Device()
-	return cuda.Weights{W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: br, BlockCols: bc}
+	return cuda.Weights{Format: cuda.FP8, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: br, BlockCols: bc}
 }
 
 // dense is the grouped GEMM's layout of rows rows in one group: a dense
