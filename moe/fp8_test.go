@@ -73,12 +73,7 @@ func btoi(b bool) int {
 func TestFP8LoadErrors(t *testing.T) {
 	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, DType: "F8_E4M3", FP8Block: [2]int{8, 8}, Seed: 40}
 	const w = "model.layers.0.mlp.experts.1.up_proj.weight"
-	tests := []struct {
-		name string
-		edit func(m *moetest.Model)
-		err  string
-		kind error
-	}{
+	tests := []loadError{
 		{"scales missing", func(m *moetest.Model) { drop(m, w+"_scale_inv") },
 			`fp8 tensor "` + w + `" has no scales "` + w + `_scale_inv"`, moe.ErrMissingTensor},
 		{"scales misshapen", func(m *moetest.Model) {
@@ -104,18 +99,7 @@ func TestFP8LoadErrors(t *testing.T) {
 			m.Config["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": []int{8, 8}}
 		}, `quantization_config.fmt "e5m2" is not supported`, moe.ErrUnsupportedFormat},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m, err := moetest.Generate(spec)
-			require.NoError(t, err)
-			tt.edit(m)
-			dir := t.TempDir()
-			require.NoError(t, m.WriteTo(dir))
-			_, err = moe.Load(dir, 0)
-			require.ErrorContains(t, err, tt.err)
-			require.ErrorIs(t, err, tt.kind)
-		})
-	}
+	checkLoadErrors(t, spec, tests)
 }
 
 func find(m *moetest.Model, name string) *stwrite.Tensor {
@@ -183,12 +167,7 @@ func TestINT4LoadErrors(t *testing.T) {
 		o[k] = v
 		return o
 	}
-	tests := []struct {
-		name string
-		edit func(m *moetest.Model)
-		err  string
-		kind error
-	}{
+	tests := []loadError{
 		{"scale missing", func(m *moetest.Model) { drop(m, w+"_scale") }, `missing tensor "` + w + `_scale" (the scales of int4 tensor ` + w + `)`, moe.ErrMissingTensor},
 		{"scale misshapen", func(m *moetest.Model) {
 			st := find(m, w+"_scale")
@@ -214,18 +193,7 @@ func TestINT4LoadErrors(t *testing.T) {
 		{"packed without a config", func(m *moetest.Model) { delete(m.Config, "quantization_config") },
 			`tensor "model.layers.0.mlp.experts.0.gate_proj.weight" is stored packed`, moe.ErrUnsupportedFormat},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m, err := moetest.Generate(spec)
-			require.NoError(t, err)
-			tt.edit(m)
-			dir := t.TempDir()
-			require.NoError(t, m.WriteTo(dir))
-			_, err = moe.Load(dir, 0)
-			require.ErrorContains(t, err, tt.err)
-			require.ErrorIs(t, err, tt.kind)
-		})
-	}
+	checkLoadErrors(t, spec, tests)
 }
 
 // TestMXFP4Layer: a layer built in the test with MXFP4 experts (the format
@@ -262,4 +230,30 @@ func TestMXFP4Layer(t *testing.T) {
 	one := make([]float32, H)
 	require.NoError(t, l.Forward(context.Background(), all[7*H:8*H], one))
 	require.Equal(t, y[7*H:8*H], one, "token 7 alone")
+}
+
+// loadError is a checkpoint edit and the error loading layer 0 must give.
+type loadError struct {
+	name string
+	edit func(m *moetest.Model)
+	err  string
+	kind error
+}
+
+// checkLoadErrors writes spec's checkpoint once per case, edited, and
+// checks the error of loading its layer 0: the message and the class.
+func checkLoadErrors(t *testing.T, spec moetest.Spec, tests []loadError) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := moetest.Generate(spec)
+			require.NoError(t, err)
+			tt.edit(m)
+			dir := t.TempDir()
+			require.NoError(t, m.WriteTo(dir))
+			_, err = moe.Load(dir, 0)
+			require.ErrorContains(t, err, tt.err)
+			require.ErrorIs(t, err, tt.kind)
+		})
+	}
 }
