@@ -27,6 +27,9 @@ func TestMLABlockMatchesReference(t *testing.T) {
 		{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16, Theta: 10000, DType: "F32", Seed: 1},
 		{Hidden: 40, Heads: 3, QLoraRank: 24, KVLoraRank: 40, Nope: 8, Rope: 16, VDim: 12, Theta: 10000, Yarn: true, DType: "BF16", Seed: 2},
 		{Hidden: 64, Heads: 2, KVLoraRank: 64, Nope: 32, Rope: 64, VDim: 32, Theta: 10000, Yarn: true, DType: "F32", Seed: 3},
+		// DeepSeek-V3's FP8 attention: every projection FP8 with its block scales.
+		{Hidden: 64, Heads: 2, QLoraRank: 48, KVLoraRank: 32, Nope: 16, Rope: 16, VDim: 16, Theta: 10000, DType: "F8_E4M3", FP8Block: [2]int{16, 16}, Seed: 4},
+		{Hidden: 48, Heads: 3, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16, Theta: 10000, DType: "F8_E4M3", Seed: 5},
 	}
 	for i, s := range specs {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {

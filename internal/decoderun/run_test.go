@@ -259,16 +259,26 @@ func TestRunComms(t *testing.T) {
 }
 
 // TestRunWithCheckpointAttention: the decode run over a checkpoint's MLA
-// block and MoE layer keeps its parity with one rank.
+// block and MoE layer keeps its parity with one rank, bf16 and FP8 (as
+// DeepSeek-V3 ships: attention and experts FP8).
 func TestRunWithCheckpointAttention(t *testing.T) {
+	for _, dt := range []string{"BF16", "F8_E4M3"} {
+		t.Run(dt, func(t *testing.T) { runWithCheckpointAttention(t, dt) })
+	}
+}
+
+func runWithCheckpointAttention(t *testing.T, dtype string) {
 	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16,
-		Theta: 10000, Yarn: true, DType: "BF16", Seed: 5})
+		Theta: 10000, Yarn: true, DType: dtype, FP8Block: [2]int{16, 16}, Seed: 5})
 	b, err := dpattn.LoadMLABlock(dir, 0)
 	require.NoError(t, err)
 	defer b.Close()
 	layer, err := moe.Load(dir, 0)
 	require.NoError(t, err)
 	defer layer.Close()
+	if dtype == "F8_E4M3" {
+		require.Equal(t, kernels.F8E4M3, layer.WeightDType())
+	}
 	for _, mode := range []string{"alltoall", "gather"} {
 		rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 3, Steps: 4, MoEMode: mode, Seed: 2,
 			MoE: layer, Attn: b, CacheDType: kernels.BF16})

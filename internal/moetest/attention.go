@@ -17,8 +17,12 @@ type AttnSpec struct {
 	Theta                  float64
 	Yarn                   bool // DeepSeek-V2-Lite's yarn scaling (factor 40, mscale 0.707)
 	Layer                  int
-	DType                  string
-	Seed                   uint64
+	// DType of every tensor; F8_E4M3: the projections as fine-grained FP8
+	// (F32 scales in blocks of FP8Block, zero: 128×128), the norms BF16, as
+	// DeepSeek-V3 ships its attention.
+	DType    string
+	FP8Block [2]int
+	Seed     uint64
 }
 
 // AttnModel is generated attention: config fields, tensors and their
@@ -37,12 +41,35 @@ func GenerateAttention(s AttnSpec) (*AttnModel, error) {
 	rng := rand.New(rand.NewPCG(s.Seed, 0xa77))
 	p := fmt.Sprintf("model.layers.%d.self_attn.", s.Layer)
 	var err error
+	if s.DType == "F8_E4M3" && s.FP8Block == [2]int{} {
+		s.FP8Block = [2]int{128, 128}
+		m.Spec.FP8Block = s.FP8Block
+	}
 	add := func(name string, rows, cols int, scale, offset float64) [][]float64 {
+		if s.DType == "F8_E4M3" && rows > 1 { // a projection (the norms are vectors)
+			v := make([]float64, rows*cols)
+			for i := range v {
+				v[i] = offset + (rng.Float64()*2-1)*scale
+			}
+			data, scales, vals, e := quantizeFP8(v, rows, cols, s.FP8Block, "F32")
+			if e != nil {
+				err = e
+				return nil
+			}
+			br, bc := s.FP8Block[0], s.FP8Block[1]
+			m.Tensors = append(m.Tensors,
+				stwrite.Tensor{Name: p + name, DType: "F8_E4M3", Shape: []int{rows, cols}, Data: data},
+				stwrite.Tensor{Name: p + name + "_scale_inv", DType: "F32", Shape: []int{(rows + br - 1) / br, (cols + bc - 1) / bc}, Data: scales})
+			return vals
+		}
 		v := make([]float32, rows*cols)
 		for i := range v {
 			v[i] = float32(offset + (rng.Float64()*2-1)*scale)
 		}
 		dtype := s.DType
+		if dtype == "F8_E4M3" {
+			dtype = "BF16"
+		}
 		b, e := stwrite.Encode(dtype, v)
 		if e != nil {
 			err = e
@@ -231,7 +258,7 @@ var LayerFixture = Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 
 // returns the attention's reference model.
 func WriteAttnCheckpoint(dir string, a AttnSpec) (*AttnModel, error) {
 	ms := Spec{ModelType: "deepseek_v2", Hidden: a.Hidden, Experts: 4, TopK: 2, Inter: 8, Method: "greedy",
-		Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: a.DType, Seed: a.Seed}
+		Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: a.DType, FP8Block: a.FP8Block, Seed: a.Seed}
 	m, err := Generate(ms)
 	if err != nil {
 		return nil, err
