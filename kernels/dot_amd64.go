@@ -19,7 +19,7 @@ func init() {
 		s.kern[F16] = [maxKernelRows + 1]kernelFunc{nil, dotAVX2F16x1, dotAVX2F16x2, dotAVX2F16x3}
 		s.maxMR8 = 1
 		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
-		s.outer, s.outerFP8 = outerAVX2, outerFP8AVX2
+		s.outer, s.outerFP8, s.outerQ4 = outerAVX2, outerFP8AVX2, outerQ4AVX2
 		register(s)
 	}
 	if hasAVX512 {

@@ -42,6 +42,13 @@ var outerFP8AVX2 = outerFP8Table{
 	6: {1: opAVX2F8x6p1},
 }
 
+// outerQ4AVX2 holds the AVX2 outer-product kernels on 4-bit panels by rows and panels.
+var outerQ4AVX2 = outerQ4Table{
+	1: {1: opAVX2Q4x1p1, 2: opAVX2Q4x1p2, 3: opAVX2Q4x1p3, 4: opAVX2Q4x1p4},
+	2: {1: opAVX2Q4x2p1, 2: opAVX2Q4x2p2},
+	3: {1: opAVX2Q4x3p1},
+}
+
 // outerAVX512 holds the AVX512 outer-product kernels by dtype, rows and panels.
 var outerAVX512 = outerTable{
 	F32: {

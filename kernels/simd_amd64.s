@@ -5218,6 +5218,911 @@ opAVX2F8x6p1_store:
 	VZEROUPPER
 	RET
 
+// func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2Q4x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	JMP     opAVX2Q4x1p1_start
+
+opAVX2Q4x1p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q4x1p1_start:
+	MOVQ k+24(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x1p1_loop:
+	CMPQ         SI, BX
+	JGE          opAVX2Q4x1p1_store
+	VPMOVZXBD    (DX)(DI*1), Y4
+	VPERMPS      Y0, Y4, Y5
+	VPERMPS      Y1, Y4, Y6
+	VPSLLD       $0x1c, Y4, Y7
+	VBLENDVPS    Y7, Y6, Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPSRLD       $0x04, Y4, Y4
+	VPERMPS      Y0, Y4, Y6
+	VPERMPS      Y1, Y4, Y7
+	VPSLLD       $0x1c, Y4, Y4
+	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMULPS       (AX), Y6, Y6
+	VBROADCASTSS (CX)(SI*4), Y4
+	VFMADD231PS  Y5, Y4, Y2
+	VBROADCASTSS 4(CX)(SI*4), Y4
+	VFMADD231PS  Y6, Y4, Y2
+	VPMOVZXBD    8(DX)(DI*1), Y4
+	VPERMPS      Y0, Y4, Y5
+	VPERMPS      Y1, Y4, Y6
+	VPSLLD       $0x1c, Y4, Y7
+	VBLENDVPS    Y7, Y6, Y5, Y5
+	VMULPS       32(AX), Y5, Y5
+	VPSRLD       $0x04, Y4, Y4
+	VPERMPS      Y0, Y4, Y6
+	VPERMPS      Y1, Y4, Y7
+	VPSLLD       $0x1c, Y4, Y4
+	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS (CX)(SI*4), Y4
+	VFMADD231PS  Y5, Y4, Y3
+	VBROADCASTSS 4(CX)(SI*4), Y4
+	VFMADD231PS  Y6, Y4, Y3
+	ADDQ         $0x00000002, SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX2Q4x1p1_loop
+
+opAVX2Q4x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x1p2(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q4x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	VMOVUPS 64(SI), Y4
+	VMOVUPS 96(SI), Y5
+	JMP     opAVX2Q4x1p2_start
+
+opAVX2Q4x1p2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q4x1p2_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x1p2_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2Q4x1p2_store
+	VPMOVZXBD    (DX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       (AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y2
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y2
+	VPMOVZXBD    8(DX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       32(AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y3
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y3
+	VPMOVZXBD    (BX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       64(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y4
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y4
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       96(AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y5
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y5
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q4x1p2_loop
+
+opAVX2Q4x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VMOVUPS Y4, 64(AX)
+	VMOVUPS Y5, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x1p3(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), SI
+	LEAQ    (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q4x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMOVUPS 64(DI), Y4
+	VMOVUPS 96(DI), Y5
+	VMOVUPS 128(DI), Y6
+	VMOVUPS 160(DI), Y7
+	JMP     opAVX2Q4x1p3_start
+
+opAVX2Q4x1p3_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q4x1p3_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x1p3_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2Q4x1p3_store
+	VPMOVZXBD    (DX)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       (AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y2
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y2
+	VPMOVZXBD    8(DX)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       32(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y3
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y3
+	VPMOVZXBD    (SI)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       64(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       64(AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y4
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y4
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       96(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       96(AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y5
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y5
+	VPMOVZXBD    (BX)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       128(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       128(AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y6
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y6
+	VPMOVZXBD    8(BX)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       160(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       160(AX), Y10, Y10
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y7
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y7
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q4x1p3_loop
+
+opAVX2Q4x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VMOVUPS Y4, 64(AX)
+	VMOVUPS Y5, 96(AX)
+	VMOVUPS Y6, 128(AX)
+	VMOVUPS Y7, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x1p4(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), SI
+	LEAQ    (SI)(BX*1), DI
+	LEAQ    (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q4x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	VMOVUPS 64(R8), Y4
+	VMOVUPS 96(R8), Y5
+	VMOVUPS 128(R8), Y6
+	VMOVUPS 160(R8), Y7
+	VMOVUPS 192(R8), Y8
+	VMOVUPS 224(R8), Y9
+	JMP     opAVX2Q4x1p4_start
+
+opAVX2Q4x1p4_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2Q4x1p4_start:
+	MOVQ k+24(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x1p4_loop:
+	CMPQ         R9, R8
+	JGE          opAVX2Q4x1p4_store
+	VPMOVZXBD    (DX)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       (AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       (AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y2
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y2
+	VPMOVZXBD    8(DX)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       32(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       32(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y3
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y3
+	VPMOVZXBD    (SI)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       64(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y4
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y4
+	VPMOVZXBD    8(SI)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       96(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y5
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y5
+	VPMOVZXBD    (DI)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       128(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       128(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y6
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y6
+	VPMOVZXBD    8(DI)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       160(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       160(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y7
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y7
+	VPMOVZXBD    (BX)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       192(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       192(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y8
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y8
+	VPMOVZXBD    8(BX)(R10*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       224(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       224(AX), Y12, Y12
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y11, Y10, Y9
+	VBROADCASTSS 4(CX)(R9*4), Y10
+	VFMADD231PS  Y12, Y10, Y9
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q4x1p4_loop
+
+opAVX2Q4x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VMOVUPS Y4, 64(AX)
+	VMOVUPS Y5, 96(AX)
+	VMOVUPS Y6, 128(AX)
+	VMOVUPS Y7, 160(AX)
+	VMOVUPS Y8, 192(AX)
+	VMOVUPS Y9, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x2p1(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q4x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y4
+	VMOVUPS 32(SI), Y5
+	JMP     opAVX2Q4x2p1_start
+
+opAVX2Q4x2p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q4x2p1_start:
+	MOVQ k+24(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x2p1_loop:
+	CMPQ         DI, SI
+	JGE          opAVX2Q4x2p1_store
+	VPMOVZXBD    (BX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       (AX), Y8, Y8
+	VBROADCASTSS (DX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y2
+	VBROADCASTSS 4(DX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y2
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y4
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y4
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VMULPS       32(AX), Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS (DX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y3
+	VBROADCASTSS 4(DX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y3
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y7, Y6, Y5
+	VBROADCASTSS 4(CX)(DI*4), Y6
+	VFMADD231PS  Y8, Y6, Y5
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q4x2p1_loop
+
+opAVX2Q4x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x2p2(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q4x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMOVUPS 64(DI), Y4
+	VMOVUPS 96(DI), Y5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y7
+	VMOVUPS 64(DI), Y8
+	VMOVUPS 96(DI), Y9
+	JMP     opAVX2Q4x2p2_start
+
+opAVX2Q4x2p2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2Q4x2p2_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x2p2_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2Q4x2p2_store
+	VPMOVZXBD    (BX)(R9*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       (AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       (AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y2
+	VBROADCASTSS 4(DX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y2
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y6
+	VBROADCASTSS 4(CX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y6
+	VPMOVZXBD    8(BX)(R9*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       32(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       32(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y3
+	VBROADCASTSS 4(DX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y3
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y7
+	VBROADCASTSS 4(CX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y7
+	VPMOVZXBD    (SI)(R9*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       64(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y4
+	VBROADCASTSS 4(DX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y4
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y8
+	VBROADCASTSS 4(CX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y8
+	VPMOVZXBD    8(SI)(R9*1), Y10
+	VPERMPS      Y0, Y10, Y11
+	VPERMPS      Y1, Y10, Y12
+	VPSLLD       $0x1c, Y10, Y13
+	VBLENDVPS    Y13, Y12, Y11, Y11
+	VMULPS       96(AX), Y11, Y11
+	VPSRLD       $0x04, Y10, Y10
+	VPERMPS      Y0, Y10, Y12
+	VPERMPS      Y1, Y10, Y13
+	VPSLLD       $0x1c, Y10, Y10
+	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y5
+	VBROADCASTSS 4(DX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y5
+	VBROADCASTSS (CX)(R8*4), Y10
+	VFMADD231PS  Y11, Y10, Y9
+	VBROADCASTSS 4(CX)(R8*4), Y10
+	VFMADD231PS  Y12, Y10, Y9
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q4x2p2_loop
+
+opAVX2Q4x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VMOVUPS Y4, 64(AX)
+	VMOVUPS Y5, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VMOVUPS Y8, 64(AX)
+	VMOVUPS Y9, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q4x3p1(SB), NOSPLIT, $0-72
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), CX
+	MOVQ    b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q4x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y7
+	JMP     opAVX2Q4x3p1_start
+
+opAVX2Q4x3p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q4x3p1_start:
+	MOVQ k+24(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4x3p1_loop:
+	CMPQ         R8, DI
+	JGE          opAVX2Q4x3p1_store
+	VPMOVZXBD    (SI)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       (AX), Y10, Y10
+	VBROADCASTSS (DX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y2
+	VBROADCASTSS 4(DX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y2
+	VBROADCASTSS (BX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y4
+	VBROADCASTSS 4(BX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y4
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y6
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y6
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VMULPS       32(AX), Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VBROADCASTSS (DX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y3
+	VBROADCASTSS 4(DX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y3
+	VBROADCASTSS (BX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y5
+	VBROADCASTSS 4(BX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y5
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y9, Y8, Y7
+	VBROADCASTSS 4(CX)(R8*4), Y8
+	VFMADD231PS  Y10, Y8, Y7
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q4x3p1_loop
+
+opAVX2Q4x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
 // func dotAVX512F32x1(a *[6]*float32, b *[4]*byte, k int, acc *[384]float32, flags int, out *[24]float32)
 // Requires: AVX, AVX512DQ, AVX512F
 TEXT ·dotAVX512F32x1(SB), NOSPLIT, $0-48

@@ -279,6 +279,41 @@ func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc in
 //go:noescape
 func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
 
+// opAVX2Q4x1p1 is opAVX512Q4x1p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x1p2 is opAVX512Q4x1p2 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x1p3 is opAVX512Q4x1p3 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x1p4 is opAVX512Q4x1p4 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x2p1 is opAVX512Q4x2p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x2p2 is opAVX512Q4x2p2 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
+// opAVX2Q4x3p1 is opAVX512Q4x3p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
 //go:noescape

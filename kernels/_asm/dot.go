@@ -66,6 +66,13 @@ func main() {
 			outerKernels(is, dt)
 		}
 		outerKernels(is, "F8")
+		if is.lanes == 8 {
+			for mr := 1; mr <= is.maxMR; mr++ {
+				for np := 1; np <= outerQ4AVX2NP(mr); np++ {
+					outerQ4AVX2(mr, np)
+				}
+			}
+		}
 		if is.lanes == 16 {
 			for mr := 1; mr <= maxMR; mr++ {
 				for np := 1; np <= outerQ4NP(mr); np++ {

@@ -97,6 +97,18 @@ func writeOuterTable(path string) {
 			b.WriteString("},\n")
 		}
 		b.WriteString("}\n\n")
+		if is.lanes == 8 {
+			b.WriteString("// outerQ4AVX2 holds the AVX2 outer-product kernels on 4-bit panels by rows and panels.\n")
+			b.WriteString("var outerQ4AVX2 = outerQ4Table{\n")
+			for mr := 1; mr <= is.maxMR; mr++ {
+				fmt.Fprintf(&b, "%d: {", mr)
+				for np := 1; np <= outerQ4AVX2NP(mr); np++ {
+					fmt.Fprintf(&b, "%d: opAVX2Q4x%dp%d, ", np, mr, np)
+				}
+				b.WriteString("},\n")
+			}
+			b.WriteString("}\n\n")
+		}
 		if is.lanes == 16 {
 			b.WriteString("// outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.\n")
 			b.WriteString("var outerQ4AVX512 = outerQ4Table{\n")
@@ -497,6 +509,132 @@ func readLoop() {
 	r := GP64()
 	VMOVQ(x, r)
 	Store(r, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// The AVX2 4-bit kernels: VPERMPS on 8 lanes looks up 8 entries, so a
+// nibble's value is the blend, by its bit 3, of lookups in the table's two
+// halves. Each half-panel's two k steps are widened and then used by every
+// row before the next (the registers hold no more), the broadcasts loaded
+// again for each.
+
+// outerQ4AVX2NP is the widest panel count of an AVX2 4-bit kernel for MR
+// rows: accumulators, the two table halves, two widened vectors, three
+// temporaries and a broadcast in 16 registers.
+func outerQ4AVX2NP(mr int) int {
+	for np := 4; np > 1; np /= 2 {
+		if 2*mr*np+8 <= 16 {
+			return np
+		}
+	}
+	return 1
+}
+
+func outerQ4AVX2(mr, np int) {
+	name := fmt.Sprintf("opAVX2Q4x%dp%d", mr, np)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)", maxMR))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d on AVX2.", name, mr, np))
+
+	tp := Load(Param("t"), GP64())
+	tlo, thi := YMM(), YMM()
+	VMOVUPS(Mem{Base: tp}, tlo)
+	VMOVUPS(Mem{Base: tp, Disp: 32}, thi)
+	scales := Load(Param("s"), GP64())
+	a := make([]GPVirtual, mr)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	b := make([]GPVirtual, np)
+	b[0] = GP64()
+	Load(Param("b"), b[0])
+	if np > 1 {
+		stride := Load(Param("stride"), GP64())
+		for j := 1; j < np; j++ {
+			b[j] = GP64()
+			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
+		}
+	}
+	acc := make([][]VecVirtual, mr) // [m][2j+w]
+	for m := range acc {
+		acc[m] = make([]VecVirtual, 2*np)
+		for v := range acc[m] {
+			acc[m][v] = YMM()
+		}
+	}
+	tile := func(f func(m, v int, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for v := range acc[m] {
+				f(m, v, Mem{Base: c, Disp: 32 * v})
+			}
+		}
+	}
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) })
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+	k := Load(Param("k"), GP64())
+	i := GP64()
+	o := GP64()
+	XORQ(i, i)
+	XORQ(o, o)
+	// look writes the value of the nibble in the low 4 bits of each lane of
+	// idx into dst: VPERMPS reads bits 0…2, the blend bit 3 (shifted to the
+	// sign; the bits above it shift out).
+	look := func(idx, dst VecVirtual) {
+		v1, m := YMM(), YMM()
+		VPERMPS(tlo, idx, dst)
+		VPERMPS(thi, idx, v1)
+		VPSLLD(U8(28), idx, m) // bit 3 to the sign
+		VBLENDVPS(m, v1, dst, dst)
+	}
+	Comment("Two steps of k: each half-panel widened, then used by every row.")
+	Label(name + "_loop")
+	CMPQ(i, k)
+	JGE(LabelRef(name + "_store"))
+	for j := 0; j < np; j++ {
+		for w := 0; w < 2; w++ {
+			sc := Mem{Base: scales, Disp: 4 * (j*panelWidth + 8*w)}
+			x, lo, hi := YMM(), YMM(), YMM()
+			VPMOVZXBD(Mem{Base: b[j], Index: o, Scale: 1, Disp: 8 * w}, x)
+			look(x, lo) // the low nibble: the high one is past both the index and bit 3
+
+			VMULPS(sc, lo, lo)
+			VPSRLD(U8(4), x, x)
+			look(x, hi)
+			VMULPS(sc, hi, hi)
+			for m := range a {
+				xb := YMM()
+				VBROADCASTSS(Mem{Base: a[m], Index: i, Scale: 4}, xb)
+				VFMADD231PS(lo, xb, acc[m][2*j+w])
+				VBROADCASTSS(Mem{Base: a[m], Index: i, Scale: 4, Disp: 4}, xb)
+				VFMADD231PS(hi, xb, acc[m][2*j+w])
+			}
+		}
+	}
+	ADDQ(U32(2), i)
+	ADDQ(U32(panelWidth), o)
+	JMP(LabelRef(name + "_loop"))
+
+	Label(name + "_store")
+	tile(func(m, v int, at Mem) { VMOVUPS(acc[m][v], at) })
 	VZEROUPPER()
 	RET()
 }
