@@ -33,3 +33,45 @@ func BenchmarkKernelL1(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOuterL1 times the widest one-row outer-product kernel of each
+// weight format on panels that stay in L1: the weight bytes a core can
+// widen and multiply per second, the ceiling of a decode step where memory
+// is not the limit.
+func BenchmarkOuterL1(b *testing.B) {
+	const K = 256 // four panels of 256 k steps: at most 64 KiB of weights
+	for _, s := range simds {
+		var a [maxKernelRows]*float32
+		rows := make([]float32, K)
+		a[0] = &rows[0]
+		c := make([]float32, 4*PanelWidth)
+		scales := make([]float32, 4*PanelWidth)
+		table := e2m1
+		for _, dt := range []DType{F32, BF16, F8E4M3, MXFP4} {
+			bits := dt.Bits()
+			w := make([]byte, 4*PanelWidth*K*bits/8)
+			stride := PanelWidth * K * bits / 8
+			var run func()
+			switch dt {
+			case F8E4M3:
+				ks := s.outerFP8[1]
+				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0]) }
+			case MXFP4:
+				ks := s.outerQ4[1]
+				if len(ks) < 2 {
+					continue
+				}
+				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0], &table[0]) }
+			default:
+				ks := s.outer[dt][1]
+				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0) }
+			}
+			b.Run(fmt.Sprintf("%s/%v", s.name, dt), func(b *testing.B) {
+				b.SetBytes(int64(len(w)))
+				for b.Loop() {
+					run()
+				}
+			})
+		}
+	}
+}
