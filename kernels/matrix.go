@@ -121,6 +121,22 @@ func checkDims(rows, cols, n int) error {
 	return nil
 }
 
+// Clone returns a copy of m that shares no memory with it (a matrix that
+// viewed a mapped file no longer does).
+func (m Matrix) Clone() Matrix {
+	c := m
+	c.f32 = append([]float32(nil), m.f32...)
+	c.u16 = append([]uint16(nil), m.u16...)
+	c.u8 = append([]uint8(nil), m.u8...)
+	if m.q != nil {
+		q := *m.q
+		q.grid = append([]float32(nil), m.q.grid...)
+		q.panel = append([]float32(nil), m.q.panel...)
+		c.q = &q
+	}
+	return c
+}
+
 // RowF32 widens row i into dst[:Cols].
 func (m Matrix) RowF32(i int, dst []float32) {
 	dst = dst[:m.Cols]

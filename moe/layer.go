@@ -120,6 +120,10 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if w.Gate, err = ck.Matrix(names.gate, E, H); err != nil {
 		return nil, err
 	}
+	// The router (like the bias and qwen2_moe's shared-expert gate) is small
+	// and read by every token: a copy, so that it cannot change under a
+	// running layer when the file does.
+	w.Gate = w.Gate.Clone()
 	if cfg.Method == NoAuxTC {
 		b, err := ck.Matrix(names.bias, E)
 		if err != nil {
@@ -149,6 +153,7 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 			if err != nil {
 				return nil, err
 			}
+			g = g.Clone()
 			w.SharedGate = &g
 		}
 	}

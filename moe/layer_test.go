@@ -308,3 +308,39 @@ func TestGroup(t *testing.T) {
 	_, err = l.Group(ids, w, 4, false, nil)
 	require.ErrorContains(t, err, "grouping 6 ids and 6 weights of top-4")
 }
+
+// TestRouterCopiedAtLoad: the router is a copy, so a checkpoint file
+// rewritten in place under a loaded layer does not change its routing.
+func TestRouterCopiedAtLoad(t *testing.T) {
+	spec := moetest.Spec{ModelType: "qwen2_moe", Hidden: 32, Experts: 6, TopK: 2, Inter: 16, SharedInter: 16, DType: "BF16", Seed: 71}
+	_, dir := writeModel(t, spec)
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	x := moetest.Input(3, 9, spec.Hidden, false)
+	y0, ids0 := make([]float32, len(x)), make([]int32, 9*spec.TopK)
+	require.NoError(t, l.ForwardRouting(context.Background(), x, y0, ids0, nil))
+
+	path := filepath.Join(dir, "model.safetensors")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	h, err := moe.ParseHeader(data, int64(len(data)))
+	require.NoError(t, err)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	for _, name := range []string{"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.shared_expert_gate.weight"} {
+		ti := h.Tensors[name]
+		junk := make([]byte, ti.End-ti.Begin)
+		for i := range junk {
+			junk[i] = byte(i*7 + 3)
+		}
+		_, err = f.WriteAt(junk, h.DataBase+ti.Begin)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Close())
+
+	y1, ids1 := make([]float32, len(x)), make([]int32, len(ids0))
+	require.NoError(t, l.ForwardRouting(context.Background(), x, y1, ids1, nil))
+	require.Equal(t, ids0, ids1, "routing")
+	require.Equal(t, y0, y1)
+}
