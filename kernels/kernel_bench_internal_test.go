@@ -55,13 +55,13 @@ func BenchmarkOuterL1(b *testing.B) {
 			switch dt {
 			case F8E4M3:
 				ks := s.outerFP8[1]
-				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0]) }
+				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0], 128, 0) }
 			case MXFP4:
 				ks := s.outerQ4[1]
 				if len(ks) < 2 {
 					continue
 				}
-				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0], &table[0]) }
+				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0], &table[0], 32, 0) }
 			default:
 				ks := s.outer[dt][1]
 				run = func() { ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0) }

@@ -29,18 +29,19 @@ type outerTable = [F16 + 1][maxKernelRows + 1][]outerFunc
 
 // outerFP8Func is an outer-product kernel on FP8 panels: outerFunc's sum
 // with panel j's byte [k][l] widened to its e4m3 value times 2^-120 and
-// multiplied by s[16j + l] (its row's scale times 2^120, the same for the
-// k steps of one call): the dequantized weight, exactly.
-type outerFP8Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s *float32)
+// multiplied by s[16j + l] (its row's scale times 2^120): the dequantized
+// weight, exactly. The k range starts at a scale block; s moves on ss bytes
+// every bk steps, to the next block's scales.
+type outerFP8Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s *float32, bk, ss int)
 
 // outerFP8Table holds the FP8 kernels by rows and panel count.
 type outerFP8Table = [maxKernelRows + 1][]outerFP8Func
 
 // outerQ4Func is an outer-product kernel on 4-bit panels, k even: each
 // byte holds a row's nibbles of two k steps (low first), a nibble's weight
-// being t[nibble] times its row's scale in s (16 per panel, the same for
-// the k steps of one call).
-type outerQ4Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s, t *float32)
+// being t[nibble] times its row's scale in s (16 per panel), s moving on
+// ss bytes every bk steps (bk even) as outerFP8Func's.
+type outerQ4Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s, t *float32, bk, ss int)
 
 // outerQ4Table holds the 4-bit kernels by rows and panel count.
 type outerQ4Table = [maxKernelRows + 1][]outerQ4Func
@@ -115,9 +116,10 @@ func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32
 	}
 }
 
-// outerGEMMQ is outerGEMM on packed quantized matrices: each kernel
-// call's k range stays within one block (group) of the scales, the chain
-// carried through c from call to call.
+// outerGEMMQ is outerGEMM on packed quantized matrices: each kernel call
+// runs over whole blocks (groups) of the scales, its chains in registers
+// from block to block, and carries them through c from one k block to the
+// next.
 func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	// Widening first pays from a few strips on (measured: in registers is
@@ -135,12 +137,20 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 	var ap [maxKernelRows]*float32
 	for kb := 0; kb < K; kb += kc {
 		ke := min(kb+kc, K)
+		flags := 0
+		if kb > 0 {
+			flags = 1 // continue the chains in c
+		}
 		for i, bi := range b {
 			q := bi.q
+			ss := 4 * q.panels * PanelWidth // bytes from a block's scales to the next's
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
 				for m0, mr := 0, 0; m0 < M; m0 += mr {
 					mr = s.stripRows(M, m0)
+					for r := 0; r < mr; r++ {
+						ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*kb))
+					}
 					widest := len(s.outerFP8[mr]) - 1
 					if dt != F8E4M3 {
 						widest = len(s.outerQ4[mr]) - 1
@@ -148,22 +158,11 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 					for p := g; p < ge; {
 						np := min(widest, ge-p)
 						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
-						for k0 := kb; k0 < ke; {
-							k1 := min(ke, (k0/bc+1)*bc)
-							for r := 0; r < mr; r++ {
-								ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*k0))
-							}
-							flags := 0
-							if k0 > 0 {
-								flags = 1 // continue the chains in c
-							}
-							sc := &q.panel[(k0/bc*q.panels+p)*PanelWidth]
-							if dt == F8E4M3 {
-								s.outerFP8[mr][np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc)
-							} else {
-								s.outerQ4[mr][np](&ap, bi.panelPtr(p, k0), stride, k1-k0, tile, 4*ldc, flags, sc, &bi.lut[0])
-							}
-							k0 = k1
+						sc := &q.panel[(kb/bc*q.panels+p)*PanelWidth]
+						if dt == F8E4M3 {
+							s.outerFP8[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
+						} else {
+							s.outerQ4[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
 						}
 						p += np
 					}

@@ -4325,9 +4325,9 @@ opAVX2F16x6p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x1p1(SB), NOSPLIT, $0-64
+// func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x1p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4351,14 +4351,21 @@ opAVX2F8x1p1_zero:
 	VXORPS Y2, Y2, Y2
 
 opAVX2F8x1p1_start:
-	MOVQ k+24(FP), BX
+	MOVQ bk+64(FP), BX
 	XORQ SI, SI
 	XORQ DI, DI
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x1p1_loop:
-	CMPQ         SI, BX
-	JGE          opAVX2F8x1p1_store
+	CMPQ SI, k+24(FP)
+	JGE  opAVX2F8x1p1_store
+	CMPQ SI, BX
+	JL   opAVX2F8x1p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), BX
+
+opAVX2F8x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
 	VPMOVSXBD    (DX)(DI*1), Y3
 	VPSLLD       $0x14, Y3, Y3
 	VPAND        Y0, Y3, Y3
@@ -4382,9 +4389,9 @@ opAVX2F8x1p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x1p2(SB), NOSPLIT, $0-64
+// func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x1p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4414,14 +4421,22 @@ opAVX2F8x1p2_zero:
 	VXORPS Y4, Y4, Y4
 
 opAVX2F8x1p2_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+64(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x1p2_loop:
-	CMPQ         DI, SI
-	JGE          opAVX2F8x1p2_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2F8x1p2_store
+	CMPQ DI, SI
+	JL   opAVX2F8x1p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), SI
+
+opAVX2F8x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVSXBD    (DX)(R8*1), Y5
 	VPSLLD       $0x14, Y5, Y5
 	VPAND        Y0, Y5, Y5
@@ -4457,9 +4472,9 @@ opAVX2F8x1p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x1p3(SB), NOSPLIT, $0-64
+// func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x1p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4494,14 +4509,23 @@ opAVX2F8x1p3_zero:
 	VXORPS Y6, Y6, Y6
 
 opAVX2F8x1p3_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x1p3_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2F8x1p3_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2F8x1p3_store
+	CMPQ R8, DI
+	JL   opAVX2F8x1p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX2F8x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VPMOVSXBD    (DX)(R9*1), Y7
 	VPSLLD       $0x14, Y7, Y7
 	VPAND        Y0, Y7, Y7
@@ -4549,9 +4573,9 @@ opAVX2F8x1p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x1p4(SB), NOSPLIT, $0-64
+// func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x1p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4591,14 +4615,24 @@ opAVX2F8x1p4_zero:
 	VXORPS Y8, Y8, Y8
 
 opAVX2F8x1p4_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x1p4_loop:
-	CMPQ         R9, R8
-	JGE          opAVX2F8x1p4_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2F8x1p4_store
+	CMPQ R9, R8
+	JL   opAVX2F8x1p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX2F8x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VBROADCASTSS (CX)(R9*4), Y9
 	VPMOVSXBD    (DX)(R10*1), Y10
 	VPSLLD       $0x14, Y10, Y10
@@ -4658,9 +4692,9 @@ opAVX2F8x1p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x2p1(SB), NOSPLIT, $0-64
+// func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x2p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4690,14 +4724,21 @@ opAVX2F8x2p1_zero:
 	VXORPS Y4, Y4, Y4
 
 opAVX2F8x2p1_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+64(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x2p1_loop:
-	CMPQ         DI, SI
-	JGE          opAVX2F8x2p1_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2F8x2p1_store
+	CMPQ DI, SI
+	JL   opAVX2F8x2p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), SI
+
+opAVX2F8x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVSXBD    (BX)(R8*1), Y5
 	VPSLLD       $0x14, Y5, Y5
 	VPAND        Y0, Y5, Y5
@@ -4727,9 +4768,9 @@ opAVX2F8x2p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x2p2(SB), NOSPLIT, $0-64
+// func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x2p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4769,14 +4810,22 @@ opAVX2F8x2p2_zero:
 	VXORPS Y8, Y8, Y8
 
 opAVX2F8x2p2_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x2p2_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2F8x2p2_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2F8x2p2_store
+	CMPQ R8, DI
+	JL   opAVX2F8x2p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX2F8x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVSXBD    (BX)(R9*1), Y9
 	VPSLLD       $0x14, Y9, Y9
 	VPAND        Y0, Y9, Y9
@@ -4822,9 +4871,9 @@ opAVX2F8x2p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x3p1(SB), NOSPLIT, $0-64
+// func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2F8x3p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4860,14 +4909,21 @@ opAVX2F8x3p1_zero:
 	VXORPS Y6, Y6, Y6
 
 opAVX2F8x3p1_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x3p1_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2F8x3p1_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2F8x3p1_store
+	CMPQ R8, DI
+	JL   opAVX2F8x3p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX2F8x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVSXBD    (SI)(R9*1), Y7
 	VPSLLD       $0x14, Y7, Y7
 	VPAND        Y0, Y7, Y7
@@ -4903,9 +4959,9 @@ opAVX2F8x3p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x4p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX2F8x4p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -4947,14 +5003,20 @@ opAVX2F8x4p1_zero:
 	VXORPS Y8, Y8, Y8
 
 opAVX2F8x4p1_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x4p1_loop:
-	CMPQ         R9, R8
-	JGE          opAVX2F8x4p1_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2F8x4p1_store
+	CMPQ R9, R8
+	JL   opAVX2F8x4p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX2F8x4p1_step:
 	VPMOVSXBD    (DI)(R10*1), Y9
 	VPSLLD       $0x14, Y9, Y9
 	VPAND        Y0, Y9, Y9
@@ -4996,9 +5058,9 @@ opAVX2F8x4p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x5p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX2F8x5p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -5046,14 +5108,20 @@ opAVX2F8x5p1_zero:
 	VXORPS Y10, Y10, Y10
 
 opAVX2F8x5p1_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+64(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x5p1_loop:
-	CMPQ         R10, R9
-	JGE          opAVX2F8x5p1_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX2F8x5p1_store
+	CMPQ R10, R9
+	JL   opAVX2F8x5p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R9
+
+opAVX2F8x5p1_step:
 	VPMOVSXBD    (R8)(R11*1), Y11
 	VPSLLD       $0x14, Y11, Y11
 	VPAND        Y0, Y11, Y11
@@ -5101,9 +5169,9 @@ opAVX2F8x5p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2F8x6p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX2F8x6p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VMOVD        CX, X0
@@ -5157,14 +5225,20 @@ opAVX2F8x6p1_zero:
 	VXORPS Y12, Y12, Y12
 
 opAVX2F8x6p1_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+64(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX2F8x6p1_loop:
-	CMPQ         R11, R10
-	JGE          opAVX2F8x6p1_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX2F8x6p1_store
+	CMPQ R11, R10
+	JL   opAVX2F8x6p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R10
+
+opAVX2F8x6p1_step:
 	VPMOVSXBD    (R9)(R12*1), Y13
 	VPSLLD       $0x14, Y13, Y13
 	VPAND        Y0, Y13, Y13
@@ -5218,9 +5292,9 @@ opAVX2F8x6p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-72
+// func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5244,14 +5318,21 @@ opAVX2Q4x1p1_zero:
 	VXORPS Y3, Y3, Y3
 
 opAVX2Q4x1p1_start:
-	MOVQ k+24(FP), BX
+	MOVQ bk+72(FP), BX
 	XORQ SI, SI
 	XORQ DI, DI
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x1p1_loop:
-	CMPQ         SI, BX
-	JGE          opAVX2Q4x1p1_store
+	CMPQ SI, k+24(FP)
+	JGE  opAVX2Q4x1p1_store
+	CMPQ SI, BX
+	JL   opAVX2Q4x1p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), BX
+
+opAVX2Q4x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
 	VPMOVZXBD    (DX)(DI*1), Y4
 	VPERMPS      Y0, Y4, Y5
 	VPERMPS      Y1, Y4, Y6
@@ -5296,9 +5377,9 @@ opAVX2Q4x1p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x1p2(SB), NOSPLIT, $0-72
+// func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x1p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5328,14 +5409,22 @@ opAVX2Q4x1p2_zero:
 	VXORPS Y5, Y5, Y5
 
 opAVX2Q4x1p2_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+72(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x1p2_loop:
-	CMPQ         DI, SI
-	JGE          opAVX2Q4x1p2_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q4x1p2_store
+	CMPQ DI, SI
+	JL   opAVX2Q4x1p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), SI
+
+opAVX2Q4x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (DX)(R8*1), Y6
 	VPERMPS      Y0, Y6, Y7
 	VPERMPS      Y1, Y6, Y8
@@ -5414,9 +5503,9 @@ opAVX2Q4x1p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x1p3(SB), NOSPLIT, $0-72
+// func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x1p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5451,14 +5540,23 @@ opAVX2Q4x1p3_zero:
 	VXORPS Y7, Y7, Y7
 
 opAVX2Q4x1p3_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x1p3_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2Q4x1p3_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q4x1p3_store
+	CMPQ R8, DI
+	JL   opAVX2Q4x1p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX2Q4x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VPMOVZXBD    (DX)(R9*1), Y8
 	VPERMPS      Y0, Y8, Y9
 	VPERMPS      Y1, Y8, Y10
@@ -5571,9 +5669,9 @@ opAVX2Q4x1p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x1p4(SB), NOSPLIT, $0-72
+// func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x1p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5613,14 +5711,24 @@ opAVX2Q4x1p4_zero:
 	VXORPS Y9, Y9, Y9
 
 opAVX2Q4x1p4_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+72(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x1p4_loop:
-	CMPQ         R9, R8
-	JGE          opAVX2Q4x1p4_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q4x1p4_store
+	CMPQ R9, R8
+	JL   opAVX2Q4x1p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R8
+
+opAVX2Q4x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VPMOVZXBD    (DX)(R10*1), Y10
 	VPERMPS      Y0, Y10, Y11
 	VPERMPS      Y1, Y10, Y12
@@ -5767,9 +5875,9 @@ opAVX2Q4x1p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x2p1(SB), NOSPLIT, $0-72
+// func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x2p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5799,14 +5907,21 @@ opAVX2Q4x2p1_zero:
 	VXORPS Y5, Y5, Y5
 
 opAVX2Q4x2p1_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+72(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x2p1_loop:
-	CMPQ         DI, SI
-	JGE          opAVX2Q4x2p1_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q4x2p1_store
+	CMPQ DI, SI
+	JL   opAVX2Q4x2p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), SI
+
+opAVX2Q4x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (BX)(R8*1), Y6
 	VPERMPS      Y0, Y6, Y7
 	VPERMPS      Y1, Y6, Y8
@@ -5862,9 +5977,9 @@ opAVX2Q4x2p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x2p2(SB), NOSPLIT, $0-72
+// func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x2p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -5904,14 +6019,22 @@ opAVX2Q4x2p2_zero:
 	VXORPS Y9, Y9, Y9
 
 opAVX2Q4x2p2_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x2p2_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2Q4x2p2_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q4x2p2_store
+	CMPQ R8, DI
+	JL   opAVX2Q4x2p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX2Q4x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (BX)(R9*1), Y10
 	VPERMPS      Y0, Y10, Y11
 	VPERMPS      Y1, Y10, Y12
@@ -6011,9 +6134,9 @@ opAVX2Q4x2p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX2, FMA3
-TEXT ·opAVX2Q4x3p1(SB), NOSPLIT, $0-72
+// func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4x3p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Y0
 	VMOVUPS 32(AX), Y1
@@ -6049,14 +6172,21 @@ opAVX2Q4x3p1_zero:
 	VXORPS Y7, Y7, Y7
 
 opAVX2Q4x3p1_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: each half-panel widened, then used by every row.
 opAVX2Q4x3p1_loop:
-	CMPQ         R8, DI
-	JGE          opAVX2Q4x3p1_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q4x3p1_store
+	CMPQ R8, DI
+	JL   opAVX2Q4x3p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX2Q4x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (SI)(R9*1), Y8
 	VPERMPS      Y0, Y8, Y9
 	VPERMPS      Y1, Y8, Y10
@@ -19065,9 +19195,9 @@ opAVX512F16x6p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x1p1(SB), NOSPLIT, $0-64
+// func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x1p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19088,14 +19218,21 @@ opAVX512F8x1p1_zero:
 	VXORPS Z1, Z1, Z1
 
 opAVX512F8x1p1_start:
-	MOVQ k+24(FP), BX
+	MOVQ bk+64(FP), BX
 	XORQ SI, SI
 	XORQ DI, DI
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x1p1_loop:
-	CMPQ         SI, BX
-	JGE          opAVX512F8x1p1_store
+	CMPQ SI, k+24(FP)
+	JGE  opAVX512F8x1p1_store
+	CMPQ SI, BX
+	JL   opAVX512F8x1p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), BX
+
+opAVX512F8x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
 	VPMOVSXBD    (DX)(DI*1), Z2
 	VPSLLD       $0x14, Z2, Z2
 	VPANDD       Z0, Z2, Z2
@@ -19113,9 +19250,9 @@ opAVX512F8x1p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x1p2(SB), NOSPLIT, $0-64
+// func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x1p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19140,14 +19277,22 @@ opAVX512F8x1p2_zero:
 	VXORPS Z2, Z2, Z2
 
 opAVX512F8x1p2_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+64(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x1p2_loop:
-	CMPQ         DI, SI
-	JGE          opAVX512F8x1p2_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512F8x1p2_store
+	CMPQ DI, SI
+	JL   opAVX512F8x1p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), SI
+
+opAVX512F8x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVSXBD    (DX)(R8*1), Z3
 	VPSLLD       $0x14, Z3, Z3
 	VPANDD       Z0, Z3, Z3
@@ -19171,9 +19316,9 @@ opAVX512F8x1p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x1p3(SB), NOSPLIT, $0-64
+// func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x1p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19201,14 +19346,23 @@ opAVX512F8x1p3_zero:
 	VXORPS Z3, Z3, Z3
 
 opAVX512F8x1p3_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x1p3_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512F8x1p3_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512F8x1p3_store
+	CMPQ R8, DI
+	JL   opAVX512F8x1p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX512F8x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VPMOVSXBD    (DX)(R9*1), Z4
 	VPSLLD       $0x14, Z4, Z4
 	VPANDD       Z0, Z4, Z4
@@ -19238,9 +19392,9 @@ opAVX512F8x1p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x1p4(SB), NOSPLIT, $0-64
+// func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x1p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19271,14 +19425,24 @@ opAVX512F8x1p4_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512F8x1p4_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x1p4_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512F8x1p4_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512F8x1p4_store
+	CMPQ R9, R8
+	JL   opAVX512F8x1p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX512F8x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VPMOVSXBD    (DX)(R10*1), Z5
 	VPSLLD       $0x14, Z5, Z5
 	VPANDD       Z0, Z5, Z5
@@ -19314,9 +19478,9 @@ opAVX512F8x1p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x2p1(SB), NOSPLIT, $0-64
+// func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x2p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19341,14 +19505,21 @@ opAVX512F8x2p1_zero:
 	VXORPS Z2, Z2, Z2
 
 opAVX512F8x2p1_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+64(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x2p1_loop:
-	CMPQ         DI, SI
-	JGE          opAVX512F8x2p1_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512F8x2p1_store
+	CMPQ DI, SI
+	JL   opAVX512F8x2p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), SI
+
+opAVX512F8x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVSXBD    (BX)(R8*1), Z3
 	VPSLLD       $0x14, Z3, Z3
 	VPANDD       Z0, Z3, Z3
@@ -19370,9 +19541,9 @@ opAVX512F8x2p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x2p2(SB), NOSPLIT, $0-64
+// func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x2p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19403,14 +19574,22 @@ opAVX512F8x2p2_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512F8x2p2_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x2p2_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512F8x2p2_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512F8x2p2_store
+	CMPQ R8, DI
+	JL   opAVX512F8x2p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX512F8x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVSXBD    (BX)(R9*1), Z5
 	VPSLLD       $0x14, Z5, Z5
 	VPANDD       Z0, Z5, Z5
@@ -19440,9 +19619,9 @@ opAVX512F8x2p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x2p3(SB), NOSPLIT, $0-64
+// func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x2p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19478,14 +19657,23 @@ opAVX512F8x2p3_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512F8x2p3_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x2p3_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512F8x2p3_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512F8x2p3_store
+	CMPQ R9, R8
+	JL   opAVX512F8x2p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX512F8x2p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	VPMOVSXBD    (BX)(R10*1), Z7
 	VPSLLD       $0x14, Z7, Z7
 	VPANDD       Z0, Z7, Z7
@@ -19523,9 +19711,9 @@ opAVX512F8x2p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x2p4(SB), NOSPLIT, $0-64
+// func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x2p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19566,14 +19754,24 @@ opAVX512F8x2p4_zero:
 	VXORPS Z8, Z8, Z8
 
 opAVX512F8x2p4_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+64(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x2p4_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512F8x2p4_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512F8x2p4_store
+	CMPQ R10, R9
+	JL   opAVX512F8x2p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R9
+
+opAVX512F8x2p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	VPMOVSXBD    (BX)(R11*1), Z9
 	VPSLLD       $0x14, Z9, Z9
 	VPANDD       Z0, Z9, Z9
@@ -19619,9 +19817,9 @@ opAVX512F8x2p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x3p1(SB), NOSPLIT, $0-64
+// func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x3p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19650,14 +19848,21 @@ opAVX512F8x3p1_zero:
 	VXORPS Z3, Z3, Z3
 
 opAVX512F8x3p1_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+64(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x3p1_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512F8x3p1_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512F8x3p1_store
+	CMPQ R8, DI
+	JL   opAVX512F8x3p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), DI
+
+opAVX512F8x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVSXBD    (SI)(R9*1), Z4
 	VPSLLD       $0x14, Z4, Z4
 	VPANDD       Z0, Z4, Z4
@@ -19683,9 +19888,9 @@ opAVX512F8x3p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x3p2(SB), NOSPLIT, $0-64
+// func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x3p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19722,14 +19927,22 @@ opAVX512F8x3p2_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512F8x3p2_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x3p2_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512F8x3p2_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512F8x3p2_store
+	CMPQ R9, R8
+	JL   opAVX512F8x3p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX512F8x3p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	VPMOVSXBD    (SI)(R10*1), Z7
 	VPSLLD       $0x14, Z7, Z7
 	VPANDD       Z0, Z7, Z7
@@ -19765,9 +19978,9 @@ opAVX512F8x3p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x3p3(SB), NOSPLIT, $0-64
+// func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x3p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19811,14 +20024,23 @@ opAVX512F8x3p3_zero:
 	VXORPS Z9, Z9, Z9
 
 opAVX512F8x3p3_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+64(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x3p3_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512F8x3p3_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512F8x3p3_store
+	CMPQ R10, R9
+	JL   opAVX512F8x3p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R9
+
+opAVX512F8x3p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
 	VPMOVSXBD    (SI)(R11*1), Z10
 	VPSLLD       $0x14, Z10, Z10
 	VPANDD       Z0, Z10, Z10
@@ -19864,9 +20086,9 @@ opAVX512F8x3p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x3p4(SB), NOSPLIT, $0-64
+// func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512F8x3p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -19917,14 +20139,24 @@ opAVX512F8x3p4_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512F8x3p4_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+64(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x3p4_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512F8x3p4_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512F8x3p4_store
+	CMPQ R11, R10
+	JL   opAVX512F8x3p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R10
+
+opAVX512F8x3p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	VPMOVSXBD    (SI)(R12*1), Z13
 	VPSLLD       $0x14, Z13, Z13
 	VPANDD       Z0, Z13, Z13
@@ -19980,9 +20212,9 @@ opAVX512F8x3p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x4p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x4p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20015,14 +20247,20 @@ opAVX512F8x4p1_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512F8x4p1_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+64(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x4p1_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512F8x4p1_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512F8x4p1_store
+	CMPQ R9, R8
+	JL   opAVX512F8x4p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R8
+
+opAVX512F8x4p1_step:
 	VPMOVSXBD    (DI)(R10*1), Z5
 	VPSLLD       $0x14, Z5, Z5
 	VPANDD       Z0, Z5, Z5
@@ -20052,9 +20290,9 @@ opAVX512F8x4p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x4p2(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x4p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20097,14 +20335,20 @@ opAVX512F8x4p2_zero:
 	VXORPS Z8, Z8, Z8
 
 opAVX512F8x4p2_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+64(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x4p2_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512F8x4p2_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512F8x4p2_store
+	CMPQ R10, R9
+	JL   opAVX512F8x4p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R9
+
+opAVX512F8x4p2_step:
 	VPMOVSXBD    (DI)(R11*1), Z9
 	VPSLLD       $0x14, Z9, Z9
 	VPANDD       Z0, Z9, Z9
@@ -20146,9 +20390,9 @@ opAVX512F8x4p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x4p3(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x4p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20200,14 +20444,20 @@ opAVX512F8x4p3_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512F8x4p3_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+64(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x4p3_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512F8x4p3_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512F8x4p3_store
+	CMPQ R11, R10
+	JL   opAVX512F8x4p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R10
+
+opAVX512F8x4p3_step:
 	VPMOVSXBD    (DI)(R12*1), Z13
 	VPSLLD       $0x14, Z13, Z13
 	VPANDD       Z0, Z13, Z13
@@ -20261,9 +20511,9 @@ opAVX512F8x4p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x4p4(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x4p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20324,14 +20574,20 @@ opAVX512F8x4p4_zero:
 	VXORPS Z16, Z16, Z16
 
 opAVX512F8x4p4_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+64(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x4p4_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512F8x4p4_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512F8x4p4_store
+	CMPQ R12, R11
+	JL   opAVX512F8x4p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R11
+
+opAVX512F8x4p4_step:
 	VPMOVSXBD    (DI)(R13*1), Z17
 	VPSLLD       $0x14, Z17, Z17
 	VPANDD       Z0, Z17, Z17
@@ -20397,9 +20653,9 @@ opAVX512F8x4p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x5p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x5p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20436,14 +20692,20 @@ opAVX512F8x5p1_zero:
 	VXORPS Z5, Z5, Z5
 
 opAVX512F8x5p1_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+64(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x5p1_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512F8x5p1_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512F8x5p1_store
+	CMPQ R10, R9
+	JL   opAVX512F8x5p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R9
+
+opAVX512F8x5p1_step:
 	VPMOVSXBD    (R8)(R11*1), Z6
 	VPSLLD       $0x14, Z6, Z6
 	VPANDD       Z0, Z6, Z6
@@ -20477,9 +20739,9 @@ opAVX512F8x5p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x5p2(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x5p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20528,14 +20790,20 @@ opAVX512F8x5p2_zero:
 	VXORPS Z10, Z10, Z10
 
 opAVX512F8x5p2_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+64(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x5p2_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512F8x5p2_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512F8x5p2_store
+	CMPQ R11, R10
+	JL   opAVX512F8x5p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R10
+
+opAVX512F8x5p2_step:
 	VPMOVSXBD    (R8)(R12*1), Z11
 	VPSLLD       $0x14, Z11, Z11
 	VPANDD       Z0, Z11, Z11
@@ -20583,9 +20851,9 @@ opAVX512F8x5p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x5p3(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x5p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20645,14 +20913,20 @@ opAVX512F8x5p3_zero:
 	VXORPS Z15, Z15, Z15
 
 opAVX512F8x5p3_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+64(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x5p3_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512F8x5p3_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512F8x5p3_store
+	CMPQ R12, R11
+	JL   opAVX512F8x5p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R11
+
+opAVX512F8x5p3_step:
 	VPMOVSXBD    (R8)(R13*1), Z16
 	VPSLLD       $0x14, Z16, Z16
 	VPANDD       Z0, Z16, Z16
@@ -20714,9 +20988,9 @@ opAVX512F8x5p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x5p4(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x5p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20787,14 +21061,20 @@ opAVX512F8x5p4_zero:
 	VXORPS Z20, Z20, Z20
 
 opAVX512F8x5p4_start:
-	MOVQ k+24(FP), R12
+	MOVQ bk+64(FP), R12
 	XORQ R13, R13
 	XORQ R14, R14
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x5p4_loop:
-	CMPQ         R13, R12
-	JGE          opAVX512F8x5p4_store
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512F8x5p4_store
+	CMPQ R13, R12
+	JL   opAVX512F8x5p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R12
+
+opAVX512F8x5p4_step:
 	VPMOVSXBD    (R8)(R14*1), Z21
 	VPSLLD       $0x14, Z21, Z21
 	VPANDD       Z0, Z21, Z21
@@ -20870,9 +21150,9 @@ opAVX512F8x5p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x6p1(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x6p1(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -20913,14 +21193,20 @@ opAVX512F8x6p1_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512F8x6p1_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+64(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x6p1_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512F8x6p1_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512F8x6p1_store
+	CMPQ R11, R10
+	JL   opAVX512F8x6p1_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R10
+
+opAVX512F8x6p1_step:
 	VPMOVSXBD    (R9)(R12*1), Z7
 	VPSLLD       $0x14, Z7, Z7
 	VPANDD       Z0, Z7, Z7
@@ -20958,9 +21244,9 @@ opAVX512F8x6p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x6p2(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x6p2(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -21015,14 +21301,20 @@ opAVX512F8x6p2_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512F8x6p2_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+64(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x6p2_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512F8x6p2_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512F8x6p2_store
+	CMPQ R12, R11
+	JL   opAVX512F8x6p2_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R11
+
+opAVX512F8x6p2_step:
 	VPMOVSXBD    (R9)(R13*1), Z13
 	VPSLLD       $0x14, Z13, Z13
 	VPANDD       Z0, Z13, Z13
@@ -21076,9 +21368,9 @@ opAVX512F8x6p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x6p3(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x6p3(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -21146,14 +21438,20 @@ opAVX512F8x6p3_zero:
 	VXORPS Z18, Z18, Z18
 
 opAVX512F8x6p3_start:
-	MOVQ k+24(FP), R12
+	MOVQ bk+64(FP), R12
 	XORQ R13, R13
 	XORQ R14, R14
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x6p3_loop:
-	CMPQ         R13, R12
-	JGE          opAVX512F8x6p3_store
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512F8x6p3_store
+	CMPQ R13, R12
+	JL   opAVX512F8x6p3_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R12
+
+opAVX512F8x6p3_step:
 	VPMOVSXBD    (R9)(R14*1), Z19
 	VPSLLD       $0x14, Z19, Z19
 	VPANDD       Z0, Z19, Z19
@@ -21223,9 +21521,9 @@ opAVX512F8x6p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+// func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512F8x6p4(SB), NOSPLIT, $0-64
+TEXT ·opAVX512F8x6p4(SB), NOSPLIT, $0-80
 	MOVQ         s+56(FP), AX
 	MOVL         $0x87f00000, CX
 	VPBROADCASTD CX, Z0
@@ -21306,14 +21604,20 @@ opAVX512F8x6p4_zero:
 	VXORPS Z24, Z24, Z24
 
 opAVX512F8x6p4_start:
-	MOVQ k+24(FP), R13
+	MOVQ bk+64(FP), R13
 	XORQ R14, R14
 	XORQ R15, R15
 
 	// One step of k: a vector per panel, a broadcast per row.
 opAVX512F8x6p4_loop:
-	CMPQ         R14, R13
-	JGE          opAVX512F8x6p4_store
+	CMPQ R14, k+24(FP)
+	JGE  opAVX512F8x6p4_store
+	CMPQ R14, R13
+	JL   opAVX512F8x6p4_step
+	ADDQ ss+72(FP), AX
+	ADDQ bk+64(FP), R13
+
+opAVX512F8x6p4_step:
 	VPMOVSXBD    (R9)(R15*1), Z25
 	VPSLLD       $0x14, Z25, Z25
 	VPANDD       Z0, Z25, Z25
@@ -21399,9 +21703,9 @@ opAVX512F8x6p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x1p1(SB), NOSPLIT, $0-72
+// func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x1p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21422,14 +21726,21 @@ opAVX512Q4x1p1_zero:
 	VXORPS Z1, Z1, Z1
 
 opAVX512Q4x1p1_start:
-	MOVQ k+24(FP), BX
+	MOVQ bk+72(FP), BX
 	XORQ SI, SI
 	XORQ DI, DI
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x1p1_loop:
-	CMPQ         SI, BX
-	JGE          opAVX512Q4x1p1_store
+	CMPQ SI, k+24(FP)
+	JGE  opAVX512Q4x1p1_store
+	CMPQ SI, BX
+	JL   opAVX512Q4x1p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), BX
+
+opAVX512Q4x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
 	VPMOVZXBD    (DX)(DI*1), Z3
 	VPERMPS      Z0, Z3, Z2
 	VMULPS       (AX), Z2, Z2
@@ -21451,9 +21762,9 @@ opAVX512Q4x1p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x1p2(SB), NOSPLIT, $0-72
+// func opAVX512Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x1p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21478,14 +21789,22 @@ opAVX512Q4x1p2_zero:
 	VXORPS Z2, Z2, Z2
 
 opAVX512Q4x1p2_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+72(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x1p2_loop:
-	CMPQ         DI, SI
-	JGE          opAVX512Q4x1p2_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q4x1p2_store
+	CMPQ DI, SI
+	JL   opAVX512Q4x1p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), SI
+
+opAVX512Q4x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (DX)(R8*1), Z4
 	VPERMPS      Z0, Z4, Z3
 	VMULPS       (AX), Z3, Z3
@@ -21516,9 +21835,9 @@ opAVX512Q4x1p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x1p3(SB), NOSPLIT, $0-72
+// func opAVX512Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x1p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21546,14 +21865,23 @@ opAVX512Q4x1p3_zero:
 	VXORPS Z3, Z3, Z3
 
 opAVX512Q4x1p3_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x1p3_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512Q4x1p3_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q4x1p3_store
+	CMPQ R8, DI
+	JL   opAVX512Q4x1p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX512Q4x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VPMOVZXBD    (DX)(R9*1), Z5
 	VPERMPS      Z0, Z5, Z4
 	VMULPS       (AX), Z4, Z4
@@ -21593,9 +21921,9 @@ opAVX512Q4x1p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x1p4(SB), NOSPLIT, $0-72
+// func opAVX512Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x1p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21626,14 +21954,24 @@ opAVX512Q4x1p4_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512Q4x1p4_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+72(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x1p4_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512Q4x1p4_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4x1p4_store
+	CMPQ R9, R8
+	JL   opAVX512Q4x1p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R8
+
+opAVX512Q4x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VPMOVZXBD    (DX)(R10*1), Z6
 	VPERMPS      Z0, Z6, Z5
 	VMULPS       (AX), Z5, Z5
@@ -21682,9 +22020,9 @@ opAVX512Q4x1p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x2p1(SB), NOSPLIT, $0-72
+// func opAVX512Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x2p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21709,14 +22047,21 @@ opAVX512Q4x2p1_zero:
 	VXORPS Z2, Z2, Z2
 
 opAVX512Q4x2p1_start:
-	MOVQ k+24(FP), SI
+	MOVQ bk+72(FP), SI
 	XORQ DI, DI
 	XORQ R8, R8
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x2p1_loop:
-	CMPQ         DI, SI
-	JGE          opAVX512Q4x2p1_store
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q4x2p1_store
+	CMPQ DI, SI
+	JL   opAVX512Q4x2p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), SI
+
+opAVX512Q4x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (BX)(R8*1), Z4
 	VPERMPS      Z0, Z4, Z3
 	VMULPS       (AX), Z3, Z3
@@ -21744,9 +22089,9 @@ opAVX512Q4x2p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x2p2(SB), NOSPLIT, $0-72
+// func opAVX512Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x2p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21777,14 +22122,22 @@ opAVX512Q4x2p2_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512Q4x2p2_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x2p2_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512Q4x2p2_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q4x2p2_store
+	CMPQ R8, DI
+	JL   opAVX512Q4x2p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX512Q4x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (BX)(R9*1), Z6
 	VPERMPS      Z0, Z6, Z5
 	VMULPS       (AX), Z5, Z5
@@ -21824,9 +22177,9 @@ opAVX512Q4x2p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x2p3(SB), NOSPLIT, $0-72
+// func opAVX512Q4x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x2p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21862,14 +22215,23 @@ opAVX512Q4x2p3_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512Q4x2p3_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+72(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x2p3_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512Q4x2p3_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4x2p3_store
+	CMPQ R9, R8
+	JL   opAVX512Q4x2p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R8
+
+opAVX512Q4x2p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	VPMOVZXBD    (BX)(R10*1), Z8
 	VPERMPS      Z0, Z8, Z7
 	VMULPS       (AX), Z7, Z7
@@ -21921,9 +22283,9 @@ opAVX512Q4x2p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x2p4(SB), NOSPLIT, $0-72
+// func opAVX512Q4x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x2p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -21964,14 +22326,24 @@ opAVX512Q4x2p4_zero:
 	VXORPS Z8, Z8, Z8
 
 opAVX512Q4x2p4_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+72(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x2p4_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512Q4x2p4_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4x2p4_store
+	CMPQ R10, R9
+	JL   opAVX512Q4x2p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R9
+
+opAVX512Q4x2p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	VPMOVZXBD    (BX)(R11*1), Z10
 	VPERMPS      Z0, Z10, Z9
 	VMULPS       (AX), Z9, Z9
@@ -22035,9 +22407,9 @@ opAVX512Q4x2p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x3p1(SB), NOSPLIT, $0-72
+// func opAVX512Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x3p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22066,14 +22438,21 @@ opAVX512Q4x3p1_zero:
 	VXORPS Z3, Z3, Z3
 
 opAVX512Q4x3p1_start:
-	MOVQ k+24(FP), DI
+	MOVQ bk+72(FP), DI
 	XORQ R8, R8
 	XORQ R9, R9
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x3p1_loop:
-	CMPQ         R8, DI
-	JGE          opAVX512Q4x3p1_store
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q4x3p1_store
+	CMPQ R8, DI
+	JL   opAVX512Q4x3p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), DI
+
+opAVX512Q4x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (SI)(R9*1), Z5
 	VPERMPS      Z0, Z5, Z4
 	VMULPS       (AX), Z4, Z4
@@ -22107,9 +22486,9 @@ opAVX512Q4x3p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x3p2(SB), NOSPLIT, $0-72
+// func opAVX512Q4x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x3p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22146,14 +22525,22 @@ opAVX512Q4x3p2_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512Q4x3p2_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+72(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x3p2_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512Q4x3p2_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4x3p2_store
+	CMPQ R9, R8
+	JL   opAVX512Q4x3p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R8
+
+opAVX512Q4x3p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	VPMOVZXBD    (SI)(R10*1), Z8
 	VPERMPS      Z0, Z8, Z7
 	VMULPS       (AX), Z7, Z7
@@ -22202,9 +22589,9 @@ opAVX512Q4x3p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x3p3(SB), NOSPLIT, $0-72
+// func opAVX512Q4x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x3p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22248,14 +22635,23 @@ opAVX512Q4x3p3_zero:
 	VXORPS Z9, Z9, Z9
 
 opAVX512Q4x3p3_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+72(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x3p3_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512Q4x3p3_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4x3p3_store
+	CMPQ R10, R9
+	JL   opAVX512Q4x3p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R9
+
+opAVX512Q4x3p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
 	VPMOVZXBD    (SI)(R11*1), Z11
 	VPERMPS      Z0, Z11, Z10
 	VMULPS       (AX), Z10, Z10
@@ -22319,9 +22715,9 @@ opAVX512Q4x3p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
-// Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x3p4(SB), NOSPLIT, $0-72
+// func opAVX512Q4x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4x3p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22372,14 +22768,24 @@ opAVX512Q4x3p4_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512Q4x3p4_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+72(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x3p4_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512Q4x3p4_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4x3p4_store
+	CMPQ R11, R10
+	JL   opAVX512Q4x3p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R10
+
+opAVX512Q4x3p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	VPMOVZXBD    (SI)(R12*1), Z14
 	VPERMPS      Z0, Z14, Z13
 	VMULPS       (AX), Z13, Z13
@@ -22458,9 +22864,9 @@ opAVX512Q4x3p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x4p1(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x4p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22493,14 +22899,20 @@ opAVX512Q4x4p1_zero:
 	VXORPS Z4, Z4, Z4
 
 opAVX512Q4x4p1_start:
-	MOVQ k+24(FP), R8
+	MOVQ bk+72(FP), R8
 	XORQ R9, R9
 	XORQ R10, R10
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x4p1_loop:
-	CMPQ         R9, R8
-	JGE          opAVX512Q4x4p1_store
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4x4p1_store
+	CMPQ R9, R8
+	JL   opAVX512Q4x4p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R8
+
+opAVX512Q4x4p1_step:
 	VPMOVZXBD    (DI)(R10*1), Z6
 	VPERMPS      Z0, Z6, Z5
 	VMULPS       (AX), Z5, Z5
@@ -22540,9 +22952,9 @@ opAVX512Q4x4p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x4p2(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x4p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22585,14 +22997,20 @@ opAVX512Q4x4p2_zero:
 	VXORPS Z8, Z8, Z8
 
 opAVX512Q4x4p2_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+72(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x4p2_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512Q4x4p2_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4x4p2_store
+	CMPQ R10, R9
+	JL   opAVX512Q4x4p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R9
+
+opAVX512Q4x4p2_step:
 	VPMOVZXBD    (DI)(R11*1), Z10
 	VPERMPS      Z0, Z10, Z9
 	VMULPS       (AX), Z9, Z9
@@ -22650,9 +23068,9 @@ opAVX512Q4x4p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x4p3(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x4p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22704,14 +23122,20 @@ opAVX512Q4x4p3_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512Q4x4p3_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+72(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x4p3_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512Q4x4p3_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4x4p3_store
+	CMPQ R11, R10
+	JL   opAVX512Q4x4p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R10
+
+opAVX512Q4x4p3_step:
 	VPMOVZXBD    (DI)(R12*1), Z14
 	VPERMPS      Z0, Z14, Z13
 	VMULPS       (AX), Z13, Z13
@@ -22787,9 +23211,9 @@ opAVX512Q4x4p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x4p4(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x4p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22850,14 +23274,20 @@ opAVX512Q4x4p4_zero:
 	VXORPS Z16, Z16, Z16
 
 opAVX512Q4x4p4_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+72(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x4p4_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512Q4x4p4_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4x4p4_store
+	CMPQ R12, R11
+	JL   opAVX512Q4x4p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R11
+
+opAVX512Q4x4p4_step:
 	VPMOVZXBD    (DI)(R13*1), Z18
 	VPERMPS      Z0, Z18, Z17
 	VMULPS       (AX), Z17, Z17
@@ -22951,9 +23381,9 @@ opAVX512Q4x4p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x5p1(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x5p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -22990,14 +23420,20 @@ opAVX512Q4x5p1_zero:
 	VXORPS Z5, Z5, Z5
 
 opAVX512Q4x5p1_start:
-	MOVQ k+24(FP), R9
+	MOVQ bk+72(FP), R9
 	XORQ R10, R10
 	XORQ R11, R11
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x5p1_loop:
-	CMPQ         R10, R9
-	JGE          opAVX512Q4x5p1_store
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4x5p1_store
+	CMPQ R10, R9
+	JL   opAVX512Q4x5p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R9
+
+opAVX512Q4x5p1_step:
 	VPMOVZXBD    (R8)(R11*1), Z7
 	VPERMPS      Z0, Z7, Z6
 	VMULPS       (AX), Z6, Z6
@@ -23043,9 +23479,9 @@ opAVX512Q4x5p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x5p2(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x5p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -23094,14 +23530,20 @@ opAVX512Q4x5p2_zero:
 	VXORPS Z10, Z10, Z10
 
 opAVX512Q4x5p2_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+72(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x5p2_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512Q4x5p2_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4x5p2_store
+	CMPQ R11, R10
+	JL   opAVX512Q4x5p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R10
+
+opAVX512Q4x5p2_step:
 	VPMOVZXBD    (R8)(R12*1), Z12
 	VPERMPS      Z0, Z12, Z11
 	VMULPS       (AX), Z11, Z11
@@ -23168,9 +23610,9 @@ opAVX512Q4x5p2_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x5p3(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x5p3(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -23230,14 +23672,20 @@ opAVX512Q4x5p3_zero:
 	VXORPS Z15, Z15, Z15
 
 opAVX512Q4x5p3_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+72(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x5p3_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512Q4x5p3_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4x5p3_store
+	CMPQ R12, R11
+	JL   opAVX512Q4x5p3_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R11
+
+opAVX512Q4x5p3_step:
 	VPMOVZXBD    (R8)(R13*1), Z17
 	VPERMPS      Z0, Z17, Z16
 	VMULPS       (AX), Z16, Z16
@@ -23325,9 +23773,9 @@ opAVX512Q4x5p3_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x5p4(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x5p4(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -23398,14 +23846,20 @@ opAVX512Q4x5p4_zero:
 	VXORPS Z20, Z20, Z20
 
 opAVX512Q4x5p4_start:
-	MOVQ k+24(FP), R12
+	MOVQ bk+72(FP), R12
 	XORQ R13, R13
 	XORQ R14, R14
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x5p4_loop:
-	CMPQ         R13, R12
-	JGE          opAVX512Q4x5p4_store
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q4x5p4_store
+	CMPQ R13, R12
+	JL   opAVX512Q4x5p4_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R12
+
+opAVX512Q4x5p4_step:
 	VPMOVZXBD    (R8)(R14*1), Z22
 	VPERMPS      Z0, Z22, Z21
 	VMULPS       (AX), Z21, Z21
@@ -23514,9 +23968,9 @@ opAVX512Q4x5p4_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x6p1(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x6p1(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -23557,14 +24011,20 @@ opAVX512Q4x6p1_zero:
 	VXORPS Z6, Z6, Z6
 
 opAVX512Q4x6p1_start:
-	MOVQ k+24(FP), R10
+	MOVQ bk+72(FP), R10
 	XORQ R11, R11
 	XORQ R12, R12
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x6p1_loop:
-	CMPQ         R11, R10
-	JGE          opAVX512Q4x6p1_store
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4x6p1_store
+	CMPQ R11, R10
+	JL   opAVX512Q4x6p1_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R10
+
+opAVX512Q4x6p1_step:
 	VPMOVZXBD    (R9)(R12*1), Z8
 	VPERMPS      Z0, Z8, Z7
 	VMULPS       (AX), Z7, Z7
@@ -23616,9 +24076,9 @@ opAVX512Q4x6p1_store:
 	VZEROUPPER
 	RET
 
-// func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+// func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F
-TEXT ·opAVX512Q4x6p2(SB), NOSPLIT, $0-72
+TEXT ·opAVX512Q4x6p2(SB), NOSPLIT, $0-88
 	MOVQ    t+64(FP), AX
 	VMOVUPS (AX), Z0
 	MOVQ    s+56(FP), AX
@@ -23673,14 +24133,20 @@ opAVX512Q4x6p2_zero:
 	VXORPS Z12, Z12, Z12
 
 opAVX512Q4x6p2_start:
-	MOVQ k+24(FP), R11
+	MOVQ bk+72(FP), R11
 	XORQ R12, R12
 	XORQ R13, R13
 
 	// Two steps of k: a byte vector per panel, two broadcasts per row.
 opAVX512Q4x6p2_loop:
-	CMPQ         R12, R11
-	JGE          opAVX512Q4x6p2_store
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4x6p2_store
+	CMPQ R12, R11
+	JL   opAVX512Q4x6p2_step
+	ADDQ ss+80(FP), AX
+	ADDQ bk+72(FP), R11
+
+opAVX512Q4x6p2_step:
 	VPMOVZXBD    (R9)(R13*1), Z14
 	VPERMPS      Z0, Z14, Z13
 	VMULPS       (AX), Z13, Z13

@@ -229,90 +229,90 @@ func opAVX2F16x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc i
 //go:noescape
 func opAVX2F16x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
 
-// opAVX2F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX2F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX2F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
 // opAVX2Q4x1p1 is opAVX512Q4x1p1 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x1p2 is opAVX512Q4x1p2 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x1p3 is opAVX512Q4x1p3 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x1p4 is opAVX512Q4x1p4 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x2p1 is opAVX512Q4x2p1 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x2p2 is opAVX512Q4x2p2 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // opAVX2Q4x3p1 is opAVX512Q4x3p1 on AVX2.
 //
 //go:noescape
-func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
@@ -809,235 +809,235 @@ func opAVX512F16x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc
 //go:noescape
 func opAVX512F16x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)
 
-// opAVX512F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of F8 weights to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of F8 weights to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of F8 weights to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of F8 weights to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of F8 weights to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of F8 weights to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of F8 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of F8 weights to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of F8 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of F8 weights to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of F8 weights to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F8 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of F8 weights to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of F8 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of F8 weights to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of F8 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of F8 weights to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of F8 weights to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of F8 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of F8 weights to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of F8 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of F8 weights to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of F8 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of F8 weights to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of F8 weights to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of F8 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of F8 weights to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of F8 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of F8 weights to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of F8 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of F8 weights to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of F8 weights to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of F8 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of F8 weights to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of F8 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of F8 weights to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512F8x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of F8 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120).
+// opAVX512F8x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of F8 weights to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's.
 //
 //go:noescape
-func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32)
+func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
-// opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x1p2 adds, for k steps (k even), the products of 1 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x1p2 adds, for k steps (k even), the products of 1 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x1p3 adds, for k steps (k even), the products of 1 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x1p3 adds, for k steps (k even), the products of 1 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x1p4 adds, for k steps (k even), the products of 1 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x1p4 adds, for k steps (k even), the products of 1 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x2p1 adds, for k steps (k even), the products of 2 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x2p1 adds, for k steps (k even), the products of 2 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x2p2 adds, for k steps (k even), the products of 2 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x2p2 adds, for k steps (k even), the products of 2 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x2p3 adds, for k steps (k even), the products of 2 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x2p3 adds, for k steps (k even), the products of 2 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x2p4 adds, for k steps (k even), the products of 2 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x2p4 adds, for k steps (k even), the products of 2 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x3p1 adds, for k steps (k even), the products of 3 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x3p1 adds, for k steps (k even), the products of 3 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x3p2 adds, for k steps (k even), the products of 3 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x3p2 adds, for k steps (k even), the products of 3 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x3p3 adds, for k steps (k even), the products of 3 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x3p3 adds, for k steps (k even), the products of 3 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x3p4 adds, for k steps (k even), the products of 3 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x3p4 adds, for k steps (k even), the products of 3 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x4p1 adds, for k steps (k even), the products of 4 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x4p1 adds, for k steps (k even), the products of 4 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x4p2 adds, for k steps (k even), the products of 4 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x4p2 adds, for k steps (k even), the products of 4 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x4p3 adds, for k steps (k even), the products of 4 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x4p3 adds, for k steps (k even), the products of 4 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x4p4 adds, for k steps (k even), the products of 4 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x4p4 adds, for k steps (k even), the products of 4 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x5p1 adds, for k steps (k even), the products of 5 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x5p1 adds, for k steps (k even), the products of 5 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x5p2 adds, for k steps (k even), the products of 5 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x5p2 adds, for k steps (k even), the products of 5 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x5p3 adds, for k steps (k even), the products of 5 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x5p3 adds, for k steps (k even), the products of 5 fp32 rows with 3 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x5p4 adds, for k steps (k even), the products of 5 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x5p4 adds, for k steps (k even), the products of 5 fp32 rows with 4 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x6p1 adds, for k steps (k even), the products of 6 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x6p1 adds, for k steps (k even), the products of 6 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
-// opAVX512Q4x6p2 adds, for k steps (k even), the products of 6 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel) to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// opAVX512Q4x6p2 adds, for k steps (k even), the products of 6 fp32 rows with 2 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
-func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32)
+func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
 // dqAVX512F8 widens k steps of one F8 panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).
 //
