@@ -14,11 +14,11 @@ import (
 
 // BenchmarkForward: a DeepSeek-V2-Lite expert shape (hidden 2048, inter
 // 1408, top-6, two shared experts) with 16 experts instead of 64 to keep
-// the setup short, bf16 and fp8 weights; decode and batch sizes.
+// the setup short, bf16, fp8 and mxfp4 weights; decode and batch sizes.
 func BenchmarkForward(b *testing.B) {
 	cfg := moe.DeepSeekV2Lite()
 	cfg.NumExperts = 16
-	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3, kernels.MXFP4} {
 		l, err := moe.NewRandom(cfg, dt, 1)
 		require.NoError(b, err)
 		benchForward(b, l, dt)

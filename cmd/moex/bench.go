@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -48,6 +49,11 @@ type benchResult struct {
 	GBPS       float64 `json:"gbps"`
 	ProbeGBPS  float64 `json:"probe_gbps"`
 	BWFraction float64 `json:"bw_fraction"`
+	// Where a run times several dtypes: the case's speed against the first
+	// dtype's on the same case, implementation and threads (its median
+	// over this one's), and that dtype.
+	Speedup   float64 `json:"speedup,omitempty"`
+	SpeedupVs string  `json:"speedup_vs,omitempty"`
 	// bench ep only: time per token, and a memcpy of the same bytes.
 	NsPerToken float64 `json:"ns_per_token,omitempty"`
 	MemcpyNS   int64   `json:"memcpy_ns,omitempty"`
@@ -133,6 +139,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 }
 
 func printResults(w io.Writer, format string, rs []benchResult) error {
+	compareDtypes(rs)
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		for _, r := range rs {
@@ -151,19 +158,75 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 		}
 		return tw.Flush()
 	}
-	fmt.Fprintln(tw, "case\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t")
+	ratios := len(rs) > 0 && rs[0].SpeedupVs != ""
+	head := "case\tdtype\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t"
+	if ratios {
+		head += "vs " + rs[0].SpeedupVs + "\t"
+	}
+	fmt.Fprintln(tw, head)
+	probes := map[float64]bool{}
 	for _, r := range rs {
 		frac := fmt.Sprintf("%.0f%%", 100*r.BWFraction)
 		if r.ProbeGBPS == 0 {
 			frac = "-"
+		} else {
+			probes[r.ProbeGBPS] = true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%.1f\t%.1f\t%s\t\n", r.Case, r.Impl, r.Threads,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%v\t%.1f\t%.1f\t%s\t", r.Case, r.Dtype, r.Impl, r.Threads,
 			time.Duration(r.MedianNS).Round(time.Microsecond), r.GFLOPS, r.GBPS, frac)
+		if ratios {
+			fmt.Fprintf(tw, "%.2f×\t", r.Speedup)
+		}
+		fmt.Fprintln(tw)
 	}
-	if len(rs) > 0 && rs[0].ProbeGBPS > 0 {
-		fmt.Fprintf(tw, "memory read-bandwidth probe: %.1f GB/s\t\t\t\t\t\t\t\n", rs[0].ProbeGBPS)
+	if err := tw.Flush(); err != nil {
+		return err
 	}
-	return tw.Flush()
+	if len(probes) > 0 {
+		lo, hi := math.Inf(1), 0.0
+		for p := range probes {
+			lo, hi = min(lo, p), max(hi, p)
+		}
+		if lo == hi {
+			fmt.Fprintf(w, "memory read-bandwidth probe: %.1f GB/s\n", lo)
+		} else {
+			fmt.Fprintf(w, "memory read-bandwidth probe: %.1f-%.1f GB/s (measured before each round; each row against its own)\n", lo, hi)
+		}
+	}
+	return nil
+}
+
+// compareDtypes sets, where rs holds more than one dtype, each result's
+// speed against the first dtype's on the same case (the dtype left out of
+// the case's name), implementation and threads.
+func compareDtypes(rs []benchResult) {
+	if len(rs) == 0 {
+		return
+	}
+	first := rs[0].Dtype
+	several := false
+	for _, r := range rs {
+		several = several || r.Dtype != first
+	}
+	if !several {
+		return
+	}
+	type key struct {
+		bench, kase, impl string
+		threads           int
+	}
+	base := map[key]int64{}
+	for _, r := range rs {
+		if r.Dtype == first {
+			base[key{r.Bench, r.Case, r.Impl, r.Threads}] = r.MedianNS
+		}
+	}
+	for i := range rs {
+		if b, ok := base[key{rs[i].Bench, rs[i].Case, rs[i].Impl, rs[i].Threads}]; ok && rs[i].MedianNS > 0 {
+			rs[i].Speedup = float64(b) / float64(rs[i].MedianNS)
+			rs[i].SpeedupVs = first
+		}
+	}
 }
 
 // forEachSetting runs f under every (impl, threads) pair of the options.
@@ -319,7 +382,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 			}
 			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
 			bytes := int64(*experts) * (bs[0].Bytes() + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
-			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s %s", *experts, m, *n, *k, ds, *layout)
+			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", *experts, m, *n, *k, *layout)
 			err := o.forEachSetting(func(impl string, threads int) error {
 				ts, err := o.time(label+" "+impl, func() error {
 					return kernels.GroupedGEMM(context.Background(), threads, a, groups)
@@ -379,9 +442,14 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 			return nil, err
 		}
 		defer l.Close()
-		return benchMoELayer(l, name, ts, *backend, o, *seed)
+		return benchMoELayers([]*moe.Layer{l}, name, ts, *backend, o, *seed)
 	}
-	var results []benchResult
+	var layers []*moe.Layer
+	defer func() {
+		for _, l := range layers {
+			l.Close()
+		}
+	}()
 	for _, ds := range strings.Split(*dtype, ",") {
 		dt, err := dtypeOf(ds)
 		if err != nil {
@@ -392,47 +460,56 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		rs, err := benchMoELayer(l, name, ts, *backend, o, *seed)
-		l.Close()
-		if err != nil {
-			return nil, err
-		}
-		results = append(results, rs...)
+		layers = append(layers, l)
 	}
-	return results, nil
+	return benchMoELayers(layers, name, ts, *backend, o, *seed)
 }
 
-// benchMoELayer times l's forward passes of ts tokens on backend.
-func benchMoELayer(l *moe.Layer, name string, ts []int, backend string, o *benchOpts, seed uint64) ([]benchResult, error) {
+// benchMoELayers times the layers' forward passes of ts tokens on backend.
+// On the CPU each token count is a round: the read-bandwidth probe, then
+// every layer (one per dtype) on the same input, so that the ratios
+// between dtypes and against the probe are measured a minute apart at
+// most rather than across the whole run.
+func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *benchOpts, seed uint64) ([]benchResult, error) {
 	switch backend {
 	case "cpu":
 	case "cuda":
-		return benchMoEOnDevice(l, name, ts, o, seed)
+		var results []benchResult
+		for _, l := range ls {
+			rs, err := benchMoEOnDevice(l, name, ts, o, seed)
+			if err != nil {
+				return nil, err
+			}
+			results = append(results, rs...)
+		}
+		return results, nil
 	default:
 		return nil, fmt.Errorf("%w: bench moe: --backend %q (want cpu or cuda)", errUsage, backend)
 	}
-	c := l.Config
-	probe := memoryBandwidth()
+	c := ls[0].Config
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var results []benchResult
 	for _, T := range ts {
+		probe := memoryBandwidth()
 		x, y, ids := moeCase(rng, c, T)
-		if err := l.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
-			return nil, err
-		}
-		bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
 		label := fmt.Sprintf("%s T=%d", name, T)
-		err := o.forEachSetting(func(impl string, threads int) error {
-			l.SetWorkers(threads)
-			times, err := o.time(label+" "+impl, func() error { return l.Forward(context.Background(), x, y) })
-			if err != nil {
-				return err
+		for _, l := range ls {
+			if err := l.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
+				return nil, err
 			}
-			results = append(results, makeResult("moe", label, impl, l.WeightDType().String(), threads, times, c.FLOPs(T), bytes, probe))
-			return nil
-		})
-		if err != nil {
-			return nil, err
+			bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
+			err := o.forEachSetting(func(impl string, threads int) error {
+				l.SetWorkers(threads)
+				times, err := o.time(label+" "+l.WeightDType().String()+" "+impl, func() error { return l.Forward(context.Background(), x, y) })
+				if err != nil {
+					return err
+				}
+				results = append(results, makeResult("moe", label, impl, l.WeightDType().String(), threads, times, c.FLOPs(T), bytes, probe))
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	return results, nil

@@ -195,6 +195,11 @@ func TestBenchRunsOnce(t *testing.T) {
 		require.Positive(t, r.ProbeGBPS)
 		require.NotEmpty(t, r.Impl)
 		require.GreaterOrEqual(t, r.GFLOPS, 0.0)
+		require.Equal(t, "f32", r.SpeedupVs, "each case against the first dtype's")
+		require.Positive(t, r.Speedup)
+		if r.Dtype == "f32" {
+			require.Equal(t, 1.0, r.Speedup)
+		}
 	}
 	dir := filepath.Join("..", "..", "testdata", "moe", "deepseek_v3_f32")
 	out, _, err = runCLI("bench", "moe", "--model", dir, "--layer", "0", "--tokens", "1,3", "--min-time", "0", "--max-runs", "1")
@@ -226,7 +231,8 @@ func TestBenchRunsOnce(t *testing.T) {
 
 	out, _, err = runCLI("bench", "grouped-gemm", "--layout", "rows", "--n", "4", "--k", "4", "--tokens-per-expert", "2", "--min-time", "0", "--max-runs", "1")
 	require.NoError(t, err)
-	require.Contains(t, out, "f32 rows")
+	require.Regexp(t, `K=4 rows +f32`, out)
+	require.NotContains(t, out, "vs ", "one dtype: no ratio column")
 	_, _, err = runCLI("bench", "grouped-gemm", "--layout", "cols", "--n", "4", "--k", "4")
 	require.ErrorContains(t, err, `--layout "cols" (want packed or rows)`)
 	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
