@@ -102,9 +102,10 @@ fmt-check:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=2s -count=5 ./...
 
-# A short fuzzing session of the safetensors header parser.
+# A short fuzzing session of the safetensors and .npy header parsers.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 60s ./moe
+	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/npy
 
 # Regenerate testdata/moe from the float64 reference.
 golden:

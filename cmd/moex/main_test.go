@@ -171,6 +171,28 @@ func TestBinaryExitStatus(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	require.Len(t, lines, 1, stderr.String())
 	require.Contains(t, lines[0], "moex: ")
+
+	// Malformed .npy inputs that once panicked the reader: one line naming
+	// the problem, exit 1, from the process itself.
+	bad := map[string]string{
+		"cut.npy":      "\x93NUMPY\x01\x00\x76\x00{'descr': '<f4', 'fo",
+		"zero.npy":     "\x93NUMPY\x01\x00\x00\x00",
+		"unclosed.npy": "\x93NUMPY\x01\x00\x34\x00{'descr': '<f4', 'fortran_order': False, 'shape': (2,\n",
+	}
+	want := map[string]string{"cut.npy": "the header says 118 bytes", "zero.npy": "dict is empty", "unclosed.npy": "unclosed 'shape'"}
+	for name, raw := range bad {
+		in := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(in, []byte(raw), 0o644))
+		cmd = exec.Command(bin, "exec", "moe", "--model", dir, "--layer", "2", "--input", in, "--out", y)
+		stderr.Reset()
+		cmd.Stderr = &stderr
+		err = cmd.Run()
+		require.ErrorAs(t, err, &exitErr, name)
+		require.Equal(t, 1, exitErr.ExitCode(), stderr.String())
+		lines = strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		require.Len(t, lines, 1, stderr.String())
+		require.Contains(t, lines[0], want[name])
+	}
 }
 
 func TestInfo(t *testing.T) {
