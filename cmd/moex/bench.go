@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -61,6 +62,7 @@ type benchResult struct {
 }
 
 type benchOpts struct {
+	maxBytes float64 // --max-memory-gib, in bytes
 	threads []int
 	impls   []string
 	format  string
@@ -76,8 +78,13 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 	fs.StringVar(&o.format, "format", "table", "table or json (one object per line)")
 	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
 	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
+	maxGiB := fs.Float64("max-memory-gib", machineMemory()/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
 	return func() error {
 		var err error
+		if !(*maxGiB > 0) {
+			return fmt.Errorf("%w: bench: --max-memory-gib must be positive", errUsage)
+		}
+		o.maxBytes = *maxGiB * (1 << 30)
 		if o.threads, err = intList(*threads, "--threads"); err != nil {
 			return err
 		}
@@ -90,6 +97,33 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 		}
 		return nil
 	}
+}
+
+// fits refuses, before anything is allocated, a case whose estimated
+// memory is over --max-memory-gib.
+func (o *benchOpts) fits(bench string, bytes float64) error {
+	if bytes > o.maxBytes {
+		return fmt.Errorf("%w: bench %s: these sizes need about %.1f GiB, over --max-memory-gib %.1f (default: the machine's memory)",
+			errUsage, bench, bytes/(1<<30), o.maxBytes/(1<<30))
+	}
+	return nil
+}
+
+// machineMemory is the machine's memory in bytes (MemTotal in
+// /proc/meminfo), or +Inf where that cannot be read.
+func machineMemory() float64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return math.Inf(1)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseFloat(f[1], 64); err == nil && kb > 0 {
+				return kb * 1024
+			}
+		}
+	}
+	return math.Inf(1)
 }
 
 func intList(s, name string) ([]int, error) {
@@ -167,7 +201,7 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 	probes := map[float64]bool{}
 	for _, r := range rs {
 		frac := fmt.Sprintf("%.0f%%", 100*r.BWFraction)
-		if r.ProbeGBPS == 0 {
+		if r.ProbeGBPS == 0 || r.Bytes == 0 {
 			frac = "-"
 		} else {
 			probes[r.ProbeGBPS] = true
@@ -350,6 +384,18 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	if *layout != "packed" && *layout != "rows" {
 		return nil, fmt.Errorf("%w: bench grouped-gemm: --layout %q (want packed or rows)", errUsage, *layout)
 	}
+	maxM := slices.Max(ms)
+	for _, ds := range strings.Split(*dtypes, ",") {
+		dt, err := dtypeOf(ds)
+		if err != nil {
+			return nil, err
+		}
+		// The weights, their fp32 originals while made, the rows and outputs.
+		e, n, k := float64(*experts), float64(*n), float64(*k)
+		if err := o.fits("grouped-gemm", e*n*k*(float64(dt.Bits())/8+4)+e*float64(maxM)*(n+k)*4); err != nil {
+			return nil, err
+		}
+	}
 	probe := memoryBandwidth()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var results []benchResult
@@ -382,6 +428,9 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 			}
 			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
 			bytes := int64(*experts) * (bs[0].Bytes() + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
+			if m == 0 {
+				bytes = 0 // nothing is read: no bandwidth to report
+			}
 			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", *experts, m, *n, *k, *layout)
 			err := o.forEachSetting(func(impl string, threads int) error {
 				ts, err := o.time(label+" "+impl, func() error {
@@ -434,6 +483,28 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	}
 	name, err := benchSource("moe", *model, *preset, *layerIdx)
 	if err != nil {
+		return nil, err
+	}
+	// A forward pass's rows, outputs and expert activations, twice over
+	// for the scratch, and a preset's layers in their dtypes (made from fp32).
+	c := moe.DeepSeekV2Lite()
+	if *model != "" {
+		if c, err = moe.LoadConfig(*model); err != nil {
+			return nil, err
+		}
+	}
+	h, top, inter, si := float64(c.Hidden), float64(c.TopK), float64(c.Inter), float64(c.SharedInter)
+	need := 2 * float64(slices.Max(ts)) * (2*h + top*(3*inter+h) + 3*si) * 4
+	if *model == "" {
+		weights := float64(c.NumExperts) * 3 * h * inter
+		need += 4 * weights // the fp32 originals of the layer being made
+		for _, ds := range strings.Split(*dtype, ",") {
+			if dt, err := dtypeOf(ds); err == nil {
+				need += weights * float64(dt.Bits()) / 8
+			}
+		}
+	}
+	if err := o.fits("moe", need); err != nil {
 		return nil, err
 	}
 	if *model != "" {
@@ -498,6 +569,9 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 				return nil, err
 			}
 			bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
+			if T == 0 {
+				bytes = 0 // nothing is read: no bandwidth to report
+			}
 			err := o.forEachSetting(func(impl string, threads int) error {
 				l.SetWorkers(threads)
 				times, err := o.time(label+" "+l.WeightDType().String()+" "+impl, func() error { return l.Forward(context.Background(), x, y) })

@@ -255,6 +255,24 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `K=4 rows +f32`, out)
 	require.NotContains(t, out, "vs ", "one dtype: no ratio column")
+	// Sizes past the machine's memory are refused before they are allocated;
+	// no tokens read nothing, so no bandwidth is claimed.
+	_, _, err = runCLI("bench", "moe", "--preset", "deepseek-v2-lite", "--tokens", "99999999999", "--min-time", "0")
+	require.ErrorContains(t, err, "bench moe: these sizes need about")
+	require.ErrorContains(t, err, "over --max-memory-gib")
+	_, _, err = runCLI("bench", "grouped-gemm", "--experts", "100000", "--n", "100000", "--k", "100000", "--tokens-per-expert", "1")
+	require.ErrorContains(t, err, "bench grouped-gemm: these sizes need about")
+	_, _, err = runCLI("bench", "grouped-gemm", "--n", "4096", "--k", "4096", "--tokens-per-expert", "1", "--max-memory-gib", "0.01")
+	require.ErrorContains(t, err, "over --max-memory-gib 0.0")
+	_, _, err = runCLI("bench", "grouped-gemm", "--max-memory-gib", "-1")
+	require.ErrorContains(t, err, "--max-memory-gib must be positive")
+	out, _, err = runCLI("bench", "grouped-gemm", "--n", "4", "--k", "4", "--tokens-per-expert", "0", "--min-time", "0", "--max-runs", "1", "--format", "json")
+	require.NoError(t, err)
+	var r0 benchResult
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r0))
+	require.Zero(t, r0.Bytes)
+	require.Zero(t, r0.BWFraction)
+
 	_, _, err = runCLI("bench", "grouped-gemm", "--layout", "cols", "--n", "4", "--k", "4")
 	require.ErrorContains(t, err, `--layout "cols" (want packed or rows)`)
 	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
