@@ -63,13 +63,13 @@ type benchResult struct {
 
 type benchOpts struct {
 	maxBytes float64 // --max-memory-gib, in bytes
-	threads []int
-	impls   []string
-	format  string
-	minTime time.Duration
-	maxRuns int
-	stderr  io.Writer
-	start   time.Time
+	threads  []int
+	impls    []string
+	format   string
+	minTime  time.Duration
+	maxRuns  int
+	stderr   io.Writer
+	start    time.Time
 }
 
 func (o *benchOpts) register(fs *flag.FlagSet) func() error {
