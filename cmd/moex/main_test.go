@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -404,6 +405,39 @@ func TestExecMLADecode(t *testing.T) {
 	args[9] = p("sl0.npy")
 	_, _, err = runCLI(args...)
 	require.ErrorContains(t, err, "sequence 1 has length 0")
+	args[9] = p("sl.npy")
+
+	// Flags: each named with its rule, before any file is read.
+	for _, tt := range []struct{ flag, value, want string }{
+		{"--scale", "NaN", "--scale NaN must be a positive finite number"},
+		{"--scale", "-1", "--scale -1 must be a positive finite number"},
+		{"--scale", "+Inf", "--scale +Inf must be a positive finite number"},
+		{"--dv", "0", "--dv must be positive (got 0)"},
+	} {
+		bad := append([]string(nil), args...)
+		i := slices.Index(bad, tt.flag)
+		bad[i+1] = tt.value
+		_, _, err = runCLI(bad...)
+		require.ErrorContains(t, err, tt.want)
+	}
+	i := slices.Index(args, "--scale")
+	noScale := slices.Delete(append([]string(nil), args...), i, i+2)
+	require.NotContains(t, noScale, "--scale")
+	_, _, err = runCLI(noScale...)
+	require.ErrorContains(t, err, "--scale is required")
+}
+
+// TestRunFlags: moex run refuses bad flags before it builds anything.
+func TestRunFlags(t *testing.T) {
+	for _, tt := range []struct{ flag, value, want string }{
+		{"--kv-budget-gib", "-1", "--kv-budget-gib -1 must be a positive finite number of GiB"},
+		{"--kv-budget-gib", "NaN", "--kv-budget-gib NaN must be"},
+		{"--timeout", "0s", "--timeout 0s must be positive"},
+	} {
+		_, stderr, err := runCLI("run", tt.flag, tt.value)
+		require.ErrorContains(t, err, tt.want)
+		require.Empty(t, stderr, "nothing ran")
+	}
 }
 
 func TestRunMainJob(t *testing.T) {

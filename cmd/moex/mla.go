@@ -35,8 +35,15 @@ func execMLADecode(args []string, stderr io.Writer) error {
 			return fmt.Errorf("%w: exec mla-decode: %s is required", errUsage, f.name)
 		}
 	}
-	if *dv <= 0 || math.IsNaN(*scale) {
-		return fmt.Errorf("%w: exec mla-decode: --dv (positive) and --scale are required", errUsage)
+	scaleSet := false
+	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
+	switch {
+	case *dv <= 0:
+		return fmt.Errorf("%w: exec mla-decode: --dv must be positive (got %d)", errUsage, *dv)
+	case !scaleSet:
+		return fmt.Errorf("%w: exec mla-decode: --scale is required (DeepSeek's: 1/sqrt(qk head dim), times yarn's mscale²)", errUsage)
+	case !(*scale > 0) || math.IsInf(*scale, 0):
+		return fmt.Errorf("%w: exec mla-decode: --scale %v must be a positive finite number", errUsage, *scale)
 	}
 	q, err := npy.ReadFloat32(*qPath)
 	if err != nil {

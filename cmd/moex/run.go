@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 	"time"
 
@@ -41,6 +42,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
+	}
+	if !(*kvGiB > 0) || math.IsInf(*kvGiB, 0) {
+		return fmt.Errorf("%w: run: --kv-budget-gib %v must be a positive finite number of GiB", errUsage, *kvGiB)
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("%w: run: --timeout %v must be positive", errUsage, *timeout)
 	}
 	ranksSet := false
 	fs.Visit(func(f *flag.Flag) { ranksSet = ranksSet || f.Name == "ranks" })
