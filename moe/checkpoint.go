@@ -128,6 +128,9 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	file, ok := c.where[name]
 	if !ok {
 		if _, packed := c.where[name+"_packed"]; packed {
+			if err := c.checkQuantizable(name, "int4 ("+name+"_packed)"); err != nil {
+				return kernels.Matrix{}, err
+			}
 			return c.int4Matrix(name, shape)
 		}
 		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
@@ -142,9 +145,22 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
 	if t.DType == "F8_E4M3" {
+		if err := c.checkQuantizable(name, "F8_E4M3"); err != nil {
+			return kernels.Matrix{}, err
+		}
 		return c.fp8Matrix(f, name, shape)
 	}
 	return f.matrix(name, shape...)
+}
+
+// checkQuantizable refuses a quantized tensor whose module config.json
+// lists as left unquantized: the checkpoint and its config disagree.
+func (c *Checkpoint) checkQuantizable(name, stored string) error {
+	module := strings.TrimSuffix(name, ".weight")
+	if rule, ok := c.Config.Quant.Unquantized(module); ok {
+		return errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is stored %s but quantization_config's %s leaves module %q unquantized", c.Dir, name, stored, rule, module)
+	}
+	return nil
 }
 
 // tensorFile maps the file that holds tensor name; c.mu is held.

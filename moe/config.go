@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -118,9 +119,64 @@ type Quantization struct {
 	// GroupSize is the int4 scheme's group_size: one scale for each group
 	// of GroupSize elements along a weight's row.
 	GroupSize int
-	// NotConverted lists modules_to_not_convert and ignored_layers, the
-	// modules left unquantized.
-	NotConverted []string
+	// NotConverted and IgnoredLayers are fp8's modules_to_not_convert and
+	// ignored_layers: an entry names a module, a module inside it, or the
+	// modules whose names end in it ("gate" is every layer's router
+	// "model.layers.N.mlp.gate", never a "gate_proj"). Ignore is
+	// compressed-tensors' ignore: module names, or "re:" patterns matched
+	// from a name's start. A module they name must not be stored quantized.
+	NotConverted, IgnoredLayers, Ignore []string
+	ignoreRE                            []*regexp.Regexp
+}
+
+// Unquantized reports which entry of the quantization_config's lists of
+// unquantized modules names module (a tensor name less its ".weight"), if
+// any, as "list entry".
+func (q *Quantization) Unquantized(module string) (string, bool) {
+	if q == nil {
+		return "", false
+	}
+	names := func(e string) bool {
+		return e != "" && (module == e || strings.HasPrefix(module, e+".") || strings.HasSuffix(module, "."+e))
+	}
+	for _, e := range q.NotConverted {
+		if names(e) {
+			return fmt.Sprintf("modules_to_not_convert %q", e), true
+		}
+	}
+	for _, e := range q.IgnoredLayers {
+		if names(e) {
+			return fmt.Sprintf("ignored_layers %q", e), true
+		}
+	}
+	j := 0
+	for _, e := range q.Ignore {
+		if p, ok := strings.CutPrefix(e, "re:"); ok {
+			re := q.ignoreRE[j]
+			j++
+			if re.MatchString(module) {
+				return fmt.Sprintf("ignore %q", "re:"+p), true
+			}
+		} else if module == e {
+			return fmt.Sprintf("ignore %q", e), true
+		}
+	}
+	return "", false
+}
+
+// compileIgnore compiles compressed-tensors' "re:" ignore entries, each
+// anchored at the name's start as Python's re.match is.
+func (q *Quantization) compileIgnore() error {
+	for _, e := range q.Ignore {
+		if p, ok := strings.CutPrefix(e, "re:"); ok {
+			re, err := regexp.Compile(`^(?:` + p + `)`)
+			if err != nil {
+				return errkind.Errorf(ErrUnsupportedFormat, "quantization_config.ignore entry %q is not a pattern moex reads: %v", e, err)
+			}
+			q.ignoreRE = append(q.ignoreRE, re)
+		}
+	}
+	return nil
 }
 
 // rawQuant is quantization_config as the checkpoints write it.
@@ -162,7 +218,10 @@ func parseCompressedTensors(raw *rawQuant) (*Quantization, error) {
 	if len(raw.ConfigGroups) == 0 {
 		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: compressed-tensors without config_groups")
 	}
-	q := &Quantization{Method: "compressed-tensors", NotConverted: raw.Ignore}
+	q := &Quantization{Method: "compressed-tensors", Ignore: raw.Ignore}
+	if err := q.compileIgnore(); err != nil {
+		return nil, err
+	}
 	names := make([]string, 0, len(raw.ConfigGroups))
 	for name := range raw.ConfigGroups {
 		names = append(names, name)
@@ -208,7 +267,7 @@ func parseQuant(raw *rawQuant) (*Quantization, error) {
 		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.weight_block_size is %v: fp8 weights need a block size [rows, cols] of positive values", raw.WeightBlockSize)
 	}
 	q := &Quantization{Method: raw.QuantMethod, BlockRows: raw.WeightBlockSize[0], BlockCols: raw.WeightBlockSize[1]}
-	q.NotConverted = append(append(q.NotConverted, raw.ModulesToNotConvert...), raw.IgnoredLayers...)
+	q.NotConverted, q.IgnoredLayers = raw.ModulesToNotConvert, raw.IgnoredLayers
 	return q, nil
 }
 

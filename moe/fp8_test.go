@@ -98,6 +98,12 @@ func TestFP8LoadErrors(t *testing.T) {
 		{"e5m2 format", func(m *moetest.Model) {
 			m.Config["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": []int{8, 8}}
 		}, `quantization_config.fmt "e5m2" is not supported`, moe.ErrUnsupportedFormat},
+		{"a module listed unconverted stored fp8", func(m *moetest.Model) {
+			m.Config["quantization_config"].(map[string]any)["modules_to_not_convert"] = []string{"lm_head", "experts.1.up_proj"}
+		}, `tensor "` + w + `" is stored F8_E4M3 but quantization_config's modules_to_not_convert "experts.1.up_proj" leaves module "model.layers.0.mlp.experts.1.up_proj" unquantized`, moe.ErrUnsupportedFormat},
+		{"a parent in ignored_layers", func(m *moetest.Model) {
+			m.Config["quantization_config"].(map[string]any)["ignored_layers"] = []string{"model.layers.0.mlp.experts"}
+		}, `quantization_config's ignored_layers "model.layers.0.mlp.experts" leaves module "model.layers.0.mlp.experts.0.gate_proj" unquantized`, moe.ErrUnsupportedFormat},
 	}
 	checkLoadErrors(t, spec, tests)
 }
@@ -190,6 +196,12 @@ func TestINT4LoadErrors(t *testing.T) {
 		{"another format", func(m *moetest.Model) {
 			m.Config["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "float-quantized"}
 		}, `compressed-tensors format "float-quantized" is not supported (supported: pack-quantized)`, moe.ErrUnsupportedFormat},
+		{"an ignored module stored int4", func(m *moetest.Model) {
+			m.Config["quantization_config"].(map[string]any)["ignore"] = []string{"lm_head", `re:.*experts\.2\.down`}
+		}, `tensor "` + w + `" is stored int4 (` + w + `_packed) but quantization_config's ignore "re:.*experts\\.2\\.down" leaves module "model.layers.0.mlp.experts.2.down_proj" unquantized`, moe.ErrUnsupportedFormat},
+		{"an ignore pattern that does not compile", func(m *moetest.Model) {
+			m.Config["quantization_config"].(map[string]any)["ignore"] = []string{"re:(experts"}
+		}, `quantization_config.ignore entry "re:(experts" is not a pattern moex reads`, moe.ErrUnsupportedFormat},
 		{"packed without a config", func(m *moetest.Model) { delete(m.Config, "quantization_config") },
 			`tensor "model.layers.0.mlp.experts.0.gate_proj.weight" is stored packed`, moe.ErrUnsupportedFormat},
 	}

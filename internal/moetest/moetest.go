@@ -237,7 +237,9 @@ func configJSON(s Spec) map[string]any {
 	}
 	if s.DType == "F8_E4M3" {
 		c["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-			"weight_block_size": []int{s.FP8Block[0], s.FP8Block[1]}}
+			"weight_block_size": []int{s.FP8Block[0], s.FP8Block[1]},
+			// MiniMax-M2's list: "gate" is each layer's router, not the experts' gate_proj.
+			"modules_to_not_convert": []string{"gate", "e_score_correction_bias", "lm_head"}}
 	}
 	if s.DType == "INT4" {
 		c["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "pack-quantized",
