@@ -31,7 +31,7 @@ func init() {
 		s.kern8[F32] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F32x1n8, dotAVX512F32x2n8, dotAVX512F32x3n8}
 		s.kern8[BF16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512BF16x1n8, dotAVX512BF16x2n8, dotAVX512BF16x3n8}
 		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
-		s.outer, s.outerFP8, s.outerQ4 = outerAVX512, outerFP8AVX512, outerQ4AVX512
+		s.outer, s.outerFP8, s.outerQ4, s.outerQ4P = outerAVX512, outerFP8AVX512, outerQ4AVX512, outerQ4PAVX512
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
 		readSIMD = readAVX512
 		register(s)

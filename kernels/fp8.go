@@ -45,6 +45,11 @@ type blockScales struct {
 	// more): the matrix then runs on the generic kernels.
 	panel  []float32
 	panels int
+	// pow2 says every scale of the matrix is a power of two 2^p with
+	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
+	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
+	pow2       bool
+	pmin, pmax int
 }
 
 // at is the scale of element [i, j].
@@ -165,7 +170,25 @@ func (q *blockScales) packScales(rows, panels int, factor float64) *blockScales 
 			}
 		}
 	}
+	p.pow2, p.pmin, p.pmax = powerOfTwoRange(q.grid)
 	return &p
+}
+
+// powerOfTwoRange reports whether every scale is a power of two 2^p with
+// 2^p and 2^-p normal fp32s and 8·2^p finite (a 4-bit weight at most 8
+// times its scale: the power-of-two kernels never meet the infinite weight
+// that t·s can round to), and the range of the exponents.
+func powerOfTwoRange(scales []float32) (ok bool, pmin, pmax int) {
+	pmin, pmax = math.MaxInt, math.MinInt
+	for _, s := range scales {
+		frac, e := math.Frexp(float64(s))
+		p := e - 1
+		if frac != 0.5 || p < -126 || p > 124 {
+			return false, 0, 0
+		}
+		pmin, pmax = min(pmin, p), max(pmax, p)
+	}
+	return len(scales) > 0, pmin, pmax
 }
 
 // EncodeE4M3 rounds v to the nearest FP8 e4m3fn value, ties to the even

@@ -45,7 +45,8 @@ const (
 // that a step does not fault in fresh memory; the zero value is ready. One
 // per concurrent caller.
 type Scratch struct {
-	h []float32
+	h      []float32
+	xr, hr []magRange
 }
 
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
@@ -77,13 +78,48 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			}
 		}
 	}
+	// The rows' magnitude ranges, for kernels that need them (see
+	// pow2Exact), once per call rather than once per tile.
+	s.xr = s.xr[:0]
+	var xr []magRange
+	for _, g := range groups {
+		if active != nil && active.pow2(g.Gate, g.Up) {
+			xr = rowRanges(s.xr, x, g.Gate.Cols, g.Gate, g.Up)
+			s.xr = xr
+			break
+		}
+	}
 	if err := Parallel(ctx, workers, len(first), func(k int) {
 		it := first[k]
 		g := &groups[it.g]
 		inter := g.Gate.Rows
-		GateUp(hs[it.g][it.r0*inter:it.r1*inter], x, g.Rows[it.r0:it.r1], g.Gate, g.Up, it.n0, it.n1)
+		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, it.n0, it.n1)
 	}); err != nil {
 		return err
+	}
+	hr := make([][]magRange, len(groups))
+	need := 0
+	for _, g := range groups {
+		if active != nil && active.pow2(g.Down) {
+			need += len(g.Rows)
+		}
+	}
+	if need > 0 {
+		rest := buffers.Grow(&s.hr, need)
+		for i, g := range groups {
+			if active.pow2(g.Down) {
+				n := len(g.Rows)
+				hr[i], rest = rest[:n:n], rest[n:]
+			}
+		}
+		if err := Parallel(ctx, workers, len(groups), func(i int) {
+			inter := groups[i].Gate.Rows
+			for r := range hr[i] {
+				hr[i][r] = magnitudeRange(hs[i][r*inter:][:inter])
+			}
+		}); err != nil {
+			return err
+		}
 	}
 	return Parallel(ctx, workers, len(second), func(k int) {
 		it := second[k]
@@ -93,7 +129,11 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		if g.Scale != nil {
 			scale = g.Scale[it.r0:it.r1]
 		}
-		Down(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], g.Down, scale, it.n0, it.n1)
+		var rr []magRange
+		if hr[it.g] != nil {
+			rr = hr[it.g][it.r0:it.r1]
+		}
+		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, nil, g.Down, scale, it.n0, it.n1)
 	})
 }
 
@@ -109,6 +149,13 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 			}
 		}
 	}
+	var ar []magRange // a's rows' magnitude ranges, where needed
+	for _, g := range groups {
+		if active != nil && active.pow2(g.B) {
+			ar = rowRanges(nil, a, g.B.Cols, g.B)
+			break
+		}
+	}
 	return Parallel(ctx, workers, len(items), func(k int) {
 		it := items[k]
 		g := &groups[it.g]
@@ -117,7 +164,7 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 		if g.Scale != nil {
 			scale = g.Scale[it.r0:it.r1]
 		}
-		GEMMRows(g.Out[it.r0*N:it.r1*N], a, g.Rows[it.r0:it.r1], g.B, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, g.Rows[it.r0:it.r1], g.B, scale, it.n0, it.n1)
 	})
 }
 

@@ -25,8 +25,9 @@ type simd struct {
 	// those for packed FP8 weights.
 	outer    outerTable
 	outerFP8 outerFP8Table
-	// outerQ4 holds those for packed 4-bit weights (MXFP4, INT4).
-	outerQ4 outerQ4Table
+	// outerQ4 holds those for packed 4-bit weights (MXFP4, INT4), outerQ4P
+	// those for MXFP4 on rows pow2Exact allows; empty where s has none.
+	outerQ4, outerQ4P outerQ4Table
 	// dqFP8 and dqQ4 widen k steps of one quantized panel into fp32 (see
 	// outerGEMMWiden); nil where the implementation has none.
 	dqFP8 func(dst *float32, b *byte, k int, s *float32)

@@ -72,6 +72,17 @@ func BenchmarkOuterL1(b *testing.B) {
 					run()
 				}
 			})
+			if ks := s.outerQ4P[1]; dt == MXFP4 && len(ks) > 1 {
+				for i := range scales {
+					scales[i] = 1
+				}
+				b.Run(fmt.Sprintf("%s/%v-pow2", s.name, dt), func(b *testing.B) {
+					b.SetBytes(int64(len(w)))
+					for b.Loop() {
+						ks[len(ks)-1](&a, &w[0], stride, K, &c[0], 4*len(c), 0, &scales[0], &table[0], 32, 0)
+					}
+				})
+			}
 		}
 	}
 }

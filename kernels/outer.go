@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"math"
+	"math/bits"
 	"sync"
 	"unsafe"
 
@@ -59,7 +61,20 @@ var outerKBytes = max(16, l2Bytes/4/(outerGroup*PanelWidth))
 
 type outerScratch struct {
 	rows []*float32
+	rr   []magRange
 	c    [2][]float32
+}
+
+// gather returns the ranges of the rows idx picks from r, or nil without r.
+func (sc *outerScratch) gather(r []magRange, idx []int32) []magRange {
+	if r == nil {
+		return nil
+	}
+	sc.rr = sc.rr[:0]
+	for _, i := range idx {
+		sc.rr = append(sc.rr, r[i])
+	}
+	return sc.rr
 }
 
 var outerPool = sync.Pool{New: func() any { return new(outerScratch) }}
@@ -78,11 +93,12 @@ func (s *simd) outerBlockK(M, K int, dtype DType) int {
 
 // outerGEMM computes c[i][r][j] = Σ_k rows[r][k]·b[i][16·p0 + j][k] for the
 // panels [p0, p1) of each packed matrix b[i] (all [·, K] of one dtype), c[i]
-// holding len(rows) rows of ldc floats. K must be positive.
-func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+// holding len(rows) rows of ldc floats. K must be positive. rr, when not
+// nil, is the rows' magnitude ranges (see Ranges).
+func (s *simd) outerGEMM(rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K := len(rows), b[0].Cols
 	if b[0].DType.quantized() {
-		s.outerGEMMQ(rows, b, p0, p1, c, ldc)
+		s.outerGEMMQ(rows, rr, b, p0, p1, c, ldc)
 		return
 	}
 	kern := &s.outer[b[0].DType]
@@ -120,7 +136,7 @@ func (s *simd) outerGEMM(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32
 // runs over whole blocks (groups) of the scales, its chains in registers
 // from block to block, and carries them through c from one k block to the
 // next.
-func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	// Widening first pays from a few strips on (measured: in registers is
 	// faster up to 16 rows, widened from 64).
@@ -133,6 +149,23 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 	kc := s.outerBlockK(M, K, dt)
 	if kc < K {
 		kc = max(bc, kc-kc%bc) // k blocks of whole scale blocks
+	}
+	// MXFP4 on the power-of-two kernels, strip by strip where pow2Exact
+	// allows (M ≤ 3·maxMR here, so the rows' ranges fit on the stack).
+	var own [3 * maxKernelRows]magRange
+	p2 := s.pow2(b...) && M <= len(own)
+	pmin, pmax := 0, 0
+	for i, bi := range b {
+		if i == 0 || bi.q.pmin < pmin {
+			pmin = bi.q.pmin
+		}
+		pmax = max(pmax, bi.q.pmax)
+	}
+	if p2 && rr == nil {
+		for r, row := range rows {
+			own[r] = magnitudeRange(unsafe.Slice(row, K))
+		}
+		rr = own[:M]
 	}
 	var ap [maxKernelRows]*float32
 	for kb := 0; kb < K; kb += kc {
@@ -152,8 +185,18 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 						ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*kb))
 					}
 					widest := len(s.outerFP8[mr]) - 1
+					q4 := &s.outerQ4
+					if p2 {
+						sr := rr[m0]
+						for _, r := range rr[m0+1 : m0+mr] {
+							sr = sr.join(r)
+						}
+						if pow2Check(sr.lo, sr.hi, K, pmin, pmax) {
+							q4 = &s.outerQ4P
+						}
+					}
 					if dt != F8E4M3 {
-						widest = len(s.outerQ4[mr]) - 1
+						widest = len(q4[mr]) - 1
 					}
 					for p := g; p < ge; {
 						np := min(widest, ge-p)
@@ -162,7 +205,7 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 						if dt == F8E4M3 {
 							s.outerFP8[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
 						} else {
-							s.outerQ4[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
+							q4[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
 						}
 						p += np
 					}
@@ -171,6 +214,97 @@ func (s *simd) outerGEMMQ(rows []*float32, b []Matrix, p0, p1 int, c [2][]float3
 		}
 	}
 }
+
+// magRange is the smallest nonzero and the largest magnitude of a row as
+// fp32 bits (lo 0 when the row is all zeros): what pow2Exact needs.
+type magRange struct{ lo, hi uint32 }
+
+// join is the range of two rows together.
+func (r magRange) join(o magRange) magRange {
+	if r.hi == 0 {
+		return o
+	}
+	if o.hi == 0 {
+		return r
+	}
+	return magRange{min(r.lo, o.lo), max(r.hi, o.hi)}
+}
+
+// magnitudeRange returns x's magRange.
+func magnitudeRange(x []float32) magRange {
+	lo, hi := uint32(math.MaxUint32), uint32(0)
+	for _, v := range x {
+		b := math.Float32bits(v) &^ (1 << 31)
+		lo = min(lo, b-1)
+		hi = max(hi, b)
+	}
+	return magRange{lo + 1, hi}
+}
+
+// pow2 says s runs the matrices b (one dtype, packed) on its power-of-two
+// 4-bit kernels where the rows allow.
+func (s *simd) pow2(b ...Matrix) bool {
+	if len(b) == 0 || b[0].DType != MXFP4 || len(s.outerQ4P[1]) <= 1 {
+		return false
+	}
+	for _, m := range b {
+		if !m.packed || m.q == nil || !m.q.pow2 {
+			return false
+		}
+	}
+	return true
+}
+
+// rowRanges returns the magRange of each of the rows [rows, k] of x when
+// the active implementation would use them for the matrices b, else nil:
+// a grouped call computes them once rather than once per tile.
+func rowRanges(dst []magRange, x []float32, k int, b ...Matrix) []magRange {
+	if s := active; s == nil || k == 0 || !s.pow2(b...) {
+		return nil
+	}
+	n := len(x) / k
+	if cap(dst) < n {
+		dst = make([]magRange, n)
+	}
+	dst = dst[:n]
+	for r := range dst {
+		dst[r] = magnitudeRange(x[r*k:][:k])
+	}
+	return dst
+}
+
+// pow2Exact reports whether the power-of-two 4-bit kernels give the other
+// kernels' bits for activations whose nonzero magnitudes lie within the
+// fp32 bits [lo, hi], over K steps, against weights t[nibble]·2^p with
+// |t| ≤ 8 a multiple of 1/2 and p in [pmin, pmax]. They do when no value of
+// a chain is subnormal or overflows, both as computed and scaled by 2^-p:
+//
+//   - every product, so every chain value, is a multiple of the grid
+//     G = 2^(pmin−1) · 2^(elo−23) (elo the exponent of the smallest
+//     nonzero activation), and a rounding keeps it one: a nonzero value
+//     is at least G, and at least G·2^-pmax scaled; both must be normal;
+//   - |chain| ≤ 2·K·8·2^pmax·2^(ehi+1) (rounding grows a sum by less than
+//     2 for K < 2^23), and scaled by 2^-pmin, below 2^128.
+//
+// NaN and infinite activations fail it (the other kernels keep their
+// propagation); all-zero rows pass.
+func pow2Exact(lo, hi uint32, K, pmin, pmax int) bool {
+	if hi >= 0x7f800000 || K >= 1<<23 {
+		return false
+	}
+	if hi == 0 {
+		return true
+	}
+	elo := max(int(lo>>23), 1) - 127
+	ehi := int(hi>>23) - 127
+	if pmin-1+elo-23-max(0, pmax) < -126 {
+		return false
+	}
+	return 1+bits.Len(uint(K))+3+pmax+ehi+1+max(0, -pmin) <= 127
+}
+
+// pow2Check is pow2Exact; tests replace it to show what it guards against.
+var pow2Check = pow2Exact
 
 // widenPool holds the fp32 panels outerGEMMWiden widens into.
 var widenPool = sync.Pool{New: func() any { return new([]float32) }}
@@ -234,7 +368,7 @@ func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]fl
 
 // gateUpOuter is GateUp on packed weights: the panels that cover [n0, n1)
 // into scratch tiles, then the activation of the columns asked for.
-func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up Matrix, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
 	M := len(idx)
 	sc := outerPool.Get().(*outerScratch)
@@ -243,11 +377,12 @@ func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 i
 	for r := range rows {
 		rows[r] = &x[int(idx[r])*K]
 	}
+	rr := sc.gather(xr, idx)
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], M*ldc), buffers.Grow(&sc.c[1], M*ldc)
 	mats := [2]Matrix{gate, up}
-	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		g, u := sc.c[0][r*ldc+n0-off:][:n1-n0], sc.c[1][r*ldc+n0-off:][:n1-n0]
@@ -260,7 +395,7 @@ func gateUpOuter(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 i
 
 // downOuter is Down and GEMMRows on a packed matrix; with idx non-nil, row
 // r of h is h[idx[r]].
-func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
+func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matrix, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	M := len(h) / K
 	if idx != nil {
@@ -276,11 +411,15 @@ func downOuter(s *simd, out, h []float32, idx []int32, down Matrix, scale []floa
 		}
 		rows[r] = &h[i*K]
 	}
+	rr := hr
+	if idx != nil {
+		rr = sc.gather(hr, idx)
+	}
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
 	mats := [1]Matrix{down}
-	s.outerGEMM(rows, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		c := sc.c[0][r*ldc+n0-off:][:n1-n0]

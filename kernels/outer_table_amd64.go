@@ -96,3 +96,13 @@ var outerQ4AVX512 = outerQ4Table{
 	5: {1: opAVX512Q4x5p1, 2: opAVX512Q4x5p2, 3: opAVX512Q4x5p3, 4: opAVX512Q4x5p4},
 	6: {1: opAVX512Q4x6p1, 2: opAVX512Q4x6p2},
 }
+
+// outerQ4PAVX512 holds the AVX512 outer-product kernels on 4-bit panels with power-of-two scales by rows and panels.
+var outerQ4PAVX512 = outerQ4Table{
+	1: {1: opAVX512Q4Px1p1, 2: opAVX512Q4Px1p2, 3: opAVX512Q4Px1p3, 4: opAVX512Q4Px1p4},
+	2: {1: opAVX512Q4Px2p1, 2: opAVX512Q4Px2p2, 3: opAVX512Q4Px2p3, 4: opAVX512Q4Px2p4},
+	3: {1: opAVX512Q4Px3p1, 2: opAVX512Q4Px3p2, 3: opAVX512Q4Px3p3, 4: opAVX512Q4Px3p4},
+	4: {1: opAVX512Q4Px4p1, 2: opAVX512Q4Px4p2, 3: opAVX512Q4Px4p3, 4: opAVX512Q4Px4p4},
+	5: {1: opAVX512Q4Px5p1, 2: opAVX512Q4Px5p2, 3: opAVX512Q4Px5p3, 4: opAVX512Q4Px5p4},
+	6: {1: opAVX512Q4Px6p1, 2: opAVX512Q4Px6p2},
+}

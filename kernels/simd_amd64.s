@@ -24222,6 +24222,3285 @@ opAVX512Q4x6p2_store:
 	VZEROUPPER
 	RET
 
+// func opAVX512Q4Px1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px1p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512Q4Px1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z1
+	JMP     opAVX512Q4Px1p1_start
+
+opAVX512Q4Px1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q4Px1p1_start:
+	MOVQ bk+72(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R8
+	VPBROADCASTD R8, Z2
+	VPSUBD       (AX), Z2, Z3
+	VMULPS       Z3, Z1, Z1
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px1p1_loop:
+	CMPQ   SI, k+24(FP)
+	JGE    opAVX512Q4Px1p1_store
+	CMPQ   SI, BX
+	JL     opAVX512Q4Px1p1_step
+	VMULPS (AX), Z1, Z1
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), BX
+	VPSUBD (AX), Z2, Z3
+	VMULPS Z3, Z1, Z1
+
+opAVX512Q4Px1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
+	VPMOVZXBD    (DX)(DI*1), Z4
+	VPERMPS      Z0, Z4, Z3
+	VPSRLD       $0x04, Z4, Z4
+	VPERMPS      Z0, Z4, Z4
+	VBROADCASTSS (CX)(SI*4), Z5
+	VBROADCASTSS 4(CX)(SI*4), Z6
+	VFMADD231PS  Z3, Z5, Z1
+	VFMADD231PS  Z4, Z6, Z1
+	ADDQ         $0x00000002, SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX512Q4Px1p1_loop
+
+opAVX512Q4Px1p1_store:
+	VMULPS  (AX), Z1, Z1
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px1p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q4Px1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	VMOVUPS 64(SI), Z2
+	JMP     opAVX512Q4Px1p2_start
+
+opAVX512Q4Px1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q4Px1p2_start:
+	MOVQ bk+72(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R9
+	VPBROADCASTD R9, Z3
+	VPSUBD       (AX), Z3, Z4
+	VMULPS       Z4, Z1, Z1
+	VPSUBD       64(AX), Z3, Z4
+	VMULPS       Z4, Z2, Z2
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px1p2_loop:
+	CMPQ   DI, k+24(FP)
+	JGE    opAVX512Q4Px1p2_store
+	CMPQ   DI, SI
+	JL     opAVX512Q4Px1p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS 64(AX), Z2, Z2
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), SI
+	VPSUBD (AX), Z3, Z4
+	VMULPS Z4, Z1, Z1
+	VPSUBD 64(AX), Z3, Z4
+	VMULPS Z4, Z2, Z2
+
+opAVX512Q4Px1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVZXBD    (DX)(R8*1), Z5
+	VPERMPS      Z0, Z5, Z4
+	VPSRLD       $0x04, Z5, Z5
+	VPERMPS      Z0, Z5, Z5
+	VPMOVZXBD    (BX)(R8*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VBROADCASTSS (CX)(DI*4), Z8
+	VBROADCASTSS 4(CX)(DI*4), Z9
+	VFMADD231PS  Z4, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z5, Z9, Z1
+	VFMADD231PS  Z7, Z9, Z2
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q4Px1p2_loop
+
+opAVX512Q4Px1p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  64(AX), Z2, Z2
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px1p3(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), SI
+	LEAQ    (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q4Px1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	VMOVUPS 128(DI), Z3
+	JMP     opAVX512Q4Px1p3_start
+
+opAVX512Q4Px1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q4Px1p3_start:
+	MOVQ bk+72(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R10
+	VPBROADCASTD R10, Z4
+	VPSUBD       (AX), Z4, Z5
+	VMULPS       Z5, Z1, Z1
+	VPSUBD       64(AX), Z4, Z5
+	VMULPS       Z5, Z2, Z2
+	VPSUBD       128(AX), Z4, Z5
+	VMULPS       Z5, Z3, Z3
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px1p3_loop:
+	CMPQ   R8, k+24(FP)
+	JGE    opAVX512Q4Px1p3_store
+	CMPQ   R8, DI
+	JL     opAVX512Q4Px1p3_step
+	VMULPS (AX), Z1, Z1
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 128(AX), Z3, Z3
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), DI
+	VPSUBD (AX), Z4, Z5
+	VMULPS Z5, Z1, Z1
+	VPSUBD 64(AX), Z4, Z5
+	VMULPS Z5, Z2, Z2
+	VPSUBD 128(AX), Z4, Z5
+	VMULPS Z5, Z3, Z3
+
+opAVX512Q4Px1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VPMOVZXBD    (DX)(R9*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VPMOVZXBD    (SI)(R9*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VPMOVZXBD    (BX)(R9*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VBROADCASTSS (CX)(R8*4), Z11
+	VBROADCASTSS 4(CX)(R8*4), Z12
+	VFMADD231PS  Z5, Z11, Z1
+	VFMADD231PS  Z7, Z11, Z2
+	VFMADD231PS  Z9, Z11, Z3
+	VFMADD231PS  Z6, Z12, Z1
+	VFMADD231PS  Z8, Z12, Z2
+	VFMADD231PS  Z10, Z12, Z3
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q4Px1p3_loop
+
+opAVX512Q4Px1p3_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  128(AX), Z3, Z3
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px1p4(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), CX
+	MOVQ    b+8(FP), DX
+	MOVQ    stride+16(FP), BX
+	LEAQ    (DX)(BX*1), SI
+	LEAQ    (SI)(BX*1), DI
+	LEAQ    (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Px1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z3
+	VMOVUPS 192(R8), Z4
+	JMP     opAVX512Q4Px1p4_start
+
+opAVX512Q4Px1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Px1p4_start:
+	MOVQ bk+72(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R11
+	VPBROADCASTD R11, Z5
+	VPSUBD       (AX), Z5, Z6
+	VMULPS       Z6, Z1, Z1
+	VPSUBD       64(AX), Z5, Z6
+	VMULPS       Z6, Z2, Z2
+	VPSUBD       128(AX), Z5, Z6
+	VMULPS       Z6, Z3, Z3
+	VPSUBD       192(AX), Z5, Z6
+	VMULPS       Z6, Z4, Z4
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px1p4_loop:
+	CMPQ   R9, k+24(FP)
+	JGE    opAVX512Q4Px1p4_store
+	CMPQ   R9, R8
+	JL     opAVX512Q4Px1p4_step
+	VMULPS (AX), Z1, Z1
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 192(AX), Z4, Z4
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R8
+	VPSUBD (AX), Z5, Z6
+	VMULPS Z6, Z1, Z1
+	VPSUBD 64(AX), Z5, Z6
+	VMULPS Z6, Z2, Z2
+	VPSUBD 128(AX), Z5, Z6
+	VMULPS Z6, Z3, Z3
+	VPSUBD 192(AX), Z5, Z6
+	VMULPS Z6, Z4, Z4
+
+opAVX512Q4Px1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VPMOVZXBD    (DX)(R10*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VPMOVZXBD    (SI)(R10*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VPMOVZXBD    (DI)(R10*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VPMOVZXBD    (BX)(R10*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VBROADCASTSS (CX)(R9*4), Z14
+	VBROADCASTSS 4(CX)(R9*4), Z15
+	VFMADD231PS  Z6, Z14, Z1
+	VFMADD231PS  Z8, Z14, Z2
+	VFMADD231PS  Z10, Z14, Z3
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z7, Z15, Z1
+	VFMADD231PS  Z9, Z15, Z2
+	VFMADD231PS  Z11, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Px1p4_loop
+
+opAVX512Q4Px1p4_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  192(AX), Z4, Z4
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px2p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q4Px2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512Q4Px2p1_start
+
+opAVX512Q4Px2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q4Px2p1_start:
+	MOVQ bk+72(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R9
+	VPBROADCASTD R9, Z3
+	VPSUBD       (AX), Z3, Z4
+	VMULPS       Z4, Z1, Z1
+	VMULPS       Z4, Z2, Z2
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px2p1_loop:
+	CMPQ   DI, k+24(FP)
+	JGE    opAVX512Q4Px2p1_store
+	CMPQ   DI, SI
+	JL     opAVX512Q4Px2p1_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z2, Z2
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), SI
+	VPSUBD (AX), Z3, Z4
+	VMULPS Z4, Z1, Z1
+	VMULPS Z4, Z2, Z2
+
+opAVX512Q4Px2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Z5
+	VPERMPS      Z0, Z5, Z4
+	VPSRLD       $0x04, Z5, Z5
+	VPERMPS      Z0, Z5, Z5
+	VBROADCASTSS (DX)(DI*4), Z6
+	VBROADCASTSS 4(DX)(DI*4), Z7
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z7, Z1
+	VBROADCASTSS (CX)(DI*4), Z6
+	VBROADCASTSS 4(CX)(DI*4), Z7
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z7, Z2
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q4Px2p1_loop
+
+opAVX512Q4Px2p1_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z2, Z2
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px2p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q4Px2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	JMP     opAVX512Q4Px2p2_start
+
+opAVX512Q4Px2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Px2p2_start:
+	MOVQ bk+72(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R10
+	VPBROADCASTD R10, Z5
+	VPSUBD       (AX), Z5, Z6
+	VMULPS       Z6, Z1, Z1
+	VMULPS       Z6, Z3, Z3
+	VPSUBD       64(AX), Z5, Z6
+	VMULPS       Z6, Z2, Z2
+	VMULPS       Z6, Z4, Z4
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px2p2_loop:
+	CMPQ   R8, k+24(FP)
+	JGE    opAVX512Q4Px2p2_store
+	CMPQ   R8, DI
+	JL     opAVX512Q4Px2p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z3, Z3
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z4, Z4
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), DI
+	VPSUBD (AX), Z5, Z6
+	VMULPS Z6, Z1, Z1
+	VMULPS Z6, Z3, Z3
+	VPSUBD 64(AX), Z5, Z6
+	VMULPS Z6, Z2, Z2
+	VMULPS Z6, Z4, Z4
+
+opAVX512Q4Px2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VPMOVZXBD    (SI)(R9*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VBROADCASTSS (DX)(R8*4), Z10
+	VBROADCASTSS 4(DX)(R8*4), Z11
+	VFMADD231PS  Z6, Z10, Z1
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z7, Z11, Z1
+	VFMADD231PS  Z9, Z11, Z2
+	VBROADCASTSS (CX)(R8*4), Z10
+	VBROADCASTSS 4(CX)(R8*4), Z11
+	VFMADD231PS  Z6, Z10, Z3
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z7, Z11, Z3
+	VFMADD231PS  Z9, Z11, Z4
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q4Px2p2_loop
+
+opAVX512Q4Px2p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z3, Z3
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z4, Z4
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px2p3(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), DI
+	LEAQ    (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Px2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	JMP     opAVX512Q4Px2p3_start
+
+opAVX512Q4Px2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Px2p3_start:
+	MOVQ bk+72(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R11
+	VPBROADCASTD R11, Z7
+	VPSUBD       (AX), Z7, Z8
+	VMULPS       Z8, Z1, Z1
+	VMULPS       Z8, Z4, Z4
+	VPSUBD       64(AX), Z7, Z8
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z5, Z5
+	VPSUBD       128(AX), Z7, Z8
+	VMULPS       Z8, Z3, Z3
+	VMULPS       Z8, Z6, Z6
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px2p3_loop:
+	CMPQ   R9, k+24(FP)
+	JGE    opAVX512Q4Px2p3_store
+	CMPQ   R9, R8
+	JL     opAVX512Q4Px2p3_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z4, Z4
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z5, Z5
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z6, Z6
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R8
+	VPSUBD (AX), Z7, Z8
+	VMULPS Z8, Z1, Z1
+	VMULPS Z8, Z4, Z4
+	VPSUBD 64(AX), Z7, Z8
+	VMULPS Z8, Z2, Z2
+	VMULPS Z8, Z5, Z5
+	VPSUBD 128(AX), Z7, Z8
+	VMULPS Z8, Z3, Z3
+	VMULPS Z8, Z6, Z6
+
+opAVX512Q4Px2p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VPMOVZXBD    (BX)(R10*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VPMOVZXBD    (DI)(R10*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VPMOVZXBD    (SI)(R10*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VBROADCASTSS (DX)(R9*4), Z14
+	VBROADCASTSS 4(DX)(R9*4), Z15
+	VFMADD231PS  Z8, Z14, Z1
+	VFMADD231PS  Z10, Z14, Z2
+	VFMADD231PS  Z12, Z14, Z3
+	VFMADD231PS  Z9, Z15, Z1
+	VFMADD231PS  Z11, Z15, Z2
+	VFMADD231PS  Z13, Z15, Z3
+	VBROADCASTSS (CX)(R9*4), Z14
+	VBROADCASTSS 4(CX)(R9*4), Z15
+	VFMADD231PS  Z8, Z14, Z4
+	VFMADD231PS  Z10, Z14, Z5
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z9, Z15, Z4
+	VFMADD231PS  Z11, Z15, Z5
+	VFMADD231PS  Z13, Z15, Z6
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Px2p3_loop
+
+opAVX512Q4Px2p3_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z4, Z4
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z5, Z5
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z6, Z6
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px2p4(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), CX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), DI
+	LEAQ    (DI)(SI*1), R8
+	LEAQ    (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Px2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	VMOVUPS 192(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	VMOVUPS 128(R9), Z7
+	VMOVUPS 192(R9), Z8
+	JMP     opAVX512Q4Px2p4_start
+
+opAVX512Q4Px2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q4Px2p4_start:
+	MOVQ bk+72(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R12
+	VPBROADCASTD R12, Z9
+	VPSUBD       (AX), Z9, Z10
+	VMULPS       Z10, Z1, Z1
+	VMULPS       Z10, Z5, Z5
+	VPSUBD       64(AX), Z9, Z10
+	VMULPS       Z10, Z2, Z2
+	VMULPS       Z10, Z6, Z6
+	VPSUBD       128(AX), Z9, Z10
+	VMULPS       Z10, Z3, Z3
+	VMULPS       Z10, Z7, Z7
+	VPSUBD       192(AX), Z9, Z10
+	VMULPS       Z10, Z4, Z4
+	VMULPS       Z10, Z8, Z8
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px2p4_loop:
+	CMPQ   R10, k+24(FP)
+	JGE    opAVX512Q4Px2p4_store
+	CMPQ   R10, R9
+	JL     opAVX512Q4Px2p4_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z5, Z5
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z7, Z7
+	VMULPS 192(AX), Z4, Z4
+	VMULPS 192(AX), Z8, Z8
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R9
+	VPSUBD (AX), Z9, Z10
+	VMULPS Z10, Z1, Z1
+	VMULPS Z10, Z5, Z5
+	VPSUBD 64(AX), Z9, Z10
+	VMULPS Z10, Z2, Z2
+	VMULPS Z10, Z6, Z6
+	VPSUBD 128(AX), Z9, Z10
+	VMULPS Z10, Z3, Z3
+	VMULPS Z10, Z7, Z7
+	VPSUBD 192(AX), Z9, Z10
+	VMULPS Z10, Z4, Z4
+	VMULPS Z10, Z8, Z8
+
+opAVX512Q4Px2p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VPMOVZXBD    (BX)(R11*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VPMOVZXBD    (DI)(R11*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VPMOVZXBD    (R8)(R11*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VPMOVZXBD    (SI)(R11*1), Z17
+	VPERMPS      Z0, Z17, Z16
+	VPSRLD       $0x04, Z17, Z17
+	VPERMPS      Z0, Z17, Z17
+	VBROADCASTSS (DX)(R10*4), Z18
+	VBROADCASTSS 4(DX)(R10*4), Z19
+	VFMADD231PS  Z10, Z18, Z1
+	VFMADD231PS  Z12, Z18, Z2
+	VFMADD231PS  Z14, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z11, Z19, Z1
+	VFMADD231PS  Z13, Z19, Z2
+	VFMADD231PS  Z15, Z19, Z3
+	VFMADD231PS  Z17, Z19, Z4
+	VBROADCASTSS (CX)(R10*4), Z18
+	VBROADCASTSS 4(CX)(R10*4), Z19
+	VFMADD231PS  Z10, Z18, Z5
+	VFMADD231PS  Z12, Z18, Z6
+	VFMADD231PS  Z14, Z18, Z7
+	VFMADD231PS  Z16, Z18, Z8
+	VFMADD231PS  Z11, Z19, Z5
+	VFMADD231PS  Z13, Z19, Z6
+	VFMADD231PS  Z15, Z19, Z7
+	VFMADD231PS  Z17, Z19, Z8
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Px2p4_loop
+
+opAVX512Q4Px2p4_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z5, Z5
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z7, Z7
+	VMULPS  192(AX), Z4, Z4
+	VMULPS  192(AX), Z8, Z8
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px3p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), CX
+	MOVQ    b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q4Px3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512Q4Px3p1_start
+
+opAVX512Q4Px3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q4Px3p1_start:
+	MOVQ bk+72(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R10
+	VPBROADCASTD R10, Z4
+	VPSUBD       (AX), Z4, Z5
+	VMULPS       Z5, Z1, Z1
+	VMULPS       Z5, Z2, Z2
+	VMULPS       Z5, Z3, Z3
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px3p1_loop:
+	CMPQ   R8, k+24(FP)
+	JGE    opAVX512Q4Px3p1_store
+	CMPQ   R8, DI
+	JL     opAVX512Q4Px3p1_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z2, Z2
+	VMULPS (AX), Z3, Z3
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), DI
+	VPSUBD (AX), Z4, Z5
+	VMULPS Z5, Z1, Z1
+	VMULPS Z5, Z2, Z2
+	VMULPS Z5, Z3, Z3
+
+opAVX512Q4Px3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VBROADCASTSS (DX)(R8*4), Z7
+	VBROADCASTSS 4(DX)(R8*4), Z8
+	VFMADD231PS  Z5, Z7, Z1
+	VFMADD231PS  Z6, Z8, Z1
+	VBROADCASTSS (BX)(R8*4), Z7
+	VBROADCASTSS 4(BX)(R8*4), Z8
+	VFMADD231PS  Z5, Z7, Z2
+	VFMADD231PS  Z6, Z8, Z2
+	VBROADCASTSS (CX)(R8*4), Z7
+	VBROADCASTSS 4(CX)(R8*4), Z8
+	VFMADD231PS  Z5, Z7, Z3
+	VFMADD231PS  Z6, Z8, Z3
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q4Px3p1_loop
+
+opAVX512Q4Px3p1_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z2, Z2
+	VMULPS  (AX), Z3, Z3
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px3p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), CX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Px3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z6
+	JMP     opAVX512Q4Px3p2_start
+
+opAVX512Q4Px3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Px3p2_start:
+	MOVQ bk+72(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R11
+	VPBROADCASTD R11, Z7
+	VPSUBD       (AX), Z7, Z8
+	VMULPS       Z8, Z1, Z1
+	VMULPS       Z8, Z3, Z3
+	VMULPS       Z8, Z5, Z5
+	VPSUBD       64(AX), Z7, Z8
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z6, Z6
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px3p2_loop:
+	CMPQ   R9, k+24(FP)
+	JGE    opAVX512Q4Px3p2_store
+	CMPQ   R9, R8
+	JL     opAVX512Q4Px3p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z5, Z5
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z4, Z4
+	VMULPS 64(AX), Z6, Z6
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R8
+	VPSUBD (AX), Z7, Z8
+	VMULPS Z8, Z1, Z1
+	VMULPS Z8, Z3, Z3
+	VMULPS Z8, Z5, Z5
+	VPSUBD 64(AX), Z7, Z8
+	VMULPS Z8, Z2, Z2
+	VMULPS Z8, Z4, Z4
+	VMULPS Z8, Z6, Z6
+
+opAVX512Q4Px3p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVZXBD    (SI)(R10*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VPMOVZXBD    (DI)(R10*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VBROADCASTSS (DX)(R9*4), Z12
+	VBROADCASTSS 4(DX)(R9*4), Z13
+	VFMADD231PS  Z8, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z9, Z13, Z1
+	VFMADD231PS  Z11, Z13, Z2
+	VBROADCASTSS (BX)(R9*4), Z12
+	VBROADCASTSS 4(BX)(R9*4), Z13
+	VFMADD231PS  Z8, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z9, Z13, Z3
+	VFMADD231PS  Z11, Z13, Z4
+	VBROADCASTSS (CX)(R9*4), Z12
+	VBROADCASTSS 4(CX)(R9*4), Z13
+	VFMADD231PS  Z8, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z9, Z13, Z5
+	VFMADD231PS  Z11, Z13, Z6
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Px3p2_loop
+
+opAVX512Q4Px3p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z5, Z5
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z4, Z4
+	VMULPS  64(AX), Z6, Z6
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px3p3(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), CX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), R8
+	LEAQ    (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Px3p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	VMOVUPS 128(R9), Z9
+	JMP     opAVX512Q4Px3p3_start
+
+opAVX512Q4Px3p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512Q4Px3p3_start:
+	MOVQ bk+72(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R12
+	VPBROADCASTD R12, Z10
+	VPSUBD       (AX), Z10, Z11
+	VMULPS       Z11, Z1, Z1
+	VMULPS       Z11, Z4, Z4
+	VMULPS       Z11, Z7, Z7
+	VPSUBD       64(AX), Z10, Z11
+	VMULPS       Z11, Z2, Z2
+	VMULPS       Z11, Z5, Z5
+	VMULPS       Z11, Z8, Z8
+	VPSUBD       128(AX), Z10, Z11
+	VMULPS       Z11, Z3, Z3
+	VMULPS       Z11, Z6, Z6
+	VMULPS       Z11, Z9, Z9
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px3p3_loop:
+	CMPQ   R10, k+24(FP)
+	JGE    opAVX512Q4Px3p3_store
+	CMPQ   R10, R9
+	JL     opAVX512Q4Px3p3_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z4, Z4
+	VMULPS (AX), Z7, Z7
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z5, Z5
+	VMULPS 64(AX), Z8, Z8
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z6, Z6
+	VMULPS 128(AX), Z9, Z9
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R9
+	VPSUBD (AX), Z10, Z11
+	VMULPS Z11, Z1, Z1
+	VMULPS Z11, Z4, Z4
+	VMULPS Z11, Z7, Z7
+	VPSUBD 64(AX), Z10, Z11
+	VMULPS Z11, Z2, Z2
+	VMULPS Z11, Z5, Z5
+	VMULPS Z11, Z8, Z8
+	VPSUBD 128(AX), Z10, Z11
+	VMULPS Z11, Z3, Z3
+	VMULPS Z11, Z6, Z6
+	VMULPS Z11, Z9, Z9
+
+opAVX512Q4Px3p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	VPMOVZXBD    (SI)(R11*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VPMOVZXBD    (R8)(R11*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VPMOVZXBD    (DI)(R11*1), Z16
+	VPERMPS      Z0, Z16, Z15
+	VPSRLD       $0x04, Z16, Z16
+	VPERMPS      Z0, Z16, Z16
+	VBROADCASTSS (DX)(R10*4), Z17
+	VBROADCASTSS 4(DX)(R10*4), Z18
+	VFMADD231PS  Z11, Z17, Z1
+	VFMADD231PS  Z13, Z17, Z2
+	VFMADD231PS  Z15, Z17, Z3
+	VFMADD231PS  Z12, Z18, Z1
+	VFMADD231PS  Z14, Z18, Z2
+	VFMADD231PS  Z16, Z18, Z3
+	VBROADCASTSS (BX)(R10*4), Z17
+	VBROADCASTSS 4(BX)(R10*4), Z18
+	VFMADD231PS  Z11, Z17, Z4
+	VFMADD231PS  Z13, Z17, Z5
+	VFMADD231PS  Z15, Z17, Z6
+	VFMADD231PS  Z12, Z18, Z4
+	VFMADD231PS  Z14, Z18, Z5
+	VFMADD231PS  Z16, Z18, Z6
+	VBROADCASTSS (CX)(R10*4), Z17
+	VBROADCASTSS 4(CX)(R10*4), Z18
+	VFMADD231PS  Z11, Z17, Z7
+	VFMADD231PS  Z13, Z17, Z8
+	VFMADD231PS  Z15, Z17, Z9
+	VFMADD231PS  Z12, Z18, Z7
+	VFMADD231PS  Z14, Z18, Z8
+	VFMADD231PS  Z16, Z18, Z9
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Px3p3_loop
+
+opAVX512Q4Px3p3_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z4, Z4
+	VMULPS  (AX), Z7, Z7
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z5, Z5
+	VMULPS  64(AX), Z8, Z8
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z6, Z6
+	VMULPS  128(AX), Z9, Z9
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Px3p4(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), CX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), R8
+	LEAQ    (R8)(DI*1), R9
+	LEAQ    (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Px3p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	VMOVUPS 192(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	VMOVUPS 128(R10), Z7
+	VMOVUPS 192(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	VMOVUPS 192(R10), Z12
+	JMP     opAVX512Q4Px3p4_start
+
+opAVX512Q4Px3p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Px3p4_start:
+	MOVQ bk+72(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R13
+	VPBROADCASTD R13, Z13
+	VPSUBD       (AX), Z13, Z14
+	VMULPS       Z14, Z1, Z1
+	VMULPS       Z14, Z5, Z5
+	VMULPS       Z14, Z9, Z9
+	VPSUBD       64(AX), Z13, Z14
+	VMULPS       Z14, Z2, Z2
+	VMULPS       Z14, Z6, Z6
+	VMULPS       Z14, Z10, Z10
+	VPSUBD       128(AX), Z13, Z14
+	VMULPS       Z14, Z3, Z3
+	VMULPS       Z14, Z7, Z7
+	VMULPS       Z14, Z11, Z11
+	VPSUBD       192(AX), Z13, Z14
+	VMULPS       Z14, Z4, Z4
+	VMULPS       Z14, Z8, Z8
+	VMULPS       Z14, Z12, Z12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px3p4_loop:
+	CMPQ   R11, k+24(FP)
+	JGE    opAVX512Q4Px3p4_store
+	CMPQ   R11, R10
+	JL     opAVX512Q4Px3p4_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z9, Z9
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z10, Z10
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z7, Z7
+	VMULPS 128(AX), Z11, Z11
+	VMULPS 192(AX), Z4, Z4
+	VMULPS 192(AX), Z8, Z8
+	VMULPS 192(AX), Z12, Z12
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R10
+	VPSUBD (AX), Z13, Z14
+	VMULPS Z14, Z1, Z1
+	VMULPS Z14, Z5, Z5
+	VMULPS Z14, Z9, Z9
+	VPSUBD 64(AX), Z13, Z14
+	VMULPS Z14, Z2, Z2
+	VMULPS Z14, Z6, Z6
+	VMULPS Z14, Z10, Z10
+	VPSUBD 128(AX), Z13, Z14
+	VMULPS Z14, Z3, Z3
+	VMULPS Z14, Z7, Z7
+	VMULPS Z14, Z11, Z11
+	VPSUBD 192(AX), Z13, Z14
+	VMULPS Z14, Z4, Z4
+	VMULPS Z14, Z8, Z8
+	VMULPS Z14, Z12, Z12
+
+opAVX512Q4Px3p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	VPMOVZXBD    (SI)(R12*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VPMOVZXBD    (R8)(R12*1), Z17
+	VPERMPS      Z0, Z17, Z16
+	VPSRLD       $0x04, Z17, Z17
+	VPERMPS      Z0, Z17, Z17
+	VPMOVZXBD    (R9)(R12*1), Z19
+	VPERMPS      Z0, Z19, Z18
+	VPSRLD       $0x04, Z19, Z19
+	VPERMPS      Z0, Z19, Z19
+	VPMOVZXBD    (DI)(R12*1), Z21
+	VPERMPS      Z0, Z21, Z20
+	VPSRLD       $0x04, Z21, Z21
+	VPERMPS      Z0, Z21, Z21
+	VBROADCASTSS (DX)(R11*4), Z22
+	VBROADCASTSS 4(DX)(R11*4), Z23
+	VFMADD231PS  Z14, Z22, Z1
+	VFMADD231PS  Z16, Z22, Z2
+	VFMADD231PS  Z18, Z22, Z3
+	VFMADD231PS  Z20, Z22, Z4
+	VFMADD231PS  Z15, Z23, Z1
+	VFMADD231PS  Z17, Z23, Z2
+	VFMADD231PS  Z19, Z23, Z3
+	VFMADD231PS  Z21, Z23, Z4
+	VBROADCASTSS (BX)(R11*4), Z22
+	VBROADCASTSS 4(BX)(R11*4), Z23
+	VFMADD231PS  Z14, Z22, Z5
+	VFMADD231PS  Z16, Z22, Z6
+	VFMADD231PS  Z18, Z22, Z7
+	VFMADD231PS  Z20, Z22, Z8
+	VFMADD231PS  Z15, Z23, Z5
+	VFMADD231PS  Z17, Z23, Z6
+	VFMADD231PS  Z19, Z23, Z7
+	VFMADD231PS  Z21, Z23, Z8
+	VBROADCASTSS (CX)(R11*4), Z22
+	VBROADCASTSS 4(CX)(R11*4), Z23
+	VFMADD231PS  Z14, Z22, Z9
+	VFMADD231PS  Z16, Z22, Z10
+	VFMADD231PS  Z18, Z22, Z11
+	VFMADD231PS  Z20, Z22, Z12
+	VFMADD231PS  Z15, Z23, Z9
+	VFMADD231PS  Z17, Z23, Z10
+	VFMADD231PS  Z19, Z23, Z11
+	VFMADD231PS  Z21, Z23, Z12
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Px3p4_loop
+
+opAVX512Q4Px3p4_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z9, Z9
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z10, Z10
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z7, Z7
+	VMULPS  128(AX), Z11, Z11
+	VMULPS  192(AX), Z4, Z4
+	VMULPS  192(AX), Z8, Z8
+	VMULPS  192(AX), Z12, Z12
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px4p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), CX
+	MOVQ    b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Px4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512Q4Px4p1_start
+
+opAVX512Q4Px4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Px4p1_start:
+	MOVQ bk+72(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R11
+	VPBROADCASTD R11, Z5
+	VPSUBD       (AX), Z5, Z6
+	VMULPS       Z6, Z1, Z1
+	VMULPS       Z6, Z2, Z2
+	VMULPS       Z6, Z3, Z3
+	VMULPS       Z6, Z4, Z4
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px4p1_loop:
+	CMPQ   R9, k+24(FP)
+	JGE    opAVX512Q4Px4p1_store
+	CMPQ   R9, R8
+	JL     opAVX512Q4Px4p1_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z2, Z2
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z4, Z4
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R8
+	VPSUBD (AX), Z5, Z6
+	VMULPS Z6, Z1, Z1
+	VMULPS Z6, Z2, Z2
+	VMULPS Z6, Z3, Z3
+	VMULPS Z6, Z4, Z4
+
+opAVX512Q4Px4p1_step:
+	VPMOVZXBD    (DI)(R10*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VBROADCASTSS (DX)(R9*4), Z8
+	VBROADCASTSS 4(DX)(R9*4), Z9
+	VFMADD231PS  Z6, Z8, Z1
+	VFMADD231PS  Z7, Z9, Z1
+	VBROADCASTSS (BX)(R9*4), Z8
+	VBROADCASTSS 4(BX)(R9*4), Z9
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z9, Z2
+	VBROADCASTSS (SI)(R9*4), Z8
+	VBROADCASTSS 4(SI)(R9*4), Z9
+	VFMADD231PS  Z6, Z8, Z3
+	VFMADD231PS  Z7, Z9, Z3
+	VBROADCASTSS (CX)(R9*4), Z8
+	VBROADCASTSS 4(CX)(R9*4), Z9
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z9, Z4
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Px4p1_loop
+
+opAVX512Q4Px4p1_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z2, Z2
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z4, Z4
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px4p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), CX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Px4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	JMP     opAVX512Q4Px4p2_start
+
+opAVX512Q4Px4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q4Px4p2_start:
+	MOVQ bk+72(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R12
+	VPBROADCASTD R12, Z9
+	VPSUBD       (AX), Z9, Z10
+	VMULPS       Z10, Z1, Z1
+	VMULPS       Z10, Z3, Z3
+	VMULPS       Z10, Z5, Z5
+	VMULPS       Z10, Z7, Z7
+	VPSUBD       64(AX), Z9, Z10
+	VMULPS       Z10, Z2, Z2
+	VMULPS       Z10, Z4, Z4
+	VMULPS       Z10, Z6, Z6
+	VMULPS       Z10, Z8, Z8
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px4p2_loop:
+	CMPQ   R10, k+24(FP)
+	JGE    opAVX512Q4Px4p2_store
+	CMPQ   R10, R9
+	JL     opAVX512Q4Px4p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z7, Z7
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z4, Z4
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z8, Z8
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R9
+	VPSUBD (AX), Z9, Z10
+	VMULPS Z10, Z1, Z1
+	VMULPS Z10, Z3, Z3
+	VMULPS Z10, Z5, Z5
+	VMULPS Z10, Z7, Z7
+	VPSUBD 64(AX), Z9, Z10
+	VMULPS Z10, Z2, Z2
+	VMULPS Z10, Z4, Z4
+	VMULPS Z10, Z6, Z6
+	VMULPS Z10, Z8, Z8
+
+opAVX512Q4Px4p2_step:
+	VPMOVZXBD    (DI)(R11*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VPMOVZXBD    (R8)(R11*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VBROADCASTSS (DX)(R10*4), Z14
+	VBROADCASTSS 4(DX)(R10*4), Z15
+	VFMADD231PS  Z10, Z14, Z1
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z11, Z15, Z1
+	VFMADD231PS  Z13, Z15, Z2
+	VBROADCASTSS (BX)(R10*4), Z14
+	VBROADCASTSS 4(BX)(R10*4), Z15
+	VFMADD231PS  Z10, Z14, Z3
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z11, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VBROADCASTSS (SI)(R10*4), Z14
+	VBROADCASTSS 4(SI)(R10*4), Z15
+	VFMADD231PS  Z10, Z14, Z5
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z11, Z15, Z5
+	VFMADD231PS  Z13, Z15, Z6
+	VBROADCASTSS (CX)(R10*4), Z14
+	VBROADCASTSS 4(CX)(R10*4), Z15
+	VFMADD231PS  Z10, Z14, Z7
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z11, Z15, Z7
+	VFMADD231PS  Z13, Z15, Z8
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Px4p2_loop
+
+opAVX512Q4Px4p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z7, Z7
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z4, Z4
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z8, Z8
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px4p3(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), CX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R9
+	LEAQ    (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Px4p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	VMOVUPS 128(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	VMOVUPS 128(R10), Z12
+	JMP     opAVX512Q4Px4p3_start
+
+opAVX512Q4Px4p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Px4p3_start:
+	MOVQ bk+72(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R13
+	VPBROADCASTD R13, Z13
+	VPSUBD       (AX), Z13, Z14
+	VMULPS       Z14, Z1, Z1
+	VMULPS       Z14, Z4, Z4
+	VMULPS       Z14, Z7, Z7
+	VMULPS       Z14, Z10, Z10
+	VPSUBD       64(AX), Z13, Z14
+	VMULPS       Z14, Z2, Z2
+	VMULPS       Z14, Z5, Z5
+	VMULPS       Z14, Z8, Z8
+	VMULPS       Z14, Z11, Z11
+	VPSUBD       128(AX), Z13, Z14
+	VMULPS       Z14, Z3, Z3
+	VMULPS       Z14, Z6, Z6
+	VMULPS       Z14, Z9, Z9
+	VMULPS       Z14, Z12, Z12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px4p3_loop:
+	CMPQ   R11, k+24(FP)
+	JGE    opAVX512Q4Px4p3_store
+	CMPQ   R11, R10
+	JL     opAVX512Q4Px4p3_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z4, Z4
+	VMULPS (AX), Z7, Z7
+	VMULPS (AX), Z10, Z10
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z5, Z5
+	VMULPS 64(AX), Z8, Z8
+	VMULPS 64(AX), Z11, Z11
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z6, Z6
+	VMULPS 128(AX), Z9, Z9
+	VMULPS 128(AX), Z12, Z12
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R10
+	VPSUBD (AX), Z13, Z14
+	VMULPS Z14, Z1, Z1
+	VMULPS Z14, Z4, Z4
+	VMULPS Z14, Z7, Z7
+	VMULPS Z14, Z10, Z10
+	VPSUBD 64(AX), Z13, Z14
+	VMULPS Z14, Z2, Z2
+	VMULPS Z14, Z5, Z5
+	VMULPS Z14, Z8, Z8
+	VMULPS Z14, Z11, Z11
+	VPSUBD 128(AX), Z13, Z14
+	VMULPS Z14, Z3, Z3
+	VMULPS Z14, Z6, Z6
+	VMULPS Z14, Z9, Z9
+	VMULPS Z14, Z12, Z12
+
+opAVX512Q4Px4p3_step:
+	VPMOVZXBD    (DI)(R12*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VPMOVZXBD    (R9)(R12*1), Z17
+	VPERMPS      Z0, Z17, Z16
+	VPSRLD       $0x04, Z17, Z17
+	VPERMPS      Z0, Z17, Z17
+	VPMOVZXBD    (R8)(R12*1), Z19
+	VPERMPS      Z0, Z19, Z18
+	VPSRLD       $0x04, Z19, Z19
+	VPERMPS      Z0, Z19, Z19
+	VBROADCASTSS (DX)(R11*4), Z20
+	VBROADCASTSS 4(DX)(R11*4), Z21
+	VFMADD231PS  Z14, Z20, Z1
+	VFMADD231PS  Z16, Z20, Z2
+	VFMADD231PS  Z18, Z20, Z3
+	VFMADD231PS  Z15, Z21, Z1
+	VFMADD231PS  Z17, Z21, Z2
+	VFMADD231PS  Z19, Z21, Z3
+	VBROADCASTSS (BX)(R11*4), Z20
+	VBROADCASTSS 4(BX)(R11*4), Z21
+	VFMADD231PS  Z14, Z20, Z4
+	VFMADD231PS  Z16, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z15, Z21, Z4
+	VFMADD231PS  Z17, Z21, Z5
+	VFMADD231PS  Z19, Z21, Z6
+	VBROADCASTSS (SI)(R11*4), Z20
+	VBROADCASTSS 4(SI)(R11*4), Z21
+	VFMADD231PS  Z14, Z20, Z7
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z18, Z20, Z9
+	VFMADD231PS  Z15, Z21, Z7
+	VFMADD231PS  Z17, Z21, Z8
+	VFMADD231PS  Z19, Z21, Z9
+	VBROADCASTSS (CX)(R11*4), Z20
+	VBROADCASTSS 4(CX)(R11*4), Z21
+	VFMADD231PS  Z14, Z20, Z10
+	VFMADD231PS  Z16, Z20, Z11
+	VFMADD231PS  Z18, Z20, Z12
+	VFMADD231PS  Z15, Z21, Z10
+	VFMADD231PS  Z17, Z21, Z11
+	VFMADD231PS  Z19, Z21, Z12
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Px4p3_loop
+
+opAVX512Q4Px4p3_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z4, Z4
+	VMULPS  (AX), Z7, Z7
+	VMULPS  (AX), Z10, Z10
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z5, Z5
+	VMULPS  64(AX), Z8, Z8
+	VMULPS  64(AX), Z11, Z11
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z6, Z6
+	VMULPS  128(AX), Z9, Z9
+	VMULPS  128(AX), Z12, Z12
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px4p4(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), CX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R9
+	LEAQ    (R9)(R8*1), R10
+	LEAQ    (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Px4p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	VMOVUPS 192(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	VMOVUPS 128(R11), Z7
+	VMOVUPS 192(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	VMOVUPS 192(R11), Z12
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z13
+	VMOVUPS 64(R11), Z14
+	VMOVUPS 128(R11), Z15
+	VMOVUPS 192(R11), Z16
+	JMP     opAVX512Q4Px4p4_start
+
+opAVX512Q4Px4p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+
+opAVX512Q4Px4p4_start:
+	MOVQ bk+72(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R14
+	VPBROADCASTD R14, Z17
+	VPSUBD       (AX), Z17, Z18
+	VMULPS       Z18, Z1, Z1
+	VMULPS       Z18, Z5, Z5
+	VMULPS       Z18, Z9, Z9
+	VMULPS       Z18, Z13, Z13
+	VPSUBD       64(AX), Z17, Z18
+	VMULPS       Z18, Z2, Z2
+	VMULPS       Z18, Z6, Z6
+	VMULPS       Z18, Z10, Z10
+	VMULPS       Z18, Z14, Z14
+	VPSUBD       128(AX), Z17, Z18
+	VMULPS       Z18, Z3, Z3
+	VMULPS       Z18, Z7, Z7
+	VMULPS       Z18, Z11, Z11
+	VMULPS       Z18, Z15, Z15
+	VPSUBD       192(AX), Z17, Z18
+	VMULPS       Z18, Z4, Z4
+	VMULPS       Z18, Z8, Z8
+	VMULPS       Z18, Z12, Z12
+	VMULPS       Z18, Z16, Z16
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px4p4_loop:
+	CMPQ   R12, k+24(FP)
+	JGE    opAVX512Q4Px4p4_store
+	CMPQ   R12, R11
+	JL     opAVX512Q4Px4p4_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z9, Z9
+	VMULPS (AX), Z13, Z13
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z10, Z10
+	VMULPS 64(AX), Z14, Z14
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z7, Z7
+	VMULPS 128(AX), Z11, Z11
+	VMULPS 128(AX), Z15, Z15
+	VMULPS 192(AX), Z4, Z4
+	VMULPS 192(AX), Z8, Z8
+	VMULPS 192(AX), Z12, Z12
+	VMULPS 192(AX), Z16, Z16
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R11
+	VPSUBD (AX), Z17, Z18
+	VMULPS Z18, Z1, Z1
+	VMULPS Z18, Z5, Z5
+	VMULPS Z18, Z9, Z9
+	VMULPS Z18, Z13, Z13
+	VPSUBD 64(AX), Z17, Z18
+	VMULPS Z18, Z2, Z2
+	VMULPS Z18, Z6, Z6
+	VMULPS Z18, Z10, Z10
+	VMULPS Z18, Z14, Z14
+	VPSUBD 128(AX), Z17, Z18
+	VMULPS Z18, Z3, Z3
+	VMULPS Z18, Z7, Z7
+	VMULPS Z18, Z11, Z11
+	VMULPS Z18, Z15, Z15
+	VPSUBD 192(AX), Z17, Z18
+	VMULPS Z18, Z4, Z4
+	VMULPS Z18, Z8, Z8
+	VMULPS Z18, Z12, Z12
+	VMULPS Z18, Z16, Z16
+
+opAVX512Q4Px4p4_step:
+	VPMOVZXBD    (DI)(R13*1), Z19
+	VPERMPS      Z0, Z19, Z18
+	VPSRLD       $0x04, Z19, Z19
+	VPERMPS      Z0, Z19, Z19
+	VPMOVZXBD    (R9)(R13*1), Z21
+	VPERMPS      Z0, Z21, Z20
+	VPSRLD       $0x04, Z21, Z21
+	VPERMPS      Z0, Z21, Z21
+	VPMOVZXBD    (R10)(R13*1), Z23
+	VPERMPS      Z0, Z23, Z22
+	VPSRLD       $0x04, Z23, Z23
+	VPERMPS      Z0, Z23, Z23
+	VPMOVZXBD    (R8)(R13*1), Z25
+	VPERMPS      Z0, Z25, Z24
+	VPSRLD       $0x04, Z25, Z25
+	VPERMPS      Z0, Z25, Z25
+	VBROADCASTSS (DX)(R12*4), Z26
+	VBROADCASTSS 4(DX)(R12*4), Z27
+	VFMADD231PS  Z18, Z26, Z1
+	VFMADD231PS  Z20, Z26, Z2
+	VFMADD231PS  Z22, Z26, Z3
+	VFMADD231PS  Z24, Z26, Z4
+	VFMADD231PS  Z19, Z27, Z1
+	VFMADD231PS  Z21, Z27, Z2
+	VFMADD231PS  Z23, Z27, Z3
+	VFMADD231PS  Z25, Z27, Z4
+	VBROADCASTSS (BX)(R12*4), Z26
+	VBROADCASTSS 4(BX)(R12*4), Z27
+	VFMADD231PS  Z18, Z26, Z5
+	VFMADD231PS  Z20, Z26, Z6
+	VFMADD231PS  Z22, Z26, Z7
+	VFMADD231PS  Z24, Z26, Z8
+	VFMADD231PS  Z19, Z27, Z5
+	VFMADD231PS  Z21, Z27, Z6
+	VFMADD231PS  Z23, Z27, Z7
+	VFMADD231PS  Z25, Z27, Z8
+	VBROADCASTSS (SI)(R12*4), Z26
+	VBROADCASTSS 4(SI)(R12*4), Z27
+	VFMADD231PS  Z18, Z26, Z9
+	VFMADD231PS  Z20, Z26, Z10
+	VFMADD231PS  Z22, Z26, Z11
+	VFMADD231PS  Z24, Z26, Z12
+	VFMADD231PS  Z19, Z27, Z9
+	VFMADD231PS  Z21, Z27, Z10
+	VFMADD231PS  Z23, Z27, Z11
+	VFMADD231PS  Z25, Z27, Z12
+	VBROADCASTSS (CX)(R12*4), Z26
+	VBROADCASTSS 4(CX)(R12*4), Z27
+	VFMADD231PS  Z18, Z26, Z13
+	VFMADD231PS  Z20, Z26, Z14
+	VFMADD231PS  Z22, Z26, Z15
+	VFMADD231PS  Z24, Z26, Z16
+	VFMADD231PS  Z19, Z27, Z13
+	VFMADD231PS  Z21, Z27, Z14
+	VFMADD231PS  Z23, Z27, Z15
+	VFMADD231PS  Z25, Z27, Z16
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Px4p4_loop
+
+opAVX512Q4Px4p4_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z9, Z9
+	VMULPS  (AX), Z13, Z13
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z10, Z10
+	VMULPS  64(AX), Z14, Z14
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z7, Z7
+	VMULPS  128(AX), Z11, Z11
+	VMULPS  128(AX), Z15, Z15
+	VMULPS  192(AX), Z4, Z4
+	VMULPS  192(AX), Z8, Z8
+	VMULPS  192(AX), Z12, Z12
+	VMULPS  192(AX), Z16, Z16
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px5p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), CX
+	MOVQ    b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Px5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512Q4Px5p1_start
+
+opAVX512Q4Px5p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q4Px5p1_start:
+	MOVQ bk+72(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R12
+	VPBROADCASTD R12, Z6
+	VPSUBD       (AX), Z6, Z7
+	VMULPS       Z7, Z1, Z1
+	VMULPS       Z7, Z2, Z2
+	VMULPS       Z7, Z3, Z3
+	VMULPS       Z7, Z4, Z4
+	VMULPS       Z7, Z5, Z5
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px5p1_loop:
+	CMPQ   R10, k+24(FP)
+	JGE    opAVX512Q4Px5p1_store
+	CMPQ   R10, R9
+	JL     opAVX512Q4Px5p1_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z2, Z2
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z4, Z4
+	VMULPS (AX), Z5, Z5
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R9
+	VPSUBD (AX), Z6, Z7
+	VMULPS Z7, Z1, Z1
+	VMULPS Z7, Z2, Z2
+	VMULPS Z7, Z3, Z3
+	VMULPS Z7, Z4, Z4
+	VMULPS Z7, Z5, Z5
+
+opAVX512Q4Px5p1_step:
+	VPMOVZXBD    (R8)(R11*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VBROADCASTSS (DX)(R10*4), Z9
+	VBROADCASTSS 4(DX)(R10*4), Z10
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z10, Z1
+	VBROADCASTSS (BX)(R10*4), Z9
+	VBROADCASTSS 4(BX)(R10*4), Z10
+	VFMADD231PS  Z7, Z9, Z2
+	VFMADD231PS  Z8, Z10, Z2
+	VBROADCASTSS (SI)(R10*4), Z9
+	VBROADCASTSS 4(SI)(R10*4), Z10
+	VFMADD231PS  Z7, Z9, Z3
+	VFMADD231PS  Z8, Z10, Z3
+	VBROADCASTSS (DI)(R10*4), Z9
+	VBROADCASTSS 4(DI)(R10*4), Z10
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z10, Z4
+	VBROADCASTSS (CX)(R10*4), Z9
+	VBROADCASTSS 4(CX)(R10*4), Z10
+	VFMADD231PS  Z7, Z9, Z5
+	VFMADD231PS  Z8, Z10, Z5
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Px5p1_loop
+
+opAVX512Q4Px5p1_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z2, Z2
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z4, Z4
+	VMULPS  (AX), Z5, Z5
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px5p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), CX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Px5p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	JMP     opAVX512Q4Px5p2_start
+
+opAVX512Q4Px5p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512Q4Px5p2_start:
+	MOVQ bk+72(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R13
+	VPBROADCASTD R13, Z11
+	VPSUBD       (AX), Z11, Z12
+	VMULPS       Z12, Z1, Z1
+	VMULPS       Z12, Z3, Z3
+	VMULPS       Z12, Z5, Z5
+	VMULPS       Z12, Z7, Z7
+	VMULPS       Z12, Z9, Z9
+	VPSUBD       64(AX), Z11, Z12
+	VMULPS       Z12, Z2, Z2
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z8, Z8
+	VMULPS       Z12, Z10, Z10
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px5p2_loop:
+	CMPQ   R11, k+24(FP)
+	JGE    opAVX512Q4Px5p2_store
+	CMPQ   R11, R10
+	JL     opAVX512Q4Px5p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z7, Z7
+	VMULPS (AX), Z9, Z9
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z4, Z4
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z8, Z8
+	VMULPS 64(AX), Z10, Z10
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R10
+	VPSUBD (AX), Z11, Z12
+	VMULPS Z12, Z1, Z1
+	VMULPS Z12, Z3, Z3
+	VMULPS Z12, Z5, Z5
+	VMULPS Z12, Z7, Z7
+	VMULPS Z12, Z9, Z9
+	VPSUBD 64(AX), Z11, Z12
+	VMULPS Z12, Z2, Z2
+	VMULPS Z12, Z4, Z4
+	VMULPS Z12, Z6, Z6
+	VMULPS Z12, Z8, Z8
+	VMULPS Z12, Z10, Z10
+
+opAVX512Q4Px5p2_step:
+	VPMOVZXBD    (R8)(R12*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VPMOVZXBD    (R9)(R12*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VBROADCASTSS (DX)(R11*4), Z16
+	VBROADCASTSS 4(DX)(R11*4), Z17
+	VFMADD231PS  Z12, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z13, Z17, Z1
+	VFMADD231PS  Z15, Z17, Z2
+	VBROADCASTSS (BX)(R11*4), Z16
+	VBROADCASTSS 4(BX)(R11*4), Z17
+	VFMADD231PS  Z12, Z16, Z3
+	VFMADD231PS  Z14, Z16, Z4
+	VFMADD231PS  Z13, Z17, Z3
+	VFMADD231PS  Z15, Z17, Z4
+	VBROADCASTSS (SI)(R11*4), Z16
+	VBROADCASTSS 4(SI)(R11*4), Z17
+	VFMADD231PS  Z12, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z13, Z17, Z5
+	VFMADD231PS  Z15, Z17, Z6
+	VBROADCASTSS (DI)(R11*4), Z16
+	VBROADCASTSS 4(DI)(R11*4), Z17
+	VFMADD231PS  Z12, Z16, Z7
+	VFMADD231PS  Z14, Z16, Z8
+	VFMADD231PS  Z13, Z17, Z7
+	VFMADD231PS  Z15, Z17, Z8
+	VBROADCASTSS (CX)(R11*4), Z16
+	VBROADCASTSS 4(CX)(R11*4), Z17
+	VFMADD231PS  Z12, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z13, Z17, Z9
+	VFMADD231PS  Z15, Z17, Z10
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Px5p2_loop
+
+opAVX512Q4Px5p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z7, Z7
+	VMULPS  (AX), Z9, Z9
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z4, Z4
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z8, Z8
+	VMULPS  64(AX), Z10, Z10
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px5p3(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), CX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R10
+	LEAQ    (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Px5p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	VMOVUPS 128(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	VMOVUPS 128(R11), Z12
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z13
+	VMOVUPS 64(R11), Z14
+	VMOVUPS 128(R11), Z15
+	JMP     opAVX512Q4Px5p3_start
+
+opAVX512Q4Px5p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512Q4Px5p3_start:
+	MOVQ bk+72(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R14
+	VPBROADCASTD R14, Z16
+	VPSUBD       (AX), Z16, Z17
+	VMULPS       Z17, Z1, Z1
+	VMULPS       Z17, Z4, Z4
+	VMULPS       Z17, Z7, Z7
+	VMULPS       Z17, Z10, Z10
+	VMULPS       Z17, Z13, Z13
+	VPSUBD       64(AX), Z16, Z17
+	VMULPS       Z17, Z2, Z2
+	VMULPS       Z17, Z5, Z5
+	VMULPS       Z17, Z8, Z8
+	VMULPS       Z17, Z11, Z11
+	VMULPS       Z17, Z14, Z14
+	VPSUBD       128(AX), Z16, Z17
+	VMULPS       Z17, Z3, Z3
+	VMULPS       Z17, Z6, Z6
+	VMULPS       Z17, Z9, Z9
+	VMULPS       Z17, Z12, Z12
+	VMULPS       Z17, Z15, Z15
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px5p3_loop:
+	CMPQ   R12, k+24(FP)
+	JGE    opAVX512Q4Px5p3_store
+	CMPQ   R12, R11
+	JL     opAVX512Q4Px5p3_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z4, Z4
+	VMULPS (AX), Z7, Z7
+	VMULPS (AX), Z10, Z10
+	VMULPS (AX), Z13, Z13
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z5, Z5
+	VMULPS 64(AX), Z8, Z8
+	VMULPS 64(AX), Z11, Z11
+	VMULPS 64(AX), Z14, Z14
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z6, Z6
+	VMULPS 128(AX), Z9, Z9
+	VMULPS 128(AX), Z12, Z12
+	VMULPS 128(AX), Z15, Z15
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R11
+	VPSUBD (AX), Z16, Z17
+	VMULPS Z17, Z1, Z1
+	VMULPS Z17, Z4, Z4
+	VMULPS Z17, Z7, Z7
+	VMULPS Z17, Z10, Z10
+	VMULPS Z17, Z13, Z13
+	VPSUBD 64(AX), Z16, Z17
+	VMULPS Z17, Z2, Z2
+	VMULPS Z17, Z5, Z5
+	VMULPS Z17, Z8, Z8
+	VMULPS Z17, Z11, Z11
+	VMULPS Z17, Z14, Z14
+	VPSUBD 128(AX), Z16, Z17
+	VMULPS Z17, Z3, Z3
+	VMULPS Z17, Z6, Z6
+	VMULPS Z17, Z9, Z9
+	VMULPS Z17, Z12, Z12
+	VMULPS Z17, Z15, Z15
+
+opAVX512Q4Px5p3_step:
+	VPMOVZXBD    (R8)(R13*1), Z18
+	VPERMPS      Z0, Z18, Z17
+	VPSRLD       $0x04, Z18, Z18
+	VPERMPS      Z0, Z18, Z18
+	VPMOVZXBD    (R10)(R13*1), Z20
+	VPERMPS      Z0, Z20, Z19
+	VPSRLD       $0x04, Z20, Z20
+	VPERMPS      Z0, Z20, Z20
+	VPMOVZXBD    (R9)(R13*1), Z22
+	VPERMPS      Z0, Z22, Z21
+	VPSRLD       $0x04, Z22, Z22
+	VPERMPS      Z0, Z22, Z22
+	VBROADCASTSS (DX)(R12*4), Z23
+	VBROADCASTSS 4(DX)(R12*4), Z24
+	VFMADD231PS  Z17, Z23, Z1
+	VFMADD231PS  Z19, Z23, Z2
+	VFMADD231PS  Z21, Z23, Z3
+	VFMADD231PS  Z18, Z24, Z1
+	VFMADD231PS  Z20, Z24, Z2
+	VFMADD231PS  Z22, Z24, Z3
+	VBROADCASTSS (BX)(R12*4), Z23
+	VBROADCASTSS 4(BX)(R12*4), Z24
+	VFMADD231PS  Z17, Z23, Z4
+	VFMADD231PS  Z19, Z23, Z5
+	VFMADD231PS  Z21, Z23, Z6
+	VFMADD231PS  Z18, Z24, Z4
+	VFMADD231PS  Z20, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VBROADCASTSS (SI)(R12*4), Z23
+	VBROADCASTSS 4(SI)(R12*4), Z24
+	VFMADD231PS  Z17, Z23, Z7
+	VFMADD231PS  Z19, Z23, Z8
+	VFMADD231PS  Z21, Z23, Z9
+	VFMADD231PS  Z18, Z24, Z7
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z22, Z24, Z9
+	VBROADCASTSS (DI)(R12*4), Z23
+	VBROADCASTSS 4(DI)(R12*4), Z24
+	VFMADD231PS  Z17, Z23, Z10
+	VFMADD231PS  Z19, Z23, Z11
+	VFMADD231PS  Z21, Z23, Z12
+	VFMADD231PS  Z18, Z24, Z10
+	VFMADD231PS  Z20, Z24, Z11
+	VFMADD231PS  Z22, Z24, Z12
+	VBROADCASTSS (CX)(R12*4), Z23
+	VBROADCASTSS 4(CX)(R12*4), Z24
+	VFMADD231PS  Z17, Z23, Z13
+	VFMADD231PS  Z19, Z23, Z14
+	VFMADD231PS  Z21, Z23, Z15
+	VFMADD231PS  Z18, Z24, Z13
+	VFMADD231PS  Z20, Z24, Z14
+	VFMADD231PS  Z22, Z24, Z15
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Px5p3_loop
+
+opAVX512Q4Px5p3_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z4, Z4
+	VMULPS  (AX), Z7, Z7
+	VMULPS  (AX), Z10, Z10
+	VMULPS  (AX), Z13, Z13
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z5, Z5
+	VMULPS  64(AX), Z8, Z8
+	VMULPS  64(AX), Z11, Z11
+	VMULPS  64(AX), Z14, Z14
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z6, Z6
+	VMULPS  128(AX), Z9, Z9
+	VMULPS  128(AX), Z12, Z12
+	VMULPS  128(AX), Z15, Z15
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px5p4(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), CX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R10
+	LEAQ    (R10)(R9*1), R11
+	LEAQ    (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q4Px5p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z3
+	VMOVUPS 192(R12), Z4
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z5
+	VMOVUPS 64(R12), Z6
+	VMOVUPS 128(R12), Z7
+	VMOVUPS 192(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z11
+	VMOVUPS 192(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z14
+	VMOVUPS 128(R12), Z15
+	VMOVUPS 192(R12), Z16
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z17
+	VMOVUPS 64(R12), Z18
+	VMOVUPS 128(R12), Z19
+	VMOVUPS 192(R12), Z20
+	JMP     opAVX512Q4Px5p4_start
+
+opAVX512Q4Px5p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+
+opAVX512Q4Px5p4_start:
+	MOVQ bk+72(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R15
+	VPBROADCASTD R15, Z21
+	VPSUBD       (AX), Z21, Z22
+	VMULPS       Z22, Z1, Z1
+	VMULPS       Z22, Z5, Z5
+	VMULPS       Z22, Z9, Z9
+	VMULPS       Z22, Z13, Z13
+	VMULPS       Z22, Z17, Z17
+	VPSUBD       64(AX), Z21, Z22
+	VMULPS       Z22, Z2, Z2
+	VMULPS       Z22, Z6, Z6
+	VMULPS       Z22, Z10, Z10
+	VMULPS       Z22, Z14, Z14
+	VMULPS       Z22, Z18, Z18
+	VPSUBD       128(AX), Z21, Z22
+	VMULPS       Z22, Z3, Z3
+	VMULPS       Z22, Z7, Z7
+	VMULPS       Z22, Z11, Z11
+	VMULPS       Z22, Z15, Z15
+	VMULPS       Z22, Z19, Z19
+	VPSUBD       192(AX), Z21, Z22
+	VMULPS       Z22, Z4, Z4
+	VMULPS       Z22, Z8, Z8
+	VMULPS       Z22, Z12, Z12
+	VMULPS       Z22, Z16, Z16
+	VMULPS       Z22, Z20, Z20
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px5p4_loop:
+	CMPQ   R13, k+24(FP)
+	JGE    opAVX512Q4Px5p4_store
+	CMPQ   R13, R12
+	JL     opAVX512Q4Px5p4_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z9, Z9
+	VMULPS (AX), Z13, Z13
+	VMULPS (AX), Z17, Z17
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z10, Z10
+	VMULPS 64(AX), Z14, Z14
+	VMULPS 64(AX), Z18, Z18
+	VMULPS 128(AX), Z3, Z3
+	VMULPS 128(AX), Z7, Z7
+	VMULPS 128(AX), Z11, Z11
+	VMULPS 128(AX), Z15, Z15
+	VMULPS 128(AX), Z19, Z19
+	VMULPS 192(AX), Z4, Z4
+	VMULPS 192(AX), Z8, Z8
+	VMULPS 192(AX), Z12, Z12
+	VMULPS 192(AX), Z16, Z16
+	VMULPS 192(AX), Z20, Z20
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R12
+	VPSUBD (AX), Z21, Z22
+	VMULPS Z22, Z1, Z1
+	VMULPS Z22, Z5, Z5
+	VMULPS Z22, Z9, Z9
+	VMULPS Z22, Z13, Z13
+	VMULPS Z22, Z17, Z17
+	VPSUBD 64(AX), Z21, Z22
+	VMULPS Z22, Z2, Z2
+	VMULPS Z22, Z6, Z6
+	VMULPS Z22, Z10, Z10
+	VMULPS Z22, Z14, Z14
+	VMULPS Z22, Z18, Z18
+	VPSUBD 128(AX), Z21, Z22
+	VMULPS Z22, Z3, Z3
+	VMULPS Z22, Z7, Z7
+	VMULPS Z22, Z11, Z11
+	VMULPS Z22, Z15, Z15
+	VMULPS Z22, Z19, Z19
+	VPSUBD 192(AX), Z21, Z22
+	VMULPS Z22, Z4, Z4
+	VMULPS Z22, Z8, Z8
+	VMULPS Z22, Z12, Z12
+	VMULPS Z22, Z16, Z16
+	VMULPS Z22, Z20, Z20
+
+opAVX512Q4Px5p4_step:
+	VPMOVZXBD    (R8)(R14*1), Z23
+	VPERMPS      Z0, Z23, Z22
+	VPSRLD       $0x04, Z23, Z23
+	VPERMPS      Z0, Z23, Z23
+	VPMOVZXBD    (R10)(R14*1), Z25
+	VPERMPS      Z0, Z25, Z24
+	VPSRLD       $0x04, Z25, Z25
+	VPERMPS      Z0, Z25, Z25
+	VPMOVZXBD    (R11)(R14*1), Z27
+	VPERMPS      Z0, Z27, Z26
+	VPSRLD       $0x04, Z27, Z27
+	VPERMPS      Z0, Z27, Z27
+	VPMOVZXBD    (R9)(R14*1), Z29
+	VPERMPS      Z0, Z29, Z28
+	VPSRLD       $0x04, Z29, Z29
+	VPERMPS      Z0, Z29, Z29
+	VBROADCASTSS (DX)(R13*4), Z30
+	VBROADCASTSS 4(DX)(R13*4), Z31
+	VFMADD231PS  Z22, Z30, Z1
+	VFMADD231PS  Z24, Z30, Z2
+	VFMADD231PS  Z26, Z30, Z3
+	VFMADD231PS  Z28, Z30, Z4
+	VFMADD231PS  Z23, Z31, Z1
+	VFMADD231PS  Z25, Z31, Z2
+	VFMADD231PS  Z27, Z31, Z3
+	VFMADD231PS  Z29, Z31, Z4
+	VBROADCASTSS (BX)(R13*4), Z30
+	VBROADCASTSS 4(BX)(R13*4), Z31
+	VFMADD231PS  Z22, Z30, Z5
+	VFMADD231PS  Z24, Z30, Z6
+	VFMADD231PS  Z26, Z30, Z7
+	VFMADD231PS  Z28, Z30, Z8
+	VFMADD231PS  Z23, Z31, Z5
+	VFMADD231PS  Z25, Z31, Z6
+	VFMADD231PS  Z27, Z31, Z7
+	VFMADD231PS  Z29, Z31, Z8
+	VBROADCASTSS (SI)(R13*4), Z30
+	VBROADCASTSS 4(SI)(R13*4), Z31
+	VFMADD231PS  Z22, Z30, Z9
+	VFMADD231PS  Z24, Z30, Z10
+	VFMADD231PS  Z26, Z30, Z11
+	VFMADD231PS  Z28, Z30, Z12
+	VFMADD231PS  Z23, Z31, Z9
+	VFMADD231PS  Z25, Z31, Z10
+	VFMADD231PS  Z27, Z31, Z11
+	VFMADD231PS  Z29, Z31, Z12
+	VBROADCASTSS (DI)(R13*4), Z30
+	VBROADCASTSS 4(DI)(R13*4), Z31
+	VFMADD231PS  Z22, Z30, Z13
+	VFMADD231PS  Z24, Z30, Z14
+	VFMADD231PS  Z26, Z30, Z15
+	VFMADD231PS  Z28, Z30, Z16
+	VFMADD231PS  Z23, Z31, Z13
+	VFMADD231PS  Z25, Z31, Z14
+	VFMADD231PS  Z27, Z31, Z15
+	VFMADD231PS  Z29, Z31, Z16
+	VBROADCASTSS (CX)(R13*4), Z30
+	VBROADCASTSS 4(CX)(R13*4), Z31
+	VFMADD231PS  Z22, Z30, Z17
+	VFMADD231PS  Z24, Z30, Z18
+	VFMADD231PS  Z26, Z30, Z19
+	VFMADD231PS  Z28, Z30, Z20
+	VFMADD231PS  Z23, Z31, Z17
+	VFMADD231PS  Z25, Z31, Z18
+	VFMADD231PS  Z27, Z31, Z19
+	VFMADD231PS  Z29, Z31, Z20
+	ADDQ         $0x00000002, R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q4Px5p4_loop
+
+opAVX512Q4Px5p4_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z9, Z9
+	VMULPS  (AX), Z13, Z13
+	VMULPS  (AX), Z17, Z17
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z10, Z10
+	VMULPS  64(AX), Z14, Z14
+	VMULPS  64(AX), Z18, Z18
+	VMULPS  128(AX), Z3, Z3
+	VMULPS  128(AX), Z7, Z7
+	VMULPS  128(AX), Z11, Z11
+	VMULPS  128(AX), Z15, Z15
+	VMULPS  128(AX), Z19, Z19
+	VMULPS  192(AX), Z4, Z4
+	VMULPS  192(AX), Z8, Z8
+	VMULPS  192(AX), Z12, Z12
+	VMULPS  192(AX), Z16, Z16
+	VMULPS  192(AX), Z20, Z20
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z17, (AX)
+	VMOVUPS Z18, 64(AX)
+	VMOVUPS Z19, 128(AX)
+	VMOVUPS Z20, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px6p1(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), R8
+	MOVQ    40(CX), CX
+	MOVQ    b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Px6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	JMP     opAVX512Q4Px6p1_start
+
+opAVX512Q4Px6p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Px6p1_start:
+	MOVQ bk+72(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R13
+	VPBROADCASTD R13, Z7
+	VPSUBD       (AX), Z7, Z8
+	VMULPS       Z8, Z1, Z1
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z3, Z3
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z5, Z5
+	VMULPS       Z8, Z6, Z6
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px6p1_loop:
+	CMPQ   R11, k+24(FP)
+	JGE    opAVX512Q4Px6p1_store
+	CMPQ   R11, R10
+	JL     opAVX512Q4Px6p1_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z2, Z2
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z4, Z4
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z6, Z6
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R10
+	VPSUBD (AX), Z7, Z8
+	VMULPS Z8, Z1, Z1
+	VMULPS Z8, Z2, Z2
+	VMULPS Z8, Z3, Z3
+	VMULPS Z8, Z4, Z4
+	VMULPS Z8, Z5, Z5
+	VMULPS Z8, Z6, Z6
+
+opAVX512Q4Px6p1_step:
+	VPMOVZXBD    (R9)(R12*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VBROADCASTSS (DX)(R11*4), Z10
+	VBROADCASTSS 4(DX)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z1
+	VFMADD231PS  Z9, Z11, Z1
+	VBROADCASTSS (BX)(R11*4), Z10
+	VBROADCASTSS 4(BX)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z11, Z2
+	VBROADCASTSS (SI)(R11*4), Z10
+	VBROADCASTSS 4(SI)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z3
+	VFMADD231PS  Z9, Z11, Z3
+	VBROADCASTSS (DI)(R11*4), Z10
+	VBROADCASTSS 4(DI)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z11, Z4
+	VBROADCASTSS (R8)(R11*4), Z10
+	VBROADCASTSS 4(R8)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z5
+	VFMADD231PS  Z9, Z11, Z5
+	VBROADCASTSS (CX)(R11*4), Z10
+	VBROADCASTSS 4(CX)(R11*4), Z11
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z11, Z6
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Px6p1_loop
+
+opAVX512Q4Px6p1_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z2, Z2
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z4, Z4
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z6, Z6
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Px6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Px6p2(SB), NOSPLIT, $0-88
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    a+0(FP), CX
+	MOVQ    (CX), DX
+	MOVQ    8(CX), BX
+	MOVQ    16(CX), SI
+	MOVQ    24(CX), DI
+	MOVQ    32(CX), R8
+	MOVQ    40(CX), CX
+	MOVQ    b+8(FP), R9
+	MOVQ    stride+16(FP), R10
+	LEAQ    (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Px6p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z11
+	VMOVUPS 64(R11), Z12
+	JMP     opAVX512Q4Px6p2_start
+
+opAVX512Q4Px6p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Px6p2_start:
+	MOVQ bk+72(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.
+	MOVL         $0x7f000000, R14
+	VPBROADCASTD R14, Z13
+	VPSUBD       (AX), Z13, Z14
+	VMULPS       Z14, Z1, Z1
+	VMULPS       Z14, Z3, Z3
+	VMULPS       Z14, Z5, Z5
+	VMULPS       Z14, Z7, Z7
+	VMULPS       Z14, Z9, Z9
+	VMULPS       Z14, Z11, Z11
+	VPSUBD       64(AX), Z13, Z14
+	VMULPS       Z14, Z2, Z2
+	VMULPS       Z14, Z4, Z4
+	VMULPS       Z14, Z6, Z6
+	VMULPS       Z14, Z8, Z8
+	VMULPS       Z14, Z10, Z10
+	VMULPS       Z14, Z12, Z12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Px6p2_loop:
+	CMPQ   R12, k+24(FP)
+	JGE    opAVX512Q4Px6p2_store
+	CMPQ   R12, R11
+	JL     opAVX512Q4Px6p2_step
+	VMULPS (AX), Z1, Z1
+	VMULPS (AX), Z3, Z3
+	VMULPS (AX), Z5, Z5
+	VMULPS (AX), Z7, Z7
+	VMULPS (AX), Z9, Z9
+	VMULPS (AX), Z11, Z11
+	VMULPS 64(AX), Z2, Z2
+	VMULPS 64(AX), Z4, Z4
+	VMULPS 64(AX), Z6, Z6
+	VMULPS 64(AX), Z8, Z8
+	VMULPS 64(AX), Z10, Z10
+	VMULPS 64(AX), Z12, Z12
+	ADDQ   ss+80(FP), AX
+	ADDQ   bk+72(FP), R11
+	VPSUBD (AX), Z13, Z14
+	VMULPS Z14, Z1, Z1
+	VMULPS Z14, Z3, Z3
+	VMULPS Z14, Z5, Z5
+	VMULPS Z14, Z7, Z7
+	VMULPS Z14, Z9, Z9
+	VMULPS Z14, Z11, Z11
+	VPSUBD 64(AX), Z13, Z14
+	VMULPS Z14, Z2, Z2
+	VMULPS Z14, Z4, Z4
+	VMULPS Z14, Z6, Z6
+	VMULPS Z14, Z8, Z8
+	VMULPS Z14, Z10, Z10
+	VMULPS Z14, Z12, Z12
+
+opAVX512Q4Px6p2_step:
+	VPMOVZXBD    (R9)(R13*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VPMOVZXBD    (R10)(R13*1), Z17
+	VPERMPS      Z0, Z17, Z16
+	VPSRLD       $0x04, Z17, Z17
+	VPERMPS      Z0, Z17, Z17
+	VBROADCASTSS (DX)(R12*4), Z18
+	VBROADCASTSS 4(DX)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z1
+	VFMADD231PS  Z16, Z18, Z2
+	VFMADD231PS  Z15, Z19, Z1
+	VFMADD231PS  Z17, Z19, Z2
+	VBROADCASTSS (BX)(R12*4), Z18
+	VBROADCASTSS 4(BX)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z15, Z19, Z3
+	VFMADD231PS  Z17, Z19, Z4
+	VBROADCASTSS (SI)(R12*4), Z18
+	VBROADCASTSS 4(SI)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z5
+	VFMADD231PS  Z16, Z18, Z6
+	VFMADD231PS  Z15, Z19, Z5
+	VFMADD231PS  Z17, Z19, Z6
+	VBROADCASTSS (DI)(R12*4), Z18
+	VBROADCASTSS 4(DI)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z7
+	VFMADD231PS  Z16, Z18, Z8
+	VFMADD231PS  Z15, Z19, Z7
+	VFMADD231PS  Z17, Z19, Z8
+	VBROADCASTSS (R8)(R12*4), Z18
+	VBROADCASTSS 4(R8)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z15, Z19, Z9
+	VFMADD231PS  Z17, Z19, Z10
+	VBROADCASTSS (CX)(R12*4), Z18
+	VBROADCASTSS 4(CX)(R12*4), Z19
+	VFMADD231PS  Z14, Z18, Z11
+	VFMADD231PS  Z16, Z18, Z12
+	VFMADD231PS  Z15, Z19, Z11
+	VFMADD231PS  Z17, Z19, Z12
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Px6p2_loop
+
+opAVX512Q4Px6p2_store:
+	VMULPS  (AX), Z1, Z1
+	VMULPS  (AX), Z3, Z3
+	VMULPS  (AX), Z5, Z5
+	VMULPS  (AX), Z7, Z7
+	VMULPS  (AX), Z9, Z9
+	VMULPS  (AX), Z11, Z11
+	VMULPS  64(AX), Z2, Z2
+	VMULPS  64(AX), Z4, Z4
+	VMULPS  64(AX), Z6, Z6
+	VMULPS  64(AX), Z8, Z8
+	VMULPS  64(AX), Z10, Z10
+	VMULPS  64(AX), Z12, Z12
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
 // func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
 // Requires: AVX, AVX512F
 TEXT ·dqAVX512F8(SB), NOSPLIT, $0-32

@@ -1039,6 +1039,116 @@ func opAVX512Q4x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc 
 //go:noescape
 func opAVX512Q4x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
+// opAVX512Q4Px1p1 is opAVX512Q4x1p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px1p2 is opAVX512Q4x1p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px1p3 is opAVX512Q4x1p3 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px1p4 is opAVX512Q4x1p4 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px2p1 is opAVX512Q4x2p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px2p2 is opAVX512Q4x2p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px2p3 is opAVX512Q4x2p3 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px2p4 is opAVX512Q4x2p4 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px3p1 is opAVX512Q4x3p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px3p2 is opAVX512Q4x3p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px3p3 is opAVX512Q4x3p3 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px3p4 is opAVX512Q4x3p4 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px4p1 is opAVX512Q4x4p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px4p2 is opAVX512Q4x4p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px4p3 is opAVX512Q4x4p3 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px4p4 is opAVX512Q4x4p4 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px5p1 is opAVX512Q4x5p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px5p2 is opAVX512Q4x5p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px5p3 is opAVX512Q4x5p3 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px5p4 is opAVX512Q4x5p4 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px6p1 is opAVX512Q4x6p1 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX512Q4Px6p2 is opAVX512Q4x6p2 for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).
+//
+//go:noescape
+func opAVX512Q4Px6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
 // dqAVX512F8 widens k steps of one F8 panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).
 //
 //go:noescape

@@ -76,7 +76,12 @@ func main() {
 		if is.lanes == 16 {
 			for mr := 1; mr <= maxMR; mr++ {
 				for np := 1; np <= outerQ4NP(mr); np++ {
-					outerQ4(mr, np)
+					outerQ4(mr, np, false)
+				}
+			}
+			for mr := 1; mr <= maxMR; mr++ {
+				for np := 1; np <= outerQ4NP(mr); np++ {
+					outerQ4(mr, np, true)
 				}
 			}
 			dequant("F8")

@@ -131,16 +131,18 @@ func writeOuterTable(path string) {
 			b.WriteString("}\n\n")
 		}
 		if is.lanes == 16 {
-			b.WriteString("// outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.\n")
-			b.WriteString("var outerQ4AVX512 = outerQ4Table{\n")
-			for mr := 1; mr <= maxMR; mr++ {
-				fmt.Fprintf(&b, "%d: {", mr)
-				for np := 1; np <= outerQ4NP(mr); np++ {
-					fmt.Fprintf(&b, "%d: opAVX512Q4x%dp%d, ", np, mr, np)
+			for _, v := range []struct{ table, kind, op string }{{"outerQ4AVX512", "", "Q4"}, {"outerQ4PAVX512", " with power-of-two scales", "Q4P"}} {
+				fmt.Fprintf(&b, "// %s holds the AVX512 outer-product kernels on 4-bit panels%s by rows and panels.\n", v.table, v.kind)
+				fmt.Fprintf(&b, "var %s = outerQ4Table{\n", v.table)
+				for mr := 1; mr <= maxMR; mr++ {
+					fmt.Fprintf(&b, "%d: {", mr)
+					for np := 1; np <= outerQ4NP(mr); np++ {
+						fmt.Fprintf(&b, "%d: opAVX512%sx%dp%d, ", np, v.op, mr, np)
+					}
+					b.WriteString("},\n")
 				}
-				b.WriteString("},\n")
+				b.WriteString("}\n\n")
 			}
-			b.WriteString("}\n\n")
 		}
 	}
 	src, err := format.Source(b.Bytes())
@@ -360,22 +362,40 @@ func outer(is isa, dt string, mr, np int) {
 //	c[m][16j+l] = fma(a[m][k+1], t[hi]·s[16j+l], fma(a[m][k], t[lo]·s[16j+l], c[m][16j+l]))
 
 // outerQ4NP is the widest panel count of a 4-bit kernel for MR rows: the
-// accumulators, two weight vectors a panel, two broadcasts and the table.
+// accumulators, two weight vectors a panel, two broadcasts, the table and
+// (power-of-two kernels) the exponent constant.
 func outerQ4NP(mr int) int {
 	for np := 4; np > 1; np /= 2 {
-		if mr*np+2*np+3 <= 32 {
+		if mr*np+2*np+4 <= 32 {
 			return np
 		}
 	}
 	return 1
 }
 
-func outerQ4(mr, np int) {
+// The power-of-two 4-bit kernels (MXFP4, whose scales are powers of two)
+// compute the same bits with one multiply a scale block instead of one a
+// weight: a block's chains run scaled by 1/s, on the table's values alone,
+// and are scaled back by s at its end. Multiplying by a power of two
+// commutes with each FMA's rounding as long as no value is subnormal and
+// none overflows, in either scale; the caller checks that for each strip
+// of rows (pow2Exact) and takes the other kernels where it cannot be sure.
+// 1/s is computed from s's bits, (254 << 23) − s, exact for s and 1/s
+// normal.
+
+func outerQ4(mr, np int, pow2 bool) {
 	name := fmt.Sprintf("opAVX512Q4x%dp%d", mr, np)
+	if pow2 {
+		name = fmt.Sprintf("opAVX512Q4Px%dp%d", mr, np)
+	}
 	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)", maxMR))
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s adds, for k steps (k even), the products of %d fp32 rows with %d panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
-		name, mr, np, mr, np*panelWidth))
+	if pow2 {
+		Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).", name, mr, np))
+	} else {
+		Doc(fmt.Sprintf("%s adds, for k steps (k even), the products of %d fp32 rows with %d panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
+			name, mr, np, mr, np*panelWidth))
+	}
 
 	table := ZMM()
 	VMOVUPS(Mem{Base: Load(Param("t"), GP64())}, table)
@@ -434,8 +454,49 @@ func outerQ4(mr, np int) {
 	XORQ(i, i)
 	XORQ(o, o)
 
+	// scaleAcc multiplies every chain by its panel's scale (inv false) or
+	// by the scale's inverse.
+	var expC VecVirtual
+	scaleAcc := func(inv bool) {
+		for j := 0; j < np; j++ {
+			sc := Mem{Base: scales, Disp: 4 * j * panelWidth}
+			if !inv {
+				for m := range acc {
+					VMULPS(sc, acc[m][j], acc[m][j])
+				}
+				continue
+			}
+			r := ZMM()
+			VPSUBD(sc, expC, r)
+			for m := range acc {
+				VMULPS(r, acc[m][j], acc[m][j])
+			}
+		}
+	}
+	if pow2 {
+		Comment("The chains run scaled by 1/s: 1/s is (254 << 23) − s, bitwise.")
+		t := GP32()
+		MOVL(U32(254<<23), t)
+		expC = ZMM()
+		VPBROADCASTD(t, expC)
+		scaleAcc(true)
+	}
+
 	Comment("Two steps of k: a byte vector per panel, two broadcasts per row.")
-	scaleBlockHead(name, i, end, scales)
+	if pow2 {
+		Label(name + "_loop")
+		CMPQ(i, paramAddr("k"))
+		JGE(LabelRef(name + "_store"))
+		CMPQ(i, end)
+		JL(LabelRef(name + "_step"))
+		scaleAcc(false)
+		ADDQ(paramAddr("ss"), scales)
+		ADDQ(paramAddr("bk"), end)
+		scaleAcc(true)
+		Label(name + "_step")
+	} else {
+		scaleBlockHead(name, i, end, scales)
+	}
 	lo := make([]VecVirtual, np)
 	hi := make([]VecVirtual, np)
 	prefetch(mr, b, o)
@@ -444,10 +505,14 @@ func outerQ4(mr, np int) {
 		sc := Mem{Base: scales, Disp: 4 * j * panelWidth}
 		VPMOVZXBD(Mem{Base: b[j], Index: o, Scale: 1}, hi[j])
 		VPERMPS(table, hi[j], lo[j]) // the index's low 4 bits: the low nibble
-		VMULPS(sc, lo[j], lo[j])
+		if !pow2 {
+			VMULPS(sc, lo[j], lo[j])
+		}
 		VPSRLD(U8(4), hi[j], hi[j])
 		VPERMPS(table, hi[j], hi[j])
-		VMULPS(sc, hi[j], hi[j])
+		if !pow2 {
+			VMULPS(sc, hi[j], hi[j])
+		}
 	}
 	for m := range a {
 		x0, x1 := ZMM(), ZMM()
@@ -465,6 +530,9 @@ func outerQ4(mr, np int) {
 	JMP(LabelRef(name + "_loop"))
 
 	Label(name + "_store")
+	if pow2 {
+		scaleAcc(false)
+	}
 	tile(func(m, j int, at Mem) { VMOVUPS(acc[m][j], at) })
 	VZEROUPPER()
 	RET()
