@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -92,7 +92,7 @@ func (b *MLABlock) Weights() MLAWeights {
 // LoadMLABlock maps layer n's self_attn tensors from a deepseek_v2 or
 // deepseek_v3 checkpoint.
 func LoadMLABlock(dir string, n int) (*MLABlock, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := regfile.ReadFile(filepath.Join(dir, "config.json"), 64<<20)
 	if err != nil {
 		return nil, fmt.Errorf("dpattn: %w", err)
 	}

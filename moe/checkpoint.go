@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -38,7 +39,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	}
 	c := &Checkpoint{Dir: dir, Config: cfg, files: map[string]*safetensorsFile{}}
 	index := filepath.Join(dir, "model.safetensors.index.json")
-	data, err := os.ReadFile(index)
+	data, err := regfile.ReadFile(index, maxIndexBytes)
 	switch {
 	case err == nil:
 		var idx struct {
@@ -86,6 +87,13 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	}
 	return c, nil
 }
+
+// maxIndexBytes and maxConfigBytes bound what is read of an index or a
+// config.json (DeepSeek-V3's index is 9 MB, its config 2 KB).
+const (
+	maxIndexBytes  = 1 << 30
+	maxConfigBytes = 64 << 20
+)
 
 func fileExists(p string) bool {
 	st, err := os.Stat(p)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/internal/stwrite"
@@ -194,6 +195,22 @@ func TestLoadErrors(t *testing.T) {
 		_, err = moe.Load(dir, 1)
 		require.ErrorContains(t, err, "model.safetensors: tensor")
 		require.ErrorContains(t, err, "out of bounds")
+	})
+	t.Run("a named pipe for the weights", func(t *testing.T) {
+		dir := write(t, nil)
+		p := filepath.Join(dir, "model.safetensors")
+		require.NoError(t, os.Remove(p))
+		require.NoError(t, unix.Mkfifo(p, 0o644))
+		_, err := moe.Load(dir, 1) // returns: no writer is waited for
+		require.ErrorContains(t, err, p+" is a named pipe, not a regular file")
+	})
+	t.Run("a directory for config.json", func(t *testing.T) {
+		dir := write(t, nil)
+		p := filepath.Join(dir, "config.json")
+		require.NoError(t, os.Remove(p))
+		require.NoError(t, os.Mkdir(p, 0o755))
+		_, err := moe.Load(dir, 1)
+		require.ErrorContains(t, err, p+" is a directory, not a regular file")
 	})
 	t.Run("index escaping the folder", func(t *testing.T) {
 		dir := write(t, nil)

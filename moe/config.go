@@ -3,13 +3,13 @@ package moe
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/regfile"
 )
 
 // Scoring turns router logits into expert scores.
@@ -303,7 +303,7 @@ type rawConfig struct {
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
-	data, err := os.ReadFile(path)
+	data, err := regfile.ReadFile(path, maxConfigBytes)
 	if err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}

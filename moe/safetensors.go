@@ -10,7 +10,6 @@ import (
 	"io"
 	"math"
 	"math/bits"
-	"os"
 	"slices"
 	"unsafe"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/hugepage"
+	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -190,7 +190,7 @@ type safetensorsFile struct {
 }
 
 func openSafetensors(path string) (*safetensorsFile, error) {
-	f, err := os.Open(path)
+	f, err := regfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}

@@ -6,11 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/regfile"
 
 	"github.com/moex-project/moex/internal/npy"
 	"github.com/moex-project/moex/moe"
@@ -257,7 +257,7 @@ func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint
 	case j.placement == "round-robin":
 		return ep.RoundRobin(E, R)
 	case strings.HasSuffix(j.placement, ".json"):
-		data, err := os.ReadFile(j.placement)
+		data, err := regfile.ReadFile(j.placement, 64<<20)
 		if err != nil {
 			return nil, err
 		}

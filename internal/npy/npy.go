@@ -15,6 +15,8 @@
 package npy
 
 import (
+	"github.com/moex-project/moex/internal/regfile"
+
 	"bufio"
 	"encoding/binary"
 	"errors"
@@ -296,18 +298,15 @@ func byteOrder(descr string, kind byte, name string) (binary.ByteOrder, error) {
 }
 
 func read[T float32 | int32](path string, kind byte, name string, data *[]T) ([]int, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
-	}
-	f, err := os.Open(path)
+	f, err := regfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
 	br := bufio.NewReader(f)
 	h, err := ParseHeader(br)
 	if err != nil {
