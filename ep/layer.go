@@ -137,6 +137,9 @@ func (l *Layer) addTimes(f func(t *StageTimes)) {
 // SetWorkers sets the goroutines the local expert FFN uses (0: GOMAXPROCS).
 func (l *Layer) SetWorkers(n int) { l.moe.SetWorkers(n) }
 
+// CheckWeights is moe.Layer.CheckWeights on this rank's experts.
+func (l *Layer) CheckWeights(ctx context.Context) error { return l.moe.CheckWeights(ctx) }
+
 // ExpertLoad returns the per-expert token counts this rank has routed so far.
 func (l *Layer) ExpertLoad() []int64 {
 	l.mu.Lock()
@@ -267,5 +270,5 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		sharedOut = shared.Out
 	}
 	moe.Combine(y, pairOut, rowsOf, K, H, sharedOut)
-	return nil
+	return moe.CheckOutput(y, H)
 }

@@ -196,6 +196,19 @@ func TestLoadErrors(t *testing.T) {
 		require.ErrorContains(t, err, "model.safetensors: tensor")
 		require.ErrorContains(t, err, "out of bounds")
 	})
+	t.Run("NaN in the router", func(t *testing.T) {
+		const gate = "model.layers.1.mlp.gate.weight"
+		dir := write(t, func(m *moetest.Model) {
+			for i := range m.Tensors {
+				if m.Tensors[i].Name == gate {
+					binary.LittleEndian.PutUint16(m.Tensors[i].Data[2*(16+3):], 0x7FC0) // bf16 NaN at [1, 3]
+				}
+			}
+		})
+		_, err := moe.Load(dir, 1)
+		require.EqualError(t, err, "moe: checkpoint "+dir+": tensor \""+gate+"\" [1, 3] is NaN")
+		require.ErrorIs(t, err, moe.ErrNonFinite)
+	})
 	t.Run("a named pipe for the weights", func(t *testing.T) {
 		dir := write(t, nil)
 		p := filepath.Join(dir, "model.safetensors")

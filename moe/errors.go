@@ -7,7 +7,7 @@ import "errors"
 var (
 	// ErrShape: an input or output of the wrong size.
 	ErrShape = errors.New("moe: bad shape")
-	// ErrNonFinite: NaN or ±Inf in an input.
+	// ErrNonFinite: NaN or ±Inf in an input, a weight or an output.
 	ErrNonFinite = errors.New("moe: non-finite input")
 	// ErrMissingTensor: a tensor the family needs is missing from the
 	// checkpoint, or has the wrong shape.

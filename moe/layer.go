@@ -124,9 +124,15 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	// and read by every token: a copy, so that it cannot change under a
 	// running layer when the file does.
 	w.Gate = w.Gate.Clone()
+	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.gate), w.Gate); err != nil {
+		return nil, err
+	}
 	if cfg.Method == NoAuxTC {
 		b, err := ck.Matrix(names.bias, E)
 		if err != nil {
+			return nil, err
+		}
+		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.bias), b); err != nil {
 			return nil, err
 		}
 		w.Bias = make([]float32, E)
@@ -154,6 +160,9 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 				return nil, err
 			}
 			g = g.Clone()
+			if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.sharedGate), g); err != nil {
+				return nil, err
+			}
 			w.SharedGate = &g
 		}
 	}
@@ -184,6 +193,21 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 	router, err := NewRouter(cfg, w.Gate, w.Bias)
 	if err != nil {
 		return nil, err
+	}
+	// The small weights every token reads: a NaN in them makes every
+	// output NaN. (The experts' are checked on request: CheckWeights.)
+	if err := checkFiniteMatrix("router weight", w.Gate); err != nil {
+		return nil, err
+	}
+	for e, v := range w.Bias {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, errkind.Errorf(ErrNonFinite, "moe: router bias [%d] is %v", e, v)
+		}
+	}
+	if w.SharedGate != nil {
+		if err := checkFiniteMatrix("shared expert gate", *w.SharedGate); err != nil {
+			return nil, err
+		}
 	}
 	if len(w.Experts) != cfg.NumExperts {
 		return nil, errkind.Errorf(ErrShape, "moe: %d experts given, the config has %d", len(w.Experts), cfg.NumExperts)
@@ -337,6 +361,18 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 		sharedOut = shared.Out
 	}
 	Combine(y, g.Out, g.RowOf, K, H, sharedOut)
+	return CheckOutput(y, H)
+}
+
+// CheckOutput returns an ErrNonFinite error naming the first token of a
+// layer's output y [tokens, hidden] that holds a NaN or an infinity (its
+// input having been finite).
+func CheckOutput(y []float32, hidden int) error {
+	for i, v := range y {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return errkind.Errorf(ErrNonFinite, "moe: output token %d is %v at column %d, from finite input: the expert weights hold a non-finite value (CheckWeights finds it) or the products overflow fp32", i/hidden, v, i%hidden)
+		}
+	}
 	return nil
 }
 
@@ -605,6 +641,60 @@ func (l *Layer) SetExpertRunner(r ExpertRunner) {
 	l.life.Lock()
 	defer l.life.Unlock()
 	l.runner = r
+}
+
+// checkFiniteMatrix returns an ErrNonFinite error naming the first NaN or
+// infinite element of m (its dequantized value), if any.
+func checkFiniteMatrix(what string, m kernels.Matrix) error {
+	row := make([]float32, m.Cols)
+	for r := 0; r < m.Rows; r++ {
+		m.RowF32(r, row)
+		for c, v := range row {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return errkind.Errorf(ErrNonFinite, "moe: %s [%d, %d] is %v", what, r, c, v)
+			}
+		}
+	}
+	return nil
+}
+
+// CheckWeights reads every weight of the experts the layer holds (and the
+// shared expert's), dequantized, and returns an ErrNonFinite error naming
+// the first NaN or infinity: a full pass over the weights, on request
+// (moex's --check-weights), where New checks only the router's. It returns
+// the context's error if that ends first.
+func (l *Layer) CheckWeights(ctx context.Context) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return errkind.Errorf(ErrClosed, "moe: check on a closed layer")
+	}
+	check := func(what string, x Expert) error {
+		for _, m := range []struct {
+			name string
+			w    kernels.Matrix
+		}{{"gate_proj", x.Gate}, {"up_proj", x.Up}, {"down_proj", x.Down}} {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := checkFiniteMatrix(what+" "+m.name, m.w); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for e, x := range l.experts {
+		if !l.loaded[e] {
+			continue
+		}
+		if err := check(fmt.Sprintf("expert %d", e), x); err != nil {
+			return err
+		}
+	}
+	if l.shared != nil {
+		return check("shared expert", *l.shared)
+	}
+	return nil
 }
 
 // CheckFinite returns an error naming the first token of x [tokens, hidden]

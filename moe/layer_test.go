@@ -3,6 +3,7 @@ package moe_test
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 
@@ -343,4 +344,76 @@ func TestRouterCopiedAtLoad(t *testing.T) {
 	require.NoError(t, l.ForwardRouting(context.Background(), x, y1, ids1, nil))
 	require.Equal(t, ids0, ids1, "routing")
 	require.Equal(t, y0, y1)
+}
+
+// TestNonFiniteWeights: a NaN in the router is refused when the layer is
+// made; one in an expert is found by CheckWeights and, when a token meets
+// it, reported by Forward naming the token; finite weights whose products
+// overflow fp32 are reported the same way.
+func TestNonFiniteWeights(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 16, NumExperts: 4, TopK: 4, Inter: 16, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	rng := rand.New(rand.NewPCG(5, 6))
+	mat := func(r, c int, v float32) kernels.Matrix {
+		d := make([]float32, r*c)
+		for i := range d {
+			d[i] = v * float32(rng.Float64()-0.5)
+		}
+		m, err := kernels.NewF32(r, c, d)
+		require.NoError(t, err)
+		return m
+	}
+	weights := func(expert float32) moe.Weights {
+		w := moe.Weights{Gate: mat(E, H, 1), Experts: make([]moe.Expert, E)}
+		for e := range w.Experts {
+			w.Experts[e] = moe.Expert{Gate: mat(I, H, expert), Up: mat(I, H, expert), Down: mat(H, I, expert)}
+		}
+		return w
+	}
+	ctx := context.Background()
+	x := moetest.Input(9, 3, H, false)
+
+	w := weights(1)
+	g := make([]float32, E*H)
+	for i := 0; i < E; i++ {
+		w.Gate.RowF32(i, g[i*H:][:H])
+	}
+	g[2*H+5] = float32(math.NaN())
+	w.Gate, _ = kernels.NewF32(E, H, g)
+	_, err := moe.New(cfg, w)
+	require.EqualError(t, err, "moe: router weight [2, 5] is NaN")
+	require.ErrorIs(t, err, moe.ErrNonFinite)
+
+	w = weights(1)
+	d := make([]float32, H*I)
+	for i := 0; i < H; i++ {
+		w.Experts[1].Down.RowF32(i, d[i*I:][:I])
+	}
+	d[3*I+7] = float32(math.Inf(1))
+	w.Experts[1].Down, _ = kernels.NewF32(H, I, d)
+	l, err := moe.New(cfg, w)
+	require.NoError(t, err, "expert weights are checked on request only")
+	err = l.CheckWeights(ctx)
+	require.EqualError(t, err, "moe: expert 1 down_proj [3, 7] is +Inf")
+	require.ErrorIs(t, err, moe.ErrNonFinite)
+	err = l.Forward(ctx, x, make([]float32, len(x))) // top-4 of 4: every token meets expert 1
+	require.ErrorContains(t, err, "moe: output token 0 is ")
+	require.ErrorContains(t, err, "the expert weights hold a non-finite value (CheckWeights finds it) or the products overflow fp32")
+	require.ErrorIs(t, err, moe.ErrNonFinite)
+
+	l, err = moe.New(cfg, weights(1e30)) // finite, but their products are not
+	require.NoError(t, err)
+	require.NoError(t, l.CheckWeights(ctx))
+	err = l.Forward(ctx, x, make([]float32, len(x)))
+	require.ErrorContains(t, err, "moe: output token 0 is ")
+	require.ErrorIs(t, err, moe.ErrNonFinite)
+
+	l, err = moe.New(cfg, weights(1))
+	require.NoError(t, err)
+	require.NoError(t, l.CheckWeights(ctx))
+	require.NoError(t, l.Forward(ctx, x, make([]float32, len(x))))
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, l.CheckWeights(cancelled), context.Canceled)
 }

@@ -47,6 +47,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	commName := fs.String("comm", "local", "local (goroutines in this process) or mpi (one process per rank, under mpirun)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
 	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels, one rank; needs a `make cuda` build)")
+	checkWeights := fs.Bool("check-weights", false, "read every expert weight once before running and fail naming the first NaN or infinity (the router's are always checked)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *ranks < 1 {
 		return fmt.Errorf("%w: exec moe: --ep %d must be at least 1", errUsage, *ranks)
 	}
-	job := &epJob{model: *model, layer: *layer, input: *input, placement: *placement, redundant: *redundant}
+	job := &epJob{model: *model, layer: *layer, input: *input, placement: *placement, redundant: *redundant, checkWeights: *checkWeights}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var res *epResult
@@ -144,6 +145,7 @@ func firstError(errs []error) error {
 type epJob struct {
 	model, input, placement string
 	layer, redundant        int
+	checkWeights            bool
 }
 
 type epResult struct {
@@ -189,6 +191,11 @@ func (j *epJob) single(ctx context.Context) (*epResult, error) {
 		return nil, err
 	}
 	defer l.Close()
+	if j.checkWeights {
+		if err := l.CheckWeights(ctx); err != nil {
+			return nil, fmt.Errorf("%s: layer %d: %w", j.model, j.layer, err)
+		}
+	}
 	return r, l.ForwardRouting(ctx, x.Data, r.y, r.ids, r.weights)
 }
 
@@ -226,6 +233,11 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 	l, err := ep.LoadFrom(ck, j.layer, c, place)
 	if err != nil {
 		return nil, err
+	}
+	if j.checkWeights {
+		if err := l.CheckWeights(ctx); err != nil {
+			return nil, fmt.Errorf("%s: layer %d: %w", j.model, j.layer, err)
+		}
 	}
 	n := len(mine) / H
 	y := make([]float32, n*H)

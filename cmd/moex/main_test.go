@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -448,5 +449,37 @@ func TestRunMainJob(t *testing.T) {
 		require.Contains(t, out, "parity against one rank")
 		require.Contains(t, out, ": ok")
 		require.Contains(t, out, "tokens/s")
+	}
+}
+
+// TestExecMoECheckWeights: --check-weights names the first non-finite
+// expert weight before running; without it, a token that meets the
+// weight is reported as a non-finite output, and EP ranks do the same.
+func TestExecMoECheckWeights(t *testing.T) {
+	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 16, Experts: 4, TopK: 4, Inter: 8, DType: "F32", NumLayers: 1, Seed: 99}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	const bad = "model.layers.0.mlp.experts.2.up_proj.weight"
+	found := false
+	for i := range m.Tensors {
+		if m.Tensors[i].Name == bad {
+			binary.LittleEndian.PutUint32(m.Tensors[i].Data[4*(5*16+9):], math.Float32bits(float32(math.Inf(1))))
+			found = true
+		}
+	}
+	require.True(t, found)
+	dir := t.TempDir()
+	require.NoError(t, m.WriteTo(dir))
+	xp, yp := filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy")
+	require.NoError(t, npy.WriteFloat32(xp, []int{5, spec.Hidden}, moetest.Input(3, 5, spec.Hidden, false)))
+	args := []string{"exec", "moe", "--model", dir, "--layer", "0", "--input", xp, "--out", yp}
+	_, _, err = runCLI(append(args, "--check-weights")...)
+	require.ErrorContains(t, err, dir+": layer 0: moe: expert 2 up_proj [5, 9] is +Inf")
+	_, _, err = runCLI(append(args, "--check-weights", "--ep", "2")...)
+	require.ErrorContains(t, err, "expert 2 up_proj [5, 9] is +Inf")
+	for _, ep := range []string{"1", "2"} {
+		_, _, err = runCLI(append(args, "--ep", ep)...) // top-4 of 4: every token meets expert 2
+		require.ErrorContains(t, err, "output token 0 is ", "--ep %s", ep)
+		require.ErrorContains(t, err, "CheckWeights finds it", "--ep %s", ep)
 	}
 }

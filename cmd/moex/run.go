@@ -28,6 +28,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	mode := fs.String("moe-mode", "alltoall", "alltoall (EP dispatch/combine) or gather (all-gather, expert shards, reduce-scatter)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights, requests and inputs")
 	model := fs.String("model", "", "checkpoint folder for the MoE layer; default: DeepSeek-V2-Lite shapes with random bf16 weights")
+	checkWeights := fs.Bool("check-weights", false, "--model: read every expert weight once before running and fail naming the first NaN or infinity")
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	kvGiB := fs.Float64("kv-budget-gib", 16, "KV-cache memory per rank for the accounting, GiB")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: every rank's attention (projections and MLA over a device copy of its cache) and MoE experts on the GPU (needs a `make cuda` build)")
@@ -101,6 +102,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer layer.Close()
+		if *checkWeights {
+			if err := layer.CheckWeights(context.Background()); err != nil {
+				return fmt.Errorf("%s: layer %d: %w", *model, *layerIdx, err)
+			}
+		}
 		source = fmt.Sprintf("layer %d of %s", *layerIdx, *model)
 	} else if layer, err = moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, *seed); err != nil {
 		return err
