@@ -45,7 +45,8 @@ func execMoE(args []string, stderr io.Writer) error {
 	placement := fs.String("placement", "contiguous", "contiguous, round-robin, balanced, or a placement .json file")
 	redundant := fs.Int("redundant", -1, "balanced: extra expert slots (default: one per rank)")
 	commName := fs.String("comm", "local", "local (goroutines in this process) or mpi (one process per rank, under mpirun)")
-	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long (each collective's bound)")
+	deadline := fs.Duration("deadline", 0, "give up on the whole job after this long (0: no limit)")
 	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels, one rank; needs a `make cuda` build)")
 	checkWeights := fs.Bool("check-weights", false, "read every expert weight once before running and fail naming the first NaN or infinity (the router's are always checked)")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -62,8 +63,14 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *ranks < 1 {
 		return fmt.Errorf("%w: exec moe: --ep %d must be at least 1", errUsage, *ranks)
 	}
+	if *timeout <= 0 {
+		return fmt.Errorf("%w: exec moe: --timeout %v must be positive", errUsage, *timeout)
+	}
+	if *deadline < 0 {
+		return fmt.Errorf("%w: exec moe: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
+	}
 	job := &epJob{model: *model, layer: *layer, input: *input, placement: *placement, redundant: *redundant, checkWeights: *checkWeights}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := withDeadline(*deadline)
 	defer cancel()
 	var res *epResult
 	var err error
@@ -83,7 +90,7 @@ func execMoE(args []string, stderr io.Writer) error {
 		results := make([]*epResult, *ranks)
 		errs, cerr := ep.RunLocal(*ranks, func(c ep.Comm) error {
 			var err error
-			results[c.Rank()], err = job.rank(ctx, c)
+			results[c.Rank()], err = job.rank(ctx, ep.WithTimeout(c, *timeout))
 			return err
 		})
 		if cerr != nil {
@@ -99,7 +106,7 @@ func execMoE(args []string, stderr io.Writer) error {
 		if c.Size() != *ranks {
 			return fmt.Errorf("exec moe: --ep %d, but mpirun started %d ranks", *ranks, c.Size())
 		}
-		res, err = job.rank(ctx, c)
+		res, err = job.rank(ctx, ep.WithTimeout(c, *timeout))
 		if err == nil && c.Rank() != 0 {
 			return nil // rank 0 writes the outputs
 		}
@@ -124,6 +131,15 @@ func execMoE(args []string, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// withDeadline is the context of a whole job: bounded by d, or not at all
+// when d is 0.
+func withDeadline(d time.Duration) (context.Context, context.CancelFunc) {
+	if d == 0 {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithTimeout(context.Background(), d)
 }
 
 // firstError is the error of the rank that failed first in rank order,

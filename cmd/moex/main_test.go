@@ -131,6 +131,8 @@ func TestExecMoEErrors(t *testing.T) {
 		{"dense layer", []string{"--model", dir, "--layer", "5", "--input", x, "--out", out}, "layer 5 out of range: the model has 2 layers", false},
 		{"missing input", []string{"--model", dir, "--layer", "1", "--input", filepath.Join(tmp, "none.npy"), "--out", out}, "no such file", false},
 		{"no model", []string{"--model", tmp, "--layer", "1", "--input", x, "--out", out}, "config.json: no such file", false},
+		{"zero timeout", []string{"--model", dir, "--layer", "1", "--input", x, "--out", out, "--timeout", "0s"}, "--timeout 0s must be positive", true},
+		{"negative deadline", []string{"--model", dir, "--layer", "1", "--input", x, "--out", out, "--deadline", "-2s"}, "--deadline -2s must be positive (or 0: no limit)", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -434,6 +436,7 @@ func TestRunFlags(t *testing.T) {
 		{"--kv-budget-gib", "-1", "--kv-budget-gib -1 must be a positive finite number of GiB"},
 		{"--kv-budget-gib", "NaN", "--kv-budget-gib NaN must be"},
 		{"--timeout", "0s", "--timeout 0s must be positive"},
+		{"--deadline", "-1s", "--deadline -1s must be positive (or 0: no limit)"},
 	} {
 		_, stderr, err := runCLI("run", tt.flag, tt.value)
 		require.ErrorContains(t, err, tt.want)

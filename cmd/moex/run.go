@@ -34,7 +34,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	backend := fs.String("backend", "cpu", "cpu, or cuda: every rank's attention (projections and MLA over a device copy of its cache) and MoE experts on the GPU (needs a `make cuda` build)")
 	commName := fs.String("comm", "local", "local (ranks as goroutines), mpi (one process per rank under mpirun), or nccl "+
 		"(one process per GPU, torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; implies --backend cuda)")
-	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long (each collective's bound)")
+	deadline := fs.Duration("deadline", 0, "give up on the whole run after this long (0: no limit)")
 	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts and of attention when the coordinator's vote allows")
 	fused := fs.Bool("fused-layer", true, "--backend cuda --moe-mode gather: the layer's whole decode step (attention, residual, "+
 		"all-gather, MoE, reduce-scatter) on the device with no host copy between, one CUDA graph per step shape; false: the stages apart")
@@ -50,9 +51,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: run: --timeout %v must be positive", errUsage, *timeout)
 	}
+	if *deadline < 0 {
+		return fmt.Errorf("%w: run: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
+	}
 	ranksSet := false
 	fs.Visit(func(f *flag.Flag) { ranksSet = ranksSet || f.Name == "ranks" })
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := withDeadline(*deadline)
 	defer cancel()
 	var comm, plan ep.Comm
 	switch *commName {
@@ -132,7 +136,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
 	latent := attn.LatentDim()
 	setup := time.Since(t0)
-	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, MoEMode: *mode, Seed: *seed,
+	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	if *fused {
 		cfg.Layer = dev.layer

@@ -34,6 +34,9 @@ type Config struct {
 	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
 	Attn         dpattn.AttentionBlock
 	CacheDType   kernels.DType
+	// RankTimeout bounds each collective (ep.WithTimeout): a rank that does
+	// not arrive within it fails the run, naming the collective; 0: none.
+	RankTimeout time.Duration
 	// Experts, when set, gives each rank the runner of its shard's experts
 	// (a GPU: moegpu.Experts), which the run closes; nil: the CPU kernels.
 	// The one-rank reference of the parity check stays on the CPU.
@@ -201,6 +204,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for r, comm := range comms {
+		comm := ep.WithTimeout(comm, cfg.RankTimeout)
 		wg.Go(func() {
 			ys[r], errs[r] = runRank(ctx, cfg, sched, comm, comm, place, workers, &rep.Ranks[r], rep.Steps)
 			if errs[r] != nil {
@@ -274,6 +278,7 @@ func RunComms(ctx context.Context, cfg Config, comm, plan ep.Comm) (*Report, err
 			plan.Rank(), plan.Size(), comm.Rank(), comm.Size())
 	}
 	cfg.Ranks = comm.Size()
+	comm, plan = ep.WithTimeout(comm, cfg.RankTimeout), ep.WithTimeout(plan, cfg.RankTimeout)
 	R, S := cfg.Ranks, cfg.Steps
 	if S < 1 {
 		return nil, fmt.Errorf("dpattn: run of %d steps", S)
