@@ -8,6 +8,7 @@ import (
 
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -153,6 +154,13 @@ type sequence struct {
 func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*LatentCache, error) {
 	if numBlocks < 1 || blockSize < 1 || dim < 1 {
 		return nil, fmt.Errorf("dpattn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
+	}
+	if dtype != kernels.F32 && dtype != kernels.BF16 {
+		return nil, fmt.Errorf("dpattn: cache dtype %v (want F32 or BF16)", dtype)
+	}
+	if err := memlimit.Check(fmt.Sprintf("dpattn: a latent cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim),
+		float64(numBlocks)*(float64(blockSize)*float64(dim)*float64(dtype.Size())+12)); err != nil {
+		return nil, err
 	}
 	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{},
 		versions: make([]uint64, numBlocks)}

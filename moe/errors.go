@@ -1,6 +1,10 @@
 package moe
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/moex-project/moex/internal/memlimit"
+)
 
 // The classes of error a caller branches on (errors.Is); each error's
 // message still names the tensor, token, layer or file.
@@ -20,4 +24,13 @@ var (
 	ErrUnknownFamily = errors.New("moe: unknown model family")
 	// ErrClosed: a call on a closed checkpoint or layer.
 	ErrClosed = errors.New("moe: closed")
+	// ErrTooLarge: sizes whose memory is over the limit (the machine's
+	// memory, or SetMemoryLimit's), refused before anything is allocated;
+	// dpattn's cache and moex's benchmarks wrap it too.
+	ErrTooLarge = memlimit.ErrTooLarge
 )
+
+// SetMemoryLimit sets the bytes the constructors of moe and dpattn check
+// their sizes against before allocating (0: the machine's memory, the
+// default) and returns the previous setting.
+func SetMemoryLimit(bytes uint64) uint64 { return memlimit.Set(bytes) }

@@ -31,6 +31,7 @@
 package moe
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -40,6 +41,7 @@ import (
 
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -239,6 +241,17 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 		loaded[e] = w.Experts[e].Gate.Rows > 0
 	}
 	if kernels.PacksWeights() {
+		var copied float64 // what packing copies: the matrices not packed yet
+		for _, x := range append(w.Experts, *cmp.Or(w.Shared, &Expert{})) {
+			for _, m := range []kernels.Matrix{x.Gate, x.Up, x.Down} {
+				if !m.Packed() {
+					copied += float64(m.Bytes())
+				}
+			}
+		}
+		if err := memlimit.Check(fmt.Sprintf("moe: packing the experts of a %s layer", cfg.ModelType), copied); err != nil {
+			return nil, err
+		}
 		w.Experts = packExperts(w.Experts)
 		if w.Shared != nil {
 			s := packExperts([]Expert{*w.Shared})[0]

@@ -417,3 +417,36 @@ func TestNonFiniteWeights(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, l.CheckWeights(cancelled), context.Canceled)
 }
+
+// TestSizesCheckedFirst: sizes over the memory limit are refused, naming
+// them, before anything is allocated.
+func TestSizesCheckedFirst(t *testing.T) {
+	big := &moe.Config{ModelType: "mixtral", Hidden: 1 << 20, NumExperts: 1 << 10, TopK: 2, Inter: 1 << 20, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	_, err := moe.NewRandom(big, kernels.BF16, 1)
+	require.ErrorIs(t, err, moe.ErrTooLarge)
+	require.ErrorContains(t, err, "moe: random BF16 weights for 1024 experts of [1048576, 1048576] needs 6291460.0 GiB, more than the ")
+
+	small := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 8, TopK: 2, Inter: 64, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	defer moe.SetMemoryLimit(moe.SetMemoryLimit(64 << 10))
+	_, err = moe.NewRandom(small, kernels.F32, 1) // 8·3·64·64·4 bytes and the router's 2 KiB
+	require.EqualError(t, err, "moe: random F32 weights for 8 experts of [64, 64] needs 386.0 KiB, more than the 64.0 KiB of the limit set: over the memory limit")
+	if kernels.PacksWeights() { // New's copy of the experts, packed
+		mat := func(r, c int) kernels.Matrix {
+			m, err := kernels.NewF32(r, c, make([]float32, r*c))
+			require.NoError(t, err)
+			return m
+		}
+		w := moe.Weights{Gate: mat(8, 64), Experts: make([]moe.Expert, 8)}
+		for e := range w.Experts {
+			w.Experts[e] = moe.Expert{Gate: mat(64, 64), Up: mat(64, 64), Down: mat(64, 64)}
+		}
+		_, err = moe.New(small, w)
+		require.EqualError(t, err, "moe: packing the experts of a mixtral layer needs 384.0 KiB, more than the 64.0 KiB of the limit set: over the memory limit")
+	}
+	moe.SetMemoryLimit(0)
+	l, err := moe.NewRandom(small, kernels.F32, 1)
+	require.NoError(t, err)
+	require.NoError(t, l.Forward(context.Background(), moetest.Input(1, 2, 64, false), make([]float32, 128)))
+}

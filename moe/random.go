@@ -11,6 +11,7 @@ import (
 
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/hugepage"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -40,6 +41,15 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		return nil, fmt.Errorf("moe: random weights of dtype %v", dtype)
 	}
 	H := cfg.Hidden
+	perWeight := float64(dtype.Bits()) / 8
+	if dtype == kernels.F8E4M3 || dtype == kernels.MXFP4 || dtype == kernels.INT4 {
+		perWeight += 0.125 // scales, at most one fp32 per 32 weights
+	}
+	weights := 3 * float64(H) * (float64(cfg.NumExperts)*float64(cfg.Inter) + float64(cfg.SharedInter))
+	if err := memlimit.Check(fmt.Sprintf("moe: random %v weights for %d experts of [%d, %d]", dtype, cfg.NumExperts, cfg.Inter, H),
+		weights*perWeight+float64(cfg.NumExperts)*float64(H)*4); err != nil {
+		return nil, err
+	}
 	var mu sync.Mutex
 	var firstErr error
 	// Each matrix has its own stream, so the weights do not depend on the

@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -78,7 +78,7 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 	fs.StringVar(&o.format, "format", "table", "table or json (one object per line)")
 	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
 	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
-	maxGiB := fs.Float64("max-memory-gib", machineMemory()/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
+	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
 	return func() error {
 		var err error
 		if !(*maxGiB > 0) {
@@ -103,27 +103,10 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 // memory is over --max-memory-gib.
 func (o *benchOpts) fits(bench string, bytes float64) error {
 	if bytes > o.maxBytes {
-		return fmt.Errorf("%w: bench %s: these sizes need about %.1f GiB, over --max-memory-gib %.1f (default: the machine's memory)",
-			errUsage, bench, bytes/(1<<30), o.maxBytes/(1<<30))
+		return fmt.Errorf("%w: bench %s: these sizes need about %.1f GiB, over --max-memory-gib %.1f (default: the machine's memory): %w",
+			errUsage, bench, bytes/(1<<30), o.maxBytes/(1<<30), memlimit.ErrTooLarge)
 	}
 	return nil
-}
-
-// machineMemory is the machine's memory in bytes (MemTotal in
-// /proc/meminfo), or +Inf where that cannot be read.
-func machineMemory() float64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return math.Inf(1)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			if kb, err := strconv.ParseFloat(f[1], 64); err == nil && kb > 0 {
-				return kb * 1024
-			}
-		}
-	}
-	return math.Inf(1)
 }
 
 func intList(s, name string) ([]int, error) {
