@@ -115,13 +115,13 @@ func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esi
 }
 
 // gateUpSIMD is GateUp on the active SIMD implementation.
-func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
 	M := len(idx)
 	if K == 0 {
 		for r := 0; r < M; r++ {
 			for n := n0; n < n1; n++ {
-				h[r*inter+n] = SwiGLU(0, 0)
+				h[r*inter+n] = ep.apply(0, 0, n)
 			}
 		}
 		return
@@ -142,12 +142,12 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 		var out [4 * maxKernelRows]float32
 		for nb := n0; nb < n1; nb += step {
 			ne := min(nb+step, n1)
-			n := gateUp8(s, h, inter, &a, M, K, gate, up, kMain, nb, ne)
+			n := gateUp8(s, h, inter, &a, M, K, gate, up, ep, kMain, nb, ne)
 			for ; n < ne; n += 2 {
 				n2 := min(n+1, ne-1)
 				b = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
 				kern[M](&a, &b, kMain, &lane, 2, &out)
-				gateUpTail(h, inter, &a, M, K, kMain, gate, up, n, n2, &out)
+				gateUpTail(h, inter, &a, M, K, kMain, gate, up, ep, n, n2, &out)
 			}
 		}
 		return
@@ -168,7 +168,7 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 		s.strip(kern[mr], &a, mr, kMain, gate.DType.Size(), sc)
 		for c := range sc.out {
 			n := n0 + 2*c
-			gateUpTail(h[m0*inter:], inter, &a, mr, K, kMain, gate, up, n, min(n+1, n1-1), &sc.out[c])
+			gateUpTail(h[m0*inter:], inter, &a, mr, K, kMain, gate, up, ep, n, min(n+1, n1-1), &sc.out[c])
 		}
 	}
 }
@@ -176,7 +176,7 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, n0, n1 in
 // gateUpTail adds the k tail to one kernel call's gate/up dot products
 // (columns n, n2 of rows a[:mr]) and writes their activations into h
 // [mr, inter].
-func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain int, gate, up Matrix, n, n2 int, out *[4 * maxKernelRows]float32) {
+func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain int, gate, up Matrix, ep *glu, n, n2 int, out *[4 * maxKernelRows]float32) {
 	for i := 0; i < mr; i++ {
 		o := out[4*i : 4*i+4]
 		if kMain < K {
@@ -189,19 +189,19 @@ func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain
 			}
 		}
 		row := h[i*inter:]
-		row[n] = SwiGLU(o[0], o[2])
-		row[n2] = SwiGLU(o[1], o[3])
+		row[n] = ep.apply(o[0], o[2], n)
+		row[n2] = ep.apply(o[1], o[3], n2)
 	}
 }
 
 // downSIMD is Down on the active SIMD implementation; with idx non-nil,
 // row r of h is h[idx[r]] and there are len(idx) rows.
-func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
+func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	if K == 0 {
 		for r := 0; r < len(out)/max(hidden, 1); r++ {
 			for n := n0; n < n1; n++ {
-				out[r*hidden+n] = 0
+				out[r*hidden+n] = biased(0, bias, n, scale, r)
 			}
 		}
 		return
@@ -228,14 +228,14 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 		var acc [4 * maxKernelRows]float32
 		for nb := n0; nb < n1; nb += step {
 			ne := min(nb+step, n1)
-			n := down8(s, out, &a, M, K, down, scale, 0, kMain, nb, ne)
+			n := down8(s, out, &a, M, K, down, bias, scale, 0, kMain, nb, ne)
 			for ; n < ne; n += 4 {
 				cols := min(4, ne-n)
 				for j := range b {
 					b[j] = down.rowPtr(n + min(j, cols-1))
 				}
 				kern[M](&a, &b, kMain, &lane, 2, &acc)
-				downTail(out, hidden, &a, M, K, kMain, down, scale, 0, n, cols, &acc)
+				downTail(out, hidden, &a, M, K, kMain, down, bias, scale, 0, n, cols, &acc)
 			}
 		}
 		return
@@ -258,7 +258,7 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 		s.strip(kern[mr], &a, mr, kMain, down.DType.Size(), sc)
 		for c := range sc.out {
 			n := n0 + 4*c
-			downTail(out[m0*hidden:], hidden, &a, mr, K, kMain, down, scale, m0, n, min(4, n1-n), &sc.out[c])
+			downTail(out[m0*hidden:], hidden, &a, mr, K, kMain, down, bias, scale, m0, n, min(4, n1-n), &sc.out[c])
 		}
 	}
 }
@@ -266,7 +266,7 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, scale []float
 // downTail adds the k tail to one kernel call's dot products (columns
 // n … n+cols-1 of rows a[:mr], rows r0… of the call) and writes them,
 // scaled, into out [mr, hidden].
-func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMain int, down Matrix, scale []float32, r0, n, cols int, acc *[4 * maxKernelRows]float32) {
+func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMain int, down Matrix, bias, scale []float32, r0, n, cols int, acc *[4 * maxKernelRows]float32) {
 	for i := 0; i < mr; i++ {
 		o := acc[4*i : 4*i+4]
 		if kMain < K {
@@ -278,7 +278,7 @@ func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMai
 			}
 		}
 		for j := 0; j < cols; j++ {
-			out[i*hidden+n+j] = scaled(o[j], scale, r0+i)
+			out[i*hidden+n+j] = biased(o[j], bias, n+j, scale, r0+i)
 		}
 	}
 }
@@ -286,7 +286,7 @@ func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMai
 // gateUp8 does columns of gateUpSIMD for mr ≤ maxMR8 rows a, four columns
 // (eight weight rows) per kernel call; h holds the rows' outputs [mr,
 // inter]. It returns the first column it did not do.
-func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, kMain, n, ne int) int {
+func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, ep *glu, kMain, n, ne int) int {
 	var b, next [8]*byte
 	var out [8 * maxKernelRows]float32
 	kern := s.kern8[gate.DType][mr]
@@ -309,7 +309,7 @@ func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K 
 				}
 			}
 			for j := 0; j < 4; j++ {
-				h[i*inter+n+j] = SwiGLU(o[j], o[4+j])
+				h[i*inter+n+j] = ep.apply(o[j], o[4+j], n+j)
 			}
 		}
 	}
@@ -319,7 +319,7 @@ func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K 
 // down8 does columns of downSIMD for mr ≤ maxMR8 rows a (rows r0… of the
 // call), eight weight rows per kernel call; out holds the rows' outputs
 // [mr, hidden]. It returns the first column it did not do.
-func down8(s *simd, out []float32, a *[maxKernelRows]*float32, mr, K int, down Matrix, scale []float32, r0, kMain, n, ne int) int {
+func down8(s *simd, out []float32, a *[maxKernelRows]*float32, mr, K int, down Matrix, bias, scale []float32, r0, kMain, n, ne int) int {
 	var b, next [8]*byte
 	var acc [8 * maxKernelRows]float32
 	kern := s.kern8[down.DType][mr]
@@ -341,7 +341,7 @@ func down8(s *simd, out []float32, a *[maxKernelRows]*float32, mr, K int, down M
 				}
 			}
 			for j := 0; j < 8; j++ {
-				out[i*hidden+n+j] = scaled(o[j], scale, r0+i)
+				out[i*hidden+n+j] = biased(o[j], bias, n+j, scale, r0+i)
 			}
 		}
 	}

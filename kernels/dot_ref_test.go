@@ -181,9 +181,9 @@ func testDriverMatchesLaneOrder(t *testing.T) {
 					w, rowsW := randMatrix(rng, dt, N, K)
 					u, rowsU := randMatrix(rng, dt, N, K)
 					out := make([]float32, M*N)
-					downSIMD(s, out, h, nil, w, nil, 0, N)
+					downSIMD(s, out, h, nil, w, nil, nil, 0, N)
 					gu := make([]float32, M*N)
-					gateUpSIMD(s, gu, h, idx, w, u, 0, N)
+					gateUpSIMD(s, gu, h, idx, w, u, nil, 0, N)
 					for m := 0; m < M; m++ {
 						xm := h[int(idx[m])*K:][:K]
 						for n := 0; n < N; n++ {

@@ -9,20 +9,20 @@ package kernels
 // Only columns [n0, n1) of h are written, so that callers can split the work
 // into column tiles. Shapes are the caller's contract (checked by the layer).
 func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
-	gateUp(h, x, nil, idx, gate, up, n0, n1)
+	gateUp(h, x, nil, idx, gate, up, nil, n0, n1)
 }
 
 // gateUp is GateUp with the magnitude ranges of x's rows, or nil.
-func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, n0, n1 int) {
+func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
 		if gate.packed && gate.Cols > 0 && n0 < n1 && len(idx) > 0 {
-			gateUpOuter(s, h, x, xr, idx, gate, up, n0, n1)
+			gateUpOuter(s, h, x, xr, idx, gate, up, ep, n0, n1)
 			return
 		}
-		gateUpSIMD(s, h, x, idx, gate, up, n0, n1)
+		gateUpSIMD(s, h, x, idx, gate, up, ep, n0, n1)
 		return
 	}
-	gateUpGeneric(h, x, idx, gate, up, n0, n1)
+	gateUpGeneric(h, x, idx, gate, up, ep, n0, n1)
 }
 
 // Down computes the second projection of an expert, scaled by each row's
@@ -33,21 +33,21 @@ func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, n0, n1 
 // h is [rows, inter], down is [hidden, inter], out is [rows, hidden];
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
-	gemmRows(out, h, nil, nil, down, scale, n0, n1)
+	gemmRows(out, h, nil, nil, down, nil, scale, n0, n1)
 }
 
 // gemmRows is GEMMRows (Down with idx nil) with the magnitude ranges of
 // a's rows, or nil.
-func gemmRows(out, a []float32, ar []magRange, idx []int32, b Matrix, scale []float32, n0, n1 int) {
+func gemmRows(out, a []float32, ar []magRange, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
 	if s := active; s != nil && s.runs(b) {
 		if b.packed && b.Cols > 0 && n0 < n1 {
-			downOuter(s, out, a, ar, idx, b, scale, n0, n1)
+			downOuter(s, out, a, ar, idx, b, bias, scale, n0, n1)
 			return
 		}
-		downSIMD(s, out, a, idx, b, scale, n0, n1)
+		downSIMD(s, out, a, idx, b, bias, scale, n0, n1)
 		return
 	}
-	downGeneric(out, a, idx, b, scale, n0, n1)
+	downGeneric(out, a, idx, b, bias, scale, n0, n1)
 }
 
 // RouterLogits computes dst[t, e] = x[t] · w[e] with float64 accumulation,
@@ -61,5 +61,5 @@ func RouterLogits(dst []float64, x []float32, w Matrix) {
 // GEMMRows computes out[r, n] = scale[r] · (a[idx[r]] · b[n]) for n in
 // [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
 func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
-	gemmRows(out, a, nil, idx, b, scale, n0, n1) // idx nil: every row of a
+	gemmRows(out, a, nil, idx, b, nil, scale, n0, n1) // idx nil: every row of a
 }

@@ -8,7 +8,7 @@ import "math"
 // bits are the same on every architecture and for any batch.
 
 // gateUpGeneric is the reference for GateUp.
-func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
+func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	hidden, inter := gate.Cols, gate.Rows
 	g := make([]float32, hidden)
 	u := make([]float32, hidden)
@@ -33,10 +33,10 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 				u2 += float32(x2[k] * uk)
 				u3 += float32(x3[k] * uk)
 			}
-			h[r*inter+n] = SwiGLU(g0, u0)
-			h[(r+1)*inter+n] = SwiGLU(g1, u1)
-			h[(r+2)*inter+n] = SwiGLU(g2, u2)
-			h[(r+3)*inter+n] = SwiGLU(g3, u3)
+			h[r*inter+n] = ep.apply(g0, u0, n)
+			h[(r+1)*inter+n] = ep.apply(g1, u1, n)
+			h[(r+2)*inter+n] = ep.apply(g2, u2, n)
+			h[(r+3)*inter+n] = ep.apply(g3, u3, n)
 		}
 		for ; r < len(idx); r++ {
 			xr := x[int(idx[r])*hidden:][:hidden]
@@ -45,7 +45,7 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 				gs += float32(xr[k] * gk)
 				us += float32(xr[k] * u[k])
 			}
-			h[r*inter+n] = SwiGLU(gs, us)
+			h[r*inter+n] = ep.apply(gs, us, n)
 		}
 	}
 }
@@ -59,7 +59,7 @@ func SwiGLU(g, u float32) float32 {
 
 // downGeneric is the reference for Down and GEMMRows; with idx non-nil,
 // row r of h is h[idx[r]].
-func downGeneric(out, h []float32, idx []int32, down Matrix, scale []float32, n0, n1 int) {
+func downGeneric(out, h []float32, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, inter := down.Rows, down.Cols
 	rows := 0
 	if inter > 0 {
@@ -85,10 +85,10 @@ func downGeneric(out, h []float32, idx []int32, down Matrix, scale []float32, n0
 				a2 += float32(h2[k] * wk)
 				a3 += float32(h3[k] * wk)
 			}
-			out[r*hidden+n] = scaled(a0, scale, r)
-			out[(r+1)*hidden+n] = scaled(a1, scale, r+1)
-			out[(r+2)*hidden+n] = scaled(a2, scale, r+2)
-			out[(r+3)*hidden+n] = scaled(a3, scale, r+3)
+			out[r*hidden+n] = biased(a0, bias, n, scale, r)
+			out[(r+1)*hidden+n] = biased(a1, bias, n, scale, r+1)
+			out[(r+2)*hidden+n] = biased(a2, bias, n, scale, r+2)
+			out[(r+3)*hidden+n] = biased(a3, bias, n, scale, r+3)
 		}
 		for ; r < rows; r++ {
 			hr := row(r)
@@ -96,12 +96,17 @@ func downGeneric(out, h []float32, idx []int32, down Matrix, scale []float32, n0
 			for k, wk := range w {
 				a += float32(hr[k] * wk)
 			}
-			out[r*hidden+n] = scaled(a, scale, r)
+			out[r*hidden+n] = biased(a, bias, n, scale, r)
 		}
 	}
 }
 
-func scaled(a float32, scale []float32, r int) float32 {
+// biased is a dot product's output: a plus bias[n] (none when bias is
+// nil), times scale[r] (one when scale is nil), each rounded to fp32.
+func biased(a float32, bias []float32, n int, scale []float32, r int) float32 {
+	if bias != nil {
+		a += bias[n]
+	}
 	if scale == nil {
 		return a
 	}

@@ -20,6 +20,19 @@ type FFNGroup struct {
 	// Expert names the weights for implementations that keep them
 	// elsewhere (a GPU): the routed expert's id, or SharedExpert.
 	Expert int
+
+	// GateBias, UpBias [inter] and DownBias [hidden] are the projections'
+	// biases (gpt-oss), nil for none; Act is the activation (the zero
+	// value: SwiGLU). Out = Scale · (Down·act(Gate·x + GateBias,
+	// Up·x + UpBias) + DownBias).
+	GateBias, UpBias, DownBias []float32
+	Act                        Activation
+}
+
+// Plain reports whether g is SwiGLU without biases, the expert every
+// implementation runs (the device kernels run no other yet).
+func (g *FFNGroup) Plain() bool {
+	return g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil && g.DownBias == nil
 }
 
 // SharedExpert is FFNGroup.Expert of a shared expert.
@@ -89,11 +102,15 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			break
 		}
 	}
+	eps := make([]*glu, len(groups))
+	for i := range groups {
+		eps[i] = newGLU(&groups[i])
+	}
 	if err := Parallel(ctx, workers, len(first), func(k int) {
 		it := first[k]
 		g := &groups[it.g]
 		inter := g.Gate.Rows
-		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, it.n0, it.n1)
+		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g], it.n0, it.n1)
 	}); err != nil {
 		return err
 	}
@@ -133,7 +150,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		if hr[it.g] != nil {
 			rr = hr[it.g][it.r0:it.r1]
 		}
-		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, nil, g.Down, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, nil, g.Down, g.DownBias, scale, it.n0, it.n1)
 	})
 }
 
@@ -164,7 +181,7 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 		if g.Scale != nil {
 			scale = g.Scale[it.r0:it.r1]
 		}
-		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, g.Rows[it.r0:it.r1], g.B, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
 	})
 }
 

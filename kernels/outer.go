@@ -368,7 +368,7 @@ func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]fl
 
 // gateUpOuter is GateUp on packed weights: the panels that cover [n0, n1)
 // into scratch tiles, then the activation of the columns asked for.
-func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up Matrix, n0, n1 int) {
+func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
 	M := len(idx)
 	sc := outerPool.Get().(*outerScratch)
@@ -387,15 +387,21 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 	for r := 0; r < M; r++ {
 		g, u := sc.c[0][r*ldc+n0-off:][:n1-n0], sc.c[1][r*ldc+n0-off:][:n1-n0]
 		hr := h[r*inter+n0:][:n1-n0]
+		if ep == nil {
+			for n := range hr {
+				hr[n] = SwiGLU(g[n], u[n])
+			}
+			continue
+		}
 		for n := range hr {
-			hr[n] = SwiGLU(g[n], u[n])
+			hr[n] = ep.apply(g[n], u[n], n0+n)
 		}
 	}
 }
 
 // downOuter is Down and GEMMRows on a packed matrix; with idx non-nil, row
 // r of h is h[idx[r]].
-func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matrix, scale []float32, n0, n1 int) {
+func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	M := len(h) / K
 	if idx != nil {
@@ -424,6 +430,12 @@ func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matri
 	for r := 0; r < M; r++ {
 		c := sc.c[0][r*ldc+n0-off:][:n1-n0]
 		o := out[r*hidden+n0:][:n1-n0]
+		if bias != nil {
+			for n := range o {
+				o[n] = biased(c[n], bias, n0+n, scale, r)
+			}
+			continue
+		}
 		if scale == nil {
 			copy(o, c)
 			continue

@@ -99,9 +99,9 @@ func TestPow2KernelsExact(t *testing.T) {
 			}
 		}
 		got, q4, f32 := make([]float32, M*N), make([]float32, M*N), make([]float32, M*N)
-		downOuter(with, got, h, nil, nil, pm, nil, 0, N)
-		downOuter(without, q4, h, nil, nil, pm, nil, 0, N)
-		downOuter(with, f32, h, nil, nil, pf, nil, 0, N)
+		downOuter(with, got, h, nil, nil, pm, nil, nil, 0, N)
+		downOuter(without, q4, h, nil, nil, pm, nil, nil, 0, N)
+		downOuter(with, f32, h, nil, nil, pf, nil, nil, 0, N)
 		require.Equal(t, bitsOf(f32), bitsOf(q4), "trial %d: 4-bit kernels against fp32", trial)
 		require.Equal(t, bitsOf(q4), bitsOf(got), "trial %d: scales [%d, %d], %d rows", trial, w[0], w[1], M)
 	}
@@ -145,9 +145,9 @@ func TestPow2Guard(t *testing.T) {
 				h[i] = c.x
 			}
 			want := make([]float32, N)
-			downOuter(with, want, h, nil, nil, pf, nil, 0, N)
+			downOuter(with, want, h, nil, nil, pf, nil, nil, 0, N)
 			got := make([]float32, N)
-			downOuter(with, got, h, nil, nil, pm, nil, 0, N)
+			downOuter(with, got, h, nil, nil, pm, nil, nil, 0, N)
 			require.Equal(t, bitsOf(want), bitsOf(got), "guarded")
 			mr := magnitudeRange(h)
 			require.False(t, pow2Exact(mr.lo, mr.hi, K, pm.q.pmin, pm.q.pmax), "the guard refuses it")
@@ -155,7 +155,7 @@ func TestPow2Guard(t *testing.T) {
 			defer func(f func(uint32, uint32, int, int, int) bool) { pow2Check = f }(pow2Check)
 			pow2Check = func(uint32, uint32, int, int, int) bool { return true }
 			unguarded := make([]float32, N)
-			downOuter(with, unguarded, h, nil, nil, pm, nil, 0, N)
+			downOuter(with, unguarded, h, nil, nil, pm, nil, nil, 0, N)
 			require.NotEqual(t, bitsOf(want), bitsOf(unguarded), "unguarded: want %v, got %v", want[0], unguarded[0])
 		})
 	}

@@ -1,0 +1,98 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// ActKind is the gated activation of an expert's first projection.
+type ActKind uint8
+
+// Activations.
+const (
+	// SiLU is silu(g)·u, the SwiGLU of most families: the zero value.
+	SiLU ActKind = iota
+	// ClampedSwiGLU is gpt-oss's: g = min(g, Limit), u = clamp(u, −Limit,
+	// Limit), h = g·σ(Alpha·g)·(u + 1).
+	ClampedSwiGLU
+)
+
+func (k ActKind) String() string {
+	switch k {
+	case SiLU:
+		return "silu"
+	case ClampedSwiGLU:
+		return "clamped_swiglu"
+	}
+	return fmt.Sprintf("ActKind(%d)", uint8(k))
+}
+
+// Activation is an expert's gated activation with its constants.
+type Activation struct {
+	Kind         ActKind
+	Alpha, Limit float32 // ClampedSwiGLU's
+}
+
+// Validate checks the activation's constants: ClampedSwiGLU needs a
+// positive finite limit and a finite alpha.
+func (a Activation) Validate() error {
+	switch a.Kind {
+	case SiLU:
+		return nil
+	case ClampedSwiGLU:
+		if !(a.Limit > 0) || math.IsInf(float64(a.Limit), 0) || math.IsNaN(float64(a.Alpha)) || math.IsInf(float64(a.Alpha), 0) {
+			return fmt.Errorf("kernels: clamped SwiGLU needs a positive finite limit and a finite alpha, have limit %v, alpha %v", a.Limit, a.Alpha)
+		}
+		return nil
+	}
+	return fmt.Errorf("kernels: unknown activation %v", a.Kind)
+}
+
+// Apply is the activation of one column: its gate and up projections.
+// Like SwiGLU it is computed in float64 and rounded once to float32.
+func (a Activation) Apply(g, u float32) float32 {
+	if a.Kind != ClampedSwiGLU {
+		return SwiGLU(g, u)
+	}
+	return ClampedSwiGLUAct(g, u, a.Alpha, a.Limit)
+}
+
+// ClampedSwiGLUAct is gpt-oss's activation: g = min(g, limit), u =
+// clamp(u, −limit, limit), g·σ(alpha·g)·(u + 1), in float64, rounded
+// once to float32. (The gate has no lower clamp: so both Hugging Face
+// and OpenAI's reference define it.)
+func ClampedSwiGLUAct(g, u, alpha, limit float32) float32 {
+	gf := math.Min(float64(g), float64(limit))
+	uf := math.Max(math.Min(float64(u), float64(limit)), -float64(limit))
+	return float32(gf / (1 + math.Exp(-float64(alpha)*gf)) * (uf + 1))
+}
+
+// glu is a group's first-projection epilogue: the biases of the gate and
+// up projections (nil: none) and the activation. A nil *glu is SwiGLU
+// without biases, every family's but gpt-oss's.
+type glu struct {
+	act    Activation
+	gb, ub []float32 // [inter]
+}
+
+// newGLU is the epilogue of g, nil when it is plain SwiGLU.
+func newGLU(g *FFNGroup) *glu {
+	if g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil {
+		return nil
+	}
+	return &glu{act: g.Act, gb: g.GateBias, ub: g.UpBias}
+}
+
+// apply is the activation of column n from its gate and up dot products.
+func (e *glu) apply(g, u float32, n int) float32 {
+	if e == nil {
+		return SwiGLU(g, u)
+	}
+	if e.gb != nil {
+		g += e.gb[n]
+	}
+	if e.ub != nil {
+		u += e.ub[n]
+	}
+	return e.act.Apply(g, u)
+}

@@ -1,0 +1,148 @@
+package kernels_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/kerneltest"
+)
+
+// clampedRef is gpt-oss's expert activation from its definition, in
+// float64: g = min(g, limit), u = clamp(u, −limit, limit),
+// g·σ(alpha·g)·(u + 1).
+func clampedRef(g, u, alpha, limit float64) float64 {
+	g = math.Min(g, limit)
+	u = math.Max(-limit, math.Min(u, limit))
+	return g / (1 + math.Exp(-alpha*g)) * (u + 1)
+}
+
+// TestGroupedFFNBiasClamped runs experts with biases on all three
+// projections and the clamped SwiGLU, on every implementation, packed and
+// not, against a float64 reference on the dequantized weights; the
+// projections are large enough that both clamps bind on many columns.
+func TestGroupedFFNBiasClamped(t *testing.T) {
+	const H, I, T = 64, 96, 9
+	act := kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.MXFP4} {
+		rng := rand.New(rand.NewPCG(7, uint64(dt)))
+		weights := func(rows, cols int) (kernels.Matrix, [][]float64) {
+			if dt == kernels.MXFP4 {
+				return kerneltest.MXFP4Weights(rng, rows, cols)
+			}
+			return kerneltest.Weights(rng, dt, rows, cols)
+		}
+		bias := func(n int) []float32 {
+			b := make([]float32, n)
+			for i := range b {
+				b[i] = float32(rng.Float64()*18 - 9)
+			}
+			return b
+		}
+		x := make([]float32, T*H)
+		for i := range x {
+			x[i] = float32(rng.Float64()*2 - 1)
+		}
+		type ref struct{ gate, up, down [][]float64 }
+		var groups []kernels.FFNGroup
+		var refs []ref
+		for _, load := range []int{1, 5, 9} {
+			var g kernels.FFNGroup
+			var r ref
+			g.Gate, r.gate = weights(I, H)
+			g.Up, r.up = weights(I, H)
+			g.Down, r.down = weights(H, I)
+			g.GateBias, g.UpBias, g.DownBias = bias(I), bias(I), bias(H)
+			g.Act = act
+			for i := 0; i < load; i++ {
+				g.Rows = append(g.Rows, int32(rng.IntN(T)))
+				g.Scale = append(g.Scale, float32(rng.Float64()))
+			}
+			groups, refs = append(groups, g), append(refs, r)
+		}
+		// The reference, and how often each clamp binds in it.
+		want := make([][]float64, len(groups))
+		var gateClamped, upClamped int
+		for gi, g := range groups {
+			r := refs[gi]
+			for i, row := range g.Rows {
+				xr := x[int(row)*H:][:H]
+				h := make([]float64, I)
+				for n := range h {
+					var gs, us float64
+					for k, v := range xr {
+						gs += float64(v) * r.gate[n][k]
+						us += float64(v) * r.up[n][k]
+					}
+					gs += float64(g.GateBias[n])
+					us += float64(g.UpBias[n])
+					if gs > 7 {
+						gateClamped++
+					}
+					if math.Abs(us) > 7 {
+						upClamped++
+					}
+					h[n] = clampedRef(gs, us, 1.702, 7)
+				}
+				for n := 0; n < H; n++ {
+					var s float64
+					for k, v := range h {
+						s += v * r.down[n][k]
+					}
+					want[gi] = append(want[gi], float64(g.Scale[i])*(s+float64(g.DownBias[n])))
+				}
+			}
+		}
+		require.Greater(t, gateClamped, 20, "the gate clamp must bind")
+		require.Greater(t, upClamped, 20, "the up clamp must bind")
+		for _, impl := range kernels.Implementations() {
+			for _, packed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/%s/packed=%v", dt, impl, packed), func(t *testing.T) {
+					restore, err := kernels.Use(impl)
+					require.NoError(t, err)
+					defer restore()
+					run := make([]kernels.FFNGroup, len(groups))
+					for i, g := range groups {
+						if packed {
+							g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
+						}
+						g.Out = make([]float32, len(g.Rows)*H)
+						run[i] = g
+					}
+					require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, run, nil))
+					for i, g := range run {
+						var num, den float64
+						for j, w := range want[i] {
+							d := float64(g.Out[j]) - w
+							num += d * d
+							den += w * w
+						}
+						require.LessOrEqual(t, math.Sqrt(num/den), 1e-5, "group %d", i)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestActivationValidate(t *testing.T) {
+	require.NoError(t, kernels.Activation{}.Validate())
+	require.NoError(t, kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}.Validate())
+	for _, a := range []kernels.Activation{
+		{Kind: kernels.ClampedSwiGLU, Alpha: 1.702},
+		{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(math.Inf(1))},
+		{Kind: kernels.ClampedSwiGLU, Alpha: float32(math.NaN()), Limit: 7},
+		{Kind: 9, Limit: 7},
+	} {
+		require.Error(t, a.Validate(), "%+v", a)
+	}
+	// The activation itself at the clamps: the gate has no lower clamp.
+	require.InDelta(t, clampedRef(9, 9, 1.702, 7), float64(kernels.ClampedSwiGLUAct(9, 9, 1.702, 7)), 1e-5)
+	require.InDelta(t, clampedRef(-9, -9, 1.702, 7), float64(kernels.ClampedSwiGLUAct(-9, -9, 1.702, 7)), 1e-9)
+	require.Equal(t, float32(7/(1+math.Exp(-1.702*7))*8), kernels.ClampedSwiGLUAct(100, 100, 1.702, 7))
+}
