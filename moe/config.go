@@ -10,6 +10,7 @@ import (
 
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/regfile"
+	"github.com/moex-project/moex/kernels"
 )
 
 // Scoring turns router logits into expert scores.
@@ -61,7 +62,7 @@ func (m TopKMethod) String() string {
 }
 
 // Families lists the supported Hugging Face model_type values.
-var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
+var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
 
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
@@ -89,6 +90,12 @@ type Config struct {
 	RoutedScaling  float64 // multiply the final weights by this
 	ScoreBiasInput bool    // NoAuxTC: the gate has an e_score_correction_bias tensor
 
+	// RouterBias: the router adds a bias to its logits (gpt_oss's
+	// router.bias). ExpertBias: the experts' projections have biases
+	// (gpt_oss). Act is the experts' activation (the zero value: SwiGLU).
+	RouterBias, ExpertBias bool
+	Act                    kernels.Activation
+
 	// MLA's cached latent per token and layer (deepseek): kv_lora_rank and
 	// qk_rope_head_dim; 0 when the config has none.
 	KVLoraRank, RopeDim int
@@ -109,9 +116,10 @@ type Config struct {
 // the others as they are.
 type Quantization struct {
 	// Method is quant_method: "fp8" (fine-grained FP8, e4m3 with block
-	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2), or
+	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2),
 	// "compressed-tensors" in its pack-quantized format with symmetric
-	// int4 groups (Kimi-K2-Thinking, K2.5).
+	// int4 groups (Kimi-K2-Thinking, K2.5), or "mxfp4" (gpt-oss: the
+	// experts' _blocks and _scales).
 	Method string
 	// BlockRows, BlockCols are fp8's weight_block_size: one scale for each
 	// block of [BlockRows, BlockCols] elements of a weight [out, in].
@@ -122,7 +130,9 @@ type Quantization struct {
 	// NotConverted and IgnoredLayers are fp8's modules_to_not_convert and
 	// ignored_layers: an entry names a module, a module inside it, or the
 	// modules whose names end in it ("gate" is every layer's router
-	// "model.layers.N.mlp.gate", never a "gate_proj"). Ignore is
+	// "model.layers.N.mlp.gate", never a "gate_proj"); a "*" in an entry
+	// stands for any run of characters ("model.layers.*.mlp.router",
+	// as gpt-oss writes them). Ignore is
 	// compressed-tensors' ignore: module names, or "re:" patterns matched
 	// from a name's start. A module they name must not be stored quantized.
 	NotConverted, IgnoredLayers, Ignore []string
@@ -137,6 +147,9 @@ func (q *Quantization) Unquantized(module string) (string, bool) {
 		return "", false
 	}
 	names := func(e string) bool {
+		if strings.Contains(e, "*") {
+			return globNames(e, module)
+		}
 		return e != "" && (module == e || strings.HasPrefix(module, e+".") || strings.HasSuffix(module, "."+e))
 	}
 	for _, e := range q.NotConverted {
@@ -162,6 +175,30 @@ func (q *Quantization) Unquantized(module string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// globNames reports whether pattern, where "*" is any run of characters,
+// names module or a module module is inside.
+func globNames(pattern, module string) bool {
+	parts := strings.Split(pattern, "*")
+	var match func(i int, s string) bool
+	match = func(i int, s string) bool {
+		if i == len(parts)-1 {
+			rest, ok := strings.CutPrefix(s, parts[i])
+			return ok && (rest == "" || strings.HasPrefix(rest, "."))
+		}
+		rest, ok := strings.CutPrefix(s, parts[i])
+		if !ok {
+			return false
+		}
+		for j := 0; j <= len(rest); j++ {
+			if match(i+1, rest[j:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return match(0, module)
 }
 
 // compileIgnore compiles compressed-tensors' "re:" ignore entries, each
@@ -255,10 +292,12 @@ func parseQuant(raw *rawQuant) (*Quantization, error) {
 	case "fp8":
 	case "compressed-tensors":
 		return parseCompressedTensors(raw)
+	case "mxfp4":
+		return &Quantization{Method: "mxfp4", NotConverted: raw.ModulesToNotConvert}, nil
 	case "":
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8, compressed-tensors)")
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8, compressed-tensors, mxfp4)")
 	default:
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8, compressed-tensors)", raw.QuantMethod)
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8, compressed-tensors, mxfp4)", raw.QuantMethod)
 	}
 	if raw.Fmt != "" && raw.Fmt != "e4m3" {
 		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.fmt %q is not supported (fp8 weights must be e4m3)", raw.Fmt)
@@ -281,6 +320,8 @@ type rawConfig struct {
 	NumExperts            *int      `json:"num_experts"`
 	NRoutedExperts        *int      `json:"n_routed_experts"`
 	NumExpertsPerTok      *int      `json:"num_experts_per_tok"`
+	ExpertsPerToken       *int      `json:"experts_per_token"`
+	SwigluLimit           *float64  `json:"swiglu_limit"`
 	IntermediateSize      *int      `json:"intermediate_size"`
 	MoEIntermediateSize   *int      `json:"moe_intermediate_size"`
 	SharedExpertInterSize *int      `json:"shared_expert_intermediate_size"`
@@ -339,8 +380,28 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	c.Hidden = need(raw.HiddenSize, "hidden_size")
 	c.NumLayers = or(raw.NumHiddenLayers, 0)
+	if raw.NumExpertsPerTok == nil {
+		raw.NumExpertsPerTok = raw.ExpertsPerToken // gpt-oss writes both
+	}
 	c.TopK = need(raw.NumExpertsPerTok, "num_experts_per_tok")
 	switch raw.ModelType {
+	case "gpt_oss":
+		// GptOssConfig: num_local_experts (num_experts an alias), top-k on
+		// the biased logits then softmax over the k (= softmax, top-k,
+		// renormalise), experts with biases and the clamped SwiGLU
+		// (alpha 1.702, a constant of the model; limit swiglu_limit, 7).
+		if raw.NumLocalExperts == nil {
+			raw.NumLocalExperts = raw.NumExperts
+		}
+		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
+		c.Inter = need(raw.IntermediateSize, "intermediate_size")
+		c.NormTopK = true
+		c.RouterBias, c.ExpertBias = true, true
+		limit := 7.0
+		if raw.SwigluLimit != nil {
+			limit = *raw.SwigluLimit
+		}
+		c.Act = kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(limit)}
 	case "mixtral":
 		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
 		c.Inter = need(raw.IntermediateSize, "intermediate_size")
@@ -445,6 +506,9 @@ func (c *Config) Validate() error {
 	if c.NumLayers < 0 || c.SharedInter < 0 {
 		return fmt.Errorf("negative num_hidden_layers or shared expert size")
 	}
+	if err := c.Act.Validate(); err != nil {
+		return fmt.Errorf("swiglu_limit: %w", err)
+	}
 	if c.TopK > c.NumExperts {
 		return fmt.Errorf("num_experts_per_tok %d is larger than the %d experts", c.TopK, c.NumExperts)
 	}
@@ -512,6 +576,8 @@ func (c *Config) CheckMoELayer(n int) error {
 // tensorNames are the checkpoint names of one MoE block's tensors.
 type tensorNames struct {
 	gate, bias string
+	routerBias string // gpt_oss: router.bias
+	fused      string // gpt_oss: the prefix of the experts' fused 3-D tensors
 	expert     func(e int) (gate, up, down string)
 	shared     [3]string // gate, up, down
 	sharedGate string
@@ -529,6 +595,10 @@ func (c *Config) names(layer int) tensorNames {
 		return n
 	}
 	p := fmt.Sprintf("model.layers.%d.mlp.", layer)
+	if c.ModelType == "gpt_oss" {
+		n.gate, n.routerBias, n.fused = p+"router.weight", p+"router.bias", p+"experts."
+		return n
+	}
 	n.gate = p + "gate.weight"
 	n.bias = p + "gate.e_score_correction_bias"
 	n.expert = func(e int) (string, string, string) {

@@ -91,7 +91,7 @@ func TestFP8LoadErrors(t *testing.T) {
 			`tensor "` + w + `" is F8_E5M2: fp8 weights must be e4m3`, moe.ErrUnsupportedFormat},
 		{"unknown quant_method", func(m *moetest.Model) {
 			m.Config["quantization_config"] = map[string]any{"quant_method": "awq", "bits": 4}
-		}, `quantization_config.quant_method "awq" is not supported (supported: fp8, compressed-tensors)`, moe.ErrUnsupportedFormat},
+		}, `quantization_config.quant_method "awq" is not supported (supported: fp8, compressed-tensors, mxfp4)`, moe.ErrUnsupportedFormat},
 		{"no block size", func(m *moetest.Model) {
 			m.Config["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3"}
 		}, `quantization_config.weight_block_size is []: fp8 weights need a block size`, moe.ErrUnsupportedFormat},

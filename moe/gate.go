@@ -5,24 +5,43 @@ import (
 	"math"
 	"slices"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
 
 // Router is the gate of a MoE block: router logits, scores, the choice of
 // each token's top-k experts and their routing weights.
 type Router struct {
-	cfg    *Config
-	weight kernels.Matrix // [experts, hidden]
-	bias   []float64      // [experts]: the NoAuxTC correction bias, else nil
+	cfg       *Config
+	weight    kernels.Matrix // [experts, hidden]
+	bias      []float64      // [experts]: the NoAuxTC correction bias, else nil
+	logitBias []float64      // [experts]: added to the logits (gpt_oss), else nil
 }
 
 // NewRouter makes the gate of cfg from its weight [experts, hidden] and, for
-// NoAuxTC, the correction bias [experts] (nil otherwise).
+// NoAuxTC, the correction bias [experts] (nil otherwise). A family whose
+// router adds a bias to its logits (Config.RouterBias) needs
+// NewBiasedRouter.
 func NewRouter(cfg *Config, weight kernels.Matrix, bias []float32) (*Router, error) {
+	return NewBiasedRouter(cfg, weight, bias, nil)
+}
+
+// NewBiasedRouter is NewRouter with the bias [experts] the router adds to
+// its logits, which cfg.RouterBias asks for (nil otherwise).
+func NewBiasedRouter(cfg *Config, weight kernels.Matrix, bias, logitBias []float32) (*Router, error) {
 	if weight.Rows != cfg.NumExperts || weight.Cols != cfg.Hidden {
 		return nil, fmt.Errorf("moe: gate weight is [%d, %d], want [%d, %d]", weight.Rows, weight.Cols, cfg.NumExperts, cfg.Hidden)
 	}
 	r := &Router{cfg: cfg, weight: weight}
+	if (logitBias != nil) != cfg.RouterBias || (logitBias != nil && len(logitBias) != cfg.NumExperts) {
+		return nil, errkind.Errorf(ErrShape, "moe: %s router logit bias has %d values, want %d", cfg.ModelType, len(logitBias), map[bool]int{true: cfg.NumExperts}[cfg.RouterBias])
+	}
+	for i, b := range logitBias {
+		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 0) {
+			return nil, errkind.Errorf(ErrNonFinite, "moe: router logit bias of expert %d is %v", i, b)
+		}
+		r.logitBias = append(r.logitBias, float64(b))
+	}
 	if cfg.Method == NoAuxTC {
 		if len(bias) != cfg.NumExperts {
 			return nil, fmt.Errorf("moe: noaux_tc needs a correction bias of %d values, have %d", cfg.NumExperts, len(bias))
@@ -68,9 +87,22 @@ func (r *Router) Bias() []float32 {
 	return b
 }
 
+// LogitBias is the bias the router adds to its logits [experts] (gpt_oss),
+// or nil.
+func (r *Router) LogitBias() []float32 {
+	if r.logitBias == nil {
+		return nil
+	}
+	b := make([]float32, len(r.logitBias))
+	for i, v := range r.logitBias {
+		b[i] = float32(v)
+	}
+	return b
+}
+
 // RouteLogits chooses experts from router logits [tokens, experts]
-// computed elsewhere (a GPU kernel, a test): ids and weights [tokens,
-// top_k], as Route returns them.
+// computed elsewhere (a GPU kernel, a test), without the logit bias, which
+// it adds: ids and weights [tokens, top_k], as Route returns them.
 func (r *Router) RouteLogits(logits []float64, ids []int32, weights []float32) {
 	E, K := r.cfg.NumExperts, r.cfg.TopK
 	s := newRouteScratch(r.cfg)
@@ -81,6 +113,7 @@ func (r *Router) RouteLogits(logits []float64, ids []int32, weights []float32) {
 
 type routeScratch struct {
 	scores, choice, groupScore []float64
+	biased                     []float64
 	order, groups              []int
 	allowed                    []bool
 	pick                       []int
@@ -89,7 +122,7 @@ type routeScratch struct {
 func newRouteScratch(c *Config) *routeScratch {
 	E := c.NumExperts
 	return &routeScratch{
-		scores: make([]float64, E), choice: make([]float64, E),
+		scores: make([]float64, E), choice: make([]float64, E), biased: make([]float64, E),
 		groupScore: make([]float64, max(c.NumGroups, 1)),
 		order:      make([]int, E), groups: make([]int, max(c.NumGroups, 1)),
 		allowed: make([]bool, E), pick: make([]int, c.TopK),
@@ -99,6 +132,12 @@ func newRouteScratch(c *Config) *routeScratch {
 func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *routeScratch) {
 	c := r.cfg
 	E := c.NumExperts
+	if r.logitBias != nil {
+		for e, l := range logits {
+			s.biased[e] = l + r.logitBias[e]
+		}
+		logits = s.biased // the caller's logits stay as they are
+	}
 	switch c.Scoring {
 	case Softmax:
 		m := math.Inf(-1)

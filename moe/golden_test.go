@@ -33,6 +33,9 @@ var goldenSpecs = map[string]moetest.Spec{
 	"deepseek_v3_fp8":      {ModelType: "deepseek_v3", Hidden: 64, Experts: 16, TopK: 4, Inter: 32, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F8_E4M3", FP8Block: [2]int{16, 32}, Seed: 111},
 	"qwen3_moe_fp8_bf16":   {ModelType: "qwen3_moe", Hidden: 48, Experts: 8, TopK: 2, Inter: 24, NormTopK: true, DType: "F8_E4M3", ScaleDType: "BF16", Seed: 112},
 	"deepseek_v3_int4":     {ModelType: "deepseek_v3", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "INT4", Seed: 113},
+	"gpt_oss_mxfp4":        {ModelType: "gpt_oss", Hidden: 64, Experts: 8, TopK: 4, Inter: 32, NumLayers: 2, Layer: 1, DType: "MXFP4", Seed: 114},
+	"gpt_oss_bf16_sharded": {ModelType: "gpt_oss", Hidden: 32, Experts: 6, TopK: 2, Inter: 24, DType: "BF16", Shards: 2, Seed: 115},
+	"gpt_oss_f32_limit5":   {ModelType: "gpt_oss", Hidden: 24, Experts: 5, TopK: 1, Inter: 16, DType: "F32", SwigluLimit: 5, Seed: 116, Extra: map[string]any{"num_experts_per_tok": nil}},
 	"deepseek_v3_bf16_all": {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
 }
 

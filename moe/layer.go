@@ -45,16 +45,21 @@ import (
 	"github.com/moex-project/moex/kernels"
 )
 
-// Expert is one SwiGLU MLP: down(silu(gate·x) ⊙ up·x).
+// Expert is one gated MLP: down(act(gate·x, up·x)), SwiGLU
+// (silu(gate·x) ⊙ up·x) unless the family says otherwise, plus the
+// projections' biases where the family has them (gpt_oss).
 type Expert struct {
 	Gate, Up kernels.Matrix // [inter, hidden]
 	Down     kernels.Matrix // [hidden, inter]
+	// GateBias, UpBias [inter] and DownBias [hidden]; nil for none.
+	GateBias, UpBias, DownBias []float32
 }
 
 // Weights are the tensors of one MoE block.
 type Weights struct {
 	Gate       kernels.Matrix  // [experts, hidden]
 	Bias       []float32       // [experts]: e_score_correction_bias, NoAuxTC only
+	RouterBias []float32       // [experts]: added to the logits, Config.RouterBias only
 	Experts    []Expert        // [experts]
 	Shared     *Expert         // the shared-expert MLP, or nil
 	SharedGate *kernels.Matrix // [1, hidden]: qwen2_moe's shared_expert_gate, or nil
@@ -129,6 +134,17 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.gate), w.Gate); err != nil {
 		return nil, err
 	}
+	if cfg.RouterBias {
+		b, err := ck.Matrix(names.routerBias, E)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.routerBias), b); err != nil {
+			return nil, err
+		}
+		w.RouterBias = make([]float32, E)
+		b.RowF32(0, w.RouterBias)
+	}
 	if cfg.Method == NoAuxTC {
 		b, err := ck.Matrix(names.bias, E)
 		if err != nil {
@@ -140,14 +156,20 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		w.Bias = make([]float32, E)
 		b.RowF32(0, w.Bias)
 	}
-	w.Experts = make([]Expert, E)
-	for e := range w.Experts {
-		if keep != nil && !keep(e) {
-			continue
-		}
-		g, u, d := names.expert(e)
-		if w.Experts[e], err = loadExpert(ck, g, u, d, H, I); err != nil {
+	if names.fused != "" {
+		if w.Experts, err = gptOssExperts(ck, names.fused, keep); err != nil {
 			return nil, err
+		}
+	} else {
+		w.Experts = make([]Expert, E)
+		for e := range w.Experts {
+			if keep != nil && !keep(e) {
+				continue
+			}
+			g, u, d := names.expert(e)
+			if w.Experts[e], err = loadExpert(ck, g, u, d, H, I); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.SharedInter > 0 {
@@ -192,7 +214,7 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
-	router, err := NewRouter(cfg, w.Gate, w.Bias)
+	router, err := NewBiasedRouter(cfg, w.Gate, w.Bias, w.RouterBias)
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +241,9 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 			continue // not held here (LoadSubset)
 		}
 		if err := checkExpert(x, cfg.Hidden, cfg.Inter); err != nil {
+			return nil, fmt.Errorf("moe: expert %d: %w", e, err)
+		}
+		if err := checkExpertBias(x, cfg); err != nil {
 			return nil, fmt.Errorf("moe: expert %d: %w", e, err)
 		}
 	}
@@ -271,12 +296,40 @@ func packExperts(xs []Expert) []Expert {
 		wg.Go(func() {
 			for e := int(next.Add(1) - 1); e < len(xs); e = int(next.Add(1) - 1) {
 				x := xs[e]
-				out[e] = Expert{Gate: kernels.Pack(x.Gate), Up: kernels.Pack(x.Up), Down: kernels.Pack(x.Down)}
+				x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
+				out[e] = x
 			}
 		})
 	}
 	wg.Wait()
 	return out
+}
+
+// checkExpertBias checks that a routed expert has the biases its family
+// has (cfg.ExpertBias: all three, of their projections' widths) and no
+// others, all finite.
+func checkExpertBias(x Expert, cfg *Config) error {
+	if !cfg.ExpertBias {
+		if x.GateBias != nil || x.UpBias != nil || x.DownBias != nil {
+			return errkind.Errorf(ErrShape, "biases given, but %s experts have none", cfg.ModelType)
+		}
+		return nil
+	}
+	for _, b := range []struct {
+		name string
+		v    []float32
+		n    int
+	}{{"gate", x.GateBias, cfg.Inter}, {"up", x.UpBias, cfg.Inter}, {"down", x.DownBias, cfg.Hidden}} {
+		if len(b.v) != b.n {
+			return errkind.Errorf(ErrShape, "%s projection bias has %d values, want %d", b.name, len(b.v), b.n)
+		}
+		for i, v := range b.v {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return errkind.Errorf(ErrNonFinite, "%s projection bias [%d] is %v", b.name, i, v)
+			}
+		}
+	}
+	return nil
 }
 
 func checkExpert(x Expert, hidden, inter int) error {
@@ -454,7 +507,8 @@ func (l *Layer) Group(ids []int32, weights []float32, topK int, partial bool, bu
 		}
 		x := l.experts[e]
 		g.Groups = append(g.Groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
-			Rows: token[first:r], Scale: scale[first:r], Out: g.Out[first*H : r*H], Expert: e})
+			Rows: token[first:r], Scale: scale[first:r], Out: g.Out[first*H : r*H], Expert: e,
+			GateBias: x.GateBias, UpBias: x.UpBias, DownBias: x.DownBias, Act: c.Act})
 	}
 	return g, nil
 }
@@ -733,8 +787,10 @@ func (l *Layer) workerCount() int {
 // expert. Experts no token chose cost nothing.
 func (l *Layer) WeightBytesRead(ids []int32) int64 {
 	size := kernels.Matrix.Bytes
-	expert := func(x *Expert) int64 { return size(x.Gate) + size(x.Up) + size(x.Down) }
-	n := size(l.Router.weight)
+	expert := func(x *Expert) int64 {
+		return size(x.Gate) + size(x.Up) + size(x.Down) + 4*int64(len(x.GateBias)+len(x.UpBias)+len(x.DownBias))
+	}
+	n := size(l.Router.weight) + 8*int64(len(l.Router.logitBias))
 	seen := make([]bool, len(l.experts))
 	for _, id := range ids {
 		if id >= 0 && int(id) < len(seen) && !seen[id] && l.loaded[id] {

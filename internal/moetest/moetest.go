@@ -17,7 +17,7 @@ import (
 // Spec describes a random checkpoint. The semantic fields are explicit; the
 // generator writes them into config.json under each family's field names.
 type Spec struct {
-	ModelType string // mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3
+	ModelType string // mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss
 	Hidden    int
 	Experts   int
 	TopK      int
@@ -45,6 +45,8 @@ type Spec struct {
 	// gate BF16, as the FP8 checkpoints ship them.
 	// Or INT4: the experts as compressed-tensors' pack-quantized symmetric
 	// int4 (weight_packed, weight_scale, weight_shape), the router BF16.
+	// Or MXFP4 (gpt_oss only): the experts' _blocks and _scales, the rest
+	// BF16.
 	DType string
 	// FP8Block is the FP8 scale block [rows, cols] (zero: [128, 128]),
 	// GroupSize INT4's group along a row (zero: 32), and ScaleDType the
@@ -53,7 +55,9 @@ type Spec struct {
 	GroupSize  int
 	ScaleDType string
 	Shards     int // > 1 writes a sharded checkpoint
-	Seed       uint64
+	// SwigluLimit is gpt_oss's swiglu_limit (zero: 7).
+	SwigluLimit float64
+	Seed        uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
 	HotExpert int
@@ -61,10 +65,12 @@ type Spec struct {
 	Extra map[string]any
 }
 
-// Expert64 is one SwiGLU expert in float64.
+// Expert64 is one gated expert in float64.
 type Expert64 struct {
 	Gate, Up [][]float64 // [inter][hidden]
 	Down     [][]float64 // [hidden][inter]
+	// GateBias, UpBias [inter], DownBias [hidden]: gpt_oss only.
+	GateBias, UpBias, DownBias []float64
 }
 
 // Model is a generated checkpoint: its config.json, its tensors, and the
@@ -75,6 +81,7 @@ type Model struct {
 	Tensors    []stwrite.Tensor
 	Gate       [][]float64 // [experts][hidden]
 	Bias       []float64   // [experts], noaux_tc only
+	RouterBias []float64   // [experts], gpt_oss only: added to the logits
 	Experts    []Expert64
 	Shared     *Expert64
 	SharedGate []float64 // [hidden], qwen2_moe only
@@ -87,6 +94,9 @@ func Generate(s Spec) (*Model, error) {
 	}
 	if s.DType == "" {
 		s.DType = "F32"
+	}
+	if s.ModelType == "gpt_oss" {
+		return generateGptOss(s)
 	}
 	m := &Model{Spec: s}
 	rng := rand.New(rand.NewPCG(s.Seed, 0x6d6f6578))

@@ -26,9 +26,14 @@ type Result struct {
 //	             of their top-2 biased scores, weight with the unbiased score);
 //	             renormalised (+1e-20) iff norm_topk_prob; × routed_scaling_factor
 //
+//	gpt_oss:     see forwardGptOss
+//
 // Experts are down(silu(gate·x) ⊙ up·x). Ties in a ranking go to the lower
 // index.
 func (m *Model) Forward(x []float32) Result {
+	if m.Spec.ModelType == "gpt_oss" {
+		return m.forwardGptOss(x)
+	}
 	s := m.Spec
 	H, E, K := s.Hidden, s.Experts, s.TopK
 	T := len(x) / H

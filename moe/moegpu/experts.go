@@ -45,6 +45,9 @@ var (
 // stays on the device.
 func NewExperts(d cuda.Launcher, l *moe.Layer) (*Experts, error) {
 	c := l.Config
+	if err := checkPlain(c); err != nil {
+		return nil, err
+	}
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: experts: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
@@ -192,6 +195,9 @@ func GroupedFFN(ctx context.Context, d cuda.Launcher, x []float32, groups []kern
 		}
 		if err := checkRows(e, g, H, T); err != nil {
 			return err
+		}
+		if !g.Plain() {
+			return fmt.Errorf("cuda: grouped FFN: group %d has biases or the %v activation; the device kernels run SwiGLU experts without biases", e, g.Act.Kind)
 		}
 		experts[e] = moe.Expert{Gate: g.Gate, Up: g.Up, Down: g.Down}
 	}

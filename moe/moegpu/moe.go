@@ -36,6 +36,9 @@ type MoE struct {
 // the device.
 func NewMoE(dev cuda.Launcher, l *moe.Layer) (*MoE, error) {
 	c := l.Config
+	if err := checkPlain(c); err != nil {
+		return nil, err
+	}
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: moe: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
@@ -174,4 +177,14 @@ func (m *MoE) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, w
 		}
 	}
 	return cuda.Download(d, s.out, y)
+}
+
+// checkPlain refuses a family whose experts or router the device kernels
+// do not compute yet: expert biases, another activation than SwiGLU, a
+// bias on the router logits (gpt_oss).
+func checkPlain(c *moe.Config) error {
+	if c.ExpertBias || c.RouterBias || c.Act.Kind != kernels.SiLU {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (expert biases, the %v activation, a router logit bias) do not run on the device yet: run them on the CPU", c.ModelType, c.Act.Kind)
+	}
+	return nil
 }

@@ -1,0 +1,248 @@
+package moe
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/kernels"
+)
+
+// gpt-oss stores a layer's experts as fused 3-D tensors, E matrices at a
+// known stride, its gate and up projections interleaved (row or column 2n
+// is gate n, 2n+1 up n), in one of two layouts:
+//
+//   - MXFP4, as released: gate_up_proj_blocks U8 [E, 2I, H/32, 16] with
+//     gate_up_proj_scales U8 [E, 2I, H/32] (E8M0), down_proj_blocks
+//     [E, H, I/32, 16] with down_proj_scales [E, H, I/32]: [out, in]
+//     matrices, blocks along the input;
+//   - F32/BF16/F16 (Hugging Face's GptOssExperts parameters, x·W form):
+//     gate_up_proj [E, H, 2I] and down_proj [E, I, H].
+//
+// and biases gate_up_proj_bias [E, 2I] (interleaved too) and down_proj_bias
+// [E, H] in either. An expert's down projection in MXFP4 is read in place;
+// its gate and up rows are split into two matrices (a copy in MXFP4, packed
+// at once where the kernels pack), and the dense layout is transposed into
+// [out, in] matrices in its stored dtype: never widened.
+
+// fusedTensor is one fused 3-D tensor's entry and bytes.
+type fusedTensor struct {
+	name, path string
+	info       tensorInfo
+	data       []byte
+}
+
+// fused returns tensor name, which must be one of dtypes and have shape.
+func (c *Checkpoint) fused(name string, shape []int, dtypes ...string) (fusedTensor, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fusedTensor{}, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
+	}
+	if c.accessed == nil {
+		c.accessed = map[string]bool{}
+	}
+	f, err := c.tensorFile(name)
+	if err != nil {
+		return fusedTensor{}, err
+	}
+	t, ok := f.hdr.Tensors[name]
+	if !ok {
+		return fusedTensor{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return fusedTensor{}, errkind.Errorf(ErrShape, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, shape)
+	}
+	if !slices.Contains(dtypes, t.DType) {
+		return fusedTensor{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want %v", f.path, name, t.DType, dtypes)
+	}
+	return fusedTensor{name: name, path: f.path, info: t, data: f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]}, nil
+}
+
+// slab is matrix e of the tensor's E: its bytes.
+func (t fusedTensor) slab(e int) []byte {
+	n := len(t.data) / t.info.Shape[0]
+	return t.data[e*n : (e+1)*n]
+}
+
+// gptOssExperts loads the routed experts keep reports true for (all when
+// keep is nil) from the fused tensors under prefix p.
+func gptOssExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
+	cfg := ck.Config
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	gub, err := ck.Matrix(p+"gate_up_proj_bias", E, 2*I)
+	if err != nil {
+		return nil, err
+	}
+	db, err := ck.Matrix(p+"down_proj_bias", E, H)
+	if err != nil {
+		return nil, err
+	}
+	var load func(e int, x *Expert) error
+	if ck.Has(p + "gate_up_proj_blocks") {
+		load, err = gptOssMXFP4(ck, p)
+	} else {
+		load, err = gptOssDense(ck, p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	experts := make([]Expert, E)
+	row := make([]float32, 2*I)
+	for e := range experts {
+		if keep != nil && !keep(e) {
+			continue
+		}
+		x := &experts[e]
+		if err := load(e, x); err != nil {
+			return nil, err
+		}
+		gub.RowF32(e, row)
+		x.GateBias, x.UpBias = make([]float32, I), make([]float32, I)
+		for n := 0; n < I; n++ {
+			x.GateBias[n], x.UpBias[n] = row[2*n], row[2*n+1]
+		}
+		x.DownBias = make([]float32, H)
+		db.RowF32(e, x.DownBias)
+		for _, b := range []struct {
+			name string
+			v    []float32
+			col  func(n int) int
+		}{
+			{"gate_up_proj_bias", x.GateBias, func(n int) int { return 2 * n }},
+			{"gate_up_proj_bias", x.UpBias, func(n int) int { return 2*n + 1 }},
+			{"down_proj_bias", x.DownBias, func(n int) int { return n }},
+		} {
+			for n, v := range b.v {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return nil, errkind.Errorf(ErrNonFinite, "moe: checkpoint %s: tensor %q [%d, %d] is %v", ck.Dir, p+b.name, e, b.col(n), v)
+				}
+			}
+		}
+		if kernels.PacksWeights() {
+			// The split gate and up are copies already: pack them now
+			// rather than holding both copies until New packs.
+			x.Gate, x.Up = kernels.Pack(x.Gate), kernels.Pack(x.Up)
+		}
+	}
+	return experts, nil
+}
+
+// gptOssMXFP4 reads gpt-oss's MXFP4 experts under prefix p.
+func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error) {
+	cfg := ck.Config
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	if q := cfg.Quant; q == nil || q.Method != "mxfp4" {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q holds MXFP4 blocks but config.json has no mxfp4 quantization_config", ck.Dir, p+"gate_up_proj_blocks")
+	}
+	if H%32 != 0 || I%32 != 0 {
+		return nil, errkind.Errorf(ErrShape, "moe: checkpoint %s: MXFP4 experts need hidden_size %d and intermediate_size %d to be multiples of 32", ck.Dir, H, I)
+	}
+	for _, m := range []string{"gate_up_proj", "down_proj"} {
+		if err := ck.checkQuantizable(p+m, "MXFP4 ("+p+m+"_blocks)"); err != nil {
+			return nil, err
+		}
+	}
+	gu, err := ck.fused(p+"gate_up_proj_blocks", []int{E, 2 * I, H / 32, 16}, "U8")
+	if err != nil {
+		return nil, err
+	}
+	gus, err := ck.fused(p+"gate_up_proj_scales", []int{E, 2 * I, H / 32}, "U8")
+	if err != nil {
+		return nil, fmt.Errorf("%w (the scales of %s)", err, gu.name)
+	}
+	d, err := ck.fused(p+"down_proj_blocks", []int{E, H, I / 32, 16}, "U8")
+	if err != nil {
+		return nil, err
+	}
+	ds, err := ck.fused(p+"down_proj_scales", []int{E, H, I / 32}, "U8")
+	if err != nil {
+		return nil, fmt.Errorf("%w (the scales of %s)", err, d.name)
+	}
+	return func(e int, x *Expert) error {
+		blocks, scales := gu.slab(e), gus.slab(e)
+		rb, rs := H/2, H/32 // bytes of a row's blocks and scales
+		split := func(odd int) (kernels.Matrix, error) {
+			b, s := make([]uint8, I*rb), make([]uint8, I*rs)
+			for n := 0; n < I; n++ {
+				r := 2*n + odd
+				copy(b[n*rb:][:rb], blocks[r*rb:][:rb])
+				copy(s[n*rs:][:rs], scales[r*rs:][:rs])
+			}
+			m, err := kernels.NewMXFP4(I, H, b, s)
+			if err != nil {
+				return m, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", gus.path, gus.name, e, err)
+			}
+			return m, nil
+		}
+		var err error
+		if x.Gate, err = split(0); err != nil {
+			return err
+		}
+		if x.Up, err = split(1); err != nil {
+			return err
+		}
+		if x.Down, err = kernels.NewMXFP4(H, I, d.slab(e), ds.slab(e)); err != nil {
+			return errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", ds.path, ds.name, e, err)
+		}
+		return nil
+	}, nil
+}
+
+// gptOssDense reads gpt-oss's unquantized experts under prefix p, in x·W
+// form: gate_up_proj [E, H, 2I], down_proj [E, I, H].
+func gptOssDense(ck *Checkpoint, p string) (func(e int, x *Expert) error, error) {
+	cfg := ck.Config
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	gu, err := ck.fused(p+"gate_up_proj", []int{E, H, 2 * I}, "F32", "BF16", "F16")
+	if err != nil {
+		return nil, err
+	}
+	d, err := ck.fused(p+"down_proj", []int{E, I, H}, gu.info.DType)
+	if err != nil {
+		return nil, err
+	}
+	return func(e int, x *Expert) error {
+		var err error
+		// gate[n][k] = W[k][2n], up[n][k] = W[k][2n+1], down[n][k] = D[k][n].
+		if x.Gate, err = transposed(gu, e, I, H, 2*I, 0, 2); err != nil {
+			return err
+		}
+		if x.Up, err = transposed(gu, e, I, H, 2*I, 1, 2); err != nil {
+			return err
+		}
+		x.Down, err = transposed(d, e, H, I, H, 0, 1)
+		return err
+	}, nil
+}
+
+// transposed is the matrix [rows, cols] m[n][k] = W[k][first + step·n] of
+// expert e's slab W [cols, width] of t, in t's dtype.
+func transposed(t fusedTensor, e, rows, cols, width, first, step int) (kernels.Matrix, error) {
+	slab := t.slab(e)
+	switch t.info.DType {
+	case "F32":
+		src := castSlice[float32](slab)
+		return kernels.NewF32(rows, cols, gatherT(src, rows, cols, width, first, step))
+	case "BF16", "F16":
+		src := castSlice[uint16](slab)
+		dt := kernels.BF16
+		if t.info.DType == "F16" {
+			dt = kernels.F16
+		}
+		return kernels.NewHalf(dt, rows, cols, gatherT(src, rows, cols, width, first, step))
+	}
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.path, t.name, t.info.DType)
+}
+
+func gatherT[T float32 | uint16](src []T, rows, cols, width, first, step int) []T {
+	out := make([]T, rows*cols)
+	for k := 0; k < cols; k++ {
+		in := src[k*width:][:width]
+		for n := 0; n < rows; n++ {
+			out[n*cols+k] = in[first+step*n]
+		}
+	}
+	return out
+}
