@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -126,4 +127,42 @@ func TestCheckMoELayer(t *testing.T) {
 	require.NoError(t, q.CheckMoELayer(1))
 	require.ErrorContains(t, q.CheckMoELayer(3), "layer 3 is a dense MLP layer (in mlp_only_layers)")
 	require.NoError(t, q.CheckMoELayer(5))
+}
+
+// TestParseConfigGptOss: gpt-oss-20b's config.json (MoE fields and its
+// quantization_config) and the defaults GptOssConfig gives.
+func TestParseConfigGptOss(t *testing.T) {
+	c, err := parse(t, map[string]any{"model_type": "gpt_oss", "architectures": []string{"GptOssForCausalLM"},
+		"hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24, "num_local_experts": 32,
+		"num_experts_per_tok": 4, "experts_per_token": 4, "swiglu_limit": 7.0,
+		"quantization_config": map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []string{
+			"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}})
+	require.NoError(t, err)
+	require.Equal(t, [4]int{2880, 2880, 32, 4}, [4]int{c.Hidden, c.Inter, c.NumExperts, c.TopK})
+	require.Equal(t, moe.Softmax, c.Scoring)
+	require.Equal(t, moe.Greedy, c.Method)
+	require.True(t, c.NormTopK, "softmax over the k chosen logits")
+	require.Zero(t, c.NormEps)
+	require.True(t, c.RouterBias && c.ExpertBias)
+	require.Equal(t, kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}, c.Act)
+	require.Equal(t, "mxfp4", c.Quant.Method)
+	for module, want := range map[string]string{
+		"model.layers.3.mlp.router":               `modules_to_not_convert "model.layers.*.mlp.router"`,
+		"model.layers.17.self_attn.q_proj":        `modules_to_not_convert "model.layers.*.self_attn"`,
+		"lm_head":                                 `modules_to_not_convert "lm_head"`,
+		"model.layers.3.mlp.experts.gate_up_proj": "",
+		"model.layers.3.mlp.routers":              "",
+		"model.layers.3.mlp.router_bias":          "",
+	} {
+		got, ok := c.Quant.Unquantized(module)
+		require.Equal(t, want != "", ok, module)
+		require.Equal(t, want, got, module)
+	}
+
+	// experts_per_token alone; swiglu_limit's default.
+	c, err = parse(t, map[string]any{"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32,
+		"num_experts": 8, "experts_per_token": 2})
+	require.NoError(t, err)
+	require.Equal(t, [3]int{8, 2, 32}, [3]int{c.NumExperts, c.TopK, c.Inter})
+	require.Equal(t, float32(7), c.Act.Limit)
 }

@@ -244,7 +244,8 @@ func TestMXFP4Layer(t *testing.T) {
 	require.Equal(t, y[7*H:8*H], one, "token 7 alone")
 }
 
-// loadError is a checkpoint edit and the error loading layer 0 must give.
+// loadError is a checkpoint edit and the error loading layer 0 must give
+// (its class, where it has one).
 type loadError struct {
 	name string
 	edit func(m *moetest.Model)
@@ -265,7 +266,9 @@ func checkLoadErrors(t *testing.T, spec moetest.Spec, tests []loadError) {
 			require.NoError(t, m.WriteTo(dir))
 			_, err = moe.Load(dir, 0)
 			require.ErrorContains(t, err, tt.err)
-			require.ErrorIs(t, err, tt.kind)
+			if tt.kind != nil {
+				require.ErrorIs(t, err, tt.kind)
+			}
 		})
 	}
 }

@@ -1,8 +1,8 @@
 // Package moe is the Mixture-of-Experts block of a transformer: model
 // configs read from Hugging Face config.json files, checkpoints read from
 // memory-mapped safetensors, gating for the mixtral, qwen2_moe, qwen3_moe,
-// deepseek_v2 and deepseek_v3 families, the dispatch layout, the grouped
-// SwiGLU expert FFN and the combine step.
+// deepseek_v2, deepseek_v3 and gpt_oss families, the dispatch layout, the
+// grouped gated expert FFN and the combine step.
 //
 // A forward pass is gate → dispatch layout → grouped expert FFN → combine.
 // Each token's output is the sum of its experts' weighted outputs in

@@ -75,14 +75,42 @@ func TestExecMoEFreshCheckpoint(t *testing.T) {
 	spec := moetest.Spec{ModelType: "deepseek_v3", Hidden: 44, Experts: 24, TopK: 6, Inter: 18, SharedExperts: 2,
 		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 6, TopKGroup: 3, NormTopK: true, Scaling: 2.5,
 		NumLayers: 5, Layer: 4, FirstKDense: 3, DType: "BF16", Shards: 3, Seed: 4242}
+	dir, xp, yp, ip := execFresh(t, spec, 23)
+
+	// Zero tokens: shapes kept.
+	require.NoError(t, npy.WriteFloat32(xp, []int{0, spec.Hidden}, nil))
+	_, _, err := runCLI("exec", "moe", "--model", dir, "--layer", "4", "--input", xp, "--out", yp, "--ids-out", ip)
+	require.NoError(t, err)
+	y, err := npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, spec.Hidden}, y.Shape)
+	ids, err := npy.ReadInt32(ip)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 6}, ids.Shape)
+}
+
+// TestExecMoEFreshGptOss: gpt-oss checkpoints, MXFP4 as released and
+// dense bf16, with sizes and seeds no stored case has.
+func TestExecMoEFreshGptOss(t *testing.T) {
+	execFresh(t, moetest.Spec{ModelType: "gpt_oss", Hidden: 96, Experts: 12, TopK: 4, Inter: 64,
+		NumLayers: 3, Layer: 2, DType: "MXFP4", Shards: 2, Seed: 4343}, 19)
+	execFresh(t, moetest.Spec{ModelType: "gpt_oss", Hidden: 40, Experts: 10, TopK: 3, Inter: 28,
+		NumLayers: 2, Layer: 0, DType: "BF16", SwigluLimit: 6, Seed: 4444}, 11)
+}
+
+// execFresh writes spec's checkpoint and T random tokens, runs moex exec
+// moe on them and checks its output and expert ids against the float64
+// reference; it returns the folder and the paths of x, y and ids.
+func execFresh(t *testing.T, spec moetest.Spec, T int) (dir, xp, yp, ip string) {
+	t.Helper()
 	m, err := moetest.Generate(spec)
 	require.NoError(t, err)
-	dir := t.TempDir()
+	dir = t.TempDir()
 	require.NoError(t, m.WriteTo(dir))
-	x := moetest.Input(77, 23, spec.Hidden, false)
-	xp, yp, ip := filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy"), filepath.Join(dir, "ids.npy")
-	require.NoError(t, npy.WriteFloat32(xp, []int{23, spec.Hidden}, x))
-	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "4", "--input", xp, "--out", yp, "--ids-out", ip)
+	x := moetest.Input(77, T, spec.Hidden, false)
+	xp, yp, ip = filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy"), filepath.Join(dir, "ids.npy")
+	require.NoError(t, npy.WriteFloat32(xp, []int{T, spec.Hidden}, x))
+	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", fmt.Sprint(spec.Layer), "--input", xp, "--out", yp, "--ids-out", ip)
 	require.NoError(t, err)
 	ref := m.Forward(x)
 	y, err := npy.ReadFloat32(yp)
@@ -91,17 +119,7 @@ func TestExecMoEFreshCheckpoint(t *testing.T) {
 	ids, err := npy.ReadInt32(ip)
 	require.NoError(t, err)
 	require.Equal(t, ref.IDs, ids.Data)
-
-	// Zero tokens: shapes kept.
-	require.NoError(t, npy.WriteFloat32(xp, []int{0, spec.Hidden}, nil))
-	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "4", "--input", xp, "--out", yp, "--ids-out", ip)
-	require.NoError(t, err)
-	y, err = npy.ReadFloat32(yp)
-	require.NoError(t, err)
-	require.Equal(t, []int{0, spec.Hidden}, y.Shape)
-	ids, err = npy.ReadInt32(ip)
-	require.NoError(t, err)
-	require.Equal(t, []int{0, 6}, ids.Shape)
+	return dir, xp, yp, ip
 }
 
 func TestExecMoEErrors(t *testing.T) {

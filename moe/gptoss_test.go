@@ -1,0 +1,92 @@
+package moe_test
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// TestGptOssLoadErrors: what is wrong with a gpt-oss checkpoint is an
+// error naming the tensor and the problem.
+func TestGptOssLoadErrors(t *testing.T) {
+	spec := moetest.Spec{ModelType: "gpt_oss", Hidden: 32, Experts: 4, TopK: 2, Inter: 32, DType: "MXFP4", Seed: 60}
+	const p = "model.layers.0.mlp."
+	checkLoadErrors(t, spec, []loadError{
+		{"blocks misshapen", func(m *moetest.Model) {
+			st := find(m, p+"experts.gate_up_proj_blocks")
+			st.Shape = []int{4, 64, 2, 8}
+		}, `tensor "` + p + `experts.gate_up_proj_blocks" has shape [4 64 2 8], the config needs [4 64 1 16]`, moe.ErrShape},
+		{"blocks of another dtype", func(m *moetest.Model) { find(m, p+"experts.down_proj_blocks").DType = "I8" },
+			`tensor "` + p + `experts.down_proj_blocks" has dtype I8, want [U8]`, moe.ErrUnsupportedFormat},
+		{"scales missing", func(m *moetest.Model) { drop(m, p+"experts.down_proj_scales") },
+			`missing tensor "` + p + `experts.down_proj_scales" (the scales of ` + p + `experts.down_proj_blocks)`, moe.ErrMissingTensor},
+		{"NaN scale", func(m *moetest.Model) { find(m, p+"experts.gate_up_proj_scales").Data[2*64+5] = 0xFF },
+			`tensor "` + p + `experts.gate_up_proj_scales" of expert 2: kernels: mxfp4 scale [2, 0] is the E8M0 NaN 0xff`, moe.ErrUnsupportedFormat},
+		{"no quantization_config", func(m *moetest.Model) { delete(m.Config, "quantization_config") },
+			`tensor "` + p + `experts.gate_up_proj_blocks" holds MXFP4 blocks but config.json has no mxfp4 quantization_config`, moe.ErrUnsupportedFormat},
+		{"experts listed as not converted", func(m *moetest.Model) {
+			m.Config["quantization_config"].(map[string]any)["modules_to_not_convert"] = []string{"model.layers.*.mlp.experts"}
+		}, `tensor "` + p + `experts.gate_up_proj" is stored MXFP4 (` + p + `experts.gate_up_proj_blocks) but quantization_config's modules_to_not_convert "model.layers.*.mlp.experts" leaves module`, moe.ErrUnsupportedFormat},
+		{"router bias missing", func(m *moetest.Model) { drop(m, p+"router.bias") },
+			`missing tensor "` + p + `router.bias"`, moe.ErrMissingTensor},
+		{"NaN expert bias", func(m *moetest.Model) {
+			st := find(m, p+"experts.gate_up_proj_bias")
+			st.Data[2*(3*64+9)], st.Data[2*(3*64+9)+1] = 0xC0, 0x7F // bf16 NaN at [3, 9]
+		}, `tensor "` + p + `experts.gate_up_proj_bias" [3, 9] is NaN`, moe.ErrNonFinite},
+		{"infinite router bias", func(m *moetest.Model) {
+			st := find(m, p+"router.bias")
+			st.Data[2], st.Data[3] = 0x80, 0x7F // bf16 +Inf at [1]
+		}, `tensor "` + p + `router.bias" [0, 1] is +Inf`, moe.ErrNonFinite},
+		{"bias misshapen", func(m *moetest.Model) { find(m, p+"experts.down_proj_bias").Shape = []int{32, 4} },
+			`tensor "` + p + `experts.down_proj_bias" has shape [32 4], the config needs [4 32]`, moe.ErrMissingTensor},
+	})
+	dense := moetest.Spec{ModelType: "gpt_oss", Hidden: 16, Experts: 3, TopK: 2, Inter: 12, DType: "BF16", Seed: 61}
+	checkLoadErrors(t, dense, []loadError{
+		{"down in another dtype", func(m *moetest.Model) {
+			st := find(m, p+"experts.down_proj")
+			st.DType = "F16"
+		}, `tensor "` + p + `experts.down_proj" has dtype F16, want [BF16]`, moe.ErrUnsupportedFormat},
+		{"gate_up in [out, in] form", func(m *moetest.Model) { find(m, p+"experts.gate_up_proj").Shape = []int{3, 24, 16} },
+			`tensor "` + p + `experts.gate_up_proj" has shape [3 24 16], the config needs [3 16 24]`, moe.ErrShape},
+		{"negative swiglu_limit", func(m *moetest.Model) { m.Config["swiglu_limit"] = -1.0 },
+			`swiglu_limit: kernels: clamped SwiGLU needs a positive finite limit`, nil},
+		{"no experts", func(m *moetest.Model) { delete(m.Config, "num_local_experts") },
+			`gpt_oss config.json is missing [num_local_experts]`, nil},
+	})
+}
+
+// TestGptOssForward: the layer is batch independent and refuses what the
+// device kernels cannot run.
+func TestGptOssForward(t *testing.T) {
+	spec := moetest.Spec{ModelType: "gpt_oss", Hidden: 64, Experts: 8, TopK: 4, Inter: 32, DType: "MXFP4", Seed: 62}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, m.WriteTo(dir))
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, kernels.MXFP4, l.WeightDType())
+	x := moetest.Input(9, 12, spec.Hidden, false)
+	y := make([]float32, len(x))
+	require.NoError(t, l.Forward(context.Background(), x, y))
+	require.LessOrEqual(t, moetest.RelErr(y, m.Forward(x).Y), 1e-5)
+	for _, tok := range []int{0, 5, 11} {
+		one := make([]float32, spec.Hidden)
+		require.NoError(t, l.Forward(context.Background(), x[tok*64:(tok+1)*64], one))
+		for i := range one {
+			require.Equal(t, math.Float32bits(y[tok*64+i]), math.Float32bits(one[i]), "token %d alone", tok)
+		}
+	}
+	e, ok := l.Expert(3)
+	require.True(t, ok)
+	require.Len(t, e.GateBias, spec.Inter)
+	require.Len(t, e.DownBias, spec.Hidden)
+	require.Len(t, l.Router.LogitBias(), spec.Experts)
+}
