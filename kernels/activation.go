@@ -62,9 +62,18 @@ func (a Activation) Apply(g, u float32) float32 {
 // once to float32. (The gate has no lower clamp: so both Hugging Face
 // and OpenAI's reference define it.)
 func ClampedSwiGLUAct(g, u, alpha, limit float32) float32 {
-	gf := math.Min(float64(g), float64(limit))
-	uf := math.Max(math.Min(float64(u), float64(limit)), -float64(limit))
-	return float32(gf / (1 + math.Exp(-float64(alpha)*gf)) * (uf + 1))
+	// Comparisons rather than math.Min/Max: the same values (a NaN stays
+	// NaN either way), without their branches for signed zeros.
+	if g > limit {
+		g = limit
+	}
+	if u > limit {
+		u = limit
+	} else if u < -limit {
+		u = -limit
+	}
+	gf := float64(g)
+	return float32(gf / (1 + math.Exp(-float64(alpha)*gf)) * (float64(u) + 1))
 }
 
 // glu is a group's first-projection epilogue: the biases of the gate and

@@ -41,3 +41,21 @@ func benchForward(b *testing.B, l *moe.Layer, dt kernels.DType) {
 		})
 	}
 }
+
+// BenchmarkFamilies: gpt-oss-20b's expert shape (hidden = inter = 2880,
+// top-4) with 8 experts, as gpt_oss (router bias, expert biases, the
+// clamped SwiGLU) and as a qwen3_moe layer of the same shape (plain
+// SwiGLU): what gpt_oss's epilogues cost.
+func BenchmarkFamilies(b *testing.B) {
+	oss := moe.GptOss20B()
+	oss.NumExperts = 8
+	plain := &moe.Config{ModelType: "qwen3_moe", Hidden: oss.Hidden, NumExperts: 8, TopK: oss.TopK, Inter: oss.Inter,
+		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.MXFP4} {
+		for _, cfg := range []*moe.Config{oss, plain} {
+			l, err := moe.NewRandom(cfg, dt, 1)
+			require.NoError(b, err)
+			b.Run(cfg.ModelType, func(b *testing.B) { benchForward(b, l, dt) })
+		}
+	}
+}

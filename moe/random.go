@@ -26,8 +26,20 @@ func DeepSeekV2Lite() *Config {
 	}
 }
 
+// GptOss20B returns the MoE block of gpt-oss-20b: 32 experts of width
+// 2880, top-4 on the biased router logits, experts with biases and the
+// clamped SwiGLU (limit 7), hidden size 2880, no shared expert.
+func GptOss20B() *Config {
+	return &Config{
+		ModelType: "gpt_oss", Hidden: 2880, NumLayers: 24, NumExperts: 32, TopK: 4, Inter: 2880,
+		Scoring: Softmax, Method: Greedy, NormTopK: true, RoutedScaling: 1, RouterBias: true, ExpertBias: true,
+		Act: kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7},
+	}
+}
+
 // NewRandom makes a layer of cfg with random weights in dtype, uniform in
-// ±1/√fan_in (the correction bias, if any, in ±0.05), the same for the
+// ±1/√fan_in (the correction bias and a router logit bias, if any, in
+// ±0.05, expert biases in ±0.5), the same for the
 // same seed. With a quantized dtype (F8E4M3, MXFP4, INT4) the experts are
 // quantized as those checkpoints are (kernels.Quantize) and the router
 // stays bf16. It is for benchmarks and demonstrations.
@@ -151,11 +163,26 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 			w.SharedGate = &g
 		}
 	}
+	biases := func(stream uint64, n int, a float64) []float32 {
+		rng := rand.New(rand.NewPCG(seed, stream))
+		b := make([]float32, n)
+		for i := range b {
+			b[i] = float32((2*rng.Float64() - 1) * a)
+		}
+		return b
+	}
 	if cfg.Method == NoAuxTC {
-		rng := rand.New(rand.NewPCG(seed, 1<<33))
-		w.Bias = make([]float32, cfg.NumExperts)
-		for i := range w.Bias {
-			w.Bias[i] = float32((2*rng.Float64() - 1) * 0.05)
+		w.Bias = biases(1<<33, cfg.NumExperts, 0.05)
+	}
+	if cfg.RouterBias {
+		w.RouterBias = biases(1<<34, cfg.NumExperts, 0.05)
+	}
+	if cfg.ExpertBias {
+		for e := range w.Experts {
+			s := 1<<35 + uint64(e)*4
+			x := &w.Experts[e]
+			x.GateBias, x.UpBias = biases(s, cfg.Inter, 0.5), biases(s+1, cfg.Inter, 0.5)
+			x.DownBias = biases(s+2, H, 0.5)
 		}
 	}
 	if firstErr != nil {

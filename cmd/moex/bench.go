@@ -26,7 +26,7 @@ import (
 const benchUsage = `usage:
   moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16|fp8|mxfp4|int4[,...]]
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
-  moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] [--dtype bf16[,fp8,...]]
+  moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite|gpt-oss-20b) --tokens T[,...] [--dtype bf16[,fp8,...]]
                  [--threads T[,...]] [--impl ...] [--format table|json]
   moex bench mla (--model DIR --layer N | --preset deepseek-v2-lite) --tokens T[,...] --context C[,...]
                  [--threads T[,...]] [--impl ...] [--format table|json]   a decode step of the MLA block
@@ -448,7 +448,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	fs := flag.NewFlagSet("bench moe", flag.ContinueOnError)
 	model := fs.String("model", "", "checkpoint folder")
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
-	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite")
+	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite, gpt-oss-20b")
 	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
 	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
@@ -464,13 +464,17 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	name, err := benchSource("moe", *model, *preset, *layerIdx)
+	name, err := benchSource("moe", *model, *preset, *layerIdx, "deepseek-v2-lite", "gpt-oss-20b")
 	if err != nil {
 		return nil, err
 	}
+	presetConfig, presetName := moe.DeepSeekV2Lite, "DeepSeek-V2-Lite"
+	if *preset == "gpt-oss-20b" {
+		presetConfig, presetName = moe.GptOss20B, "gpt-oss-20b"
+	}
 	// A forward pass's rows, outputs and expert activations, twice over
 	// for the scratch, and a preset's layers in their dtypes (made from fp32).
-	c := moe.DeepSeekV2Lite()
+	c := presetConfig()
 	if *model != "" {
 		if c, err = moe.LoadConfig(*model); err != nil {
 			return nil, err
@@ -509,8 +513,8 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(o.stderr, "bench: making a DeepSeek-V2-Lite-shaped layer with random %s weights\n", ds)
-		l, err := moe.NewRandom(moe.DeepSeekV2Lite(), dt, *seed)
+		fmt.Fprintf(o.stderr, "bench: making a %s-shaped layer with random %s weights\n", presetName, ds)
+		l, err := moe.NewRandom(presetConfig(), dt, *seed)
 		if err != nil {
 			return nil, err
 		}
@@ -601,7 +605,7 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 	if slices.Min(ts) < 1 || slices.Min(cs) < 0 {
 		return nil, fmt.Errorf("%w: bench mla: --tokens must be positive and --context not negative", errUsage)
 	}
-	name, err := benchSource("mla", *model, *preset, *layerIdx)
+	name, err := benchSource("mla", *model, *preset, *layerIdx, "deepseek-v2-lite")
 	if err != nil {
 		return nil, err
 	}
@@ -666,16 +670,18 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 
 // benchSource checks a benchmark's --model and --preset and names its
 // cases: the model's layer, or the preset.
-func benchSource(bench, model, preset string, layer int) (string, error) {
+func benchSource(bench, model, preset string, layer int, presets ...string) (string, error) {
 	switch {
 	case model != "" && preset != "":
 		return "", fmt.Errorf("%w: bench %s: give --model or --preset, not both", errUsage, bench)
 	case model != "":
 		return fmt.Sprintf("%s:%d", model, layer), nil
-	case preset == "deepseek-v2-lite":
+	case slices.Contains(presets, preset):
 		return preset, nil
+	case preset != "":
+		return "", fmt.Errorf("%w: bench %s: unknown --preset %q (have %s)", errUsage, bench, preset, strings.Join(presets, ", "))
 	}
-	return "", fmt.Errorf("%w: bench %s: --model DIR or --preset deepseek-v2-lite is required", errUsage, bench)
+	return "", fmt.Errorf("%w: bench %s: --model DIR or --preset %s is required", errUsage, bench, strings.Join(presets, "|"))
 }
 
 // moeCase is a bench moe input of T random tokens, with its output and

@@ -267,6 +267,10 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.ErrorContains(t, err, "bench mla: --model DIR or --preset deepseek-v2-lite is required")
 	_, _, err = runCLI("bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "0")
 	require.ErrorContains(t, err, "--tokens must be positive")
+	_, _, err = runCLI("bench", "mla", "--preset", "gpt-oss-20b", "--tokens", "1")
+	require.ErrorContains(t, err, `bench mla: unknown --preset "gpt-oss-20b" (have deepseek-v2-lite)`)
+	_, _, err = runCLI("bench", "moe", "--preset", "gpt-oss", "--tokens", "1")
+	require.ErrorContains(t, err, `bench moe: unknown --preset "gpt-oss" (have deepseek-v2-lite, gpt-oss-20b)`)
 
 	out, _, err = runCLI("bench", "ep", "--ranks", "1,3", "--tokens", "0,2", "--min-time", "0", "--max-runs", "1", "--format", "json")
 	require.NoError(t, err)
@@ -300,7 +304,7 @@ func TestBenchRunsOnce(t *testing.T) {
 	_, _, err = runCLI("bench", "grouped-gemm", "--impl", "sve2", "--min-time", "0", "--n", "4", "--k", "4", "--tokens-per-expert", "1")
 	require.ErrorContains(t, err, `implementation "sve2" is not available`)
 	_, _, err = runCLI("bench", "moe", "--min-time", "0")
-	require.ErrorContains(t, err, "--model DIR or --preset deepseek-v2-lite is required")
+	require.ErrorContains(t, err, "bench moe: --model DIR or --preset deepseek-v2-lite|gpt-oss-20b is required")
 	_, _, err = runCLI("bench", "nothing")
 	require.ErrorContains(t, err, `unknown benchmark "nothing"`)
 }
