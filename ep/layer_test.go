@@ -29,6 +29,7 @@ var epSpecs = []moetest.Spec{
 	{ModelType: "qwen3_moe", Hidden: 64, Experts: 10, TopK: 4, Inter: 32, DType: "INT4", Seed: 47},
 	{ModelType: "gpt_oss", Hidden: 64, Experts: 9, TopK: 3, Inter: 32, DType: "MXFP4", Seed: 48},
 	{ModelType: "gpt_oss", Hidden: 24, Experts: 7, TopK: 2, Inter: 20, DType: "BF16", Seed: 49},
+	{ModelType: "qwen3_5_moe", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedInter: 16, DType: "BF16", Shards: 2, Seed: 50},
 }
 
 func bitsOf(v []float32) []uint32 {

@@ -62,7 +62,7 @@ func (m TopKMethod) String() string {
 }
 
 // Families lists the supported Hugging Face model_type values.
-var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
 
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
@@ -339,7 +339,13 @@ type rawConfig struct {
 	KVLoraRank            *int      `json:"kv_lora_rank"`
 	QKRopeHeadDim         *int      `json:"qk_rope_head_dim"`
 	QuantizationConfig    *rawQuant `json:"quantization_config"`
+	// TextConfig is a multimodal checkpoint's text model (Qwen3.5).
+	TextConfig json.RawMessage `json:"text_config"`
 }
+
+// multimodal are the model types whose config.json keeps the text model's
+// fields under text_config.
+var multimodal = map[string]bool{"qwen3_5_moe": true}
 
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
@@ -362,6 +368,20 @@ func ParseConfig(data []byte) (*Config, error) {
 	var raw rawConfig
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, fmt.Errorf("not a valid config.json: %w", err)
+	}
+	if multimodal[raw.ModelType] {
+		if t := strings.TrimSpace(string(raw.TextConfig)); t == "" || t == "null" {
+			return nil, fmt.Errorf("%s config.json has no text_config: the text model's fields are not there", raw.ModelType)
+		}
+		var text rawConfig
+		if err := json.Unmarshal(raw.TextConfig, &text); err != nil {
+			return nil, fmt.Errorf("%s config.json: text_config: %w", raw.ModelType, err)
+		}
+		text.ModelType = raw.ModelType // the text model's own (qwen3_5_moe_text) names the same block
+		if text.QuantizationConfig == nil {
+			text.QuantizationConfig = raw.QuantizationConfig
+		}
+		raw = text
 	}
 	c := &Config{ModelType: raw.ModelType, RoutedScaling: 1, Scoring: Softmax, Method: Greedy}
 	var missing []string
@@ -406,13 +426,22 @@ func ParseConfig(data []byte) (*Config, error) {
 		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
 		c.Inter = need(raw.IntermediateSize, "intermediate_size")
 		c.NormTopK = true
-	case "qwen2_moe", "qwen3_moe":
+	case "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe":
+		// qwen3_next is Qwen2MoeSparseMoeBlock (norm_topk_prob defaults to
+		// true there); qwen3_5_moe the same block with the renormalisation
+		// always on and every layer MoE (its config dropped the keys).
 		c.NumExperts = need(raw.NumExperts, "num_experts")
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
 		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+		if raw.ModelType == "qwen3_next" && raw.NormTopKProb == nil || raw.ModelType == "qwen3_5_moe" {
+			c.NormTopK = true
+		}
 		c.SparseStep = or(raw.DecoderSparseStep, 1)
 		c.MLPOnlyLayers = raw.MLPOnlyLayers
-		if raw.ModelType == "qwen2_moe" {
+		if raw.ModelType == "qwen3_5_moe" {
+			c.SparseStep, c.MLPOnlyLayers = 1, nil
+		}
+		if raw.ModelType != "qwen3_moe" {
 			c.SharedInter = need(raw.SharedExpertInterSize, "shared_expert_intermediate_size")
 			c.SharedGate = c.SharedInter > 0
 		}
@@ -534,7 +563,7 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("unknown topk method %v", c.Method)
 	}
-	if c.ModelType == "qwen2_moe" || c.ModelType == "qwen3_moe" {
+	if strings.HasPrefix(c.ModelType, "qwen") {
 		if c.SparseStep <= 0 {
 			return fmt.Errorf("decoder_sparse_step %d must be positive", c.SparseStep)
 		}
@@ -554,7 +583,7 @@ func (c *Config) CheckMoELayer(n int) error {
 		return fmt.Errorf("layer %d out of range: the model has %d layers", n, c.NumLayers)
 	}
 	switch c.ModelType {
-	case "qwen2_moe", "qwen3_moe":
+	case "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe":
 		if slices.Contains(c.MLPOnlyLayers, n) {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (in mlp_only_layers), not MoE", n)
 		}
@@ -584,9 +613,16 @@ type tensorNames struct {
 }
 
 func (c *Config) names(layer int) tensorNames {
+	return c.namesUnder("model.", layer)
+}
+
+// namesUnder is names with the decoder under root: "model." for a text
+// model, "model.language_model." for the text model of a multimodal
+// checkpoint (Qwen3.5).
+func (c *Config) namesUnder(root string, layer int) tensorNames {
 	var n tensorNames
 	if c.ModelType == "mixtral" {
-		p := fmt.Sprintf("model.layers.%d.block_sparse_moe.", layer)
+		p := fmt.Sprintf("%slayers.%d.block_sparse_moe.", root, layer)
 		n.gate = p + "gate.weight"
 		n.expert = func(e int) (string, string, string) {
 			q := fmt.Sprintf("%sexperts.%d.", p, e)
@@ -594,7 +630,7 @@ func (c *Config) names(layer int) tensorNames {
 		}
 		return n
 	}
-	p := fmt.Sprintf("model.layers.%d.mlp.", layer)
+	p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)
 	if c.ModelType == "gpt_oss" {
 		n.gate, n.routerBias, n.fused = p+"router.weight", p+"router.bias", p+"experts."
 		return n
@@ -606,7 +642,10 @@ func (c *Config) names(layer int) tensorNames {
 		return q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"
 	}
 	shared := p + "shared_experts."
-	if c.ModelType == "qwen2_moe" {
+	if c.ModelType == "qwen3_5_moe" {
+		n.fused = p + "experts."
+	}
+	if c.ModelType == "qwen2_moe" || c.ModelType == "qwen3_next" || c.ModelType == "qwen3_5_moe" {
 		shared = p + "shared_expert."
 		n.sharedGate = p + "shared_expert_gate.weight"
 	}

@@ -166,3 +166,28 @@ func TestParseConfigGptOss(t *testing.T) {
 	require.Equal(t, [3]int{8, 2, 32}, [3]int{c.NumExperts, c.TopK, c.Inter})
 	require.Equal(t, float32(7), c.Act.Limit)
 }
+
+// TestParseConfigQwen35: Qwen3.6-35B-A3B's config.json (its text_config's
+// MoE fields) and Qwen3-Next's default renormalisation.
+func TestParseConfigQwen35(t *testing.T) {
+	c, err := parse(t, map[string]any{"model_type": "qwen3_5_moe", "architectures": []string{"Qwen3_5MoeForConditionalGeneration"},
+		"text_config": map[string]any{"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+			"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}})
+	require.NoError(t, err)
+	require.Equal(t, "qwen3_5_moe", c.ModelType)
+	require.Equal(t, [5]int{2048, 40, 256, 8, 512}, [5]int{c.Hidden, c.NumLayers, c.NumExperts, c.TopK, c.Inter})
+	require.True(t, c.NormTopK, "always renormalised")
+	require.Equal(t, 512, c.SharedInter)
+	require.True(t, c.SharedGate)
+	for n := range 40 {
+		require.NoError(t, c.CheckMoELayer(n), "every layer is MoE")
+	}
+	_, err = parse(t, map[string]any{"model_type": "qwen3_5_moe", "hidden_size": 2048})
+	require.ErrorContains(t, err, "qwen3_5_moe config.json has no text_config")
+
+	c, err = parse(t, map[string]any{"model_type": "qwen3_next", "hidden_size": 2048, "num_experts": 512,
+		"num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512})
+	require.NoError(t, err)
+	require.True(t, c.NormTopK, "Qwen3NextConfig's norm_topk_prob defaults to true")
+	require.True(t, c.SharedGate)
+}

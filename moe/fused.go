@@ -246,3 +246,49 @@ func gatherT[T float32 | uint16](src []T, rows, cols, width, first, step int) []
 	}
 	return out
 }
+
+// fusedExperts loads the routed experts keep reports true for (all when
+// keep is nil) from fused tensors in [out, in] form under prefix p
+// (Qwen3.5): gate_up_proj [E, 2I, H], the gate rows first, then the up
+// rows, and down_proj [E, H, I], in F32, BF16 or F16; each expert's
+// matrices are views of the mapped tensors.
+func fusedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
+	cfg := ck.Config
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	gu, err := ck.fused(p+"gate_up_proj", []int{E, 2 * I, H}, "F32", "BF16", "F16")
+	if err != nil {
+		return nil, err
+	}
+	d, err := ck.fused(p+"down_proj", []int{E, H, I}, gu.info.DType)
+	if err != nil {
+		return nil, err
+	}
+	view := func(b []byte, rows, cols int) (kernels.Matrix, error) {
+		switch gu.info.DType {
+		case "F32":
+			return kernels.NewF32(rows, cols, castSlice[float32](b))
+		case "F16":
+			return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](b))
+		}
+		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](b))
+	}
+	experts := make([]Expert, E)
+	for e := range experts {
+		if keep != nil && !keep(e) {
+			continue
+		}
+		slab := gu.slab(e)
+		half := len(slab) / 2
+		x := &experts[e]
+		if x.Gate, err = view(slab[:half], I, H); err != nil {
+			return nil, err
+		}
+		if x.Up, err = view(slab[half:], I, H); err != nil {
+			return nil, err
+		}
+		if x.Down, err = view(d.slab(e), H, I); err != nil {
+			return nil, err
+		}
+	}
+	return experts, nil
+}

@@ -36,6 +36,10 @@ var goldenSpecs = map[string]moetest.Spec{
 	"gpt_oss_mxfp4":        {ModelType: "gpt_oss", Hidden: 64, Experts: 8, TopK: 4, Inter: 32, NumLayers: 2, Layer: 1, DType: "MXFP4", Seed: 114},
 	"gpt_oss_bf16_sharded": {ModelType: "gpt_oss", Hidden: 32, Experts: 6, TopK: 2, Inter: 24, DType: "BF16", Shards: 2, Seed: 115},
 	"gpt_oss_f32_limit5":   {ModelType: "gpt_oss", Hidden: 24, Experts: 5, TopK: 1, Inter: 16, DType: "F32", SwigluLimit: 5, Seed: 116, Extra: map[string]any{"num_experts_per_tok": nil}},
+	"qwen3_5_moe_bf16":     {ModelType: "qwen3_5_moe", Hidden: 32, Experts: 10, TopK: 4, Inter: 16, SharedInter: 24, NumLayers: 2, Layer: 1, DType: "BF16", Shards: 2, Seed: 117},
+	"qwen3_5_moe_f32_top1": {ModelType: "qwen3_5_moe", Hidden: 24, Experts: 6, TopK: 1, Inter: 12, SharedInter: 8, DType: "F32", Seed: 118},
+	"qwen3_next_bf16":      {ModelType: "qwen3_next", Hidden: 32, Experts: 12, TopK: 5, Inter: 8, SharedInter: 16, NormTopK: true, DType: "BF16", Seed: 119, Extra: map[string]any{"norm_topk_prob": nil}},
+	"qwen3_next_f16_raw":   {ModelType: "qwen3_next", Hidden: 24, Experts: 8, TopK: 2, Inter: 16, SharedInter: 16, NormTopK: false, DType: "F16", Seed: 120},
 	"deepseek_v3_bf16_all": {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
 }
 

@@ -1,8 +1,7 @@
 // Package moe is the Mixture-of-Experts block of a transformer: model
 // configs read from Hugging Face config.json files, checkpoints read from
-// memory-mapped safetensors, gating for the mixtral, qwen2_moe, qwen3_moe,
-// deepseek_v2, deepseek_v3 and gpt_oss families, the dispatch layout, the
-// grouped gated expert FFN and the combine step.
+// memory-mapped safetensors, gating for the families in Families, the
+// dispatch layout, the grouped gated expert FFN and the combine step.
 //
 // A forward pass is gate → dispatch layout → grouped expert FFN → combine.
 // Each token's output is the sum of its experts' weighted outputs in
@@ -121,6 +120,13 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		return nil, fmt.Errorf("moe: %s: %w", ck.Dir, err)
 	}
 	names := cfg.names(n)
+	if !ck.Has(names.gate) {
+		// A multimodal checkpoint's text model (Qwen3.5) lives under
+		// model.language_model.
+		if alt := cfg.namesUnder("model.language_model.", n); ck.Has(alt.gate) {
+			names = alt
+		}
+	}
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	var w Weights
 	var err error
@@ -157,7 +163,11 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		b.RowF32(0, w.Bias)
 	}
 	if names.fused != "" {
-		if w.Experts, err = gptOssExperts(ck, names.fused, keep); err != nil {
+		load := fusedExperts
+		if cfg.ModelType == "gpt_oss" {
+			load = gptOssExperts
+		}
+		if w.Experts, err = load(ck, names.fused, keep); err != nil {
 			return nil, err
 		}
 	} else {

@@ -102,6 +102,9 @@ func Generate(s Spec) (*Model, error) {
 	rng := rand.New(rand.NewPCG(s.Seed, 0x6d6f6578))
 	H, I, E := s.Hidden, s.Inter, s.Experts
 	prefix := fmt.Sprintf("model.layers.%d.mlp.", s.Layer)
+	if s.ModelType == "qwen3_5_moe" {
+		prefix = fmt.Sprintf("model.language_model.layers.%d.mlp.", s.Layer) // the text model of a multimodal checkpoint
+	}
 	if s.ModelType == "mixtral" {
 		prefix = fmt.Sprintf("model.layers.%d.block_sparse_moe.", s.Layer)
 	}
@@ -208,8 +211,58 @@ func Generate(s Spec) (*Model, error) {
 		}
 	}
 	m.Experts = make([]Expert64, E)
+	if s.ModelType == "qwen3_5_moe" {
+		// Fused, [out, in]: gate_up_proj [E, 2I, H] (expert e's gate rows,
+		// then its up rows), down_proj [E, H, I].
+		gu := make([]float64, 0, E*2*I*H)
+		dn := make([]float64, 0, E*H*I)
+		for range m.Experts {
+			for i := 0; i < 2*I*H; i++ {
+				gu = append(gu, (rng.Float64()*2-1)/math.Sqrt(float64(H)))
+			}
+			for i := 0; i < H*I; i++ {
+				dn = append(dn, (rng.Float64()*2-1)/math.Sqrt(float64(I)))
+			}
+		}
+		fused := func(name string, shape []int, v []float64) []float64 {
+			f := make([]float32, len(v))
+			for i, x := range v {
+				f[i] = float32(x)
+			}
+			b, e := stwrite.Encode(s.DType, f)
+			if e != nil {
+				err = e
+				return nil
+			}
+			m.Tensors = append(m.Tensors, stwrite.Tensor{Name: name, DType: s.DType, Shape: shape, Data: b})
+			w, _ := stwrite.Decode(s.DType, b)
+			return w
+		}
+		guw := fused(prefix+"experts.gate_up_proj", []int{E, 2 * I, H}, gu)
+		dw := fused(prefix+"experts.down_proj", []int{E, H, I}, dn)
+		for e := range m.Experts {
+			if err != nil {
+				break
+			}
+			x := &m.Experts[e]
+			for r := 0; r < 2*I; r++ {
+				row := guw[(e*2*I+r)*H:][:H]
+				if r < I {
+					x.Gate = append(x.Gate, row)
+				} else {
+					x.Up = append(x.Up, row)
+				}
+			}
+			for r := 0; r < H; r++ {
+				x.Down = append(x.Down, dw[(e*H+r)*I:][:I])
+			}
+		}
+	}
 	for e := range m.Experts {
 		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
+		if s.ModelType == "qwen3_5_moe" {
+			break
+		}
 		if s.ModelType == "mixtral" {
 			m.Experts[e] = expert(p, "w1.weight", "w3.weight", "w2.weight", I)
 		} else {
@@ -217,7 +270,7 @@ func Generate(s Spec) (*Model, error) {
 		}
 	}
 	switch {
-	case s.ModelType == "qwen2_moe" && s.SharedInter > 0:
+	case (s.ModelType == "qwen2_moe" || s.ModelType == "qwen3_next" || s.ModelType == "qwen3_5_moe") && s.SharedInter > 0:
 		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedInter)
 		m.Shared = &sh
 		m.SharedGate = add(prefix+"shared_expert_gate.weight", routerDType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
@@ -264,16 +317,29 @@ func configJSON(s Spec) map[string]any {
 	case "mixtral":
 		c["num_local_experts"] = s.Experts
 		c["intermediate_size"] = s.Inter
-	case "qwen2_moe", "qwen3_moe":
+	case "qwen2_moe", "qwen3_moe", "qwen3_next":
 		c["num_experts"] = s.Experts
 		c["moe_intermediate_size"] = s.Inter
 		c["intermediate_size"] = 4 * s.Hidden
 		c["norm_topk_prob"] = s.NormTopK
 		c["decoder_sparse_step"] = max(s.SparseStep, 1)
 		c["mlp_only_layers"] = append([]int{}, s.MLPOnly...)
-		if s.ModelType == "qwen2_moe" {
+		if s.ModelType != "qwen3_moe" {
 			c["shared_expert_intermediate_size"] = s.SharedInter
 		}
+	case "qwen3_5_moe":
+		// Qwen3_5MoeConfig: the text model's fields under text_config
+		// (whose model_type is qwen3_5_moe_text); every layer MoE, always
+		// renormalised (no norm_topk_prob, decoder_sparse_step or
+		// mlp_only_layers keys).
+		text := map[string]any{"model_type": "qwen3_5_moe_text", "num_experts": s.Experts,
+			"moe_intermediate_size": s.Inter, "shared_expert_intermediate_size": s.SharedInter}
+		for _, k := range []string{"hidden_size", "num_hidden_layers", "num_experts_per_tok", "torch_dtype"} {
+			text[k] = c[k]
+			delete(c, k)
+		}
+		c["architectures"] = []string{"Qwen3_5MoeForConditionalGeneration"}
+		c["text_config"] = text
 	case "deepseek_v2", "deepseek_v3":
 		c["n_routed_experts"] = s.Experts
 		c["moe_intermediate_size"] = s.Inter

@@ -19,6 +19,8 @@ type Result struct {
 //	qwen2_moe:   softmax, top-k, renormalised iff norm_topk_prob; plus
 //	             sigmoid(shared_expert_gate·x) · shared_expert(x)
 //	qwen3_moe:   softmax, top-k, renormalised iff norm_topk_prob
+//	qwen3_next:  as qwen2_moe
+//	qwen3_5_moe: as qwen2_moe, always renormalised
 //	deepseek_v2: softmax; greedy or group-limited greedy (group score = max);
 //	             renormalised (+1e-20) iff norm_topk_prob; × routed_scaling_factor;
 //	             plus the shared experts
@@ -118,7 +120,11 @@ func (m *Model) Forward(x []float32) Result {
 			for j := range w {
 				w[j] /= sum
 			}
-		case "qwen2_moe", "qwen3_moe":
+		case "qwen3_5_moe": // always
+			for j := range w {
+				w[j] /= sum
+			}
+		case "qwen2_moe", "qwen3_moe", "qwen3_next":
 			if s.NormTopK {
 				for j := range w {
 					w[j] /= sum

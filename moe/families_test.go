@@ -90,3 +90,19 @@ func TestGptOssForward(t *testing.T) {
 	require.Len(t, e.DownBias, spec.Hidden)
 	require.Len(t, l.Router.LogitBias(), spec.Experts)
 }
+
+// TestQwen35LoadErrors: Qwen3.5's multimodal config and fused tensors.
+func TestQwen35LoadErrors(t *testing.T) {
+	spec := moetest.Spec{ModelType: "qwen3_5_moe", Hidden: 16, Experts: 4, TopK: 2, Inter: 4, SharedInter: 8, DType: "BF16", Seed: 63}
+	const p = "model.language_model.layers.0.mlp."
+	checkLoadErrors(t, spec, []loadError{
+		{"no text_config", func(m *moetest.Model) { delete(m.Config, "text_config") },
+			`qwen3_5_moe config.json has no text_config`, nil},
+		{"gate_up transposed", func(m *moetest.Model) { find(m, p+"experts.gate_up_proj").Shape = []int{4, 16, 8} },
+			`tensor "` + p + `experts.gate_up_proj" has shape [4 16 8], the config needs [4 8 16]`, moe.ErrShape},
+		{"down missing", func(m *moetest.Model) { drop(m, p+"experts.down_proj") },
+			`missing tensor "` + p + `experts.down_proj"`, moe.ErrMissingTensor},
+		{"down of another dtype", func(m *moetest.Model) { find(m, p+"experts.down_proj").DType = "F16" },
+			`tensor "` + p + `experts.down_proj" has dtype F16, want [BF16]`, moe.ErrUnsupportedFormat},
+	})
+}
