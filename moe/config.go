@@ -67,7 +67,10 @@ var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
 type Config struct {
+	// ModelType is the family whose block the model computes; Name is
+	// config.json's own model_type (kimi_k2 for a ModelType deepseek_v3).
 	ModelType  string
+	Name       string
 	Hidden     int // hidden_size
 	NumLayers  int // num_hidden_layers; 0 when the file does not say
 	NumExperts int // routed experts
@@ -340,12 +343,56 @@ type rawConfig struct {
 	QKRopeHeadDim         *int      `json:"qk_rope_head_dim"`
 	QuantizationConfig    *rawQuant `json:"quantization_config"`
 	// TextConfig is a multimodal checkpoint's text model (Qwen3.5).
-	TextConfig json.RawMessage `json:"text_config"`
+	TextConfig    json.RawMessage `json:"text_config"`
+	Architectures []string        `json:"architectures"`
+}
+
+// aliases are model types whose MoE block is a supported family's under
+// another name (their checkpoints use that family's tensor names).
+var aliases = map[string]string{
+	"kimi_k2":      "deepseek_v3", // Kimi K2 / K2-Instruct-0905 / K2-Thinking: DeepseekV3ForCausalLM
+	"deepseek_v32": "deepseek_v3", // DeepSeek-V3.2: the sparse attention is attention-only
+}
+
+// architectureFamilies are the Hugging Face model classes of the families,
+// for a config.json whose model_type moex does not know.
+var architectureFamilies = map[string]string{
+	"MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
+	"Qwen3NextForCausalLM": "qwen3_next", "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+	"DeepseekV32ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
+}
+
+// familyOf is the family whose block model type t computes: t itself, an
+// alias's, or, for a model type moex does not know, that of its config's
+// architectures.
+func familyOf(t string, architectures []string) (string, bool) {
+	if slices.Contains(Families, t) {
+		return t, true
+	}
+	if f, ok := aliases[t]; ok {
+		return f, true
+	}
+	for _, a := range architectures {
+		if f, ok := architectureFamilies[a]; ok {
+			return f, true
+		}
+	}
+	return "", false
 }
 
 // multimodal are the model types whose config.json keeps the text model's
 // fields under text_config.
 var multimodal = map[string]bool{"qwen3_5_moe": true}
+
+// aliasList names the aliases and what they are read as.
+func aliasList() string {
+	var out []string
+	for a, f := range aliases {
+		out = append(out, a+" as "+f)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
+}
 
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
@@ -383,7 +430,11 @@ func ParseConfig(data []byte) (*Config, error) {
 		}
 		raw = text
 	}
-	c := &Config{ModelType: raw.ModelType, RoutedScaling: 1, Scoring: Softmax, Method: Greedy}
+	name := raw.ModelType
+	if f, ok := familyOf(raw.ModelType, raw.Architectures); ok {
+		raw.ModelType = f
+	}
+	c := &Config{ModelType: raw.ModelType, Name: name, RoutedScaling: 1, Scoring: Softmax, Method: Greedy}
 	var missing []string
 	need := func(p *int, name string) int {
 		if p == nil {
@@ -498,9 +549,9 @@ func ParseConfig(data []byte) (*Config, error) {
 			c.TopKGroups = or(raw.TopKGroup, min(defKeep, c.NumGroups))
 		}
 	case "":
-		return nil, errkind.Errorf(ErrUnknownFamily, "config.json has no model_type (supported: %v)", Families)
+		return nil, errkind.Errorf(ErrUnknownFamily, "config.json has no model_type (supported: %v, and %s)", Families, aliasList())
 	default:
-		return nil, errkind.Errorf(ErrUnknownFamily, "unknown model_type %q (supported: %v)", raw.ModelType, Families)
+		return nil, errkind.Errorf(ErrUnknownFamily, "unknown model_type %q, architectures %v (supported: %v, and %s)", raw.ModelType, raw.Architectures, Families, aliasList())
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, missing)

@@ -106,3 +106,38 @@ func TestQwen35LoadErrors(t *testing.T) {
 			`tensor "` + p + `experts.down_proj" has dtype F16, want [BF16]`, moe.ErrUnsupportedFormat},
 	})
 }
+
+// TestDeepSeekV3Aliases: Kimi K2 and DeepSeek-V3.2 checkpoints (their own
+// model_type, DeepSeek-V3's block and tensor names), and a model type moex
+// does not know whose architectures it does.
+func TestDeepSeekV3Aliases(t *testing.T) {
+	for _, extra := range []map[string]any{
+		{"model_type": "kimi_k2", "architectures": []string{"DeepseekV3ForCausalLM"}},
+		{"model_type": "deepseek_v32", "architectures": []string{"DeepseekV32ForCausalLM"}},
+		{"model_type": "some_finetune", "architectures": []string{"DeepseekV3ForCausalLM"}},
+	} {
+		spec := moetest.Spec{ModelType: "deepseek_v3", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1,
+			Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.827, DType: "BF16",
+			Seed: 64, Extra: extra}
+		m, err := moetest.Generate(spec)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		require.NoError(t, m.WriteTo(dir))
+		l, err := moe.Load(dir, 0)
+		require.NoError(t, err)
+		require.Equal(t, "deepseek_v3", l.Config.ModelType)
+		require.Equal(t, extra["model_type"], l.Config.Name)
+		x := moetest.Input(3, 7, spec.Hidden, false)
+		y := make([]float32, len(x))
+		ids := make([]int32, 7*spec.TopK)
+		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+		ref := m.Forward(x)
+		require.Equal(t, ref.IDs, ids)
+		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5)
+		l.Close()
+	}
+	_, err := moe.ParseConfig([]byte(`{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_experts_per_tok": 1}`))
+	require.ErrorIs(t, err, moe.ErrUnknownFamily)
+	require.ErrorContains(t, err, `unknown model_type "llama", architectures [LlamaForCausalLM] (supported: [mixtral`)
+	require.ErrorContains(t, err, "deepseek_v32 as deepseek_v3, kimi_k2 as deepseek_v3")
+}

@@ -76,29 +76,23 @@ func (r *Router) Route(x []float32, ids []int32, weights []float32, t0, t1 int) 
 func (r *Router) Weight() kernels.Matrix { return r.weight }
 
 // Bias is the noaux_tc correction bias [experts] as float32, or nil.
-func (r *Router) Bias() []float32 {
-	if r.bias == nil {
+func (r *Router) Bias() []float32 { return float32s(r.bias) }
+
+// float32s rounds v to float32 (nil for nil).
+func float32s(v []float64) []float32 {
+	if v == nil {
 		return nil
 	}
-	b := make([]float32, len(r.bias))
-	for i, v := range r.bias {
-		b[i] = float32(v)
+	b := make([]float32, len(v))
+	for i, x := range v {
+		b[i] = float32(x)
 	}
 	return b
 }
 
 // LogitBias is the bias the router adds to its logits [experts] (gpt_oss),
 // or nil.
-func (r *Router) LogitBias() []float32 {
-	if r.logitBias == nil {
-		return nil
-	}
-	b := make([]float32, len(r.logitBias))
-	for i, v := range r.logitBias {
-		b[i] = float32(v)
-	}
-	return b
-}
+func (r *Router) LogitBias() []float32 { return float32s(r.logitBias) }
 
 // RouteLogits chooses experts from router logits [tokens, experts]
 // computed elsewhere (a GPU kernel, a test), without the logit bias, which

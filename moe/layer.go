@@ -140,27 +140,28 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.gate), w.Gate); err != nil {
 		return nil, err
 	}
-	if cfg.RouterBias {
-		b, err := ck.Matrix(names.routerBias, E)
+	// vector reads a bias [experts], checked finite.
+	vector := func(name string) ([]float32, error) {
+		b, err := ck.Matrix(name, E)
 		if err != nil {
 			return nil, err
 		}
-		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.routerBias), b); err != nil {
+		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, name), b); err != nil {
 			return nil, err
 		}
-		w.RouterBias = make([]float32, E)
-		b.RowF32(0, w.RouterBias)
+		v := make([]float32, E)
+		b.RowF32(0, v)
+		return v, nil
+	}
+	if cfg.RouterBias {
+		if w.RouterBias, err = vector(names.routerBias); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Method == NoAuxTC {
-		b, err := ck.Matrix(names.bias, E)
-		if err != nil {
+		if w.Bias, err = vector(names.bias); err != nil {
 			return nil, err
 		}
-		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.bias), b); err != nil {
-			return nil, err
-		}
-		w.Bias = make([]float32, E)
-		b.RowF32(0, w.Bias)
 	}
 	if names.fused != "" {
 		load := fusedExperts

@@ -197,10 +197,7 @@ func (m *Model) forwardGptOss(x []float32) Result {
 	T := len(x) / H
 	res := Result{Y: make([]float64, T*H), IDs: make([]int32, T*K), Weights: make([]float64, T*K)}
 	for t := 0; t < T; t++ {
-		xt := make([]float64, H)
-		for i := range xt {
-			xt[i] = float64(x[t*H+i])
-		}
+		xt := widen(x[t*H : (t+1)*H])
 		logits := make([]float64, E)
 		for e := range logits {
 			logits[e] = dot(m.Gate[e], xt) + m.RouterBias[e]

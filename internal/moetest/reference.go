@@ -45,10 +45,7 @@ func (m *Model) Forward(x []float32) Result {
 		scoring, method = s.Scoring, s.Method
 	}
 	for t := 0; t < T; t++ {
-		xt := make([]float64, H)
-		for i := range xt {
-			xt[i] = float64(x[t*H+i])
-		}
+		xt := widen(x[t*H : (t+1)*H])
 		logits := make([]float64, E)
 		for e := range logits {
 			logits[e] = dot(m.Gate[e], xt)
@@ -172,6 +169,15 @@ func expertForward(x Expert64, in []float64) []float64 {
 	out := make([]float64, len(x.Down))
 	for n := range out {
 		out[n] = dot(x.Down[n], h)
+	}
+	return out
+}
+
+// widen is x in float64.
+func widen(x []float32) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v)
 	}
 	return out
 }

@@ -287,19 +287,9 @@ func TestNaN(t *testing.T, gateUp GateUpFunc, down DownFunc) {
 	}
 }
 
-// E2M1 is an OCP FP4 (e2m1) nibble's value from the format's definition:
-// 1 sign, 2 exponent bits of bias 1, 1 mantissa bit, subnormal at exponent 0.
-func E2M1(n uint8) float64 {
-	sign := 1.0
-	if n&8 != 0 {
-		sign = -1
-	}
-	exp, man := int(n>>1&3), float64(n&1)
-	if exp == 0 {
-		return sign * man / 2
-	}
-	return sign * (1 + man/2) * math.Pow(2, float64(exp-1))
-}
+// E2M1 is an OCP FP4 (e2m1) nibble's value from the format's definition
+// (moetest.E2M1).
+func E2M1(n uint8) float64 { return moetest.E2M1(n) }
 
 // MXFP4Weights returns a random MXFP4 [rows, cols] matrix (cols a multiple
 // of 32, scales' exponents around 2^-4) and its values e2m1 × 2^(e−127).
