@@ -82,20 +82,38 @@ func ClampedSwiGLUAct(g, u, alpha, limit float32) float32 {
 type glu struct {
 	act    Activation
 	gb, ub []float32 // [inter]
+	// in [rows] scales each row's dot products (the rows of the tile
+	// being computed): a routing weight on the expert's input (llama4),
+	// expert(s·x) with projections linear in x.
+	in []float32
 }
 
 // newGLU is the epilogue of g, nil when it is plain SwiGLU.
 func newGLU(g *FFNGroup) *glu {
-	if g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil {
+	if g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil && !g.ScaleInput {
 		return nil
 	}
 	return &glu{act: g.Act, gb: g.GateBias, ub: g.UpBias}
 }
 
-// apply is the activation of column n from its gate and up dot products.
-func (e *glu) apply(g, u float32, n int) float32 {
+// tile is e for rows [r0, r1) of g: its input scales those rows'.
+func (e *glu) tile(g *FFNGroup, r0, r1 int) *glu {
+	if e == nil || !g.ScaleInput {
+		return e
+	}
+	t := *e
+	t.in = g.Scale[r0:r1]
+	return &t
+}
+
+// apply is the activation of row r, column n from its gate and up dot
+// products.
+func (e *glu) apply(g, u float32, r, n int) float32 {
 	if e == nil {
 		return SwiGLU(g, u)
+	}
+	if e.in != nil {
+		g, u = g*e.in[r], u*e.in[r]
 	}
 	if e.gb != nil {
 		g += e.gb[n]

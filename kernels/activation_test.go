@@ -146,3 +146,105 @@ func TestActivationValidate(t *testing.T) {
 	require.InDelta(t, clampedRef(-9, -9, 1.702, 7), float64(kernels.ClampedSwiGLUAct(-9, -9, 1.702, 7)), 1e-9)
 	require.Equal(t, float32(7/(1+math.Exp(-1.702*7))*8), kernels.ClampedSwiGLUAct(100, 100, 1.702, 7))
 }
+
+// TestGroupedFFNScaleInput runs experts whose routing weight scales their
+// input (llama4), on every implementation, packed and not, with groups of
+// one row up to more than one row tile, against the float64 expert of the
+// scaled input; and checks that scaling the output instead would be far
+// from it, so that the test tells the two apart.
+func TestGroupedFFNScaleInput(t *testing.T) {
+	const H, I, T = 48, 80, 16
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		rng := rand.New(rand.NewPCG(11, uint64(dt)))
+		x := make([]float32, T*H)
+		for i := range x {
+			x[i] = float32(rng.Float64()*4 - 2)
+		}
+		type ref struct{ gate, up, down [][]float64 }
+		var groups []kernels.FFNGroup
+		var refs []ref
+		for _, load := range []int{1, 5, 13, 200} {
+			var g kernels.FFNGroup
+			var r ref
+			g.Gate, r.gate = kerneltest.Weights(rng, dt, I, H)
+			g.Up, r.up = kerneltest.Weights(rng, dt, I, H)
+			g.Down, r.down = kerneltest.Weights(rng, dt, H, I)
+			g.ScaleInput = true
+			for i := 0; i < load; i++ {
+				g.Rows = append(g.Rows, int32(rng.IntN(T)))
+				g.Scale = append(g.Scale, float32(rng.Float64()*3))
+			}
+			groups, refs = append(groups, g), append(refs, r)
+		}
+		expert := func(r ref, in []float64) []float64 {
+			h := make([]float64, I)
+			for n := range h {
+				var gs, us float64
+				for k, v := range in {
+					gs += v * r.gate[n][k]
+					us += v * r.up[n][k]
+				}
+				h[n] = gs / (1 + math.Exp(-gs)) * us
+			}
+			out := make([]float64, H)
+			for n := range out {
+				for k, v := range h {
+					out[n] += v * r.down[n][k]
+				}
+			}
+			return out
+		}
+		want := make([][]float64, len(groups))
+		outScaled := make([][]float64, len(groups))
+		for gi, g := range groups {
+			for i, row := range g.Rows {
+				s := float64(g.Scale[i])
+				in, scaled := make([]float64, H), make([]float64, H)
+				for k, v := range x[int(row)*H:][:H] {
+					in[k], scaled[k] = float64(v), s*float64(v)
+				}
+				want[gi] = append(want[gi], expert(refs[gi], scaled)...)
+				for _, v := range expert(refs[gi], in) {
+					outScaled[gi] = append(outScaled[gi], s*v)
+				}
+			}
+		}
+		relErr := func(got []float32, want []float64) float64 {
+			var num, den float64
+			for j, w := range want {
+				d := float64(got[j]) - w
+				num += d * d
+				den += w * w
+			}
+			return math.Sqrt(num / den)
+		}
+		for gi := range groups {
+			o := make([]float32, len(outScaled[gi]))
+			for j, v := range outScaled[gi] {
+				o[j] = float32(v)
+			}
+			require.Greater(t, relErr(o, want[gi]), 0.05, "group %d: the output-scaled expert must differ", gi)
+		}
+		for _, impl := range kernels.Implementations() {
+			for _, packed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/%s/packed=%v", dt, impl, packed), func(t *testing.T) {
+					restore, err := kernels.Use(impl)
+					require.NoError(t, err)
+					defer restore()
+					run := make([]kernels.FFNGroup, len(groups))
+					for i, g := range groups {
+						if packed {
+							g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
+						}
+						g.Out = make([]float32, len(g.Rows)*H)
+						run[i] = g
+					}
+					require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, run, nil))
+					for i, g := range run {
+						require.LessOrEqual(t, relErr(g.Out, want[i]), 1e-5, "group %d", i)
+					}
+				})
+			}
+		}
+	}
+}

@@ -121,7 +121,7 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, ep *glu, 
 	if K == 0 {
 		for r := 0; r < M; r++ {
 			for n := n0; n < n1; n++ {
-				h[r*inter+n] = ep.apply(0, 0, n)
+				h[r*inter+n] = ep.apply(0, 0, r, n)
 			}
 		}
 		return
@@ -142,12 +142,12 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, ep *glu, 
 		var out [4 * maxKernelRows]float32
 		for nb := n0; nb < n1; nb += step {
 			ne := min(nb+step, n1)
-			n := gateUp8(s, h, inter, &a, M, K, gate, up, ep, kMain, nb, ne)
+			n := gateUp8(s, h, inter, &a, M, K, gate, up, ep, 0, kMain, nb, ne)
 			for ; n < ne; n += 2 {
 				n2 := min(n+1, ne-1)
 				b = [4]*byte{gate.rowPtr(n), gate.rowPtr(n2), up.rowPtr(n), up.rowPtr(n2)}
 				kern[M](&a, &b, kMain, &lane, 2, &out)
-				gateUpTail(h, inter, &a, M, K, kMain, gate, up, ep, n, n2, &out)
+				gateUpTail(h, inter, &a, M, K, kMain, gate, up, ep, 0, n, n2, &out)
 			}
 		}
 		return
@@ -168,7 +168,7 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, ep *glu, 
 		s.strip(kern[mr], &a, mr, kMain, gate.DType.Size(), sc)
 		for c := range sc.out {
 			n := n0 + 2*c
-			gateUpTail(h[m0*inter:], inter, &a, mr, K, kMain, gate, up, ep, n, min(n+1, n1-1), &sc.out[c])
+			gateUpTail(h[m0*inter:], inter, &a, mr, K, kMain, gate, up, ep, m0, n, min(n+1, n1-1), &sc.out[c])
 		}
 	}
 }
@@ -176,7 +176,7 @@ func gateUpSIMD(s *simd, h, x []float32, idx []int32, gate, up Matrix, ep *glu, 
 // gateUpTail adds the k tail to one kernel call's gate/up dot products
 // (columns n, n2 of rows a[:mr]) and writes their activations into h
 // [mr, inter].
-func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain int, gate, up Matrix, ep *glu, n, n2 int, out *[4 * maxKernelRows]float32) {
+func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain int, gate, up Matrix, ep *glu, r0, n, n2 int, out *[4 * maxKernelRows]float32) {
 	for i := 0; i < mr; i++ {
 		o := out[4*i : 4*i+4]
 		if kMain < K {
@@ -189,8 +189,8 @@ func gateUpTail(h []float32, inter int, a *[maxKernelRows]*float32, mr, K, kMain
 			}
 		}
 		row := h[i*inter:]
-		row[n] = ep.apply(o[0], o[2], n)
-		row[n2] = ep.apply(o[1], o[3], n2)
+		row[n] = ep.apply(o[0], o[2], r0+i, n)
+		row[n2] = ep.apply(o[1], o[3], r0+i, n2)
 	}
 }
 
@@ -286,7 +286,7 @@ func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMai
 // gateUp8 does columns of gateUpSIMD for mr ≤ maxMR8 rows a, four columns
 // (eight weight rows) per kernel call; h holds the rows' outputs [mr,
 // inter]. It returns the first column it did not do.
-func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, ep *glu, kMain, n, ne int) int {
+func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K int, gate, up Matrix, ep *glu, r0, kMain, n, ne int) int {
 	var b, next [8]*byte
 	var out [8 * maxKernelRows]float32
 	kern := s.kern8[gate.DType][mr]
@@ -309,7 +309,7 @@ func gateUp8(s *simd, h []float32, inter int, a *[maxKernelRows]*float32, mr, K 
 				}
 			}
 			for j := 0; j < 4; j++ {
-				h[i*inter+n+j] = ep.apply(o[j], o[4+j], n+j)
+				h[i*inter+n+j] = ep.apply(o[j], o[4+j], r0+i, n+j)
 			}
 		}
 	}

@@ -33,10 +33,10 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1
 				u2 += float32(x2[k] * uk)
 				u3 += float32(x3[k] * uk)
 			}
-			h[r*inter+n] = ep.apply(g0, u0, n)
-			h[(r+1)*inter+n] = ep.apply(g1, u1, n)
-			h[(r+2)*inter+n] = ep.apply(g2, u2, n)
-			h[(r+3)*inter+n] = ep.apply(g3, u3, n)
+			h[r*inter+n] = ep.apply(g0, u0, r, n)
+			h[(r+1)*inter+n] = ep.apply(g1, u1, r+1, n)
+			h[(r+2)*inter+n] = ep.apply(g2, u2, r+2, n)
+			h[(r+3)*inter+n] = ep.apply(g3, u3, r+3, n)
 		}
 		for ; r < len(idx); r++ {
 			xr := x[int(idx[r])*hidden:][:hidden]
@@ -45,7 +45,7 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1
 				gs += float32(xr[k] * gk)
 				us += float32(xr[k] * u[k])
 			}
-			h[r*inter+n] = ep.apply(gs, us, n)
+			h[r*inter+n] = ep.apply(gs, us, r, n)
 		}
 	}
 }

@@ -27,12 +27,16 @@ type FFNGroup struct {
 	// Up·x + UpBias) + DownBias).
 	GateBias, UpBias, DownBias []float32
 	Act                        Activation
+	// ScaleInput: Scale weights the expert's input rather than its output
+	// (llama4): Out = Down·act(Scale·(Gate·x) + GateBias, Scale·(Up·x) +
+	// UpBias) + DownBias, the expert of Scale·x.
+	ScaleInput bool
 }
 
 // Plain reports whether g is SwiGLU without biases, the expert every
 // implementation runs (the device kernels run no other yet).
 func (g *FFNGroup) Plain() bool {
-	return g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil && g.DownBias == nil
+	return g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil && g.DownBias == nil && !g.ScaleInput
 }
 
 // SharedExpert is FFNGroup.Expert of a shared expert.
@@ -110,7 +114,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		it := first[k]
 		g := &groups[it.g]
 		inter := g.Gate.Rows
-		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g], it.n0, it.n1)
+		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
 	}); err != nil {
 		return err
 	}
@@ -143,7 +147,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		g := &groups[it.g]
 		inter, hidden := g.Gate.Rows, g.Down.Rows
 		var scale []float32
-		if g.Scale != nil {
+		if g.Scale != nil && !g.ScaleInput {
 			scale = g.Scale[it.r0:it.r1]
 		}
 		var rr []magRange

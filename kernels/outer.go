@@ -394,7 +394,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 			continue
 		}
 		for n := range hr {
-			hr[n] = ep.apply(g[n], u[n], n0+n)
+			hr[n] = ep.apply(g[n], u[n], r, n0+n)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package moe
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -62,7 +63,8 @@ func (m TopKMethod) String() string {
 }
 
 // Families lists the supported Hugging Face model_type values.
-var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe", "olmoe",
+	"deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe", "llama4", "gpt_oss"}
 
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
@@ -90,8 +92,15 @@ type Config struct {
 	TopKGroups     int     // topk_group
 	NormTopK       bool    // renormalise the k weights to sum to one
 	NormEps        float64 // added to the renormalisation's denominator (DeepSeek: 1e-20)
+	NormMin        float64 // the renormalisation's denominator is at least this (ERNIE: moe_norm_min, 1e-12)
 	RoutedScaling  float64 // multiply the final weights by this
 	ScoreBiasInput bool    // NoAuxTC: the gate has an e_score_correction_bias tensor
+	// ChooseOnLogits: the experts are ranked by their raw logits rather
+	// than by their scores (llama4: top-k on the logits, then sigmoid).
+	ChooseOnLogits bool
+	// WeightOnInput: a chosen expert's routing weight multiplies its input
+	// rather than its output, expert(w·x) (llama4).
+	WeightOnInput bool
 
 	// RouterBias: the router adds a bias to its logits (gpt_oss's
 	// router.bias). ExpertBias: the experts' projections have biases
@@ -106,8 +115,18 @@ type Config struct {
 	// Which layers are MoE (the others are dense MLPs).
 	FirstKDense   int   // deepseek: first_k_dense_replace
 	LayerFreq     int   // deepseek: moe_layer_freq
-	SparseStep    int   // qwen: decoder_sparse_step
+	SparseStep    int   // qwen: decoder_sparse_step; llama4: interleave_moe_layer_step
 	MLPOnlyLayers []int // qwen: mlp_only_layers
+	// MoELayers lists the MoE layers where the config names them (llama4's
+	// moe_layers); nil otherwise.
+	MoELayers []int
+	// MoEStart, MoEEnd, MoEInterval (ernie4_5_moe): layer n is MoE when
+	// MoEStart ≤ n ≤ MoEEnd and (n+1) % MoEInterval == 0.
+	MoEStart, MoEEnd, MoEInterval int
+	// MTPLayers are the multi-token-prediction layers a checkpoint stores
+	// after the model's (glm4_moe: num_nextn_predict_layers): not model
+	// layers.
+	MTPLayers int
 
 	// Quant is config.json's quantization_config; nil when there is none.
 	Quant *Quantization
@@ -316,32 +335,43 @@ func parseQuant(raw *rawQuant) (*Quantization, error) {
 // rawConfig is config.json as written by the families' Hugging Face
 // configuration classes. Pointers tell a missing field from a zero.
 type rawConfig struct {
-	ModelType             string    `json:"model_type"`
-	HiddenSize            *int      `json:"hidden_size"`
-	NumHiddenLayers       *int      `json:"num_hidden_layers"`
-	NumLocalExperts       *int      `json:"num_local_experts"`
-	NumExperts            *int      `json:"num_experts"`
-	NRoutedExperts        *int      `json:"n_routed_experts"`
-	NumExpertsPerTok      *int      `json:"num_experts_per_tok"`
-	ExpertsPerToken       *int      `json:"experts_per_token"`
-	SwigluLimit           *float64  `json:"swiglu_limit"`
-	IntermediateSize      *int      `json:"intermediate_size"`
-	MoEIntermediateSize   *int      `json:"moe_intermediate_size"`
-	SharedExpertInterSize *int      `json:"shared_expert_intermediate_size"`
-	NSharedExperts        *int      `json:"n_shared_experts"`
-	NormTopKProb          *bool     `json:"norm_topk_prob"`
-	DecoderSparseStep     *int      `json:"decoder_sparse_step"`
-	MLPOnlyLayers         []int     `json:"mlp_only_layers"`
-	TopKMethod            *string   `json:"topk_method"`
-	ScoringFunc           *string   `json:"scoring_func"`
-	NGroup                *int      `json:"n_group"`
-	TopKGroup             *int      `json:"topk_group"`
-	RoutedScalingFactor   *float64  `json:"routed_scaling_factor"`
-	FirstKDenseReplace    *int      `json:"first_k_dense_replace"`
-	MoELayerFreq          *int      `json:"moe_layer_freq"`
-	KVLoraRank            *int      `json:"kv_lora_rank"`
-	QKRopeHeadDim         *int      `json:"qk_rope_head_dim"`
-	QuantizationConfig    *rawQuant `json:"quantization_config"`
+	ModelType              string    `json:"model_type"`
+	HiddenSize             *int      `json:"hidden_size"`
+	NumHiddenLayers        *int      `json:"num_hidden_layers"`
+	NumLocalExperts        *int      `json:"num_local_experts"`
+	NumExperts             *int      `json:"num_experts"`
+	NRoutedExperts         *int      `json:"n_routed_experts"`
+	NumExpertsPerTok       *int      `json:"num_experts_per_tok"`
+	ExpertsPerToken        *int      `json:"experts_per_token"`
+	SwigluLimit            *float64  `json:"swiglu_limit"`
+	IntermediateSize       *int      `json:"intermediate_size"`
+	MoEIntermediateSize    *int      `json:"moe_intermediate_size"`
+	SharedExpertInterSize  *int      `json:"shared_expert_intermediate_size"`
+	NSharedExperts         *int      `json:"n_shared_experts"`
+	NormTopKProb           *bool     `json:"norm_topk_prob"`
+	DecoderSparseStep      *int      `json:"decoder_sparse_step"`
+	MLPOnlyLayers          []int     `json:"mlp_only_layers"`
+	TopKMethod             *string   `json:"topk_method"`
+	ScoringFunc            *string   `json:"scoring_func"`
+	NGroup                 *int      `json:"n_group"`
+	TopKGroup              *int      `json:"topk_group"`
+	RoutedScalingFactor    *float64  `json:"routed_scaling_factor"`
+	FirstKDenseReplace     *int      `json:"first_k_dense_replace"`
+	MoELayerFreq           *int      `json:"moe_layer_freq"`
+	KVLoraRank             *int      `json:"kv_lora_rank"`
+	QKRopeHeadDim          *int      `json:"qk_rope_head_dim"`
+	QuantizationConfig     *rawQuant `json:"quantization_config"`
+	UseRoutingBias         *bool     `json:"use_routing_bias"`
+	NumNextnPredictLayers  *int      `json:"num_nextn_predict_layers"`
+	MoENumExperts          *int      `json:"moe_num_experts"`
+	MoEK                   *int      `json:"moe_k"`
+	MoENumSharedExperts    *int      `json:"moe_num_shared_experts"`
+	MoELayerStartIndex     *int      `json:"moe_layer_start_index"`
+	MoELayerEndIndex       *int      `json:"moe_layer_end_index"`
+	MoELayerInterval       *int      `json:"moe_layer_interval"`
+	MoENormMin             *float64  `json:"moe_norm_min"`
+	InterleaveMoELayerStep *int      `json:"interleave_moe_layer_step"`
+	MoELayers              []int     `json:"moe_layers"`
 	// TextConfig is a multimodal checkpoint's text model (Qwen3.5).
 	TextConfig    json.RawMessage `json:"text_config"`
 	Architectures []string        `json:"architectures"`
@@ -352,6 +382,7 @@ type rawConfig struct {
 var aliases = map[string]string{
 	"kimi_k2":      "deepseek_v3", // Kimi K2 / K2-Instruct-0905 / K2-Thinking: DeepseekV3ForCausalLM
 	"deepseek_v32": "deepseek_v3", // DeepSeek-V3.2: the sparse attention is attention-only
+	"llama4_text":  "llama4",      // Llama4ForCausalLM: a text-only Llama 4 checkpoint
 }
 
 // architectureFamilies are the Hugging Face model classes of the families,
@@ -360,6 +391,10 @@ var architectureFamilies = map[string]string{
 	"MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
 	"Qwen3NextForCausalLM": "qwen3_next", "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
 	"DeepseekV32ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
+	"Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+	"OlmoeForCausalLM": "olmoe", "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
+	"MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
+	"Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4",
 }
 
 // familyOf is the family whose block model type t computes: t itself, an
@@ -382,7 +417,7 @@ func familyOf(t string, architectures []string) (string, bool) {
 
 // multimodal are the model types whose config.json keeps the text model's
 // fields under text_config.
-var multimodal = map[string]bool{"qwen3_5_moe": true}
+var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true}
 
 // aliasList names the aliases and what they are read as.
 func aliasList() string {
@@ -392,6 +427,17 @@ func aliasList() string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, ", ")
+}
+
+// parseScoring reads a scoring_func.
+func parseScoring(s string) (Scoring, error) {
+	switch s {
+	case "softmax":
+		return Softmax, nil
+	case "sigmoid":
+		return Sigmoid, nil
+	}
+	return 0, fmt.Errorf("unknown scoring_func %q (want softmax or sigmoid)", s)
 }
 
 // LoadConfig reads dir/config.json.
@@ -454,7 +500,11 @@ func ParseConfig(data []byte) (*Config, error) {
 	if raw.NumExpertsPerTok == nil {
 		raw.NumExpertsPerTok = raw.ExpertsPerToken // gpt-oss writes both
 	}
-	c.TopK = need(raw.NumExpertsPerTok, "num_experts_per_tok")
+	topKName := "num_experts_per_tok"
+	if raw.ModelType == "ernie4_5_moe" && raw.MoEK != nil {
+		raw.NumExpertsPerTok, topKName = raw.MoEK, "moe_k"
+	}
+	c.TopK = need(raw.NumExpertsPerTok, topKName)
 	switch raw.ModelType {
 	case "gpt_oss":
 		// GptOssConfig: num_local_experts (num_experts an alias), top-k on
@@ -477,10 +527,61 @@ func ParseConfig(data []byte) (*Config, error) {
 		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
 		c.Inter = need(raw.IntermediateSize, "intermediate_size")
 		c.NormTopK = true
-	case "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe":
+	case "olmoe":
+		// OlmoeConfig: softmax, top-k, renormalised iff norm_topk_prob
+		// (false by default and in the released models); every layer MoE.
+		c.NumExperts = need(raw.NumExperts, "num_experts")
+		c.Inter = need(raw.IntermediateSize, "intermediate_size")
+		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+	case "minimax_m2":
+		// MiniMaxM2Config: sigmoid scores, chosen on score + the routing
+		// bias (use_routing_bias, true), no groups, the unbiased scores of
+		// the k renormalised, no routed scaling, no shared expert.
+		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
+		c.Inter = need(raw.IntermediateSize, "intermediate_size")
+		c.Scoring, c.NormTopK = Sigmoid, true
+		if raw.ScoringFunc != nil {
+			var err error
+			if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
+				return nil, err
+			}
+		}
+		if raw.UseRoutingBias == nil || *raw.UseRoutingBias {
+			c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
+		}
+	case "ernie4_5_moe":
+		// Ernie4_5_MoeConfig: softmax (fp32) over all experts, chosen on
+		// softmax + moe_statics' correction bias, the unbiased softmax of
+		// the k divided by max(their sum, moe_norm_min); shared experts
+		// unweighted; no routed scaling.
+		c.NumExperts = need(raw.MoENumExperts, "moe_num_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.SharedInter = or(raw.MoENumSharedExperts, 0) * c.Inter
+		c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
+		c.NormTopK, c.NormMin = true, 1e-12
+		if raw.MoENormMin != nil {
+			c.NormMin = *raw.MoENormMin
+		}
+		c.MoEStart, c.MoEEnd, c.MoEInterval = or(raw.MoELayerStartIndex, 0), or(raw.MoELayerEndIndex, -1), or(raw.MoELayerInterval, 1)
+		if c.MoEEnd < 0 { // to the last layer
+			c.MoEEnd = math.MaxInt32
+		}
+	case "llama4":
+		// Llama4TextConfig: top-k on the raw logits, the weight
+		// sigmoid(logit) of a chosen expert multiplies its input; a shared
+		// expert of the same width on the unscaled input; MoE on the layers
+		// moe_layers names, or every interleave_moe_layer_step-th.
+		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
+		c.Inter = need(raw.IntermediateSize, "intermediate_size")
+		c.Scoring, c.ChooseOnLogits, c.WeightOnInput = Sigmoid, true, true
+		c.SharedInter = c.Inter
+		c.SparseStep = or(raw.InterleaveMoELayerStep, 1)
+		c.MoELayers = raw.MoELayers
+	case "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "qwen3_next", "qwen3_5_moe":
 		// qwen3_next is Qwen2MoeSparseMoeBlock (norm_topk_prob defaults to
 		// true there); qwen3_5_moe the same block with the renormalisation
-		// always on and every layer MoE (its config dropped the keys).
+		// always on and every layer MoE (its config dropped the keys);
+		// qwen3_vl_moe's text model is qwen3_moe's block.
 		c.NumExperts = need(raw.NumExperts, "num_experts")
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
 		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
@@ -492,25 +593,38 @@ func ParseConfig(data []byte) (*Config, error) {
 		if raw.ModelType == "qwen3_5_moe" {
 			c.SparseStep, c.MLPOnlyLayers = 1, nil
 		}
-		if raw.ModelType != "qwen3_moe" {
+		if raw.ModelType != "qwen3_moe" && raw.ModelType != "qwen3_vl_moe" {
 			c.SharedInter = need(raw.SharedExpertInterSize, "shared_expert_intermediate_size")
 			c.SharedGate = c.SharedInter > 0
 		}
-	case "deepseek_v2", "deepseek_v3":
+	case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
+		// glm4_moe and dots1 are DeepSeek-V3's block (sigmoid, noaux_tc,
+		// renormalised + 1e-20, × routed_scaling_factor, shared experts,
+		// first_k_dense_replace) with their configuration classes'
+		// defaults: one group, and glm4_moe's multi-token-prediction layers
+		// stored after the model's.
+		v3 := raw.ModelType != "deepseek_v2"
 		c.NormEps = 1e-20
 		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.SharedInter = or(raw.NSharedExperts, 0) * c.Inter
-		c.FirstKDense = or(raw.FirstKDenseReplace, 0)
+		shared, firstDense := 0, 0
+		if raw.ModelType == "glm4_moe" {
+			shared, firstDense = 1, 1
+		}
+		c.SharedInter = or(raw.NSharedExperts, shared) * c.Inter
+		c.FirstKDense = or(raw.FirstKDenseReplace, firstDense)
 		c.KVLoraRank = or(raw.KVLoraRank, 0)
 		c.RopeDim = or(raw.QKRopeHeadDim, 0)
 		c.LayerFreq = or(raw.MoELayerFreq, 1)
+		if raw.ModelType == "glm4_moe" {
+			c.MTPLayers = or(raw.NumNextnPredictLayers, 0)
+		}
 		if raw.RoutedScalingFactor != nil {
 			c.RoutedScaling = *raw.RoutedScalingFactor
 		}
 		method, scoring := "greedy", "softmax"
 		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
-		if raw.ModelType == "deepseek_v3" {
+		if v3 {
 			method, scoring = "noaux_tc", "sigmoid"
 			c.NormTopK = raw.NormTopKProb == nil || *raw.NormTopKProb
 		}
@@ -531,16 +645,13 @@ func ParseConfig(data []byte) (*Config, error) {
 		default:
 			return nil, fmt.Errorf("unknown topk_method %q (want greedy, group_limited_greedy or noaux_tc)", method)
 		}
-		switch scoring {
-		case "softmax":
-			c.Scoring = Softmax
-		case "sigmoid":
-			c.Scoring = Sigmoid
-		default:
-			return nil, fmt.Errorf("unknown scoring_func %q (want softmax or sigmoid)", scoring)
+		var err error
+		if c.Scoring, err = parseScoring(scoring); err != nil {
+			return nil, err
 		}
 		if c.Method != Greedy {
-			// DeepseekV3Config defaults to 8 groups, 4 kept; V2 has no groups unless told.
+			// DeepseekV3Config defaults to 8 groups, 4 kept; V2 has no groups
+			// unless told, nor have glm4_moe and dots1.
 			defGroups, defKeep := 1, 1
 			if raw.ModelType == "deepseek_v3" {
 				defGroups, defKeep = 8, 4
@@ -619,7 +730,19 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("decoder_sparse_step %d must be positive", c.SparseStep)
 		}
 	}
-	if c.ModelType == "deepseek_v2" || c.ModelType == "deepseek_v3" {
+	if c.ModelType == "llama4" && c.MoELayers == nil && c.SparseStep <= 0 {
+		return fmt.Errorf("interleave_moe_layer_step %d must be positive", c.SparseStep)
+	}
+	if c.ModelType == "ernie4_5_moe" && (c.MoEInterval <= 0 || c.MoEStart < 0) {
+		return fmt.Errorf("moe_layer_interval %d must be positive and moe_layer_start_index %d not negative", c.MoEInterval, c.MoEStart)
+	}
+	if !(c.NormMin >= 0) || math.IsInf(c.NormMin, 0) || !(c.NormEps >= 0) || math.IsInf(c.NormEps, 0) {
+		return fmt.Errorf("moe_norm_min %v and the renormalisation epsilon %v must be finite and not negative", c.NormMin, c.NormEps)
+	}
+	if c.MTPLayers < 0 {
+		return fmt.Errorf("num_nextn_predict_layers %d must not be negative", c.MTPLayers)
+	}
+	if deepseekBlock(c.ModelType) {
 		if c.LayerFreq <= 0 || c.FirstKDense < 0 {
 			return fmt.Errorf("moe_layer_freq %d must be positive and first_k_dense_replace %d not negative", c.LayerFreq, c.FirstKDense)
 		}
@@ -627,14 +750,36 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// deepseekBlock reports whether family t computes DeepSeek's block.
+func deepseekBlock(t string) bool {
+	return t == "deepseek_v2" || t == "deepseek_v3" || t == "glm4_moe" || t == "dots1"
+}
+
 // CheckMoELayer returns nil if layer n is a MoE block, and otherwise an
 // error saying why it is not (out of range, or a dense MLP layer).
 func (c *Config) CheckMoELayer(n int) error {
+	if c.NumLayers > 0 && n >= c.NumLayers && n < c.NumLayers+c.MTPLayers {
+		return fmt.Errorf("layer %d is a multi-token-prediction layer (num_nextn_predict_layers %d, stored after the model's %d layers), not a layer of the model",
+			n, c.MTPLayers, c.NumLayers)
+	}
 	if n < 0 || (c.NumLayers > 0 && n >= c.NumLayers) {
 		return fmt.Errorf("layer %d out of range: the model has %d layers", n, c.NumLayers)
 	}
 	switch c.ModelType {
-	case "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe":
+	case "llama4":
+		if c.MoELayers != nil && !slices.Contains(c.MoELayers, n) {
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (not in moe_layers %v), not MoE", n, c.MoELayers)
+		}
+		if c.MoELayers == nil && (n+1)%c.SparseStep != 0 {
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (interleave_moe_layer_step %d makes layers %d, %d, … MoE), not MoE",
+				n, c.SparseStep, c.SparseStep-1, 2*c.SparseStep-1)
+		}
+	case "ernie4_5_moe":
+		if n < c.MoEStart || n > c.MoEEnd || (n+1)%c.MoEInterval != 0 {
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (MoE layers are %d…%d with (n+1) %% moe_layer_interval %d = 0), not MoE",
+				n, c.MoEStart, c.MoEEnd, c.MoEInterval)
+		}
+	case "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "qwen3_next", "qwen3_5_moe":
 		if slices.Contains(c.MLPOnlyLayers, n) {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (in mlp_only_layers), not MoE", n)
 		}
@@ -642,7 +787,7 @@ func (c *Config) CheckMoELayer(n int) error {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (decoder_sparse_step %d makes layers %d, %d, … MoE), not MoE",
 				n, c.SparseStep, c.SparseStep-1, 2*c.SparseStep-1)
 		}
-	case "deepseek_v2", "deepseek_v3":
+	case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
 		if n < c.FirstKDense {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (below first_k_dense_replace %d), not MoE", n, c.FirstKDense)
 		}
@@ -656,46 +801,90 @@ func (c *Config) CheckMoELayer(n int) error {
 // tensorNames are the checkpoint names of one MoE block's tensors.
 type tensorNames struct {
 	gate, bias string
+	biasRows   int    // 1: the correction bias is stored [1, experts] (ernie4_5_moe), 0: [experts]
 	routerBias string // gpt_oss: router.bias
-	fused      string // gpt_oss: the prefix of the experts' fused 3-D tensors
-	expert     func(e int) (gate, up, down string)
-	shared     [3]string // gate, up, down
+	// fused is the prefix of the experts' fused 3-D tensors, stored as
+	// layout says; "" for one tensor per expert and projection (expert).
+	fused  string
+	layout fusedLayout
+	expert func(e int) (gate, up, down string)
+	shared [3]string // gate, up, down
+	// sharedGate: qwen2_moe's sigmoid gate of the shared expert.
 	sharedGate string
 }
 
-func (c *Config) names(layer int) tensorNames {
-	return c.namesUnder("model.", layer)
+// fusedLayout is how a family stores its experts as fused 3-D tensors.
+type fusedLayout uint8
+
+const (
+	// fusedOI: gate_up_proj [E, 2I, H] (the gate rows, then the up rows)
+	// and down_proj [E, H, I], [out, in] (Qwen3.5).
+	fusedOI fusedLayout = iota + 1
+	// fusedIO: the same transposed, x·W form: gate_up_proj [E, H, 2I] (the
+	// gate columns, then the up columns), down_proj [E, I, H] (Qwen3-VL-MoE,
+	// Llama 4).
+	fusedIO
+	// fusedGptOss: gpt-oss's, gate and up interleaved, with biases, MXFP4
+	// or x·W form.
+	fusedGptOss
+)
+
+// roots are where checkpoints keep the decoder's layers: a text model's,
+// and a multimodal model's text model (Qwen3.5, Qwen3-VL: model.language_model.;
+// Llama 4: language_model.model.).
+var roots = []string{"model.", "model.language_model.", "language_model.model."}
+
+// names are the tensor names of layer n's MoE block under the first of
+// roots that holds its router.
+func (c *Config) names(ck *Checkpoint, layer int) tensorNames {
+	for _, r := range roots {
+		if n := c.namesUnder(r, layer); ck.Has(n.gate) {
+			return n
+		}
+	}
+	return c.namesUnder(roots[0], layer)
 }
 
-// namesUnder is names with the decoder under root: "model." for a text
-// model, "model.language_model." for the text model of a multimodal
-// checkpoint (Qwen3.5).
+// namesUnder is names with the decoder under root.
 func (c *Config) namesUnder(root string, layer int) tensorNames {
 	var n tensorNames
-	if c.ModelType == "mixtral" {
-		p := fmt.Sprintf("%slayers.%d.block_sparse_moe.", root, layer)
-		n.gate = p + "gate.weight"
-		n.expert = func(e int) (string, string, string) {
+	perExpert := func(p, gate, up, down string) func(e int) (string, string, string) {
+		return func(e int) (string, string, string) {
 			q := fmt.Sprintf("%sexperts.%d.", p, e)
-			return q + "w1.weight", q + "w3.weight", q + "w2.weight"
+			return q + gate, q + up, q + down
 		}
+	}
+	switch c.ModelType {
+	case "mixtral", "minimax_m2":
+		p := fmt.Sprintf("%slayers.%d.block_sparse_moe.", root, layer)
+		n.gate, n.bias = p+"gate.weight", p+"e_score_correction_bias"
+		n.expert = perExpert(p, "w1.weight", "w3.weight", "w2.weight")
+		return n
+	case "llama4":
+		p := fmt.Sprintf("%slayers.%d.feed_forward.", root, layer)
+		n.gate, n.fused, n.layout = p+"router.weight", p+"experts.", fusedIO
+		s := p + "shared_expert."
+		n.shared = [3]string{s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight"}
 		return n
 	}
 	p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)
 	if c.ModelType == "gpt_oss" {
-		n.gate, n.routerBias, n.fused = p+"router.weight", p+"router.bias", p+"experts."
+		n.gate, n.routerBias, n.fused, n.layout = p+"router.weight", p+"router.bias", p+"experts.", fusedGptOss
 		return n
 	}
 	n.gate = p + "gate.weight"
 	n.bias = p + "gate.e_score_correction_bias"
-	n.expert = func(e int) (string, string, string) {
-		q := fmt.Sprintf("%sexperts.%d.", p, e)
-		return q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"
+	if c.ModelType == "ernie4_5_moe" {
+		n.bias, n.biasRows = p+"moe_statics.e_score_correction_bias", 1
+	}
+	n.expert = perExpert(p, "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+	switch c.ModelType {
+	case "qwen3_5_moe":
+		n.fused, n.layout = p+"experts.", fusedOI
+	case "qwen3_vl_moe":
+		n.fused, n.layout = p+"experts.", fusedIO
 	}
 	shared := p + "shared_experts."
-	if c.ModelType == "qwen3_5_moe" {
-		n.fused = p + "experts."
-	}
 	if c.ModelType == "qwen2_moe" || c.ModelType == "qwen3_next" || c.ModelType == "qwen3_5_moe" {
 		shared = p + "shared_expert."
 		n.sharedGate = p + "shared_expert_gate.weight"

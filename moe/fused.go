@@ -191,8 +191,17 @@ func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 }
 
 // gptOssDense reads gpt-oss's unquantized experts under prefix p, in x·W
-// form: gate_up_proj [E, H, 2I], down_proj [E, I, H].
+// form: gate_up_proj [E, H, 2I] with gate and up interleaved (even columns
+// gate, odd up), down_proj [E, I, H].
 func gptOssDense(ck *Checkpoint, p string) (func(e int, x *Expert) error, error) {
+	return xwExperts(ck, p, 0, 1, 2)
+}
+
+// xwExperts reads fused experts in x·W form under prefix p: gate_up_proj
+// [E, H, 2I] whose gate columns are gateFirst + step·n and up columns
+// upFirst + step·n, and down_proj [E, I, H]. Each expert's matrices are
+// transposed copies in the stored dtype.
+func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e int, x *Expert) error, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	gu, err := ck.fused(p+"gate_up_proj", []int{E, H, 2 * I}, "F32", "BF16", "F16")
@@ -205,16 +214,43 @@ func gptOssDense(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 	}
 	return func(e int, x *Expert) error {
 		var err error
-		// gate[n][k] = W[k][2n], up[n][k] = W[k][2n+1], down[n][k] = D[k][n].
-		if x.Gate, err = transposed(gu, e, I, H, 2*I, 0, 2); err != nil {
+		// gate[n][k] = W[k][gateFirst+step·n], up[n][k] = W[k][upFirst+step·n],
+		// down[n][k] = D[k][n].
+		if x.Gate, err = transposed(gu, e, I, H, 2*I, gateFirst, step); err != nil {
 			return err
 		}
-		if x.Up, err = transposed(gu, e, I, H, 2*I, 1, 2); err != nil {
+		if x.Up, err = transposed(gu, e, I, H, 2*I, upFirst, step); err != nil {
 			return err
 		}
 		x.Down, err = transposed(d, e, H, I, H, 0, 1)
 		return err
 	}, nil
+}
+
+// fusedExpertsIO loads the routed experts keep reports true for (all when
+// keep is nil) from fused tensors in x·W form under prefix p (Qwen3-VL-MoE,
+// Llama 4): gate_up_proj [E, H, 2I], the gate columns first, then the up
+// columns, and down_proj [E, I, H]. The kernels read [out, in] rows, so
+// each expert is a transposed copy in the stored dtype, packed at once.
+func fusedExpertsIO(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
+	load, err := xwExperts(ck, p, 0, ck.Config.Inter, 1)
+	if err != nil {
+		return nil, err
+	}
+	experts := make([]Expert, ck.Config.NumExperts)
+	for e := range experts {
+		if keep != nil && !keep(e) {
+			continue
+		}
+		x := &experts[e]
+		if err := load(e, x); err != nil {
+			return nil, err
+		}
+		if kernels.PacksWeights() {
+			x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
+		}
+	}
+	return experts, nil
 }
 
 // transposed is the matrix [rows, cols] m[n][k] = W[k][first + step·n] of

@@ -153,6 +153,9 @@ func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *r
 	}
 	// choice: the values the experts are ranked by.
 	copy(s.choice, s.scores)
+	if c.ChooseOnLogits {
+		copy(s.choice, logits)
+	}
 	if r.bias != nil {
 		for e := range s.choice {
 			s.choice[e] += r.bias[e]
@@ -200,7 +203,7 @@ func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *r
 		sum += s.scores[e]
 	}
 	if c.NormTopK {
-		sum += c.NormEps
+		sum = max(sum+c.NormEps, c.NormMin)
 	} else {
 		sum = 1
 	}

@@ -119,14 +119,7 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if err := cfg.CheckMoELayer(n); err != nil {
 		return nil, fmt.Errorf("moe: %s: %w", ck.Dir, err)
 	}
-	names := cfg.names(n)
-	if !ck.Has(names.gate) {
-		// A multimodal checkpoint's text model (Qwen3.5) lives under
-		// model.language_model.
-		if alt := cfg.namesUnder("model.language_model.", n); ck.Has(alt.gate) {
-			names = alt
-		}
-	}
+	names := cfg.names(ck, n)
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	var w Weights
 	var err error
@@ -141,8 +134,12 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		return nil, err
 	}
 	// vector reads a bias [experts], checked finite.
-	vector := func(name string) ([]float32, error) {
-		b, err := ck.Matrix(name, E)
+	vector := func(name string, rows int) ([]float32, error) {
+		shape := []int{E}
+		if rows > 0 {
+			shape = []int{rows, E}
+		}
+		b, err := ck.Matrix(name, shape...)
 		if err != nil {
 			return nil, err
 		}
@@ -154,20 +151,18 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		return v, nil
 	}
 	if cfg.RouterBias {
-		if w.RouterBias, err = vector(names.routerBias); err != nil {
+		if w.RouterBias, err = vector(names.routerBias, 0); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.Method == NoAuxTC {
-		if w.Bias, err = vector(names.bias); err != nil {
+		if w.Bias, err = vector(names.bias, names.biasRows); err != nil {
 			return nil, err
 		}
 	}
 	if names.fused != "" {
-		load := fusedExperts
-		if cfg.ModelType == "gpt_oss" {
-			load = gptOssExperts
-		}
+		load := map[fusedLayout]func(*Checkpoint, string, func(int) bool) ([]Expert, error){
+			fusedOI: fusedExperts, fusedIO: fusedExpertsIO, fusedGptOss: gptOssExperts}[names.layout]
 		if w.Experts, err = load(ck, names.fused, keep); err != nil {
 			return nil, err
 		}
@@ -519,7 +514,7 @@ func (l *Layer) Group(ids []int32, weights []float32, topK int, partial bool, bu
 		x := l.experts[e]
 		g.Groups = append(g.Groups, kernels.FFNGroup{Gate: x.Gate, Up: x.Up, Down: x.Down,
 			Rows: token[first:r], Scale: scale[first:r], Out: g.Out[first*H : r*H], Expert: e,
-			GateBias: x.GateBias, UpBias: x.UpBias, DownBias: x.DownBias, Act: c.Act})
+			GateBias: x.GateBias, UpBias: x.UpBias, DownBias: x.DownBias, Act: c.Act, ScaleInput: c.WeightOnInput})
 	}
 	return g, nil
 }
