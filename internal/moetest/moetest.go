@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/moex-project/moex/internal/stwrite"
 )
@@ -102,11 +103,22 @@ func Generate(s Spec) (*Model, error) {
 	rng := rand.New(rand.NewPCG(s.Seed, 0x6d6f6578))
 	H, I, E := s.Hidden, s.Inter, s.Experts
 	prefix := fmt.Sprintf("model.layers.%d.mlp.", s.Layer)
-	if s.ModelType == "qwen3_5_moe" {
+	switch s.ModelType {
+	case "qwen3_5_moe", "qwen3_vl_moe":
 		prefix = fmt.Sprintf("model.language_model.layers.%d.mlp.", s.Layer) // the text model of a multimodal checkpoint
-	}
-	if s.ModelType == "mixtral" {
+	case "mixtral", "minimax_m2":
 		prefix = fmt.Sprintf("model.layers.%d.block_sparse_moe.", s.Layer)
+	case "llama4":
+		prefix = fmt.Sprintf("language_model.model.layers.%d.feed_forward.", s.Layer)
+	}
+	gateName, biasName := prefix+"gate.weight", prefix+"gate.e_score_correction_bias"
+	switch s.ModelType {
+	case "llama4":
+		gateName = prefix + "router.weight"
+	case "minimax_m2":
+		biasName = prefix + "e_score_correction_bias"
+	case "ernie4_5_moe":
+		biasName = prefix + "moe_statics.e_score_correction_bias"
 	}
 	var err error
 	add := func(name, dtype string, rows, cols int, scale float64, fill func(r, c int) (float64, bool)) [][]float64 {
@@ -124,8 +136,8 @@ func Generate(s Spec) (*Model, error) {
 			return nil
 		}
 		shape := []int{rows, cols}
-		if rows == 1 && cols == E && name == prefix+"gate.e_score_correction_bias" {
-			shape = []int{cols}
+		if rows == 1 && cols == E && name == biasName && s.ModelType != "ernie4_5_moe" {
+			shape = []int{cols} // ernie4_5_moe's is [1, experts]
 		}
 		m.Tensors = append(m.Tensors, stwrite.Tensor{Name: name, DType: dtype, Shape: shape, Data: b})
 		w, _ := stwrite.Decode(dtype, b)
@@ -199,9 +211,9 @@ func Generate(s Spec) (*Model, error) {
 	none := func(int, int) (float64, bool) { return 0, false }
 	hot := func(r, c int) (float64, bool) { return 1, s.HotExpert > 0 && r == s.HotExpert-1 }
 
-	m.Gate = add(prefix+"gate.weight", routerDType, E, H, 2/math.Sqrt(float64(H)), hot)
-	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" {
-		m.Bias = add(prefix+"gate.e_score_correction_bias", "F32", 1, E, 0.05, none)[0]
+	m.Gate = add(gateName, routerDType, E, H, 2/math.Sqrt(float64(H)), hot)
+	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" || slices.Contains([]string{"glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe"}, s.ModelType) {
+		m.Bias = add(biasName, "F32", 1, E, 0.05, none)[0]
 	}
 	expert := func(p, gate, up, down string, inter int) Expert64 {
 		return Expert64{
@@ -211,6 +223,58 @@ func Generate(s Spec) (*Model, error) {
 		}
 	}
 	m.Experts = make([]Expert64, E)
+	if s.ModelType == "qwen3_vl_moe" || s.ModelType == "llama4" {
+		// Fused, x·W: gate_up_proj [E, H, 2I] (expert e's gate columns, then
+		// its up columns), down_proj [E, I, H].
+		gate, up, down := make([][][]float64, E), make([][][]float64, E), make([][][]float64, E)
+		for e := range gate {
+			gate[e], up[e], down[e] = randMat(rng, I, H, 1/math.Sqrt(float64(H))), randMat(rng, I, H, 1/math.Sqrt(float64(H))), randMat(rng, H, I, 1/math.Sqrt(float64(I)))
+		}
+		gu := make([]float32, 0, E*H*2*I)
+		dn := make([]float32, 0, E*I*H)
+		for e := range gate {
+			for k := 0; k < H; k++ {
+				for n := 0; n < 2*I; n++ {
+					if n < I {
+						gu = append(gu, float32(gate[e][n][k]))
+					} else {
+						gu = append(gu, float32(up[e][n-I][k]))
+					}
+				}
+			}
+			for k := 0; k < I; k++ {
+				for n := 0; n < H; n++ {
+					dn = append(dn, float32(down[e][n][k]))
+				}
+			}
+		}
+		gub, e1 := stwrite.Encode(s.DType, gu)
+		db, e2 := stwrite.Encode(s.DType, dn)
+		if e1 != nil || e2 != nil {
+			return nil, fmt.Errorf("moetest: %v %v", e1, e2)
+		}
+		m.Tensors = append(m.Tensors, stwrite.Tensor{Name: prefix + "experts.gate_up_proj", DType: s.DType, Shape: []int{E, H, 2 * I}, Data: gub},
+			stwrite.Tensor{Name: prefix + "experts.down_proj", DType: s.DType, Shape: []int{E, I, H}, Data: db})
+		guw, _ := stwrite.Decode(s.DType, gub)
+		dw, _ := stwrite.Decode(s.DType, db)
+		for e := range m.Experts {
+			x := &m.Experts[e]
+			x.Gate, x.Up, x.Down = make([][]float64, I), make([][]float64, I), make([][]float64, H)
+			for n := 0; n < I; n++ {
+				x.Gate[n], x.Up[n] = make([]float64, H), make([]float64, H)
+				for k := 0; k < H; k++ {
+					x.Gate[n][k] = guw[(e*H+k)*2*I+n]
+					x.Up[n][k] = guw[(e*H+k)*2*I+I+n]
+				}
+			}
+			for n := 0; n < H; n++ {
+				x.Down[n] = make([]float64, I)
+				for k := 0; k < I; k++ {
+					x.Down[n][k] = dw[(e*I+k)*H+n]
+				}
+			}
+		}
+	}
 	if s.ModelType == "qwen3_5_moe" {
 		// Fused, [out, in]: gate_up_proj [E, 2I, H] (expert e's gate rows,
 		// then its up rows), down_proj [E, H, I].
@@ -260,10 +324,10 @@ func Generate(s Spec) (*Model, error) {
 	}
 	for e := range m.Experts {
 		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
-		if s.ModelType == "qwen3_5_moe" {
+		if s.ModelType == "qwen3_5_moe" || s.ModelType == "qwen3_vl_moe" || s.ModelType == "llama4" {
 			break
 		}
-		if s.ModelType == "mixtral" {
+		if s.ModelType == "mixtral" || s.ModelType == "minimax_m2" {
 			m.Experts[e] = expert(p, "w1.weight", "w3.weight", "w2.weight", I)
 		} else {
 			m.Experts[e] = expert(p, "gate_proj.weight", "up_proj.weight", "down_proj.weight", I)
@@ -274,7 +338,10 @@ func Generate(s Spec) (*Model, error) {
 		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedInter)
 		m.Shared = &sh
 		m.SharedGate = add(prefix+"shared_expert_gate.weight", routerDType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
-	case (s.ModelType == "deepseek_v2" || s.ModelType == "deepseek_v3") && s.SharedExperts > 0:
+	case s.ModelType == "llama4":
+		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", I)
+		m.Shared = &sh
+	case DeepSeekBlock(s.ModelType) && s.SharedExperts > 0, s.ModelType == "ernie4_5_moe" && s.SharedExperts > 0:
 		sh := expert(prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedExperts*I)
 		m.Shared = &sh
 	}
@@ -340,6 +407,57 @@ func configJSON(s Spec) map[string]any {
 		}
 		c["architectures"] = []string{"Qwen3_5MoeForConditionalGeneration"}
 		c["text_config"] = text
+	case "olmoe":
+		c["num_experts"] = s.Experts
+		c["intermediate_size"] = s.Inter
+		c["norm_topk_prob"] = s.NormTopK
+	case "minimax_m2":
+		c["num_local_experts"] = s.Experts
+		c["intermediate_size"] = s.Inter
+		c["scoring_func"] = "sigmoid"
+		c["use_routing_bias"] = true
+	case "ernie4_5_moe":
+		// Ernie4_5_MoeConfig's names: moe_k for the top-k.
+		delete(c, "num_experts_per_tok")
+		c["moe_num_experts"] = s.Experts
+		c["moe_k"] = s.TopK
+		c["moe_intermediate_size"] = s.Inter
+		c["intermediate_size"] = 4 * s.Hidden
+		c["moe_num_shared_experts"] = s.SharedExperts
+		c["moe_layer_start_index"] = s.FirstKDense
+		c["moe_layer_end_index"] = s.NumLayers - 1
+		c["moe_layer_interval"] = max(s.SparseStep, 1)
+	case "qwen3_vl_moe", "llama4":
+		text := map[string]any{"model_type": s.ModelType + "_text"}
+		if s.ModelType == "qwen3_vl_moe" {
+			text["num_experts"], text["moe_intermediate_size"], text["norm_topk_prob"] = s.Experts, s.Inter, s.NormTopK
+			text["decoder_sparse_step"] = max(s.SparseStep, 1)
+			c["architectures"] = []string{"Qwen3VLMoeForConditionalGeneration"}
+		} else {
+			text["num_local_experts"], text["intermediate_size"], text["intermediate_size_mlp"] = s.Experts, s.Inter, 2*s.Inter
+			text["interleave_moe_layer_step"] = max(s.SparseStep, 1)
+			c["architectures"] = []string{"Llama4ForConditionalGeneration"}
+		}
+		for _, k := range []string{"hidden_size", "num_hidden_layers", "num_experts_per_tok", "torch_dtype"} {
+			text[k] = c[k]
+			delete(c, k)
+		}
+		c["text_config"] = text
+	case "glm4_moe", "dots1":
+		// Their configuration classes have no topk_method or scoring_func:
+		// always DeepSeek-V3's noaux_tc on sigmoid scores.
+		c["n_routed_experts"] = s.Experts
+		c["moe_intermediate_size"] = s.Inter
+		c["intermediate_size"] = 4 * s.Hidden
+		c["n_shared_experts"] = s.SharedExperts
+		c["norm_topk_prob"] = s.NormTopK
+		c["routed_scaling_factor"] = scaling(s)
+		c["n_group"] = s.NGroup
+		c["topk_group"] = s.TopKGroup
+		c["first_k_dense_replace"] = s.FirstKDense
+		if s.ModelType == "glm4_moe" {
+			c["num_nextn_predict_layers"] = 1
+		}
 	case "deepseek_v2", "deepseek_v3":
 		c["n_routed_experts"] = s.Experts
 		c["moe_intermediate_size"] = s.Inter
@@ -362,6 +480,24 @@ func configJSON(s Spec) map[string]any {
 		}
 	}
 	return c
+}
+
+// DeepSeekBlock reports whether family t computes DeepSeek-V2/V3's block
+// (glm4_moe and dots1 are V3's under their own configuration classes).
+func DeepSeekBlock(t string) bool {
+	return t == "deepseek_v2" || t == "deepseek_v3" || t == "glm4_moe" || t == "dots1"
+}
+
+// randMat is a [rows, cols] matrix uniform in [-scale, scale).
+func randMat(rng *rand.Rand, rows, cols int, scale float64) [][]float64 {
+	m := make([][]float64, rows)
+	for r := range m {
+		m[r] = make([]float64, cols)
+		for c := range m[r] {
+			m[r][c] = (rng.Float64()*2 - 1) * scale
+		}
+	}
+	return m
 }
 
 func scaling(s Spec) float64 {

@@ -28,6 +28,17 @@ type Result struct {
 //	             of their top-2 biased scores, weight with the unbiased score);
 //	             renormalised (+1e-20) iff norm_topk_prob; × routed_scaling_factor
 //
+//	glm4_moe, dots1: as deepseek_v3 (no topk_method or scoring_func keys)
+//	olmoe:       softmax, top-k, renormalised iff norm_topk_prob
+//	qwen3_vl_moe: as qwen3_moe
+//	minimax_m2:  sigmoid; choose on score + e_score_correction_bias, no
+//	             groups; the unbiased scores renormalised; no scaling
+//	ernie4_5_moe: softmax; choose on softmax + moe_statics' bias; the
+//	             unbiased softmax divided by max(sum, 1e-12); plus the
+//	             shared experts
+//	llama4:      top-k on the raw logits, weight sigmoid(logit) applied to
+//	             the expert's input: Σ expert(w·x); plus the shared expert
+//	             of x
 //	gpt_oss:     see forwardGptOss
 //
 // Experts are down(silu(gate·x) ⊙ up·x). Ties in a ranking go to the lower
@@ -41,8 +52,17 @@ func (m *Model) Forward(x []float32) Result {
 	T := len(x) / H
 	res := Result{Y: make([]float64, T*H), IDs: make([]int32, T*K), Weights: make([]float64, T*K)}
 	scoring, method := "softmax", "greedy"
-	if s.ModelType == "deepseek_v2" || s.ModelType == "deepseek_v3" {
+	switch s.ModelType {
+	case "deepseek_v2", "deepseek_v3":
 		scoring, method = s.Scoring, s.Method
+	case "glm4_moe", "dots1":
+		scoring, method = "sigmoid", "noaux_tc"
+	case "minimax_m2":
+		scoring, method = "sigmoid", "biased"
+	case "ernie4_5_moe":
+		method = "biased"
+	case "llama4":
+		scoring, method = "sigmoid", "logits"
 	}
 	for t := 0; t < T; t++ {
 		xt := widen(x[t*H : (t+1)*H])
@@ -70,7 +90,10 @@ func (m *Model) Forward(x []float32) Result {
 			}
 		}
 		choose := append([]float64(nil), scores...)
-		if method == "noaux_tc" {
+		if method == "logits" {
+			copy(choose, logits)
+		}
+		if method == "noaux_tc" || method == "biased" {
 			for e := range choose {
 				choose[e] += m.Bias[e]
 			}
@@ -113,9 +136,19 @@ func (m *Model) Forward(x []float32) Result {
 			sum += w[j]
 		}
 		switch s.ModelType {
-		case "mixtral":
+		case "mixtral", "minimax_m2":
 			for j := range w {
 				w[j] /= sum
+			}
+		case "ernie4_5_moe":
+			for j := range w {
+				w[j] /= math.Max(sum, 1e-12)
+			}
+		case "olmoe", "qwen3_vl_moe":
+			if s.NormTopK {
+				for j := range w {
+					w[j] /= sum
+				}
 			}
 		case "qwen3_5_moe": // always
 			for j := range w {
@@ -127,7 +160,7 @@ func (m *Model) Forward(x []float32) Result {
 					w[j] /= sum
 				}
 			}
-		case "deepseek_v2", "deepseek_v3":
+		case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
 			if s.NormTopK {
 				for j := range w {
 					w[j] /= sum + 1e-20
@@ -141,6 +174,16 @@ func (m *Model) Forward(x []float32) Result {
 		for j, e := range picked {
 			res.IDs[t*K+j] = int32(e)
 			res.Weights[t*K+j] = w[j]
+			if s.ModelType == "llama4" {
+				in := make([]float64, H)
+				for i, v := range xt {
+					in[i] = w[j] * v
+				}
+				for i, v := range expertForward(m.Experts[e], in) {
+					yt[i] += v
+				}
+				continue
+			}
 			o := expertForward(m.Experts[e], xt)
 			for i := range yt {
 				yt[i] += w[j] * o[i]
