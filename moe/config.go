@@ -383,6 +383,8 @@ var aliases = map[string]string{
 	"kimi_k2":      "deepseek_v3", // Kimi K2 / K2-Instruct-0905 / K2-Thinking: DeepseekV3ForCausalLM
 	"deepseek_v32": "deepseek_v3", // DeepSeek-V3.2: the sparse attention is attention-only
 	"llama4_text":  "llama4",      // Llama4ForCausalLM: a text-only Llama 4 checkpoint
+	"glm_moe_dsa":  "glm4_moe",    // GLM-5: GLM-4.5's MoE block (the sparse attention is attention-only)
+	"kimi_k25":     "deepseek_v3", // Kimi K2.5: K2's text model under text_config
 }
 
 // architectureFamilies are the Hugging Face model classes of the families,
@@ -394,7 +396,7 @@ var architectureFamilies = map[string]string{
 	"Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
 	"OlmoeForCausalLM": "olmoe", "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
 	"MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
-	"Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4",
+	"Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4", "GlmMoeDsaForCausalLM": "glm4_moe",
 }
 
 // familyOf is the family whose block model type t computes: t itself, an
@@ -417,7 +419,7 @@ func familyOf(t string, architectures []string) (string, bool) {
 
 // multimodal are the model types whose config.json keeps the text model's
 // fields under text_config.
-var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true}
+var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true, "kimi_k25": true}
 
 // aliasList names the aliases and what they are read as.
 func aliasList() string {
@@ -581,12 +583,13 @@ func ParseConfig(data []byte) (*Config, error) {
 		// qwen3_next is Qwen2MoeSparseMoeBlock (norm_topk_prob defaults to
 		// true there); qwen3_5_moe the same block with the renormalisation
 		// always on and every layer MoE (its config dropped the keys);
-		// qwen3_vl_moe's text model is qwen3_moe's block.
+		// qwen3_vl_moe's text model is qwen3_moe's block, always
+		// renormalised.
 		c.NumExperts = need(raw.NumExperts, "num_experts")
 		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
 		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
-		if raw.ModelType == "qwen3_next" && raw.NormTopKProb == nil || raw.ModelType == "qwen3_5_moe" {
-			c.NormTopK = true
+		if raw.ModelType == "qwen3_next" && raw.NormTopKProb == nil || raw.ModelType == "qwen3_5_moe" || raw.ModelType == "qwen3_vl_moe" {
+			c.NormTopK = true // qwen3_vl_moe's router renormalises whatever norm_topk_prob says
 		}
 		c.SparseStep = or(raw.DecoderSparseStep, 1)
 		c.MLPOnlyLayers = raw.MLPOnlyLayers

@@ -139,5 +139,90 @@ func TestDeepSeekV3Aliases(t *testing.T) {
 	_, err := moe.ParseConfig([]byte(`{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_experts_per_tok": 1}`))
 	require.ErrorIs(t, err, moe.ErrUnknownFamily)
 	require.ErrorContains(t, err, `unknown model_type "llama", architectures [LlamaForCausalLM] (supported: [mixtral`)
-	require.ErrorContains(t, err, "deepseek_v32 as deepseek_v3, kimi_k2 as deepseek_v3")
+	require.ErrorContains(t, err, "deepseek_v32 as deepseek_v3, glm_moe_dsa as glm4_moe, kimi_k2 as deepseek_v3, kimi_k25 as deepseek_v3")
+}
+
+// TestWrappedAliases: Kimi K2.5 (K2's text model under text_config, the
+// tensors under language_model.model.) and GLM-5 (glm_moe_dsa, GLM-4.5's
+// block).
+func TestWrappedAliases(t *testing.T) {
+	k25 := moetest.Spec{ModelType: "deepseek_v3", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1,
+		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 1, TopKGroup: 1, NormTopK: true, Scaling: 2.827, DType: "BF16", Seed: 73}
+	glm5 := moetest.Spec{ModelType: "glm4_moe", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
+		NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 74,
+		Extra: map[string]any{"model_type": "glm_moe_dsa", "architectures": []string{"GlmMoeDsaForCausalLM"}}}
+	for _, spec := range []moetest.Spec{k25, glm5} {
+		m, err := moetest.Generate(spec)
+		require.NoError(t, err)
+		want := spec.ModelType
+		if spec.ModelType == "deepseek_v3" {
+			text := m.Config
+			text["model_type"] = "kimi_k2"
+			m.Config = map[string]any{"model_type": "kimi_k25", "architectures": []string{"KimiK25ForConditionalGeneration"}, "text_config": text}
+			for i := range m.Tensors {
+				m.Tensors[i].Name = "language_model." + m.Tensors[i].Name
+			}
+		}
+		dir := t.TempDir()
+		require.NoError(t, m.WriteTo(dir))
+		l, err := moe.Load(dir, 0)
+		require.NoError(t, err)
+		require.Equal(t, want, l.Config.ModelType)
+		x := moetest.Input(4, 9, spec.Hidden, false)
+		y := make([]float32, len(x))
+		ids := make([]int32, 9*spec.TopK)
+		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+		ref := m.Forward(x)
+		require.Equal(t, ref.IDs, ids)
+		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5)
+		l.Close()
+	}
+}
+
+// TestNewFamiliesLoadErrors: the layers the new families' configs make
+// dense or leave out, their fused x·W tensors and their bias shapes are
+// errors naming the problem.
+func TestNewFamiliesLoadErrors(t *testing.T) {
+	glm := moetest.Spec{ModelType: "glm4_moe", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
+		NormTopK: true, Scaling: 2.5, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 70}
+	m, err := moetest.Generate(glm)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, m.WriteTo(dir))
+	_, err = moe.Load(dir, 2)
+	require.ErrorContains(t, err, "layer 2 is a multi-token-prediction layer (num_nextn_predict_layers 1, stored after the model's 2 layers), not a layer of the model")
+	_, err = moe.Load(dir, 0)
+	require.ErrorIs(t, err, moe.ErrDenseLayer)
+	require.ErrorContains(t, err, "below first_k_dense_replace 1")
+
+	ernie := moetest.Spec{ModelType: "ernie4_5_moe", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, NumLayers: 4, Layer: 3, FirstKDense: 1,
+		SparseStep: 2, DType: "F32", Seed: 71}
+	const ep = "model.layers.3.mlp."
+	checkLoadErrors(t, ernie, []loadError{
+		{"bias as a vector", func(m *moetest.Model) { find(m, ep+"moe_statics.e_score_correction_bias").Shape = []int{4} },
+			`tensor "` + ep + `moe_statics.e_score_correction_bias" has shape [4], the config needs [1 4]`, moe.ErrMissingTensor},
+		{"layer between the interval's", func(m *moetest.Model) { m.Config["moe_layer_interval"] = 3 },
+			`layer 3 is a dense MLP layer (MoE layers are 1…3 with (n+1) % moe_layer_interval 3 = 0), not MoE`, moe.ErrDenseLayer},
+		{"no moe_k", func(m *moetest.Model) { delete(m.Config, "moe_k") }, `ernie4_5_moe config.json is missing [num_experts_per_tok]`, nil},
+		{"zero interval", func(m *moetest.Model) { m.Config["moe_layer_interval"] = 0 }, `moe_layer_interval 0 must be positive`, nil},
+	})
+
+	llama := moetest.Spec{ModelType: "llama4", Hidden: 16, Experts: 4, TopK: 1, Inter: 4, NumLayers: 2, Layer: 1, SparseStep: 2, DType: "BF16", Seed: 72}
+	const lp = "language_model.model.layers.1.feed_forward."
+	checkLoadErrors(t, llama, []loadError{
+		{"gate_up in [out, in] form", func(m *moetest.Model) { find(m, lp+"experts.gate_up_proj").Shape = []int{4, 8, 16} },
+			`tensor "` + lp + `experts.gate_up_proj" has shape [4 8 16], the config needs [4 16 8]`, moe.ErrShape},
+		{"not in moe_layers", func(m *moetest.Model) { m.Config["text_config"].(map[string]any)["moe_layers"] = []int{0} },
+			`layer 1 is a dense MLP layer (not in moe_layers [0]), not MoE`, moe.ErrDenseLayer},
+		{"shared expert missing", func(m *moetest.Model) { drop(m, lp+"shared_expert.up_proj.weight") },
+			`missing tensor "` + lp + `shared_expert.up_proj.weight"`, moe.ErrMissingTensor},
+		{"no text_config", func(m *moetest.Model) { delete(m.Config, "text_config") }, `llama4 config.json has no text_config`, nil},
+	})
+	_, err = moe.ParseConfig([]byte(`{"model_type": "llama4_text", "hidden_size": 8, "num_experts_per_tok": 1, "num_local_experts": 2, "intermediate_size": 4, "interleave_moe_layer_step": 0}`))
+	require.ErrorContains(t, err, "interleave_moe_layer_step 0 must be positive")
+	c, err := moe.ParseConfig([]byte(`{"model_type": "llama4_text", "hidden_size": 8, "num_experts_per_tok": 1, "num_local_experts": 2, "intermediate_size": 4, "num_hidden_layers": 4, "interleave_moe_layer_step": 2}`))
+	require.NoError(t, err)
+	require.Equal(t, "llama4", c.ModelType)
+	require.ErrorIs(t, c.CheckMoELayer(2), moe.ErrDenseLayer)
+	require.NoError(t, c.CheckMoELayer(3))
 }

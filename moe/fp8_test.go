@@ -264,7 +264,7 @@ func checkLoadErrors(t *testing.T, spec moetest.Spec, tests []loadError) {
 			tt.edit(m)
 			dir := t.TempDir()
 			require.NoError(t, m.WriteTo(dir))
-			_, err = moe.Load(dir, 0)
+			_, err = moe.Load(dir, spec.Layer)
 			require.ErrorContains(t, err, tt.err)
 			if tt.kind != nil {
 				require.ErrorIs(t, err, tt.kind)

@@ -50,7 +50,7 @@ var goldenSpecs = map[string]moetest.Spec{
 	"ernie4_5_moe_bf16":         {ModelType: "ernie4_5_moe", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 2, NumLayers: 3, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 128},
 	"ernie4_5_moe_f32_interval": {ModelType: "ernie4_5_moe", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, NumLayers: 4, Layer: 3, FirstKDense: 1, SparseStep: 2, DType: "F32", Seed: 129},
 	"qwen3_vl_moe_bf16":         {ModelType: "qwen3_vl_moe", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "BF16", Seed: 130},
-	"qwen3_vl_moe_f32_raw":      {ModelType: "qwen3_vl_moe", Hidden: 24, Experts: 6, TopK: 3, Inter: 8, NumLayers: 2, Layer: 1, DType: "F32", Seed: 131},
+	"qwen3_vl_moe_f32_step2":    {ModelType: "qwen3_vl_moe", Hidden: 24, Experts: 6, TopK: 3, Inter: 8, NormTopK: false, NumLayers: 2, Layer: 1, SparseStep: 2, DType: "F32", Seed: 131},
 	"llama4_bf16":               {ModelType: "llama4", Hidden: 32, Experts: 8, TopK: 1, Inter: 16, NumLayers: 2, Layer: 1, SparseStep: 2, DType: "BF16", Seed: 132},
 	"llama4_f32_top2":           {ModelType: "llama4", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, DType: "F32", Seed: 133},
 	"deepseek_v3_bf16_all":      {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},

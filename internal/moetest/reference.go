@@ -30,7 +30,7 @@ type Result struct {
 //
 //	glm4_moe, dots1: as deepseek_v3 (no topk_method or scoring_func keys)
 //	olmoe:       softmax, top-k, renormalised iff norm_topk_prob
-//	qwen3_vl_moe: as qwen3_moe
+//	qwen3_vl_moe: as qwen3_moe, always renormalised
 //	minimax_m2:  sigmoid; choose on score + e_score_correction_bias, no
 //	             groups; the unbiased scores renormalised; no scaling
 //	ernie4_5_moe: softmax; choose on softmax + moe_statics' bias; the
@@ -144,7 +144,11 @@ func (m *Model) Forward(x []float32) Result {
 			for j := range w {
 				w[j] /= math.Max(sum, 1e-12)
 			}
-		case "olmoe", "qwen3_vl_moe":
+		case "qwen3_vl_moe": // always (Qwen3VLMoeTextTopKRouter ignores norm_topk_prob)
+			for j := range w {
+				w[j] /= sum
+			}
+		case "olmoe":
 			if s.NormTopK {
 				for j := range w {
 					w[j] /= sum
