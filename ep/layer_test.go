@@ -30,6 +30,9 @@ var epSpecs = []moetest.Spec{
 	{ModelType: "gpt_oss", Hidden: 64, Experts: 9, TopK: 3, Inter: 32, DType: "MXFP4", Seed: 48},
 	{ModelType: "gpt_oss", Hidden: 24, Experts: 7, TopK: 2, Inter: 20, DType: "BF16", Seed: 49},
 	{ModelType: "qwen3_5_moe", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedInter: 16, DType: "BF16", Shards: 2, Seed: 50},
+	{ModelType: "llama4", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, DType: "BF16", Seed: 51},
+	{ModelType: "ernie4_5_moe", Hidden: 24, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "F32", Seed: 52},
+	{ModelType: "minimax_m2", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, DType: "BF16", Seed: 53},
 }
 
 func bitsOf(v []float32) []uint32 {

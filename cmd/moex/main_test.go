@@ -508,3 +508,19 @@ func TestExecMoECheckWeights(t *testing.T) {
 		require.ErrorContains(t, err, "CheckWeights finds it", "--ep %s", ep)
 	}
 }
+
+// TestExecMoEFreshFamilies: one checkpoint of each family added beside
+// gpt-oss, with sizes and seeds no stored case has.
+func TestExecMoEFreshFamilies(t *testing.T) {
+	for _, s := range []moetest.Spec{
+		{ModelType: "llama4", Hidden: 48, Experts: 10, TopK: 1, Inter: 24, NumLayers: 4, Layer: 3, SparseStep: 2, DType: "BF16", Seed: 4545},
+		{ModelType: "ernie4_5_moe", Hidden: 40, Experts: 12, TopK: 4, Inter: 20, SharedExperts: 2, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "BF16", Seed: 4646},
+		{ModelType: "glm4_moe", Hidden: 40, Experts: 16, TopK: 4, Inter: 12, SharedExperts: 1, NGroup: 1, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 4747},
+		{ModelType: "minimax_m2", Hidden: 64, Experts: 12, TopK: 3, Inter: 32, DType: "F8_E4M3", FP8Block: [2]int{32, 32}, Seed: 4848},
+		{ModelType: "olmoe", Hidden: 40, Experts: 9, TopK: 3, Inter: 20, DType: "BF16", Shards: 2, Seed: 4949},
+		{ModelType: "qwen3_vl_moe", Hidden: 40, Experts: 9, TopK: 2, Inter: 20, DType: "BF16", Seed: 5050},
+		{ModelType: "dots1", Hidden: 40, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 5151},
+	} {
+		execFresh(t, s, 13)
+	}
+}
