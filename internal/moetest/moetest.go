@@ -443,30 +443,22 @@ func configJSON(s Spec) map[string]any {
 			delete(c, k)
 		}
 		c["text_config"] = text
-	case "glm4_moe", "dots1":
-		// Their configuration classes have no topk_method or scoring_func:
-		// always DeepSeek-V3's noaux_tc on sigmoid scores.
+	case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
 		c["n_routed_experts"] = s.Experts
 		c["moe_intermediate_size"] = s.Inter
 		c["intermediate_size"] = 4 * s.Hidden
 		c["n_shared_experts"] = s.SharedExperts
 		c["norm_topk_prob"] = s.NormTopK
 		c["routed_scaling_factor"] = scaling(s)
-		c["n_group"] = s.NGroup
-		c["topk_group"] = s.TopKGroup
-		c["first_k_dense_replace"] = s.FirstKDense
 		if s.ModelType == "glm4_moe" {
 			c["num_nextn_predict_layers"] = 1
 		}
-	case "deepseek_v2", "deepseek_v3":
-		c["n_routed_experts"] = s.Experts
-		c["moe_intermediate_size"] = s.Inter
-		c["intermediate_size"] = 4 * s.Hidden
-		c["n_shared_experts"] = s.SharedExperts
-		c["norm_topk_prob"] = s.NormTopK
-		c["routed_scaling_factor"] = scaling(s)
-		c["topk_method"] = s.Method
-		c["scoring_func"] = s.Scoring
+		if s.ModelType == "deepseek_v2" || s.ModelType == "deepseek_v3" {
+			// glm4_moe's and dots1's configuration classes have neither:
+			// always DeepSeek-V3's noaux_tc on sigmoid scores.
+			c["topk_method"] = s.Method
+			c["scoring_func"] = s.Scoring
+		}
 		c["n_group"] = s.NGroup
 		c["topk_group"] = s.TopKGroup
 		c["first_k_dense_replace"] = s.FirstKDense
