@@ -15,6 +15,13 @@ const (
 	// ClampedSwiGLU is gpt-oss's: g = min(g, Limit), u = clamp(u, −Limit,
 	// Limit), h = g·σ(Alpha·g)·(u + 1).
 	ClampedSwiGLU
+	// GeGLU is gelu(g)·u with GELU's tanh approximation, gelu(g) =
+	// g/2·(1 + tanh(√(2/π)·(g + 0.044715·g³))) (Gemma 4's
+	// gelu_pytorch_tanh).
+	GeGLU
+	// ClampedSiLU is DeepSeek-V4's: g = min(g, Limit), u = clamp(u,
+	// −Limit, Limit), h = silu(g)·u.
+	ClampedSiLU
 )
 
 func (k ActKind) String() string {
@@ -23,6 +30,10 @@ func (k ActKind) String() string {
 		return "silu"
 	case ClampedSwiGLU:
 		return "clamped_swiglu"
+	case GeGLU:
+		return "geglu_tanh"
+	case ClampedSiLU:
+		return "clamped_silu"
 	}
 	return fmt.Sprintf("ActKind(%d)", uint8(k))
 }
@@ -30,14 +41,20 @@ func (k ActKind) String() string {
 // Activation is an expert's gated activation with its constants.
 type Activation struct {
 	Kind         ActKind
-	Alpha, Limit float32 // ClampedSwiGLU's
+	Alpha, Limit float32 // ClampedSwiGLU's; ClampedSiLU's Limit
 }
 
 // Validate checks the activation's constants: ClampedSwiGLU needs a
-// positive finite limit and a finite alpha.
+// positive finite limit and a finite alpha, ClampedSiLU a positive finite
+// limit.
 func (a Activation) Validate() error {
 	switch a.Kind {
-	case SiLU:
+	case SiLU, GeGLU:
+		return nil
+	case ClampedSiLU:
+		if !(a.Limit > 0) || math.IsInf(float64(a.Limit), 0) {
+			return fmt.Errorf("kernels: clamped SiLU needs a positive finite limit, have %v", a.Limit)
+		}
 		return nil
 	case ClampedSwiGLU:
 		if !(a.Limit > 0) || math.IsInf(float64(a.Limit), 0) || math.IsNaN(float64(a.Alpha)) || math.IsInf(float64(a.Alpha), 0) {
@@ -51,10 +68,23 @@ func (a Activation) Validate() error {
 // Apply is the activation of one column: its gate and up projections.
 // Like SwiGLU it is computed in float64 and rounded once to float32.
 func (a Activation) Apply(g, u float32) float32 {
-	if a.Kind != ClampedSwiGLU {
-		return SwiGLU(g, u)
+	switch a.Kind {
+	case ClampedSwiGLU:
+		return ClampedSwiGLUAct(g, u, a.Alpha, a.Limit)
+	case GeGLU:
+		return GeGLUAct(g, u)
+	case ClampedSiLU:
+		return SwiGLU(min(g, a.Limit), max(-a.Limit, min(u, a.Limit)))
 	}
-	return ClampedSwiGLUAct(g, u, a.Alpha, a.Limit)
+	return SwiGLU(g, u)
+}
+
+// GeGLUAct is gelu(g)·u with GELU's tanh approximation, in float64,
+// rounded once to float32.
+func GeGLUAct(g, u float32) float32 {
+	x := float64(g)
+	gelu := 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+	return float32(gelu * float64(u))
 }
 
 // ClampedSwiGLUAct is gpt-oss's activation: g = min(g, limit), u =

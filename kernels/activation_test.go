@@ -100,43 +100,21 @@ func TestGroupedFFNBiasClamped(t *testing.T) {
 		}
 		require.Greater(t, gateClamped, 20, "the gate clamp must bind")
 		require.Greater(t, upClamped, 20, "the up clamp must bind")
-		for _, impl := range kernels.Implementations() {
-			for _, packed := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%v/%s/packed=%v", dt, impl, packed), func(t *testing.T) {
-					restore, err := kernels.Use(impl)
-					require.NoError(t, err)
-					defer restore()
-					run := make([]kernels.FFNGroup, len(groups))
-					for i, g := range groups {
-						if packed {
-							g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
-						}
-						g.Out = make([]float32, len(g.Rows)*H)
-						run[i] = g
-					}
-					require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, run, nil))
-					for i, g := range run {
-						var num, den float64
-						for j, w := range want[i] {
-							d := float64(g.Out[j]) - w
-							num += d * d
-							den += w * w
-						}
-						require.LessOrEqual(t, math.Sqrt(num/den), 1e-5, "group %d", i)
-					}
-				})
-			}
-		}
+		runEverywhere(t, dt.String(), x, H, groups, want)
 	}
 }
 
 func TestActivationValidate(t *testing.T) {
 	require.NoError(t, kernels.Activation{}.Validate())
 	require.NoError(t, kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}.Validate())
+	require.NoError(t, kernels.Activation{Kind: kernels.GeGLU}.Validate())
+	require.NoError(t, kernels.Activation{Kind: kernels.ClampedSiLU, Limit: 10}.Validate())
 	for _, a := range []kernels.Activation{
 		{Kind: kernels.ClampedSwiGLU, Alpha: 1.702},
 		{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(math.Inf(1))},
 		{Kind: kernels.ClampedSwiGLU, Alpha: float32(math.NaN()), Limit: 7},
+		{Kind: kernels.ClampedSiLU},
+		{Kind: kernels.ClampedSiLU, Limit: float32(math.NaN())},
 		{Kind: 9, Limit: 7},
 	} {
 		require.Error(t, a.Validate(), "%+v", a)
@@ -209,15 +187,6 @@ func TestGroupedFFNScaleInput(t *testing.T) {
 				}
 			}
 		}
-		relErr := func(got []float32, want []float64) float64 {
-			var num, den float64
-			for j, w := range want {
-				d := float64(got[j]) - w
-				num += d * d
-				den += w * w
-			}
-			return math.Sqrt(num / den)
-		}
 		for gi := range groups {
 			o := make([]float32, len(outScaled[gi]))
 			for j, v := range outScaled[gi] {
@@ -225,26 +194,129 @@ func TestGroupedFFNScaleInput(t *testing.T) {
 			}
 			require.Greater(t, relErr(o, want[gi]), 0.05, "group %d: the output-scaled expert must differ", gi)
 		}
-		for _, impl := range kernels.Implementations() {
-			for _, packed := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%v/%s/packed=%v", dt, impl, packed), func(t *testing.T) {
-					restore, err := kernels.Use(impl)
-					require.NoError(t, err)
-					defer restore()
-					run := make([]kernels.FFNGroup, len(groups))
-					for i, g := range groups {
-						if packed {
-							g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
-						}
-						g.Out = make([]float32, len(g.Rows)*H)
-						run[i] = g
+		runEverywhere(t, dt.String(), x, H, groups, want)
+	}
+}
+
+// relErr is ‖got − want‖ / ‖want‖.
+func relErr(got []float32, want []float64) float64 {
+	var num, den float64
+	for j, w := range want {
+		d := float64(got[j]) - w
+		num += d * d
+		den += w * w
+	}
+	return math.Sqrt(num / den)
+}
+
+// runEverywhere runs groups over x [tokens, hidden] on every
+// implementation, packed and not, and requires each group's output within
+// 1e-5 of want (relative).
+func runEverywhere(t *testing.T, name string, x []float32, hidden int, groups []kernels.FFNGroup, want [][]float64) {
+	t.Helper()
+	for _, impl := range kernels.Implementations() {
+		for _, packed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%s/packed=%v", name, impl, packed), func(t *testing.T) {
+				restore, err := kernels.Use(impl)
+				require.NoError(t, err)
+				defer restore()
+				run := make([]kernels.FFNGroup, len(groups))
+				for i, g := range groups {
+					if packed {
+						g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
 					}
-					require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, run, nil))
-					for i, g := range run {
-						require.LessOrEqual(t, relErr(g.Out, want[i]), 1e-5, "group %d", i)
+					g.Out = make([]float32, len(g.Rows)*hidden)
+					run[i] = g
+				}
+				require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, run, nil))
+				for i, g := range run {
+					require.LessOrEqual(t, relErr(g.Out, want[i]), 1e-5, "group %d", i)
+				}
+			})
+		}
+	}
+}
+
+// geluTanhRef is GELU's tanh approximation from its definition.
+func geluTanhRef(x float64) float64 {
+	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+}
+
+// TestGroupedFFNActivations runs Gemma 4's GeGLU and DeepSeek-V4's clamped
+// SiLU experts on every implementation, packed and not, against float64
+// experts written from the activations' definitions, with inputs large
+// enough that both of the clamps bind; and checks that each differs from
+// SwiGLU on the same weights, so that the test tells them apart.
+func TestGroupedFFNActivations(t *testing.T) {
+	const H, I, T = 48, 72, 12
+	for _, c := range []struct {
+		act kernels.Activation
+		ref func(g, u float64) float64
+	}{
+		{kernels.Activation{Kind: kernels.GeGLU}, func(g, u float64) float64 { return geluTanhRef(g) * u }},
+		{kernels.Activation{Kind: kernels.ClampedSiLU, Limit: 2}, func(g, u float64) float64 {
+			g, u = math.Min(g, 2), math.Max(-2, math.Min(u, 2))
+			return g / (1 + math.Exp(-g)) * u
+		}},
+	} {
+		rng := rand.New(rand.NewPCG(13, uint64(c.act.Kind)))
+		x := make([]float32, T*H)
+		for i := range x {
+			x[i] = float32(rng.Float64()*6 - 3)
+		}
+		type ref struct{ gate, up, down [][]float64 }
+		var groups []kernels.FFNGroup
+		var refs []ref
+		for _, load := range []int{1, 7, 12} {
+			var g kernels.FFNGroup
+			var r ref
+			g.Gate, r.gate = kerneltest.Weights(rng, kernels.BF16, I, H)
+			g.Up, r.up = kerneltest.Weights(rng, kernels.BF16, I, H)
+			g.Down, r.down = kerneltest.Weights(rng, kernels.BF16, H, I)
+			g.Act = c.act
+			for i := 0; i < load; i++ {
+				g.Rows = append(g.Rows, int32(rng.IntN(T)))
+				g.Scale = append(g.Scale, float32(rng.Float64()))
+			}
+			groups, refs = append(groups, g), append(refs, r)
+		}
+		want := make([][]float64, len(groups))
+		swiglu := make([][]float64, len(groups))
+		var clamped int
+		for gi, g := range groups {
+			r := refs[gi]
+			for i, row := range g.Rows {
+				h, hs := make([]float64, I), make([]float64, I)
+				for n := range h {
+					var gs, us float64
+					for k, v := range x[int(row)*H:][:H] {
+						gs += float64(v) * r.gate[n][k]
+						us += float64(v) * r.up[n][k]
 					}
-				})
+					if gs > 2 || math.Abs(us) > 2 {
+						clamped++
+					}
+					h[n], hs[n] = c.ref(gs, us), gs/(1+math.Exp(-gs))*us
+				}
+				for n := 0; n < H; n++ {
+					var s, ss float64
+					for k := range h {
+						s += h[k] * r.down[n][k]
+						ss += hs[k] * r.down[n][k]
+					}
+					want[gi] = append(want[gi], float64(g.Scale[i])*s)
+					swiglu[gi] = append(swiglu[gi], float64(g.Scale[i])*ss)
+				}
 			}
 		}
+		require.Greater(t, clamped, 100, "inputs large enough for the clamps to bind")
+		for gi := range groups {
+			o := make([]float32, len(swiglu[gi]))
+			for j, v := range swiglu[gi] {
+				o[j] = float32(v)
+			}
+			require.Greater(t, relErr(o, want[gi]), 0.01, "%v group %d: SwiGLU must differ", c.act.Kind, gi)
+		}
+		runEverywhere(t, c.act.Kind.String(), x, H, groups, want)
 	}
 }
