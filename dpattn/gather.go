@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -54,6 +55,11 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 	t0 := time.Now()
 	c := shard.Config
 	H, K := c.Hidden, c.TopK
+	if c.ResidualInput || shard.TokenRouted() {
+		err := errkind.Errorf(moe.ErrUnsupportedFormat, "dpattn: gather: a %s layer that owns its norms or chooses its experts by token id does not run in gather mode yet", c.ModelType)
+		comm.Abort(err)
+		return err
+	}
 	if len(x) != plan.Tokens*H || len(y) != len(x) {
 		err := fmt.Errorf("dpattn: gather: x has %d values and y %d, the plan says %d tokens of %d", len(x), len(y), plan.Tokens, H)
 		comm.Abort(err)

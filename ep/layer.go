@@ -85,6 +85,9 @@ func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {
 	if err := place.Validate(); err != nil {
 		return nil, err
 	}
+	if m.Config.ResidualInput || m.TokenRouted() {
+		return nil, errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer that owns its norms or chooses its experts by token id does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
+	}
 	if place.NumExperts != m.Config.NumExperts || place.Ranks != comm.Size() {
 		return nil, fmt.Errorf("ep: placement is for %d experts over %d ranks, the layer has %d experts and the group %d ranks",
 			place.NumExperts, place.Ranks, m.Config.NumExperts, comm.Size())

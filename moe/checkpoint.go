@@ -1,6 +1,7 @@
 package moe
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,6 +160,50 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 		return c.fp8Matrix(f, name, shape)
 	}
 	return f.matrix(name, shape...)
+}
+
+// Int32s returns integer tensor name, I32 or I64 of exactly shape, as a
+// copy in int32; an I64 value outside int32 is an error naming it.
+func (c *Checkpoint) Int32s(name string, shape ...int) ([]int32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
+	}
+	if c.accessed == nil {
+		c.accessed = map[string]bool{}
+	}
+	f, err := c.tensorFile(name)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := f.hdr.Tensors[name]
+	if !ok {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+	}
+	if t.DType != "I32" && t.DType != "I64" {
+		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want I32 or I64", f.path, name, t.DType)
+	}
+	raw, err := f.bytes(name, t.DType, shape)
+	if err != nil {
+		return nil, err
+	}
+	if t.DType == "I32" {
+		out := make([]int32, len(raw)/4)
+		for i := range out {
+			out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+		return out, nil
+	}
+	out := make([]int32, len(raw)/8)
+	for i := range out {
+		v := int64(binary.LittleEndian.Uint64(raw[8*i:]))
+		if v != int64(int32(v)) {
+			return nil, errkind.Errorf(ErrShape, "moe: %s: tensor %q holds %d at [%d], outside int32", f.path, name, v, i)
+		}
+		out[i] = int32(v)
+	}
+	return out, nil
 }
 
 // checkQuantizable refuses a quantized tensor whose module config.json

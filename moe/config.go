@@ -19,8 +19,9 @@ type Scoring uint8
 
 // Scoring functions.
 const (
-	Softmax Scoring = iota + 1 // softmax over all experts
-	Sigmoid                    // independent sigmoid per expert
+	Softmax      Scoring = iota + 1 // softmax over all experts
+	Sigmoid                         // independent sigmoid per expert
+	SqrtSoftplus                    // sqrt(softplus(logit)) per expert (DeepSeek-V4)
 )
 
 func (s Scoring) String() string {
@@ -29,6 +30,8 @@ func (s Scoring) String() string {
 		return "softmax"
 	case Sigmoid:
 		return "sigmoid"
+	case SqrtSoftplus:
+		return "sqrtsoftplus"
 	}
 	return fmt.Sprintf("Scoring(%d)", uint8(s))
 }
@@ -64,7 +67,8 @@ func (m TopKMethod) String() string {
 
 // Families lists the supported Hugging Face model_type values.
 var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe", "olmoe",
-	"deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe", "llama4", "gpt_oss"}
+	"deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe", "llama4", "gpt_oss",
+	"deepseek_v4", "gemma4"}
 
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
@@ -107,6 +111,30 @@ type Config struct {
 	// (gpt_oss). Act is the experts' activation (the zero value: SwiGLU).
 	RouterBias, ExpertBias bool
 	Act                    kernels.Activation
+	// SharedAct is the shared expert's activation (the zero value: SwiGLU;
+	// gemma4's dense MLP: GeGLU, as its experts).
+	SharedAct kernels.Activation
+
+	// HashLayers are the layers that choose their experts by token id,
+	// from the checkpoint's tid2eid table [VocabSize, top_k], and weight
+	// them by their scores (deepseek_v4's hash_moe layers): their forward
+	// passes need the batch's token ids.
+	HashLayers []int
+	VocabSize  int
+
+	// ResidualInput (gemma4): the block reads the residual stream and owns
+	// its norms. The router reads RMSNorm(x) (no weight) × router.scale ×
+	// hidden^−½ and multiplies the renormalised weights by per_expert_scale;
+	// the experts read pre_feedforward_layernorm_2(x), the dense MLP (the
+	// "shared expert", width SharedInter) pre_feedforward_layernorm(x); the
+	// block's output is post_feedforward_layernorm(
+	// post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe)),
+	// what the decoder adds to x. RMSNormEps is the norms' epsilon.
+	ResidualInput bool
+	RMSNormEps    float64
+	// DoubleWideFrom > 0 (gemma4's use_double_wide_mlp): from this layer
+	// on (the KV-shared layers) the dense MLP is twice SharedInter wide.
+	DoubleWideFrom int
 
 	// MLA's cached latent per token and layer (deepseek): kv_lora_rank and
 	// qk_rope_head_dim; 0 when the config has none.
@@ -372,6 +400,15 @@ type rawConfig struct {
 	MoENormMin             *float64  `json:"moe_norm_min"`
 	InterleaveMoELayerStep *int      `json:"interleave_moe_layer_step"`
 	MoELayers              []int     `json:"moe_layers"`
+	MLPLayerTypes          []string  `json:"mlp_layer_types"`
+	NumHashLayers          *int      `json:"num_hash_layers"`
+	VocabSize              *int      `json:"vocab_size"`
+	TopKExperts            *int      `json:"top_k_experts"`
+	EnableMoEBlock         *bool     `json:"enable_moe_block"`
+	HiddenActivation       *string   `json:"hidden_activation"`
+	RMSNormEps             *float64  `json:"rms_norm_eps"`
+	NumKVSharedLayers      *int      `json:"num_kv_shared_layers"`
+	UseDoubleWideMLP       *bool     `json:"use_double_wide_mlp"`
 	// TextConfig is a multimodal checkpoint's text model (Qwen3.5).
 	TextConfig    json.RawMessage `json:"text_config"`
 	Architectures []string        `json:"architectures"`
@@ -385,6 +422,7 @@ var aliases = map[string]string{
 	"llama4_text":  "llama4",      // Llama4ForCausalLM: a text-only Llama 4 checkpoint
 	"glm_moe_dsa":  "glm4_moe",    // GLM-5: GLM-4.5's MoE block (the sparse attention is attention-only)
 	"kimi_k25":     "deepseek_v3", // Kimi K2.5: K2's text model under text_config
+	"gemma4_text":  "gemma4",      // Gemma4ForCausalLM: a text-only Gemma 4 checkpoint
 }
 
 // architectureFamilies are the Hugging Face model classes of the families,
@@ -397,6 +435,7 @@ var architectureFamilies = map[string]string{
 	"OlmoeForCausalLM": "olmoe", "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
 	"MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 	"Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4", "GlmMoeDsaForCausalLM": "glm4_moe",
+	"DeepseekV4ForCausalLM": "deepseek_v4", "Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4",
 }
 
 // familyOf is the family whose block model type t computes: t itself, an
@@ -419,7 +458,7 @@ func familyOf(t string, architectures []string) (string, bool) {
 
 // multimodal are the model types whose config.json keeps the text model's
 // fields under text_config.
-var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true, "kimi_k25": true}
+var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true, "kimi_k25": true, "gemma4": true}
 
 // aliasList names the aliases and what they are read as.
 func aliasList() string {
@@ -438,9 +477,59 @@ func parseScoring(s string) (Scoring, error) {
 		return Softmax, nil
 	case "sigmoid":
 		return Sigmoid, nil
+	case "sqrtsoftplus":
+		return SqrtSoftplus, nil
 	}
-	return 0, fmt.Errorf("unknown scoring_func %q (want softmax or sigmoid)", s)
+	return 0, fmt.Errorf("unknown scoring_func %q (want softmax, sigmoid or sqrtsoftplus)", s)
 }
+
+// hashLayers reads deepseek_v4's hash-routed layers: mlp_layer_types
+// ("hash_moe" or "moe", one per layer), or else the first num_hash_layers
+// (3 when neither is given).
+func hashLayers(types []string, n *int, layers int) ([]int, error) {
+	if types == nil {
+		k := 3
+		if n != nil {
+			k = *n
+		}
+		if k < 0 {
+			return nil, fmt.Errorf("num_hash_layers %d must not be negative", k)
+		}
+		if layers > 0 {
+			k = min(k, layers)
+		}
+		out := make([]int, k)
+		for i := range out {
+			out[i] = i
+		}
+		return out, nil
+	}
+	if layers > 0 && len(types) != layers {
+		return nil, fmt.Errorf("mlp_layer_types has %d entries, num_hidden_layers is %d", len(types), layers)
+	}
+	out := []int{}
+	for i, t := range types {
+		switch t {
+		case "hash_moe":
+			out = append(out, i)
+		case "moe":
+		default:
+			return nil, fmt.Errorf("mlp_layer_types[%d] is %q (want hash_moe or moe)", i, t)
+		}
+	}
+	return out, nil
+}
+
+// boolOrMissing is *b as text, or "missing".
+func boolOrMissing(b *bool) string {
+	if b == nil {
+		return "missing"
+	}
+	return fmt.Sprint(*b)
+}
+
+// HashLayer reports whether layer n chooses its experts by token id.
+func (c *Config) HashLayer(n int) bool { return slices.Contains(c.HashLayers, n) }
 
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
@@ -506,6 +595,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	if raw.ModelType == "ernie4_5_moe" && raw.MoEK != nil {
 		raw.NumExpertsPerTok, topKName = raw.MoEK, "moe_k"
 	}
+	if raw.ModelType == "gemma4" {
+		raw.NumExpertsPerTok, topKName = raw.TopKExperts, "top_k_experts"
+	}
 	c.TopK = need(raw.NumExpertsPerTok, topKName)
 	switch raw.ModelType {
 	case "gpt_oss":
@@ -525,6 +617,69 @@ func ParseConfig(data []byte) (*Config, error) {
 			limit = *raw.SwigluLimit
 		}
 		c.Act = kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(limit)}
+	case "deepseek_v4":
+		// DeepseekV4Config: scores sqrt(softplus(logit)) (scoring_func),
+		// chosen on score + e_score_correction_bias without groups, the
+		// unbiased scores of the k renormalised (+1e-20, always, as the
+		// router does) × routed_scaling_factor; the layers mlp_layer_types
+		// marks hash_moe (or the first num_hash_layers, 3) choose by token
+		// id; experts clamp before SiLU at swiglu_limit (10), the shared
+		// expert (moe_intermediate_size × n_shared_experts wide) does not;
+		// every layer MoE, the MTP layers stored apart (model.mtp.*).
+		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.SharedInter = or(raw.NSharedExperts, 1) * c.Inter
+		c.Scoring, c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = SqrtSoftplus, NoAuxTC, true, 1, 1
+		if raw.ScoringFunc != nil {
+			var err error
+			if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
+				return nil, err
+			}
+		}
+		c.NormTopK, c.NormEps, c.RoutedScaling = true, 1e-20, 1.5
+		if raw.RoutedScalingFactor != nil {
+			c.RoutedScaling = *raw.RoutedScalingFactor
+		}
+		limit := 10.0
+		if raw.SwigluLimit != nil {
+			limit = *raw.SwigluLimit
+		}
+		c.Act = kernels.Activation{Kind: kernels.ClampedSiLU, Limit: float32(limit)}
+		c.VocabSize = or(raw.VocabSize, 129280)
+		var err error
+		if c.HashLayers, err = hashLayers(raw.MLPLayerTypes, raw.NumHashLayers, c.NumLayers); err != nil {
+			return nil, err
+		}
+	case "gemma4":
+		// Gemma4TextConfig: a MoE block on every layer when
+		// enable_moe_block, beside the dense MLP (intermediate_size, the
+		// "shared expert"); softmax, top-k (top_k_experts), renormalised,
+		// × per_expert_scale; GeGLU experts and MLP (hidden_activation).
+		if raw.EnableMoEBlock == nil || !*raw.EnableMoEBlock {
+			return nil, errkind.Errorf(ErrDenseLayer, "gemma4 config.json has no MoE block (enable_moe_block is %s): the dense Gemma 4 models are not MoE", boolOrMissing(raw.EnableMoEBlock))
+		}
+		c.NumExperts = need(raw.NumExperts, "num_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.SharedInter = need(raw.IntermediateSize, "intermediate_size")
+		c.NormTopK, c.ResidualInput = true, true
+		c.RMSNormEps = 1e-6
+		if raw.RMSNormEps != nil {
+			c.RMSNormEps = *raw.RMSNormEps
+		}
+		act := "gelu_pytorch_tanh"
+		if raw.HiddenActivation != nil {
+			act = *raw.HiddenActivation
+		}
+		switch act {
+		case "gelu_pytorch_tanh", "gelu_new", "gelu_fast": // GELU's tanh approximation, each
+		default:
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "gemma4 hidden_activation %q is not supported (supported: gelu_pytorch_tanh, gelu_new, gelu_fast)", act)
+		}
+		c.Act = kernels.Activation{Kind: kernels.GeGLU}
+		c.SharedAct = c.Act
+		if kv := or(raw.NumKVSharedLayers, 0); raw.UseDoubleWideMLP != nil && *raw.UseDoubleWideMLP && kv > 0 && c.NumLayers-kv > 0 {
+			c.DoubleWideFrom = c.NumLayers - kv
+		}
 	case "mixtral":
 		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
 		c.Inter = need(raw.IntermediateSize, "intermediate_size")
@@ -703,10 +858,19 @@ func (c *Config) Validate() error {
 	if err := c.Act.Validate(); err != nil {
 		return fmt.Errorf("swiglu_limit: %w", err)
 	}
+	if err := c.SharedAct.Validate(); err != nil {
+		return fmt.Errorf("shared expert: %w", err)
+	}
+	if len(c.HashLayers) > 0 && c.VocabSize <= 0 {
+		return fmt.Errorf("vocab_size %d must be positive: the hash layers' tid2eid has a row per token id", c.VocabSize)
+	}
+	if c.ResidualInput && (!(c.RMSNormEps > 0) || math.IsInf(c.RMSNormEps, 0) || c.SharedInter <= 0) {
+		return fmt.Errorf("rms_norm_eps %v must be positive and finite, and the dense MLP's width %d positive", c.RMSNormEps, c.SharedInter)
+	}
 	if c.TopK > c.NumExperts {
 		return fmt.Errorf("num_experts_per_tok %d is larger than the %d experts", c.TopK, c.NumExperts)
 	}
-	if c.Scoring != Softmax && c.Scoring != Sigmoid {
+	if c.Scoring != Softmax && c.Scoring != Sigmoid && c.Scoring != SqrtSoftplus {
 		return fmt.Errorf("unknown scoring %v", c.Scoring)
 	}
 	if !(c.RoutedScaling > 0) || c.RoutedScaling > 1e30 {
@@ -814,6 +978,13 @@ type tensorNames struct {
 	shared [3]string // gate, up, down
 	// sharedGate: qwen2_moe's sigmoid gate of the shared expert.
 	sharedGate string
+	// tid2eid: a hash layer's token → experts table (deepseek_v4).
+	tid2eid string
+	// routerScale, expertScale: gemma4's router.scale [hidden] and
+	// per_expert_scale [experts]; norms its block's RMSNorm weights in
+	// Norms' order (pre, post1, pre2, post2, post).
+	routerScale, expertScale string
+	norms                    [5]string
 }
 
 // fusedLayout is how a family stores its experts as fused 3-D tensors.
@@ -870,6 +1041,19 @@ func (c *Config) namesUnder(root string, layer int) tensorNames {
 		n.shared = [3]string{s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight"}
 		return n
 	}
+	if c.ModelType == "gemma4" {
+		// Gemma4TextDecoderLayer: the router, experts and norms sit on the
+		// decoder layer itself, the dense MLP under mlp.
+		p := fmt.Sprintf("%slayers.%d.", root, layer)
+		n.gate, n.routerScale, n.expertScale = p+"router.proj.weight", p+"router.scale", p+"router.per_expert_scale"
+		n.fused, n.layout = p+"experts.", fusedOI
+		n.shared = [3]string{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"}
+		for i, norm := range []string{"pre_feedforward_layernorm", "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+			"post_feedforward_layernorm_2", "post_feedforward_layernorm"} {
+			n.norms[i] = p + norm + ".weight"
+		}
+		return n
+	}
 	p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)
 	if c.ModelType == "gpt_oss" {
 		n.gate, n.routerBias, n.fused, n.layout = p+"router.weight", p+"router.bias", p+"experts.", fusedGptOss
@@ -884,6 +1068,8 @@ func (c *Config) namesUnder(root string, layer int) tensorNames {
 	switch c.ModelType {
 	case "qwen3_5_moe":
 		n.fused, n.layout = p+"experts.", fusedOI
+	case "deepseek_v4":
+		n.fused, n.layout, n.tid2eid = p+"experts.", fusedOI, p+"gate.tid2eid"
 	case "qwen3_vl_moe":
 		n.fused, n.layout = p+"experts.", fusedIO
 	}

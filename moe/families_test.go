@@ -139,7 +139,7 @@ func TestDeepSeekV3Aliases(t *testing.T) {
 	_, err := moe.ParseConfig([]byte(`{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_experts_per_tok": 1}`))
 	require.ErrorIs(t, err, moe.ErrUnknownFamily)
 	require.ErrorContains(t, err, `unknown model_type "llama", architectures [LlamaForCausalLM] (supported: [mixtral`)
-	require.ErrorContains(t, err, "deepseek_v32 as deepseek_v3, glm_moe_dsa as glm4_moe, kimi_k2 as deepseek_v3, kimi_k25 as deepseek_v3")
+	require.ErrorContains(t, err, "deepseek_v32 as deepseek_v3, gemma4_text as gemma4, glm_moe_dsa as glm4_moe, kimi_k2 as deepseek_v3, kimi_k25 as deepseek_v3")
 }
 
 // TestWrappedAliases: Kimi K2.5 (K2's text model under text_config, the

@@ -16,6 +16,14 @@ type Router struct {
 	weight    kernels.Matrix // [experts, hidden]
 	bias      []float64      // [experts]: the NoAuxTC correction bias, else nil
 	logitBias []float64      // [experts]: added to the logits (gpt_oss), else nil
+	// tokenExperts [vocab, top_k]: a hash layer's experts of each token id
+	// (deepseek_v4's tid2eid), each row ascending; nil for a layer that
+	// chooses by score.
+	tokenExperts []int32
+	// inScale [hidden]: the router reads RMSNorm(x) ⊙ inScale (gemma4:
+	// router.scale × hidden^−½); expertScale [experts] multiplies the
+	// final weights (gemma4's per_expert_scale). nil for other families.
+	inScale, expertScale []float64
 }
 
 // NewRouter makes the gate of cfg from its weight [experts, hidden] and, for
@@ -29,6 +37,14 @@ func NewRouter(cfg *Config, weight kernels.Matrix, bias []float32) (*Router, err
 // NewBiasedRouter is NewRouter with the bias [experts] the router adds to
 // its logits, which cfg.RouterBias asks for (nil otherwise).
 func NewBiasedRouter(cfg *Config, weight kernels.Matrix, bias, logitBias []float32) (*Router, error) {
+	return newRouter(cfg, &Weights{Gate: weight, Bias: bias, RouterBias: logitBias})
+}
+
+// newRouter is the gate of cfg from a block's weights: w.Gate, w.Bias,
+// w.RouterBias, and gemma4's w.RouterScale and w.ExpertScale, or a hash
+// layer's w.TokenExperts.
+func newRouter(cfg *Config, w *Weights) (*Router, error) {
+	weight, bias, logitBias := w.Gate, w.Bias, w.RouterBias
 	if weight.Rows != cfg.NumExperts || weight.Cols != cfg.Hidden {
 		return nil, fmt.Errorf("moe: gate weight is [%d, %d], want [%d, %d]", weight.Rows, weight.Cols, cfg.NumExperts, cfg.Hidden)
 	}
@@ -36,39 +52,163 @@ func NewBiasedRouter(cfg *Config, weight kernels.Matrix, bias, logitBias []float
 	if (logitBias != nil) != cfg.RouterBias || (logitBias != nil && len(logitBias) != cfg.NumExperts) {
 		return nil, errkind.Errorf(ErrShape, "moe: %s router logit bias has %d values, want %d", cfg.ModelType, len(logitBias), map[bool]int{true: cfg.NumExperts}[cfg.RouterBias])
 	}
-	for i, b := range logitBias {
-		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 0) {
-			return nil, errkind.Errorf(ErrNonFinite, "moe: router logit bias of expert %d is %v", i, b)
-		}
-		r.logitBias = append(r.logitBias, float64(b))
+	var err error
+	if r.logitBias, err = finite64("router logit bias", logitBias); err != nil {
+		return nil, err
 	}
-	if cfg.Method == NoAuxTC {
+	if w.TokenExperts != nil {
+		if err := r.setTokenExperts(w.TokenExperts); err != nil {
+			return nil, err
+		}
+	} else if cfg.Method == NoAuxTC {
 		if len(bias) != cfg.NumExperts {
 			return nil, fmt.Errorf("moe: noaux_tc needs a correction bias of %d values, have %d", cfg.NumExperts, len(bias))
 		}
-		r.bias = make([]float64, len(bias))
-		for i, b := range bias {
-			if math.IsNaN(float64(b)) || math.IsInf(float64(b), 0) {
-				return nil, fmt.Errorf("moe: correction bias of expert %d is %v", i, b)
-			}
-			r.bias[i] = float64(b)
+		if r.bias, err = finite64("correction bias", bias); err != nil {
+			return nil, err
 		}
+	}
+	if (w.RouterScale != nil || w.ExpertScale != nil) != cfg.ResidualInput || cfg.ResidualInput && (len(w.RouterScale) != cfg.Hidden || len(w.ExpertScale) != cfg.NumExperts) {
+		return nil, errkind.Errorf(ErrShape, "moe: %s router: input scale of %d values and per-expert scale of %d given, want %d and %d",
+			cfg.ModelType, len(w.RouterScale), len(w.ExpertScale), map[bool]int{true: cfg.Hidden}[cfg.ResidualInput], map[bool]int{true: cfg.NumExperts}[cfg.ResidualInput])
+	}
+	if r.inScale, err = finite64("router input scale", w.RouterScale); err != nil {
+		return nil, err
+	}
+	for i := range r.inScale {
+		r.inScale[i] /= math.Sqrt(float64(cfg.Hidden))
+	}
+	if r.expertScale, err = finite64("router per-expert scale", w.ExpertScale); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
 
+// finite64 is v widened to float64 (nil for nil), or an ErrNonFinite error
+// naming what and the index of a NaN or infinity in it.
+func finite64(what string, v []float32) ([]float64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	out := make([]float64, len(v))
+	for i, b := range v {
+		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 0) {
+			return nil, errkind.Errorf(ErrNonFinite, "moe: %s of expert %d is %v", what, i, b)
+		}
+		out[i] = float64(b)
+	}
+	return out, nil
+}
+
+// setTokenExperts checks a hash layer's table [vocab, top_k] (each entry
+// an expert, no expert twice in a row) and keeps it with its rows sorted.
+func (r *Router) setTokenExperts(t []int32) error {
+	c := r.cfg
+	K := c.TopK
+	if len(c.HashLayers) == 0 {
+		return errkind.Errorf(ErrShape, "moe: a token → experts table given, but %s has no hash layers", c.ModelType)
+	}
+	if len(t) != c.VocabSize*K {
+		return errkind.Errorf(ErrShape, "moe: tid2eid has %d entries, want [vocab_size %d, top_k %d] = %d", len(t), c.VocabSize, K, c.VocabSize*K)
+	}
+	r.tokenExperts = slices.Clone(t)
+	for tok := 0; tok < c.VocabSize; tok++ {
+		row := r.tokenExperts[tok*K:][:K]
+		slices.Sort(row)
+		for j, e := range row {
+			if e < 0 || int(e) >= c.NumExperts {
+				return errkind.Errorf(ErrShape, "moe: tid2eid row %d names expert %d; the layer has %d experts", tok, e, c.NumExperts)
+			}
+			if j > 0 && row[j-1] == e {
+				return errkind.Errorf(ErrShape, "moe: tid2eid row %d names expert %d twice", tok, e)
+			}
+		}
+	}
+	return nil
+}
+
+// TokenRouted reports whether the router chooses experts by token id (a
+// deepseek_v4 hash layer): Route then needs the batch's token ids.
+func (r *Router) TokenRouted() bool { return r.tokenExperts != nil }
+
+// CheckTokens checks a batch's token ids [tokens] for this router: nil for
+// one that does not route by token id, otherwise one id in [0, vocab_size)
+// per token.
+func (r *Router) CheckTokens(tokens []int32, T int) error {
+	if r.tokenExperts == nil {
+		return nil
+	}
+	if tokens == nil {
+		return errkind.Errorf(ErrShape, "moe: %s layer chooses its experts by token id (a hash layer): its forward pass needs the batch's token ids", r.cfg.ModelType)
+	}
+	if len(tokens) != T {
+		return errkind.Errorf(ErrShape, "moe: %d token ids for %d tokens", len(tokens), T)
+	}
+	for t, id := range tokens {
+		if id < 0 || int(id) >= r.cfg.VocabSize {
+			return errkind.Errorf(ErrShape, "moe: token %d has id %d, outside the hash layer's tid2eid table of vocab_size %d rows", t, id, r.cfg.VocabSize)
+		}
+	}
+	return nil
+}
+
 // Route chooses the experts of tokens [t0, t1) of x [tokens, hidden]:
 // ids[t, :] (ascending) and weights[t, :] in the same order, both
-// [tokens, top_k]. The logits, scores and weights are computed in float64
-// and the weights rounded once to float32.
-func (r *Router) Route(x []float32, ids []int32, weights []float32, t0, t1 int) {
+// [tokens, top_k]. tokens are the batch's token ids [tokens] for a router
+// that routes by token id (TokenRouted; CheckTokens says what is wrong
+// with them), else ignored (nil will do). The logits, scores and weights
+// are computed in float64 and the weights rounded once to float32.
+func (r *Router) Route(x []float32, tokens, ids []int32, weights []float32, t0, t1 int) error {
+	if err := r.CheckTokens(tokens, len(x)/r.cfg.Hidden); err != nil {
+		return err
+	}
+	r.route(x, tokens, ids, weights, t0, t1)
+	return nil
+}
+
+// route is Route on checked tokens.
+func (r *Router) route(x []float32, tokens, ids []int32, weights []float32, t0, t1 int) {
 	c := r.cfg
 	E, H, K := c.NumExperts, c.Hidden, c.TopK
 	logits := make([]float64, (t1-t0)*E)
-	kernels.RouterLogits(logits, x[t0*H:t1*H], r.weight)
+	in := x[t0*H : t1*H]
+	if r.inScale != nil {
+		in = make([]float32, len(in))
+		for t := 0; t < t1-t0; t++ {
+			rmsNorm(in[t*H:][:H], x[(t0+t)*H:][:H], nil, r.inScale, c.RMSNormEps)
+		}
+	}
+	kernels.RouterLogits(logits, in, r.weight)
 	s := newRouteScratch(c)
 	for t := t0; t < t1; t++ {
-		r.routeOne(logits[(t-t0)*E:][:E], ids[t*K:][:K], weights[t*K:][:K], s)
+		l, id, w := logits[(t-t0)*E:][:E], ids[t*K:][:K], weights[t*K:][:K]
+		if r.tokenExperts != nil {
+			r.score(l, s)
+			copy(s.pick, r.tokenExperts[int(tokens[t])*K:][:K])
+			r.finish(id, w, s)
+			continue
+		}
+		r.routeOne(l, id, w, s)
+	}
+}
+
+// rmsNorm is dst = src / sqrt(mean(src²) + eps) ⊙ w ⊙ scale (w, scale nil:
+// ones), in float64, rounded once to float32.
+func rmsNorm(dst, src, w []float32, scale []float64, eps float64) {
+	var ss float64
+	for _, v := range src {
+		ss += float64(v) * float64(v)
+	}
+	inv := 1 / math.Sqrt(ss/float64(len(src))+eps)
+	for i, v := range src {
+		f := float64(v) * inv
+		if w != nil {
+			f *= float64(w[i])
+		}
+		if scale != nil {
+			f *= scale[i]
+		}
+		dst[i] = float32(f)
 	}
 }
 
@@ -96,7 +236,8 @@ func (r *Router) LogitBias() []float32 { return float32s(r.logitBias) }
 
 // RouteLogits chooses experts from router logits [tokens, experts]
 // computed elsewhere (a GPU kernel, a test), without the logit bias, which
-// it adds: ids and weights [tokens, top_k], as Route returns them.
+// it adds: ids and weights [tokens, top_k], as Route returns them, for a
+// router that does not route by token id.
 func (r *Router) RouteLogits(logits []float64, ids []int32, weights []float32) {
 	E, K := r.cfg.NumExperts, r.cfg.TopK
 	s := newRouteScratch(r.cfg)
@@ -110,7 +251,7 @@ type routeScratch struct {
 	biased                     []float64
 	order, groups              []int
 	allowed                    []bool
-	pick                       []int
+	pick                       []int32
 }
 
 func newRouteScratch(c *Config) *routeScratch {
@@ -119,13 +260,14 @@ func newRouteScratch(c *Config) *routeScratch {
 		scores: make([]float64, E), choice: make([]float64, E), biased: make([]float64, E),
 		groupScore: make([]float64, max(c.NumGroups, 1)),
 		order:      make([]int, E), groups: make([]int, max(c.NumGroups, 1)),
-		allowed: make([]bool, E), pick: make([]int, c.TopK),
+		allowed: make([]bool, E), pick: make([]int32, c.TopK),
 	}
 }
 
-func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *routeScratch) {
+// score fills s.scores from a token's logits [experts] (with the logit
+// bias added, in s.biased): the scoring function of every expert.
+func (r *Router) score(logits []float64, s *routeScratch) []float64 {
 	c := r.cfg
-	E := c.NumExperts
 	if r.logitBias != nil {
 		for e, l := range logits {
 			s.biased[e] = l + r.logitBias[e]
@@ -150,7 +292,43 @@ func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *r
 		for e, l := range logits {
 			s.scores[e] = 1 / (1 + math.Exp(-l))
 		}
+	case SqrtSoftplus:
+		for e, l := range logits {
+			// softplus(l) = log(1 + e^l), without overflow for large l.
+			s.scores[e] = math.Sqrt(max(l, 0) + math.Log1p(math.Exp(-math.Abs(l))))
+		}
 	}
+	return logits
+}
+
+// finish writes the weights of the experts in s.pick (ascending): their
+// scores, renormalised where the family does, × routed scaling and the
+// per-expert scale.
+func (r *Router) finish(ids []int32, weights []float32, s *routeScratch) {
+	c := r.cfg
+	var sum float64
+	for _, e := range s.pick {
+		sum += s.scores[e]
+	}
+	if c.NormTopK {
+		sum = max(sum+c.NormEps, c.NormMin)
+	} else {
+		sum = 1
+	}
+	for j, e := range s.pick {
+		ids[j] = e
+		w := s.scores[e] / sum * c.RoutedScaling
+		if r.expertScale != nil {
+			w *= r.expertScale[e]
+		}
+		weights[j] = float32(w)
+	}
+}
+
+func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *routeScratch) {
+	c := r.cfg
+	E := c.NumExperts
+	logits = r.score(logits, s)
 	// choice: the values the experts are ranked by.
 	copy(s.choice, s.scores)
 	if c.ChooseOnLogits {
@@ -194,23 +372,11 @@ func (r *Router) routeOne(logits []float64, ids []int32, weights []float32, s *r
 	}
 	order := s.order[:n]
 	slices.SortFunc(order, func(a, b int) int { return rankCompare(s.choice, a, b) })
-	pick := s.pick
-	copy(pick, order[:c.TopK])
-	slices.Sort(pick)
-
-	var sum float64
-	for _, e := range pick {
-		sum += s.scores[e]
+	for j, e := range order[:c.TopK] {
+		s.pick[j] = int32(e)
 	}
-	if c.NormTopK {
-		sum = max(sum+c.NormEps, c.NormMin)
-	} else {
-		sum = 1
-	}
-	for j, e := range pick {
-		ids[j] = int32(e)
-		weights[j] = float32(s.scores[e] / sum * c.RoutedScaling)
-	}
+	slices.Sort(s.pick)
+	r.finish(ids, weights, s)
 }
 
 // rankCompare orders a before b when v[a] is larger, or equal with a < b.

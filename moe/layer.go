@@ -62,6 +62,36 @@ type Weights struct {
 	Experts    []Expert        // [experts]
 	Shared     *Expert         // the shared-expert MLP, or nil
 	SharedGate *kernels.Matrix // [1, hidden]: qwen2_moe's shared_expert_gate, or nil
+
+	// TokenExperts [vocab_size, top_k]: a hash layer's experts of each
+	// token id (deepseek_v4's tid2eid); nil for a layer that chooses by
+	// score.
+	TokenExperts []int32
+	// RouterScale [hidden] and ExpertScale [experts] are gemma4's
+	// router.scale and per_expert_scale, Norms its block's norms
+	// (Config.ResidualInput); nil for other families.
+	RouterScale, ExpertScale []float32
+	Norms                    *Norms
+}
+
+// Norms are the RMSNorm weights [hidden] of a block that owns its norms
+// (gemma4): of the dense MLP's input (Pre) and output (Post1), of the
+// experts' input (Pre2) and output (Post2), and of the block's output
+// (Post).
+type Norms struct {
+	Pre, Post1, Pre2, Post2, Post []float32
+}
+
+// list is the norms with their checkpoint names' stems.
+func (n *Norms) list() []struct {
+	name string
+	w    []float32
+} {
+	return []struct {
+		name string
+		w    []float32
+	}{{"pre_feedforward_layernorm", n.Pre}, {"post_feedforward_layernorm_1", n.Post1}, {"pre_feedforward_layernorm_2", n.Pre2},
+		{"post_feedforward_layernorm_2", n.Post2}, {"post_feedforward_layernorm", n.Post}}
 }
 
 // Layer is one MoE block, ready to run. Config and Router are shared with
@@ -74,6 +104,7 @@ type Layer struct {
 	loaded     []bool // loaded[e]: experts[e] holds weights
 	shared     *Expert
 	sharedGate *kernels.Matrix
+	norms      *Norms // Config.ResidualInput's, else nil
 	ckpt       *Checkpoint
 
 	workers int          // SetWorkers
@@ -119,6 +150,12 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if err := cfg.CheckMoELayer(n); err != nil {
 		return nil, fmt.Errorf("moe: %s: %w", ck.Dir, err)
 	}
+	if cfg.DoubleWideFrom > 0 && n >= cfg.DoubleWideFrom {
+		wide := *cfg // gemma4's KV-shared layers: a dense MLP twice as wide
+		wide.SharedInter *= 2
+		wide.DoubleWideFrom = 0
+		cfg = &wide
+	}
 	names := cfg.names(ck, n)
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	var w Weights
@@ -135,29 +172,35 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	}
 	// vector reads a bias [experts], checked finite.
 	vector := func(name string, rows int) ([]float32, error) {
-		shape := []int{E}
-		if rows > 0 {
-			shape = []int{rows, E}
-		}
-		b, err := ck.Matrix(name, shape...)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, name), b); err != nil {
-			return nil, err
-		}
-		v := make([]float32, E)
-		b.RowF32(0, v)
-		return v, nil
+		return ck.vector(name, rows, E)
 	}
 	if cfg.RouterBias {
 		if w.RouterBias, err = vector(names.routerBias, 0); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.Method == NoAuxTC {
+	switch {
+	case cfg.HashLayer(n):
+		if w.TokenExperts, err = ck.Int32s(names.tid2eid, cfg.VocabSize, cfg.TopK); err != nil {
+			return nil, err
+		}
+	case cfg.Method == NoAuxTC:
 		if w.Bias, err = vector(names.bias, names.biasRows); err != nil {
 			return nil, err
+		}
+	}
+	if cfg.ResidualInput {
+		if w.RouterScale, err = ck.vector(names.routerScale, 0, H); err != nil {
+			return nil, err
+		}
+		if w.ExpertScale, err = vector(names.expertScale, 0); err != nil {
+			return nil, err
+		}
+		w.Norms = new(Norms)
+		for i, p := range []*[]float32{&w.Norms.Pre, &w.Norms.Post1, &w.Norms.Pre2, &w.Norms.Post2, &w.Norms.Post} {
+			if *p, err = ck.vector(names.norms[i], 0, H); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if names.fused != "" {
@@ -199,6 +242,25 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	return New(cfg, w)
 }
 
+// vector reads tensor name, [n] (or [rows, n] with rows > 0, of which it
+// takes the first row), checked finite, as float32.
+func (ck *Checkpoint) vector(name string, rows, n int) ([]float32, error) {
+	shape := []int{n}
+	if rows > 0 {
+		shape = []int{rows, n}
+	}
+	b, err := ck.Matrix(name, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, name), b); err != nil {
+		return nil, err
+	}
+	v := make([]float32, n)
+	b.RowF32(0, v)
+	return v, nil
+}
+
 func loadExpert(ck *Checkpoint, gate, up, down string, hidden, inter int) (Expert, error) {
 	var x Expert
 	var err error
@@ -220,9 +282,22 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
-	router, err := NewBiasedRouter(cfg, w.Gate, w.Bias, w.RouterBias)
+	router, err := newRouter(cfg, &w)
 	if err != nil {
 		return nil, err
+	}
+	if (w.Norms != nil) != cfg.ResidualInput {
+		return nil, fmt.Errorf("moe: block norms given: %v, the %s block owns its norms: %v", w.Norms != nil, cfg.ModelType, cfg.ResidualInput)
+	}
+	if w.Norms != nil {
+		for _, n := range w.Norms.list() {
+			if len(n.w) != cfg.Hidden {
+				return nil, errkind.Errorf(ErrShape, "moe: norm %s has %d weights, want hidden size %d", n.name, len(n.w), cfg.Hidden)
+			}
+			if _, err := finite64("norm "+n.name+" weight", n.w); err != nil {
+				return nil, err
+			}
+		}
 	}
 	// The small weights every token reads: a NaN in them makes every
 	// output NaN. (The experts' are checked on request: CheckWeights.)
@@ -289,7 +364,7 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 			w.Shared = &s
 		}
 	}
-	return &Layer{Config: cfg, Router: router, experts: w.Experts, loaded: loaded, shared: w.Shared, sharedGate: w.SharedGate}, nil
+	return &Layer{Config: cfg, Router: router, experts: w.Experts, loaded: loaded, shared: w.Shared, sharedGate: w.SharedGate, norms: w.Norms}, nil
 }
 
 // packExperts returns the experts with their matrices packed, on
@@ -378,6 +453,16 @@ func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
 // top_k], each row ascending, and weights in the same order (after
 // normalisation and scaling). Either may be nil.
 func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
+	return l.ForwardTokens(ctx, x, nil, y, ids, weights)
+}
+
+// ForwardTokens is ForwardRouting given the batch's token ids [tokens],
+// which a layer that chooses its experts by token id (deepseek_v4's hash
+// layers: TokenRouted) needs; other layers ignore them (nil will do).
+//
+// For a family whose block owns its norms (Config.ResidualInput, gemma4),
+// x is the residual stream and y what the decoder adds to it.
+func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, y []float32, ids []int32, weights []float32) error {
 	l.life.RLock()
 	defer l.life.RUnlock()
 	if l.closed {
@@ -410,7 +495,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if weights == nil {
 		weights = make([]float32, T*K)
 	}
-	if err := l.Route(ctx, x, ids, weights); err != nil {
+	if err := l.RouteTokens(ctx, x, tokens, ids, weights); err != nil {
 		return err
 	}
 	sc := l.getScratch()
@@ -419,21 +504,67 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err != nil {
 		return err
 	}
+	// in is what the experts read: x, or (a block owning its norms) the
+	// experts' normed input, then the dense MLP's.
+	in, sharedRows := x, []int32(nil)
+	if l.norms != nil {
+		in, sharedRows = l.normInputs(x, sc)
+	}
 	// The grouped expert FFN, the shared expert included as one more group.
 	groups := g.Groups
-	shared := l.SharedFFN(x, nil, buffers.Grow(&sc.shared, T*H))
+	shared := l.SharedFFN(in, sharedRows, buffers.Grow(&sc.shared, T*H))
 	if shared != nil {
 		groups = append(groups, *shared)
 	}
-	if err := l.RunExperts(ctx, x, groups, &sc.ffn); err != nil {
+	if err := l.RunExperts(ctx, in, groups, &sc.ffn); err != nil {
 		return err
 	}
 	var sharedOut []float32
 	if shared != nil {
 		sharedOut = shared.Out
 	}
-	Combine(y, g.Out, g.RowOf, K, H, sharedOut)
+	if l.norms != nil {
+		Combine(y, g.Out, g.RowOf, K, H, nil)
+		l.normOutputs(y, sharedOut)
+	} else {
+		Combine(y, g.Out, g.RowOf, K, H, sharedOut)
+	}
 	return CheckOutput(y, H)
+}
+
+// normInputs is the input of a block owning its norms (gemma4) for the
+// residual x [tokens, hidden]: [2·tokens, hidden], the experts'
+// pre_feedforward_layernorm_2(x) then the dense MLP's
+// pre_feedforward_layernorm(x), and the dense MLP's rows of it.
+func (l *Layer) normInputs(x []float32, sc *scratch) ([]float32, []int32) {
+	H, eps := l.Config.Hidden, l.Config.RMSNormEps
+	T := len(x) / H
+	in := buffers.Grow(&sc.in, 2*T*H)
+	rows := make([]int32, T)
+	for t := range T {
+		xt := x[t*H : (t+1)*H]
+		rmsNorm(in[t*H:][:H], xt, l.norms.Pre2, nil, eps)
+		rmsNorm(in[(T+t)*H:][:H], xt, l.norms.Pre, nil, eps)
+		rows[t] = int32(T + t)
+	}
+	return in, rows
+}
+
+// normOutputs makes y [tokens, hidden], the experts' weighted sum, the
+// block's output: post_feedforward_layernorm(post_feedforward_layernorm_2(y)
+// + post_feedforward_layernorm_1(dense)) for the dense MLP's output dense.
+func (l *Layer) normOutputs(y, dense []float32) {
+	H, eps := l.Config.Hidden, l.Config.RMSNormEps
+	a, b := make([]float32, H), make([]float32, H)
+	for t := 0; t < len(y)/H; t++ {
+		yt := y[t*H : (t+1)*H]
+		rmsNorm(a, yt, l.norms.Post2, nil, eps)
+		rmsNorm(b, dense[t*H:][:H], l.norms.Post1, nil, eps)
+		for i := range a {
+			a[i] += b[i]
+		}
+		rmsNorm(yt, a, l.norms.Post, nil, eps)
+	}
 }
 
 // CheckOutput returns an ErrNonFinite error naming the first token of a
@@ -552,12 +683,26 @@ func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FF
 // Route chooses the experts of every token of x [tokens, hidden]: ids and
 // weights [tokens, top_k], as ForwardRouting returns them.
 func (l *Layer) Route(ctx context.Context, x []float32, ids []int32, weights []float32) error {
+	return l.RouteTokens(ctx, x, nil, ids, weights)
+}
+
+// RouteTokens is Route given the batch's token ids [tokens], which a
+// layer that chooses by token id needs (TokenRouted).
+func (l *Layer) RouteTokens(ctx context.Context, x []float32, tokens, ids []int32, weights []float32) error {
 	const chunk = 16
 	T := len(x) / l.Config.Hidden
+	if err := l.Router.CheckTokens(tokens, T); err != nil {
+		return err
+	}
 	return kernels.Parallel(ctx, l.workerCount(), (T+chunk-1)/chunk, func(i int) {
-		l.Router.Route(x, ids, weights, i*chunk, min((i+1)*chunk, T))
+		l.Router.route(x, tokens, ids, weights, i*chunk, min((i+1)*chunk, T))
 	})
 }
+
+// TokenRouted reports whether the layer chooses its experts by token id
+// (a deepseek_v4 hash layer): its forward passes need the token ids
+// (ForwardTokens).
+func (l *Layer) TokenRouted() bool { return l.Router.TokenRouted() }
 
 // SharedFFN returns the shared expert as a group over the rows of x
 // [tokens, hidden] (rows: nil for all of them, in order), its gate applied
@@ -583,7 +728,7 @@ func (l *Layer) SharedFFN(x []float32, rows []int32, out []float32) *kernels.FFN
 	}
 	s := l.shared
 	return &kernels.FFNGroup{Gate: s.Gate, Up: s.Up, Down: s.Down, Rows: rows, Scale: gate, Out: out[:len(rows)*H],
-		Expert: kernels.SharedExpert}
+		Expert: kernels.SharedExpert, Act: l.Config.SharedAct}
 }
 
 // SharedGate is qwen2_moe's shared-expert gate: out[i] = sigmoid(x[rows[i]]
@@ -610,8 +755,8 @@ func SharedGate(g kernels.Matrix, x []float32, rows []int32, out []float32) []fl
 
 // scratch is one forward pass's reusable buffers.
 type scratch struct {
-	out, shared []float32
-	ffn         kernels.Scratch
+	out, shared, in []float32
+	ffn             kernels.Scratch
 }
 
 // getScratch takes a scratch from the layer's free list; forward passes
@@ -678,7 +823,7 @@ func (l *Layer) Subset(keep func(e int) bool) *Layer {
 		loaded[e] = l.loaded[e] && keep(e)
 	}
 	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded,
-		shared: l.shared, sharedGate: l.sharedGate, workers: l.workers}
+		shared: l.shared, sharedGate: l.sharedGate, norms: l.norms, workers: l.workers}
 }
 
 // Expert returns routed expert e's weights, and whether this layer holds

@@ -186,6 +186,9 @@ func checkPlain(c *moe.Config) error {
 	if c.ExpertBias || c.RouterBias || c.Act.Kind != kernels.SiLU {
 		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (expert biases, the %v activation, a router logit bias) do not run on the device yet: run them on the CPU", c.ModelType, c.Act.Kind)
 	}
+	if c.ResidualInput || len(c.HashLayers) > 0 || c.Scoring == moe.SqrtSoftplus || c.SharedAct.Kind != kernels.SiLU {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a block owning its norms, experts chosen by token id, sqrt-softplus scores) do not run on the device yet: run them on the CPU", c.ModelType)
+	}
 	if c.WeightOnInput || c.ChooseOnLogits || c.NormMin > 0 {
 		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (routing weights on the expert input, experts chosen on the logits, a floor under the renormalisation) do not run on the device yet: run them on the CPU", c.ModelType)
 	}
