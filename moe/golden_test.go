@@ -53,6 +53,10 @@ var goldenSpecs = map[string]moetest.Spec{
 	"qwen3_vl_moe_f32_step2":    {ModelType: "qwen3_vl_moe", Hidden: 24, Experts: 6, TopK: 3, Inter: 8, NormTopK: false, NumLayers: 2, Layer: 1, SparseStep: 2, DType: "F32", Seed: 131},
 	"llama4_bf16":               {ModelType: "llama4", Hidden: 32, Experts: 8, TopK: 1, Inter: 16, NumLayers: 2, Layer: 1, SparseStep: 2, DType: "BF16", Seed: 132},
 	"llama4_f32_top2":           {ModelType: "llama4", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, DType: "F32", Seed: 133},
+	"deepseek_v4_bf16_hash":     {ModelType: "deepseek_v4", Hidden: 32, Experts: 16, TopK: 4, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 4, Layer: 1, HashLayers: 3, Vocab: 40, DType: "BF16", Seed: 134},
+	"deepseek_v4_f32_clamp":     {ModelType: "deepseek_v4", Hidden: 24, Experts: 8, TopK: 2, Inter: 12, SharedExperts: 1, Scaling: 2.5, NumLayers: 3, Layer: 2, HashLayers: 2, Vocab: 30, LayerTypes: true, SwigluLimit: 0.25, DType: "F32", Seed: 135},
+	"gemma4_bf16":               {ModelType: "gemma4", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, DenseInter: 24, NumLayers: 2, Layer: 1, DType: "BF16", Seed: 136},
+	"gemma4_f32_text_wide":      {ModelType: "gemma4", Hidden: 24, Experts: 6, TopK: 3, Inter: 12, DenseInter: 10, NumLayers: 3, Layer: 2, KVShared: 1, DoubleWide: true, TextOnly: true, DType: "F32", Seed: 137},
 	"deepseek_v3_bf16_all":      {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
 }
 
@@ -74,7 +78,12 @@ func TestGoldenGenerate(t *testing.T) {
 		dir := filepath.Join(goldenDir(), name)
 		require.NoError(t, m.WriteTo(dir))
 		x := moetest.Input(spec.Seed, goldenTokens, spec.Hidden, false)
-		ref := m.Forward(x)
+		var tokens []int32
+		if spec.Hash() {
+			tokens = moetest.Tokens(spec.Seed, goldenTokens, spec.Vocab)
+			require.NoError(t, npy.WriteInt32(filepath.Join(dir, "tokens.npy"), []int{goldenTokens}, tokens))
+		}
+		ref := m.ForwardTokens(x, tokens)
 		y := make([]float32, len(ref.Y))
 		for i, v := range ref.Y {
 			y[i] = float32(v)
@@ -125,10 +134,16 @@ func testGolden(t *testing.T) {
 			wantW, err := npy.ReadFloat32(filepath.Join(dir, "w.npy"))
 			require.NoError(t, err)
 
+			var tokens []int32
+			if tok, err := npy.ReadInt32(filepath.Join(dir, "tokens.npy")); err == nil {
+				tokens = tok.Data
+			} else {
+				require.ErrorIs(t, err, os.ErrNotExist)
+			}
 			y := make([]float32, len(x.Data))
 			ids := make([]int32, len(wantIDs.Data))
 			w := make([]float32, len(wantW.Data))
-			require.NoError(t, l.ForwardRouting(context.Background(), x.Data, y, ids, w))
+			require.NoError(t, l.ForwardTokens(context.Background(), x.Data, tokens, y, ids, w))
 			require.Equal(t, wantIDs.Data, ids)
 			for i := range w {
 				require.InDelta(t, wantW.Data[i], w[i], 1e-6*math.Max(1, math.Abs(float64(wantW.Data[i]))))

@@ -56,8 +56,24 @@ type Spec struct {
 	GroupSize  int
 	ScaleDType string
 	Shards     int // > 1 writes a sharded checkpoint
-	// SwigluLimit is gpt_oss's swiglu_limit (zero: 7).
+	// SwigluLimit is gpt_oss's and deepseek_v4's swiglu_limit (zero: 7
+	// and 10).
 	SwigluLimit float64
+	// HashLayers (deepseek_v4): the first HashLayers layers choose their
+	// experts by token id from a tid2eid table of Vocab rows, written as
+	// num_hash_layers, or as mlp_layer_types when LayerTypes is set.
+	HashLayers int
+	Vocab      int
+	LayerTypes bool
+	// DenseInter is gemma4's dense MLP width (intermediate_size); with
+	// DoubleWide and KVShared > 0 (use_double_wide_mlp,
+	// num_kv_shared_layers) the last KVShared layers' is twice that.
+	// TextOnly writes a gemma4_text checkpoint (Gemma4ForCausalLM, tensors
+	// under model.) rather than the multimodal wrapper.
+	DenseInter int
+	DoubleWide bool
+	KVShared   int
+	TextOnly   bool
 	Seed        uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
@@ -84,8 +100,29 @@ type Model struct {
 	Bias       []float64   // [experts], noaux_tc only
 	RouterBias []float64   // [experts], gpt_oss only: added to the logits
 	Experts    []Expert64
-	Shared     *Expert64
+	Shared     *Expert64 // the shared expert; gemma4's dense MLP
 	SharedGate []float64 // [hidden], qwen2_moe only
+
+	// TokenExperts [vocab][top_k]: deepseek_v4's tid2eid of a hash layer,
+	// in stored order.
+	TokenExperts [][]int
+	// RouterScale [hidden], ExpertScale [experts] and Norms [hidden] each
+	// (pre_feedforward_layernorm, post_feedforward_layernorm_1,
+	// pre_feedforward_layernorm_2, post_feedforward_layernorm_2,
+	// post_feedforward_layernorm): gemma4 only.
+	RouterScale, ExpertScale []float64
+	Norms                    [5][]float64
+}
+
+// Hash reports whether the spec's layer chooses its experts by token id.
+func (s Spec) Hash() bool { return s.ModelType == "deepseek_v4" && s.Layer < s.HashLayers }
+
+// denseInter is gemma4's dense MLP width at the spec's layer.
+func (s Spec) denseInter() int {
+	if s.DoubleWide && s.KVShared > 0 && s.Layer >= s.NumLayers-s.KVShared {
+		return 2 * s.DenseInter
+	}
+	return s.DenseInter
 }
 
 // Generate makes a random model; WriteTo then writes it to a folder.
@@ -110,9 +147,16 @@ func Generate(s Spec) (*Model, error) {
 		prefix = fmt.Sprintf("model.layers.%d.block_sparse_moe.", s.Layer)
 	case "llama4":
 		prefix = fmt.Sprintf("language_model.model.layers.%d.feed_forward.", s.Layer)
+	case "gemma4": // the decoder layer holds the router, experts and norms
+		prefix = fmt.Sprintf("model.language_model.layers.%d.", s.Layer)
+		if s.TextOnly {
+			prefix = fmt.Sprintf("model.layers.%d.", s.Layer)
+		}
 	}
 	gateName, biasName := prefix+"gate.weight", prefix+"gate.e_score_correction_bias"
 	switch s.ModelType {
+	case "gemma4":
+		gateName = prefix + "router.proj.weight"
 	case "llama4":
 		gateName = prefix + "router.weight"
 	case "minimax_m2":
@@ -138,6 +182,9 @@ func Generate(s Spec) (*Model, error) {
 		shape := []int{rows, cols}
 		if rows == 1 && cols == E && name == biasName && s.ModelType != "ernie4_5_moe" {
 			shape = []int{cols} // ernie4_5_moe's is [1, experts]
+		}
+		if rows == 1 && s.ModelType == "gemma4" && name != gateName {
+			shape = []int{cols} // gemma4's scales and norm weights
 		}
 		m.Tensors = append(m.Tensors, stwrite.Tensor{Name: name, DType: dtype, Shape: shape, Data: b})
 		w, _ := stwrite.Decode(dtype, b)
@@ -212,8 +259,32 @@ func Generate(s Spec) (*Model, error) {
 	hot := func(r, c int) (float64, bool) { return 1, s.HotExpert > 0 && r == s.HotExpert-1 }
 
 	m.Gate = add(gateName, routerDType, E, H, 2/math.Sqrt(float64(H)), hot)
-	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" || slices.Contains([]string{"glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe"}, s.ModelType) {
+	if s.ModelType == "deepseek_v3" || s.Method == "noaux_tc" || slices.Contains([]string{"glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe"}, s.ModelType) ||
+		s.ModelType == "deepseek_v4" && !s.Hash() {
 		m.Bias = add(biasName, "F32", 1, E, 0.05, none)[0]
+	}
+	if s.Hash() {
+		// tid2eid [vocab, top_k] I64: distinct experts per token, in no
+		// particular order.
+		b := make([]byte, 0, s.Vocab*s.TopK*8)
+		for range s.Vocab {
+			row := rng.Perm(E)[:s.TopK]
+			m.TokenExperts = append(m.TokenExperts, row)
+			for _, e := range row {
+				b = binary.LittleEndian.AppendUint64(b, uint64(e))
+			}
+		}
+		m.Tensors = append(m.Tensors, stwrite.Tensor{Name: prefix + "gate.tid2eid", DType: "I64", Shape: []int{s.Vocab, s.TopK}, Data: b})
+	}
+	if s.ModelType == "gemma4" {
+		// Scales and norm weights around one, so that each matters.
+		around1 := func(int, int) (float64, bool) { return 0.5 + rng.Float64(), true }
+		m.RouterScale = add(prefix+"router.scale", routerDType, 1, H, 0, around1)[0]
+		m.ExpertScale = add(prefix+"router.per_expert_scale", routerDType, 1, E, 0, around1)[0]
+		for i, n := range []string{"pre_feedforward_layernorm", "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+			"post_feedforward_layernorm_2", "post_feedforward_layernorm"} {
+			m.Norms[i] = add(prefix+n+".weight", routerDType, 1, H, 0, around1)[0]
+		}
 	}
 	expert := func(p, gate, up, down string, inter int) Expert64 {
 		return Expert64{
@@ -275,7 +346,7 @@ func Generate(s Spec) (*Model, error) {
 			}
 		}
 	}
-	if s.ModelType == "qwen3_5_moe" {
+	if s.ModelType == "qwen3_5_moe" || s.ModelType == "deepseek_v4" || s.ModelType == "gemma4" {
 		// Fused, [out, in]: gate_up_proj [E, 2I, H] (expert e's gate rows,
 		// then its up rows), down_proj [E, H, I].
 		gu := make([]float64, 0, E*2*I*H)
@@ -324,7 +395,7 @@ func Generate(s Spec) (*Model, error) {
 	}
 	for e := range m.Experts {
 		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
-		if s.ModelType == "qwen3_5_moe" || s.ModelType == "qwen3_vl_moe" || s.ModelType == "llama4" {
+		if slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "llama4", "deepseek_v4", "gemma4"}, s.ModelType) {
 			break
 		}
 		if s.ModelType == "mixtral" || s.ModelType == "minimax_m2" {
@@ -341,7 +412,11 @@ func Generate(s Spec) (*Model, error) {
 	case s.ModelType == "llama4":
 		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", I)
 		m.Shared = &sh
-	case DeepSeekBlock(s.ModelType) && s.SharedExperts > 0, s.ModelType == "ernie4_5_moe" && s.SharedExperts > 0:
+	case s.ModelType == "gemma4":
+		sh := expert(prefix+"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.denseInter())
+		m.Shared = &sh
+	case DeepSeekBlock(s.ModelType) && s.SharedExperts > 0, s.ModelType == "ernie4_5_moe" && s.SharedExperts > 0,
+		s.ModelType == "deepseek_v4" && s.SharedExperts > 0:
 		sh := expert(prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedExperts*I)
 		m.Shared = &sh
 	}
@@ -443,6 +518,47 @@ func configJSON(s Spec) map[string]any {
 			delete(c, k)
 		}
 		c["text_config"] = text
+	case "deepseek_v4":
+		c["architectures"] = []string{"DeepseekV4ForCausalLM"}
+		c["n_routed_experts"] = s.Experts
+		c["moe_intermediate_size"] = s.Inter
+		c["n_shared_experts"] = s.SharedExperts
+		c["norm_topk_prob"] = true
+		c["routed_scaling_factor"] = scaling(s)
+		c["scoring_func"] = "sqrtsoftplus"
+		c["swiglu_limit"] = v4Limit(s)
+		c["vocab_size"] = s.Vocab
+		c["num_nextn_predict_layers"] = 1
+		if s.LayerTypes {
+			types := make([]string, s.NumLayers)
+			for i := range types {
+				types[i] = "moe"
+				if i < s.HashLayers {
+					types[i] = "hash_moe"
+				}
+			}
+			c["mlp_layer_types"] = types
+		} else {
+			c["num_hash_layers"] = s.HashLayers
+		}
+	case "gemma4":
+		// Gemma4TextConfig's names, under text_config unless TextOnly.
+		delete(c, "num_experts_per_tok")
+		text := map[string]any{"model_type": "gemma4_text", "num_experts": s.Experts, "top_k_experts": s.TopK,
+			"moe_intermediate_size": s.Inter, "intermediate_size": s.DenseInter, "enable_moe_block": true,
+			"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "num_kv_shared_layers": s.KVShared,
+			"use_double_wide_mlp": s.DoubleWide}
+		for _, k := range []string{"hidden_size", "num_hidden_layers", "torch_dtype"} {
+			text[k] = c[k]
+			delete(c, k)
+		}
+		if s.TextOnly {
+			text["architectures"] = []string{"Gemma4ForCausalLM"}
+			c = text
+		} else {
+			c["architectures"] = []string{"Gemma4ForConditionalGeneration"}
+			c["text_config"] = text
+		}
 	case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
 		c["n_routed_experts"] = s.Experts
 		c["moe_intermediate_size"] = s.Inter
@@ -490,6 +606,23 @@ func randMat(rng *rand.Rand, rows, cols int, scale float64) [][]float64 {
 		}
 	}
 	return m
+}
+
+func v4Limit(s Spec) float64 {
+	if s.SwigluLimit == 0 {
+		return 10
+	}
+	return s.SwigluLimit
+}
+
+// Tokens returns random token ids [tokens] in [0, vocab).
+func Tokens(seed uint64, tokens, vocab int) []int32 {
+	rng := rand.New(rand.NewPCG(seed, 0x746f6b))
+	ids := make([]int32, tokens)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(vocab))
+	}
+	return ids
 }
 
 func scaling(s Spec) float64 {

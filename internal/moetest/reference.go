@@ -40,12 +40,17 @@ type Result struct {
 //	             the expert's input: Σ expert(w·x); plus the shared expert
 //	             of x
 //	gpt_oss:     see forwardGptOss
+//	deepseek_v4: see forwardDeepseekV4 (ForwardTokens for a hash layer)
+//	gemma4:      see forwardGemma4
 //
 // Experts are down(silu(gate·x) ⊙ up·x). Ties in a ranking go to the lower
 // index.
 func (m *Model) Forward(x []float32) Result {
-	if m.Spec.ModelType == "gpt_oss" {
+	switch m.Spec.ModelType {
+	case "gpt_oss":
 		return m.forwardGptOss(x)
+	case "deepseek_v4", "gemma4":
+		return m.ForwardTokens(x, nil)
 	}
 	s := m.Spec
 	H, E, K := s.Hidden, s.Experts, s.TopK
