@@ -74,7 +74,7 @@ type Spec struct {
 	DoubleWide bool
 	KVShared   int
 	TextOnly   bool
-	Seed        uint64
+	Seed       uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
 	HotExpert int
