@@ -76,7 +76,20 @@ func LoadFrom(ck *moe.Checkpoint, layer int, comm Comm, place *Placement) (*Laye
 	if err != nil {
 		return nil, err
 	}
+	if err := checkHoldable(m); err != nil {
+		return nil, err
+	}
 	return &Layer{Config: ck.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
+}
+
+// checkHoldable refuses a layer whose block the ranks cannot split yet: one
+// that owns its norms (gemma4) or chooses its experts by token id
+// (deepseek_v4's hash layers).
+func checkHoldable(m *moe.Layer) error {
+	if m.Config.ResidualInput || m.TokenRouted() {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer that owns its norms or chooses its experts by token id does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
+	}
+	return nil
 }
 
 // FromLayer makes this rank's part from a layer that holds (at least) the
@@ -85,8 +98,8 @@ func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {
 	if err := place.Validate(); err != nil {
 		return nil, err
 	}
-	if m.Config.ResidualInput || m.TokenRouted() {
-		return nil, errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer that owns its norms or chooses its experts by token id does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
+	if err := checkHoldable(m); err != nil {
+		return nil, err
 	}
 	if place.NumExperts != m.Config.NumExperts || place.Ranks != comm.Size() {
 		return nil, fmt.Errorf("ep: placement is for %d experts over %d ranks, the layer has %d experts and the group %d ranks",

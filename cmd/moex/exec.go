@@ -37,7 +37,8 @@ func execMoE(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("exec moe", flag.ContinueOnError)
 	model := fs.String("model", "", "Hugging Face checkpoint folder (config.json + *.safetensors)")
 	layer := fs.Int("layer", -1, "index of the MoE layer")
-	input := fs.String("input", "", "float32 .npy [tokens, hidden]")
+	input := fs.String("input", "", "float32 .npy [tokens, hidden]; for a block that owns its norms (gemma4) the residual stream")
+	tokens := fs.String("tokens", "", "optional int32 .npy [tokens]: the token ids, which a layer that routes by token id needs (deepseek_v4's hash layers)")
 	out := fs.String("out", "", "output float32 .npy [tokens, hidden]")
 	idsOut := fs.String("ids-out", "", "optional int32 .npy [tokens, top_k]: chosen experts, each row ascending")
 	wOut := fs.String("weights-out", "", "optional float32 .npy [tokens, top_k]: routing weights in the order of the ids")
@@ -69,7 +70,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *deadline < 0 {
 		return fmt.Errorf("%w: exec moe: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
 	}
-	job := &epJob{model: *model, layer: *layer, input: *input, placement: *placement, redundant: *redundant, checkWeights: *checkWeights}
+	job := &epJob{model: *model, layer: *layer, input: *input, tokens: *tokens, placement: *placement, redundant: *redundant, checkWeights: *checkWeights}
 	ctx, cancel := withDeadline(*deadline)
 	defer cancel()
 	var res *epResult
@@ -159,9 +160,9 @@ func firstError(errs []error) error {
 }
 
 type epJob struct {
-	model, input, placement string
-	layer, redundant        int
-	checkWeights            bool
+	model, input, tokens, placement string
+	layer, redundant                int
+	checkWeights                    bool
 }
 
 type epResult struct {
@@ -212,7 +213,18 @@ func (j *epJob) single(ctx context.Context) (*epResult, error) {
 			return nil, fmt.Errorf("%s: layer %d: %w", j.model, j.layer, err)
 		}
 	}
-	return r, l.ForwardRouting(ctx, x.Data, r.y, r.ids, r.weights)
+	var tokens []int32
+	if j.tokens != "" {
+		tok, err := npy.ReadInt32(j.tokens)
+		if err != nil {
+			return nil, err
+		}
+		if len(tok.Shape) != 1 || tok.Shape[0] != r.tokens {
+			return nil, fmt.Errorf("%s: shape %v, want [%d]: one token id per row of %s", j.tokens, tok.Shape, r.tokens, j.input)
+		}
+		tokens = tok.Data
+	}
+	return r, l.ForwardTokens(ctx, x.Data, tokens, r.y, r.ids, r.weights)
 }
 
 // rank runs one rank's share and gathers the outputs on every rank.

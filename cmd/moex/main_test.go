@@ -40,8 +40,12 @@ func TestExecMoEGolden(t *testing.T) {
 			require.NoError(t, err)
 			tmp := t.TempDir()
 			y, ids, w := filepath.Join(tmp, "y.npy"), filepath.Join(tmp, "ids.npy"), filepath.Join(tmp, "w.npy")
-			_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", string(layer), "--input", filepath.Join(dir, "x.npy"),
-				"--out", y, "--ids-out", ids, "--weights-out", w)
+			args := []string{"exec", "moe", "--model", dir, "--layer", string(layer), "--input", filepath.Join(dir, "x.npy"),
+				"--out", y, "--ids-out", ids, "--weights-out", w}
+			if tp := filepath.Join(dir, "tokens.npy"); fileExists(tp) {
+				args = append(args, "--tokens", tp)
+			}
+			_, _, err = runCLI(args...)
 			require.NoError(t, err)
 			compareNpy(t, filepath.Join(dir, "y.npy"), y, 1e-5)
 			compareNpy(t, filepath.Join(dir, "w.npy"), w, 1e-6)
@@ -53,6 +57,11 @@ func TestExecMoEGolden(t *testing.T) {
 			require.Equal(t, wantIDs.Data, gotIDs.Data)
 		})
 	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func compareNpy(t *testing.T, wantPath, gotPath string, tol float64) {
@@ -110,9 +119,17 @@ func execFresh(t *testing.T, spec moetest.Spec, T int) (dir, xp, yp, ip string) 
 	x := moetest.Input(77, T, spec.Hidden, false)
 	xp, yp, ip = filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy"), filepath.Join(dir, "ids.npy")
 	require.NoError(t, npy.WriteFloat32(xp, []int{T, spec.Hidden}, x))
-	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", fmt.Sprint(spec.Layer), "--input", xp, "--out", yp, "--ids-out", ip)
+	args := []string{"exec", "moe", "--model", dir, "--layer", fmt.Sprint(spec.Layer), "--input", xp, "--out", yp, "--ids-out", ip}
+	var tokens []int32
+	if spec.Hash() {
+		tokens = moetest.Tokens(78, T, spec.Vocab)
+		tp := filepath.Join(dir, "tokens.npy")
+		require.NoError(t, npy.WriteInt32(tp, []int{T}, tokens))
+		args = append(args, "--tokens", tp)
+	}
+	_, _, err = runCLI(args...)
 	require.NoError(t, err)
-	ref := m.Forward(x)
+	ref := m.ForwardTokens(x, tokens)
 	y, err := npy.ReadFloat32(yp)
 	require.NoError(t, err)
 	require.LessOrEqual(t, moetest.RelErr(y.Data, ref.Y), 1e-5)
@@ -520,7 +537,36 @@ func TestExecMoEFreshFamilies(t *testing.T) {
 		{ModelType: "olmoe", Hidden: 40, Experts: 9, TopK: 3, Inter: 20, DType: "BF16", Shards: 2, Seed: 4949},
 		{ModelType: "qwen3_vl_moe", Hidden: 40, Experts: 9, TopK: 2, Inter: 20, DType: "BF16", Seed: 5050},
 		{ModelType: "dots1", Hidden: 40, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, NGroup: 2, TopKGroup: 1, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 5151},
+		{ModelType: "deepseek_v4", Hidden: 40, Experts: 12, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 5, Layer: 2, HashLayers: 3, Vocab: 70, DType: "BF16", Seed: 5252},
+		{ModelType: "deepseek_v4", Hidden: 40, Experts: 12, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 5, Layer: 4, HashLayers: 3, Vocab: 70, SwigluLimit: 0.3, DType: "F32", Seed: 5353},
+		{ModelType: "gemma4", Hidden: 40, Experts: 10, TopK: 4, Inter: 16, DenseInter: 28, NumLayers: 2, Layer: 1, DType: "BF16", Seed: 5454},
 	} {
 		execFresh(t, s, 13)
 	}
+}
+
+// TestExecMoETokenIDs: a hash layer without token ids, ids of another
+// length, and expert parallelism over a layer it cannot hold are named
+// errors.
+func TestExecMoETokenIDs(t *testing.T) {
+	spec := moetest.Spec{ModelType: "deepseek_v4", Hidden: 16, Experts: 6, TopK: 2, Inter: 8, SharedExperts: 1, NumLayers: 2, Layer: 0,
+		HashLayers: 1, Vocab: 9, DType: "BF16", Seed: 5555}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, m.WriteTo(dir))
+	xp, yp := filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy")
+	require.NoError(t, npy.WriteFloat32(xp, []int{4, 16}, moetest.Input(1, 4, 16, false)))
+	tp := filepath.Join(dir, "tokens.npy")
+	require.NoError(t, npy.WriteInt32(tp, []int{3}, []int32{1, 2, 3}))
+	base := []string{"exec", "moe", "--model", dir, "--layer", "0", "--input", xp, "--out", yp}
+	_, _, err = runCLI(base...)
+	require.ErrorContains(t, err, "its forward pass needs the batch's token ids")
+	_, _, err = runCLI(append(base, "--tokens", tp)...)
+	require.ErrorContains(t, err, "shape [3], want [4]: one token id per row of")
+	require.NoError(t, npy.WriteInt32(tp, []int{4}, []int32{1, 2, 9, 3}))
+	_, _, err = runCLI(append(base, "--tokens", tp)...)
+	require.ErrorContains(t, err, "token 2 has id 9, outside the hash layer's tid2eid table of vocab_size 9 rows")
+	_, _, err = runCLI(append(base, "--tokens", tp, "--ep", "2")...)
+	require.ErrorContains(t, err, "does not run under expert parallelism yet")
 }
