@@ -80,11 +80,13 @@ func (a Activation) Apply(g, u float32) float32 {
 }
 
 // GeGLUAct is gelu(g)·u with GELU's tanh approximation, in float64,
-// rounded once to float32.
+// rounded once to float32. It is computed as g·σ(2z) for z =
+// √(2/π)·(g + 0.044715·g³), the same value as g/2·(1 + tanh z) (since
+// (1 + tanh z)/2 = σ(2z)) at the cost of one exponential.
 func GeGLUAct(g, u float32) float32 {
 	x := float64(g)
-	gelu := 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
-	return float32(gelu * float64(u))
+	z := 2 * math.Sqrt(2/math.Pi) * (x + 0.044715*x*x*x)
+	return float32(x / (1 + math.Exp(-z)) * float64(u))
 }
 
 // ClampedSwiGLUAct is gpt-oss's activation: g = min(g, limit), u =
@@ -152,4 +154,28 @@ func (e *glu) apply(g, u float32, r, n int) float32 {
 		u += e.ub[n]
 	}
 	return e.act.Apply(g, u)
+}
+
+// row is apply over a row r of columns [n0, n0+len(h)): h[n] from g[n]
+// and u[n]; an activation without biases or input scales is looped over
+// without apply's per-column branches.
+func (e *glu) row(h, g, u []float32, r, n0 int) {
+	if e.in == nil && e.gb == nil && e.ub == nil {
+		switch e.act.Kind {
+		case GeGLU:
+			for n := range h {
+				h[n] = GeGLUAct(g[n], u[n])
+			}
+			return
+		case ClampedSiLU:
+			l := e.act.Limit
+			for n := range h {
+				h[n] = SwiGLU(min(g[n], l), max(-l, min(u[n], l)))
+			}
+			return
+		}
+	}
+	for n := range h {
+		h[n] = e.apply(g[n], u[n], r, n0+n)
+	}
 }

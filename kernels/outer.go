@@ -393,9 +393,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 			}
 			continue
 		}
-		for n := range hr {
-			hr[n] = ep.apply(g[n], u[n], r, n0+n)
-		}
+		ep.row(hr, g, u, r, n0)
 	}
 }
 

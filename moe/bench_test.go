@@ -42,20 +42,41 @@ func benchForward(b *testing.B, l *moe.Layer, dt kernels.DType) {
 	}
 }
 
-// BenchmarkFamilies: gpt-oss-20b's expert shape (hidden = inter = 2880,
-// top-4) with 8 experts, as gpt_oss (router bias, expert biases, the
-// clamped SwiGLU) and as a qwen3_moe layer of the same shape (plain
-// SwiGLU): what gpt_oss's epilogues cost.
+// BenchmarkFamilies runs each family whose experts compute more than
+// SwiGLU beside a plain layer of the same shape, so that the ratio is what
+// its epilogues, scores and norms cost: gpt-oss-20b's expert shape (hidden
+// = inter = 2880, top-4; router bias, expert biases, the clamped SwiGLU)
+// beside qwen3_moe; DeepSeek-V4-Flash's (hidden 4096, inter 2048, top-6,
+// a shared expert; sqrt-softplus scores, the clamped SiLU) beside
+// deepseek_v3's sigmoid noaux_tc; and a Gemma 4 block (hidden 2816, inter
+// 704, top-8, a dense MLP of 2112; router norm, GeGLU, five norms) beside
+// qwen2_moe-style routing with a shared expert of the dense MLP's width.
+// Each with 8 experts, to keep the setup short.
 func BenchmarkFamilies(b *testing.B) {
 	oss := moe.GptOss20B()
 	oss.NumExperts = 8
-	plain := &moe.Config{ModelType: "qwen3_moe", Hidden: oss.Hidden, NumExperts: 8, TopK: oss.TopK, Inter: oss.Inter,
-		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1}
-	for _, dt := range []kernels.DType{kernels.BF16, kernels.MXFP4} {
-		for _, cfg := range []*moe.Config{oss, plain} {
-			l, err := moe.NewRandom(cfg, dt, 1)
-			require.NoError(b, err)
-			b.Run(cfg.ModelType, func(b *testing.B) { benchForward(b, l, dt) })
+	v4 := moe.DeepSeekV4Flash()
+	v4.NumExperts = 8
+	v3 := &moe.Config{ModelType: "deepseek_v3", Hidden: v4.Hidden, NumExperts: 8, TopK: v4.TopK, Inter: v4.Inter, SharedInter: v4.SharedInter,
+		Scoring: moe.Sigmoid, Method: moe.NoAuxTC, ScoreBiasInput: true, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormEps: 1e-20,
+		RoutedScaling: 1.5, LayerFreq: 1}
+	gemma := &moe.Config{ModelType: "gemma4", Hidden: 2816, NumExperts: 8, TopK: 8, Inter: 704, SharedInter: 2112,
+		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, ResidualInput: true, RMSNormEps: 1e-6,
+		Act: kernels.Activation{Kind: kernels.GeGLU}, SharedAct: kernels.Activation{Kind: kernels.GeGLU}}
+	plain := func(c *moe.Config) *moe.Config {
+		return &moe.Config{ModelType: "qwen3_moe", Hidden: c.Hidden, NumExperts: c.NumExperts, TopK: c.TopK, Inter: c.Inter,
+			SharedInter: c.SharedInter, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1}
+	}
+	for _, pair := range [][2]*moe.Config{{oss, plain(oss)}, {v4, v3}, {gemma, plain(gemma)}, {plain(gemma), gemma}} {
+		for _, dt := range []kernels.DType{kernels.BF16, kernels.MXFP4} {
+			if dt == kernels.MXFP4 && pair[0] != oss {
+				continue
+			}
+			for _, cfg := range pair {
+				l, err := moe.NewRandom(cfg, dt, 1)
+				require.NoError(b, err)
+				b.Run(pair[0].ModelType+"/"+cfg.ModelType, func(b *testing.B) { benchForward(b, l, dt) })
+			}
 		}
 	}
 }

@@ -195,20 +195,49 @@ func (r *Router) route(x []float32, tokens, ids []int32, weights []float32, t0, 
 // rmsNorm is dst = src / sqrt(mean(src²) + eps) ⊙ w ⊙ scale (w, scale nil:
 // ones), in float64, rounded once to float32.
 func rmsNorm(dst, src, w []float32, scale []float64, eps float64) {
-	var ss float64
-	for _, v := range src {
-		ss += float64(v) * float64(v)
+	inv := rmsInverse(src, eps)
+	if scale == nil {
+		scaleRow(dst, src, w, inv)
+		return
 	}
-	inv := 1 / math.Sqrt(ss/float64(len(src))+eps)
 	for i, v := range src {
-		f := float64(v) * inv
+		f := float64(v) * inv * scale[i]
 		if w != nil {
 			f *= float64(w[i])
 		}
-		if scale != nil {
-			f *= scale[i]
-		}
 		dst[i] = float32(f)
+	}
+}
+
+// rmsInverse is 1 / sqrt(mean(v²) + eps), the sum in float64.
+func rmsInverse(v []float32, eps float64) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(v); i += 4 {
+		a, b, c, d := float64(v[i]), float64(v[i+1]), float64(v[i+2]), float64(v[i+3])
+		s0 += a * a
+		s1 += b * b
+		s2 += c * c
+		s3 += d * d
+	}
+	for ; i < len(v); i++ {
+		s0 += float64(v[i]) * float64(v[i])
+	}
+	return 1 / math.Sqrt((s0+s1+s2+s3)/float64(len(v))+eps)
+}
+
+// scaleRow is dst = src · inv ⊙ w (w nil: ones), in float64, rounded once.
+func scaleRow(dst, src, w []float32, inv float64) {
+	if w == nil {
+		for i, v := range src {
+			dst[i] = float32(float64(v) * inv)
+		}
+		return
+	}
+	w = w[:len(src)]
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = float32(float64(v) * inv * float64(w[i]))
 	}
 }
 

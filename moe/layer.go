@@ -508,7 +508,9 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 	// experts' normed input, then the dense MLP's.
 	in, sharedRows := x, []int32(nil)
 	if l.norms != nil {
-		in, sharedRows = l.normInputs(x, sc)
+		if in, sharedRows, err = l.normInputs(ctx, x, sc); err != nil {
+			return err
+		}
 	}
 	// The grouped expert FFN, the shared expert included as one more group.
 	groups := g.Groups
@@ -525,7 +527,9 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 	}
 	if l.norms != nil {
 		Combine(y, g.Out, g.RowOf, K, H, nil)
-		l.normOutputs(y, sharedOut)
+		if err := l.normOutputs(ctx, y, sharedOut); err != nil {
+			return err
+		}
 	} else {
 		Combine(y, g.Out, g.RowOf, K, H, sharedOut)
 	}
@@ -536,35 +540,47 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 // residual x [tokens, hidden]: [2·tokens, hidden], the experts'
 // pre_feedforward_layernorm_2(x) then the dense MLP's
 // pre_feedforward_layernorm(x), and the dense MLP's rows of it.
-func (l *Layer) normInputs(x []float32, sc *scratch) ([]float32, []int32) {
+func (l *Layer) normInputs(ctx context.Context, x []float32, sc *scratch) ([]float32, []int32, error) {
 	H, eps := l.Config.Hidden, l.Config.RMSNormEps
 	T := len(x) / H
 	in := buffers.Grow(&sc.in, 2*T*H)
 	rows := make([]int32, T)
-	for t := range T {
+	err := l.perTokens(ctx, T, func(t int) {
 		xt := x[t*H : (t+1)*H]
-		rmsNorm(in[t*H:][:H], xt, l.norms.Pre2, nil, eps)
-		rmsNorm(in[(T+t)*H:][:H], xt, l.norms.Pre, nil, eps)
+		inv := rmsInverse(xt, eps)
+		scaleRow(in[t*H:][:H], xt, l.norms.Pre2, inv)
+		scaleRow(in[(T+t)*H:][:H], xt, l.norms.Pre, inv)
 		rows[t] = int32(T + t)
-	}
-	return in, rows
+	})
+	return in, rows, err
 }
 
 // normOutputs makes y [tokens, hidden], the experts' weighted sum, the
 // block's output: post_feedforward_layernorm(post_feedforward_layernorm_2(y)
 // + post_feedforward_layernorm_1(dense)) for the dense MLP's output dense.
-func (l *Layer) normOutputs(y, dense []float32) {
+func (l *Layer) normOutputs(ctx context.Context, y, dense []float32) error {
 	H, eps := l.Config.Hidden, l.Config.RMSNormEps
-	a, b := make([]float32, H), make([]float32, H)
-	for t := 0; t < len(y)/H; t++ {
-		yt := y[t*H : (t+1)*H]
-		rmsNorm(a, yt, l.norms.Post2, nil, eps)
-		rmsNorm(b, dense[t*H:][:H], l.norms.Post1, nil, eps)
-		for i := range a {
-			a[i] += b[i]
+	return l.perTokens(ctx, len(y)/H, func(t int) {
+		yt, dt := y[t*H:(t+1)*H], dense[t*H:][:H]
+		a, b := rmsInverse(yt, eps), rmsInverse(dt, eps)
+		p2, p1 := l.norms.Post2, l.norms.Post1
+		for i := range yt {
+			// Each norm's output rounded to float32, as the norm
+			// modules' outputs are, then summed.
+			yt[i] = float32(float64(yt[i])*a*float64(p2[i])) + float32(float64(dt[i])*b*float64(p1[i]))
 		}
-		rmsNorm(yt, a, l.norms.Post, nil, eps)
-	}
+		scaleRow(yt, yt, l.norms.Post, rmsInverse(yt, eps))
+	})
+}
+
+// perTokens runs fn for tokens [0, T) in chunks on the layer's workers.
+func (l *Layer) perTokens(ctx context.Context, T int, fn func(t int)) error {
+	const chunk = 16
+	return kernels.Parallel(ctx, l.workerCount(), (T+chunk-1)/chunk, func(i int) {
+		for t := i * chunk; t < min((i+1)*chunk, T); t++ {
+			fn(t)
+		}
+	})
 }
 
 // CheckOutput returns an ErrNonFinite error naming the first token of a

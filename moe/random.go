@@ -37,9 +37,23 @@ func GptOss20B() *Config {
 	}
 }
 
+// DeepSeekV4Flash returns the MoE block of DeepSeek-V4-Flash's score
+// layers: 256 experts of width 2048, top-6 on sqrt(softplus) scores plus
+// the correction bias, routed scaling 1.5, one shared expert, experts
+// clamped at 10, hidden size 4096.
+func DeepSeekV4Flash() *Config {
+	return &Config{
+		ModelType: "deepseek_v4", Hidden: 4096, NumLayers: 43, NumExperts: 256, TopK: 6, Inter: 2048, SharedInter: 2048,
+		Scoring: SqrtSoftplus, Method: NoAuxTC, ScoreBiasInput: true, NumGroups: 1, TopKGroups: 1,
+		NormTopK: true, NormEps: 1e-20, RoutedScaling: 1.5, VocabSize: 129280,
+		Act: kernels.Activation{Kind: kernels.ClampedSiLU, Limit: 10},
+	}
+}
+
 // NewRandom makes a layer of cfg with random weights in dtype, uniform in
 // ±1/√fan_in (the correction bias and a router logit bias, if any, in
-// ±0.05, expert biases in ±0.5), the same for the
+// ±0.05, expert biases in ±0.5, gemma4's scales and norms in 1 ± 0.5; a
+// deepseek_v4 layer chooses by score, not by token id), the same for the
 // same seed. With a quantized dtype (F8E4M3, MXFP4, INT4) the experts are
 // quantized as those checkpoints are (kernels.Quantize) and the router
 // stays bf16. It is for benchmarks and demonstrations.
@@ -176,6 +190,19 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 	}
 	if cfg.RouterBias {
 		w.RouterBias = biases(1<<34, cfg.NumExperts, 0.05)
+	}
+	if cfg.ResidualInput {
+		// gemma4's scales and norm weights, around one.
+		around1 := func(stream uint64, n int) []float32 {
+			b := biases(stream, n, 0.5)
+			for i := range b {
+				b[i]++
+			}
+			return b
+		}
+		w.RouterScale, w.ExpertScale = around1(1<<36, H), around1(1<<36+1, cfg.NumExperts)
+		w.Norms = &Norms{Pre: around1(1<<36+2, H), Post1: around1(1<<36+3, H), Pre2: around1(1<<36+4, H),
+			Post2: around1(1<<36+5, H), Post: around1(1<<36+6, H)}
 	}
 	if cfg.ExpertBias {
 		for e := range w.Experts {
