@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels/kerneltest"
 )
 
@@ -199,15 +200,7 @@ func TestGroupedFFNScaleInput(t *testing.T) {
 }
 
 // relErr is ‖got − want‖ / ‖want‖.
-func relErr(got []float32, want []float64) float64 {
-	var num, den float64
-	for j, w := range want {
-		d := float64(got[j]) - w
-		num += d * d
-		den += w * w
-	}
-	return math.Sqrt(num / den)
-}
+var relErr = moetest.RelErr
 
 // runEverywhere runs groups over x [tokens, hidden] on every
 // implementation, packed and not, and requires each group's output within

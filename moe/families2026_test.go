@@ -49,10 +49,7 @@ func TestDeepseekV4Errors(t *testing.T) {
 			`missing tensor "model.layers.2.mlp.gate.e_score_correction_bias"`, moe.ErrMissingTensor},
 	})
 
-	m, err := moetest.Generate(spec)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, m.WriteTo(dir))
+	m, dir := writeModel(t, spec)
 	l, err := moe.Load(dir, 0)
 	require.NoError(t, err)
 	defer l.Close()
@@ -80,10 +77,7 @@ func TestDeepseekV4Errors(t *testing.T) {
 		require.Equal(t, []int32{int32(want[0]), int32(want[1])}, ids[2*tok:2*tok+2])
 	}
 	// A score layer ignores token ids.
-	ms, err := moetest.Generate(score)
-	require.NoError(t, err)
-	sdir := t.TempDir()
-	require.NoError(t, ms.WriteTo(sdir))
+	_, sdir := writeModel(t, score)
 	ls, err := moe.Load(sdir, 2)
 	require.NoError(t, err)
 	defer ls.Close()
