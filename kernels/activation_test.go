@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/kerneltest"
 )
 
