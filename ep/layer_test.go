@@ -33,6 +33,8 @@ var epSpecs = []moetest.Spec{
 	{ModelType: "llama4", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, DType: "BF16", Seed: 51},
 	{ModelType: "ernie4_5_moe", Hidden: 24, Experts: 8, TopK: 3, Inter: 12, SharedExperts: 2, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "F32", Seed: 52},
 	{ModelType: "minimax_m2", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, DType: "BF16", Seed: 53},
+	{ModelType: "step3_text", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedInter: 12, NormTopK: true, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 54},
+	{ModelType: "deepseek_v4", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2, Layer: 1, HashLayers: 1, Vocab: 20, DType: "BF16", Seed: 55},
 }
 
 func bitsOf(v []float32) []uint32 {

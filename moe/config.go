@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/moex-project/moex/internal/errkind"
@@ -68,7 +69,7 @@ func (m TopKMethod) String() string {
 // Families lists the supported Hugging Face model_type values.
 var Families = []string{"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe", "olmoe",
 	"deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "minimax_m2", "ernie4_5_moe", "llama4", "gpt_oss",
-	"deepseek_v4", "gemma4"}
+	"deepseek_v4", "gemma4", "step3_text"}
 
 // Config is the MoE block of a model, read from its config.json and
 // normalised over the families' differing field names and defaults.
@@ -409,6 +410,12 @@ type rawConfig struct {
 	RMSNormEps             *float64  `json:"rms_norm_eps"`
 	NumKVSharedLayers      *int      `json:"num_kv_shared_layers"`
 	UseDoubleWideMLP       *bool     `json:"use_double_wide_mlp"`
+	MoETopK                *int      `json:"moe_top_k"`
+	ShareExpertDim         *int      `json:"share_expert_dim"`
+	NormExpertWeight       *bool     `json:"norm_expert_weight"`
+	// MoELayersEnum is step3's: a comma-separated string of the MoE
+	// layers (or, as some configs write it, a list).
+	MoELayersEnum json.RawMessage `json:"moe_layers_enum"`
 	// TextConfig is a multimodal checkpoint's text model (Qwen3.5).
 	TextConfig    json.RawMessage `json:"text_config"`
 	Architectures []string        `json:"architectures"`
@@ -423,6 +430,7 @@ var aliases = map[string]string{
 	"glm_moe_dsa":  "glm4_moe",    // GLM-5: GLM-4.5's MoE block (the sparse attention is attention-only)
 	"kimi_k25":     "deepseek_v3", // Kimi K2.5: K2's text model under text_config
 	"gemma4_text":  "gemma4",      // Gemma4ForCausalLM: a text-only Gemma 4 checkpoint
+	"step3_vl":     "step3_text",  // Step3-VL: Step3's text model under text_config
 }
 
 // architectureFamilies are the Hugging Face model classes of the families,
@@ -435,7 +443,7 @@ var architectureFamilies = map[string]string{
 	"OlmoeForCausalLM": "olmoe", "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
 	"MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 	"Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4", "GlmMoeDsaForCausalLM": "glm4_moe",
-	"DeepseekV4ForCausalLM": "deepseek_v4", "Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4",
+	"DeepseekV4ForCausalLM": "deepseek_v4", "Step3VLForConditionalGeneration": "step3_text", "Step3TextForCausalLM": "step3_text", "Gemma4ForConditionalGeneration": "gemma4", "Gemma4ForCausalLM": "gemma4",
 }
 
 // familyOf is the family whose block model type t computes: t itself, an
@@ -458,7 +466,7 @@ func familyOf(t string, architectures []string) (string, bool) {
 
 // multimodal are the model types whose config.json keeps the text model's
 // fields under text_config.
-var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true, "kimi_k25": true, "gemma4": true}
+var multimodal = map[string]bool{"qwen3_5_moe": true, "qwen3_vl_moe": true, "llama4": true, "kimi_k25": true, "gemma4": true, "step3_vl": true}
 
 // aliasList names the aliases and what they are read as.
 func aliasList() string {
@@ -518,6 +526,40 @@ func hashLayers(types []string, n *int, layers int) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// layerEnum reads step3's moe_layers_enum: "4,5,6" or [4, 5, 6]; missing,
+// every layer but the first.
+func layerEnum(raw json.RawMessage, layers int) ([]int, error) {
+	if t := strings.TrimSpace(string(raw)); t == "" || t == "null" {
+		if layers == 0 {
+			return nil, fmt.Errorf("step3 config.json has neither moe_layers_enum nor num_hidden_layers: which layers are MoE is unknown")
+		}
+		out := make([]int, 0, layers)
+		for i := 1; i < layers; i++ {
+			out = append(out, i)
+		}
+		return out, nil
+	}
+	var list []int
+	if err := json.Unmarshal(raw, &list); err == nil {
+		return list, nil
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return nil, fmt.Errorf("moe_layers_enum is %s: want a comma-separated string or a list of layer indices", raw)
+	}
+	for _, f := range strings.Split(text, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("moe_layers_enum %q: %q is not a layer index", text, f)
+		}
+		list = append(list, n)
+	}
+	return list, nil
 }
 
 // boolOrMissing is *b as text, or "missing".
@@ -595,8 +637,11 @@ func ParseConfig(data []byte) (*Config, error) {
 	if raw.ModelType == "ernie4_5_moe" && raw.MoEK != nil {
 		raw.NumExpertsPerTok, topKName = raw.MoEK, "moe_k"
 	}
-	if raw.ModelType == "gemma4" {
+	switch raw.ModelType {
+	case "gemma4":
 		raw.NumExpertsPerTok, topKName = raw.TopKExperts, "top_k_experts"
+	case "step3_text":
+		raw.NumExpertsPerTok, topKName = raw.MoETopK, "moe_top_k"
 	}
 	c.TopK = need(raw.NumExpertsPerTok, topKName)
 	switch raw.ModelType {
@@ -648,6 +693,20 @@ func ParseConfig(data []byte) (*Config, error) {
 		c.VocabSize = or(raw.VocabSize, 129280)
 		var err error
 		if c.HashLayers, err = hashLayers(raw.MLPLayerTypes, raw.NumHashLayers, c.NumLayers); err != nil {
+			return nil, err
+		}
+	case "step3_text":
+		// Step3TextConfig (SGLang's step3_vl): softmax, top-k (moe_top_k),
+		// renormalised iff norm_expert_weight; the shared expert
+		// (share_expert_dim) added unweighted; MoE on the layers
+		// moe_layers_enum lists (all but layer 0 when it is missing);
+		// experts stored as one 3-D tensor per projection.
+		c.NumExperts = need(raw.MoENumExperts, "moe_num_experts")
+		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
+		c.SharedInter = need(raw.ShareExpertDim, "share_expert_dim")
+		c.NormTopK = raw.NormExpertWeight != nil && *raw.NormExpertWeight
+		var err error
+		if c.MoELayers, err = layerEnum(raw.MoELayersEnum, c.NumLayers); err != nil {
 			return nil, err
 		}
 	case "gemma4":
@@ -941,6 +1000,10 @@ func (c *Config) CheckMoELayer(n int) error {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (interleave_moe_layer_step %d makes layers %d, %d, … MoE), not MoE",
 				n, c.SparseStep, c.SparseStep-1, 2*c.SparseStep-1)
 		}
+	case "step3_text":
+		if !slices.Contains(c.MoELayers, n) {
+			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (not in moe_layers_enum), not MoE", n)
+		}
 	case "ernie4_5_moe":
 		if n < c.MoEStart || n > c.MoEEnd || (n+1)%c.MoEInterval != 0 {
 			return errkind.Errorf(ErrDenseLayer, "layer %d is a dense MLP layer (MoE layers are %d…%d with (n+1) %% moe_layer_interval %d = 0), not MoE",
@@ -1001,6 +1064,9 @@ const (
 	// fusedGptOss: gpt-oss's, gate and up interleaved, with biases, MXFP4
 	// or x·W form.
 	fusedGptOss
+	// stacked: one 3-D tensor per projection, gate_proj and up_proj
+	// [E, I, H], down_proj [E, H, I] (Step3).
+	stacked
 )
 
 // roots are where checkpoints keep the decoder's layers: a text model's,
@@ -1052,6 +1118,13 @@ func (c *Config) namesUnder(root string, layer int) tensorNames {
 			"post_feedforward_layernorm_2", "post_feedforward_layernorm"} {
 			n.norms[i] = p + norm + ".weight"
 		}
+		return n
+	}
+	if c.ModelType == "step3_text" {
+		p := fmt.Sprintf("%slayers.%d.", root, layer)
+		n.gate, n.fused, n.layout = p+"moe.gate.weight", p+"moe.", stacked
+		s := p + "share_expert."
+		n.shared = [3]string{s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight"}
 		return n
 	}
 	p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)

@@ -113,3 +113,26 @@ func TestGemma4Errors(t *testing.T) {
 			`tensor "` + p + `mlp.gate_proj.weight" has shape [12 16], the config needs [10 16]`, moe.ErrMissingTensor},
 	})
 }
+
+// TestStep3Errors: step3's layer list, stacked tensors and sizes.
+func TestStep3Errors(t *testing.T) {
+	spec := moetest.Spec{ModelType: "step3_text", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, SharedInter: 8, NumLayers: 3, Layer: 2,
+		FirstKDense: 1, DType: "BF16", Seed: 82}
+	const p = "model.layers.2."
+	text := func(m *moetest.Model) map[string]any { return m.Config["text_config"].(map[string]any) }
+	checkLoadErrors(t, spec, []loadError{
+		{"not listed", func(m *moetest.Model) { text(m)["moe_layers_enum"] = "1" }, "layer 2 is a dense MLP layer (not in moe_layers_enum), not MoE", moe.ErrDenseLayer},
+		{"listed as a list", func(m *moetest.Model) { text(m)["moe_layers_enum"] = []int{0, 1} }, "layer 2 is a dense MLP layer", moe.ErrDenseLayer},
+		{"bad list", func(m *moetest.Model) { text(m)["moe_layers_enum"] = "1,two" }, `moe_layers_enum "1,two": "two" is not a layer index`, nil},
+		{"no share_expert_dim", func(m *moetest.Model) { delete(text(m), "share_expert_dim") }, "step3_text config.json is missing [share_expert_dim]", nil},
+		{"no moe_top_k", func(m *moetest.Model) { delete(text(m), "moe_top_k") }, "missing [moe_top_k]", nil},
+		{"stack of another width", func(m *moetest.Model) { find(m, p+"moe.up_proj.weight").Shape = []int{4, 16, 8} },
+			`tensor "` + p + `moe.up_proj.weight" has shape [4 16 8], the config needs [4 8 16]`, moe.ErrShape},
+		{"stacks of two dtypes", func(m *moetest.Model) {
+			d := find(m, p+"moe.down_proj.weight")
+			d.DType = "F16"
+		}, `moe.down_proj.weight`, moe.ErrUnsupportedFormat},
+		{"shared expert missing", func(m *moetest.Model) { drop(m, p+"share_expert.down_proj.weight") },
+			`missing tensor "` + p + `share_expert.down_proj.weight"`, moe.ErrMissingTensor},
+	})
+}

@@ -299,8 +299,40 @@ func fusedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, er
 	if err != nil {
 		return nil, err
 	}
+	return viewExperts(E, keep, gu.info.DType, func(e int) (gate, up, down []byte) {
+		slab := gu.slab(e)
+		return slab[:len(slab)/2], slab[len(slab)/2:], d.slab(e)
+	}, H, I)
+}
+
+// stackedExperts loads the routed experts keep reports true for (all when
+// keep is nil) from one 3-D tensor per projection under prefix p (Step3):
+// gate_proj and up_proj [E, I, H], down_proj [E, H, I], in F32, BF16 or
+// F16; each expert's matrices are views of the mapped tensors.
+func stackedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
+	cfg := ck.Config
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	g, err := ck.fused(p+"gate_proj.weight", []int{E, I, H}, "F32", "BF16", "F16")
+	if err != nil {
+		return nil, err
+	}
+	u, err := ck.fused(p+"up_proj.weight", []int{E, I, H}, g.info.DType)
+	if err != nil {
+		return nil, err
+	}
+	d, err := ck.fused(p+"down_proj.weight", []int{E, H, I}, g.info.DType)
+	if err != nil {
+		return nil, err
+	}
+	return viewExperts(E, keep, g.info.DType, func(e int) (gate, up, down []byte) { return g.slab(e), u.slab(e), d.slab(e) }, H, I)
+}
+
+// viewExperts makes the experts keep reports true for (all when keep is
+// nil) as views of their matrices' bytes in dtype: gate and up [I, H], down
+// [H, I].
+func viewExperts(E int, keep func(e int) bool, dtype string, slabs func(e int) (gate, up, down []byte), H, I int) ([]Expert, error) {
 	view := func(b []byte, rows, cols int) (kernels.Matrix, error) {
-		switch gu.info.DType {
+		switch dtype {
 		case "F32":
 			return kernels.NewF32(rows, cols, castSlice[float32](b))
 		case "F16":
@@ -313,16 +345,16 @@ func fusedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, er
 		if keep != nil && !keep(e) {
 			continue
 		}
-		slab := gu.slab(e)
-		half := len(slab) / 2
+		g, u, d := slabs(e)
 		x := &experts[e]
-		if x.Gate, err = view(slab[:half], I, H); err != nil {
+		var err error
+		if x.Gate, err = view(g, I, H); err != nil {
 			return nil, err
 		}
-		if x.Up, err = view(slab[half:], I, H); err != nil {
+		if x.Up, err = view(u, I, H); err != nil {
 			return nil, err
 		}
-		if x.Down, err = view(d.slab(e), H, I); err != nil {
+		if x.Down, err = view(d, H, I); err != nil {
 			return nil, err
 		}
 	}

@@ -57,6 +57,8 @@ var goldenSpecs = map[string]moetest.Spec{
 	"deepseek_v4_f32_clamp":     {ModelType: "deepseek_v4", Hidden: 24, Experts: 8, TopK: 2, Inter: 12, SharedExperts: 1, Scaling: 2.5, NumLayers: 3, Layer: 2, HashLayers: 2, Vocab: 30, LayerTypes: true, SwigluLimit: 0.25, DType: "F32", Seed: 135},
 	"gemma4_bf16":               {ModelType: "gemma4", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, DenseInter: 24, NumLayers: 2, Layer: 1, DType: "BF16", Seed: 136},
 	"gemma4_f32_text_wide":      {ModelType: "gemma4", Hidden: 24, Experts: 6, TopK: 3, Inter: 12, DenseInter: 10, NumLayers: 3, Layer: 2, KVShared: 1, DoubleWide: true, TextOnly: true, DType: "F32", Seed: 137},
+	"step3_bf16":                {ModelType: "step3_text", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedInter: 24, NormTopK: false, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "BF16", Seed: 138},
+	"step3_f16_text_norm":       {ModelType: "step3_text", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, SharedInter: 12, NormTopK: true, NumLayers: 2, Layer: 1, TextOnly: true, DType: "F16", Seed: 139, Extra: map[string]any{"moe_layers_enum": nil}},
 	"deepseek_v3_bf16_all":      {ModelType: "deepseek_v3", Hidden: 24, Experts: 8, TopK: 8, Inter: 12, SharedExperts: 1, Method: "noaux_tc", Scoring: "sigmoid", NGroup: 2, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 110},
 }
 

@@ -205,7 +205,7 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	}
 	if names.fused != "" {
 		load := map[fusedLayout]func(*Checkpoint, string, func(int) bool) ([]Expert, error){
-			fusedOI: fusedExperts, fusedIO: fusedExpertsIO, fusedGptOss: gptOssExperts}[names.layout]
+			fusedOI: fusedExperts, fusedIO: fusedExpertsIO, fusedGptOss: gptOssExperts, stacked: stackedExperts}[names.layout]
 		if w.Experts, err = load(ck, names.fused, keep); err != nil {
 			return nil, err
 		}

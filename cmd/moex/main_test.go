@@ -540,6 +540,7 @@ func TestExecMoEFreshFamilies(t *testing.T) {
 		{ModelType: "deepseek_v4", Hidden: 40, Experts: 12, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 5, Layer: 2, HashLayers: 3, Vocab: 70, DType: "BF16", Seed: 5252},
 		{ModelType: "deepseek_v4", Hidden: 40, Experts: 12, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 5, Layer: 4, HashLayers: 3, Vocab: 70, SwigluLimit: 0.3, DType: "F32", Seed: 5353},
 		{ModelType: "gemma4", Hidden: 40, Experts: 10, TopK: 4, Inter: 16, DenseInter: 28, NumLayers: 2, Layer: 1, DType: "BF16", Seed: 5454},
+		{ModelType: "step3_text", Hidden: 40, Experts: 9, TopK: 3, Inter: 16, SharedInter: 20, NumLayers: 3, Layer: 1, FirstKDense: 1, DType: "BF16", Shards: 2, Seed: 5757},
 	} {
 		execFresh(t, s, 13)
 	}

@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"github.com/moex-project/moex/internal/stwrite"
 )
@@ -147,6 +148,8 @@ func Generate(s Spec) (*Model, error) {
 		prefix = fmt.Sprintf("model.layers.%d.block_sparse_moe.", s.Layer)
 	case "llama4":
 		prefix = fmt.Sprintf("language_model.model.layers.%d.feed_forward.", s.Layer)
+	case "step3_text": // the router and experts under moe., the shared expert beside them
+		prefix = fmt.Sprintf("model.layers.%d.", s.Layer)
 	case "gemma4": // the decoder layer holds the router, experts and norms
 		prefix = fmt.Sprintf("model.language_model.layers.%d.", s.Layer)
 		if s.TextOnly {
@@ -155,6 +158,8 @@ func Generate(s Spec) (*Model, error) {
 	}
 	gateName, biasName := prefix+"gate.weight", prefix+"gate.e_score_correction_bias"
 	switch s.ModelType {
+	case "step3_text":
+		gateName = prefix + "moe.gate.weight"
 	case "gemma4":
 		gateName = prefix + "router.proj.weight"
 	case "llama4":
@@ -393,9 +398,27 @@ func Generate(s Spec) (*Model, error) {
 			}
 		}
 	}
+	if s.ModelType == "step3_text" {
+		// One 3-D tensor per projection: gate_proj, up_proj [E, I, H],
+		// down_proj [E, H, I].
+		stack := func(name string, rows, cols int) [][][]float64 {
+			v := add(prefix+"moe."+name, s.DType, E*rows, cols, 1/math.Sqrt(float64(cols)), none)
+			find := &m.Tensors[len(m.Tensors)-1]
+			find.Shape = []int{E, rows, cols}
+			out := make([][][]float64, E)
+			for e := range out {
+				out[e] = v[e*rows : (e+1)*rows]
+			}
+			return out
+		}
+		g, u, d := stack("gate_proj.weight", I, H), stack("up_proj.weight", I, H), stack("down_proj.weight", H, I)
+		for e := range m.Experts {
+			m.Experts[e] = Expert64{Gate: g[e], Up: u[e], Down: d[e]}
+		}
+	}
 	for e := range m.Experts {
 		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
-		if slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "llama4", "deepseek_v4", "gemma4"}, s.ModelType) {
+		if slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "llama4", "deepseek_v4", "gemma4", "step3_text"}, s.ModelType) {
 			break
 		}
 		if s.ModelType == "mixtral" || s.ModelType == "minimax_m2" {
@@ -411,6 +434,9 @@ func Generate(s Spec) (*Model, error) {
 		m.SharedGate = add(prefix+"shared_expert_gate.weight", routerDType, 1, H, 2/math.Sqrt(float64(H)), none)[0]
 	case s.ModelType == "llama4":
 		sh := expert(prefix+"shared_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", I)
+		m.Shared = &sh
+	case s.ModelType == "step3_text":
+		sh := expert(prefix+"share_expert.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.SharedInter)
 		m.Shared = &sh
 	case s.ModelType == "gemma4":
 		sh := expert(prefix+"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", s.denseInter())
@@ -540,6 +566,29 @@ func configJSON(s Spec) map[string]any {
 			c["mlp_layer_types"] = types
 		} else {
 			c["num_hash_layers"] = s.HashLayers
+		}
+	case "step3_text":
+		// Step3TextConfig's names, under Step3VLConfig's text_config
+		// unless TextOnly; the MoE layers from FirstKDense on, listed.
+		delete(c, "num_experts_per_tok")
+		var layers []string
+		for i := s.FirstKDense; i < s.NumLayers; i++ {
+			layers = append(layers, fmt.Sprint(i))
+		}
+		text := map[string]any{"model_type": "step3_text", "moe_num_experts": s.Experts, "moe_top_k": s.TopK,
+			"moe_intermediate_size": s.Inter, "share_expert_dim": s.SharedInter, "norm_expert_weight": s.NormTopK,
+			"intermediate_size": 4 * s.Hidden, "moe_layers_enum": strings.Join(layers, ",")}
+		for _, k := range []string{"hidden_size", "num_hidden_layers", "torch_dtype"} {
+			text[k] = c[k]
+			delete(c, k)
+		}
+		if s.TextOnly {
+			text["architectures"] = []string{"Step3TextForCausalLM"}
+			c = text
+		} else {
+			c["model_type"] = "step3_vl"
+			c["architectures"] = []string{"Step3VLForConditionalGeneration"}
+			c["text_config"] = text
 		}
 	case "gemma4":
 		// Gemma4TextConfig's names, under text_config unless TextOnly.

@@ -39,6 +39,8 @@ type Result struct {
 //	llama4:      top-k on the raw logits, weight sigmoid(logit) applied to
 //	             the expert's input: Σ expert(w·x); plus the shared expert
 //	             of x
+//	step3_text:  softmax, top-k, renormalised iff norm_expert_weight; plus
+//	             the shared expert, unweighted
 //	gpt_oss:     see forwardGptOss
 //	deepseek_v4: see forwardDeepseekV4 (ForwardTokens for a hash layer)
 //	gemma4:      see forwardGemma4
@@ -163,7 +165,7 @@ func (m *Model) Forward(x []float32) Result {
 			for j := range w {
 				w[j] /= sum
 			}
-		case "qwen2_moe", "qwen3_moe", "qwen3_next":
+		case "qwen2_moe", "qwen3_moe", "qwen3_next", "step3_text":
 			if s.NormTopK {
 				for j := range w {
 					w[j] /= sum
