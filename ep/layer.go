@@ -83,11 +83,10 @@ func LoadFrom(ck *moe.Checkpoint, layer int, comm Comm, place *Placement) (*Laye
 }
 
 // checkHoldable refuses a layer whose block the ranks cannot split yet: one
-// that owns its norms (gemma4) or chooses its experts by token id
-// (deepseek_v4's hash layers).
+// that owns its norms (gemma4).
 func checkHoldable(m *moe.Layer) error {
-	if m.Config.ResidualInput || m.TokenRouted() {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer that owns its norms or chooses its experts by token id does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
+	if m.Config.ResidualInput {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer owns its norms: it does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
 	}
 	return nil
 }
@@ -183,6 +182,13 @@ func (l *Layer) Forward(ctx context.Context, x, y []float32) error {
 // ForwardRouting is Forward that also returns this rank's routing (see
 // moe.Layer.ForwardRouting); ids and weights may be nil.
 func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, weights []float32) error {
+	return l.ForwardTokens(ctx, x, nil, y, ids, weights)
+}
+
+// ForwardTokens is ForwardRouting given this rank's token ids [tokens],
+// which a layer that chooses its experts by token id needs (deepseek_v4's
+// hash layers, moe.Layer.TokenRouted); other layers ignore them.
+func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, y []float32, ids []int32, weights []float32) error {
 	start := time.Now()
 	c, comm := l.Config, l.comm
 	H, K := c.Hidden, c.TopK
@@ -205,6 +211,9 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if err := moe.CheckFinite(x, H); err != nil {
 		return fail(err)
 	}
+	if err := l.moe.Router.CheckTokens(tokens, T); err != nil {
+		return fail(err)
+	}
 	counts, err := AllGatherInt64(ctx, comm, int64(T))
 	if err != nil {
 		return err
@@ -219,7 +228,7 @@ func (l *Layer) ForwardRouting(ctx context.Context, x, y []float32, ids []int32,
 	if weights == nil {
 		weights = make([]float32, T*K)
 	}
-	if err := l.moe.Route(ctx, x, ids, weights); err != nil {
+	if err := l.moe.RouteTokens(ctx, x, tokens, ids, weights); err != nil {
 		return fail(err)
 	}
 	l.mu.Lock()

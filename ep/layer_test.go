@@ -35,6 +35,7 @@ var epSpecs = []moetest.Spec{
 	{ModelType: "minimax_m2", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, DType: "BF16", Seed: 53},
 	{ModelType: "step3_text", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedInter: 12, NormTopK: true, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 54},
 	{ModelType: "deepseek_v4", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2, Layer: 1, HashLayers: 1, Vocab: 20, DType: "BF16", Seed: 55},
+	{ModelType: "deepseek_v4", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2, Layer: 0, HashLayers: 1, Vocab: 20, DType: "F32", Seed: 56},
 }
 
 func bitsOf(v []float32) []uint32 {
@@ -45,9 +46,10 @@ func bitsOf(v []float32) []uint32 {
 	return out
 }
 
-// runEP runs the layer over R in-process ranks, the tokens split as
-// ep.Split does, and returns the outputs in token order.
-func runEP(t *testing.T, dir string, layer int, x []float32, H, K int, place *ep.Placement) ([]float32, []int32, []float32, []*moe.Checkpoint) {
+// runEP runs the layer over R in-process ranks, the tokens (and their ids,
+// nil for none) split as ep.Split does, and returns the outputs in token
+// order.
+func runEP(t *testing.T, dir string, layer int, x []float32, tokens []int32, H, K int, place *ep.Placement) ([]float32, []int32, []float32, []*moe.Checkpoint) {
 	t.Helper()
 	R := place.Ranks
 	T := len(x) / H
@@ -73,7 +75,11 @@ func runEP(t *testing.T, dir string, layer int, x []float32, H, K int, place *ep
 		}
 		l.SetWorkers(1 + r%2)
 		lo, hi := off[r], off[r+1]
-		return l.ForwardRouting(ctx, x[lo*H:hi*H], y[lo*H:hi*H], ids[lo*K:hi*K], w[lo*K:hi*K])
+		var tok []int32
+		if tokens != nil {
+			tok = tokens[lo:hi]
+		}
+		return l.ForwardTokens(ctx, x[lo*H:hi*H], tok, y[lo*H:hi*H], ids[lo*K:hi*K], w[lo*K:hi*K])
 	})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
@@ -92,7 +98,7 @@ func runEP(t *testing.T, dir string, layer int, x []float32, H, K int, place *ep
 // count (and beyond), every placement: the same bits as one rank.
 func TestBitIdenticalToOneRank(t *testing.T) {
 	for _, spec := range epSpecs {
-		t.Run(spec.ModelType, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/layer=%d", spec.ModelType, spec.Layer), func(t *testing.T) {
 			m, err := moetest.Generate(spec)
 			require.NoError(t, err)
 			dir := filepath.Join(t.TempDir(), "ckpt")
@@ -105,7 +111,11 @@ func TestBitIdenticalToOneRank(t *testing.T) {
 			want := make([]float32, len(x))
 			wantIDs := make([]int32, 13*K)
 			wantW := make([]float32, 13*K)
-			require.NoError(t, single.ForwardRouting(context.Background(), x, want, wantIDs, wantW))
+			var tokens []int32
+			if spec.Hash() {
+				tokens = moetest.Tokens(spec.Seed, 13, spec.Vocab)
+			}
+			require.NoError(t, single.ForwardTokens(context.Background(), x, tokens, want, wantIDs, wantW))
 			load := make([]int64, E)
 			for _, id := range wantIDs {
 				load[id]++
@@ -120,7 +130,7 @@ func TestBitIdenticalToOneRank(t *testing.T) {
 					t.Run(fmt.Sprintf("ep=%d/%s", R, name), func(t *testing.T) {
 						place, err := mk()
 						require.NoError(t, err)
-						y, ids, w, cks := runEP(t, dir, spec.Layer, x, H, K, place)
+						y, ids, w, cks := runEP(t, dir, spec.Layer, x, tokens, H, K, place)
 						require.Equal(t, bitsOf(want), bitsOf(y), "outputs")
 						require.Equal(t, wantIDs, ids)
 						require.Equal(t, bitsOf(wantW), bitsOf(w))

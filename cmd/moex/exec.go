@@ -213,18 +213,26 @@ func (j *epJob) single(ctx context.Context) (*epResult, error) {
 			return nil, fmt.Errorf("%s: layer %d: %w", j.model, j.layer, err)
 		}
 	}
-	var tokens []int32
-	if j.tokens != "" {
-		tok, err := npy.ReadInt32(j.tokens)
-		if err != nil {
-			return nil, err
-		}
-		if len(tok.Shape) != 1 || tok.Shape[0] != r.tokens {
-			return nil, fmt.Errorf("%s: shape %v, want [%d]: one token id per row of %s", j.tokens, tok.Shape, r.tokens, j.input)
-		}
-		tokens = tok.Data
+	tokens, err := j.readTokens(r.tokens)
+	if err != nil {
+		return nil, err
 	}
 	return r, l.ForwardTokens(ctx, x.Data, tokens, r.y, r.ids, r.weights)
+}
+
+// readTokens reads --tokens, one id per row of the input (nil without it).
+func (j *epJob) readTokens(T int) ([]int32, error) {
+	if j.tokens == "" {
+		return nil, nil
+	}
+	tok, err := npy.ReadInt32(j.tokens)
+	if err != nil {
+		return nil, err
+	}
+	if len(tok.Shape) != 1 || tok.Shape[0] != T {
+		return nil, fmt.Errorf("%s: shape %v, want [%d]: one token id per row of %s", j.tokens, tok.Shape, T, j.input)
+	}
+	return tok.Data, nil
 }
 
 // rank runs one rank's share and gathers the outputs on every rank.
@@ -254,7 +262,14 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 	T := x.Shape[0]
 	off := ep.Split(T, R)
 	mine := x.Data[off[c.Rank()]*H : off[c.Rank()+1]*H]
-	place, err := j.makePlacement(ctx, c, ck, mine)
+	tokens, err := j.readTokens(T)
+	if err != nil {
+		return nil, err
+	}
+	if tokens != nil {
+		tokens = tokens[off[c.Rank()]:off[c.Rank()+1]]
+	}
+	place, err := j.makePlacement(ctx, c, ck, mine, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +286,7 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 	y := make([]float32, n*H)
 	ids := make([]int32, n*K)
 	w := make([]float32, n*K)
-	if err := l.ForwardRouting(ctx, mine, y, ids, w); err != nil {
+	if err := l.ForwardTokens(ctx, mine, tokens, y, ids, w); err != nil {
 		return nil, err
 	}
 	res := &epResult{tokens: T, hidden: H, topK: K}
@@ -289,7 +304,7 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 
 // makePlacement builds the placement the flags ask for; balanced routes
 // every rank's tokens once to count the load of each expert.
-func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint, mine []float32) (*ep.Placement, error) {
+func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint, mine []float32, tokens []int32) (*ep.Placement, error) {
 	E, R := ck.Config.NumExperts, c.Size()
 	switch {
 	case j.placement == "contiguous":
@@ -311,7 +326,7 @@ func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint
 	}
 	n := len(mine) / ck.Config.Hidden
 	ids := make([]int32, n*ck.Config.TopK)
-	if err := router.Route(ctx, mine, ids, make([]float32, len(ids))); err != nil {
+	if err := router.RouteTokens(ctx, mine, tokens, ids, make([]float32, len(ids))); err != nil {
 		return nil, err
 	}
 	load := make([]int64, E)

@@ -546,9 +546,9 @@ func TestExecMoEFreshFamilies(t *testing.T) {
 	}
 }
 
-// TestExecMoETokenIDs: a hash layer without token ids, ids of another
-// length, and expert parallelism over a layer it cannot hold are named
-// errors.
+// TestExecMoETokenIDs: a hash layer without token ids or with ids of
+// another length is a named error, one rank or several; with them, several
+// ranks give one rank's output.
 func TestExecMoETokenIDs(t *testing.T) {
 	spec := moetest.Spec{ModelType: "deepseek_v4", Hidden: 16, Experts: 6, TopK: 2, Inter: 8, SharedExperts: 1, NumLayers: 2, Layer: 0,
 		HashLayers: 1, Vocab: 9, DType: "BF16", Seed: 5555}
@@ -568,8 +568,22 @@ func TestExecMoETokenIDs(t *testing.T) {
 	require.NoError(t, npy.WriteInt32(tp, []int{4}, []int32{1, 2, 9, 3}))
 	_, _, err = runCLI(append(base, "--tokens", tp)...)
 	require.ErrorContains(t, err, "token 2 has id 9, outside the hash layer's tid2eid table of vocab_size 9 rows")
-	_, _, err = runCLI(append(base, "--tokens", tp, "--ep", "2")...)
-	require.ErrorContains(t, err, "does not run under expert parallelism yet")
+	// Over ranks (each routing its own tokens' ids, a balanced placement
+	// routing them once more) the same bits as on one.
+	require.NoError(t, npy.WriteInt32(tp, []int{4}, []int32{1, 2, 8, 3}))
+	_, _, err = runCLI(append(base, "--tokens", tp)...)
+	require.NoError(t, err)
+	one, err := npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	yp2 := filepath.Join(dir, "y2.npy")
+	base[len(base)-1] = yp2
+	_, _, err = runCLI(append(base, "--tokens", tp, "--ep", "3", "--placement", "balanced")...)
+	require.NoError(t, err)
+	three, err := npy.ReadFloat32(yp2)
+	require.NoError(t, err)
+	require.Equal(t, one.Data, three.Data)
+	_, _, err = runCLI(append(base, "--ep", "2")...)
+	require.ErrorContains(t, err, "its forward pass needs the batch's token ids")
 }
 
 // TestExecMoEGemma4EP: expert parallelism refuses a block that owns its
@@ -583,5 +597,5 @@ func TestExecMoEGemma4EP(t *testing.T) {
 	xp := filepath.Join(dir, "x.npy")
 	require.NoError(t, npy.WriteFloat32(xp, []int{4, 16}, moetest.Input(1, 4, 16, false)))
 	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "0", "--input", xp, "--out", filepath.Join(dir, "y.npy"), "--ep", "2")
-	require.ErrorContains(t, err, "a gemma4 layer that owns its norms or chooses its experts by token id does not run under expert parallelism yet")
+	require.ErrorContains(t, err, "ep: a gemma4 layer owns its norms: it does not run under expert parallelism yet")
 }
