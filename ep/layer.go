@@ -76,28 +76,13 @@ func LoadFrom(ck *moe.Checkpoint, layer int, comm Comm, place *Placement) (*Laye
 	if err != nil {
 		return nil, err
 	}
-	if err := checkHoldable(m); err != nil {
-		return nil, err
-	}
-	return &Layer{Config: ck.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
-}
-
-// checkHoldable refuses a layer whose block the ranks cannot split yet: one
-// that owns its norms (gemma4).
-func checkHoldable(m *moe.Layer) error {
-	if m.Config.ResidualInput {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "ep: a %s layer owns its norms: it does not run under expert parallelism yet: run it on one rank", m.Config.ModelType)
-	}
-	return nil
+	return &Layer{Config: m.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
 }
 
 // FromLayer makes this rank's part from a layer that holds (at least) the
 // experts place gives comm.Rank().
 func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {
 	if err := place.Validate(); err != nil {
-		return nil, err
-	}
-	if err := checkHoldable(m); err != nil {
 		return nil, err
 	}
 	if place.NumExperts != m.Config.NumExperts || place.Ranks != comm.Size() {
@@ -237,7 +222,15 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 	}
 	l.mu.Unlock()
 
-	d, err := l.ex.Dispatch(ctx, comm, l.Placement, x, ids, weights, H, K, offset, T)
+	// A block that owns its norms (gemma4) dispatches its experts' normed
+	// input and runs the dense MLP on its own.
+	xe, xs := x, x
+	if c.ResidualInput {
+		if xe, xs, err = l.moe.BlockInputs(ctx, x); err != nil {
+			return fail(err)
+		}
+	}
+	d, err := l.ex.Dispatch(ctx, comm, l.Placement, xe, ids, weights, H, K, offset, T)
 	if err != nil {
 		return err
 	}
@@ -246,7 +239,7 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 	// Local experts over the received rows, plus the shared expert over this
 	// rank's own tokens, in one grouped FFN over [received rows; own tokens].
 	all := d.Hidden
-	copy(all[len(d.Rows)*H:], x)
+	copy(all[len(d.Rows)*H:], xs)
 	rowIDs := make([]int32, len(d.Rows))
 	rowWeights := make([]float32, len(d.Rows))
 	for i, rw := range d.Rows {
@@ -293,6 +286,13 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 	var sharedOut []float32
 	if shared != nil {
 		sharedOut = shared.Out
+	}
+	if c.ResidualInput {
+		moe.Combine(y, pairOut, rowsOf, K, H, nil)
+		if err := l.moe.BlockOutput(ctx, y, sharedOut); err != nil {
+			return fail(err)
+		}
+		return moe.CheckOutput(y, H)
 	}
 	moe.Combine(y, pairOut, rowsOf, K, H, sharedOut)
 	return moe.CheckOutput(y, H)

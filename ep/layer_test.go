@@ -36,6 +36,8 @@ var epSpecs = []moetest.Spec{
 	{ModelType: "step3_text", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedInter: 12, NormTopK: true, NumLayers: 2, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 54},
 	{ModelType: "deepseek_v4", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2, Layer: 1, HashLayers: 1, Vocab: 20, DType: "BF16", Seed: 55},
 	{ModelType: "deepseek_v4", Hidden: 32, Experts: 9, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2, Layer: 0, HashLayers: 1, Vocab: 20, DType: "F32", Seed: 56},
+	{ModelType: "gemma4", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, DenseInter: 20, DType: "BF16", Seed: 57},
+	{ModelType: "gemma4", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, DenseInter: 10, NumLayers: 3, Layer: 2, KVShared: 1, DoubleWide: true, TextOnly: true, DType: "F32", Seed: 58},
 }
 
 func bitsOf(v []float32) []uint32 {

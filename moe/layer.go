@@ -537,27 +537,56 @@ func (l *Layer) ForwardTokens(ctx context.Context, x []float32, tokens []int32, 
 }
 
 // normInputs is the input of a block owning its norms (gemma4) for the
-// residual x [tokens, hidden]: [2·tokens, hidden], the experts'
-// pre_feedforward_layernorm_2(x) then the dense MLP's
-// pre_feedforward_layernorm(x), and the dense MLP's rows of it.
+// residual x [tokens, hidden]: [2·tokens, hidden], the experts' input then
+// the dense MLP's (BlockInputs), and the dense MLP's rows of it.
 func (l *Layer) normInputs(ctx context.Context, x []float32, sc *scratch) ([]float32, []int32, error) {
-	H, eps := l.Config.Hidden, l.Config.RMSNormEps
-	T := len(x) / H
-	in := buffers.Grow(&sc.in, 2*T*H)
+	T := len(x) / l.Config.Hidden
+	in := buffers.Grow(&sc.in, 2*len(x))
 	rows := make([]int32, T)
-	err := l.perTokens(ctx, T, func(t int) {
-		xt := x[t*H : (t+1)*H]
-		inv := rmsInverse(xt, eps)
-		scaleRow(in[t*H:][:H], xt, l.norms.Pre2, inv)
-		scaleRow(in[(T+t)*H:][:H], xt, l.norms.Pre, inv)
+	for t := range rows {
 		rows[t] = int32(T + t)
-	})
-	return in, rows, err
+	}
+	return in, rows, l.blockInputs(ctx, x, in[:len(x)], in[len(x):])
 }
 
-// normOutputs makes y [tokens, hidden], the experts' weighted sum, the
-// block's output: post_feedforward_layernorm(post_feedforward_layernorm_2(y)
-// + post_feedforward_layernorm_1(dense)) for the dense MLP's output dense.
+// BlockInputs is, for a block that owns its norms (Config.ResidualInput:
+// gemma4), what its experts and its dense MLP read for the residual x
+// [tokens, hidden]: pre_feedforward_layernorm_2(x) and
+// pre_feedforward_layernorm(x), each [tokens, hidden]. Expert parallelism
+// dispatches the first and runs the dense MLP on the second.
+func (l *Layer) BlockInputs(ctx context.Context, x []float32) (experts, dense []float32, err error) {
+	if l.norms == nil {
+		return nil, nil, fmt.Errorf("moe: a %s block does not own its norms: its experts read x", l.Config.ModelType)
+	}
+	experts, dense = make([]float32, len(x)), make([]float32, len(x))
+	return experts, dense, l.blockInputs(ctx, x, experts, dense)
+}
+
+func (l *Layer) blockInputs(ctx context.Context, x, experts, dense []float32) error {
+	H, eps := l.Config.Hidden, l.Config.RMSNormEps
+	return l.perTokens(ctx, len(x)/H, func(t int) {
+		xt := x[t*H : (t+1)*H]
+		inv := rmsInverse(xt, eps)
+		scaleRow(experts[t*H:][:H], xt, l.norms.Pre2, inv)
+		scaleRow(dense[t*H:][:H], xt, l.norms.Pre, inv)
+	})
+}
+
+// BlockOutput makes y [tokens, hidden], the experts' weighted sum (Combine
+// without a shared expert), the output of a block that owns its norms:
+// post_feedforward_layernorm(post_feedforward_layernorm_2(y) +
+// post_feedforward_layernorm_1(dense)) for the dense MLP's output dense.
+func (l *Layer) BlockOutput(ctx context.Context, y, dense []float32) error {
+	if l.norms == nil {
+		return fmt.Errorf("moe: a %s block does not own its norms", l.Config.ModelType)
+	}
+	if len(dense) != len(y) {
+		return errkind.Errorf(ErrShape, "moe: dense MLP output has %d values, the block output %d", len(dense), len(y))
+	}
+	return l.normOutputs(ctx, y, dense)
+}
+
+// normOutputs is BlockOutput.
 func (l *Layer) normOutputs(ctx context.Context, y, dense []float32) error {
 	H, eps := l.Config.Hidden, l.Config.RMSNormEps
 	return l.perTokens(ctx, len(y)/H, func(t int) {

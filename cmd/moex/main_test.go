@@ -585,17 +585,3 @@ func TestExecMoETokenIDs(t *testing.T) {
 	_, _, err = runCLI(append(base, "--ep", "2")...)
 	require.ErrorContains(t, err, "its forward pass needs the batch's token ids")
 }
-
-// TestExecMoEGemma4EP: expert parallelism refuses a block that owns its
-// norms by name rather than computing it without them.
-func TestExecMoEGemma4EP(t *testing.T) {
-	spec := moetest.Spec{ModelType: "gemma4", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, DenseInter: 12, DType: "BF16", Seed: 5656}
-	m, err := moetest.Generate(spec)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, m.WriteTo(dir))
-	xp := filepath.Join(dir, "x.npy")
-	require.NoError(t, npy.WriteFloat32(xp, []int{4, 16}, moetest.Input(1, 4, 16, false)))
-	_, _, err = runCLI("exec", "moe", "--model", dir, "--layer", "0", "--input", xp, "--out", filepath.Join(dir, "y.npy"), "--ep", "2")
-	require.ErrorContains(t, err, "ep: a gemma4 layer owns its norms: it does not run under expert parallelism yet")
-}
