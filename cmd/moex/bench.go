@@ -550,9 +550,17 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 	for _, T := range ts {
 		probe := memoryBandwidth()
 		x, y, ids := moeCase(rng, c, T)
+		// Random token ids, for a layer that routes by them (a hash layer).
+		var tokens []int32
+		if c.VocabSize > 0 {
+			tokens = make([]int32, T)
+			for t := range tokens {
+				tokens[t] = int32(rng.IntN(c.VocabSize))
+			}
+		}
 		label := fmt.Sprintf("%s T=%d", name, T)
 		for _, l := range ls {
-			if err := l.ForwardRouting(context.Background(), x, y, ids, nil); err != nil {
+			if err := l.ForwardTokens(context.Background(), x, tokens, y, ids, nil); err != nil {
 				return nil, err
 			}
 			bytes := l.WeightBytesRead(ids) + int64(len(x)+len(y))*4
@@ -561,7 +569,9 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 			}
 			err := o.forEachSetting(func(impl string, threads int) error {
 				l.SetWorkers(threads)
-				times, err := o.time(label+" "+l.WeightDType().String()+" "+impl, func() error { return l.Forward(context.Background(), x, y) })
+				times, err := o.time(label+" "+l.WeightDType().String()+" "+impl, func() error {
+					return l.ForwardTokens(context.Background(), x, tokens, y, nil, nil)
+				})
 				if err != nil {
 					return err
 				}

@@ -267,6 +267,11 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "T=3")
 	require.Contains(t, out, "memory read-bandwidth probe")
+	// A hash layer is timed on random token ids.
+	dir = filepath.Join("..", "..", "testdata", "moe", "deepseek_v4_bf16_hash")
+	out, _, err = runCLI("bench", "moe", "--model", dir, "--layer", "1", "--tokens", "2", "--min-time", "0", "--max-runs", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, "T=2")
 
 	out, _, err = runCLI("bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "1,2", "--context", "0,70", "--min-time", "0",
 		"--max-runs", "2", "--format", "json")
