@@ -124,16 +124,38 @@ func TestIdleBatchPreventsHang(t *testing.T) {
 	require.Equal(t, want, y, "all-to-all mode equals one rank bit for bit")
 }
 
-// TestGatherMode: gather mode matches one rank to 1e-6 and repeats its bits.
+// TestGatherMode: gather mode matches one rank to 1e-6 and repeats its bits,
+// for a plain layer, a block that owns its norms (gemma4) and a layer that
+// routes by token id (deepseek_v4's hash layer).
 func TestGatherMode(t *testing.T) {
-	dir, spec := layerFixture(t)
+	for _, spec := range []moetest.Spec{
+		moetest.LayerFixture,
+		{ModelType: "gemma4", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, DenseInter: 20, DType: "BF16", Seed: 91},
+		{ModelType: "deepseek_v4", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 1, Scaling: 1.5, NumLayers: 2,
+			HashLayers: 1, Vocab: 30, DType: "BF16", Seed: 92},
+	} {
+		t.Run(spec.ModelType, func(t *testing.T) {
+			m, err := moetest.Generate(spec)
+			require.NoError(t, err)
+			dir := filepath.Join(t.TempDir(), "ckpt")
+			require.NoError(t, m.WriteTo(dir))
+			testGatherMode(t, dir, spec)
+		})
+	}
+}
+
+func testGatherMode(t *testing.T, dir string, spec moetest.Spec) {
 	H := spec.Hidden
 	x := moetest.Input(6, 9, H, false)
-	single, err := moe.Load(dir, 0)
+	var ids []int32
+	if spec.Hash() {
+		ids = moetest.Tokens(6, 9, spec.Vocab)
+	}
+	single, err := moe.Load(dir, spec.Layer)
 	require.NoError(t, err)
 	defer single.Close()
 	want := make([]float32, len(x))
-	require.NoError(t, single.Forward(context.Background(), x, want))
+	require.NoError(t, single.ForwardTokens(context.Background(), x, ids, want, nil, nil))
 	for _, R := range []int{1, 2, 3, 4} {
 		place, err := ep.Contiguous(spec.Experts, R)
 		require.NoError(t, err)
@@ -157,7 +179,7 @@ func TestGatherMode(t *testing.T) {
 				for _, e := range place.Local(c.Rank()) {
 					mine[e] = true
 				}
-				shard, err := moe.LoadSubset(ck, 0, func(e int) bool { return mine[e] })
+				shard, err := moe.LoadSubset(ck, spec.Layer, func(e int) bool { return mine[e] })
 				if err != nil {
 					return err
 				}
@@ -166,7 +188,11 @@ func TestGatherMode(t *testing.T) {
 					return err
 				}
 				lo, hi := plan.Offset*H, (plan.Offset+plan.Tokens)*H
-				return dpattn.MoEGather(context.Background(), c, shard, plan, x[lo:hi], y[lo:hi], nil)
+				var tok []int32
+				if ids != nil {
+					tok = ids[plan.Offset : plan.Offset+plan.Tokens]
+				}
+				return dpattn.MoEGatherTokens(context.Background(), c, shard, plan, x[lo:hi], tok, y[lo:hi], nil)
 			})
 			for _, err := range errs {
 				require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/ep"
-	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -48,24 +47,36 @@ type LayerRunner interface {
 // matches it to rounding (not bit for bit), and is the same run to run.
 //
 // times (nil: none) accumulates the stages' wall times.
+//
+// A block that owns its norms (gemma4) gathers the residual: every rank
+// norms the gathered tokens for its experts, and norms its own rows for
+// the dense MLP and the output.
 func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x, y []float32, times *GatherTimes) error {
+	return MoEGatherTokens(ctx, comm, shard, plan, x, nil, y, times)
+}
+
+// MoEGatherTokens is MoEGather given this rank's token ids [tokens], which
+// a layer that chooses its experts by token id needs (deepseek_v4's hash
+// layers, moe.Layer.TokenRouted); they are gathered with the hidden
+// states. Other layers ignore them.
+func MoEGatherTokens(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x []float32, tokens []int32, y []float32, times *GatherTimes) error {
 	if times == nil {
 		times = new(GatherTimes)
 	}
 	t0 := time.Now()
 	c := shard.Config
 	H, K := c.Hidden, c.TopK
-	if c.ResidualInput || shard.TokenRouted() {
-		err := errkind.Errorf(moe.ErrUnsupportedFormat, "dpattn: gather: a %s layer that owns its norms or chooses its experts by token id does not run in gather mode yet", c.ModelType)
-		comm.Abort(err)
-		return err
-	}
 	if len(x) != plan.Tokens*H || len(y) != len(x) {
 		err := fmt.Errorf("dpattn: gather: x has %d values and y %d, the plan says %d tokens of %d", len(x), len(y), plan.Tokens, H)
 		comm.Abort(err)
 		return err
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
+		comm.Abort(err)
+		return err
+	}
+	routed := shard.TokenRouted()
+	if err := shard.Router.CheckTokens(tokens, plan.Tokens); err != nil {
 		comm.Abort(err)
 		return err
 	}
@@ -93,13 +104,36 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		}
 		all = append(all, v...)
 	}
+	var allTokens []int32
+	if routed {
+		parts, err := comm.AllGather(ctx, ep.Bytes(tokens))
+		if err != nil {
+			return err
+		}
+		for r, p := range parts {
+			v, err := ep.FromBytes[int32](p)
+			if err != nil || len(v) != int(plan.Counts[r]) {
+				err := fmt.Errorf("dpattn: gather: rank %d sent %d bytes of token ids for %d tokens", r, len(p), plan.Counts[r])
+				comm.Abort(err)
+				return err
+			}
+			allTokens = append(allTokens, v...)
+		}
+	}
 	t1 := time.Now()
 	times.Gather += t1.Sub(t0)
 	ids := make([]int32, T*K)
 	weights := make([]float32, T*K)
-	if err := shard.Route(ctx, all, ids, weights); err != nil {
+	if err := shard.RouteTokens(ctx, all, allTokens, ids, weights); err != nil {
 		comm.Abort(err)
 		return err
+	}
+	in := all // what the experts read
+	if c.ResidualInput {
+		if in, _, err = shard.BlockInputs(ctx, all); err != nil {
+			comm.Abort(err)
+			return err
+		}
 	}
 	// This rank's experts over every token routed to them, then each
 	// token's partial sum over them in ascending expert id (zero where this
@@ -109,7 +143,7 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 		comm.Abort(err)
 		return err
 	}
-	if err := shard.RunExperts(ctx, all, g.Groups, nil); err != nil {
+	if err := shard.RunExperts(ctx, in, g.Groups, nil); err != nil {
 		comm.Abort(err)
 		return err
 	}
@@ -129,10 +163,24 @@ func MoEGather(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPl
 	t3 := time.Now()
 	times.Scatter += t3.Sub(t2)
 	defer func() { times.Experts += time.Since(t3) }()
-	if shared := shard.SharedFFN(x, nil, nil); shared != nil {
-		if err := shard.RunExperts(ctx, x, []kernels.FFNGroup{*shared}, nil); err != nil {
+	own := x // what the shared expert (the dense MLP) reads
+	if c.ResidualInput {
+		if _, own, err = shard.BlockInputs(ctx, x); err != nil {
 			comm.Abort(err)
 			return err
+		}
+	}
+	if shared := shard.SharedFFN(own, nil, nil); shared != nil {
+		if err := shard.RunExperts(ctx, own, []kernels.FFNGroup{*shared}, nil); err != nil {
+			comm.Abort(err)
+			return err
+		}
+		if c.ResidualInput {
+			if err := shard.BlockOutput(ctx, y, shared.Out); err != nil {
+				comm.Abort(err)
+				return err
+			}
+			return nil
 		}
 		for i := range y {
 			y[i] += shared.Out[i]
