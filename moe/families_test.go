@@ -151,7 +151,11 @@ func TestWrappedAliases(t *testing.T) {
 	glm5 := moetest.Spec{ModelType: "glm4_moe", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
 		NormTopK: true, Scaling: 2.5, DType: "BF16", Seed: 74,
 		Extra: map[string]any{"model_type": "glm_moe_dsa", "architectures": []string{"GlmMoeDsaForCausalLM"}}}
-	for _, spec := range []moetest.Spec{k25, glm5} {
+	// K2.5 as released: the routed experts int4 (compressed-tensors'
+	// pack-quantized), the quantization_config beside text_config.
+	k25int4 := k25
+	k25int4.Hidden, k25int4.Inter, k25int4.DType, k25int4.Seed = 64, 32, "INT4", 75
+	for _, spec := range []moetest.Spec{k25, k25int4, glm5} {
 		m, err := moetest.Generate(spec)
 		require.NoError(t, err)
 		want := spec.ModelType
@@ -159,6 +163,10 @@ func TestWrappedAliases(t *testing.T) {
 			text := m.Config
 			text["model_type"] = "kimi_k2"
 			m.Config = map[string]any{"model_type": "kimi_k25", "architectures": []string{"KimiK25ForConditionalGeneration"}, "text_config": text}
+			if q, ok := text["quantization_config"]; ok {
+				m.Config["quantization_config"] = q
+				delete(text, "quantization_config")
+			}
 			for i := range m.Tensors {
 				m.Tensors[i].Name = "language_model." + m.Tensors[i].Name
 			}
@@ -168,6 +176,9 @@ func TestWrappedAliases(t *testing.T) {
 		l, err := moe.Load(dir, 0)
 		require.NoError(t, err)
 		require.Equal(t, want, l.Config.ModelType)
+		if spec.DType == "INT4" {
+			require.Equal(t, kernels.INT4, l.WeightDType())
+		}
 		x := moetest.Input(4, 9, spec.Hidden, false)
 		y := make([]float32, len(x))
 		ids := make([]int32, 9*spec.TopK)
