@@ -614,22 +614,9 @@ func ParseConfig(data []byte) (*Config, error) {
 		raw.ModelType = f
 	}
 	c := &Config{ModelType: raw.ModelType, Name: name, RoutedScaling: 1, Scoring: Softmax, Method: Greedy}
-	var missing []string
-	need := func(p *int, name string) int {
-		if p == nil {
-			missing = append(missing, name)
-			return 0
-		}
-		return *p
-	}
-	or := func(p *int, def int) int {
-		if p == nil {
-			return def
-		}
-		return *p
-	}
-	c.Hidden = need(raw.HiddenSize, "hidden_size")
-	c.NumLayers = or(raw.NumHiddenLayers, 0)
+	r := new(reader)
+	c.Hidden = r.need(raw.HiddenSize, "hidden_size")
+	c.NumLayers = r.or(raw.NumHiddenLayers, 0)
 	if raw.NumExpertsPerTok == nil {
 		raw.NumExpertsPerTok = raw.ExpertsPerToken // gpt-oss writes both
 	}
@@ -643,246 +630,20 @@ func ParseConfig(data []byte) (*Config, error) {
 	case "step3_text":
 		raw.NumExpertsPerTok, topKName = raw.MoETopK, "moe_top_k"
 	}
-	c.TopK = need(raw.NumExpertsPerTok, topKName)
-	switch raw.ModelType {
-	case "gpt_oss":
-		// GptOssConfig: num_local_experts (num_experts an alias), top-k on
-		// the biased logits then softmax over the k (= softmax, top-k,
-		// renormalise), experts with biases and the clamped SwiGLU
-		// (alpha 1.702, a constant of the model; limit swiglu_limit, 7).
-		if raw.NumLocalExperts == nil {
-			raw.NumLocalExperts = raw.NumExperts
-		}
-		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
-		c.Inter = need(raw.IntermediateSize, "intermediate_size")
-		c.NormTopK = true
-		c.RouterBias, c.ExpertBias = true, true
-		limit := 7.0
-		if raw.SwigluLimit != nil {
-			limit = *raw.SwigluLimit
-		}
-		c.Act = kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(limit)}
-	case "deepseek_v4":
-		// DeepseekV4Config: scores sqrt(softplus(logit)) (scoring_func),
-		// chosen on score + e_score_correction_bias without groups, the
-		// unbiased scores of the k renormalised (+1e-20, always, as the
-		// router does) × routed_scaling_factor; the layers mlp_layer_types
-		// marks hash_moe (or the first num_hash_layers, 3) choose by token
-		// id; experts clamp before SiLU at swiglu_limit (10), the shared
-		// expert (moe_intermediate_size × n_shared_experts wide) does not;
-		// every layer MoE, the MTP layers stored apart (model.mtp.*).
-		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.SharedInter = or(raw.NSharedExperts, 1) * c.Inter
-		c.Scoring, c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = SqrtSoftplus, NoAuxTC, true, 1, 1
-		if raw.ScoringFunc != nil {
-			var err error
-			if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
-				return nil, err
-			}
-		}
-		c.NormTopK, c.NormEps, c.RoutedScaling = true, 1e-20, 1.5
-		if raw.RoutedScalingFactor != nil {
-			c.RoutedScaling = *raw.RoutedScalingFactor
-		}
-		limit := 10.0
-		if raw.SwigluLimit != nil {
-			limit = *raw.SwigluLimit
-		}
-		c.Act = kernels.Activation{Kind: kernels.ClampedSiLU, Limit: float32(limit)}
-		c.VocabSize = or(raw.VocabSize, 129280)
-		var err error
-		if c.HashLayers, err = hashLayers(raw.MLPLayerTypes, raw.NumHashLayers, c.NumLayers); err != nil {
+	c.TopK = r.need(raw.NumExpertsPerTok, topKName)
+	read, ok := familyReaders[raw.ModelType]
+	switch {
+	case ok:
+		if err := read(c, &raw, r); err != nil {
 			return nil, err
 		}
-	case "step3_text":
-		// Step3TextConfig (SGLang's step3_vl): softmax, top-k (moe_top_k),
-		// renormalised iff norm_expert_weight; the shared expert
-		// (share_expert_dim) added unweighted; MoE on the layers
-		// moe_layers_enum lists (all but layer 0 when it is missing);
-		// experts stored as one 3-D tensor per projection.
-		c.NumExperts = need(raw.MoENumExperts, "moe_num_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.SharedInter = need(raw.ShareExpertDim, "share_expert_dim")
-		c.NormTopK = raw.NormExpertWeight != nil && *raw.NormExpertWeight
-		var err error
-		if c.MoELayers, err = layerEnum(raw.MoELayersEnum, c.NumLayers); err != nil {
-			return nil, err
-		}
-	case "gemma4":
-		// Gemma4TextConfig: a MoE block on every layer when
-		// enable_moe_block, beside the dense MLP (intermediate_size, the
-		// "shared expert"); softmax, top-k (top_k_experts), renormalised,
-		// × per_expert_scale; GeGLU experts and MLP (hidden_activation).
-		if raw.EnableMoEBlock == nil || !*raw.EnableMoEBlock {
-			return nil, errkind.Errorf(ErrDenseLayer, "gemma4 config.json has no MoE block (enable_moe_block is %s): the dense Gemma 4 models are not MoE", boolOrMissing(raw.EnableMoEBlock))
-		}
-		c.NumExperts = need(raw.NumExperts, "num_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.SharedInter = need(raw.IntermediateSize, "intermediate_size")
-		c.NormTopK, c.ResidualInput = true, true
-		c.RMSNormEps = 1e-6
-		if raw.RMSNormEps != nil {
-			c.RMSNormEps = *raw.RMSNormEps
-		}
-		act := "gelu_pytorch_tanh"
-		if raw.HiddenActivation != nil {
-			act = *raw.HiddenActivation
-		}
-		switch act {
-		case "gelu_pytorch_tanh", "gelu_new", "gelu_fast": // GELU's tanh approximation, each
-		default:
-			return nil, errkind.Errorf(ErrUnsupportedFormat, "gemma4 hidden_activation %q is not supported (supported: gelu_pytorch_tanh, gelu_new, gelu_fast)", act)
-		}
-		c.Act = kernels.Activation{Kind: kernels.GeGLU}
-		c.SharedAct = c.Act
-		if kv := or(raw.NumKVSharedLayers, 0); raw.UseDoubleWideMLP != nil && *raw.UseDoubleWideMLP && kv > 0 && c.NumLayers-kv > 0 {
-			c.DoubleWideFrom = c.NumLayers - kv
-		}
-	case "mixtral":
-		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
-		c.Inter = need(raw.IntermediateSize, "intermediate_size")
-		c.NormTopK = true
-	case "olmoe":
-		// OlmoeConfig: softmax, top-k, renormalised iff norm_topk_prob
-		// (false by default and in the released models); every layer MoE.
-		c.NumExperts = need(raw.NumExperts, "num_experts")
-		c.Inter = need(raw.IntermediateSize, "intermediate_size")
-		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
-	case "minimax_m2":
-		// MiniMaxM2Config: sigmoid scores, chosen on score + the routing
-		// bias (use_routing_bias, true), no groups, the unbiased scores of
-		// the k renormalised, no routed scaling, no shared expert.
-		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
-		c.Inter = need(raw.IntermediateSize, "intermediate_size")
-		c.Scoring, c.NormTopK = Sigmoid, true
-		if raw.ScoringFunc != nil {
-			var err error
-			if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
-				return nil, err
-			}
-		}
-		if raw.UseRoutingBias == nil || *raw.UseRoutingBias {
-			c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
-		}
-	case "ernie4_5_moe":
-		// Ernie4_5_MoeConfig: softmax (fp32) over all experts, chosen on
-		// softmax + moe_statics' correction bias, the unbiased softmax of
-		// the k divided by max(their sum, moe_norm_min); shared experts
-		// unweighted; no routed scaling.
-		c.NumExperts = need(raw.MoENumExperts, "moe_num_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.SharedInter = or(raw.MoENumSharedExperts, 0) * c.Inter
-		c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
-		c.NormTopK, c.NormMin = true, 1e-12
-		if raw.MoENormMin != nil {
-			c.NormMin = *raw.MoENormMin
-		}
-		c.MoEStart, c.MoEEnd, c.MoEInterval = or(raw.MoELayerStartIndex, 0), or(raw.MoELayerEndIndex, -1), or(raw.MoELayerInterval, 1)
-		if c.MoEEnd < 0 { // to the last layer
-			c.MoEEnd = math.MaxInt32
-		}
-	case "llama4":
-		// Llama4TextConfig: top-k on the raw logits, the weight
-		// sigmoid(logit) of a chosen expert multiplies its input; a shared
-		// expert of the same width on the unscaled input; MoE on the layers
-		// moe_layers names, or every interleave_moe_layer_step-th.
-		c.NumExperts = need(raw.NumLocalExperts, "num_local_experts")
-		c.Inter = need(raw.IntermediateSize, "intermediate_size")
-		c.Scoring, c.ChooseOnLogits, c.WeightOnInput = Sigmoid, true, true
-		c.SharedInter = c.Inter
-		c.SparseStep = or(raw.InterleaveMoELayerStep, 1)
-		c.MoELayers = raw.MoELayers
-	case "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "qwen3_next", "qwen3_5_moe":
-		// qwen3_next is Qwen2MoeSparseMoeBlock (norm_topk_prob defaults to
-		// true there); qwen3_5_moe the same block with the renormalisation
-		// always on and every layer MoE (its config dropped the keys);
-		// qwen3_vl_moe's text model is qwen3_moe's block, always
-		// renormalised.
-		c.NumExperts = need(raw.NumExperts, "num_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
-		if raw.ModelType == "qwen3_next" && raw.NormTopKProb == nil || raw.ModelType == "qwen3_5_moe" || raw.ModelType == "qwen3_vl_moe" {
-			c.NormTopK = true // qwen3_vl_moe's router renormalises whatever norm_topk_prob says
-		}
-		c.SparseStep = or(raw.DecoderSparseStep, 1)
-		c.MLPOnlyLayers = raw.MLPOnlyLayers
-		if raw.ModelType == "qwen3_5_moe" {
-			c.SparseStep, c.MLPOnlyLayers = 1, nil
-		}
-		if raw.ModelType != "qwen3_moe" && raw.ModelType != "qwen3_vl_moe" {
-			c.SharedInter = need(raw.SharedExpertInterSize, "shared_expert_intermediate_size")
-			c.SharedGate = c.SharedInter > 0
-		}
-	case "deepseek_v2", "deepseek_v3", "glm4_moe", "dots1":
-		// glm4_moe and dots1 are DeepSeek-V3's block (sigmoid, noaux_tc,
-		// renormalised + 1e-20, × routed_scaling_factor, shared experts,
-		// first_k_dense_replace) with their configuration classes'
-		// defaults: one group, and glm4_moe's multi-token-prediction layers
-		// stored after the model's.
-		v3 := raw.ModelType != "deepseek_v2"
-		c.NormEps = 1e-20
-		c.NumExperts = need(raw.NRoutedExperts, "n_routed_experts")
-		c.Inter = need(raw.MoEIntermediateSize, "moe_intermediate_size")
-		shared, firstDense := 0, 0
-		if raw.ModelType == "glm4_moe" {
-			shared, firstDense = 1, 1
-		}
-		c.SharedInter = or(raw.NSharedExperts, shared) * c.Inter
-		c.FirstKDense = or(raw.FirstKDenseReplace, firstDense)
-		c.KVLoraRank = or(raw.KVLoraRank, 0)
-		c.RopeDim = or(raw.QKRopeHeadDim, 0)
-		c.LayerFreq = or(raw.MoELayerFreq, 1)
-		if raw.ModelType == "glm4_moe" {
-			c.MTPLayers = or(raw.NumNextnPredictLayers, 0)
-		}
-		if raw.RoutedScalingFactor != nil {
-			c.RoutedScaling = *raw.RoutedScalingFactor
-		}
-		method, scoring := "greedy", "softmax"
-		c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
-		if v3 {
-			method, scoring = "noaux_tc", "sigmoid"
-			c.NormTopK = raw.NormTopKProb == nil || *raw.NormTopKProb
-		}
-		if raw.TopKMethod != nil {
-			method = *raw.TopKMethod
-		}
-		if raw.ScoringFunc != nil {
-			scoring = *raw.ScoringFunc
-		}
-		switch method {
-		case "greedy":
-			c.Method = Greedy
-		case "group_limited_greedy":
-			c.Method = GroupLimitedGreedy
-		case "noaux_tc":
-			c.Method = NoAuxTC
-			c.ScoreBiasInput = true
-		default:
-			return nil, fmt.Errorf("unknown topk_method %q (want greedy, group_limited_greedy or noaux_tc)", method)
-		}
-		var err error
-		if c.Scoring, err = parseScoring(scoring); err != nil {
-			return nil, err
-		}
-		if c.Method != Greedy {
-			// DeepseekV3Config defaults to 8 groups, 4 kept; V2 has no groups
-			// unless told, nor have glm4_moe and dots1.
-			defGroups, defKeep := 1, 1
-			if raw.ModelType == "deepseek_v3" {
-				defGroups, defKeep = 8, 4
-			}
-			c.NumGroups = or(raw.NGroup, defGroups)
-			c.TopKGroups = or(raw.TopKGroup, min(defKeep, c.NumGroups))
-		}
-	case "":
+	case raw.ModelType == "":
 		return nil, errkind.Errorf(ErrUnknownFamily, "config.json has no model_type (supported: %v, and %s)", Families, aliasList())
 	default:
 		return nil, errkind.Errorf(ErrUnknownFamily, "unknown model_type %q, architectures %v (supported: %v, and %s)", raw.ModelType, raw.Architectures, Families, aliasList())
 	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, missing)
+	if len(r.missing) > 0 {
+		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, r.missing)
 	}
 	if raw.QuantizationConfig != nil {
 		var err error
@@ -894,6 +655,316 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// reader reads config.json's sizes, noting the ones that are missing.
+type reader struct{ missing []string }
+
+// need is *p, or 0 with name noted as missing.
+func (r *reader) need(p *int, name string) int {
+	if p == nil {
+		r.missing = append(r.missing, name)
+		return 0
+	}
+	return *p
+}
+
+// or is *p, or def when the field is missing.
+func (r *reader) or(p *int, def int) int {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// readGptOss reads the fields GptOssConfig defines: num_local_experts
+// (num_experts an alias), top-k on the biased logits then softmax over the k
+// (= softmax, top-k, renormalise), experts with biases and the clamped
+// SwiGLU (alpha 1.702, a constant of the model; limit swiglu_limit, 7).
+func readGptOss(c *Config, raw *rawConfig, r *reader) error {
+	if raw.NumLocalExperts == nil {
+		raw.NumLocalExperts = raw.NumExperts
+	}
+	c.NumExperts = r.need(raw.NumLocalExperts, "num_local_experts")
+	c.Inter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.NormTopK = true
+	c.RouterBias, c.ExpertBias = true, true
+	limit := 7.0
+	if raw.SwigluLimit != nil {
+		limit = *raw.SwigluLimit
+	}
+	c.Act = kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(limit)}
+	return nil
+}
+
+// readDeepseekV4 reads the fields DeepseekV4Config defines: scores
+// sqrt(softplus(logit)) (scoring_func), chosen on score +
+// e_score_correction_bias without groups, the unbiased scores of the k
+// renormalised (+1e-20, always, as the router does) × routed_scaling_factor;
+// the layers mlp_layer_types marks hash_moe (or the first num_hash_layers,
+// 3) choose by token id; experts clamp before SiLU at swiglu_limit (10), the
+// shared expert (moe_intermediate_size × n_shared_experts wide) does not;
+// every layer MoE, the MTP layers stored apart (model.mtp.*).
+func readDeepseekV4(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NRoutedExperts, "n_routed_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	c.SharedInter = r.or(raw.NSharedExperts, 1) * c.Inter
+	c.Scoring, c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = SqrtSoftplus, NoAuxTC, true, 1, 1
+	if raw.ScoringFunc != nil {
+		var err error
+		if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
+			return err
+		}
+	}
+	c.NormTopK, c.NormEps, c.RoutedScaling = true, 1e-20, 1.5
+	if raw.RoutedScalingFactor != nil {
+		c.RoutedScaling = *raw.RoutedScalingFactor
+	}
+	limit := 10.0
+	if raw.SwigluLimit != nil {
+		limit = *raw.SwigluLimit
+	}
+	c.Act = kernels.Activation{Kind: kernels.ClampedSiLU, Limit: float32(limit)}
+	c.VocabSize = r.or(raw.VocabSize, 129280)
+	var err error
+	if c.HashLayers, err = hashLayers(raw.MLPLayerTypes, raw.NumHashLayers, c.NumLayers); err != nil {
+		return err
+	}
+	return nil
+}
+
+// readStep3 reads the fields Step3TextConfig (SGLang's step3_vl) defines:
+// softmax, top-k (moe_top_k), renormalised iff norm_expert_weight; the
+// shared expert (share_expert_dim) added unweighted; MoE on the layers
+// moe_layers_enum lists (all but layer 0 when it is missing); experts stored
+// as one 3-D tensor per projection.
+func readStep3(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.MoENumExperts, "moe_num_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	c.SharedInter = r.need(raw.ShareExpertDim, "share_expert_dim")
+	c.NormTopK = raw.NormExpertWeight != nil && *raw.NormExpertWeight
+	var err error
+	if c.MoELayers, err = layerEnum(raw.MoELayersEnum, c.NumLayers); err != nil {
+		return err
+	}
+	return nil
+}
+
+// readGemma4 reads the fields Gemma4TextConfig defines: a MoE block on every
+// layer when enable_moe_block, beside the dense MLP (intermediate_size, the
+// "shared expert"); softmax, top-k (top_k_experts), renormalised, ×
+// per_expert_scale; GeGLU experts and MLP (hidden_activation).
+func readGemma4(c *Config, raw *rawConfig, r *reader) error {
+	if raw.EnableMoEBlock == nil || !*raw.EnableMoEBlock {
+		return errkind.Errorf(ErrDenseLayer, "gemma4 config.json has no MoE block (enable_moe_block is %s): the dense Gemma 4 models are not MoE", boolOrMissing(raw.EnableMoEBlock))
+	}
+	c.NumExperts = r.need(raw.NumExperts, "num_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	c.SharedInter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.NormTopK, c.ResidualInput = true, true
+	c.RMSNormEps = 1e-6
+	if raw.RMSNormEps != nil {
+		c.RMSNormEps = *raw.RMSNormEps
+	}
+	act := "gelu_pytorch_tanh"
+	if raw.HiddenActivation != nil {
+		act = *raw.HiddenActivation
+	}
+	switch act {
+	case "gelu_pytorch_tanh", "gelu_new", "gelu_fast": // GELU's tanh approximation, each
+	default:
+		return errkind.Errorf(ErrUnsupportedFormat, "gemma4 hidden_activation %q is not supported (supported: gelu_pytorch_tanh, gelu_new, gelu_fast)", act)
+	}
+	c.Act = kernels.Activation{Kind: kernels.GeGLU}
+	c.SharedAct = c.Act
+	if kv := r.or(raw.NumKVSharedLayers, 0); raw.UseDoubleWideMLP != nil && *raw.UseDoubleWideMLP && kv > 0 && c.NumLayers-kv > 0 {
+		c.DoubleWideFrom = c.NumLayers - kv
+	}
+	return nil
+}
+
+// readMixtral reads the fields MixtralConfig defines: softmax, top-k, always
+// renormalised.
+func readMixtral(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NumLocalExperts, "num_local_experts")
+	c.Inter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.NormTopK = true
+	return nil
+}
+
+// readOlmoe reads the fields OlmoeConfig defines: softmax, top-k,
+// renormalised iff norm_topk_prob (false by default and in the released
+// models); every layer MoE.
+func readOlmoe(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NumExperts, "num_experts")
+	c.Inter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+	return nil
+}
+
+// readMiniMaxM2 reads the fields MiniMaxM2Config defines: sigmoid scores,
+// chosen on score + the routing bias (use_routing_bias, true), no groups,
+// the unbiased scores of the k renormalised, no routed scaling, no shared
+// expert.
+func readMiniMaxM2(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NumLocalExperts, "num_local_experts")
+	c.Inter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.Scoring, c.NormTopK = Sigmoid, true
+	if raw.ScoringFunc != nil {
+		var err error
+		if c.Scoring, err = parseScoring(*raw.ScoringFunc); err != nil {
+			return err
+		}
+	}
+	if raw.UseRoutingBias == nil || *raw.UseRoutingBias {
+		c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
+	}
+	return nil
+}
+
+// readErnie reads the fields Ernie4_5_MoeConfig defines: softmax (fp32) over
+// all experts, chosen on softmax + moe_statics' correction bias, the
+// unbiased softmax of the k divided by max(their sum, moe_norm_min); shared
+// experts unweighted; no routed scaling.
+func readErnie(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.MoENumExperts, "moe_num_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	c.SharedInter = r.or(raw.MoENumSharedExperts, 0) * c.Inter
+	c.Method, c.ScoreBiasInput, c.NumGroups, c.TopKGroups = NoAuxTC, true, 1, 1
+	c.NormTopK, c.NormMin = true, 1e-12
+	if raw.MoENormMin != nil {
+		c.NormMin = *raw.MoENormMin
+	}
+	c.MoEStart, c.MoEEnd, c.MoEInterval = r.or(raw.MoELayerStartIndex, 0), r.or(raw.MoELayerEndIndex, -1), r.or(raw.MoELayerInterval, 1)
+	if c.MoEEnd < 0 { // to the last layer
+		c.MoEEnd = math.MaxInt32
+	}
+	return nil
+}
+
+// readLlama4 reads the fields Llama4TextConfig defines: top-k on the raw
+// logits, the weight sigmoid(logit) of a chosen expert multiplies its input;
+// a shared expert of the same width on the unscaled input; MoE on the layers
+// moe_layers names, or every interleave_moe_layer_step-th.
+func readLlama4(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NumLocalExperts, "num_local_experts")
+	c.Inter = r.need(raw.IntermediateSize, "intermediate_size")
+	c.Scoring, c.ChooseOnLogits, c.WeightOnInput = Sigmoid, true, true
+	c.SharedInter = c.Inter
+	c.SparseStep = r.or(raw.InterleaveMoELayerStep, 1)
+	c.MoELayers = raw.MoELayers
+	return nil
+}
+
+// readQwen reads the Qwen families' fields. qwen3_next is
+// Qwen2MoeSparseMoeBlock (norm_topk_prob defaults to true there);
+// qwen3_5_moe the same block with the renormalisation always on and every
+// layer MoE (its config dropped the keys); qwen3_vl_moe's text model is
+// qwen3_moe's block, always renormalised.
+func readQwen(c *Config, raw *rawConfig, r *reader) error {
+	c.NumExperts = r.need(raw.NumExperts, "num_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+	if raw.ModelType == "qwen3_next" && raw.NormTopKProb == nil || raw.ModelType == "qwen3_5_moe" || raw.ModelType == "qwen3_vl_moe" {
+		c.NormTopK = true // qwen3_vl_moe's router renormalises whatever norm_topk_prob says
+	}
+	c.SparseStep = r.or(raw.DecoderSparseStep, 1)
+	c.MLPOnlyLayers = raw.MLPOnlyLayers
+	if raw.ModelType == "qwen3_5_moe" {
+		c.SparseStep, c.MLPOnlyLayers = 1, nil
+	}
+	if raw.ModelType != "qwen3_moe" && raw.ModelType != "qwen3_vl_moe" {
+		c.SharedInter = r.need(raw.SharedExpertInterSize, "shared_expert_intermediate_size")
+		c.SharedGate = c.SharedInter > 0
+	}
+	return nil
+}
+
+// readDeepSeek reads the DeepSeek block's fields. glm4_moe and dots1 are
+// DeepSeek-V3's block (sigmoid, noaux_tc, renormalised + 1e-20, ×
+// routed_scaling_factor, shared experts, first_k_dense_replace) with their
+// configuration classes' defaults: one group, and glm4_moe's
+// multi-token-prediction layers stored after the model's.
+func readDeepSeek(c *Config, raw *rawConfig, r *reader) error {
+	v3 := raw.ModelType != "deepseek_v2"
+	c.NormEps = 1e-20
+	c.NumExperts = r.need(raw.NRoutedExperts, "n_routed_experts")
+	c.Inter = r.need(raw.MoEIntermediateSize, "moe_intermediate_size")
+	shared, firstDense := 0, 0
+	if raw.ModelType == "glm4_moe" {
+		shared, firstDense = 1, 1
+	}
+	c.SharedInter = r.or(raw.NSharedExperts, shared) * c.Inter
+	c.FirstKDense = r.or(raw.FirstKDenseReplace, firstDense)
+	c.KVLoraRank = r.or(raw.KVLoraRank, 0)
+	c.RopeDim = r.or(raw.QKRopeHeadDim, 0)
+	c.LayerFreq = r.or(raw.MoELayerFreq, 1)
+	if raw.ModelType == "glm4_moe" {
+		c.MTPLayers = r.or(raw.NumNextnPredictLayers, 0)
+	}
+	if raw.RoutedScalingFactor != nil {
+		c.RoutedScaling = *raw.RoutedScalingFactor
+	}
+	method, scoring := "greedy", "softmax"
+	c.NormTopK = raw.NormTopKProb != nil && *raw.NormTopKProb
+	if v3 {
+		method, scoring = "noaux_tc", "sigmoid"
+		c.NormTopK = raw.NormTopKProb == nil || *raw.NormTopKProb
+	}
+	if raw.TopKMethod != nil {
+		method = *raw.TopKMethod
+	}
+	if raw.ScoringFunc != nil {
+		scoring = *raw.ScoringFunc
+	}
+	switch method {
+	case "greedy":
+		c.Method = Greedy
+	case "group_limited_greedy":
+		c.Method = GroupLimitedGreedy
+	case "noaux_tc":
+		c.Method = NoAuxTC
+		c.ScoreBiasInput = true
+	default:
+		return fmt.Errorf("unknown topk_method %q (want greedy, group_limited_greedy or noaux_tc)", method)
+	}
+	var err error
+	if c.Scoring, err = parseScoring(scoring); err != nil {
+		return err
+	}
+	if c.Method != Greedy {
+		// DeepseekV3Config defaults to 8 groups, 4 kept; V2 has no groups
+		// unless told, nor have glm4_moe and dots1.
+		defGroups, defKeep := 1, 1
+		if raw.ModelType == "deepseek_v3" {
+			defGroups, defKeep = 8, 4
+		}
+		c.NumGroups = r.or(raw.NGroup, defGroups)
+		c.TopKGroups = r.or(raw.TopKGroup, min(defKeep, c.NumGroups))
+	}
+	return nil
+}
+
+// familyReaders read each family's fields of config.json into a Config.
+var familyReaders = map[string]func(c *Config, raw *rawConfig, r *reader) error{
+	"gpt_oss":      readGptOss,
+	"deepseek_v4":  readDeepseekV4,
+	"step3_text":   readStep3,
+	"gemma4":       readGemma4,
+	"mixtral":      readMixtral,
+	"olmoe":        readOlmoe,
+	"minimax_m2":   readMiniMaxM2,
+	"ernie4_5_moe": readErnie,
+	"llama4":       readLlama4,
+	"qwen2_moe":    readQwen,
+	"qwen3_moe":    readQwen,
+	"qwen3_vl_moe": readQwen,
+	"qwen3_next":   readQwen,
+	"qwen3_5_moe":  readQwen,
+	"deepseek_v2":  readDeepSeek,
+	"deepseek_v3":  readDeepSeek,
+	"glm4_moe":     readDeepSeek,
+	"dots1":        readDeepSeek,
 }
 
 // Validate checks that the routing is well defined: positive sizes, top_k
