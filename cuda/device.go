@@ -235,6 +235,12 @@ func (a *args) f64(v float64) *args {
 }
 
 // raw passes a by-value struct argument of size bytes.
+// epilogue appends a grouped GEMM's epilogue parameters (kernels/cuda's
+// Epilogue: bias, bias2, act, alpha, limit, inScale).
+func (a *args) epilogue(ep Epilogue) *args {
+	return a.ptr(ep.Bias).ptr(ep.Bias2).int(int(ep.Act.Kind)).f32(ep.Act.Alpha).f32(ep.Act.Limit).ptr(ep.InScale)
+}
+
 func (a *args) raw(p unsafe.Pointer, size uintptr) *args {
 	a.slots = append(a.slots, p)
 	a.sizes = append(a.sizes, int(size))
@@ -358,7 +364,7 @@ func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batc
 // GroupedGEMM launches the second-projection GEMM over a layout of
 // paddedRows rows (blocks of 64): c [paddedRows, N]; weights may be the
 // zero Buffer.
-func (d *Device) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+func (d *Device) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
@@ -370,20 +376,20 @@ func (d *Device) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, pa
 	switch w.Format {
 	case FP8:
 		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockRows).int(w.BlockCols).ptr(sorted).ptr(blockExpert).int(topK).
-			int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_fp8", grid, gemmThreads, g)
 	case MXFP4, INT4:
 		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockCols).int(w.int4Flag()).ptr(sorted).ptr(blockExpert).int(topK).
-			int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_q4", grid, gemmThreads, g)
 	}
-	g := (&args{}).ptr(a).ptr(w.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).ptr(c)
+	g := (&args{}).ptr(a).ptr(w.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 	return d.launch("moex_grouped_gemm_bf16", grid, gemmThreads, g)
 }
 
 // GroupedSwiGLU launches the fused first projection: h = silu(a·gateᵀ) ·
 // (a·upᵀ) [paddedRows, N].
-func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
@@ -394,14 +400,14 @@ func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert B
 	switch gate.Format {
 	case FP8:
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockRows).int(gate.BlockCols).
-			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_fp8", grid, gemmThreads, g)
 	case MXFP4, INT4:
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockCols).int(gate.int4Flag()).
-			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_q4", grid, gemmThreads, g)
 	}
-	g := (&args{}).ptr(a).ptr(gate.W).ptr(up.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).ptr(h)
+	g := (&args{}).ptr(a).ptr(gate.W).ptr(up.W).ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 	return d.launch("moex_grouped_gemm_swiglu_bf16", grid, gemmThreads, g)
 }
 

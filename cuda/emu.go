@@ -128,7 +128,7 @@ func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buff
 	})
 }
 
-func (e *Emu) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+func (e *Emu) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
@@ -136,20 +136,20 @@ func (e *Emu) GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, padde
 	case FP8:
 		return e.kernel(func() {
 			cudaemu.GroupedGEMMFP8Raw(e.p(a), e.p(w.W), e.p(w.Scales), w.BlockRows, w.BlockCols, e.p(sorted), e.p(blockExpert),
-				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.epilogue(ep), e.p(c))
 		})
 	case MXFP4, INT4:
 		return e.kernel(func() {
 			cudaemu.GroupedGEMMQ4Raw(e.p(a), e.p(w.W), e.p(w.Scales), w.BlockCols, w.int4Flag(), e.p(sorted), e.p(blockExpert),
-				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.epilogue(ep), e.p(c))
 		})
 	}
 	return e.kernel(func() {
-		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.p(c))
+		cudaemu.GroupedGEMMRaw(e.p(a), e.p(w.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.epilogue(ep), e.p(c))
 	})
 }
 
-func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
 	if paddedRows == 0 {
 		return nil
 	}
@@ -160,17 +160,23 @@ func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buff
 	case FP8:
 		return e.kernel(func() {
 			cudaemu.GroupedSwiGLUFP8Raw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(up.W), e.p(up.Scales), gate.BlockRows, gate.BlockCols,
-				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.epilogue(ep), e.p(h))
 		})
 	case MXFP4, INT4:
 		return e.kernel(func() {
 			cudaemu.GroupedSwiGLUQ4Raw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(up.W), e.p(up.Scales), gate.BlockCols, gate.int4Flag(),
-				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.epilogue(ep), e.p(h))
 		})
 	}
 	return e.kernel(func() {
-		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate.W), e.p(up.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.p(h))
+		cudaemu.GroupedSwiGLURaw(e.p(a), e.p(gate.W), e.p(up.W), e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.epilogue(ep), e.p(h))
 	})
+}
+
+// epilogue is ep in the emulation's pointers.
+func (e *Emu) epilogue(ep Epilogue) cudaemu.Epilogue {
+	return cudaemu.Epilogue{Bias: e.p(ep.Bias), Bias2: e.p(ep.Bias2), Act: int(ep.Act.Kind), Alpha: ep.Act.Alpha, Limit: ep.Act.Limit,
+		InScale: e.p(ep.InScale)}
 }
 
 func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {

@@ -24,6 +24,19 @@ type Weights struct {
 	BlockRows, BlockCols int
 }
 
+// Epilogue is what a grouped GEMM computes around its products, each part
+// optional (the zero value: nothing).
+type Epilogue struct {
+	// Bias and Bias2, fp32 [experts, N], are added to the products:
+	// GroupedGEMM's, or GroupedSwiGLU's gate and up products.
+	Bias, Bias2 Buffer
+	// Act is GroupedSwiGLU's activation (the zero value: SwiGLU).
+	Act kernels.Activation
+	// InScale, fp32 [pairs], scales GroupedSwiGLU's products of each pair
+	// before the biases: a routing weight on the expert's input (llama4).
+	InScale Buffer
+}
+
 // WeightFormat is how a grouped GEMM's weights are stored.
 type WeightFormat uint8
 
@@ -79,8 +92,9 @@ type Launcher interface {
 	// GroupedGEMM and GroupedSwiGLU take their weights [experts, N, K] in
 	// bf16, or in FP8 with block scales (see Weights; gate and up of one
 	// format).
-	GroupedGEMM(a Buffer, w Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
-	GroupedSwiGLU(a Buffer, gate, up Weights, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
+	// The epilogue's bias is added before GroupedGEMM's weights multiply.
+	GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
+	GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
 	F32ToBF16(src, dst Buffer, n int) error
 	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
 		splits int, scale float32, partO, partL, out, lse Buffer) error

@@ -194,10 +194,10 @@ func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket
 	D := L + R
 	eps := b.w.Eps
 	proj := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
-		return l.GroupedGEMM(in, cuda.BF16Weights(w), s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, cuda.Buffer{}, out)
+		return l.GroupedGEMM(in, cuda.BF16Weights(w), cuda.Epilogue{}, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, cuda.Buffer{}, out)
 	}
 	heads := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
-		return l.GroupedGEMM(in, cuda.BF16Weights(w), s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, cuda.Buffer{}, out)
+		return l.GroupedGEMM(in, cuda.BF16Weights(w), cuda.Epilogue{}, s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, cuda.Buffer{}, out)
 	}
 	steps := []func() error{func() error { return l.F32ToBF16(s.x, s.xb, Q*H) }}
 	if b.qRank == 0 {

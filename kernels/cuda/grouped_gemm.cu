@@ -3,7 +3,8 @@
 // (token, slot) pairs, whose rows all belong to one expert (blockExpert),
 // C[rows, n] = Σ_k A[token(row), k] · W_expert[n, k], A rows gathered
 // through the layout (no permuted copy), times the row's routing weight when
-// weights is given. Padding rows (the sentinel) give zeros.
+// weights is given (after the epilogue's bias). Padding rows (the sentinel)
+// give zeros.
 //
 // 64×64 tiles, k steps of 16 staged through shared memory by cp.async in
 // two buffers (the next step loads while this one computes), four warps
@@ -128,6 +129,40 @@ __device__ __forceinline__ void loadQ4(uint16_t* dst, const Q4Weights& q, int e,
   }
 }
 
+// Epilogue is what a grouped GEMM computes around its products, each part
+// optional (null / 0): bias and bias2 [experts, N] fp32 added to the
+// products (the first projection: the gate's and the up's); act the first
+// projection's activation (kernels.ActKind: 0 SiLU, 1 gpt-oss's clamped
+// SwiGLU with alpha and limit, 2 GeGLU with GELU's tanh form, 3
+// DeepSeek-V4's clamped SiLU with limit); inScale [pairs] multiplies the
+// first projection's products (a routing weight on the expert's input).
+struct Epilogue {
+  const float* bias;
+  const float* bias2;
+  int act;
+  float alpha, limit;
+  const float* inScale;
+};
+
+// activate is the gated activation of a column's gate and up products.
+__device__ __forceinline__ float activate(const Epilogue& e, float g, float u) {
+  switch (e.act) {
+    case 1:  // g = min(g, L), u = clamp(u, ±L), g·σ(αg)·(u + 1)
+      g = fminf(g, e.limit);
+      u = fmaxf(-e.limit, fminf(u, e.limit));
+      return g / (1.0f + expf(-e.alpha * g)) * (u + 1.0f);
+    case 2: {  // gelu_tanh(g)·u as g·σ(2z), z = √(2/π)(g + 0.044715g³)
+      const float z = 1.5957691216057308f * (g + 0.044715f * g * g * g);
+      return g / (1.0f + expf(-z)) * u;
+    }
+    case 3:  // g = min(g, L), u = clamp(u, ±L), silu(g)·u
+      g = fminf(g, e.limit);
+      u = fmaxf(-e.limit, fminf(u, e.limit));
+      break;
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
+
 // groupedGemm is the body of the entry points. With SWIGLU, w2 is the up
 // projection and the tile writes silu(a·w) · (a·w2) (the first expert
 // projection, gate and up in one pass over A); without, a·w times the
@@ -139,7 +174,7 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
                             const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2, Q4Weights r, Q4Weights r2,
                             const int32_t* __restrict__ sorted, const int32_t* __restrict__ blockExpert, int topK,
                             int pairs, int gatherA, int N, int K, const float* __restrict__ weights,
-                            float* __restrict__ c) {
+                            Epilogue ep, float* __restrict__ c) {
   __shared__ __align__(16) uint16_t As[2][kGemmBM][kGemmBK];
   __shared__ __align__(16) uint16_t Bs[2][kGemmBN][kGemmBK];
   __shared__ __align__(16) uint16_t B2s[2][SWIGLU ? kGemmBN : 1][kGemmBK];
@@ -211,11 +246,17 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
       const int p = sorted[row0 + r];
       float v = 0;
       if (p < pairs) {
+        const size_t bi = (size_t)expert * N + n;
         if (SWIGLU) {
-          const float gt = acc[j][i];
-          v = gt / (1.0f + expf(-gt)) * acc2[SWIGLU ? j : 0][i];
+          float gt = acc[j][i], ut = acc2[SWIGLU ? j : 0][i];
+          if (ep.inScale != nullptr) gt *= ep.inScale[p], ut *= ep.inScale[p];
+          if (ep.bias != nullptr) gt += ep.bias[bi];
+          if (ep.bias2 != nullptr) ut += ep.bias2[bi];
+          v = activate(ep, gt, ut);
         } else {
-          v = weights != nullptr ? acc[j][i] * weights[p] : acc[j][i];
+          v = acc[j][i];
+          if (ep.bias != nullptr) v += ep.bias[bi];
+          if (weights != nullptr) v *= weights[p];
         }
       }
       c[(size_t)(row0 + r) * N + n] = v;
@@ -230,18 +271,18 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
 // multiple of 16.
 extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
                                                   const int32_t* blockExpert, int topK, int pairs, int gatherA, int N,
-                                                  int K, const float* weights, float* c) {
+                                                  int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   groupedGemm<false, 0>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
-                            weights, c);
+                            weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
 // moex_grouped_gemm_fp8 is moex_grouped_gemm_bf16 on FP8 weights w
 // [experts, N, K] with block scales ws [experts, ceil(N/br), ceil(K/bc)].
 extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                                  const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
-                                                 int gatherA, int N, int K, const float* weights, float* c) {
+                                                 int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   groupedGemm<false, 1>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted,
-                        blockExpert, topK, pairs, gatherA, N, K, weights, c);
+                        blockExpert, topK, pairs, gatherA, N, K, weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
 // moex_grouped_gemm_q4 is moex_grouped_gemm_bf16 on 4-bit weights w
@@ -249,18 +290,18 @@ extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_
 // nibble is the value plus 8; else e2m1).
 extern "C" __global__ void moex_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
                                                 const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
-                                                int gatherA, int N, int K, const float* weights, float* c) {
+                                                int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{w, ws, group, int4}, Q4Weights{},
-                        sorted, blockExpert, topK, pairs, gatherA, N, K, weights, c);
+                        sorted, blockExpert, topK, pairs, gatherA, N, K, weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
 // The first projection: gate and up [experts, N, K] → h = silu(gate)·up
 // [paddedRows, N]; same launch shape.
 extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
                                                          const int32_t* sorted, const int32_t* blockExpert, int topK,
-                                                         int pairs, int N, int K, float* h) {
+                                                         int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   groupedGemm<true, 0>(a, gate, up, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
-                           h);
+                           Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
 // moex_grouped_gemm_swiglu_fp8 is moex_grouped_gemm_swiglu_bf16 on FP8
@@ -268,9 +309,9 @@ extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, cons
 extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs,
                                                         const uint8_t* up, const float* us, int br, int bc,
                                                         const int32_t* sorted, const int32_t* blockExpert, int topK,
-                                                        int pairs, int N, int K, float* h) {
+                                                        int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   groupedGemm<true, 1>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, Q4Weights{},
-                       Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
+                       Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
 // moex_grouped_gemm_swiglu_q4 is moex_grouped_gemm_swiglu_bf16 on 4-bit
@@ -278,9 +319,9 @@ extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const
 extern "C" __global__ void moex_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs,
                                                        const uint8_t* up, const float* us, int group, int int4,
                                                        const int32_t* sorted, const int32_t* blockExpert, int topK,
-                                                       int pairs, int N, int K, float* h) {
+                                                       int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{gate, gs, group, int4},
-                       Q4Weights{up, us, group, int4}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, h);
+                       Q4Weights{up, us, group, int4}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
 // moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=f0c5c43c0a2dbaf0d50653ea0ac8087e
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=3725c0c801a42a71d9a5d820e7ac3f72
 import "C"

@@ -49,49 +49,49 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
 
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
                                 int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
-                                float* c) {
+                                const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_bf16, a, w, sorted, blockExpert, topK, pairs,
-              gatherA, N, K, weights, c);
+              gatherA, N, K, weights, bias, bias2, act, alpha, limit, inScale, c);
 }
 
 void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
-                               int gatherA, int N, int K, const float* weights, float* c) {
+                               int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_fp8, a, w, ws, br, bc, sorted, blockExpert, topK,
-              pairs, gatherA, N, K, weights, c);
+              pairs, gatherA, N, K, weights, bias, bias2, act, alpha, limit, inScale, c);
 }
 
 void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
                                       const float* us, int br, int bc, const int32_t* sorted,
                                       const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                      float* h) {
+                                      const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_fp8, a, gate, gs, up, us, br, bc, sorted,
-              blockExpert, topK, pairs, N, K, h);
+              blockExpert, topK, pairs, N, K, bias, bias2, act, alpha, limit, inScale, h);
 }
 
 void moex_emu_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
                               const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
-                              int gatherA, int N, int K, const float* weights, float* c) {
+                              int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_q4, a, w, ws, group, int4, sorted, blockExpert,
-              topK, pairs, gatherA, N, K, weights, c);
+              topK, pairs, gatherA, N, K, weights, bias, bias2, act, alpha, limit, inScale, c);
 }
 
 void moex_emu_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
                                      const float* us, int group, int int4, const int32_t* sorted,
                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                     float* h) {
+                                     const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_q4, a, gate, gs, up, us, group, int4,
-              sorted, blockExpert, topK, pairs, N, K, h);
+              sorted, blockExpert, topK, pairs, N, K, bias, bias2, act, alpha, limit, inScale, h);
 }
 
 void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n) {
@@ -101,11 +101,11 @@ void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n) {
 
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                       float* h) {
+                                       const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
   emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_bf16, a, gate, up, sorted, blockExpert, topK,
-              pairs, N, K, h);
+              pairs, N, K, bias, bias2, act, alpha, limit, inScale, h);
 }
 
 void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, double eps) {

@@ -19,25 +19,25 @@ void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int3
                          float scale, float* partO, float* partL, float* out, float* lse);
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
                                 int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
-                                float* c);
+                                const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
 void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
-                               int gatherA, int N, int K, const float* weights, float* c);
+                               int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
 void moex_emu_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
                               const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
-                              int gatherA, int N, int K, const float* weights, float* c);
+                              int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
 void moex_emu_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
                                      const float* us, int group, int int4, const int32_t* sorted,
                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                     float* h);
+                                     const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h);
 void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
                                       const float* us, int br, int bc, const int32_t* sorted,
                                       const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                      float* h);
+                                      const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h);
 void moex_emu_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up, const int32_t* sorted,
                                        const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
-                                       float* h);
+                                       const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h);
 void moex_emu_rmsnorm(float* x, int rows, int stride, int col, int width, const float* w, double eps);
 void moex_emu_rope(float* x, int rows, int stride, int col, int width, int perPos, const int32_t* pos, const double* freq);
 void moex_emu_copy_rows(const float* src, int srcStride, int srcCol, const int32_t* srcMap, void* dst, int dstBF16,
@@ -203,7 +203,7 @@ func GroupedGEMMBF16(a, w []uint16, lay *kernels.Layout, blockExpert []int32, N,
 	}
 	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(unsafe.Pointer(&a[0])), (*C.uint16_t)(unsafe.Pointer(&w[0])),
 		i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK), C.int(lay.Tokens*lay.TopK), 1, C.int(N), C.int(K),
-		f32p(weights), f32p(c))
+		f32p(weights), nil, nil, 0, 0, 0, nil, f32p(c))
 	return c, nil
 }
 
@@ -220,8 +220,20 @@ func GroupedSwiGLUBF16(a, gate, up []uint16, lay *kernels.Layout, blockExpert []
 	}
 	C.moex_emu_grouped_gemm_swiglu_bf16((*C.uint16_t)(unsafe.Pointer(&a[0])), (*C.uint16_t)(unsafe.Pointer(&gate[0])),
 		(*C.uint16_t)(unsafe.Pointer(&up[0])), i32p(lay.Pairs), i32p(blockExpert), C.int(rows), C.int(lay.TopK),
-		C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K), f32p(h))
+		C.int(lay.Tokens*lay.TopK), C.int(N), C.int(K), nil, nil, 0, 0, 0, nil, f32p(h))
 	return h, nil
+}
+
+// Epilogue is a grouped GEMM's epilogue for the raw entry points (see
+// kernels/cuda's Epilogue), in device-style pointers (nil for none): the
+// biases [experts, N] of the products (the first projection's gate and up),
+// the activation (a kernels.ActKind) with its constants, and the routing
+// weights [pairs] that scale the first projection's products.
+type Epilogue struct {
+	Bias, Bias2  unsafe.Pointer
+	Act          int
+	Alpha, Limit float32
+	InScale      unsafe.Pointer
 }
 
 // The raw entry points below take device-style pointers (here: host memory)
@@ -249,63 +261,63 @@ func CombineRaw(out, rows unsafe.Pointer, tokens, topK, hidden int, shared, y un
 }
 
 // GroupedGEMMRaw launches the grouped GEMM.
-func GroupedGEMMRaw(a, w, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c unsafe.Pointer) {
+func GroupedGEMMRaw(a, w, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0
 	if gatherA {
 		g = 1
 	}
 	C.moex_emu_grouped_gemm_bf16((*C.uint16_t)(a), (*C.uint16_t)(w), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert),
-		C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K), (*C.float)(weights), (*C.float)(c))
+		C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K), (*C.float)(weights), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(c))
 }
 
 // GroupedGEMMFP8Raw launches the grouped GEMM on FP8 weights w with block
 // scales ws in blocks of [br, bc].
 func GroupedGEMMFP8Raw(a, w, ws unsafe.Pointer, br, bc int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
-	gatherA bool, N, K int, weights, c unsafe.Pointer) {
+	gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0
 	if gatherA {
 		g = 1
 	}
 	C.moex_emu_grouped_gemm_fp8((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), C.int(br), C.int(bc), (*C.int32_t)(sorted),
 		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
-		(*C.float)(weights), (*C.float)(c))
+		(*C.float)(weights), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(c))
 }
 
 // GroupedSwiGLUFP8Raw launches the fused first projection on FP8 gate and
 // up weights with their block scales.
 func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
-	pairs, N, K int, h unsafe.Pointer) {
+	pairs, N, K int, ep Epilogue, h unsafe.Pointer) {
 	C.moex_emu_grouped_gemm_swiglu_fp8((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
 		C.int(br), C.int(bc), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
-		C.int(N), C.int(K), (*C.float)(h))
+		C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 
 // GroupedGEMMQ4Raw launches the grouped GEMM on 4-bit weights w with a
 // scale per group of k (int4: the nibble minus 8; else e2m1).
 func GroupedGEMMQ4Raw(a, w, ws unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
-	gatherA bool, N, K int, weights, c unsafe.Pointer) {
+	gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0
 	if gatherA {
 		g = 1
 	}
 	C.moex_emu_grouped_gemm_q4((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), C.int(group), C.int(int4), (*C.int32_t)(sorted),
 		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
-		(*C.float)(weights), (*C.float)(c))
+		(*C.float)(weights), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(c))
 }
 
 // GroupedSwiGLUQ4Raw launches the fused first projection on 4-bit gate
 // and up weights with their scales.
 func GroupedSwiGLUQ4Raw(a, gate, gs, up, us unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
-	pairs, N, K int, h unsafe.Pointer) {
+	pairs, N, K int, ep Epilogue, h unsafe.Pointer) {
 	C.moex_emu_grouped_gemm_swiglu_q4((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
 		C.int(group), C.int(int4), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
-		C.int(N), C.int(K), (*C.float)(h))
+		C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 
 // GroupedSwiGLURaw launches the fused first projection.
-func GroupedSwiGLURaw(a, gate, up, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs, N, K int, h unsafe.Pointer) {
+func GroupedSwiGLURaw(a, gate, up, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs, N, K int, ep Epilogue, h unsafe.Pointer) {
 	C.moex_emu_grouped_gemm_swiglu_bf16((*C.uint16_t)(a), (*C.uint16_t)(gate), (*C.uint16_t)(up), (*C.int32_t)(sorted),
-		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(N), C.int(K), (*C.float)(h))
+		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 
 // F32ToBF16Raw launches the conversion kernel.

@@ -45,9 +45,6 @@ var (
 // stays on the device.
 func NewExperts(d cuda.Launcher, l *moe.Layer) (*Experts, error) {
 	c := l.Config
-	if err := checkPlain(c); err != nil {
-		return nil, err
-	}
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
 		return nil, fmt.Errorf("cuda: experts: hidden %d and intermediate sizes %d, %d must be multiples of 16", c.Hidden, c.Inter, c.SharedInter)
 	}
@@ -59,9 +56,9 @@ func NewExperts(d cuda.Launcher, l *moe.Layer) (*Experts, error) {
 			held = append(held, w)
 		}
 	}
-	x.routed = uploadStack(x.bs, held, 0, c.Hidden, c.Inter)
+	x.routed = uploadStack(x.bs, held, 0, c.Hidden, c.Inter, c.Act, c.WeightOnInput)
 	if s, _ := l.SharedExpert(); s != nil {
-		st := uploadStack(x.bs, []moe.Expert{*s}, 0, c.Hidden, s.Gate.Rows)
+		st := uploadStack(x.bs, []moe.Expert{*s}, 0, c.Hidden, s.Gate.Rows, c.SharedAct, false)
 		x.shared = &st
 	}
 	if err := x.bs.Err(); err != nil {
@@ -196,17 +193,21 @@ func GroupedFFN(ctx context.Context, d cuda.Launcher, x []float32, groups []kern
 		if err := checkRows(e, g, H, T); err != nil {
 			return err
 		}
-		if !g.Plain() {
-			return fmt.Errorf("cuda: grouped FFN: group %d has biases or the %v activation; the device kernels run SwiGLU experts without biases", e, g.Act.Kind)
+		if g.Act != g0.Act || g.ScaleInput != g0.ScaleInput || (g.GateBias == nil) != (g0.GateBias == nil) {
+			return fmt.Errorf("cuda: grouped FFN: group %d's activation %v, input scaling %v or biases differ from group 0's (%v, %v): one launch runs one epilogue",
+				e, g.Act.Kind, g.ScaleInput, g0.Act.Kind, g0.ScaleInput)
 		}
-		experts[e] = moe.Expert{Gate: g.Gate, Up: g.Up, Down: g.Down}
+		if (g.GateBias != nil) && (len(g.GateBias) != I || len(g.UpBias) != I || len(g.DownBias) != H) {
+			return fmt.Errorf("cuda: grouped FFN: group %d has biases of %d, %d and %d values, want %d, %d and %d", e, len(g.GateBias), len(g.UpBias), len(g.DownBias), I, I, H)
+		}
+		experts[e] = moe.Expert{Gate: g.Gate, Up: g.Up, Down: g.Down, GateBias: g.GateBias, UpBias: g.UpBias, DownBias: g.DownBias}
 	}
 	if groupRows(groups) == 0 {
 		return nil
 	}
 	bs := cuda.NewBuffers(d)
 	defer bs.Free()
-	st := uploadStack(bs, experts, 0, H, I)
+	st := uploadStack(bs, experts, 0, H, I, g0.Act, g0.ScaleInput)
 	if err := bs.Err(); err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ type MoE struct {
 // the device.
 func NewMoE(dev cuda.Launcher, l *moe.Layer) (*MoE, error) {
 	c := l.Config
-	if err := checkPlain(c); err != nil {
+	if err := checkRouting(c); err != nil {
 		return nil, err
 	}
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
@@ -66,9 +66,9 @@ func NewMoE(dev cuda.Launcher, l *moe.Layer) (*MoE, error) {
 	if b := l.Router.Bias(); b != nil {
 		m.bias = m.bs.Put(cuda.Upload(dev, b))
 	}
-	m.routed = uploadStack(m.bs, experts, lo, c.Hidden, c.Inter)
+	m.routed = uploadStack(m.bs, experts, lo, c.Hidden, c.Inter, c.Act, c.WeightOnInput)
 	if s, g := l.SharedExpert(); s != nil {
-		st := uploadStack(m.bs, []moe.Expert{*s}, 0, c.Hidden, s.Gate.Rows)
+		st := uploadStack(m.bs, []moe.Expert{*s}, 0, c.Hidden, s.Gate.Rows, c.SharedAct, false)
 		m.shared, m.sharedGate = &st, g
 	}
 	if err := m.bs.Err(); err != nil {
@@ -179,18 +179,19 @@ func (m *MoE) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, w
 	return cuda.Download(d, s.out, y)
 }
 
-// checkPlain refuses a family whose experts or router the device kernels
-// do not compute yet: expert biases, another activation than SwiGLU, a
-// bias on the router logits (gpt_oss).
-func checkPlain(c *moe.Config) error {
-	if c.ExpertBias || c.RouterBias || c.Act.Kind != kernels.SiLU {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (expert biases, the %v activation, a router logit bias) do not run on the device yet: run them on the CPU", c.ModelType, c.Act.Kind)
+// checkRouting refuses a family whose router or block the device pipeline
+// (its gate kernel: softmax or sigmoid scores, the DeepSeek methods) does
+// not compute yet: a bias on the router logits (gpt_oss), experts chosen
+// on the logits (llama4), a floor under the renormalisation (ernie),
+// sqrt-softplus scores and hash layers (deepseek_v4), a block owning its
+// norms (gemma4). The experts' activations, biases and input scales run
+// on the device (Experts runs them under any of these routers).
+func checkRouting(c *moe.Config) error {
+	if c.RouterBias || c.ChooseOnLogits || c.NormMin > 0 {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a router logit bias, experts chosen on the logits, a floor under the renormalisation) do not route on the device yet: run the router on the CPU (moegpu.Experts)", c.ModelType)
 	}
-	if c.ResidualInput || len(c.HashLayers) > 0 || c.Scoring == moe.SqrtSoftplus || c.SharedAct.Kind != kernels.SiLU {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a block owning its norms, experts chosen by token id, sqrt-softplus scores) do not run on the device yet: run them on the CPU", c.ModelType)
-	}
-	if c.WeightOnInput || c.ChooseOnLogits || c.NormMin > 0 {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (routing weights on the expert input, experts chosen on the logits, a floor under the renormalisation) do not run on the device yet: run them on the CPU", c.ModelType)
+	if c.ResidualInput || len(c.HashLayers) > 0 || c.Scoring == moe.SqrtSoftplus {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a block owning its norms, experts chosen by token id, sqrt-softplus scores) do not route on the device yet: run the router on the CPU (moegpu.Experts)", c.ModelType)
 	}
 	return nil
 }

@@ -64,27 +64,6 @@ func TestMXFP4MoEOnEmulation(t *testing.T) {
 	checkMoE(t, cuda.NewEmu(), l, 1, 37)
 }
 
-// TestGptOssRefused: the device kernels do not compute gpt_oss's biases
-// and clamped activation: each entry point says so instead of running
-// SwiGLU without them.
-func TestGptOssRefused(t *testing.T) {
-	cfg := moe.GptOss20B()
-	cfg.Hidden, cfg.Inter, cfg.NumExperts = 32, 32, 4
-	l, err := moe.NewRandom(cfg, kernels.BF16, 1)
-	require.NoError(t, err)
-	_, err = moegpu.NewMoE(cuda.NewEmu(), l)
-	require.ErrorContains(t, err, "cuda: gpt_oss layers (expert biases, the clamped_swiglu activation, a router logit bias) do not run on the device yet")
-	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
-	_, err = moegpu.NewExperts(cuda.NewEmu(), l)
-	require.ErrorContains(t, err, "do not run on the device yet")
-	x := make([]float32, 2*32)
-	ids := []int32{1, 2, 0, 3}
-	g, err := l.Group(ids, []float32{0.5, 0.5, 0.5, 0.5}, 2, false, nil)
-	require.NoError(t, err)
-	err = moegpu.GroupedFFN(context.Background(), cuda.NewEmu(), x, g.Groups)
-	require.ErrorContains(t, err, "has biases or the clamped_swiglu activation")
-}
-
 func TestMoEBadShapes(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 24, NumExperts: 2, TopK: 1, Inter: 16, Scoring: moe.Softmax,
 		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}

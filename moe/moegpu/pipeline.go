@@ -32,12 +32,29 @@ type stack struct {
 	gate, up, down cuda.Weights
 	lo, n          int
 	hidden, inter  int
+	// first and second are the projections' epilogues: the activation and
+	// the gate and up biases, the down bias (gpt_oss). scaleInput: the
+	// routing weight scales the expert's input, not its output (llama4).
+	first, second cuda.Epilogue
+	scaleInput    bool
 }
 
 // uploadStack uploads the experts' weights as a stack (of the layer's
-// experts lo …); bs keeps its buffers and the first error.
-func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int) stack {
-	st := stack{lo: lo, n: len(experts), hidden: hidden, inter: inter}
+// experts lo …), with their biases (all the experts' or none) and the
+// activation act; scaleInput puts the routing weight on the input. bs
+// keeps its buffers and the first error.
+func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int, act kernels.Activation, scaleInput bool) stack {
+	st := stack{lo: lo, n: len(experts), hidden: hidden, inter: inter, scaleInput: scaleInput}
+	st.first.Act = act
+	if len(experts) > 0 && experts[0].GateBias != nil {
+		var gb, ub, db []float32
+		for _, x := range experts {
+			gb, ub, db = append(gb, x.GateBias...), append(ub, x.UpBias...), append(db, x.DownBias...)
+		}
+		d := bs.Device()
+		st.first.Bias, st.first.Bias2 = bs.Put(cuda.Upload(d, gb)), bs.Put(cuda.Upload(d, ub))
+		st.second.Bias = bs.Put(cuda.Upload(d, db))
+	}
 	mats := func(pick func(x *moe.Expert) kernels.Matrix) []kernels.Matrix {
 		out := make([]kernels.Matrix, len(experts))
 		for i := range experts {
@@ -171,20 +188,25 @@ func newFFNRun(a cuda.Allocator, st *stack, tokens, topK int) *ffnRun {
 // enqueue lays out the pairs of ids [tokens, topK] (expert ids of the
 // layer) over the stack's experts and runs them on xb (bf16 [tokens,
 // hidden]), each output row scaled by its pair's weight in scale (fp32
-// [tokens·topK]; a zero Buffer: 1).
+// [tokens·topK]; a zero Buffer: 1), or each pair's input where the stack
+// says so.
 func (r *ffnRun) enqueue(l cuda.Launcher, xb, ids, scale cuda.Buffer) error {
 	st, n := r.st, r.tokens*r.topK
 	rows := r.blocks * cuda.GEMMBlock
 	if err := l.Align(ids, n, st.lo, st.n, cuda.GEMMBlock, r.blocks, r.counts, r.offsets, r.sorted, r.blockExpert, r.rowsOf); err != nil {
 		return err
 	}
-	if err := l.GroupedSwiGLU(xb, st.gate, st.up, r.sorted, r.blockExpert, rows, r.topK, n, st.inter, st.hidden, r.h); err != nil {
+	first := st.first
+	if st.scaleInput {
+		first.InScale, scale = scale, cuda.Buffer{}
+	}
+	if err := l.GroupedSwiGLU(xb, st.gate, st.up, first, r.sorted, r.blockExpert, rows, r.topK, n, st.inter, st.hidden, r.h); err != nil {
 		return err
 	}
 	if err := l.F32ToBF16(r.h, r.hb, rows*st.inter); err != nil {
 		return err
 	}
-	return l.GroupedGEMM(r.hb, st.down, r.sorted, r.blockExpert, rows, r.topK, n, false, st.hidden, st.inter, scale, r.out)
+	return l.GroupedGEMM(r.hb, st.down, st.second, r.sorted, r.blockExpert, rows, r.topK, n, false, st.hidden, st.inter, scale, r.out)
 }
 
 // sharedRun is the shared expert (a stack of one) over rows rows: out
@@ -212,13 +234,13 @@ func newSharedRun(a cuda.Allocator, st *stack, lay dense, gated bool) *sharedRun
 
 func (r *sharedRun) enqueue(l cuda.Launcher, xb cuda.Buffer) error {
 	st, lay := r.st, r.lay
-	if err := l.GroupedSwiGLU(xb, st.gate, st.up, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, st.inter, st.hidden, r.h); err != nil {
+	if err := l.GroupedSwiGLU(xb, st.gate, st.up, st.first, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, st.inter, st.hidden, r.h); err != nil {
 		return err
 	}
 	if err := l.F32ToBF16(r.h, r.hb, lay.padded*st.inter); err != nil {
 		return err
 	}
-	return l.GroupedGEMM(r.hb, st.down, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, false, st.hidden, st.inter, r.scale, r.out)
+	return l.GroupedGEMM(r.hb, st.down, st.second, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, false, st.hidden, st.inter, r.scale, r.out)
 }
 
 // A Stage is the MoE pipeline for Tokens tokens on fixed device buffers:
@@ -286,7 +308,7 @@ func (s *Stage) Enqueue(l cuda.Launcher) error {
 		return err
 	}
 	// Router logits: one dense GEMM over every token.
-	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
+	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), cuda.Epilogue{}, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
 		cuda.Buffer{}, s.logits); err != nil {
 		return err
 	}
