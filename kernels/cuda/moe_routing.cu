@@ -10,7 +10,7 @@
 namespace moex {
 
 // Routing methods and scoring functions, as in package moe.
-enum { SCORE_SOFTMAX = 1, SCORE_SIGMOID = 2 };
+enum { SCORE_SOFTMAX = 1, SCORE_SIGMOID = 2, SCORE_SQRT_SOFTPLUS = 3 };
 enum { TOPK_GREEDY = 1, TOPK_GROUP_LIMITED = 2, TOPK_NOAUX_TC = 3 };
 
 constexpr int kGateThreads = 256;   // threads of a gating block
@@ -18,9 +18,14 @@ constexpr int kMaxExperts = 1024;   // experts one gating block holds in shared 
 constexpr int kMaxGroups = 64;
 constexpr int kMaxTopK = 64;
 
+// GateParams: chooseOnLogits ranks the experts by their logits rather than
+// their scores (llama4); the renormalisation's denominator is at least
+// normMin (ernie4_5_moe).
 struct GateParams {
   int experts, topK, scoring, method, groups, topkGroups, norm;
   float normEps, scaling;
+  int chooseOnLogits;
+  float normMin;
 };
 
 // better orders experts (or groups) for a top-k: higher value first, the
@@ -59,7 +64,10 @@ extern "C" __global__ void moex_gate(const float* __restrict__ logits, const flo
   __syncthreads();
   float sum = 0;
   for (int e = tid; e < E; e += kGateThreads) {
-    float v = p.scoring == SCORE_SOFTMAX ? expf(row[e] - mx) : 1.0f / (1.0f + expf(-row[e]));
+    const float l = row[e];
+    float v = p.scoring == SCORE_SOFTMAX ? expf(l - mx)
+              : p.scoring == SCORE_SQRT_SOFTPLUS ? sqrtf(fmaxf(l, 0.0f) + log1pf(expf(-fabsf(l))))
+                                                 : 1.0f / (1.0f + expf(-l));
     score[e] = v;
     sum += v;
   }
@@ -73,7 +81,7 @@ extern "C" __global__ void moex_gate(const float* __restrict__ logits, const flo
   __syncthreads();
   for (int e = tid; e < E; e += kGateThreads) {
     if (p.scoring == SCORE_SOFTMAX) score[e] /= total;
-    choice[e] = score[e] + (bias != nullptr && p.method == TOPK_NOAUX_TC ? bias[e] : 0.0f);
+    choice[e] = (p.chooseOnLogits ? row[e] : score[e]) + (bias != nullptr && p.method == TOPK_NOAUX_TC ? bias[e] : 0.0f);
     allowed[e] = 1;
   }
   __syncthreads();
@@ -136,7 +144,7 @@ extern "C" __global__ void moex_gate(const float* __restrict__ logits, const flo
       }
     float s = 0;
     for (int k = 0; k < p.topK; k++) s += score[picked[k]];
-    float den = p.norm ? s + p.normEps : 1.0f;
+    float den = p.norm ? fmaxf(s + p.normEps, p.normMin) : 1.0f;
     for (int k = 0; k < p.topK; k++) {
       ids[(size_t)t * p.topK + k] = picked[k];
       weights[(size_t)t * p.topK + k] = score[picked[k]] / den * p.scaling;

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=3725c0c801a42a71d9a5d820e7ac3f72
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=6b3495efc1c67b2e35f756fc1d4c60ec
 import "C"

@@ -13,9 +13,10 @@ static std::mutex launchMu;
 extern "C" {
 
 void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
-                   int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights) {
+                   int groups, int topkGroups, int norm, float normEps, float scaling, int chooseOnLogits, float normMin,
+                   int32_t* ids, float* weights) {
   std::lock_guard<std::mutex> lock(launchMu);
-  moex::GateParams p{experts, topK, scoring, method, groups, topkGroups, norm, normEps, scaling};
+  moex::GateParams p{experts, topK, scoring, method, groups, topkGroups, norm, normEps, scaling, chooseOnLogits, normMin};
   emu::launch(dim3(tokens), dim3(moex::kGateThreads), moex::moex_gate, logits, bias, p, ids, weights);
 }
 

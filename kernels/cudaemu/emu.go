@@ -9,7 +9,8 @@ package cudaemu
 #cgo LDFLAGS: -pthread -lstdc++
 #include <stdint.h>
 void moex_emu_gate(const float* logits, const float* bias, int tokens, int experts, int topK, int scoring, int method,
-                   int groups, int topkGroups, int norm, float normEps, float scaling, int32_t* ids, float* weights);
+                   int groups, int topkGroups, int norm, float normEps, float scaling, int chooseOnLogits, float normMin,
+                   int32_t* ids, float* weights);
 void moex_emu_align(const int32_t* ids, int n, int lo, int experts, int block, int maxBlocks, int32_t* counts,
                     int32_t* offsets, int32_t* sorted, int32_t* blockExpert, int32_t* rows);
 void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
@@ -95,7 +96,8 @@ func Gate(k kernels.GateArgs, logits, bias []float32) ([]int32, []float32, error
 		return ids, w, nil
 	}
 	C.moex_emu_gate(f32p(logits), f32p(bias), C.int(T), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring), C.int(k.Method),
-		C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling), i32p(ids), f32p(w))
+		C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling), C.int(k.ChooseOnLogits),
+		C.float(k.NormMin), i32p(ids), f32p(w))
 	return ids, w, nil
 }
 
@@ -244,7 +246,7 @@ type Epilogue struct {
 func GateRaw(logits, bias unsafe.Pointer, tokens int, k kernels.GateArgs, ids, weights unsafe.Pointer) {
 	C.moex_emu_gate((*C.float)(logits), (*C.float)(bias), C.int(tokens), C.int(k.Experts), C.int(k.TopK), C.int(k.Scoring),
 		C.int(k.Method), C.int(k.Groups), C.int(k.TopKGroups), C.int(k.Norm), C.float(k.NormEps), C.float(k.Scaling),
-		(*C.int32_t)(ids), (*C.float)(weights))
+		C.int(k.ChooseOnLogits), C.float(k.NormMin), (*C.int32_t)(ids), (*C.float)(weights))
 }
 
 // AlignRaw launches the dispatch-layout kernel over the shard of experts

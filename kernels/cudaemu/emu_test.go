@@ -31,6 +31,13 @@ func TestGate(t *testing.T) {
 		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
 		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 16, TopK: 16, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 4, TopKGroups: 4, NormTopK: true, RoutedScaling: 1, LayerFreq: 1},
 		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 512, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
+		// llama4: the top-k of the raw logits, their sigmoids unnormalised.
+		{ModelType: "llama4", Hidden: 1, NumExperts: 16, TopK: 1, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, WeightOnInput: true, RoutedScaling: 1, SparseStep: 1},
+		{ModelType: "llama4", Hidden: 1, NumExperts: 128, TopK: 3, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, RoutedScaling: 1, SparseStep: 1},
+		// ernie4_5_moe's floor under the denominator, large enough to bind.
+		{ModelType: "ernie4_5_moe", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.NoAuxTC, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormMin: 0.5, RoutedScaling: 1, MoEInterval: 1},
+		// deepseek_v4's sqrt(softplus) scores.
+		{ModelType: "deepseek_v4", Hidden: 1, NumExperts: 256, TopK: 6, Inter: 1, Scoring: moe.SqrtSoftplus, Method: moe.NoAuxTC, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormEps: 1e-20, RoutedScaling: 1.5},
 	}
 	for i, cfg := range cfgs {
 		for _, T := range []int{0, 1, 37} {
@@ -40,8 +47,14 @@ func TestGate(t *testing.T) {
 				E := cfg.NumExperts
 				logits := make([]float32, T*E)
 				wide := make([]float64, T*E)
+				// Large logits for a choice on the logits: their fp32
+				// sigmoids saturate to ties the logits do not have.
+				scale := 2.0
+				if cfg.ChooseOnLogits {
+					scale = 20
+				}
 				for j := range logits {
-					logits[j] = float32(rng.NormFloat64() * 2)
+					logits[j] = float32(rng.NormFloat64() * scale)
 					wide[j] = float64(logits[j])
 				}
 				var bias []float32

@@ -22,8 +22,9 @@ import (
 // routing weight on the input, deepseek_v4's clamped SiLU (a limit that
 // binds), gemma4's GeGLU experts and dense MLP; each within 1e-2 of the
 // CPU layer, which the same weights with SwiGLU (or the weight on the
-// output) are far from. It also checks the device pipeline still refuses
-// those routers by name.
+// output) are far from. Then the whole layer on the device pipeline
+// (moegpu.MoE: gpt_oss's router bias, llama4's choice on the logits,
+// deepseek_v4's sqrt-softplus scores), and gemma4's refused by name.
 func TestEpiloguesOnEmulation(t *testing.T) {
 	oss := moe.GptOss20B()
 	oss.Hidden, oss.Inter, oss.NumExperts, oss.TopK = 64, 64, 4, 2
@@ -75,9 +76,14 @@ func TestEpiloguesOnEmulation(t *testing.T) {
 			t.Logf("relative error %.2e", e)
 			require.LessOrEqual(t, e, 1e-2)
 
-			_, err = moegpu.NewMoE(cuda.NewEmu(), l)
-			require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
-			require.ErrorContains(t, err, "do not route on the device yet: run the router on the CPU (moegpu.Experts)")
+			l.SetExpertRunner(nil)
+			if tc.cfg.ResidualInput {
+				_, err = moegpu.NewMoE(cuda.NewEmu(), l)
+				require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
+				require.ErrorContains(t, err, "do not route on the device yet: run the router on the CPU (moegpu.Experts)")
+				return
+			}
+			checkMoE(t, cuda.NewEmu(), l, 1, 19)
 		})
 	}
 }

@@ -20,6 +20,7 @@ type MoE struct {
 	dev          cuda.Launcher
 	cfg          *moe.Config
 	router, bias cuda.Buffer
+	logitBias    cuda.Buffer // [experts]: added to the router logits (gpt_oss), or none
 	routed       stack  // the experts held: all, or a contiguous shard for gather mode
 	shared       *stack // nil without a shared expert
 	sharedGate   *kernels.Matrix
@@ -36,7 +37,7 @@ type MoE struct {
 // the device.
 func NewMoE(dev cuda.Launcher, l *moe.Layer) (*MoE, error) {
 	c := l.Config
-	if err := checkRouting(c); err != nil {
+	if err := checkRouting(l); err != nil {
 		return nil, err
 	}
 	if c.Hidden%16 != 0 || c.Inter%16 != 0 || c.SharedInter%16 != 0 {
@@ -65,6 +66,9 @@ func NewMoE(dev cuda.Launcher, l *moe.Layer) (*MoE, error) {
 	m.router = m.bs.Put(cuda.Upload(dev, cuda.BF16Rows(l.Router.Weight())))
 	if b := l.Router.Bias(); b != nil {
 		m.bias = m.bs.Put(cuda.Upload(dev, b))
+	}
+	if b := l.Router.LogitBias(); b != nil {
+		m.logitBias = m.bs.Put(cuda.Upload(dev, b))
 	}
 	m.routed = uploadStack(m.bs, experts, lo, c.Hidden, c.Inter, c.Act, c.WeightOnInput)
 	if s, g := l.SharedExpert(); s != nil {
@@ -179,19 +183,13 @@ func (m *MoE) ForwardRouting(ctx context.Context, x, y []float32, ids []int32, w
 	return cuda.Download(d, s.out, y)
 }
 
-// checkRouting refuses a family whose router or block the device pipeline
-// (its gate kernel: softmax or sigmoid scores, the DeepSeek methods) does
-// not compute yet: a bias on the router logits (gpt_oss), experts chosen
-// on the logits (llama4), a floor under the renormalisation (ernie),
-// sqrt-softplus scores and hash layers (deepseek_v4), a block owning its
-// norms (gemma4). The experts' activations, biases and input scales run
-// on the device (Experts runs them under any of these routers).
-func checkRouting(c *moe.Config) error {
-	if c.RouterBias || c.ChooseOnLogits || c.NormMin > 0 {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a router logit bias, experts chosen on the logits, a floor under the renormalisation) do not route on the device yet: run the router on the CPU (moegpu.Experts)", c.ModelType)
-	}
-	if c.ResidualInput || len(c.HashLayers) > 0 || c.Scoring == moe.SqrtSoftplus {
-		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers (a block owning its norms, experts chosen by token id, sqrt-softplus scores) do not route on the device yet: run the router on the CPU (moegpu.Experts)", c.ModelType)
+// checkRouting refuses a layer whose router or block the device pipeline
+// does not compute yet: one that chooses its experts by token id
+// (deepseek_v4's hash layers) or owns its norms (gemma4). Those run their
+// experts on the device through Experts, the router on the CPU.
+func checkRouting(l *moe.Layer) error {
+	if c := l.Config; c.ResidualInput || l.TokenRouted() {
+		return errkind.Errorf(moe.ErrUnsupportedFormat, "cuda: %s layers that own their norms or choose their experts by token id do not route on the device yet: run the router on the CPU (moegpu.Experts)", c.ModelType)
 	}
 	return nil
 }

@@ -307,8 +307,9 @@ func (s *Stage) Enqueue(l cuda.Launcher) error {
 	if err := l.F32ToBF16(s.in, s.xb, T*H); err != nil {
 		return err
 	}
-	// Router logits: one dense GEMM over every token.
-	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), cuda.Epilogue{}, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
+	// Router logits: one dense GEMM over every token, the logit bias its
+	// epilogue's (the dense layout's one group).
+	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), cuda.Epilogue{Bias: m.logitBias}, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
 		cuda.Buffer{}, s.logits); err != nil {
 		return err
 	}
