@@ -21,8 +21,8 @@ type MoE struct {
 	cfg          *moe.Config
 	router, bias cuda.Buffer
 	logitBias    cuda.Buffer // [experts]: added to the router logits (gpt_oss), or none
-	routed       stack  // the experts held: all, or a contiguous shard for gather mode
-	shared       *stack // nil without a shared expert
+	routed       stack       // the experts held: all, or a contiguous shard for gather mode
+	shared       *stack      // nil without a shared expert
 	sharedGate   *kernels.Matrix
 	bs           *cuda.Buffers     // the weights
 	tmp          *cuda.ScratchPool // Forward's temporaries, kept between calls
