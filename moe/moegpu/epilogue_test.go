@@ -1,4 +1,4 @@
-//go:build cudaemu && !cuda
+//go:build cuda || cudaemu
 
 package moegpu_test
 
@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
@@ -16,7 +15,7 @@ import (
 	"github.com/moex-project/moex/moe/moegpu"
 )
 
-// TestEpiloguesOnEmulation runs the experts of every family whose
+// TestEpiloguesOnDevice runs the experts of every family whose
 // experts compute more than SwiGLU on the device (moegpu.Experts, the
 // router on the CPU): gpt_oss's biases and clamped SwiGLU, llama4's
 // routing weight on the input, deepseek_v4's clamped SiLU (a limit that
@@ -25,7 +24,7 @@ import (
 // output) are far from. Then the whole layer on the device pipeline
 // (moegpu.MoE: gpt_oss's router bias, llama4's choice on the logits,
 // deepseek_v4's sqrt-softplus scores), and gemma4's refused by name.
-func TestEpiloguesOnEmulation(t *testing.T) {
+func TestEpiloguesOnDevice(t *testing.T) {
 	oss := moe.GptOss20B()
 	oss.Hidden, oss.Inter, oss.NumExperts, oss.TopK = 64, 64, 4, 2
 	llama := &moe.Config{ModelType: "llama4", Hidden: 64, NumExperts: 4, TopK: 1, Inter: 32, SharedInter: 32, Scoring: moe.Sigmoid,
@@ -46,6 +45,7 @@ func TestEpiloguesOnEmulation(t *testing.T) {
 		{gemma, func(c *moe.Config) { c.Act, c.SharedAct = kernels.Activation{}, kernels.Activation{} }},
 	} {
 		t.Run(tc.cfg.ModelType, func(t *testing.T) {
+			dev := testDevice(t)
 			l, err := moe.NewRandom(tc.cfg, kernels.BF16, 3)
 			require.NoError(t, err)
 			pc := *tc.cfg
@@ -66,7 +66,7 @@ func TestEpiloguesOnEmulation(t *testing.T) {
 			}
 			require.Greater(t, moetest.RelErr(other, ref), 5e-2, "the epilogue must matter")
 
-			ex, err := moegpu.NewExperts(cuda.NewEmu(), l)
+			ex, err := moegpu.NewExperts(dev, l)
 			require.NoError(t, err)
 			defer ex.Close()
 			l.SetExpertRunner(ex)
@@ -78,12 +78,12 @@ func TestEpiloguesOnEmulation(t *testing.T) {
 
 			l.SetExpertRunner(nil)
 			if tc.cfg.ResidualInput {
-				_, err = moegpu.NewMoE(cuda.NewEmu(), l)
+				_, err = moegpu.NewMoE(dev, l)
 				require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
 				require.ErrorContains(t, err, "do not route on the device yet: run the router on the CPU (moegpu.Experts)")
 				return
 			}
-			checkMoE(t, cuda.NewEmu(), l, 1, 19)
+			checkMoE(t, dev, l, 1, 19)
 		})
 	}
 }
@@ -92,6 +92,7 @@ func TestEpiloguesOnEmulation(t *testing.T) {
 // gpt_oss's groups (biases, clamped SwiGLU), and groups of two epilogues
 // refused.
 func TestGroupedFFNEpilogue(t *testing.T) {
+	dev := testDevice(t)
 	cfg := moe.GptOss20B()
 	cfg.Hidden, cfg.Inter, cfg.NumExperts, cfg.TopK = 32, 32, 4, 2
 	l, err := moe.NewRandom(cfg, kernels.BF16, 1)
@@ -102,11 +103,11 @@ func TestGroupedFFNEpilogue(t *testing.T) {
 	}
 	ids := []int32{1, 2, 0, 3, 1, 3}
 	w := []float32{0.5, 0.5, 0.25, 0.75, 0.6, 0.4}
-	run := func(dev bool) [][]float32 {
+	run := func(onDevice bool) [][]float32 {
 		g, err := l.Group(ids, w, 2, false, nil)
 		require.NoError(t, err)
-		if dev {
-			require.NoError(t, moegpu.GroupedFFN(context.Background(), cuda.NewEmu(), x, g.Groups))
+		if onDevice {
+			require.NoError(t, moegpu.GroupedFFN(context.Background(), dev, x, g.Groups))
 		} else {
 			require.NoError(t, l.RunExperts(context.Background(), x, g.Groups, nil))
 		}
@@ -127,6 +128,6 @@ func TestGroupedFFNEpilogue(t *testing.T) {
 	g, err := l.Group(ids, w, 2, false, nil)
 	require.NoError(t, err)
 	g.Groups[1].Act = kernels.Activation{}
-	err = moegpu.GroupedFFN(context.Background(), cuda.NewEmu(), x, g.Groups)
+	err = moegpu.GroupedFFN(context.Background(), dev, x, g.Groups)
 	require.ErrorContains(t, err, "group 1's activation silu, input scaling false or biases differ from group 0's")
 }
