@@ -128,12 +128,16 @@ func MoEGatherTokens(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *
 		comm.Abort(err)
 		return err
 	}
-	in := all // what the experts read
+	// What the experts read, and (a block owning its norms) what the
+	// dense MLP reads: this rank's rows of the gathered tokens' dense input.
+	in, own := all, x
 	if c.ResidualInput {
-		if in, _, err = shard.BlockInputs(ctx, all); err != nil {
+		var dense []float32
+		if in, dense, err = shard.BlockInputs(ctx, all); err != nil {
 			comm.Abort(err)
 			return err
 		}
+		own = dense[plan.Offset*H : (plan.Offset+plan.Tokens)*H]
 	}
 	// This rank's experts over every token routed to them, then each
 	// token's partial sum over them in ascending expert id (zero where this
@@ -163,13 +167,6 @@ func MoEGatherTokens(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *
 	t3 := time.Now()
 	times.Scatter += t3.Sub(t2)
 	defer func() { times.Experts += time.Since(t3) }()
-	own := x // what the shared expert (the dense MLP) reads
-	if c.ResidualInput {
-		if _, own, err = shard.BlockInputs(ctx, x); err != nil {
-			comm.Abort(err)
-			return err
-		}
-	}
 	if shared := shard.SharedFFN(own, nil, nil); shared != nil {
 		if err := shard.RunExperts(ctx, own, []kernels.FFNGroup{*shared}, nil); err != nil {
 			comm.Abort(err)

@@ -88,15 +88,10 @@ func gptOssExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, e
 	if err != nil {
 		return nil, err
 	}
-	experts := make([]Expert, E)
 	row := make([]float32, 2*I)
-	for e := range experts {
-		if keep != nil && !keep(e) {
-			continue
-		}
-		x := &experts[e]
+	return eachExpert(E, keep, func(e int, x *Expert) error {
 		if err := load(e, x); err != nil {
-			return nil, err
+			return err
 		}
 		gub.RowF32(e, row)
 		x.GateBias, x.UpBias = make([]float32, I), make([]float32, I)
@@ -116,7 +111,7 @@ func gptOssExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, e
 		} {
 			for n, v := range b.v {
 				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					return nil, errkind.Errorf(ErrNonFinite, "moe: checkpoint %s: tensor %q [%d, %d] is %v", ck.Dir, p+b.name, e, b.col(n), v)
+					return errkind.Errorf(ErrNonFinite, "moe: checkpoint %s: tensor %q [%d, %d] is %v", ck.Dir, p+b.name, e, b.col(n), v)
 				}
 			}
 		}
@@ -124,6 +119,21 @@ func gptOssExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, e
 			// The split gate and up are copies already: pack them now
 			// rather than holding both copies until New packs.
 			x.Gate, x.Up = kernels.Pack(x.Gate), kernels.Pack(x.Up)
+		}
+		return nil
+	})
+}
+
+// eachExpert makes the experts [E] that keep reports true for (all when
+// keep is nil), each filled by load; the others stay empty (not held).
+func eachExpert(E int, keep func(e int) bool, load func(e int, x *Expert) error) ([]Expert, error) {
+	experts := make([]Expert, E)
+	for e := range experts {
+		if keep != nil && !keep(e) {
+			continue
+		}
+		if err := load(e, &experts[e]); err != nil {
+			return nil, err
 		}
 	}
 	return experts, nil
@@ -237,20 +247,15 @@ func fusedExpertsIO(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, 
 	if err != nil {
 		return nil, err
 	}
-	experts := make([]Expert, ck.Config.NumExperts)
-	for e := range experts {
-		if keep != nil && !keep(e) {
-			continue
-		}
-		x := &experts[e]
+	return eachExpert(ck.Config.NumExperts, keep, func(e int, x *Expert) error {
 		if err := load(e, x); err != nil {
-			return nil, err
+			return err
 		}
 		if kernels.PacksWeights() {
 			x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
 		}
-	}
-	return experts, nil
+		return nil
+	})
 }
 
 // transposed is the matrix [rows, cols] m[n][k] = W[k][first + step·n] of
@@ -340,23 +345,16 @@ func viewExperts(E int, keep func(e int) bool, dtype string, slabs func(e int) (
 		}
 		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](b))
 	}
-	experts := make([]Expert, E)
-	for e := range experts {
-		if keep != nil && !keep(e) {
-			continue
-		}
+	return eachExpert(E, keep, func(e int, x *Expert) error {
 		g, u, d := slabs(e)
-		x := &experts[e]
 		var err error
 		if x.Gate, err = view(g, I, H); err != nil {
-			return nil, err
+			return err
 		}
 		if x.Up, err = view(u, I, H); err != nil {
-			return nil, err
+			return err
 		}
-		if x.Down, err = view(d, H, I); err != nil {
-			return nil, err
-		}
-	}
-	return experts, nil
+		x.Down, err = view(d, H, I)
+		return err
+	})
 }

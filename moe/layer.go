@@ -210,15 +210,14 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 			return nil, err
 		}
 	} else {
-		w.Experts = make([]Expert, E)
-		for e := range w.Experts {
-			if keep != nil && !keep(e) {
-				continue
-			}
+		w.Experts, err = eachExpert(E, keep, func(e int, x *Expert) error {
 			g, u, d := names.expert(e)
-			if w.Experts[e], err = loadExpert(ck, g, u, d, H, I); err != nil {
-				return nil, err
-			}
+			var err error
+			*x, err = loadExpert(ck, g, u, d, H, I)
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	if cfg.SharedInter > 0 {
