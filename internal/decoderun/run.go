@@ -428,6 +428,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 			continue
 		}
 		x, seqs := stepInputs(cfg.Seed, r, st, b, H)
+		tokens := stepTokens(cfg, r, st, b)
 		if layer != nil {
 			y := make([]float32, len(x))
 			if err := layer.Forward(ctx, plan, cache, seqs, x, y, &times.MoE); err != nil {
@@ -448,14 +449,14 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		times.Attention += time.Since(t1)
 		y := make([]float32, len(x))
 		if cfg.MoEMode == "alltoall" {
-			if err := epl.Forward(ctx, attn, y); err != nil {
+			if err := epl.ForwardTokens(ctx, attn, tokens, y, nil, nil); err != nil {
 				return nil, err
 			}
 		} else if gather != nil {
 			if err := gather.Forward(ctx, plan, attn, y, &gt); err != nil {
 				return nil, err
 			}
-		} else if err := dpattn.MoEGather(ctx, comm, shard, plan, attn, y, &gt); err != nil {
+		} else if err := dpattn.MoEGatherTokens(ctx, comm, shard, plan, attn, tokens, y, &gt); err != nil {
 			return nil, err
 		}
 		times.Tokens += b
@@ -490,6 +491,22 @@ func stepInputs(seed uint64, r, st, b, hidden int) ([]float32, []int) {
 	return x, seqs
 }
 
+// stepTokens are the token ids of rank r's first b requests at step st
+// when the layer routes by them (a hash layer: the ids decide the experts,
+// so each is drawn from the vocabulary from the seed, the request and the
+// step, as a decode step's sampled token would be); nil otherwise.
+func stepTokens(cfg Config, r, st, b int) []int32 {
+	if !cfg.MoE.TokenRouted() {
+		return nil
+	}
+	ids := make([]int32, b)
+	for q := range ids {
+		rng := rand.New(rand.NewPCG(cfg.Seed^0x70c3, uint64(r)<<40|uint64(q)<<20|uint64(st)))
+		ids[q] = int32(rng.IntN(cfg.MoE.Config.VocabSize))
+	}
+	return ids
+}
+
 // runOneRank computes every step's outputs, all ranks' tokens together in
 // rank order, on one rank: attention per request, then the whole MoE layer.
 func runOneRank(ctx context.Context, cfg Config, sched schedule) ([][]float32, error) {
@@ -512,8 +529,10 @@ func runOneRank(ctx context.Context, cfg Config, sched schedule) ([][]float32, e
 	out := make([][]float32, cfg.Steps)
 	for st := 0; st < cfg.Steps; st++ {
 		var h []float32
+		var tokens []int32
 		for r := 0; r < cfg.Ranks; r++ {
 			x, seqs := stepInputs(cfg.Seed, r, st, sched.batch[r][st], H)
+			tokens = append(tokens, stepTokens(cfg, r, st, sched.batch[r][st])...)
 			attn := make([]float32, len(x))
 			if err := cfg.Attn.Forward(ctx, cache, seqs, x, attn); err != nil {
 				return nil, err
@@ -524,7 +543,7 @@ func runOneRank(ctx context.Context, cfg Config, sched schedule) ([][]float32, e
 			h = append(h, attn...)
 		}
 		y := make([]float32, len(h))
-		if err := cfg.MoE.Forward(ctx, h, y); err != nil {
+		if err := cfg.MoE.ForwardTokens(ctx, h, tokens, y, nil, nil); err != nil {
 			return nil, err
 		}
 		out[st] = y

@@ -310,3 +310,37 @@ func attnCheckpoint(t *testing.T, a moetest.AttnSpec) (string, *moetest.AttnMode
 	require.NoError(t, err)
 	return dir, am
 }
+
+// TestRunHashLayer: a layer that routes by token id (deepseek_v4's hash
+// layers) runs in both modes with each request's token ids, which the
+// one-rank reference sees too: parity as for any layer.
+func TestRunHashLayer(t *testing.T) {
+	spec := moetest.Spec{ModelType: "deepseek_v4", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1, NumLayers: 3,
+		Layer: 1, HashLayers: 2, Vocab: 50, DType: "BF16", Seed: 81}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, m.WriteTo(dir))
+	layer, err := moe.Load(dir, spec.Layer)
+	require.NoError(t, err)
+	t.Cleanup(func() { layer.Close() })
+	require.True(t, layer.TokenRouted())
+	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
+	require.NoError(t, err)
+	for _, mode := range []string{"alltoall", "gather"} {
+		for _, R := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/ranks=%d", mode, R), func(t *testing.T) {
+				rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 4, MoEMode: mode, Seed: 5,
+					MoE: layer, Attn: attn, CacheDType: kernels.F32})
+				require.NoError(t, err)
+				require.Positive(t, rep.Tokens)
+				if mode == "alltoall" {
+					require.True(t, rep.ParityExact, "relative error %g", rep.ParityRelErr)
+				} else {
+					require.LessOrEqual(t, rep.ParityRelErr, 1e-6)
+				}
+			})
+		}
+	}
+}
