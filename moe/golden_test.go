@@ -47,6 +47,7 @@ var goldenSpecs = map[string]moetest.Spec{
 	"glm4_moe_bf16":             {ModelType: "glm4_moe", Hidden: 32, Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, NGroup: 1, TopKGroup: 1, NormTopK: true, Scaling: 2.5, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "BF16", Seed: 125},
 	"glm4_moe_f32_groups":       {ModelType: "glm4_moe", Hidden: 24, Experts: 8, TopK: 2, Inter: 12, NGroup: 2, TopKGroup: 1, DType: "F32", Seed: 126},
 	"dots1_bf16":                {ModelType: "dots1", Hidden: 32, Experts: 8, TopK: 3, Inter: 8, SharedExperts: 2, NGroup: 1, TopKGroup: 1, NormTopK: true, Scaling: 2, DType: "BF16", Seed: 127},
+	"dots1_f32_groups":          {ModelType: "dots1", Hidden: 24, Experts: 8, TopK: 2, Inter: 12, SharedExperts: 1, NGroup: 2, TopKGroup: 1, NormTopK: false, Scaling: 2.5, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "F32", Seed: 140},
 	"ernie4_5_moe_bf16":         {ModelType: "ernie4_5_moe", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 2, NumLayers: 3, Layer: 1, FirstKDense: 1, DType: "BF16", Seed: 128},
 	"ernie4_5_moe_f32_interval": {ModelType: "ernie4_5_moe", Hidden: 24, Experts: 6, TopK: 2, Inter: 12, NumLayers: 4, Layer: 3, FirstKDense: 1, SparseStep: 2, DType: "F32", Seed: 129},
 	"qwen3_vl_moe_bf16":         {ModelType: "qwen3_vl_moe", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "BF16", Seed: 130},
