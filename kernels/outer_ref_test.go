@@ -149,3 +149,38 @@ func TestPackColumns(t *testing.T) {
 		}
 	}
 }
+
+// TestPackStrided: row x of the packed matrix is column first + step·x of
+// the source, for every dtype, contiguous and interleaved columns; bad
+// ranges and dtypes are errors.
+func TestPackStrided(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for dt := F32; dt <= F16; dt++ {
+		m, rows := randMatrix(rng, dt, 7, 40)
+		for _, c := range [][3]int{{0, 1, 40}, {20, 1, 20}, {0, 2, 20}, {1, 2, 20}, {3, 3, 12}, {5, 1, 1}} {
+			first, step, n := c[0], c[1], c[2]
+			p, err := PackStrided(m, first, step, n)
+			require.NoError(t, err)
+			require.True(t, p.Packed())
+			require.Equal(t, [2]int{n, 7}, [2]int{p.Rows, p.Cols})
+			row := make([]float32, 7)
+			for x := 0; x < n; x++ {
+				p.RowF32(x, row)
+				for j := range row {
+					require.Equal(t, rows[j][first+step*x], row[j], "%v %v column %d row %d", dt, c, x, j)
+				}
+			}
+			for x := n; x < p.panels()*PanelWidth; x++ {
+				for j := 0; j < 7; j++ {
+					require.Zero(t, p.At(x, j), "%v %v padding", dt, c)
+				}
+			}
+		}
+		_, err := PackStrided(m, 1, 2, 21)
+		require.ErrorContains(t, err, "columns 1 + 2·[0, 21) of a matrix with 40")
+		_, err = PackStrided(m, 0, 0, 3)
+		require.Error(t, err)
+		_, err = PackStrided(Pack(m), 0, 1, 3)
+		require.ErrorContains(t, err, "packed true")
+	}
+}

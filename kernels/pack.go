@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
@@ -167,14 +168,54 @@ func PackColumns(m Matrix, r0, r1, n int, reuse Matrix) Matrix {
 	return p
 }
 
+// PackStrided returns, packed, the [n, m.Rows] matrix whose row x is
+// column first + step·x of the row-major m (an x·W weight [in, out], its
+// output columns possibly interleaved with another projection's): each
+// panel's k step is read from one row of m, so m is never transposed
+// through a copy. m must be f32, bf16 or f16 and the columns in range.
+func PackStrided(m Matrix, first, step, n int) (Matrix, error) {
+	if m.packed || m.DType.quantized() {
+		return Matrix{}, fmt.Errorf("kernels: PackStrided of a %v matrix (packed %v): want a row-major f32, bf16 or f16 one", m.DType, m.packed)
+	}
+	if n < 0 || first < 0 || step < 1 || n > 0 && first+step*(n-1) >= m.Cols {
+		return Matrix{}, fmt.Errorf("kernels: PackStrided: columns %d + %d·[0, %d) of a matrix with %d", first, step, n, m.Cols)
+	}
+	K := m.Rows
+	p := Matrix{DType: m.DType, Rows: n, Cols: K, packed: true}
+	size := p.panels() * PanelWidth * K
+	if m.DType == F32 {
+		p.f32 = make([]float32, size)
+		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.f32))), 4*size))
+		packStrided(p.f32, m.f32, m.Cols, 0, K, n, first, step)
+	} else {
+		p.u16 = make([]uint16, size)
+		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.u16))), 2*size))
+		packStrided(p.u16, m.u16, m.Cols, 0, K, n, first, step)
+	}
+	return p, nil
+}
+
 func packColumns[T float32 | uint16](dst, src []T, cols, r0, k, n int) {
+	packStrided(dst, src, cols, r0, k, n, 0, 1)
+}
+
+// packStrided packs the [n, k] matrix whose element [x, j] is
+// src[(r0+j)·cols + first + step·x].
+func packStrided[T float32 | uint16](dst, src []T, cols, r0, k, n, first, step int) {
 	for x0 := 0; x0 < n; x0 += PanelWidth {
 		w := min(PanelWidth, n-x0)
 		panel := dst[x0*k:][:PanelWidth*k]
 		for j := 0; j < k; j++ {
-			step := panel[j*PanelWidth:][:PanelWidth]
-			copy(step, src[(r0+j)*cols+x0:][:w])
-			clear(step[w:]) // the last panel's padding
+			out := panel[j*PanelWidth:][:PanelWidth]
+			row := src[(r0+j)*cols+first+step*x0:]
+			if step == 1 {
+				copy(out, row[:w])
+			} else {
+				for l := range w {
+					out[l] = row[step*l]
+				}
+			}
+			clear(out[w:]) // the last panel's padding
 		}
 	}
 }

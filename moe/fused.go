@@ -23,8 +23,9 @@ import (
 // and biases gate_up_proj_bias [E, 2I] (interleaved too) and down_proj_bias
 // [E, H] in either. An expert's down projection in MXFP4 is read in place;
 // its gate and up rows are split into two matrices (a copy in MXFP4, packed
-// at once where the kernels pack), and the dense layout is transposed into
-// [out, in] matrices in its stored dtype: never widened.
+// at once where the kernels pack), and the dense layout is packed straight
+// from its rows where the kernels pack (kernels.PackStrided), transposed
+// into [out, in] matrices elsewhere, in its stored dtype: never widened.
 
 // fusedTensor is one fused 3-D tensor's entry and bytes.
 type fusedTensor struct {
@@ -116,8 +117,9 @@ func gptOssExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, e
 			}
 		}
 		if kernels.PacksWeights() {
-			// The split gate and up are copies already: pack them now
-			// rather than holding both copies until New packs.
+			// The split gate and up are copies already (packed already
+			// from the dense layout): pack them now rather than holding
+			// both copies until New packs.
 			x.Gate, x.Up = kernels.Pack(x.Gate), kernels.Pack(x.Up)
 		}
 		return nil
@@ -210,7 +212,9 @@ func gptOssDense(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 // xwExperts reads fused experts in x·W form under prefix p: gate_up_proj
 // [E, H, 2I] whose gate columns are gateFirst + step·n and up columns
 // upFirst + step·n, and down_proj [E, I, H]. Each expert's matrices are
-// transposed copies in the stored dtype.
+// in the stored dtype, packed from the slabs' rows where the kernels pack
+// (the packed panels are copies of every layout), transposed copies
+// elsewhere (the generic kernels read [out, in] rows).
 func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e int, x *Expert) error, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
@@ -224,6 +228,25 @@ func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e i
 	}
 	return func(e int, x *Expert) error {
 		var err error
+		if kernels.PacksWeights() {
+			// Packed straight from the x·W slabs: each panel's k step is
+			// a run of one of their rows, nothing transposed in between.
+			var w, dw kernels.Matrix
+			if w, err = slabMatrix(gu, e, H, 2*I); err != nil {
+				return err
+			}
+			if dw, err = slabMatrix(d, e, I, H); err != nil {
+				return err
+			}
+			if x.Gate, err = kernels.PackStrided(w, gateFirst, step, I); err != nil {
+				return err
+			}
+			if x.Up, err = kernels.PackStrided(w, upFirst, step, I); err != nil {
+				return err
+			}
+			x.Down, err = kernels.PackStrided(dw, 0, 1, H)
+			return err
+		}
 		// gate[n][k] = W[k][gateFirst+step·n], up[n][k] = W[k][upFirst+step·n],
 		// down[n][k] = D[k][n].
 		if x.Gate, err = transposed(gu, e, I, H, 2*I, gateFirst, step); err != nil {
@@ -237,11 +260,25 @@ func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e i
 	}, nil
 }
 
+// slabMatrix is expert e's slab of t as the row-major matrix [rows, cols]
+// it is, a view in t's dtype.
+func slabMatrix(t fusedTensor, e, rows, cols int) (kernels.Matrix, error) {
+	slab := t.slab(e)
+	switch t.info.DType {
+	case "F32":
+		return kernels.NewF32(rows, cols, castSlice[float32](slab))
+	case "BF16":
+		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](slab))
+	case "F16":
+		return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](slab))
+	}
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.path, t.name, t.info.DType)
+}
+
 // fusedExpertsIO loads the routed experts keep reports true for (all when
 // keep is nil) from fused tensors in x·W form under prefix p (Qwen3-VL-MoE,
 // Llama 4): gate_up_proj [E, H, 2I], the gate columns first, then the up
-// columns, and down_proj [E, I, H]. The kernels read [out, in] rows, so
-// each expert is a transposed copy in the stored dtype, packed at once.
+// columns, and down_proj [E, I, H]; see xwExperts.
 func fusedExpertsIO(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
 	load, err := xwExperts(ck, p, 0, ck.Config.Inter, 1)
 	if err != nil {
@@ -251,10 +288,7 @@ func fusedExpertsIO(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, 
 		if err := load(e, x); err != nil {
 			return err
 		}
-		if kernels.PacksWeights() {
-			x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
-		}
-		return nil
+		return nil // packed already where the kernels pack
 	})
 }
 
