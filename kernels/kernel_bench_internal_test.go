@@ -86,3 +86,69 @@ func BenchmarkOuterL1(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOuterStream times the widest one-row kernel of each weight
+// format streaming 64 MiB of panels from memory on one core (K = 2048, a
+// decode step's shape), beside ReadBytes over the same buffer: how much of
+// a core's read bandwidth the kernel keeps.
+func BenchmarkOuterStream(b *testing.B) {
+	const K, size = 2048, 64 << 20
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = byte(i*7 + i>>9)
+	}
+	b.Run("read", func(b *testing.B) {
+		b.SetBytes(size)
+		for b.Loop() {
+			ReadBytes(buf)
+		}
+	})
+	for _, s := range simds {
+		var a [maxKernelRows]*float32
+		rows := make([]float32, K)
+		for i := range rows {
+			rows[i] = 1
+		}
+		a[0] = &rows[0]
+		for _, dt := range []DType{BF16, F8E4M3, MXFP4} {
+			stride := PanelWidth * K * dt.Bits() / 8
+			P := size / stride
+			c := make([]float32, P*PanelWidth)
+			scales := make([]float32, P*PanelWidth*K/32)
+			table := e2m1
+			var call func(np, p int)
+			var widest int
+			switch dt {
+			case F8E4M3:
+				ks := s.outerFP8[1]
+				widest = len(ks) - 1
+				call = func(np, p int) {
+					ks[np](&a, &buf[p*stride], stride, K, &c[p*PanelWidth], 4*len(c), 0, &scales[p*PanelWidth], 128, 4*P*PanelWidth)
+				}
+			case MXFP4:
+				ks := s.outerQ4[1]
+				if len(ks) < 2 {
+					continue
+				}
+				widest = len(ks) - 1
+				call = func(np, p int) {
+					ks[np](&a, &buf[p*stride], stride, K, &c[p*PanelWidth], 4*len(c), 0, &scales[p*PanelWidth], &table[0], 32, 4*P*PanelWidth)
+				}
+			default:
+				ks := s.outer[dt][1]
+				widest = len(ks) - 1
+				call = func(np, p int) {
+					ks[np](&a, &buf[p*stride], stride, K, &c[p*PanelWidth], 4*len(c), 0)
+				}
+			}
+			b.Run(fmt.Sprintf("%s/%v", s.name, dt), func(b *testing.B) {
+				b.SetBytes(int64(P * stride))
+				for b.Loop() {
+					for p := 0; p < P; p += widest {
+						call(min(widest, P-p), p)
+					}
+				}
+			})
+		}
+	}
+}
