@@ -175,6 +175,16 @@ func (e *glu) row(h, g, u []float32, r, n0 int) {
 			return
 		}
 	}
+	if e.in == nil && e.gb != nil && e.ub != nil && e.act.Kind == ClampedSwiGLU {
+		// gpt-oss: both biases, no input scale; apply's sums without its
+		// per-column branches.
+		gb, ub := e.gb[n0:n0+len(h)], e.ub[n0:n0+len(h)]
+		a, l := e.act.Alpha, e.act.Limit
+		for n := range h {
+			h[n] = ClampedSwiGLUAct(g[n]+gb[n], u[n]+ub[n], a, l)
+		}
+		return
+	}
 	for n := range h {
 		h[n] = e.apply(g[n], u[n], r, n0+n)
 	}
