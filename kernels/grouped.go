@@ -2,7 +2,9 @@ package kernels
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -191,33 +193,75 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 
 // Parallel calls fn(0), …, fn(n-1) on up to workers goroutines (0:
 // GOMAXPROCS), handing out indices in order, and returns the context's
-// error if it ends first (calls in progress finish).
+// error if it ends first (calls in progress finish). A fault on memory fn
+// reads (a mapped file truncated under it) stops the calls and returns a
+// *FaultError instead of crashing the process; any other panic in fn is
+// passed on.
 func Parallel(ctx context.Context, workers, n int, fn func(i int)) error {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
 	if workers == 1 || n <= 1 {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 		for i := 0; i < n; i++ {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			fn(i)
+			if err := guard(fn, i); err != nil {
+				return err
+			}
 		}
 		return ctx.Err()
 	}
 	var next atomic.Int64
+	var fault atomic.Pointer[FaultError]
 	var wg sync.WaitGroup
 	for w := 0; w < min(workers, n); w++ {
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			debug.SetPanicOnFault(true)
+			for ctx.Err() == nil && fault.Load() == nil {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
 				}
-				fn(i)
+				if err := guard(fn, i); err != nil {
+					fault.CompareAndSwap(nil, err)
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
+	if f := fault.Load(); f != nil {
+		return f
+	}
 	return ctx.Err()
+}
+
+// FaultError is a fault on memory a kernel read: memory unmapped under it,
+// or a page of a mapped file that the file no longer has (truncated or
+// replaced in place while mapped). Addr is the faulting address, which the
+// owner of the mapping can name.
+type FaultError struct{ Addr uintptr }
+
+func (e *FaultError) Error() string {
+	return fmt.Sprintf("kernels: a read of address %#x faulted: the memory is no longer mapped, or the file mapped there was cut short", e.Addr)
+}
+
+// guard calls fn(i) with the calling goroutine's faults (SetPanicOnFault
+// set by the caller) turned into a *FaultError.
+func guard(fn func(i int), i int) (err *FaultError) {
+	defer func() {
+		if r := recover(); r != nil {
+			// A fault near address zero is a nil dereference: a bug, not
+			// a mapping, so it stays a panic.
+			f, ok := r.(interface{ Addr() uintptr })
+			if !ok || f.Addr() < 4096 {
+				panic(r)
+			}
+			err = &FaultError{Addr: f.Addr()}
+		}
+	}()
+	fn(i)
+	return nil
 }

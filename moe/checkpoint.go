@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/regfile"
@@ -320,6 +321,28 @@ func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (ke
 		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q: %w", f.path, name, err)
 	}
 	return m, nil
+}
+
+// explainFault turns a *kernels.FaultError on one of c's mapped files into
+// an ErrFileChanged error naming the file; other errors pass unchanged.
+func (c *Checkpoint) explainFault(err error) error {
+	var f *kernels.FaultError
+	if c == nil || !errors.As(err, &f) {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sf := range c.files {
+		if len(sf.data) == 0 {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(sf.data)))
+		if f.Addr >= base && f.Addr-base < uintptr(len(sf.data)) {
+			return errkind.Errorf(ErrFileChanged, "moe: checkpoint file %s was cut short or replaced in place while the layer read it: "+
+				"its byte %d (of %d when mapped) faulted; replace checkpoint files by renaming new ones into place", sf.path, f.Addr-base, len(sf.data))
+		}
+	}
+	return err
 }
 
 // Accessed lists the tensors asked for so far, sorted.

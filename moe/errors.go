@@ -24,6 +24,10 @@ var (
 	ErrUnknownFamily = errors.New("moe: unknown model family")
 	// ErrClosed: a call on a closed checkpoint or layer.
 	ErrClosed = errors.New("moe: closed")
+	// ErrFileChanged: a checkpoint file was cut short or replaced in place
+	// while a layer read it through its mapping (moe.Load keeps the
+	// experts as views where the kernels do not pack them).
+	ErrFileChanged = errors.New("moe: checkpoint file changed under the layer")
 	// ErrTooLarge: sizes whose memory is over the limit (the machine's
 	// memory, or SetMemoryLimit's), refused before anything is allocated;
 	// dpattn's cache and moex's benchmarks wrap it too.

@@ -36,7 +36,6 @@ import (
 	"math"
 	"runtime"
 	"sync"
-	"sync/atomic"
 
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
@@ -104,8 +103,9 @@ type Layer struct {
 	loaded     []bool // loaded[e]: experts[e] holds weights
 	shared     *Expert
 	sharedGate *kernels.Matrix
-	norms      *Norms // Config.ResidualInput's, else nil
-	ckpt       *Checkpoint
+	norms      *Norms      // Config.ResidualInput's, else nil
+	ckpt       *Checkpoint // owned: Close closes it
+	src        *Checkpoint // where the weights were mapped from, to name a fault on it
 
 	workers int          // SetWorkers
 	runner  ExpertRunner // SetExpertRunner
@@ -238,7 +238,12 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 			w.SharedGate = &g
 		}
 	}
-	return New(cfg, w)
+	l, err := New(cfg, w)
+	if err != nil {
+		return nil, ck.explainFault(err)
+	}
+	l.src = ck
+	return l, nil
 }
 
 // vector reads tensor name, [n] (or [rows, n] with rows > 0, of which it
@@ -357,32 +362,32 @@ func New(cfg *Config, w Weights) (*Layer, error) {
 		if err := memlimit.Check(fmt.Sprintf("moe: packing the experts of a %s layer", cfg.ModelType), copied); err != nil {
 			return nil, err
 		}
-		w.Experts = packExperts(w.Experts)
+		var err error
+		if w.Experts, err = packExperts(w.Experts); err != nil {
+			return nil, fmt.Errorf("moe: packing the experts: %w", err)
+		}
 		if w.Shared != nil {
-			s := packExperts([]Expert{*w.Shared})[0]
-			w.Shared = &s
+			s, err := packExperts([]Expert{*w.Shared})
+			if err != nil {
+				return nil, fmt.Errorf("moe: packing the shared expert: %w", err)
+			}
+			w.Shared = &s[0]
 		}
 	}
 	return &Layer{Config: cfg, Router: router, experts: w.Experts, loaded: loaded, shared: w.Shared, sharedGate: w.SharedGate, norms: w.Norms}, nil
 }
 
 // packExperts returns the experts with their matrices packed, on
-// GOMAXPROCS goroutines.
-func packExperts(xs []Expert) []Expert {
+// GOMAXPROCS goroutines; a fault reading them (a mapped file cut short) is
+// an error.
+func packExperts(xs []Expert) ([]Expert, error) {
 	out := make([]Expert, len(xs))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(xs)) {
-		wg.Go(func() {
-			for e := int(next.Add(1) - 1); e < len(xs); e = int(next.Add(1) - 1) {
-				x := xs[e]
-				x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
-				out[e] = x
-			}
-		})
-	}
-	wg.Wait()
-	return out
+	err := kernels.Parallel(context.Background(), 0, len(xs), func(e int) {
+		x := xs[e]
+		x.Gate, x.Up, x.Down = kernels.Pack(x.Gate), kernels.Pack(x.Up), kernels.Pack(x.Down)
+		out[e] = x
+	})
+	return out, err
 }
 
 // checkExpertBias checks that a routed expert has the biases its family
@@ -721,7 +726,7 @@ func (l *Layer) RunExperts(ctx context.Context, x []float32, groups []kernels.FF
 	if l.runner != nil {
 		return l.runner.GroupedFFN(ctx, x, groups)
 	}
-	return kernels.GroupedFFN(ctx, l.workerCount(), x, groups, sc)
+	return l.src.explainFault(kernels.GroupedFFN(ctx, l.workerCount(), x, groups, sc))
 }
 
 // Route chooses the experts of every token of x [tokens, hidden]: ids and
@@ -866,7 +871,7 @@ func (l *Layer) Subset(keep func(e int) bool) *Layer {
 	for e := range loaded {
 		loaded[e] = l.loaded[e] && keep(e)
 	}
-	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded,
+	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded, src: l.src,
 		shared: l.shared, sharedGate: l.sharedGate, norms: l.norms, workers: l.workers}
 }
 
@@ -945,18 +950,26 @@ func (l *Layer) CheckWeights(ctx context.Context) error {
 		}
 		return nil
 	}
-	for e, x := range l.experts {
-		if !l.loaded[e] {
-			continue
+	all := func() error {
+		for e, x := range l.experts {
+			if !l.loaded[e] {
+				continue
+			}
+			if err := check(fmt.Sprintf("expert %d", e), x); err != nil {
+				return err
+			}
 		}
-		if err := check(fmt.Sprintf("expert %d", e), x); err != nil {
-			return err
+		if l.shared != nil {
+			return check("shared expert", *l.shared)
 		}
+		return nil
 	}
-	if l.shared != nil {
-		return check("shared expert", *l.shared)
+	// On kernels.Parallel, so that a fault on a mapped file is an error.
+	var err error
+	if perr := kernels.Parallel(ctx, 1, 1, func(int) { err = all() }); perr != nil && err == nil {
+		return l.src.explainFault(perr)
 	}
-	return nil
+	return err
 }
 
 // CheckFinite returns an error naming the first token of x [tokens, hidden]

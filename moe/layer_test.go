@@ -450,3 +450,38 @@ func TestSizesCheckedFirst(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l.Forward(context.Background(), moetest.Input(1, 2, 64, false), make([]float32, 128)))
 }
+
+// TestFileCutUnderLayer: a checkpoint file truncated while a loaded layer
+// reads it. Where the kernels pack the experts the layer holds copies and
+// computes what it did before; where they stay views of the mapping (the
+// purego build), the forward pass and CheckWeights fail with ErrFileChanged
+// naming the file, and the process does not crash.
+func TestFileCutUnderLayer(t *testing.T) {
+	dir := t.TempDir()
+	m, err := moetest.Generate(moetest.Spec{ModelType: "qwen3_moe", Hidden: 96, Experts: 4, TopK: 2, Inter: 64, NormTopK: true,
+		DType: "F32", Seed: 77})
+	require.NoError(t, err)
+	require.NoError(t, m.WriteTo(dir))
+	l, err := moe.Load(dir, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	x := moetest.Input(3, 5, 96, false)
+	want := make([]float32, len(x))
+	require.NoError(t, l.Forward(context.Background(), x, want))
+
+	path := filepath.Join(dir, "model.safetensors")
+	require.NoError(t, os.Truncate(path, 0))
+	got := make([]float32, len(x))
+	err = l.Forward(context.Background(), x, got)
+	cerr := l.CheckWeights(context.Background())
+	if kernels.PacksWeights() {
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+		require.NoError(t, cerr)
+		return
+	}
+	for _, err := range []error{err, cerr} {
+		require.ErrorIs(t, err, moe.ErrFileChanged)
+		require.ErrorContains(t, err, "moe: checkpoint file "+path+" was cut short or replaced in place while the layer read it: its byte ")
+	}
+}
