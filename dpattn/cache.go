@@ -3,6 +3,7 @@ package dpattn
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 
@@ -203,6 +204,9 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 		return fmt.Errorf("dpattn: %d values are not whole rows of %d", len(rows), c.dim)
 	}
 	n := len(rows) / c.dim
+	if err := c.checkRows(rows, fmt.Sprintf("sequence %d", seq)); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, err := c.grow(seq, n)
@@ -224,6 +228,23 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 		}
 	}
 	s.len += n
+	return nil
+}
+
+// checkRows refuses rows holding NaN or ±Inf, or (in a bf16 cache) a
+// finite value that rounds to infinity in bf16: such a row would make
+// every later attention over it NaN.
+func (c *LatentCache) checkRows(rows []float32, what string) error {
+	for i, v := range rows {
+		bad := math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)
+		overflow := !bad && c.dtype != kernels.F32 && math.IsInf(float64(half.BF16ToF32(half.F32ToBF16(v))), 0)
+		switch {
+		case bad:
+			return errkind.Errorf(ErrNonFinite, "dpattn: latent row %d of %s holds %v at column %d", i/c.dim, what, v, i%c.dim)
+		case overflow:
+			return errkind.Errorf(ErrNonFinite, "dpattn: latent row %d of %s holds %v at column %d, past bf16's range", i/c.dim, what, v, i%c.dim)
+		}
+	}
 	return nil
 }
 
@@ -296,6 +317,9 @@ func (c *LatentCache) Fill(slots []int32, rows []float32, seen []uint64) error {
 		if slot < 0 || int(slot) >= c.numBlocks*c.blockSize {
 			return fmt.Errorf("dpattn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
 		}
+	}
+	if err := c.checkRows(rows, "a fill"); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

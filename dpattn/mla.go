@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -127,6 +128,34 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 				lse[i*heads+h] = float32(total)
 			}
 		}
+	}
+	return checkOutput(kv, queries, out, heads, dv)
+}
+
+// checkOutput returns an ErrNonFinite error for the first query whose
+// output holds NaN or ±Inf, naming the cache block and row of its first
+// non-finite value, or saying that its rows are finite (the scores or sums
+// overflowed).
+func checkOutput(kv Blocks, queries []Query, out []float32, heads, dv int) error {
+	for i, v := range out {
+		if !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
+			continue
+		}
+		qi, h := i/(heads*dv), i/dv%heads
+		qr := queries[qi]
+		bs, D := kv.BlockSize(), kv.Dim()
+		row := make([]float32, D)
+		for r := 0; r < qr.Len; r++ {
+			blk := int(qr.Table[r/bs])
+			kv.Block(blk).RowF32(r%bs, row)
+			for c, x := range row {
+				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+					return errkind.Errorf(ErrNonFinite, "dpattn: mla: query %d head %d: output is %v: the latent cache holds %v at block %d row %d column %d (the query's row %d)",
+						qi, h, v, x, blk, r%bs, c, r)
+				}
+			}
+		}
+		return errkind.Errorf(ErrNonFinite, "dpattn: mla: query %d head %d: output is %v from finite q and cache rows: the scores overflow fp32 (scale or values too large)", qi, h, v)
 	}
 	return nil
 }

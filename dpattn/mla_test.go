@@ -249,3 +249,56 @@ func blockRows(c *dpattn.LatentCache, b int) []float32 {
 	}
 	return out
 }
+
+// TestNonFiniteCache: rows with NaN or ±Inf (or, in a bf16 cache, past
+// bf16's range) are refused and change nothing; an attention output that
+// comes out non-finite is an ErrNonFinite error naming the cache block and
+// row that hold the value, or saying that the rows were finite.
+func TestNonFiniteCache(t *testing.T) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		c, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		require.NoError(t, err)
+		require.NoError(t, c.Append(0, []float32{1, 2, 3}))
+		rows := []float32{1, 2, 3, 4, float32(math.NaN()), 6}
+		err = c.Append(0, rows)
+		require.ErrorIs(t, err, dpattn.ErrNonFinite)
+		require.EqualError(t, err, "dpattn: latent row 1 of sequence 0 holds NaN at column 1")
+		require.Equal(t, 1, c.Len(0), "a refused append changes nothing")
+		slots, err := c.Reserve(0, 1)
+		require.NoError(t, err)
+		require.EqualError(t, c.Fill(slots, []float32{0, float32(math.Inf(-1)), 0}, nil), "dpattn: latent row 0 of a fill holds -Inf at column 1")
+		big := []float32{math.MaxFloat32, 0, 0}
+		if dt == kernels.BF16 {
+			require.EqualError(t, c.Append(1, big), "dpattn: latent row 0 of sequence 1 holds 3.4028235e+38 at column 0, past bf16's range")
+		} else {
+			require.NoError(t, c.Append(1, big))
+		}
+	}
+
+	// A cache filled behind the API's back (DenseBlocks, a caller's
+	// memory): the output check names the block and row.
+	const D, bs = 4, 2
+	kv := dpattn.DenseBlocks{Data: make([]float32, 3*bs*D), NBlocks: 3, BlockRows: bs, Width: D}
+	for i := range kv.Data {
+		kv.Data[i] = 0.25
+	}
+	kv.Data[(2*bs+1)*D+3] = float32(math.NaN()) // block 2, row 1, column 3
+	q := []float32{1, 1, 1, 1}
+	out := make([]float32, D)
+	mla := func(qs []dpattn.Query) error {
+		return dpattn.MLA(context.Background(), kv, q, qs, 1, D, 1, out, nil, dpattn.Options{})
+	}
+	require.NoError(t, mla([]dpattn.Query{{Table: []int32{0, 1}, Len: 4}}))
+	err := mla([]dpattn.Query{{Table: []int32{0, 2}, Len: 4}})
+	require.ErrorIs(t, err, dpattn.ErrNonFinite)
+	require.EqualError(t, err, "dpattn: mla: query 0 head 0: output is NaN: the latent cache holds NaN at block 2 row 1 column 3 (the query's row 3)")
+	// Finite rows whose scores overflow fp32.
+	kv.Data[(2*bs+1)*D+3] = 0.25
+	for i := range kv.Data[:bs*D] {
+		kv.Data[i] = 1e30
+	}
+	q = []float32{1e30, 1e30, 1e30, 1e30}
+	err = mla([]dpattn.Query{{Table: []int32{0, 2}, Len: 4}})
+	require.ErrorIs(t, err, dpattn.ErrNonFinite)
+	require.ErrorContains(t, err, "from finite q and cache rows: the scores overflow fp32")
+}
