@@ -136,3 +136,45 @@ func TestStep3Errors(t *testing.T) {
 			`missing tensor "` + p + `share_expert.down_proj.weight"`, moe.ErrMissingTensor},
 	})
 }
+
+// TestPerExpertLayouts: families whose Hugging Face form fuses the experts
+// (qwen3_5_moe, qwen3_vl_moe, deepseek_v4) load checkpoints that store them
+// expert by expert, in every weight format (FP8 and INT4 releases are made
+// Linear by Linear), within 1e-5 of the float64 reference with the same
+// experts; a checkpoint with neither form names the fused tensor.
+func TestPerExpertLayouts(t *testing.T) {
+	for _, mt := range []string{"qwen3_5_moe", "qwen3_vl_moe", "deepseek_v4"} {
+		for _, dt := range []string{"BF16", "F8_E4M3", "INT4"} {
+			t.Run(mt+"/"+dt, func(t *testing.T) {
+				spec := moetest.Spec{ModelType: mt, Hidden: 64, Experts: 6, TopK: 2, Inter: 32, NormTopK: true, DType: dt,
+					PerExpert: true, FP8Block: [2]int{16, 32}, Seed: 91}
+				switch mt {
+				case "qwen3_5_moe":
+					spec.SharedInter = 32
+				case "deepseek_v4":
+					spec.SharedExperts, spec.Scaling, spec.NumLayers, spec.Layer, spec.HashLayers, spec.Vocab = 1, 1.5, 2, 1, 1, 16
+				}
+				m, err := moetest.Generate(spec)
+				require.NoError(t, err)
+				dir := t.TempDir()
+				require.NoError(t, m.WriteTo(dir))
+				l, err := moe.Load(dir, spec.Layer)
+				require.NoError(t, err)
+				defer l.Close()
+				x := moetest.Input(5, 7, spec.Hidden, false)
+				want := m.Forward(x)
+				y := make([]float32, len(x))
+				ids := make([]int32, 7*spec.TopK)
+				require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, make([]float32, len(ids))))
+				require.Equal(t, want.IDs, ids)
+				require.Less(t, moetest.RelErr(y, want.Y), 1e-5)
+			})
+		}
+	}
+	spec := moetest.Spec{ModelType: "qwen3_5_moe", Hidden: 16, Experts: 4, TopK: 2, Inter: 8, DType: "BF16", PerExpert: true, Seed: 92}
+	const p = "model.language_model.layers.0.mlp.experts."
+	checkLoadErrors(t, spec, []loadError{
+		{"neither form", func(m *moetest.Model) { drop(m, p+"0.gate_proj.weight") },
+			`missing tensor "` + p + `gate_up_proj"`, moe.ErrMissingTensor},
+	})
+}

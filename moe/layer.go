@@ -203,6 +203,15 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 			}
 		}
 	}
+	if names.fused != "" && names.expert != nil && !ck.Has(names.fused+"gate_up_proj") {
+		// A family whose experts are fused in its Hugging Face form
+		// (qwen3_5_moe, qwen3_vl_moe, deepseek_v4) but a checkpoint that
+		// stores them expert by expert, as quantized releases made Linear
+		// by Linear do: read those (in any format ck.Matrix reads).
+		if g, _, _ := names.expert(0); ck.Has(g) || ck.Has(g+"_packed") {
+			names.fused = ""
+		}
+	}
 	if names.fused != "" {
 		load := map[fusedLayout]func(*Checkpoint, string, func(int) bool) ([]Expert, error){
 			fusedOI: fusedExperts, fusedIO: fusedExpertsIO, fusedGptOss: gptOssExperts, stacked: stackedExperts}[names.layout]

@@ -75,7 +75,13 @@ type Spec struct {
 	DoubleWide bool
 	KVShared   int
 	TextOnly   bool
-	Seed       uint64
+	// PerExpert writes qwen3_5_moe's, qwen3_vl_moe's and deepseek_v4's
+	// experts as one tensor per expert and projection
+	// (experts.N.gate_proj.weight, ...), as FP8 and INT4 releases made
+	// Linear by Linear store them, instead of fused 3-D tensors; with
+	// DType F8_E4M3 or INT4 they are quantized.
+	PerExpert bool
+	Seed      uint64
 	// HotExpert > 0 makes expert HotExpert-1 win every token whose input is
 	// positive (its gate row is all ones).
 	HotExpert int
@@ -299,7 +305,7 @@ func Generate(s Spec) (*Model, error) {
 		}
 	}
 	m.Experts = make([]Expert64, E)
-	if s.ModelType == "qwen3_vl_moe" || s.ModelType == "llama4" {
+	if s.ModelType == "qwen3_vl_moe" && !s.PerExpert || s.ModelType == "llama4" {
 		// Fused, x·W: gate_up_proj [E, H, 2I] (expert e's gate columns, then
 		// its up columns), down_proj [E, I, H].
 		gate, up, down := make([][][]float64, E), make([][][]float64, E), make([][][]float64, E)
@@ -351,7 +357,7 @@ func Generate(s Spec) (*Model, error) {
 			}
 		}
 	}
-	if s.ModelType == "qwen3_5_moe" || s.ModelType == "deepseek_v4" || s.ModelType == "gemma4" {
+	if (s.ModelType == "qwen3_5_moe" || s.ModelType == "deepseek_v4") && !s.PerExpert || s.ModelType == "gemma4" {
 		// Fused, [out, in]: gate_up_proj [E, 2I, H] (expert e's gate rows,
 		// then its up rows), down_proj [E, H, I].
 		gu := make([]float64, 0, E*2*I*H)
@@ -418,7 +424,8 @@ func Generate(s Spec) (*Model, error) {
 	}
 	for e := range m.Experts {
 		p := fmt.Sprintf("%sexperts.%d.", prefix, e)
-		if slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "llama4", "deepseek_v4", "gemma4", "step3_text"}, s.ModelType) {
+		perExpert := s.PerExpert && slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "deepseek_v4"}, s.ModelType)
+		if !perExpert && slices.Contains([]string{"qwen3_5_moe", "qwen3_vl_moe", "llama4", "deepseek_v4", "gemma4", "step3_text"}, s.ModelType) {
 			break
 		}
 		if s.ModelType == "mixtral" || s.ModelType == "minimax_m2" {
