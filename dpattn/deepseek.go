@@ -101,11 +101,23 @@ func LoadMLABlock(dir string, n int) (*MLABlock, error) {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return nil, fmt.Errorf("dpattn: %s/config.json: %w", dir, err)
 	}
+	var keys map[string]json.RawMessage
+	_ = json.Unmarshal(data, &keys) // an object: the line above parsed it
+	if _, ok := keys["kv_lora_rank"]; !ok {
+		var mt struct {
+			ModelType string `json:"model_type"`
+		}
+		_ = json.Unmarshal(data, &mt)
+		return nil, fmt.Errorf("dpattn: %s/config.json: model_type %q has no MLA attention (no kv_lora_rank): MLA is DeepSeek-V2/V3's (deepseek_v2, deepseek_v3 and their aliases)", dir, mt.ModelType)
+	}
 	for _, f := range []struct {
 		name string
 		v    int
 	}{{"hidden_size", cfg.Hidden}, {"num_attention_heads", cfg.Heads}, {"kv_lora_rank", cfg.KVLoraRank},
 		{"qk_nope_head_dim", cfg.NopeDim}, {"qk_rope_head_dim", cfg.RopeDim}, {"v_head_dim", cfg.VDim}} {
+		if _, ok := keys[f.name]; !ok {
+			return nil, fmt.Errorf("dpattn: %s/config.json: %s is missing", dir, f.name)
+		}
 		if f.v <= 0 {
 			return nil, fmt.Errorf("dpattn: %s/config.json: %s is %d, must be positive", dir, f.name, f.v)
 		}

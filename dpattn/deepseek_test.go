@@ -3,6 +3,8 @@ package dpattn_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -63,4 +65,19 @@ func TestLoadMLABlockErrors(t *testing.T) {
 	require.ErrorContains(t, err, `missing tensor "model.layers.3.self_attn.q_proj.weight"`)
 	_, err = dpattn.LoadMLABlock(t.TempDir(), 0)
 	require.ErrorContains(t, err, "config.json")
+}
+
+// TestLoadMLABlockConfig: a config without MLA (another family) and one
+// missing an MLA size are named as such.
+func TestLoadMLABlockConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(cfg string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644))
+	}
+	write(`{"model_type": "mixtral", "hidden_size": 16}`)
+	_, err := dpattn.LoadMLABlock(dir, 0)
+	require.ErrorContains(t, err, `model_type "mixtral" has no MLA attention (no kv_lora_rank)`)
+	write(`{"model_type": "deepseek_v2", "hidden_size": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4}`)
+	_, err = dpattn.LoadMLABlock(dir, 0)
+	require.ErrorContains(t, err, "num_attention_heads is missing")
 }

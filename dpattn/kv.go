@@ -29,6 +29,10 @@ func Account(ranks, layers, latentDim, dtypeBytes int, budgetPerRank int64) (KVA
 	}
 	a := KVAccounting{Ranks: ranks, Layers: layers, LatentDim: latentDim, DTypeBytes: dtypeBytes, BudgetPerRank: budgetPerRank}
 	a.BytesPerToken = int64(layers) * int64(latentDim) * int64(dtypeBytes)
+	if budgetPerRank < a.BytesPerToken {
+		return KVAccounting{}, fmt.Errorf("dpattn: a KV budget of %d B per rank holds no token (%d B each: %d layers × %d values × %d B)",
+			budgetPerRank, a.BytesPerToken, layers, latentDim, dtypeBytes)
+	}
 	a.PerRankTP = a.BytesPerToken
 	a.PerRankDP = a.BytesPerToken / int64(ranks)
 	a.MaxTokensTP = budgetPerRank / a.BytesPerToken

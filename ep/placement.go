@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -230,8 +231,18 @@ func (p *Placement) Imbalance(load []int64) float64 {
 // ParsePlacement reads a placement from JSON and validates it.
 func ParsePlacement(data []byte) (*Placement, error) {
 	var p Placement
-	if err := json.Unmarshal(data, &p); err != nil {
-		return nil, fmt.Errorf("ep: placement: %w", err)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("ep: placement: %w (want an object with num_experts, ranks, slots_per_rank and replicas, as moex writes it)", err)
+	}
+	for _, k := range []struct {
+		name string
+		set  bool
+	}{{"num_experts", p.NumExperts != 0}, {"ranks", p.Ranks != 0}, {"replicas", p.Replicas != nil}} {
+		if !k.set {
+			return nil, fmt.Errorf("ep: placement: %q is missing or zero (want an object with num_experts, ranks, slots_per_rank and replicas)", k.name)
+		}
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err

@@ -617,6 +617,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	r := new(reader)
 	c.Hidden = r.need(raw.HiddenSize, "hidden_size")
 	c.NumLayers = r.or(raw.NumHiddenLayers, 0)
+	if raw.NumHiddenLayers != nil && *raw.NumHiddenLayers <= 0 {
+		return nil, fmt.Errorf("num_hidden_layers is %d, must be positive", *raw.NumHiddenLayers)
+	}
 	if raw.NumExpertsPerTok == nil {
 		raw.NumExpertsPerTok = raw.ExpertsPerToken // gpt-oss writes both
 	}

@@ -81,6 +81,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"unknown topk_method", map[string]any{"topk_method": "random"}, `unknown topk_method "random"`},
 		{"unknown scoring_func", map[string]any{"scoring_func": "relu"}, `unknown scoring_func "relu"`},
 		{"bad scaling", map[string]any{"routed_scaling_factor": -1}, "routed_scaling_factor -1 must be positive"},
+		{"no layers", map[string]any{"num_hidden_layers": 0}, "num_hidden_layers is 0, must be positive"},
 		{"not JSON", nil, "not a valid config.json"},
 	}
 	for _, tt := range tests {

@@ -88,6 +88,12 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 		if o.threads, err = intList(*threads, "--threads"); err != nil {
 			return err
 		}
+		if t := slices.Max(o.threads); t > maxGoroutineRanks {
+			return fmt.Errorf("%w: bench: --threads %d is over the %d goroutines a case may use", errUsage, t, maxGoroutineRanks)
+		}
+		if o.minTime < 0 {
+			return fmt.Errorf("%w: bench: --min-time %v must not be negative", errUsage, o.minTime)
+		}
 		o.impls = strings.Split(*impls, ",")
 		if o.format != "table" && o.format != "json" {
 			return fmt.Errorf("%w: bench: --format %q (want table or json)", errUsage, o.format)
@@ -170,8 +176,12 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 	if len(rs) > 0 && rs[0].Bench == "ep" {
 		fmt.Fprintln(tw, "case\tmedian\tns/token\tGB/s\tmemcpy same bytes\tspeed vs memcpy\t")
 		for _, r := range rs {
-			fmt.Fprintf(tw, "%s\t%v\t%.0f\t%.1f\t%v\t%.2f×\t\n", r.Case, time.Duration(r.MedianNS).Round(time.Microsecond),
-				r.NsPerToken, r.GBPS, time.Duration(r.MemcpyNS).Round(time.Microsecond), r.VsMemcpy)
+			vs := "-" // nothing moved: no ratio
+			if r.VsMemcpy > 0 {
+				vs = fmt.Sprintf("%.2f×", r.VsMemcpy)
+			}
+			fmt.Fprintf(tw, "%s\t%v\t%.0f\t%.1f\t%v\t%s\t\n", r.Case, time.Duration(r.MedianNS).Round(time.Microsecond),
+				r.NsPerToken, r.GBPS, time.Duration(r.MemcpyNS).Round(time.Microsecond), vs)
 		}
 		return tw.Flush()
 	}
@@ -468,6 +478,11 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	dtypeSet := false
+	fs.Visit(func(f *flag.Flag) { dtypeSet = dtypeSet || f.Name == "dtype" })
+	if dtypeSet && *model != "" {
+		return nil, fmt.Errorf("%w: bench moe: --dtype is for --preset's random weights; a --model runs in its checkpoint's dtypes", errUsage)
+	}
 	presetConfig, presetName := moe.DeepSeekV2Lite, "DeepSeek-V2-Lite"
 	if *preset == "gpt-oss-20b" {
 		presetConfig, presetName = moe.GptOss20B, "gpt-oss-20b"
@@ -714,8 +729,19 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 	fs.StringVar(&o.format, "format", "table", "table or json")
 	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
 	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
+	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
+	}
+	if !(*maxGiB > 0) {
+		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib must be positive", errUsage)
+	}
+	o.maxBytes = *maxGiB * (1 << 30)
+	if o.minTime < 0 {
+		return nil, fmt.Errorf("%w: bench ep: --min-time %v must not be negative", errUsage, o.minTime)
+	}
+	if o.maxRuns < 1 {
+		return nil, fmt.Errorf("%w: bench ep: --max-runs must be ≥ 1", errUsage)
 	}
 	ranks, err := intList(*ranksFlag, "--ranks")
 	if err != nil {
@@ -726,6 +752,18 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 		return nil, err
 	}
 	const H, K, E = 2048, 6, 64
+	for _, R := range ranks {
+		if R < 1 || R > maxGoroutineRanks {
+			return nil, fmt.Errorf("%w: bench ep: --ranks %d must be in [1, %d]", errUsage, R, maxGoroutineRanks)
+		}
+		// Every rank's tokens, their K copies sent and received, the
+		// combined output, and the memcpy baseline's two buffers.
+		for _, T := range tokens {
+			if err := o.fits("ep", float64(R)*float64(T)*H*4*(2+2*K)+2*float64(ep.RoundTripBytes(R*T, H, K))); err != nil {
+				return nil, err
+			}
+		}
+	}
 	probe := memoryBandwidth()
 	var results []benchResult
 	for _, R := range ranks {
@@ -780,7 +818,9 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 				r.NsPerToken = float64(r.MedianNS) / float64(R*T)
 			}
 			r.MemcpyNS = mc[len(mc)/2].Nanoseconds()
-			r.VsMemcpy = float64(r.MemcpyNS) / float64(r.MedianNS)
+			if bytes > 0 {
+				r.VsMemcpy = float64(r.MemcpyNS) / float64(r.MedianNS)
+			}
 			results = append(results, r)
 		}
 	}

@@ -64,6 +64,20 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *ranks < 1 {
 		return fmt.Errorf("%w: exec moe: --ep %d must be at least 1", errUsage, *ranks)
 	}
+	if *ranks > maxGoroutineRanks && *commName == "local" {
+		return fmt.Errorf("%w: exec moe: --ep %d in-process ranks is over the %d this command runs", errUsage, *ranks, maxGoroutineRanks)
+	}
+	redundantSet := false
+	fs.Visit(func(f *flag.Flag) { redundantSet = redundantSet || f.Name == "redundant" })
+	if redundantSet && (*redundant < 0 || *placement != "balanced") {
+		return fmt.Errorf("%w: exec moe: --redundant %d: extra expert slots are for --placement balanced, and not negative", errUsage, *redundant)
+	}
+	if err := checkPlacementFlag(*placement); err != nil {
+		return err
+	}
+	if err := checkOutputs("exec moe", [2]string{"--out", *out}, [2]string{"--ids-out", *idsOut}, [2]string{"--weights-out", *wOut}); err != nil {
+		return err
+	}
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: exec moe: --timeout %v must be positive", errUsage, *timeout)
 	}
@@ -115,7 +129,7 @@ func execMoE(args []string, stderr io.Writer) error {
 		return fmt.Errorf("%w: exec moe: --comm %q (want local or mpi)", errUsage, *commName)
 	}
 	if err != nil {
-		return err
+		return deadlineError(err, *deadline)
 	}
 	T, H, K := res.tokens, res.hidden, res.topK
 	if err := npy.WriteFloat32(*out, []int{T, H}, res.y); err != nil {
@@ -302,6 +316,32 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 	return res, nil
 }
 
+// checkPlacementFlag checks --placement before any work: a known kind, or a
+// .json file that parses.
+func checkPlacementFlag(p string) error {
+	switch {
+	case p == "contiguous", p == "round-robin", p == "balanced":
+		return nil
+	case strings.HasSuffix(p, ".json"):
+		_, err := readPlacement(p)
+		return err
+	}
+	return fmt.Errorf("%w: exec moe: --placement %q (want contiguous, round-robin, balanced or a .json file)", errUsage, p)
+}
+
+// readPlacement reads a placement .json file, naming it in its errors.
+func readPlacement(path string) (*ep.Placement, error) {
+	data, err := regfile.ReadFile(path, 64<<20)
+	if err != nil {
+		return nil, err
+	}
+	p, err := ep.ParsePlacement(data)
+	if err != nil {
+		return nil, fmt.Errorf("--placement %s: %w", path, err)
+	}
+	return p, nil
+}
+
 // makePlacement builds the placement the flags ask for; balanced routes
 // every rank's tokens once to count the load of each expert.
 func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint, mine []float32, tokens []int32) (*ep.Placement, error) {
@@ -312,11 +352,7 @@ func (j *epJob) makePlacement(ctx context.Context, c ep.Comm, ck *moe.Checkpoint
 	case j.placement == "round-robin":
 		return ep.RoundRobin(E, R)
 	case strings.HasSuffix(j.placement, ".json"):
-		data, err := regfile.ReadFile(j.placement, 64<<20)
-		if err != nil {
-			return nil, err
-		}
-		return ep.ParsePlacement(data)
+		return readPlacement(j.placement)
 	case j.placement != "balanced":
 		return nil, fmt.Errorf("%w: exec moe: --placement %q (want contiguous, round-robin, balanced or a .json file)", errUsage, j.placement)
 	}

@@ -11,15 +11,60 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"time"
 )
 
 // errUsage marks an error in the command line itself.
 var errUsage = errors.New("usage")
+
+// maxGoroutineRanks bounds in-process ranks and benchmark threads: each is
+// a goroutine with buffers of its own, and beyond this many a typo (an
+// extra zero or three) would run for minutes or exhaust memory.
+const maxGoroutineRanks = 1024
+
+// checkOutputs refuses, before any work, output files that name the same
+// path twice, a directory, or a folder that does not exist: an error after
+// the work would leave the outputs written so far behind.
+func checkOutputs(cmd string, outs ...[2]string) error {
+	seen := map[string]string{}
+	for _, o := range outs {
+		flagName, path := o[0], o[1]
+		if path == "" {
+			continue
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %s %q: %v", errUsage, cmd, flagName, path, err)
+		}
+		if prev, ok := seen[abs]; ok {
+			return fmt.Errorf("%w: %s: %s and %s name the same file %s", errUsage, cmd, prev, flagName, path)
+		}
+		seen[abs] = flagName
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			return fmt.Errorf("%w: %s: %s %s is a directory", errUsage, cmd, flagName, path)
+		}
+		dir := filepath.Dir(abs)
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return fmt.Errorf("%w: %s: %s %s: the folder %s does not exist", errUsage, cmd, flagName, path, dir)
+		}
+	}
+	return nil
+}
+
+// deadlineError names --deadline when it is what ended the job.
+func deadlineError(err error, d time.Duration) error {
+	if err != nil && d > 0 && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("--deadline %v passed before the job finished: %w", d, err)
+	}
+	return err
+}
 
 func main() {
 	err := run(os.Args[1:], os.Stdout, os.Stderr)

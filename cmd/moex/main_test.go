@@ -460,6 +460,8 @@ func TestExecMLADecode(t *testing.T) {
 		{"--scale", "-1", "--scale -1 must be a positive finite number"},
 		{"--scale", "+Inf", "--scale +Inf must be a positive finite number"},
 		{"--dv", "0", "--dv must be positive (got 0)"},
+		{"--scale", "1e300", "--scale 1e+300 is outside float32's range"},
+		{"--scale", "1e-300", "--scale 1e-300 is outside float32's range"},
 	} {
 		bad := append([]string(nil), args...)
 		i := slices.Index(bad, tt.flag)
@@ -472,6 +474,10 @@ func TestExecMLADecode(t *testing.T) {
 	require.NotContains(t, noScale, "--scale")
 	_, _, err = runCLI(noScale...)
 	require.ErrorContains(t, err, "--scale is required")
+	_, _, err = runCLI(append(append([]string(nil), args...), "--split", "-1")...)
+	require.ErrorContains(t, err, "--split -1 must be a positive row count (or 0: the default)")
+	_, _, err = runCLI(append(append([]string(nil), args...), "--lse-out", filepath.Join(t.TempDir(), "no", "l.npy"))...)
+	require.ErrorContains(t, err, "does not exist")
 }
 
 // TestRunFlags: moex run refuses bad flags before it builds anything.

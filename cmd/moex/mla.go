@@ -44,6 +44,13 @@ func execMLADecode(args []string, stderr io.Writer) error {
 		return fmt.Errorf("%w: exec mla-decode: --scale is required (DeepSeek's: 1/sqrt(qk head dim), times yarn's mscale²)", errUsage)
 	case !(*scale > 0) || math.IsInf(*scale, 0):
 		return fmt.Errorf("%w: exec mla-decode: --scale %v must be a positive finite number", errUsage, *scale)
+	case math.IsInf(float64(float32(*scale)), 0) || float32(*scale) == 0:
+		return fmt.Errorf("%w: exec mla-decode: --scale %v is outside float32's range (the kernels' scale is a float32)", errUsage, *scale)
+	case *split < 0:
+		return fmt.Errorf("%w: exec mla-decode: --split %d must be a positive row count (or 0: the default)", errUsage, *split)
+	}
+	if err := checkOutputs("exec mla-decode", [2]string{"--out", *outPath}, [2]string{"--lse-out", *lsePath}); err != nil {
+		return err
 	}
 	q, err := npy.ReadFloat32(*qPath)
 	if err != nil {

@@ -48,6 +48,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if !(*kvGiB > 0) || math.IsInf(*kvGiB, 0) {
 		return fmt.Errorf("%w: run: --kv-budget-gib %v must be a positive finite number of GiB", errUsage, *kvGiB)
 	}
+	if *kvGiB > 1<<20 {
+		return fmt.Errorf("%w: run: --kv-budget-gib %v is over 1048576 GiB (1 PiB) per rank", errUsage, *kvGiB)
+	}
+	if *ranks > maxGoroutineRanks && *commName == "local" {
+		return fmt.Errorf("%w: run: --ranks %d in-process ranks is over the %d this command runs", errUsage, *ranks, maxGoroutineRanks)
+	}
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: run: --timeout %v must be positive", errUsage, *timeout)
 	}
@@ -135,6 +141,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	ac := attn.Cfg
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
 	latent := attn.LatentDim()
+	var acct dpattn.KVAccounting
+	if c.NumLayers > 0 { // the accounting's flags checked before the run
+		if acct, err = dpattn.Account(*ranks, c.NumLayers, latent, 2, int64(*kvGiB*(1<<30))); err != nil {
+			return fmt.Errorf("%w: run: --kv-budget-gib %v: %w", errUsage, *kvGiB, err)
+		}
+	}
 	setup := time.Since(t0)
 	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
@@ -148,7 +160,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return nil // rank 0 reports
 	}
 	if err != nil {
-		return err
+		return deadlineError(err, *deadline)
 	}
 
 	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s, transport %s\n", *ranks, *steps, *mode,
@@ -221,10 +233,6 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			"every rank holds its shape's graph and the vote allows)\n", replays, ran)
 	}
 	if c.NumLayers > 0 {
-		acct, err := dpattn.Account(*ranks, c.NumLayers, latent, 2, int64(*kvGiB*(1<<30)))
-		if err != nil {
-			return err
-		}
 		fmt.Fprintf(stdout, "  %v\n", acct)
 	}
 	limit, want := 0.0, "bit-identical"

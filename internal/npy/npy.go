@@ -249,7 +249,14 @@ func parseDict(s string) (Header, error) {
 				h.Fortran = true
 			case "False":
 			default:
-				return h, fmt.Errorf("'fortran_order' is %q, not True or False", w)
+				if w == "" { // not a bare word ('no', "1"): quote the value as written
+					v := p.s[p.i:]
+					if k := strings.IndexAny(v, ",}"); k >= 0 {
+						v = v[:k]
+					}
+					w = strings.TrimSpace(v[:min(len(v), 40)])
+				}
+				return h, fmt.Errorf("'fortran_order' is %s, not True or False", w)
 			}
 		case "shape":
 			if h.Shape, err = p.shape(); err != nil {

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCarelessFlags: the cases a careless-user probe of the CLI found
+// panicking, hanging, exiting 0 with a meaningless result or giving an
+// error that does not name the problem; each is now a usage error naming
+// the flag or file, given before any work.
+func TestCarelessFlags(t *testing.T) {
+	model := filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")
+	x := filepath.Join(model, "x.npy")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "y.npy")
+	badJSON := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(badJSON, []byte("{"), 0o644))
+	wrongKeys := filepath.Join(dir, "keys.json")
+	require.NoError(t, os.WriteFile(wrongKeys, []byte(`{"experts": [[0, 1, 2], [3, 4, 5]]}`), 0o644))
+	noKeys := filepath.Join(dir, "nokeys.json")
+	require.NoError(t, os.WriteFile(noKeys, []byte(`{"ranks": 2}`), 0o644))
+	execMoE := []string{"exec", "moe", "--model", model, "--layer", "1", "--input", x, "--out", out}
+	with := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bench ep huge tokens", []string{"bench", "ep", "--ranks", "2", "--tokens", "1000000000000"}, "bench ep: these sizes need about"},
+		{"bench ep huge ranks", []string{"bench", "ep", "--ranks", "100000", "--tokens", "16"}, "--ranks 100000 must be in [1, 1024]"},
+		{"bench threads", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "64", "--k", "64", "--threads", "100000"},
+			"--threads 100000 is over the 1024 goroutines"},
+		{"bench min-time", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "64", "--k", "64", "--min-time", "-1s"},
+			"--min-time -1s must not be negative"},
+		{"bench moe dtype with model", []string{"bench", "moe", "--model", model, "--layer", "1", "--dtype", "fp8"},
+			"--dtype is for --preset's random weights"},
+		{"run huge ranks", []string{"run", "--ranks", "10000"}, "--ranks 10000 in-process ranks is over the 1024"},
+		{"run huge kv budget", []string{"run", "--kv-budget-gib", "1e12"}, "is over 1048576 GiB"},
+		{"exec huge ep", with(execMoE, "--ep", "100000"), "--ep 100000 in-process ranks is over the 1024"},
+		{"ids-out is out", with(execMoE, "--ids-out", out), "--out and --ids-out name the same file"},
+		{"output folder missing", with(execMoE, "--weights-out", filepath.Join(dir, "nope", "w.npy")), "the folder " + filepath.Join(dir, "nope") + " does not exist"},
+		{"output is a folder", with(execMoE, "--ids-out", dir), "--ids-out " + dir + " is a directory"},
+		{"placement unknown with one rank", with(execMoE, "--placement", "foo"), `--placement "foo" (want contiguous`},
+		{"placement file broken", with(execMoE, "--ep", "2", "--placement", badJSON), "--placement " + badJSON + ": ep: placement: unexpected EOF"},
+		{"placement file wrong keys", with(execMoE, "--ep", "2", "--placement", wrongKeys), `json: unknown field "experts"`},
+		{"placement file missing keys", with(execMoE, "--ep", "2", "--placement", noKeys), `"num_experts" is missing or zero`},
+		{"redundant without balanced", with(execMoE, "--ep", "2", "--redundant", "3"), "--redundant 3: extra expert slots are for --placement balanced"},
+		{"redundant negative", with(execMoE, "--ep", "2", "--placement", "balanced", "--redundant", "-5"), "--redundant -5"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := runCLI(tt.args...)
+			require.ErrorContains(t, err, tt.want)
+			if !strings.HasPrefix(tt.name, "placement file") { // a file's error, not the flags'
+				require.ErrorIs(t, err, errUsage)
+			}
+			_, statErr := os.Stat(out)
+			require.True(t, os.IsNotExist(statErr), "nothing written")
+		})
+	}
+
+	// --deadline named when it ends the job.
+	_, _, err := runCLI(with(execMoE, "--deadline", "1ns")...)
+	require.ErrorContains(t, err, "--deadline 1ns passed before the job finished")
+
+	// bench ep with no tokens: no ratio against a memcpy of nothing.
+	stdout, _, err := runCLI("bench", "ep", "--ranks", "2", "--tokens", "0", "--min-time", "1ms", "--max-runs", "2")
+	require.NoError(t, err)
+	require.Contains(t, stdout, " -")
+	require.NotContains(t, stdout, "0.01×")
+
+	// bench mla on a model without MLA says so.
+	_, _, err = runCLI("bench", "mla", "--model", model, "--layer", "1", "--tokens", "1", "--context", "16")
+	require.ErrorContains(t, err, `model_type "mixtral" has no MLA attention (no kv_lora_rank)`)
+}
