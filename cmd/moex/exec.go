@@ -25,8 +25,10 @@ func cmdExec(args []string, stdout, stderr io.Writer) error {
 		return execMoE(args[1:], stderr)
 	case "mla-decode":
 		return execMLADecode(args[1:], stderr)
+	case "logits":
+		return execLogits(args[1:], stderr)
 	}
-	return fmt.Errorf("%w: exec: unknown block %q (have: moe, mla-decode)", errUsage, args[0])
+	return fmt.Errorf("%w: exec: unknown block %q (have: moe, mla-decode, logits)", errUsage, args[0])
 }
 
 // execMoE runs one MoE block of a checkpoint on x.npy [tokens, hidden],

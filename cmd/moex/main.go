@@ -88,6 +88,7 @@ commands:
          (DeepSeek-V2-Lite shapes, random weights, unless --model)
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
          exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
+         exec logits --model DIR --input-ids ids.npy --out logits.npy   (a whole deepseek_v2/v3 model's prefill)
   bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw
   info   report this machine's CPU features and GPUs
 `

@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/internal/npy"
 )
 
 // TestCarelessFlags: the cases a careless-user probe of the CLI found
@@ -76,4 +79,56 @@ func TestCarelessFlags(t *testing.T) {
 	// bench mla on a model without MLA says so.
 	_, _, err = runCLI("bench", "mla", "--model", model, "--layer", "1", "--tokens", "1", "--context", "16")
 	require.ErrorContains(t, err, `model_type "mixtral" has no MLA attention (no kv_lora_rank)`)
+}
+
+// TestExecLogits: a whole model's prefill from the shell, against the
+// float64 reference (within 1e-4, the same argmax at every position), and
+// its bad input.
+func TestExecLogits(t *testing.T) {
+	spec := moetest.WholeSpec{
+		MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 6, TopK: 2, Inter: 12, SharedExperts: 1, Method: "greedy",
+			Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16"},
+		Attn:   moetest.AttnSpec{Heads: 2, KVLoraRank: 12, Nope: 8, Rope: 4, VDim: 8, Theta: 10000},
+		Hidden: 24, Layers: 2, FirstKDense: 1, Vocab: 30, DenseInter: 20, Seed: 9,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	ckpt := filepath.Join(dir, "ckpt")
+	require.NoError(t, w.WriteTo(ckpt))
+	ids := moetest.Tokens(4, 11, spec.Vocab)
+	idsPath, out := filepath.Join(dir, "ids.npy"), filepath.Join(dir, "logits.npy")
+	require.NoError(t, npy.WriteInt32(idsPath, []int{len(ids)}, ids))
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out)
+	require.NoError(t, err)
+	got, err := npy.ReadFloat32(out)
+	require.NoError(t, err)
+	require.Equal(t, []int{len(ids), spec.Vocab}, got.Shape)
+	want := w.Logits(ids)
+	var flat []float64
+	for p, row := range want {
+		flat = append(flat, row...)
+		best, bestGot := 0, 0
+		for v := range row {
+			if row[v] > row[best] {
+				best = v
+			}
+			if got.Data[p*spec.Vocab+v] > got.Data[p*spec.Vocab+bestGot] {
+				bestGot = v
+			}
+		}
+		require.Equal(t, best, bestGot, "argmax at position %d", p)
+	}
+	require.Less(t, moetest.RelErr(got.Data, flat), 1e-4)
+
+	bad := filepath.Join(dir, "bad.npy")
+	require.NoError(t, npy.WriteInt32(bad, []int{2}, []int32{3, 30}))
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", bad, "--out", out)
+	require.ErrorContains(t, err, bad+": model: token 1 is id 30, outside the vocabulary [0, 30)")
+	twoD := filepath.Join(dir, "2d.npy")
+	require.NoError(t, npy.WriteInt32(twoD, []int{1, 2}, []int32{3, 4}))
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", twoD, "--out", out)
+	require.ErrorContains(t, err, "shape [1 2], want [tokens]")
+	_, _, err = runCLI("exec", "logits", "--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32"), "--input-ids", idsPath, "--out", out)
+	require.ErrorContains(t, err, "a whole model runs deepseek_v2 and deepseek_v3")
 }

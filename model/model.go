@@ -1,0 +1,292 @@
+// Package model runs a whole DeepSeek-V2/V3-style decoder from a Hugging
+// Face checkpoint: the token embedding, every decoder layer (MLA attention
+// over a paged latent cache, then a dense MLP below first_k_dense_replace
+// or the MoE block), the final RMSNorm and lm_head. It composes the blocks
+// of dpattn (MLABlock) and moe (Layer) and adds nothing to their maths but
+// the residual stream and its norms.
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/regfile"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// Model is a loaded whole model. Its methods may be called from several
+// goroutines once loaded; Close releases the checkpoint's mappings.
+type Model struct {
+	// Config is the MoE block's config (moe.LoadConfig) of the checkpoint.
+	Config *moe.Config
+	// Vocab and Hidden are vocab_size and hidden_size.
+	Vocab, Hidden int
+
+	eps    float64
+	embed  kernels.Matrix // [vocab, hidden], read a row at a time
+	norm   []float32
+	lmHead kernels.Matrix // [vocab, hidden]
+	layers []decoderLayer
+	ck     *moe.Checkpoint
+}
+
+type decoderLayer struct {
+	inNorm, postNorm []float32
+	attn             *dpattn.MLABlock
+	moe              *moe.Layer       // a MoE layer, or
+	dense            kernels.FFNGroup // the dense MLP's weights (Rows, Out unset)
+}
+
+// header is what Load reads of config.json beside moe.LoadConfig.
+type header struct {
+	Vocab      int     `json:"vocab_size"`
+	DenseInter int     `json:"intermediate_size"`
+	Eps        float64 `json:"rms_norm_eps"`
+	Tied       bool    `json:"tie_word_embeddings"`
+}
+
+// Load opens a deepseek_v2 or deepseek_v3 checkpoint (or one of the
+// DeepSeek-V3 aliases moe reads, such as kimi_k2) as a whole model. It
+// fails naming the file, the tensor or the key when something is missing
+// or misshapen.
+func Load(dir string) (*Model, error) {
+	cfg, err := moe.LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ModelType != "deepseek_v2" && cfg.ModelType != "deepseek_v3" {
+		return nil, fmt.Errorf("model: %s: model_type %q (read as %s): a whole model runs deepseek_v2 and deepseek_v3 (and their aliases); other families load as MoE blocks (moe.Load)",
+			dir, cfg.Name, cfg.ModelType)
+	}
+	path := filepath.Join(dir, "config.json")
+	data, err := regfile.ReadFile(path, 16<<20)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	h := header{Eps: 1e-6}
+	if err := json.Unmarshal(data, &h); err != nil {
+		return nil, fmt.Errorf("model: %s: %w", path, err)
+	}
+	switch {
+	case h.Vocab < 1:
+		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, h.Vocab)
+	case cfg.NumLayers < 1:
+		return nil, fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
+	case !(h.Eps > 0):
+		return nil, fmt.Errorf("model: %s: rms_norm_eps %v must be positive", path, h.Eps)
+	}
+	ck, err := moe.OpenCheckpoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Config: cfg, Vocab: h.Vocab, Hidden: cfg.Hidden, eps: h.Eps, ck: ck}
+	if err := m.load(dir, h); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Model) load(dir string, h header) error {
+	H, V := m.Hidden, m.Vocab
+	var err error
+	if m.embed, err = m.ck.Matrix("model.embed_tokens.weight", V, H); err != nil {
+		return err
+	}
+	head := "lm_head.weight"
+	if h.Tied && !m.ck.Has(head) {
+		head = "model.embed_tokens.weight"
+	}
+	if m.lmHead, err = m.ck.Matrix(head, V, H); err != nil {
+		return err
+	}
+	if m.norm, err = m.vector("model.norm.weight"); err != nil {
+		return err
+	}
+	for l := range m.Config.NumLayers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		var d decoderLayer
+		if d.inNorm, err = m.vector(p + "input_layernorm.weight"); err != nil {
+			return err
+		}
+		if d.postNorm, err = m.vector(p + "post_attention_layernorm.weight"); err != nil {
+			return err
+		}
+		if d.attn, err = dpattn.LoadMLABlock(dir, l); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+		m.layers = append(m.layers, d) // so that Close releases what is loaded
+		last := &m.layers[len(m.layers)-1]
+		last.moe, err = moe.LoadFrom(m.ck, l)
+		if errors.Is(err, moe.ErrDenseLayer) {
+			last.moe, err = nil, m.loadDense(last, p+"mlp.", h.DenseInter)
+		}
+		if err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// loadDense reads a dense layer's MLP (gate, up and down projections of
+// width inter), packed where the kernels pack.
+func (m *Model) loadDense(d *decoderLayer, p string, inter int) error {
+	if inter < 1 {
+		return fmt.Errorf("intermediate_size is %d: a dense layer's MLP needs a positive width", inter)
+	}
+	H := m.Hidden
+	g := &d.dense
+	var err error
+	if g.Gate, err = m.ck.Matrix(p+"gate_proj.weight", inter, H); err != nil {
+		return err
+	}
+	if g.Up, err = m.ck.Matrix(p+"up_proj.weight", inter, H); err != nil {
+		return err
+	}
+	if g.Down, err = m.ck.Matrix(p+"down_proj.weight", H, inter); err != nil {
+		return err
+	}
+	if kernels.PacksWeights() {
+		g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
+	}
+	return nil
+}
+
+// vector reads a norm weight [hidden], checked finite.
+func (m *Model) vector(name string) ([]float32, error) {
+	w, err := m.ck.Matrix(name, m.Hidden)
+	if err != nil {
+		return nil, err
+	}
+	v := make([]float32, m.Hidden)
+	w.RowF32(0, v)
+	for i, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return nil, fmt.Errorf("model: %s: tensor %q [%d] is %v", m.ck.Dir, name, i, x)
+		}
+	}
+	return v, nil
+}
+
+// Close releases the layers and the checkpoint.
+func (m *Model) Close() error {
+	var errs []error
+	for _, d := range m.layers {
+		if d.attn != nil {
+			errs = append(errs, d.attn.Close())
+		}
+		if d.moe != nil {
+			errs = append(errs, d.moe.Close())
+		}
+	}
+	if m.ck != nil {
+		errs = append(errs, m.ck.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// NumLayers is the decoder layers' count.
+func (m *Model) NumLayers() int { return len(m.layers) }
+
+// Prefill runs the tokens ids of one sequence from position 0 and returns
+// the logits of every position, [len(ids), vocab] float32 (the last row
+// predicts the next token). Each layer's latent rows go into a cache of
+// its own, made for this call.
+func (m *Model) Prefill(ctx context.Context, ids []int32) ([]float32, error) {
+	T, H := len(ids), m.Hidden
+	if T == 0 {
+		return nil, errors.New("model: prefill of no tokens")
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= m.Vocab {
+			return nil, fmt.Errorf("model: token %d is id %d, outside the vocabulary [0, %d)", i, id, m.Vocab)
+		}
+	}
+	x := make([]float32, T*H)
+	for t, id := range ids {
+		m.embed.RowF32(int(id), x[t*H:(t+1)*H])
+	}
+	seqs := make([]int, T) // one sequence, 0
+	normed := make([]float32, T*H)
+	y := make([]float32, T*H)
+	const blockRows = 16
+	for l, d := range m.layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		cache, err := dpattn.NewLatentCache((T+blockRows-1)/blockRows, blockRows, d.attn.LatentDim(), kernels.F32)
+		if err != nil {
+			return nil, err
+		}
+		rmsNorm(normed, x, d.inNorm, m.eps)
+		if err := d.attn.Forward(ctx, cache, seqs, normed, y); err != nil {
+			return nil, fmt.Errorf("model: layer %d attention: %w", l, err)
+		}
+		add(x, y)
+		rmsNorm(normed, x, d.postNorm, m.eps)
+		if d.moe != nil {
+			err = d.moe.Forward(ctx, normed, y)
+		} else {
+			err = m.denseMLP(ctx, d.dense, normed, y)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("model: layer %d MLP: %w", l, err)
+		}
+		add(x, y)
+	}
+	rmsNorm(normed, x, m.norm, m.eps)
+	logits := make([]float32, T*m.Vocab)
+	rows := make([]int32, T)
+	for t := range rows {
+		rows[t] = int32(t)
+	}
+	if err := kernels.GroupedGEMM(ctx, 0, normed, []kernels.GEMMGroup{{B: m.lmHead, Rows: rows, Out: logits}}); err != nil {
+		return nil, err
+	}
+	if i := slices.IndexFunc(logits, func(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }); i >= 0 {
+		return nil, fmt.Errorf("model: logit %d of position %d is %v", i%m.Vocab, i/m.Vocab, logits[i])
+	}
+	return logits, nil
+}
+
+// denseMLP is a dense layer's SwiGLU MLP over every row of x.
+func (m *Model) denseMLP(ctx context.Context, g kernels.FFNGroup, x, y []float32) error {
+	T := len(x) / m.Hidden
+	g.Rows = make([]int32, T)
+	for t := range g.Rows {
+		g.Rows[t] = int32(t)
+	}
+	g.Out = y
+	return kernels.GroupedFFN(ctx, 0, x, []kernels.FFNGroup{g}, nil)
+}
+
+// rmsNorm writes x / sqrt(mean(x²) + eps) · w into out, row by row (sums in
+// float64), as DeepSeek's RMSNorm.
+func rmsNorm(out, x, w []float32, eps float64) {
+	H := len(w)
+	for r := 0; r < len(x); r += H {
+		row := x[r : r+H]
+		var ss float64
+		for _, v := range row {
+			ss += float64(v) * float64(v)
+		}
+		s := 1 / math.Sqrt(ss/float64(H)+eps)
+		for i, v := range row {
+			out[r+i] = float32(float64(v) * s * float64(w[i]))
+		}
+	}
+}
+
+// add adds y to x.
+func add(x, y []float32) {
+	for i := range x {
+		x[i] += y[i]
+	}
+}

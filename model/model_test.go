@@ -1,0 +1,124 @@
+package model_test
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/model"
+)
+
+// wholeSpecs: a DeepSeek-V2-style model (q_proj, softmax greedy routing,
+// two shared experts, a dense first layer) in F32 and a DeepSeek-V3-style
+// one (q-LoRA, yarn RoPE, sigmoid noaux_tc with groups, one shared expert)
+// in BF16.
+func wholeSpecs() map[string]moetest.WholeSpec {
+	return map[string]moetest.WholeSpec{
+		"deepseek_v2_f32": {
+			MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 8, TopK: 2, Inter: 16, SharedExperts: 2, Method: "greedy",
+				Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "F32"},
+			Attn:   moetest.AttnSpec{Heads: 4, KVLoraRank: 16, Nope: 8, Rope: 4, VDim: 8, Theta: 10000},
+			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 50, DenseInter: 40, Seed: 1,
+		},
+		"deepseek_v3_bf16": {
+			MoE: moetest.Spec{ModelType: "deepseek_v3", Experts: 16, TopK: 4, Inter: 8, SharedExperts: 1, Method: "noaux_tc",
+				Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "BF16"},
+			Attn:   moetest.AttnSpec{Heads: 2, QLoraRank: 12, KVLoraRank: 16, Nope: 8, Rope: 8, VDim: 8, Theta: 10000, Yarn: true},
+			Hidden: 24, Layers: 3, FirstKDense: 1, Vocab: 37, DenseInter: 20, Seed: 2,
+		},
+	}
+}
+
+// TestPrefillMatchesReference: every position's logits within 1e-4 of the
+// float64 whole-model reference, and the same argmax.
+func TestPrefillMatchesReference(t *testing.T) {
+	for name, spec := range wholeSpecs() {
+		t.Run(name, func(t *testing.T) {
+			w, err := moetest.GenerateWhole(spec)
+			require.NoError(t, err)
+			dir := t.TempDir()
+			require.NoError(t, w.WriteTo(dir))
+			m, err := model.Load(dir)
+			require.NoError(t, err)
+			defer m.Close()
+			require.Equal(t, spec.Layers, m.NumLayers())
+			ids := moetest.Tokens(3, 19, spec.Vocab)
+			got, err := m.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			want := w.Logits(ids)
+			var flat []float64
+			for _, row := range want {
+				flat = append(flat, row...)
+			}
+			require.Less(t, moetest.RelErr(got, flat), 1e-4)
+			for p, row := range want {
+				require.Equal(t, argmax64(row), argmax32(got[p*spec.Vocab:(p+1)*spec.Vocab]), "position %d", p)
+			}
+			// A prefix's logits are the same: causal, and no token's bits
+			// depend on the tokens after it.
+			head, err := m.Prefill(context.Background(), ids[:7])
+			require.NoError(t, err)
+			require.Equal(t, got[:7*spec.Vocab], head)
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	spec := wholeSpecs()["deepseek_v2_f32"]
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, w.WriteTo(dir))
+	m, err := model.Load(dir)
+	require.NoError(t, err)
+	_, err = m.Prefill(context.Background(), []int32{1, 50})
+	require.EqualError(t, err, "model: token 1 is id 50, outside the vocabulary [0, 50)")
+	_, err = m.Prefill(context.Background(), nil)
+	require.EqualError(t, err, "model: prefill of no tokens")
+	require.NoError(t, m.Close())
+
+	for _, tt := range []struct {
+		name   string
+		change func(w *moetest.Whole)
+		want   string
+	}{
+		{"no vocab_size", func(w *moetest.Whole) { delete(w.Config, "vocab_size") }, "vocab_size is 0, must be positive"},
+		{"another family", func(w *moetest.Whole) { w.Config["model_type"] = "qwen3_moe"; w.Config["num_experts"] = 8 },
+			`model_type "qwen3_moe" (read as qwen3_moe): a whole model runs deepseek_v2 and deepseek_v3`},
+		{"no lm_head", func(w *moetest.Whole) { w.Tensors = w.Tensors[:len(w.Tensors)-1] }, `missing tensor "lm_head.weight"`},
+		{"no dense width", func(w *moetest.Whole) { delete(w.Config, "intermediate_size") }, "layer 0: intermediate_size is 0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := moetest.GenerateWhole(spec)
+			require.NoError(t, err)
+			tt.change(w)
+			dir := t.TempDir()
+			require.NoError(t, w.WriteTo(dir))
+			_, err = model.Load(dir)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func argmax64(v []float64) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func argmax32(v []float32) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] || math.IsNaN(float64(x)) {
+			best = i
+		}
+	}
+	return best
+}
