@@ -122,3 +122,32 @@ func argmax32(v []float32) int {
 	}
 	return best
 }
+
+// TestTinyPreset: the random preset prefills with finite logits, the same
+// for the same seed, others for another seed, and a prefix's logits are
+// the whole prompt's first rows.
+func TestTinyPreset(t *testing.T) {
+	p := model.Tiny()
+	a, err := model.NewRandom(p, 1)
+	require.NoError(t, err)
+	b, err := model.NewRandom(p, 1)
+	require.NoError(t, err)
+	c, err := model.NewRandom(p, 2)
+	require.NoError(t, err)
+	ids := moetest.Tokens(5, 40, model.ByteVocab)
+	la, err := a.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	require.Len(t, la, 40*model.ByteVocab)
+	lb, err := b.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	require.Equal(t, la, lb)
+	lc, err := c.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	require.NotEqual(t, la, lc)
+	head, err := a.Prefill(context.Background(), ids[:9])
+	require.NoError(t, err)
+	require.Equal(t, la[:9*model.ByteVocab], head)
+	p.FirstKDense = 3
+	_, err = model.NewRandom(p, 1)
+	require.ErrorContains(t, err, `model: preset "tiny": vocab 260, 3 layers (3 dense of width 128)`)
+}

@@ -1,0 +1,121 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/memlimit"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// Preset is a random model's shapes: the MoE block, the attention block,
+// the vocabulary, the layer count (the first FirstKDense dense, of width
+// DenseInter) and the norms' epsilon.
+type Preset struct {
+	Name           string
+	MoE            moe.Config
+	Attn           dpattn.AttnConfig
+	Vocab, Layers  int
+	FirstKDense    int
+	DenseInter     int
+	RMSNormEps     float64
+	WeightDType    kernels.DType
+	EmbeddingDType kernels.DType
+}
+
+// ByteVocab is the random presets' vocabulary: the 256 byte values and
+// four specials (bos, eos, pad, unk).
+const ByteVocab = 260
+
+// Tiny is a preset whose requests cost milliseconds: DeepSeek-V2's
+// structure (MLA without q-LoRA, greedy softmax routing, a shared expert,
+// a dense first layer) at hidden 64, three layers, eight experts of width
+// 32, top-2, over the byte vocabulary.
+func Tiny() Preset {
+	m := moe.Config{ModelType: "deepseek_v2", Hidden: 64, NumLayers: 3, NumExperts: 8, TopK: 2, Inter: 32, SharedInter: 32,
+		Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1, FirstKDense: 1, LayerFreq: 1, KVLoraRank: 32, RopeDim: 8}
+	a := dpattn.AttnConfig{Hidden: 64, Heads: 4, KVLoraRank: 32, NopeDim: 16, RopeDim: 8, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}
+	return Preset{Name: "tiny", MoE: m, Attn: a, Vocab: ByteVocab, Layers: 3, FirstKDense: 1, DenseInter: 128, RMSNormEps: 1e-6,
+		WeightDType: kernels.BF16, EmbeddingDType: kernels.F32}
+}
+
+// NewRandom makes a model of p with random weights (projections uniform in
+// ±1/√fan_in, norm weights 1 ± 0.2, the embedding in ±1), the same for the
+// same seed. It is for demonstrations, benchmarks and the serving tests.
+func NewRandom(p Preset, seed uint64) (*Model, error) {
+	H := p.MoE.Hidden
+	switch {
+	case H < 1 || p.Attn.Hidden != H:
+		return nil, fmt.Errorf("model: preset %q: hidden sizes %d (MoE) and %d (attention)", p.Name, H, p.Attn.Hidden)
+	case p.Vocab < 1 || p.Layers < 1 || p.FirstKDense < 0 || p.FirstKDense >= p.Layers || p.DenseInter < 1 || !(p.RMSNormEps > 0):
+		return nil, fmt.Errorf("model: preset %q: vocab %d, %d layers (%d dense of width %d), eps %v", p.Name, p.Vocab, p.Layers,
+			p.FirstKDense, p.DenseInter, p.RMSNormEps)
+	}
+	// The weights' bytes, checked before any is made.
+	w := float64(p.WeightDType.Bits()) / 8
+	perMoE := float64(p.MoE.NumExperts*3*p.MoE.Inter*H+3*p.MoE.SharedInter*H) * w
+	perDense := float64(3*p.DenseInter*H) * w
+	total := float64(p.Layers-p.FirstKDense)*perMoE + float64(p.FirstKDense)*perDense + 2*float64(p.Vocab*H)*4
+	if err := memlimit.Check(fmt.Sprintf("model: preset %q", p.Name), total); err != nil {
+		return nil, err
+	}
+	cfg := p.MoE
+	cfg.NumLayers, cfg.FirstKDense = p.Layers, p.FirstKDense
+	m := &Model{Config: &cfg, Vocab: p.Vocab, Hidden: H, eps: p.RMSNormEps}
+	rng := rand.New(rand.NewPCG(seed, 0x6d6f64))
+	uniform := func(rows, cols int, scale float64, dt kernels.DType) kernels.Matrix {
+		v := make([]float32, rows*cols)
+		for i := range v {
+			v[i] = float32((2*rng.Float64() - 1) * scale)
+		}
+		if dt == kernels.BF16 {
+			u := make([]uint16, len(v))
+			for i, x := range v {
+				u[i] = half.F32ToBF16(x)
+			}
+			mat, _ := kernels.NewHalf(kernels.BF16, rows, cols, u)
+			return mat
+		}
+		mat, _ := kernels.NewF32(rows, cols, v)
+		return mat
+	}
+	norm := func() []float32 {
+		v := make([]float32, H)
+		for i := range v {
+			v[i] = float32(1 + 0.2*(2*rng.Float64()-1))
+		}
+		return v
+	}
+	m.embed = uniform(p.Vocab, H, 1, p.EmbeddingDType)
+	m.lmHead = uniform(p.Vocab, H, 1/math.Sqrt(float64(H)), p.EmbeddingDType)
+	m.norm = norm()
+	for l := 0; l < p.Layers; l++ {
+		d := decoderLayer{inNorm: norm(), postNorm: norm()}
+		var err error
+		ls := seed*1000003 + uint64(l)
+		if d.attn, err = dpattn.NewRandomMLABlock(p.Attn, p.WeightDType, ls); err != nil {
+			return nil, err
+		}
+		if l < p.FirstKDense {
+			I := p.DenseInter
+			g := &d.dense
+			g.Gate = uniform(I, H, 1/math.Sqrt(float64(H)), p.WeightDType)
+			g.Up = uniform(I, H, 1/math.Sqrt(float64(H)), p.WeightDType)
+			g.Down = uniform(H, I, 1/math.Sqrt(float64(I)), p.WeightDType)
+			if kernels.PacksWeights() {
+				g.Gate, g.Up, g.Down = kernels.Pack(g.Gate), kernels.Pack(g.Up), kernels.Pack(g.Down)
+			}
+		} else {
+			lc := cfg
+			if d.moe, err = moe.NewRandom(&lc, p.WeightDType, ls); err != nil {
+				return nil, err
+			}
+		}
+		m.layers = append(m.layers, d)
+	}
+	return m, nil
+}
