@@ -386,6 +386,13 @@ func (c *LatentCache) Free(seq int) error {
 	return nil
 }
 
+// FreeBlocks is the number of blocks no sequence holds.
+func (c *LatentCache) FreeBlocks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.free)
+}
+
 // Len is the number of rows sequence seq holds (0 if unknown).
 func (c *LatentCache) Len(seq int) int {
 	c.mu.Lock()

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
-	"slices"
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/regfile"
@@ -197,63 +196,18 @@ func (m *Model) NumLayers() int { return len(m.layers) }
 
 // Prefill runs the tokens ids of one sequence from position 0 and returns
 // the logits of every position, [len(ids), vocab] float32 (the last row
-// predicts the next token). Each layer's latent rows go into a cache of
-// its own, made for this call.
+// predicts the next token), on caches made for this call.
 func (m *Model) Prefill(ctx context.Context, ids []int32) ([]float32, error) {
-	T, H := len(ids), m.Hidden
+	T := len(ids)
 	if T == 0 {
 		return nil, errors.New("model: prefill of no tokens")
 	}
-	for i, id := range ids {
-		if id < 0 || int(id) >= m.Vocab {
-			return nil, fmt.Errorf("model: token %d is id %d, outside the vocabulary [0, %d)", i, id, m.Vocab)
-		}
-	}
-	x := make([]float32, T*H)
-	for t, id := range ids {
-		m.embed.RowF32(int(id), x[t*H:(t+1)*H])
-	}
-	seqs := make([]int, T) // one sequence, 0
-	normed := make([]float32, T*H)
-	y := make([]float32, T*H)
 	const blockRows = 16
-	for l, d := range m.layers {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		cache, err := dpattn.NewLatentCache((T+blockRows-1)/blockRows, blockRows, d.attn.LatentDim(), kernels.F32)
-		if err != nil {
-			return nil, err
-		}
-		rmsNorm(normed, x, d.inNorm, m.eps)
-		if err := d.attn.Forward(ctx, cache, seqs, normed, y); err != nil {
-			return nil, fmt.Errorf("model: layer %d attention: %w", l, err)
-		}
-		add(x, y)
-		rmsNorm(normed, x, d.postNorm, m.eps)
-		if d.moe != nil {
-			err = d.moe.Forward(ctx, normed, y)
-		} else {
-			err = m.denseMLP(ctx, d.dense, normed, y)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("model: layer %d MLP: %w", l, err)
-		}
-		add(x, y)
-	}
-	rmsNorm(normed, x, m.norm, m.eps)
-	logits := make([]float32, T*m.Vocab)
-	rows := make([]int32, T)
-	for t := range rows {
-		rows[t] = int32(t)
-	}
-	if err := kernels.GroupedGEMM(ctx, 0, normed, []kernels.GEMMGroup{{B: m.lmHead, Rows: rows, Out: logits}}); err != nil {
+	kv, err := m.NewKV((T+blockRows-1)/blockRows, blockRows, kernels.F32)
+	if err != nil {
 		return nil, err
 	}
-	if i := slices.IndexFunc(logits, func(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }); i >= 0 {
-		return nil, fmt.Errorf("model: logit %d of position %d is %v", i%m.Vocab, i/m.Vocab, logits[i])
-	}
-	return logits, nil
+	return m.Forward(ctx, kv, make([]int, T), ids, nil)
 }
 
 // denseMLP is a dense layer's SwiGLU MLP over every row of x.

@@ -2,12 +2,15 @@ package model_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
 )
 
@@ -150,4 +153,74 @@ func TestTinyPreset(t *testing.T) {
 	p.FirstKDense = 3
 	_, err = model.NewRandom(p, 1)
 	require.ErrorContains(t, err, `model: preset "tiny": vocab 260, 3 layers (3 dense of width 128)`)
+}
+
+// TestForwardBatchesSequences: three sequences, their prompts in chunks
+// and then decode tokens, interleaved in shared calls over a bf16 KV whose
+// blocks they share, give every token the logits a prefill of its sequence
+// alone gives it (the same bits on an F32 KV: here bf16 rows, so against a
+// prefill over a bf16 KV); a step the blocks cannot hold fails before any
+// work and leaves the caches as they were.
+func TestForwardBatchesSequences(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 3)
+	require.NoError(t, err)
+	V := model.ByteVocab
+	prompts := [][]int32{moetest.Tokens(1, 21, V), moetest.Tokens(2, 5, V), moetest.Tokens(3, 34, V)}
+	alone := func(ids []int32) []float32 {
+		kv, err := m.NewKV(8, 8, kernels.BF16)
+		require.NoError(t, err)
+		l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
+		require.NoError(t, err)
+		return l
+	}
+	kv, err := m.NewKV(16, 8, kernels.BF16)
+	require.NoError(t, err)
+	got := make([][]float32, 3)
+	pos := make([]int, 3)
+	for step := 0; pos[0] < 21 || pos[1] < 5 || pos[2] < 34; step++ {
+		var seqs []int
+		var ids []int32
+		for s, p := range prompts {
+			n := min(len(p)-pos[s], 1+(step+s)%7) // chunks of 1…7 tokens
+			for i := 0; i < n; i++ {
+				seqs = append(seqs, s)
+				ids = append(ids, p[pos[s]+i])
+			}
+			pos[s] += n
+		}
+		logits, err := m.Forward(context.Background(), kv, seqs, ids, nil)
+		require.NoError(t, err)
+		for i, s := range seqs {
+			got[s] = append(got[s], logits[i*V:(i+1)*V]...)
+		}
+	}
+	for s, p := range prompts {
+		require.Equal(t, alone(p), got[s], "sequence %d", s)
+		require.Equal(t, len(p), kv.Len(s))
+	}
+	// Only the rows asked for.
+	last, err := m.Forward(context.Background(), kv, []int{0, 2}, []int32{7, 9}, []int{1})
+	require.NoError(t, err)
+	require.Len(t, last, V)
+	require.Equal(t, alone(append(append([]int32(nil), prompts[2]...), 9))[34*V:], last)
+
+	// 128 rows of blocks, 22 + 5 + 35 held in 3 + 1 + 5 blocks: 7 free.
+	free := kv.FreeBlocks()
+	big := make([]int32, 8*free+1)
+	fresh := make([]int, len(big))
+	for i := range fresh {
+		fresh[i] = 5 // a new sequence: free+1 blocks
+	}
+	_, err = m.Forward(context.Background(), kv, fresh, big, nil)
+	require.ErrorIs(t, err, dpattn.ErrCacheExhausted)
+	require.ErrorContains(t, err, fmt.Sprintf("model: the step needs %d more cache blocks, %d of 16 are free", free+1, free))
+	require.Equal(t, free, kv.FreeBlocks())
+	require.Equal(t, 0, kv.Len(5))
+	require.Equal(t, 22, kv.Len(0))
+	// A bad id refuses the call and changes nothing.
+	_, err = m.Forward(context.Background(), kv, []int{1}, []int32{-1}, nil)
+	require.ErrorContains(t, err, "token 0 is id -1")
+	require.Equal(t, 5, kv.Len(1))
+	require.NoError(t, kv.Free(1))
+	require.Equal(t, 0, kv.Len(1))
 }

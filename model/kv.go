@@ -1,0 +1,172 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/kernels"
+)
+
+// KV is the latent caches of a model's sequences: one paged cache a layer,
+// every layer's holding the same sequences at the same lengths (so they
+// fill and free in step).
+type KV struct {
+	caches []*dpattn.LatentCache
+}
+
+// NewKV makes the caches of blocks blocks of blockRows rows each, per layer,
+// in dtype (F32 or BF16).
+func (m *Model) NewKV(blocks, blockRows int, dtype kernels.DType) (*KV, error) {
+	kv := &KV{}
+	for _, d := range m.layers {
+		c, err := dpattn.NewLatentCache(blocks, blockRows, d.attn.LatentDim(), dtype)
+		if err != nil {
+			return nil, err
+		}
+		kv.caches = append(kv.caches, c)
+	}
+	return kv, nil
+}
+
+// Len is the tokens sequence seq holds.
+func (kv *KV) Len(seq int) int { return kv.caches[0].Len(seq) }
+
+// FreeBlocks is the blocks a layer's cache has free (every layer's alike).
+func (kv *KV) FreeBlocks() int { return kv.caches[0].FreeBlocks() }
+
+// BlockSize is the rows a block holds.
+func (kv *KV) BlockSize() int { return kv.caches[0].BlockSize() }
+
+// NumBlocks is the blocks a layer's cache holds.
+func (kv *KV) NumBlocks() int { return kv.caches[0].NumBlocks() }
+
+// Free drops sequence seq from every layer's cache.
+func (kv *KV) Free(seq int) error {
+	for _, c := range kv.caches {
+		if err := c.Free(seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// truncate takes every layer's cache of each sequence back to lens.
+func (kv *KV) truncate(lens map[int]int) {
+	for _, c := range kv.caches {
+		for s, n := range lens {
+			if c.Len(s) > n {
+				if n == 0 {
+					c.Free(s)
+				} else {
+					c.Truncate(s, n)
+				}
+			}
+		}
+	}
+}
+
+// Forward runs tokens ids, token t of sequence seqs[t], through the model:
+// a sequence's tokens in ids are consecutive positions after what kv holds
+// for it (a prompt's chunk, or one decode token). It returns the logits of
+// the tokens rows lists ([len(rows), vocab]; nil rows: every token). Either
+// every layer's cache takes the tokens' rows, or (on an error, such as
+// dpattn.ErrCacheExhausted when the blocks would not suffice, checked
+// before any work) none does. A token's logits do not depend on the other
+// sequences in the call.
+func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, rows []int) ([]float32, error) {
+	T, H := len(ids), m.Hidden
+	if len(seqs) != T {
+		return nil, fmt.Errorf("model: %d token ids for %d sequence entries", T, len(seqs))
+	}
+	if len(kv.caches) != len(m.layers) {
+		return nil, fmt.Errorf("model: a KV of %d layers for a model of %d", len(kv.caches), len(m.layers))
+	}
+	if T == 0 {
+		return nil, nil
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= m.Vocab {
+			return nil, fmt.Errorf("model: token %d is id %d, outside the vocabulary [0, %d)", i, id, m.Vocab)
+		}
+	}
+	if rows == nil {
+		rows = make([]int, T)
+		for t := range rows {
+			rows[t] = t
+		}
+	}
+	for _, r := range rows {
+		if r < 0 || r >= T {
+			return nil, fmt.Errorf("model: logits row %d of a call of %d tokens", r, T)
+		}
+	}
+	// The blocks every sequence grows by, the same in every layer.
+	lens, grow := map[int]int{}, map[int]int{}
+	for _, s := range seqs {
+		if _, ok := lens[s]; !ok {
+			lens[s] = kv.Len(s)
+		}
+		grow[s]++
+	}
+	bs, need := kv.BlockSize(), 0
+	for s, n := range grow {
+		need += (lens[s]+n+bs-1)/bs - (lens[s]+bs-1)/bs
+	}
+	if free := kv.FreeBlocks(); need > free {
+		return nil, errkind.Errorf(dpattn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
+	}
+	x := make([]float32, T*H)
+	for t, id := range ids {
+		m.embed.RowF32(int(id), x[t*H:(t+1)*H])
+	}
+	normed := make([]float32, T*H)
+	y := make([]float32, T*H)
+	for l, d := range m.layers {
+		err := ctx.Err()
+		if err == nil {
+			rmsNorm(normed, x, d.inNorm, m.eps)
+			if err = d.attn.Forward(ctx, kv.caches[l], seqs, normed, y); err != nil {
+				err = fmt.Errorf("model: layer %d attention: %w", l, err)
+			}
+		}
+		if err == nil {
+			add(x, y)
+			rmsNorm(normed, x, d.postNorm, m.eps)
+			if d.moe != nil {
+				err = d.moe.Forward(ctx, normed, y)
+			} else {
+				err = m.denseMLP(ctx, d.dense, normed, y)
+			}
+			if err != nil {
+				err = fmt.Errorf("model: layer %d MLP: %w", l, err)
+			}
+		}
+		if err != nil {
+			kv.truncate(lens)
+			return nil, err
+		}
+		add(x, y)
+	}
+	sel := make([]int32, len(rows))
+	for i, r := range rows {
+		sel[i] = int32(r)
+		rmsNorm(normed[i*H:(i+1)*H], x[r*H:(r+1)*H], m.norm, m.eps)
+	}
+	logits := make([]float32, len(rows)*m.Vocab)
+	for i := range sel {
+		sel[i] = int32(i)
+	}
+	if err := kernels.GroupedGEMM(ctx, 0, normed[:len(rows)*H], []kernels.GEMMGroup{{B: m.lmHead, Rows: sel, Out: logits}}); err != nil {
+		kv.truncate(lens)
+		return nil, err
+	}
+	if i := slices.IndexFunc(logits, func(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }); i >= 0 {
+		kv.truncate(lens)
+		return nil, fmt.Errorf("model: logit %d of token %d is %v", i%m.Vocab, rows[i/m.Vocab], logits[i])
+	}
+	return logits, nil
+}
