@@ -108,7 +108,7 @@ func LoadMLABlock(dir string, n int) (*MLABlock, error) {
 			ModelType string `json:"model_type"`
 		}
 		_ = json.Unmarshal(data, &mt)
-		return nil, fmt.Errorf("dpattn: %s/config.json: model_type %q has no MLA attention (no kv_lora_rank): MLA is DeepSeek-V2/V3's (deepseek_v2, deepseek_v3 and their aliases)", dir, mt.ModelType)
+		return nil, fmt.Errorf("dpattn: %s/config.json (model_type %q) has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it, and other families have none", dir, mt.ModelType)
 	}
 	for _, f := range []struct {
 		name string

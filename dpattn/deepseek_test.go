@@ -76,7 +76,7 @@ func TestLoadMLABlockConfig(t *testing.T) {
 	}
 	write(`{"model_type": "mixtral", "hidden_size": 16}`)
 	_, err := dpattn.LoadMLABlock(dir, 0)
-	require.ErrorContains(t, err, `model_type "mixtral" has no MLA attention (no kv_lora_rank)`)
+	require.ErrorContains(t, err, `(model_type "mixtral") has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it`)
 	write(`{"model_type": "deepseek_v2", "hidden_size": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4}`)
 	_, err = dpattn.LoadMLABlock(dir, 0)
 	require.ErrorContains(t, err, "num_attention_heads is missing")

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 )
 
@@ -167,6 +169,12 @@ func (p *Placement) Validate() error {
 	if p.NumExperts < 1 || p.Ranks < 1 || len(p.Replicas) != p.NumExperts {
 		return fmt.Errorf("ep: placement of %d experts over %d ranks lists %d experts", p.NumExperts, p.Ranks, len(p.Replicas))
 	}
+	if p.Ranks > MaxRanks {
+		return fmt.Errorf("ep: placement over %d ranks: at most %d", p.Ranks, MaxRanks)
+	}
+	if p.SlotsPerRank < 1 || p.SlotsPerRank > p.NumExperts {
+		return fmt.Errorf("ep: placement: slots_per_rank %d must be in [1, %d experts]", p.SlotsPerRank, p.NumExperts)
+	}
 	held := make([]int, p.Ranks)
 	for e, rs := range p.Replicas {
 		if len(rs) == 0 {
@@ -189,6 +197,10 @@ func (p *Placement) Validate() error {
 	}
 	return nil
 }
+
+// MaxRanks bounds a placement's ranks: past any deployment, and what a
+// placement file may ask to be allocated.
+const MaxRanks = 1 << 16
 
 // Local returns the experts rank r holds, ascending.
 func (p *Placement) Local(r int) []int {
@@ -235,6 +247,9 @@ func ParsePlacement(data []byte) (*Placement, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
 		return nil, fmt.Errorf("ep: placement: %w (want an object with num_experts, ranks, slots_per_rank and replicas, as moex writes it)", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("ep: placement: more after the placement object (one JSON object per file)")
 	}
 	for _, k := range []struct {
 		name string

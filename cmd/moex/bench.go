@@ -81,8 +81,8 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
 	return func() error {
 		var err error
-		if !(*maxGiB > 0) {
-			return fmt.Errorf("%w: bench: --max-memory-gib must be positive", errUsage)
+		if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
+			return fmt.Errorf("%w: bench: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
 		}
 		o.maxBytes = *maxGiB * (1 << 30)
 		if o.threads, err = intList(*threads, "--threads"); err != nil {
@@ -634,6 +634,16 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	{
+		// The largest case's cache (bf16 rows of kv_lora_rank + rope, at
+		// most DeepSeek-V3's 576 per row, with room for the timed steps)
+		// and its activations, in float64 so that no size overflows.
+		T, C := float64(slices.Max(ts)), float64(slices.Max(cs))
+		need := T*(C+float64(o.maxRuns)+65)*576*2 + T*7168*4*8
+		if err := o.fits("mla", need); err != nil {
+			return nil, fmt.Errorf("%w (--tokens %d × --context %d)", err, slices.Max(ts), slices.Max(cs))
+		}
+	}
 	var blk *dpattn.MLABlock
 	if *model != "" {
 		if blk, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
@@ -701,6 +711,8 @@ func benchSource(bench, model, preset string, layer int, presets ...string) (str
 		return "", fmt.Errorf("%w: bench %s: give --model or --preset, not both", errUsage, bench)
 	case model != "":
 		return fmt.Sprintf("%s:%d", model, layer), nil
+	case slices.Contains(presets, preset) && layer != 1:
+		return "", fmt.Errorf("%w: bench %s: --layer %d is for --model; a --preset is one layer", errUsage, bench, layer)
 	case slices.Contains(presets, preset):
 		return preset, nil
 	case preset != "":
@@ -733,8 +745,11 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
 	}
-	if !(*maxGiB > 0) {
-		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib must be positive", errUsage)
+	if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
+		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
+	}
+	if o.format != "table" && o.format != "json" {
+		return nil, fmt.Errorf("%w: bench ep: --format %q (want table or json)", errUsage, o.format)
 	}
 	o.maxBytes = *maxGiB * (1 << 30)
 	if o.minTime < 0 {

@@ -74,7 +74,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	if redundantSet && (*redundant < 0 || *placement != "balanced") {
 		return fmt.Errorf("%w: exec moe: --redundant %d: extra expert slots are for --placement balanced, and not negative", errUsage, *redundant)
 	}
-	if err := checkPlacementFlag(*placement); err != nil {
+	if err := checkPlacementFlag(*placement, *ranks); err != nil {
 		return err
 	}
 	if err := checkOutputs("exec moe", [2]string{"--out", *out}, [2]string{"--ids-out", *idsOut}, [2]string{"--weights-out", *wOut}); err != nil {
@@ -320,12 +320,15 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 
 // checkPlacementFlag checks --placement before any work: a known kind, or a
 // .json file that parses.
-func checkPlacementFlag(p string) error {
+func checkPlacementFlag(p string, ranks int) error {
 	switch {
 	case p == "contiguous", p == "round-robin", p == "balanced":
 		return nil
 	case strings.HasSuffix(p, ".json"):
-		_, err := readPlacement(p)
+		pl, err := readPlacement(p)
+		if err == nil && pl.Ranks != ranks {
+			err = fmt.Errorf("%w: exec moe: --placement %s places the experts over %d ranks, but --ep is %d", errUsage, p, pl.Ranks, ranks)
+		}
 		return err
 	}
 	return fmt.Errorf("%w: exec moe: --placement %q (want contiguous, round-robin, balanced or a .json file)", errUsage, p)

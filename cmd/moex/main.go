@@ -30,10 +30,16 @@ var errUsage = errors.New("usage")
 const maxGoroutineRanks = 1024
 
 // checkOutputs refuses, before any work, output files that name the same
-// path twice, a directory, or a folder that does not exist: an error after
-// the work would leave the outputs written so far behind.
+// file twice (by path, through a link, or as one file's two hard links), a
+// directory, or a folder that does not exist: an error after the work would
+// leave the outputs written so far behind, and two outputs in one file
+// would leave only the last.
 func checkOutputs(cmd string, outs ...[2]string) error {
-	seen := map[string]string{}
+	type output struct {
+		flag, path, abs string
+		fi              os.FileInfo // nil: no file there yet
+	}
+	var seen []output
 	for _, o := range outs {
 		flagName, path := o[0], o[1]
 		if path == "" {
@@ -43,13 +49,24 @@ func checkOutputs(cmd string, outs ...[2]string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %s: %s %q: %v", errUsage, cmd, flagName, path, err)
 		}
-		if prev, ok := seen[abs]; ok {
-			return fmt.Errorf("%w: %s: %s and %s name the same file %s", errUsage, cmd, prev, flagName, path)
-		}
-		seen[abs] = flagName
-		if st, err := os.Stat(path); err == nil && st.IsDir() {
+		fi, err := os.Stat(path)
+		if err != nil {
+			fi = nil
+			if target, lerr := os.Readlink(path); lerr == nil { // a link to a file not made yet
+				if !filepath.IsAbs(target) {
+					target = filepath.Join(filepath.Dir(abs), target)
+				}
+				abs = filepath.Clean(target)
+			}
+		} else if fi.IsDir() {
 			return fmt.Errorf("%w: %s: %s %s is a directory", errUsage, cmd, flagName, path)
 		}
+		for _, prev := range seen {
+			if prev.abs == abs || prev.fi != nil && fi != nil && os.SameFile(prev.fi, fi) {
+				return fmt.Errorf("%w: %s: %s %s and %s %s are the same file", errUsage, cmd, prev.flag, prev.path, flagName, path)
+			}
+		}
+		seen = append(seen, output{flagName, path, abs, fi})
 		dir := filepath.Dir(abs)
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return fmt.Errorf("%w: %s: %s %s: the folder %s does not exist", errUsage, cmd, flagName, path, dir)

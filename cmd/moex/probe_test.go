@@ -25,8 +25,20 @@ func TestCarelessFlags(t *testing.T) {
 	require.NoError(t, os.WriteFile(badJSON, []byte("{"), 0o644))
 	wrongKeys := filepath.Join(dir, "keys.json")
 	require.NoError(t, os.WriteFile(wrongKeys, []byte(`{"experts": [[0, 1, 2], [3, 4, 5]]}`), 0o644))
+	trailing := filepath.Join(dir, "trailing.json")
+	require.NoError(t, os.WriteFile(trailing, []byte(`{"kind": "contiguous", "num_experts": 8, "ranks": 2, "slots_per_rank": 4, "replicas": [[0],[0],[0],[0],[1],[1],[1],[1]]}
+garbage`), 0o644))
+	twoRanks := filepath.Join(dir, "two.json")
+	require.NoError(t, os.WriteFile(twoRanks, []byte(`{"kind": "contiguous", "num_experts": 8, "ranks": 2, "slots_per_rank": 4, "replicas": [[0],[0],[0],[0],[1],[1],[1],[1]]}`), 0o644))
+	hugeSlots := filepath.Join(dir, "slots.json")
+	require.NoError(t, os.WriteFile(hugeSlots, []byte(`{"kind": "contiguous", "num_experts": 8, "ranks": 2, "slots_per_rank": 4000000000000, "replicas": [[0],[0],[0],[0],[1],[1],[1],[1]]}`), 0o644))
+	hugeRanks := filepath.Join(dir, "ranks.json")
+	require.NoError(t, os.WriteFile(hugeRanks, []byte(`{"kind": "contiguous", "num_experts": 1, "ranks": 1000000000000, "slots_per_rank": 1, "replicas": [[0]]}`), 0o644))
 	noKeys := filepath.Join(dir, "nokeys.json")
 	require.NoError(t, os.WriteFile(noKeys, []byte(`{"ranks": 2}`), 0o644))
+	require.NoError(t, os.Symlink(out, filepath.Join(dir, "link.npy"))) // to a file not made yet
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "exists.npy"), nil, 0o644))
+	require.NoError(t, os.Link(filepath.Join(dir, "exists.npy"), filepath.Join(dir, "hard.npy")))
 	execMoE := []string{"exec", "moe", "--model", model, "--layer", "1", "--input", x, "--out", out}
 	with := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
 	for _, tt := range []struct {
@@ -45,13 +57,25 @@ func TestCarelessFlags(t *testing.T) {
 		{"run huge ranks", []string{"run", "--ranks", "10000"}, "--ranks 10000 in-process ranks is over the 1024"},
 		{"run huge kv budget", []string{"run", "--kv-budget-gib", "1e12"}, "is over 1048576 GiB"},
 		{"exec huge ep", with(execMoE, "--ep", "100000"), "--ep 100000 in-process ranks is over the 1024"},
-		{"ids-out is out", with(execMoE, "--ids-out", out), "--out and --ids-out name the same file"},
+		{"ids-out is out", with(execMoE, "--ids-out", out), "--out " + out + " and --ids-out " + out + " are the same file"},
+		{"ids-out links to out", with(execMoE, "--ids-out", filepath.Join(dir, "link.npy")), "are the same file"},
+		{"weights-out a hard link of out", with(execMoE, "--out", filepath.Join(dir, "exists.npy"), "--weights-out", filepath.Join(dir, "hard.npy")), "are the same file"},
 		{"output folder missing", with(execMoE, "--weights-out", filepath.Join(dir, "nope", "w.npy")), "the folder " + filepath.Join(dir, "nope") + " does not exist"},
 		{"output is a folder", with(execMoE, "--ids-out", dir), "--ids-out " + dir + " is a directory"},
 		{"placement unknown with one rank", with(execMoE, "--placement", "foo"), `--placement "foo" (want contiguous`},
 		{"placement file broken", with(execMoE, "--ep", "2", "--placement", badJSON), "--placement " + badJSON + ": ep: placement: unexpected EOF"},
 		{"placement file wrong keys", with(execMoE, "--ep", "2", "--placement", wrongKeys), `json: unknown field "experts"`},
 		{"placement file missing keys", with(execMoE, "--ep", "2", "--placement", noKeys), `"num_experts" is missing or zero`},
+		{"placement file with more after it", with(execMoE, "--ep", "2", "--placement", trailing), "more after the placement object"},
+		{"placement file of other ranks", with(execMoE, "--placement", twoRanks), "places the experts over 2 ranks, but --ep is 1"},
+		{"placement file huge slots", with(execMoE, "--ep", "2", "--placement", hugeSlots), "slots_per_rank 4000000000000 must be in [1, 8 experts]"},
+		{"placement file huge ranks", with(execMoE, "--ep", "2", "--placement", hugeRanks), "placement over 1000000000000 ranks: at most 65536"},
+		{"layer with a preset", []string{"bench", "mla", "--preset", "deepseek-v2-lite", "--layer", "-5"}, "--layer -5 is for --model"},
+		{"bench mla huge", []string{"bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "1000000000000", "--context", "16"}, "bench mla: these sizes need about"},
+		{"bench mla huge context", []string{"bench", "mla", "--preset", "deepseek-v2-lite", "--tokens", "1", "--context", "9223372036854775807"}, "--context 9223372036854775807"},
+		{"infinite memory limit", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "64", "--k", "64", "--max-memory-gib", "Inf"}, "--max-memory-gib +Inf must be a positive finite number"},
+		{"bench ep format", []string{"bench", "ep", "--ranks", "2", "--tokens", "16", "--format", "xml"}, `--format "xml"`},
+		{"run steps", []string{"run", "--steps", "1000000000"}, "--steps 1000000000 is over the 1000000"},
 		{"redundant without balanced", with(execMoE, "--ep", "2", "--redundant", "3"), "--redundant 3: extra expert slots are for --placement balanced"},
 		{"redundant negative", with(execMoE, "--ep", "2", "--placement", "balanced", "--redundant", "-5"), "--redundant -5"},
 	} {
@@ -78,7 +102,7 @@ func TestCarelessFlags(t *testing.T) {
 
 	// bench mla on a model without MLA says so.
 	_, _, err = runCLI("bench", "mla", "--model", model, "--layer", "1", "--tokens", "1", "--context", "16")
-	require.ErrorContains(t, err, `model_type "mixtral" has no MLA attention (no kv_lora_rank)`)
+	require.ErrorContains(t, err, `(model_type "mixtral") has no kv_lora_rank`)
 }
 
 // TestExecLogits: a whole model's prefill from the shell, against the
@@ -131,4 +155,15 @@ func TestExecLogits(t *testing.T) {
 	require.ErrorContains(t, err, "shape [1 2], want [tokens]")
 	_, _, err = runCLI("exec", "logits", "--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32"), "--input-ids", idsPath, "--out", out)
 	require.ErrorContains(t, err, "a whole model runs deepseek_v2 and deepseek_v3")
+}
+
+// TestRunLargeSeed: any uint64 seed runs (the schedule took int(seed), which
+// wrapped negative past 2^63).
+func TestRunLargeSeed(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "moe", "deepseek_v2_f32")
+	for _, seed := range []string{"9223372036854775808", "18446744073709551615"} {
+		out, _, err := runCLI("run", "--model", dir, "--layer", "1", "--ranks", "2", "--steps", "2", "--seed", seed)
+		require.NoError(t, err, "--seed %s", seed)
+		require.Contains(t, out, ": ok")
+	}
 }

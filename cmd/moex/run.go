@@ -16,6 +16,9 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
+// maxRunSteps bounds moex run's decode loop.
+const maxRunSteps = 1_000_000
+
 // cmdRun is the main job: R in-process ranks run decode steps of one
 // DeepSeek-V2-Lite-shaped layer (MLA attention over each rank's own paged
 // latent cache, then the MoE layer shared over the ranks in all-to-all or
@@ -44,6 +47,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
+	}
+	if *steps > maxRunSteps {
+		return fmt.Errorf("%w: run: --steps %d is over the %d decode steps a run takes (its schedule and per-step report are kept in memory)", errUsage, *steps, maxRunSteps)
 	}
 	if !(*kvGiB > 0) || math.IsInf(*kvGiB, 0) {
 		return fmt.Errorf("%w: run: --kv-budget-gib %v must be a positive finite number of GiB", errUsage, *kvGiB)

@@ -125,13 +125,13 @@ func makeSchedule(ranks, steps int, seed uint64) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x5c4ed))
 	s := schedule{requests: make([][]int, ranks), batch: make([][]int, ranks)}
 	for r := range s.requests {
-		n := 2 + (r*5+int(seed))%4 // uneven request counts
+		n := 2 + (r*5+int(seed%4))%4 // uneven request counts
 		for range n {
 			s.requests[r] = append(s.requests[r], 1+rng.IntN(300))
 		}
 		s.batch[r] = make([]int, steps)
 		for st := range s.batch[r] {
-			s.batch[r][st] = (r*3 + st*2 + int(seed)) % (n + 1)
+			s.batch[r][st] = (r*3 + st*2 + int(seed%uint64(n+1))) % (n + 1)
 		}
 	}
 	// At least one step with an idle rank while others work.

@@ -297,6 +297,9 @@ func byteOrder(descr string, kind byte, name string) (binary.ByteOrder, error) {
 			return binary.BigEndian, nil
 		}
 	}
+	if descr == name || descr == string(kind)+"4" { // numpy's names of the native-order dtype
+		return binary.NativeEndian, nil
+	}
 	hint := ""
 	if kind == 'f' && len(descr) == 3 && descr[1:] == "f8" {
 		hint = " (numpy's default float64: save x.astype(numpy.float32))"

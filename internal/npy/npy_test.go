@@ -149,6 +149,8 @@ func TestHeaders(t *testing.T) {
 		{"version 2.0", file(2, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", f32bytes(le, 1, 2)), []int{2}},
 		{"version 3.0", file(3, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", f32bytes(le, 1, 2)), []int{2}},
 		{"big-endian", file(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", f32bytes(be, 1, 2)), []int{2}},
+		{"descr as a dtype name", file(1, "{'descr': 'float32', 'fortran_order': False, 'shape': (2,), }", f32bytes(binary.NativeEndian, 1, 2)), []int{2}},
+		{"descr without byte order", file(1, "{'descr': 'f4', 'fortran_order': False, 'shape': (2,), }", f32bytes(binary.NativeEndian, 1, 2)), []int{2}},
 		{"python 2 longs", file(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 1L), }", f32bytes(le, 1, 2)), []int{2, 1}},
 		{"no newline at the end", append([]byte("\x93NUMPY\x01\x00\x3c\x00"), append([]byte("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }   "), f32bytes(le, 1, 2)...)...), []int{2}},
 	}
