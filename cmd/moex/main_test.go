@@ -313,7 +313,7 @@ func TestBenchRunsOnce(t *testing.T) {
 	_, _, err = runCLI("bench", "grouped-gemm", "--n", "4096", "--k", "4096", "--tokens-per-expert", "1", "--max-memory-gib", "0.01")
 	require.ErrorContains(t, err, "over --max-memory-gib 0.0")
 	_, _, err = runCLI("bench", "grouped-gemm", "--max-memory-gib", "-1")
-	require.ErrorContains(t, err, "--max-memory-gib must be positive")
+	require.ErrorContains(t, err, "--max-memory-gib -1 must be a positive finite number")
 	out, _, err = runCLI("bench", "grouped-gemm", "--n", "4", "--k", "4", "--tokens-per-expert", "0", "--min-time", "0", "--max-runs", "1", "--format", "json")
 	require.NoError(t, err)
 	var r0 benchResult
