@@ -479,7 +479,17 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 		if err := cache.Append(s, row); err != nil {
 			return err
 		}
-		queries[t] = Query{Table: cache.BlockTable(s), Len: pos + 1}
+		queries[t] = Query{Len: pos + 1}
+	}
+	// Each sequence's block table once, after its rows: a token reads the
+	// prefix of it its length covers (one copy a sequence, not a token: a
+	// long prompt's extend would copy its table once per token).
+	tables := map[int][]int32{}
+	for t, s := range seqs {
+		if tables[s] == nil {
+			tables[s] = cache.BlockTable(s)
+		}
+		queries[t].Table = tables[s]
 	}
 	// Absorbed queries [T, heads, L+R]: the nope half through each head's
 	// W_UKᵀ, the rope half rotated.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -118,6 +119,16 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 	}
 	if free := kv.FreeBlocks(); need > free {
 		return nil, errkind.Errorf(dpattn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
+	}
+	// What the call allocates: activations, each layer's queries and
+	// latent rows, the logits asked for; checked before any of it.
+	lat := 0
+	if len(m.layers) > 0 {
+		lat = m.layers[0].attn.LatentDim()
+	}
+	bytes := 4 * (float64(T)*float64(6*H+8*lat+4*m.Config.TopK) + float64(len(rows))*float64(m.Vocab))
+	if err := memlimit.Check(fmt.Sprintf("model: a step of %d tokens (%d logits rows of %d)", T, len(rows), m.Vocab), bytes); err != nil {
+		return nil, err
 	}
 	x := make([]float32, T*H)
 	for t, id := range ids {

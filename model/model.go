@@ -45,7 +45,7 @@ type decoderLayer struct {
 
 // header is what Load reads of config.json beside moe.LoadConfig.
 type header struct {
-	Vocab      int     `json:"vocab_size"`
+	Vocab      *int    `json:"vocab_size"`
 	DenseInter int     `json:"intermediate_size"`
 	Eps        float64 `json:"rms_norm_eps"`
 	Tied       bool    `json:"tie_word_embeddings"`
@@ -74,8 +74,10 @@ func Load(dir string) (*Model, error) {
 		return nil, fmt.Errorf("model: %s: %w", path, err)
 	}
 	switch {
-	case h.Vocab < 1:
-		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, h.Vocab)
+	case h.Vocab == nil:
+		return nil, fmt.Errorf("model: %s: vocab_size is missing", path)
+	case *h.Vocab < 1:
+		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, *h.Vocab)
 	case cfg.NumLayers < 1:
 		return nil, fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
 	case !(h.Eps > 0):
@@ -85,7 +87,7 @@ func Load(dir string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: cfg, Vocab: h.Vocab, Hidden: cfg.Hidden, eps: h.Eps, ck: ck}
+	m := &Model{Config: cfg, Vocab: *h.Vocab, Hidden: cfg.Hidden, eps: h.Eps, ck: ck}
 	if err := m.load(dir, h); err != nil {
 		m.Close()
 		return nil, err
@@ -100,7 +102,7 @@ func (m *Model) load(dir string, h header) error {
 		return err
 	}
 	head := "lm_head.weight"
-	if h.Tied && !m.ck.Has(head) {
+	if h.Tied { // as transformers ties them: the embedding, whatever lm_head.weight holds
 		head = "model.embed_tokens.weight"
 	}
 	if m.lmHead, err = m.ck.Matrix(head, V, H); err != nil {

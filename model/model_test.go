@@ -88,7 +88,8 @@ func TestLoadErrors(t *testing.T) {
 		change func(w *moetest.Whole)
 		want   string
 	}{
-		{"no vocab_size", func(w *moetest.Whole) { delete(w.Config, "vocab_size") }, "vocab_size is 0, must be positive"},
+		{"no vocab_size", func(w *moetest.Whole) { delete(w.Config, "vocab_size") }, "vocab_size is missing"},
+		{"vocab_size 0", func(w *moetest.Whole) { w.Config["vocab_size"] = 0 }, "vocab_size is 0, must be positive"},
 		{"another family", func(w *moetest.Whole) { w.Config["model_type"] = "qwen3_moe"; w.Config["num_experts"] = 8 },
 			`model_type "qwen3_moe" (read as qwen3_moe): a whole model runs deepseek_v2 and deepseek_v3`},
 		{"no lm_head", func(w *moetest.Whole) { w.Tensors = w.Tensors[:len(w.Tensors)-1] }, `missing tensor "lm_head.weight"`},
@@ -223,4 +224,28 @@ func TestForwardBatchesSequences(t *testing.T) {
 	require.Equal(t, 5, kv.Len(1))
 	require.NoError(t, kv.Free(1))
 	require.Equal(t, 0, kv.Len(1))
+}
+
+// TestTiedEmbeddings: with tie_word_embeddings the logits are the
+// embedding's, as transformers ties lm_head to it, whatever lm_head.weight
+// the checkpoint holds.
+func TestTiedEmbeddings(t *testing.T) {
+	spec := wholeSpecs()["deepseek_v2_f32"]
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	w.Config["tie_word_embeddings"] = true
+	dir := t.TempDir()
+	require.NoError(t, w.WriteTo(dir))
+	m, err := model.Load(dir)
+	require.NoError(t, err)
+	defer m.Close()
+	ids := moetest.Tokens(6, 9, spec.Vocab)
+	got, err := m.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	w.LMHead = w.Embed
+	var flat []float64
+	for _, row := range w.Logits(ids) {
+		flat = append(flat, row...)
+	}
+	require.Less(t, moetest.RelErr(got, flat), 1e-4)
 }

@@ -84,6 +84,9 @@ func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 		if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
 			return fmt.Errorf("%w: bench: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
 		}
+		if machine := float64(memlimit.Machine()) / (1 << 30); *maxGiB > machine {
+			return fmt.Errorf("%w: bench: --max-memory-gib %v is over this machine's %.1f GiB (past it the process dies out of memory rather than failing)", errUsage, *maxGiB, machine)
+		}
 		o.maxBytes = *maxGiB * (1 << 30)
 		if o.threads, err = intList(*threads, "--threads"); err != nil {
 			return err
@@ -400,7 +403,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 		bs := make([]kernels.Matrix, *experts)
 		for e := range bs {
 			if bs[e], err = randomMatrix(rng, dt, *n, *k); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%w: bench grouped-gemm: --n %d (rows) × --k %d (columns) in %v: %w", errUsage, *n, *k, dt, err)
 			}
 			if *layout == "packed" {
 				bs[e] = kernels.Pack(bs[e])
@@ -747,6 +750,9 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 	}
 	if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
 		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
+	}
+	if machine := float64(memlimit.Machine()) / (1 << 30); *maxGiB > machine {
+		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib %v is over this machine's %.1f GiB (past it the process dies out of memory rather than failing)", errUsage, *maxGiB, machine)
 	}
 	if o.format != "table" && o.format != "json" {
 		return nil, fmt.Errorf("%w: bench ep: --format %q (want table or json)", errUsage, o.format)

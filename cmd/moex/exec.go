@@ -77,7 +77,8 @@ func execMoE(args []string, stderr io.Writer) error {
 	if err := checkPlacementFlag(*placement, *ranks); err != nil {
 		return err
 	}
-	if err := checkOutputs("exec moe", [2]string{"--out", *out}, [2]string{"--ids-out", *idsOut}, [2]string{"--weights-out", *wOut}); err != nil {
+	if err := checkFiles("exec moe", [][2]string{{"--input", *input}, {"--tokens", *tokens}},
+		[2]string{"--out", *out}, [2]string{"--ids-out", *idsOut}, [2]string{"--weights-out", *wOut}); err != nil {
 		return err
 	}
 	if *timeout <= 0 {

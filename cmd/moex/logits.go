@@ -28,7 +28,7 @@ func execLogits(args []string, stderr io.Writer) error {
 	if *deadline < 0 {
 		return fmt.Errorf("%w: exec logits: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
 	}
-	if err := checkOutputs("exec logits", [2]string{"--out", *out}); err != nil {
+	if err := checkFiles("exec logits", [][2]string{{"--input-ids", *idsPath}}, [2]string{"--out", *out}); err != nil {
 		return err
 	}
 	ids, err := npy.ReadInt32(*idsPath)

@@ -29,12 +29,13 @@ var errUsage = errors.New("usage")
 // extra zero or three) would run for minutes or exhaust memory.
 const maxGoroutineRanks = 1024
 
-// checkOutputs refuses, before any work, output files that name the same
+// checkFiles refuses, before any work, output files that name the same
 // file twice (by path, through a link, or as one file's two hard links), a
 // directory, or a folder that does not exist: an error after the work would
 // leave the outputs written so far behind, and two outputs in one file
-// would leave only the last.
-func checkOutputs(cmd string, outs ...[2]string) error {
+// would leave only the last; and an output that is one of the inputs (ins:
+// the flag and path of each), which writing it would destroy.
+func checkFiles(cmd string, ins [][2]string, outs ...[2]string) error {
 	type output struct {
 		flag, path, abs string
 		fi              os.FileInfo // nil: no file there yet
@@ -64,6 +65,16 @@ func checkOutputs(cmd string, outs ...[2]string) error {
 		for _, prev := range seen {
 			if prev.abs == abs || prev.fi != nil && fi != nil && os.SameFile(prev.fi, fi) {
 				return fmt.Errorf("%w: %s: %s %s and %s %s are the same file", errUsage, cmd, prev.flag, prev.path, flagName, path)
+			}
+		}
+		for _, in := range ins {
+			if in[1] == "" {
+				continue
+			}
+			inAbs, _ := filepath.Abs(in[1])
+			inFi, err := os.Stat(in[1])
+			if inAbs == abs || err == nil && fi != nil && os.SameFile(inFi, fi) {
+				return fmt.Errorf("%w: %s: %s %s is the input %s %s: writing it would destroy the input", errUsage, cmd, flagName, path, in[0], in[1])
 			}
 		}
 		seen = append(seen, output{flagName, path, abs, fi})

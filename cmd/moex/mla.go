@@ -49,7 +49,8 @@ func execMLADecode(args []string, stderr io.Writer) error {
 	case *split < 0:
 		return fmt.Errorf("%w: exec mla-decode: --split %d must be a positive row count (or 0: the default)", errUsage, *split)
 	}
-	if err := checkOutputs("exec mla-decode", [2]string{"--out", *outPath}, [2]string{"--lse-out", *lsePath}); err != nil {
+	if err := checkFiles("exec mla-decode", [][2]string{{"--q", *qPath}, {"--kv-cache", *kvPath}, {"--block-table", *btPath}, {"--seqlens", *slPath}},
+		[2]string{"--out", *outPath}, [2]string{"--lse-out", *lsePath}); err != nil {
 		return err
 	}
 	q, err := npy.ReadFloat32(*qPath)
@@ -99,7 +100,7 @@ func execMLADecode(args []string, stderr io.Writer) error {
 		out, lse = make([]float32, B*H**dv), make([]float32, B*H)
 		if err := dpattn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
 			dpattn.Options{SplitRows: *split}); err != nil {
-			return err
+			return fmt.Errorf("exec mla-decode (--q %s, --kv-cache %s, --block-table %s, --seqlens %s): %w", *qPath, *kvPath, *btPath, *slPath, err)
 		}
 	case "cuda":
 		if out, lse, err = mlaOnDevice(mlaJob{q: q.Data, cache: kv.Data, blockSize: kv.Shape[1], d: D,

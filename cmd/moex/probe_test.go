@@ -76,6 +76,9 @@ garbage`), 0o644))
 		{"infinite memory limit", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "64", "--k", "64", "--max-memory-gib", "Inf"}, "--max-memory-gib +Inf must be a positive finite number"},
 		{"bench ep format", []string{"bench", "ep", "--ranks", "2", "--tokens", "16", "--format", "xml"}, `--format "xml"`},
 		{"run steps", []string{"run", "--steps", "1000000000"}, "--steps 1000000000 is over the 1000000"},
+		{"out is the input", with(execMoE[:len(execMoE)-1], x), "--out " + x + " is the input --input " + x},
+		{"memory limit over the machine", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "64", "--k", "64", "--max-memory-gib", "1e308"}, "is over this machine's"},
+		{"quantized k not a multiple of the block", []string{"bench", "grouped-gemm", "--experts", "2", "--tokens-per-expert", "4", "--n", "8", "--k", "8", "--dtype", "mxfp4"}, "--n 8 (rows) × --k 8 (columns) in MXFP4"},
 		{"redundant without balanced", with(execMoE, "--ep", "2", "--redundant", "3"), "--redundant 3: extra expert slots are for --placement balanced"},
 		{"redundant negative", with(execMoE, "--ep", "2", "--placement", "balanced", "--redundant", "-5"), "--redundant -5"},
 	} {
@@ -153,6 +156,8 @@ func TestExecLogits(t *testing.T) {
 	require.NoError(t, npy.WriteInt32(twoD, []int{1, 2}, []int32{3, 4}))
 	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", twoD, "--out", out)
 	require.ErrorContains(t, err, "shape [1 2], want [tokens]")
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", idsPath)
+	require.ErrorContains(t, err, "--out "+idsPath+" is the input --input-ids "+idsPath)
 	_, _, err = runCLI("exec", "logits", "--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32"), "--input-ids", idsPath, "--out", out)
 	require.ErrorContains(t, err, "a whole model runs deepseek_v2 and deepseek_v3")
 }
