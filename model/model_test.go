@@ -40,13 +40,7 @@ func wholeSpecs() map[string]moetest.WholeSpec {
 func TestPrefillMatchesReference(t *testing.T) {
 	for name, spec := range wholeSpecs() {
 		t.Run(name, func(t *testing.T) {
-			w, err := moetest.GenerateWhole(spec)
-			require.NoError(t, err)
-			dir := t.TempDir()
-			require.NoError(t, w.WriteTo(dir))
-			m, err := model.Load(dir)
-			require.NoError(t, err)
-			defer m.Close()
+			w, m := loadWhole(t, spec, nil)
 			require.Equal(t, spec.Layers, m.NumLayers())
 			ids := moetest.Tokens(3, 19, spec.Vocab)
 			got, err := m.Prefill(context.Background(), ids)
@@ -71,17 +65,11 @@ func TestPrefillMatchesReference(t *testing.T) {
 
 func TestLoadErrors(t *testing.T) {
 	spec := wholeSpecs()["deepseek_v2_f32"]
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, w.WriteTo(dir))
-	m, err := model.Load(dir)
-	require.NoError(t, err)
-	_, err = m.Prefill(context.Background(), []int32{1, 50})
+	_, m := loadWhole(t, spec, nil)
+	_, err := m.Prefill(context.Background(), []int32{1, 50})
 	require.EqualError(t, err, "model: token 1 is id 50, outside the vocabulary [0, 50)")
 	_, err = m.Prefill(context.Background(), nil)
 	require.EqualError(t, err, "model: prefill of no tokens")
-	require.NoError(t, m.Close())
 
 	for _, tt := range []struct {
 		name   string
@@ -105,6 +93,23 @@ func TestLoadErrors(t *testing.T) {
 			require.ErrorContains(t, err, tt.want)
 		})
 	}
+}
+
+// loadWhole generates spec's model, changes it (nil: not), writes it and
+// loads it; the model is closed when the test ends.
+func loadWhole(t *testing.T, spec moetest.WholeSpec, change func(*moetest.Whole)) (*moetest.Whole, *model.Model) {
+	t.Helper()
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	if change != nil {
+		change(w)
+	}
+	dir := t.TempDir()
+	require.NoError(t, w.WriteTo(dir))
+	m, err := model.Load(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	return w, m
 }
 
 func argmax64(v []float64) int {
@@ -231,14 +236,7 @@ func TestForwardBatchesSequences(t *testing.T) {
 // the checkpoint holds.
 func TestTiedEmbeddings(t *testing.T) {
 	spec := wholeSpecs()["deepseek_v2_f32"]
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	w.Config["tie_word_embeddings"] = true
-	dir := t.TempDir()
-	require.NoError(t, w.WriteTo(dir))
-	m, err := model.Load(dir)
-	require.NoError(t, err)
-	defer m.Close()
+	w, m := loadWhole(t, spec, func(w *moetest.Whole) { w.Config["tie_word_embeddings"] = true })
 	ids := moetest.Tokens(6, 9, spec.Vocab)
 	got, err := m.Prefill(context.Background(), ids)
 	require.NoError(t, err)
