@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -78,9 +79,20 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	if split <= 0 {
 		split = DefaultSplitRows
 	}
+	// Each chunk's work item, partial output and log-sum-exp: Σ ⌈len/split⌉
+	// slots, so a long prompt attended at once grows with its length
+	// squared; checked before any is made.
+	total := 0.0
+	for _, qr := range queries {
+		total += float64((qr.Len + split - 1) / split)
+	}
+	if err := memlimit.Check(fmt.Sprintf("dpattn: mla: %d queries in %.0f chunks of %d rows", nq, total, split),
+		total*(float64(heads)*float64(4*dv+8)+32)); err != nil {
+		return err
+	}
 	// Work items: (query, chunk of rows).
 	type item struct{ q, r0, r1, slot int }
-	var items []item
+	items := make([]item, 0, int(total))
 	chunksOf := make([]int, nq)
 	firstSlot := make([]int, nq)
 	slots := 0

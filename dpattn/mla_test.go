@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 )
@@ -301,4 +302,23 @@ func TestNonFiniteCache(t *testing.T) {
 	err = mla([]dpattn.Query{{Table: []int32{0, 2}, Len: 4}})
 	require.ErrorIs(t, err, dpattn.ErrNonFinite)
 	require.ErrorContains(t, err, "from finite q and cache rows: the scores overflow fp32")
+}
+
+// TestMLAMemoryChecked: the chunks' partial outputs grow with the queries'
+// lengths; past the memory limit MLA refuses before allocating them.
+func TestMLAMemoryChecked(t *testing.T) {
+	const D, bs = 4, 16
+	kv := dpattn.DenseBlocks{Data: make([]float32, bs*D), NBlocks: 1, BlockRows: bs, Width: D}
+	queries := make([]dpattn.Query, 100)
+	for i := range queries {
+		queries[i] = dpattn.Query{Table: make([]int32, 5000/bs+1), Len: 5000} // every row in block 0
+	}
+	q := make([]float32, len(queries)*D)
+	out := make([]float32, len(queries)*D)
+	prev := memlimit.Set(1 << 20)
+	defer memlimit.Set(prev)
+	err := dpattn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, dpattn.Options{SplitRows: 1})
+	require.ErrorIs(t, err, memlimit.ErrTooLarge)
+	require.ErrorContains(t, err, "dpattn: mla: 100 queries in 500000 chunks of 1 rows")
+	require.NoError(t, dpattn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, dpattn.Options{}))
 }
