@@ -1,0 +1,333 @@
+// Package serve is the worker around a whole model: a scheduler that
+// batches requests continuously over the model's paged latent caches.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/moex-project/moex/model"
+)
+
+// Request is one generation: a prompt's token ids, how to sample, and when
+// to stop (MaxNewTokens, or a token of StopIDs unless IgnoreEOS).
+type Request struct {
+	IDs          []int32
+	Sampling     model.Sampling
+	MaxNewTokens int
+	StopIDs      []int32
+	IgnoreEOS    bool
+}
+
+// Event is a request's progress: each new token, then one last event with
+// Done set and the Reason ("length", "stop", or the error's text with Err).
+type Event struct {
+	Token  int32
+	Done   bool
+	Reason string
+	Err    error
+}
+
+// ErrTooLarge is the class of a request that can never fit the caches.
+var ErrTooLarge = errors.New("serve: request larger than the cache")
+
+type request struct {
+	Request
+	ctx     context.Context
+	events  chan Event
+	sampler *model.Sampler
+	seq     int
+	tokens  []int32 // the prompt, then the tokens generated
+	fed     int     // tokens the caches hold
+	gen     int     // tokens generated
+}
+
+// Scheduler runs requests' prompts and decode steps in shared forward
+// passes: every step takes each running request's next token, then chunks
+// of waiting prompts up to Budget tokens in all, admitted while the caches
+// have blocks for them; when the caches are full the newest requests wait
+// (preempted ones give their blocks back and are computed again later),
+// never an error. A request's tokens are those it would get alone.
+type Scheduler struct {
+	m      *model.Model
+	kv     *model.KV
+	budget int
+
+	mu      sync.Mutex
+	queue   []*request // waiting, in arrival order (preempted ones first)
+	running []*request
+	nextSeq int
+	wake    chan struct{}
+	stopped error
+	stats   Stats
+}
+
+// Stats counts a scheduler's work so far.
+type Stats struct {
+	Steps       int // forward passes
+	Preemptions int // running requests sent back to wait for blocks
+	MaxBatch    int // most tokens in one step
+}
+
+// Stats returns the counts so far.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// New makes a scheduler of m over kv with a token budget per step.
+func New(m *model.Model, kv *model.KV, budget int) (*Scheduler, error) {
+	if budget < 1 {
+		return nil, fmt.Errorf("serve: a step's token budget must be positive, have %d", budget)
+	}
+	return &Scheduler{m: m, kv: kv, budget: budget, wake: make(chan struct{}, 1)}, nil
+}
+
+// capacity is the tokens a sequence may hold: every block.
+func (s *Scheduler) capacity() int { return s.kv.NumBlocks() * s.kv.BlockSize() }
+
+// Submit queues r; its events come on the channel returned, which is
+// closed after the Done event. Cancelling ctx ends the request (its Done
+// event carries ctx's error) and frees its blocks.
+func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error) {
+	switch {
+	case len(r.IDs) == 0:
+		return nil, errors.New("serve: empty prompt")
+	case r.MaxNewTokens < 1:
+		return nil, fmt.Errorf("serve: max_new_tokens %d must be positive", r.MaxNewTokens)
+	case len(r.IDs)+r.MaxNewTokens > s.capacity():
+		return nil, fmt.Errorf("%w: a prompt of %d tokens and %d new ones need %d cache rows; the cache holds %d",
+			ErrTooLarge, len(r.IDs), r.MaxNewTokens, len(r.IDs)+r.MaxNewTokens, s.capacity())
+	}
+	for i, id := range r.IDs {
+		if id < 0 || int(id) >= s.m.Vocab {
+			return nil, fmt.Errorf("serve: prompt token %d is id %d, outside the vocabulary [0, %d)", i, id, s.m.Vocab)
+		}
+	}
+	smp, err := model.NewSampler(r.Sampling)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	q := &request{Request: r, ctx: ctx, events: make(chan Event, r.MaxNewTokens+1), sampler: smp,
+		tokens: slices.Clone(r.IDs)}
+	s.mu.Lock()
+	if s.stopped != nil {
+		s.mu.Unlock()
+		return nil, s.stopped
+	}
+	q.seq = s.nextSeq
+	s.nextSeq++
+	s.queue = append(s.queue, q)
+	s.mu.Unlock()
+	s.poke()
+	return q.events, nil
+}
+
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Load is the requests running and waiting.
+func (s *Scheduler) Load() (running, waiting int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running), len(s.queue)
+}
+
+// Run steps until ctx ends, then ends every request left with ctx's error.
+// Requests' own contexts are watched between steps.
+func (s *Scheduler) Run(ctx context.Context) error {
+	defer s.stop(ctx)
+	for ctx.Err() == nil {
+		progressed, err := s.step(ctx)
+		if err != nil {
+			return err
+		}
+		if progressed {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-s.wake:
+		}
+	}
+	return nil
+}
+
+// stop ends every request left.
+func (s *Scheduler) stop(ctx context.Context) {
+	s.mu.Lock()
+	s.stopped = fmt.Errorf("serve: the scheduler has stopped: %w", context.Cause(ctx))
+	left := append(s.running, s.queue...)
+	s.running, s.queue = nil, nil
+	s.mu.Unlock()
+	for _, r := range left {
+		s.finish(r, s.stopped.Error(), s.stopped)
+	}
+}
+
+// finish ends r: frees its blocks and sends its Done event.
+func (s *Scheduler) finish(r *request, reason string, err error) {
+	if r.fed > 0 {
+		s.kv.Free(r.seq)
+		r.fed = 0
+	}
+	r.events <- Event{Done: true, Reason: reason, Err: err}
+	close(r.events)
+}
+
+// blocksFor is the blocks a sequence of have rows needs for n more.
+func (s *Scheduler) blocksFor(have, n int) int {
+	bs := s.kv.BlockSize()
+	return (have+n+bs-1)/bs - (have+bs-1)/bs
+}
+
+// step runs one forward pass; progressed is false when there was nothing
+// to run.
+func (s *Scheduler) step(ctx context.Context) (progressed bool, err error) {
+	b := s.plan()
+	if len(b.ids) == 0 {
+		return false, nil
+	}
+	logits, err := s.m.Forward(ctx, s.kv, b.seqs, b.ids, b.rows)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		for _, t := range b.taken { // the caches were rolled back: so are the requests
+			t.r.fed -= t.n
+		}
+		if ctx.Err() != nil {
+			return true, nil // Run's stop ends the requests
+		}
+		return true, fmt.Errorf("serve: step of %d tokens: %w", len(b.ids), err)
+	}
+	s.stats.Steps++
+	s.stats.MaxBatch = max(s.stats.MaxBatch, len(b.ids))
+	V := s.m.Vocab
+	for i, r := range b.sampled {
+		tok := r.sampler.Next(logits[i*V : (i+1)*V])
+		r.tokens = append(r.tokens, tok)
+		r.gen++
+		r.events <- Event{Token: tok}
+		reason := ""
+		switch {
+		case !r.IgnoreEOS && slices.Contains(r.StopIDs, tok):
+			reason = "stop"
+		case r.gen >= r.MaxNewTokens:
+			reason = "length"
+		}
+		if reason != "" {
+			s.running = slices.DeleteFunc(s.running, func(x *request) bool { return x == r })
+			s.finish(r, reason, nil)
+		}
+	}
+	return true, nil
+}
+
+// batch is a step's tokens: token t of sequence seqs[t] is ids[t]; rows are
+// the tokens whose logits sample the next token of sampled's requests.
+type batch struct {
+	seqs    []int
+	ids     []int32
+	rows    []int
+	sampled []*request
+	taken   []struct {
+		r *request
+		n int
+	}
+}
+
+// plan drops the requests whose clients went away, preempts while the
+// running requests' next tokens do not fit the blocks, and makes the step's
+// batch (advancing each request's fed count).
+func (s *Scheduler) plan() (b batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Requests whose clients went away.
+	for _, list := range []*[]*request{&s.running, &s.queue} {
+		kept := (*list)[:0]
+		for _, r := range *list {
+			if err := r.ctx.Err(); err != nil {
+				s.finish(r, err.Error(), err)
+				continue
+			}
+			kept = append(kept, r)
+		}
+		*list = kept
+	}
+	// Decode tokens first; preempt the newest while their blocks do not fit.
+	free := s.kv.FreeBlocks()
+	for {
+		need := 0
+		for _, r := range s.running {
+			need += s.blocksFor(r.fed, 1)
+		}
+		if need <= free || len(s.running) <= 1 {
+			break
+		}
+		last := s.running[len(s.running)-1]
+		s.running = s.running[:len(s.running)-1]
+		s.kv.Free(last.seq)
+		free += s.blocksFor(0, last.fed)
+		last.fed = 0
+		s.queue = append([]*request{last}, s.queue...)
+		s.stats.Preemptions++
+	}
+	budget := s.budget
+	take := func(r *request, n int) {
+		for i := 0; i < n; i++ {
+			b.seqs = append(b.seqs, r.seq)
+			b.ids = append(b.ids, r.tokens[r.fed+i])
+		}
+		b.taken = append(b.taken, struct {
+			r *request
+			n int
+		}{r, n})
+		free -= s.blocksFor(r.fed, n)
+		r.fed += n
+		budget -= n
+		if r.fed == len(r.tokens) {
+			b.rows = append(b.rows, len(b.ids)-1)
+			b.sampled = append(b.sampled, r)
+		}
+	}
+	// fit is at most n of r's next tokens that the budget and blocks allow.
+	fit := func(r *request, n int) int {
+		n = min(n, budget)
+		for n > 0 && s.blocksFor(r.fed, n) > free {
+			n--
+		}
+		return n
+	}
+	// Every running request's next token (the preemption above made room
+	// for one each), then more of the prompts being prefilled.
+	for _, r := range s.running {
+		if budget > 0 && s.blocksFor(r.fed, 1) <= free {
+			take(r, 1)
+		}
+	}
+	for _, r := range s.running {
+		if n := fit(r, len(r.tokens)-r.fed); n > 0 {
+			take(r, n)
+		}
+	}
+	// Then waiting prompts, in order, while budget and blocks last.
+	for len(s.queue) > 0 && budget > 0 {
+		r := s.queue[0]
+		n := fit(r, len(r.tokens)-r.fed)
+		if n == 0 {
+			break
+		}
+		s.queue = s.queue[1:]
+		s.running = append(s.running, r)
+		take(r, n)
+	}
+	return b
+}

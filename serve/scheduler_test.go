@@ -1,0 +1,168 @@
+package serve_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/model"
+	"github.com/moex-project/moex/serve"
+)
+
+// greedy is the argmax chain of a prompt, each token from a prefill of the
+// prompt and the tokens before it: what a request must get whatever shares
+// its steps.
+func greedy(t *testing.T, m *model.Model, prompt []int32, n int) []int32 {
+	toks := append([]int32(nil), prompt...)
+	var out []int32
+	for range n {
+		logits, err := m.Prefill(context.Background(), toks)
+		require.NoError(t, err)
+		last := logits[(len(toks)-1)*m.Vocab:]
+		best := 0
+		for i, v := range last {
+			if v > last[best] {
+				best = i
+			}
+		}
+		out = append(out, int32(best))
+		toks = append(toks, int32(best))
+	}
+	return out
+}
+
+// collect reads a request's events to the end.
+func collect(ch <-chan serve.Event) (toks []int32, last serve.Event) {
+	for e := range ch {
+		if e.Done {
+			return toks, e
+		}
+		toks = append(toks, e.Token)
+	}
+	return toks, serve.Event{}
+}
+
+func start(t *testing.T, m *model.Model, blocks, blockRows, budget int) (*serve.Scheduler, *model.KV, context.CancelFunc, *sync.WaitGroup) {
+	kv, err := m.NewKV(blocks, blockRows, kernels.F32)
+	require.NoError(t, err)
+	s, err := serve.New(m, kv, budget)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { require.NoError(t, s.Run(ctx)) })
+	return s, kv, cancel, &wg
+}
+
+// TestContinuousBatching: twelve requests at once on caches too small for
+// all of them (so some wait and some are preempted) and a small step
+// budget (so prompts go in chunks beside other requests' decode tokens)
+// each get their own greedy chain; then every block is free again.
+func TestContinuousBatching(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 4)
+	require.NoError(t, err)
+	_, err = m.Prefill(context.Background(), []int32{1, 2, 3}) // the kernels' worker pools, if any, start here
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	s, kv, cancel, wg := start(t, m, 12, 8, 16) // 96 rows in all
+	type job struct {
+		prompt []int32
+		n      int
+		ch     <-chan serve.Event
+	}
+	var jobs []job
+	for i := range 12 {
+		j := job{prompt: moetest.Tokens(uint64(i+10), 5+i*3, model.ByteVocab), n: 4 + i%5}
+		j.ch, err = s.Submit(context.Background(), serve.Request{IDs: j.prompt, MaxNewTokens: j.n, Sampling: model.Sampling{TopP: 1}})
+		require.NoError(t, err)
+		jobs = append(jobs, j)
+	}
+	for i, j := range jobs {
+		toks, last := collect(j.ch)
+		require.NoError(t, last.Err, "request %d", i)
+		require.Equal(t, "length", last.Reason)
+		require.Equal(t, greedy(t, m, j.prompt, j.n), toks, "request %d", i)
+	}
+	require.Eventually(t, func() bool { r, w := s.Load(); return r == 0 && w == 0 }, time.Second, time.Millisecond)
+	require.Equal(t, kv.NumBlocks(), kv.FreeBlocks(), "every block free again")
+	st := s.Stats()
+	require.Positive(t, st.Preemptions, "the caches were too small for every request at once")
+	require.LessOrEqual(t, st.MaxBatch, 16, "the step budget")
+	t.Logf("%+v", st)
+	cancel()
+	wg.Wait()
+	// Polled here: Eventually runs its condition on a goroutine of its own.
+	for i := 0; runtime.NumGoroutine() > before && i < 100; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines left, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestStopsAndCancels: a stop id ends a request (unless ignore_eos), a
+// cancelled request ends with its context's error and frees its blocks,
+// a request larger than the caches and bad ones are refused, and stopping
+// the scheduler ends what is left.
+func TestStopsAndCancels(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 5)
+	require.NoError(t, err)
+	s, kv, cancel, wg := start(t, m, 6, 8, 32)
+	prompt := moetest.Tokens(1, 9, model.ByteVocab)
+	want := greedy(t, m, prompt, 3)
+
+	ch, err := s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 3, StopIDs: []int32{want[1]}, Sampling: model.Sampling{TopP: 1}})
+	require.NoError(t, err)
+	toks, last := collect(ch)
+	require.Equal(t, want[:2], toks)
+	require.Equal(t, "stop", last.Reason)
+	ch, err = s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 3, StopIDs: []int32{want[1]}, IgnoreEOS: true, Sampling: model.Sampling{TopP: 1}})
+	require.NoError(t, err)
+	toks, _ = collect(ch)
+	require.Equal(t, want, toks)
+
+	rctx, rcancel := context.WithCancel(context.Background())
+	ch, err = s.Submit(rctx, serve.Request{IDs: prompt, MaxNewTokens: 30, Sampling: model.Sampling{TopP: 1}})
+	require.NoError(t, err)
+	first := <-ch
+	require.False(t, first.Done)
+	rcancel()
+	_, last = collect(ch)
+	require.ErrorIs(t, last.Err, context.Canceled)
+	require.Eventually(t, func() bool { return kv.FreeBlocks() == kv.NumBlocks() }, time.Second, time.Millisecond)
+
+	_, err = s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 40, Sampling: model.Sampling{TopP: 1}})
+	require.ErrorIs(t, err, serve.ErrTooLarge)
+	require.EqualError(t, err, "serve: request larger than the cache: a prompt of 9 tokens and 40 new ones need 49 cache rows; the cache holds 48")
+	for _, tt := range []struct {
+		r    serve.Request
+		want string
+	}{
+		{serve.Request{MaxNewTokens: 1, Sampling: model.Sampling{TopP: 1}}, "serve: empty prompt"},
+		{serve.Request{IDs: prompt, Sampling: model.Sampling{TopP: 1}}, "max_new_tokens 0 must be positive"},
+		{serve.Request{IDs: []int32{3, 260}, MaxNewTokens: 1, Sampling: model.Sampling{TopP: 1}}, "prompt token 1 is id 260, outside the vocabulary [0, 260)"},
+		{serve.Request{IDs: prompt, MaxNewTokens: 1, Sampling: model.Sampling{Temperature: -1, TopP: 1}}, "temperature -1"},
+	} {
+		_, err := s.Submit(context.Background(), tt.r)
+		require.ErrorContains(t, err, tt.want)
+	}
+
+	// Stopping the scheduler ends the requests left, and refuses new ones.
+	ch, err = s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 30, Sampling: model.Sampling{TopP: 1}})
+	require.NoError(t, err)
+	cancel()
+	wg.Wait()
+	_, last = collect(ch)
+	if last.Err != nil { // it may have finished first
+		require.ErrorContains(t, last.Err, "serve: the scheduler has stopped")
+	}
+	_, err = s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 1, Sampling: model.Sampling{TopP: 1}})
+	require.True(t, errors.Is(err, context.Canceled), "%v", err)
+}
