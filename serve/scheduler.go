@@ -134,6 +134,13 @@ func (s *Scheduler) poke() {
 	}
 }
 
+// stoppedErr is the error new requests get once Run has returned.
+func (s *Scheduler) stoppedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
 // Load is the requests running and waiting.
 func (s *Scheduler) Load() (running, waiting int) {
 	s.mu.Lock()

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/model"
+	"github.com/moex-project/moex/serve"
+)
+
+// cmdServe is `moex serve`: the worker, until SIGTERM or SIGINT, which
+// drain it.
+func cmdServe(args []string, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return serveUntil(ctx, args, stdout, stderr)
+}
+
+// serveUntil runs the worker until ctx ends, then drains it: /health
+// answers 503, requests in flight finish (up to --drain-timeout), and the
+// scheduler stops.
+func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	preset := fs.String("preset", "", "random weights of a built-in shape: tiny (byte-level text)")
+	dir := fs.String("model", "", "a deepseek_v2/deepseek_v3 checkpoint folder (requests give input_ids: its tokenizer is not read)")
+	seed := fs.Uint64("seed", 1, "the preset's weights")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")
+	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
+	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
+	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	switch {
+	case (*preset == "") == (*dir == ""):
+		return fmt.Errorf("%w: serve: give --preset tiny or --model DIR", errUsage)
+	case *preset != "" && *preset != "tiny":
+		return fmt.Errorf("%w: serve: unknown --preset %q (have tiny)", errUsage, *preset)
+	case *blocks < 1 || *blockRows < 1 || *budget < 1:
+		return fmt.Errorf("%w: serve: --kv-blocks, --block-rows and --max-step-tokens must be positive", errUsage)
+	case *port < 0 || *port > 65535:
+		return fmt.Errorf("%w: serve: --port %d", errUsage, *port)
+	case *drain <= 0:
+		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
+	}
+	var m *model.Model
+	var tok serve.Tokenizer
+	var stopIDs []int32
+	var err error
+	name := *dir
+	if *preset != "" {
+		m, err = model.NewRandom(model.Tiny(), *seed)
+		tok, stopIDs, name = serve.Byte{}, []int32{serve.EOS}, "tiny"
+	} else {
+		m, err = model.Load(*dir)
+		tok = serve.IDsOnly{}
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	kv, err := m.NewKV(*blocks, *blockRows, kernels.BF16)
+	if err != nil {
+		return err
+	}
+	sched, err := serve.New(m, kv, *budget)
+	if err != nil {
+		return err
+	}
+	api := serve.NewServer(sched, tok, stopIDs, serve.Info{ModelPath: name, DPSize: 1})
+	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	schedCtx, stopSched := context.WithCancel(context.Background())
+	schedDone := make(chan error, 1)
+	go func() { schedDone <- sched.Run(schedCtx) }()
+	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "moex serve: %s on http://%s (%d cache blocks of %d tokens per layer, %d tokens a step)\n",
+		name, ln.Addr(), *blocks, *blockRows, *budget)
+	select {
+	case <-ctx.Done():
+	case err = <-served: // the listener failed
+	case err = <-schedDone:
+		err = fmt.Errorf("serve: the scheduler stopped: %w", err)
+	}
+	api.Drain()
+	dctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	if serr := srv.Shutdown(dctx); serr != nil && err == nil {
+		err = fmt.Errorf("serve: draining: %w", serr)
+	}
+	stopSched()
+	<-schedDone
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	fmt.Fprintln(stdout, "moex serve: stopped")
+	return err
+}

@@ -1,0 +1,175 @@
+package serve_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/model"
+	"github.com/moex-project/moex/serve"
+)
+
+type generated struct {
+	Text      string  `json:"text"`
+	OutputIDs []int32 `json:"output_ids"`
+	Meta      struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		FinishReason     struct {
+			Type string `json:"type"`
+		} `json:"finish_reason"`
+	} `json:"meta_info"`
+}
+
+func post(t *testing.T, url, body string) (*http.Response, []byte) {
+	resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+// TestHTTP: /generate non-streaming and streaming give the greedy chain of
+// the prompt's bytes, the streamed frames' text cumulative and ending with
+// [DONE]; bad requests are 400s naming the field and the server keeps
+// serving; a client that goes away frees its blocks; no goroutine is left.
+func TestHTTP(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 6)
+	require.NoError(t, err)
+	_, err = m.Prefill(context.Background(), []int32{1})
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	s, kv, cancel, wg := start(t, m, 32, 16, 64)
+	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, []int32{serve.EOS}, serve.Info{ModelPath: "tiny", DPSize: 1}).Handler())
+
+	prompt := "The quick brown fox"
+	promptIDs, _ := serve.Byte{}.Encode(prompt)
+	want := greedy(t, m, promptIDs, 6)
+	resp, body := post(t, srv.URL, fmt.Sprintf(`{"text": %q, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}}`, prompt))
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	var g generated
+	require.NoError(t, json.Unmarshal(body, &g))
+	require.Equal(t, want, g.OutputIDs)
+	require.Equal(t, serve.Byte{}.Decode(want), g.Text)
+	require.Equal(t, len(prompt), g.Meta.PromptTokens)
+	require.Equal(t, 6, g.Meta.CompletionTokens)
+	require.Equal(t, "length", g.Meta.FinishReason.Type)
+
+	// Streaming: a frame a token, cumulative, then [DONE].
+	resp, err = http.Post(srv.URL+"/generate", "application/json", strings.NewReader(
+		fmt.Sprintf(`{"text": %q, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}, "stream": true}`, prompt)))
+	require.NoError(t, err)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	var frames []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			frames = append(frames, line)
+		}
+	}
+	resp.Body.Close()
+	require.Equal(t, "[DONE]", frames[len(frames)-1])
+	require.Len(t, frames, 6+2) // six tokens, the final frame, [DONE]
+	for i, f := range frames[:6] {
+		var g generated
+		require.NoError(t, json.Unmarshal([]byte(f), &g))
+		require.Equal(t, want[:i+1], g.OutputIDs)
+		require.Equal(t, serve.Byte{}.Decode(want[:i+1]), g.Text)
+	}
+
+	// input_ids and the token ids given: the same chain.
+	ids, _ := json.Marshal(promptIDs)
+	resp, body = post(t, srv.URL, fmt.Sprintf(`{"input_ids": %s, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}}`, ids))
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.NoError(t, json.Unmarshal(body, &g))
+	require.Equal(t, want, g.OutputIDs)
+
+	for _, tt := range []struct{ body, want string }{
+		{`{"text": "a", `, "the body is not a /generate request"},
+		{`{"text": "a", "sampling_params": {"max_new_tokens": -1}}`, "max_new_tokens -1 must be positive"},
+		{`{"text": "a", "sampling_params": {"max_new_tokens": 100000}}`, "need 100001 cache rows; the cache holds 512"},
+		{`{"text": ""}`, "empty prompt"},
+		{`{"input_ids": [1, 999]}`, "prompt token 1 is id 999, outside the vocabulary [0, 260)"},
+		{`{"text": "a", "sampling_params": {"temperature": -1}}`, "temperature -1 must be a finite number"},
+		{`{"text": "a", "sampling_params": {"top_p": 0}}`, "top_p 0 must be in (0, 1]"},
+		{`{"text": "a", "sampling_params": {"max_new_tokens": "many"}}`, "the body is not a /generate request"},
+		{`{"text": "a", "input_ids": [1]}`, "give text or input_ids, not both"},
+		{`{}`, "text or input_ids is required"},
+		{`{"text": "a", "extra": 1}`, `unknown field \"extra\"`},
+	} {
+		resp, body := post(t, srv.URL, tt.body)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, tt.body)
+		require.Contains(t, string(body), tt.want, tt.body)
+	}
+
+	// A client that goes away: its request ends and its blocks come back.
+	ctx, stop := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/generate", strings.NewReader(
+		`{"text": "a long one", "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}, "stream": true}`))
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n') // the first frame: it is running
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(line, "data: "))
+	stop()
+	resp.Body.Close()
+	require.Eventually(t, func() bool { return kv.FreeBlocks() == kv.NumBlocks() }, 5*time.Second, 5*time.Millisecond)
+
+	// Many clients at once: none is lost.
+	var clients sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 {
+		clients.Go(func() {
+			resp, err := http.Post(srv.URL+"/generate", "application/json", strings.NewReader(
+				fmt.Sprintf(`{"text": "client %d", "sampling_params": {"max_new_tokens": %d, "ignore_eos": true}, "stream": %v}`, i, 3+i%5, i%2 == 0)))
+			if err != nil {
+				errs <- err
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"completion_tokens":`+fmt.Sprint(3+i%5)) {
+				errs <- fmt.Errorf("client %d: %d %s", i, resp.StatusCode, b)
+			}
+		})
+	}
+	clients.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	resp, err = http.Get(srv.URL + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, err = http.Get(srv.URL + "/get_server_info")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.JSONEq(t, `{"model_path": "tiny", "dp_size": 1, "max_total_num_tokens": 512}`, string(b))
+
+	srv.Close()
+	cancel()
+	wg.Wait()
+	http.DefaultClient.CloseIdleConnections()
+	for i := 0; runtime.NumGoroutine() > before && i < 200; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines left, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
