@@ -56,6 +56,10 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	case math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0):
 		return fmt.Errorf("dpattn: mla: scale %v", scale)
 	}
+	// Each block table's entries are checked once, as far as its longest
+	// query reads: the queries of a prompt share one table, and checking it
+	// query by query would cost the prompt's length squared.
+	checked := map[*int32]int{}
 	for i, qr := range queries {
 		if qr.Len < 1 {
 			return fmt.Errorf("dpattn: mla: query %d attends to %d rows, need at least 1", i, qr.Len)
@@ -64,11 +68,14 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 		if nb > len(qr.Table) {
 			return fmt.Errorf("dpattn: mla: query %d needs %d rows (%d blocks), its block table has %d entries", i, qr.Len, nb, len(qr.Table))
 		}
-		for j, b := range qr.Table[:nb] {
-			if b < 0 || int(b) >= kv.NumBlocks() {
+		head := &qr.Table[0]
+		done := checked[head]
+		for j := done; j < nb; j++ {
+			if b := qr.Table[j]; b < 0 || int(b) >= kv.NumBlocks() {
 				return fmt.Errorf("dpattn: mla: query %d: block table entry %d is %d, out of range [0, %d)", i, j, b, kv.NumBlocks())
 			}
 		}
+		checked[head] = max(done, nb)
 	}
 	for i, v := range q {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
@@ -97,6 +104,9 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	firstSlot := make([]int, nq)
 	slots := 0
 	for i, qr := range queries {
+		if i%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		firstSlot[i] = slots
 		for r := 0; r < qr.Len; r += split {
 			items = append(items, item{i, r, min(r+split, qr.Len), slots})
@@ -116,6 +126,9 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	}
 	// Merge each query's chunks by log-sum-exp.
 	for i := range queries {
+		if i%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		s0, n := firstSlot[i], chunksOf[i]
 		for h := 0; h < heads; h++ {
 			m := math.Inf(-1)

@@ -43,14 +43,16 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	switch {
-	case (*preset == "") == (*dir == ""):
+	case *preset != "" && *dir != "":
+		return fmt.Errorf("%w: serve: give --preset or --model, not both", errUsage)
+	case *preset == "" && *dir == "":
 		return fmt.Errorf("%w: serve: give --preset tiny or --model DIR", errUsage)
 	case *preset != "" && *preset != "tiny":
 		return fmt.Errorf("%w: serve: unknown --preset %q (have tiny)", errUsage, *preset)
 	case *blocks < 1 || *blockRows < 1 || *budget < 1:
 		return fmt.Errorf("%w: serve: --kv-blocks, --block-rows and --max-step-tokens must be positive", errUsage)
 	case *port < 0 || *port > 65535:
-		return fmt.Errorf("%w: serve: --port %d", errUsage, *port)
+		return fmt.Errorf("%w: serve: --port %d must be in [0, 65535] (0: any free port)", errUsage, *port)
 	case *drain <= 0:
 		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
 	}

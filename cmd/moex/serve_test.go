@@ -55,7 +55,8 @@ func TestServe(t *testing.T) {
 		{nil, "give --preset tiny or --model DIR"},
 		{[]string{"--preset", "huge"}, `unknown --preset "huge"`},
 		{[]string{"--preset", "tiny", "--kv-blocks", "0"}, "must be positive"},
-		{[]string{"--preset", "tiny", "--port", "70000"}, "--port 70000"},
+		{[]string{"--preset", "tiny", "--port", "70000"}, "--port 70000 must be in [0, 65535]"},
+		{[]string{"--preset", "tiny", "--model", "x"}, "give --preset or --model, not both"},
 	} {
 		err := serveUntil(context.Background(), tt.args, io.Discard, io.Discard)
 		require.ErrorIs(t, err, errUsage)
