@@ -86,12 +86,13 @@ type Server struct {
 	info     Info
 	nextID   atomic.Int64
 	draining atomic.Bool
+	metrics  *metrics
 }
 
 // NewServer serves s; stopIDs end a request unless it sets ignore_eos.
 func NewServer(s *Scheduler, tok Tokenizer, stopIDs []int32, info Info) *Server {
 	info.MaxTokens = s.capacity()
-	return &Server{s: s, tok: tok, stopIDs: stopIDs, info: info}
+	return &Server{s: s, tok: tok, stopIDs: stopIDs, info: info, metrics: newMetrics(s)}
 }
 
 // Drain makes /health answer 503 (the process is stopping).
@@ -101,6 +102,7 @@ func (h *Server) Drain() { h.draining.Store(true) }
 func (h *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /generate", h.generate)
+	mux.Handle("GET /metrics", h.metrics.handler())
 	mux.HandleFunc("GET /health", h.health)
 	mux.HandleFunc("GET /get_load", func(w http.ResponseWriter, r *http.Request) {
 		running, waiting := h.s.Load()
@@ -200,6 +202,7 @@ func (h *Server) parse(r *http.Request) (generateRequest, Request, error) {
 func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 	g, req, err := h.parse(r)
 	if err != nil {
+		h.metrics.requests.WithLabelValues("bad_request").Inc()
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -209,13 +212,15 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	events, err := h.s.Submit(r.Context(), req)
 	if err != nil {
-		status := http.StatusBadRequest
+		status, label := http.StatusBadRequest, "bad_request"
 		if errors.Is(err, context.Canceled) || h.s.stoppedErr() != nil {
-			status = http.StatusServiceUnavailable
+			status, label = http.StatusServiceUnavailable, "error"
 		}
+		h.metrics.requests.WithLabelValues(label).Inc()
 		writeError(w, status, err.Error())
 		return
 	}
+	events = h.metrics.observe(len(req.IDs), events)
 	var out []int32
 	meta := func(reason string) map[string]any {
 		m := map[string]any{"id": rid, "prompt_tokens": len(req.IDs), "completion_tokens": len(out)}

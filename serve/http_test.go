@@ -114,6 +114,26 @@ func TestHTTP(t *testing.T) {
 		require.Contains(t, string(body), tt.want, tt.body)
 	}
 
+	// The metrics of the three requests served and the eleven refused.
+	resp, err = http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	mb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{
+		`moex_requests_total{status="ok"} 3`,
+		`moex_requests_total{status="bad_request"} 11`,
+		fmt.Sprintf("moex_prompt_tokens_total %d", 3*len(prompt)),
+		"moex_generation_tokens_total 18",
+		"moex_time_to_first_token_seconds_count 3",
+		"moex_inter_token_latency_seconds_count 15",
+		"moex_e2e_request_latency_seconds_count 3",
+		"moex_num_running_reqs 0",
+		"moex_cache_blocks_used 0",
+		"moex_cache_blocks_total 32",
+	} {
+		require.Contains(t, string(mb), line+"\n")
+	}
+
 	// A client that goes away: its request ends and its blocks come back.
 	ctx, stop := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/generate", strings.NewReader(
