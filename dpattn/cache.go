@@ -237,7 +237,9 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 func (c *LatentCache) checkRows(rows []float32, what string) error {
 	for i, v := range rows {
 		bad := math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)
-		overflow := !bad && c.dtype != kernels.F32 && math.IsInf(float64(half.BF16ToF32(half.F32ToBF16(v))), 0)
+		// bf16 rounds to nearest even: from 0x7F7F8000 up a magnitude
+		// rounds to infinity.
+		overflow := !bad && c.dtype != kernels.F32 && math.Float32bits(v)&0x7fffffff >= 0x7f7f8000
 		switch {
 		case bad:
 			return errkind.Errorf(ErrNonFinite, "dpattn: latent row %d of %s holds %v at column %d", i/c.dim, what, v, i%c.dim)

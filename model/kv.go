@@ -60,11 +60,7 @@ func (kv *KV) truncate(lens map[int]int) {
 	for _, c := range kv.caches {
 		for s, n := range lens {
 			if c.Len(s) > n {
-				if n == 0 {
-					c.Free(s)
-				} else {
-					c.Truncate(s, n)
-				}
+				c.Truncate(s, n) // to nothing: the sequence is removed
 			}
 		}
 	}
@@ -162,15 +158,13 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 		}
 		add(x, y)
 	}
+	// The rows asked for, normed into normed's first rows, through lm_head.
 	sel := make([]int32, len(rows))
 	for i, r := range rows {
-		sel[i] = int32(r)
+		sel[i] = int32(i)
 		rmsNorm(normed[i*H:(i+1)*H], x[r*H:(r+1)*H], m.norm, m.eps)
 	}
 	logits := make([]float32, len(rows)*m.Vocab)
-	for i := range sel {
-		sel[i] = int32(i)
-	}
 	if err := kernels.GroupedGEMM(ctx, 0, normed[:len(rows)*H], []kernels.GEMMGroup{{B: m.lmHead, Rows: sel, Out: logits}}); err != nil {
 		kv.truncate(lens)
 		return nil, err

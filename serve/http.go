@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -192,9 +191,6 @@ func (h *Server) parse(r *http.Request) (generateRequest, Request, error) {
 		req.Sampling.Seed = *sp.Seed
 	} else {
 		req.Sampling.Seed = uint64(h.nextID.Load())
-	}
-	if math.IsNaN(req.Sampling.Temperature) {
-		return g, Request{}, errors.New("sampling_params.temperature is NaN")
 	}
 	return g, req, nil
 }

@@ -75,34 +75,47 @@ type benchOpts struct {
 func (o *benchOpts) register(fs *flag.FlagSet) func() error {
 	threads := fs.String("threads", strconv.Itoa(runtime.GOMAXPROCS(0)), "goroutines, comma-separated list")
 	impls := fs.String("impl", "auto", "kernel implementations, comma-separated: auto, generic, avx2, avx512")
-	fs.StringVar(&o.format, "format", "table", "table or json (one object per line)")
-	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
-	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
-	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
+	common := o.registerCommon(fs, "bench")
 	return func() error {
+		if err := common(); err != nil {
+			return err
+		}
 		var err error
-		if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
-			return fmt.Errorf("%w: bench: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
-		}
-		if machine := float64(memlimit.Machine()) / (1 << 30); *maxGiB > machine {
-			return fmt.Errorf("%w: bench: --max-memory-gib %v is over this machine's %.1f GiB (past it the process dies out of memory rather than failing)", errUsage, *maxGiB, machine)
-		}
-		o.maxBytes = *maxGiB * (1 << 30)
 		if o.threads, err = intList(*threads, "--threads"); err != nil {
 			return err
 		}
 		if t := slices.Max(o.threads); t > maxGoroutineRanks {
 			return fmt.Errorf("%w: bench: --threads %d is over the %d goroutines a case may use", errUsage, t, maxGoroutineRanks)
 		}
-		if o.minTime < 0 {
-			return fmt.Errorf("%w: bench: --min-time %v must not be negative", errUsage, o.minTime)
-		}
 		o.impls = strings.Split(*impls, ",")
+		return nil
+	}
+}
+
+// registerCommon adds the flags every benchmark takes (--format,
+// --min-time, --max-runs, --max-memory-gib) and returns their check, whose
+// errors name the benchmark as name.
+func (o *benchOpts) registerCommon(fs *flag.FlagSet, name string) func() error {
+	fs.StringVar(&o.format, "format", "table", "table or json (one object per line)")
+	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
+	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
+	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
+	return func() error {
+		if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
+			return fmt.Errorf("%w: %s: --max-memory-gib %v must be a positive finite number", errUsage, name, *maxGiB)
+		}
+		if machine := float64(memlimit.Machine()) / (1 << 30); *maxGiB > machine {
+			return fmt.Errorf("%w: %s: --max-memory-gib %v is over this machine's %.1f GiB (past it the process dies out of memory rather than failing)", errUsage, name, *maxGiB, machine)
+		}
+		o.maxBytes = *maxGiB * (1 << 30)
+		if o.minTime < 0 {
+			return fmt.Errorf("%w: %s: --min-time %v must not be negative", errUsage, name, o.minTime)
+		}
 		if o.format != "table" && o.format != "json" {
-			return fmt.Errorf("%w: bench: --format %q (want table or json)", errUsage, o.format)
+			return fmt.Errorf("%w: %s: --format %q (want table or json)", errUsage, name, o.format)
 		}
 		if o.maxRuns < 1 {
-			return fmt.Errorf("%w: bench: --max-runs must be ≥ 1", errUsage)
+			return fmt.Errorf("%w: %s: --max-runs must be ≥ 1", errUsage, name)
 		}
 		return nil
 	}
@@ -741,28 +754,12 @@ func benchEP(args []string, o *benchOpts) ([]benchResult, error) {
 	fs := flag.NewFlagSet("bench ep", flag.ContinueOnError)
 	ranksFlag := fs.String("ranks", "1,2,4,8", "in-process ranks, comma-separated list")
 	tokensFlag := fs.String("tokens", "16,128,1024", "tokens per rank, comma-separated list")
-	fs.StringVar(&o.format, "format", "table", "table or json")
-	fs.DurationVar(&o.minTime, "min-time", time.Second, "time each case at least this long")
-	fs.IntVar(&o.maxRuns, "max-runs", 1000, "at most this many timed runs per case")
-	maxGiB := fs.Float64("max-memory-gib", float64(memlimit.Machine())/(1<<30), "refuse cases needing more memory than this (default: the machine's)")
+	common := o.registerCommon(fs, "bench ep")
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
 	}
-	if !(*maxGiB > 0) || math.IsInf(*maxGiB, 0) {
-		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib %v must be a positive finite number", errUsage, *maxGiB)
-	}
-	if machine := float64(memlimit.Machine()) / (1 << 30); *maxGiB > machine {
-		return nil, fmt.Errorf("%w: bench ep: --max-memory-gib %v is over this machine's %.1f GiB (past it the process dies out of memory rather than failing)", errUsage, *maxGiB, machine)
-	}
-	if o.format != "table" && o.format != "json" {
-		return nil, fmt.Errorf("%w: bench ep: --format %q (want table or json)", errUsage, o.format)
-	}
-	o.maxBytes = *maxGiB * (1 << 30)
-	if o.minTime < 0 {
-		return nil, fmt.Errorf("%w: bench ep: --min-time %v must not be negative", errUsage, o.minTime)
-	}
-	if o.maxRuns < 1 {
-		return nil, fmt.Errorf("%w: bench ep: --max-runs must be ≥ 1", errUsage)
+	if err := common(); err != nil {
+		return nil, err
 	}
 	ranks, err := intList(*ranksFlag, "--ranks")
 	if err != nil {

@@ -36,11 +36,19 @@ const maxGoroutineRanks = 1024
 // would leave only the last; and an output that is one of the inputs (ins:
 // the flag and path of each), which writing it would destroy.
 func checkFiles(cmd string, ins [][2]string, outs ...[2]string) error {
-	type output struct {
+	type file struct {
 		flag, path, abs string
 		fi              os.FileInfo // nil: no file there yet
 	}
-	var seen []output
+	var inputs []file
+	for _, in := range ins {
+		if in[1] != "" {
+			abs, _ := filepath.Abs(in[1])
+			fi, _ := os.Stat(in[1])
+			inputs = append(inputs, file{in[0], in[1], abs, fi})
+		}
+	}
+	var seen []file
 	for _, o := range outs {
 		flagName, path := o[0], o[1]
 		if path == "" {
@@ -67,17 +75,12 @@ func checkFiles(cmd string, ins [][2]string, outs ...[2]string) error {
 				return fmt.Errorf("%w: %s: %s %s and %s %s are the same file", errUsage, cmd, prev.flag, prev.path, flagName, path)
 			}
 		}
-		for _, in := range ins {
-			if in[1] == "" {
-				continue
-			}
-			inAbs, _ := filepath.Abs(in[1])
-			inFi, err := os.Stat(in[1])
-			if inAbs == abs || err == nil && fi != nil && os.SameFile(inFi, fi) {
-				return fmt.Errorf("%w: %s: %s %s is the input %s %s: writing it would destroy the input", errUsage, cmd, flagName, path, in[0], in[1])
+		for _, in := range inputs {
+			if in.abs == abs || in.fi != nil && fi != nil && os.SameFile(in.fi, fi) {
+				return fmt.Errorf("%w: %s: %s %s is the input %s %s: writing it would destroy the input", errUsage, cmd, flagName, path, in.flag, in.path)
 			}
 		}
-		seen = append(seen, output{flagName, path, abs, fi})
+		seen = append(seen, file{flagName, path, abs, fi})
 		dir := filepath.Dir(abs)
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return fmt.Errorf("%w: %s: %s %s: the folder %s does not exist", errUsage, cmd, flagName, path, dir)
