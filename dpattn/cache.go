@@ -29,6 +29,13 @@ type Blocks interface {
 // rope dims, 576 for DeepSeek) per token, in blocks of BlockSize rows, each
 // sequence with its own block table. fp32 or bf16 storage. Safe for
 // concurrent use.
+//
+// Blocks are reference-counted: a sequence holds one reference on each
+// block of its table, and Share hands out more (to a prefix cache), which
+// Attach gives to a new sequence whose first rows they are; a block is
+// free again when its last reference goes. Only whole blocks are shared,
+// and a sequence writes only past the blocks it was attached to, so a
+// shared block is never written.
 type LatentCache struct {
 	blockSize, dim, numBlocks int
 	dtype                     kernels.DType
@@ -37,6 +44,8 @@ type LatentCache struct {
 
 	mu       sync.Mutex
 	free     []int32 // free blocks, popped from the end
+	refs     []int32 // per block: the sequences and Share holders that hold it
+	shares   []int32 // per block: the Share holders among refs
 	seqs     map[int]*sequence
 	versions []uint64 // per block, bumped by every write: what a device copy syncs by
 }
@@ -164,7 +173,7 @@ func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Latent
 		return nil, err
 	}
 	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{},
-		versions: make([]uint64, numBlocks)}
+		versions: make([]uint64, numBlocks), refs: make([]int32, numBlocks), shares: make([]int32, numBlocks)}
 	switch dtype {
 	case kernels.F32:
 		c.f32 = make([]float32, numBlocks*blockSize*dim)
@@ -268,10 +277,105 @@ func (c *LatentCache) grow(seq, n int) (*sequence, error) {
 			seq, need, len(c.free), c.numBlocks)
 	}
 	for ; need > 0; need-- {
-		s.blocks = append(s.blocks, c.free[len(c.free)-1])
+		b := c.free[len(c.free)-1]
 		c.free = c.free[:len(c.free)-1]
+		c.refs[b] = 1
+		s.blocks = append(s.blocks, b)
 	}
 	return s, nil
+}
+
+// unref drops a reference on block b, freeing it with the last; the lock
+// is held.
+func (c *LatentCache) unref(b int32) {
+	c.refs[b]--
+	if c.refs[b] == 0 {
+		c.free = append(c.free, b)
+	}
+}
+
+// Share takes a reference on blocks [from, to) of sequence seq's table,
+// which must be whole (to·BlockSize ≤ its length), and returns them: the
+// holder (a prefix cache) keeps them past the sequence's end, until it
+// Releases them.
+func (c *LatentCache) Share(seq, from, to int) ([]int32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.seqs[seq]
+	n := c.lenLocked(seq)
+	if s == nil || from < 0 || from > to || to*c.blockSize > n {
+		return nil, fmt.Errorf("dpattn: sharing blocks [%d, %d) of sequence %d: it holds %d whole blocks", from, to, seq, n/c.blockSize)
+	}
+	out := append([]int32(nil), s.blocks[from:to]...)
+	for _, b := range out {
+		c.refs[b]++
+		c.shares[b]++
+	}
+	return out, nil
+}
+
+// Attach makes sequence seq, which must not be in the cache, start with
+// blocks (shared ones, each held by a Share reference) as its first
+// len(blocks)·BlockSize rows, taking a reference on each. Its later rows go
+// to blocks of its own.
+func (c *LatentCache) Attach(seq int, blocks []int32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seqs[seq]; ok {
+		return fmt.Errorf("dpattn: attaching blocks to sequence %d, which is in the cache already", seq)
+	}
+	if err := c.checkHeld(blocks); err != nil {
+		return fmt.Errorf("dpattn: attaching to sequence %d: %w", seq, err)
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	for _, b := range blocks {
+		c.refs[b]++
+	}
+	c.seqs[seq] = &sequence{blocks: append([]int32(nil), blocks...), len: len(blocks) * c.blockSize}
+	return nil
+}
+
+// Release drops a reference (a Share's) on each of blocks; a block whose
+// last reference goes is free.
+func (c *LatentCache) Release(blocks []int32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkHeld(blocks); err != nil {
+		return fmt.Errorf("dpattn: releasing: %w", err)
+	}
+	for _, b := range blocks {
+		c.shares[b]--
+		c.unref(b)
+	}
+	return nil
+}
+
+// checkHeld refuses blocks out of range or not shared (held by fewer Share
+// references than they appear in blocks); the lock is held.
+func (c *LatentCache) checkHeld(blocks []int32) error {
+	seen := map[int32]int32{}
+	for _, b := range blocks {
+		if b < 0 || int(b) >= c.numBlocks {
+			return fmt.Errorf("block %d out of range [0, %d)", b, c.numBlocks)
+		}
+		seen[b]++
+		if seen[b] > c.shares[b] {
+			return fmt.Errorf("block %d is shared %d times, fewer than it is given", b, c.shares[b])
+		}
+	}
+	return nil
+}
+
+// Refs is the references block b has (0: free).
+func (c *LatentCache) Refs(b int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b < 0 || b >= c.numBlocks {
+		return 0
+	}
+	return int(c.refs[b])
 }
 
 // Reserve extends sequence seq (created on first use) by n rows whose
@@ -347,7 +451,8 @@ func (c *LatentCache) Fill(slots []int32, rows []float32, seen []uint64) error {
 
 // Truncate shortens sequence seq to its first n rows (n ≤ its length),
 // releasing the blocks past them: how a step that reserved rows and then
-// failed takes them back. A sequence truncated to nothing is removed.
+// failed takes them back. A sequence truncated to nothing is removed. It
+// may not end inside a shared block (which the sequence would then write).
 func (c *LatentCache) Truncate(seq, n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -356,8 +461,12 @@ func (c *LatentCache) Truncate(seq, n int) error {
 		return fmt.Errorf("dpattn: truncating sequence %d to %d rows: it has %d", seq, n, c.lenLocked(seq))
 	}
 	keep := (n + c.blockSize - 1) / c.blockSize
+	if n%c.blockSize != 0 && c.refs[s.blocks[keep-1]] > 1 {
+		// Its later rows would be written into a block others read.
+		return fmt.Errorf("dpattn: truncating sequence %d to %d rows would cut into block %d, which is shared", seq, n, s.blocks[keep-1])
+	}
 	for i := len(s.blocks) - 1; i >= keep; i-- {
-		c.free = append(c.free, s.blocks[i])
+		c.unref(s.blocks[i])
 	}
 	s.blocks, s.len = s.blocks[:keep], n
 	if n == 0 {
@@ -382,13 +491,13 @@ func (c *LatentCache) Free(seq int) error {
 		return fmt.Errorf("dpattn: sequence %d is not in the cache", seq)
 	}
 	for i := len(s.blocks) - 1; i >= 0; i-- {
-		c.free = append(c.free, s.blocks[i])
+		c.unref(s.blocks[i])
 	}
 	delete(c.seqs, seq)
 	return nil
 }
 
-// FreeBlocks is the number of blocks no sequence holds.
+// FreeBlocks is the number of blocks nothing holds.
 func (c *LatentCache) FreeBlocks() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -174,6 +174,54 @@ func TestLatentCache(t *testing.T) {
 	require.ErrorContains(t, err, "cache dtype F16")
 }
 
+// TestLatentCacheShare: blocks shared out of a sequence outlive it, a
+// sequence attached to them reads their rows and writes only blocks of its
+// own, and a block is free only when its last reference goes.
+func TestLatentCacheShare(t *testing.T) {
+	c, err := dpattn.NewLatentCache(6, 2, 1, kernels.F32)
+	require.NoError(t, err)
+	require.NoError(t, c.Append(1, []float32{1, 2, 3, 4, 5})) // blocks: [1 2] [3 4] [5 _]
+	_, err = c.Share(1, 0, 3)
+	require.EqualError(t, err, "dpattn: sharing blocks [0, 3) of sequence 1: it holds 2 whole blocks")
+	shared, err := c.Share(1, 0, 2)
+	require.NoError(t, err)
+	require.Equal(t, c.BlockTable(1)[:2], shared)
+	require.NoError(t, c.Free(1))
+	require.Equal(t, 6-2, c.FreeBlocks(), "the shared blocks outlive their sequence; its third is free")
+	for _, b := range shared {
+		require.Equal(t, 1, c.Refs(int(b)))
+	}
+
+	require.NoError(t, c.Attach(2, shared))
+	require.Equal(t, 4, c.Len(2))
+	require.ErrorContains(t, c.Attach(2, shared), "sequence 2, which is in the cache already")
+	require.NoError(t, c.Append(2, []float32{9}))
+	table := c.BlockTable(2)
+	require.Equal(t, shared, table[:2])
+	require.NotContains(t, shared, table[2], "new rows go to a block of its own")
+	for i, want := range []float32{1, 2, 3, 4} {
+		require.Equal(t, want, c.Block(int(shared[i/2])).At(i%2, 0), "shared rows unchanged")
+	}
+	require.Equal(t, float32(9), c.Block(int(table[2])).At(0, 0))
+	require.EqualError(t, c.Truncate(2, 3), "dpattn: truncating sequence 2 to 3 rows would cut into block "+
+		fmt.Sprint(shared[1])+", which is shared")
+	require.NoError(t, c.Truncate(2, 4), "back to the shared blocks: allowed")
+
+	require.NoError(t, c.Release(shared))
+	require.Equal(t, 6-2, c.FreeBlocks(), "still held by sequence 2")
+	require.ErrorContains(t, c.Release(shared), "is shared 0 times, fewer than it is given")
+	again, err := c.Share(2, 0, 1)
+	require.NoError(t, err)
+	require.ErrorContains(t, c.Release([]int32{again[0], again[0]}), "is shared 1 times, fewer than it is given")
+	require.NoError(t, c.Release(again))
+	require.ErrorContains(t, c.Release([]int32{6}), "block 6 out of range [0, 6)")
+	free := c.FreeBlocks()
+	require.ErrorContains(t, c.Attach(3, []int32{5}), "block 5 is shared 0 times")
+	require.Equal(t, free, c.FreeBlocks(), "a refused attach changes nothing")
+	require.NoError(t, c.Free(2))
+	require.Equal(t, 6, c.FreeBlocks())
+}
+
 // TestLatentCacheReserve: rows reserved for a device and filled afterwards
 // leave the cache as appending them would; their blocks are marked changed
 // for other copies, not for the copy that wrote them; Truncate takes them

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -55,11 +56,84 @@ func (kv *KV) Free(seq int) error {
 	return nil
 }
 
+// Blocks is a run of whole cache blocks in every layer's cache (the same
+// tokens' rows in each), held by a Share reference until Released: what a
+// prefix cache keeps.
+type Blocks struct {
+	layers [][]int32
+}
+
+// Len is the blocks of the run (in each layer).
+func (b Blocks) Len() int {
+	if len(b.layers) == 0 {
+		return 0
+	}
+	return len(b.layers[0])
+}
+
+// Slice is blocks [i, j) of the run, sharing its references.
+func (b Blocks) Slice(i, j int) Blocks {
+	out := Blocks{layers: make([][]int32, len(b.layers))}
+	for l, bl := range b.layers {
+		out.layers[l] = bl[i:j:j]
+	}
+	return out
+}
+
+// Share takes a reference on blocks [from, to) of sequence seq in every
+// layer, which must be whole: they outlive the sequence until Released.
+func (kv *KV) Share(seq, from, to int) (Blocks, error) {
+	b := Blocks{layers: make([][]int32, len(kv.caches))}
+	for l, c := range kv.caches {
+		bl, err := c.Share(seq, from, to)
+		if err != nil {
+			kv.Release(Blocks{layers: b.layers[:l]})
+			return Blocks{}, fmt.Errorf("model: layer %d: %w", l, err)
+		}
+		b.layers[l] = bl
+	}
+	return b, nil
+}
+
+// Attach makes sequence seq, not in the caches, start with the runs'
+// blocks in order (their rows its first tokens), taking a reference on
+// each; its later tokens go to blocks of its own.
+func (kv *KV) Attach(seq int, runs ...Blocks) error {
+	for l, c := range kv.caches {
+		var table []int32
+		for _, r := range runs {
+			if len(r.layers) != len(kv.caches) {
+				return fmt.Errorf("model: attaching a run of %d layers to caches of %d", len(r.layers), len(kv.caches))
+			}
+			table = append(table, r.layers[l]...)
+		}
+		if err := c.Attach(seq, table); err != nil {
+			for _, done := range kv.caches[:l] {
+				done.Free(seq)
+			}
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// Release drops b's references; blocks no sequence holds are free.
+func (kv *KV) Release(b Blocks) error {
+	for l, bl := range b.layers {
+		if err := kv.caches[l].Release(bl); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
 // truncate takes every layer's cache of each sequence back to lens.
 func (kv *KV) truncate(lens map[int]int) {
+	// In one order for every layer, so that their free lists stay alike.
+	seqs := slices.Sorted(maps.Keys(lens))
 	for _, c := range kv.caches {
-		for s, n := range lens {
-			if c.Len(s) > n {
+		for _, s := range seqs {
+			if n := lens[s]; c.Len(s) > n {
 				c.Truncate(s, n) // to nothing: the sequence is removed
 			}
 		}

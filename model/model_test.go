@@ -231,6 +231,58 @@ func TestForwardBatchesSequences(t *testing.T) {
 	require.Equal(t, 0, kv.Len(1))
 }
 
+// TestSharedPrefix: sequences attached to another's shared blocks (a
+// prefix cache hit) and computing only their own suffixes, in one call,
+// get the logits a whole prefill of their tokens gets; the shared blocks
+// outlive the sequence that wrote them and are free once released.
+func TestSharedPrefix(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 9)
+	require.NoError(t, err)
+	V := model.ByteVocab
+	prefix := moetest.Tokens(4, 35, V)
+	alone := func(ids []int32) []float32 {
+		kv, err := m.NewKV(8, 8, kernels.BF16)
+		require.NoError(t, err)
+		l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
+		require.NoError(t, err)
+		return l
+	}
+	kv, err := m.NewKV(16, 8, kernels.BF16)
+	require.NoError(t, err)
+	_, err = m.Forward(context.Background(), kv, make([]int, len(prefix)), prefix, nil)
+	require.NoError(t, err)
+	_, err = kv.Share(0, 0, 5)
+	require.ErrorContains(t, err, "sharing blocks [0, 5) of sequence 0: it holds 4 whole blocks")
+	shared, err := kv.Share(0, 0, 4) // 32 tokens
+	require.NoError(t, err)
+	require.Equal(t, 4, shared.Len())
+	require.NoError(t, kv.Free(0))
+	require.Equal(t, 16-4, kv.FreeBlocks())
+
+	a := append(append([]int32(nil), prefix[:32]...), moetest.Tokens(5, 6, V)...)
+	b := append(append([]int32(nil), prefix[:16]...), moetest.Tokens(6, 3, V)...)
+	require.NoError(t, kv.Attach(1, shared))
+	require.NoError(t, kv.Attach(2, shared.Slice(0, 2)))
+	require.Equal(t, 32, kv.Len(1))
+	require.Equal(t, 16, kv.Len(2))
+	seqs := []int{1, 1, 1, 1, 1, 1, 2, 2, 2}
+	ids := append(append([]int32(nil), a[32:]...), b[16:]...)
+	got, err := m.Forward(context.Background(), kv, seqs, ids, nil)
+	require.NoError(t, err)
+	wantA, wantB := alone(a)[32*V:], alone(b)[16*V:]
+	require.Equal(t, wantA, got[:6*V], "a's suffix over the shared rows")
+	require.Equal(t, wantB, got[6*V:], "b's suffix over the first two shared blocks")
+
+	require.NoError(t, kv.Free(1))
+	require.NoError(t, kv.Free(2))
+	require.Equal(t, 16-4, kv.FreeBlocks(), "the shared blocks are still held")
+	require.NoError(t, kv.Release(shared))
+	require.Equal(t, 16, kv.FreeBlocks())
+	require.ErrorContains(t, kv.Release(shared), "model: layer 0: dpattn: releasing: block")
+	require.ErrorContains(t, kv.Attach(3, shared), "model: layer 0: dpattn: attaching to sequence 3: block")
+	require.Equal(t, 0, kv.Len(3))
+}
+
 // TestTiedEmbeddings: with tie_word_embeddings the logits are the
 // embedding's, as transformers ties lm_head to it, whatever lm_head.weight
 // the checkpoint holds.

@@ -103,10 +103,19 @@ func (h *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /generate", h.generate)
 	mux.Handle("GET /metrics", h.metrics.handler())
 	mux.HandleFunc("GET /health", h.health)
+	mux.HandleFunc("POST /flush_cache", func(w http.ResponseWriter, r *http.Request) {
+		if err := h.s.FlushCache(); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"message": "the prefix cache is empty"})
+	})
 	mux.HandleFunc("GET /get_load", func(w http.ResponseWriter, r *http.Request) {
 		running, waiting := h.s.Load()
+		st := h.s.Stats()
 		writeJSON(w, http.StatusOK, map[string]any{"num_running_reqs": running, "num_waiting_reqs": waiting,
-			"free_blocks": h.s.kv.FreeBlocks(), "total_blocks": h.s.kv.NumBlocks()})
+			"free_blocks": h.s.kv.FreeBlocks(), "total_blocks": h.s.kv.NumBlocks(),
+			"prefix_cache_blocks": st.CachedBlocks, "cache_hit_rate": st.HitRate()})
 	})
 	mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"model_path": h.info.ModelPath, "is_generation": true})
@@ -218,10 +227,11 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	events = h.metrics.observe(len(req.IDs), events)
 	var out []int32
-	meta := func(reason string) map[string]any {
+	meta := func(e Event) map[string]any {
 		m := map[string]any{"id": rid, "prompt_tokens": len(req.IDs), "completion_tokens": len(out)}
-		if reason != "" {
-			m["finish_reason"] = map[string]any{"type": reason}
+		if e.Done {
+			m["finish_reason"] = map[string]any{"type": e.Reason}
+			m["cached_tokens"] = e.Cached
 		}
 		return m
 	}
@@ -232,7 +242,7 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 					writeError(w, http.StatusServiceUnavailable, e.Err.Error())
 					return
 				}
-				writeJSON(w, http.StatusOK, map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e.Reason)})
+				writeJSON(w, http.StatusOK, map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
 				return
 			}
 			out = append(out, e.Token)
@@ -255,12 +265,12 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 			if e.Err != nil {
 				frame(map[string]any{"error": map[string]any{"message": e.Err.Error()}})
 			} else {
-				frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e.Reason)})
+				frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
 			}
 			break
 		}
 		out = append(out, e.Token)
-		frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta("")})
+		frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	if flusher != nil {

@@ -51,7 +51,7 @@ func TestHTTP(t *testing.T) {
 	_, err = m.Prefill(context.Background(), []int32{1})
 	require.NoError(t, err)
 	before := runtime.NumGoroutine()
-	s, kv, cancel, wg := start(t, m, 32, 16, 64)
+	s, kv, cancel, wg := start(t, m, 32, 16, serve.Options{Budget: 64})
 	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, []int32{serve.EOS}, serve.Info{ModelPath: "tiny", DPSize: 1}).Handler())
 
 	prompt := "The quick brown fox"
@@ -128,7 +128,10 @@ func TestHTTP(t *testing.T) {
 		"moex_inter_token_latency_seconds_count 15",
 		"moex_e2e_request_latency_seconds_count 3",
 		"moex_num_running_reqs 0",
-		"moex_cache_blocks_used 0",
+		"moex_cache_blocks_used 1", // the prompt's first block, kept by the prefix cache
+		"moex_prefix_cache_blocks 1",
+		"moex_cached_prompt_tokens_total 32", // the second and third requests found it
+		"moex_cache_hit_rate 0.5614035087719298", // 32 of 57
 		"moex_cache_blocks_total 32",
 	} {
 		require.Contains(t, string(mb), line+"\n")
@@ -145,7 +148,12 @@ func TestHTTP(t *testing.T) {
 	require.True(t, strings.HasPrefix(line, "data: "))
 	stop()
 	resp.Body.Close()
-	require.Eventually(t, func() bool { return kv.FreeBlocks() == kv.NumBlocks() }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return kv.FreeBlocks()+s.Stats().CachedBlocks == kv.NumBlocks() }, 5*time.Second, 5*time.Millisecond)
+	resp, err = http.Post(srv.URL+"/flush_cache", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, kv.NumBlocks(), kv.FreeBlocks(), "flushed: every block free")
 
 	// Many clients at once: none is lost.
 	var clients sync.WaitGroup

@@ -23,12 +23,14 @@ type Request struct {
 }
 
 // Event is a request's progress: each new token, then one last event with
-// Done set and the Reason ("length", "stop", or the error's text with Err).
+// Done set and the Reason ("length", "stop", or the error's text with Err),
+// and Cached, the prompt tokens it found in the prefix cache.
 type Event struct {
 	Token  int32
 	Done   bool
 	Reason string
 	Err    error
+	Cached int
 }
 
 // ErrTooLarge is the class of a request that can never fit the caches.
@@ -43,6 +45,9 @@ type request struct {
 	tokens  []int32 // the prompt, then the tokens generated
 	fed     int     // tokens the caches hold
 	gen     int     // tokens generated
+	prefix  *node   // the prefix-cache node it is attached to (locked), or nil
+	cached  int     // prompt tokens found cached when first admitted
+	started bool    // admitted once
 }
 
 // Scheduler runs requests' prompts and decode steps in shared forward
@@ -55,6 +60,7 @@ type Scheduler struct {
 	m      *model.Model
 	kv     *model.KV
 	budget int
+	tree   *prefixCache // nil: no prefix cache
 
 	mu      sync.Mutex
 	queue   []*request // waiting, in arrival order (preempted ones first)
@@ -67,24 +73,69 @@ type Scheduler struct {
 
 // Stats counts a scheduler's work so far.
 type Stats struct {
-	Steps       int // forward passes
-	Preemptions int // running requests sent back to wait for blocks
-	MaxBatch    int // most tokens in one step
+	Steps        int // forward passes
+	Preemptions  int // running requests sent back to wait for blocks
+	MaxBatch     int // most tokens in one step
+	PromptTokens int // prompt tokens of the requests admitted
+	CachedTokens int // of them, those found in the prefix cache
+	CachedBlocks int // blocks the prefix cache holds now (per layer)
+	Evicted      int // blocks the prefix cache gave up for other requests
+}
+
+// HitRate is the prefix cache's hit rate: cached prompt tokens over prompt
+// tokens (0 before any).
+func (st Stats) HitRate() float64 {
+	if st.PromptTokens == 0 {
+		return 0
+	}
+	return float64(st.CachedTokens) / float64(st.PromptTokens)
 }
 
 // Stats returns the counts so far.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats
+	st := s.stats
+	if s.tree != nil {
+		st.CachedBlocks = s.tree.held
+	}
+	return st
 }
 
-// New makes a scheduler of m over kv with a token budget per step.
-func New(m *model.Model, kv *model.KV, budget int) (*Scheduler, error) {
-	if budget < 1 {
-		return nil, fmt.Errorf("serve: a step's token budget must be positive, have %d", budget)
+// Options are a scheduler's settings.
+type Options struct {
+	// Budget is the most tokens a step runs (decode tokens and prompt
+	// chunks together).
+	Budget int
+	// NoPrefixCache turns the radix prefix cache off: every prompt is
+	// computed whole, and a request's blocks are free when it ends.
+	NoPrefixCache bool
+}
+
+// New makes a scheduler of m over kv.
+func New(m *model.Model, kv *model.KV, o Options) (*Scheduler, error) {
+	if o.Budget < 1 {
+		return nil, fmt.Errorf("serve: a step's token budget must be positive, have %d", o.Budget)
 	}
-	return &Scheduler{m: m, kv: kv, budget: budget, wake: make(chan struct{}, 1)}, nil
+	s := &Scheduler{m: m, kv: kv, budget: o.Budget, wake: make(chan struct{}, 1)}
+	if !o.NoPrefixCache {
+		s.tree = newPrefixCache(kv)
+	}
+	return s, nil
+}
+
+// FlushCache empties the prefix cache, freeing its blocks; it refuses while
+// requests run or wait (SGLang's /flush_cache).
+func (s *Scheduler) FlushCache() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.running) + len(s.queue); n > 0 {
+		return fmt.Errorf("serve: %d requests are running or waiting; flush the cache when idle", n)
+	}
+	if s.tree == nil {
+		return nil
+	}
+	return s.tree.flush()
 }
 
 // capacity is the tokens a sequence may hold: every block.
@@ -180,14 +231,44 @@ func (s *Scheduler) stop(ctx context.Context) {
 	}
 }
 
-// finish ends r: frees its blocks and sends its Done event.
+// finish ends r: leaves its tokens' whole blocks in the prefix cache,
+// frees its blocks and sends its Done event.
 func (s *Scheduler) finish(r *request, reason string, err error) {
+	if r.fed > 0 && s.tree != nil {
+		// Best effort: a prefix the tree cannot take is only not cached.
+		s.tree.insert(r.tokens[:r.fed], r.seq)
+	}
+	s.release(r)
+	r.events <- Event{Done: true, Reason: reason, Err: err, Cached: r.cached}
+	close(r.events)
+}
+
+// release gives back r's blocks and its hold on the prefix cache.
+func (s *Scheduler) release(r *request) {
 	if r.fed > 0 {
 		s.kv.Free(r.seq)
 		r.fed = 0
 	}
-	r.events <- Event{Done: true, Reason: reason, Err: err}
-	close(r.events)
+	if r.prefix != nil {
+		s.tree.lock(r.prefix, -1)
+		r.prefix = nil
+	}
+}
+
+// attach gives waiting request r (holding nothing) the longest cached
+// prefix of its tokens, whole blocks and short of its last token (whose
+// logits it needs): its sequence starts with those blocks, and the prefix
+// is held against eviction.
+func (s *Scheduler) attach(r *request) {
+	last, n, runs := s.tree.match(r.tokens, len(r.tokens)-1)
+	if n == 0 {
+		return
+	}
+	if err := s.kv.Attach(r.seq, runs...); err != nil {
+		return // computed whole instead
+	}
+	s.tree.lock(last, 1)
+	r.prefix, r.fed = last, n
 }
 
 // blocksFor is the blocks a sequence of have rows needs for n more.
@@ -271,19 +352,28 @@ func (s *Scheduler) plan() (b batch) {
 	}
 	// Decode tokens first; preempt the newest while their blocks do not fit.
 	free := s.kv.FreeBlocks()
+	// room evicts unused prefixes from the cache while fewer than n
+	// blocks are free.
+	room := func(n int) {
+		if n > free && s.tree != nil {
+			got := s.tree.evict(n - free)
+			free += got
+			s.stats.Evicted += got
+		}
+	}
 	for {
 		need := 0
 		for _, r := range s.running {
 			need += s.blocksFor(r.fed, 1)
 		}
+		room(need)
 		if need <= free || len(s.running) <= 1 {
 			break
 		}
 		last := s.running[len(s.running)-1]
 		s.running = s.running[:len(s.running)-1]
-		s.kv.Free(last.seq)
-		free += s.blocksFor(0, last.fed)
-		last.fed = 0
+		s.release(last)
+		free = s.kv.FreeBlocks()
 		s.queue = append([]*request{last}, s.queue...)
 		s.stats.Preemptions++
 	}
@@ -308,6 +398,7 @@ func (s *Scheduler) plan() (b batch) {
 	// fit is at most n of r's next tokens that the budget and blocks allow.
 	fit := func(r *request, n int) int {
 		n = min(n, budget)
+		room(s.blocksFor(r.fed, n))
 		for n > 0 && s.blocksFor(r.fed, n) > free {
 			n--
 		}
@@ -328,9 +419,17 @@ func (s *Scheduler) plan() (b batch) {
 	// Then waiting prompts, in order, while budget and blocks last.
 	for len(s.queue) > 0 && budget > 0 {
 		r := s.queue[0]
+		if r.fed == 0 && s.tree != nil {
+			s.attach(r) // kept while it waits at the head
+		}
 		n := fit(r, len(r.tokens)-r.fed)
 		if n == 0 {
 			break
+		}
+		if !r.started {
+			r.started, r.cached = true, min(r.fed, len(r.IDs))
+			s.stats.PromptTokens += len(r.IDs)
+			s.stats.CachedTokens += r.cached
 		}
 		s.queue = s.queue[1:]
 		s.running = append(s.running, r)

@@ -49,10 +49,10 @@ func collect(ch <-chan serve.Event) (toks []int32, last serve.Event) {
 	return toks, serve.Event{}
 }
 
-func start(t *testing.T, m *model.Model, blocks, blockRows, budget int) (*serve.Scheduler, *model.KV, context.CancelFunc, *sync.WaitGroup) {
+func start(t *testing.T, m *model.Model, blocks, blockRows int, o serve.Options) (*serve.Scheduler, *model.KV, context.CancelFunc, *sync.WaitGroup) {
 	kv, err := m.NewKV(blocks, blockRows, kernels.F32)
 	require.NoError(t, err)
-	s, err := serve.New(m, kv, budget)
+	s, err := serve.New(m, kv, o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -70,7 +70,7 @@ func TestContinuousBatching(t *testing.T) {
 	_, err = m.Prefill(context.Background(), []int32{1, 2, 3}) // the kernels' worker pools, if any, start here
 	require.NoError(t, err)
 	before := runtime.NumGoroutine()
-	s, kv, cancel, wg := start(t, m, 12, 8, 16) // 96 rows in all
+	s, kv, cancel, wg := start(t, m, 12, 8, serve.Options{Budget: 16, NoPrefixCache: true}) // 96 rows in all
 	type job struct {
 		prompt []int32
 		n      int
@@ -114,7 +114,7 @@ func TestContinuousBatching(t *testing.T) {
 func TestStopsAndCancels(t *testing.T) {
 	m, err := model.NewRandom(model.Tiny(), 5)
 	require.NoError(t, err)
-	s, kv, cancel, wg := start(t, m, 6, 8, 32)
+	s, kv, cancel, wg := start(t, m, 6, 8, serve.Options{Budget: 32, NoPrefixCache: true})
 	prompt := moetest.Tokens(1, 9, model.ByteVocab)
 	want := greedy(t, m, prompt, 3)
 
@@ -165,4 +165,85 @@ func TestStopsAndCancels(t *testing.T) {
 	}
 	_, err = s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: 1, Sampling: model.Sampling{TopP: 1}})
 	require.True(t, errors.Is(err, context.Canceled), "%v", err)
+}
+
+// TestPrefixCache: requests sharing a system prompt find it in the prefix
+// cache (whole blocks, never their last token) and get the greedy chains
+// they get without it; a follow-up turn finds its whole conversation;
+// prompts that need the whole cache evict the unused prefixes; the cache
+// can be flushed only when idle, and then every block is free.
+func TestPrefixCache(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 7)
+	require.NoError(t, err)
+	_, err = m.Prefill(context.Background(), []int32{1})
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	s, kv, cancel, wg := start(t, m, 20, 8, serve.Options{Budget: 64}) // 160 rows
+	system := moetest.Tokens(30, 40, model.ByteVocab)                 // five blocks
+	withQ := func(q int) []int32 {
+		return append(append([]int32(nil), system...), moetest.Tokens(uint64(31+q), 5, model.ByteVocab)...)
+	}
+	run := func(prompt []int32, n int) <-chan serve.Event {
+		ch, err := s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: n, Sampling: model.Sampling{TopP: 1}})
+		require.NoError(t, err)
+		return ch
+	}
+	first := withQ(0)
+	toks, last := collect(run(first, 4))
+	require.Equal(t, greedy(t, m, first, 4), toks)
+	require.Zero(t, last.Cached)
+	// It left its 48 computed tokens (45 + 3: the last one was never fed)
+	// as six blocks.
+	require.Equal(t, 6, s.Stats().CachedBlocks)
+
+	chans := make([]<-chan serve.Event, 6)
+	for q := range chans {
+		chans[q] = run(withQ(q+1), 5)
+	}
+	for q, ch := range chans {
+		toks, last := collect(ch)
+		require.NoError(t, last.Err)
+		require.Equal(t, greedy(t, m, withQ(q+1), 5), toks, "request %d", q+1)
+		require.Equal(t, 40, last.Cached, "request %d: the system prompt's five blocks", q+1)
+	}
+	// The next turn of the first conversation: its 48 computed tokens.
+	turn := append(append(append([]int32(nil), first...), greedy(t, m, first, 4)...), moetest.Tokens(40, 3, model.ByteVocab)...)
+	toks, last = collect(run(turn, 3))
+	require.Equal(t, greedy(t, m, turn, 3), toks)
+	require.Equal(t, 48, last.Cached)
+	st := s.Stats()
+	require.Equal(t, 45*7+len(turn), st.PromptTokens)
+	require.Equal(t, 40*6+48, st.CachedTokens)
+	require.InDelta(t, float64(40*6+48)/float64(45*7+len(turn)), st.HitRate(), 1e-12)
+
+	// Two prompts of 70 tokens (9 blocks each, 10 with their tokens) need
+	// the blocks the cache holds: it gives up its least recently used.
+	require.Equal(t, 6+6, st.CachedBlocks) // the first conversation's 6 blocks, a block of each question after the system prompt
+	require.Zero(t, st.Evicted)
+	big := []<-chan serve.Event{run(moetest.Tokens(50, 70, model.ByteVocab), 8), run(moetest.Tokens(51, 70, model.ByteVocab), 8)}
+	for i, ch := range big {
+		toks, last := collect(ch)
+		require.NoError(t, last.Err)
+		require.Equal(t, greedy(t, m, moetest.Tokens(uint64(50+i), 70, model.ByteVocab), 8), toks)
+	}
+	require.Eventually(t, func() bool { r, w := s.Load(); return r == 0 && w == 0 }, time.Second, time.Millisecond)
+	require.Equal(t, kv.NumBlocks(), kv.FreeBlocks()+s.Stats().CachedBlocks, "every block free or the prefix cache's")
+	require.Positive(t, s.Stats().Evicted)
+
+	// Flushing: refused while a request runs, then every block free.
+	ch := run(moetest.Tokens(60, 9, model.ByteVocab), 100)
+	<-ch
+	require.ErrorContains(t, s.FlushCache(), "serve: 1 requests are running or waiting; flush the cache when idle")
+	collect(ch)
+	require.Eventually(t, func() bool { r, w := s.Load(); return r == 0 && w == 0 }, time.Second, time.Millisecond)
+	require.NoError(t, s.FlushCache())
+	require.Equal(t, kv.NumBlocks(), kv.FreeBlocks())
+	require.Zero(t, s.Stats().CachedBlocks)
+
+	cancel()
+	wg.Wait()
+	for i := 0; runtime.NumGoroutine() > before && i < 100; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), before, "goroutines left")
 }

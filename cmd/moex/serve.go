@@ -38,6 +38,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
 	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
 	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
+	noCache := fs.Bool("disable-radix-cache", false, "compute every prompt whole: no prefix cache")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
@@ -76,7 +77,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	sched, err := serve.New(m, kv, *budget)
+	sched, err := serve.New(m, kv, serve.Options{Budget: *budget, NoPrefixCache: *noCache})
 	if err != nil {
 		return err
 	}
