@@ -130,7 +130,7 @@ func TestHTTP(t *testing.T) {
 		"moex_num_running_reqs 0",
 		"moex_cache_blocks_used 1", // the prompt's first block, kept by the prefix cache
 		"moex_prefix_cache_blocks 1",
-		"moex_cached_prompt_tokens_total 32", // the second and third requests found it
+		"moex_cached_prompt_tokens_total 32",     // the second and third requests found it
 		"moex_cache_hit_rate 0.5614035087719298", // 32 of 57
 		"moex_cache_blocks_total 32",
 	} {

@@ -30,8 +30,8 @@ type node struct {
 	blocks   model.Blocks
 	parent   *node
 	children map[string]*node // by their key's first block (blockKey)
-	users    int             // running requests attached through it
-	used     uint64          // last match or insert
+	users    int              // running requests attached through it
+	used     uint64           // last match or insert
 }
 
 func newPrefixCache(kv *model.KV) *prefixCache {

@@ -179,7 +179,7 @@ func TestPrefixCache(t *testing.T) {
 	require.NoError(t, err)
 	before := runtime.NumGoroutine()
 	s, kv, cancel, wg := start(t, m, 20, 8, serve.Options{Budget: 64}) // 160 rows
-	system := moetest.Tokens(30, 40, model.ByteVocab)                 // five blocks
+	system := moetest.Tokens(30, 40, model.ByteVocab)                  // five blocks
 	withQ := func(q int) []int32 {
 		return append(append([]int32(nil), system...), moetest.Tokens(uint64(31+q), 5, model.ByteVocab)...)
 	}
