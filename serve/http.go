@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/moex-project/moex/model"
@@ -76,8 +77,9 @@ type Info struct {
 }
 
 // Server is the worker's HTTP API over a scheduler: SGLang's /generate
-// (text or input_ids; stream as server-sent events), /health, /get_load,
-// /get_model_info, /get_server_info.
+// (text or input_ids; stream as server-sent events), OpenAI's
+// /v1/completions and /v1/chat/completions, /health, /health_generate,
+// /get_load, /get_model_info, /get_server_info, /flush_cache, /metrics.
 type Server struct {
 	s        *Scheduler
 	tok      Tokenizer
@@ -101,6 +103,9 @@ func (h *Server) Drain() { h.draining.Store(true) }
 func (h *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /generate", h.generate)
+	mux.HandleFunc("POST /v1/completions", h.completions)
+	mux.HandleFunc("POST /v1/chat/completions", h.chatCompletions)
+	mux.HandleFunc("GET /health_generate", h.healthGenerate)
 	mux.Handle("GET /metrics", h.metrics.handler())
 	mux.HandleFunc("GET /health", h.health)
 	mux.HandleFunc("POST /flush_cache", func(w http.ResponseWriter, r *http.Request) {
@@ -126,6 +131,32 @@ func (h *Server) Handler() http.Handler {
 	return mux
 }
 
+// HealthTimeout bounds /health_generate's one-token generation.
+const HealthTimeout = 20 * time.Second
+
+// healthGenerate answers 200 once a one-token generation (of token 0)
+// completes, 503 while draining or if it does not within HealthTimeout.
+func (h *Server) healthGenerate(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, "the server is draining")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), HealthTimeout)
+	defer cancel()
+	events, err := h.s.Submit(ctx, Request{IDs: []int32{0}, MaxNewTokens: 1, IgnoreEOS: true, Sampling: model.Sampling{TopP: 1}})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	for e := range events {
+		if e.Done && e.Err != nil {
+			writeError(w, http.StatusServiceUnavailable, "a one-token generation failed: "+e.Err.Error())
+			return
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
 func (h *Server) health(w http.ResponseWriter, r *http.Request) {
 	if h.draining.Load() {
 		writeError(w, http.StatusServiceUnavailable, "the server is draining")
@@ -136,13 +167,14 @@ func (h *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // samplingParams is SGLang's sampling_params, the fields moex reads.
 type samplingParams struct {
-	MaxNewTokens *int     `json:"max_new_tokens"`
-	Temperature  *float64 `json:"temperature"`
-	TopP         *float64 `json:"top_p"`
-	TopK         *int     `json:"top_k"`
-	IgnoreEOS    bool     `json:"ignore_eos"`
-	StopTokenIDs []int32  `json:"stop_token_ids"`
-	Seed         *uint64  `json:"sampling_seed"`
+	MaxNewTokens *int            `json:"max_new_tokens"`
+	Temperature  *float64        `json:"temperature"`
+	TopP         *float64        `json:"top_p"`
+	TopK         *int            `json:"top_k"`
+	IgnoreEOS    bool            `json:"ignore_eos"`
+	Stop         json.RawMessage `json:"stop"`
+	StopTokenIDs []int32         `json:"stop_token_ids"`
+	Seed         *uint64         `json:"sampling_seed"`
 }
 
 type generateRequest struct {
@@ -156,125 +188,284 @@ type generateRequest struct {
 // DefaultMaxNewTokens is max_new_tokens when a request does not say (SGLang's).
 const DefaultMaxNewTokens = 128
 
-func (h *Server) parse(r *http.Request) (generateRequest, Request, error) {
-	var g generateRequest
+// decodeStrict reads a JSON body of at most 64 MiB into v, refusing fields
+// v does not have.
+func decodeStrict(r *http.Request, v any, what string) error {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<20))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&g); err != nil {
-		return g, Request{}, fmt.Errorf("the body is not a /generate request: %v", err)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("the body is not a %s request: %v", what, err)
+	}
+	return nil
+}
+
+// stopStrings reads a stop field: a string or a list of them (null: none).
+func stopStrings(raw json.RawMessage, field string) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		raw, _ = json.Marshal([]string{one})
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%s must be a string or a list of strings", field)
+	}
+	for i, s := range list {
+		if s == "" {
+			return nil, fmt.Errorf("%s[%d] is empty", field, i)
+		}
+	}
+	return list, nil
+}
+
+// sampling makes the scheduler's request of ids and the parameters given
+// (nil: the default).
+func (h *Server) sampling(ids []int32, maxNew *int, temperature, topP *float64, topK *int, seed *uint64, ignoreEOS bool, stopIDs []int32) Request {
+	req := Request{IDs: ids, MaxNewTokens: DefaultMaxNewTokens, IgnoreEOS: ignoreEOS,
+		StopIDs:  append(append([]int32(nil), h.stopIDs...), stopIDs...),
+		Sampling: model.Sampling{Temperature: 1, TopP: 1}}
+	if maxNew != nil {
+		req.MaxNewTokens = *maxNew
+	}
+	if temperature != nil {
+		req.Sampling.Temperature = *temperature
+	}
+	if topP != nil {
+		req.Sampling.TopP = *topP
+	}
+	if topK != nil {
+		req.Sampling.TopK = *topK
+		if *topK == -1 { // SGLang's "no limit"
+			req.Sampling.TopK = 0
+		}
+	}
+	if seed != nil {
+		req.Sampling.Seed = *seed
+	} else {
+		req.Sampling.Seed = uint64(h.nextID.Load())
+	}
+	return req
+}
+
+func (h *Server) parse(r *http.Request) (generateRequest, Request, []string, error) {
+	var g generateRequest
+	if err := decodeStrict(r, &g, "/generate"); err != nil {
+		return g, Request{}, nil, err
 	}
 	var ids []int32
 	switch {
 	case g.Text != nil && g.InputIDs != nil:
-		return g, Request{}, errors.New("give text or input_ids, not both")
+		return g, Request{}, nil, errors.New("give text or input_ids, not both")
 	case g.Text != nil:
 		var err error
 		if ids, err = h.tok.Encode(*g.Text); err != nil {
-			return g, Request{}, err
+			return g, Request{}, nil, err
 		}
 	case g.InputIDs != nil:
 		ids = g.InputIDs
 	default:
-		return g, Request{}, errors.New("text or input_ids is required")
+		return g, Request{}, nil, errors.New("text or input_ids is required")
 	}
 	sp := g.Sampling
-	req := Request{IDs: ids, MaxNewTokens: DefaultMaxNewTokens, IgnoreEOS: sp.IgnoreEOS,
-		StopIDs:  append(append([]int32(nil), h.stopIDs...), sp.StopTokenIDs...),
-		Sampling: model.Sampling{Temperature: 1, TopP: 1}}
-	if sp.MaxNewTokens != nil {
-		req.MaxNewTokens = *sp.MaxNewTokens
+	stops, err := stopStrings(sp.Stop, "sampling_params.stop")
+	if err != nil {
+		return g, Request{}, nil, err
 	}
-	if sp.Temperature != nil {
-		req.Sampling.Temperature = *sp.Temperature
+	return g, h.sampling(ids, sp.MaxNewTokens, sp.Temperature, sp.TopP, sp.TopK, sp.Seed, sp.IgnoreEOS, sp.StopTokenIDs), stops, nil
+}
+
+// completion is a request's outcome as the API reports it.
+type completion struct {
+	ids     []int32
+	text    string // decoded; cut before a stop string
+	reason  string // "length" or "stop"
+	matched any    // the stop string or token id that ended it
+	cached  int
+	err     error // the server's: the request did not finish
+}
+
+// refuse answers a request the scheduler would not take: 400, or 503 when
+// the server is stopping.
+func (h *Server) refuse(w http.ResponseWriter, err error) {
+	status, label := http.StatusBadRequest, "bad_request"
+	if errors.Is(err, context.Canceled) || h.s.stoppedErr() != nil {
+		status, label = http.StatusServiceUnavailable, "error"
 	}
-	if sp.TopP != nil {
-		req.Sampling.TopP = *sp.TopP
-	}
-	if sp.TopK != nil {
-		req.Sampling.TopK = *sp.TopK
-		if *sp.TopK == -1 { // SGLang's "no limit"
-			req.Sampling.TopK = 0
+	h.metrics.requests.WithLabelValues(label).Inc()
+	writeError(w, status, err.Error())
+}
+
+// bad answers a request that could not be read: 400.
+func (h *Server) bad(w http.ResponseWriter, err error) {
+	h.metrics.requests.WithLabelValues("bad_request").Inc()
+	writeError(w, http.StatusBadRequest, err.Error())
+}
+
+// start submits req; run then follows it.
+func (h *Server) start(ctx context.Context, req Request, stops []string) (*run, error) {
+	if len(stops) > 0 {
+		if _, ok := h.tok.(IDsOnly); ok {
+			return nil, errors.New("stop strings need the checkpoint's tokenizer, which this server does not read: give stop_token_ids")
 		}
 	}
-	if sp.Seed != nil {
-		req.Sampling.Seed = *sp.Seed
-	} else {
-		req.Sampling.Seed = uint64(h.nextID.Load())
+	ctx, cancel := context.WithCancel(ctx)
+	events, err := h.s.Submit(ctx, req)
+	if err != nil {
+		cancel()
+		return nil, err
 	}
-	return g, req, nil
+	return &run{h: h, events: h.metrics.observe(len(req.IDs), events), cancel: cancel, stops: stops}, nil
+}
+
+// run follows a submitted request.
+type run struct {
+	h      *Server
+	events <-chan Event
+	cancel context.CancelFunc
+	stops  []string
+}
+
+// wait follows the request to its end, calling emit (if not nil) after
+// each token with its ids so far and the text safe to show: text that
+// cannot yet turn out to begin a stop string, and no trailing incomplete
+// character.
+func (r *run) wait(emit func(ids []int32, text string)) completion {
+	defer r.cancel()
+	var c completion
+	for e := range r.events {
+		if e.Done {
+			c.cached = e.Cached
+			switch {
+			case c.reason == "stop" && c.matched != nil:
+				// Ended here by a stop string: its cancellation is no error.
+			case e.Err != nil:
+				c.err = e.Err
+			default:
+				c.reason = e.Reason
+				if e.Reason == "stop" && len(c.ids) > 0 {
+					c.matched = c.ids[len(c.ids)-1]
+				}
+			}
+			return c
+		}
+		if c.matched != nil {
+			continue // draining after a stop string
+		}
+		c.ids = append(c.ids, e.Token)
+		c.text = r.h.tok.Decode(c.ids)
+		if i, s := firstStop(c.text, r.stops); i >= 0 {
+			c.text, c.reason, c.matched = c.text[:i], "stop", s
+			r.cancel()
+			continue
+		}
+		if emit != nil {
+			emit(c.ids, safePrefix(c.text, r.stops))
+		}
+	}
+	return c
+}
+
+// firstStop is where the earliest stop string starts in text, and which.
+func firstStop(text string, stops []string) (int, string) {
+	at, which := -1, ""
+	for _, s := range stops {
+		if i := strings.Index(text, s); i >= 0 && (at < 0 || i < at) {
+			at, which = i, s
+		}
+	}
+	return at, which
+}
+
+// safePrefix is text without the longest tail that begins some stop
+// string, and without a trailing U+FFFD (a character whose bytes may still
+// be arriving).
+func safePrefix(text string, stops []string) string {
+	cut := len(text)
+	for _, s := range stops {
+		for k := min(len(s)-1, len(text)); k > 0; k-- {
+			if strings.HasSuffix(text, s[:k]) {
+				cut = min(cut, len(text)-k)
+				break
+			}
+		}
+	}
+	text = text[:cut]
+	return strings.TrimRight(text, "\uFFFD")
 }
 
 func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
-	g, req, err := h.parse(r)
+	g, req, stops, err := h.parse(r)
 	if err != nil {
-		h.metrics.requests.WithLabelValues("bad_request").Inc()
-		writeError(w, http.StatusBadRequest, err.Error())
+		h.bad(w, err)
 		return
 	}
 	rid := g.RID
 	if rid == "" {
 		rid = fmt.Sprintf("%d", h.nextID.Add(1))
 	}
-	events, err := h.s.Submit(r.Context(), req)
+	run, err := h.start(r.Context(), req, stops)
 	if err != nil {
-		status, label := http.StatusBadRequest, "bad_request"
-		if errors.Is(err, context.Canceled) || h.s.stoppedErr() != nil {
-			status, label = http.StatusServiceUnavailable, "error"
-		}
-		h.metrics.requests.WithLabelValues(label).Inc()
-		writeError(w, status, err.Error())
+		h.refuse(w, err)
 		return
 	}
-	events = h.metrics.observe(len(req.IDs), events)
-	var out []int32
-	meta := func(e Event) map[string]any {
-		m := map[string]any{"id": rid, "prompt_tokens": len(req.IDs), "completion_tokens": len(out)}
-		if e.Done {
-			m["finish_reason"] = map[string]any{"type": e.Reason}
-			m["cached_tokens"] = e.Cached
+	meta := func(c *completion, n int) map[string]any {
+		m := map[string]any{"id": rid, "prompt_tokens": len(req.IDs), "completion_tokens": n}
+		if c != nil {
+			m["finish_reason"] = map[string]any{"type": c.reason, "matched": c.matched}
+			m["cached_tokens"] = c.cached
 		}
 		return m
 	}
 	if !g.Stream {
-		for e := range events {
-			if e.Done {
-				if e.Err != nil {
-					writeError(w, http.StatusServiceUnavailable, e.Err.Error())
-					return
-				}
-				writeJSON(w, http.StatusOK, map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
-				return
-			}
-			out = append(out, e.Token)
+		c := run.wait(nil)
+		if c.err != nil {
+			writeError(w, http.StatusServiceUnavailable, c.err.Error())
+			return
 		}
+		writeJSON(w, http.StatusOK, map[string]any{"text": c.text, "output_ids": c.ids, "meta_info": meta(&c, len(c.ids))})
 		return
 	}
+	sse := startSSE(w)
+	c := run.wait(func(ids []int32, text string) {
+		sse.frame(map[string]any{"text": text, "output_ids": ids, "meta_info": meta(nil, len(ids))})
+	})
+	if c.err != nil {
+		sse.frame(map[string]any{"error": map[string]any{"message": c.err.Error()}})
+	} else {
+		sse.frame(map[string]any{"text": c.text, "output_ids": c.ids, "meta_info": meta(&c, len(c.ids))})
+	}
+	sse.done()
+}
+
+// sse writes server-sent events.
+type sse struct {
+	w       http.ResponseWriter
+	flusher http.Flusher
+}
+
+func startSSE(w http.ResponseWriter) sse {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	frame := func(v any) {
-		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", b)
-		if flusher != nil {
-			flusher.Flush()
-		}
+	f, _ := w.(http.Flusher)
+	return sse{w, f}
+}
+
+func (s sse) frame(v any) {
+	b, _ := json.Marshal(v)
+	fmt.Fprintf(s.w, "data: %s\n\n", b)
+	if s.flusher != nil {
+		s.flusher.Flush()
 	}
-	for e := range events {
-		if e.Done {
-			if e.Err != nil {
-				frame(map[string]any{"error": map[string]any{"message": e.Err.Error()}})
-			} else {
-				frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
-			}
-			break
-		}
-		out = append(out, e.Token)
-		frame(map[string]any{"text": h.tok.Decode(out), "output_ids": out, "meta_info": meta(e)})
-	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	if flusher != nil {
-		flusher.Flush()
+}
+
+// done ends the stream as SGLang and OpenAI do.
+func (s sse) done() {
+	fmt.Fprint(s.w, "data: [DONE]\n\n")
+	if s.flusher != nil {
+		s.flusher.Flush()
 	}
 }
 

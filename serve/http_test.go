@@ -86,7 +86,8 @@ func TestHTTP(t *testing.T) {
 		var g generated
 		require.NoError(t, json.Unmarshal([]byte(f), &g))
 		require.Equal(t, want[:i+1], g.OutputIDs)
-		require.Equal(t, serve.Byte{}.Decode(want[:i+1]), g.Text)
+		// A trailing character whose bytes may still be arriving is held back.
+		require.Equal(t, strings.TrimRight(serve.Byte{}.Decode(want[:i+1]), "\uFFFD"), g.Text)
 	}
 
 	// input_ids and the token ids given: the same chain.

@@ -1,0 +1,272 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// openAIRequest is the body of OpenAI's /v1/completions (Prompt) and
+// /v1/chat/completions (Messages): the fields moex reads, and those
+// clients commonly send that it accepts only at their neutral values.
+type openAIRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Stop             json.RawMessage `json:"stop"`
+	StopTokenIDs     []int32         `json:"stop_token_ids"`
+	Seed             *uint64         `json:"seed"`
+	IgnoreEOS        bool            `json:"ignore_eos"`
+	User             string          `json:"user"`
+	FrequencyPenalty *float64        `json:"frequency_penalty"`
+	PresencePenalty  *float64        `json:"presence_penalty"`
+	Logprobs         json.RawMessage `json:"logprobs"`
+	Echo             bool            `json:"echo"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+}
+
+// text is a message's content: a string, or a list of text parts.
+func (m chatMessage) text(i int) (string, error) {
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", fmt.Errorf("messages[%d].content must be a string or a list of text parts", i)
+	}
+	var b strings.Builder
+	for j, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("messages[%d].content[%d] is of type %q: only text parts are read", i, j, p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// ChatTemplate renders messages as the prompt: each as "role: content" on
+// its own line, then "assistant: " to be continued (the plain template of
+// the random presets, which have no chat template of their own).
+func ChatTemplate(roles, contents []string) string {
+	var b strings.Builder
+	for i := range roles {
+		fmt.Fprintf(&b, "%s: %s\n", roles[i], contents[i])
+	}
+	b.WriteString("assistant: ")
+	return b.String()
+}
+
+// DefaultMaxTokens is /v1/completions' max_tokens when not given (OpenAI's).
+const DefaultMaxTokens = 16
+
+// openAI parses an OpenAI request; chat says which endpoint.
+func (h *Server) openAI(r *http.Request, chat bool) (openAIRequest, Request, []string, error) {
+	var o openAIRequest
+	what := "/v1/completions"
+	if chat {
+		what = "/v1/chat/completions"
+	}
+	if err := decodeStrict(r, &o, what); err != nil {
+		return o, Request{}, nil, err
+	}
+	switch {
+	case o.N != nil && *o.N != 1:
+		return o, Request{}, nil, fmt.Errorf("n %d: one choice per request is served", *o.N)
+	case o.FrequencyPenalty != nil && *o.FrequencyPenalty != 0:
+		return o, Request{}, nil, errors.New("frequency_penalty is not supported (give 0 or leave it out)")
+	case o.PresencePenalty != nil && *o.PresencePenalty != 0:
+		return o, Request{}, nil, errors.New("presence_penalty is not supported (give 0 or leave it out)")
+	case len(o.Logprobs) > 0 && string(o.Logprobs) != "null" && string(o.Logprobs) != "false" && string(o.Logprobs) != "0":
+		return o, Request{}, nil, errors.New("logprobs are not supported")
+	case o.Echo:
+		return o, Request{}, nil, errors.New("echo is not supported")
+	case chat && o.Prompt != nil:
+		return o, Request{}, nil, errors.New("a chat request gives messages, not prompt")
+	case !chat && o.Messages != nil:
+		return o, Request{}, nil, errors.New("a completion request gives prompt, not messages (chat requests go to /v1/chat/completions)")
+	}
+	var ids []int32
+	var err error
+	if chat {
+		if len(o.Messages) == 0 {
+			return o, Request{}, nil, errors.New("messages is required")
+		}
+		roles, contents := make([]string, len(o.Messages)), make([]string, len(o.Messages))
+		for i, m := range o.Messages {
+			switch m.Role {
+			case "system", "user", "assistant", "developer", "tool":
+			default:
+				return o, Request{}, nil, fmt.Errorf("messages[%d].role %q is not system, user, assistant, developer or tool", i, m.Role)
+			}
+			if contents[i], err = m.text(i); err != nil {
+				return o, Request{}, nil, err
+			}
+			roles[i] = m.Role
+		}
+		if ids, err = h.tok.Encode(ChatTemplate(roles, contents)); err != nil {
+			return o, Request{}, nil, err
+		}
+	} else if ids, err = h.promptIDs(o.Prompt); err != nil {
+		return o, Request{}, nil, err
+	}
+	maxNew := o.MaxTokens
+	if o.MaxCompletionTokens != nil {
+		if maxNew != nil && *maxNew != *o.MaxCompletionTokens {
+			return o, Request{}, nil, errors.New("max_tokens and max_completion_tokens differ: give one")
+		}
+		maxNew = o.MaxCompletionTokens
+	}
+	if maxNew == nil && !chat {
+		n := DefaultMaxTokens
+		maxNew = &n
+	}
+	if maxNew != nil && *maxNew < 1 {
+		return o, Request{}, nil, fmt.Errorf("max_tokens %d must be positive", *maxNew)
+	}
+	stops, err := stopStrings(o.Stop, "stop")
+	if err != nil {
+		return o, Request{}, nil, err
+	}
+	return o, h.sampling(ids, maxNew, o.Temperature, o.TopP, o.TopK, o.Seed, o.IgnoreEOS, o.StopTokenIDs), stops, nil
+}
+
+// promptIDs reads a completion's prompt: text, token ids, or a list of one
+// of either.
+func (h *Server) promptIDs(raw json.RawMessage) ([]int32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("prompt is required")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return h.tok.Encode(text)
+	}
+	var ids []int32
+	if json.Unmarshal(raw, &ids) == nil {
+		return ids, nil
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil {
+		if len(texts) != 1 {
+			return nil, fmt.Errorf("prompt lists %d prompts: one per request is served", len(texts))
+		}
+		return h.tok.Encode(texts[0])
+	}
+	var lists [][]int32
+	if json.Unmarshal(raw, &lists) == nil {
+		if len(lists) != 1 {
+			return nil, fmt.Errorf("prompt lists %d prompts: one per request is served", len(lists))
+		}
+		return lists[0], nil
+	}
+	return nil, errors.New("prompt must be a string, a list of token ids, or a list of one of either")
+}
+
+// finishReason is OpenAI's name of how a completion ended.
+func finishReason(c completion) string {
+	if c.reason == "stop" {
+		return "stop"
+	}
+	return "length"
+}
+
+func (h *Server) completions(w http.ResponseWriter, r *http.Request)     { h.serveOpenAI(w, r, false) }
+func (h *Server) chatCompletions(w http.ResponseWriter, r *http.Request) { h.serveOpenAI(w, r, true) }
+
+// serveOpenAI answers /v1/completions (chat false) or /v1/chat/completions.
+func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) {
+	o, req, stops, err := h.openAI(r, chat)
+	if err != nil {
+		h.bad(w, err)
+		return
+	}
+	id, object := fmt.Sprintf("cmpl-%d", h.nextID.Add(1)), "text_completion"
+	if chat {
+		id, object = "chatcmpl"+id[4:], "chat.completion"
+	}
+	run, err := h.start(r.Context(), req, stops)
+	if err != nil {
+		h.refuse(w, err)
+		return
+	}
+	created := time.Now().Unix()
+	usage := func(n int) map[string]any {
+		return map[string]any{"prompt_tokens": len(req.IDs), "completion_tokens": n, "total_tokens": len(req.IDs) + n}
+	}
+	// choice is the one choice: the text (the whole, or a stream's delta)
+	// and the finish reason (nil while streaming).
+	first := true
+	choice := func(text string, reason any) map[string]any {
+		if chat {
+			key, msg := "message", map[string]any{"content": text}
+			if o.Stream {
+				key = "delta"
+			}
+			if first || !o.Stream {
+				msg["role"] = "assistant"
+			}
+			first = false
+			return map[string]any{"index": 0, key: msg, "finish_reason": reason}
+		}
+		return map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": reason}
+	}
+	if !o.Stream {
+		c := run.wait(nil)
+		if c.err != nil {
+			writeError(w, http.StatusServiceUnavailable, c.err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath,
+			"choices": []any{choice(c.text, finishReason(c))}, "usage": usage(len(c.ids))})
+		return
+	}
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	sse := startSSE(w)
+	chunk := func(choices []any, u any) {
+		m := map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath, "choices": choices}
+		if u != nil {
+			m["usage"] = u
+		}
+		sse.frame(m)
+	}
+	sent := ""
+	c := run.wait(func(ids []int32, text string) {
+		if delta := strings.TrimPrefix(text, sent); len(text) > len(sent) && strings.HasPrefix(text, sent) {
+			chunk([]any{choice(delta, nil)}, nil)
+			sent = text
+		}
+	})
+	if c.err != nil {
+		sse.frame(map[string]any{"error": map[string]any{"message": c.err.Error()}})
+		sse.done()
+		return
+	}
+	chunk([]any{choice(strings.TrimPrefix(c.text, sent), finishReason(c))}, nil)
+	if o.StreamOptions != nil && o.StreamOptions.IncludeUsage {
+		chunk([]any{}, usage(len(c.ids)))
+	}
+	sse.done()
+}
