@@ -104,8 +104,10 @@ func (p *prefixCache) lock(x *node, d int) {
 
 // insert adds the whole blocks of ids, whose rows sequence seq holds in the
 // caches, to the tree: the part already there is only marked used, the rest
-// becomes a new node holding a share of seq's blocks.
-func (p *prefixCache) insert(ids []int32, seq int) error {
+// becomes a new node holding a share of seq's blocks. It returns the node
+// where ids' whole blocks end (the root for none). A running sequence may
+// be inserted: it never writes its whole blocks again.
+func (p *prefixCache) insert(ids []int32, seq int) (*node, error) {
 	ids = ids[:len(ids)-len(ids)%p.bs]
 	p.clock++
 	x, n := p.root, 0
@@ -118,12 +120,12 @@ func (p *prefixCache) insert(ids []int32, seq int) error {
 		if k == 0 {
 			b, err := p.kv.Share(seq, n/p.bs, len(ids)/p.bs)
 			if err != nil {
-				return err
+				return x, err
 			}
 			leaf := &node{key: append([]int32(nil), ids[n:]...), blocks: b, parent: x, children: map[string]*node{}, used: p.clock}
 			x.children[p.blockKey(leaf.key)] = leaf
 			p.held += b.Len()
-			return nil
+			return leaf, nil
 		}
 		if k < len(c.key) {
 			c = p.split(c, k)
@@ -132,7 +134,7 @@ func (p *prefixCache) insert(ids []int32, seq int) error {
 		n += k
 		x = c
 	}
-	return nil
+	return x, nil
 }
 
 // evict removes least recently used leaves that no running request uses

@@ -26,7 +26,8 @@ func TestRadixTree(t *testing.T) {
 	cached := func(ids ...int32) {
 		_, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, []int{0})
 		require.NoError(t, err)
-		require.NoError(t, p.insert(ids, 0))
+		_, err = p.insert(ids, 0)
+		require.NoError(t, err)
 		require.NoError(t, kv.Free(0))
 	}
 	cached(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13) // 3 blocks (13th token: no whole block)

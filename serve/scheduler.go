@@ -45,7 +45,8 @@ type request struct {
 	tokens  []int32 // the prompt, then the tokens generated
 	fed     int     // tokens the caches hold
 	gen     int     // tokens generated
-	prefix  *node   // the prefix-cache node it is attached to (locked), or nil
+	prefix  *node   // the prefix-cache node its cached tokens end at (held), or nil
+	inTree  int     // its tokens the prefix cache holds (whole blocks)
 	cached  int     // prompt tokens found cached when first admitted
 	started bool    // admitted once
 }
@@ -234,13 +235,29 @@ func (s *Scheduler) stop(ctx context.Context) {
 // finish ends r: leaves its tokens' whole blocks in the prefix cache,
 // frees its blocks and sends its Done event.
 func (s *Scheduler) finish(r *request, reason string, err error) {
-	if r.fed > 0 && s.tree != nil {
-		// Best effort: a prefix the tree cannot take is only not cached.
-		s.tree.insert(r.tokens[:r.fed], r.seq)
-	}
+	s.cache(r)
 	s.release(r)
 	r.events <- Event{Done: true, Reason: reason, Err: err, Cached: r.cached}
 	close(r.events)
+}
+
+// cache leaves r's computed tokens, whole blocks, in the prefix cache (as
+// they are computed, so that requests sharing them reuse them at once), and
+// moves r's hold to where they end.
+func (s *Scheduler) cache(r *request) {
+	bs := s.kv.BlockSize()
+	if s.tree == nil || r.fed-r.fed%bs <= r.inTree {
+		return
+	}
+	x, err := s.tree.insert(r.tokens[:r.fed], r.seq)
+	if err != nil {
+		return // best effort: a prefix the tree cannot take is only not cached
+	}
+	s.tree.lock(x, 1)
+	if r.prefix != nil {
+		s.tree.lock(r.prefix, -1)
+	}
+	r.prefix, r.inTree = x, r.fed-r.fed%bs
 }
 
 // release gives back r's blocks and its hold on the prefix cache.
@@ -253,6 +270,7 @@ func (s *Scheduler) release(r *request) {
 		s.tree.lock(r.prefix, -1)
 		r.prefix = nil
 	}
+	r.inTree = 0
 }
 
 // attach gives waiting request r (holding nothing) the longest cached
@@ -268,7 +286,7 @@ func (s *Scheduler) attach(r *request) {
 		return // computed whole instead
 	}
 	s.tree.lock(last, 1)
-	r.prefix, r.fed = last, n
+	r.prefix, r.fed, r.inTree = last, n, n
 }
 
 // blocksFor is the blocks a sequence of have rows needs for n more.
@@ -298,6 +316,9 @@ func (s *Scheduler) step(ctx context.Context) (progressed bool, err error) {
 	}
 	s.stats.Steps++
 	s.stats.MaxBatch = max(s.stats.MaxBatch, len(b.ids))
+	for _, t := range b.taken {
+		s.cache(t.r)
+	}
 	V := s.m.Vocab
 	for i, r := range b.sampled {
 		tok := r.sampler.Next(logits[i*V : (i+1)*V])
@@ -416,11 +437,31 @@ func (s *Scheduler) plan() (b batch) {
 			take(r, n)
 		}
 	}
-	// Then waiting prompts, in order, while budget and blocks last.
-	for len(s.queue) > 0 && budget > 0 {
-		r := s.queue[0]
+	// Then waiting prompts, in order, while budget and blocks last. A new
+	// prompt that begins with the first block of a prompt still being
+	// computed waits for that one to reach the cache
+	// (SGLang's in-batch prefix caching): a burst of prompts sharing a
+	// system prompt computes it once.
+	pending := map[string]bool{}
+	prefilling := func(r *request) {
+		if s.tree != nil && len(r.tokens) > s.kv.BlockSize() {
+			pending[s.tree.blockKey(r.tokens)] = true
+		}
+	}
+	for _, r := range s.running {
+		if r.gen == 0 {
+			prefilling(r)
+		}
+	}
+	for i := 0; i < len(s.queue) && budget > 0; {
+		r := s.queue[i]
+		if s.tree != nil && !r.started && len(r.tokens) > s.kv.BlockSize() && pending[s.tree.blockKey(r.tokens)] {
+			s.release(r) // matched again when it goes
+			i++
+			continue
+		}
 		if r.fed == 0 && s.tree != nil {
-			s.attach(r) // kept while it waits at the head
+			s.attach(r) // kept while it waits
 		}
 		n := fit(r, len(r.tokens)-r.fed)
 		if n == 0 {
@@ -431,9 +472,10 @@ func (s *Scheduler) plan() (b batch) {
 			s.stats.PromptTokens += len(r.IDs)
 			s.stats.CachedTokens += r.cached
 		}
-		s.queue = s.queue[1:]
+		s.queue = slices.Delete(s.queue, i, i+1)
 		s.running = append(s.running, r)
 		take(r, n)
+		prefilling(r)
 	}
 	return b
 }

@@ -247,3 +247,31 @@ func TestPrefixCache(t *testing.T) {
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), before, "goroutines left")
 }
+
+// TestPrefixBurst: eight prompts sharing a system prompt, sent at once,
+// compute it once: the first is computed (in chunks beside nothing else),
+// the others wait for it to reach the cache, then find it there; every
+// request gets its greedy chain.
+func TestPrefixBurst(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 8)
+	require.NoError(t, err)
+	s, _, cancel, wg := start(t, m, 64, 8, serve.Options{Budget: 24})
+	defer func() { cancel(); wg.Wait() }()
+	system := moetest.Tokens(70, 40, model.ByteVocab)
+	prompts := make([][]int32, 8)
+	chans := make([]<-chan serve.Event, 8)
+	for i := range prompts {
+		prompts[i] = append(append([]int32(nil), system...), moetest.Tokens(uint64(71+i), 6, model.ByteVocab)...)
+		chans[i], err = s.Submit(context.Background(), serve.Request{IDs: prompts[i], MaxNewTokens: 3, Sampling: model.Sampling{TopP: 1}})
+		require.NoError(t, err)
+	}
+	cached := 0
+	for i, ch := range chans {
+		toks, last := collect(ch)
+		require.NoError(t, last.Err)
+		require.Equal(t, greedy(t, m, prompts[i], 3), toks, "request %d", i)
+		cached += last.Cached
+	}
+	require.Equal(t, 7*40, cached, "all but the first found the system prompt")
+	require.Equal(t, 7*40, s.Stats().CachedTokens)
+}
