@@ -33,6 +33,10 @@ const benchUsage = `usage:
   moex bench ep [--ranks 1,2,4,8] [--tokens 16,128,1024]   dispatch+combine of a DeepSeek-V2-Lite-shaped
                  layer over in-process ranks, against a memcpy of the same bytes
   moex bench membw   the memory-bandwidth probe alone
+  moex bench serve [--url http://127.0.0.1:30000] [--dataset generated-shared-prefix|random] [--groups 16]
+                 [--prompts-per-group 8] [--system-len 1024] [--question-len 64] [--zipf S] [--num-prompts N]
+                 [--input-len L] [--output-len 32] [--rate inf|R] [--concurrency N] [--input-ids] [--format table|json]
+                 a load generator against a worker or router: throughput, TTFT/TPOT/ITL percentiles, hit rate
 `
 
 // benchResult is one case of a benchmark, as printed by --format json.
@@ -146,7 +150,7 @@ func intList(s, name string) ([]int, error) {
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, mla, ep or membw", errUsage)
+		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, mla, ep, membw or serve", errUsage)
 	}
 	opts := &benchOpts{stderr: stderr, start: time.Now()}
 	var results []benchResult
@@ -160,6 +164,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		results, err = benchMLA(args[1:], opts)
 	case "ep":
 		results, err = benchEP(args[1:], opts)
+	case "serve":
+		return benchServe(args[1:], stdout, stderr)
 	case "membw":
 		fs := flag.NewFlagSet("bench membw", flag.ContinueOnError)
 		if err := parseFlags(fs, args[1:], stderr); err != nil {
@@ -169,7 +175,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, mla, ep, membw)", errUsage, args[0])
+		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, mla, ep, membw, serve)", errUsage, args[0])
 	}
 	if err != nil {
 		return err

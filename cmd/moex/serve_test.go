@@ -3,12 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/loadgen"
 )
 
 // TestServe: moex serve --preset tiny on a free loopback port answers
@@ -44,7 +47,32 @@ func TestServe(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
+	// bench serve against it: every request completes, and the prompts
+	// after each group's first find its 64-token system prompt cached.
+	var out strings.Builder
+	require.NoError(t, benchServe([]string{"--url", url, "--groups", "2", "--prompts-per-group", "3", "--system-len", "64",
+		"--question-len", "8", "--output-len", "3", "--format", "json"}, &out, io.Discard))
+	var rep loadgen.Report
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &rep))
+	require.Equal(t, 6, rep.Completed)
+	require.Equal(t, 18, rep.OutputTokens)
+	require.Equal(t, 4*64, rep.CachedTokens)
+
+	// SIGTERM (here: the context) while a request streams: it finishes.
+	resp, err = http.Post(url+"/generate", "application/json", strings.NewReader(`{"text": "hi", "sampling_params": {"max_new_tokens": 300, "ignore_eos": true}, "stream": true}`))
+	require.NoError(t, err)
+	frames := bufio.NewScanner(resp.Body)
+	require.True(t, frames.Scan()) // it runs
 	cancel()
+	var tail []string
+	for frames.Scan() {
+		if f := frames.Text(); f != "" {
+			tail = append(tail, f)
+		}
+	}
+	resp.Body.Close()
+	require.Equal(t, "data: [DONE]", tail[len(tail)-1])
+	require.Contains(t, tail[len(tail)-2], `"completion_tokens":300`, "the whole generation, not an error")
 	require.NoError(t, <-done)
 	http.DefaultClient.CloseIdleConnections()
 
@@ -59,6 +87,21 @@ func TestServe(t *testing.T) {
 		{[]string{"--preset", "tiny", "--model", "x"}, "give --preset or --model, not both"},
 	} {
 		err := serveUntil(context.Background(), tt.args, io.Discard, io.Discard)
+		require.ErrorIs(t, err, errUsage)
+		require.ErrorContains(t, err, tt.want)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "0"}, `--rate "0" must be a positive number`},
+		{[]string{"--rate", "fast"}, `--rate "fast"`},
+		{[]string{"--dataset", "sharegpt"}, `unknown --dataset "sharegpt"`},
+		{[]string{"--groups", "0"}, "0 groups of 8 prompts"},
+		{[]string{"--url", "localhost:3"}, `url "localhost:3" must begin with http://`},
+		{[]string{"--format", "xml"}, `--format "xml"`},
+	} {
+		err := benchServe(tt.args, io.Discard, io.Discard)
 		require.ErrorIs(t, err, errUsage)
 		require.ErrorContains(t, err, tt.want)
 	}
