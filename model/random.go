@@ -43,6 +43,19 @@ func Tiny() Preset {
 		WeightDType: kernels.BF16, EmbeddingDType: kernels.F32}
 }
 
+// DeepSeekV2Lite is DeepSeek-V2-Lite's layers at its shapes (hidden 2048,
+// MLA of 16 heads over a 512 + 64 latent with yarn RoPE, 64 experts of
+// width 1408 top-6 and two shared, a dense first layer of width 10944) in
+// bf16, layers of them (its own count is 27: ~31 GB), over the byte
+// vocabulary instead of its 102,400 tokens (random weights have no
+// tokenizer; the embedding and lm_head are 2 MB instead of 0.8 GB).
+func DeepSeekV2Lite(layers int) Preset {
+	m := *moe.DeepSeekV2Lite()
+	m.NumLayers = layers
+	return Preset{Name: "deepseek-v2-lite", MoE: m, Attn: dpattn.DeepSeekV2LiteAttention(), Vocab: ByteVocab, Layers: layers,
+		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+}
+
 // NewRandom makes a model of p with random weights (projections uniform in
 // ±1/√fan_in, norm weights 1 ± 0.2, the embedding in ±1), the same for the
 // same seed. It is for demonstrations, benchmarks and the serving tests.

@@ -316,13 +316,14 @@ func (h *Server) start(ctx context.Context, req Request, stops []string) (*run, 
 		cancel()
 		return nil, err
 	}
-	return &run{h: h, events: h.metrics.observe(len(req.IDs), events), cancel: cancel, stops: stops}, nil
+	return &run{h: h, events: events, obs: h.metrics.observe(len(req.IDs)), cancel: cancel, stops: stops}, nil
 }
 
 // run follows a submitted request.
 type run struct {
 	h      *Server
 	events <-chan Event
+	obs    *observer
 	cancel context.CancelFunc
 	stops  []string
 }
@@ -335,6 +336,7 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 	defer r.cancel()
 	var c completion
 	for e := range r.events {
+		r.obs.event(e)
 		if e.Done {
 			c.cached = e.Cached
 			switch {
@@ -410,11 +412,11 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, err)
 		return
 	}
-	meta := func(c *completion, n int) map[string]any {
-		m := map[string]any{"id": rid, "prompt_tokens": len(req.IDs), "completion_tokens": n}
+	meta := func(c *completion, n int) metaInfo {
+		m := metaInfo{ID: rid, PromptTokens: len(req.IDs), CompletionTokens: n}
 		if c != nil {
-			m["finish_reason"] = map[string]any{"type": c.reason, "matched": c.matched}
-			m["cached_tokens"] = c.cached
+			m.FinishReason = &finish{Type: c.reason, Matched: c.matched}
+			m.CachedTokens = &c.cached
 		}
 		return m
 	}
@@ -424,19 +426,39 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, c.err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"text": c.text, "output_ids": c.ids, "meta_info": meta(&c, len(c.ids))})
+		writeJSON(w, http.StatusOK, generated{Text: c.text, OutputIDs: c.ids, Meta: meta(&c, len(c.ids))})
 		return
 	}
 	sse := startSSE(w)
 	c := run.wait(func(ids []int32, text string) {
-		sse.frame(map[string]any{"text": text, "output_ids": ids, "meta_info": meta(nil, len(ids))})
+		sse.frame(generated{Text: text, OutputIDs: ids, Meta: meta(nil, len(ids))})
 	})
 	if c.err != nil {
 		sse.frame(map[string]any{"error": map[string]any{"message": c.err.Error()}})
 	} else {
-		sse.frame(map[string]any{"text": c.text, "output_ids": c.ids, "meta_info": meta(&c, len(c.ids))})
+		sse.frame(generated{Text: c.text, OutputIDs: c.ids, Meta: meta(&c, len(c.ids))})
 	}
 	sse.done()
+}
+
+// generated is /generate's answer, and each of its streamed frames.
+type generated struct {
+	Text      string   `json:"text"`
+	OutputIDs []int32  `json:"output_ids"`
+	Meta      metaInfo `json:"meta_info"`
+}
+
+type metaInfo struct {
+	ID               string  `json:"id"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	CachedTokens     *int    `json:"cached_tokens,omitempty"`
+	FinishReason     *finish `json:"finish_reason,omitempty"`
+}
+
+type finish struct {
+	Type    string `json:"type"`
+	Matched any    `json:"matched"`
 }
 
 // sse writes server-sent events.
@@ -455,7 +477,9 @@ func startSSE(w http.ResponseWriter) sse {
 
 func (s sse) frame(v any) {
 	b, _ := json.Marshal(v)
-	fmt.Fprintf(s.w, "data: %s\n\n", b)
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
+	s.w.Write(buf)
 	if s.flusher != nil {
 		s.flusher.Flush()
 	}

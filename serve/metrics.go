@@ -44,38 +44,41 @@ func newMetrics(s *Scheduler) *metrics {
 
 func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
-// observe passes a request's events on, timing them and counting its
-// tokens and how it ended.
-func (m *metrics) observe(promptTokens int, in <-chan Event) <-chan Event {
-	start := time.Now()
+// observer times one request's events and counts its tokens and how it
+// ended, on the goroutine that reads them.
+type observer struct {
+	m           *metrics
+	start, last time.Time
+	first       bool
+}
+
+// observe starts observing a request of promptTokens tokens.
+func (m *metrics) observe(promptTokens int) *observer {
 	m.promptTokens.Add(float64(promptTokens))
-	out := make(chan Event, cap(in))
-	go func() {
-		defer close(out)
-		last := start
-		first := true
-		for e := range in {
-			now := time.Now()
-			if e.Done {
-				status := "ok"
-				if e.Err != nil {
-					status = "error"
-				}
-				m.requests.WithLabelValues(status).Inc()
-				m.cachedTokens.Add(float64(e.Cached))
-				m.e2e.Observe(now.Sub(start).Seconds())
-			} else {
-				m.genTokens.Inc()
-				if first {
-					m.ttft.Observe(now.Sub(start).Seconds())
-					first = false
-				} else {
-					m.itl.Observe(now.Sub(last).Seconds())
-				}
-				last = now
-			}
-			out <- e
+	now := time.Now()
+	return &observer{m: m, start: now, last: now, first: true}
+}
+
+// event records e as it arrives.
+func (o *observer) event(e Event) {
+	now := time.Now()
+	m := o.m
+	if e.Done {
+		status := "ok"
+		if e.Err != nil {
+			status = "error"
 		}
-	}()
-	return out
+		m.requests.WithLabelValues(status).Inc()
+		m.cachedTokens.Add(float64(e.Cached))
+		m.e2e.Observe(now.Sub(o.start).Seconds())
+		return
+	}
+	m.genTokens.Inc()
+	if o.first {
+		m.ttft.Observe(now.Sub(o.start).Seconds())
+		o.first = false
+	} else {
+		m.itl.Observe(now.Sub(o.last).Seconds())
+	}
+	o.last = now
 }

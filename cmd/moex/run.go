@@ -28,6 +28,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	ranks := fs.Int("ranks", 4, "in-process ranks")
 	steps := fs.Int("steps", 8, "decode steps")
+	batch := fs.Int("batch", 0, "every rank decodes this many requests at every step (0: an uneven schedule with IDLE batches)")
+	ctxLen := fs.Int("context", 256, "--batch: each request's prompt tokens in the cache")
 	mode := fs.String("moe-mode", "alltoall", "alltoall (EP dispatch/combine) or gather (all-gather, expert shards, reduce-scatter)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights, requests and inputs")
 	model := fs.String("model", "", "checkpoint folder for the MoE layer; default: DeepSeek-V2-Lite shapes with random bf16 weights")
@@ -47,6 +49,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
+	}
+	if *batch < 0 || *batch > 4096 || *ctxLen < 1 || *ctxLen > 1<<20 {
+		return fmt.Errorf("%w: run: --batch %d must be in [0, 4096] and --context %d in [1, 1048576]", errUsage, *batch, *ctxLen)
 	}
 	if *steps > maxRunSteps {
 		return fmt.Errorf("%w: run: --steps %d is over the %d decode steps a run takes (its schedule and per-step report are kept in memory)", errUsage, *steps, maxRunSteps)
@@ -154,7 +159,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	setup := time.Since(t0)
-	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
+	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, Batch: *batch, Context: *ctxLen, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	if *fused {
 		cfg.Layer = dev.layer

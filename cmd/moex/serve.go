@@ -30,7 +30,8 @@ func cmdServe(args []string, stdout, stderr io.Writer) error {
 // scheduler stops.
 func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	preset := fs.String("preset", "", "random weights of a built-in shape: tiny (byte-level text)")
+	preset := fs.String("preset", "", "random weights of a built-in shape, byte-level text: tiny, deepseek-v2-lite")
+	layers := fs.Int("layers", 0, "the preset's decoder layers (0: its own: tiny 3, deepseek-v2-lite 27)")
 	dir := fs.String("model", "", "a deepseek_v2/deepseek_v3 checkpoint folder (requests give input_ids: its tokenizer is not read)")
 	seed := fs.Uint64("seed", 1, "the preset's weights")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
@@ -48,8 +49,10 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: give --preset or --model, not both", errUsage)
 	case *preset == "" && *dir == "":
 		return fmt.Errorf("%w: serve: give --preset tiny or --model DIR", errUsage)
-	case *preset != "" && *preset != "tiny":
-		return fmt.Errorf("%w: serve: unknown --preset %q (have tiny)", errUsage, *preset)
+	case *preset != "" && *preset != "tiny" && *preset != "deepseek-v2-lite":
+		return fmt.Errorf("%w: serve: unknown --preset %q (have tiny, deepseek-v2-lite)", errUsage, *preset)
+	case *layers < 0 || *layers > 1000 || (*layers > 0 && *preset == ""):
+		return fmt.Errorf("%w: serve: --layers %d: a count in [1, 1000] for a --preset (0: the preset's own)", errUsage, *layers)
 	case *blocks < 1 || *blockRows < 1 || *budget < 1:
 		return fmt.Errorf("%w: serve: --kv-blocks, --block-rows and --max-step-tokens must be positive", errUsage)
 	case *port < 0 || *port > 65535:
@@ -63,8 +66,17 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var err error
 	name := *dir
 	if *preset != "" {
-		m, err = model.NewRandom(model.Tiny(), *seed)
-		tok, stopIDs, name = serve.Byte{}, []int32{serve.EOS}, "tiny"
+		p := model.Tiny()
+		if *preset == "deepseek-v2-lite" {
+			p = model.DeepSeekV2Lite(27)
+		}
+		if *layers > 0 {
+			p.Layers, p.MoE.NumLayers, p.FirstKDense = *layers, *layers, min(p.FirstKDense, *layers-1)
+		}
+		if m, err = model.NewRandom(p, *seed); err != nil {
+			return fmt.Errorf("serve: %w (a smaller --layers may fit)", err)
+		}
+		tok, stopIDs, name = serve.Byte{}, []int32{serve.EOS}, p.Name
 	} else {
 		m, err = model.Load(*dir)
 		tok = serve.IDsOnly{}

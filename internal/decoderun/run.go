@@ -15,6 +15,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,7 +30,12 @@ import (
 // attention, then the MoE layer in the chosen mode).
 type Config struct {
 	Ranks, Steps int
-	MoEMode      string // "alltoall" (EP dispatch/combine) or "gather"
+	// Batch, when positive, gives every rank Batch requests of Context
+	// prompt tokens, all decoding at every step (a steady batch, to time);
+	// 0: the varied schedule, uneven across ranks and steps, with IDLE
+	// batches (to exercise the coordinator).
+	Batch, Context int
+	MoEMode        string // "alltoall" (EP dispatch/combine) or "gather"
 	Seed         uint64
 	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
 	Attn         dpattn.AttentionBlock
@@ -121,9 +127,16 @@ type schedule struct {
 	batch    [][]int // [rank][step] requests active (the first ones)
 }
 
-func makeSchedule(ranks, steps int, seed uint64) schedule {
+func makeSchedule(ranks, steps int, seed uint64, batch, context int) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x5c4ed))
 	s := schedule{requests: make([][]int, ranks), batch: make([][]int, ranks)}
+	if batch > 0 {
+		for r := range s.requests {
+			s.requests[r] = slices.Repeat([]int{max(context, 1)}, batch)
+			s.batch[r] = slices.Repeat([]int{batch}, steps)
+		}
+		return s
+	}
 	for r := range s.requests {
 		n := 2 + (r*5+int(seed%4))%4 // uneven request counts
 		for range n {
@@ -188,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Attn.HiddenSize() != H {
 		return nil, fmt.Errorf("decoderun: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), H)
 	}
-	sched := makeSchedule(R, S, cfg.Seed)
+	sched := makeSchedule(R, S, cfg.Seed, cfg.Batch, cfg.Context)
 	comms, err := ep.NewLocal(R)
 	if err != nil {
 		return nil, err
@@ -289,7 +302,7 @@ func RunComms(ctx context.Context, cfg Config, comm, plan ep.Comm) (*Report, err
 	if cfg.Attn.HiddenSize() != cfg.MoE.Config.Hidden {
 		return nil, fmt.Errorf("decoderun: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), cfg.MoE.Config.Hidden)
 	}
-	sched := makeSchedule(R, S, cfg.Seed)
+	sched := makeSchedule(R, S, cfg.Seed, cfg.Batch, cfg.Context)
 	place, err := ep.Contiguous(cfg.MoE.Config.NumExperts, R)
 	if err != nil {
 		return nil, err
