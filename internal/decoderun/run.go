@@ -36,10 +36,10 @@ type Config struct {
 	// batches (to exercise the coordinator).
 	Batch, Context int
 	MoEMode        string // "alltoall" (EP dispatch/combine) or "gather"
-	Seed         uint64
-	MoE          *moe.Layer // holds every expert; the ranks take their shards of it
-	Attn         dpattn.AttentionBlock
-	CacheDType   kernels.DType
+	Seed           uint64
+	MoE            *moe.Layer // holds every expert; the ranks take their shards of it
+	Attn           dpattn.AttentionBlock
+	CacheDType     kernels.DType
 	// RankTimeout bounds each collective (ep.WithTimeout): a rank that does
 	// not arrive within it fails the run, naming the collective; 0: none.
 	RankTimeout time.Duration
