@@ -55,7 +55,14 @@ func TestRunParity(t *testing.T) {
 			})
 		}
 	}
-	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "broadcast", MoE: layer, Attn: attn})
+	// A steady batch: every rank decodes Batch requests at every step.
+	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 4, Batch: 3, Context: 10, MoEMode: "alltoall",
+		Seed: 9, MoE: layer, Attn: attn, CacheDType: kernels.F32})
+	require.NoError(t, err)
+	require.Equal(t, 2*3*4, rep.Tokens)
+	require.Zero(t, rep.IdleSteps)
+	require.True(t, rep.ParityExact)
+	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "broadcast", MoE: layer, Attn: attn})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
 }
 
