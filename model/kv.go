@@ -149,19 +149,30 @@ func (kv *KV) truncate(lens map[int]int) {
 // before any work) none does. A token's logits do not depend on the other
 // sequences in the call.
 func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, rows []int) ([]float32, error) {
+	rows, lens, err := m.check(kv, seqs, ids, rows)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	return m.run(ctx, kv, seqs, ids, rows, lens, func(ctx context.Context, l int, x, y []float32) error {
+		return m.layers[l].moe.Forward(ctx, x, y)
+	})
+}
+
+// check refuses a call Forward cannot run, before any work: its sizes,
+// ids, rows (nil: every token), the blocks it needs and the memory it
+// allocates. It returns the rows and each sequence's length before the
+// call.
+func (m *Model) check(kv *KV, seqs []int, ids []int32, rows []int) ([]int, map[int]int, error) {
 	T, H := len(ids), m.Hidden
 	if len(seqs) != T {
-		return nil, fmt.Errorf("model: %d token ids for %d sequence entries", T, len(seqs))
+		return nil, nil, fmt.Errorf("model: %d token ids for %d sequence entries", T, len(seqs))
 	}
 	if len(kv.caches) != len(m.layers) {
-		return nil, fmt.Errorf("model: a KV of %d layers for a model of %d", len(kv.caches), len(m.layers))
-	}
-	if T == 0 {
-		return nil, nil
+		return nil, nil, fmt.Errorf("model: a KV of %d layers for a model of %d", len(kv.caches), len(m.layers))
 	}
 	for i, id := range ids {
 		if id < 0 || int(id) >= m.Vocab {
-			return nil, fmt.Errorf("model: token %d is id %d, outside the vocabulary [0, %d)", i, id, m.Vocab)
+			return nil, nil, fmt.Errorf("model: token %d is id %d, outside the vocabulary [0, %d)", i, id, m.Vocab)
 		}
 	}
 	if rows == nil {
@@ -172,7 +183,7 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 	}
 	for _, r := range rows {
 		if r < 0 || r >= T {
-			return nil, fmt.Errorf("model: logits row %d of a call of %d tokens", r, T)
+			return nil, nil, fmt.Errorf("model: logits row %d of a call of %d tokens", r, T)
 		}
 	}
 	// The blocks every sequence grows by, the same in every layer.
@@ -188,7 +199,7 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 		need += (lens[s]+n+bs-1)/bs - (lens[s]+bs-1)/bs
 	}
 	if free := kv.FreeBlocks(); need > free {
-		return nil, errkind.Errorf(dpattn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
+		return nil, nil, errkind.Errorf(dpattn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
 	}
 	// What the call allocates: activations, each layer's queries and
 	// latent rows, the logits asked for; checked before any of it.
@@ -198,8 +209,20 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 	}
 	bytes := 4 * (float64(T)*float64(6*H+8*lat+4*m.Config.TopK) + float64(len(rows))*float64(m.Vocab))
 	if err := memlimit.Check(fmt.Sprintf("model: a step of %d tokens (%d logits rows of %d)", T, len(rows), m.Vocab), bytes); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	return rows, lens, nil
+}
+
+// moeFunc computes MoE layer l's output y for its input x (rows of
+// Hidden), on this process or across ranks.
+type moeFunc func(ctx context.Context, l int, x, y []float32) error
+
+// run is Forward's work once check has passed, each MoE layer through
+// moe. With no tokens it only calls moe, with empty rows, for every MoE
+// layer (a data-parallel rank's IDLE batch).
+func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows []int, lens map[int]int, moe moeFunc) ([]float32, error) {
+	T, H := len(ids), m.Hidden
 	x := make([]float32, T*H)
 	for t, id := range ids {
 		m.embed.RowF32(int(id), x[t*H:(t+1)*H])
@@ -208,18 +231,20 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 	y := make([]float32, T*H)
 	for l, d := range m.layers {
 		err := ctx.Err()
-		if err == nil {
+		if err == nil && T > 0 {
 			rmsNorm(normed, x, d.inNorm, m.eps)
 			if err = d.attn.Forward(ctx, kv.caches[l], seqs, normed, y); err != nil {
 				err = fmt.Errorf("model: layer %d attention: %w", l, err)
 			}
+			if err == nil {
+				add(x, y)
+				rmsNorm(normed, x, d.postNorm, m.eps)
+			}
 		}
 		if err == nil {
-			add(x, y)
-			rmsNorm(normed, x, d.postNorm, m.eps)
 			if d.moe != nil {
-				err = d.moe.Forward(ctx, normed, y)
-			} else {
+				err = moe(ctx, l, normed, y)
+			} else if T > 0 {
 				err = m.denseMLP(ctx, d.dense, normed, y)
 			}
 			if err != nil {
@@ -231,6 +256,9 @@ func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, ro
 			return nil, err
 		}
 		add(x, y)
+	}
+	if T == 0 {
+		return nil, nil
 	}
 	// The rows asked for, normed into normed's first rows, through lm_head.
 	sel := make([]int32, len(rows))
