@@ -81,7 +81,7 @@ type Info struct {
 // /v1/completions and /v1/chat/completions, /health, /health_generate,
 // /get_load, /get_model_info, /get_server_info, /flush_cache, /metrics.
 type Server struct {
-	s        *Scheduler
+	s        Engine
 	tok      Tokenizer
 	stopIDs  []int32
 	info     Info
@@ -90,9 +90,11 @@ type Server struct {
 	metrics  *metrics
 }
 
-// NewServer serves s; stopIDs end a request unless it sets ignore_eos.
-func NewServer(s *Scheduler, tok Tokenizer, stopIDs []int32, info Info) *Server {
-	info.MaxTokens = s.capacity()
+// NewServer serves s (a Scheduler, or a Group of DP ranks); stopIDs end a
+// request unless it sets ignore_eos.
+func NewServer(s Engine, tok Tokenizer, stopIDs []int32, info Info) *Server {
+	info.MaxTokens = s.Capacity()
+	info.DPSize = s.Ranks()
 	return &Server{s: s, tok: tok, stopIDs: stopIDs, info: info, metrics: newMetrics(s)}
 }
 
@@ -118,9 +120,10 @@ func (h *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /get_load", func(w http.ResponseWriter, r *http.Request) {
 		running, waiting := h.s.Load()
 		st := h.s.Stats()
+		free, total := h.s.Blocks()
 		writeJSON(w, http.StatusOK, map[string]any{"num_running_reqs": running, "num_waiting_reqs": waiting,
-			"free_blocks": h.s.kv.FreeBlocks(), "total_blocks": h.s.kv.NumBlocks(),
-			"prefix_cache_blocks": st.CachedBlocks, "cache_hit_rate": st.HitRate()})
+			"free_blocks": free, "total_blocks": total, "prefix_cache_blocks": st.CachedBlocks, "cache_hit_rate": st.HitRate(),
+			"dp": h.s.RankLoads()})
 	})
 	mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"model_path": h.info.ModelPath, "is_generation": true})
@@ -290,7 +293,7 @@ type completion struct {
 // the server is stopping.
 func (h *Server) refuse(w http.ResponseWriter, err error) {
 	status, label := http.StatusBadRequest, "bad_request"
-	if errors.Is(err, context.Canceled) || h.s.stoppedErr() != nil {
+	if errors.Is(err, context.Canceled) || h.s.Stopped() != nil {
 		status, label = http.StatusServiceUnavailable, "error"
 	}
 	h.metrics.requests.WithLabelValues(label).Inc()

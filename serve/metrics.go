@@ -17,7 +17,7 @@ type metrics struct {
 	ttft, itl, e2e          prometheus.Histogram
 }
 
-func newMetrics(s *Scheduler) *metrics {
+func newMetrics(s Engine) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "moex_requests_total",
 		Help: "Requests to /generate, by how they ended: ok, error (the server's), bad_request."}, []string{"status"})
@@ -34,8 +34,8 @@ func newMetrics(s *Scheduler) *metrics {
 	m.reg.MustRegister(m.requests, m.promptTokens, m.cachedTokens, m.genTokens, m.ttft, m.itl, m.e2e,
 		gauge("moex_num_running_reqs", "Requests in the running batch.", func() float64 { r, _ := s.Load(); return float64(r) }),
 		gauge("moex_num_waiting_reqs", "Requests waiting for blocks or budget.", func() float64 { _, w := s.Load(); return float64(w) }),
-		gauge("moex_cache_blocks_used", "Latent-cache blocks held (per layer).", func() float64 { return float64(s.kv.NumBlocks() - s.kv.FreeBlocks()) }),
-		gauge("moex_cache_blocks_total", "Latent-cache blocks (per layer).", func() float64 { return float64(s.kv.NumBlocks()) }),
+		gauge("moex_cache_blocks_used", "Latent-cache blocks held (per layer, all ranks).", func() float64 { f, t := s.Blocks(); return float64(t - f) }),
+		gauge("moex_cache_blocks_total", "Latent-cache blocks (per layer, all ranks).", func() float64 { _, t := s.Blocks(); return float64(t) }),
 		gauge("moex_prefix_cache_blocks", "Latent-cache blocks the prefix cache holds (per layer).", func() float64 { return float64(s.Stats().CachedBlocks) }),
 		gauge("moex_cache_hit_rate", "Prompt tokens found in the prefix cache over prompt tokens, of the requests admitted.", func() float64 { return s.Stats().HitRate() }),
 	)

@@ -62,6 +62,11 @@ type Scheduler struct {
 	kv     *model.KV
 	budget int
 	tree   *prefixCache // nil: no prefix cache
+	// forward runs a step's tokens (Model.Forward over kv, or a DP rank's);
+	// always: it is called even with none (a DP rank joins every step).
+	forward func(ctx context.Context, seqs []int, ids []int32, rows []int) ([]float32, error)
+	always  bool
+	notify  func() // called when a request arrives: pokes the loop that steps
 
 	mu      sync.Mutex
 	queue   []*request // waiting, in arrival order (preempted ones first)
@@ -122,6 +127,10 @@ func New(m *model.Model, kv *model.KV, o Options) (*Scheduler, error) {
 	if !o.NoPrefixCache {
 		s.tree = newPrefixCache(kv)
 	}
+	s.forward = func(ctx context.Context, seqs []int, ids []int32, rows []int) ([]float32, error) {
+		return m.Forward(ctx, kv, seqs, ids, rows)
+	}
+	s.notify = s.poke
 	return s, nil
 }
 
@@ -139,8 +148,11 @@ func (s *Scheduler) FlushCache() error {
 	return s.tree.flush()
 }
 
-// capacity is the tokens a sequence may hold: every block.
-func (s *Scheduler) capacity() int { return s.kv.NumBlocks() * s.kv.BlockSize() }
+// Capacity is the tokens a request may hold: every block.
+func (s *Scheduler) Capacity() int { return s.kv.NumBlocks() * s.kv.BlockSize() }
+
+// Blocks is the cache blocks free and in all (per layer).
+func (s *Scheduler) Blocks() (free, total int) { return s.kv.FreeBlocks(), s.kv.NumBlocks() }
 
 // Submit queues r; its events come on the channel returned, which is
 // closed after the Done event. Cancelling ctx ends the request (its Done
@@ -151,9 +163,9 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error)
 		return nil, errors.New("serve: empty prompt")
 	case r.MaxNewTokens < 1:
 		return nil, fmt.Errorf("serve: max_new_tokens %d must be positive", r.MaxNewTokens)
-	case len(r.IDs)+r.MaxNewTokens > s.capacity():
+	case len(r.IDs)+r.MaxNewTokens > s.Capacity():
 		return nil, fmt.Errorf("%w: a prompt of %d tokens and %d new ones need %d cache rows; the cache holds %d",
-			ErrTooLarge, len(r.IDs), r.MaxNewTokens, len(r.IDs)+r.MaxNewTokens, s.capacity())
+			ErrTooLarge, len(r.IDs), r.MaxNewTokens, len(r.IDs)+r.MaxNewTokens, s.Capacity())
 	}
 	for i, id := range r.IDs {
 		if id < 0 || int(id) >= s.m.Vocab {
@@ -175,7 +187,7 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error)
 	s.nextSeq++
 	s.queue = append(s.queue, q)
 	s.mu.Unlock()
-	s.poke()
+	s.notify()
 	return q.events, nil
 }
 
@@ -186,8 +198,9 @@ func (s *Scheduler) poke() {
 	}
 }
 
-// stoppedErr is the error new requests get once Run has returned.
-func (s *Scheduler) stoppedErr() error {
+// Stopped is the error new requests get once Run has returned (nil
+// before).
+func (s *Scheduler) Stopped() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.stopped
@@ -202,8 +215,8 @@ func (s *Scheduler) Load() (running, waiting int) {
 
 // Run steps until ctx ends, then ends every request left with ctx's error.
 // Requests' own contexts are watched between steps.
-func (s *Scheduler) Run(ctx context.Context) error {
-	defer s.stop(ctx)
+func (s *Scheduler) Run(ctx context.Context) (err error) {
+	defer func() { s.stop(ctx, err) }()
 	for ctx.Err() == nil {
 		progressed, err := s.step(ctx)
 		if err != nil {
@@ -220,10 +233,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	return nil
 }
 
-// stop ends every request left.
-func (s *Scheduler) stop(ctx context.Context) {
+// stop ends every request left, with err (Run's) or ctx's cause.
+func (s *Scheduler) stop(ctx context.Context, err error) {
+	if err == nil {
+		err = context.Cause(ctx)
+	}
 	s.mu.Lock()
-	s.stopped = fmt.Errorf("serve: the scheduler has stopped: %w", context.Cause(ctx))
+	s.stopped = fmt.Errorf("serve: the scheduler has stopped: %w", err)
 	left := append(s.running, s.queue...)
 	s.running, s.queue = nil, nil
 	s.mu.Unlock()
@@ -299,10 +315,10 @@ func (s *Scheduler) blocksFor(have, n int) int {
 // to run.
 func (s *Scheduler) step(ctx context.Context) (progressed bool, err error) {
 	b := s.plan()
-	if len(b.ids) == 0 {
+	if len(b.ids) == 0 && !s.always {
 		return false, nil
 	}
-	logits, err := s.m.Forward(ctx, s.kv, b.seqs, b.ids, b.rows)
+	logits, err := s.forward(ctx, b.seqs, b.ids, b.rows)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -313,6 +329,9 @@ func (s *Scheduler) step(ctx context.Context) (progressed bool, err error) {
 			return true, nil // Run's stop ends the requests
 		}
 		return true, fmt.Errorf("serve: step of %d tokens: %w", len(b.ids), err)
+	}
+	if len(b.ids) == 0 {
+		return false, nil // an IDLE batch
 	}
 	s.stats.Steps++
 	s.stats.MaxBatch = max(s.stats.MaxBatch, len(b.ids))

@@ -39,6 +39,9 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
 	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
 	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
+	dpSize := fs.Int("dp", 1, "data-parallel attention ranks in this instance, each with its own caches (--kv-blocks each) and requests")
+	moeMode := fs.String("moe-mode", "alltoall", "--dp > 1: the MoE layers' experts sharded over the ranks, by alltoall (EP dispatch/combine) or gather")
+	balance := fs.String("load-balance-method", serve.RoundRobin, "--dp > 1: how the controller gives requests to ranks: round_robin or shortest_queue")
 	noCache := fs.Bool("disable-radix-cache", false, "compute every prompt whole: no prefix cache")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -57,6 +60,12 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: --kv-blocks, --block-rows and --max-step-tokens must be positive", errUsage)
 	case *port < 0 || *port > 65535:
 		return fmt.Errorf("%w: serve: --port %d must be in [0, 65535] (0: any free port)", errUsage, *port)
+	case *dpSize < 1 || *dpSize > model.MaxDPRanks:
+		return fmt.Errorf("%w: serve: --dp %d must be in [1, %d]", errUsage, *dpSize, model.MaxDPRanks)
+	case *moeMode != "alltoall" && *moeMode != "gather":
+		return fmt.Errorf("%w: serve: --moe-mode %q (have alltoall, gather)", errUsage, *moeMode)
+	case *balance != serve.RoundRobin && *balance != serve.ShortestQueue:
+		return fmt.Errorf("%w: serve: --load-balance-method %q (have %s, %s)", errUsage, *balance, serve.RoundRobin, serve.ShortestQueue)
 	case *drain <= 0:
 		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
 	}
@@ -85,27 +94,44 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer m.Close()
-	kv, err := m.NewKV(*blocks, *blockRows, kernels.BF16)
+	opts := serve.Options{Budget: *budget, NoPrefixCache: *noCache}
+	kvs := make([]*model.KV, *dpSize)
+	for r := range kvs {
+		if kvs[r], err = m.NewKV(*blocks, *blockRows, kernels.BF16); err != nil {
+			return err
+		}
+	}
+	var engine interface {
+		serve.Engine
+		Run(context.Context) error
+	}
+	if *dpSize == 1 {
+		engine, err = serve.New(m, kvs[0], opts)
+	} else {
+		var dp *model.DP
+		if dp, err = m.NewDP(*dpSize, *moeMode); err == nil {
+			engine, err = serve.NewGroup(m, dp, kvs, opts, *balance)
+		}
+	}
 	if err != nil {
 		return err
 	}
-	sched, err := serve.New(m, kv, serve.Options{Budget: *budget, NoPrefixCache: *noCache})
-	if err != nil {
-		return err
-	}
-	api := serve.NewServer(sched, tok, stopIDs, serve.Info{ModelPath: name, DPSize: 1})
+	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name})
 	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	schedCtx, stopSched := context.WithCancel(context.Background())
 	schedDone := make(chan error, 1)
-	go func() { schedDone <- sched.Run(schedCtx) }()
+	go func() { schedDone <- engine.Run(schedCtx) }()
 	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "moex serve: %s on http://%s (%d cache blocks of %d tokens per layer, %d tokens a step)\n",
-		name, ln.Addr(), *blocks, *blockRows, *budget)
+	fmt.Fprintf(stdout, "moex serve: %s on http://%s (%d cache blocks of %d tokens per layer, %d tokens a step", name, ln.Addr(), *blocks, *blockRows, *budget)
+	if *dpSize > 1 {
+		fmt.Fprintf(stdout, "; %d DP attention ranks, each with its own blocks, MoE %s, %s", *dpSize, *moeMode, *balance)
+	}
+	fmt.Fprintln(stdout, ")")
 	select {
 	case <-ctx.Done():
 	case err = <-served: // the listener failed

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -14,15 +15,14 @@ import (
 	"github.com/moex-project/moex/loadgen"
 )
 
-// TestServe: moex serve --preset tiny on a free loopback port answers
-// /generate and /health, and stops cleanly when its context ends (as on
-// SIGTERM); bad flags are usage errors.
-func TestServe(t *testing.T) {
+// startServe runs moex serve with args on a free port until the returned
+// stop, and returns its URL.
+func startServe(t *testing.T, args ...string) (url string, stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- serveUntil(ctx, []string{"--preset", "tiny", "--port", "0", "--kv-blocks", "64"}, pw, io.Discard)
+		done <- serveUntil(ctx, append(args, "--port", "0"), pw, io.Discard)
 		pw.Close()
 	}()
 	lines := bufio.NewScanner(pr)
@@ -30,11 +30,44 @@ func TestServe(t *testing.T) {
 	first := lines.Text()
 	_, url, ok := strings.Cut(first, " on ")
 	require.True(t, ok, first)
-	url = strings.Fields(url)[0]
 	go func() {
-		for lines.Scan() { // the rest, so that the server never blocks writing
+		for lines.Scan() {
 		}
 	}()
+	return strings.Fields(url)[0], func() error { cancel(); return <-done }
+}
+
+// TestServeDP: --dp 2 in gather mode gives the greedy tokens one rank
+// gives, and reports its size.
+func TestServeDP(t *testing.T) {
+	body := `{"text": "hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}}`
+	var outs []string
+	for dp, args := range [][]string{{"--preset", "tiny"}, {"--preset", "tiny", "--dp", "2", "--moe-mode", "gather", "--load-balance-method", "shortest_queue"}} {
+		url, stop := startServe(t, args...)
+		resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		var g struct {
+			IDs []int32 `json:"output_ids"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&g))
+		resp.Body.Close()
+		outs = append(outs, fmt.Sprint(g.IDs))
+		resp, err = http.Get(url + "/get_server_info")
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Contains(t, string(b), fmt.Sprintf(`"dp_size":%d`, dp+1))
+		require.NoError(t, stop())
+	}
+	require.Equal(t, outs[0], outs[1])
+	http.DefaultClient.CloseIdleConnections()
+}
+
+// TestServe: moex serve --preset tiny on a free loopback port answers
+// /generate and /health, and stops cleanly when its context ends (as on
+// SIGTERM); bad flags are usage errors.
+func TestServe(t *testing.T) {
+	url, stop := startServe(t, "--preset", "tiny", "--kv-blocks", "64")
 
 	resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(`{"text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": true}}`))
 	require.NoError(t, err)
@@ -63,7 +96,8 @@ func TestServe(t *testing.T) {
 	require.NoError(t, err)
 	frames := bufio.NewScanner(resp.Body)
 	require.True(t, frames.Scan()) // it runs
-	cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
 	var tail []string
 	for frames.Scan() {
 		if f := frames.Text(); f != "" {
@@ -73,7 +107,7 @@ func TestServe(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "data: [DONE]", tail[len(tail)-1])
 	require.Contains(t, tail[len(tail)-2], `"completion_tokens":300`, "the whole generation, not an error")
-	require.NoError(t, <-done)
+	require.NoError(t, <-stopped)
 	http.DefaultClient.CloseIdleConnections()
 
 	for _, tt := range []struct {
@@ -85,6 +119,10 @@ func TestServe(t *testing.T) {
 		{[]string{"--preset", "tiny", "--kv-blocks", "0"}, "must be positive"},
 		{[]string{"--preset", "tiny", "--port", "70000"}, "--port 70000 must be in [0, 65535]"},
 		{[]string{"--preset", "tiny", "--model", "x"}, "give --preset or --model, not both"},
+		{[]string{"--preset", "tiny", "--dp", "0"}, "--dp 0 must be in [1, 64]"},
+		{[]string{"--preset", "tiny", "--dp", "2", "--moe-mode", "tp"}, `--moe-mode "tp"`},
+		{[]string{"--preset", "tiny", "--load-balance-method", "random"}, `--load-balance-method "random"`},
+		{[]string{"--preset", "tiny", "--layers", "-2"}, "--layers -2"},
 	} {
 		err := serveUntil(context.Background(), tt.args, io.Discard, io.Discard)
 		require.ErrorIs(t, err, errUsage)
