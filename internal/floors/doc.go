@@ -9,6 +9,7 @@
 //	5 dpattn/…         DP attention (dpattn/dpattngpu on a device)
 //	6 model/…          a whole model
 //	7 serve/…, router/… the worker; the router (which imports no engine package)
+//	7 loadgen/…        the load generator of moex bench serve (an HTTP client)
 //	7 internal/decoderun moex run's decode loop over in-process or MPI ranks
 //	8 cmd/…            the CLI
 //
@@ -34,6 +35,7 @@ var Floors = map[string]int{
 	"model":    6,
 	"serve":    7,
 	"router":   7,
+	"loadgen":  7,
 
 	"internal/decoderun": 7,
 	"cmd":                8,
