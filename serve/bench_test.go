@@ -86,9 +86,11 @@ func stream(url string, ids []int32, n int) (first, last time.Time, err error) {
 }
 
 // BenchmarkDecodeBatch16: sixteen requests decoding together, through the
-// HTTP server (streamed, timed by the clients from first to last token) and
+// HTTP server streamed (timed by the clients from first to last token) and
+// not streamed (the time of 33 tokens less that of one, over 32 steps), and
 // as bare model.Forward steps of the same sixteen sequences, in one run;
-// overhead-% is the server's step time over the bare step's, less one.
+// overhead-% is the streamed step's time over the bare step's, less one,
+// unstreamed-overhead-% the unstreamed step's.
 //
 //	go test ./serve -run '^$' -bench DecodeBatch16 [-args -serve-preset deepseek-v2-lite -serve-layers 1]
 func BenchmarkDecodeBatch16(b *testing.B) {
@@ -98,9 +100,25 @@ func BenchmarkDecodeBatch16(b *testing.B) {
 	for i := range prompts {
 		prompts[i] = moetest.Tokens(uint64(i+1), prompt, model.ByteVocab)
 	}
-	url, stop := benchServer(b, m, serve.Options{Budget: batch * prompt})
+	url, stop := benchServer(b, m, serve.Options{Budget: batch * prompt, NoPrefixCache: true})
 	defer stop()
-	var server, bare time.Duration
+	var server, whole, bare time.Duration
+	unstreamed := func(n int) time.Duration {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range prompts {
+			wg.Go(func() {
+				body, _ := json.Marshal(map[string]any{"input_ids": prompts[i],
+					"sampling_params": map[string]any{"max_new_tokens": n, "temperature": 0, "ignore_eos": true}})
+				resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(string(body)))
+				require.NoError(b, err)
+				resp.Body.Close()
+				require.Equal(b, http.StatusOK, resp.StatusCode)
+			})
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
 	for b.Loop() {
 		// Through the server.
 		var wg sync.WaitGroup
@@ -117,6 +135,7 @@ func BenchmarkDecodeBatch16(b *testing.B) {
 			require.NoError(b, errs[i])
 			server += steps[i] / batch
 		}
+		whole += (unstreamed(out) - unstreamed(1)) / (out - 1)
 		// Bare steps.
 		kv, err := m.NewKV(1024, 16, kernels.BF16)
 		require.NoError(b, err)
@@ -146,6 +165,7 @@ func BenchmarkDecodeBatch16(b *testing.B) {
 	b.ReportMetric(server.Seconds()*1e3/n, "server-ms/step")
 	b.ReportMetric(bare.Seconds()*1e3/n, "bare-ms/step")
 	b.ReportMetric(100*(server.Seconds()/bare.Seconds()-1), "overhead-%")
+	b.ReportMetric(100*(whole.Seconds()/bare.Seconds()-1), "unstreamed-overhead-%")
 	b.ReportMetric(batch*n/server.Seconds(), "server-decode-tok/s")
 }
 

@@ -327,6 +327,7 @@ type run struct {
 	h      *Server
 	events <-chan Event
 	obs    *observer
+	flush  func() // a stream's: sends the frames written so far
 	cancel context.CancelFunc
 	stops  []string
 }
@@ -334,7 +335,9 @@ type run struct {
 // wait follows the request to its end, calling emit (if not nil) after
 // each token with its ids so far and the text safe to show: text that
 // cannot yet turn out to begin a stop string, and no trailing incomplete
-// character.
+// character. A stream's frames are flushed when no further token is
+// already waiting: one write for the tokens a slow reader fell behind by,
+// each still its own frame.
 func (r *run) wait(emit func(ids []int32, text string)) completion {
 	defer r.cancel()
 	var c completion
@@ -367,6 +370,9 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 		}
 		if emit != nil {
 			emit(c.ids, safePrefix(c.text, r.stops))
+		}
+		if r.flush != nil && len(r.events) == 0 {
+			r.flush()
 		}
 	}
 	return c
@@ -433,6 +439,7 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sse := startSSE(w)
+	run.flush = sse.flush
 	c := run.wait(func(ids []int32, text string) {
 		sse.frame(generated{Text: text, OutputIDs: ids, Meta: meta(nil, len(ids))})
 	})
@@ -478,11 +485,15 @@ func startSSE(w http.ResponseWriter) sse {
 	return sse{w, f}
 }
 
+// frame writes v as an event; flush sends it.
 func (s sse) frame(v any) {
 	b, _ := json.Marshal(v)
 	buf := make([]byte, 0, len(b)+8)
 	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
 	s.w.Write(buf)
+}
+
+func (s sse) flush() {
 	if s.flusher != nil {
 		s.flusher.Flush()
 	}
@@ -491,9 +502,7 @@ func (s sse) frame(v any) {
 // done ends the stream as SGLang and OpenAI do.
 func (s sse) done() {
 	fmt.Fprint(s.w, "data: [DONE]\n\n")
-	if s.flusher != nil {
-		s.flusher.Flush()
-	}
+	s.flush()
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -245,6 +245,7 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 		object = "chat.completion.chunk"
 	}
 	sse := startSSE(w)
+	run.flush = sse.flush
 	chunk := func(choices []any, u any) {
 		m := map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath, "choices": choices}
 		if u != nil {
