@@ -125,6 +125,10 @@ func (h *Server) Handler() http.Handler {
 			"free_blocks": free, "total_blocks": total, "prefix_cache_blocks": st.CachedBlocks, "cache_hit_rate": st.HitRate(),
 			"dp": h.s.RankLoads()})
 	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
+			map[string]any{"id": h.info.ModelPath, "object": "model", "owned_by": "moex", "max_model_len": h.info.MaxTokens}}})
+	})
 	mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"model_path": h.info.ModelPath, "is_generation": true})
 	})

@@ -117,12 +117,13 @@ commands:
   run    decode steps of one layer (MLA attention + MoE) over DP-attention ranks, each with its own
          requests and latent cache, in all-to-all or gather mode, checked against one rank
          (DeepSeek-V2-Lite shapes, random weights, unless --model)
-  serve  a worker behind an SGLang-style HTTP API (POST /generate) with continuous batching:
-         serve --preset tiny | --model DIR [--port 30000] [--kv-blocks N]
+  serve  a worker behind SGLang's and OpenAI's HTTP APIs, with continuous batching, a radix prefix cache
+         and DP attention ranks: serve --preset tiny|deepseek-v2-lite | --model DIR [--port 30000] [--dp N]
+  route  a cache-aware router in front of workers: route --worker URL ... [--policy cache_aware] [--port 30000]
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
          exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
          exec logits --model DIR --input-ids ids.npy --out logits.npy   (a whole deepseek_v2/v3 model's prefill)
-  bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw
+  bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw; a worker or router: bench serve
   info   report this machine's CPU features and GPUs
 `
 
@@ -138,6 +139,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdExec(args[1:], stdout, stderr)
 	case "serve":
 		return cmdServe(args[1:], stdout, stderr)
+	case "route":
+		return cmdRoute(args[1:], stdout, stderr)
 	case "info":
 		return cmdInfo(args[1:], stdout, stderr)
 	case "bench":

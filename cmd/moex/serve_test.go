@@ -144,3 +144,68 @@ func TestServe(t *testing.T) {
 		require.ErrorContains(t, err, tt.want)
 	}
 }
+
+// TestRoute: moex route in front of two tiny workers answers as a worker
+// does (the same greedy tokens), sends a shared prefix to one worker, and
+// bench serve through it completes; bad flags are usage errors.
+func TestRoute(t *testing.T) {
+	w1, stop1 := startServe(t, "--preset", "tiny", "--kv-blocks", "256")
+	w2, stop2 := startServe(t, "--preset", "tiny", "--kv-blocks", "256")
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- routeUntil(ctx, []string{"--worker", w1, "--worker", w2, "--port", "0"}, pw, io.Discard)
+		pw.Close()
+	}()
+	lines := bufio.NewScanner(pr)
+	require.True(t, lines.Scan())
+	_, url, ok := strings.Cut(lines.Text(), " on ")
+	require.True(t, ok, lines.Text())
+	go func() {
+		for lines.Scan() {
+		}
+	}()
+	body := `{"text": "hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}}`
+	var outs []string
+	for _, u := range []string{w1, url} {
+		resp, err := http.Post(u+"/generate", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		var g struct {
+			IDs []int32 `json:"output_ids"`
+		}
+		require.NoError(t, json.Unmarshal(b, &g))
+		outs = append(outs, fmt.Sprint(g.IDs))
+	}
+	require.Equal(t, outs[0], outs[1])
+	var out strings.Builder
+	require.NoError(t, benchServe([]string{"--url", url, "--groups", "2", "--prompts-per-group", "4", "--system-len", "64",
+		"--question-len", "8", "--output-len", "2", "--format", "json"}, &out, io.Discard))
+	var rep loadgen.Report
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &rep))
+	require.Equal(t, 8, rep.Completed)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, stop1())
+	require.NoError(t, stop2())
+	http.DefaultClient.CloseIdleConnections()
+
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policy", "fastest"}, `unknown policy "fastest"`},
+		{[]string{"--cache-threshold", "2"}, "cache threshold 2"},
+		{[]string{"--port", "-1"}, "--port -1"},
+		{[]string{"--balance-rel-threshold", "0.5"}, "balance thresholds"},
+	} {
+		err := routeUntil(context.Background(), tt.args, io.Discard, io.Discard)
+		require.ErrorIs(t, err, errUsage)
+		require.ErrorContains(t, err, tt.want)
+	}
+	err := routeUntil(context.Background(), []string{"--worker", "localhost:1"}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, `worker URL "localhost:1": want http(s)://host:port`)
+}
