@@ -116,11 +116,12 @@ func Random(n, inputLen, outputLen int, rangeRatio float64, seed uint64) ([]Prom
 
 // Config is how a run sends its prompts.
 type Config struct {
-	URL         string  // the server (or router): POST URL/generate
-	Rate        float64 // requests per second, Poisson arrivals; +Inf (or 0) all at once
-	Concurrency int     // requests in flight at most (0: no limit)
-	InputIDs    bool    // send the prompt's bytes as input_ids instead of text
-	Seed        uint64  // the arrivals' random stream
+	URL         string   // the server (or router): POST URL/generate
+	MoreURLs    []string // more of them: request i goes to the (i mod n)th of URL and these
+	Rate        float64  // requests per second, Poisson arrivals; +Inf (or 0) all at once
+	Concurrency int      // requests in flight at most (0: no limit)
+	InputIDs    bool     // send the prompt's bytes as input_ids instead of text
+	Seed        uint64   // the arrivals' random stream
 	Timeout     time.Duration
 	Progress    io.Writer // a progress line, rewritten in place (nil: none)
 	Client      *http.Client
@@ -178,8 +179,11 @@ func Run(ctx context.Context, cfg Config, prompts []Prompt) (Report, error) {
 	if cfg.Concurrency < 0 {
 		return Report{}, fmt.Errorf("loadgen: concurrency %d must be ≥ 0 (0: no limit)", cfg.Concurrency)
 	}
-	if !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://") {
-		return Report{}, fmt.Errorf("loadgen: url %q must begin with http:// or https://", cfg.URL)
+	urls := append([]string{cfg.URL}, cfg.MoreURLs...)
+	for _, u := range urls {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return Report{}, fmt.Errorf("loadgen: url %q must begin with http:// or https://", u)
+		}
 	}
 	client := cfg.Client
 	if client == nil {
@@ -214,7 +218,7 @@ func Run(ctx context.Context, cfg Config, prompts []Prompt) (Report, error) {
 			}
 		}
 		wg.Go(func() {
-			r := send(ctx, client, cfg, p)
+			r := send(ctx, client, urls[i%len(urls)], cfg.InputIDs, p)
 			if sem != nil {
 				<-sem
 			}
@@ -296,9 +300,9 @@ type frame struct {
 }
 
 // send streams one request and times its tokens.
-func send(ctx context.Context, client *http.Client, cfg Config, p Prompt) (r Result) {
+func send(ctx context.Context, client *http.Client, url string, inputIDs bool, p Prompt) (r Result) {
 	body := map[string]any{"sampling_params": map[string]any{"max_new_tokens": p.OutputLen, "temperature": 0, "ignore_eos": true}, "stream": true}
-	if cfg.InputIDs {
+	if inputIDs {
 		ids := make([]int32, len(p.Text))
 		for i := 0; i < len(p.Text); i++ {
 			ids[i] = int32(p.Text[i])
@@ -308,7 +312,7 @@ func send(ctx context.Context, client *http.Client, cfg Config, p Prompt) (r Res
 		body["text"] = p.Text
 	}
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(cfg.URL, "/")+"/generate", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+"/generate", bytes.NewReader(b))
 	if err != nil {
 		r.Err = err.Error()
 		return r

@@ -20,7 +20,8 @@ import (
 // sending and reports what ended.
 func benchServe(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench serve", flag.ContinueOnError)
-	url := fs.String("url", "http://127.0.0.1:30000", "the worker or router")
+	var urls workerList
+	fs.Var(&urls, "url", "the worker or router (default http://127.0.0.1:30000); several: the requests alternate between them")
 	dataset := fs.String("dataset", "generated-shared-prefix", "generated-shared-prefix or random")
 	groups := fs.Int("groups", 16, "generated-shared-prefix: system prompts")
 	perGroup := fs.Int("prompts-per-group", 8, "generated-shared-prefix: questions per system prompt")
@@ -48,6 +49,9 @@ func benchServe(args []string, stdout, stderr io.Writer) error {
 		}
 		r = v
 	}
+	if len(urls) == 0 {
+		urls = workerList{"http://127.0.0.1:30000"}
+	}
 	if *format != "table" && *format != "json" {
 		return fmt.Errorf("%w: bench serve: --format %q (have table, json)", errUsage, *format)
 	}
@@ -69,7 +73,7 @@ func benchServe(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := loadgen.Run(ctx, loadgen.Config{URL: *url, Rate: r, Concurrency: *concurrency, InputIDs: *inputIDs,
+	rep, err := loadgen.Run(ctx, loadgen.Config{URL: urls[0], MoreURLs: urls[1:], Rate: r, Concurrency: *concurrency, InputIDs: *inputIDs,
 		Seed: *seed, Timeout: *timeout, Progress: stderr}, prompts)
 	if err != nil {
 		return fmt.Errorf("%w: bench serve: %v", errUsage, err)
@@ -81,7 +85,7 @@ func benchServe(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "bench serve: %s, %d prompts to %s, rate %s, concurrency %d\n", *dataset, len(prompts), *url, *rate, *concurrency)
+		fmt.Fprintf(stdout, "bench serve: %s, %d prompts to %s, rate %s, concurrency %d\n", *dataset, len(prompts), urls.String(), *rate, *concurrency)
 		rep.Write(stdout)
 	}
 	if rep.Completed == 0 {
