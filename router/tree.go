@@ -43,7 +43,15 @@ func NewTree(budget int) *Tree {
 }
 
 func newTNode(label []byte, parent *tnode) *tnode {
-	return &tnode{label: label, parent: parent, children: map[byte]*tnode{}, tenants: map[string]int64{}}
+	return &tnode{label: label, parent: parent, tenants: make(map[string]int64, 1)}
+}
+
+// setChild links c under x by its first byte.
+func (x *tnode) setChild(c *tnode) {
+	if x.children == nil {
+		x.children = make(map[byte]*tnode, 2)
+	}
+	x.children[c.label[0]] = c
 }
 
 // Match is what a descent found for a text: how many of its bytes are
@@ -67,6 +75,12 @@ func common(a, b []byte) int {
 // for the worker choose picks from the match ("" inserts nothing). It
 // returns the match and the worker chosen.
 func (t *Tree) MatchInsert(text []byte, choose func(Match) string) (Match, string) {
+	return t.matchInsert(text, choose, "")
+}
+
+// matchInsert is MatchInsert; with choose nil it inserts for w and leaves
+// the match's holders out.
+func (t *Tree) matchInsert(text []byte, choose func(Match) string, w string) (Match, string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Match: the path of whole nodes matched, and a partial one at the end.
@@ -95,12 +109,15 @@ func (t *Tree) MatchInsert(text []byte, choose func(Match) string) (Match, strin
 	if partial != nil {
 		holder = partial
 	}
-	if holder != t.root {
+	if holder != t.root && choose != nil {
+		m.Holders = make([]string, 0, len(holder.tenants))
 		for w := range holder.tenants {
 			m.Holders = append(m.Holders, w)
 		}
 	}
-	w := choose(m)
+	if choose != nil {
+		w = choose(m)
+	}
 	if w == "" {
 		return m, ""
 	}
@@ -113,7 +130,7 @@ func (t *Tree) MatchInsert(text []byte, choose func(Match) string) (Match, strin
 
 // Insert adds text for worker w.
 func (t *Tree) Insert(text []byte, w string) {
-	t.MatchInsert(text, func(Match) string { return w })
+	t.matchInsert(text, nil, w)
 }
 
 // insertLocked marks text for w, given the descent's path of whole nodes,
@@ -143,17 +160,17 @@ func (t *Tree) insertLocked(text []byte, w string, path []*tnode, partial *tnode
 			up.tenants[tw] = ts
 		}
 		up.last = partial.last
-		x.children[up.label[0]] = up
+		x.setChild(up)
 		partial.label = partial.label[k:]
 		partial.parent = up
-		up.children[partial.label[0]] = partial
+		up.setChild(partial)
 		t.nodes++
 		mark(up)
 		x = up
 	}
 	if n < len(text) {
 		leaf := newTNode(append([]byte(nil), text[n:]...), x)
-		x.children[leaf.label[0]] = leaf
+		x.setChild(leaf)
 		t.bytes += len(leaf.label)
 		t.nodes++
 		mark(leaf)
