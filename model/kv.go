@@ -233,7 +233,7 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 		err := ctx.Err()
 		if err == nil && T > 0 {
 			rmsNorm(normed, x, d.inNorm, m.eps)
-			if err = d.attn.Forward(ctx, kv.caches[l], seqs, normed, y); err != nil {
+			if err = d.attn.ForwardWith(ctx, m.backend, kv.caches[l], seqs, normed, y); err != nil {
 				err = fmt.Errorf("model: layer %d attention: %w", l, err)
 			}
 			if err == nil {

@@ -34,6 +34,33 @@ type Model struct {
 	lmHead kernels.Matrix // [vocab, hidden]
 	layers []decoderLayer
 	ck     *moe.Checkpoint
+	// backend runs the attention blocks' projections and MLA (the zero
+	// Backend: the host).
+	backend dpattn.Backend
+}
+
+// UseDevice puts every layer's attention on be (its projections, and MLA
+// over device copies of the caches) and each MoE layer's experts on the
+// runner experts makes for it (nil: they stay on the host); the embedding,
+// norms, dense MLP layers and lm_head stay on the host. Call it before any
+// Forward; the runners are the caller's to close, after the model's last
+// use. A DP group's shards keep their experts on the host.
+func (m *Model) UseDevice(be dpattn.Backend, experts func(*moe.Layer) (moe.ExpertRunner, error)) error {
+	m.backend = be
+	if experts == nil {
+		return nil
+	}
+	for l, d := range m.layers {
+		if d.moe == nil {
+			continue
+		}
+		r, err := experts(d.moe)
+		if err != nil {
+			return fmt.Errorf("model: layer %d experts on the device: %w", l, err)
+		}
+		d.moe.SetExpertRunner(r)
+	}
+	return nil
 }
 
 type decoderLayer struct {

@@ -3,9 +3,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/internal/npy"
 	"github.com/moex-project/moex/internal/stwrite"
+	"github.com/moex-project/moex/model"
 )
 
 // TestExecBackendCUDA runs `exec moe` and `exec mla-decode` with --backend
@@ -153,4 +157,41 @@ func TestBenchMoEBackendCUDA(t *testing.T) {
 		impls = append(impls, r.Impl)
 	}
 	require.Equal(t, []string{"cuda", "cuda-graph", "cuda", "cuda-graph"}, impls)
+}
+
+// TestServeBackendCUDA: the tiny model with its attention and experts on
+// the emulated device gives every position's logits within 2e-2 of the
+// host's (bf16 on the device), and moex serve --backend cuda answers.
+func TestServeBackendCUDA(t *testing.T) {
+	host, err := model.NewRandom(model.Tiny(), 3)
+	require.NoError(t, err)
+	dev, err := model.NewRandom(model.Tiny(), 3)
+	require.NoError(t, err)
+	closeDev, err := modelOnDevice(dev)
+	require.NoError(t, err)
+	defer closeDev()
+	ids := moetest.Tokens(5, 16, model.ByteVocab)
+	want, err := host.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	got, err := dev.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	var num, den float64
+	for i := range want {
+		d := float64(got[i] - want[i])
+		num += d * d
+		den += float64(want[i]) * float64(want[i])
+	}
+	rel := math.Sqrt(num / den)
+	t.Logf("device logits against the host's: relative error %.2e", rel)
+	require.LessOrEqual(t, rel, 2e-2)
+
+	url, stop := startServe(t, "--preset", "tiny", "--backend", "cuda")
+	resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(`{"text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}}`))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	require.Contains(t, string(b), `"completion_tokens":3`)
+	require.NoError(t, stop())
+	http.DefaultClient.CloseIdleConnections()
 }

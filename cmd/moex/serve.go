@@ -12,8 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
+	"github.com/moex-project/moex/moe"
 	"github.com/moex-project/moex/serve"
 )
 
@@ -42,6 +44,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dpSize := fs.Int("dp", 1, "data-parallel attention ranks in this instance, each with its own caches (--kv-blocks each) and requests")
 	moeMode := fs.String("moe-mode", "alltoall", "--dp > 1: the MoE layers' experts sharded over the ranks, by alltoall (EP dispatch/combine) or gather")
 	balance := fs.String("load-balance-method", serve.RoundRobin, "--dp > 1: how the controller gives requests to ranks: round_robin or shortest_queue")
+	backend := fs.String("backend", "cpu", "cpu, or cuda: the attention blocks and the MoE experts on the GPU (needs a `make cuda` build; one rank)")
 	noCache := fs.Bool("disable-radix-cache", false, "compute every prompt whole: no prefix cache")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -66,6 +69,10 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: --moe-mode %q (have alltoall, gather)", errUsage, *moeMode)
 	case *balance != serve.RoundRobin && *balance != serve.ShortestQueue:
 		return fmt.Errorf("%w: serve: --load-balance-method %q (have %s, %s)", errUsage, *balance, serve.RoundRobin, serve.ShortestQueue)
+	case *backend != "cpu" && *backend != "cuda":
+		return fmt.Errorf("%w: serve: --backend %q (want cpu or cuda)", errUsage, *backend)
+	case *backend == "cuda" && *dpSize > 1:
+		return fmt.Errorf("%w: serve: --backend cuda runs one rank (--dp 1)", errUsage)
 	case *drain <= 0:
 		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
 	}
@@ -94,6 +101,13 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer m.Close()
+	if *backend == "cuda" {
+		closeDev, err := modelOnDevice(m)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer closeDev()
+	}
 	opts := serve.Options{Budget: *budget, NoPrefixCache: *noCache}
 	kvs := make([]*model.KV, *dpSize)
 	for r := range kvs {
@@ -151,4 +165,32 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintln(stdout, "moex serve: stopped")
 	return err
+}
+
+// modelOnDevice puts m's attention and experts on the device; the function
+// returned frees them, after the model's last use.
+func modelOnDevice(m *model.Model) (func(), error) {
+	dev, err := openDeviceRun(false)
+	if err != nil {
+		return nil, err
+	}
+	var runners []io.Closer
+	closeAll := func() {
+		for _, r := range runners {
+			r.Close()
+		}
+		dev.close()
+	}
+	err = m.UseDevice(dpattn.Backend{Core: dev.core, Proj: dev.proj}, func(l *moe.Layer) (moe.ExpertRunner, error) {
+		r, err := dev.experts(0, l)
+		if err == nil {
+			runners = append(runners, r)
+		}
+		return r, err
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return closeAll, nil
 }
