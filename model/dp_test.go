@@ -24,13 +24,7 @@ func TestDP(t *testing.T) {
 	require.NoError(t, err)
 	V := model.ByteVocab
 	prompts := [][]int32{moetest.Tokens(1, 9, V), moetest.Tokens(2, 4, V), moetest.Tokens(3, 6, V)}
-	alone := func(ids []int32) []float32 {
-		kv, err := m.NewKV(8, 8, kernels.F32)
-		require.NoError(t, err)
-		l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
-		require.NoError(t, err)
-		return l
-	}
+	alone := func(ids []int32) []float32 { return prefillAlone(t, m, ids, kernels.F32) }
 	// Each step: per rank, (sequence, how many of its next tokens).
 	type chunk struct{ seq, n int }
 	steps := [][2][]chunk{

@@ -172,13 +172,7 @@ func TestForwardBatchesSequences(t *testing.T) {
 	require.NoError(t, err)
 	V := model.ByteVocab
 	prompts := [][]int32{moetest.Tokens(1, 21, V), moetest.Tokens(2, 5, V), moetest.Tokens(3, 34, V)}
-	alone := func(ids []int32) []float32 {
-		kv, err := m.NewKV(8, 8, kernels.BF16)
-		require.NoError(t, err)
-		l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
-		require.NoError(t, err)
-		return l
-	}
+	alone := func(ids []int32) []float32 { return prefillAlone(t, m, ids, kernels.BF16) }
 	kv, err := m.NewKV(16, 8, kernels.BF16)
 	require.NoError(t, err)
 	got := make([][]float32, 3)
@@ -240,13 +234,7 @@ func TestSharedPrefix(t *testing.T) {
 	require.NoError(t, err)
 	V := model.ByteVocab
 	prefix := moetest.Tokens(4, 35, V)
-	alone := func(ids []int32) []float32 {
-		kv, err := m.NewKV(8, 8, kernels.BF16)
-		require.NoError(t, err)
-		l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
-		require.NoError(t, err)
-		return l
-	}
+	alone := func(ids []int32) []float32 { return prefillAlone(t, m, ids, kernels.BF16) }
 	kv, err := m.NewKV(16, 8, kernels.BF16)
 	require.NoError(t, err)
 	_, err = m.Forward(context.Background(), kv, make([]int, len(prefix)), prefix, nil)
@@ -281,6 +269,16 @@ func TestSharedPrefix(t *testing.T) {
 	require.ErrorContains(t, kv.Release(shared), "model: layer 0: dpattn: releasing: block")
 	require.ErrorContains(t, kv.Attach(3, shared), "model: layer 0: dpattn: attaching to sequence 3: block")
 	require.Equal(t, 0, kv.Len(3))
+}
+
+// prefillAlone is the logits of every position of ids, prefilled alone on
+// fresh caches of dtype.
+func prefillAlone(t *testing.T, m *model.Model, ids []int32, dtype kernels.DType) []float32 {
+	kv, err := m.NewKV(8, 8, dtype)
+	require.NoError(t, err)
+	l, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, nil)
+	require.NoError(t, err)
+	return l
 }
 
 // TestTiedEmbeddings: with tie_word_embeddings the logits are the
