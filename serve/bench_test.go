@@ -24,6 +24,7 @@ import (
 var (
 	benchPreset = flag.String("serve-preset", "tiny", "the serving benchmarks' preset: tiny or deepseek-v2-lite")
 	benchLayers = flag.Int("serve-layers", 1, "deepseek-v2-lite: decoder layers")
+	benchStream = flag.Int("serve-stream-interval", 1, "the server's stream interval (tokens a frame)")
 )
 
 func benchModel(b *testing.B) *model.Model {
@@ -45,18 +46,18 @@ func benchServer(b *testing.B, m *model.Model, o serve.Options) (url string, sto
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { s.Run(ctx) })
-	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, nil, serve.Info{ModelPath: "bench", DPSize: 1}).Handler())
+	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, nil, serve.Info{ModelPath: "bench", StreamInterval: *benchStream}).Handler())
 	return srv.URL, func() { srv.Close(); cancel(); wg.Wait() }
 }
 
 // stream sends ids for n tokens and returns the times its first and last
-// tokens came.
-func stream(url string, ids []int32, n int) (first, last time.Time, err error) {
+// frames came and the tokens the first held.
+func stream(url string, ids []int32, n int) (first, last time.Time, firstN int, err error) {
 	body, _ := json.Marshal(map[string]any{"input_ids": ids, "stream": true,
 		"sampling_params": map[string]any{"max_new_tokens": n, "temperature": 0, "ignore_eos": true}})
 	resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(string(body)))
 	if err != nil {
-		return first, last, err
+		return first, last, 0, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -70,19 +71,19 @@ func stream(url string, ids []int32, n int) (first, last time.Time, err error) {
 			OutputIDs []int32 `json:"output_ids"`
 		}
 		if err := json.Unmarshal([]byte(data), &f); err != nil {
-			return first, last, err
+			return first, last, 0, err
 		}
 		if len(f.OutputIDs) > got {
 			if got == 0 {
-				first = time.Now()
+				first, firstN = time.Now(), len(f.OutputIDs)
 			}
 			got, last = len(f.OutputIDs), time.Now()
 		}
 	}
 	if got != n {
-		return first, last, fmt.Errorf("%d of %d tokens", got, n)
+		return first, last, firstN, fmt.Errorf("%d of %d tokens", got, n)
 	}
-	return first, last, nil
+	return first, last, firstN, nil
 }
 
 // BenchmarkDecodeBatch16: sixteen requests decoding together, through the
@@ -126,8 +127,8 @@ func BenchmarkDecodeBatch16(b *testing.B) {
 		errs := make([]error, batch)
 		for i := range prompts {
 			wg.Go(func() {
-				first, last, err := stream(url, prompts[i], out)
-				steps[i], errs[i] = last.Sub(first)/(out-1), err
+				first, last, firstN, err := stream(url, prompts[i], out)
+				steps[i], errs[i] = last.Sub(first)/time.Duration(max(out-firstN, 1)), err
 			})
 		}
 		wg.Wait()
@@ -187,12 +188,12 @@ func BenchmarkPrefixTTFT(b *testing.B) {
 		resp.Body.Close()
 		require.Equal(b, http.StatusOK, resp.StatusCode)
 		t0 := time.Now()
-		first, _, err := stream(url, ids, 1)
+		first, _, _, err := stream(url, ids, 1)
 		require.NoError(b, err)
 		uncached += first.Sub(t0)
 		ids[len(ids)-1]++ // another question, the same system prompt
 		t0 = time.Now()
-		first, _, err = stream(url, ids, 1)
+		first, _, _, err = stream(url, ids, 1)
 		require.NoError(b, err)
 		cached += first.Sub(t0)
 	}

@@ -74,6 +74,9 @@ type Info struct {
 	ModelPath string `json:"model_path"`
 	DPSize    int    `json:"dp_size"`
 	MaxTokens int    `json:"max_total_num_tokens"`
+	// StreamInterval: a stream sends a frame every this many tokens (and
+	// the last); 0 or 1: every token (SGLang's --stream-interval).
+	StreamInterval int `json:"stream_interval"`
 }
 
 // Server is the worker's HTTP API over a scheduler: SGLang's /generate
@@ -95,6 +98,7 @@ type Server struct {
 func NewServer(s Engine, tok Tokenizer, stopIDs []int32, info Info) *Server {
 	info.MaxTokens = s.Capacity()
 	info.DPSize = s.Ranks()
+	info.StreamInterval = max(info.StreamInterval, 1)
 	return &Server{s: s, tok: tok, stopIDs: stopIDs, info: info, metrics: newMetrics(s)}
 }
 
@@ -372,7 +376,7 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 			r.cancel()
 			continue
 		}
-		if emit != nil {
+		if emit != nil && len(c.ids)%r.h.info.StreamInterval == 0 {
 			emit(c.ids, safePrefix(c.text, r.stops))
 		}
 		if r.flush != nil && len(r.events) == 0 {

@@ -193,7 +193,7 @@ func TestHTTP(t *testing.T) {
 	require.NoError(t, err)
 	b, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	require.JSONEq(t, `{"model_path": "tiny", "dp_size": 1, "max_total_num_tokens": 512}`, string(b))
+	require.JSONEq(t, `{"model_path": "tiny", "dp_size": 1, "max_total_num_tokens": 512, "stream_interval": 1}`, string(b))
 
 	srv.Close()
 	cancel()

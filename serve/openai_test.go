@@ -238,3 +238,36 @@ func TestOpenAI(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 }
+
+// TestStreamInterval: with a stream interval of 4, a stream of 10 tokens
+// sends frames at tokens 4 and 8 and the last, the text whole at the end
+// (and the OpenAI deltas adding up to it).
+func TestStreamInterval(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 6)
+	require.NoError(t, err)
+	s, _, cancel, wg := start(t, m, 32, 16, serve.Options{Budget: 64})
+	defer func() { cancel(); wg.Wait() }()
+	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, nil, serve.Info{ModelPath: "tiny", StreamInterval: 4}).Handler())
+	defer srv.Close()
+	ids, _ := serve.Byte{}.Encode("interval")
+	want := serve.Byte{}.Decode(greedy(t, m, ids, 10))
+	frames := events(t, srv.URL, "/generate", `{"text": "interval", "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "stream": true}`)
+	require.Len(t, frames, 2+1+1) // tokens 4 and 8, the final frame, [DONE]
+	var last struct {
+		Text      string  `json:"text"`
+		OutputIDs []int32 `json:"output_ids"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(frames[0]), &last))
+	require.Len(t, last.OutputIDs, 4)
+	require.NoError(t, json.Unmarshal([]byte(frames[2]), &last))
+	require.Equal(t, want, last.Text)
+	frames = events(t, srv.URL, "/v1/completions", `{"prompt": "interval", "max_tokens": 10, "temperature": 0, "stream": true}`)
+	var text strings.Builder
+	for _, f := range frames[:len(frames)-1] {
+		var c openAIResponse
+		require.NoError(t, json.Unmarshal([]byte(f), &c), f)
+		text.WriteString(c.Choices[0].Text)
+	}
+	require.Equal(t, want, text.String())
+	require.Len(t, frames, 2+1+1)
+}

@@ -45,6 +45,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	moeMode := fs.String("moe-mode", "alltoall", "--dp > 1: the MoE layers' experts sharded over the ranks, by alltoall (EP dispatch/combine) or gather")
 	balance := fs.String("load-balance-method", serve.RoundRobin, "--dp > 1: how the controller gives requests to ranks: round_robin or shortest_queue")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the attention blocks and the MoE experts on the GPU (needs a `make cuda` build; one rank)")
+	interval := fs.Int("stream-interval", 1, "a stream sends a frame every this many tokens (and the last): fewer frames, less of the server's time")
 	noCache := fs.Bool("disable-radix-cache", false, "compute every prompt whole: no prefix cache")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -69,6 +70,8 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: --moe-mode %q (have alltoall, gather)", errUsage, *moeMode)
 	case *balance != serve.RoundRobin && *balance != serve.ShortestQueue:
 		return fmt.Errorf("%w: serve: --load-balance-method %q (have %s, %s)", errUsage, *balance, serve.RoundRobin, serve.ShortestQueue)
+	case *interval < 1 || *interval > 1<<20:
+		return fmt.Errorf("%w: serve: --stream-interval %d must be in [1, 1048576]", errUsage, *interval)
 	case *backend != "cpu" && *backend != "cuda":
 		return fmt.Errorf("%w: serve: --backend %q (want cpu or cuda)", errUsage, *backend)
 	case *backend == "cuda" && *dpSize > 1:
@@ -130,7 +133,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name})
+	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name, StreamInterval: *interval})
 	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
