@@ -10,6 +10,7 @@ package router
 
 import (
 	"container/heap"
+	"slices"
 	"sync"
 	"time"
 )
@@ -33,8 +34,36 @@ type tnode struct {
 	label    []byte // the edge from the parent (the root's empty)
 	parent   *tnode
 	children map[byte]*tnode
-	tenants  map[string]int64 // worker → last use, unix nanoseconds
-	last     int64            // the latest of tenants' times
+	tenants  []tenant // the workers holding it (a few: a slice beats a map)
+	last     int64    // the latest of tenants' times
+}
+
+// tenant is a worker holding a node, and its last use in unix nanoseconds.
+type tenant struct {
+	w  string
+	ts int64
+}
+
+// mark records worker w's use of x at now.
+func (x *tnode) mark(w string, now int64) {
+	x.last = now
+	for i := range x.tenants {
+		if x.tenants[i].w == w {
+			x.tenants[i].ts = now
+			return
+		}
+	}
+	x.tenants = append(x.tenants, tenant{w, now})
+}
+
+// holds is whether worker w holds x.
+func (x *tnode) holds(w string) bool {
+	for _, t := range x.tenants {
+		if t.w == w {
+			return true
+		}
+	}
+	return false
 }
 
 // NewTree makes a tree bounded by budget bytes of edge labels.
@@ -43,7 +72,7 @@ func NewTree(budget int) *Tree {
 }
 
 func newTNode(label []byte, parent *tnode) *tnode {
-	return &tnode{label: label, parent: parent, tenants: make(map[string]int64, 1)}
+	return &tnode{label: label, parent: parent}
 }
 
 // setChild links c under x by its first byte.
@@ -111,8 +140,8 @@ func (t *Tree) matchInsert(text []byte, choose func(Match) string, w string) (Ma
 	}
 	if holder != t.root && choose != nil {
 		m.Holders = make([]string, 0, len(holder.tenants))
-		for w := range holder.tenants {
-			m.Holders = append(m.Holders, w)
+		for _, t := range holder.tenants {
+			m.Holders = append(m.Holders, t.w)
 		}
 	}
 	if choose != nil {
@@ -137,10 +166,7 @@ func (t *Tree) Insert(text []byte, w string) {
 // the node the match ended inside (or nil) and the bytes matched.
 func (t *Tree) insertLocked(text []byte, w string, path []*tnode, partial *tnode, n int) {
 	now := t.now().UnixNano()
-	mark := func(x *tnode) {
-		x.tenants[w] = now
-		x.last = now
-	}
+	mark := func(x *tnode) { x.mark(w, now) }
 	for _, x := range path {
 		mark(x)
 	}
@@ -156,9 +182,7 @@ func (t *Tree) insertLocked(text []byte, w string, path []*tnode, partial *tnode
 			k -= len(p.label)
 		}
 		up := newTNode(partial.label[:k:k], x)
-		for tw, ts := range partial.tenants {
-			up.tenants[tw] = ts
-		}
+		up.tenants = slices.Clone(partial.tenants)
 		up.last = partial.last
 		x.setChild(up)
 		partial.label = partial.label[k:]
@@ -233,7 +257,7 @@ func (t *Tree) RemoveWorker(w string) {
 		if x == t.root {
 			return
 		}
-		delete(x.tenants, w)
+		x.tenants = slices.DeleteFunc(x.tenants, func(t tenant) bool { return t.w == w })
 		if len(x.tenants) == 0 && len(x.children) == 0 {
 			t.removeLocked(x)
 		}
@@ -257,7 +281,7 @@ func (t *Tree) WorkerBytes(w string) int {
 	total := 0
 	var walk func(x *tnode)
 	walk = func(x *tnode) {
-		if _, ok := x.tenants[w]; ok {
+		if x.holds(w) {
 			total += len(x.label)
 		}
 		for _, c := range x.children {

@@ -28,8 +28,8 @@ func check(t *testing.T, tr *Tree) {
 			require.Same(t, x, c.parent)
 			require.False(t, len(c.tenants) == 0 && len(c.children) == 0, "a node nobody holds")
 			if x != tr.root {
-				for w := range c.tenants {
-					require.Contains(t, x.tenants, w, "a worker on a node but not its parent")
+				for _, w := range c.tenants {
+					require.True(t, x.holds(w.w), "a worker on a node but not its parent")
 				}
 			}
 			bytes += len(c.label)
