@@ -1,10 +1,14 @@
 package dpattn
 
 import (
+	"context"
 	"fmt"
+	"time"
 
+	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
 )
 
 // HeadShard is rank's share of the block under tensor-parallel attention
@@ -83,4 +87,67 @@ func subMatrix(m kernels.Matrix, r0, r1, c0, c1 int) (kernels.Matrix, error) {
 		out = kernels.Pack(out)
 	}
 	return out, nil
+}
+
+// MoETensorParallel is the MoE stage under tensor-parallel attention: the
+// hidden states x (every token of the step, the same on every rank) go
+// through this rank's expert shard, the shared expert (for this rank's
+// share of the tokens, plan's Offset and Tokens, so that it is counted
+// once), and an all-reduce sums the ranks' partial outputs into y on every
+// rank. times: Experts the local work, Scatter the all-reduce.
+func MoETensorParallel(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan *StepPlan, x []float32, tokens []int32, y []float32, times *GatherTimes) error {
+	if times == nil {
+		times = new(GatherTimes)
+	}
+	t0 := time.Now()
+	c := shard.Config
+	H, K, T := c.Hidden, c.TopK, plan.Total
+	fail := func(err error) error {
+		comm.Abort(err)
+		return err
+	}
+	switch {
+	case len(x) != T*H || len(y) != len(x):
+		return fail(fmt.Errorf("dpattn: tensor-parallel MoE: x has %d values and y %d, the step %d tokens of %d", len(x), len(y), T, H))
+	case c.ResidualInput:
+		return fail(fmt.Errorf("dpattn: tensor-parallel MoE: %s's block (its own norms and residual) is run in DP attention only", c.ModelType))
+	case plan.Offset < 0 || plan.Offset+plan.Tokens > T:
+		return fail(fmt.Errorf("dpattn: tensor-parallel MoE: this rank's tokens [%d, %d) of %d", plan.Offset, plan.Offset+plan.Tokens, T))
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return fail(err)
+	}
+	if err := shard.Router.CheckTokens(tokens, T); err != nil {
+		return fail(err)
+	}
+	ids := make([]int32, T*K)
+	weights := make([]float32, T*K)
+	if err := shard.RouteTokens(ctx, x, tokens, ids, weights); err != nil {
+		return fail(err)
+	}
+	g, err := shard.Group(ids, weights, K, true, nil)
+	if err != nil {
+		return fail(err)
+	}
+	if err := shard.RunExperts(ctx, x, g.Groups, nil); err != nil {
+		return fail(err)
+	}
+	clear(y)
+	moe.Combine(y, g.Out, g.RowOf, K, H, nil)
+	lo, hi := plan.Offset*H, (plan.Offset+plan.Tokens)*H
+	if shared := shard.SharedFFN(x[lo:hi], nil, nil); shared != nil {
+		if err := shard.RunExperts(ctx, x[lo:hi], []kernels.FFNGroup{*shared}, nil); err != nil {
+			return fail(err)
+		}
+		for i, v := range shared.Out {
+			y[lo+i] += v
+		}
+	}
+	t1 := time.Now()
+	times.Experts += t1.Sub(t0)
+	if err := comm.AllReduceFloat32(ctx, y, ep.Sum); err != nil {
+		return err
+	}
+	times.Scatter += time.Since(t1)
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -31,6 +32,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	batch := fs.Int("batch", 0, "every rank decodes this many requests at every step (0: an uneven schedule with IDLE batches)")
 	ctxLen := fs.Int("context", 256, "--batch: each request's prompt tokens in the cache")
 	mode := fs.String("moe-mode", "alltoall", "alltoall (EP dispatch/combine) or gather (all-gather, expert shards, reduce-scatter)")
+	attnMode := fs.String("attn", "dp", "dp (each rank its own requests and cache) or tp (the heads split over the ranks, every rank caching every request; MoE in gather mode)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights, requests and inputs")
 	model := fs.String("model", "", "checkpoint folder for the MoE layer; default: DeepSeek-V2-Lite shapes with random bf16 weights")
 	checkWeights := fs.Bool("check-weights", false, "--model: read every expert weight once before running and fail naming the first NaN or infinity")
@@ -49,6 +51,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	switch {
+	case *attnMode != "dp" && *attnMode != "tp":
+		return fmt.Errorf("%w: run: --attn %q (want dp or tp)", errUsage, *attnMode)
+	case *attnMode == "tp" && explicit["moe-mode"] && *mode != "gather":
+		return fmt.Errorf("%w: run: --attn tp runs the MoE layer as expert shards over every token (gather mode), not --moe-mode %s", errUsage, *mode)
+	case *attnMode == "tp" && (*backend != "cpu" || *commName != "local"):
+		return fmt.Errorf("%w: run: --attn tp runs on the CPU with in-process ranks", errUsage)
+	case *attnMode == "tp":
+		*mode = "gather"
 	}
 	if *batch < 0 || *batch > 4096 || *ctxLen < 1 || *ctxLen > 1<<20 {
 		return fmt.Errorf("%w: run: --batch %d must be in [0, 4096] and --context %d in [1, 1048576]", errUsage, *batch, *ctxLen)
@@ -159,7 +173,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	setup := time.Since(t0)
-	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, Batch: *batch, Context: *ctxLen, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
+	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, Batch: *batch, Context: *ctxLen, AttnMode: *attnMode, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
 		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	if *fused {
 		cfg.Layer = dev.layer
@@ -174,8 +188,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return deadlineError(err, *deadline)
 	}
 
-	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, MoE mode %s, kernels %s, transport %s\n", *ranks, *steps, *mode,
-		kernels.Implementation(), *commName)
+	fmt.Fprintf(stdout, "moex run: %d ranks × %d decode steps, %s attention, MoE mode %s, kernels %s, transport %s\n", *ranks, *steps,
+		strings.ToUpper(*attnMode), *mode, kernels.Implementation(), *commName)
 	fmt.Fprintf(stdout, "  model: %s (setup %v)\n", source, setup.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "  layer: %s; MoE %s %d experts top-%d, inter %d, shared %d\n",
 		attnDesc, c.ModelType, c.NumExperts, c.TopK, c.Inter, c.SharedInter)
@@ -218,14 +232,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	tw.Flush()
 	fmt.Fprintln(stdout)
 	gatherName, scatterName := "dispatch", "combine"
-	if *mode == "gather" {
+	switch {
+	case *attnMode == "tp":
+		gatherName, scatterName = "attn all-reduce", "MoE all-reduce"
+	case *mode == "gather":
 		gatherName, scatterName = "gather", "scatter"
 	}
 	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "rank\ttokens\tcollectives (plan)\tattention\t%s\tMoE experts\t%s\t\n", gatherName, scatterName)
+	fmt.Fprintf(tw, "rank\ttokens\tcollectives (plan)\tattention\t%s\tMoE experts\t%s\tKV cache\t\n", gatherName, scatterName)
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
 	for r, t := range rep.Ranks {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r, t.Tokens, ms(t.Plan), ms(t.Attention), ms(t.Gather), ms(t.MoE), ms(t.Scatter))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t\n", r, t.Tokens, ms(t.Plan), ms(t.Attention), ms(t.Gather), ms(t.MoE), ms(t.Scatter),
+			float64(t.KVBytes)/(1<<20))
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "\n  %d tokens in %v: %.1f tokens/s; %d idle (rank, step) batches\n", rep.Tokens, rep.Wall.Round(time.Millisecond),
@@ -245,11 +263,22 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if c.NumLayers > 0 {
 		fmt.Fprintf(stdout, "  %v\n", acct)
+		if *batch > 0 {
+			// A request's tokens at the run's end; the batches every rank's
+			// budget holds: TP caches all of them on each rank, DP a rank's own.
+			per := int64(*ctxLen + *steps)
+			tpBatch, dpBatch := acct.MaxTokensTP/per, acct.MaxTokensDP/per
+			fmt.Fprintf(stdout, "  largest batch of %d-token requests within %.1f GiB per rank: %s attention %d (the one in use), %s %d\n",
+				per, *kvGiB, strings.ToUpper(*attnMode), map[string]int64{"tp": tpBatch, "dp": dpBatch}[*attnMode],
+				map[string]string{"tp": "DP", "dp": "TP"}[*attnMode], map[string]int64{"tp": dpBatch, "dp": tpBatch}[*attnMode])
+		}
 	}
 	limit, want := 0.0, "bit-identical"
 	switch {
 	case dev.core != nil:
 		limit, want = 1e-2, "within 1e-2 of the CPU path"
+	case *attnMode == "tp":
+		limit, want = 1e-5, "within 1e-5"
 	case *mode == "gather":
 		limit, want = 1e-6, "within 1e-6"
 	}

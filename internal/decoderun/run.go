@@ -10,6 +10,7 @@ package decoderun
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -35,11 +36,17 @@ type Config struct {
 	// 0: the varied schedule, uneven across ranks and steps, with IDLE
 	// batches (to exercise the coordinator).
 	Batch, Context int
-	MoEMode        string // "alltoall" (EP dispatch/combine) or "gather"
-	Seed           uint64
-	MoE            *moe.Layer // holds every expert; the ranks take their shards of it
-	Attn           dpattn.AttentionBlock
-	CacheDType     kernels.DType
+	// AttnMode is "dp" (or ""): each rank attends over its own requests and
+	// cache; or "tp": the heads split over the ranks, every rank caching
+	// every request's latent rows and computing its heads over every token,
+	// the partial outputs all-reduced, and the MoE layer's expert shards
+	// over every token all-reduced likewise (MoEMode must be "gather").
+	AttnMode   string
+	MoEMode    string // "alltoall" (EP dispatch/combine) or "gather"
+	Seed       uint64
+	MoE        *moe.Layer // holds every expert; the ranks take their shards of it
+	Attn       dpattn.AttentionBlock
+	CacheDType kernels.DType
 	// RankTimeout bounds each collective (ep.WithTimeout): a rank that does
 	// not arrive within it fails the run, naming the collective; 0: none.
 	RankTimeout time.Duration
@@ -99,6 +106,8 @@ type RankTimes struct {
 	// Replays: the steps a device runner (Layer or Gather) replayed from a
 	// CUDA graph, for runners that count them (GraphReplays).
 	Replays int
+	// KVBytes: the latent cache's blocks in use at the end.
+	KVBytes int64
 }
 
 // StepInfo is what the coordinator planned for one step.
@@ -197,6 +206,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.MoEMode != "alltoall" && cfg.MoEMode != "gather" {
 		return nil, fmt.Errorf("decoderun: MoE mode %q (want alltoall or gather)", cfg.MoEMode)
 	}
+	tp := cfg.AttnMode == "tp"
+	switch {
+	case cfg.AttnMode != "" && cfg.AttnMode != "dp" && !tp:
+		return nil, fmt.Errorf("decoderun: attention mode %q (want dp or tp)", cfg.AttnMode)
+	case tp && cfg.MoEMode != "gather":
+		return nil, fmt.Errorf("decoderun: tensor-parallel attention runs the MoE layer in gather mode (expert shards over every token), not %s", cfg.MoEMode)
+	case tp && (cfg.Experts != nil || cfg.AttnCore != nil || cfg.AttnProj != nil || cfg.Gather != nil || cfg.Layer != nil):
+		return nil, errors.New("decoderun: tensor-parallel attention runs on the host")
+	}
 	H := cfg.MoE.Config.Hidden
 	if cfg.Attn.HiddenSize() != H {
 		return nil, fmt.Errorf("decoderun: attention hidden %d, MoE hidden %d", cfg.Attn.HiddenSize(), H)
@@ -219,7 +237,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for r, comm := range comms {
 		comm := ep.WithTimeout(comm, cfg.RankTimeout)
 		wg.Go(func() {
-			ys[r], errs[r] = runRank(ctx, cfg, sched, comm, comm, place, workers, &rep.Ranks[r], rep.Steps)
+			if tp {
+				ys[r], errs[r] = runRankTP(ctx, cfg, sched, comm, place, workers, &rep.Ranks[r], rep.Steps)
+			} else {
+				ys[r], errs[r] = runRank(ctx, cfg, sched, comm, comm, place, workers, &rep.Ranks[r], rep.Steps)
+			}
 			if errs[r] != nil {
 				comm.Abort(fmt.Errorf("rank %d: %w", r, errs[r]))
 			}
@@ -487,6 +509,101 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 		times.Gather, times.Scatter = gt.Gather, gt.Scatter
 		times.MoE += gt.Experts
 	}
+	times.KVBytes = cache.BytesUsed()
+	return out, nil
+}
+
+// runRankTP is runRank under tensor-parallel attention: this rank caches
+// every rank's requests, computes its heads (dpattn.MLABlock.HeadShard)
+// over every token of the step, and all-reduces the partial outputs; the
+// MoE layer is its expert shard over every token, all-reduced
+// (dpattn.MoETensorParallel). Its outputs are those of its own requests'
+// tokens, as a DP rank's, for the parity check.
+func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, place *ep.Placement, workers int,
+	times *RankTimes, steps []StepInfo) ([][]float32, error) {
+	r, R := comm.Rank(), comm.Size()
+	H := cfg.Attn.HiddenSize()
+	blk, ok := cfg.Attn.(*dpattn.MLABlock)
+	if !ok {
+		return nil, fmt.Errorf("decoderun: tensor-parallel attention needs an MLA block, have %T", cfg.Attn)
+	}
+	heads, err := blk.HeadShard(r, R)
+	if err != nil {
+		return nil, err
+	}
+	all := make([]int, R)
+	for i := range all {
+		all[i] = i
+	}
+	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
+	if err != nil {
+		return nil, err
+	}
+	for rr := range sched.requests {
+		for q, l := range sched.requests[rr] {
+			if err := prefill(cache, seqID(rr, q), l, cfg.Seed); err != nil {
+				return nil, err
+			}
+		}
+	}
+	mine := map[int]bool{}
+	for _, e := range place.Local(r) {
+		mine[e] = true
+	}
+	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
+	shard.SetWorkers(workers)
+	var gt dpattn.GatherTimes
+	var reduce time.Duration
+	out := make([][]float32, cfg.Steps)
+	for st := 0; st < cfg.Steps; st++ {
+		// Every rank knows the schedule: the step's tokens are every rank's.
+		plan := &dpattn.StepPlan{Counts: make([]int64, R), Tokens: sched.batch[r][st]}
+		var x []float32
+		var seqs []int
+		var tokens []int32
+		for rr := 0; rr < R; rr++ {
+			b := sched.batch[rr][st]
+			plan.Counts[rr] = int64(b)
+			if rr < r {
+				plan.Offset += b
+			}
+			plan.Total += b
+			xr, sr := stepInputs(cfg.Seed, rr, st, b, H)
+			x, seqs = append(x, xr...), append(seqs, sr...)
+			tokens = append(tokens, stepTokens(cfg, rr, st, b)...)
+		}
+		plan.Skip, plan.GraphOK = plan.Total == 0, true
+		if r == 0 {
+			steps[st] = StepInfo{Counts: plan.Counts, Skip: plan.Skip, GraphOK: true}
+		}
+		if plan.Skip {
+			continue
+		}
+		t1 := time.Now()
+		attn := make([]float32, len(x))
+		if err := heads.Forward(ctx, cache, seqs, x, attn); err != nil {
+			return nil, err
+		}
+		t2 := time.Now()
+		times.Attention += t2.Sub(t1)
+		if err := comm.AllReduceFloat32(ctx, attn, ep.Sum); err != nil {
+			return nil, err
+		}
+		reduce += time.Since(t2)
+		for i := range attn {
+			attn[i] += x[i] // residual: the MoE layer's input
+		}
+		y := make([]float32, len(x))
+		if err := dpattn.MoETensorParallel(ctx, comm, shard, plan, attn, tokens, y, &gt); err != nil {
+			return nil, err
+		}
+		times.Tokens += plan.Tokens
+		out[st] = y[plan.Offset*H : (plan.Offset+plan.Tokens)*H]
+	}
+	// The report's columns: the attention all-reduce where DP has its
+	// dispatch or all-gather, the MoE all-reduce where it has its combine.
+	times.Gather, times.MoE, times.Scatter = reduce, gt.Experts, gt.Scatter
+	times.KVBytes = cache.BytesUsed()
 	return out, nil
 }
 

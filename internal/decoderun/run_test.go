@@ -55,6 +55,29 @@ func TestRunParity(t *testing.T) {
 			})
 		}
 	}
+	// Tensor-parallel attention: the same outputs within 1e-5, every
+	// rank's cache holding every request (R times the blocks of one).
+	for _, R := range []int{2, 4} {
+		dp, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, MoEMode: "gather", Seed: 9,
+			MoE: layer, Attn: attn, CacheDType: kernels.F32})
+		require.NoError(t, err)
+		tp, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, AttnMode: "tp", MoEMode: "gather", Seed: 9,
+			MoE: layer, Attn: attn, CacheDType: kernels.F32})
+		require.NoError(t, err)
+		require.LessOrEqual(t, tp.ParityRelErr, 1e-5, "ranks=%d", R)
+		require.Equal(t, dp.Tokens, tp.Tokens)
+		var dpKV int64
+		for _, rt := range dp.Ranks {
+			dpKV += rt.KVBytes
+		}
+		for _, rt := range tp.Ranks {
+			require.Equal(t, dpKV, rt.KVBytes, "a TP rank caches what the DP ranks cache together")
+		}
+	}
+	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "tp", MoEMode: "alltoall", MoE: layer, Attn: attn})
+	require.ErrorContains(t, err, "tensor-parallel attention runs the MoE layer in gather mode")
+	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "sp", MoEMode: "gather", MoE: layer, Attn: attn})
+	require.ErrorContains(t, err, `attention mode "sp"`)
 	// A steady batch: every rank decodes Batch requests at every step.
 	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 4, Batch: 3, Context: 10, MoEMode: "alltoall",
 		Seed: 9, MoE: layer, Attn: attn, CacheDType: kernels.F32})
