@@ -487,6 +487,7 @@ func TestRunFlags(t *testing.T) {
 		{"--kv-budget-gib", "NaN", "--kv-budget-gib NaN must be"},
 		{"--timeout", "0s", "--timeout 0s must be positive"},
 		{"--deadline", "-1s", "--deadline -1s must be positive (or 0: no limit)"},
+		{"--attn", "sp", `--attn "sp" (want dp or tp)`},
 	} {
 		_, stderr, err := runCLI("run", tt.flag, tt.value)
 		require.ErrorContains(t, err, tt.want)
@@ -503,6 +504,13 @@ func TestRunMainJob(t *testing.T) {
 		require.Contains(t, out, ": ok")
 		require.Contains(t, out, "tokens/s")
 	}
+	out, _, err := runCLI("run", "--model", dir, "--layer", "1", "--ranks", "2", "--steps", "3", "--attn", "tp", "--batch", "2", "--context", "8")
+	require.NoError(t, err)
+	require.Contains(t, out, "TP attention, MoE mode gather")
+	require.Contains(t, out, "parity against one rank (within 1e-5 expected)")
+	require.Contains(t, out, ": ok")
+	_, _, err = runCLI("run", "--attn", "tp", "--moe-mode", "alltoall")
+	require.ErrorContains(t, err, "--attn tp runs the MoE layer as expert shards over every token (gather mode), not --moe-mode alltoall")
 }
 
 // TestExecMoECheckWeights: --check-weights names the first non-finite
