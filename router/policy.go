@@ -84,6 +84,8 @@ func (b *breaker) record(ok bool) {
 		b.fails = 0
 	case b.state == "half-open":
 		b.state, b.opened = "open", b.now()
+	case b.state == "open":
+		// A request let through before it opened: the open period stands.
 	default:
 		if b.fails++; b.fails >= b.failures {
 			b.state, b.opened = "open", b.now()
@@ -277,7 +279,7 @@ type consistentHash struct {
 
 type ringPoint struct {
 	hash uint64
-	w    *Worker
+	url  string // not the *Worker: one removed and added again is a new one
 }
 
 // VirtualNodes is the consistent hash's points per worker.
@@ -309,7 +311,7 @@ func (p *consistentHash) Pick(r *Request, ws []*Worker) (*Worker, string) {
 		ring := make([]ringPoint, 0, len(ws)*VirtualNodes) // a new one: others may still read the old
 		for _, w := range ws {
 			for v := range VirtualNodes {
-				ring = append(ring, ringPoint{hash64(fmt.Appendf(nil, "%s#%d", w.URL, v)), w})
+				ring = append(ring, ringPoint{hash64(fmt.Appendf(nil, "%s#%d", w.URL, v)), w.URL})
 			}
 		}
 		p.ring = ring
@@ -317,7 +319,7 @@ func (p *consistentHash) Pick(r *Request, ws []*Worker) (*Worker, string) {
 			if a.hash != b.hash {
 				return compare(a.hash, b.hash)
 			}
-			return strings.Compare(a.w.URL, b.w.URL)
+			return strings.Compare(a.url, b.url)
 		})
 		p.sig = sig
 	}
@@ -329,7 +331,13 @@ func (p *consistentHash) Pick(r *Request, ws []*Worker) (*Worker, string) {
 	}
 	h := hash64(key)
 	i, _ := slices.BinarySearchFunc(ring, h, func(a ringPoint, h uint64) int { return compare(a.hash, h) })
-	return ring[i%len(ring)].w, "consistent_hash"
+	u := ring[i%len(ring)].url
+	for _, w := range ws {
+		if w.URL == u {
+			return w, "consistent_hash"
+		}
+	}
+	return ws[0], "consistent_hash" // not reached: the ring is ws's
 }
 
 func compare(a, b uint64) int {

@@ -174,6 +174,13 @@ func TestConsistentHash(t *testing.T) {
 			require.Same(t, w, now, "key %s moved though its worker stayed", key)
 		}
 	}
+	// A worker removed and added again under its URL is a new *Worker: the
+	// ring gives the one in the list, never the old one.
+	again := workers(0, 0, 0, 0)
+	for key := range where {
+		w, _ := p.Pick(&Request{Key: key}, again)
+		require.Contains(t, again, w)
+	}
 	// Without a key, the text is the key.
 	a, _ := p.Pick(&Request{Text: []byte("same text")}, ws)
 	b, _ := p.Pick(&Request{Text: []byte("same text")}, ws)

@@ -181,11 +181,13 @@ func (t *Tree) insertLocked(text []byte, w string, path []*tnode, partial *tnode
 		for _, p := range path {
 			k -= len(p.label)
 		}
-		up := newTNode(partial.label[:k:k], x)
+		// Copies, not views: a view would keep the whole old label alive
+		// after its other part is evicted, past the budget's count.
+		up := newTNode(slices.Clone(partial.label[:k]), x)
 		up.tenants = slices.Clone(partial.tenants)
 		up.last = partial.last
 		x.setChild(up)
-		partial.label = partial.label[k:]
+		partial.label = slices.Clone(partial.label[k:])
 		partial.parent = up
 		up.setChild(partial)
 		t.nodes++

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/moex-project/moex/model"
@@ -59,10 +60,10 @@ func (p *prefixCache) common(a, b []int32) int {
 // into a new parent holding them and x holding the rest; it returns the
 // new parent.
 func (p *prefixCache) split(x *node, at int) *node {
-	up := &node{key: x.key[:at:at], blocks: x.blocks.Slice(0, at/p.bs), parent: x.parent,
+	up := &node{key: slices.Clone(x.key[:at]), blocks: x.blocks.Slice(0, at/p.bs), parent: x.parent,
 		children: map[string]*node{p.blockKey(x.key[at:]): x}, users: x.users, used: x.used}
 	x.parent.children[p.blockKey(x.key)] = up
-	x.key, x.blocks, x.parent = x.key[at:], x.blocks.Slice(at/p.bs, x.blocks.Len()), up
+	x.key, x.blocks, x.parent = slices.Clone(x.key[at:]), x.blocks.Slice(at/p.bs, x.blocks.Len()), up
 	return up
 }
 

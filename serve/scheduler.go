@@ -42,13 +42,14 @@ type request struct {
 	events  chan Event
 	sampler *model.Sampler
 	seq     int
-	tokens  []int32 // the prompt, then the tokens generated
-	fed     int     // tokens the caches hold
-	gen     int     // tokens generated
-	prefix  *node   // the prefix-cache node its cached tokens end at (held), or nil
-	inTree  int     // its tokens the prefix cache holds (whole blocks)
-	cached  int     // prompt tokens found cached when first admitted
-	started bool    // admitted once
+	tokens  []int32     // the prompt, then the tokens generated
+	fed     int         // tokens the caches hold
+	gen     int         // tokens generated
+	unwatch func() bool // stops ctx's wake-up of the loop
+	prefix  *node       // the prefix-cache node its cached tokens end at (held), or nil
+	inTree  int         // its tokens the prefix cache holds (whole blocks)
+	cached  int         // prompt tokens found cached when first admitted
+	started bool        // admitted once
 }
 
 // Scheduler runs requests' prompts and decode steps in shared forward
@@ -163,9 +164,9 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error)
 		return nil, errors.New("serve: empty prompt")
 	case r.MaxNewTokens < 1:
 		return nil, fmt.Errorf("serve: max_new_tokens %d must be positive", r.MaxNewTokens)
-	case len(r.IDs)+r.MaxNewTokens > s.Capacity():
-		return nil, fmt.Errorf("%w: a prompt of %d tokens and %d new ones need %d cache rows; the cache holds %d",
-			ErrTooLarge, len(r.IDs), r.MaxNewTokens, len(r.IDs)+r.MaxNewTokens, s.Capacity())
+	case len(r.IDs) > s.Capacity() || r.MaxNewTokens > s.Capacity()-len(r.IDs): // no sum to overflow
+		return nil, fmt.Errorf("%w: a prompt of %d tokens and %d new ones need %.0f cache rows; the cache holds %d",
+			ErrTooLarge, len(r.IDs), r.MaxNewTokens, float64(len(r.IDs))+float64(r.MaxNewTokens), s.Capacity())
 	}
 	for i, id := range r.IDs {
 		if id < 0 || int(id) >= s.m.Vocab {
@@ -186,6 +187,8 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error)
 	q.seq = s.nextSeq
 	s.nextSeq++
 	s.queue = append(s.queue, q)
+	// A client gone wakes the loop, which may be parked with nothing to run.
+	q.unwatch = context.AfterFunc(ctx, s.notify)
 	s.mu.Unlock()
 	s.notify()
 	return q.events, nil
@@ -239,11 +242,11 @@ func (s *Scheduler) stop(ctx context.Context, err error) {
 		err = context.Cause(ctx)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.stopped = fmt.Errorf("serve: the scheduler has stopped: %w", err)
 	left := append(s.running, s.queue...)
 	s.running, s.queue = nil, nil
-	s.mu.Unlock()
-	for _, r := range left {
+	for _, r := range left { // under the lock: the tree and caches are the scheduler's (the events are buffered)
 		s.finish(r, s.stopped.Error(), s.stopped)
 	}
 }
@@ -251,6 +254,9 @@ func (s *Scheduler) stop(ctx context.Context, err error) {
 // finish ends r: leaves its tokens' whole blocks in the prefix cache,
 // frees its blocks and sends its Done event.
 func (s *Scheduler) finish(r *request, reason string, err error) {
+	if r.unwatch != nil {
+		r.unwatch()
+	}
 	s.cache(r)
 	s.release(r)
 	r.events <- Event{Done: true, Reason: reason, Err: err, Cached: r.cached}
@@ -480,10 +486,13 @@ func (s *Scheduler) plan() (b batch) {
 			continue
 		}
 		if r.fed == 0 && s.tree != nil {
-			s.attach(r) // kept while it waits
+			s.attach(r)
 		}
 		n := fit(r, len(r.tokens)-r.fed)
 		if n == 0 {
+			// It waits holding nothing: a prefix it held could not be
+			// evicted for the running requests, which might then never fit.
+			s.release(r)
 			break
 		}
 		if !r.started {

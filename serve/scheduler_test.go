@@ -3,6 +3,7 @@ package serve_test
 import (
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -274,4 +275,41 @@ func TestPrefixBurst(t *testing.T) {
 	}
 	require.Equal(t, 7*40, cached, "all but the first found the system prompt")
 	require.Equal(t, 7*40, s.Stats().CachedTokens)
+}
+
+// TestNoStall: a waiting request that found its prefix cached but cannot
+// fit yet holds nothing while it waits, so the running request can evict
+// that prefix for the blocks it needs; both finish. A max_new_tokens that
+// would overflow the size check is refused, not a panic.
+func TestNoStall(t *testing.T) {
+	m, err := model.NewRandom(model.Tiny(), 13)
+	require.NoError(t, err)
+	s, kv, cancel, wg := start(t, m, 10, 2, serve.Options{Budget: 64}) // 20 rows
+	defer func() { cancel(); wg.Wait() }()
+	p := moetest.Tokens(80, 10, model.ByteVocab)
+	run := func(prompt []int32, n int) <-chan serve.Event {
+		ch, err := s.Submit(context.Background(), serve.Request{IDs: prompt, MaxNewTokens: n, Sampling: model.Sampling{TopP: 1}})
+		require.NoError(t, err)
+		return ch
+	}
+	collect(run(p, 1)) // p's five blocks stay in the prefix cache
+	r := moetest.Tokens(81, 8, model.ByteVocab)
+	q := append(append([]int32(nil), p...), moetest.Tokens(82, 9, model.ByteVocab)...)
+	chR, chQ := run(r, 10), run(q, 1)
+	done := make(chan struct{})
+	go func() {
+		collect(chR)
+		collect(chQ)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the requests stalled")
+	}
+	require.Eventually(t, func() bool { r, w := s.Load(); return r == 0 && w == 0 }, time.Second, time.Millisecond)
+	require.Equal(t, kv.NumBlocks(), kv.FreeBlocks()+s.Stats().CachedBlocks)
+
+	_, err = s.Submit(context.Background(), serve.Request{IDs: p, MaxNewTokens: math.MaxInt, Sampling: model.Sampling{TopP: 1}})
+	require.ErrorIs(t, err, serve.ErrTooLarge)
 }
