@@ -42,13 +42,15 @@ func (w *Worker) acquire() (release func()) {
 
 // breaker is a worker's circuit breaker: closed, it lets requests through
 // and opens after failures consecutive failures; open, it refuses them
-// until timeout has passed, then lets requests through half-open, closing
-// after successes consecutive successes and opening again at a failure.
+// until timeout has passed, then half-open lets one trial request through
+// at a time, closing after successes consecutive successes and opening
+// again at a failure.
 type breaker struct {
 	mu                  sync.Mutex
 	failures, successes int
 	timeout             time.Duration
 	state               string // "closed", "open", "half-open"
+	trial               bool   // half-open: a trial request is out
 	fails, oks          int
 	opened              time.Time
 	now                 func() time.Time
@@ -63,9 +65,26 @@ func (b *breaker) allow() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.state == "open" && b.now().Sub(b.opened) >= b.timeout {
-		b.state, b.oks = "half-open", 0
+		b.state, b.oks, b.trial = "half-open", 0, false
 	}
-	return b.state != "open"
+	return b.state == "closed" || b.state == "half-open" && !b.trial
+}
+
+// begin marks a request sent to the worker: half-open, it is the trial.
+func (b *breaker) begin() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == "half-open" {
+		b.trial = true
+	}
+}
+
+// end marks the request begun ended, with its outcome recorded or not (a
+// client gone, a 4xx): the next may be a trial.
+func (b *breaker) end() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.trial = false
 }
 
 // record counts a request's outcome.

@@ -427,6 +427,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, path, id stri
 func (r *Router) try(w http.ResponseWriter, req *http.Request, wk *Worker, path, id string, body []byte) (done bool, status int, err error) {
 	release := wk.acquire()
 	defer release()
+	wk.breaker.begin()
+	defer wk.breaker.end()
 	up, err := http.NewRequestWithContext(req.Context(), req.Method, wk.URL+path, bytes.NewReader(body))
 	if err != nil {
 		return false, http.StatusBadGateway, err
