@@ -79,6 +79,18 @@ func LoadFrom(ck *moe.Checkpoint, layer int, comm Comm, place *Placement) (*Laye
 	return &Layer{Config: m.Config, Placement: place, comm: comm, moe: m, load: make([]int64, place.NumExperts)}, nil
 }
 
+// Shard is rank's share of m under place: the experts it holds (a view of
+// m's, no copy), its kernels on workers goroutines.
+func Shard(m *moe.Layer, place *Placement, rank, workers int) *moe.Layer {
+	mine := map[int]bool{}
+	for _, e := range place.Local(rank) {
+		mine[e] = true
+	}
+	shard := m.Subset(func(e int) bool { return mine[e] })
+	shard.SetWorkers(workers)
+	return shard
+}
+
 // FromLayer makes this rank's part from a layer that holds (at least) the
 // experts place gives comm.Rank().
 func FromLayer(m *moe.Layer, comm Comm, place *Placement) (*Layer, error) {

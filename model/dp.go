@@ -61,12 +61,7 @@ func (m *Model) NewDP(ranks int, mode string) (*DP, error) {
 			if err != nil {
 				return nil, err
 			}
-			mine := map[int]bool{}
-			for _, e := range place.Local(r) {
-				mine[e] = true
-			}
-			shard := layer.moe.Subset(func(e int) bool { return mine[e] })
-			shard.SetWorkers(workers)
+			shard := ep.Shard(layer.moe, place, r, workers)
 			d.shards[r][l] = shard
 			if d.eps[r][l], err = ep.FromLayer(shard, comm, place); err != nil {
 				return nil, err

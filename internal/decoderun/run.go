@@ -392,12 +392,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 			return nil, err
 		}
 	}
-	mine := map[int]bool{}
-	for _, e := range place.Local(r) {
-		mine[e] = true
-	}
-	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
-	shard.SetWorkers(workers)
+	shard := ep.Shard(cfg.MoE, place, r, workers)
 	var gather dpattn.GatherRunner
 	var layer dpattn.LayerRunner
 	if cfg.MoEMode == "gather" && cfg.Layer != nil {
@@ -546,12 +541,7 @@ func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, pl
 			}
 		}
 	}
-	mine := map[int]bool{}
-	for _, e := range place.Local(r) {
-		mine[e] = true
-	}
-	shard := cfg.MoE.Subset(func(e int) bool { return mine[e] })
-	shard.SetWorkers(workers)
+	shard := ep.Shard(cfg.MoE, place, r, workers)
 	var gt dpattn.GatherTimes
 	var reduce time.Duration
 	out := make([][]float32, cfg.Steps)
