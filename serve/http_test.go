@@ -68,18 +68,8 @@ func TestHTTP(t *testing.T) {
 	require.Equal(t, "length", g.Meta.FinishReason.Type)
 
 	// Streaming: a frame a token, cumulative, then [DONE].
-	resp, err = http.Post(srv.URL+"/generate", "application/json", strings.NewReader(
-		fmt.Sprintf(`{"text": %q, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}, "stream": true}`, prompt)))
-	require.NoError(t, err)
-	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	var frames []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			frames = append(frames, line)
-		}
-	}
-	resp.Body.Close()
+	frames := events(t, srv.URL, "/generate",
+		fmt.Sprintf(`{"text": %q, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}, "stream": true}`, prompt))
 	require.Equal(t, "[DONE]", frames[len(frames)-1])
 	require.Len(t, frames, 6+2) // six tokens, the final frame, [DONE]
 	for i, f := range frames[:6] {

@@ -18,11 +18,17 @@ import (
 // startServe runs moex serve with args on a free port until the returned
 // stop, and returns its URL.
 func startServe(t *testing.T, args ...string) (url string, stop func() error) {
+	return startUntil(t, serveUntil, args...)
+}
+
+// startUntil runs a server command (serveUntil, routeUntil) with args on a
+// free port until the returned stop, and returns the URL it prints.
+func startUntil(t *testing.T, run func(context.Context, []string, io.Writer, io.Writer) error, args ...string) (url string, stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- serveUntil(ctx, append(args, "--port", "0"), pw, io.Discard)
+		done <- run(ctx, append(args, "--port", "0"), pw, io.Discard)
 		pw.Close()
 	}()
 	lines := bufio.NewScanner(pr)
@@ -151,21 +157,7 @@ func TestServe(t *testing.T) {
 func TestRoute(t *testing.T) {
 	w1, stop1 := startServe(t, "--preset", "tiny", "--kv-blocks", "256")
 	w2, stop2 := startServe(t, "--preset", "tiny", "--kv-blocks", "256")
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- routeUntil(ctx, []string{"--worker", w1, "--worker", w2, "--port", "0"}, pw, io.Discard)
-		pw.Close()
-	}()
-	lines := bufio.NewScanner(pr)
-	require.True(t, lines.Scan())
-	_, url, ok := strings.Cut(lines.Text(), " on ")
-	require.True(t, ok, lines.Text())
-	go func() {
-		for lines.Scan() {
-		}
-	}()
+	url, stopRouter := startUntil(t, routeUntil, "--worker", w1, "--worker", w2)
 	body := `{"text": "hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}}`
 	var outs []string
 	for _, u := range []string{w1, url} {
@@ -187,8 +179,7 @@ func TestRoute(t *testing.T) {
 	var rep loadgen.Report
 	require.NoError(t, json.Unmarshal([]byte(out.String()), &rep))
 	require.Equal(t, 8, rep.Completed)
-	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, stopRouter())
 	require.NoError(t, stop1())
 	require.NoError(t, stop2())
 	http.DefaultClient.CloseIdleConnections()
