@@ -359,6 +359,7 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 			case e.Err != nil:
 				c.err = e.Err
 			default:
+				c.text = r.h.tok.Decode(c.ids)
 				c.reason = e.Reason
 				if e.Reason == "stop" && len(c.ids) > 0 {
 					c.matched = c.ids[len(c.ids)-1]
@@ -370,13 +371,18 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 			continue // draining after a stop string
 		}
 		c.ids = append(c.ids, e.Token)
-		c.text = r.h.tok.Decode(c.ids)
+		// The text so far, where a stop string or a frame needs it (the
+		// whole once at the end otherwise).
+		show := emit != nil && len(c.ids)%r.h.info.StreamInterval == 0
+		if len(r.stops) > 0 || show {
+			c.text = r.h.tok.Decode(c.ids)
+		}
 		if i, s := firstStop(c.text, r.stops); i >= 0 {
 			c.text, c.reason, c.matched = c.text[:i], "stop", s
 			r.cancel()
 			continue
 		}
-		if emit != nil && len(c.ids)%r.h.info.StreamInterval == 0 {
+		if show {
 			emit(c.ids, safePrefix(c.text, r.stops))
 		}
 		if r.flush != nil && len(r.events) == 0 {
