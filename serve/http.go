@@ -454,8 +454,10 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	sse := startSSE(w)
 	run.flush = sse.flush
+	var buf []byte
 	c := run.wait(func(ids []int32, text string) {
-		sse.frame(generated{Text: text, OutputIDs: ids, Meta: meta(nil, len(ids))})
+		buf = appendFrame(buf[:0], text, ids, rid, len(req.IDs))
+		sse.w.Write(buf)
 	})
 	if c.err != nil {
 		sse.frame(map[string]any{"error": map[string]any{"message": c.err.Error()}})
