@@ -140,7 +140,7 @@ func intList(s, name string) ([]int, error) {
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || v < 0 {
-			return nil, fmt.Errorf("%w: bench: %s %q is not a list of non-negative integers", errUsage, name, s)
+			return nil, fmt.Errorf("%w: %s %q is not a list of non-negative integers", errUsage, name, s)
 		}
 		out = append(out, v)
 	}

@@ -124,6 +124,8 @@ commands:
          exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
          exec logits --model DIR --input-ids ids.npy --out logits.npy   (a whole deepseek_v2/v3 model's prefill)
   bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw; a worker or router: bench serve
+  sim    a model of decode deployments (TP attention, DP attention with gather or all-to-all MoE) on
+         GPU presets or this CPU: sim --preset deepseek-v3 --hardware h200 --ranks 64 [--sweep batch --plot p.svg]
   info   report this machine's CPU features and GPUs
 `
 
@@ -141,6 +143,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdServe(args[1:], stdout, stderr)
 	case "route":
 		return cmdRoute(args[1:], stdout, stderr)
+	case "sim":
+		return cmdSim(args[1:], stdout, stderr)
 	case "info":
 		return cmdInfo(args[1:], stdout, stderr)
 	case "bench":

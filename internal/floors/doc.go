@@ -33,6 +33,7 @@ var Floors = map[string]int{
 	"ep":       4,
 	"dpattn":   5,
 	"model":    6,
+	"sim":      6,
 	"serve":    7,
 	"router":   7,
 	"loadgen":  7,

@@ -1,0 +1,179 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/moex-project/moex/moe"
+)
+
+// Model is the shape of an MLA MoE model: all the formulas need.
+type Model struct {
+	Name   string `json:"name"`
+	Layers int    `json:"layers"`
+	// DenseLayers are the layers with a dense MLP of width DenseInter
+	// (first_k_dense_replace, and those off moe_layer_freq).
+	DenseLayers int `json:"dense_layers"`
+	Hidden      int `json:"hidden"`
+	// Vocab 0: a layer stack without embedding and lm_head (moex run's).
+	Vocab int `json:"vocab"`
+	// MLA: Heads query heads; QLoraRank 0 for a plain q_proj; the cache
+	// holds KVLoraRank + RopeDim values per token and layer.
+	Heads      int `json:"heads"`
+	QLoraRank  int `json:"q_lora_rank"`
+	KVLoraRank int `json:"kv_lora_rank"`
+	NopeDim    int `json:"qk_nope_head_dim"`
+	RopeDim    int `json:"qk_rope_head_dim"`
+	VDim       int `json:"v_head_dim"`
+	// MoE: Experts routed experts of width ExpertInter, TopK a token, a
+	// shared-expert MLP of width SharedInter (0: none).
+	Experts     int `json:"experts"`
+	TopK        int `json:"top_k"`
+	ExpertInter int `json:"expert_inter"`
+	SharedInter int `json:"shared_inter"`
+	DenseInter  int `json:"dense_inter"`
+}
+
+// Model presets, from each checkpoint's config.json on Hugging Face
+// (deepseek-ai/DeepSeek-V2, -V2-Lite, -Coder-V2-Instruct, -V3;
+// moonshotai/Kimi-K2-Instruct).
+var modelPresets = map[string]Model{
+	"deepseek-v2": {Name: "deepseek-v2", Layers: 60, DenseLayers: 1, Hidden: 5120, Vocab: 102400, Heads: 128, QLoraRank: 1536,
+		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 160, TopK: 6, ExpertInter: 1536, SharedInter: 2 * 1536, DenseInter: 12288},
+	"deepseek-coder-v2": {Name: "deepseek-coder-v2", Layers: 60, DenseLayers: 1, Hidden: 5120, Vocab: 102400, Heads: 128, QLoraRank: 1536,
+		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 160, TopK: 6, ExpertInter: 1536, SharedInter: 2 * 1536, DenseInter: 12288},
+	"deepseek-v2-lite": {Name: "deepseek-v2-lite", Layers: 27, DenseLayers: 1, Hidden: 2048, Vocab: 102400, Heads: 16,
+		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 64, TopK: 6, ExpertInter: 1408, SharedInter: 2 * 1408, DenseInter: 10944},
+	"deepseek-v3": {Name: "deepseek-v3", Layers: 61, DenseLayers: 3, Hidden: 7168, Vocab: 129280, Heads: 128, QLoraRank: 1536,
+		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 256, TopK: 8, ExpertInter: 2048, SharedInter: 2048, DenseInter: 18432},
+	"kimi-k2": {Name: "kimi-k2", Layers: 61, DenseLayers: 1, Hidden: 7168, Vocab: 163840, Heads: 64, QLoraRank: 1536,
+		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 384, TopK: 8, ExpertInter: 2048, SharedInter: 2048, DenseInter: 18432},
+}
+
+// ModelPresets lists the model presets' names.
+func ModelPresets() []string {
+	var names []string
+	for n := range modelPresets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// ModelPreset is the named model preset; an unknown name is an error
+// listing them.
+func ModelPreset(name string) (Model, error) {
+	m, ok := modelPresets[strings.ToLower(name)]
+	if !ok {
+		return Model{}, fmt.Errorf("sim: unknown model preset %q (presets: %s; or --model DIR with a config.json)", name, strings.Join(ModelPresets(), ", "))
+	}
+	return m, nil
+}
+
+// LoadModel reads a model's shape from its config.json (a folder or the
+// file). A model without MLA (no kv_lora_rank) is an error: its KV cache
+// has heads a TP rank can split, and the formulas here are MLA's.
+func LoadModel(path string) (Model, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		path = filepath.Join(path, "config.json")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Model{}, fmt.Errorf("sim: model: %w", err)
+	}
+	cfg, err := moe.ParseConfig(data)
+	if err != nil {
+		return Model{}, fmt.Errorf("sim: model %s: %w", path, err)
+	}
+	var raw struct {
+		Heads      int  `json:"num_attention_heads"`
+		QLoraRank  *int `json:"q_lora_rank"`
+		NopeDim    int  `json:"qk_nope_head_dim"`
+		VDim       int  `json:"v_head_dim"`
+		Vocab      int  `json:"vocab_size"`
+		DenseInter int  `json:"intermediate_size"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return Model{}, fmt.Errorf("sim: model %s: %w", path, err)
+	}
+	if cfg.KVLoraRank == 0 {
+		return Model{}, fmt.Errorf("sim: model %s (%s) has no MLA (no kv_lora_rank): its KV heads split under TP, and moex sim models MLA's latent cache, which does not", path, cfg.Name)
+	}
+	m := Model{Name: cfg.Name, Layers: cfg.NumLayers, Hidden: cfg.Hidden, Vocab: raw.Vocab, Heads: raw.Heads,
+		KVLoraRank: cfg.KVLoraRank, NopeDim: raw.NopeDim, RopeDim: cfg.RopeDim, VDim: raw.VDim,
+		Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertInter: cfg.Inter, SharedInter: cfg.SharedInter, DenseInter: raw.DenseInter}
+	if raw.QLoraRank != nil {
+		m.QLoraRank = *raw.QLoraRank
+	}
+	for n := range cfg.NumLayers {
+		if cfg.CheckMoELayer(n) != nil {
+			m.DenseLayers++
+		}
+	}
+	return m, m.Validate()
+}
+
+// Validate names the first size that cannot describe a model.
+func (m Model) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"layers", m.Layers}, {"hidden", m.Hidden}, {"heads", m.Heads}, {"kv_lora_rank", m.KVLoraRank},
+		{"qk_nope_head_dim", m.NopeDim}, {"qk_rope_head_dim", m.RopeDim}, {"v_head_dim", m.VDim}, {"experts", m.Experts},
+		{"top_k", m.TopK}, {"expert_inter", m.ExpertInter}} {
+		if f.v < 1 {
+			return fmt.Errorf("sim: model %q: %s is %d, must be positive", m.Name, f.name, f.v)
+		}
+	}
+	switch {
+	case m.TopK > m.Experts:
+		return fmt.Errorf("sim: model %q: top_k %d exceeds its %d experts", m.Name, m.TopK, m.Experts)
+	case m.DenseLayers < 0 || m.DenseLayers > m.Layers:
+		return fmt.Errorf("sim: model %q: %d dense layers of %d", m.Name, m.DenseLayers, m.Layers)
+	case m.DenseLayers > 0 && m.DenseInter < 1:
+		return fmt.Errorf("sim: model %q: %d dense layers of width %d", m.Name, m.DenseLayers, m.DenseInter)
+	case m.Vocab < 0:
+		return fmt.Errorf("sim: model %q: vocab %d", m.Name, m.Vocab)
+	case m.QLoraRank < 0 || m.SharedInter < 0:
+		return fmt.Errorf("sim: model %q: negative q_lora_rank or shared width", m.Name)
+	}
+	return nil
+}
+
+// Parameter counts, per layer unless said.
+
+// attnParams splits one MLA block's projections into the part a TP rank
+// divides by heads (q_b_proj or q_proj, kv_b_proj, o_proj) and the part
+// every rank keeps whole (kv_a_proj_with_mqa, whose latent is not split by
+// heads, and q_a_proj, which SGLang replicates).
+func (m Model) attnParams() (perHead, whole float64) {
+	h, H := float64(m.Heads), float64(m.Hidden)
+	qk := float64(m.NopeDim + m.RopeDim)
+	q, qA := H*h*qk, 0.0
+	if m.QLoraRank > 0 {
+		r := float64(m.QLoraRank)
+		q, qA = r*h*qk, H*r
+	}
+	kvB := float64(m.KVLoraRank) * h * float64(m.NopeDim+m.VDim)
+	o := h * float64(m.VDim) * H
+	return q + kvB + o, qA + H*float64(m.KVLoraRank+m.RopeDim)
+}
+
+func (m Model) expertParams() float64 { return 3 * float64(m.Hidden) * float64(m.ExpertInter) }
+func (m Model) sharedParams() float64 { return 3 * float64(m.Hidden) * float64(m.SharedInter) }
+func (m Model) denseParams() float64  { return 3 * float64(m.Hidden) * float64(m.DenseInter) }
+
+// Params is the model's parameter count.
+func (m Model) Params() float64 {
+	a, whole := m.attnParams()
+	moeL := float64(m.Layers - m.DenseLayers)
+	return float64(m.Layers)*(a+whole) + moeL*(float64(m.Experts)*m.expertParams()+m.sharedParams()) +
+		float64(m.DenseLayers)*m.denseParams() + 2*float64(m.Vocab)*float64(m.Hidden)
+}
+
+// latentValues is the MLA cache's values per token and layer.
+func (m Model) latentValues() int { return m.KVLoraRank + m.RopeDim }
