@@ -8,7 +8,7 @@ EMU_PKGS = ./kernels/cudaemu/... ./cuda/... ./moe/moegpu/... ./ep/epgpu/... ./dp
 # Packages with goroutines of their own, run again under the race detector.
 RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/... ./internal/decoderun/... ./serve/... ./loadgen/... ./router/...
 
-.PHONY: all build run test check vet fmt-check asm asm-check purego mpi mpi-test cuda cuda-check emu-test gpu-bundle race bench fuzz golden clean
+.PHONY: all build run test calibrate check vet fmt-check asm asm-check purego mpi mpi-test cuda cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
 all: build
 
@@ -22,6 +22,7 @@ run: build
 # Everything CI checks.
 test: check asm-check purego cuda-check
 	$(GO) test -count=1 ./...
+	$(MAKE) calibrate
 	./scripts/mpi-parity.sh
 	$(GO) test -count=1 -tags cudaemu $(EMU_PKGS)
 	$(GO) test -count=1 -tags cudaemu -run Backend ./cmd/moex
@@ -29,6 +30,11 @@ test: check asm-check purego cuda-check
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x ./...
 
 check: fmt-check vet
+
+# moex sim's cpu preset against moex run's step times (±25 %): it times
+# the machine, so it runs alone.
+calibrate:
+	MOEX_CALIBRATE=1 $(GO) test -count=1 -v -run '^TestCalibration$$' ./internal/decoderun
 
 # Every CUDA kernel compiled by nvcc for sm_80 and sm_90 (plus PTX) into one
 # fatbin, with ptxas's register and shared-memory report; installs Debian's

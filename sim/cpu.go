@@ -5,223 +5,211 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
-	"github.com/moex-project/moex/internal/hugepage"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
-// CPUProbe is what CalibrateCPU measured, per rank with all ranks running
-// at once, as moex run's in-process ranks do.
+// CPUProbe is what ProbeCPU measured on this machine, each probe on all of
+// its cores at once (GOMAXPROCS workers), with moex's own kernels at
+// DeepSeek-V2-Lite's shapes: the rates `moex bench moe` and `moex bench
+// mla` report.
 type CPUProbe struct {
-	Ranks int
-	// ReadBW: bytes a second one rank reads (kernels.ReadBytes, its
-	// GOMAXPROCS/ranks threads, its own 256 MiB/ranks buffer).
-	ReadBW float64
-	// MoEFLOPs: a DeepSeek-V2-Lite MoE layer's FLOPs a second (bf16
-	// weights, 256 tokens: ~24 rows an expert, compute-bound), on
-	// GOMAXPROCS/ranks workers as moex run gives each rank.
-	MoEFLOPs float64
-	// MLAFLOPs: dpattn.MLA's FLOPs a second (16 sequences × 1024 cached
-	// bf16 rows, 16 heads of 576/512: compute-bound), FlashMLA's count.
-	MLAFLOPs float64
-	// AllGatherBW and AllGatherLatency: an in-process all-gather (ep's
-	// local transport) of p bytes a rank takes AllGatherLatency +
-	// (ranks−1)·p / AllGatherBW, from two sizes (8 B and 1 MiB).
+	// StreamBW: the bytes a second the MoE layer's decode reads: a
+	// DeepSeek-V2-Lite MoE layer (bf16) at 8 tokens, the bytes of the
+	// experts the routing chose and of the shared expert over the time.
+	// It is what a memory-bound stage reaches here (weights streamed
+	// through the grouped GEMM), below the bare read bandwidth.
+	StreamBW float64
+	// GEMM: the same layer's FLOPs a second at 256 tokens (~24 rows an
+	// expert: compute-bound).
+	GEMM float64
+	// MLA and MLARow: dpattn.MLA over 16 sequences × 1024 cached bf16 rows
+	// takes rows·MLARow + FLOPs/MLA (FlashMLA's FLOP count), solved from
+	// its times at 1 and 16 heads of 576/512.
+	MLA, MLARow float64
+	// AllGatherBW and AllGatherLatency: an all-gather over two in-process
+	// ranks (ep's local transport) of p bytes a rank takes
+	// AllGatherLatency + p / AllGatherBW, from 8 B and 1 MiB.
 	AllGatherBW, AllGatherLatency float64
 }
 
-// CalibrateCPU measures this machine for ranks in-process ranks and
-// returns the cpu hardware preset: rates per rank, measured with every
-// rank running at once (the ranks share the cores and the memory bus).
+// CalibrateCPU measures this machine and returns its cpu preset for ranks
+// in-process ranks.
 func CalibrateCPU(ranks int) (Hardware, error) {
-	p, err := ProbeCPU(context.Background(), ranks)
+	p, err := ProbeCPU(context.Background())
 	if err != nil {
 		return Hardware{}, err
 	}
-	return p.Hardware(), nil
+	return p.Hardware(ranks), nil
 }
 
-// Hardware is the cpu preset of a probe.
-func (p CPUProbe) Hardware() Hardware {
-	return Hardware{Name: "cpu", Mem: float64(memlimit.Machine()), MemFraction: 0.8, MemBW: p.ReadBW,
-		GEMM: map[string]float64{"bf16": p.MoEFLOPs}, MLA: p.MLAFLOPs,
+// Hardware is the cpu preset of a probe for ranks in-process ranks: they
+// run at once on the machine's cores (Shared), so a rank's stage takes its
+// work over the machine's rate divided by the ranks, the way the ranks of
+// moex run share the machine.
+func (p CPUProbe) Hardware(ranks int) Hardware {
+	n := float64(max(ranks, 1))
+	return Hardware{Name: "cpu", Mem: float64(memlimit.Machine()) / n, MemFraction: 0.8, MemBW: p.StreamBW / n,
+		GEMM: map[string]float64{"bf16": p.GEMM / n}, MLA: p.MLA / n, MLARow: p.MLARow * n,
 		IntraBW: p.AllGatherBW, IntraLatency: p.AllGatherLatency, InterBW: p.AllGatherBW, InterLatency: p.AllGatherLatency,
-		RanksPerNode: p.Ranks, Shared: true,
-		Sources: []string{fmt.Sprintf("measured on this machine, %d in-process ranks running at once, each: read %.1f GB/s, "+
-			"MoE layer %.1f GFLOP/s, MLA %.1f GFLOP/s, all-gather %.2f GB/s + %.1f µs", p.Ranks, p.ReadBW/1e9, p.MoEFLOPs/1e9,
-			p.MLAFLOPs/1e9, p.AllGatherBW/1e9, p.AllGatherLatency*1e6),
-			"memory: the machine's, 80 % for weights and cache"}}
+		RanksPerNode: max(ranks, 1), Shared: true,
+		Sources: []string{fmt.Sprintf("measured on this machine (%d threads): MoE decode streams %.1f GB/s of weights, "+
+			"MoE at 256 tokens %.1f GFLOP/s, MLA %.1f GFLOP/s + %.0f ns a cached row, in-process all-gather %.2f GB/s + %.1f µs; "+
+			"each of %d ranks has 1/%d of the rates", runtime.GOMAXPROCS(0), p.StreamBW/1e9, p.GEMM/1e9, p.MLA/1e9, p.MLARow*1e9,
+			p.AllGatherBW/1e9, p.AllGatherLatency*1e6, ranks, ranks),
+			"memory: the machine's, shared by the ranks, 80 % for weights and cache"}}
 }
 
-// ProbeCPU runs the probes; each runs on every rank at once, best of
-// three passes.
-func ProbeCPU(ctx context.Context, ranks int) (CPUProbe, error) {
-	if ranks < 1 {
-		return CPUProbe{}, fmt.Errorf("sim: cpu probe of %d ranks: at least one", ranks)
-	}
-	p := CPUProbe{Ranks: ranks}
-	workers := max(1, runtime.GOMAXPROCS(0)/ranks)
+// ProbeCPU runs the probes, best of three passes each.
+func ProbeCPU(ctx context.Context) (CPUProbe, error) {
+	var p CPUProbe
 	var err error
-	if p.ReadBW, err = probeRead(ctx, ranks, workers); err != nil {
+	if p.MLA, p.MLARow, err = probeMLA(ctx); err != nil {
 		return p, err
 	}
-	if p.MoEFLOPs, err = probeMoE(ctx, ranks, workers); err != nil {
+	if p.AllGatherBW, p.AllGatherLatency, err = probeAllGather(ctx); err != nil {
 		return p, err
 	}
-	if p.MLAFLOPs, err = probeMLA(ctx, ranks); err != nil {
+	if p.StreamBW, p.GEMM, err = probeMoE(ctx); err != nil {
 		return p, err
-	}
-	if ranks > 1 {
-		if p.AllGatherBW, p.AllGatherLatency, err = probeAllGather(ctx, ranks); err != nil {
-			return p, err
-		}
-	} else {
-		p.AllGatherBW, p.AllGatherLatency = p.ReadBW, 0 // no collective: never used
 	}
 	return p, nil
 }
 
-// atOnce runs f on every rank at once, passes times, and returns the
-// best pass's seconds (the slowest rank's).
-func atOnce(ctx context.Context, ranks, passes int, f func(rank int) error) (float64, error) {
-	best := 0.0
+// best is the shortest of passes runs of f, in seconds.
+func best(ctx context.Context, passes int, f func() error) (float64, error) {
+	t := 0.0
 	for pass := range passes {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		errs := make([]error, ranks)
-		var wg sync.WaitGroup
 		start := time.Now()
-		for r := range ranks {
-			wg.Go(func() { errs[r] = f(r) })
+		if err := f(); err != nil {
+			return 0, err
 		}
-		wg.Wait()
-		s := time.Since(start).Seconds()
-		for _, err := range errs {
-			if err != nil {
-				return 0, err
-			}
-		}
-		if pass == 0 || s < best {
-			best = s
+		if s := time.Since(start).Seconds(); pass == 0 || s < t {
+			t = s
 		}
 	}
-	return best, nil
+	return t, nil
 }
 
-func probeRead(ctx context.Context, ranks, workers int) (float64, error) {
-	const total = 256 << 20
-	per := total / ranks / workers
-	bufs := make([][]byte, ranks*workers)
-	for i := range bufs {
-		bufs[i] = make([]byte, per)
-		hugepage.Advise(bufs[i])
-		for j := 0; j < per; j += 4096 {
-			bufs[i][j] = 0 // fault the pages in
-		}
-	}
-	s, err := atOnce(ctx, ranks, 3, func(r int) error {
-		var wg sync.WaitGroup
-		for w := range workers {
-			wg.Go(func() { kernels.ReadBytes(bufs[r*workers+w]) })
-		}
-		wg.Wait()
-		return nil
-	})
-	return float64(per*workers) / s, err
-}
-
-func probeMoE(ctx context.Context, ranks, workers int) (float64, error) {
+// probeMoE times a random DeepSeek-V2-Lite MoE layer (bf16) at 8 tokens
+// (bytes of the chosen experts and the shared one a second) and at 256
+// (FLOPs a second).
+func probeMoE(ctx context.Context) (streamBW, gemm float64, err error) {
 	cfg := moe.DeepSeekV2Lite()
 	layer, err := moe.NewRandom(cfg, kernels.BF16, 1)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer layer.Close()
-	const tokens = 256
+	H, k := cfg.Hidden, cfg.TopK
 	rng := rand.New(rand.NewPCG(1, 2))
-	xs, ys := make([][]float32, ranks), make([][]float32, ranks)
-	shards := make([]*moe.Layer, ranks)
-	place, err := ep.Contiguous(cfg.NumExperts, 1)
-	if err != nil {
-		return 0, err
-	}
-	for r := range ranks {
-		xs[r], ys[r] = make([]float32, tokens*cfg.Hidden), make([]float32, tokens*cfg.Hidden)
-		for i := range xs[r] {
-			xs[r][i] = float32(rng.NormFloat64())
+	input := func(tokens int) ([]float32, []float32) {
+		x := make([]float32, tokens*H)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
 		}
-		shards[r] = ep.Shard(layer, place, 0, workers)
+		return x, make([]float32, len(x))
 	}
-	if err := shards[0].Forward(ctx, xs[0], ys[0]); err != nil { // warm: pages, packing
-		return 0, err
+	perExpert := 3 * float64(H) * float64(cfg.Inter) * 2
+	shared := 3 * float64(H) * float64(cfg.SharedInter) * 2
+	x, y := input(256)
+	if err := layer.Forward(ctx, x, y); err != nil { // warm: pages, packing
+		return 0, 0, err
 	}
-	s, err := atOnce(ctx, ranks, 3, func(r int) error { return shards[r].Forward(ctx, xs[r], ys[r]) })
-	flops := 2 * float64(tokens) * 3 * float64(cfg.Hidden) * float64(cfg.TopK*cfg.Inter+cfg.SharedInter)
-	return flops / s, err
+	s, err := best(ctx, 3, func() error { return layer.Forward(ctx, x, y) })
+	if err != nil {
+		return 0, 0, err
+	}
+	gemm = 2 * 256 * (float64(k)*perExpert + shared) / 2 / s // bytes/2: a weight's two FLOPs a token
+	x, y = input(8)
+	ids := make([]int32, 8*k)
+	if err := layer.ForwardRouting(ctx, x, y, ids, nil); err != nil {
+		return 0, 0, err
+	}
+	slices.Sort(ids)
+	chosen := len(slices.Compact(ids))
+	s, err = best(ctx, 5, func() error { return layer.Forward(ctx, x, y) })
+	return (float64(chosen)*perExpert + shared) / s, gemm, err
 }
 
-func probeMLA(ctx context.Context, ranks int) (float64, error) {
-	const seqs, rows, heads, dim, dv = 16, 1024, 16, 576, 512
+// probeMLA solves t(h) = rows·row + rows·h·2·(576+512)/rate from the
+// times at 1 and 16 heads.
+func probeMLA(ctx context.Context) (rate, row float64, err error) {
+	const seqs, rows, dim, dv = 16, 1024, 576, 512
+	const n, perHead = seqs * rows, 2 * (dim + dv)
 	rng := rand.New(rand.NewPCG(3, 4))
-	caches := make([]*dpattn.LatentCache, ranks)
-	qs, outs := make([][]float32, ranks), make([][]float32, ranks)
-	queries := make([][]dpattn.Query, ranks)
-	for r := range ranks {
-		c, err := dpattn.NewLatentCache(seqs*rows/dpattn.DefaultBlockSize, dpattn.DefaultBlockSize, dim, kernels.BF16)
-		if err != nil {
+	cache, err := dpattn.NewLatentCache(n/dpattn.DefaultBlockSize, dpattn.DefaultBlockSize, dim, kernels.BF16)
+	if err != nil {
+		return 0, 0, err
+	}
+	data := make([]float32, rows*dim)
+	var queries []dpattn.Query
+	for s := range seqs {
+		for i := range data {
+			data[i] = float32(rng.NormFloat64())
+		}
+		if err := cache.Append(s, data); err != nil {
+			return 0, 0, err
+		}
+		queries = append(queries, dpattn.Query{Table: cache.BlockTable(s), Len: rows})
+	}
+	timeAt := func(heads int) (float64, error) {
+		q := make([]float32, seqs*heads*dim)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		out := make([]float32, seqs*heads*dv)
+		run := func() error { return dpattn.MLA(ctx, cache, q, queries, heads, dv, 0.04, out, nil, dpattn.Options{}) }
+		if err := run(); err != nil {
 			return 0, err
 		}
-		data := make([]float32, rows*dim)
-		for s := range seqs {
-			for i := range data {
-				data[i] = float32(rng.NormFloat64())
-			}
-			if err := c.Append(s, data); err != nil {
-				return 0, err
-			}
-			queries[r] = append(queries[r], dpattn.Query{Table: c.BlockTable(s), Len: rows})
-		}
-		caches[r] = c
-		qs[r] = make([]float32, seqs*heads*dim)
-		for i := range qs[r] {
-			qs[r][i] = float32(rng.NormFloat64())
-		}
-		outs[r] = make([]float32, seqs*heads*dv)
+		return best(ctx, 3, run)
 	}
-	run := func(r int) error {
-		return dpattn.MLA(ctx, caches[r], qs[r], queries[r], heads, dv, 0.04, outs[r], nil, dpattn.Options{})
+	t1, err := timeAt(1)
+	if err != nil {
+		return 0, 0, err
 	}
-	if err := run(0); err != nil {
-		return 0, err
+	t16, err := timeAt(16)
+	if err != nil {
+		return 0, 0, err
 	}
-	s, err := atOnce(ctx, ranks, 3, run)
-	return 2 * seqs * rows * heads * (dim + dv) / s, err
+	rate = n * 15 * perHead / max(t16-t1, 1e-9)
+	return rate, max(t1/n-perHead/rate, 0), nil
 }
 
-func probeAllGather(ctx context.Context, ranks int) (bw, latency float64, err error) {
-	comms, err := ep.NewLocal(ranks)
+// probeAllGather times all-gathers over two in-process ranks.
+func probeAllGather(ctx context.Context) (bw, latency float64, err error) {
+	comms, err := ep.NewLocal(2)
 	if err != nil {
 		return 0, 0, err
 	}
 	timeOf := func(size, reps int) (float64, error) {
-		payload := make([][]byte, ranks)
-		for r := range payload {
-			payload[r] = make([]byte, size)
-		}
-		s, err := atOnce(ctx, ranks, 3, func(r int) error {
-			for range reps {
-				if _, err := comms[r].AllGather(ctx, payload[r]); err != nil {
-					return err
-				}
+		payload := make([]byte, size)
+		s, err := best(ctx, 3, func() error {
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for r := range comms {
+				wg.Go(func() {
+					for range reps {
+						if _, err := comms[r].AllGather(ctx, payload); err != nil {
+							errs[r] = err
+							return
+						}
+					}
+				})
 			}
-			return nil
+			wg.Wait()
+			return errs[0]
 		})
 		return s / float64(reps), err
 	}
@@ -234,5 +222,5 @@ func probeAllGather(ctx context.Context, ranks int) (bw, latency float64, err er
 	if err != nil {
 		return 0, 0, err
 	}
-	return float64((ranks-1)*big) / max(large-small, 1e-9), small, nil
+	return big / max(large-small, 1e-9), small, nil
 }

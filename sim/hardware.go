@@ -29,6 +29,10 @@ type Hardware struct {
 	// MLA is MLA decode's compute-bound rate (FlashMLA's
 	// s_q·Σs_k·h_q·(576+512)·2 FLOPs).
 	MLA float64 `json:"mla_flops"`
+	// MLARow is MLA decode's cost of a cached row before any head uses it
+	// (on the CPU: widening a bf16 row to fp32, 576 values), seconds a row;
+	// 0 on GPUs, where reading the row is the cost and MemBW bounds it.
+	MLARow float64 `json:"mla_row_s,omitempty"`
 	// IntraBW and IntraLatency: a collective's bandwidth per rank (one
 	// way) and fixed cost between ranks of one node; InterBW and
 	// InterLatency between nodes. RanksPerNode ranks share a node.

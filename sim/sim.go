@@ -298,13 +298,15 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		r.IdleFraction = 1 - float64(B)/(n*T)
 	}
 
-	roof := func(name string, bytes, flops, rate float64) {
+	// roofPlus: the larger of bytes/bw and extra + flops/rate.
+	roofPlus := func(name string, bytes, flops, rate, extra float64) {
 		t, bound := bytes/bw, "memory"
-		if c := flops / rate; c > t {
+		if c := extra + flops/rate; c > t {
 			t, bound = c, "compute"
 		}
 		r.Stages = append(r.Stages, Stage{Name: name, Seconds: t, Bound: bound, Bytes: bytes, FLOPs: flops})
 	}
+	roof := func(name string, bytes, flops, rate float64) { roofPlus(name, bytes, flops, rate, 0) }
 	// link: a collective moving bytes out of each rank, count times a step.
 	link := func(name string, bytes, count float64) {
 		bwL, lat := hw.IntraBW, hw.IntraLatency
@@ -328,9 +330,12 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	perHead, whole := m.attnParams()
 	projW := perHead/d.attnRanks() + whole
 	roof("attention projections", L*wb*projW, L*2*T*projW, gemm)
+	// Where a row costs time before the heads use it (hw.MLARow: the
+	// CPU's widening), that adds to the compute side.
 	heads := float64(m.Heads) / d.attnRanks()
 	lat := float64(m.latentValues())
-	roof("MLA", L*T*ctx*lat*kb, L*2*T*ctx*heads*(lat+float64(m.KVLoraRank)), mla)
+	rows := L * T * ctx
+	roofPlus("MLA", rows*lat*kb, 2*rows*heads*(lat+float64(m.KVLoraRank)), mla, rows*hw.MLARow)
 	if d.Layout == TP {
 		allReduce("attention all-reduce", float64(B)*H*actBytes, L)
 	}
