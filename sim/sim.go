@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/moex-project/moex/dpattn"
 )
 
 // Layout is how a deployment splits attention and the MoE over its ranks.
@@ -181,11 +183,12 @@ func (d Deployment) attnRanks() float64 {
 	return 1
 }
 
-// WeightsPerRank is the bytes of weights each rank holds: attention split
-// by heads under TP and whole under DP attention (kv_a and q_a whole
-// always); routed experts 1/ranks; shared experts 1/ranks except under EP,
-// where every rank keeps them for its own tokens; dense MLPs, the
-// embedding and lm_head 1/ranks (vocab- and tensor-parallel).
+// WeightsPerRank is the bytes of weights each rank holds. Under TP:
+// attention split by heads (kv_a and q_a whole), the dense MLPs, the
+// embedding and lm_head 1/ranks, routed and shared experts 1/ranks. Under
+// DP attention everything but the MoE is whole on every rank; the routed
+// experts 1/ranks, the shared ones 1/ranks in gather mode and whole under
+// EP, where every rank runs them on its own tokens.
 func (d Deployment) WeightsPerRank() float64 {
 	m, n := d.Model, float64(d.Ranks)
 	wb, _ := dtypeBytes(d.WeightDType)
@@ -197,8 +200,11 @@ func (d Deployment) WeightsPerRank() float64 {
 	}
 	moeL := float64(m.Layers - m.DenseLayers)
 	experts := moeL * (float64(m.Experts)*m.expertParams()/n + shared)
-	dense := float64(m.DenseLayers) * m.denseParams() / n
-	vocab := 2 * float64(m.Vocab) * float64(m.Hidden) / n
+	dense := float64(m.DenseLayers) * m.denseParams()
+	vocab := 2 * float64(m.Vocab) * float64(m.Hidden)
+	if d.Layout == TP {
+		dense, vocab = dense/n, vocab/n
+	}
 	return wb * (attn + experts + dense + vocab)
 }
 
@@ -230,9 +236,9 @@ func (d Deployment) KVPool() (float64, error) {
 var ErrNoFit = errors.New("no request fits the KV budget")
 
 // MaxBatch is the most requests of w.Input + w.Output tokens the ranks'
-// KV pools hold at once: pool ÷ (tokens × KVPerToken) on each rank, times
-// the ranks under DP attention (each holds its own requests), once under
-// TP (each holds all of them).
+// KV pools hold at once (dpattn.Account, moex run's accounting): a rank's
+// pool over a request's latents, times the ranks under DP attention (each
+// holds its own requests), once under TP (each holds all of them).
 func (d Deployment) MaxBatch(w Workload) (int, error) {
 	if err := d.Validate(); err != nil {
 		return 0, err
@@ -244,12 +250,14 @@ func (d Deployment) MaxBatch(w Workload) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	kb, _ := dtypeBytes(d.KVDType)
 	need := float64(w.Input+w.Output) * d.KVPerToken()
-	perRank := int(pool / need)
-	if perRank < 1 {
+	acct, err := dpattn.Account(d.Ranks, d.Model.Layers, d.Model.latentValues(), int(kb), int64(pool))
+	if err != nil || acct.MaxTokensTP < int64(w.Input+w.Output) {
 		return 0, fmt.Errorf("sim: a request of %d tokens needs %.1f MB of latent cache a rank; the budget of %.1f MB holds none: %w",
 			w.Input+w.Output, need/1e6, pool/1e6, ErrNoFit)
 	}
+	perRank := int(acct.MaxTokensTP / int64(w.Input+w.Output))
 	if d.Layout == TP {
 		return perRank, nil
 	}
@@ -340,12 +348,17 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		allReduce("attention all-reduce", float64(B)*H*actBytes, L)
 	}
 
-	// Dense MLP layers: tensor-parallel over all ranks, over all B tokens
-	// (under DP attention gathered first and scattered after: the same
-	// bytes as TP's all-reduce).
+	// Dense MLP layers: under TP tensor-parallel over every token and
+	// all-reduced; under DP attention data-parallel as attention is (each
+	// rank the whole MLP over its own tokens, no collective: SGLang's
+	// --moe-dense-tp-size 1, what its large EP deployments use).
 	if denseL > 0 {
-		roof("dense MLP", denseL*wb*m.denseParams()/n, denseL*2*float64(B)*m.denseParams()/n, gemm)
-		allReduce("dense MLP collectives", float64(B)*H*actBytes, denseL)
+		if d.Layout == TP {
+			roof("dense MLP", denseL*wb*m.denseParams()/n, denseL*2*T*m.denseParams()/n, gemm)
+			allReduce("dense MLP all-reduce", float64(B)*H*actBytes, denseL)
+		} else {
+			roof("dense MLP", denseL*wb*m.denseParams(), denseL*2*T*m.denseParams(), gemm)
+		}
 	}
 
 	// MoE. Of E experts, B tokens choosing k each leave an expert unchosen
@@ -376,12 +389,14 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		}
 	}
 
-	// lm_head, vocab-parallel over the ranks, over all B tokens (DP
-	// attention gathers their hidden states first).
+	// lm_head: under TP vocab-parallel over every token; under DP
+	// attention each rank's whole lm_head over its own tokens (SGLang's
+	// --enable-dp-lm-head).
 	if V := float64(m.Vocab); V > 0 {
-		roof("lm_head", wb*V*H/n, 2*float64(B)*V*H/n, gemm)
-		if d.Layout != TP {
-			link("lm_head all-gather", (n-1)/n*float64(B)*H*actBytes, 1)
+		if d.Layout == TP {
+			roof("lm_head", wb*V*H/n, 2*T*V*H/n, gemm)
+		} else {
+			roof("lm_head", wb*V*H, 2*T*V*H, gemm)
 		}
 	}
 

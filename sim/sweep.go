@@ -33,7 +33,8 @@ type Point struct {
 	Err    string  `json:"error,omitempty"`
 }
 
-// Sweep runs base and w for each layout at each value of axis. A point
+// Sweep runs base and w for each layout at each value of axis (batch 0:
+// the largest that fits, as in Workload). A point
 // that does not fit carries its error; a bad deployment or workload (one
 // no value could fix) is returned as the error.
 func Sweep(base Deployment, w Workload, layouts []Layout, axis Axis, values []int) ([]Point, error) {
@@ -56,8 +57,8 @@ func Sweep(base Deployment, w Workload, layouts []Layout, axis Axis, values []in
 			case AxisContext:
 				wl.Input = v
 			}
-			if v < 1 && axis != AxisContext || v < 0 {
-				return nil, fmt.Errorf("sim: sweep value %d of %s", v, axis)
+			if v < 0 || v == 0 && axis == AxisRanks {
+				return nil, fmt.Errorf("sim: %s %d", axis, v)
 			}
 			if err := d.Validate(); err != nil {
 				return nil, err

@@ -16,7 +16,7 @@ import (
 // config.json, as a table, JSON or a plot.
 func cmdSim(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	hwName := fs.String("hardware", "h100", "hardware preset: "+strings.Join(sim.HardwarePresets(), ", "))
+	hwName := fs.String("hardware", "h200", "hardware preset: "+strings.Join(sim.HardwarePresets(), ", "))
 	hwFile := fs.String("hardware-file", "", "a JSON file of Hardware fields overriding the preset's (mem_bw, gemm_flops, intra_bw, …)")
 	preset := fs.String("preset", "deepseek-v3", "model preset: "+strings.Join(sim.ModelPresets(), ", "))
 	dir := fs.String("model", "", "a checkpoint folder (or config.json) instead of --preset; MLA models only")
@@ -41,6 +41,9 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	plotPath := fs.String("plot", "", "draw tokens/s against the sweep's axis per layout to this .png, .svg or .pdf (needs --sweep)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	if *format != "table" && *format != "json" {
+		return fmt.Errorf("%w: --format %q: table or json", errUsage, *format)
 	}
 	var hw sim.Hardware
 	var err error
@@ -143,8 +146,6 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 			Axis     sim.Axis     `json:"axis"`
 			Points   []sim.Point  `json:"points"`
 		}{m, hw, axis, points})
-	} else if *format != "table" {
-		return fmt.Errorf("%w: --format %q: table or json", errUsage, *format)
 	}
 	fmt.Fprintf(stdout, "moex sim: %s (%.0fB parameters, %s weights, %s latent cache) on %s, %d in / %d out tokens a request\n",
 		m.Name, m.Params()/1e9, *wdt, *kvdt, hw.Name, *input, *output)
