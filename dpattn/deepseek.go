@@ -7,7 +7,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 
+	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
@@ -426,6 +428,12 @@ func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, 
 	return b.ForwardWith(ctx, Backend{}, cache, seqs, x, out)
 }
 
+// attnScratch is a forward pass's working memory, pooled as MLA's is
+// (dpattn/mla.go): a decode step's buffers are reused, not fresh pages.
+type attnScratch struct{ q, qa, kv, qNope, qLat, qAbs, o, v []float32 }
+
+var attnPool = sync.Pool{New: func() any { return new(attnScratch) }}
+
 // ForwardWith is Forward with its projections and attention on be.
 func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCache, seqs []int, x, out []float32) error {
 	c := b.Cfg
@@ -447,14 +455,16 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 	if be.Proj != nil {
 		proj = be.Proj
 	}
-	q := make([]float32, T*nh*qd)
+	sc := attnPool.Get().(*attnScratch)
+	defer attnPool.Put(sc)
+	q := buffers.Grow(&sc.q, T*nh*qd) // each of these written whole before it is read
 	if c.QLoraRank == nil {
 		if err := proj.Project(ctx, &b.qProj, x, q); err != nil {
 			return err
 		}
 	} else {
 		r := *c.QLoraRank
-		qa := make([]float32, T*r)
+		qa := buffers.Grow(&sc.qa, T*r)
 		if err := proj.Project(ctx, &b.qA, x, qa); err != nil {
 			return err
 		}
@@ -465,7 +475,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 			return err
 		}
 	}
-	kv := make([]float32, T*(L+R))
+	kv := buffers.Grow(&sc.kv, T*(L+R))
 	if err := proj.Project(ctx, &b.kvA, x, kv); err != nil {
 		return err
 	}
@@ -493,15 +503,15 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 	}
 	// Absorbed queries [T, heads, L+R]: the nope half through each head's
 	// W_UKᵀ, the rope half rotated.
-	qNope := make([]float32, T*nh*c.NopeDim)
+	qNope := buffers.Grow(&sc.qNope, T*nh*c.NopeDim)
 	for th := 0; th < T*nh; th++ {
 		copy(qNope[th*c.NopeDim:(th+1)*c.NopeDim], q[th*qd:th*qd+c.NopeDim])
 	}
-	qLat := make([]float32, T*nh*L)
+	qLat := buffers.Grow(&sc.qLat, T*nh*L)
 	if err := proj.ProjectHeads(ctx, b.wUKT, qNope, qLat); err != nil {
 		return err
 	}
-	qAbs := make([]float32, T*nh*(L+R))
+	qAbs := buffers.Grow(&sc.qAbs, T*nh*(L+R))
 	for t := 0; t < T; t++ {
 		pos := queries[t].Len - 1
 		for h := 0; h < nh; h++ {
@@ -512,7 +522,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 			b.applyRope(dst[L:], pos)
 		}
 	}
-	o := make([]float32, T*nh*L)
+	o := buffers.Grow(&sc.o, T*nh*L)
 	attend := func() error { return MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}) }
 	if be.Core != nil {
 		attend = func() error { return be.Core.Attend(ctx, cache, qAbs, queries, nh, L, b.Scale, o) }
@@ -520,7 +530,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 	if err := attend(); err != nil {
 		return err
 	}
-	v := make([]float32, T*nh*c.VDim)
+	v := buffers.Grow(&sc.v, T*nh*c.VDim)
 	if err := proj.ProjectHeads(ctx, b.wUV, o, v); err != nil {
 		return err
 	}

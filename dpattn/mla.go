@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 
+	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
@@ -114,8 +116,10 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 			chunksOf[i]++
 		}
 	}
-	partO := make([]float32, slots*heads*dv)
-	partL := make([]float64, slots*heads)
+	sc := mlaPool.Get().(*mlaScratch)
+	defer mlaPool.Put(sc)
+	partO := buffers.Grow(&sc.o, slots*heads*dv) // every slot written by its chunk
+	partL := buffers.Grow(&sc.l, slots*heads)
 	err := kernels.Parallel(ctx, opt.Workers, len(items), func(k int) {
 		it := items[k]
 		attendChunk(kv, q[it.q*heads*D:(it.q+1)*heads*D], queries[it.q].Table, it.r0, it.r1, heads, dv, scale,
@@ -185,6 +189,27 @@ func checkOutput(kv Blocks, queries []Query, out []float32, heads, dv int) error
 	return nil
 }
 
+// Decode attends every step: its working memory is pooled, since fresh
+// buffers each step were fresh pages to fault in (on a 2-core VM the
+// attention stage took 2.5× as long until a garbage collection happened to
+// recycle them).
+type (
+	mlaScratch struct {
+		o []float32
+		l []float64
+	}
+	chunkScratch struct {
+		scores, probs, part []float32
+		m, l                []float64
+		values              kernels.Matrix
+	}
+)
+
+var (
+	mlaPool   = sync.Pool{New: func() any { return new(mlaScratch) }}
+	chunkPool = sync.Pool{New: func() any { return new(chunkScratch) }}
+)
+
 // attendChunk computes one query's attention over cached rows [r0, r1):
 // o [heads, dv] normalised within the chunk and lse [heads] of the chunk,
 // with an online softmax over the blocks: each block's scores (one GEMM of
@@ -193,16 +218,20 @@ func checkOutput(kv Blocks, queries []Query, out []float32, heads, dv int) error
 // probabilities with its rows' first dv columns.
 func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, scale float32, o []float32, lse []float64) {
 	bs := kv.BlockSize()
-	scores := make([]float32, heads*bs)
-	probs := make([]float32, heads*bs)
-	part := make([]float32, heads*dv)
-	m := make([]float64, heads)
-	l := make([]float64, heads)
+	sc := chunkPool.Get().(*chunkScratch)
+	defer chunkPool.Put(sc)
+	scores := buffers.Grow(&sc.scores, heads*bs)
+	probs := buffers.Grow(&sc.probs, heads*bs)
+	part := buffers.Grow(&sc.part, heads*dv)
+	m := buffers.Grow(&sc.m, heads)
+	l := buffers.Grow(&sc.l, heads)
 	for h := range m {
 		m[h] = math.Inf(-1)
 	}
+	clear(l)
 	clear(o)
-	var values kernels.Matrix
+	values := sc.values
+	defer func() { sc.values = values }()
 	for r := r0; r < r1; {
 		blk := kv.Block(int(table[r/bs]))
 		lo := r % bs

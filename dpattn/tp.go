@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/ep"
+	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -120,23 +121,26 @@ func MoETensorParallel(ctx context.Context, comm ep.Comm, shard *moe.Layer, plan
 	if err := shard.Router.CheckTokens(tokens, T); err != nil {
 		return fail(err)
 	}
-	ids := make([]int32, T*K)
-	weights := make([]float32, T*K)
+	sc := moePool.Get().(*moeScratch)
+	defer moePool.Put(sc)
+	ids := buffers.Grow(&sc.ids, T*K)
+	weights := buffers.Grow(&sc.weights, T*K)
 	if err := shard.RouteTokens(ctx, x, tokens, ids, weights); err != nil {
 		return fail(err)
 	}
-	g, err := shard.Group(ids, weights, K, true, nil)
+	g, err := shard.Group(ids, weights, K, true, sc.out)
 	if err != nil {
 		return fail(err)
 	}
-	if err := shard.RunExperts(ctx, x, g.Groups, nil); err != nil {
+	sc.out = g.Out[:cap(g.Out)]
+	if err := shard.RunExperts(ctx, x, g.Groups, &sc.ffn); err != nil {
 		return fail(err)
 	}
 	clear(y)
 	moe.Combine(y, g.Out, g.RowOf, K, H, nil)
 	lo, hi := plan.Offset*H, (plan.Offset+plan.Tokens)*H
-	if shared := shard.SharedFFN(x[lo:hi], nil, nil); shared != nil {
-		if err := shard.RunExperts(ctx, x[lo:hi], []kernels.FFNGroup{*shared}, nil); err != nil {
+	if shared := shard.SharedFFN(x[lo:hi], nil, buffers.Grow(&sc.shared, hi-lo)); shared != nil {
+		if err := shard.RunExperts(ctx, x[lo:hi], []kernels.FFNGroup{*shared}, &sc.ffn); err != nil {
 			return fail(err)
 		}
 		for i, v := range shared.Out {

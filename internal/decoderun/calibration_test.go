@@ -59,7 +59,7 @@ func TestCalibration(t *testing.T) {
 		for _, mode := range modes {
 			cfg := Config{Ranks: R, Steps: 1, Batch: shape.batch, Context: shape.context, AttnMode: mode.attn, MoEMode: mode.moe,
 				Seed: 1, MoE: layer, Attn: attn, CacheDType: kernels.BF16}
-			runtime.GC() // the probe's gigabyte of weights, gone before the clock runs
+			runtime.GC()            // the probe's gigabyte of weights, gone before the clock runs
 			_, err := Run(ctx, cfg) // warm
 			require.NoError(t, err)
 			cfg.Steps = steps
