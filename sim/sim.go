@@ -306,11 +306,16 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		r.IdleFraction = 1 - float64(B)/(n*T)
 	}
 
-	// roofPlus: the larger of bytes/bw and extra + flops/rate.
+	// roofPlus: the larger of bytes/bw and extra + flops/rate (their sum
+	// on Serial hardware); bound names the larger.
 	roofPlus := func(name string, bytes, flops, rate, extra float64) {
-		t, bound := bytes/bw, "memory"
-		if c := extra + flops/rate; c > t {
+		mem, c := bytes/bw, extra+flops/rate
+		t, bound := mem, "memory"
+		if c > mem {
 			t, bound = c, "compute"
+		}
+		if hw.Serial {
+			t = mem + c
 		}
 		r.Stages = append(r.Stages, Stage{Name: name, Seconds: t, Bound: bound, Bytes: bytes, FLOPs: flops})
 	}

@@ -34,6 +34,7 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	kvGiB := fs.Float64("kv-budget-gib", 0, "KV cache per rank, GiB (0: the memory the weights leave)")
 	intraLat := fs.Float64("intra-latency-us", -1, "a collective's fixed cost within a node, µs (default: the preset's)")
 	interLat := fs.Float64("inter-latency-us", -1, "a collective's fixed cost across nodes, µs (default: the preset's)")
+	oneLayer := fs.Bool("one-layer", false, "the model as moex run runs it: one MoE layer, no dense layer, embedding or lm_head")
 	sweep := fs.String("sweep", "", "vary batch, ranks or context (the prompt length) over --values")
 	values := fs.String("values", "", "the sweep's values, comma-separated (batch: default powers of two up to what fits)")
 	format := fs.String("format", "table", "table or json")
@@ -74,6 +75,9 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	}
 	if err != nil {
 		return err
+	}
+	if *oneLayer {
+		m.Layers, m.DenseLayers, m.Vocab = 1, 0, 0
 	}
 	var ls []sim.Layout
 	for f := range strings.SplitSeq(*layouts, ",") {

