@@ -246,8 +246,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			float64(t.KVBytes)/(1<<20))
 	}
 	tw.Flush()
-	fmt.Fprintf(stdout, "\n  %d tokens in %v: %.1f tokens/s; %d idle (rank, step) batches\n", rep.Tokens, rep.Wall.Round(time.Millisecond),
-		float64(rep.Tokens)/rep.Wall.Seconds(), rep.IdleSteps)
+	fmt.Fprintf(stdout, "\n  %d tokens in %v of decode steps: %.1f tokens/s (the run %v, the caches' prefill included); %d idle (rank, step) batches\n",
+		rep.Tokens, rep.DecodeWall.Round(time.Millisecond), float64(rep.Tokens)/rep.DecodeWall.Seconds(), rep.Wall.Round(time.Millisecond), rep.IdleSteps)
 	if dev.core != nil && *mode == "gather" && *graphs {
 		replays, ran := make([]int, len(rep.Ranks)), 0
 		for r, t := range rep.Ranks {

@@ -103,6 +103,9 @@ type RankTimes struct {
 	MoE       time.Duration // the experts
 	Scatter   time.Duration // gather: reduce-scatter; alltoall: combine
 	Tokens    int
+	// Decode: from the first step's start to the last one's end (the
+	// prefill of the requests' caches before it not counted).
+	Decode time.Duration
 	// Replays: the steps a device runner (Layer or Gather) replayed from a
 	// CUDA graph, for runners that count them (GraphReplays).
 	Replays int
@@ -119,8 +122,11 @@ type StepInfo struct {
 
 // Report is the outcome of Run.
 type Report struct {
-	Config       Config
-	Wall         time.Duration
+	Config Config
+	Wall   time.Duration // the whole run, the caches' prefill included
+	// DecodeWall is the slowest rank's decode steps (RankTimes.Decode):
+	// what tokens a second are measured over.
+	DecodeWall   time.Duration
 	Tokens       int
 	Ranks        []RankTimes
 	Steps        []StepInfo
@@ -252,6 +258,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	wg.Wait()
 	rep.Wall = time.Since(start)
+	for _, rt := range rep.Ranks {
+		rep.DecodeWall = max(rep.DecodeWall, rt.Decode)
+	}
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
@@ -340,11 +349,11 @@ func RunComms(ctx context.Context, cfg Config, comm, plan ep.Comm) (*Report, err
 		comm.Abort(fmt.Errorf("rank %d: %w", comm.Rank(), err))
 		return nil, err
 	}
-	wall := []int64{int64(time.Since(start))}
+	wall := []int64{int64(time.Since(start)), int64(mine.Decode)}
 	if err := comm.AllReduceInt64(ctx, wall, ep.Max); err != nil {
 		return nil, err
 	}
-	rep.Wall = time.Duration(wall[0])
+	rep.Wall, rep.DecodeWall = time.Duration(wall[0]), time.Duration(wall[1])
 	// Everything to every rank (the transports have all-gather, not gather).
 	t := []int64{int64(mine.Plan), int64(mine.Attention), int64(mine.Gather), int64(mine.MoE), int64(mine.Scatter), int64(mine.Tokens),
 		int64(mine.Replays)}
@@ -434,6 +443,8 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	coord := dpattn.NewCoordinator(plan)
 	var gt dpattn.GatherTimes
 	out := make([][]float32, cfg.Steps)
+	decodeStart := time.Now()
+	defer func() { times.Decode = time.Since(decodeStart) }()
 	for st := 0; st < cfg.Steps; st++ {
 		b := sched.batch[r][st]
 		t0 := time.Now()
@@ -548,6 +559,8 @@ func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, pl
 	var gt dpattn.GatherTimes
 	var reduce time.Duration
 	out := make([][]float32, cfg.Steps)
+	decodeStart := time.Now()
+	defer func() { times.Decode = time.Since(decodeStart) }()
 	for st := 0; st < cfg.Steps; st++ {
 		// Every rank knows the schedule: the step's tokens are every rank's.
 		plan := &dpattn.StepPlan{Counts: make([]int64, R), Tokens: sched.batch[r][st]}
