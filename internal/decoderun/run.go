@@ -443,6 +443,12 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	coord := dpattn.NewCoordinator(plan)
 	var gt dpattn.GatherTimes
 	out := make([][]float32, cfg.Steps)
+	// Every rank's caches filled before the decode clock starts: a rank
+	// that filled its own first would otherwise count its wait for the
+	// others as its first step.
+	if err := plan.AllReduceInt64(ctx, []int64{0}, ep.Max); err != nil {
+		return nil, err
+	}
 	decodeStart := time.Now()
 	defer func() { times.Decode = time.Since(decodeStart) }()
 	for st := 0; st < cfg.Steps; st++ {
@@ -559,6 +565,12 @@ func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, pl
 	var gt dpattn.GatherTimes
 	var reduce time.Duration
 	out := make([][]float32, cfg.Steps)
+	// Every rank's caches filled before the decode clock starts: a rank
+	// that filled its own first would otherwise count its wait for the
+	// others as its first step.
+	if err := comm.AllReduceInt64(ctx, []int64{0}, ep.Max); err != nil {
+		return nil, err
+	}
 	decodeStart := time.Now()
 	defer func() { times.Decode = time.Since(decodeStart) }()
 	for st := 0; st < cfg.Steps; st++ {
