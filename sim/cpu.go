@@ -59,7 +59,7 @@ func (p CPUProbe) Hardware(ranks int) Hardware {
 	return Hardware{Name: "cpu", Mem: float64(memlimit.Machine()) / n, MemFraction: 0.8, MemBW: p.StreamBW / n,
 		GEMM: map[string]float64{"bf16": p.GEMM / n}, MLA: p.MLA / n, MLARow: p.MLARow * n,
 		IntraBW: p.AllGatherBW, IntraLatency: p.AllGatherLatency, InterBW: p.AllGatherBW, InterLatency: p.AllGatherLatency,
-		RanksPerNode: max(ranks, 1), Shared: true, Serial: true,
+		RanksPerNode: max(ranks, 1), Shared: true,
 		Sources: []string{fmt.Sprintf("measured on this machine (%d threads): MoE decode streams %.1f GB/s of weights, "+
 			"MoE at 256 tokens %.1f GFLOP/s, MLA %.1f GFLOP/s + %.0f ns a cached row, in-process all-gather %.2f GB/s + %.1f µs; "+
 			"each of %d ranks has 1/%d of the rates", runtime.GOMAXPROCS(0), p.StreamBW/1e9, p.GEMM/1e9, p.MLA/1e9, p.MLARow*1e9,

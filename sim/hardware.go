@@ -41,12 +41,6 @@ type Hardware struct {
 	InterBW      float64 `json:"inter_bw"`
 	InterLatency float64 `json:"inter_latency_s"`
 	RanksPerNode int     `json:"ranks_per_node"`
-	// Serial: a stage's memory time and compute time add instead of
-	// overlapping (the larger of the two): on a CPU the same cores issue
-	// the loads and widen and multiply what they load. Measured here: a
-	// rank's gather-mode experts over 32 tokens (2 ranks, DeepSeek-V2-Lite)
-	// took 30 ms a step, the larger of the two 22 ms, their sum 35.
-	Serial bool `json:"serial,omitempty"`
 	// Shared: the ranks are goroutines of one process on one machine (the
 	// cpu preset), its rates measured per rank with every rank running at
 	// once: they hold only for the ranks they were measured with.

@@ -306,16 +306,13 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		r.IdleFraction = 1 - float64(B)/(n*T)
 	}
 
-	// roofPlus: the larger of bytes/bw and extra + flops/rate (their sum
-	// on Serial hardware); bound names the larger.
+	// roofPlus: the larger of bytes/bw and extra + flops/rate; bound
+	// names it.
 	roofPlus := func(name string, bytes, flops, rate, extra float64) {
 		mem, c := bytes/bw, extra+flops/rate
 		t, bound := mem, "memory"
 		if c > mem {
 			t, bound = c, "compute"
-		}
-		if hw.Serial {
-			t = mem + c
 		}
 		r.Stages = append(r.Stages, Stage{Name: name, Seconds: t, Bound: bound, Bytes: bytes, FLOPs: flops})
 	}
