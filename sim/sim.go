@@ -81,6 +81,9 @@ type Workload struct {
 	Input, Output int
 	Batch         int
 	MaxBatch      int
+	// Prefill: the batch's prefill (Deployment.Prefill) rather than a
+	// decode step, where a sweep or moex sim chooses.
+	Prefill bool
 }
 
 // Stage is one part of a decode step, summed over the layers.
@@ -93,23 +96,26 @@ type Stage struct {
 	FLOPs float64 `json:"flops"`
 }
 
-// Result is one decode step of a deployment at a batch.
+// Result is one decode (or prefill) step of a deployment at a batch.
 type Result struct {
+	Phase  string `json:"phase"` // decode or prefill
 	Layout Layout `json:"layout"`
 	Ranks  int    `json:"ranks"`
 	// Batch is the requests decoding over all ranks; RankBatch those on
 	// the busiest attention rank (TP: all of them).
 	Batch, RankBatch int
 	// Context is a request's mean cached tokens over its decode (Input +
-	// Output/2).
+	// Output/2); a prefill's prompt length.
 	Context float64 `json:"context"`
 	// Per rank: the weights, the KV pool, and the KV this batch holds.
 	WeightBytes, KVPool, KVBytes float64
 	// MaxBatch is the most requests of Input+Output tokens the KV pools
 	// hold at once.
-	MaxBatch     int     `json:"max_batch"`
-	Stages       []Stage `json:"stages"`
-	Step         float64 `json:"step_seconds"`
+	MaxBatch int     `json:"max_batch"`
+	Stages   []Stage `json:"stages"`
+	Step     float64 `json:"step_seconds"`
+	// TokensPerSec: generated tokens a second over all ranks (prefill:
+	// prompt tokens).
 	TokensPerSec float64 `json:"tokens_per_second"`
 	// IdleFraction is the share of attention rank-steps DP attention
 	// leaves unused because the busiest rank sets the step (IDLE batches
@@ -264,8 +270,25 @@ func (d Deployment) MaxBatch(w Workload) (int, error) {
 	return perRank * d.Ranks, nil
 }
 
-// Decode is one decode step at w's batch (or the largest that fits).
-func (d Deployment) Decode(w Workload) (Result, error) {
+// Decode is one decode step at w's batch (or the largest that fits): a
+// token for each request, over its mean context (Input + Output/2).
+func (d Deployment) Decode(w Workload) (Result, error) { return d.step(w, false) }
+
+// Prefill is the prefill of w's batch of prompts (or the largest batch
+// that fits) in one step: every request's Input tokens at once, attention
+// over each prompt's causal prefix in the expanded (MHA) form SGLang and
+// vLLM prefill MLA with, at the GEMM rate; lm_head on the last token of
+// each. Its TokensPerSec are prompt tokens a second, its Step the batch's
+// time to first token. (moex's own CPU prefill runs the absorbed form; it
+// is not what the cpu preset was calibrated on.)
+func (d Deployment) Prefill(w Workload) (Result, error) {
+	if w.Input < 1 {
+		return Result{}, fmt.Errorf("sim: prefill of %d-token prompts", w.Input)
+	}
+	return d.step(w, true)
+}
+
+func (d Deployment) step(w Workload, prefill bool) (Result, error) {
 	maxB, err := d.MaxBatch(w)
 	if err != nil {
 		return Result{}, err
@@ -288,7 +311,10 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	wb, _ := dtypeBytes(d.WeightDType)
 	kb, _ := dtypeBytes(d.KVDType)
 	db, _ := dtypeBytes(d.DispatchDType)
-	ctx := float64(w.Input) + float64(w.Output)/2
+	ctx, per := float64(w.Input)+float64(w.Output)/2, 1.0 // mean context; tokens a request this step
+	if prefill {
+		ctx, per = float64(w.Input), float64(w.Input)
+	}
 	L, moeL, denseL := float64(m.Layers), float64(m.Layers-m.DenseLayers), float64(m.DenseLayers)
 	H, k, E := float64(m.Hidden), float64(m.TopK), float64(m.Experts)
 
@@ -298,12 +324,17 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	if d.Layout != TP {
 		rb = min(B, int(math.Ceil(float64(B)/n*d.DPImbalance)))
 	}
-	T := float64(rb) // tokens through this rank's attention
-	r := Result{Layout: d.Layout, Ranks: d.Ranks, Batch: B, RankBatch: rb, Context: ctx, MaxBatch: maxB,
-		WeightBytes: d.WeightsPerRank(), KVBytes: T * ctx * d.KVPerToken()}
+	T := float64(rb) * per   // tokens through this rank's attention
+	Ball := float64(B) * per // and over all ranks
+	phase := "decode"
+	if prefill {
+		phase = "prefill"
+	}
+	r := Result{Phase: phase, Layout: d.Layout, Ranks: d.Ranks, Batch: B, RankBatch: rb, Context: ctx, MaxBatch: maxB,
+		WeightBytes: d.WeightsPerRank(), KVBytes: float64(rb) * ctx * d.KVPerToken()}
 	r.KVPool, _ = d.KVPool()
 	if d.Layout != TP {
-		r.IdleFraction = 1 - float64(B)/(n*T)
+		r.IdleFraction = 1 - float64(B)/(n*float64(rb))
 	}
 
 	// roofPlus: the larger of bytes/bw and extra + flops/rate; bound
@@ -344,10 +375,19 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	// CPU's widening), that adds to the compute side.
 	heads := float64(m.Heads) / d.attnRanks()
 	lat := float64(m.latentValues())
-	rows := L * T * ctx
-	roofPlus("MLA", rows*lat*kb, 2*rows*heads*(lat+float64(m.KVLoraRank)), mla, rows*hw.MLARow)
+	if prefill {
+		// A prompt of S tokens: S(S+1)/2 (query, key) pairs a head, each
+		// 2·(qk_nope + qk_rope) FLOPs for the score and 2·v_head for the
+		// value; its latents read once.
+		S := float64(w.Input)
+		pairs := L * float64(rb) * S * (S + 1) / 2
+		roof("attention (MHA)", L*T*lat*kb, 2*pairs*heads*float64(m.NopeDim+m.RopeDim+m.VDim), gemm)
+	} else {
+		rows := L * T * ctx
+		roofPlus("MLA", rows*lat*kb, 2*rows*heads*(lat+float64(m.KVLoraRank)), mla, rows*hw.MLARow)
+	}
 	if d.Layout == TP {
-		allReduce("attention all-reduce", float64(B)*H*actBytes, L)
+		allReduce("attention all-reduce", Ball*H*actBytes, L)
 	}
 
 	// Dense MLP layers: under TP tensor-parallel over every token and
@@ -357,7 +397,7 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	if denseL > 0 {
 		if d.Layout == TP {
 			roof("dense MLP", denseL*wb*m.denseParams()/n, denseL*2*T*m.denseParams()/n, gemm)
-			allReduce("dense MLP all-reduce", float64(B)*H*actBytes, denseL)
+			allReduce("dense MLP all-reduce", Ball*H*actBytes, denseL)
 		} else {
 			roof("dense MLP", denseL*wb*m.denseParams(), denseL*2*T*m.denseParams(), gemm)
 		}
@@ -368,17 +408,17 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 	// chosen experts. The busiest rank computes its share of the B·k
 	// (token, expert) pairs times the EPLB imbalance.
 	if moeL > 0 {
-		hit := 1 - math.Pow(1-k/E, float64(B))
-		pairs := float64(B) * k / n * d.EPLBImbalance
+		hit := 1 - math.Pow(1-k/E, Ball)
+		pairs := Ball * k / n * d.EPLBImbalance
 		switch d.Layout {
 		case TP, DPGather:
 			roof("MoE experts", moeL*wb*(E/n*hit*m.expertParams()+m.sharedParams()/n),
-				moeL*2*(pairs*m.expertParams()+float64(B)*m.sharedParams()/n), gemm)
+				moeL*2*(pairs*m.expertParams()+Ball*m.sharedParams()/n), gemm)
 			name := "MoE all-reduce"
 			if d.Layout == DPGather {
 				name = "all-gather + reduce-scatter"
 			}
-			allReduce(name, float64(B)*H*actBytes, moeL)
+			allReduce(name, Ball*H*actBytes, moeL)
 		case DPEP:
 			// Each of the rank's T tokens goes to k experts, (n−1)/n of
 			// them on other ranks, one copy per (token, expert) as
@@ -391,20 +431,20 @@ func (d Deployment) Decode(w Workload) (Result, error) {
 		}
 	}
 
-	// lm_head: under TP vocab-parallel over every token; under DP
-	// attention each rank's whole lm_head over its own tokens (SGLang's
-	// --enable-dp-lm-head).
+	// lm_head, on each request's last token: under TP vocab-parallel over
+	// every request; under DP attention each rank's whole lm_head over
+	// its own (SGLang's --enable-dp-lm-head).
 	if V := float64(m.Vocab); V > 0 {
 		if d.Layout == TP {
-			roof("lm_head", wb*V*H/n, 2*T*V*H/n, gemm)
+			roof("lm_head", wb*V*H/n, 2*float64(rb)*V*H/n, gemm)
 		} else {
-			roof("lm_head", wb*V*H, 2*T*V*H, gemm)
+			roof("lm_head", wb*V*H, 2*float64(rb)*V*H, gemm)
 		}
 	}
 
 	for _, s := range r.Stages {
 		r.Step += s.Seconds
 	}
-	r.TokensPerSec = float64(B) / r.Step
+	r.TokensPerSec = Ball / r.Step
 	return r, nil
 }

@@ -96,6 +96,39 @@ func TestToyStep(t *testing.T) {
 	require.Equal(t, 1, r.RankBatch)
 }
 
+// TestToyPrefill: the toy's prefill of one 100-token prompt a rank, by
+// hand: compute-bound attention over the causal prefix, the projections
+// over every prompt token, the experts' weights read once.
+func TestToyPrefill(t *testing.T) {
+	d := toy()
+	d.Hardware.GEMM["bf16"] = 1e12 // compute-bound where FLOPs are many
+	r, err := d.Prefill(Workload{Input: 100, Output: 2, Batch: 2})
+	require.NoError(t, err)
+	require.Equal(t, "prefill", r.Phase)
+	proj := 1024.0*8*96 + 256*8*128 + 8*64*1024 + 1024*288 // weights
+	// 100 tokens: 2·100 FLOPs a weight against 2 B a weight read.
+	mha := 2 * (100.0 * 101 / 2) * 8 * (64 + 32 + 64) // 5050 pairs, 8 heads
+	// 100 tokens × 2 experts, half remote, 1024 bf16 values.
+	link := 100*2*0.5*1024*2/1e11 + 1e-5
+	// 200 tokens over both ranks choose experts: all 16 chosen with
+	// probability 1 − (14/16)^200; the rank computes 200 of the 200·2 pairs.
+	experts := math.Max(2*8*(1-math.Pow(14.0/16, 200))*3*1024*512/1e12, 2*200*3*1024*512/1e12)
+	want := map[string]float64{"attention projections": math.Max(2*proj/1e12, 2*100*proj/1e12),
+		"attention (MHA)": math.Max(100*288*2/1e12, mha/1e12), "dispatch": link, "MoE experts": experts, "combine": link}
+	got := map[string]float64{}
+	for _, s := range r.Stages {
+		got[s.Name] = s.Seconds
+	}
+	require.Len(t, got, len(want))
+	for name, w := range want {
+		require.InEpsilon(t, w, got[name], 1e-12, name)
+	}
+	require.InEpsilon(t, 200/r.Step, r.TokensPerSec, 1e-12)
+	require.Zero(t, r.IdleFraction)
+	_, err = d.Prefill(Workload{Input: 0, Output: 2})
+	require.ErrorContains(t, err, "prefill of 0-token prompts")
+}
+
 // TestCapacity: DP attention holds ranks times TP's requests, the pool
 // being memory less the weights; a budget that holds no request is
 // ErrNoFit.

@@ -63,7 +63,11 @@ func Sweep(base Deployment, w Workload, layouts []Layout, axis Axis, values []in
 			if err := d.Validate(); err != nil {
 				return nil, err
 			}
-			r, err := d.Decode(wl)
+			run := d.Decode
+			if wl.Prefill {
+				run = d.Prefill
+			}
+			r, err := run(wl)
 			if err != nil {
 				out = append(out, Point{Layout: l, X: v, Err: err.Error()})
 				continue

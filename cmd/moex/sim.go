@@ -34,6 +34,7 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	kvGiB := fs.Float64("kv-budget-gib", 0, "KV cache per rank, GiB (0: the memory the weights leave)")
 	intraLat := fs.Float64("intra-latency-us", -1, "a collective's fixed cost within a node, µs (default: the preset's)")
 	interLat := fs.Float64("inter-latency-us", -1, "a collective's fixed cost across nodes, µs (default: the preset's)")
+	phase := fs.String("phase", "decode", "decode (a step of --batch requests) or prefill (--batch prompts of --input tokens at once: time to first token, prompt tokens/s)")
 	oneLayer := fs.Bool("one-layer", false, "the model as moex run runs it: one MoE layer, no dense layer, embedding or lm_head")
 	sweep := fs.String("sweep", "", "vary batch, ranks or context (the prompt length) over --values")
 	values := fs.String("values", "", "the sweep's values, comma-separated (batch: default powers of two up to what fits)")
@@ -92,7 +93,10 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	if err := d.Validate(); err != nil {
 		return err
 	}
-	w := sim.Workload{Input: *input, Output: *output, Batch: *batch, MaxBatch: *maxBatch}
+	w := sim.Workload{Input: *input, Output: *output, Batch: *batch, MaxBatch: *maxBatch, Prefill: *phase == "prefill"}
+	if *phase != "decode" && *phase != "prefill" {
+		return fmt.Errorf("%w: --phase %q: decode or prefill", errUsage, *phase)
+	}
 	axis := sim.AxisBatch
 	var vals []int
 	switch {
@@ -151,10 +155,14 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 			Points   []sim.Point  `json:"points"`
 		}{m, hw, axis, points})
 	}
-	fmt.Fprintf(stdout, "moex sim: %s (%.0fB parameters, %s weights, %s latent cache) on %s, %d in / %d out tokens a request\n",
-		m.Name, m.Params()/1e9, *wdt, *kvdt, hw.Name, *input, *output)
+	fmt.Fprintf(stdout, "moex sim: %s %s (%.0fB parameters, %s weights, %s latent cache) on %s, %d in / %d out tokens a request\n",
+		*phase, m.Name, m.Params()/1e9, *wdt, *kvdt, hw.Name, *input, *output)
 	tw := tabwriter.NewWriter(stdout, 2, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "layout\tranks\tbatch\trank batch\tfits\tweights GB/rank\tKV GB/rank\tstep ms\ttokens/s\tidle %%\t\n")
+	stepCol, tputCol := "step ms", "tokens/s"
+	if w.Prefill {
+		stepCol, tputCol = "prefill ms", "prompt tokens/s"
+	}
+	fmt.Fprintf(tw, "layout\tranks\tbatch\trank batch\tfits\tweights GB/rank\tKV GB/rank\t%s\t%s\tidle %%\t\n", stepCol, tputCol)
 	for _, p := range points {
 		if p.Result == nil {
 			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t  %s\n", p.Layout, label(axis, p.X, *ranks), p.Err)

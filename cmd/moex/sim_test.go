@@ -42,10 +42,16 @@ func TestSim(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.Contains(string(data), "<svg"))
 
+	out, _, err = runCLI("sim", "--phase", "prefill", "--ranks", "8", "--input", "4096", "--batch", "8", "--layout", "dp-ep")
+	require.NoError(t, err)
+	require.Contains(t, out, "prefill ms")
+	require.Contains(t, out, "prompt tokens/s")
+
 	for _, tt := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"--phase", "train"}, `--phase "train"`},
 		{[]string{"--hardware", "tpu"}, `unknown hardware preset "tpu"`},
 		{[]string{"--preset", "llama"}, `unknown model preset "llama"`},
 		{[]string{"--ranks", "0"}, "0 ranks"},
