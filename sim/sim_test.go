@@ -84,6 +84,15 @@ func TestToyStep(t *testing.T) {
 	link := 2.0*1024/1e11 + 1e-5
 	want := map[string]float64{"attention projections": proj / 1e12, "MLA": mla / 1e12, "dispatch": link,
 		"MoE experts": experts / 1e12, "combine": link}
+	requireStages(t, r, want)
+	require.InEpsilon(t, 2/(proj/1e12+mla/1e12+2*link+experts/1e12), r.TokensPerSec, 1e-12)
+	require.Equal(t, 1, r.RankBatch)
+}
+
+// requireStages: r has exactly the stages of want, each the seconds want
+// gives.
+func requireStages(t *testing.T, r Result, want map[string]float64) {
+	t.Helper()
 	got := map[string]float64{}
 	for _, s := range r.Stages {
 		got[s.Name] = s.Seconds
@@ -92,8 +101,6 @@ func TestToyStep(t *testing.T) {
 	for name, w := range want {
 		require.InEpsilon(t, w, got[name], 1e-12, name)
 	}
-	require.InEpsilon(t, 2/(proj/1e12+mla/1e12+2*link+experts/1e12), r.TokensPerSec, 1e-12)
-	require.Equal(t, 1, r.RankBatch)
 }
 
 // TestToyPrefill: the toy's prefill of one 100-token prompt a rank, by
@@ -115,14 +122,7 @@ func TestToyPrefill(t *testing.T) {
 	experts := math.Max(2*8*(1-math.Pow(14.0/16, 200))*3*1024*512/1e12, 2*200*3*1024*512/1e12)
 	want := map[string]float64{"attention projections": math.Max(2*proj/1e12, 2*100*proj/1e12),
 		"attention (MHA)": math.Max(100*288*2/1e12, mha/1e12), "dispatch": link, "MoE experts": experts, "combine": link}
-	got := map[string]float64{}
-	for _, s := range r.Stages {
-		got[s.Name] = s.Seconds
-	}
-	require.Len(t, got, len(want))
-	for name, w := range want {
-		require.InEpsilon(t, w, got[name], 1e-12, name)
-	}
+	requireStages(t, r, want)
 	require.InEpsilon(t, 200/r.Step, r.TokensPerSec, 1e-12)
 	require.Zero(t, r.IdleFraction)
 	_, err = d.Prefill(Workload{Input: 0, Output: 2})
