@@ -22,6 +22,9 @@ var (
 	ErrUnsupportedFormat = errors.New("moe: unsupported weight format")
 	// ErrUnknownFamily: a model_type moex does not know.
 	ErrUnknownFamily = errors.New("moe: unknown model family")
+	// ErrGGUF: a GGUF file that is not well formed or holds what moex
+	// cannot read; the message names the key, tensor or byte.
+	ErrGGUF = errors.New("moe: bad GGUF file")
 	// ErrClosed: a call on a closed checkpoint or layer.
 	ErrClosed = errors.New("moe: closed")
 	// ErrFileChanged: a checkpoint file was cut short or replaced in place
