@@ -33,6 +33,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"runtime"
 	"sync"
@@ -105,6 +106,7 @@ type Layer struct {
 	sharedGate *kernels.Matrix
 	norms      *Norms      // Config.ResidualInput's, else nil
 	ckpt       *Checkpoint // owned: Close closes it
+	closer     io.Closer   // a GGUF file, owned likewise
 	src        *Checkpoint // where the weights were mapped from, to name a fault on it
 
 	workers int          // SetWorkers
@@ -449,6 +451,9 @@ func (l *Layer) Close() error {
 		return nil
 	}
 	l.closed = true
+	if l.closer != nil {
+		return l.closer.Close()
+	}
 	if l.ckpt == nil {
 		return nil
 	}

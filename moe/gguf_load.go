@@ -1,0 +1,276 @@
+package moe
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/kernels"
+)
+
+// A GGUF file's metadata is mapped onto the Hugging Face config.json keys
+// of the family llama.cpp converted it from, and parsed by ParseConfig: the
+// one definition of each family's block serves both formats. Per
+// architecture (llama.cpp's convert_hf_to_gguf.py writes the keys, its
+// llama-model.cpp reads them):
+//
+//	deepseek2: expert_count, expert_used_count, expert_feed_forward_length,
+//	  expert_shared_count (× the expert width), leading_dense_block_count,
+//	  expert_weights_scale (routed_scaling_factor, default 1),
+//	  expert_weights_norm (norm_topk_prob, default false),
+//	  expert_gating_func (1 softmax, 2 sigmoid; default softmax),
+//	  expert_group_count and expert_group_used_count (n_group, topk_group).
+//	  GGUF keeps no topk_method: a layer with exp_probs_b is noaux_tc
+//	  (DeepSeek-V3's), else groups > 1 mean group_limited_greedy, else greedy.
+//	qwen3moe: as qwen3_moe, renormalised (llama.cpp always renormalises it).
+//	qwen2moe: as qwen2_moe, not renormalised, the shared expert of
+//	  expert_shared_feed_forward_length behind ffn_gate_inp_shexp.
+//	llama with expert_count (Mixtral): as mixtral.
+
+// hfConfig is the config.json of the file's architecture: its model_type
+// and the keys its metadata gives.
+func (g *GGUF) hfConfig(path string) (map[string]any, error) {
+	arch := g.Metadata["general.architecture"].Str
+	if arch == "" {
+		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: no general.architecture", path)
+	}
+	var missing []string
+	num := func(key string, def ...float64) float64 {
+		v, ok := g.Metadata[arch+"."+key]
+		if f, isNum := v.AsFloat(); ok && isNum {
+			return f
+		}
+		if ok && v.Type == GGUFBool {
+			if v.Bool {
+				return 1
+			}
+			return 0
+		}
+		if len(def) > 0 {
+			return def[0]
+		}
+		missing = append(missing, arch+"."+key)
+		return 0
+	}
+	cfg := map[string]any{"hidden_size": num("embedding_length"), "num_hidden_layers": num("block_count")}
+	switch arch {
+	case "deepseek2":
+		inter := num("expert_feed_forward_length")
+		groups := num("expert_group_count", 1)
+		sigmoid := num("expert_gating_func", 1) == 2
+		noaux := slices.ContainsFunc(g.Names, func(n string) bool { return strings.HasSuffix(n, ".exp_probs_b.bias") })
+		method, scoring, model := "greedy", "softmax", "deepseek_v2"
+		switch {
+		case noaux:
+			method, model = "noaux_tc", "deepseek_v3"
+		case groups > 1:
+			method = "group_limited_greedy"
+		}
+		if sigmoid {
+			scoring = "sigmoid"
+		}
+		for k, v := range map[string]any{"model_type": model, "n_routed_experts": num("expert_count"),
+			"num_experts_per_tok": num("expert_used_count"), "moe_intermediate_size": inter,
+			"n_shared_experts": num("expert_shared_count", 0), "first_k_dense_replace": num("leading_dense_block_count", 0),
+			"moe_layer_freq": 1, "routed_scaling_factor": num("expert_weights_scale", 1),
+			"norm_topk_prob": num("expert_weights_norm", 0) == 1, "scoring_func": scoring, "topk_method": method,
+			"n_group": groups, "topk_group": num("expert_group_used_count", 1),
+			"kv_lora_rank": num("attention.kv_lora_rank", 0), "qk_rope_head_dim": num("rope.dimension_count", 0)} {
+			cfg[k] = v
+		}
+	case "qwen3moe", "qwen2moe":
+		cfg["model_type"] = map[string]string{"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}[arch]
+		cfg["num_experts"] = num("expert_count")
+		cfg["num_experts_per_tok"] = num("expert_used_count")
+		cfg["moe_intermediate_size"] = num("expert_feed_forward_length")
+		cfg["norm_topk_prob"] = arch == "qwen3moe"
+		cfg["decoder_sparse_step"] = 1
+		cfg["mlp_only_layers"] = []int{}
+		if arch == "qwen2moe" {
+			cfg["shared_expert_intermediate_size"] = num("expert_shared_feed_forward_length")
+		}
+	case "llama":
+		if _, ok := g.Metadata["llama.expert_count"]; !ok {
+			return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: a llama GGUF without llama.expert_count has no MoE block", path)
+		}
+		cfg["model_type"] = "mixtral"
+		cfg["num_local_experts"] = num("expert_count")
+		cfg["num_experts_per_tok"] = num("expert_used_count")
+		cfg["intermediate_size"] = num("feed_forward_length")
+	default:
+		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, qwen3moe, qwen2moe and llama (Mixtral) MoE blocks",
+			path, arch)
+	}
+	if len(missing) > 0 {
+		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: the %s block needs %s", path, arch, strings.Join(missing, ", "))
+	}
+	return cfg, nil
+}
+
+// Config is the MoE configuration the file's metadata describes, as
+// ParseConfig reads it from the equivalent config.json.
+func (f *GGUFFile) Config() (*Config, error) {
+	raw, err := f.hfConfig(f.Path)
+	if err != nil {
+		return nil, err
+	}
+	data, err := json.Marshal(raw)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("moe: %s: %w", f.Path, err)
+	}
+	return cfg, nil
+}
+
+// LoadGGUF maps a GGUF file and takes the MoE block of layer n: the router
+// ffn_gate_inp, the stacked experts ffn_{gate,up,down}_exps (ggml's order:
+// [hidden, inter, experts] and [inter, hidden, experts]), the shared
+// expert's ffn_*_shexp, exp_probs_b and qwen2moe's ffn_gate_inp_shexp. The
+// same Layer as from safetensors; Close unmaps the file. Expert tensors in
+// F32, F16 and BF16 are read in place; quantized ggml types are an
+// ErrUnsupportedFormat error naming the tensor and its type.
+func LoadGGUF(path string, n int) (*Layer, error) {
+	f, err := OpenGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	l, err := loadGGUF(f, n)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	l.closer = f
+	return l, nil
+}
+
+func loadGGUF(f *GGUFFile, n int) (*Layer, error) {
+	cfg, err := f.Config()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.CheckMoELayer(n); err != nil {
+		return nil, fmt.Errorf("moe: %s: %w", f.Path, err)
+	}
+	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
+	blk := fmt.Sprintf("blk.%d.", n)
+	var w Weights
+	if w.Gate, err = f.matrix(blk+"ffn_gate_inp.weight", E, H); err != nil {
+		return nil, err
+	}
+	w.Gate = w.Gate.Clone() // small, read by every token: a copy, as from safetensors
+	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", f.Path, blk+"ffn_gate_inp.weight"), w.Gate); err != nil {
+		return nil, err
+	}
+	if cfg.Method == NoAuxTC {
+		b, err := f.matrix(blk+"exp_probs_b.bias", 1, E)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", f.Path, blk+"exp_probs_b.bias"), b); err != nil {
+			return nil, err
+		}
+		w.Bias = make([]float32, E)
+		b.RowF32(0, w.Bias)
+	}
+	stacks := make([][]kernels.Matrix, 3)
+	for i, p := range []struct {
+		name       string
+		rows, cols int
+	}{{"ffn_gate_exps", I, H}, {"ffn_up_exps", I, H}, {"ffn_down_exps", H, I}} {
+		if stacks[i], err = f.stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
+			return nil, err
+		}
+	}
+	w.Experts = make([]Expert, E)
+	for e := range w.Experts {
+		w.Experts[e] = Expert{Gate: stacks[0][e], Up: stacks[1][e], Down: stacks[2][e]}
+	}
+	if S := cfg.SharedInter; S > 0 {
+		var x Expert
+		if x.Gate, err = f.matrix(blk+"ffn_gate_shexp.weight", S, H); err != nil {
+			return nil, err
+		}
+		if x.Up, err = f.matrix(blk+"ffn_up_shexp.weight", S, H); err != nil {
+			return nil, err
+		}
+		if x.Down, err = f.matrix(blk+"ffn_down_shexp.weight", H, S); err != nil {
+			return nil, err
+		}
+		w.Shared = &x
+		if cfg.SharedGate {
+			g, err := f.matrix(blk+"ffn_gate_inp_shexp.weight", 1, H)
+			if err != nil {
+				return nil, err
+			}
+			g = g.Clone()
+			w.SharedGate = &g
+		}
+	}
+	return New(cfg, w)
+}
+
+// matrix is tensor name as a [rows, cols] matrix: ggml's dims [cols, rows]
+// (or [cols] for one row), F32, F16 or BF16, a view of the mapping.
+func (f *GGUFFile) matrix(name string, rows, cols int) (kernels.Matrix, error) {
+	t, ok := f.Tensors[name]
+	if !ok {
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.Path, name)
+	}
+	want := []uint64{uint64(cols), uint64(rows)}
+	if rows == 1 && len(t.Dims) == 1 {
+		want = want[:1]
+	}
+	if !slices.Equal(t.Dims, want) {
+		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
+	}
+	return f.view(t, 0, rows, cols)
+}
+
+// stacked is a 3-D tensor [cols, rows, n] (ggml's order) as n matrices
+// [rows, cols], views of the mapping.
+func (f *GGUFFile) stacked(name string, n, rows, cols int) ([]kernels.Matrix, error) {
+	t, ok := f.Tensors[name]
+	if !ok {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.Path, name)
+	}
+	if want := []uint64{uint64(cols), uint64(rows), uint64(n)}; !slices.Equal(t.Dims, want) {
+		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
+	}
+	out := make([]kernels.Matrix, n)
+	for e := range out {
+		var err error
+		if out[e], err = f.view(t, e, rows, cols); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// view is matrix k of tensor t ([rows, cols] each, stacked), in place.
+func (f *GGUFFile) view(t GGUFTensor, k, rows, cols int) (kernels.Matrix, error) {
+	data, err := f.TensorData(t.Name)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	per := rows * cols
+	switch t.Type {
+	case GGMLF32:
+		v := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
+		return kernels.NewF32(rows, cols, v[k*per:(k+1)*per])
+	case GGMLF16, GGMLBF16:
+		v := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/2)
+		dt := kernels.F16
+		if t.Type == GGMLBF16 {
+			dt = kernels.BF16
+		}
+		return kernels.NewHalf(dt, rows, cols, v[k*per:(k+1)*per])
+	}
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16 and BF16 so far",
+		f.Path, t.Name, t.Type)
+}
