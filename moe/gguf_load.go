@@ -3,7 +3,9 @@ package moe
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -132,47 +134,109 @@ func (f *GGUFFile) Config() (*Config, error) {
 // ffn_gate_inp, the stacked experts ffn_{gate,up,down}_exps (ggml's order:
 // [hidden, inter, experts] and [inter, hidden, experts]), the shared
 // expert's ffn_*_shexp, exp_probs_b and qwen2moe's ffn_gate_inp_shexp. The
-// same Layer as from safetensors; Close unmaps the file. Expert tensors in
-// F32, F16 and BF16 are read in place; quantized ggml types are an
-// ErrUnsupportedFormat error naming the tensor and its type.
+// same Layer as from safetensors; Close unmaps the file. A split model
+// (NAME-00001-of-00003.gguf, llama.cpp's gguf-split) is read from all its
+// shards, given any one of them. Expert tensors in F32, F16 and BF16 are
+// read in place; quantized ggml types are an ErrUnsupportedFormat error
+// naming the tensor and its type.
 func LoadGGUF(path string, n int) (*Layer, error) {
-	f, err := OpenGGUF(path)
+	g, err := openGGUFModel(path)
 	if err != nil {
 		return nil, err
 	}
-	l, err := loadGGUF(f, n)
+	l, err := g.load(n)
 	if err != nil {
-		f.Close()
+		g.Close()
 		return nil, err
 	}
-	l.closer = f
+	l.closer = g
 	return l, nil
 }
 
-func loadGGUF(f *GGUFFile, n int) (*Layer, error) {
-	cfg, err := f.Config()
+// ggufModel is a model's GGUF file, or every shard of a split one.
+type ggufModel struct {
+	path  string // the first file
+	files []*GGUFFile
+	where map[string]*GGUFFile // tensor name → its file
+}
+
+// splitName matches a shard's name: PREFIX-00001-of-00003.gguf.
+var splitName = regexp.MustCompile(`^(.*)-(\d{5})-of-(\d{5})\.gguf$`)
+
+func openGGUFModel(path string) (*ggufModel, error) {
+	paths := []string{path}
+	if m := splitName.FindStringSubmatch(path); m != nil {
+		count, _ := strconv.Atoi(m[3])
+		if count < 1 {
+			return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: a split of %d files", path, count)
+		}
+		paths = paths[:0]
+		for i := 1; i <= count; i++ {
+			paths = append(paths, fmt.Sprintf("%s-%05d-of-%05d.gguf", m[1], i, count))
+		}
+	}
+	g := &ggufModel{path: paths[0], where: map[string]*GGUFFile{}}
+	for i, p := range paths {
+		f, err := OpenGGUF(p)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.files = append(g.files, f)
+		if len(paths) > 1 {
+			no, okNo := f.Metadata["split.no"].AsInt()
+			count, okCount := f.Metadata["split.count"].AsInt()
+			if okNo && okCount && (no != int64(i) || count != int64(len(paths))) {
+				g.Close()
+				return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s says it is split %d of %d, its name shard %d of %d", p, no+1, count, i+1, len(paths))
+			}
+		}
+		for _, name := range f.Names {
+			if prev, dup := g.where[name]; dup {
+				g.Close()
+				return nil, errkind.Errorf(ErrGGUF, "moe: gguf: tensor %q is in both %s and %s", name, prev.Path, p)
+			}
+			g.where[name] = f
+		}
+	}
+	return g, nil
+}
+
+// Close unmaps every file; a second Close does nothing.
+func (g *ggufModel) Close() error {
+	var first error
+	for _, f := range g.files {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (g *ggufModel) load(n int) (*Layer, error) {
+	cfg, err := g.files[0].Config()
 	if err != nil {
 		return nil, err
 	}
 	if err := cfg.CheckMoELayer(n); err != nil {
-		return nil, fmt.Errorf("moe: %s: %w", f.Path, err)
+		return nil, fmt.Errorf("moe: %s: %w", g.path, err)
 	}
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	blk := fmt.Sprintf("blk.%d.", n)
 	var w Weights
-	if w.Gate, err = f.matrix(blk+"ffn_gate_inp.weight", E, H); err != nil {
+	if w.Gate, err = g.matrix(blk+"ffn_gate_inp.weight", E, H); err != nil {
 		return nil, err
 	}
 	w.Gate = w.Gate.Clone() // small, read by every token: a copy, as from safetensors
-	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", f.Path, blk+"ffn_gate_inp.weight"), w.Gate); err != nil {
+	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, blk+"ffn_gate_inp.weight"), w.Gate); err != nil {
 		return nil, err
 	}
 	if cfg.Method == NoAuxTC {
-		b, err := f.matrix(blk+"exp_probs_b.bias", 1, E)
+		b, err := g.matrix(blk+"exp_probs_b.bias", 1, E)
 		if err != nil {
 			return nil, err
 		}
-		if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", f.Path, blk+"exp_probs_b.bias"), b); err != nil {
+		if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, blk+"exp_probs_b.bias"), b); err != nil {
 			return nil, err
 		}
 		w.Bias = make([]float32, E)
@@ -183,7 +247,7 @@ func loadGGUF(f *GGUFFile, n int) (*Layer, error) {
 		name       string
 		rows, cols int
 	}{{"ffn_gate_exps", I, H}, {"ffn_up_exps", I, H}, {"ffn_down_exps", H, I}} {
-		if stacks[i], err = f.stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
+		if stacks[i], err = g.stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
 			return nil, err
 		}
 	}
@@ -193,34 +257,43 @@ func loadGGUF(f *GGUFFile, n int) (*Layer, error) {
 	}
 	if S := cfg.SharedInter; S > 0 {
 		var x Expert
-		if x.Gate, err = f.matrix(blk+"ffn_gate_shexp.weight", S, H); err != nil {
+		if x.Gate, err = g.matrix(blk+"ffn_gate_shexp.weight", S, H); err != nil {
 			return nil, err
 		}
-		if x.Up, err = f.matrix(blk+"ffn_up_shexp.weight", S, H); err != nil {
+		if x.Up, err = g.matrix(blk+"ffn_up_shexp.weight", S, H); err != nil {
 			return nil, err
 		}
-		if x.Down, err = f.matrix(blk+"ffn_down_shexp.weight", H, S); err != nil {
+		if x.Down, err = g.matrix(blk+"ffn_down_shexp.weight", H, S); err != nil {
 			return nil, err
 		}
 		w.Shared = &x
 		if cfg.SharedGate {
-			g, err := f.matrix(blk+"ffn_gate_inp_shexp.weight", 1, H)
+			sg, err := g.matrix(blk+"ffn_gate_inp_shexp.weight", 1, H)
 			if err != nil {
 				return nil, err
 			}
-			g = g.Clone()
-			w.SharedGate = &g
+			sg = sg.Clone()
+			w.SharedGate = &sg
 		}
 	}
 	return New(cfg, w)
 }
 
+// tensor is name's info and file.
+func (g *ggufModel) tensor(name string) (GGUFTensor, *GGUFFile, error) {
+	f, ok := g.where[name]
+	if !ok {
+		return GGUFTensor{}, nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", g.path, name)
+	}
+	return f.Tensors[name], f, nil
+}
+
 // matrix is tensor name as a [rows, cols] matrix: ggml's dims [cols, rows]
 // (or [cols] for one row), F32, F16 or BF16, a view of the mapping.
-func (f *GGUFFile) matrix(name string, rows, cols int) (kernels.Matrix, error) {
-	t, ok := f.Tensors[name]
-	if !ok {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.Path, name)
+func (g *ggufModel) matrix(name string, rows, cols int) (kernels.Matrix, error) {
+	t, f, err := g.tensor(name)
+	if err != nil {
+		return kernels.Matrix{}, err
 	}
 	want := []uint64{uint64(cols), uint64(rows)}
 	if rows == 1 && len(t.Dims) == 1 {
@@ -234,17 +307,16 @@ func (f *GGUFFile) matrix(name string, rows, cols int) (kernels.Matrix, error) {
 
 // stacked is a 3-D tensor [cols, rows, n] (ggml's order) as n matrices
 // [rows, cols], views of the mapping.
-func (f *GGUFFile) stacked(name string, n, rows, cols int) ([]kernels.Matrix, error) {
-	t, ok := f.Tensors[name]
-	if !ok {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.Path, name)
+func (g *ggufModel) stacked(name string, n, rows, cols int) ([]kernels.Matrix, error) {
+	t, f, err := g.tensor(name)
+	if err != nil {
+		return nil, err
 	}
 	if want := []uint64{uint64(cols), uint64(rows), uint64(n)}; !slices.Equal(t.Dims, want) {
 		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
 	}
 	out := make([]kernels.Matrix, n)
 	for e := range out {
-		var err error
 		if out[e], err = f.view(t, e, rows, cols); err != nil {
 			return nil, err
 		}

@@ -3,9 +3,7 @@ package moe_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,94 +14,11 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
-// ggufOf writes m's MoE block as llama.cpp lays it out in a GGUF file of
-// architecture arch: the metadata its converter writes for the spec, the
-// router (and bias, shared gate) in F32, the experts stacked in ggml's
-// order in typ (0 F32, 30 BF16: m's weights are exact in either).
+// ggufOf is m's MoE block as a GGUF file of architecture arch.
 func ggufOf(t *testing.T, m *moetest.Model, arch string, typ uint32) []byte {
-	s := m.Spec
-	H, I, E := s.Hidden, s.Inter, s.Experts
-	enc := func(vals []float64) []byte {
-		var b []byte
-		for _, v := range vals {
-			bits := math.Float32bits(float32(v))
-			if typ == 30 {
-				require.Zero(t, bits&0xffff, "a weight not exact in bf16")
-				b = binary.LittleEndian.AppendUint16(b, uint16(bits>>16))
-			} else {
-				b = binary.LittleEndian.AppendUint32(b, bits)
-			}
-		}
-		return b
-	}
-	f32 := func(vals []float64) []byte {
-		v := make([]float32, len(vals))
-		for i, x := range vals {
-			v[i] = float32(x)
-		}
-		return moetest.F32Bytes(v)
-	}
-	flat := func(rows [][]float64) []float64 {
-		var out []float64
-		for _, r := range rows {
-			out = append(out, r...)
-		}
-		return out
-	}
-	blk := fmt.Sprintf("blk.%d.", s.Layer)
-	var gate, up, down []float64
-	for _, x := range m.Experts {
-		gate, up, down = append(gate, flat(x.Gate)...), append(up, flat(x.Up)...), append(down, flat(x.Down)...)
-	}
-	u := func(v int) uint64 { return uint64(v) }
-	tensors := []moetest.GGUFTensor{
-		{Name: blk + "ffn_gate_inp.weight", Dims: []uint64{u(H), u(E)}, Type: 0, Data: f32(flat(m.Gate))},
-		{Name: blk + "ffn_gate_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(gate)},
-		{Name: blk + "ffn_up_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(up)},
-		{Name: blk + "ffn_down_exps.weight", Dims: []uint64{u(I), u(H), u(E)}, Type: typ, Data: enc(down)},
-	}
-	if m.Shared != nil {
-		S := len(m.Shared.Gate)
-		tensors = append(tensors,
-			moetest.GGUFTensor{Name: blk + "ffn_gate_shexp.weight", Dims: []uint64{u(H), u(S)}, Type: typ, Data: enc(flat(m.Shared.Gate))},
-			moetest.GGUFTensor{Name: blk + "ffn_up_shexp.weight", Dims: []uint64{u(H), u(S)}, Type: typ, Data: enc(flat(m.Shared.Up))},
-			moetest.GGUFTensor{Name: blk + "ffn_down_shexp.weight", Dims: []uint64{u(S), u(H)}, Type: typ, Data: enc(flat(m.Shared.Down))})
-	}
-	if m.Bias != nil {
-		tensors = append(tensors, moetest.GGUFTensor{Name: blk + "exp_probs_b.bias", Dims: []uint64{u(E)}, Type: 0, Data: f32(m.Bias)})
-	}
-	if m.SharedGate != nil {
-		tensors = append(tensors, moetest.GGUFTensor{Name: blk + "ffn_gate_inp_shexp.weight", Dims: []uint64{u(H)}, Type: 0, Data: f32(m.SharedGate)})
-	}
-	kv := func(k string, v any) moetest.GGUFKV { return moetest.GGUFKV{Key: k, Value: v} }
-	kvs := []moetest.GGUFKV{kv("general.architecture", arch), kv(arch+".embedding_length", uint32(H)),
-		kv(arch+".block_count", uint32(max(s.NumLayers, s.Layer+1))), kv(arch+".expert_count", uint32(E)),
-		kv(arch+".expert_used_count", uint32(s.TopK))}
-	switch arch {
-	case "deepseek2":
-		gating := uint32(1)
-		if s.Scoring == "sigmoid" {
-			gating = 2
-		}
-		scaling := s.Scaling
-		if scaling == 0 {
-			scaling = 1 // the spec's 0 is config.json's default
-		}
-		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)), kv(arch+".expert_shared_count", uint32(s.SharedExperts)),
-			kv(arch+".leading_dense_block_count", uint32(s.FirstKDense)), kv(arch+".expert_weights_scale", float32(scaling)),
-			kv(arch+".expert_weights_norm", s.NormTopK), kv(arch+".expert_gating_func", gating),
-			kv(arch+".expert_group_count", uint32(max(s.NGroup, 1))), kv(arch+".expert_group_used_count", uint32(max(s.TopKGroup, 1))))
-	case "qwen3moe", "qwen2moe":
-		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)))
-		if arch == "qwen2moe" {
-			kvs = append(kvs, kv(arch+".expert_shared_feed_forward_length", uint32(s.SharedInter)))
-		}
-	case "llama":
-		kvs = append(kvs, kv(arch+".feed_forward_length", uint32(I)))
-	}
-	var b bytes.Buffer
-	require.NoError(t, moetest.WriteGGUF(&b, kvs, tensors, 32))
-	return b.Bytes()
+	b, err := m.GGUF(arch, typ)
+	require.NoError(t, err)
+	return b
 }
 
 // TestLoadGGUF: GGUF files of each architecture, F32 and BF16 experts,
@@ -198,4 +113,55 @@ func TestLoadGGUFErrors(t *testing.T) {
 	_, err = moe.LoadGGUF(write(b.Bytes()), 0)
 	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
 	require.ErrorContains(t, err, `tensor "blk.0.ffn_gate_exps.weight" is Q8_0`)
+}
+
+// TestLoadGGUFSplit: a model split over shards as llama.cpp's gguf-split
+// writes it (metadata in the first, split.no and split.count in each, the
+// tensors divided) loads from any shard's name; a shard out of place or
+// missing is named.
+func TestLoadGGUFSplit(t *testing.T) {
+	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 32, Experts: 4, TopK: 2, Inter: 16, NormTopK: true, DType: "F32", Seed: 88}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	whole, err := moe.ParseGGUF(ggufOf(t, m, "qwen3moe", 0), 1<<40)
+	require.NoError(t, err)
+	data := ggufOf(t, m, "qwen3moe", 0)
+	var tensors []moetest.GGUFTensor
+	for _, name := range whole.Names {
+		tn := whole.Tensors[name]
+		tensors = append(tensors, moetest.GGUFTensor{Name: name, Dims: tn.Dims, Type: uint32(tn.Type), Data: data[tn.Offset : tn.Offset+tn.Size]})
+	}
+	var meta []moetest.GGUFKV
+	for _, k := range whole.Keys {
+		v := whole.Metadata[k]
+		switch v.Type {
+		case moe.GGUFString:
+			meta = append(meta, moetest.GGUFKV{Key: k, Value: v.Str})
+		default:
+			meta = append(meta, moetest.GGUFKV{Key: k, Value: uint32(v.Uint)})
+		}
+	}
+	dir := t.TempDir()
+	shard := func(no, count int, kvs []moetest.GGUFKV, ts []moetest.GGUFTensor) {
+		kvs = append(kvs, moetest.GGUFKV{Key: "split.no", Value: uint16(no)}, moetest.GGUFKV{Key: "split.count", Value: uint16(count)})
+		var b bytes.Buffer
+		require.NoError(t, moetest.WriteGGUF(&b, kvs, ts, 32))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("m-%05d-of-%05d.gguf", no+1, count)), b.Bytes(), 0o644))
+	}
+	shard(0, 2, meta, tensors[:2])
+	shard(1, 2, nil, tensors[2:])
+	x := moetest.Input(1, 5, spec.Hidden, false)
+	for _, name := range []string{"m-00001-of-00002.gguf", "m-00002-of-00002.gguf"} {
+		l, err := moe.Load(filepath.Join(dir, name), 0)
+		require.NoError(t, err, name)
+		y := make([]float32, len(x))
+		require.NoError(t, l.Forward(context.Background(), x, y))
+		require.LessOrEqual(t, moetest.RelErr(y, m.Forward(x).Y), 1e-5)
+		require.NoError(t, l.Close())
+	}
+	shard(0, 2, nil, tensors[2:]) // the second shard's content under the first's name
+	_, err = moe.Load(filepath.Join(dir, "m-00002-of-00002.gguf"), 0)
+	require.ErrorContains(t, err, "is in both")
+	_, err = moe.Load(filepath.Join(dir, "m-00001-of-00003.gguf"), 0)
+	require.ErrorContains(t, err, "m-00001-of-00003.gguf")
 }

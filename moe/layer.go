@@ -36,6 +36,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/moex-project/moex/internal/buffers"
@@ -119,11 +120,15 @@ type Layer struct {
 	closed bool
 }
 
-// Load opens the checkpoint folder dir and maps the MoE block of layer n.
+// Load opens the checkpoint folder dir (or a .gguf file: LoadGGUF) and
+// maps the MoE block of layer n.
 // It fails with an error naming the file and tensor when a tensor is
 // missing or has the wrong shape or dtype, and when layer n is not a MoE
 // layer. Close releases the mapping.
 func Load(dir string, n int) (*Layer, error) {
+	if strings.HasSuffix(dir, ".gguf") {
+		return LoadGGUF(dir, n)
+	}
 	ck, err := OpenCheckpoint(dir)
 	if err != nil {
 		return nil, err

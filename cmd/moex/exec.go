@@ -37,7 +37,7 @@ func cmdExec(args []string, stdout, stderr io.Writer) error {
 // The outputs are the same bytes whatever R and the placement.
 func execMoE(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("exec moe", flag.ContinueOnError)
-	model := fs.String("model", "", "Hugging Face checkpoint folder (config.json + *.safetensors)")
+	model := fs.String("model", "", "Hugging Face checkpoint folder (config.json + *.safetensors), or a .gguf file")
 	layer := fs.Int("layer", -1, "index of the MoE layer")
 	input := fs.String("input", "", "float32 .npy [tokens, hidden]; for a block that owns its norms (gemma4) the residual stream")
 	tokens := fs.String("tokens", "", "optional int32 .npy [tokens]: the token ids, which a layer that routes by token id needs (deepseek_v4's hash layers)")
@@ -262,6 +262,9 @@ func (j *epJob) rank(ctx context.Context, c ep.Comm) (*epResult, error) {
 }
 
 func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
+	if strings.HasSuffix(j.model, ".gguf") && c.Size() > 1 {
+		return nil, fmt.Errorf("%w: exec moe: expert parallelism over a GGUF file is not supported yet: run it on one rank", errUsage)
+	}
 	ck, err := moe.OpenCheckpoint(j.model)
 	if err != nil {
 		return nil, err

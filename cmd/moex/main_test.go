@@ -604,3 +604,33 @@ func TestExecMoETokenIDs(t *testing.T) {
 	_, _, err = runCLI(append(base, "--ep", "2")...)
 	require.ErrorContains(t, err, "its forward pass needs the batch's token ids")
 }
+
+// TestExecMoEGGUF: exec moe on a GGUF file (DeepSeek-V3's block, BF16
+// experts, layer 2 after two dense ones) gives the float64 reference and
+// its experts; --ranks 2 over a GGUF file is refused by name.
+func TestExecMoEGGUF(t *testing.T) {
+	spec := moetest.Spec{ModelType: "deepseek_v3", Hidden: 48, Experts: 16, TopK: 4, Inter: 24, SharedExperts: 1,
+		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5,
+		NumLayers: 3, Layer: 2, FirstKDense: 2, DType: "BF16", Seed: 4343}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	data, err := m.GGUF("deepseek2", 30)
+	require.NoError(t, err)
+	model := filepath.Join(dir, "DeepSeek-V3-tiny-BF16.gguf")
+	require.NoError(t, os.WriteFile(model, data, 0o644))
+	x := moetest.Input(77, 13, spec.Hidden, false)
+	xp, yp, ip := filepath.Join(dir, "x.npy"), filepath.Join(dir, "y.npy"), filepath.Join(dir, "ids.npy")
+	require.NoError(t, npy.WriteFloat32(xp, []int{13, spec.Hidden}, x))
+	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ids-out", ip)
+	require.NoError(t, err)
+	ref := m.Forward(x)
+	y, err := npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	require.LessOrEqual(t, moetest.RelErr(y.Data, ref.Y), 1e-5)
+	ids, err := npy.ReadInt32(ip)
+	require.NoError(t, err)
+	require.Equal(t, ref.IDs, ids.Data)
+	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ep", "2")
+	require.ErrorContains(t, err, "expert parallelism over a GGUF file is not supported yet")
+}

@@ -158,3 +158,100 @@ func F32Bytes(v []float32) []byte {
 	}
 	return b
 }
+
+// GGUF is m's MoE block as llama.cpp lays it out in a GGUF file of
+// architecture arch (deepseek2, qwen3moe, qwen2moe, llama): the metadata
+// its converter writes for the spec, the router (and bias, shared gate) in
+// F32, the experts stacked in ggml's order in typ (0 F32, 30 BF16: m's
+// weights must be exact in it).
+func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
+	s := m.Spec
+	H, I, E := s.Hidden, s.Inter, s.Experts
+	inexact := false
+	enc := func(vals []float64) []byte {
+		var b []byte
+		for _, v := range vals {
+			bits := math.Float32bits(float32(v))
+			if typ == 30 {
+				inexact = inexact || bits&0xffff != 0
+				b = binary.LittleEndian.AppendUint16(b, uint16(bits>>16))
+			} else {
+				b = binary.LittleEndian.AppendUint32(b, bits)
+			}
+		}
+		return b
+	}
+	f32 := func(vals []float64) []byte {
+		v := make([]float32, len(vals))
+		for i, x := range vals {
+			v[i] = float32(x)
+		}
+		return F32Bytes(v)
+	}
+	flat := func(rows [][]float64) []float64 {
+		var out []float64
+		for _, r := range rows {
+			out = append(out, r...)
+		}
+		return out
+	}
+	blk := fmt.Sprintf("blk.%d.", s.Layer)
+	var gate, up, down []float64
+	for _, x := range m.Experts {
+		gate, up, down = append(gate, flat(x.Gate)...), append(up, flat(x.Up)...), append(down, flat(x.Down)...)
+	}
+	u := func(v int) uint64 { return uint64(v) }
+	tensors := []GGUFTensor{
+		{Name: blk + "ffn_gate_inp.weight", Dims: []uint64{u(H), u(E)}, Type: 0, Data: f32(flat(m.Gate))},
+		{Name: blk + "ffn_gate_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(gate)},
+		{Name: blk + "ffn_up_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(up)},
+		{Name: blk + "ffn_down_exps.weight", Dims: []uint64{u(I), u(H), u(E)}, Type: typ, Data: enc(down)},
+	}
+	if m.Shared != nil {
+		S := len(m.Shared.Gate)
+		tensors = append(tensors,
+			GGUFTensor{Name: blk + "ffn_gate_shexp.weight", Dims: []uint64{u(H), u(S)}, Type: typ, Data: enc(flat(m.Shared.Gate))},
+			GGUFTensor{Name: blk + "ffn_up_shexp.weight", Dims: []uint64{u(H), u(S)}, Type: typ, Data: enc(flat(m.Shared.Up))},
+			GGUFTensor{Name: blk + "ffn_down_shexp.weight", Dims: []uint64{u(S), u(H)}, Type: typ, Data: enc(flat(m.Shared.Down))})
+	}
+	if m.Bias != nil {
+		tensors = append(tensors, GGUFTensor{Name: blk + "exp_probs_b.bias", Dims: []uint64{u(E)}, Type: 0, Data: f32(m.Bias)})
+	}
+	if m.SharedGate != nil {
+		tensors = append(tensors, GGUFTensor{Name: blk + "ffn_gate_inp_shexp.weight", Dims: []uint64{u(H)}, Type: 0, Data: f32(m.SharedGate)})
+	}
+	kv := func(k string, v any) GGUFKV { return GGUFKV{Key: k, Value: v} }
+	kvs := []GGUFKV{kv("general.architecture", arch), kv(arch+".embedding_length", uint32(H)),
+		kv(arch+".block_count", uint32(max(s.NumLayers, s.Layer+1))), kv(arch+".expert_count", uint32(E)),
+		kv(arch+".expert_used_count", uint32(s.TopK))}
+	switch arch {
+	case "deepseek2":
+		gating := uint32(1)
+		if s.Scoring == "sigmoid" {
+			gating = 2
+		}
+		scaling := s.Scaling
+		if scaling == 0 {
+			scaling = 1 // the spec's 0 is config.json's default
+		}
+		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)), kv(arch+".expert_shared_count", uint32(s.SharedExperts)),
+			kv(arch+".leading_dense_block_count", uint32(s.FirstKDense)), kv(arch+".expert_weights_scale", float32(scaling)),
+			kv(arch+".expert_weights_norm", s.NormTopK), kv(arch+".expert_gating_func", gating),
+			kv(arch+".expert_group_count", uint32(max(s.NGroup, 1))), kv(arch+".expert_group_used_count", uint32(max(s.TopKGroup, 1))))
+	case "qwen3moe", "qwen2moe":
+		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)))
+		if arch == "qwen2moe" {
+			kvs = append(kvs, kv(arch+".expert_shared_feed_forward_length", uint32(s.SharedInter)))
+		}
+	case "llama":
+		kvs = append(kvs, kv(arch+".feed_forward_length", uint32(I)))
+	}
+	if inexact {
+		return nil, fmt.Errorf("moetest: a weight of the %s spec is not exact in bf16", s.DType)
+	}
+	var b bytes.Buffer
+	if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
