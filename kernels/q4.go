@@ -56,8 +56,9 @@ func NewMXFP4(rows, cols int, blocks, scales []uint8) (Matrix, error) {
 // weight_packed [rows, cols/8] int32 words, little-endian), each field
 // the value plus 8; scales is [rows, cols/group] (weight_scale): element
 // [i, j] is (field − 8) × scales[i·cols/group + j/group], rounded once to
-// fp32. group must divide cols and be even; a scale that is not finite or
-// is negative is an error.
+// fp32. group must divide cols and be even; a scale that is not finite is
+// an error (negative ones are allowed: ggml's Q4_0 blocks, the same
+// encoding with a group of 32, carry signed scales).
 func NewINT4(rows, cols, group int, packed []uint8, scales []float32) (Matrix, error) {
 	if group < 2 || group%2 != 0 || cols%group != 0 {
 		return Matrix{}, fmt.Errorf("kernels: int4 matrix [%d, %d]: group size %d must be even and divide the columns", rows, cols, group)
@@ -70,8 +71,8 @@ func NewINT4(rows, cols, group int, packed []uint8, scales []float32) (Matrix, e
 		return Matrix{}, fmt.Errorf("kernels: int4 matrix [%d, %d] in groups of %d needs [%d, %d] scales, have %d", rows, cols, group, rows, g, len(scales))
 	}
 	for i, s := range scales {
-		if math.IsNaN(float64(s)) || math.IsInf(float64(s), 0) || math.Signbit(float64(s)) {
-			return Matrix{}, fmt.Errorf("kernels: int4 scale [%d, %d] is %v: want a finite value of at least +0", i/g, i%g, s)
+		if math.IsNaN(float64(s)) || math.IsInf(float64(s), 0) {
+			return Matrix{}, fmt.Errorf("kernels: int4 scale [%d, %d] is %v: want a finite value", i/g, i%g, s)
 		}
 	}
 	q := &blockScales{rows: 1, cols: group, gridCols: g, grid: scales}

@@ -1,6 +1,7 @@
 package moe
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/errkind"
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -137,8 +139,9 @@ func (f *GGUFFile) Config() (*Config, error) {
 // same Layer as from safetensors; Close unmaps the file. A split model
 // (NAME-00001-of-00003.gguf, llama.cpp's gguf-split) is read from all its
 // shards, given any one of them. Expert tensors in F32, F16 and BF16 are
-// read in place; quantized ggml types are an ErrUnsupportedFormat error
-// naming the tensor and its type.
+// read in place, Q4_0 and MXFP4 as kernels' 4-bit matrices of the same
+// values (reordered nibbles); other quantized ggml types are an
+// ErrUnsupportedFormat error naming the tensor and its type.
 func LoadGGUF(path string, n int) (*Layer, error) {
 	g, err := openGGUFModel(path)
 	if err != nil {
@@ -342,7 +345,58 @@ func (f *GGUFFile) view(t GGUFTensor, k, rows, cols int) (kernels.Matrix, error)
 			dt = kernels.BF16
 		}
 		return kernels.NewHalf(dt, rows, cols, v[k*per:(k+1)*per])
+	case GGMLQ4_0, GGMLMXFP4:
+		return q4Blocks(t, data, k, rows, cols)
 	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16 and BF16 so far",
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16, BF16, Q4_0 and MXFP4 so far",
 		f.Path, t.Name, t.Type)
+}
+
+// q4Blocks is matrix k of a Q4_0 or MXFP4 tensor as kernels' INT4 (group
+// 32) or MXFP4 matrix: the same 4-bit values and per-32 scales, exactly
+// (Q4_0: (q − 8)·d with d an f16, so the f32 scale is d; MXFP4: e2m1·2^(e−127),
+// what ggml's doubled table times its halved E8M0 scale makes), the
+// nibbles reordered from ggml's blocks (byte j of a block: value j low,
+// value j + 16 high) to kernels' rows (value c of a row at nibble c, the
+// even one low). The nibbles and scales are a copy of the same size.
+func q4Blocks(t GGUFTensor, data []byte, k, rows, cols int) (kernels.Matrix, error) {
+	bb := int(t.Type.BlockBytes())
+	perRow := cols / 32
+	blocks := data[k*rows*perRow*bb:][:rows*perRow*bb]
+	packed := make([]uint8, rows*cols/2)
+	var f32 []float32
+	var e8m0 []uint8
+	if t.Type == GGMLQ4_0 {
+		f32 = make([]float32, rows*perRow)
+	} else {
+		e8m0 = make([]uint8, rows*perRow)
+	}
+	for b := 0; b < rows*perRow; b++ {
+		blk := blocks[b*bb:][:bb]
+		q := blk[bb-16:]
+		if f32 != nil {
+			f32[b] = half.F16ToF32(binary.LittleEndian.Uint16(blk))
+		} else {
+			e8m0[b] = blk[0]
+		}
+		out := packed[b*16:][:16] // the block's 32 values, two a byte, in order
+		for j := range 16 {
+			lo, hi := q[j]&15, q[j]>>4
+			// value j → nibble j, value j+16 → nibble j+16.
+			out[j/2] |= lo << (4 * (j & 1))
+			out[8+j/2] |= hi << (4 * (j & 1))
+		}
+	}
+	if f32 != nil {
+		m, err := kernels.NewINT4(rows, cols, 32, packed, f32)
+		if err != nil {
+			return m, fmt.Errorf("moe: tensor %q: %w", t.Name, err)
+		}
+		return m, nil
+	}
+	m, err := kernels.NewMXFP4(rows, cols, packed, e8m0)
+	if err != nil {
+		return m, fmt.Errorf("moe: tensor %q: %w", t.Name, err)
+	}
+	return m, nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -164,4 +166,114 @@ func TestLoadGGUFSplit(t *testing.T) {
 	require.ErrorContains(t, err, "is in both")
 	_, err = moe.Load(filepath.Join(dir, "m-00001-of-00003.gguf"), 0)
 	require.ErrorContains(t, err, "m-00001-of-00003.gguf")
+}
+
+// dequantQ4 is ggml's Q4_0 or MXFP4 blocks of a [rows, cols] matrix as
+// float64, written from the format's description (ggml-common.h's block
+// structs, ggml-quants.c's dequantize_row_*): a block of 32 values is a
+// scale (Q4_0: an f16 d; MXFP4: an E8M0 byte e) and 16 bytes, byte j
+// holding value j in its low nibble and value j+16 in its high one; Q4_0's
+// value is (q − 8)·d, MXFP4's the e2m1 value of q times 2^(e−127).
+func dequantQ4(t *testing.T, typ uint32, blocks []byte, rows, cols int) [][]float64 {
+	e2m1 := []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6}
+	bb := 18
+	if typ == 39 {
+		bb = 17
+	}
+	out := make([][]float64, rows)
+	for i := range out {
+		out[i] = make([]float64, cols)
+		for b := 0; b < cols/32; b++ {
+			blk := blocks[(i*cols/32+b)*bb:][:bb]
+			q := blk[bb-16:]
+			for j := 0; j < 32; j++ {
+				n := q[j%16] & 15
+				if j >= 16 {
+					n = q[j%16] >> 4
+				}
+				if typ == 2 {
+					h := uint16(blk[0]) | uint16(blk[1])<<8
+					d := f16(h)
+					out[i][b*32+j] = (float64(n) - 8) * d
+				} else {
+					out[i][b*32+j] = e2m1[n] * math.Ldexp(1, int(blk[0])-127)
+				}
+			}
+		}
+	}
+	require.Len(t, blocks, rows*cols/32*bb)
+	return out
+}
+
+// f16 is an IEEE half's value (normal and subnormal; no infinities or
+// NaNs are made here).
+func f16(h uint16) float64 {
+	sign := 1.0
+	if h&0x8000 != 0 {
+		sign = -1
+	}
+	e, m := int(h>>10&31), float64(h&1023)
+	if e == 0 {
+		return sign * m * math.Ldexp(1, -24)
+	}
+	return sign * (1 + m/1024) * math.Ldexp(1, e-15)
+}
+
+// TestLoadGGUFQ4: Q4_0 (signed f16 scales) and MXFP4 experts, random
+// blocks, give the float64 reference over what the blocks dequantize to
+// (an independent dequantizer) within 1e-5, with the same experts.
+func TestLoadGGUFQ4(t *testing.T) {
+	for _, typ := range []uint32{2, 39} {
+		spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1,
+			Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 90 + uint64(typ)}
+		m, err := moetest.Generate(spec)
+		require.NoError(t, err)
+		rng := rand.New(rand.NewPCG(uint64(typ), 7))
+		bb := 18
+		if typ == 39 {
+			bb = 17
+		}
+		randomBlocks := func(rows, cols int) []byte {
+			b := make([]byte, rows*cols/32*bb)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			for k := 0; k < len(b); k += bb {
+				if typ == 2 { // a signed f16 scale of magnitude 2^-9 to 2^-6
+					h := uint16(0x1800+rng.IntN(0x0c00)) | uint16(rng.IntN(2))<<15
+					b[k], b[k+1] = byte(h), byte(h>>8)
+				} else { // an E8M0 scale of 2^-9 to 2^-6
+					b[k] = byte(127 - 9 + rng.IntN(4))
+				}
+			}
+			return b
+		}
+		data := map[string][]byte{}
+		H, I := spec.Hidden, spec.Inter
+		for e := range m.Experts {
+			for _, p := range []struct {
+				name       string
+				rows, cols int
+				w          *[][]float64
+			}{{"ffn_gate_exps", I, H, &m.Experts[e].Gate}, {"ffn_up_exps", I, H, &m.Experts[e].Up}, {"ffn_down_exps", H, I, &m.Experts[e].Down}} {
+				blocks := randomBlocks(p.rows, p.cols)
+				data[p.name] = append(data[p.name], blocks...)
+				*p.w = dequantQ4(t, typ, blocks, p.rows, p.cols)
+			}
+		}
+		file, err := m.GGUFQuant("deepseek2", 0, typ, data)
+		require.NoError(t, err)
+		path := filepath.Join(t.TempDir(), "q.gguf")
+		require.NoError(t, os.WriteFile(path, file, 0o644))
+		l, err := moe.LoadGGUF(path, 0)
+		require.NoError(t, err)
+		x := moetest.Input(5, 11, H, false)
+		y := make([]float32, len(x))
+		ids := make([]int32, 11*spec.TopK)
+		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+		ref := m.Forward(x)
+		require.Equal(t, ref.IDs, ids, "type %d", typ)
+		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "type %d", typ)
+		require.NoError(t, l.Close())
+	}
 }

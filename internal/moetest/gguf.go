@@ -165,6 +165,14 @@ func F32Bytes(v []float32) []byte {
 // F32, the experts stacked in ggml's order in typ (0 F32, 30 BF16: m's
 // weights must be exact in it).
 func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
+	return m.GGUFQuant(arch, typ, 0, nil)
+}
+
+// GGUFQuant is GGUF with the routed experts' three stacked tensors given
+// as stored bytes of ggml type qtype: experts["ffn_gate_exps"] and so on,
+// each the experts' blocks in order (m's float64 experts must be what
+// they dequantize to, for the reference to hold); nil experts: GGUF's.
+func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]byte) ([]byte, error) {
 	s := m.Spec
 	H, I, E := s.Hidden, s.Inter, s.Experts
 	inexact := false
@@ -206,6 +214,11 @@ func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
 		{Name: blk + "ffn_gate_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(gate)},
 		{Name: blk + "ffn_up_exps.weight", Dims: []uint64{u(H), u(I), u(E)}, Type: typ, Data: enc(up)},
 		{Name: blk + "ffn_down_exps.weight", Dims: []uint64{u(I), u(H), u(E)}, Type: typ, Data: enc(down)},
+	}
+	if experts != nil {
+		for i, name := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+			tensors[1+i].Type, tensors[1+i].Data = qtype, experts[name]
+		}
 	}
 	if m.Shared != nil {
 		S := len(m.Shared.Gate)
