@@ -633,4 +633,10 @@ func TestExecMoEGGUF(t *testing.T) {
 	require.Equal(t, ref.IDs, ids.Data)
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ep", "2")
 	require.ErrorContains(t, err, "expert parallelism over a GGUF file is not supported yet")
+
+	// moex run over the GGUF file's MoE block (its attention random, said so).
+	out, _, err := runCLI("run", "--model", model, "--layer", "2", "--ranks", "2", "--steps", "2")
+	require.NoError(t, err)
+	require.Contains(t, out, "of a GGUF file moex reads the MoE block only")
+	require.Contains(t, out, "bit-identical true")
 }

@@ -149,7 +149,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	c := layer.Config
 	var attn *dpattn.MLABlock
 	var attnDesc string
-	if *model != "" && c.KVLoraRank > 0 {
+	if *model != "" && c.KVLoraRank > 0 && !strings.HasSuffix(*model, ".gguf") {
 		if attn, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return err
 		}
@@ -162,6 +162,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		attnDesc = "MLA with DeepSeek-V2-Lite's shapes, random bf16 weights"
+		if strings.HasSuffix(*model, ".gguf") {
+			attnDesc += " (of a GGUF file moex reads the MoE block only)"
+		}
 	}
 	ac := attn.Cfg
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
