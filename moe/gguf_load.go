@@ -33,6 +33,8 @@ import (
 //	qwen2moe: as qwen2_moe, not renormalised, the shared expert of
 //	  expert_shared_feed_forward_length behind ffn_gate_inp_shexp.
 //	llama with expert_count (Mixtral): as mixtral.
+//	gpt-oss: as gpt_oss (its router and experts' biases as ffn_*.bias, the
+//	  clamped SwiGLU at its default limit of 7).
 
 // hfConfig is the config.json of the file's architecture: its model_type
 // and the keys its metadata gives.
@@ -96,6 +98,11 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 		if arch == "qwen2moe" {
 			cfg["shared_expert_intermediate_size"] = num("expert_shared_feed_forward_length")
 		}
+	case "gpt-oss":
+		cfg["model_type"] = "gpt_oss"
+		cfg["num_local_experts"] = num("expert_count")
+		cfg["num_experts_per_tok"] = num("expert_used_count")
+		cfg["intermediate_size"] = num("expert_feed_forward_length")
 	case "llama":
 		if _, ok := g.Metadata["llama.expert_count"]; !ok {
 			return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: a llama GGUF without llama.expert_count has no MoE block", path)
@@ -105,7 +112,7 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 		cfg["num_experts_per_tok"] = num("expert_used_count")
 		cfg["intermediate_size"] = num("feed_forward_length")
 	default:
-		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, qwen3moe, qwen2moe and llama (Mixtral) MoE blocks",
+		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, qwen3moe, qwen2moe, gpt-oss and llama (Mixtral) MoE blocks",
 			path, arch)
 	}
 	if len(missing) > 0 {
@@ -245,6 +252,11 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 		w.Bias = make([]float32, E)
 		b.RowF32(0, w.Bias)
 	}
+	if cfg.RouterBias {
+		if w.RouterBias, err = g.vector(blk+"ffn_gate_inp.bias", 0, E); err != nil {
+			return nil, err
+		}
+	}
 	stacks := make([][]kernels.Matrix, 3)
 	for i, p := range []struct {
 		name       string
@@ -257,6 +269,18 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 	w.Experts = make([]Expert, E)
 	for e := range w.Experts {
 		w.Experts[e] = Expert{Gate: stacks[0][e], Up: stacks[1][e], Down: stacks[2][e]}
+		if cfg.ExpertBias { // gpt-oss: [inter, experts] and [hidden, experts], a row an expert
+			x := &w.Experts[e]
+			if x.GateBias, err = g.vector(blk+"ffn_gate_exps.bias", E, I, e); err != nil {
+				return nil, err
+			}
+			if x.UpBias, err = g.vector(blk+"ffn_up_exps.bias", E, I, e); err != nil {
+				return nil, err
+			}
+			if x.DownBias, err = g.vector(blk+"ffn_down_exps.bias", E, H, e); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if S := cfg.SharedInter; S > 0 {
 		var x Expert
@@ -280,6 +304,27 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 		}
 	}
 	return New(cfg, w)
+}
+
+// vector is row k (0 when rows is 0: a 1-D tensor) of tensor name, [n]
+// or [rows, n] in PyTorch's order, checked finite, as float32.
+func (g *ggufModel) vector(name string, rows, n int, k ...int) ([]float32, error) {
+	var m kernels.Matrix
+	var err error
+	if rows == 0 {
+		m, err = g.matrix(name, 1, n)
+	} else {
+		m, err = g.matrix(name, rows, n)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, name), m); err != nil {
+		return nil, err
+	}
+	v := make([]float32, n)
+	m.RowF32(append(k, 0)[0], v)
+	return v, nil
 }
 
 // tensor is name's info and file.

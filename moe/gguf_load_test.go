@@ -221,11 +221,21 @@ func f16(h uint16) float64 {
 
 // TestLoadGGUFQ4: Q4_0 (signed f16 scales) and MXFP4 experts, random
 // blocks, give the float64 reference over what the blocks dequantize to
-// (an independent dequantizer) within 1e-5, with the same experts.
+// (an independent dequantizer) within 1e-5, with the same experts; and
+// gpt-oss's block as its GGUF files hold it (MXFP4 experts, F32 biases).
 func TestLoadGGUFQ4(t *testing.T) {
-	for _, typ := range []uint32{2, 39} {
-		spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1,
-			Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 90 + uint64(typ)}
+	for _, c := range []struct {
+		typ  uint32
+		arch string
+		spec moetest.Spec
+	}{
+		{2, "deepseek2", moetest.Spec{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1,
+			Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 92}},
+		{39, "deepseek2", moetest.Spec{ModelType: "deepseek_v2", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1,
+			Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 93}},
+		{39, "gpt-oss", moetest.Spec{ModelType: "gpt_oss", Hidden: 64, Experts: 8, TopK: 4, Inter: 32, DType: "BF16", Seed: 94}},
+	} {
+		typ, spec := c.typ, c.spec
 		m, err := moetest.Generate(spec)
 		require.NoError(t, err)
 		rng := rand.New(rand.NewPCG(uint64(typ), 7))
@@ -261,7 +271,7 @@ func TestLoadGGUFQ4(t *testing.T) {
 				*p.w = dequantQ4(t, typ, blocks, p.rows, p.cols)
 			}
 		}
-		file, err := m.GGUFQuant("deepseek2", 0, typ, data)
+		file, err := m.GGUFQuant(c.arch, 0, typ, data)
 		require.NoError(t, err)
 		path := filepath.Join(t.TempDir(), "q.gguf")
 		require.NoError(t, os.WriteFile(path, file, 0o644))

@@ -160,7 +160,7 @@ func F32Bytes(v []float32) []byte {
 }
 
 // GGUF is m's MoE block as llama.cpp lays it out in a GGUF file of
-// architecture arch (deepseek2, qwen3moe, qwen2moe, llama): the metadata
+// architecture arch (deepseek2, qwen3moe, qwen2moe, llama, gpt-oss): the metadata
 // its converter writes for the spec, the router (and bias, shared gate) in
 // F32, the experts stacked in ggml's order in typ (0 F32, 30 BF16: m's
 // weights must be exact in it).
@@ -230,6 +230,17 @@ func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]b
 	if m.Bias != nil {
 		tensors = append(tensors, GGUFTensor{Name: blk + "exp_probs_b.bias", Dims: []uint64{u(E)}, Type: 0, Data: f32(m.Bias)})
 	}
+	if m.RouterBias != nil { // gpt-oss: the router's and the experts' biases
+		var gb, ub, db []float64
+		for _, x := range m.Experts {
+			gb, ub, db = append(gb, x.GateBias...), append(ub, x.UpBias...), append(db, x.DownBias...)
+		}
+		tensors = append(tensors,
+			GGUFTensor{Name: blk + "ffn_gate_inp.bias", Dims: []uint64{u(E)}, Type: 0, Data: f32(m.RouterBias)},
+			GGUFTensor{Name: blk + "ffn_gate_exps.bias", Dims: []uint64{u(I), u(E)}, Type: 0, Data: f32(gb)},
+			GGUFTensor{Name: blk + "ffn_up_exps.bias", Dims: []uint64{u(I), u(E)}, Type: 0, Data: f32(ub)},
+			GGUFTensor{Name: blk + "ffn_down_exps.bias", Dims: []uint64{u(H), u(E)}, Type: 0, Data: f32(db)})
+	}
 	if m.SharedGate != nil {
 		tensors = append(tensors, GGUFTensor{Name: blk + "ffn_gate_inp_shexp.weight", Dims: []uint64{u(H)}, Type: 0, Data: f32(m.SharedGate)})
 	}
@@ -258,6 +269,8 @@ func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]b
 		}
 	case "llama":
 		kvs = append(kvs, kv(arch+".feed_forward_length", uint32(I)))
+	case "gpt-oss":
+		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)))
 	}
 	if inexact {
 		return nil, fmt.Errorf("moetest: a weight of the %s spec is not exact in bf16", s.DType)
