@@ -29,6 +29,9 @@ import (
 //	  expert_group_count and expert_group_used_count (n_group, topk_group).
 //	  GGUF keeps no topk_method: a layer with exp_probs_b is noaux_tc
 //	  (DeepSeek-V3's), else groups > 1 mean group_limited_greedy, else greedy.
+//	glm4moe: the same keys, as glm4_moe (always noaux_tc, exp_probs_b).
+//	Both: block_count includes nextn_predict_layers, the MTP layers stored
+//	after the model's.
 //	qwen3moe: as qwen3_moe, renormalised (llama.cpp always renormalises it).
 //	qwen2moe: as qwen2_moe, not renormalised, the shared expert of
 //	  expert_shared_feed_forward_length behind ffn_gate_inp_shexp.
@@ -61,15 +64,25 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 		missing = append(missing, arch+"."+key)
 		return 0
 	}
-	cfg := map[string]any{"hidden_size": num("embedding_length"), "num_hidden_layers": num("block_count")}
+	// block_count counts the multi-token-prediction layers llama.cpp
+	// stores after the model's (nextn_predict_layers: GLM-4.5, DeepSeek-V3.2).
+	nextn := num("nextn_predict_layers", 0)
+	cfg := map[string]any{"hidden_size": num("embedding_length"), "num_hidden_layers": num("block_count") - nextn}
 	switch arch {
-	case "deepseek2":
+	case "deepseek2", "glm4moe":
 		inter := num("expert_feed_forward_length")
 		groups := num("expert_group_count", 1)
-		sigmoid := num("expert_gating_func", 1) == 2
+		defGating := 1.0 // softmax: DeepSeek-V2's; GLM-4.5 scores with a sigmoid
+		if arch == "glm4moe" {
+			defGating = 2
+		}
+		sigmoid := num("expert_gating_func", defGating) == 2
 		noaux := slices.ContainsFunc(g.Names, func(n string) bool { return strings.HasSuffix(n, ".exp_probs_b.bias") })
 		method, scoring, model := "greedy", "softmax", "deepseek_v2"
 		switch {
+		case arch == "glm4moe":
+			method, model = "noaux_tc", "glm4_moe"
+			cfg["num_nextn_predict_layers"] = nextn
 		case noaux:
 			method, model = "noaux_tc", "deepseek_v3"
 		case groups > 1:
@@ -112,7 +125,7 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 		cfg["num_experts_per_tok"] = num("expert_used_count")
 		cfg["intermediate_size"] = num("feed_forward_length")
 	default:
-		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, qwen3moe, qwen2moe, gpt-oss and llama (Mixtral) MoE blocks",
+		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, glm4moe, qwen3moe, qwen2moe, gpt-oss and llama (Mixtral) MoE blocks",
 			path, arch)
 	}
 	if len(missing) > 0 {

@@ -43,6 +43,8 @@ func TestLoadGGUF(t *testing.T) {
 		{"qwen3moe", 0, moetest.Spec{ModelType: "qwen3_moe", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, NormTopK: true, DType: "F32", Seed: 84}},
 		{"qwen2moe", 30, moetest.Spec{ModelType: "qwen2_moe", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedInter: 48, DType: "BF16", Seed: 85}},
 		{"llama", 0, moetest.Spec{ModelType: "mixtral", Hidden: 64, Experts: 4, TopK: 2, Inter: 32, DType: "F32", Seed: 86}},
+		{"glm4moe", 30, moetest.Spec{ModelType: "glm4_moe", Hidden: 64, Experts: 8, TopK: 2, Inter: 32, SharedExperts: 1,
+			NormTopK: true, Scaling: 2.5, NGroup: 1, TopKGroup: 1, NumLayers: 3, Layer: 2, FirstKDense: 1, DType: "BF16", Seed: 89}},
 	} {
 		name := c.arch + "/" + c.spec.ModelType + "/" + c.spec.DType
 		m, err := moetest.Generate(c.spec)
@@ -52,6 +54,7 @@ func TestLoadGGUF(t *testing.T) {
 		l, err := moe.LoadGGUF(path, c.spec.Layer)
 		require.NoError(t, err, name)
 		require.Equal(t, c.spec.ModelType, l.Config.ModelType, name)
+		require.Equal(t, max(c.spec.NumLayers, c.spec.Layer+1), l.Config.NumLayers, name)
 		x := moetest.Input(c.spec.Seed, 9, c.spec.Hidden, false)
 		y := make([]float32, len(x))
 		ids := make([]int32, 9*c.spec.TopK)

@@ -245,13 +245,20 @@ func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]b
 		tensors = append(tensors, GGUFTensor{Name: blk + "ffn_gate_inp_shexp.weight", Dims: []uint64{u(H)}, Type: 0, Data: f32(m.SharedGate)})
 	}
 	kv := func(k string, v any) GGUFKV { return GGUFKV{Key: k, Value: v} }
+	blocks := max(s.NumLayers, s.Layer+1)
+	if arch == "glm4moe" { // llama.cpp counts GLM-4.5's MTP layer among the blocks
+		blocks++
+	}
 	kvs := []GGUFKV{kv("general.architecture", arch), kv(arch+".embedding_length", uint32(H)),
-		kv(arch+".block_count", uint32(max(s.NumLayers, s.Layer+1))), kv(arch+".expert_count", uint32(E)),
+		kv(arch+".block_count", uint32(blocks)), kv(arch+".expert_count", uint32(E)),
 		kv(arch+".expert_used_count", uint32(s.TopK))}
 	switch arch {
-	case "deepseek2":
+	case "deepseek2", "glm4moe":
+		if arch == "glm4moe" {
+			kvs = append(kvs, kv(arch+".nextn_predict_layers", uint32(1)))
+		}
 		gating := uint32(1)
-		if s.Scoring == "sigmoid" {
+		if s.Scoring == "sigmoid" || arch == "glm4moe" { // GLM-4.5 scores with a sigmoid
 			gating = 2
 		}
 		scaling := s.Scaling
