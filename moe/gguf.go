@@ -11,8 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moex-project/moex/internal/errkind"
-	"github.com/moex-project/moex/internal/hugepage"
-	"github.com/moex-project/moex/internal/regfile"
 )
 
 // GGUF is the parsed header of a GGUF file (llama.cpp's format, versions 2
@@ -538,27 +536,13 @@ type GGUFFile struct {
 // OpenGGUF maps path and parses its header; a file that is not a regular
 // file, or not a well-formed GGUF file, is an error naming it.
 func OpenGGUF(path string) (*GGUFFile, error) {
-	f, err := regfile.Open(path)
+	data, err := mapFile(path, 24, func(size int64) error {
+		return errkind.Errorf(ErrGGUF, "moe: gguf: %s: %d bytes: too short for a GGUF header", path, size)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("moe: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("moe: %w", err)
-	}
-	size := st.Size()
-	if size < 24 {
-		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: %d bytes: too short for a GGUF header", path, size)
-	}
-	if size > math.MaxInt {
-		return nil, fmt.Errorf("moe: %s: too large to map", path)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("moe: %s: mmap: %w", path, err)
-	}
-	hugepage.Advise(data)
+	size := len(data)
 	g, err := ParseGGUF(data, uint64(size))
 	if err != nil {
 		unix.Munmap(data)

@@ -182,14 +182,9 @@ func checkOverlap(tensors map[string]tensorInfo) error {
 	return nil
 }
 
-// safetensorsFile is one memory-mapped safetensors file.
-type safetensorsFile struct {
-	path string
-	data []byte // the whole file, mapped read-only
-	hdr  *Header
-}
-
-func openSafetensors(path string) (*safetensorsFile, error) {
+// mapFile maps the regular file path read-only; a file shorter than least
+// bytes is the error short makes.
+func mapFile(path string, least int64, short func(size int64) error) ([]byte, error) {
 	f, err := regfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("moe: %w", err)
@@ -200,8 +195,8 @@ func openSafetensors(path string) (*safetensorsFile, error) {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
 	size := st.Size()
-	if size < 8 {
-		return nil, fmt.Errorf("moe: %s: file of %d bytes is too short for a safetensors header", path, size)
+	if size < least {
+		return nil, short(size)
 	}
 	if size > math.MaxInt {
 		return nil, fmt.Errorf("moe: %s: too large to map", path)
@@ -211,6 +206,24 @@ func openSafetensors(path string) (*safetensorsFile, error) {
 		return nil, fmt.Errorf("moe: %s: mmap: %w", path, err)
 	}
 	hugepage.Advise(data) // file-backed: honoured where the kernel has read-only THP for files
+	return data, nil
+}
+
+// safetensorsFile is one memory-mapped safetensors file.
+type safetensorsFile struct {
+	path string
+	data []byte // the whole file, mapped read-only
+	hdr  *Header
+}
+
+func openSafetensors(path string) (*safetensorsFile, error) {
+	data, err := mapFile(path, 8, func(size int64) error {
+		return fmt.Errorf("moe: %s: file of %d bytes is too short for a safetensors header", path, size)
+	})
+	if err != nil {
+		return nil, err
+	}
+	size := int64(len(data))
 	hdr, err := ParseHeader(data, size)
 	if err != nil {
 		unix.Munmap(data)
