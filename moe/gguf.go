@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/bits"
 	"sync"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -217,7 +216,8 @@ const (
 	ggufMaxName     = 64    // GGML_MAX_NAME: a tensor name is shorter
 	ggufMaxKey      = 65535 // the specification's key limit
 	ggufDefaultAlgn = 32
-	ggufMaxDepth    = 8 // nested arrays; the specification allows them, files hold none
+	ggufMaxDepth    = 8       // nested arrays; the specification allows them, files hold none
+	ggufMaxValues   = 1 << 22 // array elements in all the metadata
 )
 
 // ParseGGUF parses data, a whole GGUF file (or at least its header: the
@@ -238,7 +238,7 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 	case g.Version == 1:
 		return nil, ggufErr("GGUF version 1 (32-bit counts) is not read: convert the file again with a current llama.cpp")
 	case g.Version != 2 && g.Version != 3:
-		if bits.ReverseBytes32(g.Version) <= 3 {
+		if v := bits.ReverseBytes32(g.Version); v >= 1 && v <= 3 {
 			return nil, ggufErr("a big-endian GGUF file (version %d byte-swapped): only little-endian files are read", bits.ReverseBytes32(g.Version))
 		}
 		return nil, ggufErr("GGUF version %d: versions 2 and 3 are read", g.Version)
@@ -249,10 +249,10 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 		return nil, r.err
 	}
 	// Each key/value takes at least 8 + 1 + 4 + 1 bytes, each tensor info
-	// 8 + 1 + 4 + 8 + 4 + 8: counts past what the bytes left could hold
-	// are refused before anything is allocated for them.
+	// 8 + 4 + 8 + 4 + 8: counts past what the bytes left could hold are
+	// refused before anything is allocated for them.
 	if nKV > uint64(r.left())/14 {
-		return nil, ggufErr("%d metadata key/values in a header of %d bytes", nKV, len(data))
+		return nil, ggufErr("%d metadata key/values in a file of %d bytes", nKV, len(data))
 	}
 	for i := range nKV {
 		key := r.str(fmt.Sprintf("metadata key %d", i), ggufMaxKey)
@@ -281,8 +281,8 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 		}
 		g.Alignment = uint64(a)
 	}
-	if nTensors > uint64(r.left())/33 {
-		return nil, ggufErr("%d tensor infos in a header of %d bytes", nTensors, len(data))
+	if nTensors > uint64(r.left())/32 {
+		return nil, ggufErr("%d tensor infos in a file of %d bytes", nTensors, len(data))
 	}
 	for i := range nTensors {
 		name := r.str(fmt.Sprintf("the name of tensor %d", i), ggufMaxName-1)
@@ -359,7 +359,7 @@ func checkKey(key string) error {
 		return fmt.Errorf("an empty key")
 	}
 	for i := 0; i < len(key); i++ {
-		if key[i] >= utf8.RuneSelf || key[i] < 0x20 {
+		if key[i] >= 0x7f || key[i] < 0x20 {
 			return fmt.Errorf("byte %d is %#x: keys are printable ASCII", i, key[i])
 		}
 	}
@@ -385,9 +385,10 @@ func ggufShow(v GGUFValue) any {
 
 // ggufReader reads little-endian fields, remembering the first error.
 type ggufReader struct {
-	data []byte
-	pos  int
-	err  error
+	data   []byte
+	pos    int
+	err    error
+	values uint64 // array elements read so far
 }
 
 func (r *ggufReader) left() int { return len(r.data) - r.pos }
@@ -507,6 +508,14 @@ func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
 			r.err = ggufErr("metadata %q: %d %s values in the %d bytes left", key, n, v.Elem, r.left())
 			return v
 		}
+		// Each value takes a GGUFValue (~90 bytes) however few bytes it
+		// had in the file: the metadata's values are capped in all, far
+		// above what tokenizers hold (~1 M) but far below what a crafted
+		// file of a few bytes a value could make us allocate.
+		if r.values += n; r.values > ggufMaxValues {
+			r.err = ggufErr("metadata %q: more than %d values in the metadata's arrays", key, ggufMaxValues)
+			return v
+		}
 		v.Array = make([]GGUFValue, n)
 		for i := range v.Array {
 			v.Array[i] = r.value(v.Elem, key, depth+1)
@@ -525,7 +534,9 @@ func ggufErr(format string, args ...any) error {
 }
 
 // GGUFFile is a GGUF file mapped read-only: its parsed header and its
-// tensors' bytes, which stay valid until Close. Safe for concurrent reads.
+// tensors' bytes, which stay valid until Close. Safe for concurrent reads;
+// Close must wait until no slice TensorData returned is in use (a Layer
+// made by LoadGGUF closes it in its own Close, after its forward passes).
 type GGUFFile struct {
 	Path string
 	*GGUF

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -41,21 +42,30 @@ import (
 
 // hfConfig is the config.json of the file's architecture: its model_type
 // and the keys its metadata gives.
-func (g *GGUF) hfConfig(path string) (map[string]any, error) {
+// hasTensor reports whether the model (every shard of a split one) holds
+// a tensor; hfConfig looks for exp_probs_b with it.
+func (g *GGUF) hfConfig(path string, hasTensor func(suffix string) bool) (map[string]any, error) {
 	arch := g.Metadata["general.architecture"].Str
 	if arch == "" {
 		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: no general.architecture", path)
 	}
-	var missing []string
+	var missing, bad []string
 	num := func(key string, def ...float64) float64 {
 		v, ok := g.Metadata[arch+"."+key]
 		if f, isNum := v.AsFloat(); ok && isNum {
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				bad = append(bad, fmt.Sprintf("%s.%s is %v", arch, key, f))
+			}
 			return f
 		}
 		if ok && v.Type == GGUFBool {
 			if v.Bool {
 				return 1
 			}
+			return 0
+		}
+		if ok {
+			bad = append(bad, fmt.Sprintf("%s.%s is a %s, not a number", arch, key, v.Type))
 			return 0
 		}
 		if len(def) > 0 {
@@ -77,7 +87,7 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 			defGating = 2
 		}
 		sigmoid := num("expert_gating_func", defGating) == 2
-		noaux := slices.ContainsFunc(g.Names, func(n string) bool { return strings.HasSuffix(n, ".exp_probs_b.bias") })
+		noaux := hasTensor(".exp_probs_b.bias")
 		method, scoring, model := "greedy", "softmax", "deepseek_v2"
 		switch {
 		case arch == "glm4moe":
@@ -128,6 +138,9 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 		return nil, errkind.Errorf(ErrUnknownFamily, "moe: %s: GGUF architecture %q: moex reads deepseek2, glm4moe, qwen3moe, qwen2moe, gpt-oss and llama (Mixtral) MoE blocks",
 			path, arch)
 	}
+	if len(bad) > 0 {
+		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: %s", path, strings.Join(bad, "; "))
+	}
 	if len(missing) > 0 {
 		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: the %s block needs %s", path, arch, strings.Join(missing, ", "))
 	}
@@ -137,17 +150,23 @@ func (g *GGUF) hfConfig(path string) (map[string]any, error) {
 // Config is the MoE configuration the file's metadata describes, as
 // ParseConfig reads it from the equivalent config.json.
 func (f *GGUFFile) Config() (*Config, error) {
-	raw, err := f.hfConfig(f.Path)
+	return configOf(f.GGUF, f.Path, func(suffix string) bool {
+		return slices.ContainsFunc(f.Names, func(n string) bool { return strings.HasSuffix(n, suffix) })
+	})
+}
+
+func configOf(g *GGUF, path string, hasTensor func(string) bool) (*Config, error) {
+	raw, err := g.hfConfig(path, hasTensor)
 	if err != nil {
 		return nil, err
 	}
 	data, err := json.Marshal(raw)
 	if err != nil {
-		return nil, err
+		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: %v", path, err)
 	}
 	cfg, err := ParseConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("moe: %s: %w", f.Path, err)
+		return nil, fmt.Errorf("moe: %s: %w", path, err)
 	}
 	return cfg, nil
 }
@@ -237,7 +256,16 @@ func (g *ggufModel) Close() error {
 }
 
 func (g *ggufModel) load(n int) (*Layer, error) {
-	cfg, err := g.files[0].Config()
+	// The metadata is the first shard's; tensors may be in any (a split
+	// DeepSeek-V3's exp_probs_b usually lie past its first shard).
+	cfg, err := configOf(g.files[0].GGUF, g.path, func(suffix string) bool {
+		for name := range g.where {
+			if strings.HasSuffix(name, suffix) {
+				return true
+			}
+		}
+		return false
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +294,7 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 		b.RowF32(0, w.Bias)
 	}
 	if cfg.RouterBias {
-		if w.RouterBias, err = g.vector(blk+"ffn_gate_inp.bias", 0, E); err != nil {
+		if w.RouterBias, err = g.vector(blk+"ffn_gate_inp.bias", E); err != nil {
 			return nil, err
 		}
 	}
@@ -279,20 +307,22 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 			return nil, err
 		}
 	}
+	var biases [3][][]float32 // gpt-oss: [inter, experts] and [hidden, experts], a row an expert
+	if cfg.ExpertBias {
+		for i, p := range []struct {
+			name string
+			n    int
+		}{{"ffn_gate_exps.bias", I}, {"ffn_up_exps.bias", I}, {"ffn_down_exps.bias", H}} {
+			if biases[i], err = g.rows(blk+p.name, E, p.n); err != nil {
+				return nil, err
+			}
+		}
+	}
 	w.Experts = make([]Expert, E)
 	for e := range w.Experts {
 		w.Experts[e] = Expert{Gate: stacks[0][e], Up: stacks[1][e], Down: stacks[2][e]}
-		if cfg.ExpertBias { // gpt-oss: [inter, experts] and [hidden, experts], a row an expert
-			x := &w.Experts[e]
-			if x.GateBias, err = g.vector(blk+"ffn_gate_exps.bias", E, I, e); err != nil {
-				return nil, err
-			}
-			if x.UpBias, err = g.vector(blk+"ffn_up_exps.bias", E, I, e); err != nil {
-				return nil, err
-			}
-			if x.DownBias, err = g.vector(blk+"ffn_down_exps.bias", E, H, e); err != nil {
-				return nil, err
-			}
+		if cfg.ExpertBias {
+			w.Experts[e].GateBias, w.Experts[e].UpBias, w.Experts[e].DownBias = biases[0][e], biases[1][e], biases[2][e]
 		}
 	}
 	if S := cfg.SharedInter; S > 0 {
@@ -319,25 +349,31 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 	return New(cfg, w)
 }
 
-// vector is row k (0 when rows is 0: a 1-D tensor) of tensor name, [n]
-// or [rows, n] in PyTorch's order, checked finite, as float32.
-func (g *ggufModel) vector(name string, rows, n int, k ...int) ([]float32, error) {
-	var m kernels.Matrix
-	var err error
-	if rows == 0 {
-		m, err = g.matrix(name, 1, n)
-	} else {
-		m, err = g.matrix(name, rows, n)
+// vector is the 1-D tensor name [n], checked finite, as float32.
+func (g *ggufModel) vector(name string, n int) ([]float32, error) {
+	r, err := g.rows(name, 1, n)
+	if err != nil {
+		return nil, err
 	}
+	return r[0], nil
+}
+
+// rows is tensor name [rows, n] (PyTorch's order; [n] for one row),
+// checked finite, as float32 rows.
+func (g *ggufModel) rows(name string, rows, n int) ([][]float32, error) {
+	m, err := g.matrix(name, rows, n)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, name), m); err != nil {
 		return nil, err
 	}
-	v := make([]float32, n)
-	m.RowF32(append(k, 0)[0], v)
-	return v, nil
+	out := make([][]float32, rows)
+	for i := range out {
+		out[i] = make([]float32, n)
+		m.RowF32(i, out[i])
+	}
+	return out, nil
 }
 
 // tensor is name's info and file.
@@ -404,7 +440,11 @@ func (f *GGUFFile) view(t GGUFTensor, k, rows, cols int) (kernels.Matrix, error)
 		}
 		return kernels.NewHalf(dt, rows, cols, v[k*per:(k+1)*per])
 	case GGMLQ4_0, GGMLMXFP4:
-		return q4Blocks(t, data, k, rows, cols)
+		m, err := q4Blocks(t, data, k, rows, cols)
+		if err != nil {
+			return m, fmt.Errorf("moe: %s: %w", f.Path, err)
+		}
+		return m, nil
 	}
 	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16, BF16, Q4_0 and MXFP4 so far",
 		f.Path, t.Name, t.Type)
@@ -448,13 +488,13 @@ func q4Blocks(t GGUFTensor, data []byte, k, rows, cols int) (kernels.Matrix, err
 	if f32 != nil {
 		m, err := kernels.NewINT4(rows, cols, 32, packed, f32)
 		if err != nil {
-			return m, fmt.Errorf("moe: tensor %q: %w", t.Name, err)
+			return m, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
 		return m, nil
 	}
 	m, err := kernels.NewMXFP4(rows, cols, packed, e8m0)
 	if err != nil {
-		return m, fmt.Errorf("moe: tensor %q: %w", t.Name, err)
+		return m, fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	return m, nil
 }

@@ -164,6 +164,60 @@ func TestLoadGGUFSplit(t *testing.T) {
 		require.LessOrEqual(t, moetest.RelErr(y, m.Forward(x).Y), 1e-5)
 		require.NoError(t, l.Close())
 	}
+	// A split DeepSeek-V3: its exp_probs_b only in the second shard still
+	// makes the block noaux_tc.
+	v3 := moetest.Spec{ModelType: "deepseek_v3", Hidden: 32, Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1,
+		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5, DType: "F32", Seed: 95}
+	mv3, err := moetest.Generate(v3)
+	require.NoError(t, err)
+	v3data, err := mv3.GGUF("deepseek2", 0)
+	require.NoError(t, err)
+	whole3, err := moe.ParseGGUF(v3data, uint64(len(v3data)))
+	require.NoError(t, err)
+	var first, second []moetest.GGUFTensor
+	for _, name := range whole3.Names {
+		tn := whole3.Tensors[name]
+		gt := moetest.GGUFTensor{Name: name, Dims: tn.Dims, Type: uint32(tn.Type), Data: v3data[tn.Offset : tn.Offset+tn.Size]}
+		if name == "blk.0.ffn_gate_inp.weight" {
+			first = append(first, gt)
+		} else {
+			second = append(second, gt)
+		}
+	}
+	var meta3 []moetest.GGUFKV
+	for _, k := range whole3.Keys {
+		switch v := whole3.Metadata[k]; v.Type {
+		case moe.GGUFString:
+			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: v.Str})
+		case moe.GGUFFloat32:
+			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: float32(v.Float)})
+		case moe.GGUFBool:
+			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: v.Bool})
+		default:
+			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: uint32(v.Uint)})
+		}
+	}
+	for no, ts := range [][]moetest.GGUFTensor{first, second} {
+		kvs := []moetest.GGUFKV{{Key: "split.no", Value: uint16(no)}, {Key: "split.count", Value: uint16(2)}}
+		if no == 0 {
+			kvs = append(meta3, kvs...)
+		}
+		var b bytes.Buffer
+		require.NoError(t, moetest.WriteGGUF(&b, kvs, ts, 32))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("v3-%05d-of-00002.gguf", no+1)), b.Bytes(), 0o644))
+	}
+	l3, err := moe.Load(filepath.Join(dir, "v3-00001-of-00002.gguf"), 0)
+	require.NoError(t, err)
+	require.Equal(t, moe.NoAuxTC, l3.Config.Method)
+	x3 := moetest.Input(2, 6, v3.Hidden, false)
+	y3 := make([]float32, len(x3))
+	ids3 := make([]int32, 6*v3.TopK)
+	require.NoError(t, l3.ForwardRouting(context.Background(), x3, y3, ids3, nil))
+	ref3 := mv3.Forward(x3)
+	require.Equal(t, ref3.IDs, ids3)
+	require.LessOrEqual(t, moetest.RelErr(y3, ref3.Y), 1e-5)
+	require.NoError(t, l3.Close())
+
 	shard(0, 2, nil, tensors[2:]) // the second shard's content under the first's name
 	_, err = moe.Load(filepath.Join(dir, "m-00002-of-00002.gguf"), 0)
 	require.ErrorContains(t, err, "is in both")

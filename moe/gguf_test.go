@@ -89,6 +89,15 @@ func TestParseGGUF(t *testing.T) {
 	}
 }
 
+// bytesOf is n uint8 array values.
+func bytesOf(n int) []any {
+	v := make([]any, n)
+	for i := range v {
+		v[i] = uint8(i)
+	}
+	return v
+}
+
 // TestParseGGUFByHand: a file laid out byte by byte from the
 // specification, not by the test writer.
 func TestParseGGUFByHand(t *testing.T) {
@@ -188,8 +197,11 @@ func TestParseGGUFBad(t *testing.T) {
 		{"version 1", file(1, nil, nil), "GGUF version 1 (32-bit counts) is not read"},
 		{"big-endian", file(0x03000000, nil, nil), "big-endian GGUF file (version 3 byte-swapped)"},
 		{"version 9", file(9, nil, nil), "GGUF version 9"},
-		{"key count", at(file(3, nil, nil), 16, u64(1<<40)), "1099511627776 metadata key/values in a header of 32 bytes"},
-		{"tensor count", at(file(3, nil, nil), 8, u64(1<<40)), "1099511627776 tensor infos in a header of 32 bytes"},
+		{"version 0", file(0, nil, nil), "GGUF version 0: versions 2 and 3"},
+		{"values in all", file(3, []moetest.GGUFKV{kv("k.big", moetest.GGUFArray{Elem: 0, Values: bytesOf(1<<22 + 1)})}, nil),
+			`metadata "k.big": more than 4194304 values`},
+		{"key count", at(file(3, nil, nil), 16, u64(1<<40)), "1099511627776 metadata key/values in a file of 32 bytes"},
+		{"tensor count", at(file(3, nil, nil), 8, u64(1<<40)), "1099511627776 tensor infos in a file of 32 bytes"},
 		{"duplicate key", file(3, []moetest.GGUFKV{kv("k.a", uint8(1)), kv("k.a", uint8(2))}, nil), `metadata key "k.a" appears twice`},
 		{"key not ASCII", file(3, []moetest.GGUFKV{kv("k.é", uint8(1))}, nil), `metadata key 0 "k.é": byte 2 is 0xc3`},
 		{"empty key", file(3, []moetest.GGUFKV{kv("", uint8(1))}, nil), "an empty key"},

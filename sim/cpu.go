@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -55,11 +56,12 @@ func CalibrateCPU(ranks int) (Hardware, error) {
 // work over the machine's rate divided by the ranks, the way the ranks of
 // moex run share the machine.
 func (p CPUProbe) Hardware(ranks int) Hardware {
-	n := float64(max(ranks, 1))
+	ranks = max(ranks, 1)
+	n := float64(ranks)
 	return Hardware{Name: "cpu", Mem: float64(memlimit.Machine()) / n, MemFraction: 0.8, MemBW: p.StreamBW / n,
 		GEMM: map[string]float64{"bf16": p.GEMM / n}, MLA: p.MLA / n, MLARow: p.MLARow * n,
 		IntraBW: p.AllGatherBW, IntraLatency: p.AllGatherLatency, InterBW: p.AllGatherBW, InterLatency: p.AllGatherLatency,
-		RanksPerNode: max(ranks, 1), Shared: true,
+		RanksPerNode: ranks, Shared: true,
 		Sources: []string{fmt.Sprintf("measured on this machine (%d threads): MoE decode streams %.1f GB/s of weights, "+
 			"MoE at 256 tokens %.1f GFLOP/s, MLA %.1f GFLOP/s + %.0f ns a cached row, in-process all-gather %.2f GB/s + %.1f µs; "+
 			"each of %d ranks has 1/%d of the rates", runtime.GOMAXPROCS(0), p.StreamBW/1e9, p.GEMM/1e9, p.MLA/1e9, p.MLARow*1e9,
@@ -213,7 +215,7 @@ func probeAllGather(ctx context.Context) (bw, latency float64, err error) {
 				})
 			}
 			wg.Wait()
-			return errs[0]
+			return errors.Join(errs...)
 		})
 		return s / float64(reps), err
 	}

@@ -244,7 +244,8 @@ var ErrNoFit = errors.New("no request fits the KV budget")
 // MaxBatch is the most requests of w.Input + w.Output tokens the ranks'
 // KV pools hold at once (dpattn.Account, moex run's accounting): a rank's
 // pool over a request's latents, times the ranks under DP attention (each
-// holds its own requests), once under TP (each holds all of them).
+// holds its own requests; over DPImbalance, the busiest rank's excess),
+// once under TP (each holds all of them).
 func (d Deployment) MaxBatch(w Workload) (int, error) {
 	if err := d.Validate(); err != nil {
 		return 0, err
@@ -259,6 +260,9 @@ func (d Deployment) MaxBatch(w Workload) (int, error) {
 	kb, _ := dtypeBytes(d.KVDType)
 	need := float64(w.Input+w.Output) * d.KVPerToken()
 	acct, err := dpattn.Account(d.Ranks, d.Model.Layers, d.Model.latentValues(), int(kb), int64(pool))
+	if err != nil && pool >= need/float64(w.Input+w.Output) {
+		return 0, fmt.Errorf("sim: %w", err) // not the budget: a size Account refuses
+	}
 	if err != nil || acct.MaxTokensTP < int64(w.Input+w.Output) {
 		return 0, fmt.Errorf("sim: a request of %d tokens needs %.1f MB of latent cache a rank; the budget of %.1f MB holds none: %w",
 			w.Input+w.Output, need/1e6, pool/1e6, ErrNoFit)
@@ -267,7 +271,9 @@ func (d Deployment) MaxBatch(w Workload) (int, error) {
 	if d.Layout == TP {
 		return perRank, nil
 	}
-	return perRank * d.Ranks, nil
+	// The busiest rank holds DPImbalance times the mean: the batch is what
+	// leaves it within its pool.
+	return max(int(float64(perRank*d.Ranks)/d.DPImbalance), min(perRank, 1)), nil
 }
 
 // Decode is one decode step at w's batch (or the largest that fits): a
@@ -432,11 +438,14 @@ func (d Deployment) step(w Workload, prefill bool) (Result, error) {
 	}
 
 	// lm_head, on each request's last token: under TP vocab-parallel over
-	// every request; under DP attention each rank's whole lm_head over
-	// its own (SGLang's --enable-dp-lm-head).
+	// every request, its logits all-gathered; under DP attention each
+	// rank's whole lm_head over its own (SGLang's --enable-dp-lm-head).
 	if V := float64(m.Vocab); V > 0 {
 		if d.Layout == TP {
 			roof("lm_head", wb*V*H/n, 2*float64(rb)*V*H/n, gemm)
+			// Each rank's vocabulary shard of every request's fp32
+			// logits, gathered for sampling.
+			link("logits all-gather", (n-1)/n*float64(B)*V*4, 1)
 		} else {
 			roof("lm_head", wb*V*H, 2*float64(rb)*V*H, gemm)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 )
 
 // GGUFKV is one metadata key/value for WriteGGUF. Value is a uint8, int8,
@@ -41,8 +42,11 @@ type GGUFTensor struct {
 // of moe's reader; alignment is written as general.alignment when it is
 // not 32.
 func WriteGGUF(w io.Writer, kvs []GGUFKV, tensors []GGUFTensor, alignment uint64) error {
+	if alignment == 0 || alignment > math.MaxUint32 {
+		return fmt.Errorf("moetest: alignment %d", alignment)
+	}
 	if alignment != 32 {
-		kvs = append(kvs, GGUFKV{"general.alignment", uint32(alignment)})
+		kvs = append(slices.Clone(kvs), GGUFKV{Key: "general.alignment", Value: uint32(alignment)})
 	}
 	var b bytes.Buffer
 	le := func(v any) { binary.Write(&b, binary.LittleEndian, v) }
@@ -113,6 +117,7 @@ func WriteGGUF(w io.Writer, kvs []GGUFKV, tensors []GGUFTensor, alignment uint64
 		b.Write(make([]byte, start+offsets[i]-uint64(b.Len())))
 		b.Write(t.Data)
 	}
+	b.Write(make([]byte, start+off-uint64(b.Len()))) // the last tensor padded too, as llama.cpp writes it
 	_, err := w.Write(b.Bytes())
 	return err
 }
@@ -173,6 +178,9 @@ func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
 // each the experts' blocks in order (m's float64 experts must be what
 // they dequantize to, for the reference to hold); nil experts: GGUF's.
 func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]byte) ([]byte, error) {
+	if typ != 0 && typ != 30 {
+		return nil, fmt.Errorf("moetest: GGUF experts of ggml type %d: F32 (0) or BF16 (30)", typ)
+	}
 	s := m.Spec
 	H, I, E := s.Hidden, s.Inter, s.Experts
 	inexact := false
