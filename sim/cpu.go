@@ -35,6 +35,10 @@ type CPUProbe struct {
 	// takes rows·MLARow + FLOPs/MLA (FlashMLA's FLOP count), solved from
 	// its times at 4 and 16 heads of 576/512.
 	MLA, MLARow float64
+	// Router: kernels.RouterLogits's FLOPs a second over DeepSeek-V2-Lite's
+	// router (64 experts × 2048, fp32), 16 tokens a call (moe's chunk) on
+	// every thread at once.
+	Router float64
 	// AllGatherBW and AllGatherLatency: an all-gather over two in-process
 	// ranks (ep's local transport) of p bytes a rank takes
 	// AllGatherLatency + p / AllGatherBW, from 8 B and 1 MiB.
@@ -59,13 +63,13 @@ func (p CPUProbe) Hardware(ranks int) Hardware {
 	ranks = max(ranks, 1)
 	n := float64(ranks)
 	return Hardware{Name: "cpu", Mem: float64(memlimit.Machine()) / n, MemFraction: 0.8, MemBW: p.StreamBW / n,
-		GEMM: map[string]float64{"bf16": p.GEMM / n}, MLA: p.MLA / n, MLARow: p.MLARow * n,
+		GEMM: map[string]float64{"bf16": p.GEMM / n}, MLA: p.MLA / n, MLARow: p.MLARow * n, Router: p.Router / n,
 		IntraBW: p.AllGatherBW, IntraLatency: p.AllGatherLatency, InterBW: p.AllGatherBW, InterLatency: p.AllGatherLatency,
 		RanksPerNode: ranks, Shared: true,
 		Sources: []string{fmt.Sprintf("measured on this machine (%d threads): MoE decode streams %.1f GB/s of weights, "+
-			"MoE at 256 tokens %.1f GFLOP/s, MLA %.1f GFLOP/s + %.0f ns a cached row, in-process all-gather %.2f GB/s + %.1f µs; "+
-			"each of %d ranks has 1/%d of the rates", runtime.GOMAXPROCS(0), p.StreamBW/1e9, p.GEMM/1e9, p.MLA/1e9, p.MLARow*1e9,
-			p.AllGatherBW/1e9, p.AllGatherLatency*1e6, ranks, ranks),
+			"MoE at 256 tokens %.1f GFLOP/s, MLA %.1f GFLOP/s + %.0f ns a cached row, router %.1f GFLOP/s, in-process all-gather "+
+			"%.2f GB/s + %.1f µs; each of %d ranks has 1/%d of the rates", runtime.GOMAXPROCS(0), p.StreamBW/1e9, p.GEMM/1e9, p.MLA/1e9,
+			p.MLARow*1e9, p.Router/1e9, p.AllGatherBW/1e9, p.AllGatherLatency*1e6, ranks, ranks),
 			"memory: the machine's, shared by the ranks, 80 % for weights and cache"}}
 }
 
@@ -78,6 +82,9 @@ func ProbeCPU(ctx context.Context) (CPUProbe, error) {
 		return p, err
 	}
 	if p.AllGatherBW, p.AllGatherLatency, err = probeAllGather(ctx); err != nil {
+		return p, err
+	}
+	if p.Router, err = probeRouter(ctx); err != nil {
 		return p, err
 	}
 	if p.StreamBW, p.GEMM, err = probeMoE(ctx); err != nil {
@@ -229,4 +236,43 @@ func probeAllGather(ctx context.Context) (bw, latency float64, err error) {
 		return 0, 0, err
 	}
 	return big / max(large-small, 1e-9), small, nil
+}
+
+// probeRouter times kernels.RouterLogits over DeepSeek-V2-Lite's router,
+// 16 tokens a call, on every thread at once.
+func probeRouter(ctx context.Context) (float64, error) {
+	const experts, hidden, tokens = 64, 2048, 16
+	rng := rand.New(rand.NewPCG(5, 6))
+	wv := make([]float32, experts*hidden)
+	for i := range wv {
+		wv[i] = float32(rng.NormFloat64())
+	}
+	w, err := kernels.NewF32(experts, hidden, wv)
+	if err != nil {
+		return 0, err
+	}
+	threads := runtime.GOMAXPROCS(0)
+	xs := make([][]float32, threads)
+	dst := make([][]float64, threads)
+	for i := range xs {
+		xs[i] = make([]float32, tokens*hidden)
+		for j := range xs[i] {
+			xs[i][j] = float32(rng.NormFloat64())
+		}
+		dst[i] = make([]float64, tokens*experts)
+	}
+	const reps = 8
+	s, err := best(ctx, 3, func() error {
+		var wg sync.WaitGroup
+		for i := range threads {
+			wg.Go(func() {
+				for range reps {
+					kernels.RouterLogits(dst[i], xs[i], w)
+				}
+			})
+		}
+		wg.Wait()
+		return nil
+	})
+	return float64(threads*reps) * 2 * tokens * experts * hidden / s, err
 }

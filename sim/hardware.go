@@ -29,6 +29,9 @@ type Hardware struct {
 	// MLA is MLA decode's compute-bound rate (FlashMLA's
 	// s_q·Σs_k·h_q·(576+512)·2 FLOPs).
 	MLA float64 `json:"mla_flops"`
+	// Router is the rate of the router's logits, FLOPs a second (moex's
+	// CPU router accumulates in float64, without SIMD); 0: the GEMM rate.
+	Router float64 `json:"router_flops,omitempty"`
 	// MLARow is MLA decode's cost of a cached row before any head uses it
 	// (on the CPU: widening a bf16 row to fp32, 576 values), seconds a row;
 	// 0 on GPUs, where reading the row is the cost and MemBW bounds it.

@@ -414,6 +414,17 @@ func (d Deployment) step(w Workload, prefill bool) (Result, error) {
 	// chosen experts. The busiest rank computes its share of the B·k
 	// (token, expert) pairs times the EPLB imbalance.
 	if moeL > 0 {
+		// The router: every token a rank routes, against every expert
+		// (TP and gather mode route all the step's tokens on every rank,
+		// all-to-all only its own); its weights in fp32.
+		routed, routerRate := Ball, gemm
+		if d.Layout == DPEP {
+			routed = T
+		}
+		if hw.Router > 0 {
+			routerRate = hw.Router
+		}
+		roof("router", moeL*4*E*H, moeL*2*routed*E*H, routerRate)
 		hit := 1 - math.Pow(1-k/E, Ball)
 		pairs := Ball * k / n * d.EPLBImbalance
 		switch d.Layout {

@@ -82,10 +82,12 @@ func TestToyStep(t *testing.T) {
 	experts := 2.0 * 8 * (1 - 14.0/16*14.0/16) * 3 * 1024 * 512
 	// Dispatch and combine: 1 token × 2 experts, half of them remote, 1024 bf16 values.
 	link := 2.0*1024/1e11 + 1e-5
+	// The router: its fp32 [16, 1024] weights read for one token.
+	router := 4.0 * 16 * 1024
 	want := map[string]float64{"attention projections": proj / 1e12, "MLA": mla / 1e12, "dispatch": link,
-		"MoE experts": experts / 1e12, "combine": link}
+		"router": router / 1e12, "MoE experts": experts / 1e12, "combine": link}
 	requireStages(t, r, want)
-	require.InEpsilon(t, 2/(proj/1e12+mla/1e12+2*link+experts/1e12), r.TokensPerSec, 1e-12)
+	require.InEpsilon(t, 2/(proj/1e12+mla/1e12+2*link+router/1e12+experts/1e12), r.TokensPerSec, 1e-12)
 	require.Equal(t, 1, r.RankBatch)
 }
 
@@ -121,7 +123,8 @@ func TestToyPrefill(t *testing.T) {
 	// probability 1 − (14/16)^200; the rank computes 200 of the 200·2 pairs.
 	experts := math.Max(2*8*(1-math.Pow(14.0/16, 200))*3*1024*512/1e12, 2*200*3*1024*512/1e12)
 	want := map[string]float64{"attention projections": math.Max(2*proj/1e12, 2*100*proj/1e12),
-		"attention (MHA)": math.Max(100*288*2/1e12, mha/1e12), "dispatch": link, "MoE experts": experts, "combine": link}
+		"attention (MHA)": math.Max(100*288*2/1e12, mha/1e12), "dispatch": link, "MoE experts": experts, "combine": link,
+		"router": 2 * 100 * 16 * 1024 / 1e12} // the rank's 100 tokens against 16 experts, compute-bound
 	requireStages(t, r, want)
 	require.InEpsilon(t, 200/r.Step, r.TokensPerSec, 1e-12)
 	require.Zero(t, r.IdleFraction)
