@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/moex-project/moex/internal/httpjson"
 )
 
 // Config is a router's settings; Defaults gives every field its default.
@@ -338,7 +340,7 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /readiness", func(w http.ResponseWriter, _ *http.Request) {
 		if len(r.eligible(nil)) == 0 {
-			writeError(w, http.StatusServiceUnavailable, "no healthy worker")
+			httpjson.Error(w, http.StatusServiceUnavailable, "no healthy worker")
 			return
 		}
 		w.WriteHeader(http.StatusOK)
@@ -350,16 +352,6 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("DELETE /workers", r.deleteWorker)
 	mux.Handle("GET /metrics", r.metrics.handler())
 	return mux
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "code": status}})
 }
 
 // route sends a request to a worker by the policy, retrying on another
@@ -381,7 +373,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, path, id stri
 		var err error
 		body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
 		if err != nil {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over %d bytes or unreadable: %v", r.cfg.MaxBodyBytes, err))
+			httpjson.Error(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over %d bytes or unreadable: %v", r.cfg.MaxBodyBytes, err))
 			return http.StatusRequestEntityTooLarge
 		}
 	}
@@ -416,7 +408,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, path, id stri
 			return 499
 		}
 	}
-	writeError(w, lastStatus, fmt.Sprintf("the request failed on %d workers; the last: %s", len(tried), lastErr))
+	httpjson.Error(w, lastStatus, fmt.Sprintf("the request failed on %d workers; the last: %s", len(tried), lastErr))
 	return lastStatus
 }
 
@@ -527,7 +519,7 @@ func (r *Router) flush(w http.ResponseWriter, req *http.Request) {
 			break
 		}
 	}
-	writeJSON(w, status, map[string]any{"workers": results})
+	httpjson.Write(w, status, map[string]any{"workers": results})
 }
 
 // WorkerInfo is what /workers and /get_loads say of a worker.
@@ -551,7 +543,7 @@ func (r *Router) listWorkers(w http.ResponseWriter, _ *http.Request) {
 	for _, wk := range r.Workers() {
 		out = append(out, r.info(wk))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+	httpjson.Write(w, http.StatusOK, map[string]any{"workers": out})
 }
 
 // loads is every worker's load as the router counts it, and its own
@@ -578,7 +570,7 @@ func (r *Router) loads(w http.ResponseWriter, req *http.Request) {
 		})
 	}
 	wg.Wait()
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+	httpjson.Write(w, http.StatusOK, map[string]any{"workers": out})
 }
 
 func (r *Router) addWorker(w http.ResponseWriter, req *http.Request) {
@@ -588,13 +580,13 @@ func (r *Router) addWorker(w http.ResponseWriter, req *http.Request) {
 			URL string `json:"url"`
 		}
 		if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&b); err != nil || b.URL == "" {
-			writeError(w, http.StatusBadRequest, `give the worker as {"url": "http://host:port"} or ?url=`)
+			httpjson.Error(w, http.StatusBadRequest, `give the worker as {"url": "http://host:port"} or ?url=`)
 			return
 		}
 		u = b.URL
 	}
 	if _, err := normalize(u); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		httpjson.Error(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if err := r.AddWorker(req.Context(), u); err != nil {
@@ -602,7 +594,7 @@ func (r *Router) addWorker(w http.ResponseWriter, req *http.Request) {
 		if strings.Contains(err.Error(), "already there") {
 			status = http.StatusConflict
 		}
-		writeError(w, status, err.Error())
+		httpjson.Error(w, status, err.Error())
 		return
 	}
 	r.listWorkers(w, req)
@@ -618,7 +610,7 @@ func (r *Router) deleteWorker(w http.ResponseWriter, req *http.Request) {
 		if strings.Contains(err.Error(), "want http") {
 			status = http.StatusBadRequest
 		}
-		writeError(w, status, err.Error())
+		httpjson.Error(w, status, err.Error())
 		return
 	}
 	r.listWorkers(w, req)

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/moex-project/moex/internal/httpjson"
 	"github.com/moex-project/moex/model"
 )
 
@@ -116,28 +117,28 @@ func (h *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", h.health)
 	mux.HandleFunc("POST /flush_cache", func(w http.ResponseWriter, r *http.Request) {
 		if err := h.s.FlushCache(); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			httpjson.Error(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"message": "the prefix cache is empty"})
+		httpjson.Write(w, http.StatusOK, map[string]any{"message": "the prefix cache is empty"})
 	})
 	mux.HandleFunc("GET /get_load", func(w http.ResponseWriter, r *http.Request) {
 		running, waiting := h.s.Load()
 		st := h.s.Stats()
 		free, total := h.s.Blocks()
-		writeJSON(w, http.StatusOK, map[string]any{"num_running_reqs": running, "num_waiting_reqs": waiting,
+		httpjson.Write(w, http.StatusOK, map[string]any{"num_running_reqs": running, "num_waiting_reqs": waiting,
 			"free_blocks": free, "total_blocks": total, "prefix_cache_blocks": st.CachedBlocks, "cache_hit_rate": st.HitRate(),
 			"dp": h.s.RankLoads()})
 	})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
+		httpjson.Write(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
 			map[string]any{"id": h.info.ModelPath, "object": "model", "owned_by": "moex", "max_model_len": h.info.MaxTokens}}})
 	})
 	mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"model_path": h.info.ModelPath, "is_generation": true})
+		httpjson.Write(w, http.StatusOK, map[string]any{"model_path": h.info.ModelPath, "is_generation": true})
 	})
 	mux.HandleFunc("GET /get_server_info", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, h.info)
+		httpjson.Write(w, http.StatusOK, h.info)
 	})
 	return mux
 }
@@ -149,19 +150,19 @@ const HealthTimeout = 20 * time.Second
 // completes, 503 while draining or if it does not within HealthTimeout.
 func (h *Server) healthGenerate(w http.ResponseWriter, r *http.Request) {
 	if h.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, "the server is draining")
+		httpjson.Error(w, http.StatusServiceUnavailable, "the server is draining")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), HealthTimeout)
 	defer cancel()
 	events, err := h.s.Submit(ctx, Request{IDs: []int32{0}, MaxNewTokens: 1, IgnoreEOS: true, Sampling: model.Sampling{TopP: 1}})
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error())
+		httpjson.Error(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	for e := range events {
 		if e.Done && e.Err != nil {
-			writeError(w, http.StatusServiceUnavailable, "a one-token generation failed: "+e.Err.Error())
+			httpjson.Error(w, http.StatusServiceUnavailable, "a one-token generation failed: "+e.Err.Error())
 			return
 		}
 	}
@@ -170,7 +171,7 @@ func (h *Server) healthGenerate(w http.ResponseWriter, r *http.Request) {
 
 func (h *Server) health(w http.ResponseWriter, r *http.Request) {
 	if h.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, "the server is draining")
+		httpjson.Error(w, http.StatusServiceUnavailable, "the server is draining")
 		return
 	}
 	w.WriteHeader(http.StatusOK)
@@ -305,13 +306,13 @@ func (h *Server) refuse(w http.ResponseWriter, err error) {
 		status, label = http.StatusServiceUnavailable, "error"
 	}
 	h.metrics.requests.WithLabelValues(label).Inc()
-	writeError(w, status, err.Error())
+	httpjson.Error(w, status, err.Error())
 }
 
 // bad answers a request that could not be read: 400.
 func (h *Server) bad(w http.ResponseWriter, err error) {
 	h.metrics.requests.WithLabelValues("bad_request").Inc()
-	writeError(w, http.StatusBadRequest, err.Error())
+	httpjson.Error(w, http.StatusBadRequest, err.Error())
 }
 
 // start submits req; run then follows it.
@@ -446,10 +447,10 @@ func (h *Server) generate(w http.ResponseWriter, r *http.Request) {
 	if !g.Stream {
 		c := run.wait(nil)
 		if c.err != nil {
-			writeError(w, http.StatusServiceUnavailable, c.err.Error())
+			httpjson.Error(w, http.StatusServiceUnavailable, c.err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, generated{Text: c.text, OutputIDs: c.ids, Meta: meta(&c, len(c.ids))})
+		httpjson.Write(w, http.StatusOK, generated{Text: c.text, OutputIDs: c.ids, Meta: meta(&c, len(c.ids))})
 		return
 	}
 	sse := startSSE(w)
@@ -519,14 +520,4 @@ func (s sse) flush() {
 func (s sse) done() {
 	fmt.Fprint(s.w, "data: [DONE]\n\n")
 	s.flush()
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "code": status}})
 }

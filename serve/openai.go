@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/moex-project/moex/internal/httpjson"
 )
 
 // openAIRequest is the body of OpenAI's /v1/completions (Prompt) and
@@ -234,10 +236,10 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 	if !o.Stream {
 		c := run.wait(nil)
 		if c.err != nil {
-			writeError(w, http.StatusServiceUnavailable, c.err.Error())
+			httpjson.Error(w, http.StatusServiceUnavailable, c.err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath,
+		httpjson.Write(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath,
 			"choices": []any{choice(c.text, finishReason(c))}, "usage": usage(len(c.ids))})
 		return
 	}

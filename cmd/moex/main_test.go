@@ -129,14 +129,20 @@ func execFresh(t *testing.T, spec moetest.Spec, T int) (dir, xp, yp, ip string) 
 	}
 	_, _, err = runCLI(args...)
 	require.NoError(t, err)
-	ref := m.ForwardTokens(x, tokens)
+	requireOutputs(t, yp, ip, m.ForwardTokens(x, tokens))
+	return dir, xp, yp, ip
+}
+
+// requireOutputs: exec moe's y.npy within 1e-5 of ref and its ids.npy
+// ref's experts.
+func requireOutputs(t *testing.T, yp, ip string, ref moetest.Result) {
+	t.Helper()
 	y, err := npy.ReadFloat32(yp)
 	require.NoError(t, err)
 	require.LessOrEqual(t, moetest.RelErr(y.Data, ref.Y), 1e-5)
 	ids, err := npy.ReadInt32(ip)
 	require.NoError(t, err)
 	require.Equal(t, ref.IDs, ids.Data)
-	return dir, xp, yp, ip
 }
 
 func TestExecMoEErrors(t *testing.T) {
@@ -624,13 +630,7 @@ func TestExecMoEGGUF(t *testing.T) {
 	require.NoError(t, npy.WriteFloat32(xp, []int{13, spec.Hidden}, x))
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ids-out", ip)
 	require.NoError(t, err)
-	ref := m.Forward(x)
-	y, err := npy.ReadFloat32(yp)
-	require.NoError(t, err)
-	require.LessOrEqual(t, moetest.RelErr(y.Data, ref.Y), 1e-5)
-	ids, err := npy.ReadInt32(ip)
-	require.NoError(t, err)
-	require.Equal(t, ref.IDs, ids.Data)
+	requireOutputs(t, yp, ip, m.Forward(x))
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ep", "2")
 	require.ErrorContains(t, err, "expert parallelism over a GGUF file is not supported yet")
 
