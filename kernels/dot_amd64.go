@@ -20,6 +20,7 @@ func init() {
 		s.maxMR8 = 1
 		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
 		s.outer, s.outerFP8, s.outerQ4 = outerAVX2, outerFP8AVX2, outerQ4AVX2
+		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX2, outerQ8MAVX2, outerQ4MAVX2
 		register(s)
 	}
 	if hasAVX512 {
@@ -32,7 +33,9 @@ func init() {
 		s.kern8[BF16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512BF16x1n8, dotAVX512BF16x2n8, dotAVX512BF16x3n8}
 		s.kern8[F16] = [maxKernelRows + 1]kernel8Func{nil, dotAVX512F16x1n8, dotAVX512F16x2n8, dotAVX512F16x3n8}
 		s.outer, s.outerFP8, s.outerQ4, s.outerQ4P = outerAVX512, outerFP8AVX512, outerQ4AVX512, outerQ4PAVX512
+		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX512, outerQ8MAVX512, outerQ4MAVX512
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
+		s.dqQ8, s.dqQ8M, s.dqQ4M = dqAVX512Q8, dqAVX512Q8M, dqAVX512Q4M
 		readSIMD = readAVX512
 		register(s)
 	}

@@ -45,6 +45,9 @@ type blockScales struct {
 	// more): the matrix then runs on the generic kernels.
 	panel  []float32
 	panels int
+	// off and offPanel are the integer-code dtypes' offsets, laid out as
+	// grid and panel (nil for none; offPanel nil where panel is).
+	off, offPanel []float32
 	// pow2 says every scale of the matrix is a power of two 2^p with
 	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
 	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
@@ -114,9 +117,9 @@ func (m Matrix) ScaleBytes() int {
 	case m.q == nil:
 		return 0
 	case m.q.panel != nil:
-		return 4 * len(m.q.panel)
+		return 4 * (len(m.q.panel) + len(m.q.offPanel))
 	}
-	return 4 * len(m.q.grid)
+	return 4 * (len(m.q.grid) + len(m.q.off))
 }
 
 // FP8Data returns an FP8 matrix's bytes row-major ([Rows, Cols], unpacked
@@ -167,6 +170,16 @@ func (q *blockScales) packScales(rows, panels int, factor float64) *blockScales 
 					return &p
 				}
 				p.panel[(b*panels+pi)*PanelWidth+r%PanelWidth] = float32(s)
+			}
+		}
+	}
+	if q.off != nil {
+		p.offPanel = make([]float32, len(p.panel))
+		for pi := 0; pi < panels; pi++ {
+			for r := pi * PanelWidth; r < min(rows, (pi+1)*PanelWidth); r++ {
+				for b := 0; b < q.gridCols; b++ {
+					p.offPanel[(b*panels+pi)*PanelWidth+r%PanelWidth] = q.off[r*q.gridCols+b]
+				}
 			}
 		}
 	}

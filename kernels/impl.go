@@ -28,10 +28,16 @@ type simd struct {
 	// outerQ4 holds those for packed 4-bit weights (MXFP4, INT4), outerQ4P
 	// those for MXFP4 on rows pow2Exact allows; empty where s has none.
 	outerQ4, outerQ4P outerQ4Table
-	// dqFP8 and dqQ4 widen k steps of one quantized panel into fp32 (see
-	// outerGEMMWiden); nil where the implementation has none.
-	dqFP8 func(dst *float32, b *byte, k int, s *float32)
-	dqQ4  func(dst *float32, b *byte, k int, s, t *float32)
+	// outerQ8 and outerQ8M hold those for packed INT8 weights without and
+	// with offsets, outerQ4M those for packed 4-bit weights with offsets.
+	outerQ8, outerQ8M, outerQ4M outerQTable
+	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
+	// panel into fp32 (see outerGEMMWiden); nil where the implementation
+	// has none.
+	dqFP8       func(dst *float32, b *byte, k int, s *float32)
+	dqQ4        func(dst *float32, b *byte, k int, s, t *float32)
+	dqQ8, dqQ8M func(dst *float32, b *byte, k int, s, o *float32)
+	dqQ4M       func(dst *float32, b *byte, k int, s, t, o *float32)
 }
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;
@@ -41,10 +47,50 @@ func (s *simd) runs(m Matrix) bool {
 	switch m.DType {
 	case F8E4M3:
 		return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
-	case MXFP4, INT4:
-		return m.packed && m.q.panel != nil && len(s.outerQ4[1]) > 1
+	case MXFP4, INT4, UINT4, INT8:
+		return m.packed && m.q.panel != nil && s.qWidest(m, 1) > 0
 	}
 	return true
+}
+
+// qTable is s's kernels for the packed INT8 matrix m or the 4-bit one
+// with offsets, by rows and panel count; nil for the other 4-bit ones
+// (outerQ4).
+func (s *simd) qTable(m Matrix) *outerQTable {
+	switch {
+	case m.DType == INT8 && m.q.off != nil:
+		return &s.outerQ8M
+	case m.DType == INT8:
+		return &s.outerQ8
+	case m.q.off != nil:
+		return &s.outerQ4M
+	}
+	return nil
+}
+
+// qWidest is the widest panel count of s's kernels for mr rows of the
+// packed 4- or 8-bit matrix m (below 1: none).
+func (s *simd) qWidest(m Matrix, mr int) int {
+	if t := s.qTable(m); t != nil {
+		return len(t[mr]) - 1
+	}
+	return len(s.outerQ4[mr]) - 1
+}
+
+// widens says whether s widens m's panels (see outerGEMMWiden) rather
+// than running its kernels when a call has many rows.
+func (s *simd) widens(m Matrix) bool {
+	switch {
+	case m.DType == F8E4M3:
+		return s.dqFP8 != nil
+	case m.DType == INT8 && m.q.off != nil:
+		return s.dqQ8M != nil
+	case m.DType == INT8:
+		return s.dqQ8 != nil
+	case m.q.off != nil:
+		return s.dqQ4M != nil
+	}
+	return s.dqQ4 != nil
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight

@@ -33,6 +33,13 @@ const (
 	// INT4 is symmetric 4-bit integers with a scale per group along a row,
 	// compressed-tensors' pack-quantized (see NewINT4).
 	INT4
+	// UINT4 is unsigned 4-bit codes with a scale and an optional offset
+	// per group along a row (see NewUINT4): ggml's Q4_1 and Q4_K.
+	UINT4
+	// INT8 is signed 8-bit codes with a scale and an optional offset per
+	// group along a row (see NewINT8): ggml's Q8_0, and its 5- and 6-bit
+	// blocks held a byte a code.
+	INT8
 )
 
 // String returns the safetensors name of the dtype.
@@ -50,6 +57,10 @@ func (d DType) String() string {
 		return "MXFP4"
 	case INT4:
 		return "INT4"
+	case UINT4:
+		return "UINT4"
+	case INT8:
+		return "INT8"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -61,7 +72,7 @@ func (d DType) Size() int {
 	switch d {
 	case F32:
 		return 4
-	case F8E4M3, MXFP4, INT4:
+	case F8E4M3, MXFP4, INT4, UINT4, INT8:
 		return 1
 	}
 	return 2
@@ -69,14 +80,19 @@ func (d DType) Size() int {
 
 // Bits is the size of one element in bits.
 func (d DType) Bits() int {
-	if d == MXFP4 || d == INT4 {
+	if d == MXFP4 || d == INT4 || d == UINT4 {
 		return 4
 	}
 	return 8 * d.Size()
 }
 
-// quantized says whether d is stored with scales (FP8, MXFP4, INT4).
-func (d DType) quantized() bool { return d == F8E4M3 || d == MXFP4 || d == INT4 }
+// quantized says whether d is stored with scales (FP8 and the 4- and 8-bit
+// dtypes).
+func (d DType) quantized() bool { return d >= F8E4M3 && d <= INT8 }
+
+// Quantized says whether d is stored with scales: FP8 e4m3 and the 4- and
+// 8-bit dtypes.
+func (d DType) Quantized() bool { return d.quantized() }
 
 // Matrix is a weight matrix [Rows, Cols] in its stored dtype: row-major as
 // Hugging Face's nn.Linear stores it ([out, in]), or packed in panels for
@@ -132,6 +148,10 @@ func (m Matrix) Clone() Matrix {
 		q := *m.q
 		q.grid = append([]float32(nil), m.q.grid...)
 		q.panel = append([]float32(nil), m.q.panel...)
+		if m.q.off != nil {
+			q.off = append([]float32(nil), m.q.off...)
+			q.offPanel = append([]float32(nil), m.q.offPanel...)
+		}
 		c.q = &q
 	}
 	return c
@@ -154,8 +174,10 @@ func (m Matrix) RowF32(i int, dst []float32) {
 		half.F16SliceToF32(dst, m.u16[lo:lo+m.Cols])
 	case F8E4M3:
 		m.fp8RowF32(i, dst)
-	case MXFP4, INT4:
+	case MXFP4, INT4, UINT4:
 		m.q4RowF32(i, dst)
+	case INT8:
+		m.int8RowF32(i, dst)
 	}
 }
 
@@ -172,8 +194,10 @@ func (m Matrix) At(i, j int) float32 {
 		return half.F16ToF32(m.u16[k])
 	case F8E4M3:
 		return e4m3[m.u8[k]] * m.q.at(i, j)
-	case MXFP4, INT4: // k counts nibbles
-		return m.lut[m.u8[k/2]>>(4*(k&1))&15] * m.q.at(i, j)
+	case MXFP4, INT4, UINT4: // k counts nibbles
+		return m.q.weight(m.lut[m.u8[k/2]>>(4*(k&1))&15], i, j)
+	case INT8:
+		return m.q.weight(float32(int8(m.u8[k])), i, j)
 	}
 	return m.f32[k]
 }

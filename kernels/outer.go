@@ -39,10 +39,19 @@ type outerFP8Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *fl
 // outerFP8Table holds the FP8 kernels by rows and panel count.
 type outerFP8Table = [maxKernelRows + 1][]outerFP8Func
 
-// outerQ4Func is an outer-product kernel on 4-bit panels, k even: each
-// byte holds a row's nibbles of two k steps (low first), a nibble's weight
-// being t[nibble] times its row's scale in s (16 per panel), s moving on
-// ss bytes every bk steps (bk even) as outerFP8Func's.
+// outerQFunc is an outer-product kernel on 4- or 8-bit panels. 4-bit:
+// k even, each byte holds a row's nibbles of two k steps (low first), a
+// nibble's code being t[nibble]; 8-bit: a byte a step, its code the byte
+// as an int8 (t unused). A weight is its code times its row's scale in s
+// (16 per panel) and, in the kernels with offsets, plus its row's offset
+// in o (a fused multiply-add); s and o move on ss bytes every bk steps
+// (bk even for 4 bits) as outerFP8Func's s.
+type outerQFunc func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s, t, o *float32, bk, ss int)
+
+// outerQTable holds kernels on 4- or 8-bit panels by rows and panel count.
+type outerQTable = [maxKernelRows + 1][]outerQFunc
+
+// outerQ4Func is outerQFunc without offsets, for 4-bit panels.
 type outerQ4Func func(a *[maxKernelRows]*float32, b *byte, stride, k int, c *float32, ldc, flags int, s, t *float32, bk, ss int)
 
 // outerQ4Table holds the 4-bit kernels by rows and panel count.
@@ -140,7 +149,11 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	// Widening first pays from a few strips on (measured: in registers is
 	// faster up to 16 rows, widened from 64).
-	if M > 3*s.maxMR && (dt == F8E4M3 && s.dqFP8 != nil || dt != F8E4M3 && s.dqQ4 != nil) {
+	wide := M > 3*s.maxMR
+	for _, bi := range b {
+		wide = wide && s.widens(bi)
+	}
+	if wide {
 		s.outerGEMMWiden(rows, b, p0, p1, c, ldc)
 		return
 	}
@@ -184,7 +197,6 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 					for r := 0; r < mr; r++ {
 						ap[r] = (*float32)(unsafe.Add(unsafe.Pointer(rows[m0+r]), 4*kb))
 					}
-					widest := len(s.outerFP8[mr]) - 1
 					q4 := &s.outerQ4
 					if p2 {
 						sr := rr[m0]
@@ -195,16 +207,33 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 							q4 = &s.outerQ4P
 						}
 					}
-					if dt != F8E4M3 {
+					widest := len(s.outerFP8[mr]) - 1
+					qt := s.qTable(bi)
+					switch {
+					case dt == F8E4M3:
+					case qt != nil:
+						widest = len(qt[mr]) - 1
+					default:
 						widest = len(q4[mr]) - 1
 					}
 					for p := g; p < ge; {
 						np := min(widest, ge-p)
 						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
-						sc := &q.panel[(kb/bc*q.panels+p)*PanelWidth]
-						if dt == F8E4M3 {
+						at := (kb/bc*q.panels + p) * PanelWidth
+						sc := &q.panel[at]
+						switch {
+						case dt == F8E4M3:
 							s.outerFP8[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
-						} else {
+						case qt != nil:
+							var t, off *float32
+							if bi.lut != nil {
+								t = &bi.lut[0]
+							}
+							if q.offPanel != nil {
+								off = &q.offPanel[at]
+							}
+							qt[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, t, off, bc, ss)
+						default:
 							q4[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
 						}
 						p += np
@@ -339,11 +368,19 @@ func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]fl
 					dst := w[(p-g)*kl*PanelWidth:]
 					for k0 := kb; k0 < ke; {
 						k1 := min(ke, (k0/bc+1)*bc)
-						sc := &q.panel[(k0/bc*q.panels+p)*PanelWidth]
-						if dt == F8E4M3 {
-							s.dqFP8(&dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0), k1-k0, sc)
-						} else {
-							s.dqQ4(&dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0), k1-k0, sc, &bi.lut[0])
+						at := (k0/bc*q.panels + p) * PanelWidth
+						sc, d, src := &q.panel[at], &dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0)
+						switch {
+						case dt == F8E4M3:
+							s.dqFP8(d, src, k1-k0, sc)
+						case dt == INT8 && q.offPanel != nil:
+							s.dqQ8M(d, src, k1-k0, sc, &q.offPanel[at])
+						case dt == INT8:
+							s.dqQ8(d, src, k1-k0, sc, nil)
+						case q.offPanel != nil:
+							s.dqQ4M(d, src, k1-k0, sc, &bi.lut[0], &q.offPanel[at])
+						default:
+							s.dqQ4(d, src, k1-k0, sc, &bi.lut[0])
 						}
 						k0 = k1
 					}

@@ -42,11 +42,38 @@ var outerFP8AVX2 = outerFP8Table{
 	6: {1: opAVX2F8x6p1},
 }
 
+// outerQ8AVX2 holds the AVX2 outer-product kernels on int8 panels by rows and panels.
+var outerQ8AVX2 = outerQTable{
+	1: {1: opAVX2Q8x1p1, 2: opAVX2Q8x1p2, 3: opAVX2Q8x1p3, 4: opAVX2Q8x1p4},
+	2: {1: opAVX2Q8x2p1, 2: opAVX2Q8x2p2},
+	3: {1: opAVX2Q8x3p1, 2: opAVX2Q8x3p2},
+	4: {1: opAVX2Q8x4p1},
+	5: {1: opAVX2Q8x5p1},
+	6: {1: opAVX2Q8x6p1},
+}
+
+// outerQ8MAVX2 holds the AVX2 outer-product kernels on int8 panels with offsets by rows and panels.
+var outerQ8MAVX2 = outerQTable{
+	1: {1: opAVX2Q8Mx1p1, 2: opAVX2Q8Mx1p2, 3: opAVX2Q8Mx1p3, 4: opAVX2Q8Mx1p4},
+	2: {1: opAVX2Q8Mx2p1, 2: opAVX2Q8Mx2p2},
+	3: {1: opAVX2Q8Mx3p1},
+	4: {1: opAVX2Q8Mx4p1},
+	5: {1: opAVX2Q8Mx5p1},
+	6: {1: opAVX2Q8Mx6p1},
+}
+
 // outerQ4AVX2 holds the AVX2 outer-product kernels on 4-bit panels by rows and panels.
 var outerQ4AVX2 = outerQ4Table{
 	1: {1: opAVX2Q4x1p1, 2: opAVX2Q4x1p2, 3: opAVX2Q4x1p3, 4: opAVX2Q4x1p4},
 	2: {1: opAVX2Q4x2p1, 2: opAVX2Q4x2p2},
 	3: {1: opAVX2Q4x3p1},
+}
+
+// outerQ4MAVX2 holds the AVX2 outer-product kernels on 4-bit panels with offsets by rows and panels.
+var outerQ4MAVX2 = outerQTable{
+	1: {1: opAVX2Q4Mx1p1, 2: opAVX2Q4Mx1p2},
+	2: {1: opAVX2Q4Mx2p1},
+	3: {1: opAVX2Q4Mx3p1},
 }
 
 // outerAVX512 holds the AVX512 outer-product kernels by dtype, rows and panels.
@@ -87,6 +114,26 @@ var outerFP8AVX512 = outerFP8Table{
 	6: {1: opAVX512F8x6p1, 2: opAVX512F8x6p2, 3: opAVX512F8x6p3, 4: opAVX512F8x6p4},
 }
 
+// outerQ8AVX512 holds the AVX512 outer-product kernels on int8 panels by rows and panels.
+var outerQ8AVX512 = outerQTable{
+	1: {1: opAVX512Q8x1p1, 2: opAVX512Q8x1p2, 3: opAVX512Q8x1p3, 4: opAVX512Q8x1p4},
+	2: {1: opAVX512Q8x2p1, 2: opAVX512Q8x2p2, 3: opAVX512Q8x2p3, 4: opAVX512Q8x2p4},
+	3: {1: opAVX512Q8x3p1, 2: opAVX512Q8x3p2, 3: opAVX512Q8x3p3, 4: opAVX512Q8x3p4},
+	4: {1: opAVX512Q8x4p1, 2: opAVX512Q8x4p2, 3: opAVX512Q8x4p3, 4: opAVX512Q8x4p4},
+	5: {1: opAVX512Q8x5p1, 2: opAVX512Q8x5p2, 3: opAVX512Q8x5p3, 4: opAVX512Q8x5p4},
+	6: {1: opAVX512Q8x6p1, 2: opAVX512Q8x6p2, 3: opAVX512Q8x6p3, 4: opAVX512Q8x6p4},
+}
+
+// outerQ8MAVX512 holds the AVX512 outer-product kernels on int8 panels with offsets by rows and panels.
+var outerQ8MAVX512 = outerQTable{
+	1: {1: opAVX512Q8Mx1p1, 2: opAVX512Q8Mx1p2, 3: opAVX512Q8Mx1p3, 4: opAVX512Q8Mx1p4},
+	2: {1: opAVX512Q8Mx2p1, 2: opAVX512Q8Mx2p2, 3: opAVX512Q8Mx2p3, 4: opAVX512Q8Mx2p4},
+	3: {1: opAVX512Q8Mx3p1, 2: opAVX512Q8Mx3p2, 3: opAVX512Q8Mx3p3, 4: opAVX512Q8Mx3p4},
+	4: {1: opAVX512Q8Mx4p1, 2: opAVX512Q8Mx4p2, 3: opAVX512Q8Mx4p3, 4: opAVX512Q8Mx4p4},
+	5: {1: opAVX512Q8Mx5p1, 2: opAVX512Q8Mx5p2, 3: opAVX512Q8Mx5p3, 4: opAVX512Q8Mx5p4},
+	6: {1: opAVX512Q8Mx6p1, 2: opAVX512Q8Mx6p2, 3: opAVX512Q8Mx6p3, 4: opAVX512Q8Mx6p4},
+}
+
 // outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.
 var outerQ4AVX512 = outerQ4Table{
 	1: {1: opAVX512Q4x1p1, 2: opAVX512Q4x1p2, 3: opAVX512Q4x1p3, 4: opAVX512Q4x1p4},
@@ -105,4 +152,14 @@ var outerQ4PAVX512 = outerQ4Table{
 	4: {1: opAVX512Q4Px4p1, 2: opAVX512Q4Px4p2, 3: opAVX512Q4Px4p3, 4: opAVX512Q4Px4p4},
 	5: {1: opAVX512Q4Px5p1, 2: opAVX512Q4Px5p2, 3: opAVX512Q4Px5p3, 4: opAVX512Q4Px5p4},
 	6: {1: opAVX512Q4Px6p1, 2: opAVX512Q4Px6p2},
+}
+
+// outerQ4MAVX512 holds the AVX512 outer-product kernels on 4-bit panels with offsets by rows and panels.
+var outerQ4MAVX512 = outerQTable{
+	1: {1: opAVX512Q4Mx1p1, 2: opAVX512Q4Mx1p2, 3: opAVX512Q4Mx1p3, 4: opAVX512Q4Mx1p4},
+	2: {1: opAVX512Q4Mx2p1, 2: opAVX512Q4Mx2p2, 3: opAVX512Q4Mx2p3, 4: opAVX512Q4Mx2p4},
+	3: {1: opAVX512Q4Mx3p1, 2: opAVX512Q4Mx3p2, 3: opAVX512Q4Mx3p3, 4: opAVX512Q4Mx3p4},
+	4: {1: opAVX512Q4Mx4p1, 2: opAVX512Q4Mx4p2, 3: opAVX512Q4Mx4p3, 4: opAVX512Q4Mx4p4},
+	5: {1: opAVX512Q4Mx5p1, 2: opAVX512Q4Mx5p2, 3: opAVX512Q4Mx5p3, 4: opAVX512Q4Mx5p4},
+	6: {1: opAVX512Q4Mx6p1, 2: opAVX512Q4Mx6p2},
 }

@@ -34,12 +34,16 @@ func Pack(m Matrix) Matrix {
 		p.f32 = make([]float32, n)
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.f32))), 4*n))
 		packRows(p.f32, m.f32, m.Rows, K)
-	case F8E4M3:
+	case F8E4M3, INT8:
 		p.u8 = make([]uint8, n)
 		hugepage.Advise(p.u8)
 		packRows(p.u8, m.u8, m.Rows, K)
-		p.q = m.q.packScales(m.Rows, m.panels(), 0x1p120)
-	case MXFP4, INT4:
+		factor := 1.0
+		if m.DType == F8E4M3 {
+			factor = 0x1p120
+		}
+		p.q = m.q.packScales(m.Rows, m.panels(), factor)
+	case MXFP4, INT4, UINT4:
 		p.u8 = make([]uint8, n/2)
 		hugepage.Advise(p.u8)
 		packNibbles(p.u8, m.u8, m.Rows, K, m.lut)
@@ -108,7 +112,7 @@ func (m Matrix) packedRowF32(i int, dst []float32) {
 		for k := range dst {
 			dst[k] = e4m3[src[k*PanelWidth]] * m.q.at(i, k)
 		}
-	case MXFP4, INT4:
+	case MXFP4, INT4, UINT4, INT8:
 		for k := range dst {
 			dst[k] = m.At(i, k)
 		}
@@ -131,9 +135,9 @@ func (m Matrix) panelPtr(p, k int) *byte {
 	switch m.DType {
 	case F32:
 		return (*byte)(unsafe.Pointer(&m.f32[off]))
-	case F8E4M3:
+	case F8E4M3, INT8:
 		return &m.u8[off]
-	case MXFP4, INT4: // k even
+	case MXFP4, INT4, UINT4: // k even
 		return &m.u8[off/2]
 	}
 	return (*byte)(unsafe.Pointer(&m.u16[off]))

@@ -124,6 +124,12 @@ func (m Matrix) q4RowF32(i int, dst []float32) {
 	src := m.u8[i*m.Cols/2:][:m.Cols/2]
 	q := m.q
 	scales := q.grid[i*q.gridCols:][:q.gridCols]
+	if q.off != nil {
+		for j := range dst {
+			dst[j] = q.weight(m.lut[src[j/2]>>(4*(j&1))&15], i, j)
+		}
+		return
+	}
 	for j := range dst {
 		b := src[j/2] >> (4 * (j & 1)) & 15
 		dst[j] = m.lut[b] * scales[j/q.cols]
@@ -157,8 +163,12 @@ func packNibbles(dst, src []uint8, rows, k int, lut *[16]float32) {
 // QuantizeFP8); MXFP4 per 32 along a row, the scale the power of two that
 // brings the block's largest magnitude within e2m1's 6, each value the
 // nearest e2m1; INT4 in groups of 32 along a row, symmetric, scale
-// max|v|/7 and each field round(v/scale) + 8. cols must be a multiple of
-// 32 for the 4-bit dtypes. Other dtypes are an error.
+// max|v|/7 and each field round(v/scale) + 8; INT8 as ggml's Q8_0, in
+// groups of 32, scale max|v|/127 and each code round(v/scale); UINT4 as
+// ggml's Q4_1, in groups of 32 with offsets, offset min(v), scale
+// (max(v) − min(v))/15 and each code round((v − offset)/scale). cols must
+// be a multiple of 32 for the 4- and 8-bit dtypes. Other dtypes are an
+// error.
 func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
 	if len(v) != rows*cols {
 		return Matrix{}, fmt.Errorf("kernels: quantize: %d values for a matrix [%d, %d]", len(v), rows, cols)
@@ -167,12 +177,15 @@ func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
 	case F8E4M3:
 		data, scales := QuantizeFP8(v, rows, cols, 128, 128)
 		return NewFP8(rows, cols, data, scales, 128, 128)
-	case MXFP4, INT4:
+	case MXFP4, INT4, UINT4, INT8:
 	default:
 		return Matrix{}, fmt.Errorf("kernels: quantize to %v", dt)
 	}
 	if cols%32 != 0 {
 		return Matrix{}, fmt.Errorf("kernels: quantize: %v needs columns in multiples of 32, have %d", dt, cols)
+	}
+	if dt == UINT4 || dt == INT8 {
+		return quantizeCodes(dt, v, rows, cols), nil
 	}
 	g := cols / 32
 	packed := make([]uint8, rows*cols/2)
@@ -224,4 +237,54 @@ func nearestE2M1(x float64) uint8 {
 		}
 	}
 	return best
+}
+
+// quantizeCodes is Quantize for UINT4 and INT8.
+func quantizeCodes(dt DType, v []float32, rows, cols int) Matrix {
+	g := rows * cols / 32
+	scales := make([]float32, g)
+	var offs []float32
+	var nibbles []uint8
+	var codes []int8
+	if dt == UINT4 {
+		offs, nibbles = make([]float32, g), make([]uint8, rows*cols/2)
+	} else {
+		codes = make([]int8, rows*cols)
+	}
+	for i := range g {
+		block := v[i*32:][:32]
+		lo, hi := float64(block[0]), float64(block[0])
+		var amax float64
+		for _, x := range block {
+			lo, hi = math.Min(lo, float64(x)), math.Max(hi, float64(x))
+			amax = math.Max(amax, math.Abs(float64(x)))
+		}
+		if dt == UINT4 {
+			scales[i], offs[i] = float32((hi-lo)/15), float32(lo)
+		} else {
+			scales[i] = float32(amax / 127)
+		}
+		for j, x := range block {
+			if scales[i] == 0 {
+				continue
+			}
+			if dt == UINT4 {
+				n := uint8(max(0, min(15, math.RoundToEven((float64(x)-float64(offs[i]))/float64(scales[i])))))
+				nibbles[(i*32+j)/2] |= n << (4 * (j & 1))
+			} else {
+				codes[i*32+j] = int8(max(-127, min(127, math.RoundToEven(float64(x)/float64(scales[i])))))
+			}
+		}
+	}
+	var m Matrix
+	var err error
+	if dt == UINT4 {
+		m, err = NewUINT4(rows, cols, 32, nibbles, scales, offs)
+	} else {
+		m, err = NewINT8(rows, cols, 32, codes, scales, nil)
+	}
+	if err != nil {
+		panic(err) // finite scales and offsets of finite values
+	}
+	return m
 }

@@ -12,8 +12,10 @@ import (
 	"github.com/moex-project/moex/kernels/kerneltest"
 )
 
-// q4Cases are the 4-bit matrices of the tests: MXFP4, and INT4 in groups
-// of 32 (Kimi's) and of 128.
+// q4Cases are the 4- and 8-bit matrices of the tests: MXFP4, INT4 in
+// groups of 32 (Kimi's) and of 128, UINT4 in groups of 32 with and without
+// offsets (ggml's Q4_K, Q4_1), INT8 in groups of 32 (Q8_0) and of 16 with
+// offsets (ggml's 5- and 6-bit blocks as kernels hold them).
 var q4Cases = []struct {
 	name string
 	make func(rng *rand.Rand, rows, cols int) (kernels.Matrix, [][]float64)
@@ -24,6 +26,18 @@ var q4Cases = []struct {
 	}},
 	{"int4 g128", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
 		return kerneltest.INT4Weights(rng, r, c, 128)
+	}},
+	{"uint4 g32", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.UINT4Weights(rng, r, c, 32, false)
+	}},
+	{"uint4 g32 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.UINT4Weights(rng, r, c, 32, true)
+	}},
+	{"int8 g32", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8Weights(rng, r, c, 32, false)
+	}},
+	{"int8 g16 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8Weights(rng, r, c, 16, true)
 	}},
 }
 
@@ -111,6 +125,48 @@ func TestQ4Values(t *testing.T) {
 	}
 }
 
+// TestCodeValues: every UINT4 nibble and INT8 code against the definition
+// code × scale + offset, rounded once (the scale 1 + 2^-23 makes a 4-bit
+// product inexact: one rounding, not two).
+func TestCodeValues(t *testing.T) {
+	nib := make([]uint8, 16)
+	for i := range nib {
+		nib[i] = uint8(2*i%16) | uint8((2*i+1)%16)<<4
+	}
+	const s, o = 1 + 0x1p-23, 0x1p-30
+	u, err := kernels.NewUINT4(1, 32, 32, nib, []float32{s}, []float32{o})
+	require.NoError(t, err)
+	codes := make([]int8, 256)
+	for i := range codes {
+		codes[i] = int8(i - 128)
+	}
+	q, err := kernels.NewINT8(1, 256, 16, codes, make16(s), make16(-o))
+	require.NoError(t, err)
+	q0, err := kernels.NewINT8(1, 256, 256, codes, []float32{s}, nil)
+	require.NoError(t, err)
+	for j := 0; j < 32; j++ {
+		n := float64(j % 16)
+		require.Equal(t, float32(n*s+o), u.At(0, j), "uint4 nibble %d", j%16)
+		require.Equal(t, u.At(0, j), kernels.Pack(u).At(0, j))
+	}
+	for j := range codes {
+		c := float64(j - 128)
+		require.Equal(t, float32(c*s-o), q.At(0, j), "int8 code %d", j-128)
+		require.Equal(t, float32(c*s), q0.At(0, j), "int8 code %d without offsets", j-128)
+		require.Equal(t, q.At(0, j), kernels.Pack(q).At(0, j))
+	}
+	require.Nil(t, q0.Offsets())
+	require.Len(t, q.Offsets(), 16)
+}
+
+func make16(v float32) []float32 {
+	out := make([]float32, 16)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
 // TestQ4BadInput: each an error naming the problem.
 func TestQ4BadInput(t *testing.T) {
 	b := make([]uint8, 2*16)
@@ -128,6 +184,19 @@ func TestQ4BadInput(t *testing.T) {
 	require.ErrorContains(t, err, "in groups of 16 needs [2, 2] scales, have 3")
 	_, err = kernels.NewINT4(2, 32, 16, b, []float32{1, 1, float32(math.Inf(-1)), 1})
 	require.ErrorContains(t, err, "int4 scale [1, 0] is -Inf")
+	_, err = kernels.NewUINT4(2, 32, 16, b, []float32{1, 1, 1, 1}, []float32{0, 0, float32(math.NaN()), 0})
+	require.ErrorContains(t, err, "uint4 offset [1, 0] is NaN")
+	_, err = kernels.NewUINT4(2, 32, 16, b, []float32{1, 1, 1, 1}, []float32{0})
+	require.ErrorContains(t, err, "uint4 matrix [2, 32] in groups of 16 needs [2, 2] scales and offsets, have 4 and 1")
+	_, err = kernels.NewUINT4(2, 32, 3, b, nil, nil)
+	require.ErrorContains(t, err, "group size 3 must be even")
+	codes := make([]int8, 64)
+	_, err = kernels.NewINT8(2, 32, 5, codes, nil, nil)
+	require.ErrorContains(t, err, "int8 matrix [2, 32]: group size 5 must divide the columns")
+	_, err = kernels.NewINT8(2, 32, 32, codes[:40], []float32{1, 1}, nil)
+	require.ErrorContains(t, err, "matrix [2, 32] needs 64 values, have 40")
+	_, err = kernels.NewINT8(2, 32, 32, codes, []float32{1, float32(math.Inf(1))}, nil)
+	require.ErrorContains(t, err, "int8 scale [1, 0] is +Inf")
 }
 
 // FuzzQ4: any nibbles and scales give, through the packed SIMD kernels,
@@ -182,18 +251,21 @@ func TestQuantize(t *testing.T) {
 	for i := range v {
 		v[i] = float32(rng.Float64()*2 - 1)
 	}
-	for _, dt := range []kernels.DType{kernels.F8E4M3, kernels.MXFP4, kernels.INT4} {
+	for _, dt := range []kernels.DType{kernels.F8E4M3, kernels.MXFP4, kernels.INT4, kernels.UINT4, kernels.INT8} {
 		m, err := kernels.Quantize(dt, v, R, C)
 		require.NoError(t, err)
 		require.Equal(t, dt, m.DType)
 		for i, x := range v {
-			amax := 0.0
+			amax, lo, hi := 0.0, math.Inf(1), math.Inf(-1)
 			for _, y := range v[i/32*32:][:32] {
 				amax = math.Max(amax, math.Abs(float64(y)))
+				lo, hi = math.Min(lo, float64(y)), math.Max(hi, float64(y))
 			}
 			// The coarsest relative step: e2m1 between 4 and 6 (a quarter of
-			// the largest), int4 1/7 of the largest, e4m3 1/16 of a value.
-			tol := map[kernels.DType]float64{kernels.F8E4M3: math.Abs(float64(x))/16 + 1e-9, kernels.MXFP4: amax / 3, kernels.INT4: amax / 14}[dt]
+			// the largest), int4 1/7 of the largest, e4m3 1/16 of a value,
+			// int8 1/127 of the largest, uint4 1/15 of the block's range.
+			tol := map[kernels.DType]float64{kernels.F8E4M3: math.Abs(float64(x))/16 + 1e-9, kernels.MXFP4: amax / 3, kernels.INT4: amax / 14,
+				kernels.INT8: amax / 254, kernels.UINT4: (hi - lo) / 30}[dt]
 			require.InDelta(t, x, m.At(i/C, i%C), tol*1.0001, "%v element %d", dt, i)
 		}
 	}

@@ -5292,6 +5292,1982 @@ opAVX2F8x6p1_store:
 	VZEROUPPER
 	RET
 
+// func opAVX2Q8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x1p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2Q8x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	JMP     opAVX2Q8x1p1_start
+
+opAVX2Q8x1p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+opAVX2Q8x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX2Q8x1p1_store
+	CMPQ SI, BX
+	JL   opAVX2Q8x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX2Q8x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
+	VPMOVSXBD    (DX)(DI*1), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       (AX), Y2, Y2
+	VPMOVSXBD    8(DX)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(AX), Y3, Y3
+	VBROADCASTSS (CX)(SI*4), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	INCQ         SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX2Q8x1p1_loop
+
+opAVX2Q8x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x1p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q8x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	JMP     opAVX2Q8x1p2_start
+
+opAVX2Q8x1p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q8x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q8x1p2_store
+	CMPQ DI, SI
+	JL   opAVX2Q8x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2Q8x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (DX)(R8*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       (AX), Y4, Y4
+	VPMOVSXBD    8(DX)(R8*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       32(AX), Y5, Y5
+	VPMOVSXBD    (BX)(R8*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       64(AX), Y6, Y6
+	VPMOVSXBD    8(BX)(R8*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       96(AX), Y7, Y7
+	VBROADCASTSS (CX)(DI*4), Y8
+	VFMADD231PS  Y4, Y8, Y0
+	VFMADD231PS  Y5, Y8, Y1
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q8x1p2_loop
+
+opAVX2Q8x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x1p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q8x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	JMP     opAVX2Q8x1p3_start
+
+opAVX2Q8x1p3_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q8x1p3_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x1p3_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q8x1p3_store
+	CMPQ R8, DI
+	JL   opAVX2Q8x1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q8x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VPMOVSXBD    (DX)(R9*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (AX), Y6, Y6
+	VPMOVSXBD    8(DX)(R9*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       32(AX), Y7, Y7
+	VPMOVSXBD    (SI)(R9*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       64(AX), Y8, Y8
+	VPMOVSXBD    8(SI)(R9*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       96(AX), Y9, Y9
+	VPMOVSXBD    (BX)(R9*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       128(AX), Y10, Y10
+	VPMOVSXBD    8(BX)(R9*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       160(AX), Y11, Y11
+	VBROADCASTSS (CX)(R8*4), Y12
+	VFMADD231PS  Y6, Y12, Y0
+	VFMADD231PS  Y7, Y12, Y1
+	VFMADD231PS  Y8, Y12, Y2
+	VFMADD231PS  Y9, Y12, Y3
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q8x1p3_loop
+
+opAVX2Q8x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x1p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS 128(R8), Y4
+	VMOVUPS 160(R8), Y5
+	VMOVUPS 192(R8), Y6
+	VMOVUPS 224(R8), Y7
+	JMP     opAVX2Q8x1p4_start
+
+opAVX2Q8x1p4_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8x1p4_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x1p4_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8x1p4_store
+	CMPQ R9, R8
+	JL   opAVX2Q8x1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VBROADCASTSS (CX)(R9*4), Y8
+	VPMOVSXBD    (DX)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VPMOVSXBD    8(DX)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       32(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VPMOVSXBD    (SI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       64(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VPMOVSXBD    8(SI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       96(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VPMOVSXBD    (DI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       128(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVSXBD    8(DI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       160(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VPMOVSXBD    (BX)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       192(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VPMOVSXBD    8(BX)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       224(AX), Y9, Y9
+	VFMADD231PS  Y9, Y8, Y7
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8x1p4_loop
+
+opAVX2Q8x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x2p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q8x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	JMP     opAVX2Q8x2p1_start
+
+opAVX2Q8x2p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q8x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q8x2p1_store
+	CMPQ DI, SI
+	JL   opAVX2Q8x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2Q8x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (BX)(R8*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       (AX), Y4, Y4
+	VPMOVSXBD    8(BX)(R8*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       32(AX), Y5, Y5
+	VBROADCASTSS (DX)(DI*4), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VBROADCASTSS (CX)(DI*4), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q8x2p1_loop
+
+opAVX2Q8x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x2p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q8x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	VMOVUPS 64(DI), Y6
+	VMOVUPS 96(DI), Y7
+	JMP     opAVX2Q8x2p2_start
+
+opAVX2Q8x2p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q8x2p2_store
+	CMPQ R8, DI
+	JL   opAVX2Q8x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q8x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (BX)(R9*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       (AX), Y8, Y8
+	VPMOVSXBD    8(BX)(R9*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       32(AX), Y9, Y9
+	VPMOVSXBD    (SI)(R9*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       64(AX), Y10, Y10
+	VPMOVSXBD    8(SI)(R9*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       96(AX), Y11, Y11
+	VBROADCASTSS (DX)(R8*4), Y12
+	VFMADD231PS  Y8, Y12, Y0
+	VFMADD231PS  Y9, Y12, Y1
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (CX)(R8*4), Y12
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q8x2p2_loop
+
+opAVX2Q8x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x3p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q8x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	JMP     opAVX2Q8x3p1_start
+
+opAVX2Q8x3p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q8x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q8x3p1_store
+	CMPQ R8, DI
+	JL   opAVX2Q8x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q8x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (SI)(R9*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (AX), Y6, Y6
+	VPMOVSXBD    8(SI)(R9*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       32(AX), Y7, Y7
+	VBROADCASTSS (DX)(R8*4), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y1
+	VBROADCASTSS (BX)(R8*4), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (CX)(R8*4), Y8
+	VFMADD231PS  Y6, Y8, Y4
+	VFMADD231PS  Y7, Y8, Y5
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q8x3p1_loop
+
+opAVX2Q8x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8x3p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	VMOVUPS 64(R8), Y6
+	VMOVUPS 96(R8), Y7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y8
+	VMOVUPS 32(R8), Y9
+	VMOVUPS 64(R8), Y10
+	VMOVUPS 96(R8), Y11
+	JMP     opAVX2Q8x3p2_start
+
+opAVX2Q8x3p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2Q8x3p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x3p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8x3p2_store
+	CMPQ R9, R8
+	JL   opAVX2Q8x3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8x3p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VBROADCASTSS (DX)(R9*4), Y12
+	VBROADCASTSS (BX)(R9*4), Y13
+	VBROADCASTSS (CX)(R9*4), Y14
+	VPMOVSXBD    (SI)(R10*1), Y15
+	VCVTDQ2PS    Y15, Y15
+	VMULPS       (AX), Y15, Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VPMOVSXBD    8(SI)(R10*1), Y15
+	VCVTDQ2PS    Y15, Y15
+	VMULPS       32(AX), Y15, Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VPMOVSXBD    (DI)(R10*1), Y15
+	VCVTDQ2PS    Y15, Y15
+	VMULPS       64(AX), Y15, Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VPMOVSXBD    8(DI)(R10*1), Y15
+	VCVTDQ2PS    Y15, Y15
+	VMULPS       96(AX), Y15, Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8x3p2_loop
+
+opAVX2Q8x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VMOVUPS Y10, 64(AX)
+	VMOVUPS Y11, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8x4p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y6
+	VMOVUPS 32(R8), Y7
+	JMP     opAVX2Q8x4p1_start
+
+opAVX2Q8x4p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8x4p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x4p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8x4p1_store
+	CMPQ R9, R8
+	JL   opAVX2Q8x4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8x4p1_step:
+	VPMOVSXBD    (DI)(R10*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       (AX), Y8, Y8
+	VPMOVSXBD    8(DI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       32(AX), Y9, Y9
+	VBROADCASTSS (DX)(R9*4), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS (BX)(R9*4), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS (SI)(R9*4), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS (CX)(R9*4), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8x4p1_loop
+
+opAVX2Q8x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8x5p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), CX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2Q8x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y8
+	VMOVUPS 32(R9), Y9
+	JMP     opAVX2Q8x5p1_start
+
+opAVX2Q8x5p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2Q8x5p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x5p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX2Q8x5p1_store
+	CMPQ R10, R9
+	JL   opAVX2Q8x5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX2Q8x5p1_step:
+	VPMOVSXBD    (R8)(R11*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (AX), Y10, Y10
+	VPMOVSXBD    8(R8)(R11*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       32(AX), Y11, Y11
+	VBROADCASTSS (DX)(R10*4), Y12
+	VFMADD231PS  Y10, Y12, Y0
+	VFMADD231PS  Y11, Y12, Y1
+	VBROADCASTSS (BX)(R10*4), Y12
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (SI)(R10*4), Y12
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	VBROADCASTSS (DI)(R10*4), Y12
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	VBROADCASTSS (CX)(R10*4), Y12
+	VFMADD231PS  Y10, Y12, Y8
+	VFMADD231PS  Y11, Y12, Y9
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX2Q8x5p1_loop
+
+opAVX2Q8x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8x6p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), R8
+	MOVQ 40(CX), CX
+	MOVQ b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX2Q8x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Y0
+	VMOVUPS 32(R10), Y1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y2
+	VMOVUPS 32(R10), Y3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y4
+	VMOVUPS 32(R10), Y5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y6
+	VMOVUPS 32(R10), Y7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y8
+	VMOVUPS 32(R10), Y9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y10
+	VMOVUPS 32(R10), Y11
+	JMP     opAVX2Q8x6p1_start
+
+opAVX2Q8x6p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2Q8x6p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8x6p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX2Q8x6p1_store
+	CMPQ R11, R10
+	JL   opAVX2Q8x6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX2Q8x6p1_step:
+	VPMOVSXBD    (R9)(R12*1), Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       (AX), Y12, Y12
+	VPMOVSXBD    8(R9)(R12*1), Y13
+	VCVTDQ2PS    Y13, Y13
+	VMULPS       32(AX), Y13, Y13
+	VBROADCASTSS (DX)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (BX)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (SI)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (DI)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y7
+	VBROADCASTSS (R8)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (CX)(R11*4), Y14
+	VFMADD231PS  Y12, Y14, Y10
+	VFMADD231PS  Y13, Y14, Y11
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX2Q8x6p1_loop
+
+opAVX2Q8x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y10, (AX)
+	VMOVUPS Y11, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q8Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	JMP     opAVX2Q8Mx1p1_start
+
+opAVX2Q8Mx1p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+opAVX2Q8Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q8Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX2Q8Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX2Q8Mx1p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (BX)(R8*1), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMOVUPS      (AX), Y3
+	VFMADD213PS  (CX), Y3, Y2
+	VPMOVSXBD    8(BX)(R8*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      32(AX), Y4
+	VFMADD213PS  32(CX), Y4, Y3
+	VBROADCASTSS (DX)(DI*4), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q8Mx1p1_loop
+
+opAVX2Q8Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q8Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	JMP     opAVX2Q8Mx1p2_start
+
+opAVX2Q8Mx1p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q8Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q8Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX2Q8Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q8Mx1p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (BX)(R9*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      (AX), Y5
+	VFMADD213PS  (CX), Y5, Y4
+	VPMOVSXBD    8(BX)(R9*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      32(AX), Y6
+	VFMADD213PS  32(CX), Y6, Y5
+	VPMOVSXBD    (SI)(R9*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      64(AX), Y7
+	VFMADD213PS  64(CX), Y7, Y6
+	VPMOVSXBD    8(SI)(R9*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      96(AX), Y8
+	VFMADD213PS  96(CX), Y8, Y7
+	VBROADCASTSS (DX)(R8*4), Y8
+	VFMADD231PS  Y4, Y8, Y0
+	VFMADD231PS  Y5, Y8, Y1
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q8Mx1p2_loop
+
+opAVX2Q8Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	VMOVUPS 128(R8), Y4
+	VMOVUPS 160(R8), Y5
+	JMP     opAVX2Q8Mx1p3_start
+
+opAVX2Q8Mx1p3_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q8Mx1p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx1p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8Mx1p3_store
+	CMPQ R9, R8
+	JL   opAVX2Q8Mx1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8Mx1p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VPMOVSXBD    (BX)(R10*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      (AX), Y7
+	VFMADD213PS  (CX), Y7, Y6
+	VPMOVSXBD    8(BX)(R10*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      32(AX), Y8
+	VFMADD213PS  32(CX), Y8, Y7
+	VPMOVSXBD    (DI)(R10*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      64(AX), Y9
+	VFMADD213PS  64(CX), Y9, Y8
+	VPMOVSXBD    8(DI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      96(AX), Y10
+	VFMADD213PS  96(CX), Y10, Y9
+	VPMOVSXBD    (SI)(R10*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      128(AX), Y11
+	VFMADD213PS  128(CX), Y11, Y10
+	VPMOVSXBD    8(SI)(R10*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      160(AX), Y12
+	VFMADD213PS  160(CX), Y12, Y11
+	VBROADCASTSS (DX)(R9*4), Y12
+	VFMADD231PS  Y6, Y12, Y0
+	VFMADD231PS  Y7, Y12, Y1
+	VFMADD231PS  Y8, Y12, Y2
+	VFMADD231PS  Y9, Y12, Y3
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8Mx1p3_loop
+
+opAVX2Q8Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2Q8Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	VMOVUPS 64(R9), Y2
+	VMOVUPS 96(R9), Y3
+	VMOVUPS 128(R9), Y4
+	VMOVUPS 160(R9), Y5
+	VMOVUPS 192(R9), Y6
+	VMOVUPS 224(R9), Y7
+	JMP     opAVX2Q8Mx1p4_start
+
+opAVX2Q8Mx1p4_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8Mx1p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx1p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX2Q8Mx1p4_store
+	CMPQ R10, R9
+	JL   opAVX2Q8Mx1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX2Q8Mx1p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VBROADCASTSS (DX)(R10*4), Y8
+	VPMOVSXBD    (BX)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VPMOVSXBD    8(BX)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      32(AX), Y10
+	VFMADD213PS  32(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VPMOVSXBD    (DI)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      64(AX), Y10
+	VFMADD213PS  64(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VPMOVSXBD    8(DI)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      96(AX), Y10
+	VFMADD213PS  96(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VPMOVSXBD    (R8)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      128(AX), Y10
+	VFMADD213PS  128(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVSXBD    8(R8)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      160(AX), Y10
+	VFMADD213PS  160(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VPMOVSXBD    (SI)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      192(AX), Y10
+	VFMADD213PS  192(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VPMOVSXBD    8(SI)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      224(AX), Y10
+	VFMADD213PS  224(CX), Y10, Y9
+	VFMADD231PS  Y9, Y8, Y7
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX2Q8Mx1p4_loop
+
+opAVX2Q8Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q8Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	JMP     opAVX2Q8Mx2p1_start
+
+opAVX2Q8Mx2p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q8Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q8Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX2Q8Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q8Mx2p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (SI)(R9*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      (AX), Y5
+	VFMADD213PS  (CX), Y5, Y4
+	VPMOVSXBD    8(SI)(R9*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      32(AX), Y6
+	VFMADD213PS  32(CX), Y6, Y5
+	VBROADCASTSS (BX)(R8*4), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q8Mx2p1_loop
+
+opAVX2Q8Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 64(R8), Y2
+	VMOVUPS 96(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	VMOVUPS 64(R8), Y6
+	VMOVUPS 96(R8), Y7
+	JMP     opAVX2Q8Mx2p2_start
+
+opAVX2Q8Mx2p2_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8Mx2p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx2p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8Mx2p2_store
+	CMPQ R9, R8
+	JL   opAVX2Q8Mx2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8Mx2p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVSXBD    (SI)(R10*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      (AX), Y9
+	VFMADD213PS  (CX), Y9, Y8
+	VPMOVSXBD    8(SI)(R10*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      32(AX), Y10
+	VFMADD213PS  32(CX), Y10, Y9
+	VPMOVSXBD    (DI)(R10*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      64(AX), Y11
+	VFMADD213PS  64(CX), Y11, Y10
+	VPMOVSXBD    8(DI)(R10*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      96(AX), Y12
+	VFMADD213PS  96(CX), Y12, Y11
+	VBROADCASTSS (BX)(R9*4), Y12
+	VFMADD231PS  Y8, Y12, Y0
+	VFMADD231PS  Y9, Y12, Y1
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (DX)(R9*4), Y12
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8Mx2p2_loop
+
+opAVX2Q8Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VMOVUPS Y6, 64(AX)
+	VMOVUPS Y7, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q8Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q8Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y0
+	VMOVUPS 32(R8), Y1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	JMP     opAVX2Q8Mx3p1_start
+
+opAVX2Q8Mx3p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q8Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q8Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX2Q8Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q8Mx3p1_step:
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVSXBD    (DI)(R10*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      (AX), Y7
+	VFMADD213PS  (CX), Y7, Y6
+	VPMOVSXBD    8(DI)(R10*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      32(AX), Y8
+	VFMADD213PS  32(CX), Y8, Y7
+	VBROADCASTSS (BX)(R9*4), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y1
+	VBROADCASTSS (SI)(R9*4), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (DX)(R9*4), Y8
+	VFMADD231PS  Y6, Y8, Y4
+	VFMADD231PS  Y7, Y8, Y5
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q8Mx3p1_loop
+
+opAVX2Q8Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX2Q8Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y0
+	VMOVUPS 32(R9), Y1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y4
+	VMOVUPS 32(R9), Y5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y7
+	JMP     opAVX2Q8Mx4p1_start
+
+opAVX2Q8Mx4p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q8Mx4p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx4p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX2Q8Mx4p1_store
+	CMPQ R10, R9
+	JL   opAVX2Q8Mx4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX2Q8Mx4p1_step:
+	VPMOVSXBD    (R8)(R11*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      (AX), Y9
+	VFMADD213PS  (CX), Y9, Y8
+	VPMOVSXBD    8(R8)(R11*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      32(AX), Y10
+	VFMADD213PS  32(CX), Y10, Y9
+	VBROADCASTSS (BX)(R10*4), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS (SI)(R10*4), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS (DI)(R10*4), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS (DX)(R10*4), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX2Q8Mx4p1_loop
+
+opAVX2Q8Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8Mx5p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), DX
+	MOVQ b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX2Q8Mx5p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Y0
+	VMOVUPS 32(R10), Y1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y2
+	VMOVUPS 32(R10), Y3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y4
+	VMOVUPS 32(R10), Y5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y6
+	VMOVUPS 32(R10), Y7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Y8
+	VMOVUPS 32(R10), Y9
+	JMP     opAVX2Q8Mx5p1_start
+
+opAVX2Q8Mx5p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+
+opAVX2Q8Mx5p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx5p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX2Q8Mx5p1_store
+	CMPQ R11, R10
+	JL   opAVX2Q8Mx5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX2Q8Mx5p1_step:
+	VPMOVSXBD    (R9)(R12*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      (AX), Y11
+	VFMADD213PS  (CX), Y11, Y10
+	VPMOVSXBD    8(R9)(R12*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      32(AX), Y12
+	VFMADD213PS  32(CX), Y12, Y11
+	VBROADCASTSS (BX)(R11*4), Y12
+	VFMADD231PS  Y10, Y12, Y0
+	VFMADD231PS  Y11, Y12, Y1
+	VBROADCASTSS (SI)(R11*4), Y12
+	VFMADD231PS  Y10, Y12, Y2
+	VFMADD231PS  Y11, Y12, Y3
+	VBROADCASTSS (DI)(R11*4), Y12
+	VFMADD231PS  Y10, Y12, Y4
+	VFMADD231PS  Y11, Y12, Y5
+	VBROADCASTSS (R8)(R11*4), Y12
+	VFMADD231PS  Y10, Y12, Y6
+	VFMADD231PS  Y11, Y12, Y7
+	VBROADCASTSS (DX)(R11*4), Y12
+	VFMADD231PS  Y10, Y12, Y8
+	VFMADD231PS  Y11, Y12, Y9
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX2Q8Mx5p1_loop
+
+opAVX2Q8Mx5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·opAVX2Q8Mx6p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 40(DX), DX
+	MOVQ b+8(FP), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX2Q8Mx6p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Y0
+	VMOVUPS 32(R11), Y1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Y2
+	VMOVUPS 32(R11), Y3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Y4
+	VMOVUPS 32(R11), Y5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Y6
+	VMOVUPS 32(R11), Y7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Y8
+	VMOVUPS 32(R11), Y9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Y10
+	VMOVUPS 32(R11), Y11
+	JMP     opAVX2Q8Mx6p1_start
+
+opAVX2Q8Mx6p1_zero:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+opAVX2Q8Mx6p1_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX2Q8Mx6p1_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX2Q8Mx6p1_store
+	CMPQ R12, R11
+	JL   opAVX2Q8Mx6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX2Q8Mx6p1_step:
+	VPMOVSXBD    (R10)(R13*1), Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      (AX), Y13
+	VFMADD213PS  (CX), Y13, Y12
+	VPMOVSXBD    8(R10)(R13*1), Y13
+	VCVTDQ2PS    Y13, Y13
+	VMOVUPS      32(AX), Y14
+	VFMADD213PS  32(CX), Y14, Y13
+	VBROADCASTSS (BX)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (SI)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (DI)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (R8)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y7
+	VBROADCASTSS (R9)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (DX)(R12*4), Y14
+	VFMADD231PS  Y12, Y14, Y10
+	VFMADD231PS  Y13, Y14, Y11
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX2Q8Mx6p1_loop
+
+opAVX2Q8Mx6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y8, (AX)
+	VMOVUPS Y9, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y10, (AX)
+	VMOVUPS Y11, 32(AX)
+	VZEROUPPER
+	RET
+
 // func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-88
@@ -5338,12 +7314,12 @@ opAVX2Q4x1p1_step:
 	VPERMPS      Y1, Y4, Y6
 	VPSLLD       $0x1c, Y4, Y7
 	VBLENDVPS    Y7, Y6, Y5, Y5
-	VMULPS       (AX), Y5, Y5
 	VPSRLD       $0x04, Y4, Y4
 	VPERMPS      Y0, Y4, Y6
 	VPERMPS      Y1, Y4, Y7
 	VPSLLD       $0x1c, Y4, Y4
 	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMULPS       (AX), Y5, Y5
 	VMULPS       (AX), Y6, Y6
 	VBROADCASTSS (CX)(SI*4), Y4
 	VFMADD231PS  Y5, Y4, Y2
@@ -5354,12 +7330,12 @@ opAVX2Q4x1p1_step:
 	VPERMPS      Y1, Y4, Y6
 	VPSLLD       $0x1c, Y4, Y7
 	VBLENDVPS    Y7, Y6, Y5, Y5
-	VMULPS       32(AX), Y5, Y5
 	VPSRLD       $0x04, Y4, Y4
 	VPERMPS      Y0, Y4, Y6
 	VPERMPS      Y1, Y4, Y7
 	VPSLLD       $0x1c, Y4, Y4
 	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMULPS       32(AX), Y5, Y5
 	VMULPS       32(AX), Y6, Y6
 	VBROADCASTSS (CX)(SI*4), Y4
 	VFMADD231PS  Y5, Y4, Y3
@@ -5430,12 +7406,12 @@ opAVX2Q4x1p2_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       (AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       (AX), Y7, Y7
 	VMULPS       (AX), Y8, Y8
 	VBROADCASTSS (CX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y2
@@ -5446,12 +7422,12 @@ opAVX2Q4x1p2_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       32(AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       32(AX), Y7, Y7
 	VMULPS       32(AX), Y8, Y8
 	VBROADCASTSS (CX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y3
@@ -5462,12 +7438,12 @@ opAVX2Q4x1p2_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       64(AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       64(AX), Y7, Y7
 	VMULPS       64(AX), Y8, Y8
 	VBROADCASTSS (CX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y4
@@ -5478,12 +7454,12 @@ opAVX2Q4x1p2_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       96(AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       96(AX), Y7, Y7
 	VMULPS       96(AX), Y8, Y8
 	VBROADCASTSS (CX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y5
@@ -5562,12 +7538,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       (AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       (AX), Y9, Y9
 	VMULPS       (AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y2
@@ -5578,12 +7554,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       32(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       32(AX), Y9, Y9
 	VMULPS       32(AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y3
@@ -5594,12 +7570,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       64(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       64(AX), Y9, Y9
 	VMULPS       64(AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y4
@@ -5610,12 +7586,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       96(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       96(AX), Y9, Y9
 	VMULPS       96(AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y5
@@ -5626,12 +7602,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       128(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       128(AX), Y9, Y9
 	VMULPS       128(AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y6
@@ -5642,12 +7618,12 @@ opAVX2Q4x1p3_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       160(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       160(AX), Y9, Y9
 	VMULPS       160(AX), Y10, Y10
 	VBROADCASTSS (CX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y7
@@ -5734,12 +7710,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       (AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       (AX), Y11, Y11
 	VMULPS       (AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y2
@@ -5750,12 +7726,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       32(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       32(AX), Y11, Y11
 	VMULPS       32(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y3
@@ -5766,12 +7742,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       64(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       64(AX), Y11, Y11
 	VMULPS       64(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y4
@@ -5782,12 +7758,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       96(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       96(AX), Y11, Y11
 	VMULPS       96(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y5
@@ -5798,12 +7774,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       128(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       128(AX), Y11, Y11
 	VMULPS       128(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y6
@@ -5814,12 +7790,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       160(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       160(AX), Y11, Y11
 	VMULPS       160(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y7
@@ -5830,12 +7806,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       192(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       192(AX), Y11, Y11
 	VMULPS       192(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y8
@@ -5846,12 +7822,12 @@ opAVX2Q4x1p4_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       224(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       224(AX), Y11, Y11
 	VMULPS       224(AX), Y12, Y12
 	VBROADCASTSS (CX)(R9*4), Y10
 	VFMADD231PS  Y11, Y10, Y9
@@ -5927,12 +7903,12 @@ opAVX2Q4x2p1_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       (AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       (AX), Y7, Y7
 	VMULPS       (AX), Y8, Y8
 	VBROADCASTSS (DX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y2
@@ -5947,12 +7923,12 @@ opAVX2Q4x2p1_step:
 	VPERMPS      Y1, Y6, Y8
 	VPSLLD       $0x1c, Y6, Y9
 	VBLENDVPS    Y9, Y8, Y7, Y7
-	VMULPS       32(AX), Y7, Y7
 	VPSRLD       $0x04, Y6, Y6
 	VPERMPS      Y0, Y6, Y8
 	VPERMPS      Y1, Y6, Y9
 	VPSLLD       $0x1c, Y6, Y6
 	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMULPS       32(AX), Y7, Y7
 	VMULPS       32(AX), Y8, Y8
 	VBROADCASTSS (DX)(DI*4), Y6
 	VFMADD231PS  Y7, Y6, Y3
@@ -6040,12 +8016,12 @@ opAVX2Q4x2p2_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       (AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       (AX), Y11, Y11
 	VMULPS       (AX), Y12, Y12
 	VBROADCASTSS (DX)(R8*4), Y10
 	VFMADD231PS  Y11, Y10, Y2
@@ -6060,12 +8036,12 @@ opAVX2Q4x2p2_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       32(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       32(AX), Y11, Y11
 	VMULPS       32(AX), Y12, Y12
 	VBROADCASTSS (DX)(R8*4), Y10
 	VFMADD231PS  Y11, Y10, Y3
@@ -6080,12 +8056,12 @@ opAVX2Q4x2p2_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       64(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       64(AX), Y11, Y11
 	VMULPS       64(AX), Y12, Y12
 	VBROADCASTSS (DX)(R8*4), Y10
 	VFMADD231PS  Y11, Y10, Y4
@@ -6100,12 +8076,12 @@ opAVX2Q4x2p2_step:
 	VPERMPS      Y1, Y10, Y12
 	VPSLLD       $0x1c, Y10, Y13
 	VBLENDVPS    Y13, Y12, Y11, Y11
-	VMULPS       96(AX), Y11, Y11
 	VPSRLD       $0x04, Y10, Y10
 	VPERMPS      Y0, Y10, Y12
 	VPERMPS      Y1, Y10, Y13
 	VPSLLD       $0x1c, Y10, Y10
 	VBLENDVPS    Y10, Y13, Y12, Y12
+	VMULPS       96(AX), Y11, Y11
 	VMULPS       96(AX), Y12, Y12
 	VBROADCASTSS (DX)(R8*4), Y10
 	VFMADD231PS  Y11, Y10, Y5
@@ -6192,12 +8168,12 @@ opAVX2Q4x3p1_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       (AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       (AX), Y9, Y9
 	VMULPS       (AX), Y10, Y10
 	VBROADCASTSS (DX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y2
@@ -6216,12 +8192,12 @@ opAVX2Q4x3p1_step:
 	VPERMPS      Y1, Y8, Y10
 	VPSLLD       $0x1c, Y8, Y11
 	VBLENDVPS    Y11, Y10, Y9, Y9
-	VMULPS       32(AX), Y9, Y9
 	VPSRLD       $0x04, Y8, Y8
 	VPERMPS      Y0, Y8, Y10
 	VPERMPS      Y1, Y8, Y11
 	VPSLLD       $0x1c, Y8, Y8
 	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMULPS       32(AX), Y9, Y9
 	VMULPS       32(AX), Y10, Y10
 	VBROADCASTSS (DX)(R8*4), Y8
 	VFMADD231PS  Y9, Y8, Y3
@@ -6240,6 +8216,456 @@ opAVX2Q4x3p1_step:
 	JMP          opAVX2Q4x3p1_loop
 
 opAVX2Q4x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y7, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2Q4Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y3
+	JMP     opAVX2Q4Mx1p1_start
+
+opAVX2Q4Mx1p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+opAVX2Q4Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2Q4Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX2Q4Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX2Q4Mx1p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Y4
+	VPERMPS      Y0, Y4, Y5
+	VPERMPS      Y1, Y4, Y6
+	VPSLLD       $0x1c, Y4, Y7
+	VBLENDVPS    Y7, Y6, Y5, Y5
+	VPSRLD       $0x04, Y4, Y4
+	VPERMPS      Y0, Y4, Y6
+	VPERMPS      Y1, Y4, Y7
+	VPSLLD       $0x1c, Y4, Y4
+	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y5
+	VFMADD213PS  (CX), Y4, Y6
+	VBROADCASTSS (DX)(DI*4), Y4
+	VFMADD231PS  Y5, Y4, Y2
+	VBROADCASTSS 4(DX)(DI*4), Y4
+	VFMADD231PS  Y6, Y4, Y2
+	VPMOVZXBD    8(BX)(R8*1), Y4
+	VPERMPS      Y0, Y4, Y5
+	VPERMPS      Y1, Y4, Y6
+	VPSLLD       $0x1c, Y4, Y7
+	VBLENDVPS    Y7, Y6, Y5, Y5
+	VPSRLD       $0x04, Y4, Y4
+	VPERMPS      Y0, Y4, Y6
+	VPERMPS      Y1, Y4, Y7
+	VPSLLD       $0x1c, Y4, Y4
+	VBLENDVPS    Y4, Y7, Y6, Y6
+	VMOVUPS      32(AX), Y4
+	VFMADD213PS  32(CX), Y4, Y5
+	VFMADD213PS  32(CX), Y4, Y6
+	VBROADCASTSS (DX)(DI*4), Y4
+	VFMADD231PS  Y5, Y4, Y3
+	VBROADCASTSS 4(DX)(DI*4), Y4
+	VFMADD231PS  Y6, Y4, Y3
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX2Q4Mx1p1_loop
+
+opAVX2Q4Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q4Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMOVUPS 64(DI), Y4
+	VMOVUPS 96(DI), Y5
+	JMP     opAVX2Q4Mx1p2_start
+
+opAVX2Q4Mx1p2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q4Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q4Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX2Q4Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q4Mx1p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y7
+	VFMADD213PS  (CX), Y6, Y8
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y2
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y2
+	VPMOVZXBD    8(BX)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      32(AX), Y6
+	VFMADD213PS  32(CX), Y6, Y7
+	VFMADD213PS  32(CX), Y6, Y8
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y3
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y3
+	VPMOVZXBD    (SI)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      64(AX), Y6
+	VFMADD213PS  64(CX), Y6, Y7
+	VFMADD213PS  64(CX), Y6, Y8
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y4
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y4
+	VPMOVZXBD    8(SI)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      96(AX), Y6
+	VFMADD213PS  96(CX), Y6, Y7
+	VFMADD213PS  96(CX), Y6, Y8
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y5
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y5
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q4Mx1p2_loop
+
+opAVX2Q4Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	VMOVUPS Y4, 64(AX)
+	VMOVUPS Y5, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), DX
+	MOVQ    b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2Q4Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y4
+	VMOVUPS 32(DI), Y5
+	JMP     opAVX2Q4Mx2p1_start
+
+opAVX2Q4Mx2p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+
+opAVX2Q4Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2Q4Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX2Q4Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2Q4Mx2p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y7
+	VFMADD213PS  (CX), Y6, Y8
+	VBROADCASTSS (BX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y2
+	VBROADCASTSS 4(BX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y2
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y4
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y4
+	VPMOVZXBD    8(SI)(R9*1), Y6
+	VPERMPS      Y0, Y6, Y7
+	VPERMPS      Y1, Y6, Y8
+	VPSLLD       $0x1c, Y6, Y9
+	VBLENDVPS    Y9, Y8, Y7, Y7
+	VPSRLD       $0x04, Y6, Y6
+	VPERMPS      Y0, Y6, Y8
+	VPERMPS      Y1, Y6, Y9
+	VPSLLD       $0x1c, Y6, Y6
+	VBLENDVPS    Y6, Y9, Y8, Y8
+	VMOVUPS      32(AX), Y6
+	VFMADD213PS  32(CX), Y6, Y7
+	VFMADD213PS  32(CX), Y6, Y8
+	VBROADCASTSS (BX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y3
+	VBROADCASTSS 4(BX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y3
+	VBROADCASTSS (DX)(R8*4), Y6
+	VFMADD231PS  Y7, Y6, Y5
+	VBROADCASTSS 4(DX)(R8*4), Y6
+	VFMADD231PS  Y8, Y6, Y5
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX2Q4Mx2p1_loop
+
+opAVX2Q4Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y3, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y4, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2Q4Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2Q4Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DX
+	MOVQ    b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2Q4Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y4
+	VMOVUPS 32(R8), Y5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y6
+	VMOVUPS 32(R8), Y7
+	JMP     opAVX2Q4Mx3p1_start
+
+opAVX2Q4Mx3p1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+opAVX2Q4Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// Two steps of k: each half-panel widened, then used by every row.
+opAVX2Q4Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2Q4Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX2Q4Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2Q4Mx3p1_step:
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVZXBD    (DI)(R10*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y9
+	VFMADD213PS  (CX), Y8, Y10
+	VBROADCASTSS (BX)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y2
+	VBROADCASTSS 4(BX)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y2
+	VBROADCASTSS (SI)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y4
+	VBROADCASTSS 4(SI)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y4
+	VBROADCASTSS (DX)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y6
+	VBROADCASTSS 4(DX)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y6
+	VPMOVZXBD    8(DI)(R10*1), Y8
+	VPERMPS      Y0, Y8, Y9
+	VPERMPS      Y1, Y8, Y10
+	VPSLLD       $0x1c, Y8, Y11
+	VBLENDVPS    Y11, Y10, Y9, Y9
+	VPSRLD       $0x04, Y8, Y8
+	VPERMPS      Y0, Y8, Y10
+	VPERMPS      Y1, Y8, Y11
+	VPSLLD       $0x1c, Y8, Y8
+	VBLENDVPS    Y8, Y11, Y10, Y10
+	VMOVUPS      32(AX), Y8
+	VFMADD213PS  32(CX), Y8, Y9
+	VFMADD213PS  32(CX), Y8, Y10
+	VBROADCASTSS (BX)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y3
+	VBROADCASTSS 4(BX)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y3
+	VBROADCASTSS (SI)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y5
+	VBROADCASTSS 4(SI)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y5
+	VBROADCASTSS (DX)(R9*4), Y8
+	VFMADD231PS  Y9, Y8, Y7
+	VBROADCASTSS 4(DX)(R9*4), Y8
+	VFMADD231PS  Y10, Y8, Y7
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX2Q4Mx3p1_loop
+
+opAVX2Q4Mx3p1_store:
 	MOVQ    c+32(FP), AX
 	MOVQ    ldc+40(FP), CX
 	VMOVUPS Y2, (AX)
@@ -21703,6 +24129,4914 @@ opAVX512F8x6p4_store:
 	VZEROUPPER
 	RET
 
+// func opAVX512Q8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x1p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512Q8x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	JMP     opAVX512Q8x1p1_start
+
+opAVX512Q8x1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+opAVX512Q8x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX512Q8x1p1_store
+	CMPQ SI, BX
+	JL   opAVX512Q8x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX512Q8x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
+	VPMOVSXBD    (DX)(DI*1), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       (AX), Z1, Z1
+	VBROADCASTSS (CX)(SI*4), Z2
+	VFMADD231PS  Z1, Z2, Z0
+	INCQ         SI
+	ADDQ         $0x00000010, DI
+	JMP          opAVX512Q8x1p1_loop
+
+opAVX512Q8x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x1p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q8x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	JMP     opAVX512Q8x1p2_start
+
+opAVX512Q8x1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q8x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q8x1p2_store
+	CMPQ DI, SI
+	JL   opAVX512Q8x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512Q8x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (DX)(R8*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (AX), Z2, Z2
+	VPMOVSXBD    (BX)(R8*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       64(AX), Z3, Z3
+	VBROADCASTSS (CX)(DI*4), Z4
+	VFMADD231PS  Z2, Z4, Z0
+	VFMADD231PS  Z3, Z4, Z1
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q8x1p2_loop
+
+opAVX512Q8x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x1p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q8x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	JMP     opAVX512Q8x1p3_start
+
+opAVX512Q8x1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q8x1p3_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x1p3_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q8x1p3_store
+	CMPQ R8, DI
+	JL   opAVX512Q8x1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q8x1p3_step:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VPMOVSXBD    (DX)(R9*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (AX), Z3, Z3
+	VPMOVSXBD    (SI)(R9*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(AX), Z4, Z4
+	VPMOVSXBD    (BX)(R9*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       128(AX), Z5, Z5
+	VBROADCASTSS (CX)(R8*4), Z6
+	VFMADD231PS  Z3, Z6, Z0
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z6, Z2
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q8x1p3_loop
+
+opAVX512Q8x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x1p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), CX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	VMOVUPS 192(R8), Z3
+	JMP     opAVX512Q8x1p4_start
+
+opAVX512Q8x1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8x1p4_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x1p4_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8x1p4_store
+	CMPQ R9, R8
+	JL   opAVX512Q8x1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8x1p4_step:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VPMOVSXBD    (DX)(R10*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (AX), Z4, Z4
+	VPMOVSXBD    (SI)(R10*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(AX), Z5, Z5
+	VPMOVSXBD    (DI)(R10*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       128(AX), Z6, Z6
+	VPMOVSXBD    (BX)(R10*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       192(AX), Z7, Z7
+	VBROADCASTSS (CX)(R9*4), Z8
+	VFMADD231PS  Z4, Z8, Z0
+	VFMADD231PS  Z5, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8x1p4_loop
+
+opAVX512Q8x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x2p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q8x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z1
+	JMP     opAVX512Q8x2p1_start
+
+opAVX512Q8x2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q8x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q8x2p1_store
+	CMPQ DI, SI
+	JL   opAVX512Q8x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512Q8x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (BX)(R8*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (AX), Z2, Z2
+	VBROADCASTSS (DX)(DI*4), Z3
+	VFMADD231PS  Z2, Z3, Z0
+	VBROADCASTSS (CX)(DI*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q8x2p1_loop
+
+opAVX512Q8x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x2p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q8x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	JMP     opAVX512Q8x2p2_start
+
+opAVX512Q8x2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q8x2p2_store
+	CMPQ R8, DI
+	JL   opAVX512Q8x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q8x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (BX)(R9*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (AX), Z4, Z4
+	VPMOVSXBD    (SI)(R9*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(AX), Z5, Z5
+	VBROADCASTSS (DX)(R8*4), Z6
+	VFMADD231PS  Z4, Z6, Z0
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (CX)(R8*4), Z6
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z6, Z3
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q8x2p2_loop
+
+opAVX512Q8x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x2p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	JMP     opAVX512Q8x2p3_start
+
+opAVX512Q8x2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8x2p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x2p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8x2p3_store
+	CMPQ R9, R8
+	JL   opAVX512Q8x2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8x2p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VPMOVSXBD    (BX)(R10*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (AX), Z6, Z6
+	VPMOVSXBD    (DI)(R10*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       64(AX), Z7, Z7
+	VPMOVSXBD    (SI)(R10*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(AX), Z8, Z8
+	VBROADCASTSS (DX)(R9*4), Z9
+	VFMADD231PS  Z6, Z9, Z0
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (CX)(R9*4), Z9
+	VFMADD231PS  Z6, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z9, Z5
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8x2p3_loop
+
+opAVX512Q8x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x2p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), CX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z7
+	JMP     opAVX512Q8x2p4_start
+
+opAVX512Q8x2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512Q8x2p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x2p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8x2p4_store
+	CMPQ R10, R9
+	JL   opAVX512Q8x2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8x2p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VPMOVSXBD    (BX)(R11*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (AX), Z8, Z8
+	VPMOVSXBD    (DI)(R11*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(AX), Z9, Z9
+	VPMOVSXBD    (R8)(R11*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       128(AX), Z10, Z10
+	VPMOVSXBD    (SI)(R11*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       192(AX), Z11, Z11
+	VBROADCASTSS (DX)(R10*4), Z12
+	VFMADD231PS  Z8, Z12, Z0
+	VFMADD231PS  Z9, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (CX)(R10*4), Z12
+	VFMADD231PS  Z8, Z12, Z4
+	VFMADD231PS  Z9, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8x2p4_loop
+
+opAVX512Q8x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x3p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q8x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	JMP     opAVX512Q8x3p1_start
+
+opAVX512Q8x3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q8x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q8x3p1_store
+	CMPQ R8, DI
+	JL   opAVX512Q8x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q8x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (SI)(R9*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (AX), Z3, Z3
+	VBROADCASTSS (DX)(R8*4), Z4
+	VFMADD231PS  Z3, Z4, Z0
+	VBROADCASTSS (BX)(R8*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (CX)(R8*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q8x3p1_loop
+
+opAVX512Q8x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x3p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	JMP     opAVX512Q8x3p2_start
+
+opAVX512Q8x3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8x3p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x3p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8x3p2_store
+	CMPQ R9, R8
+	JL   opAVX512Q8x3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8x3p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVSXBD    (SI)(R10*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (AX), Z6, Z6
+	VPMOVSXBD    (DI)(R10*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       64(AX), Z7, Z7
+	VBROADCASTSS (DX)(R9*4), Z8
+	VFMADD231PS  Z6, Z8, Z0
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (BX)(R9*4), Z8
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (CX)(R9*4), Z8
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z8, Z5
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8x3p2_loop
+
+opAVX512Q8x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x3p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8x3p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	VMOVUPS 128(R9), Z8
+	JMP     opAVX512Q8x3p3_start
+
+opAVX512Q8x3p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q8x3p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x3p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8x3p3_store
+	CMPQ R10, R9
+	JL   opAVX512Q8x3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8x3p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	VPMOVSXBD    (SI)(R11*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (AX), Z9, Z9
+	VPMOVSXBD    (R8)(R11*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(AX), Z10, Z10
+	VPMOVSXBD    (DI)(R11*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       128(AX), Z11, Z11
+	VBROADCASTSS (DX)(R10*4), Z12
+	VFMADD231PS  Z9, Z12, Z0
+	VFMADD231PS  Z10, Z12, Z1
+	VFMADD231PS  Z11, Z12, Z2
+	VBROADCASTSS (BX)(R10*4), Z12
+	VFMADD231PS  Z9, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (CX)(R10*4), Z12
+	VFMADD231PS  Z9, Z12, Z6
+	VFMADD231PS  Z10, Z12, Z7
+	VFMADD231PS  Z11, Z12, Z8
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8x3p3_loop
+
+opAVX512Q8x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8x3p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), CX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), R9
+	LEAQ (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8x3p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	VMOVUPS 192(R10), Z11
+	JMP     opAVX512Q8x3p4_start
+
+opAVX512Q8x3p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8x3p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x3p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8x3p4_store
+	CMPQ R11, R10
+	JL   opAVX512Q8x3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8x3p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	VPMOVSXBD    (SI)(R12*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (AX), Z12, Z12
+	VPMOVSXBD    (R8)(R12*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(AX), Z13, Z13
+	VPMOVSXBD    (R9)(R12*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(AX), Z14, Z14
+	VPMOVSXBD    (DI)(R12*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       192(AX), Z15, Z15
+	VBROADCASTSS (DX)(R11*4), Z16
+	VFMADD231PS  Z12, Z16, Z0
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (BX)(R11*4), Z16
+	VFMADD231PS  Z12, Z16, Z4
+	VFMADD231PS  Z13, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z15, Z16, Z7
+	VBROADCASTSS (CX)(R11*4), Z16
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z13, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z15, Z16, Z11
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8x3p4_loop
+
+opAVX512Q8x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x4p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	JMP     opAVX512Q8x4p1_start
+
+opAVX512Q8x4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8x4p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x4p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8x4p1_store
+	CMPQ R9, R8
+	JL   opAVX512Q8x4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8x4p1_step:
+	VPMOVSXBD    (DI)(R10*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (AX), Z4, Z4
+	VBROADCASTSS (DX)(R9*4), Z5
+	VFMADD231PS  Z4, Z5, Z0
+	VBROADCASTSS (BX)(R9*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (SI)(R9*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (CX)(R9*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8x4p1_loop
+
+opAVX512Q8x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x4p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	JMP     opAVX512Q8x4p2_start
+
+opAVX512Q8x4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512Q8x4p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x4p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8x4p2_store
+	CMPQ R10, R9
+	JL   opAVX512Q8x4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8x4p2_step:
+	VPMOVSXBD    (DI)(R11*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (AX), Z8, Z8
+	VPMOVSXBD    (R8)(R11*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(AX), Z9, Z9
+	VBROADCASTSS (DX)(R10*4), Z10
+	VFMADD231PS  Z8, Z10, Z0
+	VFMADD231PS  Z9, Z10, Z1
+	VBROADCASTSS (BX)(R10*4), Z10
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (SI)(R10*4), Z10
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z10, Z5
+	VBROADCASTSS (CX)(R10*4), Z10
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z10, Z7
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8x4p2_loop
+
+opAVX512Q8x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x4p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8x4p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	VMOVUPS 128(R10), Z11
+	JMP     opAVX512Q8x4p3_start
+
+opAVX512Q8x4p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8x4p3_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x4p3_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8x4p3_store
+	CMPQ R11, R10
+	JL   opAVX512Q8x4p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8x4p3_step:
+	VPMOVSXBD    (DI)(R12*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (AX), Z12, Z12
+	VPMOVSXBD    (R9)(R12*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(AX), Z13, Z13
+	VPMOVSXBD    (R8)(R12*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(AX), Z14, Z14
+	VBROADCASTSS (DX)(R11*4), Z15
+	VFMADD231PS  Z12, Z15, Z0
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (BX)(R11*4), Z15
+	VFMADD231PS  Z12, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z14, Z15, Z5
+	VBROADCASTSS (SI)(R11*4), Z15
+	VFMADD231PS  Z12, Z15, Z6
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (CX)(R11*4), Z15
+	VFMADD231PS  Z12, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z14, Z15, Z11
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8x4p3_loop
+
+opAVX512Q8x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x4p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), CX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8x4p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	VMOVUPS 192(R11), Z15
+	JMP     opAVX512Q8x4p4_start
+
+opAVX512Q8x4p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512Q8x4p4_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x4p4_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8x4p4_store
+	CMPQ R12, R11
+	JL   opAVX512Q8x4p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8x4p4_step:
+	VPMOVSXBD    (DI)(R13*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (AX), Z16, Z16
+	VPMOVSXBD    (R9)(R13*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(AX), Z17, Z17
+	VPMOVSXBD    (R10)(R13*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       128(AX), Z18, Z18
+	VPMOVSXBD    (R8)(R13*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       192(AX), Z19, Z19
+	VBROADCASTSS (DX)(R12*4), Z20
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z17, Z20, Z1
+	VFMADD231PS  Z18, Z20, Z2
+	VFMADD231PS  Z19, Z20, Z3
+	VBROADCASTSS (BX)(R12*4), Z20
+	VFMADD231PS  Z16, Z20, Z4
+	VFMADD231PS  Z17, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z19, Z20, Z7
+	VBROADCASTSS (SI)(R12*4), Z20
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z17, Z20, Z9
+	VFMADD231PS  Z18, Z20, Z10
+	VFMADD231PS  Z19, Z20, Z11
+	VBROADCASTSS (CX)(R12*4), Z20
+	VFMADD231PS  Z16, Z20, Z12
+	VFMADD231PS  Z17, Z20, Z13
+	VFMADD231PS  Z18, Z20, Z14
+	VFMADD231PS  Z19, Z20, Z15
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8x4p4_loop
+
+opAVX512Q8x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x5p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), CX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	JMP     opAVX512Q8x5p1_start
+
+opAVX512Q8x5p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q8x5p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x5p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8x5p1_store
+	CMPQ R10, R9
+	JL   opAVX512Q8x5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8x5p1_step:
+	VPMOVSXBD    (R8)(R11*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (AX), Z5, Z5
+	VBROADCASTSS (DX)(R10*4), Z6
+	VFMADD231PS  Z5, Z6, Z0
+	VBROADCASTSS (BX)(R10*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (SI)(R10*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (DI)(R10*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (CX)(R10*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8x5p1_loop
+
+opAVX512Q8x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x5p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), CX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8x5p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	JMP     opAVX512Q8x5p2_start
+
+opAVX512Q8x5p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512Q8x5p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x5p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8x5p2_store
+	CMPQ R11, R10
+	JL   opAVX512Q8x5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8x5p2_step:
+	VPMOVSXBD    (R8)(R12*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (AX), Z10, Z10
+	VPMOVSXBD    (R9)(R12*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(AX), Z11, Z11
+	VBROADCASTSS (DX)(R11*4), Z12
+	VFMADD231PS  Z10, Z12, Z0
+	VFMADD231PS  Z11, Z12, Z1
+	VBROADCASTSS (BX)(R11*4), Z12
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (SI)(R11*4), Z12
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (DI)(R11*4), Z12
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	VBROADCASTSS (CX)(R11*4), Z12
+	VFMADD231PS  Z10, Z12, Z8
+	VFMADD231PS  Z11, Z12, Z9
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8x5p2_loop
+
+opAVX512Q8x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x5p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), CX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8x5p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	VMOVUPS 128(R11), Z14
+	JMP     opAVX512Q8x5p3_start
+
+opAVX512Q8x5p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512Q8x5p3_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x5p3_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8x5p3_store
+	CMPQ R12, R11
+	JL   opAVX512Q8x5p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8x5p3_step:
+	VPMOVSXBD    (R8)(R13*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (AX), Z15, Z15
+	VPMOVSXBD    (R10)(R13*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(AX), Z16, Z16
+	VPMOVSXBD    (R9)(R13*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       128(AX), Z17, Z17
+	VBROADCASTSS (DX)(R12*4), Z18
+	VFMADD231PS  Z15, Z18, Z0
+	VFMADD231PS  Z16, Z18, Z1
+	VFMADD231PS  Z17, Z18, Z2
+	VBROADCASTSS (BX)(R12*4), Z18
+	VFMADD231PS  Z15, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z17, Z18, Z5
+	VBROADCASTSS (SI)(R12*4), Z18
+	VFMADD231PS  Z15, Z18, Z6
+	VFMADD231PS  Z16, Z18, Z7
+	VFMADD231PS  Z17, Z18, Z8
+	VBROADCASTSS (DI)(R12*4), Z18
+	VFMADD231PS  Z15, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z17, Z18, Z11
+	VBROADCASTSS (CX)(R12*4), Z18
+	VFMADD231PS  Z15, Z18, Z12
+	VFMADD231PS  Z16, Z18, Z13
+	VFMADD231PS  Z17, Z18, Z14
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8x5p3_loop
+
+opAVX512Q8x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x5p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), CX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R11
+	LEAQ (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q8x5p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z15
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z16
+	VMOVUPS 64(R12), Z17
+	VMOVUPS 128(R12), Z18
+	VMOVUPS 192(R12), Z19
+	JMP     opAVX512Q8x5p4_start
+
+opAVX512Q8x5p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+
+opAVX512Q8x5p4_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x5p4_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q8x5p4_store
+	CMPQ R13, R12
+	JL   opAVX512Q8x5p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q8x5p4_step:
+	VPMOVSXBD    (R8)(R14*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       (AX), Z20, Z20
+	VPMOVSXBD    (R10)(R14*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       64(AX), Z21, Z21
+	VPMOVSXBD    (R11)(R14*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMULPS       128(AX), Z22, Z22
+	VPMOVSXBD    (R9)(R14*1), Z23
+	VCVTDQ2PS    Z23, Z23
+	VMULPS       192(AX), Z23, Z23
+	VBROADCASTSS (DX)(R13*4), Z24
+	VFMADD231PS  Z20, Z24, Z0
+	VFMADD231PS  Z21, Z24, Z1
+	VFMADD231PS  Z22, Z24, Z2
+	VFMADD231PS  Z23, Z24, Z3
+	VBROADCASTSS (BX)(R13*4), Z24
+	VFMADD231PS  Z20, Z24, Z4
+	VFMADD231PS  Z21, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VFMADD231PS  Z23, Z24, Z7
+	VBROADCASTSS (SI)(R13*4), Z24
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z21, Z24, Z9
+	VFMADD231PS  Z22, Z24, Z10
+	VFMADD231PS  Z23, Z24, Z11
+	VBROADCASTSS (DI)(R13*4), Z24
+	VFMADD231PS  Z20, Z24, Z12
+	VFMADD231PS  Z21, Z24, Z13
+	VFMADD231PS  Z22, Z24, Z14
+	VFMADD231PS  Z23, Z24, Z15
+	VBROADCASTSS (CX)(R13*4), Z24
+	VFMADD231PS  Z20, Z24, Z16
+	VFMADD231PS  Z21, Z24, Z17
+	VFMADD231PS  Z22, Z24, Z18
+	VFMADD231PS  Z23, Z24, Z19
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q8x5p4_loop
+
+opAVX512Q8x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x6p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), R8
+	MOVQ 40(CX), CX
+	MOVQ b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	JMP     opAVX512Q8x6p1_start
+
+opAVX512Q8x6p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8x6p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x6p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8x6p1_store
+	CMPQ R11, R10
+	JL   opAVX512Q8x6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8x6p1_step:
+	VPMOVSXBD    (R9)(R12*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (AX), Z6, Z6
+	VBROADCASTSS (DX)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z0
+	VBROADCASTSS (BX)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (SI)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (DI)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (R8)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (CX)(R11*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8x6p1_loop
+
+opAVX512Q8x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x6p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), R8
+	MOVQ 40(CX), CX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8x6p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	JMP     opAVX512Q8x6p2_start
+
+opAVX512Q8x6p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8x6p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x6p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8x6p2_store
+	CMPQ R12, R11
+	JL   opAVX512Q8x6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8x6p2_step:
+	VPMOVSXBD    (R9)(R13*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (AX), Z12, Z12
+	VPMOVSXBD    (R10)(R13*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(AX), Z13, Z13
+	VBROADCASTSS (DX)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z0
+	VFMADD231PS  Z13, Z14, Z1
+	VBROADCASTSS (BX)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z13, Z14, Z3
+	VBROADCASTSS (SI)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z13, Z14, Z5
+	VBROADCASTSS (DI)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z13, Z14, Z7
+	VBROADCASTSS (R8)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z13, Z14, Z9
+	VBROADCASTSS (CX)(R12*4), Z14
+	VFMADD231PS  Z12, Z14, Z10
+	VFMADD231PS  Z13, Z14, Z11
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8x6p2_loop
+
+opAVX512Q8x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x6p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), R8
+	MOVQ 40(CX), CX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R11
+	LEAQ (R11)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q8x6p3_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z3
+	VMOVUPS 64(R12), Z4
+	VMOVUPS 128(R12), Z5
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z6
+	VMOVUPS 64(R12), Z7
+	VMOVUPS 128(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z15
+	VMOVUPS 64(R12), Z16
+	VMOVUPS 128(R12), Z17
+	JMP     opAVX512Q8x6p3_start
+
+opAVX512Q8x6p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+
+opAVX512Q8x6p3_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x6p3_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q8x6p3_store
+	CMPQ R13, R12
+	JL   opAVX512Q8x6p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q8x6p3_step:
+	VPMOVSXBD    (R9)(R14*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       (AX), Z18, Z18
+	VPMOVSXBD    (R11)(R14*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       64(AX), Z19, Z19
+	VPMOVSXBD    (R10)(R14*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       128(AX), Z20, Z20
+	VBROADCASTSS (DX)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z0
+	VFMADD231PS  Z19, Z21, Z1
+	VFMADD231PS  Z20, Z21, Z2
+	VBROADCASTSS (BX)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z20, Z21, Z5
+	VBROADCASTSS (SI)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (DI)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z9
+	VFMADD231PS  Z19, Z21, Z10
+	VFMADD231PS  Z20, Z21, Z11
+	VBROADCASTSS (R8)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z12
+	VFMADD231PS  Z19, Z21, Z13
+	VFMADD231PS  Z20, Z21, Z14
+	VBROADCASTSS (CX)(R13*4), Z21
+	VFMADD231PS  Z18, Z21, Z15
+	VFMADD231PS  Z19, Z21, Z16
+	VFMADD231PS  Z20, Z21, Z17
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q8x6p3_loop
+
+opAVX512Q8x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8x6p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ a+0(FP), CX
+	MOVQ (CX), DX
+	MOVQ 8(CX), BX
+	MOVQ 16(CX), SI
+	MOVQ 24(CX), DI
+	MOVQ 32(CX), R8
+	MOVQ 40(CX), CX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R11
+	LEAQ (R11)(R10*1), R12
+	LEAQ (R12)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      opAVX512Q8x6p4_zero
+	MOVQ    c+32(FP), R13
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	VMOVUPS 192(R13), Z3
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z4
+	VMOVUPS 64(R13), Z5
+	VMOVUPS 128(R13), Z6
+	VMOVUPS 192(R13), Z7
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z8
+	VMOVUPS 64(R13), Z9
+	VMOVUPS 128(R13), Z10
+	VMOVUPS 192(R13), Z11
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z12
+	VMOVUPS 64(R13), Z13
+	VMOVUPS 128(R13), Z14
+	VMOVUPS 192(R13), Z15
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z16
+	VMOVUPS 64(R13), Z17
+	VMOVUPS 128(R13), Z18
+	VMOVUPS 192(R13), Z19
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z20
+	VMOVUPS 64(R13), Z21
+	VMOVUPS 128(R13), Z22
+	VMOVUPS 192(R13), Z23
+	JMP     opAVX512Q8x6p4_start
+
+opAVX512Q8x6p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+
+opAVX512Q8x6p4_start:
+	MOVQ bk+80(FP), R13
+	XORQ R14, R14
+	XORQ R15, R15
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8x6p4_loop:
+	CMPQ R14, k+24(FP)
+	JGE  opAVX512Q8x6p4_store
+	CMPQ R14, R13
+	JL   opAVX512Q8x6p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R13
+
+opAVX512Q8x6p4_step:
+	VPMOVSXBD    (R9)(R15*1), Z24
+	VCVTDQ2PS    Z24, Z24
+	VMULPS       (AX), Z24, Z24
+	VPMOVSXBD    (R11)(R15*1), Z25
+	VCVTDQ2PS    Z25, Z25
+	VMULPS       64(AX), Z25, Z25
+	VPMOVSXBD    (R12)(R15*1), Z26
+	VCVTDQ2PS    Z26, Z26
+	VMULPS       128(AX), Z26, Z26
+	VPMOVSXBD    (R10)(R15*1), Z27
+	VCVTDQ2PS    Z27, Z27
+	VMULPS       192(AX), Z27, Z27
+	VBROADCASTSS (DX)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z0
+	VFMADD231PS  Z25, Z28, Z1
+	VFMADD231PS  Z26, Z28, Z2
+	VFMADD231PS  Z27, Z28, Z3
+	VBROADCASTSS (BX)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z4
+	VFMADD231PS  Z25, Z28, Z5
+	VFMADD231PS  Z26, Z28, Z6
+	VFMADD231PS  Z27, Z28, Z7
+	VBROADCASTSS (SI)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z8
+	VFMADD231PS  Z25, Z28, Z9
+	VFMADD231PS  Z26, Z28, Z10
+	VFMADD231PS  Z27, Z28, Z11
+	VBROADCASTSS (DI)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z12
+	VFMADD231PS  Z25, Z28, Z13
+	VFMADD231PS  Z26, Z28, Z14
+	VFMADD231PS  Z27, Z28, Z15
+	VBROADCASTSS (R8)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z16
+	VFMADD231PS  Z25, Z28, Z17
+	VFMADD231PS  Z26, Z28, Z18
+	VFMADD231PS  Z27, Z28, Z19
+	VBROADCASTSS (CX)(R14*4), Z28
+	VFMADD231PS  Z24, Z28, Z20
+	VFMADD231PS  Z25, Z28, Z21
+	VFMADD231PS  Z26, Z28, Z22
+	VFMADD231PS  Z27, Z28, Z23
+	INCQ         R14
+	ADDQ         $0x00000010, R15
+	JMP          opAVX512Q8x6p4_loop
+
+opAVX512Q8x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q8Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	JMP     opAVX512Q8Mx1p1_start
+
+opAVX512Q8Mx1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+opAVX512Q8Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q8Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX512Q8Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX512Q8Mx1p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVSXBD    (BX)(R8*1), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMOVUPS      (AX), Z2
+	VFMADD213PS  (CX), Z2, Z1
+	VBROADCASTSS (DX)(DI*4), Z2
+	VFMADD231PS  Z1, Z2, Z0
+	INCQ         DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q8Mx1p1_loop
+
+opAVX512Q8Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q8Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	JMP     opAVX512Q8Mx1p2_start
+
+opAVX512Q8Mx1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q8Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q8Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX512Q8Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q8Mx1p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (BX)(R9*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMOVUPS      (AX), Z3
+	VFMADD213PS  (CX), Z3, Z2
+	VPMOVSXBD    (SI)(R9*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMOVUPS      64(AX), Z4
+	VFMADD213PS  64(CX), Z4, Z3
+	VBROADCASTSS (DX)(R8*4), Z4
+	VFMADD231PS  Z2, Z4, Z0
+	VFMADD231PS  Z3, Z4, Z1
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q8Mx1p2_loop
+
+opAVX512Q8Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	VMOVUPS 128(R8), Z2
+	JMP     opAVX512Q8Mx1p3_start
+
+opAVX512Q8Mx1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q8Mx1p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx1p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8Mx1p3_store
+	CMPQ R9, R8
+	JL   opAVX512Q8Mx1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8Mx1p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VPMOVSXBD    (BX)(R10*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMOVUPS      (AX), Z4
+	VFMADD213PS  (CX), Z4, Z3
+	VPMOVSXBD    (DI)(R10*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMOVUPS      64(AX), Z5
+	VFMADD213PS  64(CX), Z5, Z4
+	VPMOVSXBD    (SI)(R10*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMOVUPS      128(AX), Z6
+	VFMADD213PS  128(CX), Z6, Z5
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z3, Z6, Z0
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z6, Z2
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8Mx1p3_loop
+
+opAVX512Q8Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), DX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	VMOVUPS 192(R9), Z3
+	JMP     opAVX512Q8Mx1p4_start
+
+opAVX512Q8Mx1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8Mx1p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx1p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8Mx1p4_store
+	CMPQ R10, R9
+	JL   opAVX512Q8Mx1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8Mx1p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VPMOVSXBD    (BX)(R11*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMOVUPS      (AX), Z5
+	VFMADD213PS  (CX), Z5, Z4
+	VPMOVSXBD    (DI)(R11*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMOVUPS      64(AX), Z6
+	VFMADD213PS  64(CX), Z6, Z5
+	VPMOVSXBD    (R8)(R11*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMOVUPS      128(AX), Z7
+	VFMADD213PS  128(CX), Z7, Z6
+	VPMOVSXBD    (SI)(R11*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMOVUPS      192(AX), Z8
+	VFMADD213PS  192(CX), Z8, Z7
+	VBROADCASTSS (DX)(R10*4), Z8
+	VFMADD231PS  Z4, Z8, Z0
+	VFMADD231PS  Z5, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8Mx1p4_loop
+
+opAVX512Q8Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q8Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z1
+	JMP     opAVX512Q8Mx2p1_start
+
+opAVX512Q8Mx2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q8Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q8Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX512Q8Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q8Mx2p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVSXBD    (SI)(R9*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMOVUPS      (AX), Z3
+	VFMADD213PS  (CX), Z3, Z2
+	VBROADCASTSS (BX)(R8*4), Z3
+	VFMADD231PS  Z2, Z3, Z0
+	VBROADCASTSS (DX)(R8*4), Z3
+	VFMADD231PS  Z2, Z3, Z1
+	INCQ         R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q8Mx2p1_loop
+
+opAVX512Q8Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	JMP     opAVX512Q8Mx2p2_start
+
+opAVX512Q8Mx2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8Mx2p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx2p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8Mx2p2_store
+	CMPQ R9, R8
+	JL   opAVX512Q8Mx2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8Mx2p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVSXBD    (SI)(R10*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMOVUPS      (AX), Z5
+	VFMADD213PS  (CX), Z5, Z4
+	VPMOVSXBD    (DI)(R10*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMOVUPS      64(AX), Z6
+	VFMADD213PS  64(CX), Z6, Z5
+	VBROADCASTSS (BX)(R9*4), Z6
+	VFMADD231PS  Z4, Z6, Z0
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (DX)(R9*4), Z6
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z6, Z3
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8Mx2p2_loop
+
+opAVX512Q8Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	VMOVUPS 128(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	JMP     opAVX512Q8Mx2p3_start
+
+opAVX512Q8Mx2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8Mx2p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx2p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8Mx2p3_store
+	CMPQ R10, R9
+	JL   opAVX512Q8Mx2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8Mx2p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	VPMOVSXBD    (SI)(R11*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z6
+	VPMOVSXBD    (R8)(R11*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMOVUPS      64(AX), Z8
+	VFMADD213PS  64(CX), Z8, Z7
+	VPMOVSXBD    (DI)(R11*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMOVUPS      128(AX), Z9
+	VFMADD213PS  128(CX), Z9, Z8
+	VBROADCASTSS (BX)(R10*4), Z9
+	VFMADD231PS  Z6, Z9, Z0
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z9, Z2
+	VBROADCASTSS (DX)(R10*4), Z9
+	VFMADD231PS  Z6, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z9, Z5
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8Mx2p3_loop
+
+opAVX512Q8Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), DX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), R8
+	LEAQ (R8)(DI*1), R9
+	LEAQ (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	VMOVUPS 192(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	JMP     opAVX512Q8Mx2p4_start
+
+opAVX512Q8Mx2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512Q8Mx2p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx2p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8Mx2p4_store
+	CMPQ R11, R10
+	JL   opAVX512Q8Mx2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8Mx2p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	VPMOVSXBD    (SI)(R12*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMOVUPS      (AX), Z9
+	VFMADD213PS  (CX), Z9, Z8
+	VPMOVSXBD    (R8)(R12*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMOVUPS      64(AX), Z10
+	VFMADD213PS  64(CX), Z10, Z9
+	VPMOVSXBD    (R9)(R12*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMOVUPS      128(AX), Z11
+	VFMADD213PS  128(CX), Z11, Z10
+	VPMOVSXBD    (DI)(R12*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMOVUPS      192(AX), Z12
+	VFMADD213PS  192(CX), Z12, Z11
+	VBROADCASTSS (BX)(R11*4), Z12
+	VFMADD231PS  Z8, Z12, Z0
+	VFMADD231PS  Z9, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (DX)(R11*4), Z12
+	VFMADD231PS  Z8, Z12, Z4
+	VFMADD231PS  Z9, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8Mx2p4_loop
+
+opAVX512Q8Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DX
+	MOVQ b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q8Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	JMP     opAVX512Q8Mx3p1_start
+
+opAVX512Q8Mx3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q8Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q8Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX512Q8Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q8Mx3p1_step:
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVSXBD    (DI)(R10*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMOVUPS      (AX), Z4
+	VFMADD213PS  (CX), Z4, Z3
+	VBROADCASTSS (BX)(R9*4), Z4
+	VFMADD231PS  Z3, Z4, Z0
+	VBROADCASTSS (SI)(R9*4), Z4
+	VFMADD231PS  Z3, Z4, Z1
+	VBROADCASTSS (DX)(R9*4), Z4
+	VFMADD231PS  Z3, Z4, Z2
+	INCQ         R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q8Mx3p1_loop
+
+opAVX512Q8Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	JMP     opAVX512Q8Mx3p2_start
+
+opAVX512Q8Mx3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8Mx3p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx3p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8Mx3p2_store
+	CMPQ R10, R9
+	JL   opAVX512Q8Mx3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8Mx3p2_step:
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	VPMOVSXBD    (DI)(R11*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z6
+	VPMOVSXBD    (R8)(R11*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMOVUPS      64(AX), Z8
+	VFMADD213PS  64(CX), Z8, Z7
+	VBROADCASTSS (BX)(R10*4), Z8
+	VFMADD231PS  Z6, Z8, Z0
+	VFMADD231PS  Z7, Z8, Z1
+	VBROADCASTSS (SI)(R10*4), Z8
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z8, Z3
+	VBROADCASTSS (DX)(R10*4), Z8
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z8, Z5
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8Mx3p2_loop
+
+opAVX512Q8Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx3p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8Mx3p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	VMOVUPS 128(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	JMP     opAVX512Q8Mx3p3_start
+
+opAVX512Q8Mx3p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q8Mx3p3_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx3p3_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8Mx3p3_store
+	CMPQ R11, R10
+	JL   opAVX512Q8Mx3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8Mx3p3_step:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	VPMOVSXBD    (DI)(R12*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMOVUPS      (AX), Z10
+	VFMADD213PS  (CX), Z10, Z9
+	VPMOVSXBD    (R9)(R12*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMOVUPS      64(AX), Z11
+	VFMADD213PS  64(CX), Z11, Z10
+	VPMOVSXBD    (R8)(R12*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMOVUPS      128(AX), Z12
+	VFMADD213PS  128(CX), Z12, Z11
+	VBROADCASTSS (BX)(R11*4), Z12
+	VFMADD231PS  Z9, Z12, Z0
+	VFMADD231PS  Z10, Z12, Z1
+	VFMADD231PS  Z11, Z12, Z2
+	VBROADCASTSS (SI)(R11*4), Z12
+	VFMADD231PS  Z9, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (DX)(R11*4), Z12
+	VFMADD231PS  Z9, Z12, Z6
+	VFMADD231PS  Z10, Z12, Z7
+	VFMADD231PS  Z11, Z12, Z8
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8Mx3p3_loop
+
+opAVX512Q8Mx3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q8Mx3p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8Mx3p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	VMOVUPS 192(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z10
+	VMOVUPS 192(R11), Z11
+	JMP     opAVX512Q8Mx3p4_start
+
+opAVX512Q8Mx3p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8Mx3p4_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx3p4_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8Mx3p4_store
+	CMPQ R12, R11
+	JL   opAVX512Q8Mx3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8Mx3p4_step:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R9)(R13*1)
+	PREFETCHT0   4096(R10)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	VPMOVSXBD    (DI)(R13*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMOVUPS      (AX), Z13
+	VFMADD213PS  (CX), Z13, Z12
+	VPMOVSXBD    (R9)(R13*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMOVUPS      64(AX), Z14
+	VFMADD213PS  64(CX), Z14, Z13
+	VPMOVSXBD    (R10)(R13*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMOVUPS      128(AX), Z15
+	VFMADD213PS  128(CX), Z15, Z14
+	VPMOVSXBD    (R8)(R13*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMOVUPS      192(AX), Z16
+	VFMADD213PS  192(CX), Z16, Z15
+	VBROADCASTSS (BX)(R12*4), Z16
+	VFMADD231PS  Z12, Z16, Z0
+	VFMADD231PS  Z13, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VFMADD231PS  Z15, Z16, Z3
+	VBROADCASTSS (SI)(R12*4), Z16
+	VFMADD231PS  Z12, Z16, Z4
+	VFMADD231PS  Z13, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z15, Z16, Z7
+	VBROADCASTSS (DX)(R12*4), Z16
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z13, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	VFMADD231PS  Z15, Z16, Z11
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8Mx3p4_loop
+
+opAVX512Q8Mx3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q8Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	JMP     opAVX512Q8Mx4p1_start
+
+opAVX512Q8Mx4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q8Mx4p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx4p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q8Mx4p1_store
+	CMPQ R10, R9
+	JL   opAVX512Q8Mx4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q8Mx4p1_step:
+	VPMOVSXBD    (R8)(R11*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMOVUPS      (AX), Z5
+	VFMADD213PS  (CX), Z5, Z4
+	VBROADCASTSS (BX)(R10*4), Z5
+	VFMADD231PS  Z4, Z5, Z0
+	VBROADCASTSS (SI)(R10*4), Z5
+	VFMADD231PS  Z4, Z5, Z1
+	VBROADCASTSS (DI)(R10*4), Z5
+	VFMADD231PS  Z4, Z5, Z2
+	VBROADCASTSS (DX)(R10*4), Z5
+	VFMADD231PS  Z4, Z5, Z3
+	INCQ         R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q8Mx4p1_loop
+
+opAVX512Q8Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	JMP     opAVX512Q8Mx4p2_start
+
+opAVX512Q8Mx4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512Q8Mx4p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx4p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8Mx4p2_store
+	CMPQ R11, R10
+	JL   opAVX512Q8Mx4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8Mx4p2_step:
+	VPMOVSXBD    (R8)(R12*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMOVUPS      (AX), Z9
+	VFMADD213PS  (CX), Z9, Z8
+	VPMOVSXBD    (R9)(R12*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMOVUPS      64(AX), Z10
+	VFMADD213PS  64(CX), Z10, Z9
+	VBROADCASTSS (BX)(R11*4), Z10
+	VFMADD231PS  Z8, Z10, Z0
+	VFMADD231PS  Z9, Z10, Z1
+	VBROADCASTSS (SI)(R11*4), Z10
+	VFMADD231PS  Z8, Z10, Z2
+	VFMADD231PS  Z9, Z10, Z3
+	VBROADCASTSS (DI)(R11*4), Z10
+	VFMADD231PS  Z8, Z10, Z4
+	VFMADD231PS  Z9, Z10, Z5
+	VBROADCASTSS (DX)(R11*4), Z10
+	VFMADD231PS  Z8, Z10, Z6
+	VFMADD231PS  Z9, Z10, Z7
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8Mx4p2_loop
+
+opAVX512Q8Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx4p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8Mx4p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	VMOVUPS 128(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	JMP     opAVX512Q8Mx4p3_start
+
+opAVX512Q8Mx4p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8Mx4p3_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx4p3_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8Mx4p3_store
+	CMPQ R12, R11
+	JL   opAVX512Q8Mx4p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8Mx4p3_step:
+	VPMOVSXBD    (R8)(R13*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMOVUPS      (AX), Z13
+	VFMADD213PS  (CX), Z13, Z12
+	VPMOVSXBD    (R10)(R13*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMOVUPS      64(AX), Z14
+	VFMADD213PS  64(CX), Z14, Z13
+	VPMOVSXBD    (R9)(R13*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMOVUPS      128(AX), Z15
+	VFMADD213PS  128(CX), Z15, Z14
+	VBROADCASTSS (BX)(R12*4), Z15
+	VFMADD231PS  Z12, Z15, Z0
+	VFMADD231PS  Z13, Z15, Z1
+	VFMADD231PS  Z14, Z15, Z2
+	VBROADCASTSS (SI)(R12*4), Z15
+	VFMADD231PS  Z12, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z14, Z15, Z5
+	VBROADCASTSS (DI)(R12*4), Z15
+	VFMADD231PS  Z12, Z15, Z6
+	VFMADD231PS  Z13, Z15, Z7
+	VFMADD231PS  Z14, Z15, Z8
+	VBROADCASTSS (DX)(R12*4), Z15
+	VFMADD231PS  Z12, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z14, Z15, Z11
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8Mx4p3_loop
+
+opAVX512Q8Mx4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx4p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), DX
+	MOVQ b+8(FP), R8
+	MOVQ stride+16(FP), R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R11
+	LEAQ (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q8Mx4p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	VMOVUPS 192(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z15
+	JMP     opAVX512Q8Mx4p4_start
+
+opAVX512Q8Mx4p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512Q8Mx4p4_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx4p4_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q8Mx4p4_store
+	CMPQ R13, R12
+	JL   opAVX512Q8Mx4p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q8Mx4p4_step:
+	VPMOVSXBD    (R8)(R14*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMOVUPS      (AX), Z17
+	VFMADD213PS  (CX), Z17, Z16
+	VPMOVSXBD    (R10)(R14*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMOVUPS      64(AX), Z18
+	VFMADD213PS  64(CX), Z18, Z17
+	VPMOVSXBD    (R11)(R14*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMOVUPS      128(AX), Z19
+	VFMADD213PS  128(CX), Z19, Z18
+	VPMOVSXBD    (R9)(R14*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMOVUPS      192(AX), Z20
+	VFMADD213PS  192(CX), Z20, Z19
+	VBROADCASTSS (BX)(R13*4), Z20
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z17, Z20, Z1
+	VFMADD231PS  Z18, Z20, Z2
+	VFMADD231PS  Z19, Z20, Z3
+	VBROADCASTSS (SI)(R13*4), Z20
+	VFMADD231PS  Z16, Z20, Z4
+	VFMADD231PS  Z17, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VFMADD231PS  Z19, Z20, Z7
+	VBROADCASTSS (DI)(R13*4), Z20
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z17, Z20, Z9
+	VFMADD231PS  Z18, Z20, Z10
+	VFMADD231PS  Z19, Z20, Z11
+	VBROADCASTSS (DX)(R13*4), Z20
+	VFMADD231PS  Z16, Z20, Z12
+	VFMADD231PS  Z17, Z20, Z13
+	VFMADD231PS  Z18, Z20, Z14
+	VFMADD231PS  Z19, Z20, Z15
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q8Mx4p4_loop
+
+opAVX512Q8Mx4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx5p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), DX
+	MOVQ b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q8Mx5p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	JMP     opAVX512Q8Mx5p1_start
+
+opAVX512Q8Mx5p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q8Mx5p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx5p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q8Mx5p1_store
+	CMPQ R11, R10
+	JL   opAVX512Q8Mx5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q8Mx5p1_step:
+	VPMOVSXBD    (R9)(R12*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMOVUPS      (AX), Z6
+	VFMADD213PS  (CX), Z6, Z5
+	VBROADCASTSS (BX)(R11*4), Z6
+	VFMADD231PS  Z5, Z6, Z0
+	VBROADCASTSS (SI)(R11*4), Z6
+	VFMADD231PS  Z5, Z6, Z1
+	VBROADCASTSS (DI)(R11*4), Z6
+	VFMADD231PS  Z5, Z6, Z2
+	VBROADCASTSS (R8)(R11*4), Z6
+	VFMADD231PS  Z5, Z6, Z3
+	VBROADCASTSS (DX)(R11*4), Z6
+	VFMADD231PS  Z5, Z6, Z4
+	INCQ         R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q8Mx5p1_loop
+
+opAVX512Q8Mx5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx5p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), DX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8Mx5p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	JMP     opAVX512Q8Mx5p2_start
+
+opAVX512Q8Mx5p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512Q8Mx5p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx5p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8Mx5p2_store
+	CMPQ R12, R11
+	JL   opAVX512Q8Mx5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8Mx5p2_step:
+	VPMOVSXBD    (R9)(R13*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMOVUPS      (AX), Z11
+	VFMADD213PS  (CX), Z11, Z10
+	VPMOVSXBD    (R10)(R13*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMOVUPS      64(AX), Z12
+	VFMADD213PS  64(CX), Z12, Z11
+	VBROADCASTSS (BX)(R12*4), Z12
+	VFMADD231PS  Z10, Z12, Z0
+	VFMADD231PS  Z11, Z12, Z1
+	VBROADCASTSS (SI)(R12*4), Z12
+	VFMADD231PS  Z10, Z12, Z2
+	VFMADD231PS  Z11, Z12, Z3
+	VBROADCASTSS (DI)(R12*4), Z12
+	VFMADD231PS  Z10, Z12, Z4
+	VFMADD231PS  Z11, Z12, Z5
+	VBROADCASTSS (R8)(R12*4), Z12
+	VFMADD231PS  Z10, Z12, Z6
+	VFMADD231PS  Z11, Z12, Z7
+	VBROADCASTSS (DX)(R12*4), Z12
+	VFMADD231PS  Z10, Z12, Z8
+	VFMADD231PS  Z11, Z12, Z9
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8Mx5p2_loop
+
+opAVX512Q8Mx5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx5p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), DX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R11
+	LEAQ (R11)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q8Mx5p3_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	VMOVUPS 128(R12), Z2
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z3
+	VMOVUPS 64(R12), Z4
+	VMOVUPS 128(R12), Z5
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z6
+	VMOVUPS 64(R12), Z7
+	VMOVUPS 128(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z14
+	JMP     opAVX512Q8Mx5p3_start
+
+opAVX512Q8Mx5p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512Q8Mx5p3_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx5p3_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q8Mx5p3_store
+	CMPQ R13, R12
+	JL   opAVX512Q8Mx5p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q8Mx5p3_step:
+	VPMOVSXBD    (R9)(R14*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMOVUPS      (AX), Z16
+	VFMADD213PS  (CX), Z16, Z15
+	VPMOVSXBD    (R11)(R14*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMOVUPS      64(AX), Z17
+	VFMADD213PS  64(CX), Z17, Z16
+	VPMOVSXBD    (R10)(R14*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMOVUPS      128(AX), Z18
+	VFMADD213PS  128(CX), Z18, Z17
+	VBROADCASTSS (BX)(R13*4), Z18
+	VFMADD231PS  Z15, Z18, Z0
+	VFMADD231PS  Z16, Z18, Z1
+	VFMADD231PS  Z17, Z18, Z2
+	VBROADCASTSS (SI)(R13*4), Z18
+	VFMADD231PS  Z15, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VFMADD231PS  Z17, Z18, Z5
+	VBROADCASTSS (DI)(R13*4), Z18
+	VFMADD231PS  Z15, Z18, Z6
+	VFMADD231PS  Z16, Z18, Z7
+	VFMADD231PS  Z17, Z18, Z8
+	VBROADCASTSS (R8)(R13*4), Z18
+	VFMADD231PS  Z15, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VFMADD231PS  Z17, Z18, Z11
+	VBROADCASTSS (DX)(R13*4), Z18
+	VFMADD231PS  Z15, Z18, Z12
+	VFMADD231PS  Z16, Z18, Z13
+	VFMADD231PS  Z17, Z18, Z14
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q8Mx5p3_loop
+
+opAVX512Q8Mx5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx5p4(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), DX
+	MOVQ b+8(FP), R9
+	MOVQ stride+16(FP), R10
+	LEAQ (R9)(R10*1), R11
+	LEAQ (R11)(R10*1), R12
+	LEAQ (R12)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      opAVX512Q8Mx5p4_zero
+	MOVQ    c+32(FP), R13
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	VMOVUPS 192(R13), Z3
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z4
+	VMOVUPS 64(R13), Z5
+	VMOVUPS 128(R13), Z6
+	VMOVUPS 192(R13), Z7
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z8
+	VMOVUPS 64(R13), Z9
+	VMOVUPS 128(R13), Z10
+	VMOVUPS 192(R13), Z11
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z12
+	VMOVUPS 64(R13), Z13
+	VMOVUPS 128(R13), Z14
+	VMOVUPS 192(R13), Z15
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z16
+	VMOVUPS 64(R13), Z17
+	VMOVUPS 128(R13), Z18
+	VMOVUPS 192(R13), Z19
+	JMP     opAVX512Q8Mx5p4_start
+
+opAVX512Q8Mx5p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+
+opAVX512Q8Mx5p4_start:
+	MOVQ bk+80(FP), R13
+	XORQ R14, R14
+	XORQ R15, R15
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx5p4_loop:
+	CMPQ R14, k+24(FP)
+	JGE  opAVX512Q8Mx5p4_store
+	CMPQ R14, R13
+	JL   opAVX512Q8Mx5p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R13
+
+opAVX512Q8Mx5p4_step:
+	VPMOVSXBD    (R9)(R15*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMOVUPS      (AX), Z21
+	VFMADD213PS  (CX), Z21, Z20
+	VPMOVSXBD    (R11)(R15*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMOVUPS      64(AX), Z22
+	VFMADD213PS  64(CX), Z22, Z21
+	VPMOVSXBD    (R12)(R15*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMOVUPS      128(AX), Z23
+	VFMADD213PS  128(CX), Z23, Z22
+	VPMOVSXBD    (R10)(R15*1), Z23
+	VCVTDQ2PS    Z23, Z23
+	VMOVUPS      192(AX), Z24
+	VFMADD213PS  192(CX), Z24, Z23
+	VBROADCASTSS (BX)(R14*4), Z24
+	VFMADD231PS  Z20, Z24, Z0
+	VFMADD231PS  Z21, Z24, Z1
+	VFMADD231PS  Z22, Z24, Z2
+	VFMADD231PS  Z23, Z24, Z3
+	VBROADCASTSS (SI)(R14*4), Z24
+	VFMADD231PS  Z20, Z24, Z4
+	VFMADD231PS  Z21, Z24, Z5
+	VFMADD231PS  Z22, Z24, Z6
+	VFMADD231PS  Z23, Z24, Z7
+	VBROADCASTSS (DI)(R14*4), Z24
+	VFMADD231PS  Z20, Z24, Z8
+	VFMADD231PS  Z21, Z24, Z9
+	VFMADD231PS  Z22, Z24, Z10
+	VFMADD231PS  Z23, Z24, Z11
+	VBROADCASTSS (R8)(R14*4), Z24
+	VFMADD231PS  Z20, Z24, Z12
+	VFMADD231PS  Z21, Z24, Z13
+	VFMADD231PS  Z22, Z24, Z14
+	VFMADD231PS  Z23, Z24, Z15
+	VBROADCASTSS (DX)(R14*4), Z24
+	VFMADD231PS  Z20, Z24, Z16
+	VFMADD231PS  Z21, Z24, Z17
+	VFMADD231PS  Z22, Z24, Z18
+	VFMADD231PS  Z23, Z24, Z19
+	INCQ         R14
+	ADDQ         $0x00000010, R15
+	JMP          opAVX512Q8Mx5p4_loop
+
+opAVX512Q8Mx5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx6p1(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 40(DX), DX
+	MOVQ b+8(FP), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q8Mx6p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	JMP     opAVX512Q8Mx6p1_start
+
+opAVX512Q8Mx6p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q8Mx6p1_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx6p1_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q8Mx6p1_store
+	CMPQ R12, R11
+	JL   opAVX512Q8Mx6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q8Mx6p1_step:
+	VPMOVSXBD    (R10)(R13*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z6
+	VBROADCASTSS (BX)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z0
+	VBROADCASTSS (SI)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z1
+	VBROADCASTSS (DI)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z2
+	VBROADCASTSS (R8)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z3
+	VBROADCASTSS (R9)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z4
+	VBROADCASTSS (DX)(R12*4), Z7
+	VFMADD231PS  Z6, Z7, Z5
+	INCQ         R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q8Mx6p1_loop
+
+opAVX512Q8Mx6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx6p2(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 40(DX), DX
+	MOVQ b+8(FP), R10
+	MOVQ stride+16(FP), R11
+	LEAQ (R10)(R11*1), R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q8Mx6p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z1
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z2
+	VMOVUPS 64(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z6
+	VMOVUPS 64(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z11
+	JMP     opAVX512Q8Mx6p2_start
+
+opAVX512Q8Mx6p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512Q8Mx6p2_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx6p2_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q8Mx6p2_store
+	CMPQ R13, R12
+	JL   opAVX512Q8Mx6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q8Mx6p2_step:
+	VPMOVSXBD    (R10)(R14*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMOVUPS      (AX), Z13
+	VFMADD213PS  (CX), Z13, Z12
+	VPMOVSXBD    (R11)(R14*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMOVUPS      64(AX), Z14
+	VFMADD213PS  64(CX), Z14, Z13
+	VBROADCASTSS (BX)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z0
+	VFMADD231PS  Z13, Z14, Z1
+	VBROADCASTSS (SI)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z2
+	VFMADD231PS  Z13, Z14, Z3
+	VBROADCASTSS (DI)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z4
+	VFMADD231PS  Z13, Z14, Z5
+	VBROADCASTSS (R8)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z6
+	VFMADD231PS  Z13, Z14, Z7
+	VBROADCASTSS (R9)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z8
+	VFMADD231PS  Z13, Z14, Z9
+	VBROADCASTSS (DX)(R13*4), Z14
+	VFMADD231PS  Z12, Z14, Z10
+	VFMADD231PS  Z13, Z14, Z11
+	INCQ         R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q8Mx6p2_loop
+
+opAVX512Q8Mx6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx6p3(SB), NOSPLIT, $0-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 40(DX), DX
+	MOVQ b+8(FP), R10
+	MOVQ stride+16(FP), R11
+	LEAQ (R10)(R11*1), R12
+	LEAQ (R12)(R11*1), R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      opAVX512Q8Mx6p3_zero
+	MOVQ    c+32(FP), R13
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (R13), Z0
+	VMOVUPS 64(R13), Z1
+	VMOVUPS 128(R13), Z2
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z3
+	VMOVUPS 64(R13), Z4
+	VMOVUPS 128(R13), Z5
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z6
+	VMOVUPS 64(R13), Z7
+	VMOVUPS 128(R13), Z8
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z9
+	VMOVUPS 64(R13), Z10
+	VMOVUPS 128(R13), Z11
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z12
+	VMOVUPS 64(R13), Z13
+	VMOVUPS 128(R13), Z14
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z15
+	VMOVUPS 64(R13), Z16
+	VMOVUPS 128(R13), Z17
+	JMP     opAVX512Q8Mx6p3_start
+
+opAVX512Q8Mx6p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+
+opAVX512Q8Mx6p3_start:
+	MOVQ bk+80(FP), R13
+	XORQ R14, R14
+	XORQ R15, R15
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx6p3_loop:
+	CMPQ R14, k+24(FP)
+	JGE  opAVX512Q8Mx6p3_store
+	CMPQ R14, R13
+	JL   opAVX512Q8Mx6p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R13
+
+opAVX512Q8Mx6p3_step:
+	VPMOVSXBD    (R10)(R15*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMOVUPS      (AX), Z19
+	VFMADD213PS  (CX), Z19, Z18
+	VPMOVSXBD    (R12)(R15*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMOVUPS      64(AX), Z20
+	VFMADD213PS  64(CX), Z20, Z19
+	VPMOVSXBD    (R11)(R15*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMOVUPS      128(AX), Z21
+	VFMADD213PS  128(CX), Z21, Z20
+	VBROADCASTSS (BX)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z0
+	VFMADD231PS  Z19, Z21, Z1
+	VFMADD231PS  Z20, Z21, Z2
+	VBROADCASTSS (SI)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z20, Z21, Z5
+	VBROADCASTSS (DI)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z6
+	VFMADD231PS  Z19, Z21, Z7
+	VFMADD231PS  Z20, Z21, Z8
+	VBROADCASTSS (R8)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z9
+	VFMADD231PS  Z19, Z21, Z10
+	VFMADD231PS  Z20, Z21, Z11
+	VBROADCASTSS (R9)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z12
+	VFMADD231PS  Z19, Z21, Z13
+	VFMADD231PS  Z20, Z21, Z14
+	VBROADCASTSS (DX)(R14*4), Z21
+	VFMADD231PS  Z18, Z21, Z15
+	VFMADD231PS  Z19, Z21, Z16
+	VFMADD231PS  Z20, Z21, Z17
+	INCQ         R14
+	ADDQ         $0x00000010, R15
+	JMP          opAVX512Q8Mx6p3_loop
+
+opAVX512Q8Mx6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q8Mx6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q8Mx6p4(SB), NOSPLIT, $8-96
+	MOVQ s+56(FP), AX
+	MOVQ o+72(FP), CX
+	MOVQ a+0(FP), DX
+	MOVQ (DX), BX
+	MOVQ 8(DX), SI
+	MOVQ 16(DX), DI
+	MOVQ 24(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 40(DX), DX
+	MOVQ b+8(FP), R10
+	MOVQ stride+16(FP), R11
+	LEAQ (R10)(R11*1), R12
+	LEAQ (R12)(R11*1), R13
+	LEAQ (R13)(R11*1), R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R14
+	TESTQ   $0x00000001, R14
+	JZ      opAVX512Q8Mx6p4_zero
+	MOVQ    c+32(FP), R14
+	MOVQ    ldc+40(FP), R15
+	VMOVUPS (R14), Z0
+	VMOVUPS 64(R14), Z1
+	VMOVUPS 128(R14), Z2
+	VMOVUPS 192(R14), Z3
+	ADDQ    R15, R14
+	VMOVUPS (R14), Z4
+	VMOVUPS 64(R14), Z5
+	VMOVUPS 128(R14), Z6
+	VMOVUPS 192(R14), Z7
+	ADDQ    R15, R14
+	VMOVUPS (R14), Z8
+	VMOVUPS 64(R14), Z9
+	VMOVUPS 128(R14), Z10
+	VMOVUPS 192(R14), Z11
+	ADDQ    R15, R14
+	VMOVUPS (R14), Z12
+	VMOVUPS 64(R14), Z13
+	VMOVUPS 128(R14), Z14
+	VMOVUPS 192(R14), Z15
+	ADDQ    R15, R14
+	VMOVUPS (R14), Z16
+	VMOVUPS 64(R14), Z17
+	VMOVUPS 128(R14), Z18
+	VMOVUPS 192(R14), Z19
+	ADDQ    R15, R14
+	VMOVUPS (R14), Z20
+	VMOVUPS 64(R14), Z21
+	VMOVUPS 128(R14), Z22
+	VMOVUPS 192(R14), Z23
+	JMP     opAVX512Q8Mx6p4_start
+
+opAVX512Q8Mx6p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+
+opAVX512Q8Mx6p4_start:
+	MOVQ bk+80(FP), R14
+	XORQ R15, R15
+	XORQ BP, BP
+
+	// One step of k: a vector per panel, a broadcast per row.
+opAVX512Q8Mx6p4_loop:
+	CMPQ R15, k+24(FP)
+	JGE  opAVX512Q8Mx6p4_store
+	CMPQ R15, R14
+	JL   opAVX512Q8Mx6p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R14
+
+opAVX512Q8Mx6p4_step:
+	VPMOVSXBD    (R10)(BP*1), Z24
+	VCVTDQ2PS    Z24, Z24
+	VMOVUPS      (AX), Z25
+	VFMADD213PS  (CX), Z25, Z24
+	VPMOVSXBD    (R12)(BP*1), Z25
+	VCVTDQ2PS    Z25, Z25
+	VMOVUPS      64(AX), Z26
+	VFMADD213PS  64(CX), Z26, Z25
+	VPMOVSXBD    (R13)(BP*1), Z26
+	VCVTDQ2PS    Z26, Z26
+	VMOVUPS      128(AX), Z27
+	VFMADD213PS  128(CX), Z27, Z26
+	VPMOVSXBD    (R11)(BP*1), Z27
+	VCVTDQ2PS    Z27, Z27
+	VMOVUPS      192(AX), Z28
+	VFMADD213PS  192(CX), Z28, Z27
+	VBROADCASTSS (BX)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z0
+	VFMADD231PS  Z25, Z28, Z1
+	VFMADD231PS  Z26, Z28, Z2
+	VFMADD231PS  Z27, Z28, Z3
+	VBROADCASTSS (SI)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z4
+	VFMADD231PS  Z25, Z28, Z5
+	VFMADD231PS  Z26, Z28, Z6
+	VFMADD231PS  Z27, Z28, Z7
+	VBROADCASTSS (DI)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z8
+	VFMADD231PS  Z25, Z28, Z9
+	VFMADD231PS  Z26, Z28, Z10
+	VFMADD231PS  Z27, Z28, Z11
+	VBROADCASTSS (R8)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z12
+	VFMADD231PS  Z25, Z28, Z13
+	VFMADD231PS  Z26, Z28, Z14
+	VFMADD231PS  Z27, Z28, Z15
+	VBROADCASTSS (R9)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z16
+	VFMADD231PS  Z25, Z28, Z17
+	VFMADD231PS  Z26, Z28, Z18
+	VFMADD231PS  Z27, Z28, Z19
+	VBROADCASTSS (DX)(R15*4), Z28
+	VFMADD231PS  Z24, Z28, Z20
+	VFMADD231PS  Z25, Z28, Z21
+	VFMADD231PS  Z26, Z28, Z22
+	VFMADD231PS  Z27, Z28, Z23
+	INCQ         R15
+	ADDQ         $0x00000010, BP
+	JMP          opAVX512Q8Mx6p4_loop
+
+opAVX512Q8Mx6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
 // func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·opAVX512Q4x1p1(SB), NOSPLIT, $0-88
@@ -21743,9 +29077,9 @@ opAVX512Q4x1p1_step:
 	PREFETCHT0   4096(DX)(DI*1)
 	VPMOVZXBD    (DX)(DI*1), Z3
 	VPERMPS      Z0, Z3, Z2
-	VMULPS       (AX), Z2, Z2
 	VPSRLD       $0x04, Z3, Z3
 	VPERMPS      Z0, Z3, Z3
+	VMULPS       (AX), Z2, Z2
 	VMULPS       (AX), Z3, Z3
 	VBROADCASTSS (CX)(SI*4), Z4
 	VBROADCASTSS 4(CX)(SI*4), Z5
@@ -21807,15 +29141,15 @@ opAVX512Q4x1p2_step:
 	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (DX)(R8*1), Z4
 	VPERMPS      Z0, Z4, Z3
-	VMULPS       (AX), Z3, Z3
 	VPSRLD       $0x04, Z4, Z4
 	VPERMPS      Z0, Z4, Z4
+	VMULPS       (AX), Z3, Z3
 	VMULPS       (AX), Z4, Z4
 	VPMOVZXBD    (BX)(R8*1), Z6
 	VPERMPS      Z0, Z6, Z5
-	VMULPS       64(AX), Z5, Z5
 	VPSRLD       $0x04, Z6, Z6
 	VPERMPS      Z0, Z6, Z6
+	VMULPS       64(AX), Z5, Z5
 	VMULPS       64(AX), Z6, Z6
 	VBROADCASTSS (CX)(DI*4), Z7
 	VBROADCASTSS 4(CX)(DI*4), Z8
@@ -21884,21 +29218,21 @@ opAVX512Q4x1p3_step:
 	PREFETCHT0   4096(BX)(R9*1)
 	VPMOVZXBD    (DX)(R9*1), Z5
 	VPERMPS      Z0, Z5, Z4
-	VMULPS       (AX), Z4, Z4
 	VPSRLD       $0x04, Z5, Z5
 	VPERMPS      Z0, Z5, Z5
+	VMULPS       (AX), Z4, Z4
 	VMULPS       (AX), Z5, Z5
 	VPMOVZXBD    (SI)(R9*1), Z7
 	VPERMPS      Z0, Z7, Z6
-	VMULPS       64(AX), Z6, Z6
 	VPSRLD       $0x04, Z7, Z7
 	VPERMPS      Z0, Z7, Z7
+	VMULPS       64(AX), Z6, Z6
 	VMULPS       64(AX), Z7, Z7
 	VPMOVZXBD    (BX)(R9*1), Z9
 	VPERMPS      Z0, Z9, Z8
-	VMULPS       128(AX), Z8, Z8
 	VPSRLD       $0x04, Z9, Z9
 	VPERMPS      Z0, Z9, Z9
+	VMULPS       128(AX), Z8, Z8
 	VMULPS       128(AX), Z9, Z9
 	VBROADCASTSS (CX)(R8*4), Z10
 	VBROADCASTSS 4(CX)(R8*4), Z11
@@ -21974,27 +29308,27 @@ opAVX512Q4x1p4_step:
 	PREFETCHT0   4096(BX)(R10*1)
 	VPMOVZXBD    (DX)(R10*1), Z6
 	VPERMPS      Z0, Z6, Z5
-	VMULPS       (AX), Z5, Z5
 	VPSRLD       $0x04, Z6, Z6
 	VPERMPS      Z0, Z6, Z6
+	VMULPS       (AX), Z5, Z5
 	VMULPS       (AX), Z6, Z6
 	VPMOVZXBD    (SI)(R10*1), Z8
 	VPERMPS      Z0, Z8, Z7
-	VMULPS       64(AX), Z7, Z7
 	VPSRLD       $0x04, Z8, Z8
 	VPERMPS      Z0, Z8, Z8
+	VMULPS       64(AX), Z7, Z7
 	VMULPS       64(AX), Z8, Z8
 	VPMOVZXBD    (DI)(R10*1), Z10
 	VPERMPS      Z0, Z10, Z9
-	VMULPS       128(AX), Z9, Z9
 	VPSRLD       $0x04, Z10, Z10
 	VPERMPS      Z0, Z10, Z10
+	VMULPS       128(AX), Z9, Z9
 	VMULPS       128(AX), Z10, Z10
 	VPMOVZXBD    (BX)(R10*1), Z12
 	VPERMPS      Z0, Z12, Z11
-	VMULPS       192(AX), Z11, Z11
 	VPSRLD       $0x04, Z12, Z12
 	VPERMPS      Z0, Z12, Z12
+	VMULPS       192(AX), Z11, Z11
 	VMULPS       192(AX), Z12, Z12
 	VBROADCASTSS (CX)(R9*4), Z13
 	VBROADCASTSS 4(CX)(R9*4), Z14
@@ -22064,9 +29398,9 @@ opAVX512Q4x2p1_step:
 	PREFETCHT0   4096(BX)(R8*1)
 	VPMOVZXBD    (BX)(R8*1), Z4
 	VPERMPS      Z0, Z4, Z3
-	VMULPS       (AX), Z3, Z3
 	VPSRLD       $0x04, Z4, Z4
 	VPERMPS      Z0, Z4, Z4
+	VMULPS       (AX), Z3, Z3
 	VMULPS       (AX), Z4, Z4
 	VBROADCASTSS (DX)(DI*4), Z5
 	VBROADCASTSS 4(DX)(DI*4), Z6
@@ -22140,15 +29474,15 @@ opAVX512Q4x2p2_step:
 	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (BX)(R9*1), Z6
 	VPERMPS      Z0, Z6, Z5
-	VMULPS       (AX), Z5, Z5
 	VPSRLD       $0x04, Z6, Z6
 	VPERMPS      Z0, Z6, Z6
+	VMULPS       (AX), Z5, Z5
 	VMULPS       (AX), Z6, Z6
 	VPMOVZXBD    (SI)(R9*1), Z8
 	VPERMPS      Z0, Z8, Z7
-	VMULPS       64(AX), Z7, Z7
 	VPSRLD       $0x04, Z8, Z8
 	VPERMPS      Z0, Z8, Z8
+	VMULPS       64(AX), Z7, Z7
 	VMULPS       64(AX), Z8, Z8
 	VBROADCASTSS (DX)(R8*4), Z9
 	VBROADCASTSS 4(DX)(R8*4), Z10
@@ -22234,21 +29568,21 @@ opAVX512Q4x2p3_step:
 	PREFETCHT0   4096(SI)(R10*1)
 	VPMOVZXBD    (BX)(R10*1), Z8
 	VPERMPS      Z0, Z8, Z7
-	VMULPS       (AX), Z7, Z7
 	VPSRLD       $0x04, Z8, Z8
 	VPERMPS      Z0, Z8, Z8
+	VMULPS       (AX), Z7, Z7
 	VMULPS       (AX), Z8, Z8
 	VPMOVZXBD    (DI)(R10*1), Z10
 	VPERMPS      Z0, Z10, Z9
-	VMULPS       64(AX), Z9, Z9
 	VPSRLD       $0x04, Z10, Z10
 	VPERMPS      Z0, Z10, Z10
+	VMULPS       64(AX), Z9, Z9
 	VMULPS       64(AX), Z10, Z10
 	VPMOVZXBD    (SI)(R10*1), Z12
 	VPERMPS      Z0, Z12, Z11
-	VMULPS       128(AX), Z11, Z11
 	VPSRLD       $0x04, Z12, Z12
 	VPERMPS      Z0, Z12, Z12
+	VMULPS       128(AX), Z11, Z11
 	VMULPS       128(AX), Z12, Z12
 	VBROADCASTSS (DX)(R9*4), Z13
 	VBROADCASTSS 4(DX)(R9*4), Z14
@@ -22346,27 +29680,27 @@ opAVX512Q4x2p4_step:
 	PREFETCHT0   4096(SI)(R11*1)
 	VPMOVZXBD    (BX)(R11*1), Z10
 	VPERMPS      Z0, Z10, Z9
-	VMULPS       (AX), Z9, Z9
 	VPSRLD       $0x04, Z10, Z10
 	VPERMPS      Z0, Z10, Z10
+	VMULPS       (AX), Z9, Z9
 	VMULPS       (AX), Z10, Z10
 	VPMOVZXBD    (DI)(R11*1), Z12
 	VPERMPS      Z0, Z12, Z11
-	VMULPS       64(AX), Z11, Z11
 	VPSRLD       $0x04, Z12, Z12
 	VPERMPS      Z0, Z12, Z12
+	VMULPS       64(AX), Z11, Z11
 	VMULPS       64(AX), Z12, Z12
 	VPMOVZXBD    (R8)(R11*1), Z14
 	VPERMPS      Z0, Z14, Z13
-	VMULPS       128(AX), Z13, Z13
 	VPSRLD       $0x04, Z14, Z14
 	VPERMPS      Z0, Z14, Z14
+	VMULPS       128(AX), Z13, Z13
 	VMULPS       128(AX), Z14, Z14
 	VPMOVZXBD    (SI)(R11*1), Z16
 	VPERMPS      Z0, Z16, Z15
-	VMULPS       192(AX), Z15, Z15
 	VPSRLD       $0x04, Z16, Z16
 	VPERMPS      Z0, Z16, Z16
+	VMULPS       192(AX), Z15, Z15
 	VMULPS       192(AX), Z16, Z16
 	VBROADCASTSS (DX)(R10*4), Z17
 	VBROADCASTSS 4(DX)(R10*4), Z18
@@ -22455,9 +29789,9 @@ opAVX512Q4x3p1_step:
 	PREFETCHT0   4096(SI)(R9*1)
 	VPMOVZXBD    (SI)(R9*1), Z5
 	VPERMPS      Z0, Z5, Z4
-	VMULPS       (AX), Z4, Z4
 	VPSRLD       $0x04, Z5, Z5
 	VPERMPS      Z0, Z5, Z5
+	VMULPS       (AX), Z4, Z4
 	VMULPS       (AX), Z5, Z5
 	VBROADCASTSS (DX)(R8*4), Z6
 	VBROADCASTSS 4(DX)(R8*4), Z7
@@ -22543,15 +29877,15 @@ opAVX512Q4x3p2_step:
 	PREFETCHT0   4096(DI)(R10*1)
 	VPMOVZXBD    (SI)(R10*1), Z8
 	VPERMPS      Z0, Z8, Z7
-	VMULPS       (AX), Z7, Z7
 	VPSRLD       $0x04, Z8, Z8
 	VPERMPS      Z0, Z8, Z8
+	VMULPS       (AX), Z7, Z7
 	VMULPS       (AX), Z8, Z8
 	VPMOVZXBD    (DI)(R10*1), Z10
 	VPERMPS      Z0, Z10, Z9
-	VMULPS       64(AX), Z9, Z9
 	VPSRLD       $0x04, Z10, Z10
 	VPERMPS      Z0, Z10, Z10
+	VMULPS       64(AX), Z9, Z9
 	VMULPS       64(AX), Z10, Z10
 	VBROADCASTSS (DX)(R9*4), Z11
 	VBROADCASTSS 4(DX)(R9*4), Z12
@@ -22654,21 +29988,21 @@ opAVX512Q4x3p3_step:
 	PREFETCHT0   4096(DI)(R11*1)
 	VPMOVZXBD    (SI)(R11*1), Z11
 	VPERMPS      Z0, Z11, Z10
-	VMULPS       (AX), Z10, Z10
 	VPSRLD       $0x04, Z11, Z11
 	VPERMPS      Z0, Z11, Z11
+	VMULPS       (AX), Z10, Z10
 	VMULPS       (AX), Z11, Z11
 	VPMOVZXBD    (R8)(R11*1), Z13
 	VPERMPS      Z0, Z13, Z12
-	VMULPS       64(AX), Z12, Z12
 	VPSRLD       $0x04, Z13, Z13
 	VPERMPS      Z0, Z13, Z13
+	VMULPS       64(AX), Z12, Z12
 	VMULPS       64(AX), Z13, Z13
 	VPMOVZXBD    (DI)(R11*1), Z15
 	VPERMPS      Z0, Z15, Z14
-	VMULPS       128(AX), Z14, Z14
 	VPSRLD       $0x04, Z15, Z15
 	VPERMPS      Z0, Z15, Z15
+	VMULPS       128(AX), Z14, Z14
 	VMULPS       128(AX), Z15, Z15
 	VBROADCASTSS (DX)(R10*4), Z16
 	VBROADCASTSS 4(DX)(R10*4), Z17
@@ -22788,27 +30122,27 @@ opAVX512Q4x3p4_step:
 	PREFETCHT0   4096(DI)(R12*1)
 	VPMOVZXBD    (SI)(R12*1), Z14
 	VPERMPS      Z0, Z14, Z13
-	VMULPS       (AX), Z13, Z13
 	VPSRLD       $0x04, Z14, Z14
 	VPERMPS      Z0, Z14, Z14
+	VMULPS       (AX), Z13, Z13
 	VMULPS       (AX), Z14, Z14
 	VPMOVZXBD    (R8)(R12*1), Z16
 	VPERMPS      Z0, Z16, Z15
-	VMULPS       64(AX), Z15, Z15
 	VPSRLD       $0x04, Z16, Z16
 	VPERMPS      Z0, Z16, Z16
+	VMULPS       64(AX), Z15, Z15
 	VMULPS       64(AX), Z16, Z16
 	VPMOVZXBD    (R9)(R12*1), Z18
 	VPERMPS      Z0, Z18, Z17
-	VMULPS       128(AX), Z17, Z17
 	VPSRLD       $0x04, Z18, Z18
 	VPERMPS      Z0, Z18, Z18
+	VMULPS       128(AX), Z17, Z17
 	VMULPS       128(AX), Z18, Z18
 	VPMOVZXBD    (DI)(R12*1), Z20
 	VPERMPS      Z0, Z20, Z19
-	VMULPS       192(AX), Z19, Z19
 	VPSRLD       $0x04, Z20, Z20
 	VPERMPS      Z0, Z20, Z20
+	VMULPS       192(AX), Z19, Z19
 	VMULPS       192(AX), Z20, Z20
 	VBROADCASTSS (DX)(R11*4), Z21
 	VBROADCASTSS 4(DX)(R11*4), Z22
@@ -22915,9 +30249,9 @@ opAVX512Q4x4p1_loop:
 opAVX512Q4x4p1_step:
 	VPMOVZXBD    (DI)(R10*1), Z6
 	VPERMPS      Z0, Z6, Z5
-	VMULPS       (AX), Z5, Z5
 	VPSRLD       $0x04, Z6, Z6
 	VPERMPS      Z0, Z6, Z6
+	VMULPS       (AX), Z5, Z5
 	VMULPS       (AX), Z6, Z6
 	VBROADCASTSS (DX)(R9*4), Z7
 	VBROADCASTSS 4(DX)(R9*4), Z8
@@ -23013,15 +30347,15 @@ opAVX512Q4x4p2_loop:
 opAVX512Q4x4p2_step:
 	VPMOVZXBD    (DI)(R11*1), Z10
 	VPERMPS      Z0, Z10, Z9
-	VMULPS       (AX), Z9, Z9
 	VPSRLD       $0x04, Z10, Z10
 	VPERMPS      Z0, Z10, Z10
+	VMULPS       (AX), Z9, Z9
 	VMULPS       (AX), Z10, Z10
 	VPMOVZXBD    (R8)(R11*1), Z12
 	VPERMPS      Z0, Z12, Z11
-	VMULPS       64(AX), Z11, Z11
 	VPSRLD       $0x04, Z12, Z12
 	VPERMPS      Z0, Z12, Z12
+	VMULPS       64(AX), Z11, Z11
 	VMULPS       64(AX), Z12, Z12
 	VBROADCASTSS (DX)(R10*4), Z13
 	VBROADCASTSS 4(DX)(R10*4), Z14
@@ -23138,21 +30472,21 @@ opAVX512Q4x4p3_loop:
 opAVX512Q4x4p3_step:
 	VPMOVZXBD    (DI)(R12*1), Z14
 	VPERMPS      Z0, Z14, Z13
-	VMULPS       (AX), Z13, Z13
 	VPSRLD       $0x04, Z14, Z14
 	VPERMPS      Z0, Z14, Z14
+	VMULPS       (AX), Z13, Z13
 	VMULPS       (AX), Z14, Z14
 	VPMOVZXBD    (R9)(R12*1), Z16
 	VPERMPS      Z0, Z16, Z15
-	VMULPS       64(AX), Z15, Z15
 	VPSRLD       $0x04, Z16, Z16
 	VPERMPS      Z0, Z16, Z16
+	VMULPS       64(AX), Z15, Z15
 	VMULPS       64(AX), Z16, Z16
 	VPMOVZXBD    (R8)(R12*1), Z18
 	VPERMPS      Z0, Z18, Z17
-	VMULPS       128(AX), Z17, Z17
 	VPSRLD       $0x04, Z18, Z18
 	VPERMPS      Z0, Z18, Z18
+	VMULPS       128(AX), Z17, Z17
 	VMULPS       128(AX), Z18, Z18
 	VBROADCASTSS (DX)(R11*4), Z19
 	VBROADCASTSS 4(DX)(R11*4), Z20
@@ -23290,27 +30624,27 @@ opAVX512Q4x4p4_loop:
 opAVX512Q4x4p4_step:
 	VPMOVZXBD    (DI)(R13*1), Z18
 	VPERMPS      Z0, Z18, Z17
-	VMULPS       (AX), Z17, Z17
 	VPSRLD       $0x04, Z18, Z18
 	VPERMPS      Z0, Z18, Z18
+	VMULPS       (AX), Z17, Z17
 	VMULPS       (AX), Z18, Z18
 	VPMOVZXBD    (R9)(R13*1), Z20
 	VPERMPS      Z0, Z20, Z19
-	VMULPS       64(AX), Z19, Z19
 	VPSRLD       $0x04, Z20, Z20
 	VPERMPS      Z0, Z20, Z20
+	VMULPS       64(AX), Z19, Z19
 	VMULPS       64(AX), Z20, Z20
 	VPMOVZXBD    (R10)(R13*1), Z22
 	VPERMPS      Z0, Z22, Z21
-	VMULPS       128(AX), Z21, Z21
 	VPSRLD       $0x04, Z22, Z22
 	VPERMPS      Z0, Z22, Z22
+	VMULPS       128(AX), Z21, Z21
 	VMULPS       128(AX), Z22, Z22
 	VPMOVZXBD    (R8)(R13*1), Z24
 	VPERMPS      Z0, Z24, Z23
-	VMULPS       192(AX), Z23, Z23
 	VPSRLD       $0x04, Z24, Z24
 	VPERMPS      Z0, Z24, Z24
+	VMULPS       192(AX), Z23, Z23
 	VMULPS       192(AX), Z24, Z24
 	VBROADCASTSS (DX)(R12*4), Z25
 	VBROADCASTSS 4(DX)(R12*4), Z26
@@ -23436,9 +30770,9 @@ opAVX512Q4x5p1_loop:
 opAVX512Q4x5p1_step:
 	VPMOVZXBD    (R8)(R11*1), Z7
 	VPERMPS      Z0, Z7, Z6
-	VMULPS       (AX), Z6, Z6
 	VPSRLD       $0x04, Z7, Z7
 	VPERMPS      Z0, Z7, Z7
+	VMULPS       (AX), Z6, Z6
 	VMULPS       (AX), Z7, Z7
 	VBROADCASTSS (DX)(R10*4), Z8
 	VBROADCASTSS 4(DX)(R10*4), Z9
@@ -23546,15 +30880,15 @@ opAVX512Q4x5p2_loop:
 opAVX512Q4x5p2_step:
 	VPMOVZXBD    (R8)(R12*1), Z12
 	VPERMPS      Z0, Z12, Z11
-	VMULPS       (AX), Z11, Z11
 	VPSRLD       $0x04, Z12, Z12
 	VPERMPS      Z0, Z12, Z12
+	VMULPS       (AX), Z11, Z11
 	VMULPS       (AX), Z12, Z12
 	VPMOVZXBD    (R9)(R12*1), Z14
 	VPERMPS      Z0, Z14, Z13
-	VMULPS       64(AX), Z13, Z13
 	VPSRLD       $0x04, Z14, Z14
 	VPERMPS      Z0, Z14, Z14
+	VMULPS       64(AX), Z13, Z13
 	VMULPS       64(AX), Z14, Z14
 	VBROADCASTSS (DX)(R11*4), Z15
 	VBROADCASTSS 4(DX)(R11*4), Z16
@@ -23688,21 +31022,21 @@ opAVX512Q4x5p3_loop:
 opAVX512Q4x5p3_step:
 	VPMOVZXBD    (R8)(R13*1), Z17
 	VPERMPS      Z0, Z17, Z16
-	VMULPS       (AX), Z16, Z16
 	VPSRLD       $0x04, Z17, Z17
 	VPERMPS      Z0, Z17, Z17
+	VMULPS       (AX), Z16, Z16
 	VMULPS       (AX), Z17, Z17
 	VPMOVZXBD    (R10)(R13*1), Z19
 	VPERMPS      Z0, Z19, Z18
-	VMULPS       64(AX), Z18, Z18
 	VPSRLD       $0x04, Z19, Z19
 	VPERMPS      Z0, Z19, Z19
+	VMULPS       64(AX), Z18, Z18
 	VMULPS       64(AX), Z19, Z19
 	VPMOVZXBD    (R9)(R13*1), Z21
 	VPERMPS      Z0, Z21, Z20
-	VMULPS       128(AX), Z20, Z20
 	VPSRLD       $0x04, Z21, Z21
 	VPERMPS      Z0, Z21, Z21
+	VMULPS       128(AX), Z20, Z20
 	VMULPS       128(AX), Z21, Z21
 	VBROADCASTSS (DX)(R12*4), Z22
 	VBROADCASTSS 4(DX)(R12*4), Z23
@@ -23862,27 +31196,27 @@ opAVX512Q4x5p4_loop:
 opAVX512Q4x5p4_step:
 	VPMOVZXBD    (R8)(R14*1), Z22
 	VPERMPS      Z0, Z22, Z21
-	VMULPS       (AX), Z21, Z21
 	VPSRLD       $0x04, Z22, Z22
 	VPERMPS      Z0, Z22, Z22
+	VMULPS       (AX), Z21, Z21
 	VMULPS       (AX), Z22, Z22
 	VPMOVZXBD    (R10)(R14*1), Z24
 	VPERMPS      Z0, Z24, Z23
-	VMULPS       64(AX), Z23, Z23
 	VPSRLD       $0x04, Z24, Z24
 	VPERMPS      Z0, Z24, Z24
+	VMULPS       64(AX), Z23, Z23
 	VMULPS       64(AX), Z24, Z24
 	VPMOVZXBD    (R11)(R14*1), Z26
 	VPERMPS      Z0, Z26, Z25
-	VMULPS       128(AX), Z25, Z25
 	VPSRLD       $0x04, Z26, Z26
 	VPERMPS      Z0, Z26, Z26
+	VMULPS       128(AX), Z25, Z25
 	VMULPS       128(AX), Z26, Z26
 	VPMOVZXBD    (R9)(R14*1), Z28
 	VPERMPS      Z0, Z28, Z27
-	VMULPS       192(AX), Z27, Z27
 	VPSRLD       $0x04, Z28, Z28
 	VPERMPS      Z0, Z28, Z28
+	VMULPS       192(AX), Z27, Z27
 	VMULPS       192(AX), Z28, Z28
 	VBROADCASTSS (DX)(R13*4), Z29
 	VBROADCASTSS 4(DX)(R13*4), Z30
@@ -24027,9 +31361,9 @@ opAVX512Q4x6p1_loop:
 opAVX512Q4x6p1_step:
 	VPMOVZXBD    (R9)(R12*1), Z8
 	VPERMPS      Z0, Z8, Z7
-	VMULPS       (AX), Z7, Z7
 	VPSRLD       $0x04, Z8, Z8
 	VPERMPS      Z0, Z8, Z8
+	VMULPS       (AX), Z7, Z7
 	VMULPS       (AX), Z8, Z8
 	VBROADCASTSS (DX)(R11*4), Z9
 	VBROADCASTSS 4(DX)(R11*4), Z10
@@ -24149,15 +31483,15 @@ opAVX512Q4x6p2_loop:
 opAVX512Q4x6p2_step:
 	VPMOVZXBD    (R9)(R13*1), Z14
 	VPERMPS      Z0, Z14, Z13
-	VMULPS       (AX), Z13, Z13
 	VPSRLD       $0x04, Z14, Z14
 	VPERMPS      Z0, Z14, Z14
+	VMULPS       (AX), Z13, Z13
 	VMULPS       (AX), Z14, Z14
 	VPMOVZXBD    (R10)(R13*1), Z16
 	VPERMPS      Z0, Z16, Z15
-	VMULPS       64(AX), Z15, Z15
 	VPSRLD       $0x04, Z16, Z16
 	VPERMPS      Z0, Z16, Z16
+	VMULPS       64(AX), Z15, Z15
 	VMULPS       64(AX), Z16, Z16
 	VBROADCASTSS (DX)(R12*4), Z17
 	VBROADCASTSS 4(DX)(R12*4), Z18
@@ -27501,6 +34835,2622 @@ opAVX512Q4Px6p2_store:
 	VZEROUPPER
 	RET
 
+// func opAVX512Q4Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512Q4Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	JMP     opAVX512Q4Mx1p1_start
+
+opAVX512Q4Mx1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+opAVX512Q4Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512Q4Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX512Q4Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX512Q4Mx1p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Z3
+	VPERMPS      Z0, Z3, Z2
+	VPSRLD       $0x04, Z3, Z3
+	VPERMPS      Z0, Z3, Z3
+	VMOVUPS      (AX), Z4
+	VFMADD213PS  (CX), Z4, Z2
+	VFMADD213PS  (CX), Z4, Z3
+	VBROADCASTSS (DX)(DI*4), Z4
+	VBROADCASTSS 4(DX)(DI*4), Z5
+	VFMADD231PS  Z2, Z4, Z1
+	VFMADD231PS  Z3, Z5, Z1
+	ADDQ         $0x00000002, DI
+	ADDQ         $0x00000010, R8
+	JMP          opAVX512Q4Mx1p1_loop
+
+opAVX512Q4Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q4Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	JMP     opAVX512Q4Mx1p2_start
+
+opAVX512Q4Mx1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q4Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q4Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX512Q4Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q4Mx1p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Z4
+	VPERMPS      Z0, Z4, Z3
+	VPSRLD       $0x04, Z4, Z4
+	VPERMPS      Z0, Z4, Z4
+	VMOVUPS      (AX), Z5
+	VFMADD213PS  (CX), Z5, Z3
+	VFMADD213PS  (CX), Z5, Z4
+	VPMOVZXBD    (SI)(R9*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VMOVUPS      64(AX), Z7
+	VFMADD213PS  64(CX), Z7, Z5
+	VFMADD213PS  64(CX), Z7, Z6
+	VBROADCASTSS (DX)(R8*4), Z7
+	VBROADCASTSS 4(DX)(R8*4), Z8
+	VFMADD231PS  Z3, Z7, Z1
+	VFMADD231PS  Z5, Z7, Z2
+	VFMADD231PS  Z4, Z8, Z1
+	VFMADD231PS  Z6, Z8, Z2
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q4Mx1p2_loop
+
+opAVX512Q4Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), DI
+	LEAQ    (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z3
+	JMP     opAVX512Q4Mx1p3_start
+
+opAVX512Q4Mx1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q4Mx1p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx1p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4Mx1p3_store
+	CMPQ R9, R8
+	JL   opAVX512Q4Mx1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q4Mx1p3_step:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VPMOVZXBD    (BX)(R10*1), Z5
+	VPERMPS      Z0, Z5, Z4
+	VPSRLD       $0x04, Z5, Z5
+	VPERMPS      Z0, Z5, Z5
+	VMOVUPS      (AX), Z6
+	VFMADD213PS  (CX), Z6, Z4
+	VFMADD213PS  (CX), Z6, Z5
+	VPMOVZXBD    (DI)(R10*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VMOVUPS      64(AX), Z8
+	VFMADD213PS  64(CX), Z8, Z6
+	VFMADD213PS  64(CX), Z8, Z7
+	VPMOVZXBD    (SI)(R10*1), Z9
+	VPERMPS      Z0, Z9, Z8
+	VPSRLD       $0x04, Z9, Z9
+	VPERMPS      Z0, Z9, Z9
+	VMOVUPS      128(AX), Z10
+	VFMADD213PS  128(CX), Z10, Z8
+	VFMADD213PS  128(CX), Z10, Z9
+	VBROADCASTSS (DX)(R9*4), Z10
+	VBROADCASTSS 4(DX)(R9*4), Z11
+	VFMADD231PS  Z4, Z10, Z1
+	VFMADD231PS  Z6, Z10, Z2
+	VFMADD231PS  Z8, Z10, Z3
+	VFMADD231PS  Z5, Z11, Z1
+	VFMADD231PS  Z7, Z11, Z2
+	VFMADD231PS  Z9, Z11, Z3
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Mx1p3_loop
+
+opAVX512Q4Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), DX
+	MOVQ    b+8(FP), BX
+	MOVQ    stride+16(FP), SI
+	LEAQ    (BX)(SI*1), DI
+	LEAQ    (DI)(SI*1), R8
+	LEAQ    (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	VMOVUPS 192(R9), Z4
+	JMP     opAVX512Q4Mx1p4_start
+
+opAVX512Q4Mx1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Mx1p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx1p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4Mx1p4_store
+	CMPQ R10, R9
+	JL   opAVX512Q4Mx1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q4Mx1p4_step:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VPMOVZXBD    (BX)(R11*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z5
+	VFMADD213PS  (CX), Z7, Z6
+	VPMOVZXBD    (DI)(R11*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VMOVUPS      64(AX), Z9
+	VFMADD213PS  64(CX), Z9, Z7
+	VFMADD213PS  64(CX), Z9, Z8
+	VPMOVZXBD    (R8)(R11*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VMOVUPS      128(AX), Z11
+	VFMADD213PS  128(CX), Z11, Z9
+	VFMADD213PS  128(CX), Z11, Z10
+	VPMOVZXBD    (SI)(R11*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VMOVUPS      192(AX), Z13
+	VFMADD213PS  192(CX), Z13, Z11
+	VFMADD213PS  192(CX), Z13, Z12
+	VBROADCASTSS (DX)(R10*4), Z13
+	VBROADCASTSS 4(DX)(R10*4), Z14
+	VFMADD231PS  Z5, Z13, Z1
+	VFMADD231PS  Z7, Z13, Z2
+	VFMADD231PS  Z9, Z13, Z3
+	VFMADD231PS  Z11, Z13, Z4
+	VFMADD231PS  Z6, Z14, Z1
+	VFMADD231PS  Z8, Z14, Z2
+	VFMADD231PS  Z10, Z14, Z3
+	VFMADD231PS  Z12, Z14, Z4
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Mx1p4_loop
+
+opAVX512Q4Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), DX
+	MOVQ    b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512Q4Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	JMP     opAVX512Q4Mx2p1_start
+
+opAVX512Q4Mx2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+
+opAVX512Q4Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512Q4Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX512Q4Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512Q4Mx2p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Z4
+	VPERMPS      Z0, Z4, Z3
+	VPSRLD       $0x04, Z4, Z4
+	VPERMPS      Z0, Z4, Z4
+	VMOVUPS      (AX), Z5
+	VFMADD213PS  (CX), Z5, Z3
+	VFMADD213PS  (CX), Z5, Z4
+	VBROADCASTSS (BX)(R8*4), Z5
+	VBROADCASTSS 4(BX)(R8*4), Z6
+	VFMADD231PS  Z3, Z5, Z1
+	VFMADD231PS  Z4, Z6, Z1
+	VBROADCASTSS (DX)(R8*4), Z5
+	VBROADCASTSS 4(DX)(R8*4), Z6
+	VFMADD231PS  Z3, Z5, Z2
+	VFMADD231PS  Z4, Z6, Z2
+	ADDQ         $0x00000002, R8
+	ADDQ         $0x00000010, R9
+	JMP          opAVX512Q4Mx2p1_loop
+
+opAVX512Q4Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), DX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	JMP     opAVX512Q4Mx2p2_start
+
+opAVX512Q4Mx2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Mx2p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx2p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4Mx2p2_store
+	CMPQ R9, R8
+	JL   opAVX512Q4Mx2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q4Mx2p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVZXBD    (SI)(R10*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z5
+	VFMADD213PS  (CX), Z7, Z6
+	VPMOVZXBD    (DI)(R10*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VMOVUPS      64(AX), Z9
+	VFMADD213PS  64(CX), Z9, Z7
+	VFMADD213PS  64(CX), Z9, Z8
+	VBROADCASTSS (BX)(R9*4), Z9
+	VBROADCASTSS 4(BX)(R9*4), Z10
+	VFMADD231PS  Z5, Z9, Z1
+	VFMADD231PS  Z7, Z9, Z2
+	VFMADD231PS  Z6, Z10, Z1
+	VFMADD231PS  Z8, Z10, Z2
+	VBROADCASTSS (DX)(R9*4), Z9
+	VBROADCASTSS 4(DX)(R9*4), Z10
+	VFMADD231PS  Z5, Z9, Z3
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z6, Z10, Z3
+	VFMADD231PS  Z8, Z10, Z4
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Mx2p2_loop
+
+opAVX512Q4Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), DX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), R8
+	LEAQ    (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	JMP     opAVX512Q4Mx2p3_start
+
+opAVX512Q4Mx2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Mx2p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx2p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4Mx2p3_store
+	CMPQ R10, R9
+	JL   opAVX512Q4Mx2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q4Mx2p3_step:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	VPMOVZXBD    (SI)(R11*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VMOVUPS      (AX), Z9
+	VFMADD213PS  (CX), Z9, Z7
+	VFMADD213PS  (CX), Z9, Z8
+	VPMOVZXBD    (R8)(R11*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VMOVUPS      64(AX), Z11
+	VFMADD213PS  64(CX), Z11, Z9
+	VFMADD213PS  64(CX), Z11, Z10
+	VPMOVZXBD    (DI)(R11*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VMOVUPS      128(AX), Z13
+	VFMADD213PS  128(CX), Z13, Z11
+	VFMADD213PS  128(CX), Z13, Z12
+	VBROADCASTSS (BX)(R10*4), Z13
+	VBROADCASTSS 4(BX)(R10*4), Z14
+	VFMADD231PS  Z7, Z13, Z1
+	VFMADD231PS  Z9, Z13, Z2
+	VFMADD231PS  Z11, Z13, Z3
+	VFMADD231PS  Z8, Z14, Z1
+	VFMADD231PS  Z10, Z14, Z2
+	VFMADD231PS  Z12, Z14, Z3
+	VBROADCASTSS (DX)(R10*4), Z13
+	VBROADCASTSS 4(DX)(R10*4), Z14
+	VFMADD231PS  Z7, Z13, Z4
+	VFMADD231PS  Z9, Z13, Z5
+	VFMADD231PS  Z11, Z13, Z6
+	VFMADD231PS  Z8, Z14, Z4
+	VFMADD231PS  Z10, Z14, Z5
+	VFMADD231PS  Z12, Z14, Z6
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Mx2p3_loop
+
+opAVX512Q4Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), DX
+	MOVQ    b+8(FP), SI
+	MOVQ    stride+16(FP), DI
+	LEAQ    (SI)(DI*1), R8
+	LEAQ    (R8)(DI*1), R9
+	LEAQ    (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	VMOVUPS 192(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	VMOVUPS 128(R10), Z7
+	VMOVUPS 192(R10), Z8
+	JMP     opAVX512Q4Mx2p4_start
+
+opAVX512Q4Mx2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q4Mx2p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx2p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4Mx2p4_store
+	CMPQ R11, R10
+	JL   opAVX512Q4Mx2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q4Mx2p4_step:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	VPMOVZXBD    (SI)(R12*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VMOVUPS      (AX), Z11
+	VFMADD213PS  (CX), Z11, Z9
+	VFMADD213PS  (CX), Z11, Z10
+	VPMOVZXBD    (R8)(R12*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VMOVUPS      64(AX), Z13
+	VFMADD213PS  64(CX), Z13, Z11
+	VFMADD213PS  64(CX), Z13, Z12
+	VPMOVZXBD    (R9)(R12*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VMOVUPS      128(AX), Z15
+	VFMADD213PS  128(CX), Z15, Z13
+	VFMADD213PS  128(CX), Z15, Z14
+	VPMOVZXBD    (DI)(R12*1), Z16
+	VPERMPS      Z0, Z16, Z15
+	VPSRLD       $0x04, Z16, Z16
+	VPERMPS      Z0, Z16, Z16
+	VMOVUPS      192(AX), Z17
+	VFMADD213PS  192(CX), Z17, Z15
+	VFMADD213PS  192(CX), Z17, Z16
+	VBROADCASTSS (BX)(R11*4), Z17
+	VBROADCASTSS 4(BX)(R11*4), Z18
+	VFMADD231PS  Z9, Z17, Z1
+	VFMADD231PS  Z11, Z17, Z2
+	VFMADD231PS  Z13, Z17, Z3
+	VFMADD231PS  Z15, Z17, Z4
+	VFMADD231PS  Z10, Z18, Z1
+	VFMADD231PS  Z12, Z18, Z2
+	VFMADD231PS  Z14, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VBROADCASTSS (DX)(R11*4), Z17
+	VBROADCASTSS 4(DX)(R11*4), Z18
+	VFMADD231PS  Z9, Z17, Z5
+	VFMADD231PS  Z11, Z17, Z6
+	VFMADD231PS  Z13, Z17, Z7
+	VFMADD231PS  Z15, Z17, Z8
+	VFMADD231PS  Z10, Z18, Z5
+	VFMADD231PS  Z12, Z18, Z6
+	VFMADD231PS  Z14, Z18, Z7
+	VFMADD231PS  Z16, Z18, Z8
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Mx2p4_loop
+
+opAVX512Q4Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DX
+	MOVQ    b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512Q4Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	JMP     opAVX512Q4Mx3p1_start
+
+opAVX512Q4Mx3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512Q4Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512Q4Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX512Q4Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512Q4Mx3p1_step:
+	PREFETCHT0   4096(DI)(R10*1)
+	VPMOVZXBD    (DI)(R10*1), Z5
+	VPERMPS      Z0, Z5, Z4
+	VPSRLD       $0x04, Z5, Z5
+	VPERMPS      Z0, Z5, Z5
+	VMOVUPS      (AX), Z6
+	VFMADD213PS  (CX), Z6, Z4
+	VFMADD213PS  (CX), Z6, Z5
+	VBROADCASTSS (BX)(R9*4), Z6
+	VBROADCASTSS 4(BX)(R9*4), Z7
+	VFMADD231PS  Z4, Z6, Z1
+	VFMADD231PS  Z5, Z7, Z1
+	VBROADCASTSS (SI)(R9*4), Z6
+	VBROADCASTSS 4(SI)(R9*4), Z7
+	VFMADD231PS  Z4, Z6, Z2
+	VFMADD231PS  Z5, Z7, Z2
+	VBROADCASTSS (DX)(R9*4), Z6
+	VBROADCASTSS 4(DX)(R9*4), Z7
+	VFMADD231PS  Z4, Z6, Z3
+	VFMADD231PS  Z5, Z7, Z3
+	ADDQ         $0x00000002, R9
+	ADDQ         $0x00000010, R10
+	JMP          opAVX512Q4Mx3p1_loop
+
+opAVX512Q4Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	JMP     opAVX512Q4Mx3p2_start
+
+opAVX512Q4Mx3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Mx3p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx3p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4Mx3p2_store
+	CMPQ R10, R9
+	JL   opAVX512Q4Mx3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q4Mx3p2_step:
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(R8)(R11*1)
+	VPMOVZXBD    (DI)(R11*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VMOVUPS      (AX), Z9
+	VFMADD213PS  (CX), Z9, Z7
+	VFMADD213PS  (CX), Z9, Z8
+	VPMOVZXBD    (R8)(R11*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VMOVUPS      64(AX), Z11
+	VFMADD213PS  64(CX), Z11, Z9
+	VFMADD213PS  64(CX), Z11, Z10
+	VBROADCASTSS (BX)(R10*4), Z11
+	VBROADCASTSS 4(BX)(R10*4), Z12
+	VFMADD231PS  Z7, Z11, Z1
+	VFMADD231PS  Z9, Z11, Z2
+	VFMADD231PS  Z8, Z12, Z1
+	VFMADD231PS  Z10, Z12, Z2
+	VBROADCASTSS (SI)(R10*4), Z11
+	VBROADCASTSS 4(SI)(R10*4), Z12
+	VFMADD231PS  Z7, Z11, Z3
+	VFMADD231PS  Z9, Z11, Z4
+	VFMADD231PS  Z8, Z12, Z3
+	VFMADD231PS  Z10, Z12, Z4
+	VBROADCASTSS (DX)(R10*4), Z11
+	VBROADCASTSS 4(DX)(R10*4), Z12
+	VFMADD231PS  Z7, Z11, Z5
+	VFMADD231PS  Z9, Z11, Z6
+	VFMADD231PS  Z8, Z12, Z5
+	VFMADD231PS  Z10, Z12, Z6
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Mx3p2_loop
+
+opAVX512Q4Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx3p3(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R9
+	LEAQ    (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Mx3p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	VMOVUPS 128(R10), Z9
+	JMP     opAVX512Q4Mx3p3_start
+
+opAVX512Q4Mx3p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512Q4Mx3p3_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx3p3_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4Mx3p3_store
+	CMPQ R11, R10
+	JL   opAVX512Q4Mx3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q4Mx3p3_step:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(R9)(R12*1)
+	PREFETCHT0   4096(R8)(R12*1)
+	VPMOVZXBD    (DI)(R12*1), Z11
+	VPERMPS      Z0, Z11, Z10
+	VPSRLD       $0x04, Z11, Z11
+	VPERMPS      Z0, Z11, Z11
+	VMOVUPS      (AX), Z12
+	VFMADD213PS  (CX), Z12, Z10
+	VFMADD213PS  (CX), Z12, Z11
+	VPMOVZXBD    (R9)(R12*1), Z13
+	VPERMPS      Z0, Z13, Z12
+	VPSRLD       $0x04, Z13, Z13
+	VPERMPS      Z0, Z13, Z13
+	VMOVUPS      64(AX), Z14
+	VFMADD213PS  64(CX), Z14, Z12
+	VFMADD213PS  64(CX), Z14, Z13
+	VPMOVZXBD    (R8)(R12*1), Z15
+	VPERMPS      Z0, Z15, Z14
+	VPSRLD       $0x04, Z15, Z15
+	VPERMPS      Z0, Z15, Z15
+	VMOVUPS      128(AX), Z16
+	VFMADD213PS  128(CX), Z16, Z14
+	VFMADD213PS  128(CX), Z16, Z15
+	VBROADCASTSS (BX)(R11*4), Z16
+	VBROADCASTSS 4(BX)(R11*4), Z17
+	VFMADD231PS  Z10, Z16, Z1
+	VFMADD231PS  Z12, Z16, Z2
+	VFMADD231PS  Z14, Z16, Z3
+	VFMADD231PS  Z11, Z17, Z1
+	VFMADD231PS  Z13, Z17, Z2
+	VFMADD231PS  Z15, Z17, Z3
+	VBROADCASTSS (SI)(R11*4), Z16
+	VBROADCASTSS 4(SI)(R11*4), Z17
+	VFMADD231PS  Z10, Z16, Z4
+	VFMADD231PS  Z12, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VFMADD231PS  Z11, Z17, Z4
+	VFMADD231PS  Z13, Z17, Z5
+	VFMADD231PS  Z15, Z17, Z6
+	VBROADCASTSS (DX)(R11*4), Z16
+	VBROADCASTSS 4(DX)(R11*4), Z17
+	VFMADD231PS  Z10, Z16, Z7
+	VFMADD231PS  Z12, Z16, Z8
+	VFMADD231PS  Z14, Z16, Z9
+	VFMADD231PS  Z11, Z17, Z7
+	VFMADD231PS  Z13, Z17, Z8
+	VFMADD231PS  Z15, Z17, Z9
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Mx3p3_loop
+
+opAVX512Q4Mx3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512Q4Mx3p4(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DX
+	MOVQ    b+8(FP), DI
+	MOVQ    stride+16(FP), R8
+	LEAQ    (DI)(R8*1), R9
+	LEAQ    (R9)(R8*1), R10
+	LEAQ    (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Mx3p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	VMOVUPS 192(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	VMOVUPS 128(R11), Z7
+	VMOVUPS 192(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z11
+	VMOVUPS 192(R11), Z12
+	JMP     opAVX512Q4Mx3p4_start
+
+opAVX512Q4Mx3p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Mx3p4_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx3p4_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4Mx3p4_store
+	CMPQ R12, R11
+	JL   opAVX512Q4Mx3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q4Mx3p4_step:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R9)(R13*1)
+	PREFETCHT0   4096(R10)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	VPMOVZXBD    (DI)(R13*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VMOVUPS      (AX), Z15
+	VFMADD213PS  (CX), Z15, Z13
+	VFMADD213PS  (CX), Z15, Z14
+	VPMOVZXBD    (R9)(R13*1), Z16
+	VPERMPS      Z0, Z16, Z15
+	VPSRLD       $0x04, Z16, Z16
+	VPERMPS      Z0, Z16, Z16
+	VMOVUPS      64(AX), Z17
+	VFMADD213PS  64(CX), Z17, Z15
+	VFMADD213PS  64(CX), Z17, Z16
+	VPMOVZXBD    (R10)(R13*1), Z18
+	VPERMPS      Z0, Z18, Z17
+	VPSRLD       $0x04, Z18, Z18
+	VPERMPS      Z0, Z18, Z18
+	VMOVUPS      128(AX), Z19
+	VFMADD213PS  128(CX), Z19, Z17
+	VFMADD213PS  128(CX), Z19, Z18
+	VPMOVZXBD    (R8)(R13*1), Z20
+	VPERMPS      Z0, Z20, Z19
+	VPSRLD       $0x04, Z20, Z20
+	VPERMPS      Z0, Z20, Z20
+	VMOVUPS      192(AX), Z21
+	VFMADD213PS  192(CX), Z21, Z19
+	VFMADD213PS  192(CX), Z21, Z20
+	VBROADCASTSS (BX)(R12*4), Z21
+	VBROADCASTSS 4(BX)(R12*4), Z22
+	VFMADD231PS  Z13, Z21, Z1
+	VFMADD231PS  Z15, Z21, Z2
+	VFMADD231PS  Z17, Z21, Z3
+	VFMADD231PS  Z19, Z21, Z4
+	VFMADD231PS  Z14, Z22, Z1
+	VFMADD231PS  Z16, Z22, Z2
+	VFMADD231PS  Z18, Z22, Z3
+	VFMADD231PS  Z20, Z22, Z4
+	VBROADCASTSS (SI)(R12*4), Z21
+	VBROADCASTSS 4(SI)(R12*4), Z22
+	VFMADD231PS  Z13, Z21, Z5
+	VFMADD231PS  Z15, Z21, Z6
+	VFMADD231PS  Z17, Z21, Z7
+	VFMADD231PS  Z19, Z21, Z8
+	VFMADD231PS  Z14, Z22, Z5
+	VFMADD231PS  Z16, Z22, Z6
+	VFMADD231PS  Z18, Z22, Z7
+	VFMADD231PS  Z20, Z22, Z8
+	VBROADCASTSS (DX)(R12*4), Z21
+	VBROADCASTSS 4(DX)(R12*4), Z22
+	VFMADD231PS  Z13, Z21, Z9
+	VFMADD231PS  Z15, Z21, Z10
+	VFMADD231PS  Z17, Z21, Z11
+	VFMADD231PS  Z19, Z21, Z12
+	VFMADD231PS  Z14, Z22, Z9
+	VFMADD231PS  Z16, Z22, Z10
+	VFMADD231PS  Z18, Z22, Z11
+	VFMADD231PS  Z20, Z22, Z12
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Mx3p4_loop
+
+opAVX512Q4Mx3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), DX
+	MOVQ    b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512Q4Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	JMP     opAVX512Q4Mx4p1_start
+
+opAVX512Q4Mx4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512Q4Mx4p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx4p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512Q4Mx4p1_store
+	CMPQ R10, R9
+	JL   opAVX512Q4Mx4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512Q4Mx4p1_step:
+	VPMOVZXBD    (R8)(R11*1), Z6
+	VPERMPS      Z0, Z6, Z5
+	VPSRLD       $0x04, Z6, Z6
+	VPERMPS      Z0, Z6, Z6
+	VMOVUPS      (AX), Z7
+	VFMADD213PS  (CX), Z7, Z5
+	VFMADD213PS  (CX), Z7, Z6
+	VBROADCASTSS (BX)(R10*4), Z7
+	VBROADCASTSS 4(BX)(R10*4), Z8
+	VFMADD231PS  Z5, Z7, Z1
+	VFMADD231PS  Z6, Z8, Z1
+	VBROADCASTSS (SI)(R10*4), Z7
+	VBROADCASTSS 4(SI)(R10*4), Z8
+	VFMADD231PS  Z5, Z7, Z2
+	VFMADD231PS  Z6, Z8, Z2
+	VBROADCASTSS (DI)(R10*4), Z7
+	VBROADCASTSS 4(DI)(R10*4), Z8
+	VFMADD231PS  Z5, Z7, Z3
+	VFMADD231PS  Z6, Z8, Z3
+	VBROADCASTSS (DX)(R10*4), Z7
+	VBROADCASTSS 4(DX)(R10*4), Z8
+	VFMADD231PS  Z5, Z7, Z4
+	VFMADD231PS  Z6, Z8, Z4
+	ADDQ         $0x00000002, R10
+	ADDQ         $0x00000010, R11
+	JMP          opAVX512Q4Mx4p1_loop
+
+opAVX512Q4Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), DX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	JMP     opAVX512Q4Mx4p2_start
+
+opAVX512Q4Mx4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512Q4Mx4p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx4p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4Mx4p2_store
+	CMPQ R11, R10
+	JL   opAVX512Q4Mx4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q4Mx4p2_step:
+	VPMOVZXBD    (R8)(R12*1), Z10
+	VPERMPS      Z0, Z10, Z9
+	VPSRLD       $0x04, Z10, Z10
+	VPERMPS      Z0, Z10, Z10
+	VMOVUPS      (AX), Z11
+	VFMADD213PS  (CX), Z11, Z9
+	VFMADD213PS  (CX), Z11, Z10
+	VPMOVZXBD    (R9)(R12*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VMOVUPS      64(AX), Z13
+	VFMADD213PS  64(CX), Z13, Z11
+	VFMADD213PS  64(CX), Z13, Z12
+	VBROADCASTSS (BX)(R11*4), Z13
+	VBROADCASTSS 4(BX)(R11*4), Z14
+	VFMADD231PS  Z9, Z13, Z1
+	VFMADD231PS  Z11, Z13, Z2
+	VFMADD231PS  Z10, Z14, Z1
+	VFMADD231PS  Z12, Z14, Z2
+	VBROADCASTSS (SI)(R11*4), Z13
+	VBROADCASTSS 4(SI)(R11*4), Z14
+	VFMADD231PS  Z9, Z13, Z3
+	VFMADD231PS  Z11, Z13, Z4
+	VFMADD231PS  Z10, Z14, Z3
+	VFMADD231PS  Z12, Z14, Z4
+	VBROADCASTSS (DI)(R11*4), Z13
+	VBROADCASTSS 4(DI)(R11*4), Z14
+	VFMADD231PS  Z9, Z13, Z5
+	VFMADD231PS  Z11, Z13, Z6
+	VFMADD231PS  Z10, Z14, Z5
+	VFMADD231PS  Z12, Z14, Z6
+	VBROADCASTSS (DX)(R11*4), Z13
+	VBROADCASTSS 4(DX)(R11*4), Z14
+	VFMADD231PS  Z9, Z13, Z7
+	VFMADD231PS  Z11, Z13, Z8
+	VFMADD231PS  Z10, Z14, Z7
+	VFMADD231PS  Z12, Z14, Z8
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Mx4p2_loop
+
+opAVX512Q4Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx4p3(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), DX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R10
+	LEAQ    (R10)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Mx4p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	VMOVUPS 128(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	VMOVUPS 128(R11), Z12
+	JMP     opAVX512Q4Mx4p3_start
+
+opAVX512Q4Mx4p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Mx4p3_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx4p3_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4Mx4p3_store
+	CMPQ R12, R11
+	JL   opAVX512Q4Mx4p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q4Mx4p3_step:
+	VPMOVZXBD    (R8)(R13*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VMOVUPS      (AX), Z15
+	VFMADD213PS  (CX), Z15, Z13
+	VFMADD213PS  (CX), Z15, Z14
+	VPMOVZXBD    (R10)(R13*1), Z16
+	VPERMPS      Z0, Z16, Z15
+	VPSRLD       $0x04, Z16, Z16
+	VPERMPS      Z0, Z16, Z16
+	VMOVUPS      64(AX), Z17
+	VFMADD213PS  64(CX), Z17, Z15
+	VFMADD213PS  64(CX), Z17, Z16
+	VPMOVZXBD    (R9)(R13*1), Z18
+	VPERMPS      Z0, Z18, Z17
+	VPSRLD       $0x04, Z18, Z18
+	VPERMPS      Z0, Z18, Z18
+	VMOVUPS      128(AX), Z19
+	VFMADD213PS  128(CX), Z19, Z17
+	VFMADD213PS  128(CX), Z19, Z18
+	VBROADCASTSS (BX)(R12*4), Z19
+	VBROADCASTSS 4(BX)(R12*4), Z20
+	VFMADD231PS  Z13, Z19, Z1
+	VFMADD231PS  Z15, Z19, Z2
+	VFMADD231PS  Z17, Z19, Z3
+	VFMADD231PS  Z14, Z20, Z1
+	VFMADD231PS  Z16, Z20, Z2
+	VFMADD231PS  Z18, Z20, Z3
+	VBROADCASTSS (SI)(R12*4), Z19
+	VBROADCASTSS 4(SI)(R12*4), Z20
+	VFMADD231PS  Z13, Z19, Z4
+	VFMADD231PS  Z15, Z19, Z5
+	VFMADD231PS  Z17, Z19, Z6
+	VFMADD231PS  Z14, Z20, Z4
+	VFMADD231PS  Z16, Z20, Z5
+	VFMADD231PS  Z18, Z20, Z6
+	VBROADCASTSS (DI)(R12*4), Z19
+	VBROADCASTSS 4(DI)(R12*4), Z20
+	VFMADD231PS  Z13, Z19, Z7
+	VFMADD231PS  Z15, Z19, Z8
+	VFMADD231PS  Z17, Z19, Z9
+	VFMADD231PS  Z14, Z20, Z7
+	VFMADD231PS  Z16, Z20, Z8
+	VFMADD231PS  Z18, Z20, Z9
+	VBROADCASTSS (DX)(R12*4), Z19
+	VBROADCASTSS 4(DX)(R12*4), Z20
+	VFMADD231PS  Z13, Z19, Z10
+	VFMADD231PS  Z15, Z19, Z11
+	VFMADD231PS  Z17, Z19, Z12
+	VFMADD231PS  Z14, Z20, Z10
+	VFMADD231PS  Z16, Z20, Z11
+	VFMADD231PS  Z18, Z20, Z12
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Mx4p3_loop
+
+opAVX512Q4Mx4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx4p4(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), DX
+	MOVQ    b+8(FP), R8
+	MOVQ    stride+16(FP), R9
+	LEAQ    (R8)(R9*1), R10
+	LEAQ    (R10)(R9*1), R11
+	LEAQ    (R11)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q4Mx4p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z3
+	VMOVUPS 192(R12), Z4
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z5
+	VMOVUPS 64(R12), Z6
+	VMOVUPS 128(R12), Z7
+	VMOVUPS 192(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z11
+	VMOVUPS 192(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z14
+	VMOVUPS 128(R12), Z15
+	VMOVUPS 192(R12), Z16
+	JMP     opAVX512Q4Mx4p4_start
+
+opAVX512Q4Mx4p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+
+opAVX512Q4Mx4p4_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx4p4_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q4Mx4p4_store
+	CMPQ R13, R12
+	JL   opAVX512Q4Mx4p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q4Mx4p4_step:
+	VPMOVZXBD    (R8)(R14*1), Z18
+	VPERMPS      Z0, Z18, Z17
+	VPSRLD       $0x04, Z18, Z18
+	VPERMPS      Z0, Z18, Z18
+	VMOVUPS      (AX), Z19
+	VFMADD213PS  (CX), Z19, Z17
+	VFMADD213PS  (CX), Z19, Z18
+	VPMOVZXBD    (R10)(R14*1), Z20
+	VPERMPS      Z0, Z20, Z19
+	VPSRLD       $0x04, Z20, Z20
+	VPERMPS      Z0, Z20, Z20
+	VMOVUPS      64(AX), Z21
+	VFMADD213PS  64(CX), Z21, Z19
+	VFMADD213PS  64(CX), Z21, Z20
+	VPMOVZXBD    (R11)(R14*1), Z22
+	VPERMPS      Z0, Z22, Z21
+	VPSRLD       $0x04, Z22, Z22
+	VPERMPS      Z0, Z22, Z22
+	VMOVUPS      128(AX), Z23
+	VFMADD213PS  128(CX), Z23, Z21
+	VFMADD213PS  128(CX), Z23, Z22
+	VPMOVZXBD    (R9)(R14*1), Z24
+	VPERMPS      Z0, Z24, Z23
+	VPSRLD       $0x04, Z24, Z24
+	VPERMPS      Z0, Z24, Z24
+	VMOVUPS      192(AX), Z25
+	VFMADD213PS  192(CX), Z25, Z23
+	VFMADD213PS  192(CX), Z25, Z24
+	VBROADCASTSS (BX)(R13*4), Z25
+	VBROADCASTSS 4(BX)(R13*4), Z26
+	VFMADD231PS  Z17, Z25, Z1
+	VFMADD231PS  Z19, Z25, Z2
+	VFMADD231PS  Z21, Z25, Z3
+	VFMADD231PS  Z23, Z25, Z4
+	VFMADD231PS  Z18, Z26, Z1
+	VFMADD231PS  Z20, Z26, Z2
+	VFMADD231PS  Z22, Z26, Z3
+	VFMADD231PS  Z24, Z26, Z4
+	VBROADCASTSS (SI)(R13*4), Z25
+	VBROADCASTSS 4(SI)(R13*4), Z26
+	VFMADD231PS  Z17, Z25, Z5
+	VFMADD231PS  Z19, Z25, Z6
+	VFMADD231PS  Z21, Z25, Z7
+	VFMADD231PS  Z23, Z25, Z8
+	VFMADD231PS  Z18, Z26, Z5
+	VFMADD231PS  Z20, Z26, Z6
+	VFMADD231PS  Z22, Z26, Z7
+	VFMADD231PS  Z24, Z26, Z8
+	VBROADCASTSS (DI)(R13*4), Z25
+	VBROADCASTSS 4(DI)(R13*4), Z26
+	VFMADD231PS  Z17, Z25, Z9
+	VFMADD231PS  Z19, Z25, Z10
+	VFMADD231PS  Z21, Z25, Z11
+	VFMADD231PS  Z23, Z25, Z12
+	VFMADD231PS  Z18, Z26, Z9
+	VFMADD231PS  Z20, Z26, Z10
+	VFMADD231PS  Z22, Z26, Z11
+	VFMADD231PS  Z24, Z26, Z12
+	VBROADCASTSS (DX)(R13*4), Z25
+	VBROADCASTSS 4(DX)(R13*4), Z26
+	VFMADD231PS  Z17, Z25, Z13
+	VFMADD231PS  Z19, Z25, Z14
+	VFMADD231PS  Z21, Z25, Z15
+	VFMADD231PS  Z23, Z25, Z16
+	VFMADD231PS  Z18, Z26, Z13
+	VFMADD231PS  Z20, Z26, Z14
+	VFMADD231PS  Z22, Z26, Z15
+	VFMADD231PS  Z24, Z26, Z16
+	ADDQ         $0x00000002, R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q4Mx4p4_loop
+
+opAVX512Q4Mx4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx5p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), DX
+	MOVQ    b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512Q4Mx5p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	JMP     opAVX512Q4Mx5p1_start
+
+opAVX512Q4Mx5p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512Q4Mx5p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx5p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512Q4Mx5p1_store
+	CMPQ R11, R10
+	JL   opAVX512Q4Mx5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512Q4Mx5p1_step:
+	VPMOVZXBD    (R9)(R12*1), Z7
+	VPERMPS      Z0, Z7, Z6
+	VPSRLD       $0x04, Z7, Z7
+	VPERMPS      Z0, Z7, Z7
+	VMOVUPS      (AX), Z8
+	VFMADD213PS  (CX), Z8, Z6
+	VFMADD213PS  (CX), Z8, Z7
+	VBROADCASTSS (BX)(R11*4), Z8
+	VBROADCASTSS 4(BX)(R11*4), Z9
+	VFMADD231PS  Z6, Z8, Z1
+	VFMADD231PS  Z7, Z9, Z1
+	VBROADCASTSS (SI)(R11*4), Z8
+	VBROADCASTSS 4(SI)(R11*4), Z9
+	VFMADD231PS  Z6, Z8, Z2
+	VFMADD231PS  Z7, Z9, Z2
+	VBROADCASTSS (DI)(R11*4), Z8
+	VBROADCASTSS 4(DI)(R11*4), Z9
+	VFMADD231PS  Z6, Z8, Z3
+	VFMADD231PS  Z7, Z9, Z3
+	VBROADCASTSS (R8)(R11*4), Z8
+	VBROADCASTSS 4(R8)(R11*4), Z9
+	VFMADD231PS  Z6, Z8, Z4
+	VFMADD231PS  Z7, Z9, Z4
+	VBROADCASTSS (DX)(R11*4), Z8
+	VBROADCASTSS 4(DX)(R11*4), Z9
+	VFMADD231PS  Z6, Z8, Z5
+	VFMADD231PS  Z7, Z9, Z5
+	ADDQ         $0x00000002, R11
+	ADDQ         $0x00000010, R12
+	JMP          opAVX512Q4Mx5p1_loop
+
+opAVX512Q4Mx5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx5p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), DX
+	MOVQ    b+8(FP), R9
+	MOVQ    stride+16(FP), R10
+	LEAQ    (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Mx5p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	JMP     opAVX512Q4Mx5p2_start
+
+opAVX512Q4Mx5p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512Q4Mx5p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx5p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4Mx5p2_store
+	CMPQ R12, R11
+	JL   opAVX512Q4Mx5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q4Mx5p2_step:
+	VPMOVZXBD    (R9)(R13*1), Z12
+	VPERMPS      Z0, Z12, Z11
+	VPSRLD       $0x04, Z12, Z12
+	VPERMPS      Z0, Z12, Z12
+	VMOVUPS      (AX), Z13
+	VFMADD213PS  (CX), Z13, Z11
+	VFMADD213PS  (CX), Z13, Z12
+	VPMOVZXBD    (R10)(R13*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VMOVUPS      64(AX), Z15
+	VFMADD213PS  64(CX), Z15, Z13
+	VFMADD213PS  64(CX), Z15, Z14
+	VBROADCASTSS (BX)(R12*4), Z15
+	VBROADCASTSS 4(BX)(R12*4), Z16
+	VFMADD231PS  Z11, Z15, Z1
+	VFMADD231PS  Z13, Z15, Z2
+	VFMADD231PS  Z12, Z16, Z1
+	VFMADD231PS  Z14, Z16, Z2
+	VBROADCASTSS (SI)(R12*4), Z15
+	VBROADCASTSS 4(SI)(R12*4), Z16
+	VFMADD231PS  Z11, Z15, Z3
+	VFMADD231PS  Z13, Z15, Z4
+	VFMADD231PS  Z12, Z16, Z3
+	VFMADD231PS  Z14, Z16, Z4
+	VBROADCASTSS (DI)(R12*4), Z15
+	VBROADCASTSS 4(DI)(R12*4), Z16
+	VFMADD231PS  Z11, Z15, Z5
+	VFMADD231PS  Z13, Z15, Z6
+	VFMADD231PS  Z12, Z16, Z5
+	VFMADD231PS  Z14, Z16, Z6
+	VBROADCASTSS (R8)(R12*4), Z15
+	VBROADCASTSS 4(R8)(R12*4), Z16
+	VFMADD231PS  Z11, Z15, Z7
+	VFMADD231PS  Z13, Z15, Z8
+	VFMADD231PS  Z12, Z16, Z7
+	VFMADD231PS  Z14, Z16, Z8
+	VBROADCASTSS (DX)(R12*4), Z15
+	VBROADCASTSS 4(DX)(R12*4), Z16
+	VFMADD231PS  Z11, Z15, Z9
+	VFMADD231PS  Z13, Z15, Z10
+	VFMADD231PS  Z12, Z16, Z9
+	VFMADD231PS  Z14, Z16, Z10
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Mx5p2_loop
+
+opAVX512Q4Mx5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx5p3(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), DX
+	MOVQ    b+8(FP), R9
+	MOVQ    stride+16(FP), R10
+	LEAQ    (R9)(R10*1), R11
+	LEAQ    (R11)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q4Mx5p3_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z7
+	VMOVUPS 64(R12), Z8
+	VMOVUPS 128(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z11
+	VMOVUPS 128(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z14
+	VMOVUPS 128(R12), Z15
+	JMP     opAVX512Q4Mx5p3_start
+
+opAVX512Q4Mx5p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512Q4Mx5p3_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx5p3_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q4Mx5p3_store
+	CMPQ R13, R12
+	JL   opAVX512Q4Mx5p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q4Mx5p3_step:
+	VPMOVZXBD    (R9)(R14*1), Z17
+	VPERMPS      Z0, Z17, Z16
+	VPSRLD       $0x04, Z17, Z17
+	VPERMPS      Z0, Z17, Z17
+	VMOVUPS      (AX), Z18
+	VFMADD213PS  (CX), Z18, Z16
+	VFMADD213PS  (CX), Z18, Z17
+	VPMOVZXBD    (R11)(R14*1), Z19
+	VPERMPS      Z0, Z19, Z18
+	VPSRLD       $0x04, Z19, Z19
+	VPERMPS      Z0, Z19, Z19
+	VMOVUPS      64(AX), Z20
+	VFMADD213PS  64(CX), Z20, Z18
+	VFMADD213PS  64(CX), Z20, Z19
+	VPMOVZXBD    (R10)(R14*1), Z21
+	VPERMPS      Z0, Z21, Z20
+	VPSRLD       $0x04, Z21, Z21
+	VPERMPS      Z0, Z21, Z21
+	VMOVUPS      128(AX), Z22
+	VFMADD213PS  128(CX), Z22, Z20
+	VFMADD213PS  128(CX), Z22, Z21
+	VBROADCASTSS (BX)(R13*4), Z22
+	VBROADCASTSS 4(BX)(R13*4), Z23
+	VFMADD231PS  Z16, Z22, Z1
+	VFMADD231PS  Z18, Z22, Z2
+	VFMADD231PS  Z20, Z22, Z3
+	VFMADD231PS  Z17, Z23, Z1
+	VFMADD231PS  Z19, Z23, Z2
+	VFMADD231PS  Z21, Z23, Z3
+	VBROADCASTSS (SI)(R13*4), Z22
+	VBROADCASTSS 4(SI)(R13*4), Z23
+	VFMADD231PS  Z16, Z22, Z4
+	VFMADD231PS  Z18, Z22, Z5
+	VFMADD231PS  Z20, Z22, Z6
+	VFMADD231PS  Z17, Z23, Z4
+	VFMADD231PS  Z19, Z23, Z5
+	VFMADD231PS  Z21, Z23, Z6
+	VBROADCASTSS (DI)(R13*4), Z22
+	VBROADCASTSS 4(DI)(R13*4), Z23
+	VFMADD231PS  Z16, Z22, Z7
+	VFMADD231PS  Z18, Z22, Z8
+	VFMADD231PS  Z20, Z22, Z9
+	VFMADD231PS  Z17, Z23, Z7
+	VFMADD231PS  Z19, Z23, Z8
+	VFMADD231PS  Z21, Z23, Z9
+	VBROADCASTSS (R8)(R13*4), Z22
+	VBROADCASTSS 4(R8)(R13*4), Z23
+	VFMADD231PS  Z16, Z22, Z10
+	VFMADD231PS  Z18, Z22, Z11
+	VFMADD231PS  Z20, Z22, Z12
+	VFMADD231PS  Z17, Z23, Z10
+	VFMADD231PS  Z19, Z23, Z11
+	VFMADD231PS  Z21, Z23, Z12
+	VBROADCASTSS (DX)(R13*4), Z22
+	VBROADCASTSS 4(DX)(R13*4), Z23
+	VFMADD231PS  Z16, Z22, Z13
+	VFMADD231PS  Z18, Z22, Z14
+	VFMADD231PS  Z20, Z22, Z15
+	VFMADD231PS  Z17, Z23, Z13
+	VFMADD231PS  Z19, Z23, Z14
+	VFMADD231PS  Z21, Z23, Z15
+	ADDQ         $0x00000002, R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q4Mx5p3_loop
+
+opAVX512Q4Mx5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx5p4(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), DX
+	MOVQ    b+8(FP), R9
+	MOVQ    stride+16(FP), R10
+	LEAQ    (R9)(R10*1), R11
+	LEAQ    (R11)(R10*1), R12
+	LEAQ    (R12)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R13
+	TESTQ   $0x00000001, R13
+	JZ      opAVX512Q4Mx5p4_zero
+	MOVQ    c+32(FP), R13
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (R13), Z1
+	VMOVUPS 64(R13), Z2
+	VMOVUPS 128(R13), Z3
+	VMOVUPS 192(R13), Z4
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z5
+	VMOVUPS 64(R13), Z6
+	VMOVUPS 128(R13), Z7
+	VMOVUPS 192(R13), Z8
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z9
+	VMOVUPS 64(R13), Z10
+	VMOVUPS 128(R13), Z11
+	VMOVUPS 192(R13), Z12
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z13
+	VMOVUPS 64(R13), Z14
+	VMOVUPS 128(R13), Z15
+	VMOVUPS 192(R13), Z16
+	ADDQ    R14, R13
+	VMOVUPS (R13), Z17
+	VMOVUPS 64(R13), Z18
+	VMOVUPS 128(R13), Z19
+	VMOVUPS 192(R13), Z20
+	JMP     opAVX512Q4Mx5p4_start
+
+opAVX512Q4Mx5p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+
+opAVX512Q4Mx5p4_start:
+	MOVQ bk+80(FP), R13
+	XORQ R14, R14
+	XORQ R15, R15
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx5p4_loop:
+	CMPQ R14, k+24(FP)
+	JGE  opAVX512Q4Mx5p4_store
+	CMPQ R14, R13
+	JL   opAVX512Q4Mx5p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R13
+
+opAVX512Q4Mx5p4_step:
+	VPMOVZXBD    (R9)(R15*1), Z22
+	VPERMPS      Z0, Z22, Z21
+	VPSRLD       $0x04, Z22, Z22
+	VPERMPS      Z0, Z22, Z22
+	VMOVUPS      (AX), Z23
+	VFMADD213PS  (CX), Z23, Z21
+	VFMADD213PS  (CX), Z23, Z22
+	VPMOVZXBD    (R11)(R15*1), Z24
+	VPERMPS      Z0, Z24, Z23
+	VPSRLD       $0x04, Z24, Z24
+	VPERMPS      Z0, Z24, Z24
+	VMOVUPS      64(AX), Z25
+	VFMADD213PS  64(CX), Z25, Z23
+	VFMADD213PS  64(CX), Z25, Z24
+	VPMOVZXBD    (R12)(R15*1), Z26
+	VPERMPS      Z0, Z26, Z25
+	VPSRLD       $0x04, Z26, Z26
+	VPERMPS      Z0, Z26, Z26
+	VMOVUPS      128(AX), Z27
+	VFMADD213PS  128(CX), Z27, Z25
+	VFMADD213PS  128(CX), Z27, Z26
+	VPMOVZXBD    (R10)(R15*1), Z28
+	VPERMPS      Z0, Z28, Z27
+	VPSRLD       $0x04, Z28, Z28
+	VPERMPS      Z0, Z28, Z28
+	VMOVUPS      192(AX), Z29
+	VFMADD213PS  192(CX), Z29, Z27
+	VFMADD213PS  192(CX), Z29, Z28
+	VBROADCASTSS (BX)(R14*4), Z29
+	VBROADCASTSS 4(BX)(R14*4), Z30
+	VFMADD231PS  Z21, Z29, Z1
+	VFMADD231PS  Z23, Z29, Z2
+	VFMADD231PS  Z25, Z29, Z3
+	VFMADD231PS  Z27, Z29, Z4
+	VFMADD231PS  Z22, Z30, Z1
+	VFMADD231PS  Z24, Z30, Z2
+	VFMADD231PS  Z26, Z30, Z3
+	VFMADD231PS  Z28, Z30, Z4
+	VBROADCASTSS (SI)(R14*4), Z29
+	VBROADCASTSS 4(SI)(R14*4), Z30
+	VFMADD231PS  Z21, Z29, Z5
+	VFMADD231PS  Z23, Z29, Z6
+	VFMADD231PS  Z25, Z29, Z7
+	VFMADD231PS  Z27, Z29, Z8
+	VFMADD231PS  Z22, Z30, Z5
+	VFMADD231PS  Z24, Z30, Z6
+	VFMADD231PS  Z26, Z30, Z7
+	VFMADD231PS  Z28, Z30, Z8
+	VBROADCASTSS (DI)(R14*4), Z29
+	VBROADCASTSS 4(DI)(R14*4), Z30
+	VFMADD231PS  Z21, Z29, Z9
+	VFMADD231PS  Z23, Z29, Z10
+	VFMADD231PS  Z25, Z29, Z11
+	VFMADD231PS  Z27, Z29, Z12
+	VFMADD231PS  Z22, Z30, Z9
+	VFMADD231PS  Z24, Z30, Z10
+	VFMADD231PS  Z26, Z30, Z11
+	VFMADD231PS  Z28, Z30, Z12
+	VBROADCASTSS (R8)(R14*4), Z29
+	VBROADCASTSS 4(R8)(R14*4), Z30
+	VFMADD231PS  Z21, Z29, Z13
+	VFMADD231PS  Z23, Z29, Z14
+	VFMADD231PS  Z25, Z29, Z15
+	VFMADD231PS  Z27, Z29, Z16
+	VFMADD231PS  Z22, Z30, Z13
+	VFMADD231PS  Z24, Z30, Z14
+	VFMADD231PS  Z26, Z30, Z15
+	VFMADD231PS  Z28, Z30, Z16
+	VBROADCASTSS (DX)(R14*4), Z29
+	VBROADCASTSS 4(DX)(R14*4), Z30
+	VFMADD231PS  Z21, Z29, Z17
+	VFMADD231PS  Z23, Z29, Z18
+	VFMADD231PS  Z25, Z29, Z19
+	VFMADD231PS  Z27, Z29, Z20
+	VFMADD231PS  Z22, Z30, Z17
+	VFMADD231PS  Z24, Z30, Z18
+	VFMADD231PS  Z26, Z30, Z19
+	VFMADD231PS  Z28, Z30, Z20
+	ADDQ         $0x00000002, R14
+	ADDQ         $0x00000010, R15
+	JMP          opAVX512Q4Mx5p4_loop
+
+opAVX512Q4Mx5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z3, 128(AX)
+	VMOVUPS Z4, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VMOVUPS Z12, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z17, (AX)
+	VMOVUPS Z18, 64(AX)
+	VMOVUPS Z19, 128(AX)
+	VMOVUPS Z20, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx6p1(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), R9
+	MOVQ    40(DX), DX
+	MOVQ    b+8(FP), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512Q4Mx6p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	JMP     opAVX512Q4Mx6p1_start
+
+opAVX512Q4Mx6p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512Q4Mx6p1_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx6p1_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512Q4Mx6p1_store
+	CMPQ R12, R11
+	JL   opAVX512Q4Mx6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512Q4Mx6p1_step:
+	VPMOVZXBD    (R10)(R13*1), Z8
+	VPERMPS      Z0, Z8, Z7
+	VPSRLD       $0x04, Z8, Z8
+	VPERMPS      Z0, Z8, Z8
+	VMOVUPS      (AX), Z9
+	VFMADD213PS  (CX), Z9, Z7
+	VFMADD213PS  (CX), Z9, Z8
+	VBROADCASTSS (BX)(R12*4), Z9
+	VBROADCASTSS 4(BX)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z1
+	VFMADD231PS  Z8, Z10, Z1
+	VBROADCASTSS (SI)(R12*4), Z9
+	VBROADCASTSS 4(SI)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z2
+	VFMADD231PS  Z8, Z10, Z2
+	VBROADCASTSS (DI)(R12*4), Z9
+	VBROADCASTSS 4(DI)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z3
+	VFMADD231PS  Z8, Z10, Z3
+	VBROADCASTSS (R8)(R12*4), Z9
+	VBROADCASTSS 4(R8)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z4
+	VFMADD231PS  Z8, Z10, Z4
+	VBROADCASTSS (R9)(R12*4), Z9
+	VBROADCASTSS 4(R9)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z5
+	VFMADD231PS  Z8, Z10, Z5
+	VBROADCASTSS (DX)(R12*4), Z9
+	VBROADCASTSS 4(DX)(R12*4), Z10
+	VFMADD231PS  Z7, Z9, Z6
+	VFMADD231PS  Z8, Z10, Z6
+	ADDQ         $0x00000002, R12
+	ADDQ         $0x00000010, R13
+	JMP          opAVX512Q4Mx6p1_loop
+
+opAVX512Q4Mx6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512Q4Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·opAVX512Q4Mx6p2(SB), NOSPLIT, $0-96
+	MOVQ    t+64(FP), AX
+	VMOVUPS (AX), Z0
+	MOVQ    s+56(FP), AX
+	MOVQ    o+72(FP), CX
+	MOVQ    a+0(FP), DX
+	MOVQ    (DX), BX
+	MOVQ    8(DX), SI
+	MOVQ    16(DX), DI
+	MOVQ    24(DX), R8
+	MOVQ    32(DX), R9
+	MOVQ    40(DX), DX
+	MOVQ    b+8(FP), R10
+	MOVQ    stride+16(FP), R11
+	LEAQ    (R10)(R11*1), R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512Q4Mx6p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z2
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z3
+	VMOVUPS 64(R12), Z4
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z5
+	VMOVUPS 64(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z7
+	VMOVUPS 64(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z10
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z11
+	VMOVUPS 64(R12), Z12
+	JMP     opAVX512Q4Mx6p2_start
+
+opAVX512Q4Mx6p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512Q4Mx6p2_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// Two steps of k: a byte vector per panel, two broadcasts per row.
+opAVX512Q4Mx6p2_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512Q4Mx6p2_store
+	CMPQ R13, R12
+	JL   opAVX512Q4Mx6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512Q4Mx6p2_step:
+	VPMOVZXBD    (R10)(R14*1), Z14
+	VPERMPS      Z0, Z14, Z13
+	VPSRLD       $0x04, Z14, Z14
+	VPERMPS      Z0, Z14, Z14
+	VMOVUPS      (AX), Z15
+	VFMADD213PS  (CX), Z15, Z13
+	VFMADD213PS  (CX), Z15, Z14
+	VPMOVZXBD    (R11)(R14*1), Z16
+	VPERMPS      Z0, Z16, Z15
+	VPSRLD       $0x04, Z16, Z16
+	VPERMPS      Z0, Z16, Z16
+	VMOVUPS      64(AX), Z17
+	VFMADD213PS  64(CX), Z17, Z15
+	VFMADD213PS  64(CX), Z17, Z16
+	VBROADCASTSS (BX)(R13*4), Z17
+	VBROADCASTSS 4(BX)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z1
+	VFMADD231PS  Z15, Z17, Z2
+	VFMADD231PS  Z14, Z18, Z1
+	VFMADD231PS  Z16, Z18, Z2
+	VBROADCASTSS (SI)(R13*4), Z17
+	VBROADCASTSS 4(SI)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z3
+	VFMADD231PS  Z15, Z17, Z4
+	VFMADD231PS  Z14, Z18, Z3
+	VFMADD231PS  Z16, Z18, Z4
+	VBROADCASTSS (DI)(R13*4), Z17
+	VBROADCASTSS 4(DI)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z5
+	VFMADD231PS  Z15, Z17, Z6
+	VFMADD231PS  Z14, Z18, Z5
+	VFMADD231PS  Z16, Z18, Z6
+	VBROADCASTSS (R8)(R13*4), Z17
+	VBROADCASTSS 4(R8)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z7
+	VFMADD231PS  Z15, Z17, Z8
+	VFMADD231PS  Z14, Z18, Z7
+	VFMADD231PS  Z16, Z18, Z8
+	VBROADCASTSS (R9)(R13*4), Z17
+	VBROADCASTSS 4(R9)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z9
+	VFMADD231PS  Z15, Z17, Z10
+	VFMADD231PS  Z14, Z18, Z9
+	VFMADD231PS  Z16, Z18, Z10
+	VBROADCASTSS (DX)(R13*4), Z17
+	VBROADCASTSS 4(DX)(R13*4), Z18
+	VFMADD231PS  Z13, Z17, Z11
+	VFMADD231PS  Z15, Z17, Z12
+	VFMADD231PS  Z14, Z18, Z11
+	VFMADD231PS  Z16, Z18, Z12
+	ADDQ         $0x00000002, R13
+	ADDQ         $0x00000010, R14
+	JMP          opAVX512Q4Mx6p2_loop
+
+opAVX512Q4Mx6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
 // func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
 // Requires: AVX, AVX512F
 TEXT ·dqAVX512F8(SB), NOSPLIT, $0-32
@@ -27559,6 +37509,94 @@ dqAVX512Q4_loop:
 	JMP       dqAVX512Q4_loop
 
 dqAVX512Q4_done:
+	VZEROUPPER
+	RET
+
+// func dqAVX512Q4M(dst *float32, b *byte, k int, s *float32, t *float32, o *float32)
+// Requires: AVX, AVX512F
+TEXT ·dqAVX512Q4M(SB), NOSPLIT, $0-48
+	MOVQ    dst+0(FP), AX
+	MOVQ    b+8(FP), CX
+	MOVQ    k+16(FP), DX
+	MOVQ    s+24(FP), BX
+	VMOVUPS (BX), Z0
+	MOVQ    o+40(FP), BX
+	VMOVUPS (BX), Z1
+	MOVQ    t+32(FP), BX
+	VMOVUPS (BX), Z2
+	XORQ    BX, BX
+
+dqAVX512Q4M_loop:
+	CMPQ        BX, DX
+	JGE         dqAVX512Q4M_done
+	VPMOVZXBD   (CX), Z3
+	VPERMPS     Z2, Z3, Z4
+	VFMADD213PS Z1, Z0, Z4
+	VMOVUPS     Z4, (AX)
+	VPSRLD      $0x04, Z3, Z3
+	VPERMPS     Z2, Z3, Z3
+	VFMADD213PS Z1, Z0, Z3
+	VMOVUPS     Z3, 64(AX)
+	ADDQ        $0x00000010, CX
+	ADDQ        $0x00000080, AX
+	ADDQ        $0x00000002, BX
+	JMP         dqAVX512Q4M_loop
+
+dqAVX512Q4M_done:
+	VZEROUPPER
+	RET
+
+// func dqAVX512Q8(dst *float32, b *byte, k int, s *float32, o *float32)
+// Requires: AVX, AVX512F
+TEXT ·dqAVX512Q8(SB), NOSPLIT, $0-40
+	MOVQ    dst+0(FP), AX
+	MOVQ    b+8(FP), CX
+	MOVQ    k+16(FP), DX
+	MOVQ    s+24(FP), BX
+	VMOVUPS (BX), Z0
+	XORQ    BX, BX
+
+dqAVX512Q8_loop:
+	CMPQ      BX, DX
+	JGE       dqAVX512Q8_done
+	VPMOVSXBD (CX), Z1
+	VCVTDQ2PS Z1, Z1
+	VMULPS    Z0, Z1, Z1
+	VMOVUPS   Z1, (AX)
+	ADDQ      $0x00000010, CX
+	ADDQ      $0x00000040, AX
+	INCQ      BX
+	JMP       dqAVX512Q8_loop
+
+dqAVX512Q8_done:
+	VZEROUPPER
+	RET
+
+// func dqAVX512Q8M(dst *float32, b *byte, k int, s *float32, o *float32)
+// Requires: AVX, AVX512F
+TEXT ·dqAVX512Q8M(SB), NOSPLIT, $0-40
+	MOVQ    dst+0(FP), AX
+	MOVQ    b+8(FP), CX
+	MOVQ    k+16(FP), DX
+	MOVQ    s+24(FP), BX
+	VMOVUPS (BX), Z0
+	MOVQ    o+32(FP), BX
+	VMOVUPS (BX), Z1
+	XORQ    BX, BX
+
+dqAVX512Q8M_loop:
+	CMPQ        BX, DX
+	JGE         dqAVX512Q8M_done
+	VPMOVSXBD   (CX), Z2
+	VCVTDQ2PS   Z2, Z2
+	VFMADD213PS Z1, Z0, Z2
+	VMOVUPS     Z2, (AX)
+	ADDQ        $0x00000010, CX
+	ADDQ        $0x00000040, AX
+	INCQ        BX
+	JMP         dqAVX512Q8M_loop
+
+dqAVX512Q8M_done:
 	VZEROUPPER
 	RET
 

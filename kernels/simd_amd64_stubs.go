@@ -279,6 +279,111 @@ func opAVX2F8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc in
 //go:noescape
 func opAVX2F8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
+// opAVX2Q8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of int8 codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of int8 codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of int8 codes to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of int8 codes to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of int8 codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of int8 codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of int8 codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of int8 codes to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of int8 codes to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of int8 codes to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of int8 codes to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of int8 codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of int8 codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of int8 codes to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of int8 codes to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of int8 codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of int8 codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of int8 codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of int8 codes to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of int8 codes to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q8Mx6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of int8 codes to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
 // opAVX2Q4x1p1 is opAVX512Q4x1p1 on AVX2.
 //
 //go:noescape
@@ -313,6 +418,26 @@ func opAVX2Q4x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc in
 //
 //go:noescape
 func opAVX2Q4x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
+
+// opAVX2Q4Mx1p1 is opAVX512Q4Mx1p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q4Mx1p2 is opAVX512Q4Mx1p2 on AVX2.
+//
+//go:noescape
+func opAVX2Q4Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q4Mx2p1 is opAVX512Q4Mx2p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2Q4Mx3p1 is opAVX512Q4Mx3p1 on AVX2.
+//
+//go:noescape
+func opAVX2Q4Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
 
 // dotAVX512F32x1 computes the 1×4 lane-ordered dot products of 1 fp32 rows with 4 F32 rows; k is a multiple of 16.
 //
@@ -929,6 +1054,246 @@ func opAVX512F8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc 
 //go:noescape
 func opAVX512F8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, bk int, ss int)
 
+// opAVX512Q8x1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of int8 codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of int8 codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of int8 codes to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of int8 codes to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of int8 codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of int8 codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of int8 codes to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of int8 codes to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of int8 codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of int8 codes to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of int8 codes to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of int8 codes to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of int8 codes to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of int8 codes to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of int8 codes to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of int8 codes to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of int8 codes to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of int8 codes to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of int8 codes to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of int8 codes to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of int8 codes to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of int8 codes to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of int8 codes to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8x6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of int8 codes to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8x6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx1p1 adds, for k steps, the products of 1 fp32 rows with 1 panels of int8 codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx1p2 adds, for k steps, the products of 1 fp32 rows with 2 panels of int8 codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx1p3 adds, for k steps, the products of 1 fp32 rows with 3 panels of int8 codes to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx1p4 adds, for k steps, the products of 1 fp32 rows with 4 panels of int8 codes to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx2p1 adds, for k steps, the products of 2 fp32 rows with 1 panels of int8 codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx2p2 adds, for k steps, the products of 2 fp32 rows with 2 panels of int8 codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx2p3 adds, for k steps, the products of 2 fp32 rows with 3 panels of int8 codes to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx2p4 adds, for k steps, the products of 2 fp32 rows with 4 panels of int8 codes to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx3p1 adds, for k steps, the products of 3 fp32 rows with 1 panels of int8 codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx3p2 adds, for k steps, the products of 3 fp32 rows with 2 panels of int8 codes to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx3p3 adds, for k steps, the products of 3 fp32 rows with 3 panels of int8 codes to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx3p4 adds, for k steps, the products of 3 fp32 rows with 4 panels of int8 codes to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx4p1 adds, for k steps, the products of 4 fp32 rows with 1 panels of int8 codes to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx4p2 adds, for k steps, the products of 4 fp32 rows with 2 panels of int8 codes to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx4p3 adds, for k steps, the products of 4 fp32 rows with 3 panels of int8 codes to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx4p4 adds, for k steps, the products of 4 fp32 rows with 4 panels of int8 codes to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx5p1 adds, for k steps, the products of 5 fp32 rows with 1 panels of int8 codes to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx5p2 adds, for k steps, the products of 5 fp32 rows with 2 panels of int8 codes to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx5p3 adds, for k steps, the products of 5 fp32 rows with 3 panels of int8 codes to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx5p4 adds, for k steps, the products of 5 fp32 rows with 4 panels of int8 codes to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx6p1 adds, for k steps, the products of 6 fp32 rows with 1 panels of int8 codes to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx6p2 adds, for k steps, the products of 6 fp32 rows with 2 panels of int8 codes to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx6p3 adds, for k steps, the products of 6 fp32 rows with 3 panels of int8 codes to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q8Mx6p4 adds, for k steps, the products of 6 fp32 rows with 4 panels of int8 codes to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero. A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512Q8Mx6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
 // opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //
 //go:noescape
@@ -1149,6 +1514,116 @@ func opAVX512Q4Px6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc
 //go:noescape
 func opAVX512Q4Px6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 
+// opAVX512Q4Mx1p1 is opAVX512Q4x1p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx1p2 is opAVX512Q4x1p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx1p3 is opAVX512Q4x1p3 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx1p4 is opAVX512Q4x1p4 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx2p1 is opAVX512Q4x2p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx2p2 is opAVX512Q4x2p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx2p3 is opAVX512Q4x2p3 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx2p4 is opAVX512Q4x2p4 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx3p1 is opAVX512Q4x3p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx3p2 is opAVX512Q4x3p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx3p3 is opAVX512Q4x3p3 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx3p4 is opAVX512Q4x3p4 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx4p1 is opAVX512Q4x4p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx4p2 is opAVX512Q4x4p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx4p3 is opAVX512Q4x4p3 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx4p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx4p4 is opAVX512Q4x4p4 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx4p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx5p1 is opAVX512Q4x5p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx5p2 is opAVX512Q4x5p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx5p3 is opAVX512Q4x5p3 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx5p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx5p4 is opAVX512Q4x5p4 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx5p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx6p1 is opAVX512Q4x6p1 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512Q4Mx6p2 is opAVX512Q4x6p2 with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.
+//
+//go:noescape
+func opAVX512Q4Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
 // dqAVX512F8 widens k steps of one F8 panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).
 //
 //go:noescape
@@ -1158,6 +1633,21 @@ func dqAVX512F8(dst *float32, b *byte, k int, s *float32)
 //
 //go:noescape
 func dqAVX512Q4(dst *float32, b *byte, k int, s *float32, t *float32)
+
+// dqAVX512Q4M widens k steps of one Q4 panel at b, each code times its row's scale in s plus its row's offset in o (16 each, one rounding), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512Q4M(dst *float32, b *byte, k int, s *float32, t *float32, o *float32)
+
+// dqAVX512Q8 widens k steps of one Q8 panel at b, each code times its row's scale in s (16; o unused), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512Q8(dst *float32, b *byte, k int, s *float32, o *float32)
+
+// dqAVX512Q8M widens k steps of one Q8 panel at b, each code times its row's scale in s plus its row's offset in o (16 each, one rounding), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512Q8M(dst *float32, b *byte, k int, s *float32, o *float32)
 
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //

@@ -54,7 +54,7 @@ func DeepSeekV4Flash() *Config {
 // ±1/√fan_in (the correction bias and a router logit bias, if any, in
 // ±0.05, expert biases in ±0.5, gemma4's scales and norms in 1 ± 0.5; a
 // deepseek_v4 layer chooses by score, not by token id), the same for the
-// same seed. With a quantized dtype (F8E4M3, MXFP4, INT4) the experts are
+// same seed. With a quantized dtype (F8E4M3, MXFP4, INT4, UINT4, INT8) the experts are
 // quantized as those checkpoints are (kernels.Quantize) and the router
 // stays bf16. It is for benchmarks and demonstrations.
 func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
@@ -62,14 +62,14 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		return nil, fmt.Errorf("moe: %w", err)
 	}
 	switch dtype {
-	case kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3, kernels.MXFP4, kernels.INT4:
+	case kernels.F32, kernels.BF16, kernels.F16, kernels.F8E4M3, kernels.MXFP4, kernels.INT4, kernels.UINT4, kernels.INT8:
 	default:
 		return nil, fmt.Errorf("moe: random weights of dtype %v", dtype)
 	}
 	H := cfg.Hidden
 	perWeight := float64(dtype.Bits()) / 8
-	if dtype == kernels.F8E4M3 || dtype == kernels.MXFP4 || dtype == kernels.INT4 {
-		perWeight += 0.125 // scales, at most one fp32 per 32 weights
+	if dtype.Quantized() {
+		perWeight += 0.25 // scales (and offsets), at most two fp32 per 32 weights
 	}
 	weights := 3 * float64(H) * (float64(cfg.NumExperts)*float64(cfg.Inter) + float64(cfg.SharedInter))
 	if err := memlimit.Check(fmt.Sprintf("moe: random %v weights for %d experts of [%d, %d]", dtype, cfg.NumExperts, cfg.Inter, H),
@@ -92,7 +92,7 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		var m kernels.Matrix
 		var err error
 		switch dtype {
-		case kernels.F8E4M3, kernels.MXFP4, kernels.INT4:
+		case kernels.F8E4M3, kernels.MXFP4, kernels.INT4, kernels.UINT4, kernels.INT8:
 			v := make([]float32, rows*cols)
 			for i := range v {
 				v[i] = float32((2*rng.Float64() - 1) * a)
@@ -143,7 +143,7 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		return matrixOf(dtype, stream, rows, cols, tmp)
 	}
 	routerDType := dtype // the router (and qwen2_moe's shared-expert gate) of a quantized checkpoint stays bf16
-	if dtype == kernels.F8E4M3 || dtype == kernels.MXFP4 || dtype == kernels.INT4 {
+	if dtype.Quantized() {
 		routerDType = kernels.BF16
 	}
 	var w Weights

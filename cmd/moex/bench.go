@@ -342,14 +342,18 @@ func dtypeOf(s string) (kernels.DType, error) {
 		return kernels.MXFP4, nil
 	case "int4":
 		return kernels.INT4, nil
+	case "uint4":
+		return kernels.UINT4, nil
+	case "int8":
+		return kernels.INT8, nil
 	}
-	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4 or int4)", errUsage, s)
+	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4, int4, uint4 or int8)", errUsage, s)
 }
 
 // randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/cols.
 func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
 	a := 1 / float32(max(1, cols))
-	if dt == kernels.F8E4M3 || dt == kernels.MXFP4 || dt == kernels.INT4 {
+	if dt.Quantized() {
 		v := make([]float32, rows*cols)
 		for i := range v {
 			v[i] = (2*rng.Float32() - 1) * a
@@ -380,7 +384,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	tokens := fs.String("tokens-per-expert", "16,64,256", "rows per expert, comma-separated list")
 	n := fs.Int("n", 2816, "output columns (weight rows)")
 	k := fs.Int("k", 2048, "reduction length")
-	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32)")
+	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
@@ -482,7 +486,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	layerIdx := fs.Int("layer", 1, "MoE layer of --model")
 	preset := fs.String("preset", "", "built-in shape with random weights: deepseek-v2-lite, gpt-oss-20b")
 	tokens := fs.String("tokens", "1,4,16", "tokens per forward pass, comma-separated list")
-	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32); the router of a quantized layer stays bf16")
+	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
 	finish := o.register(fs)

@@ -66,26 +66,28 @@ func main() {
 			outerKernels(is, dt)
 		}
 		outerKernels(is, "F8")
+		outerKernels(is, "Q8")
+		outerKernels(is, "Q8M")
 		if is.lanes == 8 {
-			for mr := 1; mr <= is.maxMR; mr++ {
-				for np := 1; np <= outerQ4AVX2NP(mr); np++ {
-					outerQ4AVX2(mr, np)
+			for _, offsets := range []bool{false, true} {
+				for mr := 1; mr <= is.maxMR; mr++ {
+					for np := 1; np <= outerQ4AVX2NP(mr, offsets); np++ {
+						outerQ4AVX2(mr, np, offsets)
+					}
 				}
 			}
 		}
 		if is.lanes == 16 {
-			for mr := 1; mr <= maxMR; mr++ {
-				for np := 1; np <= outerQ4NP(mr); np++ {
-					outerQ4(mr, np, false)
+			for _, v := range []struct{ pow2, offsets bool }{{false, false}, {true, false}, {false, true}} {
+				for mr := 1; mr <= maxMR; mr++ {
+					for np := 1; np <= outerQ4NP(mr); np++ {
+						outerQ4(mr, np, v.pow2, v.offsets)
+					}
 				}
 			}
-			for mr := 1; mr <= maxMR; mr++ {
-				for np := 1; np <= outerQ4NP(mr); np++ {
-					outerQ4(mr, np, true)
-				}
+			for _, dt := range []string{"F8", "Q4", "Q4M", "Q8", "Q8M"} {
+				dequant(dt)
 			}
-			dequant("F8")
-			dequant("Q4")
 			readLoop()
 		}
 	}

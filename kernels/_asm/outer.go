@@ -69,8 +69,8 @@ func outerRegs(is isa, dt string, mr, np int) (panelsFirst, ok bool) {
 	if is.lanes == 16 {
 		regs = 32
 	}
-	if dt == "F8" {
-		regs--
+	if dt == "F8" || dt == "Q8M" {
+		regs-- // F8: the widening's mask; Q8M: the scales of a panel
 	}
 	vpp := panelWidth / is.lanes
 	acc := mr * np * vpp
@@ -118,22 +118,41 @@ func writeOuterTable(path string) {
 			b.WriteString("},\n")
 		}
 		b.WriteString("}\n\n")
-		if is.lanes == 8 {
-			b.WriteString("// outerQ4AVX2 holds the AVX2 outer-product kernels on 4-bit panels by rows and panels.\n")
-			b.WriteString("var outerQ4AVX2 = outerQ4Table{\n")
-			for mr := 1; mr <= is.maxMR; mr++ {
+		for _, dt := range []string{"Q8", "Q8M"} {
+			fmt.Fprintf(&b, "// outer%s%s holds the %s outer-product kernels on int8 panels%s by rows and panels.\n", dt, is.name, is.name,
+				map[string]string{"Q8": "", "Q8M": " with offsets"}[dt])
+			fmt.Fprintf(&b, "var outer%s%s = outerQTable{\n", dt, is.name)
+			for mr := 1; mr <= maxMR; mr++ {
 				fmt.Fprintf(&b, "%d: {", mr)
-				for np := 1; np <= outerQ4AVX2NP(mr); np++ {
-					fmt.Fprintf(&b, "%d: opAVX2Q4x%dp%d, ", np, mr, np)
+				for np := 1; np <= outerNP(is, dt, mr); np++ {
+					fmt.Fprintf(&b, "%d: op%s%sx%dp%d, ", np, is.name, dt, mr, np)
 				}
 				b.WriteString("},\n")
 			}
 			b.WriteString("}\n\n")
 		}
+		if is.lanes == 8 {
+			for _, v := range []struct {
+				table, kind, op, typ string
+				offsets              bool
+			}{{"outerQ4AVX2", "", "Q4", "outerQ4Table", false}, {"outerQ4MAVX2", " with offsets", "Q4M", "outerQTable", true}} {
+				fmt.Fprintf(&b, "// %s holds the AVX2 outer-product kernels on 4-bit panels%s by rows and panels.\n", v.table, v.kind)
+				fmt.Fprintf(&b, "var %s = %s{\n", v.table, v.typ)
+				for mr := 1; mr <= is.maxMR; mr++ {
+					fmt.Fprintf(&b, "%d: {", mr)
+					for np := 1; np <= outerQ4AVX2NP(mr, v.offsets); np++ {
+						fmt.Fprintf(&b, "%d: opAVX2%sx%dp%d, ", np, v.op, mr, np)
+					}
+					b.WriteString("},\n")
+				}
+				b.WriteString("}\n\n")
+			}
+		}
 		if is.lanes == 16 {
-			for _, v := range []struct{ table, kind, op string }{{"outerQ4AVX512", "", "Q4"}, {"outerQ4PAVX512", " with power-of-two scales", "Q4P"}} {
+			for _, v := range []struct{ table, kind, op, typ string }{{"outerQ4AVX512", "", "Q4", "outerQ4Table"},
+				{"outerQ4PAVX512", " with power-of-two scales", "Q4P", "outerQ4Table"}, {"outerQ4MAVX512", " with offsets", "Q4M", "outerQTable"}} {
 				fmt.Fprintf(&b, "// %s holds the AVX512 outer-product kernels on 4-bit panels%s by rows and panels.\n", v.table, v.kind)
-				fmt.Fprintf(&b, "var %s = outerQ4Table{\n", v.table)
+				fmt.Fprintf(&b, "var %s = %s{\n", v.table, v.typ)
 				for mr := 1; mr <= maxMR; mr++ {
 					fmt.Fprintf(&b, "%d: {", mr)
 					for np := 1; np <= outerQ4NP(mr); np++ {
@@ -170,13 +189,17 @@ func paramAddr(name string) Mem {
 // by ss bytes, to the next block's, and end on by bk steps. The block's
 // weights, scales and chains go on in registers: one call a k range, not
 // one a block.
-func scaleBlockHead(name string, i, end, scales Register) {
+// offs, when not nil, moves on with scales.
+func scaleBlockHead(name string, i, end, scales, offs Register) {
 	Label(name + "_loop")
 	CMPQ(i, paramAddr("k"))
 	JGE(LabelRef(name + "_store"))
 	CMPQ(i, end)
 	JL(LabelRef(name + "_step"))
 	ADDQ(paramAddr("ss"), scales)
+	if offs != nil {
+		ADDQ(paramAddr("ss"), offs)
+	}
 	ADDQ(paramAddr("bk"), end)
 	Label(name + "_step")
 }
@@ -186,19 +209,36 @@ func outer(is isa, dt string, mr, np int) {
 	sig := fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int)", maxMR)
 	doc := fmt.Sprintf("%s adds, for k steps, the products of %d fp32 rows with %d panels of %s weights to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
 		name, mr, np, dt, mr, np*panelWidth)
-	if dt == "F8" {
+	quant := dt == "F8" || dt == "Q8" || dt == "Q8M"
+	switch dt {
+	case "F8":
 		sig = sig[:len(sig)-1] + ", s *float32, bk int, ss int)"
 		doc += " Each e4m3 byte is widened to its value times 2^-120 and multiplied by its row's scale in s (16 per panel, times 2^120); s moves on ss bytes every bk steps, to the next scale block's."
+	case "Q8", "Q8M":
+		sig = sig[:len(sig)-1] + ", s *float32, t *float32, o *float32, bk int, ss int)"
+		doc = fmt.Sprintf("%s adds, for k steps, the products of %d fp32 rows with %d panels of int8 codes to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
+			name, mr, np, mr, np*panelWidth)
+		if dt == "Q8" {
+			doc += " A weight is its code times its row's scale in s (16 per panel, t and o unused); s moves on ss bytes every bk steps, to the next group's."
+		} else {
+			doc += " A weight is its code times its row's scale in s plus its row's offset in o (16 each per panel, one rounding; t unused); s and o move on ss bytes every bk steps, to the next group's."
+		}
 	}
 	TEXT(name, NOSPLIT, sig)
 	Pragma("noescape")
 	Doc(doc)
 
-	esize := map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8": 1}[dt]
+	esize := map[string]int{"F32": 4, "BF16": 2, "F16": 2, "F8": 1, "Q8": 1, "Q8M": 1}[dt]
 	vpp := panelWidth / is.lanes
 	panelsFirst, _ := outerRegs(is, dt, mr, np)
-	var scales Register
+	var scales, offs Register
 	var mask VecVirtual
+	if dt == "Q8" || dt == "Q8M" {
+		scales = Load(Param("s"), GP64())
+	}
+	if dt == "Q8M" {
+		offs = Load(Param("o"), GP64())
+	}
 	if dt == "F8" {
 		// An e4m3 byte, sign-extended to 32 bits and shifted up by 20,
 		// holds its sign at bit 31, its exponent at 23…26 and its mantissa
@@ -269,7 +309,7 @@ func outer(is isa, dt string, mr, np int) {
 	}
 	Label(name + "_start")
 	var k, end Register
-	if dt == "F8" {
+	if quant {
 		end = GP64() // the step at which the scale block ends
 		Load(Param("bk"), end)
 	} else {
@@ -299,18 +339,28 @@ func outer(is isa, dt string, mr, np int) {
 				VPAND(mask, dst, dst)
 			}
 			VMULPS(Mem{Base: scales, Disp: 4 * (j*panelWidth + w*is.lanes)}, dst, dst)
+		case "Q8":
+			VPMOVSXBD(at, dst)
+			VCVTDQ2PS(dst, dst)
+			VMULPS(Mem{Base: scales, Disp: 4 * (j*panelWidth + w*is.lanes)}, dst, dst)
+		case "Q8M":
+			VPMOVSXBD(at, dst)
+			VCVTDQ2PS(dst, dst)
+			sv := is.vec()
+			VMOVUPS(Mem{Base: scales, Disp: 4 * (j*panelWidth + w*is.lanes)}, sv)
+			VFMADD213PS(Mem{Base: offs, Disp: 4 * (j*panelWidth + w*is.lanes)}, sv, dst)
 		}
 	}
 
 	Comment("One step of k: a vector per panel, a broadcast per row.")
-	if dt == "F8" {
-		scaleBlockHead(name, i, end, scales)
+	if quant {
+		scaleBlockHead(name, i, end, scales, offs)
 	} else {
 		Label(name + "_loop")
 		CMPQ(i, k)
 		JGE(LabelRef(name + "_store"))
 	}
-	if dt == "F8" {
+	if quant {
 		prefetch(mr, b, o)
 	}
 	if panelsFirst {
@@ -383,16 +433,24 @@ func outerQ4NP(mr int) int {
 // 1/s is computed from s's bits, (254 << 23) − s, exact for s and 1/s
 // normal.
 
-func outerQ4(mr, np int, pow2 bool) {
+func outerQ4(mr, np int, pow2, withOffsets bool) {
 	name := fmt.Sprintf("opAVX512Q4x%dp%d", mr, np)
-	if pow2 {
+	sig := fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)", maxMR)
+	switch {
+	case pow2:
 		name = fmt.Sprintf("opAVX512Q4Px%dp%d", mr, np)
+	case withOffsets:
+		name = fmt.Sprintf("opAVX512Q4Mx%dp%d", mr, np)
+		sig = fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)", maxMR)
 	}
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)", maxMR))
+	TEXT(name, NOSPLIT, sig)
 	Pragma("noescape")
-	if pow2 {
+	switch {
+	case pow2:
 		Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d for scales that are powers of two: each block's chains scaled by 1/s run on the table's values alone, then are scaled back by s (the same bits where no value is subnormal or overflows).", name, mr, np))
-	} else {
+	case withOffsets:
+		Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d with offsets: a weight is t[nibble] times its row's scale in s plus its row's offset in o (16 each per panel, one rounding), o moving on with s.", name, mr, np))
+	default:
 		Doc(fmt.Sprintf("%s adds, for k steps (k even), the products of %d fp32 rows with %d panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the %d×%d tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.",
 			name, mr, np, mr, np*panelWidth))
 	}
@@ -400,6 +458,10 @@ func outerQ4(mr, np int, pow2 bool) {
 	table := ZMM()
 	VMOVUPS(Mem{Base: Load(Param("t"), GP64())}, table)
 	scales := Load(Param("s"), GP64())
+	var offs Register
+	if withOffsets {
+		offs = Load(Param("o"), GP64())
+	}
 	a := make([]GPVirtual, mr)
 	aPtr := Load(Param("a"), GP64())
 	for m := range a {
@@ -495,7 +557,7 @@ func outerQ4(mr, np int, pow2 bool) {
 		scaleAcc(true)
 		Label(name + "_step")
 	} else {
-		scaleBlockHead(name, i, end, scales)
+		scaleBlockHead(name, i, end, scales, offs)
 	}
 	lo := make([]VecVirtual, np)
 	hi := make([]VecVirtual, np)
@@ -505,12 +567,16 @@ func outerQ4(mr, np int, pow2 bool) {
 		sc := Mem{Base: scales, Disp: 4 * j * panelWidth}
 		VPMOVZXBD(Mem{Base: b[j], Index: o, Scale: 1}, hi[j])
 		VPERMPS(table, hi[j], lo[j]) // the index's low 4 bits: the low nibble
-		if !pow2 {
-			VMULPS(sc, lo[j], lo[j])
-		}
 		VPSRLD(U8(4), hi[j], hi[j])
 		VPERMPS(table, hi[j], hi[j])
-		if !pow2 {
+		switch {
+		case withOffsets:
+			sv, off := ZMM(), Mem{Base: offs, Disp: 4 * j * panelWidth}
+			VMOVUPS(sc, sv)
+			VFMADD213PS(off, sv, lo[j])
+			VFMADD213PS(off, sv, hi[j])
+		case !pow2:
+			VMULPS(sc, lo[j], lo[j])
 			VMULPS(sc, hi[j], hi[j])
 		}
 	}
@@ -544,22 +610,46 @@ func outerQ4(mr, np int, pow2 bool) {
 // (the many-row schedule widens a panel's k block once for every strip).
 func dequant(dt string) {
 	name := "dqAVX512" + dt
-	sig := "func(dst *float32, b *byte, k int, s *float32)"
-	if dt == "Q4" {
-		sig = "func(dst *float32, b *byte, k int, s *float32, t *float32)"
-	}
+	sig := map[string]string{
+		"F8":  "func(dst *float32, b *byte, k int, s *float32)",
+		"Q4":  "func(dst *float32, b *byte, k int, s *float32, t *float32)",
+		"Q4M": "func(dst *float32, b *byte, k int, s *float32, t *float32, o *float32)",
+		"Q8":  "func(dst *float32, b *byte, k int, s *float32, o *float32)",
+		"Q8M": "func(dst *float32, b *byte, k int, s *float32, o *float32)",
+	}[dt]
 	TEXT(name, NOSPLIT, sig)
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s widens k steps of one %s panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).", name, dt))
+	switch dt {
+	case "Q4M", "Q8M":
+		Doc(fmt.Sprintf("%s widens k steps of one %s panel at b, each code times its row's scale in s plus its row's offset in o (16 each, one rounding), into dst (16 floats a step).", name, dt[:2]))
+	case "Q8":
+		Doc(fmt.Sprintf("%s widens k steps of one Q8 panel at b, each code times its row's scale in s (16; o unused), into dst (16 floats a step).", name))
+	default:
+		Doc(fmt.Sprintf("%s widens k steps of one %s panel at b, each weight times its row's scale in s (16), into dst (16 floats a step).", name, dt))
+	}
 	dst := Load(Param("dst"), GP64())
 	b := Load(Param("b"), GP64())
 	k := Load(Param("k"), GP64())
 	sc := ZMM()
 	VMOVUPS(Mem{Base: Load(Param("s"), GP64())}, sc)
+	var off VecVirtual
+	if dt == "Q4M" || dt == "Q8M" {
+		off = ZMM()
+		VMOVUPS(Mem{Base: Load(Param("o"), GP64())}, off)
+	}
+	// scale is the widened code times the scale, plus the offset.
+	scale := func(x VecVirtual) {
+		if off != nil {
+			VFMADD213PS(off, sc, x)
+		} else {
+			VMULPS(sc, x, x)
+		}
+	}
 	aux := ZMM() // FP8: the mask; Q4: the table
-	if dt == "Q4" {
+	switch dt {
+	case "Q4", "Q4M":
 		VMOVUPS(Mem{Base: Load(Param("t"), GP64())}, aux)
-	} else {
+	case "F8":
 		t := GP32()
 		MOVL(U32(0x87F00000), t)
 		VPBROADCASTD(t, aux)
@@ -569,20 +659,30 @@ func dequant(dt string) {
 	Label(name + "_loop")
 	CMPQ(i, k)
 	JGE(LabelRef(name + "_done"))
-	if dt == "Q4" {
+	switch dt {
+	case "Q4", "Q4M":
 		x, lo := ZMM(), ZMM()
 		VPMOVZXBD(Mem{Base: b}, x)
 		VPERMPS(aux, x, lo)
-		VMULPS(sc, lo, lo)
+		scale(lo)
 		VMOVUPS(lo, Mem{Base: dst})
 		VPSRLD(U8(4), x, x)
 		VPERMPS(aux, x, x)
-		VMULPS(sc, x, x)
+		scale(x)
 		VMOVUPS(x, Mem{Base: dst, Disp: 64})
 		ADDQ(U32(16), b)
 		ADDQ(U32(128), dst)
 		ADDQ(U32(2), i)
-	} else {
+	case "Q8", "Q8M":
+		x := ZMM()
+		VPMOVSXBD(Mem{Base: b}, x)
+		VCVTDQ2PS(x, x)
+		scale(x)
+		VMOVUPS(x, Mem{Base: dst})
+		ADDQ(U32(16), b)
+		ADDQ(U32(64), dst)
+		INCQ(i)
+	default:
 		x := ZMM()
 		VPMOVSXBD(Mem{Base: b}, x)
 		VPSLLD(U8(20), x, x)
@@ -649,27 +749,45 @@ func readLoop() {
 
 // outerQ4AVX2NP is the widest panel count of an AVX2 4-bit kernel for MR
 // rows: accumulators, the two table halves, two widened vectors, three
-// temporaries and a broadcast in 16 registers.
-func outerQ4AVX2NP(mr int) int {
+// temporaries and a broadcast in 16 registers (with offsets, one more: the
+// scales).
+func outerQ4AVX2NP(mr int, withOffsets bool) int {
+	extra := 0
+	if withOffsets {
+		extra = 1
+	}
 	for np := 4; np > 1; np /= 2 {
-		if 2*mr*np+8 <= 16 {
+		if 2*mr*np+8+extra <= 16 {
 			return np
 		}
 	}
 	return 1
 }
 
-func outerQ4AVX2(mr, np int) {
+func outerQ4AVX2(mr, np int, withOffsets bool) {
 	name := fmt.Sprintf("opAVX2Q4x%dp%d", mr, np)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)", maxMR))
+	if withOffsets {
+		name = fmt.Sprintf("opAVX2Q4Mx%dp%d", mr, np)
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)", maxMR))
+	} else {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)", maxMR))
+	}
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d on AVX2.", name, mr, np))
+	if withOffsets {
+		Doc(fmt.Sprintf("%s is opAVX512Q4Mx%dp%d on AVX2.", name, mr, np))
+	} else {
+		Doc(fmt.Sprintf("%s is opAVX512Q4x%dp%d on AVX2.", name, mr, np))
+	}
 
 	tp := Load(Param("t"), GP64())
 	tlo, thi := YMM(), YMM()
 	VMOVUPS(Mem{Base: tp}, tlo)
 	VMOVUPS(Mem{Base: tp, Disp: 32}, thi)
 	scales := Load(Param("s"), GP64())
+	var offs Register
+	if withOffsets {
+		offs = Load(Param("o"), GP64())
+	}
 	a := make([]GPVirtual, mr)
 	aPtr := Load(Param("a"), GP64())
 	for m := range a {
@@ -734,7 +852,7 @@ func outerQ4AVX2(mr, np int) {
 		VBLENDVPS(m, v1, dst, dst)
 	}
 	Comment("Two steps of k: each half-panel widened, then used by every row.")
-	scaleBlockHead(name, i, end, scales)
+	scaleBlockHead(name, i, end, scales, offs)
 	prefetch(mr, b, o)
 	for j := 0; j < np; j++ {
 		for w := 0; w < 2; w++ {
@@ -742,11 +860,17 @@ func outerQ4AVX2(mr, np int) {
 			x, lo, hi := YMM(), YMM(), YMM()
 			VPMOVZXBD(Mem{Base: b[j], Index: o, Scale: 1, Disp: 8 * w}, x)
 			look(x, lo) // the low nibble: the high one is past both the index and bit 3
-
-			VMULPS(sc, lo, lo)
 			VPSRLD(U8(4), x, x)
 			look(x, hi)
-			VMULPS(sc, hi, hi)
+			if withOffsets {
+				sv, off := YMM(), Mem{Base: offs, Disp: 4 * (j*panelWidth + 8*w)}
+				VMOVUPS(sc, sv)
+				VFMADD213PS(off, sv, lo)
+				VFMADD213PS(off, sv, hi)
+			} else {
+				VMULPS(sc, lo, lo)
+				VMULPS(sc, hi, hi)
+			}
 			for m := range a {
 				xb := YMM()
 				VBROADCASTSS(Mem{Base: a[m], Index: i, Scale: 4}, xb)

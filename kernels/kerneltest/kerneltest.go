@@ -342,3 +342,74 @@ func INT4Weights(rng *rand.Rand, rows, cols, group int) (kernels.Matrix, [][]flo
 	}
 	return m, vals
 }
+
+// UINT4Weights returns a random unsigned 4-bit [rows, cols] matrix in
+// groups of group along a row, with offsets when offsets is set, and its
+// values nibble × scale (+ offset) in float64. The scales carry full fp32
+// mantissas, so that nibble × scale + offset rounds.
+func UINT4Weights(rng *rand.Rand, rows, cols, group int, offsets bool) (kernels.Matrix, [][]float64) {
+	packed := make([]uint8, rows*cols/2)
+	for i := range packed {
+		packed[i] = uint8(rng.IntN(256))
+	}
+	scales, offs := groupParams(rng, rows*cols/group, offsets)
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			n := packed[(r*cols+c)/2] >> (4 * (c % 2)) & 15
+			vals[r][c] = codeValue(float64(n), scales, offs, r*cols/group+c/group)
+		}
+	}
+	m, err := kernels.NewUINT4(rows, cols, group, packed, scales, offs)
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
+// INT8Weights is UINT4Weights for signed 8-bit codes.
+func INT8Weights(rng *rand.Rand, rows, cols, group int, offsets bool) (kernels.Matrix, [][]float64) {
+	codes := make([]int8, rows*cols)
+	for i := range codes {
+		codes[i] = int8(rng.IntN(256) - 128)
+	}
+	scales, offs := groupParams(rng, rows*cols/group, offsets)
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			vals[r][c] = codeValue(float64(codes[r*cols+c]), scales, offs, r*cols/group+c/group)
+		}
+	}
+	m, err := kernels.NewINT8(rows, cols, group, codes, scales, offs)
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
+// groupParams returns n random scales (positive and negative, up to
+// 0.01) and, when offsets is set, n offsets (up to ±0.05); nil otherwise.
+func groupParams(rng *rand.Rand, n int, offsets bool) (scales, offs []float32) {
+	scales = make([]float32, n)
+	for i := range scales {
+		scales[i] = float32((rng.Float64()*2 - 1) * 0.01)
+	}
+	if offsets {
+		offs = make([]float32, n)
+		for i := range offs {
+			offs[i] = float32((rng.Float64()*2 - 1) * 0.05)
+		}
+	}
+	return scales, offs
+}
+
+// codeValue is code × scales[g] + offs[g] (offs nil: zero), exactly.
+func codeValue(code float64, scales, offs []float32, g int) float64 {
+	v := code * float64(scales[g])
+	if offs != nil {
+		v += float64(offs[g])
+	}
+	return v
+}

@@ -1,0 +1,130 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// The integer-code dtypes hold each weight as a small integer with a scale
+// and, optionally, an offset per group of columns along a row: element
+// [i, j] is code·scale + offset rounded once to fp32 (a fused multiply-add;
+// without offsets, code·scale rounded once). ggml's blocks map onto them
+// exactly: Q8_0 is code·d; Q4_1 and Q5_1 code·d + m; Q4_K and Q5_K
+// code·(d·sc) − dmin·m; Q6_K (code−32)·(d·sc), every product but Q6_K's
+// exact in fp32, so the one rounding is ggml's own.
+
+// uint4 are the values of unsigned 4-bit codes.
+var uint4 = func() (t [16]float32) {
+	for i := range t {
+		t[i] = float32(i)
+	}
+	return t
+}()
+
+// NewUINT4 wraps unsigned 4-bit codes [rows, cols] without copying the
+// nibbles: packed holds rows·cols/2 bytes laid out as NewINT4's, scales
+// and offsets are [rows, cols/group] (offsets nil for none): element
+// [i, j] is nibble × scale + offset, rounded once to fp32. group must be
+// even and divide cols; a scale or offset that is not finite is an error.
+func NewUINT4(rows, cols, group int, packed []uint8, scales, offsets []float32) (Matrix, error) {
+	if group < 2 || group%2 != 0 || cols%group != 0 {
+		return Matrix{}, fmt.Errorf("kernels: uint4 matrix [%d, %d]: group size %d must be even and divide the columns", rows, cols, group)
+	}
+	if err := checkNibbles(rows, cols, len(packed)); err != nil {
+		return Matrix{}, err
+	}
+	q, err := groupScales("uint4", rows, cols, group, scales, offsets)
+	if err != nil {
+		return Matrix{}, err
+	}
+	return Matrix{DType: UINT4, Rows: rows, Cols: cols, u8: packed[:rows*cols/2], q: q, lut: &uint4}, nil
+}
+
+// NewINT8 wraps signed 8-bit codes [rows, cols] (row-major) without
+// copying: scales and offsets are [rows, cols/group] (offsets nil for
+// none), element [i, j] codes[i·cols+j] × scale + offset rounded once to
+// fp32. group must divide cols; a scale or offset that is not finite is an
+// error.
+func NewINT8(rows, cols, group int, codes []int8, scales, offsets []float32) (Matrix, error) {
+	if group < 1 || cols%group != 0 {
+		return Matrix{}, fmt.Errorf("kernels: int8 matrix [%d, %d]: group size %d must divide the columns", rows, cols, group)
+	}
+	if err := checkDims(rows, cols, len(codes)); err != nil {
+		return Matrix{}, err
+	}
+	q, err := groupScales("int8", rows, cols, group, scales, offsets)
+	if err != nil {
+		return Matrix{}, err
+	}
+	u8 := unsafe.Slice((*uint8)(unsafe.Pointer(unsafe.SliceData(codes))), len(codes))
+	return Matrix{DType: INT8, Rows: rows, Cols: cols, u8: u8[:rows*cols], q: q}, nil
+}
+
+// groupScales checks and wraps the per-group scales and offsets of an
+// integer-code matrix.
+func groupScales(kind string, rows, cols, group int, scales, offsets []float32) (*blockScales, error) {
+	g := cols / group
+	if len(scales) != rows*g || offsets != nil && len(offsets) != rows*g {
+		return nil, fmt.Errorf("kernels: %s matrix [%d, %d] in groups of %d needs [%d, %d] scales and offsets, have %d and %d",
+			kind, rows, cols, group, rows, g, len(scales), len(offsets))
+	}
+	for _, v := range []struct {
+		what string
+		x    []float32
+	}{{"scale", scales}, {"offset", offsets}} {
+		for i, s := range v.x {
+			if math.IsNaN(float64(s)) || math.IsInf(float64(s), 0) {
+				return nil, fmt.Errorf("kernels: %s %s [%d, %d] is %v: want a finite value", kind, v.what, i/g, i%g, s)
+			}
+		}
+	}
+	return &blockScales{rows: 1, cols: group, gridCols: g, grid: scales[:rows*g], off: offsets}, nil
+}
+
+// Offsets returns an integer-code matrix's offsets ([Rows, Cols/group],
+// shared), nil when it has none or is of another dtype.
+func (m Matrix) Offsets() []float32 {
+	if m.q == nil {
+		return nil
+	}
+	return m.q.off
+}
+
+// weight is code c of element [i, j] scaled (and offset) as its group's.
+func (q *blockScales) weight(c float32, i, j int) float32 {
+	g := i/q.rows*q.gridCols + j/q.cols
+	if q.off == nil {
+		return c * q.grid[g]
+	}
+	return fmaF32(c, q.grid[g], q.off[g])
+}
+
+// int8RowF32 widens row i of a row-major INT8 matrix into dst[:Cols].
+func (m Matrix) int8RowF32(i int, dst []float32) {
+	src := m.u8[i*m.Cols:][:m.Cols]
+	for j := range dst {
+		dst[j] = m.q.weight(float32(int8(src[j])), i, j)
+	}
+}
+
+// fmaF32 is a·b + c rounded once to fp32, as an fp32 fused multiply-add
+// computes it. a·b is exact in float64; the float64 sum, rounded to odd
+// rather than to nearest, keeps what rounding it to fp32 needs (Boldo and
+// Melquiond: rounding to odd at 53 bits, then to nearest at 24, is the
+// correct rounding at 24).
+func fmaF32(a, b, c float32) float32 {
+	p := float64(a) * float64(b)
+	s := p + float64(c)
+	if math.IsInf(s, 0) || math.IsNaN(s) {
+		return float32(s)
+	}
+	// The sum's rounding error (TwoSum); inexact with an even last bit,
+	// the odd neighbour on the exact value's side is the one to keep.
+	bv := s - p
+	e := (p - (s - bv)) + (float64(c) - bv)
+	if e != 0 && math.Float64bits(s)&1 == 0 {
+		s = math.Nextafter(s, math.Copysign(math.Inf(1), e))
+	}
+	return float32(s)
+}
