@@ -446,7 +446,15 @@ func (f *GGUFFile) view(t GGUFTensor, k, rows, cols int) (kernels.Matrix, error)
 		}
 		return m, nil
 	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16, BF16, Q4_0 and MXFP4 so far",
+	if _, ok := intBlocks[t.Type]; ok {
+		m, err := codeBlocks(t, data, k, rows, cols)
+		if err != nil {
+			return m, fmt.Errorf("moe: %s: %w", f.Path, err)
+		}
+		return m, nil
+	}
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat,
+		"moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4",
 		f.Path, t.Name, t.Type)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -105,19 +106,27 @@ func TestLoadGGUFErrors(t *testing.T) {
 	_, err = moe.LoadGGUF(write(other("llama")), 0)
 	require.ErrorContains(t, err, "a llama GGUF without llama.expert_count has no MoE block")
 
-	// Quantized experts: named, not read yet.
-	var b bytes.Buffer
-	kvs := []moetest.GGUFKV{{Key: "general.architecture", Value: "qwen3moe"}, {Key: "qwen3moe.embedding_length", Value: uint32(32)},
-		{Key: "qwen3moe.block_count", Value: uint32(1)}, {Key: "qwen3moe.expert_count", Value: uint32(4)},
-		{Key: "qwen3moe.expert_used_count", Value: uint32(2)}, {Key: "qwen3moe.expert_feed_forward_length", Value: uint32(16)}}
-	tensors := []moetest.GGUFTensor{
-		{Name: "blk.0.ffn_gate_inp.weight", Dims: []uint64{32, 4}, Type: 0, Data: make([]byte, 4*32*4)},
-		{Name: "blk.0.ffn_gate_exps.weight", Dims: []uint64{32, 16, 4}, Type: 8, Data: make([]byte, 16*4*34)},
+	// Quantized experts of a type moex does not read: named. A block
+	// whose f16 scale is infinite: named with its tensor.
+	quant := func(typ uint32, values, size int, blocks func([]byte)) []byte {
+		var b bytes.Buffer
+		kvs := []moetest.GGUFKV{{Key: "general.architecture", Value: "qwen3moe"}, {Key: "qwen3moe.embedding_length", Value: uint32(values)},
+			{Key: "qwen3moe.block_count", Value: uint32(1)}, {Key: "qwen3moe.expert_count", Value: uint32(4)},
+			{Key: "qwen3moe.expert_used_count", Value: uint32(2)}, {Key: "qwen3moe.expert_feed_forward_length", Value: uint32(16)}}
+		data := make([]byte, 16*4*size)
+		blocks(data)
+		tensors := []moetest.GGUFTensor{
+			{Name: "blk.0.ffn_gate_inp.weight", Dims: []uint64{uint64(values), 4}, Type: 0, Data: make([]byte, 4*values*4)},
+			{Name: "blk.0.ffn_gate_exps.weight", Dims: []uint64{uint64(values), 16, 4}, Type: typ, Data: data},
+		}
+		require.NoError(t, moetest.WriteGGUF(&b, kvs, tensors, 32))
+		return b.Bytes()
 	}
-	require.NoError(t, moetest.WriteGGUF(&b, kvs, tensors, 32))
-	_, err = moe.LoadGGUF(write(b.Bytes()), 0)
+	_, err = moe.LoadGGUF(write(quant(10, 256, 84, func([]byte) {})), 0)
 	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
-	require.ErrorContains(t, err, `tensor "blk.0.ffn_gate_exps.weight" is Q8_0`)
+	require.ErrorContains(t, err, `tensor "blk.0.ffn_gate_exps.weight" is Q2_K`)
+	_, err = moe.LoadGGUF(write(quant(8, 32, 34, func(b []byte) { b[3*34+1] = 0x7C })), 0)
+	require.ErrorContains(t, err, `tensor "blk.0.ffn_gate_exps.weight" (Q8_0): kernels: int8 scale [3, 0] is +Inf`)
 }
 
 // TestLoadGGUFSplit: a model split over shards as llama.cpp's gguf-split
@@ -328,7 +337,7 @@ func TestLoadGGUFQ4(t *testing.T) {
 				*p.w = dequantQ4(t, typ, blocks, p.rows, p.cols)
 			}
 		}
-		file, err := m.GGUFQuant(c.arch, 0, typ, data)
+		file, err := m.GGUFQuant(c.arch, 0, map[string]uint32{"ffn_gate_exps": typ, "ffn_up_exps": typ, "ffn_down_exps": typ}, data)
 		require.NoError(t, err)
 		path := filepath.Join(t.TempDir(), "q.gguf")
 		require.NoError(t, os.WriteFile(path, file, 0o644))
@@ -342,5 +351,188 @@ func TestLoadGGUFQ4(t *testing.T) {
 		require.Equal(t, ref.IDs, ids, "type %d", typ)
 		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "type %d", typ)
 		require.NoError(t, l.Close())
+	}
+}
+
+// ggmlBlock is a block type of the test: ggml's type id, values and bytes
+// a block, and where its f16 scales lie (offsets into a block).
+type ggmlBlock struct {
+	id, values, bytes int
+	f16                []int
+}
+
+var codeTypes = map[string]ggmlBlock{
+	"Q8_0": {8, 32, 34, []int{0}}, "Q4_1": {3, 32, 20, []int{0, 2}}, "Q5_0": {6, 32, 22, []int{0}},
+	"Q5_1": {7, 32, 24, []int{0, 2}}, "Q4_K": {12, 256, 144, []int{0, 2}}, "Q5_K": {13, 256, 176, []int{0, 2}},
+	"Q6_K": {14, 256, 210, []int{208}},
+}
+
+// dequantCodes is ggml's blocks of type name for a [rows, cols] matrix as
+// float64, written from the formats' descriptions (ggml-common.h's block
+// structs and the dequantize_row_* loops of ggml-quants.c), each value
+// rounded once to float32 as ggml's dequantization leaves it:
+//
+//	Q8_0  d, qs[32] int8:                 qs[j]·d
+//	Q4_1  d, m, qs[16]:                   q·d + m, q = low nibble of qs[j] (j < 16) or high of qs[j−16]
+//	Q5_0  d, qh (u32), qs[16]:            (q + 16·bit j of qh − 16)·d
+//	Q5_1  d, m, qh, qs[16]:               (q + 16·bit j of qh)·d + m
+//	Q4_K  d, dmin, scales[12], qs[128]:   q·d·sc − dmin·mn, per 32 values
+//	Q5_K  d, dmin, scales[12], qh[32], qs[128]
+//	Q6_K  ql[128], qh[64], scales[16] int8, d: (q − 32)·d·sc, per 16 values
+//
+// The K types' 6-bit scale and min of group g: g < 4: scales[g] & 63 and
+// scales[g+4] & 63; else the low (scale) or high (min) nibble of
+// scales[g+4] under the top two bits of scales[g−4] (scale) or scales[g]
+// (min).
+func dequantCodes(name string, blocks []byte, rows, cols int) [][]float64 {
+	bt := codeTypes[name]
+	out := make([][]float64, rows)
+	h := func(b []byte) float64 { return f16(uint16(b[0]) | uint16(b[1])<<8) }
+	for r := range out {
+		out[r] = make([]float64, cols)
+		for bi := 0; bi < cols/bt.values; bi++ {
+			b := blocks[(r*cols/bt.values+bi)*bt.bytes:][:bt.bytes]
+			v := out[r][bi*bt.values:][:bt.values]
+			nib := func(qs []byte, j int) int { // value j of 32 in Q4_0's order
+				if j < 16 {
+					return int(qs[j] & 15)
+				}
+				return int(qs[j-16] >> 4)
+			}
+			scaleMin := func(sc []byte, g int) (float64, float64) {
+				if g < 4 {
+					return float64(sc[g] & 63), float64(sc[g+4] & 63)
+				}
+				return float64(sc[g+4]&15 | sc[g-4]>>6<<4), float64(sc[g+4]>>4 | sc[g]>>6<<4)
+			}
+			switch name {
+			case "Q8_0":
+				for j := range 32 {
+					v[j] = float64(int8(b[2+j])) * h(b)
+				}
+			case "Q4_1":
+				for j := range 32 {
+					v[j] = float64(nib(b[4:], j))*h(b) + h(b[2:])
+				}
+			case "Q5_0", "Q5_1":
+				d, m, at := h(b), 0.0, 2
+				if name == "Q5_1" {
+					m, at = h(b[2:]), 4
+				}
+				qh := uint32(b[at]) | uint32(b[at+1])<<8 | uint32(b[at+2])<<16 | uint32(b[at+3])<<24
+				for j := range 32 {
+					q := float64(nib(b[at+4:], j)) + 16*float64(qh>>j&1)
+					if name == "Q5_0" {
+						q -= 16
+					}
+					v[j] = q*d + m
+				}
+			case "Q4_K", "Q5_K":
+				d, dmin := h(b), h(b[2:])
+				qs := b[16:144]
+				if name == "Q5_K" {
+					qs = b[48:176]
+				}
+				for j := range 256 {
+					g, l := j/32, j%32 // group g: bytes 32·(g/2)…, low nibble for even g
+					q := int(qs[32*(g/2)+l] & 15)
+					if g%2 == 1 {
+						q = int(qs[32*(g/2)+l] >> 4)
+					}
+					if name == "Q5_K" && b[16+l]>>g&1 == 1 {
+						q += 16
+					}
+					sc, mn := scaleMin(b[4:16], g)
+					v[j] = float64(q)*d*sc - dmin*mn
+				}
+			case "Q6_K":
+				d := h(b[208:])
+				for j := range 256 {
+					n, r := j/128, j%128 // half n; r in 0…127: quarter r/32, l = r%32
+					l, quarter := r%32, r/32
+					ql := b[64*n+l+32*(quarter%2)]
+					q := int(ql & 15)
+					if quarter >= 2 {
+						q = int(ql >> 4)
+					}
+					q |= int(b[128+32*n+l]>>(2*quarter)&3) << 4
+					v[j] = float64(q-32) * d * float64(int8(b[192+j/16]))
+				}
+			}
+			for j := range v {
+				v[j] = float64(float32(v[j]))
+			}
+		}
+	}
+	return out
+}
+
+// TestLoadGGUFCodes: experts in each of ggml's integer-code block types
+// (random blocks, f16 scales of magnitude 2^-9 to 2^-5, signed where ggml
+// allows), and a Q4_K_M-like mix (gate and up Q4_K, down Q6_K), give the
+// float64 reference over what an independent dequantizer makes of the
+// blocks within 1e-5, choosing the same experts; on every implementation.
+func TestLoadGGUFCodes(t *testing.T) {
+	spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 256, Experts: 8, TopK: 2, Inter: 512, SharedExperts: 1,
+		Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 96}
+	cases := [][3]string{{"Q4_K", "Q4_K", "Q6_K"}}
+	for _, name := range []string{"Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"} {
+		cases = append(cases, [3]string{name, name, name})
+	}
+	impls := kernels.Implementations()
+	for ci, types := range cases {
+		m, err := moetest.Generate(spec)
+		require.NoError(t, err)
+		rng := rand.New(rand.NewPCG(uint64(ci), 8))
+		randomBlocks := func(name string, rows, cols int) []byte {
+			bt := codeTypes[name]
+			b := make([]byte, rows*cols/bt.values*bt.bytes)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			for k := 0; k < len(b); k += bt.bytes {
+				for _, at := range bt.f16 {
+					hv := uint16(0x1800 + rng.IntN(0x1000)) // 2^-9 … 2^-5
+					if name == "Q8_0" || name == "Q5_0" || name == "Q6_K" || at == 2 {
+						hv |= uint16(rng.IntN(2)) << 15 // signed: d of the symmetric types, m and dmin
+					}
+					b[k+at], b[k+at+1] = byte(hv), byte(hv>>8)
+				}
+			}
+			return b
+		}
+		data, qtypes := map[string][]byte{}, map[string]uint32{}
+		H, I := spec.Hidden, spec.Inter
+		for e := range m.Experts {
+			for pi, p := range []struct {
+				name       string
+				rows, cols int
+				w          *[][]float64
+			}{{"ffn_gate_exps", I, H, &m.Experts[e].Gate}, {"ffn_up_exps", I, H, &m.Experts[e].Up}, {"ffn_down_exps", H, I, &m.Experts[e].Down}} {
+				blocks := randomBlocks(types[pi], p.rows, p.cols)
+				data[p.name] = append(data[p.name], blocks...)
+				qtypes[p.name] = uint32(codeTypes[types[pi]].id)
+				*p.w = dequantCodes(types[pi], blocks, p.rows, p.cols)
+			}
+		}
+		file, err := m.GGUFQuant("deepseek2", 0, qtypes, data)
+		require.NoError(t, err)
+		path := filepath.Join(t.TempDir(), "q.gguf")
+		require.NoError(t, os.WriteFile(path, file, 0o644))
+		x := moetest.Input(5, 21, H, false)
+		ref := m.Forward(x)
+		for _, impl := range impls {
+			restore, err := kernels.Use(impl)
+			require.NoError(t, err)
+			l, err := moe.LoadGGUF(path, 0)
+			require.NoError(t, err)
+			y := make([]float32, len(x))
+			ids := make([]int32, 21*spec.TopK)
+			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+			require.Equal(t, ref.IDs, ids, "%v on %s", types, impl)
+			require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "%v on %s", types, impl)
+			require.NoError(t, l.Close())
+			restore()
+		}
 	}
 }

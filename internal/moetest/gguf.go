@@ -170,14 +170,15 @@ func F32Bytes(v []float32) []byte {
 // F32, the experts stacked in ggml's order in typ (0 F32, 30 BF16: m's
 // weights must be exact in it).
 func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
-	return m.GGUFQuant(arch, typ, 0, nil)
+	return m.GGUFQuant(arch, typ, nil, nil)
 }
 
 // GGUFQuant is GGUF with the routed experts' three stacked tensors given
-// as stored bytes of ggml type qtype: experts["ffn_gate_exps"] and so on,
-// each the experts' blocks in order (m's float64 experts must be what
-// they dequantize to, for the reference to hold); nil experts: GGUF's.
-func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]byte) ([]byte, error) {
+// as stored bytes: experts["ffn_gate_exps"] and so on, each the experts'
+// blocks in order, of ggml type qtypes[name] (m's float64 experts must be
+// what they dequantize to, for the reference to hold); nil experts:
+// GGUF's.
+func (m *Model) GGUFQuant(arch string, typ uint32, qtypes map[string]uint32, experts map[string][]byte) ([]byte, error) {
 	if typ != 0 && typ != 30 {
 		return nil, fmt.Errorf("moetest: GGUF experts of ggml type %d: F32 (0) or BF16 (30)", typ)
 	}
@@ -225,7 +226,7 @@ func (m *Model) GGUFQuant(arch string, typ, qtype uint32, experts map[string][]b
 	}
 	if experts != nil {
 		for i, name := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
-			tensors[1+i].Type, tensors[1+i].Data = qtype, experts[name]
+			tensors[1+i].Type, tensors[1+i].Data = qtypes[name], experts[name]
 		}
 	}
 	if m.Shared != nil {
