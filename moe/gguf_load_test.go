@@ -358,7 +358,7 @@ func TestLoadGGUFQ4(t *testing.T) {
 // a block, and where its f16 scales lie (offsets into a block).
 type ggmlBlock struct {
 	id, values, bytes int
-	f16                []int
+	f16               []int
 }
 
 var codeTypes = map[string]ggmlBlock{
