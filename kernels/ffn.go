@@ -14,6 +14,10 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 
 // gateUp is GateUp with the magnitude ranges of x's rows, or nil.
 func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+	if gate.dot8 || up.dot8 {
+		gateUpDot8(h, x, idx, gate, up, ep, n0, n1)
+		return
+	}
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
 		if gate.packed && gate.Cols > 0 && n0 < n1 && len(idx) > 0 {
 			gateUpOuter(s, h, x, xr, idx, gate, up, ep, n0, n1)
@@ -39,6 +43,10 @@ func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 // gemmRows is GEMMRows (Down with idx nil) with the magnitude ranges of
 // a's rows, or nil.
 func gemmRows(out, a []float32, ar []magRange, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
+	if b.dot8 {
+		downDot8(out, a, idx, b, bias, scale, n0, n1)
+		return
+	}
 	if s := active; s != nil && s.runs(b) {
 		if b.packed && b.Cols > 0 && n0 < n1 {
 			downOuter(s, out, a, ar, idx, b, bias, scale, n0, n1)

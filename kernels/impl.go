@@ -38,6 +38,9 @@ type simd struct {
 	dqQ4        func(dst *float32, b *byte, k int, s, t *float32)
 	dqQ8, dqQ8M func(dst *float32, b *byte, k int, s, o *float32)
 	dqQ4M       func(dst *float32, b *byte, k int, s, t, o *float32)
+	// dot8 holds the int8-dot kernels (see PackInt8Dot); nil where the
+	// implementation has none.
+	dot8 *dot8Kernels
 }
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;

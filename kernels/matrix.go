@@ -106,6 +106,7 @@ type Matrix struct {
 	q          *blockScales // the quantized dtypes' scales
 	lut        *[16]float32 // the 4-bit dtypes' nibble values
 	packed     bool
+	dot8       bool // packed for the int8-dot mode (see PackInt8Dot)
 }
 
 // NewF32 wraps data as an fp32 matrix [rows, cols] without copying.
@@ -183,6 +184,9 @@ func (m Matrix) RowF32(i int, dst []float32) {
 
 // At returns element [i, j] widened to float32.
 func (m Matrix) At(i, j int) float32 {
+	if m.dot8 {
+		return m.q.weight(float32(m.code(i, j)), i, j)
+	}
 	k := i*m.Cols + j
 	if m.packed {
 		k = m.packedIndex(i, j)

@@ -1,0 +1,411 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/moex-project/moex/internal/buffers"
+)
+
+// The int8-dot numerics mode, llama.cpp's way of computing with integer
+// codes, chosen per matrix (PackInt8Dot) and never taken otherwise. Each
+// activation row is quantized per block of 32: d = max|x|/127 (fp32),
+// q = round-to-even(x·(1/d)) as int8 (d = 0: q = 0). For weight group g of
+// row n (scale s, offset o, codes c; the group inside one block b), with
+// I = Σ c·q over the group (exact integers) and S = Σ q:
+//
+//	acc = fma(float(I), s·d_b, acc)            (s·d_b rounded once)
+//	acc = fma(o, d_b·float(S), acc)            (offsets only; d_b·S rounded once)
+//
+// over the groups in ascending order, from zero: an output depends on its
+// own activation row and weight row only, and the generic code and the
+// VNNI kernels (vpdpbusd) compute the same bits. The error against exact
+// arithmetic is that of rounding the activations to int8 (about 2^-8 of a
+// block's largest value each).
+
+// Numerics is how a matrix's products are computed.
+type Numerics uint8
+
+const (
+	// Exact: weights widened to fp32, fp32 FMA chains in ascending k.
+	Exact Numerics = iota
+	// Int8Dot: activations quantized to int8 per 32, integer dot products
+	// per weight group (see PackInt8Dot).
+	Int8Dot
+)
+
+// String returns the mode's name as the command line takes it.
+func (n Numerics) String() string {
+	switch n {
+	case Exact:
+		return "exact"
+	case Int8Dot:
+		return "int8dot"
+	}
+	return fmt.Sprintf("Numerics(%d)", uint8(n))
+}
+
+// ParseNumerics returns the mode named s ("exact" or "int8dot").
+func ParseNumerics(s string) (Numerics, error) {
+	switch s {
+	case "exact":
+		return Exact, nil
+	case "int8dot":
+		return Int8Dot, nil
+	}
+	return 0, fmt.Errorf("kernels: numerics %q: want exact or int8dot", s)
+}
+
+// Numerics returns the mode m's products are computed in.
+func (m Matrix) Numerics() Numerics {
+	if m.dot8 {
+		return Int8Dot
+	}
+	return Exact
+}
+
+// dot8Block is the activation block of the int8-dot mode.
+const dot8Block = 32
+
+// dot8Unit is the k steps of one unit of an int8-dot panel: 64 bytes of
+// UINT4 (row l's byte 4l + i holds its codes of steps i, low, and 4 + i,
+// high) or 128 of INT8 (two 64-byte halves, steps 0…3 then 4…7, row l's
+// bytes 4l…4l+3, each code plus 128).
+const dot8Unit = 8
+
+// PackInt8Dot returns m, a UINT4 or INT8 matrix whose groups are 8, 16 or
+// 32 columns and whose columns are whole blocks of 32, packed for the
+// int8-dot mode: its products are computed as the mode defines (see
+// Numerics) by every kernel call, on every implementation. At and RowF32
+// still give the weights' values. Other matrices are an error naming why.
+func PackInt8Dot(m Matrix) (Matrix, error) {
+	if m.dot8 {
+		return m, nil
+	}
+	if m.DType != UINT4 && m.DType != INT8 {
+		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need UINT4 or INT8 weights, have %v", m.DType)
+	}
+	if g := m.q.cols; dot8Block%g != 0 || g%dot8Unit != 0 || m.Cols%dot8Block != 0 {
+		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
+	}
+	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.packScales(m.Rows, m.panels(), 1), lut: m.lut, packed: true, dot8: true}
+	p.u8 = make([]uint8, m.panels()*PanelWidth*m.Cols*m.DType.Bits()/8)
+	for i := 0; i < m.Rows; i++ {
+		for j := 0; j < m.Cols; j++ {
+			at, shift := p.dot8Index(i, j)
+			var c uint8
+			if m.DType == UINT4 {
+				c = uint8(m.code(i, j))
+			} else {
+				c = uint8(m.code(i, j) + 128)
+			}
+			p.u8[at] |= c << shift
+		}
+	}
+	return p, nil
+}
+
+// code is the integer code of element [i, j] of a UINT4 or INT8 matrix.
+func (m Matrix) code(i, j int) int {
+	if m.dot8 {
+		at, shift := m.dot8Index(i, j)
+		if m.DType == UINT4 {
+			return int(m.u8[at] >> shift & 15)
+		}
+		return int(m.u8[at]) - 128
+	}
+	k := i*m.Cols + j
+	if m.packed {
+		k = m.packedIndex(i, j)
+	}
+	if m.DType == UINT4 {
+		return int(m.u8[k/2] >> (4 * (k & 1)) & 15)
+	}
+	return int(int8(m.u8[k]))
+}
+
+// dot8Index is the byte and bit shift of element [i, j] of an int8-dot
+// matrix.
+func (m Matrix) dot8Index(i, j int) (at int, shift uint) {
+	l, u, r := i%PanelWidth, j/dot8Unit, j%dot8Unit
+	unit := 64
+	if m.DType == INT8 {
+		unit = 128
+	}
+	at = (i-l)*m.Cols*m.DType.Bits()/8 + u*unit + 4*l + r%4
+	if r >= 4 {
+		if m.DType == UINT4 {
+			return at, 4
+		}
+		at += 64
+	}
+	return at, 0
+}
+
+// dot8Rows are activation rows quantized for the int8-dot mode against
+// weights in groups of g: each row a run of K/g records of g int8 codes
+// then 16 bytes: d_b (fp32), d_b·S (fp32), 128·S (int32), zero.
+type dot8Rows struct {
+	g, rec int // group, record bytes
+	buf    []byte
+}
+
+// row returns row r's records.
+func (q *dot8Rows) row(r, k int) []byte {
+	n := k / q.g * q.rec
+	return q.buf[r*n:][:n]
+}
+
+// quantize fills q with rows of k activations for groups of g.
+func (q *dot8Rows) quantize(rows []*float32, k, g int) {
+	q.g, q.rec = g, g+16
+	n := k / g * q.rec
+	if cap(q.buf) < len(rows)*n {
+		q.buf = make([]byte, len(rows)*n)
+	}
+	q.buf = q.buf[:len(rows)*n]
+	for r, p := range rows {
+		x := unsafe.Slice(p, k)
+		out := q.buf[r*n:][:n]
+		for b := 0; b < k; b += dot8Block {
+			var amax float32
+			for _, v := range x[b : b+dot8Block] {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			d := amax / 127
+			var id float32
+			if d != 0 {
+				id = 1 / d
+			}
+			for g0 := b; g0 < b+dot8Block; g0 += g {
+				rec := out[g0/g*q.rec:][:q.rec]
+				var s int32
+				for j, v := range x[g0 : g0+g] {
+					c := int8(max(-127, min(127, math.RoundToEven(float64(v*id)))))
+					rec[j] = uint8(c)
+					s += int32(c)
+				}
+				*(*float32)(unsafe.Pointer(&rec[g])) = d
+				*(*float32)(unsafe.Pointer(&rec[g+4])) = d * float32(s)
+				*(*int32)(unsafe.Pointer(&rec[g+8])) = 128 * s
+			}
+		}
+	}
+}
+
+// dot8Generic computes c[r][n−n0] for n in [n0, n1), the M rows r of q,
+// against the int8-dot matrix b: the mode's definition, in Go.
+func dot8Generic(c []float32, ldc int, q *dot8Rows, M int, b Matrix, n0, n1 int) {
+	K, g := b.Cols, b.q.cols
+	for r := range M {
+		recs := q.row(r, K)
+		for n := n0; n < n1; n++ {
+			var acc float32
+			for gi := 0; gi < K/g; gi++ {
+				rec := recs[gi*q.rec:][:q.rec]
+				var dot int32
+				for j := range g {
+					dot += int32(b.code(n, gi*g+j)) * int32(int8(rec[j]))
+				}
+				d := *(*float32)(unsafe.Pointer(&rec[g]))
+				gs := gi + n*b.q.gridCols
+				acc = fmaF32(float32(dot), b.q.grid[gs]*d, acc)
+				if b.q.off != nil {
+					acc = fmaF32(b.q.off[gs], *(*float32)(unsafe.Pointer(&rec[g+4])), acc)
+				}
+			}
+			c[r*ldc+n-n0] = acc
+		}
+	}
+}
+
+// exactRows computes c[r][n−n0] = rows[r]·b[n] in the exact mode's
+// generic order (one fp32 FMA chain in ascending k), for a matrix called
+// beside an int8-dot one.
+func exactRows(c []float32, ldc int, rows []*float32, b Matrix, n0, n1 int) {
+	w := make([]float32, b.Cols)
+	for n := n0; n < n1; n++ {
+		b.RowF32(n, w)
+		for r, p := range rows {
+			var acc float32
+			for k, x := range unsafe.Slice(p, b.Cols) {
+				acc = fmaF32(x, w[k], acc)
+			}
+			c[r*ldc+n-n0] = acc
+		}
+	}
+}
+
+// dot8Func is an int8-dot kernel: for mr rows of quantized activations
+// (records of a group's codes and its d, d·S, 128·S, see dot8Rows; a[r]
+// at the first group's) and np panels of an int8-dot matrix (panel j at
+// b + j·stride), it computes groups groups of units·8 steps each into the
+// tile c (row stride ldc bytes, from c with flags bit 0, else from zero):
+// the group's integer dot products (vpdpbusd), their float conversion
+// (INT8: less 128·S first), times s·d plus, with offsets, o·(d·S); s and o
+// hold the panels' scales and offsets, 16 a panel, moving on ss bytes a
+// group, the records on rec bytes.
+type dot8Func func(a *[maxDot8Rows]*byte, b *byte, stride, groups int, c *float32, ldc, flags int, s, o *float32, units, rec, ss int)
+
+// dot8Table holds int8-dot kernels by rows and panel count.
+type dot8Table = [maxDot8Rows + 1][]dot8Func
+
+// maxDot8Rows is the most activation rows of an int8-dot kernel call.
+const maxDot8Rows = 4
+
+// dot8Kernels are an implementation's int8-dot kernels by weight dtype
+// (UINT4, INT8) and with offsets or without.
+type dot8Kernels struct{ u4, u4m, i8, i8m dot8Table }
+
+func (s *simd) hasDot8() bool { return s.dot8 != nil }
+
+// dot8GEMM is dot8Generic on s's kernels: every row strip against every
+// run of panels, the whole k range a call.
+func (s *simd) dot8GEMM(sc *dot8Scratch, q *dot8Rows, M int, b Matrix, n0, n1 int, c []float32, ldc int) {
+	K, g := b.Cols, b.q.cols
+	tab := &s.dot8.u4
+	unit := 64
+	switch {
+	case b.DType == INT8 && b.q.off != nil:
+		tab, unit = &s.dot8.i8m, 128
+	case b.DType == INT8:
+		tab, unit = &s.dot8.i8, 128
+	case b.q.off != nil:
+		tab = &s.dot8.u4m
+	}
+	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
+	ldt := (p1 - p0) * PanelWidth
+	tile := buffers.Grow(&sc.tile, M*ldt)
+	stride := K / dot8Unit * unit
+	ss := 4 * b.q.panels * PanelWidth
+	var ap [maxDot8Rows]*byte
+	for m0, mr := 0, 0; m0 < M; m0 += mr {
+		mr = min(maxDot8Rows, M-m0)
+		for r := range mr {
+			ap[r] = &q.row(m0+r, K)[0]
+		}
+		ks := tab[mr]
+		for p := p0; p < p1; {
+			np := min(len(ks)-1, p1-p)
+			var off *float32
+			if b.q.offPanel != nil {
+				off = &b.q.offPanel[p*PanelWidth]
+			}
+			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[p*PanelWidth], off, g/dot8Unit, q.rec, ss)
+			p += np
+		}
+	}
+	for r := range M {
+		copy(c[r*ldc:][:n1-n0], tile[r*ldt+n0-p0*PanelWidth:])
+	}
+}
+
+var dot8Pool = sync.Pool{New: func() any { return new(dot8Scratch) }}
+
+type dot8Scratch struct {
+	q    [2]dot8Rows
+	rows []*float32
+	c    [2][]float32
+	tile []float32
+}
+
+// dot8GEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1) in
+// the int8-dot mode, c[i] holding len(rows) rows of ldc floats.
+func dot8GEMM(sc *dot8Scratch, rows []*float32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
+	for i, bi := range b {
+		q := &sc.q[i]
+		if i == 1 && b[0].q.cols == bi.q.cols {
+			q = &sc.q[0] // the same quantized rows
+		} else {
+			q.quantize(rows, bi.Cols, bi.q.cols)
+		}
+		if !bi.dot8 { // a matrix of the exact mode beside one of this mode
+			exactRows(c[i], ldc, rows, bi, n0, n1)
+			continue
+		}
+		if s := active; s != nil && s.hasDot8() {
+			s.dot8GEMM(sc, q, len(rows), bi, n0, n1, c[i], ldc)
+			continue
+		}
+		dot8Generic(c[i], ldc, q, len(rows), bi, n0, n1)
+	}
+}
+
+// gateUpDot8 is GateUp on int8-dot gate and up matrices.
+func gateUpDot8(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+	K, inter := gate.Cols, gate.Rows
+	sc := dot8Pool.Get().(*dot8Scratch)
+	defer sc.put()
+	rows := sc.grow(len(idx))
+	for r := range rows {
+		rows[r] = &x[int(idx[r])*K]
+	}
+	ldc := n1 - n0
+	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
+	dot8GEMM(sc, rows, []Matrix{gate, up}, n0, n1, sc.c, ldc)
+	for r := range rows {
+		g, u := sc.c[0][r*ldc:][:ldc], sc.c[1][r*ldc:][:ldc]
+		hr := h[r*inter+n0:][:ldc]
+		if ep == nil {
+			for n := range hr {
+				hr[n] = SwiGLU(g[n], u[n])
+			}
+			continue
+		}
+		ep.row(hr, g, u, r, n0)
+	}
+}
+
+// downDot8 is Down and GEMMRows on an int8-dot matrix.
+func downDot8(out, h []float32, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
+	hidden, K := down.Rows, down.Cols
+	M := len(h) / K
+	if idx != nil {
+		M = len(idx)
+	}
+	sc := dot8Pool.Get().(*dot8Scratch)
+	defer sc.put()
+	rows := sc.grow(M)
+	for r := range rows {
+		i := r
+		if idx != nil {
+			i = int(idx[r])
+		}
+		rows[r] = &h[i*K]
+	}
+	ldc := n1 - n0
+	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
+	dot8GEMM(sc, rows, []Matrix{down}, n0, n1, sc.c, ldc)
+	for r := 0; r < M; r++ {
+		c := sc.c[0][r*ldc:][:ldc]
+		o := out[r*hidden+n0:][:ldc]
+		switch {
+		case bias != nil:
+			for n := range o {
+				o[n] = biased(c[n], bias, n0+n, scale, r)
+			}
+		case scale == nil:
+			copy(o, c)
+		default:
+			for n := range o {
+				o[n] = c[n] * scale[r]
+			}
+		}
+	}
+}
+
+func (sc *dot8Scratch) grow(m int) []*float32 {
+	if cap(sc.rows) < m {
+		sc.rows = make([]*float32, m)
+	}
+	sc.rows = sc.rows[:m]
+	return sc.rows
+}
+
+// put returns the scratch to the pool without its row pointers.
+func (sc *dot8Scratch) put() {
+	clear(sc.rows)
+	dot8Pool.Put(sc)
+}

@@ -1,0 +1,161 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// dot8Cases are the matrices of the int8-dot tests: UINT4 and INT8, with
+// offsets and without, in groups of 32, 16 and 8.
+func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
+	out := map[string]Matrix{}
+	for _, g := range []int{32, 16, 8} {
+		for _, offsets := range []bool{false, true} {
+			n := rows * cols / g
+			scales, offs := make([]float32, n), []float32(nil)
+			for i := range scales {
+				scales[i] = float32((rng.Float64()*2 - 1) * 0.01)
+			}
+			if offsets {
+				offs = make([]float32, n)
+				for i := range offs {
+					offs[i] = float32((rng.Float64()*2 - 1) * 0.05)
+				}
+			}
+			nib := make([]uint8, rows*cols/2)
+			for i := range nib {
+				nib[i] = uint8(rng.IntN(256))
+			}
+			codes := make([]int8, rows*cols)
+			for i := range codes {
+				codes[i] = int8(rng.IntN(256) - 128)
+			}
+			u, err := NewUINT4(rows, cols, g, nib, scales, offs)
+			if err != nil {
+				panic(err)
+			}
+			q, err := NewINT8(rows, cols, g, codes, scales, offs)
+			if err != nil {
+				panic(err)
+			}
+			out[fmt.Sprintf("uint4 g%d offsets=%v", g, offsets)] = u
+			out[fmt.Sprintf("int8 g%d offsets=%v", g, offsets)] = q
+		}
+	}
+	return out
+}
+
+// dot8Reference is the int8-dot mode written again from its definition
+// (see Numerics): row x against row n of m.
+func dot8Reference(x []float32, m Matrix, n int) float32 {
+	g := m.q.cols
+	var acc float32
+	for b := 0; b < len(x); b += 32 {
+		amax := 0.0
+		for _, v := range x[b : b+32] {
+			amax = math.Max(amax, math.Abs(float64(v)))
+		}
+		d := float32(amax) / 127
+		inv := float32(0)
+		if d != 0 {
+			inv = 1 / d
+		}
+		for g0 := b; g0 < b+32; g0 += g {
+			var I, S int64
+			for k := g0; k < g0+g; k++ {
+				qv := int64(math.RoundToEven(float64(x[k] * inv)))
+				I += qv * int64(m.code(n, k))
+				S += qv
+			}
+			gi := n*m.q.gridCols + g0/g
+			acc = fma32(float32(I), m.q.grid[gi]*d, acc)
+			if m.q.off != nil {
+				acc = fma32(m.q.off[gi], d*float32(S), acc)
+			}
+		}
+	}
+	return acc
+}
+
+// TestInt8Dot: on every implementation, PackInt8Dot keeps the weights'
+// values; GateUp and Down in the mode give the reference's bits (the
+// mode's definition written again), a row's bits not depending on the
+// rows beside it; and the mode's error against float64 arithmetic on the
+// weights' values stays within what rounding the activations to int8
+// makes: here 1 % of the products' magnitude.
+func TestInt8Dot(t *testing.T) {
+	for _, impl := range Implementations() {
+		t.Run(impl, func(t *testing.T) {
+			restore, err := Use(impl)
+			require.NoError(t, err)
+			defer restore()
+			for _, s := range []struct{ M, N, K int }{{1, 37, 256}, {3, 64, 384}, {7, 20, 128}, {5, 16, 2048}, {9, 50, 96}} {
+				rng := rand.New(rand.NewPCG(uint64(s.M), uint64(s.K)))
+				cases := dot8Cases(rng, s.N, s.K)
+				x := make([]float32, s.M*s.K)
+				for i := range x {
+					x[i] = float32(rng.Float64()*2 - 1)
+				}
+				x[3] = 0 // a zero, and below a block of zeros
+				clear(x[len(x)-32:])
+				idx := make([]int32, s.M)
+				for i := range idx {
+					idx[i] = int32(i)
+				}
+				for name, m := range cases {
+					d, err := PackInt8Dot(m)
+					require.NoError(t, err, name)
+					require.Equal(t, Int8Dot, d.Numerics())
+					require.Equal(t, Exact, m.Numerics())
+					for n := 0; n < s.N; n += 7 {
+						for k := 0; k < s.K; k += 5 {
+							require.Equal(t, m.At(n, k), d.At(n, k), "%s [%d, %d]", name, n, k)
+						}
+					}
+					o := make([]float32, s.M*s.N)
+					Down(o, x, d, nil, 0, s.N)
+					h := make([]float32, s.M*s.N)
+					GateUp(h, x, idx, d, d, 0, s.N)
+					w := make([]float32, s.K)
+					for n := 0; n < s.N; n++ {
+						m.RowF32(n, w)
+						for r := 0; r < s.M; r++ {
+							xr := x[r*s.K:][:s.K]
+							want := dot8Reference(xr, m, n)
+							require.Equal(t, math.Float32bits(want), math.Float32bits(o[r*s.N+n]), "%s M=%d K=%d row %d col %d", name, s.M, s.K, r, n)
+							require.Equal(t, math.Float32bits(SwiGLU(want, want)), math.Float32bits(h[r*s.N+n]), "%s gate/up", name)
+							var exact, mag float64
+							for k, v := range xr {
+								exact += float64(v) * float64(w[k])
+								mag += math.Abs(float64(v) * float64(w[k]))
+							}
+							require.InDelta(t, exact, float64(want), 0.01*mag+1e-30, "%s error", name)
+						}
+					}
+					one := make([]float32, s.N)
+					Down(one, x[(s.M-1)*s.K:], d, nil, 0, s.N)
+					require.Equal(t, o[(s.M-1)*s.N:], one, "%s: one row alone", name)
+				}
+			}
+		})
+	}
+}
+
+// TestInt8DotRefused: the mode is taken only for the weights it is
+// defined on, with an error naming why otherwise.
+func TestInt8DotRefused(t *testing.T) {
+	f, err := NewF32(2, 32, make([]float32, 64))
+	require.NoError(t, err)
+	_, err = PackInt8Dot(f)
+	require.ErrorContains(t, err, "int8dot numerics need UINT4 or INT8 weights, have F32")
+	q, err := NewINT8(2, 64, 64, make([]int8, 128), []float32{1, 1}, nil)
+	require.NoError(t, err)
+	_, err = PackInt8Dot(q)
+	require.ErrorContains(t, err, "need groups of 8, 16 or 32 and whole blocks of 32 columns, have groups of 64 over 64")
+	_, err = ParseNumerics("fast")
+	require.ErrorContains(t, err, `numerics "fast": want exact or int8dot`)
+}
