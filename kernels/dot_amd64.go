@@ -9,6 +9,8 @@ import "github.com/klauspost/cpuid/v2"
 var (
 	hasAVX2   = cpuid.CPU.Supports(cpuid.AVX2, cpuid.FMA3, cpuid.F16C)
 	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512DQ)
+	// hasVNNI: the int8-dot kernels' vpdpbusd on zmm.
+	hasVNNI = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512VNNI)
 )
 
 func init() {
@@ -36,6 +38,9 @@ func init() {
 		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX512, outerQ8MAVX512, outerQ4MAVX512
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
 		s.dqQ8, s.dqQ8M, s.dqQ4M = dqAVX512Q8, dqAVX512Q8M, dqAVX512Q4M
+		if hasVNNI {
+			s.dot8 = &dot8AVX512
+		}
 		readSIMD = readAVX512
 		register(s)
 	}

@@ -163,3 +163,31 @@ var outerQ4MAVX512 = outerQTable{
 	5: {1: opAVX512Q4Mx5p1, 2: opAVX512Q4Mx5p2, 3: opAVX512Q4Mx5p3, 4: opAVX512Q4Mx5p4},
 	6: {1: opAVX512Q4Mx6p1, 2: opAVX512Q4Mx6p2},
 }
+
+// dot8AVX512 holds the AVX-512 VNNI int8-dot kernels.
+var dot8AVX512 = dot8Kernels{
+	u4: dot8Table{
+		1: {1: dot8AVX512U4x1p1, 2: dot8AVX512U4x1p2, 3: dot8AVX512U4x1p3, 4: dot8AVX512U4x1p4},
+		2: {1: dot8AVX512U4x2p1, 2: dot8AVX512U4x2p2, 3: dot8AVX512U4x2p3, 4: dot8AVX512U4x2p4},
+		3: {1: dot8AVX512U4x3p1, 2: dot8AVX512U4x3p2},
+		4: {1: dot8AVX512U4x4p1, 2: dot8AVX512U4x4p2},
+	},
+	u4m: dot8Table{
+		1: {1: dot8AVX512U4Mx1p1, 2: dot8AVX512U4Mx1p2, 3: dot8AVX512U4Mx1p3, 4: dot8AVX512U4Mx1p4},
+		2: {1: dot8AVX512U4Mx2p1, 2: dot8AVX512U4Mx2p2, 3: dot8AVX512U4Mx2p3, 4: dot8AVX512U4Mx2p4},
+		3: {1: dot8AVX512U4Mx3p1, 2: dot8AVX512U4Mx3p2},
+		4: {1: dot8AVX512U4Mx4p1, 2: dot8AVX512U4Mx4p2},
+	},
+	i8: dot8Table{
+		1: {1: dot8AVX512I8x1p1, 2: dot8AVX512I8x1p2, 3: dot8AVX512I8x1p3, 4: dot8AVX512I8x1p4},
+		2: {1: dot8AVX512I8x2p1, 2: dot8AVX512I8x2p2, 3: dot8AVX512I8x2p3, 4: dot8AVX512I8x2p4},
+		3: {1: dot8AVX512I8x3p1, 2: dot8AVX512I8x3p2},
+		4: {1: dot8AVX512I8x4p1, 2: dot8AVX512I8x4p2},
+	},
+	i8m: dot8Table{
+		1: {1: dot8AVX512I8Mx1p1, 2: dot8AVX512I8Mx1p2, 3: dot8AVX512I8Mx1p3, 4: dot8AVX512I8Mx1p4},
+		2: {1: dot8AVX512I8Mx2p1, 2: dot8AVX512I8Mx2p2, 3: dot8AVX512I8Mx2p3, 4: dot8AVX512I8Mx2p4},
+		3: {1: dot8AVX512I8Mx3p1, 2: dot8AVX512I8Mx3p2},
+		4: {1: dot8AVX512I8Mx4p1, 2: dot8AVX512I8Mx4p2},
+	},
+}

@@ -1649,6 +1649,246 @@ func dqAVX512Q8(dst *float32, b *byte, k int, s *float32, o *float32)
 //go:noescape
 func dqAVX512Q8M(dst *float32, b *byte, k int, s *float32, o *float32)
 
+// dot8AVX512U4x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of UINT4 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U4Mx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U4Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512I8Mx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512I8Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //
 //go:noescape

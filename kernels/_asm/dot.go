@@ -88,6 +88,7 @@ func main() {
 			for _, dt := range []string{"F8", "Q4", "Q4M", "Q8", "Q8M"} {
 				dequant(dt)
 			}
+			dot8Kernels()
 			readLoop()
 		}
 	}

@@ -164,6 +164,7 @@ func writeOuterTable(path string) {
 			}
 		}
 	}
+	writeDot8Table(&b)
 	src, err := format.Source(b.Bytes())
 	if err != nil {
 		panic(err)

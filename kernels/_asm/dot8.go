@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	"github.com/mmcloughlin/avo/ir"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The int8-dot kernels (AVX-512 VNNI): the weights' codes as unsigned
+// bytes (UINT4 nibbles split by a mask and a shift; INT8 codes stored
+// plus 128), the activations' int8 codes broadcast four at a time, and
+// vpdpbusd summing four products a lane into each row's int32 group sum;
+// at a group's end the sums become floats (INT8: less 128·S, undoing the
+// bias) and join each output's fp32 chain as the mode defines (see
+// kernels/dot8.go): acc += float(I)·(s·d), then acc += o·(d·S).
+
+// maxDot8MR is the most activation rows of an int8-dot kernel.
+const maxDot8MR = 4
+
+// dot8NP is the widest panel count of an int8-dot kernel for MR rows: the
+// group sums and the chains (MR·NP each), two weight vectors a panel, two
+// broadcasts, the mask and a temporary.
+func dot8NP(mr int) int {
+	for np := 4; np > 1; np /= 2 {
+		if 2*mr*np+2*np+4 <= 32 {
+			return np
+		}
+	}
+	return 1
+}
+
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M"}
+
+// vpdpbusd emits VPDPBUSD: acc += Σ over each lane's four bytes of
+// u8(w)·s8(x). avo does not know the instruction; the Go assembler does.
+func vpdpbusd(x, w, acc VecVirtual) {
+	Instruction(&ir.Instruction{Opcode: "VPDPBUSD", Operands: []Op{x, w, acc}, Inputs: []Op{x, w, acc}, Outputs: []Op{acc}})
+}
+
+func dot8Kernel(kind string, mr, np int) {
+	name := fmt.Sprintf("dot8AVX512%sx%dp%d", kind, mr, np)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func).", name, mr, np,
+		map[string]string{"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)"}[kind]))
+	u4 := kind == "U4" || kind == "U4M"
+	offsets := kind == "U4M" || kind == "I8M"
+	unit := 128
+	if u4 {
+		unit = 64
+	}
+
+	a := make([]GPVirtual, mr)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	b := make([]GPVirtual, np)
+	b[0] = GP64()
+	Load(Param("b"), b[0])
+	if np > 1 {
+		stride := Load(Param("stride"), GP64())
+		for j := 1; j < np; j++ {
+			b[j] = GP64()
+			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
+		}
+	}
+	scales := Load(Param("s"), GP64())
+	var offs Register
+	if offsets {
+		offs = Load(Param("o"), GP64())
+	}
+	var mask VecVirtual
+	if u4 {
+		mask = ZMM()
+		t := GP32()
+		MOVL(U32(0x0F0F0F0F), t)
+		VPBROADCASTD(t, mask)
+	}
+	acc := make([][]VecVirtual, mr)
+	sums := make([][]VecVirtual, mr)
+	for m := range acc {
+		acc[m], sums[m] = make([]VecVirtual, np), make([]VecVirtual, np)
+		for j := range acc[m] {
+			acc[m][j], sums[m][j] = ZMM(), ZMM()
+		}
+	}
+	tile := func(f func(m, j int, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for j := range acc[m] {
+				f(m, j, Mem{Base: c, Disp: 64 * j})
+			}
+		}
+	}
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) })
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+	g := Load(Param("groups"), GP64())
+	o := GP64() // byte offset into each panel
+	XORQ(o, o)
+
+	Label(name + "_group")
+	TESTQ(g, g)
+	JZ(LabelRef(name + "_store"))
+	for m := range sums {
+		for _, r := range sums[m] {
+			VPXORD(r, r, r)
+		}
+	}
+	u := Load(Param("units"), GP64())
+	Comment("Eight steps of k: two weight vectors a panel, two broadcasts a row.")
+	Label(name + "_unit")
+	lo, hi := make([]VecVirtual, np), make([]VecVirtual, np)
+	for j := range np {
+		lo[j], hi[j] = ZMM(), ZMM()
+		at := Mem{Base: b[j], Index: o, Scale: 1}
+		if u4 {
+			VMOVDQU64(at, hi[j])
+			VPANDD(mask, hi[j], lo[j])
+			VPSRLW(U8(4), hi[j], hi[j])
+			VPANDD(mask, hi[j], hi[j])
+		} else {
+			VMOVDQU64(at, lo[j])
+			VMOVDQU64(at.Offset(64), hi[j])
+		}
+	}
+	for m := range a {
+		x0, x1 := ZMM(), ZMM()
+		VPBROADCASTD(Mem{Base: a[m]}, x0)
+		VPBROADCASTD(Mem{Base: a[m], Disp: 4}, x1)
+		for j := range np {
+			vpdpbusd(x0, lo[j], sums[m][j])
+		}
+		for j := range np {
+			vpdpbusd(x1, hi[j], sums[m][j])
+		}
+		ADDQ(U32(8), a[m])
+	}
+	ADDQ(U32(unit), o)
+	DECQ(u)
+	JNZ(LabelRef(name + "_unit"))
+
+	Comment("The group's end: each row's sums into its chains.")
+	for m := range a {
+		d := ZMM()
+		VBROADCASTSS(Mem{Base: a[m]}, d)
+		var cB, vB VecVirtual
+		if !u4 {
+			cB = ZMM()
+			VPBROADCASTD(Mem{Base: a[m], Disp: 8}, cB)
+		}
+		if offsets {
+			vB = ZMM()
+			VBROADCASTSS(Mem{Base: a[m], Disp: 4}, vB)
+		}
+		for j := range np {
+			if !u4 {
+				VPSUBD(cB, sums[m][j], sums[m][j])
+			}
+			VCVTDQ2PS(sums[m][j], sums[m][j])
+			t := ZMM()
+			VMULPS(Mem{Base: scales, Disp: 64 * j}, d, t)
+			VFMADD231PS(t, sums[m][j], acc[m][j])
+			if offsets {
+				VFMADD231PS(Mem{Base: offs, Disp: 64 * j}, vB, acc[m][j])
+			}
+		}
+		ADDQ(U32(16), a[m])
+	}
+	ADDQ(paramAddr("ss"), scales)
+	if offsets {
+		ADDQ(paramAddr("ss"), offs)
+	}
+	DECQ(g)
+	JMP(LabelRef(name + "_group"))
+
+	Label(name + "_store")
+	tile(func(m, j int, at Mem) { VMOVUPS(acc[m][j], at) })
+	VZEROUPPER()
+	RET()
+}
+
+func dot8Kernels() {
+	for _, kind := range dot8Kinds {
+		for mr := 1; mr <= maxDot8MR; mr++ {
+			for np := 1; np <= dot8NP(mr); np++ {
+				dot8Kernel(kind, mr, np)
+			}
+		}
+	}
+}
+
+// writeDot8Table appends the Go table of the int8-dot kernels to b.
+func writeDot8Table(b *bytes.Buffer) {
+	b.WriteString("// dot8AVX512 holds the AVX-512 VNNI int8-dot kernels.\nvar dot8AVX512 = dot8Kernels{\n")
+	for _, kind := range dot8Kinds {
+		fmt.Fprintf(b, "%s: dot8Table{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m"}[kind])
+		for mr := 1; mr <= maxDot8MR; mr++ {
+			fmt.Fprintf(b, "%d: {", mr)
+			for np := 1; np <= dot8NP(mr); np++ {
+				fmt.Fprintf(b, "%d: dot8AVX512%sx%dp%d, ", np, kind, mr, np)
+			}
+			b.WriteString("},\n")
+		}
+		b.WriteString("},\n")
+	}
+	b.WriteString("}\n")
+}
