@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync"
@@ -148,63 +149,107 @@ func (m Matrix) dot8Index(i, j int) (at int, shift uint) {
 // weights in groups of g: each row a run of K/g records of g int8 codes
 // then 16 bytes: d_b (fp32), d_b·S (fp32), 128·S (int32), zero.
 type dot8Rows struct {
-	g, rec int // group, record bytes
-	buf    []byte
+	g, rec, k int // group, record bytes, row length
+	buf       []byte
 }
 
 // row returns row r's records.
-func (q *dot8Rows) row(r, k int) []byte {
-	n := k / q.g * q.rec
+func (q *dot8Rows) row(r int) []byte {
+	n := q.k / q.g * q.rec
 	return q.buf[r*n:][:n]
 }
 
-// quantize fills q with rows of k activations for groups of g.
-func (q *dot8Rows) quantize(rows []*float32, k, g int) {
-	q.g, q.rec = g, g+16
-	n := k / g * q.rec
-	if cap(q.buf) < len(rows)*n {
-		q.buf = make([]byte, len(rows)*n)
+// from is q without its first r0 rows.
+func (q *dot8Rows) from(r0 int) dot8Rows {
+	v := *q
+	v.buf = q.buf[r0*q.k/q.g*q.rec:]
+	return v
+}
+
+// ptrs returns the first record of each row idx picks (nil: every row).
+func (q *dot8Rows) ptrs(dst []*byte, idx []int32, rows int) []*byte {
+	dst = dst[:0]
+	for r := range rows {
+		i := r
+		if idx != nil {
+			i = int(idx[r])
+		}
+		dst = append(dst, &q.row(i)[0])
 	}
-	q.buf = q.buf[:len(rows)*n]
+	return dst
+}
+
+// reset sizes q for n rows of k activations against groups of g.
+func (q *dot8Rows) reset(n, k, g int) {
+	q.g, q.rec, q.k = g, g+16, k
+	size := n * k / g * q.rec
+	if cap(q.buf) < size {
+		q.buf = make([]byte, size)
+	}
+	q.buf = q.buf[:size]
+}
+
+// quantize fills q (reset for them) with rows of k activations for
+// groups of g.
+func (q *dot8Rows) quantize(rows []*float32, k, g int) {
+	q.reset(len(rows), k, g)
 	for r, p := range rows {
-		x := unsafe.Slice(p, k)
-		out := q.buf[r*n:][:n]
-		for b := 0; b < k; b += dot8Block {
-			var amax float32
-			for _, v := range x[b : b+dot8Block] {
-				amax = max(amax, float32(math.Abs(float64(v))))
+		quantizeRow(q.row(r), unsafe.Slice(p, k), g)
+	}
+}
+
+// quantizeAll is quantize over every row of x [rows, k] (rows' indices
+// idx, nil for all) on up to workers goroutines.
+func (q *dot8Rows) quantizeAll(ctx context.Context, workers int, x []float32, k, g int) error {
+	n := len(x) / k
+	q.reset(n, k, g)
+	const chunk = 16
+	return Parallel(ctx, workers, (n+chunk-1)/chunk, func(c int) {
+		for r := c * chunk; r < min(n, (c+1)*chunk); r++ {
+			quantizeRow(q.row(r), x[r*k:][:k], g)
+		}
+	})
+}
+
+// quantizeRow writes the records of one row x in groups of g to out.
+func quantizeRow(out []byte, x []float32, g int) {
+	rec := g + 16
+	for b := 0; b < len(x); b += dot8Block {
+		var amax float32
+		for _, v := range x[b : b+dot8Block] {
+			amax = max(amax, math.Float32frombits(math.Float32bits(v)&^(1<<31)))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		for g0 := b; g0 < b+dot8Block; g0 += g {
+			r := out[g0/g*rec:][:rec]
+			var s int32
+			for j, v := range x[g0 : g0+g] {
+				c := int8(max(-127, min(127, math.RoundToEven(float64(v*id)))))
+				r[j] = uint8(c)
+				s += int32(c)
 			}
-			d := amax / 127
-			var id float32
-			if d != 0 {
-				id = 1 / d
-			}
-			for g0 := b; g0 < b+dot8Block; g0 += g {
-				rec := out[g0/g*q.rec:][:q.rec]
-				var s int32
-				for j, v := range x[g0 : g0+g] {
-					c := int8(max(-127, min(127, math.RoundToEven(float64(v*id)))))
-					rec[j] = uint8(c)
-					s += int32(c)
-				}
-				*(*float32)(unsafe.Pointer(&rec[g])) = d
-				*(*float32)(unsafe.Pointer(&rec[g+4])) = d * float32(s)
-				*(*int32)(unsafe.Pointer(&rec[g+8])) = 128 * s
-			}
+			*(*float32)(unsafe.Pointer(&r[g])) = d
+			*(*float32)(unsafe.Pointer(&r[g+4])) = d * float32(s)
+			*(*int32)(unsafe.Pointer(&r[g+8])) = 128 * s
 		}
 	}
 }
 
-// dot8Generic computes c[r][n−n0] for n in [n0, n1), the M rows r of q,
-// against the int8-dot matrix b: the mode's definition, in Go.
-func dot8Generic(c []float32, ldc int, q *dot8Rows, M int, b Matrix, n0, n1 int) {
+// dot8Generic computes c[r][n−n0] for n in [n0, n1), the rows whose
+// records start at recs[r] (records of rec bytes), against the int8-dot
+// matrix b: the mode's definition, in Go.
+func dot8Generic(c []float32, ldc int, recs []*byte, rec int, b Matrix, n0, n1 int) {
 	K, g := b.Cols, b.q.cols
-	for r := range M {
-		recs := q.row(r, K)
+	for r, p := range recs {
+		recs := unsafe.Slice(p, K/g*rec)
 		for n := n0; n < n1; n++ {
 			var acc float32
 			for gi := 0; gi < K/g; gi++ {
-				rec := recs[gi*q.rec:][:q.rec]
+				rec := recs[gi*rec:][:rec]
 				var dot int32
 				for j := range g {
 					dot += int32(b.code(n, gi*g+j)) * int32(int8(rec[j]))
@@ -263,7 +308,8 @@ func (s *simd) hasDot8() bool { return s.dot8 != nil }
 
 // dot8GEMM is dot8Generic on s's kernels: every row strip against every
 // run of panels, the whole k range a call.
-func (s *simd) dot8GEMM(sc *dot8Scratch, q *dot8Rows, M int, b Matrix, n0, n1 int, c []float32, ldc int) {
+func (s *simd) dot8GEMM(sc *dot8Scratch, recs []*byte, rec int, b Matrix, n0, n1 int, c []float32, ldc int) {
+	M := len(recs)
 	K, g := b.Cols, b.q.cols
 	tab := &s.dot8.u4
 	unit := 64
@@ -283,9 +329,7 @@ func (s *simd) dot8GEMM(sc *dot8Scratch, q *dot8Rows, M int, b Matrix, n0, n1 in
 	var ap [maxDot8Rows]*byte
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
 		mr = min(maxDot8Rows, M-m0)
-		for r := range mr {
-			ap[r] = &q.row(m0+r, K)[0]
-		}
+		copy(ap[:], recs[m0:m0+mr])
 		ks := tab[mr]
 		for p := p0; p < p1; {
 			np := min(len(ks)-1, p1-p)
@@ -293,7 +337,7 @@ func (s *simd) dot8GEMM(sc *dot8Scratch, q *dot8Rows, M int, b Matrix, n0, n1 in
 			if b.q.offPanel != nil {
 				off = &b.q.offPanel[p*PanelWidth]
 			}
-			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[p*PanelWidth], off, g/dot8Unit, q.rec, ss)
+			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[p*PanelWidth], off, g/dot8Unit, rec, ss)
 			p += np
 		}
 	}
@@ -307,34 +351,46 @@ var dot8Pool = sync.Pool{New: func() any { return new(dot8Scratch) }}
 type dot8Scratch struct {
 	q    [2]dot8Rows
 	rows []*float32
+	recs []*byte
 	c    [2][]float32
 	tile []float32
 }
 
 // dot8GEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1) in
-// the int8-dot mode, c[i] holding len(rows) rows of ldc floats.
-func dot8GEMM(sc *dot8Scratch, rows []*float32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
+// the int8-dot mode, c[i] holding len(rows) rows of ldc floats. pre, when
+// not nil, holds the rows already quantized (row r at pre's row idx[r],
+// or r with idx nil), for the matrices whose group it was made for.
+func dot8GEMM(sc *dot8Scratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
 	for i, bi := range b {
-		q := &sc.q[i]
-		if i == 1 && b[0].q.cols == bi.q.cols {
-			q = &sc.q[0] // the same quantized rows
-		} else {
-			q.quantize(rows, bi.Cols, bi.q.cols)
-		}
 		if !bi.dot8 { // a matrix of the exact mode beside one of this mode
 			exactRows(c[i], ldc, rows, bi, n0, n1)
 			continue
 		}
+		q := pre
+		var recs []*byte
+		switch {
+		case q != nil && q.g == bi.q.cols:
+			recs = q.ptrs(sc.recs[:0], idx, len(rows))
+		case i == 1 && b[0].dot8 && b[0].q.cols == bi.q.cols && (pre == nil || pre.g != bi.q.cols):
+			q = &sc.q[0] // quantized for b[0]
+			recs = q.ptrs(sc.recs[:0], nil, len(rows))
+		default:
+			q = &sc.q[i]
+			q.quantize(rows, bi.Cols, bi.q.cols)
+			recs = q.ptrs(sc.recs[:0], nil, len(rows))
+		}
+		sc.recs = recs
 		if s := active; s != nil && s.hasDot8() {
-			s.dot8GEMM(sc, q, len(rows), bi, n0, n1, c[i], ldc)
+			s.dot8GEMM(sc, recs, q.rec, bi, n0, n1, c[i], ldc)
 			continue
 		}
-		dot8Generic(c[i], ldc, q, len(rows), bi, n0, n1)
+		dot8Generic(c[i], ldc, recs, q.rec, bi, n0, n1)
 	}
 }
 
-// gateUpDot8 is GateUp on int8-dot gate and up matrices.
-func gateUpDot8(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+// gateUpDot8 is GateUp on int8-dot gate and up matrices; xq, when not
+// nil, is every row of x quantized.
+func gateUpDot8(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
 	sc := dot8Pool.Get().(*dot8Scratch)
 	defer sc.put()
@@ -344,7 +400,7 @@ func gateUpDot8(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 in
 	}
 	ldc := n1 - n0
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
-	dot8GEMM(sc, rows, []Matrix{gate, up}, n0, n1, sc.c, ldc)
+	dot8GEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
 	for r := range rows {
 		g, u := sc.c[0][r*ldc:][:ldc], sc.c[1][r*ldc:][:ldc]
 		hr := h[r*inter+n0:][:ldc]
@@ -358,8 +414,9 @@ func gateUpDot8(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 in
 	}
 }
 
-// downDot8 is Down and GEMMRows on an int8-dot matrix.
-func downDot8(out, h []float32, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
+// downDot8 is Down and GEMMRows on an int8-dot matrix; hq, when not nil,
+// is every row of h quantized.
+func downDot8(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	M := len(h) / K
 	if idx != nil {
@@ -377,7 +434,7 @@ func downDot8(out, h []float32, idx []int32, down Matrix, bias, scale []float32,
 	}
 	ldc := n1 - n0
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
-	dot8GEMM(sc, rows, []Matrix{down}, n0, n1, sc.c, ldc)
+	dot8GEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
 	for r := 0; r < M; r++ {
 		c := sc.c[0][r*ldc:][:ldc]
 		o := out[r*hidden+n0:][:ldc]
@@ -407,5 +464,6 @@ func (sc *dot8Scratch) grow(m int) []*float32 {
 // put returns the scratch to the pool without its row pointers.
 func (sc *dot8Scratch) put() {
 	clear(sc.rows)
+	clear(sc.recs)
 	dot8Pool.Put(sc)
 }

@@ -9,13 +9,14 @@ package kernels
 // Only columns [n0, n1) of h are written, so that callers can split the work
 // into column tiles. Shapes are the caller's contract (checked by the layer).
 func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
-	gateUp(h, x, nil, idx, gate, up, nil, n0, n1)
+	gateUp(h, x, nil, nil, idx, gate, up, nil, n0, n1)
 }
 
-// gateUp is GateUp with the magnitude ranges of x's rows, or nil.
-func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+// gateUp is GateUp with the magnitude ranges of x's rows and its rows
+// quantized for the int8-dot mode, each nil when not at hand.
+func gateUp(h, x []float32, xr []magRange, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	if gate.dot8 || up.dot8 {
-		gateUpDot8(h, x, idx, gate, up, ep, n0, n1)
+		gateUpDot8(h, x, xq, idx, gate, up, ep, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
@@ -37,14 +38,14 @@ func gateUp(h, x []float32, xr []magRange, idx []int32, gate, up Matrix, ep *glu
 // h is [rows, inter], down is [hidden, inter], out is [rows, hidden];
 // scale is [rows], or nil for a weight of one.
 func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
-	gemmRows(out, h, nil, nil, down, nil, scale, n0, n1)
+	gemmRows(out, h, nil, nil, nil, down, nil, scale, n0, n1)
 }
 
 // gemmRows is GEMMRows (Down with idx nil) with the magnitude ranges of
 // a's rows, or nil.
-func gemmRows(out, a []float32, ar []magRange, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
+func gemmRows(out, a []float32, ar []magRange, aq *dot8Rows, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
 	if b.dot8 {
-		downDot8(out, a, idx, b, bias, scale, n0, n1)
+		downDot8(out, a, aq, idx, b, bias, scale, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(b) {
@@ -69,5 +70,5 @@ func RouterLogits(dst []float64, x []float32, w Matrix) {
 // GEMMRows computes out[r, n] = scale[r] · (a[idx[r]] · b[n]) for n in
 // [n0, n1): Down over rows of a [tokens, k] gathered in place through idx.
 func GEMMRows(out, a []float32, idx []int32, b Matrix, scale []float32, n0, n1 int) {
-	gemmRows(out, a, nil, idx, b, nil, scale, n0, n1) // idx nil: every row of a
+	gemmRows(out, a, nil, nil, idx, b, nil, scale, n0, n1) // idx nil: every row of a
 }

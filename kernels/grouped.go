@@ -66,6 +66,8 @@ const (
 type Scratch struct {
 	h      []float32
 	xr, hr []magRange
+	xq     dot8Rows   // x quantized for the int8-dot mode
+	hq     []dot8Rows // each group's h likewise
 }
 
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
@@ -108,6 +110,17 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			break
 		}
 	}
+	// x quantized once for the int8-dot mode, rather than once per tile.
+	var xq *dot8Rows
+	for _, g := range groups {
+		if g.Gate.dot8 {
+			if err := s.xq.quantizeAll(ctx, workers, x, g.Gate.Cols, g.Gate.q.cols); err != nil {
+				return err
+			}
+			xq = &s.xq
+			break
+		}
+	}
 	eps := make([]*glu, len(groups))
 	for i := range groups {
 		eps[i] = newGLU(&groups[i])
@@ -116,7 +129,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		it := first[k]
 		g := &groups[it.g]
 		inter := g.Gate.Rows
-		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
+		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, xq, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
 	}); err != nil {
 		return err
 	}
@@ -144,6 +157,20 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			return err
 		}
 	}
+	// Each group's h quantized once for the int8-dot mode.
+	if cap(s.hq) < len(groups) {
+		s.hq = make([]dot8Rows, len(groups))
+	}
+	s.hq = s.hq[:len(groups)]
+	hq := make([]*dot8Rows, len(groups))
+	if err := Parallel(ctx, workers, len(groups), func(i int) {
+		if d := groups[i].Down; d.dot8 {
+			s.hq[i].quantizeAll(context.Background(), 1, hs[i], d.Cols, d.q.cols)
+			hq[i] = &s.hq[i]
+		}
+	}); err != nil {
+		return err
+	}
 	return Parallel(ctx, workers, len(second), func(k int) {
 		it := second[k]
 		g := &groups[it.g]
@@ -156,7 +183,12 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		if hr[it.g] != nil {
 			rr = hr[it.g][it.r0:it.r1]
 		}
-		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, nil, g.Down, g.DownBias, scale, it.n0, it.n1)
+		var aq *dot8Rows
+		if q := hq[it.g]; q != nil {
+			sub := q.from(it.r0)
+			aq = &sub
+		}
+		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, aq, nil, g.Down, g.DownBias, scale, it.n0, it.n1)
 	})
 }
 
@@ -187,7 +219,7 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 		if g.Scale != nil {
 			scale = g.Scale[it.r0:it.r1]
 		}
-		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, nil, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
 	})
 }
 

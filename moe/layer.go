@@ -14,7 +14,7 @@
 //   - Concurrency: a Layer's Forward and ForwardRouting may be called from
 //     many goroutines at once (each call takes reusable buffers of its own)
 //     and give each caller the bits a serial call gives. SetWorkers,
-//     SetExpertRunner and Close wait for the calls in flight.
+//     SetNumerics, SetExpertRunner and Close wait for the calls in flight.
 //   - Buffers: the caller owns x, y, ids and weights; a call reads x and
 //     writes the others, and keeps none of them.
 //   - Blocking calls take a context.Context first; a cancelled context
@@ -36,6 +36,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 
@@ -110,8 +111,9 @@ type Layer struct {
 	closer     io.Closer   // a GGUF file, owned likewise
 	src        *Checkpoint // where the weights were mapped from, to name a fault on it
 
-	workers int          // SetWorkers
-	runner  ExpertRunner // SetExpertRunner
+	workers  int              // SetWorkers
+	runner   ExpertRunner     // SetExpertRunner
+	numerics kernels.Numerics // SetNumerics
 
 	scratchMu sync.Mutex
 	scratches []*scratch
@@ -891,7 +893,7 @@ func (l *Layer) Subset(keep func(e int) bool) *Layer {
 		loaded[e] = l.loaded[e] && keep(e)
 	}
 	return &Layer{Config: l.Config, Router: l.Router, experts: l.experts, loaded: loaded, src: l.src,
-		shared: l.shared, sharedGate: l.sharedGate, norms: l.norms, workers: l.workers}
+		shared: l.shared, sharedGate: l.sharedGate, norms: l.norms, workers: l.workers, numerics: l.numerics}
 }
 
 // Expert returns routed expert e's weights, and whether this layer holds
@@ -918,6 +920,65 @@ func (l *Layer) SetWorkers(n int) {
 	defer l.life.Unlock()
 	l.workers = max(n, 0)
 }
+
+// SetNumerics makes later forward passes compute the experts' products in
+// mode n. Layers start in kernels.Exact. kernels.Int8Dot (llama.cpp's way:
+// activations rounded to int8 per 32, integer dot products; see
+// kernels.Numerics) needs every expert matrix, routed and shared, in UINT4
+// or INT8 with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_1, Q5_0, Q5_1,
+// Q4_K, Q5_K, Q6_K): otherwise it is an error naming the first that is
+// not, and the layer is unchanged. The experts are repacked for the mode,
+// so a layer in Int8Dot does not go back (load it again). It waits for
+// the forward passes in flight; subsets made before keep their mode.
+func (l *Layer) SetNumerics(n kernels.Numerics) error {
+	l.life.Lock()
+	defer l.life.Unlock()
+	if n == l.numerics {
+		return nil
+	}
+	if n != kernels.Int8Dot {
+		return fmt.Errorf("moe: a layer in %v numerics cannot go to %v: load it again", l.numerics, n)
+	}
+	if l.runner != nil {
+		return fmt.Errorf("moe: %v numerics run on the CPU kernels; this layer's experts run elsewhere", n)
+	}
+	pack := func(what string, x Expert) (Expert, error) {
+		for _, m := range []struct {
+			name string
+			m    *kernels.Matrix
+		}{{"gate", &x.Gate}, {"up", &x.Up}, {"down", &x.Down}} {
+			p, err := kernels.PackInt8Dot(*m.m)
+			if err != nil {
+				return x, errkind.Errorf(ErrUnsupportedFormat, "moe: %s's %s: %w", what, m.name, err)
+			}
+			*m.m = p
+		}
+		return x, nil
+	}
+	experts := slices.Clone(l.experts)
+	for e, x := range experts {
+		if !l.loaded[e] {
+			continue
+		}
+		var err error
+		if experts[e], err = pack(fmt.Sprintf("expert %d", e), x); err != nil {
+			return err
+		}
+	}
+	var shared *Expert
+	if l.shared != nil {
+		s, err := pack("the shared expert", *l.shared)
+		if err != nil {
+			return err
+		}
+		shared = &s
+	}
+	l.experts, l.shared, l.numerics = experts, shared, n
+	return nil
+}
+
+// Numerics is the mode the experts' products are computed in.
+func (l *Layer) Numerics() kernels.Numerics { return l.numerics }
 
 // SetExpertRunner makes r run the grouped expert FFNs of later forward
 // passes; nil (the default) runs them on the CPU kernels. It waits for the

@@ -480,6 +480,15 @@ func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duratio
 	}
 }
 
+// layerDType names a layer's expert dtype, with its numerics mode where
+// that is not the exact one (UINT4+int8dot).
+func layerDType(l *moe.Layer) string {
+	if n := l.Numerics(); n != kernels.Exact {
+		return l.WeightDType().String() + "+" + n.String()
+	}
+	return l.WeightDType().String()
+}
+
 func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	fs := flag.NewFlagSet("bench moe", flag.ContinueOnError)
 	model := fs.String("model", "", "checkpoint folder")
@@ -489,12 +498,24 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4 and int8 experts, cpu; the other dtypes are timed in exact only)")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
 	}
 	if err := finish(); err != nil {
 		return nil, err
+	}
+	var modes []kernels.Numerics
+	for _, n := range strings.Split(*numerics, ",") {
+		mode, err := kernels.ParseNumerics(n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: bench moe: %w", errUsage, err)
+		}
+		modes = append(modes, mode)
+	}
+	if *backend != "cpu" && slices.ContainsFunc(modes, func(n kernels.Numerics) bool { return n != kernels.Exact }) {
+		return nil, fmt.Errorf("%w: bench moe: --numerics int8dot runs on --backend cpu", errUsage)
 	}
 	ts, err := intList(*tokens, "--tokens")
 	if err != nil {
@@ -535,31 +556,44 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err := o.fits("moe", need); err != nil {
 		return nil, err
 	}
-	if *model != "" {
-		l, err := moe.Load(*model, *layerIdx)
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		return benchMoELayers([]*moe.Layer{l}, name, ts, *backend, o, *seed)
-	}
 	var layers []*moe.Layer
 	defer func() {
 		for _, l := range layers {
 			l.Close()
 		}
 	}()
+	if *model != "" {
+		for _, mode := range modes {
+			l, err := moe.Load(*model, *layerIdx)
+			if err != nil {
+				return nil, err
+			}
+			layers = append(layers, l)
+			if err := l.SetNumerics(mode); err != nil {
+				return nil, err
+			}
+		}
+		return benchMoELayers(layers, name, ts, *backend, o, *seed)
+	}
 	for _, ds := range strings.Split(*dtype, ",") {
 		dt, err := dtypeOf(ds)
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(o.stderr, "bench: making a %s-shaped layer with random %s weights\n", presetName, ds)
-		l, err := moe.NewRandom(presetConfig(), dt, *seed)
-		if err != nil {
-			return nil, err
+		for _, mode := range modes {
+			if mode == kernels.Int8Dot && dt != kernels.UINT4 && dt != kernels.INT8 {
+				continue // no such mode for the dtype
+			}
+			fmt.Fprintf(o.stderr, "bench: making a %s-shaped layer with random %s weights (%v numerics)\n", presetName, ds, mode)
+			l, err := moe.NewRandom(presetConfig(), dt, *seed)
+			if err != nil {
+				return nil, err
+			}
+			layers = append(layers, l)
+			if err := l.SetNumerics(mode); err != nil {
+				return nil, err
+			}
 		}
-		layers = append(layers, l)
 	}
 	return benchMoELayers(layers, name, ts, *backend, o, *seed)
 }
@@ -610,13 +644,13 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 			}
 			err := o.forEachSetting(func(impl string, threads int) error {
 				l.SetWorkers(threads)
-				times, err := o.time(label+" "+l.WeightDType().String()+" "+impl, func() error {
+				times, err := o.time(label+" "+layerDType(l)+" "+impl, func() error {
 					return l.ForwardTokens(context.Background(), x, tokens, y, nil, nil)
 				})
 				if err != nil {
 					return err
 				}
-				results = append(results, makeResult("moe", label, impl, l.WeightDType().String(), threads, times, c.FLOPs(T), bytes, probe))
+				results = append(results, makeResult("moe", label, impl, layerDType(l), threads, times, c.FLOPs(T), bytes, probe))
 				return nil
 			})
 			if err != nil {

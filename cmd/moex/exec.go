@@ -13,6 +13,7 @@ import (
 	"github.com/moex-project/moex/internal/regfile"
 
 	"github.com/moex-project/moex/internal/npy"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -51,6 +52,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long (each collective's bound)")
 	deadline := fs.Duration("deadline", 0, "give up on the whole job after this long (0: no limit)")
 	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels, one rank; needs a `make cuda` build)")
+	numerics := fs.String("numerics", "exact", "exact, or int8dot: the experts' products as llama.cpp computes them (activations rounded to int8 per 32, integer dot products; GGUF Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K experts, one CPU rank)")
 	checkWeights := fs.Bool("check-weights", false, "read every expert weight once before running and fail naming the first NaN or infinity (the router's are always checked)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
@@ -87,11 +89,18 @@ func execMoE(args []string, stderr io.Writer) error {
 	if *deadline < 0 {
 		return fmt.Errorf("%w: exec moe: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
 	}
-	job := &epJob{model: *model, layer: *layer, input: *input, tokens: *tokens, placement: *placement, redundant: *redundant, checkWeights: *checkWeights}
+	mode, err := kernels.ParseNumerics(*numerics)
+	if err != nil {
+		return fmt.Errorf("%w: exec moe: %w", errUsage, err)
+	}
+	if mode != kernels.Exact && (*ranks != 1 || *backend != "cpu") {
+		return fmt.Errorf("%w: exec moe: --numerics %v runs on one CPU rank (--ep 1 --backend cpu)", errUsage, mode)
+	}
+	job := &epJob{model: *model, layer: *layer, input: *input, tokens: *tokens, placement: *placement, redundant: *redundant,
+		checkWeights: *checkWeights, numerics: mode}
 	ctx, cancel := withDeadline(*deadline)
 	defer cancel()
 	var res *epResult
-	var err error
 	switch {
 	case *backend == "cuda":
 		if *ranks != 1 || *commName != "local" {
@@ -180,6 +189,7 @@ type epJob struct {
 	model, input, tokens, placement string
 	layer, redundant                int
 	checkWeights                    bool
+	numerics                        kernels.Numerics
 }
 
 type epResult struct {
@@ -206,6 +216,10 @@ func (j *epJob) loadOne() (*moe.Layer, npy.Float32, *epResult, error) {
 	l, err := moe.Load(j.model, j.layer)
 	if err != nil {
 		return nil, npy.Float32{}, nil, err
+	}
+	if err := l.SetNumerics(j.numerics); err != nil {
+		l.Close()
+		return nil, npy.Float32{}, nil, fmt.Errorf("%s: layer %d: %w", j.model, j.layer, err)
 	}
 	c := l.Config
 	x, err := j.readInput(c)
