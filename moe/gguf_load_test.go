@@ -472,6 +472,10 @@ func dequantCodes(name string, blocks []byte, rows, cols int) [][]float64 {
 // allows), and a Q4_K_M-like mix (gate and up Q4_K, down Q6_K), give the
 // float64 reference over what an independent dequantizer makes of the
 // blocks within 1e-5, choosing the same experts; on every implementation.
+// In the int8-dot mode, the same experts, within 2 % of the reference
+// (rounding the activations to int8), and a token's bits alone as in the
+// batch (kernels' TestInt8Dot checks the mode's bits on every
+// implementation; the F32 shared expert here stays exact).
 func TestLoadGGUFCodes(t *testing.T) {
 	spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 256, Experts: 8, TopK: 2, Inter: 512, SharedExperts: 1,
 		Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 96}
@@ -521,6 +525,7 @@ func TestLoadGGUFCodes(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, file, 0o644))
 		x := moetest.Input(5, 21, H, false)
 		ref := m.Forward(x)
+		logged := false
 		for _, impl := range impls {
 			restore, err := kernels.Use(impl)
 			require.NoError(t, err)
@@ -531,8 +536,46 @@ func TestLoadGGUFCodes(t *testing.T) {
 			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
 			require.Equal(t, ref.IDs, ids, "%v on %s", types, impl)
 			require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "%v on %s", types, impl)
+
+			// The int8-dot mode, asked for: llama.cpp's error, not ours.
+			require.Equal(t, kernels.Exact, l.Numerics())
+			require.NoError(t, l.SetNumerics(kernels.Int8Dot))
+			require.Equal(t, kernels.Int8Dot, l.Numerics())
+			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+			require.Equal(t, ref.IDs, ids, "%v int8dot on %s", types, impl)
+			e := moetest.RelErr(y, ref.Y)
+			require.Greater(t, e, 1e-5, "%v int8dot on %s: the mode was not taken", types, impl)
+			require.LessOrEqual(t, e, 2e-2, "%v int8dot on %s", types, impl)
+			if !logged {
+				t.Logf("%v: int8dot relative error %.2g", types, e)
+				logged = true
+			}
+			one := make([]float32, H) // a token alone: its bits in the batch
+			require.NoError(t, l.Forward(context.Background(), x[7*H:8*H], one))
+			require.Equal(t, y[7*H:8*H], one, "%v int8dot on %s: token 7 alone", types, impl)
+			require.ErrorContains(t, l.SetNumerics(kernels.Exact), "cannot go to exact: load it again")
 			require.NoError(t, l.Close())
 			restore()
 		}
 	}
+}
+
+// TestSetNumericsRefused: a layer whose experts the int8-dot mode is not
+// defined on says so, naming the matrix, and stays exact.
+func TestSetNumericsRefused(t *testing.T) {
+	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 64, Experts: 4, TopK: 2, Inter: 32, NormTopK: true, DType: "BF16", Seed: 97}
+	m, err := moetest.Generate(spec)
+	require.NoError(t, err)
+	file, err := m.GGUF("qwen3moe", 30)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "bf16.gguf")
+	require.NoError(t, os.WriteFile(path, file, 0o644))
+	l, err := moe.LoadGGUF(path, 0)
+	require.NoError(t, err)
+	defer l.Close()
+	err = l.SetNumerics(kernels.Int8Dot)
+	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
+	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4 or INT8 weights, have BF16")
+	require.Equal(t, kernels.Exact, l.Numerics())
+	require.NoError(t, l.SetNumerics(kernels.Exact))
 }

@@ -924,12 +924,14 @@ func (l *Layer) SetWorkers(n int) {
 // SetNumerics makes later forward passes compute the experts' products in
 // mode n. Layers start in kernels.Exact. kernels.Int8Dot (llama.cpp's way:
 // activations rounded to int8 per 32, integer dot products; see
-// kernels.Numerics) needs every expert matrix, routed and shared, in UINT4
-// or INT8 with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_1, Q5_0, Q5_1,
-// Q4_K, Q5_K, Q6_K): otherwise it is an error naming the first that is
-// not, and the layer is unchanged. The experts are repacked for the mode,
-// so a layer in Int8Dot does not go back (load it again). It waits for
-// the forward passes in flight; subsets made before keep their mode.
+// kernels.Numerics) needs every routed expert's matrices in UINT4 or INT8
+// with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+// Q6_K): otherwise it is an error naming the first that is not, and the
+// layer is unchanged. The shared expert takes the mode where all three of
+// its matrices can, and stays exact otherwise (files that keep it in
+// F16 or BF16). The experts are repacked for the mode, so a layer in
+// Int8Dot does not go back (load it again). It waits for the forward
+// passes in flight; subsets made before keep their mode.
 func (l *Layer) SetNumerics(n kernels.Numerics) error {
 	l.life.Lock()
 	defer l.life.Unlock()
@@ -965,13 +967,11 @@ func (l *Layer) SetNumerics(n kernels.Numerics) error {
 			return err
 		}
 	}
-	var shared *Expert
-	if l.shared != nil {
-		s, err := pack("the shared expert", *l.shared)
-		if err != nil {
-			return err
+	shared := l.shared
+	if shared != nil {
+		if s, err := pack("the shared expert", *shared); err == nil {
+			shared = &s
 		}
-		shared = &s
 	}
 	l.experts, l.shared, l.numerics = experts, shared, n
 	return nil

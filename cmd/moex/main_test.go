@@ -613,7 +613,9 @@ func TestExecMoETokenIDs(t *testing.T) {
 
 // TestExecMoEGGUF: exec moe on a GGUF file (DeepSeek-V3's block, BF16
 // experts, layer 2 after two dense ones) gives the float64 reference and
-// its experts; --ranks 2 over a GGUF file is refused by name.
+// its experts; --ranks 2 over a GGUF file is refused by name; --numerics
+// int8dot on its BF16 experts is refused naming the matrix, and on Q8_0
+// ones runs within the mode's error (exact without it).
 func TestExecMoEGGUF(t *testing.T) {
 	spec := moetest.Spec{ModelType: "deepseek_v3", Hidden: 48, Experts: 16, TopK: 4, Inter: 24, SharedExperts: 1,
 		Method: "noaux_tc", Scoring: "sigmoid", NGroup: 4, TopKGroup: 2, NormTopK: true, Scaling: 2.5,
@@ -633,6 +635,58 @@ func TestExecMoEGGUF(t *testing.T) {
 	requireOutputs(t, yp, ip, m.Forward(x))
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ep", "2")
 	require.ErrorContains(t, err, "expert parallelism over a GGUF file is not supported yet")
+	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "int8dot")
+	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4 or INT8 weights, have BF16")
+	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "fast")
+	require.ErrorIs(t, err, errUsage)
+	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "int8dot", "--ep", "2")
+	require.ErrorContains(t, err, "--numerics int8dot runs on one CPU rank")
+
+	// Q8_0 experts (codes times 2^-7, so that the reference's weights are
+	// the blocks' values): exact by default, within the int8-dot mode's
+	// error when asked for it.
+	spec.Hidden, spec.Inter = 64, 32 // whole blocks
+	m, err = moetest.Generate(spec)
+	require.NoError(t, err)
+	x = moetest.Input(78, 13, spec.Hidden, false)
+	require.NoError(t, npy.WriteFloat32(xp, []int{13, spec.Hidden}, x))
+	rng := rand.New(rand.NewPCG(5, 5))
+	q8 := map[string][]byte{}
+	for e := range m.Experts {
+		for _, p := range []struct {
+			name string
+			w    [][]float64
+		}{{"ffn_gate_exps", m.Experts[e].Gate}, {"ffn_up_exps", m.Experts[e].Up}, {"ffn_down_exps", m.Experts[e].Down}} {
+			for _, row := range p.w {
+				for b := 0; b < len(row); b += 32 {
+					q8[p.name] = append(q8[p.name], 0x00, 0x20) // d = 2^-7 as an f16
+					for j := range 32 {
+						c := int8(rng.IntN(255) - 127)
+						q8[p.name] = append(q8[p.name], byte(c))
+						row[b+j] = float64(c) / 128
+					}
+				}
+			}
+		}
+	}
+	data, err = m.GGUFQuant("deepseek2", 30, map[string]uint32{"ffn_gate_exps": 8, "ffn_up_exps": 8, "ffn_down_exps": 8}, q8)
+	require.NoError(t, err)
+	q8model := filepath.Join(dir, "DeepSeek-V3-tiny-Q8_0.gguf")
+	require.NoError(t, os.WriteFile(q8model, data, 0o644))
+	ref := m.Forward(x)
+	_, _, err = runCLI("exec", "moe", "--model", q8model, "--layer", "2", "--input", xp, "--out", yp, "--ids-out", ip)
+	require.NoError(t, err)
+	requireOutputs(t, yp, ip, ref)
+	_, _, err = runCLI("exec", "moe", "--model", q8model, "--layer", "2", "--input", xp, "--out", yp, "--ids-out", ip, "--numerics", "int8dot")
+	require.NoError(t, err)
+	y8, err := npy.ReadFloat32(yp)
+	require.NoError(t, err)
+	e := moetest.RelErr(y8.Data, ref.Y)
+	require.Greater(t, e, 1e-6)
+	require.LessOrEqual(t, e, 2e-2)
+	ids, err := npy.ReadInt32(ip)
+	require.NoError(t, err)
+	require.Equal(t, ref.IDs, ids.Data)
 
 	// moex run over the GGUF file's MoE block (its attention random, said so).
 	out, _, err := runCLI("run", "--model", model, "--layer", "2", "--ranks", "2", "--steps", "2")
