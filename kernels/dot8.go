@@ -91,7 +91,7 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	if g := m.q.cols; dot8Block%g != 0 || g%dot8Unit != 0 || m.Cols%dot8Block != 0 {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
 	}
-	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.packScales(m.Rows, m.panels(), 1), lut: m.lut, packed: true, dot8: true}
+	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.dot8Scales(m.Rows, m.panels()), lut: m.lut, packed: true, dot8: true}
 	p.u8 = make([]uint8, m.panels()*PanelWidth*m.Cols*m.DType.Bits()/8)
 	for i := 0; i < m.Rows; i++ {
 		for j := 0; j < m.Cols; j++ {
@@ -107,6 +107,36 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	}
 	return p, nil
 }
+
+// dot8Scales lays out an int8-dot matrix's scales (and offsets) for its
+// kernels: panels in runs of dot8Run, each run's groups in order, a
+// group's scales of the run's panels side by side (16 a panel), so that a
+// kernel over a run's panels and the whole k range reads them as one
+// stream: panel p's group g at ((p/dot8Run·groups + g)·dot8Run + p%dot8Run)·16.
+func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
+	p := *q
+	p.panels = panels
+	runs := (panels + dot8Run - 1) / dot8Run
+	lay := func(src []float32) []float32 {
+		dst := make([]float32, runs*q.gridCols*dot8Run*PanelWidth)
+		for r := range rows {
+			pi := r / PanelWidth
+			for g := range q.gridCols {
+				dst[((pi/dot8Run*q.gridCols+g)*dot8Run+pi%dot8Run)*PanelWidth+r%PanelWidth] = src[r*q.gridCols+g]
+			}
+		}
+		return dst
+	}
+	p.panel = lay(q.grid)
+	if q.off != nil {
+		p.offPanel = lay(q.off)
+	}
+	return &p
+}
+
+// dot8Run is the panels whose scales an int8-dot matrix keeps side by
+// side: a tile's (tileCols).
+const dot8Run = tileCols / PanelWidth
 
 // code is the integer code of element [i, j] of a UINT4 or INT8 matrix.
 func (m Matrix) code(i, j int) int {
@@ -325,19 +355,21 @@ func (s *simd) dot8GEMM(sc *dot8Scratch, recs []*byte, rec int, b Matrix, n0, n1
 	ldt := (p1 - p0) * PanelWidth
 	tile := buffers.Grow(&sc.tile, M*ldt)
 	stride := K / dot8Unit * unit
-	ss := 4 * b.q.panels * PanelWidth
+	ss := 4 * dot8Run * PanelWidth
 	var ap [maxDot8Rows]*byte
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
 		mr = min(maxDot8Rows, M-m0)
 		copy(ap[:], recs[m0:m0+mr])
 		ks := tab[mr]
 		for p := p0; p < p1; {
-			np := min(len(ks)-1, p1-p)
+			// At most the rest of p's run of panels: their scales side by side.
+			np := min(len(ks)-1, p1-p, dot8Run-p%dot8Run)
+			at := (p/dot8Run*(K/g)*dot8Run + p%dot8Run) * PanelWidth
 			var off *float32
 			if b.q.offPanel != nil {
-				off = &b.q.offPanel[p*PanelWidth]
+				off = &b.q.offPanel[at]
 			}
-			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[p*PanelWidth], off, g/dot8Unit, rec, ss)
+			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[at], off, g/dot8Unit, rec, ss)
 			p += np
 		}
 	}

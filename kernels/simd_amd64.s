@@ -37601,7 +37601,7 @@ dqAVX512Q8M_done:
 	RET
 
 // func dot8AVX512U4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x1p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -37634,6 +37634,7 @@ dot8AVX512U4x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -37648,6 +37649,7 @@ dot8AVX512U4x1p1_unit:
 	JNZ          dot8AVX512U4x1p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
 	VBROADCASTSS (AX), Z3
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DX), Z3, Z3
@@ -37665,7 +37667,7 @@ dot8AVX512U4x1p1_store:
 	RET
 
 // func dot8AVX512U4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x1p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -37703,6 +37705,8 @@ dot8AVX512U4x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -37723,6 +37727,7 @@ dot8AVX512U4x1p2_unit:
 	JNZ          dot8AVX512U4x1p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (AX), Z5
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (BX), Z5, Z6
@@ -37744,7 +37749,7 @@ dot8AVX512U4x1p2_store:
 	RET
 
 // func dot8AVX512U4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x1p3(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -37786,6 +37791,9 @@ dot8AVX512U4x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -37812,6 +37820,7 @@ dot8AVX512U4x1p3_unit:
 	JNZ          dot8AVX512U4x1p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (AX), Z7
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (SI), Z7, Z8
@@ -37837,7 +37846,7 @@ dot8AVX512U4x1p3_store:
 	RET
 
 // func dot8AVX512U4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x1p4(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -37883,6 +37892,10 @@ dot8AVX512U4x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -37915,6 +37928,7 @@ dot8AVX512U4x1p4_unit:
 	JNZ          dot8AVX512U4x1p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (AX), Z9
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z9, Z10
@@ -37944,7 +37958,7 @@ dot8AVX512U4x1p4_store:
 	RET
 
 // func dot8AVX512U4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x2p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -37982,6 +37996,7 @@ dot8AVX512U4x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -38001,6 +38016,7 @@ dot8AVX512U4x2p1_unit:
 	JNZ          dot8AVX512U4x2p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (CX), Z5
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (BX), Z5, Z5
@@ -38025,7 +38041,7 @@ dot8AVX512U4x2p1_store:
 	RET
 
 // func dot8AVX512U4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x2p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -38071,6 +38087,8 @@ dot8AVX512U4x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -38098,6 +38116,7 @@ dot8AVX512U4x2p2_unit:
 	JNZ          dot8AVX512U4x2p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z9
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (SI), Z9, Z10
@@ -38130,7 +38149,7 @@ dot8AVX512U4x2p2_store:
 	RET
 
 // func dot8AVX512U4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x2p3(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -38183,6 +38202,9 @@ dot8AVX512U4x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -38218,6 +38240,7 @@ dot8AVX512U4x2p3_unit:
 	JNZ          dot8AVX512U4x2p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z13
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z13, Z14
@@ -38258,7 +38281,7 @@ dot8AVX512U4x2p3_store:
 	RET
 
 // func dot8AVX512U4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x2p4(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -38318,6 +38341,10 @@ dot8AVX512U4x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -38361,6 +38388,7 @@ dot8AVX512U4x2p4_unit:
 	JNZ          dot8AVX512U4x2p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z17
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (R8), Z17, Z18
@@ -38409,7 +38437,7 @@ dot8AVX512U4x2p4_store:
 	RET
 
 // func dot8AVX512U4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x3p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -38452,6 +38480,7 @@ dot8AVX512U4x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -38476,6 +38505,7 @@ dot8AVX512U4x3p1_unit:
 	JNZ          dot8AVX512U4x3p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z7
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (SI), Z7, Z7
@@ -38507,7 +38537,7 @@ dot8AVX512U4x3p1_store:
 	RET
 
 // func dot8AVX512U4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x3p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -38561,6 +38591,8 @@ dot8AVX512U4x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -38595,6 +38627,7 @@ dot8AVX512U4x3p2_unit:
 	JNZ          dot8AVX512U4x3p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z13
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z13, Z14
@@ -38910,7 +38943,7 @@ dot8AVX512U4x4p2_store:
 	RET
 
 // func dot8AVX512U4Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx1p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -38944,6 +38977,7 @@ dot8AVX512U4Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -38958,6 +38992,8 @@ dot8AVX512U4Mx1p1_unit:
 	JNZ          dot8AVX512U4Mx1p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (AX), Z3
 	VBROADCASTSS 4(AX), Z4
 	VCVTDQ2PS    Z2, Z2
@@ -38978,7 +39014,7 @@ dot8AVX512U4Mx1p1_store:
 	RET
 
 // func dot8AVX512U4Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx1p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -39017,6 +39053,8 @@ dot8AVX512U4Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p2_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -39037,6 +39075,8 @@ dot8AVX512U4Mx1p2_unit:
 	JNZ          dot8AVX512U4Mx1p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (AX), Z5
 	VBROADCASTSS 4(AX), Z6
 	VCVTDQ2PS    Z2, Z2
@@ -39062,7 +39102,7 @@ dot8AVX512U4Mx1p2_store:
 	RET
 
 // func dot8AVX512U4Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx1p3(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -39105,6 +39145,9 @@ dot8AVX512U4Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p3_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -39131,6 +39174,8 @@ dot8AVX512U4Mx1p3_unit:
 	JNZ          dot8AVX512U4Mx1p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (AX), Z7
 	VBROADCASTSS 4(AX), Z8
 	VCVTDQ2PS    Z2, Z2
@@ -39161,7 +39206,7 @@ dot8AVX512U4Mx1p3_store:
 	RET
 
 // func dot8AVX512U4Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx1p4(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), AX
@@ -39208,6 +39253,10 @@ dot8AVX512U4Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p4_unit:
+	PREFETCHT0   4096(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -39240,6 +39289,8 @@ dot8AVX512U4Mx1p4_unit:
 	JNZ          dot8AVX512U4Mx1p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (AX), Z9
 	VBROADCASTSS 4(AX), Z10
 	VCVTDQ2PS    Z2, Z2
@@ -39275,7 +39326,7 @@ dot8AVX512U4Mx1p4_store:
 	RET
 
 // func dot8AVX512U4Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx2p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39314,6 +39365,7 @@ dot8AVX512U4Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p1_unit:
+	PREFETCHT0   4096(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -39333,6 +39385,8 @@ dot8AVX512U4Mx2p1_unit:
 	JNZ          dot8AVX512U4Mx2p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z5
 	VBROADCASTSS 4(CX), Z6
 	VCVTDQ2PS    Z2, Z2
@@ -39362,7 +39416,7 @@ dot8AVX512U4Mx2p1_store:
 	RET
 
 // func dot8AVX512U4Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx2p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39409,6 +39463,8 @@ dot8AVX512U4Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p2_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -39436,6 +39492,8 @@ dot8AVX512U4Mx2p2_unit:
 	JNZ          dot8AVX512U4Mx2p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z9
 	VBROADCASTSS 4(CX), Z10
 	VCVTDQ2PS    Z2, Z2
@@ -39475,7 +39533,7 @@ dot8AVX512U4Mx2p2_store:
 	RET
 
 // func dot8AVX512U4Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx2p3(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39529,6 +39587,9 @@ dot8AVX512U4Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p3_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -39564,6 +39625,8 @@ dot8AVX512U4Mx2p3_unit:
 	JNZ          dot8AVX512U4Mx2p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z13
 	VBROADCASTSS 4(CX), Z14
 	VCVTDQ2PS    Z2, Z2
@@ -39613,7 +39676,7 @@ dot8AVX512U4Mx2p3_store:
 	RET
 
 // func dot8AVX512U4Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx2p4(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39674,6 +39737,10 @@ dot8AVX512U4Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p4_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -39717,6 +39784,8 @@ dot8AVX512U4Mx2p4_unit:
 	JNZ          dot8AVX512U4Mx2p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
 	VBROADCASTSS (CX), Z17
 	VBROADCASTSS 4(CX), Z18
 	VCVTDQ2PS    Z2, Z2
@@ -39776,7 +39845,7 @@ dot8AVX512U4Mx2p4_store:
 	RET
 
 // func dot8AVX512U4Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx3p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39820,6 +39889,7 @@ dot8AVX512U4Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx3p1_unit:
+	PREFETCHT0   4096(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -39844,6 +39914,8 @@ dot8AVX512U4Mx3p1_unit:
 	JNZ          dot8AVX512U4Mx3p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z7
 	VBROADCASTSS 4(CX), Z8
 	VCVTDQ2PS    Z2, Z2
@@ -39882,7 +39954,7 @@ dot8AVX512U4Mx3p1_store:
 	RET
 
 // func dot8AVX512U4Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx3p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -39937,6 +40009,8 @@ dot8AVX512U4Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx3p2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -39971,6 +40045,8 @@ dot8AVX512U4Mx3p2_unit:
 	JNZ          dot8AVX512U4Mx3p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z13
 	VBROADCASTSS 4(CX), Z14
 	VCVTDQ2PS    Z2, Z2
@@ -40320,7 +40396,7 @@ dot8AVX512U4Mx4p2_store:
 	RET
 
 // func dot8AVX512I8x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x1p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -40351,6 +40427,8 @@ dot8AVX512I8x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z2
 	VMOVDQU64    64(CX)(SI*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -40363,6 +40441,7 @@ dot8AVX512I8x1p1_unit:
 	JNZ          dot8AVX512I8x1p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
 	VBROADCASTSS (AX), Z2
 	VPBROADCASTD 8(AX), Z3
 	VPSUBD       Z3, Z1, Z1
@@ -40382,7 +40461,7 @@ dot8AVX512I8x1p1_store:
 	RET
 
 // func dot8AVX512I8x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x1p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -40418,6 +40497,10 @@ dot8AVX512I8x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VMOVDQU64    64(CX)(DI*1), Z5
 	VMOVDQU64    (DX)(DI*1), Z6
@@ -40434,6 +40517,7 @@ dot8AVX512I8x1p2_unit:
 	JNZ          dot8AVX512I8x1p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (AX), Z4
 	VPBROADCASTD 8(AX), Z5
 	VPSUBD       Z5, Z1, Z1
@@ -40458,7 +40542,7 @@ dot8AVX512I8x1p2_store:
 	RET
 
 // func dot8AVX512I8x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x1p3(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -40498,6 +40582,12 @@ dot8AVX512I8x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VMOVDQU64    64(CX)(R8*1), Z7
 	VMOVDQU64    (BX)(R8*1), Z8
@@ -40518,6 +40608,7 @@ dot8AVX512I8x1p3_unit:
 	JNZ          dot8AVX512I8x1p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VPSUBD       Z7, Z1, Z1
@@ -40547,7 +40638,7 @@ dot8AVX512I8x1p3_store:
 	RET
 
 // func dot8AVX512I8x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x1p4(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -40591,6 +40682,14 @@ dot8AVX512I8x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VMOVDQU64    64(CX)(R9*1), Z9
 	VMOVDQU64    (BX)(R9*1), Z10
@@ -40615,6 +40714,7 @@ dot8AVX512I8x1p4_unit:
 	JNZ          dot8AVX512I8x1p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VPSUBD       Z9, Z1, Z1
@@ -40649,7 +40749,7 @@ dot8AVX512I8x1p4_store:
 	RET
 
 // func dot8AVX512I8x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x2p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -40685,6 +40785,8 @@ dot8AVX512I8x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z4
 	VMOVDQU64    64(DX)(DI*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -40702,6 +40804,7 @@ dot8AVX512I8x2p1_unit:
 	JNZ          dot8AVX512I8x2p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (CX), Z4
 	VPBROADCASTD 8(CX), Z5
 	VPSUBD       Z5, Z1, Z1
@@ -40730,7 +40833,7 @@ dot8AVX512I8x2p1_store:
 	RET
 
 // func dot8AVX512I8x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x2p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -40774,6 +40877,10 @@ dot8AVX512I8x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z8
 	VMOVDQU64    64(DX)(R8*1), Z9
 	VMOVDQU64    (BX)(R8*1), Z10
@@ -40797,6 +40904,7 @@ dot8AVX512I8x2p2_unit:
 	JNZ          dot8AVX512I8x2p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VPSUBD       Z9, Z1, Z1
@@ -40835,7 +40943,7 @@ dot8AVX512I8x2p2_store:
 	RET
 
 // func dot8AVX512I8x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x2p3(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -40886,6 +40994,12 @@ dot8AVX512I8x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z12
 	VMOVDQU64    64(DX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -40915,6 +41029,7 @@ dot8AVX512I8x2p3_unit:
 	JNZ          dot8AVX512I8x2p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VPSUBD       Z13, Z1, Z1
@@ -40963,7 +41078,7 @@ dot8AVX512I8x2p3_store:
 	RET
 
 // func dot8AVX512I8x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x2p4(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -41021,6 +41136,14 @@ dot8AVX512I8x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z16
 	VMOVDQU64    64(DX)(R10*1), Z17
 	VMOVDQU64    (SI)(R10*1), Z18
@@ -41056,6 +41179,7 @@ dot8AVX512I8x2p4_unit:
 	JNZ          dot8AVX512I8x2p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VPSUBD       Z17, Z1, Z1
@@ -41114,7 +41238,7 @@ dot8AVX512I8x2p4_store:
 	RET
 
 // func dot8AVX512I8x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x3p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -41155,6 +41279,8 @@ dot8AVX512I8x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z6
 	VMOVDQU64    64(BX)(R8*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -41177,6 +41303,7 @@ dot8AVX512I8x3p1_unit:
 	JNZ          dot8AVX512I8x3p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z6
 	VPBROADCASTD 8(CX), Z7
 	VPSUBD       Z7, Z1, Z1
@@ -41214,7 +41341,7 @@ dot8AVX512I8x3p1_store:
 	RET
 
 // func dot8AVX512I8x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x3p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -41266,6 +41393,10 @@ dot8AVX512I8x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z12
 	VMOVDQU64    64(BX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -41296,6 +41427,7 @@ dot8AVX512I8x3p2_unit:
 	JNZ          dot8AVX512I8x3p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VPSUBD       Z13, Z1, Z1
@@ -41630,7 +41762,7 @@ dot8AVX512I8x4p2_store:
 	RET
 
 // func dot8AVX512I8Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx1p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -41662,6 +41794,8 @@ dot8AVX512I8Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z2
 	VMOVDQU64    64(CX)(DI*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -41674,6 +41808,8 @@ dot8AVX512I8Mx1p1_unit:
 	JNZ          dot8AVX512I8Mx1p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
 	VBROADCASTSS (AX), Z2
 	VPBROADCASTD 8(AX), Z3
 	VBROADCASTSS 4(AX), Z4
@@ -41696,7 +41832,7 @@ dot8AVX512I8Mx1p1_store:
 	RET
 
 // func dot8AVX512I8Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx1p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -41733,6 +41869,10 @@ dot8AVX512I8Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p2_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z4
 	VMOVDQU64    64(CX)(R8*1), Z5
 	VMOVDQU64    (DX)(R8*1), Z6
@@ -41749,6 +41889,8 @@ dot8AVX512I8Mx1p2_unit:
 	JNZ          dot8AVX512I8Mx1p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (AX), Z4
 	VPBROADCASTD 8(AX), Z5
 	VBROADCASTSS 4(AX), Z6
@@ -41777,7 +41919,7 @@ dot8AVX512I8Mx1p2_store:
 	RET
 
 // func dot8AVX512I8Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx1p3(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -41818,6 +41960,12 @@ dot8AVX512I8Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p3_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z6
 	VMOVDQU64    64(CX)(R9*1), Z7
 	VMOVDQU64    (BX)(R9*1), Z8
@@ -41838,6 +41986,8 @@ dot8AVX512I8Mx1p3_unit:
 	JNZ          dot8AVX512I8Mx1p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VBROADCASTSS 4(AX), Z8
@@ -41872,7 +42022,7 @@ dot8AVX512I8Mx1p3_store:
 	RET
 
 // func dot8AVX512I8Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx1p4(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), AX
@@ -41917,6 +42067,14 @@ dot8AVX512I8Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p4_unit:
+	PREFETCHT0   4096(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(CX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z8
 	VMOVDQU64    64(CX)(R10*1), Z9
 	VMOVDQU64    (BX)(R10*1), Z10
@@ -41941,6 +42099,8 @@ dot8AVX512I8Mx1p4_unit:
 	JNZ          dot8AVX512I8Mx1p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VBROADCASTSS 4(AX), Z10
@@ -41981,7 +42141,7 @@ dot8AVX512I8Mx1p4_store:
 	RET
 
 // func dot8AVX512I8Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx2p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42018,6 +42178,8 @@ dot8AVX512I8Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p1_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z4
 	VMOVDQU64    64(DX)(R8*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -42035,6 +42197,8 @@ dot8AVX512I8Mx2p1_unit:
 	JNZ          dot8AVX512I8Mx2p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
 	VBROADCASTSS (CX), Z4
 	VPBROADCASTD 8(CX), Z5
 	VBROADCASTSS 4(CX), Z6
@@ -42068,7 +42232,7 @@ dot8AVX512I8Mx2p1_store:
 	RET
 
 // func dot8AVX512I8Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx2p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42113,6 +42277,10 @@ dot8AVX512I8Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p2_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z8
 	VMOVDQU64    64(DX)(R9*1), Z9
 	VMOVDQU64    (BX)(R9*1), Z10
@@ -42136,6 +42304,8 @@ dot8AVX512I8Mx2p2_unit:
 	JNZ          dot8AVX512I8Mx2p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VBROADCASTSS 4(CX), Z10
@@ -42181,7 +42351,7 @@ dot8AVX512I8Mx2p2_store:
 	RET
 
 // func dot8AVX512I8Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx2p3(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42233,6 +42403,12 @@ dot8AVX512I8Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p3_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z12
 	VMOVDQU64    64(DX)(R10*1), Z13
 	VMOVDQU64    (SI)(R10*1), Z14
@@ -42262,6 +42438,8 @@ dot8AVX512I8Mx2p3_unit:
 	JNZ          dot8AVX512I8Mx2p3_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VBROADCASTSS 4(CX), Z14
@@ -42319,7 +42497,7 @@ dot8AVX512I8Mx2p3_store:
 	RET
 
 // func dot8AVX512I8Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx2p4(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42378,6 +42556,14 @@ dot8AVX512I8Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p4_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z16
 	VMOVDQU64    64(DX)(R11*1), Z17
 	VMOVDQU64    (SI)(R11*1), Z18
@@ -42413,6 +42599,8 @@ dot8AVX512I8Mx2p4_unit:
 	JNZ          dot8AVX512I8Mx2p4_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VBROADCASTSS 4(CX), Z18
@@ -42482,7 +42670,7 @@ dot8AVX512I8Mx2p4_store:
 	RET
 
 // func dot8AVX512I8Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx3p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42524,6 +42712,8 @@ dot8AVX512I8Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx3p1_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z6
 	VMOVDQU64    64(BX)(R9*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -42546,6 +42736,8 @@ dot8AVX512I8Mx3p1_unit:
 	JNZ          dot8AVX512I8Mx3p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z6
 	VPBROADCASTD 8(CX), Z7
 	VBROADCASTSS 4(CX), Z8
@@ -42590,7 +42782,7 @@ dot8AVX512I8Mx3p1_store:
 	RET
 
 // func dot8AVX512I8Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx3p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -42643,6 +42835,10 @@ dot8AVX512I8Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx3p2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z12
 	VMOVDQU64    64(BX)(R10*1), Z13
 	VMOVDQU64    (SI)(R10*1), Z14
@@ -42673,6 +42869,8 @@ dot8AVX512I8Mx3p2_unit:
 	JNZ          dot8AVX512I8Mx3p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VBROADCASTSS 4(CX), Z14

@@ -130,6 +130,12 @@ func dot8Kernel(kind string, mr, np int) {
 	u := Load(Param("units"), GP64())
 	Comment("Eight steps of k: two weight vectors a panel, two broadcasts a row.")
 	Label(name + "_unit")
+	prefetch(mr, b, o)
+	if !u4 && mr <= 3 { // INT8's unit is two lines
+		for _, bj := range b {
+			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist + 64})
+		}
+	}
 	lo, hi := make([]VecVirtual, np), make([]VecVirtual, np)
 	for j := range np {
 		lo[j], hi[j] = ZMM(), ZMM()
@@ -161,6 +167,12 @@ func dot8Kernel(kind string, mr, np int) {
 	JNZ(LabelRef(name + "_unit"))
 
 	Comment("The group's end: each row's sums into its chains.")
+	if mr <= 3 { // the scales' (and offsets') streams, 16 groups ahead
+		PREFETCHT0(Mem{Base: scales, Disp: pfDist})
+		if offsets {
+			PREFETCHT0(Mem{Base: offs, Disp: pfDist})
+		}
+	}
 	for m := range a {
 		d := ZMM()
 		VBROADCASTSS(Mem{Base: a[m]}, d)

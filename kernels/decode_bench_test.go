@@ -1,0 +1,102 @@
+package kernels_test
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/moex-project/moex/kernels"
+)
+
+// BenchmarkDecodeExperts times a decode step's grouped FFN at
+// DeepSeek-V2-Lite's expert shapes (64 experts, 6 chosen, one token each,
+// the chosen ones rotating over all 64 so that the weights come from
+// DRAM) for bf16, and UINT4 (Q4_K as moex holds it) and INT8 (Q8_0) in
+// the exact and the int8-dot mode; bytes are the weights read:
+//
+//	go test -run '^$' -bench DecodeExperts ./kernels
+var hotE = 64
+
+func BenchmarkDecodeExperts(b *testing.B) {
+	const E, H, I, topK = 64, 2048, 1408, 6
+	rng := rand.New(rand.NewPCG(3, 3))
+	fp := func(rows, cols int) []float32 {
+		v := make([]float32, rows*cols)
+		for i := range v {
+			v[i] = (2*rng.Float32() - 1) / 45
+		}
+		return v
+	}
+	type expert struct{ gate, up, down kernels.Matrix }
+	base := make([][3][]float32, E)
+	for e := range base {
+		base[e] = [3][]float32{fp(I, H), fp(I, H), fp(H, I)}
+	}
+	x := make([]float32, H)
+	for i := range x {
+		x[i] = 2*rng.Float32() - 1
+	}
+	for _, c := range []struct {
+		name string
+		dt   kernels.DType
+		mode kernels.Numerics
+	}{{"bf16", kernels.BF16, kernels.Exact}, {"uint4", kernels.UINT4, kernels.Exact}, {"uint4_int8dot", kernels.UINT4, kernels.Int8Dot},
+		{"int8", kernels.INT8, kernels.Exact}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot}} {
+		xs := make([]expert, E)
+		var bytes int64
+		for e := range xs {
+			var m [3]kernels.Matrix
+			for p, v := range base[e] {
+				rows, cols := I, H
+				if p == 2 {
+					rows, cols = H, I
+				}
+				var err error
+				if c.dt == kernels.BF16 {
+					u := make([]uint16, len(v))
+					for i, f := range v {
+						u[i] = uint16(math.Float32bits(f) >> 16)
+					}
+					m[p], err = kernels.NewHalf(kernels.BF16, rows, cols, u)
+				} else {
+					m[p], err = kernels.Quantize(c.dt, v, rows, cols)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.mode == kernels.Int8Dot {
+					if m[p], err = kernels.PackInt8Dot(m[p]); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					m[p] = kernels.Pack(m[p])
+				}
+			}
+			xs[e] = expert{m[0], m[1], m[2]}
+			if e < topK {
+				bytes += m[0].Bytes() + m[1].Bytes() + m[2].Bytes()
+			}
+		}
+		b.Run(c.name, func(b *testing.B) {
+			var sc kernels.Scratch
+			groups := make([]kernels.FFNGroup, topK)
+			outs := make([][]float32, topK)
+			for i := range outs {
+				outs[i] = make([]float32, H)
+			}
+			b.SetBytes(bytes)
+			next := 0
+			for b.Loop() {
+				for g := range groups {
+					x := xs[next%hotE]
+					next++
+					groups[g] = kernels.FFNGroup{Gate: x.gate, Up: x.up, Down: x.down, Rows: []int32{0}, Out: outs[g], Expert: next % E}
+				}
+				if err := kernels.GroupedFFN(context.Background(), 2, x, groups, &sc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
