@@ -17,10 +17,12 @@ import (
 // third with their scales) and run the bf16 path's tensor-core GEMM.
 type Weights struct {
 	Format WeightFormat
-	W      Buffer // bf16 values, FP8 bytes, or 4-bit nibbles (two a byte, the even k low)
+	W      Buffer // bf16 values, FP8 bytes, 4-bit nibbles (two a byte, the even k low) or int8 codes
 	// Scales, fp32: FP8 [experts, ceil(N/BlockRows), ceil(K/BlockCols)];
-	// 4-bit [experts, N, K/BlockCols] (BlockRows 1, BlockCols the group).
-	Scales               Buffer
+	// the integer codes [experts, N, K/BlockCols] (BlockRows 1, BlockCols
+	// the group). Offsets, fp32, as Scales, for UINT4 and INT8 codes that
+	// have them (the zero Buffer: none).
+	Scales, Offsets      Buffer
 	BlockRows, BlockCols int
 }
 
@@ -42,12 +44,15 @@ type WeightFormat uint8
 
 // Weight formats: a weight is the stored value (BF16), or its value times
 // its block's or group's scale: an e4m3 byte (FP8), an e2m1 nibble (MXFP4),
-// a nibble minus 8 (INT4).
+// a nibble minus 8 (INT4); or a nibble (UINT4) or an int8 byte (INT8)
+// times its group's scale plus its offset, if any, rounded once.
 const (
 	BF16 WeightFormat = iota
 	FP8
 	MXFP4
 	INT4
+	UINT4
+	INT8
 )
 
 // BF16Weights are bf16 weights w.
@@ -55,15 +60,12 @@ func BF16Weights(w Buffer) Weights { return Weights{W: w} }
 
 // sameFormat says whether a and b can be one launch's gate and up.
 func sameFormat(a, b Weights) bool {
-	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols
+	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols && (a.Offsets.Bytes == 0) == (b.Offsets.Bytes == 0)
 }
 
-// int4Flag is the kernels' int4 argument of a 4-bit format.
-func (w Weights) int4Flag() int {
-	if w.Format == INT4 {
-		return 1
-	}
-	return 0
+// codeKind is the kernels' kind argument of an integer-code format.
+func (w Weights) codeKind() int {
+	return map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3}[w.Format]
 }
 
 // Buffer is device memory: an address on the GPU (tag cuda) or a block of

@@ -128,3 +128,34 @@ func fmaF32(a, b, c float32) float32 {
 	}
 	return float32(s)
 }
+
+// CodeData returns an integer-code matrix's codes row-major (4-bit: [Rows,
+// Cols/2] bytes, the even column low; INT8: [Rows, Cols] bytes, each an
+// int8), shared when m is row-major and a copy when it is packed, with its
+// scales and offsets ([Rows, Cols/group], shared; offsets nil for none)
+// and group; false for the other dtypes.
+func (m Matrix) CodeData() (data []uint8, scales, offsets []float32, group int, ok bool) {
+	switch m.DType {
+	case MXFP4, INT4, UINT4, INT8:
+	default:
+		return nil, nil, nil, 0, false
+	}
+	data = m.u8
+	if m.packed {
+		data = make([]uint8, m.Rows*m.Cols*m.DType.Bits()/8)
+		for i := 0; i < m.Rows; i++ {
+			for j := 0; j < m.Cols; j++ {
+				switch {
+				case m.DType == INT8:
+					data[i*m.Cols+j] = uint8(int8(m.code(i, j)))
+				case m.dot8:
+					data[(i*m.Cols+j)/2] |= uint8(m.code(i, j)) << (4 * (j & 1))
+				default:
+					k := m.packedIndex(i, j)
+					data[(i*m.Cols+j)/2] |= m.u8[k/2] >> (4 * (k & 1)) & 15 << (4 * (j & 1))
+				}
+			}
+		}
+	}
+	return data, m.q.grid, m.q.off, m.q.cols, true
+}

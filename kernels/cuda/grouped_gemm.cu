@@ -97,35 +97,46 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
   for (int i = 0; i < 8; i++) dst[i] = bf16Round(e4m3ToFloat(src[i]) * srow[(k + i) / q.bc]);
 }
 
-// Q4Weights are a stack of 4-bit weights [experts, N, K] (two a byte, the
-// even k in the low nibble) with a scale per group of k: [experts, N,
-// K/group]; a weight is table[nibble] × scale, table e2m1 (MXFP4) or the
-// field minus 8 (int4).
-struct Q4Weights {
+// CodeWeights are a stack of integer-code weights [experts, N, K]: 4-bit
+// nibbles (two a byte, the even k in the low nibble) or int8 bytes, with a
+// scale per group of k, [experts, N, K/group], and for some an offset
+// likewise (offsets null: none). kind: 0 MXFP4 (e2m1 nibbles), 1 INT4 (the
+// nibble minus 8), 2 UINT4 (the nibble), 3 INT8 (the byte as an int8). A
+// weight is code × scale + offset rounded once to fp32 (without offsets,
+// code × scale), the CPU kernels' value, then rounded to bf16.
+struct CodeWeights {
   const uint8_t* w;
   const float* scales;
-  int group, int4;
+  const float* offsets;
+  int group, kind;
 };
 
-__device__ __forceinline__ float q4Value(uint8_t n, int int4) {
-  if (int4) return float(int(n) - 8);
+__device__ __forceinline__ float nibbleValue(uint8_t n, int kind) {
+  if (kind == 1) return float(int(n) - 8);
+  if (kind == 2) return float(n);
   const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   return n & 8 ? -mag[n & 7] : mag[n & 7];
 }
 
-// loadQ4 dequantizes 8 weights of row n (k … k+7, k even) of expert e's
-// 4-bit matrix to bf16 into dst (zeros past N).
-__device__ __forceinline__ void loadQ4(uint16_t* dst, const Q4Weights& q, int e, int n, int k, int N, int K) {
+// loadCodes dequantizes 8 weights of row n (k … k+7, k even) of expert e's
+// code matrix to bf16 into dst (zeros past N).
+__device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, int e, int n, int k, int N, int K) {
   if (n >= N) {
     for (int i = 0; i < 8; i++) dst[i] = 0;
     return;
   }
   const size_t row = (size_t)e * N + n;
-  const uint8_t* src = q.w + (row * K + k) / 2;
   const float* srow = q.scales + row * (K / q.group);
+  const float* orow = q.offsets ? q.offsets + row * (K / q.group) : nullptr;
   for (int i = 0; i < 8; i++) {
-    const uint8_t nib = (src[i / 2] >> (4 * (i & 1))) & 15;
-    dst[i] = bf16Round(q4Value(nib, q.int4) * srow[(k + i) / q.group]);
+    float c;
+    if (q.kind == 3) {
+      c = float((int8_t)q.w[row * K + k + i]);
+    } else {
+      c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, q.kind);
+    }
+    const int g = (k + i) / q.group;
+    dst[i] = bf16Round(orow ? fmaf(c, srow[g], orow[g]) : c * srow[g]);
   }
 }
 
@@ -169,9 +180,9 @@ __device__ __forceinline__ float activate(const Epilogue& e, float g, float u) {
 // routing weight (the second). With FP8 the weights are q and q2, with
 // 4-bit ones r and r2 (w and w2 unused): each B tile is dequantized to bf16
 // as it is loaded into shared memory, and the same mma.sync path runs.
-template <bool SWIGLU, int FMT>  // FMT: 0 bf16, 1 FP8, 2 4-bit
+template <bool SWIGLU, int FMT>  // FMT: 0 bf16, 1 FP8, 2 integer codes
 __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __restrict__ w,
-                            const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2, Q4Weights r, Q4Weights r2,
+                            const uint16_t* __restrict__ w2, Fp8Weights q, Fp8Weights q2, CodeWeights r, CodeWeights r2,
                             const int32_t* __restrict__ sorted, const int32_t* __restrict__ blockExpert, int topK,
                             int pairs, int gatherA, int N, int K, const float* __restrict__ weights,
                             Epilogue ep, float* __restrict__ c) {
@@ -204,8 +215,8 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
       loadFp8(&Bs[buf][lr][lc], q, expert, ln, k0 + lc, N, K);
       if (SWIGLU) loadFp8(&B2s[buf][SWIGLU ? lr : 0][lc], q2, expert, ln, k0 + lc, N, K);
     } else if (FMT == 2) {
-      loadQ4(&Bs[buf][lr][lc], r, expert, ln, k0 + lc, N, K);
-      if (SWIGLU) loadQ4(&B2s[buf][SWIGLU ? lr : 0][lc], r2, expert, ln, k0 + lc, N, K);
+      loadCodes(&Bs[buf][lr][lc], r, expert, ln, k0 + lc, N, K);
+      if (SWIGLU) loadCodes(&B2s[buf][SWIGLU ? lr : 0][lc], r2, expert, ln, k0 + lc, N, K);
     } else {
       cpAsync16(&Bs[buf][lr][lc], ln < N ? w + eoff + (size_t)ln * K + k0 + lc : w, ln < N);
       if (SWIGLU) cpAsync16(&B2s[buf][SWIGLU ? lr : 0][lc], ln < N ? w2 + eoff + (size_t)ln * K + k0 + lc : w2, ln < N);
@@ -272,7 +283,7 @@ __device__ void groupedGemm(const uint16_t* __restrict__ a, const uint16_t* __re
 extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted,
                                                   const int32_t* blockExpert, int topK, int pairs, int gatherA, int N,
                                                   int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
-  groupedGemm<false, 0>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
+  groupedGemm<false, 0>(a, w, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{}, CodeWeights{}, sorted, blockExpert, topK, pairs, gatherA, N, K,
                             weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
@@ -281,17 +292,18 @@ extern "C" __global__ void moex_grouped_gemm_bf16(const uint16_t* a, const uint1
 extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                                  const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
                                                  int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
-  groupedGemm<false, 1>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted,
+  groupedGemm<false, 1>(a, nullptr, nullptr, Fp8Weights{w, ws, br, bc}, Fp8Weights{}, CodeWeights{}, CodeWeights{}, sorted,
                         blockExpert, topK, pairs, gatherA, N, K, weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
-// moex_grouped_gemm_q4 is moex_grouped_gemm_bf16 on 4-bit weights w
-// [experts, N, K/2] bytes with scales ws [experts, N, K/group] (int4: the
-// nibble is the value plus 8; else e2m1).
-extern "C" __global__ void moex_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
+// moex_grouped_gemm_codes is moex_grouped_gemm_bf16 on integer-code
+// weights w ([experts, N, K/2] bytes of nibbles or [experts, N, K] int8)
+// with scales ws and offsets wo (or null) [experts, N, K/group]; kind as
+// CodeWeights'.
+extern "C" __global__ void moex_grouped_gemm_codes(const uint16_t* a, const uint8_t* w, const float* ws, const float* wo, int group, int kind,
                                                 const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
                                                 int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
-  groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{w, ws, group, int4}, Q4Weights{},
+  groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{w, ws, wo, group, kind}, CodeWeights{},
                         sorted, blockExpert, topK, pairs, gatherA, N, K, weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
@@ -300,7 +312,7 @@ extern "C" __global__ void moex_grouped_gemm_q4(const uint16_t* a, const uint8_t
 extern "C" __global__ void moex_grouped_gemm_swiglu_bf16(const uint16_t* a, const uint16_t* gate, const uint16_t* up,
                                                          const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                          int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
-  groupedGemm<true, 0>(a, gate, up, Fp8Weights{}, Fp8Weights{}, Q4Weights{}, Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
+  groupedGemm<true, 0>(a, gate, up, Fp8Weights{}, Fp8Weights{}, CodeWeights{}, CodeWeights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr,
                            Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
@@ -310,18 +322,18 @@ extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const
                                                         const uint8_t* up, const float* us, int br, int bc,
                                                         const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                         int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
-  groupedGemm<true, 1>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, Q4Weights{},
-                       Q4Weights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
+  groupedGemm<true, 1>(a, nullptr, nullptr, Fp8Weights{gate, gs, br, bc}, Fp8Weights{up, us, br, bc}, CodeWeights{},
+                       CodeWeights{}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
-// moex_grouped_gemm_swiglu_q4 is moex_grouped_gemm_swiglu_bf16 on 4-bit
-// gate and up weights with their scales.
-extern "C" __global__ void moex_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs,
-                                                       const uint8_t* up, const float* us, int group, int int4,
+// moex_grouped_gemm_swiglu_codes is moex_grouped_gemm_swiglu_bf16 on
+// integer-code gate and up weights with their scales and offsets (or null).
+extern "C" __global__ void moex_grouped_gemm_swiglu_codes(const uint16_t* a, const uint8_t* gate, const float* gs, const float* go,
+                                                          const uint8_t* up, const float* us, const float* uo, int group, int kind,
                                                        const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                        int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
-  groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, Q4Weights{gate, gs, group, int4},
-                       Q4Weights{up, us, group, int4}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
+  groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{gate, gs, go, group, kind},
+                       CodeWeights{up, us, uo, group, kind}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
 // moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN

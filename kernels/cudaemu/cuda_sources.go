@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=6b3495efc1c67b2e35f756fc1d4c60ec
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=55db2492d52c071fbca15b0b829400c0
 import "C"

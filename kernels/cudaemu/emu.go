@@ -25,11 +25,11 @@ void moex_emu_f32_to_bf16(const float* src, uint16_t* dst, int n);
 void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float* ws, int br, int bc,
                                const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                                int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
-void moex_emu_grouped_gemm_q4(const uint16_t* a, const uint8_t* w, const float* ws, int group, int int4,
+void moex_emu_grouped_gemm_codes(const uint16_t* a, const uint8_t* w, const float* ws, const float* wo, int group, int kind,
                               const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                               int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
-void moex_emu_grouped_gemm_swiglu_q4(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
-                                     const float* us, int group, int int4, const int32_t* sorted,
+void moex_emu_grouped_gemm_swiglu_codes(const uint16_t* a, const uint8_t* gate, const float* gs, const float* go,
+                                        const uint8_t* up, const float* us, const float* uo, int group, int kind, const int32_t* sorted,
                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                      const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h);
 void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
@@ -294,25 +294,26 @@ func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted,
 		C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 
-// GroupedGEMMQ4Raw launches the grouped GEMM on 4-bit weights w with a
-// scale per group of k (int4: the nibble minus 8; else e2m1).
-func GroupedGEMMQ4Raw(a, w, ws unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
+// GroupedGEMMCodesRaw launches the grouped GEMM on integer-code weights w
+// with a scale (and, wo not nil, an offset) per group of k; kind: 0 MXFP4,
+// 1 INT4, 2 UINT4, 3 INT8.
+func GroupedGEMMCodesRaw(a, w, ws, wo unsafe.Pointer, group, kind int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
 	gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0
 	if gatherA {
 		g = 1
 	}
-	C.moex_emu_grouped_gemm_q4((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), C.int(group), C.int(int4), (*C.int32_t)(sorted),
+	C.moex_emu_grouped_gemm_codes((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), (*C.float)(wo), C.int(group), C.int(kind), (*C.int32_t)(sorted),
 		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
 		(*C.float)(weights), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(c))
 }
 
-// GroupedSwiGLUQ4Raw launches the fused first projection on 4-bit gate
-// and up weights with their scales.
-func GroupedSwiGLUQ4Raw(a, gate, gs, up, us unsafe.Pointer, group, int4 int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
+// GroupedSwiGLUCodesRaw launches the fused first projection on
+// integer-code gate and up weights with their scales and offsets (or nil).
+func GroupedSwiGLUCodesRaw(a, gate, gs, gOff, up, us, uOff unsafe.Pointer, group, kind int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
 	pairs, N, K int, ep Epilogue, h unsafe.Pointer) {
-	C.moex_emu_grouped_gemm_swiglu_q4((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.uint8_t)(up), (*C.float)(us),
-		C.int(group), C.int(int4), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
+	C.moex_emu_grouped_gemm_swiglu_codes((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.float)(gOff), (*C.uint8_t)(up), (*C.float)(us), (*C.float)(uOff),
+		C.int(group), C.int(kind), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
 		C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 

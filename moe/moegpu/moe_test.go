@@ -54,14 +54,19 @@ func TestMoEOnEmulation(t *testing.T) {
 	}
 }
 
-// TestMXFP4MoEOnEmulation: a layer of random MXFP4 experts (their nibbles
-// resident on the device) against the CPU layer.
+// TestMXFP4MoEOnEmulation: layers of random MXFP4, UINT4 (with offsets)
+// and INT8 experts (their codes resident on the device) against the CPU
+// layer.
 func TestMXFP4MoEOnEmulation(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 4, TopK: 2, Inter: 96, Scoring: moe.Softmax,
 		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
-	l, err := moe.NewRandom(cfg, kernels.MXFP4, 8)
-	require.NoError(t, err)
-	checkMoE(t, cuda.NewEmu(), l, 1, 37)
+	for _, dt := range []kernels.DType{kernels.MXFP4, kernels.UINT4, kernels.INT8} {
+		t.Run(dt.String(), func(t *testing.T) {
+			l, err := moe.NewRandom(cfg, dt, 8)
+			require.NoError(t, err)
+			checkMoE(t, cuda.NewEmu(), l, 1, 37)
+		})
+	}
 }
 
 func TestMoEBadShapes(t *testing.T) {

@@ -26,8 +26,9 @@ import (
 // [n, inter, hidden], down [n, hidden, inter], for the experts lo … lo+n-1
 // of the layer (a stack's own slots 0 … n-1 for Experts). They stay in
 // their quantized bytes (with their scales) when every matrix of the stack
-// is FP8 in one block size, or MXFP4, or INT4 in one group size; other
-// weights are held as bf16.
+// is FP8 in one block size, or of one integer-code dtype (MXFP4, INT4,
+// UINT4, INT8) in one group size, all with offsets or none; other weights
+// are held as bf16.
 type stack struct {
 	gate, up, down cuda.Weights
 	lo, n          int
@@ -69,8 +70,8 @@ func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int, 
 	case fp8Stack(gate, up, down):
 		st.gate, st.up, st.down = uploadFP8(bs, gate), uploadFP8(bs, up), uploadFP8(bs, down)
 		return st
-	case q4Stack(gate, up, down):
-		st.gate, st.up, st.down = uploadQ4(bs, gate), uploadQ4(bs, up), uploadQ4(bs, down)
+	case codeStack(gate, up, down):
+		st.gate, st.up, st.down = uploadCodes(bs, gate), uploadCodes(bs, up), uploadCodes(bs, down)
 		return st
 	}
 	st.gate, st.up, st.down = uploadBF16(bs, gate), uploadBF16(bs, up), uploadBF16(bs, down)
@@ -95,37 +96,45 @@ func fp8Stack(groups ...[]kernels.Matrix) bool {
 	return br > 0
 }
 
-// q4Stack says whether every matrix is of one 4-bit dtype and group size.
-func q4Stack(groups ...[]kernels.Matrix) bool {
+// codeStack says whether every matrix is of one integer-code dtype and
+// group size, all with offsets or all without.
+func codeStack(groups ...[]kernels.Matrix) bool {
 	var dt kernels.DType
-	g := -1
+	g, offs := -1, false
 	for _, ms := range groups {
 		for _, m := range ms {
-			if m.DType != kernels.MXFP4 && m.DType != kernels.INT4 || dt != 0 && (m.DType != dt || m.GroupSize() != g) {
+			switch m.DType {
+			case kernels.MXFP4, kernels.INT4, kernels.UINT4, kernels.INT8:
+			default:
 				return false
 			}
-			dt, g = m.DType, m.GroupSize()
+			o := m.Offsets() != nil
+			if dt != 0 && (m.DType != dt || m.GroupSize() != g || o != offs) {
+				return false
+			}
+			dt, g, offs = m.DType, m.GroupSize(), o
 		}
 	}
 	return g > 0
 }
 
-// uploadQ4 uploads 4-bit matrices as they are stored: the nibbles and the
-// scales of each, stacked.
-func uploadQ4(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
+// uploadCodes uploads integer-code matrices as they are stored: the codes,
+// the scales and the offsets (if any) of each, stacked.
+func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
 	var w []uint8
-	var sc []float32
+	var sc, off []float32
 	var group int
 	for _, m := range ms {
-		data, scales, g, _ := m.Q4Data()
-		w, sc, group = append(w, data...), append(sc, scales...), g
+		data, scales, offsets, g, _ := m.CodeData()
+		w, sc, off, group = append(w, data...), append(sc, scales...), append(off, offsets...), g
 	}
-	f := cuda.MXFP4
-	if ms[0].DType == kernels.INT4 {
-		f = cuda.INT4
-	}
+	f := map[kernels.DType]cuda.WeightFormat{kernels.MXFP4: cuda.MXFP4, kernels.INT4: cuda.INT4, kernels.UINT4: cuda.UINT4, kernels.INT8: cuda.INT8}[ms[0].DType]
 	d := bs.Device()
-	return cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group}
+	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group}
+	if off != nil {
+		wt.Offsets = bs.Put(cuda.Upload(d, off))
+	}
+	return wt
 }
 
 func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
