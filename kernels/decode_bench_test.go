@@ -12,7 +12,8 @@ import (
 // BenchmarkDecodeExperts times a decode step's grouped FFN at
 // DeepSeek-V2-Lite's expert shapes (64 experts, 6 chosen, one token each,
 // the chosen ones rotating over all 64 so that the weights come from
-// DRAM) for bf16, and UINT4 (Q4_K as moex holds it) and INT8 (Q8_0) in
+// DRAM) for bf16, and UINT4 (Q4_K as moex holds it; in the int8-dot mode
+// also with its scales as fp32 rather than factored) and INT8 (Q8_0) in
 // the exact and the int8-dot mode; bytes are the weights read:
 //
 //	go test -run '^$' -bench DecodeExperts ./kernels
@@ -41,8 +42,10 @@ func BenchmarkDecodeExperts(b *testing.B) {
 		name string
 		dt   kernels.DType
 		mode kernels.Numerics
-	}{{"bf16", kernels.BF16, kernels.Exact}, {"uint4", kernels.UINT4, kernels.Exact}, {"uint4_int8dot", kernels.UINT4, kernels.Int8Dot},
-		{"int8", kernels.INT8, kernels.Exact}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot}} {
+		flat bool // UINT4's scales as fp32 only, without Q4_K's factors
+	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
+		{"uint4_int8dot", kernels.UINT4, kernels.Int8Dot, false}, {"uint4_int8dot_fp32scales", kernels.UINT4, kernels.Int8Dot, true},
+		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false}} {
 		xs := make([]expert, E)
 		var bytes int64
 		for e := range xs {
@@ -61,6 +64,10 @@ func BenchmarkDecodeExperts(b *testing.B) {
 					m[p], err = kernels.NewHalf(kernels.BF16, rows, cols, u)
 				} else {
 					m[p], err = kernels.Quantize(c.dt, v, rows, cols)
+				}
+				if err == nil && c.flat {
+					data, sc, off, g, _ := m[p].CodeData()
+					m[p], err = kernels.NewUINT4(rows, cols, g, data, sc, off)
 				}
 				if err != nil {
 					b.Fatal(err)

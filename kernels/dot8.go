@@ -92,6 +92,9 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
 	}
 	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.dot8Scales(m.Rows, m.panels()), lut: m.lut, packed: true, dot8: true}
+	if m.q.super != nil && (m.DType == INT8 || m.q.off != nil) {
+		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
+	}
 	p.u8 = make([]uint8, m.panels()*PanelWidth*m.Cols*m.DType.Bits()/8)
 	for i := 0; i < m.Rows; i++ {
 		for j := 0; j < m.Cols; j++ {
@@ -132,6 +135,43 @@ func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
 		p.offPanel = lay(q.off)
 	}
 	return &p
+}
+
+// dot8Factors lays out a matrix's K-quant factors for the K kernels (see
+// dot8KFunc): for each run of dot8Run panels, each super-block's header
+// (d, then −dmin with offsets: [dot8Run][16] floats each) and its groups'
+// factors (sc, then m: [dot8Run][16] int8 each).
+func (q *blockScales) dot8Factors(rows, panels int) []byte {
+	sup := q.super
+	offs := q.off != nil
+	hdr, grp := 256, 64
+	if offs {
+		hdr, grp = 512, 128
+	}
+	supers := q.gridCols / sup.per
+	runBytes := supers * (hdr + sup.per*grp)
+	runs := (panels + dot8Run - 1) / dot8Run
+	out := make([]byte, runs*runBytes)
+	for r := range rows {
+		pi := r / PanelWidth
+		lane := pi%dot8Run*PanelWidth + r%PanelWidth
+		for sb := range supers {
+			base := pi/dot8Run*runBytes + sb*(hdr+sup.per*grp)
+			*(*float32)(unsafe.Pointer(&out[base+4*lane])) = sup.d[r*supers+sb]
+			if offs {
+				*(*float32)(unsafe.Pointer(&out[base+256+4*lane])) = -sup.dmin[r*supers+sb]
+			}
+			for gi := range sup.per {
+				at := base + hdr + gi*grp
+				g := r*q.gridCols + sb*sup.per + gi
+				out[at+lane] = uint8(sup.sc[g])
+				if offs {
+					out[at+64+lane] = uint8(sup.m[g])
+				}
+			}
+		}
+	}
+	return out
 }
 
 // dot8Run is the panels whose scales an int8-dot matrix keeps side by
@@ -330,9 +370,23 @@ type dot8Table = [maxDot8Rows + 1][]dot8Func
 // maxDot8Rows is the most activation rows of an int8-dot kernel call.
 const maxDot8Rows = 4
 
+// dot8KFunc is dot8Func on a matrix whose scales and offsets are the
+// K-quants' factors (see WithSuperScales): meta holds, for the run of
+// panels the call's are in, each super-block's header (d, then −dmin with
+// offsets, 16 floats a panel) followed by its groups' int8 factors (sc,
+// then m with offsets, 16 a panel); lane is 16 times the first panel's
+// place in its run; per is the groups of a super-block.
+type dot8KFunc func(a *[maxDot8Rows]*byte, b *byte, stride, groups int, c *float32, ldc, flags int, meta *byte, lane, units, per int)
+
+// dot8KTable holds K-quant int8-dot kernels by rows and panel count.
+type dot8KTable = [maxDot8Rows + 1][]dot8KFunc
+
 // dot8Kernels are an implementation's int8-dot kernels by weight dtype
-// (UINT4, INT8) and with offsets or without.
-type dot8Kernels struct{ u4, u4m, i8, i8m dot8Table }
+// (UINT4, INT8), with offsets or without, and on K-quant factors.
+type dot8Kernels struct {
+	u4, u4m, i8, i8m dot8Table
+	u4km, i8k, i8km  dot8KTable
+}
 
 func (s *simd) hasDot8() bool { return s.dot8 != nil }
 
@@ -357,9 +411,31 @@ func (s *simd) dot8GEMM(sc *dot8Scratch, recs []*byte, rec int, b Matrix, n0, n1
 	stride := K / dot8Unit * unit
 	ss := 4 * dot8Run * PanelWidth
 	var ap [maxDot8Rows]*byte
+	var ktab *dot8KTable
+	if sup := b.q.super; sup != nil && b.q.kmeta != nil {
+		switch {
+		case b.DType == UINT4 && b.q.off != nil:
+			ktab = &s.dot8.u4km
+		case b.DType == INT8 && b.q.off != nil:
+			ktab = &s.dot8.i8km
+		case b.DType == INT8:
+			ktab = &s.dot8.i8k
+		}
+	}
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
 		mr = min(maxDot8Rows, M-m0)
 		copy(ap[:], recs[m0:m0+mr])
+		if ktab != nil {
+			ks := ktab[mr]
+			run := len(b.q.kmeta) / ((b.q.panels + dot8Run - 1) / dot8Run)
+			for p := p0; p < p1; {
+				np := min(len(ks)-1, p1-p, dot8Run-p%dot8Run)
+				ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.kmeta[p/dot8Run*run],
+					16*(p%dot8Run), g/dot8Unit, b.q.super.per)
+				p += np
+			}
+			continue
+		}
 		ks := tab[mr]
 		for p := p0; p < p1; {
 			// At most the rest of p's run of panels: their scales side by side.

@@ -46,6 +46,68 @@ func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 			out[fmt.Sprintf("int8 g%d offsets=%v", g, offsets)] = q
 		}
 	}
+	// K-quant factors: scales d·sc, offsets −dmin·m, in super-blocks of
+	// per groups (Q4_K, Q5_K, Q6_K's shapes where the columns allow).
+	for _, c := range []struct {
+		dt      DType
+		g       int
+		offsets bool
+	}{{UINT4, 32, true}, {INT8, 32, true}, {INT8, 16, false}} {
+		gc := cols / c.g
+		per := 1
+		for _, p := range []int{8, 4, 2} {
+			if gc%p == 0 {
+				per = p
+				break
+			}
+		}
+		n := rows * gc
+		d, sc := make([]float32, n/per), make([]int8, n)
+		var dmin []float32
+		var mins []int8
+		for i := range d {
+			d[i] = float32(rng.Float64()*0.001 + 1e-4)
+		}
+		for i := range sc {
+			sc[i] = int8(rng.IntN(128) - 64)
+		}
+		scales, offs := make([]float32, n), []float32(nil)
+		for i := range scales {
+			scales[i] = d[i/gc*(gc/per)+i%gc/per] * float32(sc[i])
+		}
+		if c.offsets {
+			dmin, mins, offs = make([]float32, n/per), make([]int8, n), make([]float32, n)
+			for i := range dmin {
+				dmin[i] = float32(rng.Float64()*0.002 + 1e-4)
+			}
+			for i := range mins {
+				mins[i] = int8(rng.IntN(64))
+				offs[i] = -(dmin[i/gc*(gc/per)+i%gc/per] * float32(mins[i]))
+			}
+		}
+		var m Matrix
+		var err error
+		if c.dt == UINT4 {
+			nib := make([]uint8, rows*cols/2)
+			for i := range nib {
+				nib[i] = uint8(rng.IntN(256))
+			}
+			m, err = NewUINT4(rows, cols, c.g, nib, scales, offs)
+		} else {
+			codes := make([]int8, rows*cols)
+			for i := range codes {
+				codes[i] = int8(rng.IntN(64) - 32)
+			}
+			m, err = NewINT8(rows, cols, c.g, codes, scales, offs)
+		}
+		if err != nil {
+			panic(err)
+		}
+		if m, err = WithSuperScales(m, per, d, dmin, sc, mins); err != nil {
+			panic(err)
+		}
+		out[fmt.Sprintf("%v K g%d offsets=%v", c.dt, c.g, c.offsets)] = m
+	}
 	return out
 }
 
@@ -156,6 +218,12 @@ func TestInt8DotRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = PackInt8Dot(q)
 	require.ErrorContains(t, err, "need groups of 8, 16 or 32 and whole blocks of 32 columns, have groups of 64 over 64")
+	u, err := NewUINT4(1, 64, 32, make([]uint8, 32), []float32{0.5, 1}, nil)
+	require.NoError(t, err)
+	_, err = WithSuperScales(u, 2, []float32{0.5}, nil, []int8{1, 3}, nil)
+	require.ErrorContains(t, err, "group 1's scale 1 is not 0.5·3")
+	_, err = WithSuperScales(u, 2, []float32{0.5}, []float32{1}, []int8{1, 2}, []int8{0, 0})
+	require.ErrorContains(t, err, "offsets false")
 	_, err = ParseNumerics("fast")
 	require.ErrorContains(t, err, `numerics "fast": want exact or int8dot`)
 }

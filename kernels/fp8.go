@@ -48,6 +48,11 @@ type blockScales struct {
 	// off and offPanel are the integer-code dtypes' offsets, laid out as
 	// grid and panel (nil for none; offPanel nil where panel is).
 	off, offPanel []float32
+	// super holds an integer-code matrix's scales and offsets as the
+	// K-quants factor them (see WithSuperScales), nil for none; kmeta, an
+	// int8-dot matrix's factors laid out for its kernels.
+	super *superScales
+	kmeta []byte
 	// pow2 says every scale of the matrix is a power of two 2^p with
 	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
 	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
@@ -116,6 +121,8 @@ func (m Matrix) ScaleBytes() int {
 	switch {
 	case m.q == nil:
 		return 0
+	case m.q.kmeta != nil: // the int8-dot kernels' factored scales
+		return len(m.q.kmeta)
 	case m.q.panel != nil:
 		return 4 * (len(m.q.panel) + len(m.q.offPanel))
 	}

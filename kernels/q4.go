@@ -3,6 +3,8 @@ package kernels
 import (
 	"fmt"
 	"math"
+
+	"github.com/moex-project/moex/internal/half"
 )
 
 // e2m1 are the values of OCP FP4 (e2m1) nibbles: 1 sign, 2 exponent, 1
@@ -165,8 +167,8 @@ func packNibbles(dst, src []uint8, rows, k int, lut *[16]float32) {
 // nearest e2m1; INT4 in groups of 32 along a row, symmetric, scale
 // max|v|/7 and each field round(v/scale) + 8; INT8 as ggml's Q8_0, in
 // groups of 32, scale max|v|/127 and each code round(v/scale); UINT4 as
-// ggml's Q4_1, in groups of 32 with offsets, offset min(v), scale
-// (max(v) − min(v))/15 and each code round((v − offset)/scale). cols must
+// ggml's Q4_K (see quantizeQ4K): groups of 32 with a scale and an offset,
+// both factored over super-blocks of 8 groups. cols must
 // be a multiple of 32 for the 4- and 8-bit dtypes. Other dtypes are an
 // error.
 func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
@@ -239,52 +241,93 @@ func nearestE2M1(x float64) uint8 {
 	return best
 }
 
-// quantizeCodes is Quantize for UINT4 and INT8.
+// quantizeCodes is Quantize for UINT4 (as Q4_K) and INT8 (as Q8_0).
 func quantizeCodes(dt DType, v []float32, rows, cols int) Matrix {
 	g := rows * cols / 32
-	scales := make([]float32, g)
-	var offs []float32
-	var nibbles []uint8
-	var codes []int8
 	if dt == UINT4 {
-		offs, nibbles = make([]float32, g), make([]uint8, rows*cols/2)
-	} else {
-		codes = make([]int8, rows*cols)
+		return quantizeQ4K(v, rows, cols)
 	}
+	scales := make([]float32, g)
+	codes := make([]int8, rows*cols)
 	for i := range g {
 		block := v[i*32:][:32]
-		lo, hi := float64(block[0]), float64(block[0])
 		var amax float64
 		for _, x := range block {
-			lo, hi = math.Min(lo, float64(x)), math.Max(hi, float64(x))
 			amax = math.Max(amax, math.Abs(float64(x)))
 		}
-		if dt == UINT4 {
-			scales[i], offs[i] = float32((hi-lo)/15), float32(lo)
-		} else {
-			scales[i] = float32(amax / 127)
+		scales[i] = float32(amax / 127)
+		if scales[i] == 0 {
+			continue
 		}
 		for j, x := range block {
+			codes[i*32+j] = int8(max(-127, min(127, math.RoundToEven(float64(x)/float64(scales[i])))))
+		}
+	}
+	m, err := NewINT8(rows, cols, 32, codes, scales, nil)
+	if err != nil {
+		panic(err) // finite scales of finite values
+	}
+	return m
+}
+
+// quantizeQ4K quantizes v [rows, cols] as ggml's Q4_K lays values out
+// (its simple rounding, not its search for the best scales): groups of 32
+// with a scale and a min ≤ 0, the groups of a super-block of 8 (fewer
+// where the columns are not whole super-blocks) sharing f16 factors d and
+// dmin with 6-bit sc and m each; a group's scale is d·sc, its offset
+// −dmin·m, each code round((v − offset)/scale) in 0…15.
+func quantizeQ4K(v []float32, rows, cols int) Matrix {
+	gc := cols / 32
+	per := 1
+	for _, p := range []int{8, 4, 2} {
+		if gc%p == 0 {
+			per = p
+			break
+		}
+	}
+	n := rows * gc
+	scales, offs := make([]float32, n), make([]float32, n)
+	d, dmin := make([]float32, n/per), make([]float32, n/per)
+	sc, mins := make([]int8, n), make([]int8, n)
+	nibbles := make([]uint8, rows*cols/2)
+	f16 := func(x float64) float32 { return half.F16ToF32(half.F32ToF16(float32(x))) }
+	for sb := range n / per {
+		gs, ms := make([]float64, per), make([]float64, per)
+		var smax, mmax float64
+		for k := range per {
+			block := v[(sb*per+k)*32:][:32]
+			lo, hi := 0.0, math.Inf(-1)
+			for _, x := range block {
+				lo, hi = math.Min(lo, float64(x)), math.Max(hi, float64(x))
+			}
+			gs[k], ms[k] = (hi-lo)/15, -lo
+			smax, mmax = math.Max(smax, gs[k]), math.Max(mmax, ms[k])
+		}
+		d[sb], dmin[sb] = f16(smax/63), f16(mmax/63)
+		for k := range per {
+			i := sb*per + k
+			if d[sb] > 0 {
+				sc[i] = int8(min(63, math.Ceil(gs[k]/float64(d[sb])))) // the group's range fits
+			}
+			if dmin[sb] > 0 {
+				mins[i] = int8(min(63, math.Ceil(ms[k]/float64(dmin[sb]))))
+			}
+			scales[i], offs[i] = d[sb]*float32(sc[i]), -(dmin[sb] * float32(mins[i]))
 			if scales[i] == 0 {
 				continue
 			}
-			if dt == UINT4 {
-				n := uint8(max(0, min(15, math.RoundToEven((float64(x)-float64(offs[i]))/float64(scales[i])))))
-				nibbles[(i*32+j)/2] |= n << (4 * (j & 1))
-			} else {
-				codes[i*32+j] = int8(max(-127, min(127, math.RoundToEven(float64(x)/float64(scales[i])))))
+			for j, x := range v[i*32:][:32] {
+				q := uint8(max(0, min(15, math.RoundToEven((float64(x)-float64(offs[i]))/float64(scales[i])))))
+				nibbles[(i*32+j)/2] |= q << (4 * (j & 1))
 			}
 		}
 	}
-	var m Matrix
-	var err error
-	if dt == UINT4 {
-		m, err = NewUINT4(rows, cols, 32, nibbles, scales, offs)
-	} else {
-		m, err = NewINT8(rows, cols, 32, codes, scales, nil)
+	m, err := NewUINT4(rows, cols, 32, nibbles, scales, offs)
+	if err == nil {
+		m, err = WithSuperScales(m, per, d, dmin, sc, mins)
 	}
 	if err != nil {
-		panic(err) // finite scales and offsets of finite values
+		panic(err) // finite factors of finite values, and their products
 	}
 	return m
 }

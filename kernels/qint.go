@@ -82,6 +82,52 @@ func groupScales(kind string, rows, cols, group int, scales, offsets []float32) 
 	return &blockScales{rows: 1, cols: group, gridCols: g, grid: scales[:rows*g], off: offsets}, nil
 }
 
+// superScales are an integer-code matrix's scales and offsets as GGUF's
+// K-quants store them: each run of per groups along a row (a super-block)
+// has a scale d and a min dmin, each group int8 factors sc and m; the
+// group's scale is d·sc and its offset −(dmin·m), both exact in fp32.
+type superScales struct {
+	per     int
+	d, dmin []float32 // [rows, groups/per]; dmin nil without offsets
+	sc, m   []int8    // [rows, groups]; m nil without offsets
+}
+
+// WithSuperScales returns m, a UINT4 or INT8 matrix, with its scales (and
+// offsets) also held as the K-quants factor them: d and dmin per run of
+// per groups along a row ([rows, groups/per]), sc and mins per group
+// ([rows, groups]); dmin and mins nil when m has no offsets. Every scale
+// must be d·sc and every offset −(dmin·mins), exactly: the factors only
+// let the int8-dot kernels read fewer bytes (0.75 bits a weight rather
+// than 2 at Q4_K's groups of 32), never change a value. Not copied.
+func WithSuperScales(m Matrix, per int, d, dmin []float32, sc, mins []int8) (Matrix, error) {
+	if m.DType != UINT4 && m.DType != INT8 || m.packed {
+		return Matrix{}, fmt.Errorf("kernels: super-block scales for a %v matrix (packed %v): want a row-major UINT4 or INT8 one", m.DType, m.packed)
+	}
+	q := m.q
+	groups := len(q.grid)
+	if per < 1 || q.gridCols%per != 0 || len(d) != groups/per || len(sc) != groups ||
+		(q.off != nil) != (dmin != nil) || (q.off != nil) != (mins != nil) || dmin != nil && (len(dmin) != len(d) || len(mins) != groups) {
+		return Matrix{}, fmt.Errorf("kernels: super-block scales: %d groups a row in runs of %d, %d scales, %d mins, %d factors, %d min factors, offsets %v",
+			q.gridCols, per, len(d), len(dmin), len(sc), len(mins), q.off != nil)
+	}
+	for i := range groups {
+		s := i / q.gridCols * (q.gridCols / per)
+		sb := s + i%q.gridCols/per
+		if v := d[sb] * float32(sc[i]); v != q.grid[i] {
+			return Matrix{}, fmt.Errorf("kernels: super-block scales: group %d's scale %v is not %v·%d", i, q.grid[i], d[sb], sc[i])
+		}
+		if q.off != nil {
+			if v := -(dmin[sb] * float32(mins[i])); v != q.off[i] {
+				return Matrix{}, fmt.Errorf("kernels: super-block scales: group %d's offset %v is not −%v·%d", i, q.off[i], dmin[sb], mins[i])
+			}
+		}
+	}
+	c := *q
+	c.super = &superScales{per: per, d: d, dmin: dmin, sc: sc, m: mins}
+	m.q = &c
+	return m, nil
+}
+
 // Offsets returns an integer-code matrix's offsets ([Rows, Cols/group],
 // shared), nil when it has none or is of another dtype.
 func (m Matrix) Offsets() []float32 {

@@ -43238,6 +43238,5056 @@ dot8AVX512I8Mx4p2_store:
 	VZEROUPPER
 	RET
 
+// func dot8AVX512U4KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx1p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512U4KMx1p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	JMP     dot8AVX512U4KMx1p1_start
+
+dot8AVX512U4KMx1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+dot8AVX512U4KMx1p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512U4KMx1p1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX512U4KMx1p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX512U4KMx1p1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX512U4KMx1p1_factors:
+	VPXORD Z2, Z2, Z2
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx1p1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z4
+	VPANDD       Z0, Z4, Z3
+	VPSRLW       $0x04, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VPBROADCASTD (AX), Z5
+	VPBROADCASTD 4(AX), Z6
+	VPDPBUSD     Z5, Z3, Z2
+	VPDPBUSD     Z6, Z4, Z2
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512U4KMx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (CX)(SI*4), Z3, Z3
+	VPMOVSXBD    64(BX)(SI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       256(CX)(SI*4), Z4, Z4
+	VBROADCASTSS (AX), Z5
+	VBROADCASTSS 4(AX), Z6
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z3, Z5, Z3
+	VFMADD231PS  Z3, Z2, Z1
+	VFMADD231PS  Z6, Z4, Z1
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX512U4KMx1p1_group
+
+dot8AVX512U4KMx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx1p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U4KMx1p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	JMP     dot8AVX512U4KMx1p2_start
+
+dot8AVX512U4KMx1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512U4KMx1p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U4KMx1p2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512U4KMx1p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512U4KMx1p2_factors
+	MOVQ  SI, CX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512U4KMx1p2_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx1p2_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMOVDQU64    (BX)(R10*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z5, Z2
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z6, Z2
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512U4KMx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (CX)(DI*4), Z5, Z5
+	VPMOVSXBD    64(SI)(DI*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       256(CX)(DI*4), Z6, Z6
+	VPMOVSXBD    16(SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       64(CX)(DI*4), Z7, Z7
+	VPMOVSXBD    80(SI)(DI*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       320(CX)(DI*4), Z8, Z8
+	VBROADCASTSS (AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z9, Z5
+	VFMADD231PS  Z5, Z2, Z1
+	VFMADD231PS  Z10, Z6, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z9, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	VFMADD231PS  Z10, Z8, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512U4KMx1p2_group
+
+dot8AVX512U4KMx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx1p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U4KMx1p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z3
+	VMOVUPS 128(R10), Z5
+	JMP     dot8AVX512U4KMx1p3_start
+
+dot8AVX512U4KMx1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512U4KMx1p3_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U4KMx1p3_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U4KMx1p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U4KMx1p3_factors
+	MOVQ  DI, CX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U4KMx1p3_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx1p3_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMOVDQU64    (SI)(R11*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R11*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z7, Z2
+	VPDPBUSD     Z13, Z9, Z4
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z8, Z2
+	VPDPBUSD     Z14, Z10, Z4
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNZ          dot8AVX512U4KMx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (CX)(R8*4), Z7, Z7
+	VPMOVSXBD    64(DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       256(CX)(R8*4), Z8, Z8
+	VPMOVSXBD    16(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(CX)(R8*4), Z9, Z9
+	VPMOVSXBD    80(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       320(CX)(R8*4), Z10, Z10
+	VPMOVSXBD    32(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       128(CX)(R8*4), Z11, Z11
+	VPMOVSXBD    96(DI)(R8*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       384(CX)(R8*4), Z12, Z12
+	VBROADCASTSS (AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z13, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VFMADD231PS  Z14, Z8, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z13, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	VFMADD231PS  Z14, Z10, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z11, Z13, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	VFMADD231PS  Z14, Z12, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U4KMx1p3_group
+
+dot8AVX512U4KMx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx1p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U4KMx1p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z3
+	VMOVUPS 128(R11), Z5
+	VMOVUPS 192(R11), Z7
+	JMP     dot8AVX512U4KMx1p4_start
+
+dot8AVX512U4KMx1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512U4KMx1p4_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U4KMx1p4_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U4KMx1p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U4KMx1p4_factors
+	MOVQ  R8, CX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U4KMx1p4_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx1p4_unit:
+	PREFETCHT0   4096(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
+	VMOVDQU64    (DX)(R12*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (SI)(R12*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMOVDQU64    (DI)(R12*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (BX)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z9, Z2
+	VPDPBUSD     Z17, Z11, Z4
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z10, Z2
+	VPDPBUSD     Z18, Z12, Z4
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R12
+	DECQ         R13
+	JNZ          dot8AVX512U4KMx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (CX)(R9*4), Z9, Z9
+	VPMOVSXBD    64(R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       256(CX)(R9*4), Z10, Z10
+	VPMOVSXBD    16(R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(CX)(R9*4), Z11, Z11
+	VPMOVSXBD    80(R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       320(CX)(R9*4), Z12, Z12
+	VPMOVSXBD    32(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       128(CX)(R9*4), Z13, Z13
+	VPMOVSXBD    96(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       384(CX)(R9*4), Z14, Z14
+	VPMOVSXBD    48(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       192(CX)(R9*4), Z15, Z15
+	VPMOVSXBD    112(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       448(CX)(R9*4), Z16, Z16
+	VBROADCASTSS (AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z17, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VFMADD231PS  Z18, Z10, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z17, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VFMADD231PS  Z18, Z12, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z13, Z17, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VFMADD231PS  Z18, Z14, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z15, Z17, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z18, Z16, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U4KMx1p4_group
+
+dot8AVX512U4KMx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx2p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U4KMx2p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	JMP     dot8AVX512U4KMx2p1_start
+
+dot8AVX512U4KMx2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512U4KMx2p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U4KMx2p1_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512U4KMx2p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512U4KMx2p1_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512U4KMx2p1_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx2p1_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VPBROADCASTD (CX), Z7
+	VPBROADCASTD 4(CX), Z8
+	VPDPBUSD     Z7, Z5, Z2
+	VPDPBUSD     Z8, Z6, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512U4KMx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (DX)(DI*4), Z5, Z5
+	VPMOVSXBD    64(SI)(DI*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       256(DX)(DI*4), Z6, Z6
+	VBROADCASTSS (CX), Z7
+	VBROADCASTSS 4(CX), Z8
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z7, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VFMADD231PS  Z8, Z6, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z7
+	VBROADCASTSS 4(AX), Z8
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z5, Z7, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	VFMADD231PS  Z8, Z6, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512U4KMx2p1_group
+
+dot8AVX512U4KMx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx2p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U4KMx2p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z7
+	JMP     dot8AVX512U4KMx2p2_start
+
+dot8AVX512U4KMx2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512U4KMx2p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U4KMx2p2_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U4KMx2p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U4KMx2p2_factors
+	MOVQ  DI, DX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U4KMx2p2_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx2p2_unit:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	VMOVDQU64    (BX)(R11*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (SI)(R11*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z9, Z2
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z10, Z2
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z9, Z6
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z10, Z6
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNZ          dot8AVX512U4KMx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DX)(R8*4), Z9, Z9
+	VPMOVSXBD    64(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       256(DX)(R8*4), Z10, Z10
+	VPMOVSXBD    16(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(DX)(R8*4), Z11, Z11
+	VPMOVSXBD    80(DI)(R8*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       320(DX)(R8*4), Z12, Z12
+	VBROADCASTSS (CX), Z13
+	VBROADCASTSS 4(CX), Z14
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z13, Z15
+	VFMADD231PS  Z15, Z2, Z1
+	VFMADD231PS  Z14, Z10, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z13, Z13
+	VFMADD231PS  Z13, Z4, Z3
+	VFMADD231PS  Z14, Z12, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z13, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VFMADD231PS  Z14, Z10, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z11, Z13, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z14, Z12, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U4KMx2p2_group
+
+dot8AVX512U4KMx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx2p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U4KMx2p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z3
+	VMOVUPS 128(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z9
+	VMOVUPS 128(R11), Z11
+	JMP     dot8AVX512U4KMx2p3_start
+
+dot8AVX512U4KMx2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512U4KMx2p3_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U4KMx2p3_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U4KMx2p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U4KMx2p3_factors
+	MOVQ  R8, DX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U4KMx2p3_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx2p3_unit:
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	VMOVDQU64    (BX)(R12*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (DI)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMOVDQU64    (SI)(R12*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z13, Z2
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z14, Z2
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z13, Z8
+	VPDPBUSD     Z19, Z15, Z10
+	VPDPBUSD     Z19, Z17, Z12
+	VPDPBUSD     Z20, Z14, Z8
+	VPDPBUSD     Z20, Z16, Z10
+	VPDPBUSD     Z20, Z18, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R12
+	DECQ         R13
+	JNZ          dot8AVX512U4KMx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       (DX)(R9*4), Z13, Z13
+	VPMOVSXBD    64(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       256(DX)(R9*4), Z14, Z14
+	VPMOVSXBD    16(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       64(DX)(R9*4), Z15, Z15
+	VPMOVSXBD    80(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       320(DX)(R9*4), Z16, Z16
+	VPMOVSXBD    32(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       128(DX)(R9*4), Z17, Z17
+	VPMOVSXBD    96(R8)(R9*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       384(DX)(R9*4), Z18, Z18
+	VBROADCASTSS (CX), Z19
+	VBROADCASTSS 4(CX), Z20
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z19, Z21
+	VFMADD231PS  Z21, Z2, Z1
+	VFMADD231PS  Z20, Z14, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z19, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VFMADD231PS  Z20, Z16, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z17, Z19, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VFMADD231PS  Z20, Z18, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z19
+	VBROADCASTSS 4(AX), Z20
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z13, Z19, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VFMADD231PS  Z20, Z14, Z7
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z15, Z19, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VFMADD231PS  Z20, Z16, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z17, Z19, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	VFMADD231PS  Z20, Z18, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U4KMx2p3_group
+
+dot8AVX512U4KMx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx2p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512U4KMx2p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z3
+	VMOVUPS 128(R12), Z5
+	VMOVUPS 192(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z11
+	VMOVUPS 128(R12), Z13
+	VMOVUPS 192(R12), Z15
+	JMP     dot8AVX512U4KMx2p4_start
+
+dot8AVX512U4KMx2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512U4KMx2p4_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512U4KMx2p4_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512U4KMx2p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512U4KMx2p4_factors
+	MOVQ  R9, DX
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512U4KMx2p4_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx2p4_unit:
+	PREFETCHT0   4096(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
+	VMOVDQU64    (BX)(R13*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (DI)(R13*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMOVDQU64    (R8)(R13*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	VMOVDQU64    (SI)(R13*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	VPBROADCASTD (CX), Z25
+	VPBROADCASTD 4(CX), Z26
+	VPDPBUSD     Z25, Z17, Z2
+	VPDPBUSD     Z25, Z19, Z4
+	VPDPBUSD     Z25, Z21, Z6
+	VPDPBUSD     Z25, Z23, Z8
+	VPDPBUSD     Z26, Z18, Z2
+	VPDPBUSD     Z26, Z20, Z4
+	VPDPBUSD     Z26, Z22, Z6
+	VPDPBUSD     Z26, Z24, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z25
+	VPBROADCASTD 4(AX), Z26
+	VPDPBUSD     Z25, Z17, Z10
+	VPDPBUSD     Z25, Z19, Z12
+	VPDPBUSD     Z25, Z21, Z14
+	VPDPBUSD     Z25, Z23, Z16
+	VPDPBUSD     Z26, Z18, Z10
+	VPDPBUSD     Z26, Z20, Z12
+	VPDPBUSD     Z26, Z22, Z14
+	VPDPBUSD     Z26, Z24, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R13
+	DECQ         R14
+	JNZ          dot8AVX512U4KMx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	VPMOVSXBD    (R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       (DX)(R10*4), Z17, Z17
+	VPMOVSXBD    64(R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       256(DX)(R10*4), Z18, Z18
+	VPMOVSXBD    16(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       64(DX)(R10*4), Z19, Z19
+	VPMOVSXBD    80(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       320(DX)(R10*4), Z20, Z20
+	VPMOVSXBD    32(R9)(R10*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       128(DX)(R10*4), Z21, Z21
+	VPMOVSXBD    96(R9)(R10*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMULPS       384(DX)(R10*4), Z22, Z22
+	VPMOVSXBD    48(R9)(R10*1), Z23
+	VCVTDQ2PS    Z23, Z23
+	VMULPS       192(DX)(R10*4), Z23, Z23
+	VPMOVSXBD    112(R9)(R10*1), Z24
+	VCVTDQ2PS    Z24, Z24
+	VMULPS       448(DX)(R10*4), Z24, Z24
+	VBROADCASTSS (CX), Z25
+	VBROADCASTSS 4(CX), Z26
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z25, Z27
+	VFMADD231PS  Z27, Z2, Z1
+	VFMADD231PS  Z26, Z18, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z25, Z27
+	VFMADD231PS  Z27, Z4, Z3
+	VFMADD231PS  Z26, Z20, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z21, Z25, Z27
+	VFMADD231PS  Z27, Z6, Z5
+	VFMADD231PS  Z26, Z22, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z23, Z25, Z25
+	VFMADD231PS  Z25, Z8, Z7
+	VFMADD231PS  Z26, Z24, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z25
+	VBROADCASTSS 4(AX), Z26
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z25, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	VFMADD231PS  Z26, Z18, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z25, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VFMADD231PS  Z26, Z20, Z11
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z21, Z25, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VFMADD231PS  Z26, Z22, Z13
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z23, Z25, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	VFMADD231PS  Z26, Z24, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512U4KMx2p4_group
+
+dot8AVX512U4KMx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx3p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U4KMx3p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	JMP     dot8AVX512U4KMx3p1_start
+
+dot8AVX512U4KMx3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512U4KMx3p1_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U4KMx3p1_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U4KMx3p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U4KMx3p1_factors
+	MOVQ  DI, BX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U4KMx3p1_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx3p1_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z2
+	VPDPBUSD     Z10, Z8, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z9
+	VPBROADCASTD 4(DX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNZ          dot8AVX512U4KMx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (BX)(R8*4), Z7, Z7
+	VPMOVSXBD    64(DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       256(BX)(R8*4), Z8, Z8
+	VBROADCASTSS (CX), Z9
+	VBROADCASTSS 4(CX), Z10
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z9, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VFMADD231PS  Z10, Z8, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VBROADCASTSS 4(DX), Z10
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z9, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VFMADD231PS  Z10, Z8, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z7, Z9, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	VFMADD231PS  Z10, Z8, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U4KMx3p1_group
+
+dot8AVX512U4KMx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U4KMx3p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U4KMx3p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	VMOVUPS 64(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z11
+	JMP     dot8AVX512U4KMx3p2_start
+
+dot8AVX512U4KMx3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512U4KMx3p2_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U4KMx3p2_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U4KMx3p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U4KMx3p2_factors
+	MOVQ  R8, BX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U4KMx3p2_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx3p2_unit:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	VMOVDQU64    (SI)(R12*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (DI)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (CX), Z17
+	VPBROADCASTD 4(CX), Z18
+	VPDPBUSD     Z17, Z13, Z2
+	VPDPBUSD     Z17, Z15, Z4
+	VPDPBUSD     Z18, Z14, Z2
+	VPDPBUSD     Z18, Z16, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z17
+	VPBROADCASTD 4(DX), Z18
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z13, Z10
+	VPDPBUSD     Z17, Z15, Z12
+	VPDPBUSD     Z18, Z14, Z10
+	VPDPBUSD     Z18, Z16, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R12
+	DECQ         R13
+	JNZ          dot8AVX512U4KMx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       (BX)(R9*4), Z13, Z13
+	VPMOVSXBD    64(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       256(BX)(R9*4), Z14, Z14
+	VPMOVSXBD    16(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       64(BX)(R9*4), Z15, Z15
+	VPMOVSXBD    80(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       320(BX)(R9*4), Z16, Z16
+	VBROADCASTSS (CX), Z17
+	VBROADCASTSS 4(CX), Z18
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z17, Z19
+	VFMADD231PS  Z19, Z2, Z1
+	VFMADD231PS  Z18, Z14, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z17, Z17
+	VFMADD231PS  Z17, Z4, Z3
+	VFMADD231PS  Z18, Z16, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z17
+	VBROADCASTSS 4(DX), Z18
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z13, Z17, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VFMADD231PS  Z18, Z14, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z15, Z17, Z17
+	VFMADD231PS  Z17, Z8, Z7
+	VFMADD231PS  Z18, Z16, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z13, Z17, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VFMADD231PS  Z18, Z14, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z15, Z17, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	VFMADD231PS  Z18, Z16, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U4KMx3p2_group
+
+dot8AVX512U4KMx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U4KMx4p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U4KMx4p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z1
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	JMP     dot8AVX512U4KMx4p1_start
+
+dot8AVX512U4KMx4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512U4KMx4p1_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U4KMx4p1_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U4KMx4p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U4KMx4p1_factors
+	MOVQ  R8, SI
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U4KMx4p1_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx4p1_unit:
+	VMOVDQU64    (DI)(R12*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z2
+	VPDPBUSD     Z12, Z10, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z11
+	VPBROADCASTD 4(BX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R12
+	DECQ         R13
+	JNZ          dot8AVX512U4KMx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R8)(R9*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (SI)(R9*4), Z9, Z9
+	VPMOVSXBD    64(R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       256(SI)(R9*4), Z10, Z10
+	VBROADCASTSS (CX), Z11
+	VBROADCASTSS 4(CX), Z12
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z2, Z1
+	VFMADD231PS  Z12, Z10, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z11
+	VBROADCASTSS 4(DX), Z12
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	VFMADD231PS  Z12, Z10, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z11
+	VBROADCASTSS 4(BX), Z12
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VFMADD231PS  Z12, Z10, Z5
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z11
+	VBROADCASTSS 4(AX), Z12
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z9, Z11, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z12, Z10, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U4KMx4p1_group
+
+dot8AVX512U4KMx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U4KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U4KMx4p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512U4KMx4p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z1
+	VMOVUPS 64(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z5
+	VMOVUPS 64(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z9
+	VMOVUPS 64(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z13
+	VMOVUPS 64(R12), Z15
+	JMP     dot8AVX512U4KMx4p2_start
+
+dot8AVX512U4KMx4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512U4KMx4p2_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512U4KMx4p2_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512U4KMx4p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512U4KMx4p2_factors
+	MOVQ  R9, SI
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512U4KMx4p2_factors:
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U4KMx4p2_unit:
+	VMOVDQU64    (DI)(R13*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (R8)(R13*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z17, Z2
+	VPDPBUSD     Z21, Z19, Z4
+	VPDPBUSD     Z22, Z18, Z2
+	VPDPBUSD     Z22, Z20, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z21
+	VPBROADCASTD 4(DX), Z22
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z21
+	VPBROADCASTD 4(BX), Z22
+	VPDPBUSD     Z21, Z17, Z10
+	VPDPBUSD     Z21, Z19, Z12
+	VPDPBUSD     Z22, Z18, Z10
+	VPDPBUSD     Z22, Z20, Z12
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z17, Z14
+	VPDPBUSD     Z21, Z19, Z16
+	VPDPBUSD     Z22, Z18, Z14
+	VPDPBUSD     Z22, Z20, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R13
+	DECQ         R14
+	JNZ          dot8AVX512U4KMx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       (SI)(R10*4), Z17, Z17
+	VPMOVSXBD    64(R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       256(SI)(R10*4), Z18, Z18
+	VPMOVSXBD    16(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       64(SI)(R10*4), Z19, Z19
+	VPMOVSXBD    80(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       320(SI)(R10*4), Z20, Z20
+	VBROADCASTSS (CX), Z21
+	VBROADCASTSS 4(CX), Z22
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z2, Z1
+	VFMADD231PS  Z22, Z18, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VFMADD231PS  Z22, Z20, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z21
+	VBROADCASTSS 4(DX), Z22
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z6, Z5
+	VFMADD231PS  Z22, Z18, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	VFMADD231PS  Z22, Z20, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z21
+	VBROADCASTSS 4(BX), Z22
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z10, Z9
+	VFMADD231PS  Z22, Z18, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z12, Z11
+	VFMADD231PS  Z22, Z20, Z11
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z21
+	VBROADCASTSS 4(AX), Z22
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z17, Z21, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VFMADD231PS  Z22, Z18, Z13
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z19, Z21, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	VFMADD231PS  Z22, Z20, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512U4KMx4p2_group
+
+dot8AVX512U4KMx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx1p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ meta+56(FP), BX
+	MOVQ lane+64(FP), SI
+	XORQ DI, DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512I8Kx1p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	JMP     dot8AVX512I8Kx1p1_start
+
+dot8AVX512I8Kx1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+dot8AVX512I8Kx1p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512I8Kx1p1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX512I8Kx1p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX512I8Kx1p1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000100, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX512I8Kx1p1_factors:
+	VPXORD Z1, Z1, Z1
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx1p1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z2
+	VMOVDQU64    64(DX)(R9*1), Z3
+	VPBROADCASTD (AX), Z4
+	VPBROADCASTD 4(AX), Z5
+	VPDPBUSD     Z4, Z2, Z1
+	VPDPBUSD     Z5, Z3, Z1
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512I8Kx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (CX)(SI*4), Z2, Z2
+	VBROADCASTSS (AX), Z3
+	VPBROADCASTD 8(AX), Z4
+	VPSUBD       Z4, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z2, Z3, Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX512I8Kx1p1_group
+
+dot8AVX512I8Kx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx1p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+	MOVQ meta+56(FP), SI
+	MOVQ lane+64(FP), DI
+	XORQ R8, R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512I8Kx1p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z2
+	JMP     dot8AVX512I8Kx1p2_start
+
+dot8AVX512I8Kx1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512I8Kx1p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512I8Kx1p2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512I8Kx1p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512I8Kx1p2_factors
+	MOVQ  SI, CX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512I8Kx1p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx1p2_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z4
+	VMOVDQU64    64(DX)(R10*1), Z5
+	VMOVDQU64    (BX)(R10*1), Z6
+	VMOVDQU64    64(BX)(R10*1), Z7
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z4, Z1
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z5, Z1
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512I8Kx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (CX)(DI*4), Z4, Z4
+	VPMOVSXBD    16(SI)(DI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(CX)(DI*4), Z5, Z5
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSUBD       Z7, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z6, Z4
+	VFMADD231PS  Z4, Z1, Z0
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z5, Z6, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512I8Kx1p2_group
+
+dot8AVX512I8Kx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx1p3(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8Kx1p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z4
+	JMP     dot8AVX512I8Kx1p3_start
+
+dot8AVX512I8Kx1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512I8Kx1p3_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8Kx1p3_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8Kx1p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8Kx1p3_factors
+	MOVQ  DI, CX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8Kx1p3_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx1p3_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z6
+	VMOVDQU64    64(DX)(R11*1), Z7
+	VMOVDQU64    (SI)(R11*1), Z8
+	VMOVDQU64    64(SI)(R11*1), Z9
+	VMOVDQU64    (BX)(R11*1), Z10
+	VMOVDQU64    64(BX)(R11*1), Z11
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z6, Z1
+	VPDPBUSD     Z12, Z8, Z3
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z7, Z1
+	VPDPBUSD     Z13, Z9, Z3
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8Kx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (CX)(R8*4), Z6, Z6
+	VPMOVSXBD    16(DI)(R8*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       64(CX)(R8*4), Z7, Z7
+	VPMOVSXBD    32(DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(CX)(R8*4), Z8, Z8
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSUBD       Z10, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z9, Z6
+	VFMADD231PS  Z6, Z1, Z0
+	VPSUBD       Z10, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z7, Z9, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VPSUBD       Z10, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z9, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8Kx1p3_group
+
+dot8AVX512I8Kx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx1p4(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8Kx1p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z4
+	VMOVUPS 192(R11), Z6
+	JMP     dot8AVX512I8Kx1p4_start
+
+dot8AVX512I8Kx1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8Kx1p4_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8Kx1p4_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8Kx1p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8Kx1p4_factors
+	MOVQ  R8, CX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8Kx1p4_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx1p4_unit:
+	PREFETCHT0   4096(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	VMOVDQU64    (DX)(R12*1), Z8
+	VMOVDQU64    64(DX)(R12*1), Z9
+	VMOVDQU64    (SI)(R12*1), Z10
+	VMOVDQU64    64(SI)(R12*1), Z11
+	VMOVDQU64    (DI)(R12*1), Z12
+	VMOVDQU64    64(DI)(R12*1), Z13
+	VMOVDQU64    (BX)(R12*1), Z14
+	VMOVDQU64    64(BX)(R12*1), Z15
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z8, Z1
+	VPDPBUSD     Z16, Z10, Z3
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z9, Z1
+	VPDPBUSD     Z17, Z11, Z3
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8Kx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (CX)(R9*4), Z8, Z8
+	VPMOVSXBD    16(R8)(R9*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(CX)(R9*4), Z9, Z9
+	VPMOVSXBD    32(R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       128(CX)(R9*4), Z10, Z10
+	VPMOVSXBD    48(R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       192(CX)(R9*4), Z11, Z11
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VPSUBD       Z13, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z12, Z8
+	VFMADD231PS  Z8, Z1, Z0
+	VPSUBD       Z13, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z9, Z12, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VPSUBD       Z13, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z12, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VPSUBD       Z13, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z11, Z12, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8Kx1p4_group
+
+dot8AVX512I8Kx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx2p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ meta+56(FP), SI
+	MOVQ lane+64(FP), DI
+	XORQ R8, R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512I8Kx2p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	JMP     dot8AVX512I8Kx2p1_start
+
+dot8AVX512I8Kx2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512I8Kx2p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512I8Kx2p1_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512I8Kx2p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512I8Kx2p1_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512I8Kx2p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx2p1_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z4
+	VMOVDQU64    64(BX)(R10*1), Z5
+	VPBROADCASTD (CX), Z6
+	VPBROADCASTD 4(CX), Z7
+	VPDPBUSD     Z6, Z4, Z1
+	VPDPBUSD     Z7, Z5, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512I8Kx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DX)(DI*4), Z4, Z4
+	VBROADCASTSS (CX), Z5
+	VPBROADCASTD 8(CX), Z6
+	VPSUBD       Z6, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z5, Z5
+	VFMADD231PS  Z5, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSUBD       Z6, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z5, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512I8Kx2p1_group
+
+dot8AVX512I8Kx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx2p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8Kx2p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z6
+	JMP     dot8AVX512I8Kx2p2_start
+
+dot8AVX512I8Kx2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8Kx2p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8Kx2p2_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8Kx2p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8Kx2p2_factors
+	MOVQ  DI, DX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8Kx2p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx2p2_unit:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (BX)(R11*1), Z8
+	VMOVDQU64    64(BX)(R11*1), Z9
+	VMOVDQU64    (SI)(R11*1), Z10
+	VMOVDQU64    64(SI)(R11*1), Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z8, Z1
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z9, Z1
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z8, Z5
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z9, Z5
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8Kx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DX)(R8*4), Z8, Z8
+	VPMOVSXBD    16(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(DX)(R8*4), Z9, Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSUBD       Z11, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z10, Z12
+	VFMADD231PS  Z12, Z1, Z0
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z9, Z10, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8Kx2p2_group
+
+dot8AVX512I8Kx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx2p3(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8Kx2p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z8
+	VMOVUPS 128(R11), Z10
+	JMP     dot8AVX512I8Kx2p3_start
+
+dot8AVX512I8Kx2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512I8Kx2p3_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8Kx2p3_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8Kx2p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8Kx2p3_factors
+	MOVQ  R8, DX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8Kx2p3_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx2p3_unit:
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	VMOVDQU64    (BX)(R12*1), Z12
+	VMOVDQU64    64(BX)(R12*1), Z13
+	VMOVDQU64    (DI)(R12*1), Z14
+	VMOVDQU64    64(DI)(R12*1), Z15
+	VMOVDQU64    (SI)(R12*1), Z16
+	VMOVDQU64    64(SI)(R12*1), Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z12, Z1
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z13, Z1
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z12, Z7
+	VPDPBUSD     Z18, Z14, Z9
+	VPDPBUSD     Z18, Z16, Z11
+	VPDPBUSD     Z19, Z13, Z7
+	VPDPBUSD     Z19, Z15, Z9
+	VPDPBUSD     Z19, Z17, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8Kx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (DX)(R9*4), Z12, Z12
+	VPMOVSXBD    16(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(DX)(R9*4), Z13, Z13
+	VPMOVSXBD    32(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(DX)(R9*4), Z14, Z14
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSUBD       Z16, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z15, Z17
+	VFMADD231PS  Z17, Z1, Z0
+	VPSUBD       Z16, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z13, Z15, Z17
+	VFMADD231PS  Z17, Z3, Z2
+	VPSUBD       Z16, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z14, Z15, Z15
+	VFMADD231PS  Z15, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSUBD       Z16, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z15, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z16, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z13, Z15, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VPSUBD       Z16, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z15, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8Kx2p3_group
+
+dot8AVX512I8Kx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx2p4(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+	MOVQ meta+56(FP), R9
+	MOVQ lane+64(FP), R10
+	XORQ R11, R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512I8Kx2p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z4
+	VMOVUPS 192(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z12
+	VMOVUPS 192(R12), Z14
+	JMP     dot8AVX512I8Kx2p4_start
+
+dot8AVX512I8Kx2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512I8Kx2p4_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512I8Kx2p4_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512I8Kx2p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512I8Kx2p4_factors
+	MOVQ  R9, DX
+	ADDQ  $0x00000100, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512I8Kx2p4_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx2p4_unit:
+	PREFETCHT0   4096(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
+	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4160(SI)(R13*1)
+	VMOVDQU64    (BX)(R13*1), Z16
+	VMOVDQU64    64(BX)(R13*1), Z17
+	VMOVDQU64    (DI)(R13*1), Z18
+	VMOVDQU64    64(DI)(R13*1), Z19
+	VMOVDQU64    (R8)(R13*1), Z20
+	VMOVDQU64    64(R8)(R13*1), Z21
+	VMOVDQU64    (SI)(R13*1), Z22
+	VMOVDQU64    64(SI)(R13*1), Z23
+	VPBROADCASTD (CX), Z24
+	VPBROADCASTD 4(CX), Z25
+	VPDPBUSD     Z24, Z16, Z1
+	VPDPBUSD     Z24, Z18, Z3
+	VPDPBUSD     Z24, Z20, Z5
+	VPDPBUSD     Z24, Z22, Z7
+	VPDPBUSD     Z25, Z17, Z1
+	VPDPBUSD     Z25, Z19, Z3
+	VPDPBUSD     Z25, Z21, Z5
+	VPDPBUSD     Z25, Z23, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z24
+	VPBROADCASTD 4(AX), Z25
+	VPDPBUSD     Z24, Z16, Z9
+	VPDPBUSD     Z24, Z18, Z11
+	VPDPBUSD     Z24, Z20, Z13
+	VPDPBUSD     Z24, Z22, Z15
+	VPDPBUSD     Z25, Z17, Z9
+	VPDPBUSD     Z25, Z19, Z11
+	VPDPBUSD     Z25, Z21, Z13
+	VPDPBUSD     Z25, Z23, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R13
+	DECQ         R14
+	JNZ          dot8AVX512I8Kx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	VPMOVSXBD    (R9)(R10*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (DX)(R10*4), Z16, Z16
+	VPMOVSXBD    16(R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(DX)(R10*4), Z17, Z17
+	VPMOVSXBD    32(R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       128(DX)(R10*4), Z18, Z18
+	VPMOVSXBD    48(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       192(DX)(R10*4), Z19, Z19
+	VBROADCASTSS (CX), Z20
+	VPBROADCASTD 8(CX), Z21
+	VPSUBD       Z21, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z20, Z22
+	VFMADD231PS  Z22, Z1, Z0
+	VPSUBD       Z21, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z17, Z20, Z22
+	VFMADD231PS  Z22, Z3, Z2
+	VPSUBD       Z21, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z18, Z20, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VPSUBD       Z21, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z19, Z20, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z20
+	VPBROADCASTD 8(AX), Z21
+	VPSUBD       Z21, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z20, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VPSUBD       Z21, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z17, Z20, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z21, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z18, Z20, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VPSUBD       Z21, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z19, Z20, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512I8Kx2p4_group
+
+dot8AVX512I8Kx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VMOVUPS Z14, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx3p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8Kx3p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	JMP     dot8AVX512I8Kx3p1_start
+
+dot8AVX512I8Kx3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512I8Kx3p1_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8Kx3p1_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8Kx3p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8Kx3p1_factors
+	MOVQ  DI, BX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8Kx3p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx3p1_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z6
+	VMOVDQU64    64(SI)(R11*1), Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z1
+	VPDPBUSD     Z9, Z7, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z8
+	VPBROADCASTD 4(DX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8Kx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (BX)(R8*4), Z6, Z6
+	VBROADCASTSS (CX), Z7
+	VPBROADCASTD 8(CX), Z8
+	VPSUBD       Z8, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z7, Z7
+	VFMADD231PS  Z7, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z7
+	VPBROADCASTD 8(DX), Z8
+	VPSUBD       Z8, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z7, Z7
+	VFMADD231PS  Z7, Z3, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSUBD       Z8, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z7, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8Kx3p1_group
+
+dot8AVX512I8Kx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8Kx3p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8Kx3p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z10
+	JMP     dot8AVX512I8Kx3p2_start
+
+dot8AVX512I8Kx3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512I8Kx3p2_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8Kx3p2_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8Kx3p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8Kx3p2_factors
+	MOVQ  R8, BX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8Kx3p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx3p2_unit:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	VMOVDQU64    (SI)(R12*1), Z12
+	VMOVDQU64    64(SI)(R12*1), Z13
+	VMOVDQU64    (DI)(R12*1), Z14
+	VMOVDQU64    64(DI)(R12*1), Z15
+	VPBROADCASTD (CX), Z16
+	VPBROADCASTD 4(CX), Z17
+	VPDPBUSD     Z16, Z12, Z1
+	VPDPBUSD     Z16, Z14, Z3
+	VPDPBUSD     Z17, Z13, Z1
+	VPDPBUSD     Z17, Z15, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z16
+	VPBROADCASTD 4(DX), Z17
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z12, Z9
+	VPDPBUSD     Z16, Z14, Z11
+	VPDPBUSD     Z17, Z13, Z9
+	VPDPBUSD     Z17, Z15, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8Kx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (BX)(R9*4), Z12, Z12
+	VPMOVSXBD    16(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(BX)(R9*4), Z13, Z13
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSUBD       Z15, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z14, Z16
+	VFMADD231PS  Z16, Z1, Z0
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z13, Z14, Z14
+	VFMADD231PS  Z14, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z14
+	VPBROADCASTD 8(DX), Z15
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z14, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z13, Z14, Z14
+	VFMADD231PS  Z14, Z7, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z12, Z14, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z13, Z14, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8Kx3p2_group
+
+dot8AVX512I8Kx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·dot8AVX512I8Kx4p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8Kx4p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	JMP     dot8AVX512I8Kx4p1_start
+
+dot8AVX512I8Kx4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8Kx4p1_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8Kx4p1_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8Kx4p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8Kx4p1_factors
+	MOVQ  R8, SI
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8Kx4p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx4p1_unit:
+	VMOVDQU64    (DI)(R12*1), Z8
+	VMOVDQU64    64(DI)(R12*1), Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z1
+	VPDPBUSD     Z11, Z9, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z10
+	VPBROADCASTD 4(BX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8Kx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R8)(R9*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (SI)(R9*4), Z8, Z8
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSUBD       Z10, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VPBROADCASTD 8(DX), Z10
+	VPSUBD       Z10, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z3, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z9
+	VPBROADCASTD 8(BX), Z10
+	VPSUBD       Z10, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z5, Z4
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSUBD       Z10, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z9, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8Kx4p1_group
+
+dot8AVX512I8Kx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·dot8AVX512I8Kx4p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+	MOVQ meta+56(FP), R9
+	MOVQ lane+64(FP), R10
+	XORQ R11, R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512I8Kx4p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z2
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z10
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z14
+	JMP     dot8AVX512I8Kx4p2_start
+
+dot8AVX512I8Kx4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512I8Kx4p2_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512I8Kx4p2_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512I8Kx4p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512I8Kx4p2_factors
+	MOVQ  R9, SI
+	ADDQ  $0x00000100, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512I8Kx4p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8Kx4p2_unit:
+	VMOVDQU64    (DI)(R13*1), Z16
+	VMOVDQU64    64(DI)(R13*1), Z17
+	VMOVDQU64    (R8)(R13*1), Z18
+	VMOVDQU64    64(R8)(R13*1), Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z16, Z1
+	VPDPBUSD     Z20, Z18, Z3
+	VPDPBUSD     Z21, Z17, Z1
+	VPDPBUSD     Z21, Z19, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z20
+	VPBROADCASTD 4(DX), Z21
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z20
+	VPBROADCASTD 4(BX), Z21
+	VPDPBUSD     Z20, Z16, Z9
+	VPDPBUSD     Z20, Z18, Z11
+	VPDPBUSD     Z21, Z17, Z9
+	VPDPBUSD     Z21, Z19, Z11
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z16, Z13
+	VPDPBUSD     Z20, Z18, Z15
+	VPDPBUSD     Z21, Z17, Z13
+	VPDPBUSD     Z21, Z19, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R13
+	DECQ         R14
+	JNZ          dot8AVX512I8Kx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R9)(R10*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (SI)(R10*4), Z16, Z16
+	VPMOVSXBD    16(R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(SI)(R10*4), Z17, Z17
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSUBD       Z19, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z1, Z0
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VPBROADCASTD 8(DX), Z19
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z7, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z18
+	VPBROADCASTD 8(BX), Z19
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z9, Z8
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z11, Z10
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z18, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z17, Z18, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512I8Kx4p2_group
+
+dot8AVX512I8Kx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z14, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx1p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ meta+56(FP), BX
+	MOVQ lane+64(FP), SI
+	XORQ DI, DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512I8KMx1p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	JMP     dot8AVX512I8KMx1p1_start
+
+dot8AVX512I8KMx1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+dot8AVX512I8KMx1p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512I8KMx1p1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX512I8KMx1p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX512I8KMx1p1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX512I8KMx1p1_factors:
+	VPXORD Z1, Z1, Z1
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx1p1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z2
+	VMOVDQU64    64(DX)(R9*1), Z3
+	VPBROADCASTD (AX), Z4
+	VPBROADCASTD 4(AX), Z5
+	VPDPBUSD     Z4, Z2, Z1
+	VPDPBUSD     Z5, Z3, Z1
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512I8KMx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (CX)(SI*4), Z2, Z2
+	VPMOVSXBD    64(BX)(SI*1), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       256(CX)(SI*4), Z3, Z3
+	VBROADCASTSS (AX), Z4
+	VPBROADCASTD 8(AX), Z5
+	VBROADCASTSS 4(AX), Z6
+	VPSUBD       Z5, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z2, Z4, Z2
+	VFMADD231PS  Z2, Z1, Z0
+	VFMADD231PS  Z6, Z3, Z0
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX512I8KMx1p1_group
+
+dot8AVX512I8KMx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx1p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+	MOVQ meta+56(FP), SI
+	MOVQ lane+64(FP), DI
+	XORQ R8, R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512I8KMx1p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z2
+	JMP     dot8AVX512I8KMx1p2_start
+
+dot8AVX512I8KMx1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512I8KMx1p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512I8KMx1p2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512I8KMx1p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512I8KMx1p2_factors
+	MOVQ  SI, CX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512I8KMx1p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx1p2_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z4
+	VMOVDQU64    64(DX)(R10*1), Z5
+	VMOVDQU64    (BX)(R10*1), Z6
+	VMOVDQU64    64(BX)(R10*1), Z7
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z4, Z1
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z5, Z1
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512I8KMx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (CX)(DI*4), Z4, Z4
+	VPMOVSXBD    64(SI)(DI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       256(CX)(DI*4), Z5, Z5
+	VPMOVSXBD    16(SI)(DI*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(CX)(DI*4), Z6, Z6
+	VPMOVSXBD    80(SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       320(CX)(DI*4), Z7, Z7
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VPSUBD       Z9, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z8, Z4
+	VFMADD231PS  Z4, Z1, Z0
+	VFMADD231PS  Z10, Z5, Z0
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z8, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	VFMADD231PS  Z10, Z7, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512I8KMx1p2_group
+
+dot8AVX512I8KMx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx1p3(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8KMx1p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z2
+	VMOVUPS 128(R10), Z4
+	JMP     dot8AVX512I8KMx1p3_start
+
+dot8AVX512I8KMx1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512I8KMx1p3_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8KMx1p3_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8KMx1p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8KMx1p3_factors
+	MOVQ  DI, CX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8KMx1p3_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx1p3_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z6
+	VMOVDQU64    64(DX)(R11*1), Z7
+	VMOVDQU64    (SI)(R11*1), Z8
+	VMOVDQU64    64(SI)(R11*1), Z9
+	VMOVDQU64    (BX)(R11*1), Z10
+	VMOVDQU64    64(BX)(R11*1), Z11
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z6, Z1
+	VPDPBUSD     Z12, Z8, Z3
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z7, Z1
+	VPDPBUSD     Z13, Z9, Z3
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8KMx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (CX)(R8*4), Z6, Z6
+	VPMOVSXBD    64(DI)(R8*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       256(CX)(R8*4), Z7, Z7
+	VPMOVSXBD    16(DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(CX)(R8*4), Z8, Z8
+	VPMOVSXBD    80(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       320(CX)(R8*4), Z9, Z9
+	VPMOVSXBD    32(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       128(CX)(R8*4), Z10, Z10
+	VPMOVSXBD    96(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       384(CX)(R8*4), Z11, Z11
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VPSUBD       Z13, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z12, Z6
+	VFMADD231PS  Z6, Z1, Z0
+	VFMADD231PS  Z14, Z7, Z0
+	VPSUBD       Z13, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z12, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VFMADD231PS  Z14, Z9, Z2
+	VPSUBD       Z13, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z12, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z14, Z11, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8KMx1p3_group
+
+dot8AVX512I8KMx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx1p4(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8KMx1p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z4
+	VMOVUPS 192(R11), Z6
+	JMP     dot8AVX512I8KMx1p4_start
+
+dot8AVX512I8KMx1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8KMx1p4_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8KMx1p4_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8KMx1p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8KMx1p4_factors
+	MOVQ  R8, CX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8KMx1p4_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx1p4_unit:
+	PREFETCHT0   4096(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	VMOVDQU64    (DX)(R12*1), Z8
+	VMOVDQU64    64(DX)(R12*1), Z9
+	VMOVDQU64    (SI)(R12*1), Z10
+	VMOVDQU64    64(SI)(R12*1), Z11
+	VMOVDQU64    (DI)(R12*1), Z12
+	VMOVDQU64    64(DI)(R12*1), Z13
+	VMOVDQU64    (BX)(R12*1), Z14
+	VMOVDQU64    64(BX)(R12*1), Z15
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z8, Z1
+	VPDPBUSD     Z16, Z10, Z3
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z9, Z1
+	VPDPBUSD     Z17, Z11, Z3
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8KMx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (CX)(R9*4), Z8, Z8
+	VPMOVSXBD    64(R8)(R9*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       256(CX)(R9*4), Z9, Z9
+	VPMOVSXBD    16(R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(CX)(R9*4), Z10, Z10
+	VPMOVSXBD    80(R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       320(CX)(R9*4), Z11, Z11
+	VPMOVSXBD    32(R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       128(CX)(R9*4), Z12, Z12
+	VPMOVSXBD    96(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       384(CX)(R9*4), Z13, Z13
+	VPMOVSXBD    48(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       192(CX)(R9*4), Z14, Z14
+	VPMOVSXBD    112(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       448(CX)(R9*4), Z15, Z15
+	VBROADCASTSS (AX), Z16
+	VPBROADCASTD 8(AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VPSUBD       Z17, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z16, Z8
+	VFMADD231PS  Z8, Z1, Z0
+	VFMADD231PS  Z18, Z9, Z0
+	VPSUBD       Z17, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z16, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z18, Z11, Z2
+	VPSUBD       Z17, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z16, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VFMADD231PS  Z18, Z13, Z4
+	VPSUBD       Z17, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z16, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z18, Z15, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8KMx1p4_group
+
+dot8AVX512I8KMx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx2p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ meta+56(FP), SI
+	MOVQ lane+64(FP), DI
+	XORQ R8, R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512I8KMx2p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z2
+	JMP     dot8AVX512I8KMx2p1_start
+
+dot8AVX512I8KMx2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512I8KMx2p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512I8KMx2p1_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512I8KMx2p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512I8KMx2p1_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512I8KMx2p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx2p1_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z4
+	VMOVDQU64    64(BX)(R10*1), Z5
+	VPBROADCASTD (CX), Z6
+	VPBROADCASTD 4(CX), Z7
+	VPDPBUSD     Z6, Z4, Z1
+	VPDPBUSD     Z7, Z5, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512I8KMx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DX)(DI*4), Z4, Z4
+	VPMOVSXBD    64(SI)(DI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       256(DX)(DI*4), Z5, Z5
+	VBROADCASTSS (CX), Z6
+	VPBROADCASTD 8(CX), Z7
+	VBROADCASTSS 4(CX), Z8
+	VPSUBD       Z7, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z6, Z6
+	VFMADD231PS  Z6, Z1, Z0
+	VFMADD231PS  Z8, Z5, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VBROADCASTSS 4(AX), Z8
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z6, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	VFMADD231PS  Z8, Z5, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512I8KMx2p1_group
+
+dot8AVX512I8KMx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx2p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8KMx2p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	VMOVUPS 64(R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z6
+	JMP     dot8AVX512I8KMx2p2_start
+
+dot8AVX512I8KMx2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8KMx2p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8KMx2p2_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8KMx2p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8KMx2p2_factors
+	MOVQ  DI, DX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8KMx2p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx2p2_unit:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (BX)(R11*1), Z8
+	VMOVDQU64    64(BX)(R11*1), Z9
+	VMOVDQU64    (SI)(R11*1), Z10
+	VMOVDQU64    64(SI)(R11*1), Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z8, Z1
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z9, Z1
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z8, Z5
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z9, Z5
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8KMx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DX)(R8*4), Z8, Z8
+	VPMOVSXBD    64(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       256(DX)(R8*4), Z9, Z9
+	VPMOVSXBD    16(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(DX)(R8*4), Z10, Z10
+	VPMOVSXBD    80(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       320(DX)(R8*4), Z11, Z11
+	VBROADCASTSS (CX), Z12
+	VPBROADCASTD 8(CX), Z13
+	VBROADCASTSS 4(CX), Z14
+	VPSUBD       Z13, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z12, Z15
+	VFMADD231PS  Z15, Z1, Z0
+	VFMADD231PS  Z14, Z9, Z0
+	VPSUBD       Z13, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VFMADD231PS  Z14, Z11, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VPSUBD       Z13, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z12, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VFMADD231PS  Z14, Z9, Z4
+	VPSUBD       Z13, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z12, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z14, Z11, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8KMx2p2_group
+
+dot8AVX512I8KMx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx2p3(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), SI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8KMx2p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	VMOVUPS 128(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z8
+	VMOVUPS 128(R11), Z10
+	JMP     dot8AVX512I8KMx2p3_start
+
+dot8AVX512I8KMx2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512I8KMx2p3_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8KMx2p3_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8KMx2p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8KMx2p3_factors
+	MOVQ  R8, DX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8KMx2p3_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx2p3_unit:
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	VMOVDQU64    (BX)(R12*1), Z12
+	VMOVDQU64    64(BX)(R12*1), Z13
+	VMOVDQU64    (DI)(R12*1), Z14
+	VMOVDQU64    64(DI)(R12*1), Z15
+	VMOVDQU64    (SI)(R12*1), Z16
+	VMOVDQU64    64(SI)(R12*1), Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z12, Z1
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z13, Z1
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z12, Z7
+	VPDPBUSD     Z18, Z14, Z9
+	VPDPBUSD     Z18, Z16, Z11
+	VPDPBUSD     Z19, Z13, Z7
+	VPDPBUSD     Z19, Z15, Z9
+	VPDPBUSD     Z19, Z17, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8KMx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (DX)(R9*4), Z12, Z12
+	VPMOVSXBD    64(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       256(DX)(R9*4), Z13, Z13
+	VPMOVSXBD    16(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       64(DX)(R9*4), Z14, Z14
+	VPMOVSXBD    80(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       320(DX)(R9*4), Z15, Z15
+	VPMOVSXBD    32(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       128(DX)(R9*4), Z16, Z16
+	VPMOVSXBD    96(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       384(DX)(R9*4), Z17, Z17
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VBROADCASTSS 4(CX), Z20
+	VPSUBD       Z19, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z18, Z21
+	VFMADD231PS  Z21, Z1, Z0
+	VFMADD231PS  Z20, Z13, Z0
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z18, Z21
+	VFMADD231PS  Z21, Z3, Z2
+	VFMADD231PS  Z20, Z15, Z2
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	VFMADD231PS  Z20, Z17, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VBROADCASTSS 4(AX), Z20
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z18, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VFMADD231PS  Z20, Z13, Z6
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z14, Z18, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VFMADD231PS  Z20, Z15, Z8
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z16, Z18, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	VFMADD231PS  Z20, Z17, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8KMx2p3_group
+
+dot8AVX512I8KMx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx2p4(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), DI
+	LEAQ (DI)(SI*1), R8
+	LEAQ (R8)(SI*1), SI
+	MOVQ meta+56(FP), R9
+	MOVQ lane+64(FP), R10
+	XORQ R11, R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512I8KMx2p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z2
+	VMOVUPS 128(R12), Z4
+	VMOVUPS 192(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z10
+	VMOVUPS 128(R12), Z12
+	VMOVUPS 192(R12), Z14
+	JMP     dot8AVX512I8KMx2p4_start
+
+dot8AVX512I8KMx2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512I8KMx2p4_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512I8KMx2p4_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512I8KMx2p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512I8KMx2p4_factors
+	MOVQ  R9, DX
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512I8KMx2p4_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx2p4_unit:
+	PREFETCHT0   4096(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
+	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4160(SI)(R13*1)
+	VMOVDQU64    (BX)(R13*1), Z16
+	VMOVDQU64    64(BX)(R13*1), Z17
+	VMOVDQU64    (DI)(R13*1), Z18
+	VMOVDQU64    64(DI)(R13*1), Z19
+	VMOVDQU64    (R8)(R13*1), Z20
+	VMOVDQU64    64(R8)(R13*1), Z21
+	VMOVDQU64    (SI)(R13*1), Z22
+	VMOVDQU64    64(SI)(R13*1), Z23
+	VPBROADCASTD (CX), Z24
+	VPBROADCASTD 4(CX), Z25
+	VPDPBUSD     Z24, Z16, Z1
+	VPDPBUSD     Z24, Z18, Z3
+	VPDPBUSD     Z24, Z20, Z5
+	VPDPBUSD     Z24, Z22, Z7
+	VPDPBUSD     Z25, Z17, Z1
+	VPDPBUSD     Z25, Z19, Z3
+	VPDPBUSD     Z25, Z21, Z5
+	VPDPBUSD     Z25, Z23, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z24
+	VPBROADCASTD 4(AX), Z25
+	VPDPBUSD     Z24, Z16, Z9
+	VPDPBUSD     Z24, Z18, Z11
+	VPDPBUSD     Z24, Z20, Z13
+	VPDPBUSD     Z24, Z22, Z15
+	VPDPBUSD     Z25, Z17, Z9
+	VPDPBUSD     Z25, Z19, Z11
+	VPDPBUSD     Z25, Z21, Z13
+	VPDPBUSD     Z25, Z23, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R13
+	DECQ         R14
+	JNZ          dot8AVX512I8KMx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	VPMOVSXBD    (R9)(R10*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (DX)(R10*4), Z16, Z16
+	VPMOVSXBD    64(R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       256(DX)(R10*4), Z17, Z17
+	VPMOVSXBD    16(R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       64(DX)(R10*4), Z18, Z18
+	VPMOVSXBD    80(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       320(DX)(R10*4), Z19, Z19
+	VPMOVSXBD    32(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       128(DX)(R10*4), Z20, Z20
+	VPMOVSXBD    96(R9)(R10*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       384(DX)(R10*4), Z21, Z21
+	VPMOVSXBD    48(R9)(R10*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMULPS       192(DX)(R10*4), Z22, Z22
+	VPMOVSXBD    112(R9)(R10*1), Z23
+	VCVTDQ2PS    Z23, Z23
+	VMULPS       448(DX)(R10*4), Z23, Z23
+	VBROADCASTSS (CX), Z24
+	VPBROADCASTD 8(CX), Z25
+	VBROADCASTSS 4(CX), Z26
+	VPSUBD       Z25, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z24, Z27
+	VFMADD231PS  Z27, Z1, Z0
+	VFMADD231PS  Z26, Z17, Z0
+	VPSUBD       Z25, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z24, Z27
+	VFMADD231PS  Z27, Z3, Z2
+	VFMADD231PS  Z26, Z19, Z2
+	VPSUBD       Z25, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z20, Z24, Z27
+	VFMADD231PS  Z27, Z5, Z4
+	VFMADD231PS  Z26, Z21, Z4
+	VPSUBD       Z25, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z22, Z24, Z24
+	VFMADD231PS  Z24, Z7, Z6
+	VFMADD231PS  Z26, Z23, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z24
+	VPBROADCASTD 8(AX), Z25
+	VBROADCASTSS 4(AX), Z26
+	VPSUBD       Z25, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z24, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VFMADD231PS  Z26, Z17, Z8
+	VPSUBD       Z25, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z24, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VFMADD231PS  Z26, Z19, Z10
+	VPSUBD       Z25, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z20, Z24, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VFMADD231PS  Z26, Z21, Z12
+	VPSUBD       Z25, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z22, Z24, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	VFMADD231PS  Z26, Z23, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512I8KMx2p4_group
+
+dot8AVX512I8KMx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VMOVUPS Z14, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx3p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ meta+56(FP), DI
+	MOVQ lane+64(FP), R8
+	XORQ R9, R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512I8KMx3p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z0
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	JMP     dot8AVX512I8KMx3p1_start
+
+dot8AVX512I8KMx3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512I8KMx3p1_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512I8KMx3p1_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512I8KMx3p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512I8KMx3p1_factors
+	MOVQ  DI, BX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512I8KMx3p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx3p1_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z6
+	VMOVDQU64    64(SI)(R11*1), Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z1
+	VPDPBUSD     Z9, Z7, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z8
+	VPBROADCASTD 4(DX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R11
+	DECQ         R12
+	JNZ          dot8AVX512I8KMx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (BX)(R8*4), Z6, Z6
+	VPMOVSXBD    64(DI)(R8*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       256(BX)(R8*4), Z7, Z7
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VBROADCASTSS 4(CX), Z10
+	VPSUBD       Z9, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z8, Z8
+	VFMADD231PS  Z8, Z1, Z0
+	VFMADD231PS  Z10, Z7, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VPBROADCASTD 8(DX), Z9
+	VBROADCASTSS 4(DX), Z10
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z10, Z7, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z8, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z10, Z7, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512I8KMx3p1_group
+
+dot8AVX512I8KMx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512I8KMx3p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8KMx3p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	VMOVUPS 64(R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z10
+	JMP     dot8AVX512I8KMx3p2_start
+
+dot8AVX512I8KMx3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512I8KMx3p2_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8KMx3p2_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8KMx3p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8KMx3p2_factors
+	MOVQ  R8, BX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8KMx3p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx3p2_unit:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	VMOVDQU64    (SI)(R12*1), Z12
+	VMOVDQU64    64(SI)(R12*1), Z13
+	VMOVDQU64    (DI)(R12*1), Z14
+	VMOVDQU64    64(DI)(R12*1), Z15
+	VPBROADCASTD (CX), Z16
+	VPBROADCASTD 4(CX), Z17
+	VPDPBUSD     Z16, Z12, Z1
+	VPDPBUSD     Z16, Z14, Z3
+	VPDPBUSD     Z17, Z13, Z1
+	VPDPBUSD     Z17, Z15, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z16
+	VPBROADCASTD 4(DX), Z17
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z12, Z9
+	VPDPBUSD     Z16, Z14, Z11
+	VPDPBUSD     Z17, Z13, Z9
+	VPDPBUSD     Z17, Z15, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8KMx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (BX)(R9*4), Z12, Z12
+	VPMOVSXBD    64(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       256(BX)(R9*4), Z13, Z13
+	VPMOVSXBD    16(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       64(BX)(R9*4), Z14, Z14
+	VPMOVSXBD    80(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       320(BX)(R9*4), Z15, Z15
+	VBROADCASTSS (CX), Z16
+	VPBROADCASTD 8(CX), Z17
+	VBROADCASTSS 4(CX), Z18
+	VPSUBD       Z17, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z16, Z19
+	VFMADD231PS  Z19, Z1, Z0
+	VFMADD231PS  Z18, Z13, Z0
+	VPSUBD       Z17, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z16, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VFMADD231PS  Z18, Z15, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z16
+	VPBROADCASTD 8(DX), Z17
+	VBROADCASTSS 4(DX), Z18
+	VPSUBD       Z17, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z16, Z19
+	VFMADD231PS  Z19, Z5, Z4
+	VFMADD231PS  Z18, Z13, Z4
+	VPSUBD       Z17, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z16, Z16
+	VFMADD231PS  Z16, Z7, Z6
+	VFMADD231PS  Z18, Z15, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z16
+	VPBROADCASTD 8(AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VPSUBD       Z17, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z12, Z16, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VFMADD231PS  Z18, Z13, Z8
+	VPSUBD       Z17, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z16, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	VFMADD231PS  Z18, Z15, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8KMx3p2_group
+
+dot8AVX512I8KMx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·dot8AVX512I8KMx4p1(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ meta+56(FP), R8
+	MOVQ lane+64(FP), R9
+	XORQ R10, R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512I8KMx4p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z0
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	JMP     dot8AVX512I8KMx4p1_start
+
+dot8AVX512I8KMx4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512I8KMx4p1_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512I8KMx4p1_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512I8KMx4p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512I8KMx4p1_factors
+	MOVQ  R8, SI
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512I8KMx4p1_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx4p1_unit:
+	VMOVDQU64    (DI)(R12*1), Z8
+	VMOVDQU64    64(DI)(R12*1), Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z1
+	VPDPBUSD     Z11, Z9, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z10
+	VPBROADCASTD 4(BX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R12
+	DECQ         R13
+	JNZ          dot8AVX512I8KMx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R8)(R9*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (SI)(R9*4), Z8, Z8
+	VPMOVSXBD    64(R8)(R9*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       256(SI)(R9*4), Z9, Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VBROADCASTSS 4(CX), Z12
+	VPSUBD       Z11, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z1, Z0
+	VFMADD231PS  Z12, Z9, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VBROADCASTSS 4(DX), Z12
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  Z12, Z9, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VPBROADCASTD 8(BX), Z11
+	VBROADCASTSS 4(BX), Z12
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  Z12, Z9, Z4
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VBROADCASTSS 4(AX), Z12
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z10, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z12, Z9, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512I8KMx4p1_group
+
+dot8AVX512I8KMx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512I8KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·dot8AVX512I8KMx4p2(SB), NOSPLIT, $0-88
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), DI
+	MOVQ stride+16(FP), R8
+	LEAQ (DI)(R8*1), R8
+	MOVQ meta+56(FP), R9
+	MOVQ lane+64(FP), R10
+	XORQ R11, R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512I8KMx4p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z0
+	VMOVUPS 64(R12), Z2
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z6
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z10
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z14
+	JMP     dot8AVX512I8KMx4p2_start
+
+dot8AVX512I8KMx4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512I8KMx4p2_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512I8KMx4p2_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512I8KMx4p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512I8KMx4p2_factors
+	MOVQ  R9, SI
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512I8KMx4p2_factors:
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512I8KMx4p2_unit:
+	VMOVDQU64    (DI)(R13*1), Z16
+	VMOVDQU64    64(DI)(R13*1), Z17
+	VMOVDQU64    (R8)(R13*1), Z18
+	VMOVDQU64    64(R8)(R13*1), Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z16, Z1
+	VPDPBUSD     Z20, Z18, Z3
+	VPDPBUSD     Z21, Z17, Z1
+	VPDPBUSD     Z21, Z19, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z20
+	VPBROADCASTD 4(DX), Z21
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z20
+	VPBROADCASTD 4(BX), Z21
+	VPDPBUSD     Z20, Z16, Z9
+	VPDPBUSD     Z20, Z18, Z11
+	VPDPBUSD     Z21, Z17, Z9
+	VPDPBUSD     Z21, Z19, Z11
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z16, Z13
+	VPDPBUSD     Z20, Z18, Z15
+	VPDPBUSD     Z21, Z17, Z13
+	VPDPBUSD     Z21, Z19, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R13
+	DECQ         R14
+	JNZ          dot8AVX512I8KMx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R9)(R10*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (SI)(R10*4), Z16, Z16
+	VPMOVSXBD    64(R9)(R10*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       256(SI)(R10*4), Z17, Z17
+	VPMOVSXBD    16(R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       64(SI)(R10*4), Z18, Z18
+	VPMOVSXBD    80(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       320(SI)(R10*4), Z19, Z19
+	VBROADCASTSS (CX), Z20
+	VPBROADCASTD 8(CX), Z21
+	VBROADCASTSS 4(CX), Z22
+	VPSUBD       Z21, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z20, Z23
+	VFMADD231PS  Z23, Z1, Z0
+	VFMADD231PS  Z22, Z17, Z0
+	VPSUBD       Z21, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z20, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VFMADD231PS  Z22, Z19, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z20
+	VPBROADCASTD 8(DX), Z21
+	VBROADCASTSS 4(DX), Z22
+	VPSUBD       Z21, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z20, Z23
+	VFMADD231PS  Z23, Z5, Z4
+	VFMADD231PS  Z22, Z17, Z4
+	VPSUBD       Z21, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z20, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  Z22, Z19, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z20
+	VPBROADCASTD 8(BX), Z21
+	VBROADCASTSS 4(BX), Z22
+	VPSUBD       Z21, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z20, Z23
+	VFMADD231PS  Z23, Z9, Z8
+	VFMADD231PS  Z22, Z17, Z8
+	VPSUBD       Z21, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z20, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VFMADD231PS  Z22, Z19, Z10
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z20
+	VPBROADCASTD 8(AX), Z21
+	VBROADCASTSS 4(AX), Z22
+	VPSUBD       Z21, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z20, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VFMADD231PS  Z22, Z17, Z12
+	VPSUBD       Z21, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z18, Z20, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	VFMADD231PS  Z22, Z19, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512I8KMx4p2_group
+
+dot8AVX512I8KMx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z14, 64(AX)
+	VZEROUPPER
+	RET
+
 // func readAVX512(p *byte, n int) uint64
 // Requires: AVX, AVX2, AVX512F
 TEXT ·readAVX512(SB), NOSPLIT, $0-24

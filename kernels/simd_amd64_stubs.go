@@ -1889,6 +1889,186 @@ func dot8AVX512I8Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32,
 //go:noescape
 func dot8AVX512I8Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
+// dot8AVX512U4KMx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U4KMx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U4KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8Kx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512I8KMx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512I8KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //
 //go:noescape

@@ -24,6 +24,10 @@ type intBlock struct {
 	nibbles       bool
 	offsets       bool
 	decode        func(b []byte, codes []int8, scales, offs []float32)
+	// factors, for the K-quants, writes a block's d (and dmin) and its
+	// groups' int8 factors sc (and m): its scales are d·sc, its offsets
+	// −dmin·m (see kernels.WithSuperScales).
+	factors func(b []byte, d, dmin []float32, sc, m []int8)
 }
 
 func f16At(b []byte) float32 { return half.F16ToF32(binary.LittleEndian.Uint16(b)) }
@@ -46,7 +50,7 @@ var intBlocks = map[GGMLType]intBlock{
 		for j := range 32 {
 			codes[j] = int8(b[2+j])
 		}
-	}},
+	}, nil},
 	// Q4_1: d, m (f16), 16 bytes of nibbles (value j low, j+16 high);
 	// value q·d + m.
 	GGMLQ4_1: {32, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
@@ -54,7 +58,7 @@ var intBlocks = map[GGMLType]intBlock{
 		for j, q := range b[4:20] {
 			codes[j], codes[j+16] = int8(q&15), int8(q>>4)
 		}
-	}},
+	}, nil},
 	// Q5_0: d, a 32-bit word of fifth bits (bit j for value j), nibbles as
 	// Q4_0's; value (q − 16)·d.
 	GGMLQ5_0: {32, 32, false, false, func(b []byte, codes []int8, scales, _ []float32) {
@@ -64,7 +68,7 @@ var intBlocks = map[GGMLType]intBlock{
 			codes[j] = int8(q&15|uint8(qh>>j&1)<<4) - 16
 			codes[j+16] = int8(q>>4|uint8(qh>>(j+16)&1)<<4) - 16
 		}
-	}},
+	}, nil},
 	// Q5_1: d, m, the fifth bits, the nibbles; value q·d + m.
 	GGMLQ5_1: {32, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
 		scales[0], offs[0] = f16At(b), f16At(b[2:])
@@ -73,18 +77,18 @@ var intBlocks = map[GGMLType]intBlock{
 			codes[j] = int8(q&15 | uint8(qh>>j&1)<<4)
 			codes[j+16] = int8(q>>4 | uint8(qh>>(j+16)&1)<<4)
 		}
-	}},
+	}, nil},
 	// Q4_K: d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of
 	// nibbles: each 64 values, bytes 32i…32i+31 give values 64i+l (low)
 	// and 64i+32+l (high), groups 2i and 2i+1; value q·(d·sc) − dmin·m.
 	GGMLQ4_K: {256, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
 		kQuant(b, b[16:144], nil, codes, scales, offs)
-	}},
+	}, kFactors},
 	// Q5_K: Q4_K with 32 bytes of fifth bits before the nibbles: bit 2i of
 	// byte l for value 64i+l, bit 2i+1 for 64i+32+l.
 	GGMLQ5_K: {256, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
 		kQuant(b, b[48:176], b[16:48], codes, scales, offs)
-	}},
+	}, kFactors},
 	// Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8
 	// scales, d (f16); each 128 values n, for l < 32: values l, l+32,
 	// l+64, l+96 from nibbles ql[l] low, ql[l+32] low, ql[l] high, ql[l+32]
@@ -104,7 +108,21 @@ var intBlocks = map[GGMLType]intBlock{
 				c[l+96] = int8(ql[l+32]>>4|(qh[l]>>6&3)<<4) - 32
 			}
 		}
+	}, func(b []byte, d, _ []float32, sc, _ []int8) {
+		d[0] = f16At(b[208:])
+		for g := range 16 {
+			sc[g] = int8(b[192+g])
+		}
 	}},
+}
+
+// kFactors writes a Q4_K or Q5_K block's factors.
+func kFactors(b []byte, d, dmin []float32, sc, m []int8) {
+	d[0], dmin[0] = f16At(b), f16At(b[2:])
+	for g := range 8 {
+		s, mn := kScaleMin(g, b[4:16])
+		sc[g], m[g] = int8(s), int8(mn)
+	}
 }
 
 // kQuant decodes a Q4_K (qh nil) or Q5_K block whose nibbles are qs.
@@ -162,5 +180,31 @@ func codeBlocks(t GGUFTensor, data []byte, k, rows, cols int) (kernels.Matrix, e
 	if err != nil {
 		return m, fmt.Errorf("tensor %q (%s): %w", t.Name, t.Type, err)
 	}
+	if ib.factors != nil {
+		if m, err = superScales(ib, blocks, bb, rows*perRow, m); err != nil {
+			return m, fmt.Errorf("tensor %q (%s): %w", t.Name, t.Type, err)
+		}
+	}
 	return m, nil
+}
+
+// superScales gives m (made from n blocks of ib's K-quant type) the
+// blocks' factored scales.
+func superScales(ib intBlock, blocks []byte, bb, n int, m kernels.Matrix) (kernels.Matrix, error) {
+	gpb := ib.values / ib.group
+	d, sc := make([]float32, n), make([]int8, n*gpb)
+	var dmin []float32
+	var mins []int8
+	if ib.offsets {
+		dmin, mins = make([]float32, n), make([]int8, n*gpb)
+	}
+	for b := range n {
+		var dm []float32
+		var mn []int8
+		if ib.offsets {
+			dm, mn = dmin[b:b+1], mins[b*gpb:][:gpb]
+		}
+		ib.factors(blocks[b*bb:][:bb], d[b:b+1], dm, sc[b*gpb:][:gpb], mn)
+	}
+	return kernels.WithSuperScales(m, gpb, d, dmin, sc, mins)
 }

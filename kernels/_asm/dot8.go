@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"strings"
 
 	. "github.com/mmcloughlin/avo/build"
 	"github.com/mmcloughlin/avo/ir"
@@ -33,7 +34,7 @@ func dot8NP(mr int) int {
 	return 1
 }
 
-var dot8Kinds = []string{"U4", "U4M", "I8", "I8M"}
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM"}
 
 // vpdpbusd emits VPDPBUSD: acc += Σ over each lane's four bytes of
 // u8(w)·s8(x). avo does not know the instruction; the Go assembler does.
@@ -41,14 +42,27 @@ func vpdpbusd(x, w, acc VecVirtual) {
 	Instruction(&ir.Instruction{Opcode: "VPDPBUSD", Operands: []Op{x, w, acc}, Inputs: []Op{x, w, acc}, Outputs: []Op{acc}})
 }
 
+// The K kinds (U4KM: Q4_K, I8KM: Q5_K, I8K: Q6_K) take their scales and
+// offsets factored as the K-quants store them (see dot8KFunc): at a
+// super-block's start its header of d and −dmin, 16 a panel; at each
+// group its int8 factors sc and m, 16 a panel; a panel's scale is d·sc and
+// its offset −dmin·m, both exact, so the chains get the bits of the kinds
+// with fp32 scales.
 func dot8Kernel(kind string, mr, np int) {
 	name := fmt.Sprintf("dot8AVX512%sx%dp%d", kind, mr, np)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
+	super := strings.Contains(kind, "K")
+	if super {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)", maxDot8MR))
+	} else {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
+	}
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func).", name, mr, np,
-		map[string]string{"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)"}[kind]))
-	u4 := kind == "U4" || kind == "U4M"
-	offsets := kind == "U4M" || kind == "I8M"
+	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func%s).", name, mr, np,
+		map[string]string{"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)",
+			"U4KM": "UINT4 (with offsets, K-quant scales)", "I8K": "INT8 (K-quant scales)", "I8KM": "INT8 (with offsets, K-quant scales)"}[kind],
+		map[bool]string{false: "", true: " and dot8KFunc"}[super]))
+	u4 := strings.HasPrefix(kind, "U4")
+	offsets := strings.HasSuffix(kind, "M")
 	unit := 128
 	if u4 {
 		unit = 64
@@ -70,10 +84,20 @@ func dot8Kernel(kind string, mr, np int) {
 			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
 		}
 	}
-	scales := Load(Param("s"), GP64())
-	var offs Register
+	var scales, offs, meta, hdr, lane, left Register
+	if super {
+		meta, lane = Load(Param("meta"), GP64()), Load(Param("lane"), GP64())
+		hdr, left = GP64(), GP64()
+		XORQ(left, left) // groups left in the super-block: none yet
+	} else {
+		scales = Load(Param("s"), GP64())
+		if offsets {
+			offs = Load(Param("o"), GP64())
+		}
+	}
+	hdrBytes, grpBytes := 256, 64 // a super-block's d (and −dmin); a group's sc (and m)
 	if offsets {
-		offs = Load(Param("o"), GP64())
+		hdrBytes, grpBytes = 512, 128
 	}
 	var mask VecVirtual
 	if u4 {
@@ -122,6 +146,15 @@ func dot8Kernel(kind string, mr, np int) {
 	Label(name + "_group")
 	TESTQ(g, g)
 	JZ(LabelRef(name + "_store"))
+	if super {
+		Comment("A super-block's start: its header, then its groups' factors.")
+		TESTQ(left, left)
+		JNZ(LabelRef(name + "_factors"))
+		MOVQ(meta, hdr)
+		ADDQ(U32(hdrBytes), meta)
+		Load(Param("per"), left)
+		Label(name + "_factors")
+	}
 	for m := range sums {
 		for _, r := range sums[m] {
 			VPXORD(r, r, r)
@@ -168,9 +201,37 @@ func dot8Kernel(kind string, mr, np int) {
 
 	Comment("The group's end: each row's sums into its chains.")
 	if mr <= 3 { // the scales' (and offsets') streams, 16 groups ahead
-		PREFETCHT0(Mem{Base: scales, Disp: pfDist})
+		if super {
+			PREFETCHT0(Mem{Base: meta, Disp: pfDist})
+		} else {
+			PREFETCHT0(Mem{Base: scales, Disp: pfDist})
+			if offsets {
+				PREFETCHT0(Mem{Base: offs, Disp: pfDist})
+			}
+		}
+	}
+	// scaleOf and offsetOf are panel j's scales and offsets of the group:
+	// operands in memory, or (K kinds) registers computed from the factors.
+	var sv, ov []Op
+	for j := range np {
+		if !super {
+			sv = append(sv, Mem{Base: scales, Disp: 64 * j})
+			if offsets {
+				ov = append(ov, Mem{Base: offs, Disp: 64 * j})
+			}
+			continue
+		}
+		f := ZMM()
+		VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 16 * j}, f)
+		VCVTDQ2PS(f, f)
+		VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 64 * j}, f, f) // d·sc
+		sv = append(sv, f)
 		if offsets {
-			PREFETCHT0(Mem{Base: offs, Disp: pfDist})
+			f := ZMM()
+			VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 64 + 16*j}, f)
+			VCVTDQ2PS(f, f)
+			VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 256 + 64*j}, f, f) // −dmin·m
+			ov = append(ov, f)
 		}
 	}
 	for m := range a {
@@ -191,17 +252,26 @@ func dot8Kernel(kind string, mr, np int) {
 			}
 			VCVTDQ2PS(sums[m][j], sums[m][j])
 			t := ZMM()
-			VMULPS(Mem{Base: scales, Disp: 64 * j}, d, t)
+			VMULPS(sv[j], d, t)
 			VFMADD231PS(t, sums[m][j], acc[m][j])
 			if offsets {
-				VFMADD231PS(Mem{Base: offs, Disp: 64 * j}, vB, acc[m][j])
+				if super {
+					VFMADD231PS(vB, ov[j], acc[m][j])
+				} else {
+					VFMADD231PS(ov[j], vB, acc[m][j])
+				}
 			}
 		}
 		ADDQ(U32(16), a[m])
 	}
-	ADDQ(paramAddr("ss"), scales)
-	if offsets {
-		ADDQ(paramAddr("ss"), offs)
+	if super {
+		ADDQ(U32(grpBytes), meta)
+		DECQ(left)
+	} else {
+		ADDQ(paramAddr("ss"), scales)
+		if offsets {
+			ADDQ(paramAddr("ss"), offs)
+		}
 	}
 	DECQ(g)
 	JMP(LabelRef(name + "_group"))
@@ -226,7 +296,11 @@ func dot8Kernels() {
 func writeDot8Table(b *bytes.Buffer) {
 	b.WriteString("// dot8AVX512 holds the AVX-512 VNNI int8-dot kernels.\nvar dot8AVX512 = dot8Kernels{\n")
 	for _, kind := range dot8Kinds {
-		fmt.Fprintf(b, "%s: dot8Table{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m"}[kind])
+		typ := "dot8Table"
+		if strings.Contains(kind, "K") {
+			typ = "dot8KTable"
+		}
+		fmt.Fprintf(b, "%s: %s{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km"}[kind], typ)
 		for mr := 1; mr <= maxDot8MR; mr++ {
 			fmt.Fprintf(b, "%d: {", mr)
 			for np := 1; np <= dot8NP(mr); np++ {
