@@ -60,6 +60,11 @@ const (
 	tileRows = 192
 )
 
+// decodeRows and decodeWiden: an expert with at most decodeRows rows (a
+// decode step's) is split into items decodeWiden times wider, so that
+// the per-item costs weigh less beside its few products.
+var decodeRows, decodeWiden = 2, 1
+
 // Scratch keeps a grouped FFN's intermediate activations between calls, so
 // that a step does not fault in fresh memory; the zero value is ready. One
 // per concurrent caller.
@@ -89,13 +94,17 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 	for i, g := range groups {
 		inter, hidden, rows := g.Gate.Rows, g.Down.Rows, len(g.Rows)
 		hs[i], all = all[:rows*inter], all[rows*inter:]
+		cols := tileCols
+		if rows <= decodeRows {
+			cols *= decodeWiden
+		}
 		for r := 0; r < rows; r += tileRows {
 			re := min(r+tileRows, rows)
-			for n := 0; n < inter; n += tileCols {
-				first = append(first, item{i, r, re, n, min(n+tileCols, inter)})
+			for n := 0; n < inter; n += cols {
+				first = append(first, item{i, r, re, n, min(n+cols, inter)})
 			}
-			for n := 0; n < hidden; n += tileCols {
-				second = append(second, item{i, r, re, n, min(n+tileCols, hidden)})
+			for n := 0; n < hidden; n += cols {
+				second = append(second, item{i, r, re, n, min(n+cols, hidden)})
 			}
 		}
 	}
