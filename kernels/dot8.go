@@ -35,6 +35,9 @@ const (
 	// Int8Dot: activations quantized to int8 per 32, integer dot products
 	// per weight group (see PackInt8Dot).
 	Int8Dot
+	// BF16Dot: bf16 weights against activations rounded to bf16, pairs of
+	// products added as vdpbf16ps adds them (see PackBF16Dot).
+	BF16Dot
 )
 
 // String returns the mode's name as the command line takes it.
@@ -44,25 +47,46 @@ func (n Numerics) String() string {
 		return "exact"
 	case Int8Dot:
 		return "int8dot"
+	case BF16Dot:
+		return "bf16dot"
 	}
 	return fmt.Sprintf("Numerics(%d)", uint8(n))
 }
 
-// ParseNumerics returns the mode named s ("exact" or "int8dot").
+// ParseNumerics returns the mode named s ("exact", "int8dot", "bf16dot").
 func ParseNumerics(s string) (Numerics, error) {
 	switch s {
 	case "exact":
 		return Exact, nil
 	case "int8dot":
 		return Int8Dot, nil
+	case "bf16dot":
+		return BF16Dot, nil
 	}
-	return 0, fmt.Errorf("kernels: numerics %q: want exact or int8dot", s)
+	return 0, fmt.Errorf("kernels: numerics %q: want exact, int8dot or bf16dot", s)
+}
+
+// Pack returns m packed for mode n: Pack's layout for Exact, PackInt8Dot's
+// and PackBF16Dot's for the others.
+func (n Numerics) Pack(m Matrix) (Matrix, error) {
+	switch n {
+	case Exact:
+		return Pack(m), nil
+	case Int8Dot:
+		return PackInt8Dot(m)
+	case BF16Dot:
+		return PackBF16Dot(m)
+	}
+	return Matrix{}, fmt.Errorf("kernels: numerics %v", n)
 }
 
 // Numerics returns the mode m's products are computed in.
 func (m Matrix) Numerics() Numerics {
-	if m.dot8 {
+	switch {
+	case m.dot8:
 		return Int8Dot
+	case m.bdot:
+		return BF16Dot
 	}
 	return Exact
 }

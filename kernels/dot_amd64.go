@@ -11,6 +11,8 @@ var (
 	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512DQ)
 	// hasVNNI: the int8-dot kernels' vpdpbusd on zmm.
 	hasVNNI = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512VNNI)
+	// hasBF16: the bf16-dot kernels' vdpbf16ps.
+	hasBF16 = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512BF16)
 )
 
 func init() {
@@ -40,6 +42,10 @@ func init() {
 		s.dqQ8, s.dqQ8M, s.dqQ4M = dqAVX512Q8, dqAVX512Q8M, dqAVX512Q4M
 		if hasVNNI {
 			s.dot8 = &dot8AVX512
+		}
+		if hasBF16 {
+			s.bdot = &bdotAVX512
+			bdotPeak = bdotPeakAVX512
 		}
 		readSIMD = readAVX512
 		register(s)

@@ -19,6 +19,10 @@ func gateUp(h, x []float32, xr []magRange, xq *dot8Rows, idx []int32, gate, up M
 		gateUpDot8(h, x, xq, idx, gate, up, ep, n0, n1)
 		return
 	}
+	if gate.bdot || up.bdot {
+		gateUpBdot(h, x, idx, gate, up, ep, n0, n1)
+		return
+	}
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
 		if gate.packed && gate.Cols > 0 && n0 < n1 && len(idx) > 0 {
 			gateUpOuter(s, h, x, xr, idx, gate, up, ep, n0, n1)
@@ -46,6 +50,10 @@ func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 func gemmRows(out, a []float32, ar []magRange, aq *dot8Rows, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
 	if b.dot8 {
 		downDot8(out, a, aq, idx, b, bias, scale, n0, n1)
+		return
+	}
+	if b.bdot {
+		downBdot(out, a, idx, b, bias, scale, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(b) {

@@ -41,6 +41,9 @@ type simd struct {
 	// dot8 holds the int8-dot kernels (see PackInt8Dot); nil where the
 	// implementation has none.
 	dot8 *dot8Kernels
+	// bdot holds the bf16-dot kernels (see PackBF16Dot); nil where the
+	// implementation has none.
+	bdot *bdotTable
 }
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;

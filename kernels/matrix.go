@@ -107,6 +107,7 @@ type Matrix struct {
 	lut        *[16]float32 // the 4-bit dtypes' nibble values
 	packed     bool
 	dot8       bool // packed for the int8-dot mode (see PackInt8Dot)
+	bdot       bool // packed for the bf16-dot mode (see PackBF16Dot)
 }
 
 // NewF32 wraps data as an fp32 matrix [rows, cols] without copying.
@@ -186,6 +187,9 @@ func (m Matrix) RowF32(i int, dst []float32) {
 func (m Matrix) At(i, j int) float32 {
 	if m.dot8 {
 		return m.q.weight(float32(m.code(i, j)), i, j)
+	}
+	if m.bdot {
+		return half.BF16ToF32(m.u16[m.bdotIndex(i, j)])
 	}
 	k := i*m.Cols + j
 	if m.packed {

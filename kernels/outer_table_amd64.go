@@ -209,3 +209,13 @@ var dot8AVX512 = dot8Kernels{
 		4: {1: dot8AVX512I8KMx4p1, 2: dot8AVX512I8KMx4p2},
 	},
 }
+
+// bdotAVX512 holds the AVX-512 BF16 bf16-dot kernels by rows and panels.
+var bdotAVX512 = bdotTable{
+	1: {1: bdotAVX512x1p1, 2: bdotAVX512x1p2, 3: bdotAVX512x1p3, 4: bdotAVX512x1p4},
+	2: {1: bdotAVX512x2p1, 2: bdotAVX512x2p2, 3: bdotAVX512x2p3, 4: bdotAVX512x2p4},
+	3: {1: bdotAVX512x3p1, 2: bdotAVX512x3p2, 3: bdotAVX512x3p3, 4: bdotAVX512x3p4},
+	4: {1: bdotAVX512x4p1, 2: bdotAVX512x4p2, 3: bdotAVX512x4p3, 4: bdotAVX512x4p4},
+	5: {1: bdotAVX512x5p1, 2: bdotAVX512x5p2, 3: bdotAVX512x5p3, 4: bdotAVX512x5p4},
+	6: {1: bdotAVX512x6p1, 2: bdotAVX512x6p2, 3: bdotAVX512x6p3, 4: bdotAVX512x6p4},
+}

@@ -90,6 +90,12 @@ func (m Matrix) packedRowF32(i int, dst []float32) {
 	if m.Cols == 0 {
 		return
 	}
+	if m.bdot {
+		for k := range dst {
+			dst[k] = m.At(i, k)
+		}
+		return
+	}
 	base := m.packedIndex(i, 0)
 	switch m.DType {
 	case F32:

@@ -48288,6 +48288,3725 @@ dot8AVX512I8KMx4p2_store:
 	VZEROUPPER
 	RET
 
+// func bdotAVX512x1p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x1p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x1p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	JMP     bdotAVX512x1p1_start
+
+bdotAVX512x1p1_zero:
+	VPXORD Z0, Z0, Z0
+
+bdotAVX512x1p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x1p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x1p1_store
+	PREFETCHT0   1024(SI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z1
+	VPBROADCASTD (R8)(CX*2), Z2
+
+	// VDPBF16PS Z1, Z2, Z0 (Z0 += bf16 pairs of Z2 · Z1)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x6e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc1
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x1p1_loop
+
+bdotAVX512x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x1p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x1p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x1p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	JMP     bdotAVX512x1p2_start
+
+bdotAVX512x1p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+
+bdotAVX512x1p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x1p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x1p2_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z2
+	VMOVDQU64    (DI)(R14*1), Z3
+	VPBROADCASTD (R8)(CX*2), Z4
+
+	// VDPBF16PS Z2, Z4, Z0 (Z0 += bf16 pairs of Z4 · Z2)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x5e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z3, Z4, Z1 (Z1 += bf16 pairs of Z4 · Z3)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x5e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcb
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x1p2_loop
+
+bdotAVX512x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x1p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x1p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x1p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	JMP     bdotAVX512x1p3_start
+
+bdotAVX512x1p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+
+bdotAVX512x1p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x1p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x1p3_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z3
+	VMOVDQU64    (DI)(R14*1), Z4
+	VMOVDQU64    (DX)(R14*1), Z5
+	VPBROADCASTD (R8)(CX*2), Z6
+
+	// VDPBF16PS Z3, Z6, Z0 (Z0 += bf16 pairs of Z6 · Z3)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc3
+
+	// VDPBF16PS Z4, Z6, Z1 (Z1 += bf16 pairs of Z6 · Z4)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z5, Z6, Z2 (Z2 += bf16 pairs of Z6 · Z5)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd5
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x1p3_loop
+
+bdotAVX512x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x1p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x1p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x1p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	JMP     bdotAVX512x1p4_start
+
+bdotAVX512x1p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+bdotAVX512x1p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x1p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x1p4_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	PREFETCHT0   1024(BX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z4
+	VMOVDQU64    (DI)(R14*1), Z5
+	VMOVDQU64    (DX)(R14*1), Z6
+	VMOVDQU64    (BX)(R14*1), Z7
+	VPBROADCASTD (R8)(CX*2), Z8
+
+	// VDPBF16PS Z4, Z8, Z0 (Z0 += bf16 pairs of Z8 · Z4)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z5, Z8, Z1 (Z1 += bf16 pairs of Z8 · Z5)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z6, Z8, Z2 (Z2 += bf16 pairs of Z8 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z7, Z8, Z3 (Z3 += bf16 pairs of Z8 · Z7)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x1p4_loop
+
+bdotAVX512x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x2p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x2p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x2p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z1
+	JMP     bdotAVX512x2p1_start
+
+bdotAVX512x2p1_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+
+bdotAVX512x2p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x2p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x2p1_store
+	PREFETCHT0   1024(SI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z2
+	VPBROADCASTD (R8)(CX*2), Z3
+
+	// VDPBF16PS Z2, Z3, Z0 (Z0 += bf16 pairs of Z3 · Z2)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x66
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc2
+	VPBROADCASTD (R9)(CX*2), Z3
+
+	// VDPBF16PS Z2, Z3, Z1 (Z1 += bf16 pairs of Z3 · Z2)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x66
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xca
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x2p1_loop
+
+bdotAVX512x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x2p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x2p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x2p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	JMP     bdotAVX512x2p2_start
+
+bdotAVX512x2p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+bdotAVX512x2p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x2p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x2p2_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z4
+	VMOVDQU64    (DI)(R14*1), Z5
+	VPBROADCASTD (R8)(CX*2), Z6
+
+	// VDPBF16PS Z4, Z6, Z0 (Z0 += bf16 pairs of Z6 · Z4)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z5, Z6, Z1 (Z1 += bf16 pairs of Z6 · Z5)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x4e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcd
+	VPBROADCASTD (R9)(CX*2), Z6
+
+	// VDPBF16PS Z4, Z6, Z2 (Z2 += bf16 pairs of Z6 · Z4)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z5, Z6, Z3 (Z3 += bf16 pairs of Z6 · Z5)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdd
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x2p2_loop
+
+bdotAVX512x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x2p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x2p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x2p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	VMOVUPS 64(AX), Z4
+	VMOVUPS 128(AX), Z5
+	JMP     bdotAVX512x2p3_start
+
+bdotAVX512x2p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+
+bdotAVX512x2p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x2p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x2p3_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z6
+	VMOVDQU64    (DI)(R14*1), Z7
+	VMOVDQU64    (DX)(R14*1), Z8
+	VPBROADCASTD (R8)(CX*2), Z9
+
+	// VDPBF16PS Z6, Z9, Z0 (Z0 += bf16 pairs of Z9 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x36
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z7, Z9, Z1 (Z1 += bf16 pairs of Z9 · Z7)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x36
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcf
+
+	// VDPBF16PS Z8, Z9, Z2 (Z2 += bf16 pairs of Z9 · Z8)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x36
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd0
+	VPBROADCASTD (R9)(CX*2), Z9
+
+	// VDPBF16PS Z6, Z9, Z3 (Z3 += bf16 pairs of Z9 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x36
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xde
+
+	// VDPBF16PS Z7, Z9, Z4 (Z4 += bf16 pairs of Z9 · Z7)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x36
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe7
+
+	// VDPBF16PS Z8, Z9, Z5 (Z5 += bf16 pairs of Z9 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x36
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe8
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x2p3_loop
+
+bdotAVX512x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x2p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x2p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x2p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	VMOVUPS 128(AX), Z6
+	VMOVUPS 192(AX), Z7
+	JMP     bdotAVX512x2p4_start
+
+bdotAVX512x2p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+
+bdotAVX512x2p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x2p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x2p4_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	PREFETCHT0   1024(BX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z8
+	VMOVDQU64    (DI)(R14*1), Z9
+	VMOVDQU64    (DX)(R14*1), Z10
+	VMOVDQU64    (BX)(R14*1), Z11
+	VPBROADCASTD (R8)(CX*2), Z12
+
+	// VDPBF16PS Z8, Z12, Z0 (Z0 += bf16 pairs of Z12 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z9, Z12, Z1 (Z1 += bf16 pairs of Z12 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z10, Z12, Z2 (Z2 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z11, Z12, Z3 (Z3 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R9)(CX*2), Z12
+
+	// VDPBF16PS Z8, Z12, Z4 (Z4 += bf16 pairs of Z12 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z9, Z12, Z5 (Z5 += bf16 pairs of Z12 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z10, Z12, Z6 (Z6 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z11, Z12, Z7 (Z7 += bf16 pairs of Z12 · Z11)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xfb
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x2p4_loop
+
+bdotAVX512x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x3p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x3p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x3p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	JMP     bdotAVX512x3p1_start
+
+bdotAVX512x3p1_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+
+bdotAVX512x3p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x3p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x3p1_store
+	PREFETCHT0   1024(SI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z3
+	VPBROADCASTD (R8)(CX*2), Z4
+
+	// VDPBF16PS Z3, Z4, Z0 (Z0 += bf16 pairs of Z4 · Z3)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x5e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc3
+	VPBROADCASTD (R9)(CX*2), Z4
+
+	// VDPBF16PS Z3, Z4, Z1 (Z1 += bf16 pairs of Z4 · Z3)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x5e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcb
+	VPBROADCASTD (R10)(CX*2), Z4
+
+	// VDPBF16PS Z3, Z4, Z2 (Z2 += bf16 pairs of Z4 · Z3)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x5e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd3
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x3p1_loop
+
+bdotAVX512x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x3p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x3p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x3p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	JMP     bdotAVX512x3p2_start
+
+bdotAVX512x3p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+
+bdotAVX512x3p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x3p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x3p2_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z6
+	VMOVDQU64    (DI)(R14*1), Z7
+	VPBROADCASTD (R8)(CX*2), Z8
+
+	// VDPBF16PS Z6, Z8, Z0 (Z0 += bf16 pairs of Z8 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc6
+
+	// VDPBF16PS Z7, Z8, Z1 (Z1 += bf16 pairs of Z8 · Z7)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x3e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcf
+	VPBROADCASTD (R9)(CX*2), Z8
+
+	// VDPBF16PS Z6, Z8, Z2 (Z2 += bf16 pairs of Z8 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z7, Z8, Z3 (Z3 += bf16 pairs of Z8 · Z7)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x3e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xdf
+	VPBROADCASTD (R10)(CX*2), Z8
+
+	// VDPBF16PS Z6, Z8, Z4 (Z4 += bf16 pairs of Z8 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe6
+
+	// VDPBF16PS Z7, Z8, Z5 (Z5 += bf16 pairs of Z8 · Z7)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x3e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xef
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x3p2_loop
+
+bdotAVX512x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x3p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x3p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x3p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	VMOVUPS 64(AX), Z4
+	VMOVUPS 128(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	VMOVUPS 128(AX), Z8
+	JMP     bdotAVX512x3p3_start
+
+bdotAVX512x3p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+
+bdotAVX512x3p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x3p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x3p3_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z9
+	VMOVDQU64    (DI)(R14*1), Z10
+	VMOVDQU64    (DX)(R14*1), Z11
+	VPBROADCASTD (R8)(CX*2), Z12
+
+	// VDPBF16PS Z9, Z12, Z0 (Z0 += bf16 pairs of Z12 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc1
+
+	// VDPBF16PS Z10, Z12, Z1 (Z1 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xca
+
+	// VDPBF16PS Z11, Z12, Z2 (Z2 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd3
+	VPBROADCASTD (R9)(CX*2), Z12
+
+	// VDPBF16PS Z9, Z12, Z3 (Z3 += bf16 pairs of Z12 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd9
+
+	// VDPBF16PS Z10, Z12, Z4 (Z4 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe2
+
+	// VDPBF16PS Z11, Z12, Z5 (Z5 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xeb
+	VPBROADCASTD (R10)(CX*2), Z12
+
+	// VDPBF16PS Z9, Z12, Z6 (Z6 += bf16 pairs of Z12 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf1
+
+	// VDPBF16PS Z10, Z12, Z7 (Z7 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xfa
+
+	// VDPBF16PS Z11, Z12, Z8 (Z8 += bf16 pairs of Z12 · Z11)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc3
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x3p3_loop
+
+bdotAVX512x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x3p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bdotAVX512x3p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x3p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	VMOVUPS 128(AX), Z6
+	VMOVUPS 192(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	VMOVUPS 128(AX), Z10
+	VMOVUPS 192(AX), Z11
+	JMP     bdotAVX512x3p4_start
+
+bdotAVX512x3p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+
+bdotAVX512x3p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x3p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x3p4_store
+	PREFETCHT0   1024(SI)(R14*1)
+	PREFETCHT0   1024(DI)(R14*1)
+	PREFETCHT0   1024(DX)(R14*1)
+	PREFETCHT0   1024(BX)(R14*1)
+	VMOVDQU64    (SI)(R14*1), Z12
+	VMOVDQU64    (DI)(R14*1), Z13
+	VMOVDQU64    (DX)(R14*1), Z14
+	VMOVDQU64    (BX)(R14*1), Z15
+	VPBROADCASTD (R8)(CX*2), Z16
+
+	// VDPBF16PS Z12, Z16, Z0 (Z0 += bf16 pairs of Z16 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z13, Z16, Z1 (Z1 += bf16 pairs of Z16 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z14, Z16, Z2 (Z2 += bf16 pairs of Z16 · Z14)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z15, Z16, Z3 (Z3 += bf16 pairs of Z16 · Z15)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x7e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdf
+	VPBROADCASTD (R9)(CX*2), Z16
+
+	// VDPBF16PS Z12, Z16, Z4 (Z4 += bf16 pairs of Z16 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe4
+
+	// VDPBF16PS Z13, Z16, Z5 (Z5 += bf16 pairs of Z16 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z14, Z16, Z6 (Z6 += bf16 pairs of Z16 · Z14)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf6
+
+	// VDPBF16PS Z15, Z16, Z7 (Z7 += bf16 pairs of Z16 · Z15)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x7e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xff
+	VPBROADCASTD (R10)(CX*2), Z16
+
+	// VDPBF16PS Z12, Z16, Z8 (Z8 += bf16 pairs of Z16 · Z12)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z13, Z16, Z9 (Z9 += bf16 pairs of Z16 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z14, Z16, Z10 (Z10 += bf16 pairs of Z16 · Z14)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z15, Z16, Z11 (Z11 += bf16 pairs of Z16 · Z15)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x7e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x3p4_loop
+
+bdotAVX512x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x4p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x4p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x4p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	JMP     bdotAVX512x4p1_start
+
+bdotAVX512x4p1_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+bdotAVX512x4p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x4p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x4p1_store
+	VMOVDQU64    (SI)(R14*1), Z4
+	VPBROADCASTD (R8)(CX*2), Z5
+
+	// VDPBF16PS Z4, Z5, Z0 (Z0 += bf16 pairs of Z5 · Z4)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x56
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (R9)(CX*2), Z5
+
+	// VDPBF16PS Z4, Z5, Z1 (Z1 += bf16 pairs of Z5 · Z4)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x56
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (R10)(CX*2), Z5
+
+	// VDPBF16PS Z4, Z5, Z2 (Z2 += bf16 pairs of Z5 · Z4)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x56
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd4
+	VPBROADCASTD (R11)(CX*2), Z5
+
+	// VDPBF16PS Z4, Z5, Z3 (Z3 += bf16 pairs of Z5 · Z4)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x56
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x4p1_loop
+
+bdotAVX512x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x4p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x4p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x4p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	JMP     bdotAVX512x4p2_start
+
+bdotAVX512x4p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+
+bdotAVX512x4p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x4p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x4p2_store
+	VMOVDQU64    (SI)(R14*1), Z8
+	VMOVDQU64    (DI)(R14*1), Z9
+	VPBROADCASTD (R8)(CX*2), Z10
+
+	// VDPBF16PS Z8, Z10, Z0 (Z0 += bf16 pairs of Z10 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x2e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z9, Z10, Z1 (Z1 += bf16 pairs of Z10 · Z9)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x2e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc9
+	VPBROADCASTD (R9)(CX*2), Z10
+
+	// VDPBF16PS Z8, Z10, Z2 (Z2 += bf16 pairs of Z10 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x2e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z9, Z10, Z3 (Z3 += bf16 pairs of Z10 · Z9)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x2e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd9
+	VPBROADCASTD (R10)(CX*2), Z10
+
+	// VDPBF16PS Z8, Z10, Z4 (Z4 += bf16 pairs of Z10 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x2e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z9, Z10, Z5 (Z5 += bf16 pairs of Z10 · Z9)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x2e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xe9
+	VPBROADCASTD (R11)(CX*2), Z10
+
+	// VDPBF16PS Z8, Z10, Z6 (Z6 += bf16 pairs of Z10 · Z8)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x2e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf0
+
+	// VDPBF16PS Z9, Z10, Z7 (Z7 += bf16 pairs of Z10 · Z9)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x2e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf9
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x4p2_loop
+
+bdotAVX512x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x4p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x4p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x4p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	VMOVUPS 64(AX), Z4
+	VMOVUPS 128(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	VMOVUPS 128(AX), Z8
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z9
+	VMOVUPS 64(AX), Z10
+	VMOVUPS 128(AX), Z11
+	JMP     bdotAVX512x4p3_start
+
+bdotAVX512x4p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+
+bdotAVX512x4p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x4p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x4p3_store
+	VMOVDQU64    (SI)(R14*1), Z12
+	VMOVDQU64    (DI)(R14*1), Z13
+	VMOVDQU64    (DX)(R14*1), Z14
+	VPBROADCASTD (R8)(CX*2), Z15
+
+	// VDPBF16PS Z12, Z15, Z0 (Z0 += bf16 pairs of Z15 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z13, Z15, Z1 (Z1 += bf16 pairs of Z15 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z14, Z15, Z2 (Z2 += bf16 pairs of Z15 · Z14)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x06
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd6
+	VPBROADCASTD (R9)(CX*2), Z15
+
+	// VDPBF16PS Z12, Z15, Z3 (Z3 += bf16 pairs of Z15 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdc
+
+	// VDPBF16PS Z13, Z15, Z4 (Z4 += bf16 pairs of Z15 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z14, Z15, Z5 (Z5 += bf16 pairs of Z15 · Z14)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x06
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xee
+	VPBROADCASTD (R10)(CX*2), Z15
+
+	// VDPBF16PS Z12, Z15, Z6 (Z6 += bf16 pairs of Z15 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf4
+
+	// VDPBF16PS Z13, Z15, Z7 (Z7 += bf16 pairs of Z15 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xfd
+
+	// VDPBF16PS Z14, Z15, Z8 (Z8 += bf16 pairs of Z15 · Z14)
+	BYTE         $0x62
+	BYTE         $0x52
+	BYTE         $0x06
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc6
+	VPBROADCASTD (R11)(CX*2), Z15
+
+	// VDPBF16PS Z12, Z15, Z9 (Z9 += bf16 pairs of Z15 · Z12)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z13, Z15, Z10 (Z10 += bf16 pairs of Z15 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd5
+
+	// VDPBF16PS Z14, Z15, Z11 (Z11 += bf16 pairs of Z15 · Z14)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x06
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xde
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x4p3_loop
+
+bdotAVX512x4p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x4p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x4p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x4p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	VMOVUPS 128(AX), Z6
+	VMOVUPS 192(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	VMOVUPS 128(AX), Z10
+	VMOVUPS 192(AX), Z11
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	VMOVUPS 128(AX), Z14
+	VMOVUPS 192(AX), Z15
+	JMP     bdotAVX512x4p4_start
+
+bdotAVX512x4p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+
+bdotAVX512x4p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x4p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x4p4_store
+	VMOVDQU64    (SI)(R14*1), Z16
+	VMOVDQU64    (DI)(R14*1), Z17
+	VMOVDQU64    (DX)(R14*1), Z18
+	VMOVDQU64    (BX)(R14*1), Z19
+	VPBROADCASTD (R8)(CX*2), Z20
+
+	// VDPBF16PS Z16, Z20, Z0 (Z0 += bf16 pairs of Z20 · Z16)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z17, Z20, Z1 (Z1 += bf16 pairs of Z20 · Z17)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z18, Z20, Z2 (Z2 += bf16 pairs of Z20 · Z18)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z19, Z20, Z3 (Z3 += bf16 pairs of Z20 · Z19)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x5e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R9)(CX*2), Z20
+
+	// VDPBF16PS Z16, Z20, Z4 (Z4 += bf16 pairs of Z20 · Z16)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z17, Z20, Z5 (Z5 += bf16 pairs of Z20 · Z17)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z18, Z20, Z6 (Z6 += bf16 pairs of Z20 · Z18)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z19, Z20, Z7 (Z7 += bf16 pairs of Z20 · Z19)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x5e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfb
+	VPBROADCASTD (R10)(CX*2), Z20
+
+	// VDPBF16PS Z16, Z20, Z8 (Z8 += bf16 pairs of Z20 · Z16)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z17, Z20, Z9 (Z9 += bf16 pairs of Z20 · Z17)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z18, Z20, Z10 (Z10 += bf16 pairs of Z20 · Z18)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z19, Z20, Z11 (Z11 += bf16 pairs of Z20 · Z19)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x5e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R11)(CX*2), Z20
+
+	// VDPBF16PS Z16, Z20, Z12 (Z12 += bf16 pairs of Z20 · Z16)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z17, Z20, Z13 (Z13 += bf16 pairs of Z20 · Z17)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z18, Z20, Z14 (Z14 += bf16 pairs of Z20 · Z18)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z19, Z20, Z15 (Z15 += bf16 pairs of Z20 · Z19)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x5e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfb
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x4p4_loop
+
+bdotAVX512x4p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x5p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x5p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x5p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	JMP     bdotAVX512x5p1_start
+
+bdotAVX512x5p1_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+
+bdotAVX512x5p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x5p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x5p1_store
+	VMOVDQU64    (SI)(R14*1), Z5
+	VPBROADCASTD (R8)(CX*2), Z6
+
+	// VDPBF16PS Z5, Z6, Z0 (Z0 += bf16 pairs of Z6 · Z5)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x4e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc5
+	VPBROADCASTD (R9)(CX*2), Z6
+
+	// VDPBF16PS Z5, Z6, Z1 (Z1 += bf16 pairs of Z6 · Z5)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x4e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcd
+	VPBROADCASTD (R10)(CX*2), Z6
+
+	// VDPBF16PS Z5, Z6, Z2 (Z2 += bf16 pairs of Z6 · Z5)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x4e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd5
+	VPBROADCASTD (R11)(CX*2), Z6
+
+	// VDPBF16PS Z5, Z6, Z3 (Z3 += bf16 pairs of Z6 · Z5)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x4e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xdd
+	VPBROADCASTD (R12)(CX*2), Z6
+
+	// VDPBF16PS Z5, Z6, Z4 (Z4 += bf16 pairs of Z6 · Z5)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x4e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe5
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x5p1_loop
+
+bdotAVX512x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x5p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x5p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x5p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	JMP     bdotAVX512x5p2_start
+
+bdotAVX512x5p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+
+bdotAVX512x5p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x5p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x5p2_store
+	VMOVDQU64    (SI)(R14*1), Z10
+	VMOVDQU64    (DI)(R14*1), Z11
+	VPBROADCASTD (R8)(CX*2), Z12
+
+	// VDPBF16PS Z10, Z12, Z0 (Z0 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z11, Z12, Z1 (Z1 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcb
+	VPBROADCASTD (R9)(CX*2), Z12
+
+	// VDPBF16PS Z10, Z12, Z2 (Z2 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z11, Z12, Z3 (Z3 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R10)(CX*2), Z12
+
+	// VDPBF16PS Z10, Z12, Z4 (Z4 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe2
+
+	// VDPBF16PS Z11, Z12, Z5 (Z5 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xeb
+	VPBROADCASTD (R11)(CX*2), Z12
+
+	// VDPBF16PS Z10, Z12, Z6 (Z6 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z11, Z12, Z7 (Z7 += bf16 pairs of Z12 · Z11)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x1e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xfb
+	VPBROADCASTD (R12)(CX*2), Z12
+
+	// VDPBF16PS Z10, Z12, Z8 (Z8 += bf16 pairs of Z12 · Z10)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z11, Z12, Z9 (Z9 += bf16 pairs of Z12 · Z11)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcb
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x5p2_loop
+
+bdotAVX512x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x5p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x5p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x5p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	VMOVUPS 64(AX), Z4
+	VMOVUPS 128(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	VMOVUPS 128(AX), Z8
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z9
+	VMOVUPS 64(AX), Z10
+	VMOVUPS 128(AX), Z11
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	VMOVUPS 128(AX), Z14
+	JMP     bdotAVX512x5p3_start
+
+bdotAVX512x5p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+
+bdotAVX512x5p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x5p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x5p3_store
+	VMOVDQU64    (SI)(R14*1), Z15
+	VMOVDQU64    (DI)(R14*1), Z16
+	VMOVDQU64    (DX)(R14*1), Z17
+	VPBROADCASTD (R8)(CX*2), Z18
+
+	// VDPBF16PS Z15, Z18, Z0 (Z0 += bf16 pairs of Z18 · Z15)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc7
+
+	// VDPBF16PS Z16, Z18, Z1 (Z1 += bf16 pairs of Z18 · Z16)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc8
+
+	// VDPBF16PS Z17, Z18, Z2 (Z2 += bf16 pairs of Z18 · Z17)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x6e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xd1
+	VPBROADCASTD (R9)(CX*2), Z18
+
+	// VDPBF16PS Z15, Z18, Z3 (Z3 += bf16 pairs of Z18 · Z15)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdf
+
+	// VDPBF16PS Z16, Z18, Z4 (Z4 += bf16 pairs of Z18 · Z16)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z17, Z18, Z5 (Z5 += bf16 pairs of Z18 · Z17)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x6e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe9
+	VPBROADCASTD (R10)(CX*2), Z18
+
+	// VDPBF16PS Z15, Z18, Z6 (Z6 += bf16 pairs of Z18 · Z15)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf7
+
+	// VDPBF16PS Z16, Z18, Z7 (Z7 += bf16 pairs of Z18 · Z16)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf8
+
+	// VDPBF16PS Z17, Z18, Z8 (Z8 += bf16 pairs of Z18 · Z17)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x6e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc1
+	VPBROADCASTD (R11)(CX*2), Z18
+
+	// VDPBF16PS Z15, Z18, Z9 (Z9 += bf16 pairs of Z18 · Z15)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcf
+
+	// VDPBF16PS Z16, Z18, Z10 (Z10 += bf16 pairs of Z18 · Z16)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd0
+
+	// VDPBF16PS Z17, Z18, Z11 (Z11 += bf16 pairs of Z18 · Z17)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x6e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xd9
+	VPBROADCASTD (R12)(CX*2), Z18
+
+	// VDPBF16PS Z15, Z18, Z12 (Z12 += bf16 pairs of Z18 · Z15)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe7
+
+	// VDPBF16PS Z16, Z18, Z13 (Z13 += bf16 pairs of Z18 · Z16)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe8
+
+	// VDPBF16PS Z17, Z18, Z14 (Z14 += bf16 pairs of Z18 · Z17)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x6e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf1
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x5p3_loop
+
+bdotAVX512x5p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x5p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x5p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x5p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	VMOVUPS 128(AX), Z6
+	VMOVUPS 192(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	VMOVUPS 128(AX), Z10
+	VMOVUPS 192(AX), Z11
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	VMOVUPS 128(AX), Z14
+	VMOVUPS 192(AX), Z15
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z16
+	VMOVUPS 64(AX), Z17
+	VMOVUPS 128(AX), Z18
+	VMOVUPS 192(AX), Z19
+	JMP     bdotAVX512x5p4_start
+
+bdotAVX512x5p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+
+bdotAVX512x5p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x5p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x5p4_store
+	VMOVDQU64    (SI)(R14*1), Z20
+	VMOVDQU64    (DI)(R14*1), Z21
+	VMOVDQU64    (DX)(R14*1), Z22
+	VMOVDQU64    (BX)(R14*1), Z23
+	VPBROADCASTD (R8)(CX*2), Z24
+
+	// VDPBF16PS Z20, Z24, Z0 (Z0 += bf16 pairs of Z24 · Z20)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z21, Z24, Z1 (Z1 += bf16 pairs of Z24 · Z21)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z22, Z24, Z2 (Z2 += bf16 pairs of Z24 · Z22)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z23, Z24, Z3 (Z3 += bf16 pairs of Z24 · Z23)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdf
+	VPBROADCASTD (R9)(CX*2), Z24
+
+	// VDPBF16PS Z20, Z24, Z4 (Z4 += bf16 pairs of Z24 · Z20)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe4
+
+	// VDPBF16PS Z21, Z24, Z5 (Z5 += bf16 pairs of Z24 · Z21)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z22, Z24, Z6 (Z6 += bf16 pairs of Z24 · Z22)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf6
+
+	// VDPBF16PS Z23, Z24, Z7 (Z7 += bf16 pairs of Z24 · Z23)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xff
+	VPBROADCASTD (R10)(CX*2), Z24
+
+	// VDPBF16PS Z20, Z24, Z8 (Z8 += bf16 pairs of Z24 · Z20)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z21, Z24, Z9 (Z9 += bf16 pairs of Z24 · Z21)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z22, Z24, Z10 (Z10 += bf16 pairs of Z24 · Z22)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z23, Z24, Z11 (Z11 += bf16 pairs of Z24 · Z23)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdf
+	VPBROADCASTD (R11)(CX*2), Z24
+
+	// VDPBF16PS Z20, Z24, Z12 (Z12 += bf16 pairs of Z24 · Z20)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe4
+
+	// VDPBF16PS Z21, Z24, Z13 (Z13 += bf16 pairs of Z24 · Z21)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z22, Z24, Z14 (Z14 += bf16 pairs of Z24 · Z22)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf6
+
+	// VDPBF16PS Z23, Z24, Z15 (Z15 += bf16 pairs of Z24 · Z23)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xff
+	VPBROADCASTD (R12)(CX*2), Z24
+
+	// VDPBF16PS Z20, Z24, Z16 (Z16 += bf16 pairs of Z24 · Z20)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z21, Z24, Z17 (Z17 += bf16 pairs of Z24 · Z21)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z22, Z24, Z18 (Z18 += bf16 pairs of Z24 · Z22)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd6
+
+	// VDPBF16PS Z23, Z24, Z19 (Z19 += bf16 pairs of Z24 · Z23)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdf
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x5p4_loop
+
+bdotAVX512x5p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x6p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x6p1(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x6p1_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z5
+	JMP     bdotAVX512x6p1_start
+
+bdotAVX512x6p1_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+
+bdotAVX512x6p1_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x6p1_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x6p1_store
+	VMOVDQU64    (SI)(R14*1), Z6
+	VPBROADCASTD (R8)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z0 (Z0 += bf16 pairs of Z7 · Z6)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x46
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xc6
+	VPBROADCASTD (R9)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z1 (Z1 += bf16 pairs of Z7 · Z6)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x46
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xce
+	VPBROADCASTD (R10)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z2 (Z2 += bf16 pairs of Z7 · Z6)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x46
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xd6
+	VPBROADCASTD (R11)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z3 (Z3 += bf16 pairs of Z7 · Z6)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x46
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xde
+	VPBROADCASTD (R12)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z4 (Z4 += bf16 pairs of Z7 · Z6)
+	BYTE         $0x62
+	BYTE         $0xf2
+	BYTE         $0x46
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xe6
+	VPBROADCASTD (R13)(CX*2), Z7
+
+	// VDPBF16PS Z6, Z7, Z5 (Z5 += bf16 pairs of Z7 · Z6)
+	BYTE $0x62
+	BYTE $0xf2
+	BYTE $0x46
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xee
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x6p1_loop
+
+bdotAVX512x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z1, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    R14, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x6p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x6p2(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x6p2_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z10
+	VMOVUPS 64(AX), Z11
+	JMP     bdotAVX512x6p2_start
+
+bdotAVX512x6p2_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+
+bdotAVX512x6p2_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x6p2_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x6p2_store
+	VMOVDQU64    (SI)(R14*1), Z12
+	VMOVDQU64    (DI)(R14*1), Z13
+	VPBROADCASTD (R8)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z0 (Z0 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z13, Z14, Z1 (Z1 += bf16 pairs of Z14 · Z13)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x0e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcd
+	VPBROADCASTD (R9)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z2 (Z2 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z13, Z14, Z3 (Z3 += bf16 pairs of Z14 · Z13)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x0e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xdd
+	VPBROADCASTD (R10)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z4 (Z4 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe4
+
+	// VDPBF16PS Z13, Z14, Z5 (Z5 += bf16 pairs of Z14 · Z13)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x0e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (R11)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z6 (Z6 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf4
+
+	// VDPBF16PS Z13, Z14, Z7 (Z7 += bf16 pairs of Z14 · Z13)
+	BYTE         $0x62
+	BYTE         $0xd2
+	BYTE         $0x0e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (R12)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z8 (Z8 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z13, Z14, Z9 (Z9 += bf16 pairs of Z14 · Z13)
+	BYTE         $0x62
+	BYTE         $0x52
+	BYTE         $0x0e
+	BYTE         $0x48
+	BYTE         $0x52
+	BYTE         $0xcd
+	VPBROADCASTD (R13)(CX*2), Z14
+
+	// VDPBF16PS Z12, Z14, Z10 (Z10 += bf16 pairs of Z14 · Z12)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z13, Z14, Z11 (Z11 += bf16 pairs of Z14 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x0e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdd
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x6p2_loop
+
+bdotAVX512x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x6p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x6p3(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x6p3_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z3
+	VMOVUPS 64(AX), Z4
+	VMOVUPS 128(AX), Z5
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	VMOVUPS 128(AX), Z8
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z9
+	VMOVUPS 64(AX), Z10
+	VMOVUPS 128(AX), Z11
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	VMOVUPS 128(AX), Z14
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z15
+	VMOVUPS 64(AX), Z16
+	VMOVUPS 128(AX), Z17
+	JMP     bdotAVX512x6p3_start
+
+bdotAVX512x6p3_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+
+bdotAVX512x6p3_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x6p3_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x6p3_store
+	VMOVDQU64    (SI)(R14*1), Z18
+	VMOVDQU64    (DI)(R14*1), Z19
+	VMOVDQU64    (DX)(R14*1), Z20
+	VPBROADCASTD (R8)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z0 (Z0 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc2
+
+	// VDPBF16PS Z19, Z21, Z1 (Z1 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcb
+
+	// VDPBF16PS Z20, Z21, Z2 (Z2 += bf16 pairs of Z21 · Z20)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x56
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xd4
+	VPBROADCASTD (R9)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z3 (Z3 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xda
+
+	// VDPBF16PS Z19, Z21, Z4 (Z4 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe3
+
+	// VDPBF16PS Z20, Z21, Z5 (Z5 += bf16 pairs of Z21 · Z20)
+	BYTE         $0x62
+	BYTE         $0xb2
+	BYTE         $0x56
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xec
+	VPBROADCASTD (R10)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z6 (Z6 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z19, Z21, Z7 (Z7 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0xb2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfb
+
+	// VDPBF16PS Z20, Z21, Z8 (Z8 += bf16 pairs of Z21 · Z20)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x56
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (R11)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z9 (Z9 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xca
+
+	// VDPBF16PS Z19, Z21, Z10 (Z10 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd3
+
+	// VDPBF16PS Z20, Z21, Z11 (Z11 += bf16 pairs of Z21 · Z20)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x56
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (R12)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z12 (Z12 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe2
+
+	// VDPBF16PS Z19, Z21, Z13 (Z13 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xeb
+
+	// VDPBF16PS Z20, Z21, Z14 (Z14 += bf16 pairs of Z21 · Z20)
+	BYTE         $0x62
+	BYTE         $0x32
+	BYTE         $0x56
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xf4
+	VPBROADCASTD (R13)(CX*2), Z21
+
+	// VDPBF16PS Z18, Z21, Z15 (Z15 += bf16 pairs of Z21 · Z18)
+	BYTE $0x62
+	BYTE $0x32
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfa
+
+	// VDPBF16PS Z19, Z21, Z16 (Z16 += bf16 pairs of Z21 · Z19)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc3
+
+	// VDPBF16PS Z20, Z21, Z17 (Z17 += bf16 pairs of Z21 · Z20)
+	BYTE $0x62
+	BYTE $0xa2
+	BYTE $0x56
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x6p3_loop
+
+bdotAVX512x6p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z16, 64(AX)
+	VMOVUPS Z17, 128(AX)
+	VZEROUPPER
+	RET
+
+// func bdotAVX512x6p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+// Requires: AVX, AVX512F
+TEXT ·bdotAVX512x6p4(SB), NOSPLIT, $0-56
+	MOVQ a+0(FP), AX
+	MOVQ (AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), AX
+	LEAQ (SI)(AX*1), DI
+	LEAQ (DI)(AX*1), DX
+	LEAQ (DX)(AX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), CX
+	TESTQ   $0x00000001, CX
+	JZ      bdotAVX512x6p4_zero
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	VMOVUPS 128(AX), Z6
+	VMOVUPS 192(AX), Z7
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	VMOVUPS 128(AX), Z10
+	VMOVUPS 192(AX), Z11
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	VMOVUPS 128(AX), Z14
+	VMOVUPS 192(AX), Z15
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z16
+	VMOVUPS 64(AX), Z17
+	VMOVUPS 128(AX), Z18
+	VMOVUPS 192(AX), Z19
+	ADDQ    R14, AX
+	VMOVUPS (AX), Z20
+	VMOVUPS 64(AX), Z21
+	VMOVUPS 128(AX), Z22
+	VMOVUPS 192(AX), Z23
+	JMP     bdotAVX512x6p4_start
+
+bdotAVX512x6p4_zero:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+
+bdotAVX512x6p4_start:
+	MOVQ k+24(FP), R15
+	XORQ CX, CX
+	XORQ R14, R14
+
+	// Two steps of k: a vector a panel, a broadcast pair a row.
+bdotAVX512x6p4_loop:
+	CMPQ         CX, R15
+	JGE          bdotAVX512x6p4_store
+	VMOVDQU64    (SI)(R14*1), Z24
+	VMOVDQU64    (DI)(R14*1), Z25
+	VMOVDQU64    (DX)(R14*1), Z26
+	VMOVDQU64    (BX)(R14*1), Z27
+	VPBROADCASTD (R8)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z0 (Z0 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z25, Z28, Z1 (Z1 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z26, Z28, Z2 (Z2 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z27, Z28, Z3 (Z3 += bf16 pairs of Z28 · Z27)
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x1e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R9)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z4 (Z4 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z25, Z28, Z5 (Z5 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z26, Z28, Z6 (Z6 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z27, Z28, Z7 (Z7 += bf16 pairs of Z28 · Z27)
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x1e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfb
+	VPBROADCASTD (R10)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z8 (Z8 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z25, Z28, Z9 (Z9 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z26, Z28, Z10 (Z10 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z27, Z28, Z11 (Z11 += bf16 pairs of Z28 · Z27)
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x1e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R11)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z12 (Z12 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z25, Z28, Z13 (Z13 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z26, Z28, Z14 (Z14 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z27, Z28, Z15 (Z15 += bf16 pairs of Z28 · Z27)
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x1e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfb
+	VPBROADCASTD (R12)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z16 (Z16 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc0
+
+	// VDPBF16PS Z25, Z28, Z17 (Z17 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc9
+
+	// VDPBF16PS Z26, Z28, Z18 (Z18 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd2
+
+	// VDPBF16PS Z27, Z28, Z19 (Z19 += bf16 pairs of Z28 · Z27)
+	BYTE         $0x62
+	BYTE         $0x82
+	BYTE         $0x1e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdb
+	VPBROADCASTD (R13)(CX*2), Z28
+
+	// VDPBF16PS Z24, Z28, Z20 (Z20 += bf16 pairs of Z28 · Z24)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe0
+
+	// VDPBF16PS Z25, Z28, Z21 (Z21 += bf16 pairs of Z28 · Z25)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe9
+
+	// VDPBF16PS Z26, Z28, Z22 (Z22 += bf16 pairs of Z28 · Z26)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf2
+
+	// VDPBF16PS Z27, Z28, Z23 (Z23 += bf16 pairs of Z28 · Z27)
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x1e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfb
+	ADDQ $0x00000002, CX
+	ADDQ $0x00000040, R14
+	JMP  bdotAVX512x6p4_loop
+
+bdotAVX512x6p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), R14
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z16, (AX)
+	VMOVUPS Z17, 64(AX)
+	VMOVUPS Z18, 128(AX)
+	VMOVUPS Z19, 192(AX)
+	ADDQ    R14, AX
+	VMOVUPS Z20, (AX)
+	VMOVUPS Z21, 64(AX)
+	VMOVUPS Z22, 128(AX)
+	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
+// func bdotPeakAVX512(n int) float32
+// Requires: AVX, AVX512F, SSE
+TEXT ·bdotPeakAVX512(SB), NOSPLIT, $0-12
+	MOVQ   n+0(FP), AX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+
+bdotpeak_loop:
+	TESTQ AX, AX
+	JZ    bdotpeak_done
+
+	// VDPBF16PS Z13, Z12, Z0 (Z0 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc5
+
+	// VDPBF16PS Z13, Z12, Z1 (Z1 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z13, Z12, Z2 (Z2 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd5
+
+	// VDPBF16PS Z13, Z12, Z3 (Z3 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdd
+
+	// VDPBF16PS Z13, Z12, Z4 (Z4 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z13, Z12, Z5 (Z5 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z13, Z12, Z6 (Z6 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z13, Z12, Z7 (Z7 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0xd2
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xfd
+
+	// VDPBF16PS Z13, Z12, Z8 (Z8 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xc5
+
+	// VDPBF16PS Z13, Z12, Z9 (Z9 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xcd
+
+	// VDPBF16PS Z13, Z12, Z10 (Z10 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xd5
+
+	// VDPBF16PS Z13, Z12, Z11 (Z11 += bf16 pairs of Z12 · Z13)
+	BYTE $0x62
+	BYTE $0x52
+	BYTE $0x1e
+	BYTE $0x48
+	BYTE $0x52
+	BYTE $0xdd
+	DECQ AX
+	JMP  bdotpeak_loop
+
+bdotpeak_done:
+	VADDPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VADDPS Z3, Z0, Z0
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z0, Z0
+	VADDPS Z6, Z0, Z0
+	VADDPS Z7, Z0, Z0
+	VADDPS Z8, Z0, Z0
+	VADDPS Z9, Z0, Z0
+	VADDPS Z10, Z0, Z0
+	VADDPS Z11, Z0, Z0
+	MOVSS  X0, ret+8(FP)
+	VZEROUPPER
+	RET
+
 // func readAVX512(p *byte, n int) uint64
 // Requires: AVX, AVX2, AVX512F
 TEXT ·readAVX512(SB), NOSPLIT, $0-24

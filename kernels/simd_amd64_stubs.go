@@ -2069,6 +2069,131 @@ func dot8AVX512I8KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32
 //go:noescape
 func dot8AVX512I8KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
+// bdotAVX512x1p1 adds, for k steps (k even), the products of 1 bf16 rows with 1 bf16-dot panels to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x1p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x1p2 adds, for k steps (k even), the products of 1 bf16 rows with 2 bf16-dot panels to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x1p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x1p3 adds, for k steps (k even), the products of 1 bf16 rows with 3 bf16-dot panels to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x1p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x1p4 adds, for k steps (k even), the products of 1 bf16 rows with 4 bf16-dot panels to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x1p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x2p1 adds, for k steps (k even), the products of 2 bf16 rows with 1 bf16-dot panels to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x2p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x2p2 adds, for k steps (k even), the products of 2 bf16 rows with 2 bf16-dot panels to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x2p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x2p3 adds, for k steps (k even), the products of 2 bf16 rows with 3 bf16-dot panels to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x2p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x2p4 adds, for k steps (k even), the products of 2 bf16 rows with 4 bf16-dot panels to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x2p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x3p1 adds, for k steps (k even), the products of 3 bf16 rows with 1 bf16-dot panels to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x3p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x3p2 adds, for k steps (k even), the products of 3 bf16 rows with 2 bf16-dot panels to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x3p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x3p3 adds, for k steps (k even), the products of 3 bf16 rows with 3 bf16-dot panels to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x3p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x3p4 adds, for k steps (k even), the products of 3 bf16 rows with 4 bf16-dot panels to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x3p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x4p1 adds, for k steps (k even), the products of 4 bf16 rows with 1 bf16-dot panels to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x4p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x4p2 adds, for k steps (k even), the products of 4 bf16 rows with 2 bf16-dot panels to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x4p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x4p3 adds, for k steps (k even), the products of 4 bf16 rows with 3 bf16-dot panels to the 4×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x4p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x4p4 adds, for k steps (k even), the products of 4 bf16 rows with 4 bf16-dot panels to the 4×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x4p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x5p1 adds, for k steps (k even), the products of 5 bf16 rows with 1 bf16-dot panels to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x5p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x5p2 adds, for k steps (k even), the products of 5 bf16 rows with 2 bf16-dot panels to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x5p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x5p3 adds, for k steps (k even), the products of 5 bf16 rows with 3 bf16-dot panels to the 5×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x5p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x5p4 adds, for k steps (k even), the products of 5 bf16 rows with 4 bf16-dot panels to the 5×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x5p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x6p1 adds, for k steps (k even), the products of 6 bf16 rows with 1 bf16-dot panels to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x6p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x6p2 adds, for k steps (k even), the products of 6 bf16 rows with 2 bf16-dot panels to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x6p2(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x6p3 adds, for k steps (k even), the products of 6 bf16 rows with 3 bf16-dot panels to the 6×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x6p3(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotAVX512x6p4 adds, for k steps (k even), the products of 6 bf16 rows with 4 bf16-dot panels to the 6×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
+//
+//go:noescape
+func bdotAVX512x6p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
+
+// bdotPeakAVX512 runs n rounds of 12 independent vdpbf16ps (64 flops each) and returns a lane of their sum, so that the work is kept.
+//
+//go:noescape
+func bdotPeakAVX512(n int) float32
+
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //
 //go:noescape

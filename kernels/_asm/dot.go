@@ -89,6 +89,7 @@ func main() {
 				dequant(dt)
 			}
 			dot8Kernels()
+			bdotKernels()
 			readLoop()
 		}
 	}
