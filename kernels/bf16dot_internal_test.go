@@ -47,7 +47,7 @@ func TestBF16Dot(t *testing.T) {
 				for i := range w {
 					w[i] = half.F32ToBF16(float32(rng.NormFloat64() * 0.05))
 					if rng.IntN(50) == 0 {
-						w[i] = uint16(rng.IntN(1 << 16)) &^ 0x7F80 // a subnormal (or zero)
+						w[i] = uint16(rng.IntN(1<<16)) &^ 0x7F80 // a subnormal (or zero)
 					}
 				}
 				m, err := NewHalf(BF16, s.N, s.K, w)
