@@ -120,12 +120,23 @@ type bdotScratch struct {
 
 var bdotPool = sync.Pool{New: func() any { return new(bdotScratch) }}
 
-// round fills sc.rows with the rows (k each) rounded to bf16.
-func (sc *bdotScratch) round(rows []*float32, k int) {
+// round fills sc.rows with the rows (k each) rounded to bf16; from pre,
+// where it holds them (row r at pre's row idx[r], or r with idx nil).
+func (sc *bdotScratch) round(rows []*float32, k int, pre *dot8Rows, idx []int32) {
+	sc.rows = sc.rows[:0]
+	if pre != nil && pre.bf != nil && pre.k == k {
+		for r := range rows {
+			i := r
+			if idx != nil {
+				i = int(idx[r])
+			}
+			sc.rows = append(sc.rows, pre.bf[i*k:][:k])
+		}
+		return
+	}
 	if cap(sc.buf) < len(rows)*k {
 		sc.buf = make([]uint16, len(rows)*k)
 	}
-	sc.rows = sc.rows[:0]
 	for r, p := range rows {
 		out := sc.buf[r*k:][:k]
 		for j, v := range unsafe.Slice(p, k) {
@@ -137,8 +148,8 @@ func (sc *bdotScratch) round(rows []*float32, k int) {
 
 // bdotGEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1) in
 // the bf16-dot mode.
-func bdotGEMM(sc *bdotScratch, rows []*float32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
-	sc.round(rows, b[0].Cols)
+func bdotGEMM(sc *bdotScratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
+	sc.round(rows, b[0].Cols, pre, idx)
 	for i, bi := range b {
 		if !bi.bdot { // a matrix of the exact mode beside one of this mode
 			exactRows(c[i], ldc, rows, bi, n0, n1)
@@ -177,8 +188,9 @@ func (s *simd) bdotGEMM(sc *bdotScratch, b Matrix, n0, n1 int, c []float32, ldc 
 	}
 }
 
-// gateUpBdot is GateUp on bf16-dot gate and up matrices.
-func gateUpBdot(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+// gateUpBdot is GateUp on bf16-dot gate and up matrices; xq, when not nil,
+// holds every row of x rounded.
+func gateUpBdot(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
 	sc := bdotPool.Get().(*bdotScratch)
 	defer bdotPool.Put(sc)
@@ -188,7 +200,7 @@ func gateUpBdot(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 in
 	}
 	ldc := n1 - n0
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
-	bdotGEMM(sc, rows, []Matrix{gate, up}, n0, n1, sc.c, ldc)
+	bdotGEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
 	for r := range rows {
 		g, u := sc.c[0][r*ldc:][:ldc], sc.c[1][r*ldc:][:ldc]
 		hr := h[r*inter+n0:][:ldc]
@@ -202,8 +214,9 @@ func gateUpBdot(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1 in
 	}
 }
 
-// downBdot is Down and GEMMRows on a bf16-dot matrix.
-func downBdot(out, h []float32, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
+// downBdot is Down and GEMMRows on a bf16-dot matrix; hq, when not nil,
+// holds every row of h rounded.
+func downBdot(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	M := len(h) / K
 	if idx != nil {
@@ -221,7 +234,7 @@ func downBdot(out, h []float32, idx []int32, down Matrix, bias, scale []float32,
 	}
 	ldc := n1 - n0
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
-	bdotGEMM(sc, rows, []Matrix{down}, n0, n1, sc.c, ldc)
+	bdotGEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
 	for r := 0; r < M; r++ {
 		c := sc.c[0][r*ldc:][:ldc]
 		o := out[r*hidden+n0:][:ldc]

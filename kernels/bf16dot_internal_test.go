@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -90,6 +91,10 @@ func TestBF16Dot(t *testing.T) {
 							require.InDelta(t, exact, float64(want), 0x1p-8*mag+1e-30)
 						}
 					}
+					// Through the grouped GEMM (its rows prepared once a call): the same bits.
+					g := make([]float32, s.M*s.N)
+					require.NoError(t, GroupedGEMM(context.Background(), 2, x, []GEMMGroup{{B: d, Rows: idx, Out: g}}))
+					require.Equal(t, o, g, "grouped")
 					one := make([]float32, s.N)
 					Down(one, x[(s.M-1)*s.K:], d, nil, 0, s.N)
 					require.Equal(t, o[(s.M-1)*s.N:], one, "one row alone")

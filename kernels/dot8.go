@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/buffers"
+	"github.com/moex-project/moex/internal/half"
 )
 
 // The int8-dot numerics mode, llama.cpp's way of computing with integer
@@ -242,9 +243,30 @@ func (m Matrix) dot8Index(i, j int) (at int, shift uint) {
 // dot8Rows are activation rows quantized for the int8-dot mode against
 // weights in groups of g: each row a run of K/g records of g int8 codes
 // then 16 bytes: d_b (fp32), d_b·S (fp32), 128·S (int32), zero.
+//
+// For the bf16-dot mode the same value holds the rows rounded to bf16
+// instead (bf, k each; see roundAll).
 type dot8Rows struct {
 	g, rec, k int // group, record bytes, row length
 	buf       []byte
+	bf        []uint16
+}
+
+// roundAll fills q with every row of x [rows, k] rounded to bf16 (the
+// bf16-dot mode's activations), on up to workers goroutines.
+func (q *dot8Rows) roundAll(ctx context.Context, workers int, x []float32, k int) error {
+	q.k, q.g, q.buf = k, 0, q.buf[:0]
+	if cap(q.bf) < len(x) {
+		q.bf = make([]uint16, len(x))
+	}
+	q.bf = q.bf[:len(x)]
+	const chunk = 16 << 10
+	return Parallel(ctx, workers, (len(x)+chunk-1)/chunk, func(c int) {
+		lo := c * chunk
+		for i, v := range x[lo:min(len(x), lo+chunk)] {
+			q.bf[lo+i] = half.F32ToBF16(v)
+		}
+	})
 }
 
 // row returns row r's records.
@@ -256,6 +278,10 @@ func (q *dot8Rows) row(r int) []byte {
 // from is q without its first r0 rows.
 func (q *dot8Rows) from(r0 int) dot8Rows {
 	v := *q
+	if q.bf != nil {
+		v.bf = q.bf[r0*q.k:]
+		return v
+	}
 	v.buf = q.buf[r0*q.k/q.g*q.rec:]
 	return v
 }
@@ -275,7 +301,7 @@ func (q *dot8Rows) ptrs(dst []*byte, idx []int32, rows int) []*byte {
 
 // reset sizes q for n rows of k activations against groups of g.
 func (q *dot8Rows) reset(n, k, g int) {
-	q.g, q.rec, q.k = g, g+16, k
+	q.g, q.rec, q.k, q.bf = g, g+16, k, nil
 	size := n * k / g * q.rec
 	if cap(q.buf) < size {
 		q.buf = make([]byte, size)
@@ -501,9 +527,9 @@ func dot8GEMM(sc *dot8Scratch, rows []*float32, pre *dot8Rows, idx []int32, b []
 		q := pre
 		var recs []*byte
 		switch {
-		case q != nil && q.g == bi.q.cols:
+		case q != nil && q.bf == nil && q.g == bi.q.cols:
 			recs = q.ptrs(sc.recs[:0], idx, len(rows))
-		case i == 1 && b[0].dot8 && b[0].q.cols == bi.q.cols && (pre == nil || pre.g != bi.q.cols):
+		case i == 1 && b[0].dot8 && b[0].q.cols == bi.q.cols && (pre == nil || pre.bf != nil || pre.g != bi.q.cols):
 			q = &sc.q[0] // quantized for b[0]
 			recs = q.ptrs(sc.recs[:0], nil, len(rows))
 		default:

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -198,6 +199,10 @@ func TestInt8Dot(t *testing.T) {
 							require.InDelta(t, exact, float64(want), 0.01*mag+1e-30, "%s error", name)
 						}
 					}
+					// Through the grouped GEMM (its rows prepared once a call): the same bits.
+					g := make([]float32, s.M*s.N)
+					require.NoError(t, GroupedGEMM(context.Background(), 2, x, []GEMMGroup{{B: d, Rows: idx, Out: g}}))
+					require.Equal(t, o, g, "grouped")
 					one := make([]float32, s.N)
 					Down(one, x[(s.M-1)*s.K:], d, nil, 0, s.N)
 					require.Equal(t, o[(s.M-1)*s.N:], one, "%s: one row alone", name)
@@ -225,5 +230,5 @@ func TestInt8DotRefused(t *testing.T) {
 	_, err = WithSuperScales(u, 2, []float32{0.5}, []float32{1}, []int8{1, 2}, []int8{0, 0})
 	require.ErrorContains(t, err, "offsets false")
 	_, err = ParseNumerics("fast")
-	require.ErrorContains(t, err, `numerics "fast": want exact or int8dot`)
+	require.ErrorContains(t, err, `numerics "fast": want exact, int8dot or bf16dot`)
 }

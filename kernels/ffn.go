@@ -20,7 +20,7 @@ func gateUp(h, x []float32, xr []magRange, xq *dot8Rows, idx []int32, gate, up M
 		return
 	}
 	if gate.bdot || up.bdot {
-		gateUpBdot(h, x, idx, gate, up, ep, n0, n1)
+		gateUpBdot(h, x, xq, idx, gate, up, ep, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
@@ -53,7 +53,7 @@ func gemmRows(out, a []float32, ar []magRange, aq *dot8Rows, idx []int32, b Matr
 		return
 	}
 	if b.bdot {
-		downBdot(out, a, idx, b, bias, scale, n0, n1)
+		downBdot(out, a, aq, idx, b, bias, scale, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(b) {

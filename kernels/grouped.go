@@ -129,6 +129,13 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			xq = &s.xq
 			break
 		}
+		if g.Gate.bdot { // likewise rounded once for the bf16-dot mode
+			if err := s.xq.roundAll(ctx, workers, x, g.Gate.Cols); err != nil {
+				return err
+			}
+			xq = &s.xq
+			break
+		}
 	}
 	eps := make([]*glu, len(groups))
 	for i := range groups {
@@ -173,8 +180,12 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 	s.hq = s.hq[:len(groups)]
 	hq := make([]*dot8Rows, len(groups))
 	if err := Parallel(ctx, workers, len(groups), func(i int) {
-		if d := groups[i].Down; d.dot8 {
+		switch d := groups[i].Down; {
+		case d.dot8:
 			s.hq[i].quantizeAll(context.Background(), 1, hs[i], d.Cols, d.q.cols)
+			hq[i] = &s.hq[i]
+		case d.bdot:
+			s.hq[i].roundAll(context.Background(), 1, hs[i], d.Cols)
 			hq[i] = &s.hq[i]
 		}
 	}); err != nil {
@@ -220,6 +231,23 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 			break
 		}
 	}
+	// a's rows quantized (int8-dot) or rounded (bf16-dot) once, where needed.
+	var aq *dot8Rows
+	for _, g := range groups {
+		if g.B.dot8 || g.B.bdot {
+			aq = new(dot8Rows)
+			var err error
+			if g.B.dot8 {
+				err = aq.quantizeAll(ctx, workers, a, g.B.Cols, g.B.q.cols)
+			} else {
+				err = aq.roundAll(ctx, workers, a, g.B.Cols)
+			}
+			if err != nil {
+				return err
+			}
+			break
+		}
+	}
 	return Parallel(ctx, workers, len(items), func(k int) {
 		it := items[k]
 		g := &groups[it.g]
@@ -228,7 +256,7 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 		if g.Scale != nil {
 			scale = g.Scale[it.r0:it.r1]
 		}
-		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, nil, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, aq, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
 	})
 }
 

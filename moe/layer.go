@@ -926,19 +926,20 @@ func (l *Layer) SetWorkers(n int) {
 // activations rounded to int8 per 32, integer dot products; see
 // kernels.Numerics) needs every routed expert's matrices in UINT4 or INT8
 // with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-// Q6_K): otherwise it is an error naming the first that is not, and the
-// layer is unchanged. The shared expert takes the mode where all three of
-// its matrices can, and stays exact otherwise (files that keep it in
-// F16 or BF16). The experts are repacked for the mode, so a layer in
-// Int8Dot does not go back (load it again). It waits for the forward
-// passes in flight; subsets made before keep their mode.
+// Q6_K); kernels.BF16Dot (activations rounded to bf16, vdpbf16ps pairs)
+// needs them in BF16. Otherwise it is an error naming the first that is
+// not, and the layer is unchanged. The shared expert takes the mode where
+// all three of its matrices can, and stays exact otherwise (files that
+// keep it in another dtype). The experts are repacked for the mode, so a
+// layer in another mode does not go back (load it again). It waits for
+// the forward passes in flight; subsets made before keep their mode.
 func (l *Layer) SetNumerics(n kernels.Numerics) error {
 	l.life.Lock()
 	defer l.life.Unlock()
 	if n == l.numerics {
 		return nil
 	}
-	if n != kernels.Int8Dot {
+	if l.numerics != kernels.Exact || n == kernels.Exact {
 		return fmt.Errorf("moe: a layer in %v numerics cannot go to %v: load it again", l.numerics, n)
 	}
 	if l.runner != nil {
@@ -949,7 +950,7 @@ func (l *Layer) SetNumerics(n kernels.Numerics) error {
 			name string
 			m    *kernels.Matrix
 		}{{"gate", &x.Gate}, {"up", &x.Up}, {"down", &x.Down}} {
-			p, err := kernels.PackInt8Dot(*m.m)
+			p, err := n.Pack(*m.m)
 			if err != nil {
 				return x, errkind.Errorf(ErrUnsupportedFormat, "moe: %s's %s: %w", what, m.name, err)
 			}

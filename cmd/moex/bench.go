@@ -59,6 +59,10 @@ type benchResult struct {
 	// over this one's), and that dtype.
 	Speedup   float64 `json:"speedup,omitempty"`
 	SpeedupVs string  `json:"speedup_vs,omitempty"`
+	// bf16dot rows: the vdpbf16ps peak measured on the row's threads in
+	// the same run (GFLOP/s), and the row's GFLOP/s over it.
+	BF16DotPeak float64 `json:"bf16dot_peak_gflops,omitempty"`
+	OfBF16Peak  float64 `json:"of_bf16dot_peak,omitempty"`
 	// bench ep only: time per token, and a memcpy of the same bytes.
 	NsPerToken float64 `json:"ns_per_token,omitempty"`
 	MemcpyNS   int64   `json:"memcpy_ns,omitempty"`
@@ -208,9 +212,13 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 		return tw.Flush()
 	}
 	ratios := len(rs) > 0 && rs[0].SpeedupVs != ""
+	peaks := slices.ContainsFunc(rs, func(r benchResult) bool { return r.BF16DotPeak > 0 })
 	head := "case\tdtype\timpl\tthreads\tmedian\tGFLOP/s\tGB/s\tof membw\t"
 	if ratios {
 		head += "vs " + rs[0].SpeedupVs + "\t"
+	}
+	if peaks {
+		head += "of bf16-dot peak\t"
 	}
 	fmt.Fprintln(tw, head)
 	probes := map[float64]bool{}
@@ -225,6 +233,13 @@ func printResults(w io.Writer, format string, rs []benchResult) error {
 			time.Duration(r.MedianNS).Round(time.Microsecond), r.GFLOPS, r.GBPS, frac)
 		if ratios {
 			fmt.Fprintf(tw, "%.2f×\t", r.Speedup)
+		}
+		if peaks {
+			if r.BF16DotPeak > 0 {
+				fmt.Fprintf(tw, "%.0f%% of %.0f\t", 100*r.OfBF16Peak, r.BF16DotPeak)
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
 		}
 		fmt.Fprintln(tw)
 	}
@@ -386,6 +401,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	k := fs.Int("k", 2048, "reduction length")
 	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (uint4 and int8 weights), bf16dot (bf16 weights); a dtype is timed in the modes it has, packed")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -402,6 +418,13 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	}
 	if *layout != "packed" && *layout != "rows" {
 		return nil, fmt.Errorf("%w: bench grouped-gemm: --layout %q (want packed or rows)", errUsage, *layout)
+	}
+	modes, err := numericsList(*numerics, "bench grouped-gemm")
+	if err != nil {
+		return nil, err
+	}
+	if *layout != "packed" && slices.ContainsFunc(modes, func(n kernels.Numerics) bool { return n != kernels.Exact }) {
+		return nil, fmt.Errorf("%w: bench grouped-gemm: --numerics other than exact pack their weights: --layout packed", errUsage)
 	}
 	maxM := slices.Max(ms)
 	for _, ds := range strings.Split(*dtypes, ",") {
@@ -423,50 +446,97 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		bs := make([]kernels.Matrix, *experts)
-		for e := range bs {
-			if bs[e], err = randomMatrix(rng, dt, *n, *k); err != nil {
+		raw := make([]kernels.Matrix, *experts)
+		for e := range raw {
+			if raw[e], err = randomMatrix(rng, dt, *n, *k); err != nil {
 				return nil, fmt.Errorf("%w: bench grouped-gemm: --n %d (rows) × --k %d (columns) in %v: %w", errUsage, *n, *k, dt, err)
 			}
-			if *layout == "packed" {
-				bs[e] = kernels.Pack(bs[e])
-			}
 		}
-		for _, m := range ms {
-			a := make([]float32, *experts*m**k)
-			for i := range a {
-				a[i] = 2*rng.Float32() - 1
+		for _, mode := range modes {
+			if !hasMode(dt, mode) {
+				continue
 			}
-			groups := make([]kernels.GEMMGroup, *experts)
-			for e := range groups {
-				rows := make([]int32, m)
-				for r := range rows {
-					rows[r] = int32(e*m + r)
+			bs := make([]kernels.Matrix, *experts)
+			for e := range bs {
+				bs[e] = raw[e]
+				if *layout == "packed" {
+					if bs[e], err = mode.Pack(raw[e]); err != nil {
+						return nil, err
+					}
 				}
-				groups[e] = kernels.GEMMGroup{B: bs[e], Rows: rows, Out: make([]float32, m**n)}
 			}
-			flops := 2 * float64(*experts) * float64(m) * float64(*n) * float64(*k)
-			bytes := int64(*experts) * (bs[0].Bytes() + int64(m)*int64(*k)*4 + int64(m)*int64(*n)*4)
-			if m == 0 {
-				bytes = 0 // nothing is read: no bandwidth to report
+			label := ds
+			if mode != kernels.Exact {
+				label += "+" + mode.String()
 			}
-			label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", *experts, m, *n, *k, *layout)
-			err := o.forEachSetting(func(impl string, threads int) error {
-				ts, err := o.time(label+" "+impl, func() error {
-					return kernels.GroupedGEMM(context.Background(), threads, a, groups)
-				})
-				if err != nil {
-					return err
-				}
-				results = append(results, makeResult("grouped-gemm", label, impl, ds, threads, ts, flops, bytes, probe))
-				return nil
-			})
+			rs, err := benchGroupedCase(o, rng, bs, ms, *experts, *n, *k, *layout, label, probe, mode)
 			if err != nil {
 				return nil, err
 			}
+			results = append(results, rs...)
 		}
 	}
 	return results, nil
+}
+
+// benchGroupedCase times the grouped GEMM on the weights bs at each rows
+// count of ms; bf16dot rows get the vdpbf16ps peak on their threads.
+func benchGroupedCase(o *benchOpts, rng *rand.Rand, bs []kernels.Matrix, ms []int, experts, n, k int, layout, dtype string, probe float64,
+	mode kernels.Numerics) ([]benchResult, error) {
+	var results []benchResult
+	for _, m := range ms {
+		a := make([]float32, experts*m*k)
+		for i := range a {
+			a[i] = 2*rng.Float32() - 1
+		}
+		groups := make([]kernels.GEMMGroup, experts)
+		for e := range groups {
+			rows := make([]int32, m)
+			for r := range rows {
+				rows[r] = int32(e*m + r)
+			}
+			groups[e] = kernels.GEMMGroup{B: bs[e], Rows: rows, Out: make([]float32, m*n)}
+		}
+		flops := 2 * float64(experts) * float64(m) * float64(n) * float64(k)
+		bytes := int64(experts) * (bs[0].Bytes() + int64(m)*int64(k)*4 + int64(m)*int64(n)*4)
+		if m == 0 {
+			bytes = 0 // nothing is read: no bandwidth to report
+		}
+		label := fmt.Sprintf("E=%d M=%d N=%d K=%d %s", experts, m, n, k, layout)
+		err := o.forEachSetting(func(impl string, threads int) error {
+			ts, err := o.time(label+" "+dtype+" "+impl, func() error {
+				return kernels.GroupedGEMM(context.Background(), threads, a, groups)
+			})
+			if err != nil {
+				return err
+			}
+			r := makeResult("grouped-gemm", label, impl, dtype, threads, ts, flops, bytes, probe)
+			if mode == kernels.BF16Dot {
+				if peak, ok := kernels.BF16DotPeak(threads, 200*time.Millisecond); ok {
+					r.BF16DotPeak, r.OfBF16Peak = peak, r.GFLOPS/peak
+				}
+			}
+			results = append(results, r)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// numericsList parses a comma-separated --numerics.
+func numericsList(list, cmd string) ([]kernels.Numerics, error) {
+	var modes []kernels.Numerics
+	for _, n := range strings.Split(list, ",") {
+		mode, err := kernels.ParseNumerics(n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", errUsage, cmd, err)
+		}
+		modes = append(modes, mode)
+	}
+	return modes, nil
 }
 
 func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duration, flops float64, bytes int64, probe float64) benchResult {
@@ -478,6 +548,17 @@ func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duratio
 		GFLOPS: flops / med.Seconds() / 1e9, Bytes: bytes, GBPS: gbps,
 		ProbeGBPS: probe, BWFraction: gbps / max(probe, 1e-300),
 	}
+}
+
+// hasMode says whether weights of dtype dt have numerics mode n.
+func hasMode(dt kernels.DType, n kernels.Numerics) bool {
+	switch n {
+	case kernels.Int8Dot:
+		return dt == kernels.UINT4 || dt == kernels.INT8
+	case kernels.BF16Dot:
+		return dt == kernels.BF16
+	}
+	return true
 }
 
 // layerDType names a layer's expert dtype, with its numerics mode where
@@ -498,7 +579,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
-	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4 and int8 experts, cpu; the other dtypes are timed in exact only)")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4 and int8 experts), bf16dot (activations rounded to bf16, vdpbf16ps pairs; bf16 experts); cpu; a dtype is timed in the modes it has")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -506,16 +587,12 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	if err := finish(); err != nil {
 		return nil, err
 	}
-	var modes []kernels.Numerics
-	for _, n := range strings.Split(*numerics, ",") {
-		mode, err := kernels.ParseNumerics(n)
-		if err != nil {
-			return nil, fmt.Errorf("%w: bench moe: %w", errUsage, err)
-		}
-		modes = append(modes, mode)
+	modes, err := numericsList(*numerics, "bench moe")
+	if err != nil {
+		return nil, err
 	}
 	if *backend != "cpu" && slices.ContainsFunc(modes, func(n kernels.Numerics) bool { return n != kernels.Exact }) {
-		return nil, fmt.Errorf("%w: bench moe: --numerics int8dot runs on --backend cpu", errUsage)
+		return nil, fmt.Errorf("%w: bench moe: --numerics other than exact run on --backend cpu", errUsage)
 	}
 	ts, err := intList(*tokens, "--tokens")
 	if err != nil {
@@ -581,7 +658,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 			return nil, err
 		}
 		for _, mode := range modes {
-			if mode == kernels.Int8Dot && dt != kernels.UINT4 && dt != kernels.INT8 {
+			if !hasMode(dt, mode) {
 				continue // no such mode for the dtype
 			}
 			fmt.Fprintf(o.stderr, "bench: making a %s-shaped layer with random %s weights (%v numerics)\n", presetName, ds, mode)
@@ -650,7 +727,13 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 				if err != nil {
 					return err
 				}
-				results = append(results, makeResult("moe", label, impl, layerDType(l), threads, times, c.FLOPs(T), bytes, probe))
+				r := makeResult("moe", label, impl, layerDType(l), threads, times, c.FLOPs(T), bytes, probe)
+				if l.Numerics() == kernels.BF16Dot {
+					if peak, ok := kernels.BF16DotPeak(threads, 200*time.Millisecond); ok {
+						r.BF16DotPeak, r.OfBF16Peak = peak, r.GFLOPS/peak
+					}
+				}
+				results = append(results, r)
 				return nil
 			})
 			if err != nil {
