@@ -159,3 +159,61 @@ func testGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestGoldenBF16Dot: every stored bf16 case in the bf16-dot mode (asked
+// for; never taken otherwise: the other cases' experts refuse it by name)
+// chooses the reference's experts, stays within 1 % of its output (the
+// error of rounding the activations to bf16; logged per case), and gives
+// a token's bits alone as in the batch.
+func TestGoldenBF16Dot(t *testing.T) {
+	entries, err := os.ReadDir(goldenDir())
+	require.NoError(t, err)
+	for _, e := range entries {
+		spec, ok := goldenSpecs[e.Name()]
+		require.True(t, ok, e.Name())
+		t.Run(e.Name(), func(t *testing.T) {
+			dir := filepath.Join(goldenDir(), e.Name())
+			l, err := moe.Load(dir, spec.Layer)
+			require.NoError(t, err)
+			defer l.Close()
+			err = l.SetNumerics(kernels.BF16Dot)
+			if spec.DType != "BF16" {
+				require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
+				require.ErrorContains(t, err, "bf16dot numerics need BF16 weights")
+				require.Equal(t, kernels.Exact, l.Numerics())
+				return
+			}
+			require.NoError(t, err)
+			x, err := npy.ReadFloat32(filepath.Join(dir, "x.npy"))
+			require.NoError(t, err)
+			want, err := npy.ReadFloat32(filepath.Join(dir, "y.npy"))
+			require.NoError(t, err)
+			wantIDs, err := npy.ReadInt32(filepath.Join(dir, "ids.npy"))
+			require.NoError(t, err)
+			var tokens []int32
+			if tok, err := npy.ReadInt32(filepath.Join(dir, "tokens.npy")); err == nil {
+				tokens = tok.Data
+			}
+			y := make([]float32, len(x.Data))
+			ids := make([]int32, len(wantIDs.Data))
+			require.NoError(t, l.ForwardTokens(context.Background(), x.Data, tokens, y, ids, nil))
+			require.Equal(t, wantIDs.Data, ids)
+			ref := make([]float64, len(want.Data))
+			for i, v := range want.Data {
+				ref[i] = float64(v)
+			}
+			e := moetest.RelErr(y, ref)
+			t.Logf("%s: bf16dot relative error %.2g", spec.ModelType, e)
+			require.Greater(t, e, 0.0, "the mode was not taken")
+			require.LessOrEqual(t, e, 1e-2)
+			H := spec.Hidden
+			var tok []int32
+			if tokens != nil {
+				tok = tokens[5:6]
+			}
+			one := make([]float32, H)
+			require.NoError(t, l.ForwardTokens(context.Background(), x.Data[5*H:6*H], tok, one, nil, nil))
+			require.Equal(t, y[5*H:6*H], one, "token 5 alone")
+		})
+	}
+}
