@@ -202,15 +202,7 @@ func gateUpBdot(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
 	bdotGEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
 	for r := range rows {
-		g, u := sc.c[0][r*ldc:][:ldc], sc.c[1][r*ldc:][:ldc]
-		hr := h[r*inter+n0:][:ldc]
-		if ep == nil {
-			for n := range hr {
-				hr[n] = SwiGLU(g[n], u[n])
-			}
-			continue
-		}
-		ep.row(hr, g, u, r, n0)
+		storeGLU(h[r*inter+n0:][:ldc], sc.c[0][r*ldc:], sc.c[1][r*ldc:], ep, r, n0)
 	}
 }
 
@@ -236,20 +228,7 @@ func downBdot(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, sc
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
 	bdotGEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
 	for r := 0; r < M; r++ {
-		c := sc.c[0][r*ldc:][:ldc]
-		o := out[r*hidden+n0:][:ldc]
-		switch {
-		case bias != nil:
-			for n := range o {
-				o[n] = biased(c[n], bias, n0+n, scale, r)
-			}
-		case scale == nil:
-			copy(o, c)
-		default:
-			for n := range o {
-				o[n] = c[n] * scale[r]
-			}
-		}
+		storeDown(out[r*hidden+n0:][:ldc], sc.c[0][r*ldc:], bias, scale, r, n0)
 	}
 }
 

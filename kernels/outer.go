@@ -422,15 +422,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
-		g, u := sc.c[0][r*ldc+n0-off:][:n1-n0], sc.c[1][r*ldc+n0-off:][:n1-n0]
-		hr := h[r*inter+n0:][:n1-n0]
-		if ep == nil {
-			for n := range hr {
-				hr[n] = SwiGLU(g[n], u[n])
-			}
-			continue
-		}
-		ep.row(hr, g, u, r, n0)
+		storeGLU(h[r*inter+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], sc.c[1][r*ldc+n0-off:], ep, r, n0)
 	}
 }
 
@@ -463,22 +455,7 @@ func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matri
 	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
-		c := sc.c[0][r*ldc+n0-off:][:n1-n0]
-		o := out[r*hidden+n0:][:n1-n0]
-		if bias != nil {
-			for n := range o {
-				o[n] = biased(c[n], bias, n0+n, scale, r)
-			}
-			continue
-		}
-		if scale == nil {
-			copy(o, c)
-			continue
-		}
-		w := scale[r]
-		for n := range o {
-			o[n] = c[n] * w
-		}
+		storeDown(out[r*hidden+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], bias, scale, r, n0)
 	}
 }
 
@@ -495,4 +472,36 @@ func (sc *outerScratch) grow(m int) []*float32 {
 	}
 	sc.rows = sc.rows[:m]
 	return sc.rows
+}
+
+// storeGLU writes into hr row r's activation of its gate and up products
+// g and u (columns n0 on): SwiGLU, or ep's.
+func storeGLU(hr, g, u []float32, ep *glu, r, n0 int) {
+	g, u = g[:len(hr)], u[:len(hr)]
+	if ep == nil {
+		for n := range hr {
+			hr[n] = SwiGLU(g[n], u[n])
+		}
+		return
+	}
+	ep.row(hr, g, u, r, n0)
+}
+
+// storeDown writes into o row r's products c (columns n0 on), with the
+// bias and the row's routing weight where given.
+func storeDown(o, c, bias, scale []float32, r, n0 int) {
+	c = c[:len(o)]
+	switch {
+	case bias != nil:
+		for n := range o {
+			o[n] = biased(c[n], bias, n0+n, scale, r)
+		}
+	case scale == nil:
+		copy(o, c)
+	default:
+		w := scale[r]
+		for n := range o {
+			o[n] = c[n] * w
+		}
+	}
 }

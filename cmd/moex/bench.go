@@ -510,13 +510,7 @@ func benchGroupedCase(o *benchOpts, rng *rand.Rand, bs []kernels.Matrix, ms []in
 			if err != nil {
 				return err
 			}
-			r := makeResult("grouped-gemm", label, impl, dtype, threads, ts, flops, bytes, probe)
-			if mode == kernels.BF16Dot {
-				if peak, ok := kernels.BF16DotPeak(threads, 200*time.Millisecond); ok {
-					r.BF16DotPeak, r.OfBF16Peak = peak, r.GFLOPS/peak
-				}
-			}
-			results = append(results, r)
+			results = append(results, withPeak(makeResult("grouped-gemm", label, impl, dtype, threads, ts, flops, bytes, probe), mode))
 			return nil
 		})
 		if err != nil {
@@ -524,6 +518,17 @@ func benchGroupedCase(o *benchOpts, rng *rand.Rand, bs []kernels.Matrix, ms []in
 		}
 	}
 	return results, nil
+}
+
+// withPeak gives a bf16dot result the vdpbf16ps peak measured now on its
+// threads, and its GFLOP/s over it.
+func withPeak(r benchResult, mode kernels.Numerics) benchResult {
+	if mode == kernels.BF16Dot {
+		if peak, ok := kernels.BF16DotPeak(r.Threads, 200*time.Millisecond); ok {
+			r.BF16DotPeak, r.OfBF16Peak = peak, r.GFLOPS/peak
+		}
+	}
+	return r
 }
 
 // numericsList parses a comma-separated --numerics.
@@ -727,13 +732,7 @@ func benchMoELayers(ls []*moe.Layer, name string, ts []int, backend string, o *b
 				if err != nil {
 					return err
 				}
-				r := makeResult("moe", label, impl, layerDType(l), threads, times, c.FLOPs(T), bytes, probe)
-				if l.Numerics() == kernels.BF16Dot {
-					if peak, ok := kernels.BF16DotPeak(threads, 200*time.Millisecond); ok {
-						r.BF16DotPeak, r.OfBF16Peak = peak, r.GFLOPS/peak
-					}
-				}
-				results = append(results, r)
+				results = append(results, withPeak(makeResult("moe", label, impl, layerDType(l), threads, times, c.FLOPs(T), bytes, probe), l.Numerics()))
 				return nil
 			})
 			if err != nil {
