@@ -309,6 +309,19 @@ func TestBenchRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `K=4 rows +f32`, out)
 	require.NotContains(t, out, "vs ", "one dtype: no ratio column")
+	// The numerics modes: each dtype in the modes it has, bf16dot beside
+	// the vdpbf16ps peak where the machine has it.
+	out, _, err = runCLI("bench", "grouped-gemm", "--n", "32", "--k", "64", "--tokens-per-expert", "3", "--dtype", "bf16,int8,f32",
+		"--numerics", "exact,int8dot,bf16dot", "--min-time", "0", "--max-runs", "1")
+	require.NoError(t, err)
+	for _, d := range []string{" bf16 ", " bf16+bf16dot ", " int8 ", " int8+int8dot ", " f32 "} {
+		require.Contains(t, out, d)
+	}
+	require.NotContains(t, out, "f32+")
+	_, _, err = runCLI("bench", "grouped-gemm", "--numerics", "fast")
+	require.ErrorContains(t, err, `numerics "fast": want exact, int8dot or bf16dot`)
+	_, _, err = runCLI("bench", "grouped-gemm", "--layout", "rows", "--numerics", "bf16dot")
+	require.ErrorContains(t, err, "--numerics other than exact pack their weights")
 	// Sizes past the machine's memory are refused before they are allocated;
 	// no tokens read nothing, so no bandwidth is claimed.
 	_, _, err = runCLI("bench", "moe", "--preset", "deepseek-v2-lite", "--tokens", "99999999999", "--min-time", "0")
