@@ -507,6 +507,7 @@ func TestRunFlags(t *testing.T) {
 		{"--timeout", "0s", "--timeout 0s must be positive"},
 		{"--deadline", "-1s", "--deadline -1s must be positive (or 0: no limit)"},
 		{"--attn", "sp", `--attn "sp" (want dp or tp)`},
+		{"--numerics", "fast", `numerics "fast": want exact, int8dot or bf16dot`},
 	} {
 		_, stderr, err := runCLI("run", tt.flag, tt.value)
 		require.ErrorContains(t, err, tt.want)
@@ -530,6 +531,16 @@ func TestRunMainJob(t *testing.T) {
 	require.Contains(t, out, ": ok")
 	_, _, err = runCLI("run", "--attn", "tp", "--moe-mode", "alltoall")
 	require.ErrorContains(t, err, "--attn tp runs the MoE layer as expert shards over every token (gather mode), not --moe-mode alltoall")
+
+	// The bf16-dot mode on a bf16 layer: ranks agree with one rank; an
+	// fp32 layer refuses it by name.
+	bf := filepath.Join("..", "..", "testdata", "moe", "deepseek_v2_bf16_glg")
+	out, _, err = runCLI("run", "--model", bf, "--layer", "0", "--ranks", "2", "--steps", "2", "--numerics", "bf16dot")
+	require.NoError(t, err)
+	require.Contains(t, out, "experts in bf16dot numerics")
+	require.Contains(t, out, ": ok")
+	_, _, err = runCLI("run", "--model", dir, "--layer", "1", "--steps", "1", "--numerics", "bf16dot")
+	require.ErrorContains(t, err, "bf16dot numerics need BF16 weights, have F32")
 }
 
 // TestExecMoECheckWeights: --check-weights names the first non-finite

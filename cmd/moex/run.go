@@ -46,8 +46,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts and of attention when the coordinator's vote allows")
 	fused := fs.Bool("fused-layer", true, "--backend cuda --moe-mode gather: the layer's whole decode step (attention, residual, "+
 		"all-gather, MoE, reduce-scatter) on the device with no host copy between, one CUDA graph per step shape; false: the stages apart")
+	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (GGUF integer-code experts) or bf16dot (bf16 experts, vdpbf16ps pairs); --backend cpu")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	numMode, err := kernels.ParseNumerics(*numerics)
+	if err != nil {
+		return fmt.Errorf("%w: run: %w", errUsage, err)
 	}
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
@@ -128,9 +133,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
 	defer dev.close()
+	if numMode != kernels.Exact && *backend != "cpu" {
+		return fmt.Errorf("%w: run: --numerics %v runs on --backend cpu", errUsage, numMode)
+	}
 	t0 := time.Now()
 	var layer *moe.Layer
-	var err error
 	source := fmt.Sprintf("DeepSeek-V2-Lite-shaped layer, random bf16 weights (seed %d)", *seed)
 	if *model != "" {
 		if layer, err = moe.Load(*model, *layerIdx); err != nil {
@@ -145,6 +152,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		source = fmt.Sprintf("layer %d of %s", *layerIdx, *model)
 	} else if layer, err = moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, *seed); err != nil {
 		return err
+	}
+	if err := layer.SetNumerics(numMode); err != nil {
+		return fmt.Errorf("run: %s: %w", source, err)
+	}
+	if numMode != kernels.Exact {
+		source += fmt.Sprintf(", experts in %v numerics", numMode)
 	}
 	c := layer.Config
 	var attn *dpattn.MLABlock
