@@ -10,17 +10,16 @@ import (
 )
 
 // BenchmarkDecodeExperts times a decode step's grouped FFN at
-// DeepSeek-V2-Lite's expert shapes (64 experts, 6 chosen, one token each,
-// the chosen ones rotating over all 64 so that the weights come from
-// DRAM) for bf16, and UINT4 (Q4_K as moex holds it; in the int8-dot mode
-// also with its scales as fp32 rather than factored) and INT8 (Q8_0) in
-// the exact and the int8-dot mode; bytes are the weights read:
+// DeepSeek-V2-Lite's expert shapes (6 experts chosen, one token each, the
+// chosen ones rotating over 32 so that the weights come from DRAM) for
+// bf16 (in the exact and the bf16-dot mode), UINT4 (Q4_K as moex holds
+// it; in the int8-dot mode also with its scales as fp32 rather than
+// factored) and INT8 (Q8_0) in the exact and the int8-dot mode; bytes
+// are the weights read:
 //
 //	go test -run '^$' -bench DecodeExperts ./kernels
-var hotE = 64
-
 func BenchmarkDecodeExperts(b *testing.B) {
-	const E, H, I, topK = 64, 2048, 1408, 6
+	const E, H, I, topK = 32, 2048, 1408, 6 // 32 experts rotated: far more than L3 holds
 	rng := rand.New(rand.NewPCG(3, 3))
 	fp := func(rows, cols int) []float32 {
 		v := make([]float32, rows*cols)
@@ -38,54 +37,64 @@ func BenchmarkDecodeExperts(b *testing.B) {
 	for i := range x {
 		x[i] = 2*rng.Float32() - 1
 	}
+	made := map[kernels.DType][][3]kernels.Matrix{}
 	for _, c := range []struct {
 		name string
 		dt   kernels.DType
 		mode kernels.Numerics
 		flat bool // UINT4's scales as fp32 only, without Q4_K's factors
-	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
+	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"bf16_bf16dot", kernels.BF16, kernels.BF16Dot, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
 		{"uint4_int8dot", kernels.UINT4, kernels.Int8Dot, false}, {"uint4_int8dot_fp32scales", kernels.UINT4, kernels.Int8Dot, true},
 		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false}} {
-		xs := make([]expert, E)
-		var bytes int64
-		for e := range xs {
-			var m [3]kernels.Matrix
-			for p, v := range base[e] {
-				rows, cols := I, H
-				if p == 2 {
-					rows, cols = H, I
-				}
-				var err error
-				if c.dt == kernels.BF16 {
-					u := make([]uint16, len(v))
-					for i, f := range v {
-						u[i] = uint16(math.Float32bits(f) >> 16)
+		b.Run(c.name, func(b *testing.B) {
+			// Each dtype quantized once, for its modes; made only when run.
+			stored, ok := made[c.dt]
+			if !ok {
+				stored = make([][3]kernels.Matrix, E)
+				for e := range stored {
+					for p, v := range base[e] {
+						rows, cols := I, H
+						if p == 2 {
+							rows, cols = H, I
+						}
+						var err error
+						if c.dt == kernels.BF16 {
+							u := make([]uint16, len(v))
+							for i, f := range v {
+								u[i] = uint16(math.Float32bits(f) >> 16)
+							}
+							stored[e][p], err = kernels.NewHalf(kernels.BF16, rows, cols, u)
+						} else {
+							stored[e][p], err = kernels.Quantize(c.dt, v, rows, cols)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
 					}
-					m[p], err = kernels.NewHalf(kernels.BF16, rows, cols, u)
-				} else {
-					m[p], err = kernels.Quantize(c.dt, v, rows, cols)
 				}
-				if err == nil && c.flat {
-					data, sc, off, g, _ := m[p].CodeData()
-					m[p], err = kernels.NewUINT4(rows, cols, g, data, sc, off)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				if c.mode == kernels.Int8Dot {
-					if m[p], err = kernels.PackInt8Dot(m[p]); err != nil {
+				made[c.dt] = stored
+			}
+			xs := make([]expert, E)
+			var bytes int64
+			for e := range xs {
+				var m [3]kernels.Matrix
+				for p, q := range stored[e] {
+					var err error
+					if c.flat {
+						data, sc, off, g, _ := q.CodeData()
+						if q, err = kernels.NewUINT4(q.Rows, q.Cols, g, data, sc, off); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if m[p], err = c.mode.Pack(q); err != nil {
 						b.Fatal(err)
 					}
-				} else {
-					m[p] = kernels.Pack(m[p])
+				}
+				xs[e] = expert{m[0], m[1], m[2]}
+				if e < topK {
+					bytes += m[0].Bytes() + m[1].Bytes() + m[2].Bytes()
 				}
 			}
-			xs[e] = expert{m[0], m[1], m[2]}
-			if e < topK {
-				bytes += m[0].Bytes() + m[1].Bytes() + m[2].Bytes()
-			}
-		}
-		b.Run(c.name, func(b *testing.B) {
 			var sc kernels.Scratch
 			groups := make([]kernels.FFNGroup, topK)
 			outs := make([][]float32, topK)
@@ -96,7 +105,7 @@ func BenchmarkDecodeExperts(b *testing.B) {
 			next := 0
 			for b.Loop() {
 				for g := range groups {
-					x := xs[next%hotE]
+					x := xs[next%E]
 					next++
 					groups[g] = kernels.FFNGroup{Gate: x.gate, Up: x.up, Down: x.down, Rows: []int32{0}, Out: outs[g], Expert: next % E}
 				}
