@@ -108,10 +108,14 @@ fmt-check:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime=2s -count=5 ./...
 
-# A short fuzzing session of the safetensors and .npy header parsers.
+# A short fuzzing session of the safetensors, GGUF and .npy header
+# parsers and of the 4- and 8-bit kernels.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 60s ./moe
+	$(GO) test -run '^$$' -fuzz FuzzParseGGUF -fuzztime 60s ./moe
 	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/npy
+	$(GO) test -run '^$$' -fuzz 'FuzzQ4$$' -fuzztime 30s ./kernels
+	$(GO) test -run '^$$' -fuzz FuzzCodes -fuzztime 30s ./kernels
 
 # Regenerate testdata/moe from the float64 reference.
 golden:

@@ -281,3 +281,56 @@ func TestQuantize(t *testing.T) {
 	_, err = kernels.Quantize(kernels.INT4, v[:30], 1, 30)
 	require.ErrorContains(t, err, "needs columns in multiples of 32")
 }
+
+// FuzzCodes: any UINT4 or INT8 codes, scales and offsets give, through
+// the packed SIMD kernels, the bits of the fp32 kernels on the dequantized
+// weights (one rounding each, computed by fmaF32 there and by an FMA here).
+func FuzzCodes(f *testing.F) {
+	f.Add([]byte{0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF}, float32(0.01), float32(-0.3), false, true)
+	f.Add([]byte{0xFF, 0x00, 0x80, 0x7F}, float32(1+0x1p-23), float32(0x1p-30), true, true)
+	f.Add([]byte{0x10}, float32(3e-30), float32(0), true, false)
+	f.Fuzz(func(t *testing.T, raw []byte, scale, offset float32, isInt8, withOffsets bool) {
+		const N, K, G = 19, 64, 16
+		if len(raw) == 0 || math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0) ||
+			math.IsNaN(float64(offset)) || math.IsInf(float64(offset), 0) {
+			return
+		}
+		sc := make([]float32, N*K/G)
+		for i := range sc {
+			sc[i] = scale * float32(1+i%3)
+		}
+		var off []float32
+		if withOffsets {
+			off = make([]float32, N*K/G)
+			for i := range off {
+				off[i] = offset * float32(i%5-2)
+			}
+		}
+		var m kernels.Matrix
+		var err error
+		if isInt8 {
+			codes := make([]int8, N*K)
+			for i := range codes {
+				codes[i] = int8(raw[i%len(raw)] ^ uint8(i/len(raw)))
+			}
+			m, err = kernels.NewINT8(N, K, G, codes, sc, off)
+		} else {
+			data := make([]uint8, N*K/2)
+			for i := range data {
+				data[i] = raw[i%len(raw)] ^ uint8(i/len(raw))
+			}
+			m, err = kernels.NewUINT4(N, K, G, data, sc, off)
+		}
+		if err != nil {
+			return
+		}
+		x := make([]float32, 2*K)
+		for i := range x {
+			x[i] = float32(i%7) - 3
+		}
+		o, o32 := make([]float32, 2*N), make([]float32, 2*N)
+		kernels.Down(o, x, kernels.Pack(m), nil, 0, N)
+		kernels.Down(o32, x, kernels.Pack(dequantized(t, m)), nil, 0, N)
+		require.Equal(t, bitsOf(o32), bitsOf(o))
+	})
+}
