@@ -111,61 +111,35 @@ func bdotGeneric(c []float32, ldc int, a [][]uint16, b Matrix, n0, n1 int) {
 	}
 }
 
-type bdotScratch struct {
-	rows [][]uint16
-	buf  []uint16
-	c    [2][]float32
-	tile []float32
-}
-
-var bdotPool = sync.Pool{New: func() any { return new(bdotScratch) }}
-
 // round fills sc.rows with the rows (k each) rounded to bf16; from pre,
 // where it holds them (row r at pre's row idx[r], or r with idx nil).
-func (sc *bdotScratch) round(rows []*float32, k int, pre *dot8Rows, idx []int32) {
-	sc.rows = sc.rows[:0]
+func (sc *dotScratch) round(rows []*float32, k int, pre *dot8Rows, idx []int32) {
+	sc.bf = sc.bf[:0]
 	if pre != nil && pre.bf != nil && pre.k == k {
 		for r := range rows {
 			i := r
 			if idx != nil {
 				i = int(idx[r])
 			}
-			sc.rows = append(sc.rows, pre.bf[i*k:][:k])
+			sc.bf = append(sc.bf, pre.bf[i*k:][:k])
 		}
 		return
 	}
-	if cap(sc.buf) < len(rows)*k {
-		sc.buf = make([]uint16, len(rows)*k)
+	if cap(sc.buf16) < len(rows)*k {
+		sc.buf16 = make([]uint16, len(rows)*k)
 	}
 	for r, p := range rows {
-		out := sc.buf[r*k:][:k]
+		out := sc.buf16[r*k:][:k]
 		for j, v := range unsafe.Slice(p, k) {
 			out[j] = half.F32ToBF16(v)
 		}
-		sc.rows = append(sc.rows, out)
-	}
-}
-
-// bdotGEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1) in
-// the bf16-dot mode.
-func bdotGEMM(sc *bdotScratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
-	sc.round(rows, b[0].Cols, pre, idx)
-	for i, bi := range b {
-		if !bi.bdot { // a matrix of the exact mode beside one of this mode
-			exactRows(c[i], ldc, rows, bi, n0, n1)
-			continue
-		}
-		if s := active; s != nil && s.bdot != nil {
-			s.bdotGEMM(sc, bi, n0, n1, c[i], ldc)
-			continue
-		}
-		bdotGeneric(c[i], ldc, sc.rows, bi, n0, n1)
+		sc.bf = append(sc.bf, out)
 	}
 }
 
 // bdotGEMM is bdotGeneric on s's kernels.
-func (s *simd) bdotGEMM(sc *bdotScratch, b Matrix, n0, n1 int, c []float32, ldc int) {
-	M, K := len(sc.rows), b.Cols
+func (s *simd) bdotGEMM(sc *dotScratch, b Matrix, n0, n1 int, c []float32, ldc int) {
+	M, K := len(sc.bf), b.Cols
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldt := (p1 - p0) * PanelWidth
 	tile := buffers.Grow(&sc.tile, M*ldt)
@@ -174,7 +148,7 @@ func (s *simd) bdotGEMM(sc *bdotScratch, b Matrix, n0, n1 int, c []float32, ldc 
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
 		mr = min(len(s.bdot)-1, M-m0)
 		for r := range mr {
-			ap[r] = &sc.rows[m0+r][0]
+			ap[r] = &sc.bf[m0+r][0]
 		}
 		ks := s.bdot[mr]
 		for p := p0; p < p1; {
@@ -185,50 +159,6 @@ func (s *simd) bdotGEMM(sc *bdotScratch, b Matrix, n0, n1 int, c []float32, ldc 
 	}
 	for r := range M {
 		copy(c[r*ldc:][:n1-n0], tile[r*ldt+n0-p0*PanelWidth:])
-	}
-}
-
-// gateUpBdot is GateUp on bf16-dot gate and up matrices; xq, when not nil,
-// holds every row of x rounded.
-func gateUpBdot(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
-	K, inter := gate.Cols, gate.Rows
-	sc := bdotPool.Get().(*bdotScratch)
-	defer bdotPool.Put(sc)
-	rows := make([]*float32, len(idx))
-	for r := range rows {
-		rows[r] = &x[int(idx[r])*K]
-	}
-	ldc := n1 - n0
-	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
-	bdotGEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
-	for r := range rows {
-		storeGLU(h[r*inter+n0:][:ldc], sc.c[0][r*ldc:], sc.c[1][r*ldc:], ep, r, n0)
-	}
-}
-
-// downBdot is Down and GEMMRows on a bf16-dot matrix; hq, when not nil,
-// holds every row of h rounded.
-func downBdot(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
-	hidden, K := down.Rows, down.Cols
-	M := len(h) / K
-	if idx != nil {
-		M = len(idx)
-	}
-	sc := bdotPool.Get().(*bdotScratch)
-	defer bdotPool.Put(sc)
-	rows := make([]*float32, M)
-	for r := range rows {
-		i := r
-		if idx != nil {
-			i = int(idx[r])
-		}
-		rows[r] = &h[i*K]
-	}
-	ldc := n1 - n0
-	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
-	bdotGEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
-	for r := 0; r < M; r++ {
-		storeDown(out[r*hidden+n0:][:ldc], sc.c[0][r*ldc:], bias, scale, r, n0)
 	}
 }
 

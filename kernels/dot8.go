@@ -442,7 +442,7 @@ func (s *simd) hasDot8() bool { return s.dot8 != nil }
 
 // dot8GEMM is dot8Generic on s's kernels: every row strip against every
 // run of panels, the whole k range a call.
-func (s *simd) dot8GEMM(sc *dot8Scratch, recs []*byte, rec int, b Matrix, n0, n1 int, c []float32, ldc int) {
+func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 int, c []float32, ldc int) {
 	M := len(recs)
 	K, g := b.Cols, b.q.cols
 	tab := &s.dot8.u4
@@ -504,23 +504,37 @@ func (s *simd) dot8GEMM(sc *dot8Scratch, recs []*byte, rec int, b Matrix, n0, n1
 	}
 }
 
-var dot8Pool = sync.Pool{New: func() any { return new(dot8Scratch) }}
+var dotPool = sync.Pool{New: func() any { return new(dotScratch) }}
 
-type dot8Scratch struct {
-	q    [2]dot8Rows
-	rows []*float32
-	recs []*byte
-	c    [2][]float32
-	tile []float32
+// dotScratch is the working memory of a call in the int8-dot or the
+// bf16-dot mode.
+type dotScratch struct {
+	q     [2]dot8Rows
+	rows  []*float32
+	recs  []*byte
+	c     [2][]float32
+	tile  []float32
+	bf    [][]uint16 // the rows rounded to bf16
+	buf16 []uint16
 }
 
-// dot8GEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1) in
-// the int8-dot mode, c[i] holding len(rows) rows of ldc floats. pre, when
-// not nil, holds the rows already quantized (row r at pre's row idx[r],
-// or r with idx nil), for the matrices whose group it was made for.
-func dot8GEMM(sc *dot8Scratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
+// dotGEMM computes c[i][r][n−n0] = rows[r]·b[i][n] for n in [n0, n1),
+// each matrix in its mode (int8-dot, bf16-dot, or exact beside them), c[i]
+// holding len(rows) rows of ldc floats. pre, when not nil, holds the rows
+// already quantized or rounded (row r at pre's row idx[r], or r with idx
+// nil), for the matrices it was made for.
+func dotGEMM(sc *dotScratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
 	for i, bi := range b {
-		if !bi.dot8 { // a matrix of the exact mode beside one of this mode
+		if bi.bdot {
+			sc.round(rows, bi.Cols, pre, idx)
+			if s := active; s != nil && s.bdot != nil {
+				s.bdotGEMM(sc, bi, n0, n1, c[i], ldc)
+			} else {
+				bdotGeneric(c[i], ldc, sc.bf, bi, n0, n1)
+			}
+			continue
+		}
+		if !bi.dot8 { // a matrix of the exact mode beside one of these modes
 			exactRows(c[i], ldc, rows, bi, n0, n1)
 			continue
 		}
@@ -546,51 +560,41 @@ func dot8GEMM(sc *dot8Scratch, rows []*float32, pre *dot8Rows, idx []int32, b []
 	}
 }
 
-// gateUpDot8 is GateUp on int8-dot gate and up matrices; xq, when not
-// nil, is every row of x quantized.
-func gateUpDot8(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
+// gateUpDot is GateUp on int8-dot or bf16-dot gate and up matrices; xq,
+// when not nil, is every row of x quantized or rounded.
+func gateUpDot(h, x []float32, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
 	K, inter := gate.Cols, gate.Rows
-	sc := dot8Pool.Get().(*dot8Scratch)
+	sc := dotPool.Get().(*dotScratch)
 	defer sc.put()
-	rows := sc.grow(len(idx))
-	for r := range rows {
-		rows[r] = &x[int(idx[r])*K]
-	}
+	rows := rowPtrs(sc.grow(len(idx)), x, idx, K)
 	ldc := n1 - n0
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], len(idx)*ldc), buffers.Grow(&sc.c[1], len(idx)*ldc)
-	dot8GEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
+	dotGEMM(sc, rows, xq, idx, []Matrix{gate, up}, n0, n1, sc.c, ldc)
 	for r := range rows {
 		storeGLU(h[r*inter+n0:][:ldc], sc.c[0][r*ldc:], sc.c[1][r*ldc:], ep, r, n0)
 	}
 }
 
-// downDot8 is Down and GEMMRows on an int8-dot matrix; hq, when not nil,
-// is every row of h quantized.
-func downDot8(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
+// downDot is Down and GEMMRows on an int8-dot or bf16-dot matrix; hq,
+// when not nil, is every row of h quantized or rounded.
+func downDot(out, h []float32, hq *dot8Rows, idx []int32, down Matrix, bias, scale []float32, n0, n1 int) {
 	hidden, K := down.Rows, down.Cols
 	M := len(h) / K
 	if idx != nil {
 		M = len(idx)
 	}
-	sc := dot8Pool.Get().(*dot8Scratch)
+	sc := dotPool.Get().(*dotScratch)
 	defer sc.put()
-	rows := sc.grow(M)
-	for r := range rows {
-		i := r
-		if idx != nil {
-			i = int(idx[r])
-		}
-		rows[r] = &h[i*K]
-	}
+	rows := rowPtrs(sc.grow(M), h, idx, K)
 	ldc := n1 - n0
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
-	dot8GEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
+	dotGEMM(sc, rows, hq, idx, []Matrix{down}, n0, n1, sc.c, ldc)
 	for r := 0; r < M; r++ {
 		storeDown(out[r*hidden+n0:][:ldc], sc.c[0][r*ldc:], bias, scale, r, n0)
 	}
 }
 
-func (sc *dot8Scratch) grow(m int) []*float32 {
+func (sc *dotScratch) grow(m int) []*float32 {
 	if cap(sc.rows) < m {
 		sc.rows = make([]*float32, m)
 	}
@@ -599,8 +603,9 @@ func (sc *dot8Scratch) grow(m int) []*float32 {
 }
 
 // put returns the scratch to the pool without its row pointers.
-func (sc *dot8Scratch) put() {
+func (sc *dotScratch) put() {
 	clear(sc.rows)
 	clear(sc.recs)
-	dot8Pool.Put(sc)
+	clear(sc.bf)
+	dotPool.Put(sc)
 }

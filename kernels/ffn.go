@@ -15,12 +15,8 @@ func GateUp(h, x []float32, idx []int32, gate, up Matrix, n0, n1 int) {
 // gateUp is GateUp with the magnitude ranges of x's rows and its rows
 // quantized for the int8-dot mode, each nil when not at hand.
 func gateUp(h, x []float32, xr []magRange, xq *dot8Rows, idx []int32, gate, up Matrix, ep *glu, n0, n1 int) {
-	if gate.dot8 || up.dot8 {
-		gateUpDot8(h, x, xq, idx, gate, up, ep, n0, n1)
-		return
-	}
-	if gate.bdot || up.bdot {
-		gateUpBdot(h, x, xq, idx, gate, up, ep, n0, n1)
+	if gate.dot8 || up.dot8 || gate.bdot || up.bdot {
+		gateUpDot(h, x, xq, idx, gate, up, ep, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(gate) && s.runs(up) && gate.packed == up.packed {
@@ -48,12 +44,8 @@ func Down(out, h []float32, down Matrix, scale []float32, n0, n1 int) {
 // gemmRows is GEMMRows (Down with idx nil) with the magnitude ranges of
 // a's rows, or nil.
 func gemmRows(out, a []float32, ar []magRange, aq *dot8Rows, idx []int32, b Matrix, bias, scale []float32, n0, n1 int) {
-	if b.dot8 {
-		downDot8(out, a, aq, idx, b, bias, scale, n0, n1)
-		return
-	}
-	if b.bdot {
-		downBdot(out, a, aq, idx, b, bias, scale, n0, n1)
+	if b.dot8 || b.bdot {
+		downDot(out, a, aq, idx, b, bias, scale, n0, n1)
 		return
 	}
 	if s := active; s != nil && s.runs(b) {

@@ -410,10 +410,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 	M := len(idx)
 	sc := outerPool.Get().(*outerScratch)
 	defer sc.put()
-	rows := sc.grow(M)
-	for r := range rows {
-		rows[r] = &x[int(idx[r])*K]
-	}
+	rows := rowPtrs(sc.grow(M), x, idx, K)
 	rr := sc.gather(xr, idx)
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldc := (p1 - p0) * PanelWidth
@@ -436,14 +433,7 @@ func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matri
 	}
 	sc := outerPool.Get().(*outerScratch)
 	defer sc.put()
-	rows := sc.grow(M)
-	for r := range rows {
-		i := r
-		if idx != nil {
-			i = int(idx[r])
-		}
-		rows[r] = &h[i*K]
-	}
+	rows := rowPtrs(sc.grow(M), h, idx, K)
 	rr := hr
 	if idx != nil {
 		rr = sc.gather(hr, idx)
@@ -504,4 +494,17 @@ func storeDown(o, c, bias, scale []float32, r, n0 int) {
 			o[n] = c[n] * w
 		}
 	}
+}
+
+// rowPtrs points rows[r] at row idx[r] of a (row r with idx nil), rows of
+// k floats, and returns rows.
+func rowPtrs(rows []*float32, a []float32, idx []int32, k int) []*float32 {
+	for r := range rows {
+		i := r
+		if idx != nil {
+			i = int(idx[r])
+		}
+		rows[r] = &a[i*k]
+	}
+	return rows
 }
