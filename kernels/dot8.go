@@ -462,7 +462,9 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 	ss := 4 * dot8Run * PanelWidth
 	var ap [maxDot8Rows]*byte
 	var ktab *dot8KTable
+	var run int // bytes of one run of panels' factors
 	if sup := b.q.super; sup != nil && b.q.kmeta != nil {
+		run = len(b.q.kmeta) / ((b.q.panels + dot8Run - 1) / dot8Run)
 		switch {
 		case b.DType == UINT4 && b.q.off != nil:
 			ktab = &s.dot8.u4km
@@ -477,7 +479,6 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 		copy(ap[:], recs[m0:m0+mr])
 		if ktab != nil {
 			ks := ktab[mr]
-			run := len(b.q.kmeta) / ((b.q.panels + dot8Run - 1) / dot8Run)
 			for p := p0; p < p1; {
 				np := min(len(ks)-1, p1-p, dot8Run-p%dot8Run)
 				ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.kmeta[p/dot8Run*run],
@@ -526,7 +527,9 @@ type dotScratch struct {
 func dotGEMM(sc *dotScratch, rows []*float32, pre *dot8Rows, idx []int32, b []Matrix, n0, n1 int, c [2][]float32, ldc int) {
 	for i, bi := range b {
 		if bi.bdot {
-			sc.round(rows, bi.Cols, pre, idx)
+			if i == 0 || !b[0].bdot { // gate and up share the rounded rows
+				sc.round(rows, bi.Cols, pre, idx)
+			}
 			if s := active; s != nil && s.bdot != nil {
 				s.bdotGEMM(sc, bi, n0, n1, c[i], ldc)
 			} else {

@@ -190,6 +190,7 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 		for i, bi := range b {
 			q := bi.q
 			ss := 4 * q.panels * PanelWidth // bytes from a block's scales to the next's
+			qt := s.qTable(bi)
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
 				for m0, mr := 0, 0; m0 < M; m0 += mr {
@@ -208,7 +209,6 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 						}
 					}
 					widest := len(s.outerFP8[mr]) - 1
-					qt := s.qTable(bi)
 					switch {
 					case dt == F8E4M3:
 					case qt != nil:

@@ -116,6 +116,23 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// readGolden reads a stored case's input, the reference's output and
+// experts, and its token ids (nil where the case has none).
+func readGolden(t *testing.T, dir string) (x, y npy.Float32, ids npy.Int32, tokens []int32) {
+	x, err := npy.ReadFloat32(filepath.Join(dir, "x.npy"))
+	require.NoError(t, err)
+	y, err = npy.ReadFloat32(filepath.Join(dir, "y.npy"))
+	require.NoError(t, err)
+	ids, err = npy.ReadInt32(filepath.Join(dir, "ids.npy"))
+	require.NoError(t, err)
+	if tok, err := npy.ReadInt32(filepath.Join(dir, "tokens.npy")); err == nil {
+		tokens = tok.Data
+	} else {
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	return x, y, ids, tokens
+}
+
 func testGolden(t *testing.T) {
 	entries, err := os.ReadDir(goldenDir())
 	require.NoError(t, err)
@@ -128,21 +145,9 @@ func testGolden(t *testing.T) {
 			l, err := moe.Load(dir, int(layer[0]-'0'))
 			require.NoError(t, err)
 			defer l.Close()
-			x, err := npy.ReadFloat32(filepath.Join(dir, "x.npy"))
-			require.NoError(t, err)
-			want, err := npy.ReadFloat32(filepath.Join(dir, "y.npy"))
-			require.NoError(t, err)
-			wantIDs, err := npy.ReadInt32(filepath.Join(dir, "ids.npy"))
-			require.NoError(t, err)
+			x, want, wantIDs, tokens := readGolden(t, dir)
 			wantW, err := npy.ReadFloat32(filepath.Join(dir, "w.npy"))
 			require.NoError(t, err)
-
-			var tokens []int32
-			if tok, err := npy.ReadInt32(filepath.Join(dir, "tokens.npy")); err == nil {
-				tokens = tok.Data
-			} else {
-				require.ErrorIs(t, err, os.ErrNotExist)
-			}
 			y := make([]float32, len(x.Data))
 			ids := make([]int32, len(wantIDs.Data))
 			w := make([]float32, len(wantW.Data))
@@ -184,16 +189,7 @@ func TestGoldenBF16Dot(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			x, err := npy.ReadFloat32(filepath.Join(dir, "x.npy"))
-			require.NoError(t, err)
-			want, err := npy.ReadFloat32(filepath.Join(dir, "y.npy"))
-			require.NoError(t, err)
-			wantIDs, err := npy.ReadInt32(filepath.Join(dir, "ids.npy"))
-			require.NoError(t, err)
-			var tokens []int32
-			if tok, err := npy.ReadInt32(filepath.Join(dir, "tokens.npy")); err == nil {
-				tokens = tok.Data
-			}
+			x, want, wantIDs, tokens := readGolden(t, dir)
 			y := make([]float32, len(x.Data))
 			ids := make([]int32, len(wantIDs.Data))
 			require.NoError(t, l.ForwardTokens(context.Background(), x.Data, tokens, y, ids, nil))

@@ -644,14 +644,18 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 			l.Close()
 		}
 	}()
+	// keep adds a layer just made (or its error) to those timed, in mode.
+	keep := func(l *moe.Layer, err error, mode kernels.Numerics) error {
+		if err != nil {
+			return err
+		}
+		layers = append(layers, l)
+		return l.SetNumerics(mode)
+	}
 	if *model != "" {
 		for _, mode := range modes {
 			l, err := moe.Load(*model, *layerIdx)
-			if err != nil {
-				return nil, err
-			}
-			layers = append(layers, l)
-			if err := l.SetNumerics(mode); err != nil {
+			if err := keep(l, err, mode); err != nil {
 				return nil, err
 			}
 		}
@@ -668,11 +672,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 			}
 			fmt.Fprintf(o.stderr, "bench: making a %s-shaped layer with random %s weights (%v numerics)\n", presetName, ds, mode)
 			l, err := moe.NewRandom(presetConfig(), dt, *seed)
-			if err != nil {
-				return nil, err
-			}
-			layers = append(layers, l)
-			if err := l.SetNumerics(mode); err != nil {
+			if err := keep(l, err, mode); err != nil {
 				return nil, err
 			}
 		}

@@ -513,6 +513,11 @@ func TestRunFlags(t *testing.T) {
 		require.ErrorContains(t, err, tt.want)
 		require.Empty(t, stderr, "nothing ran")
 	}
+	for _, args := range [][]string{{"--numerics", "bf16dot", "--backend", "cuda"}, {"--numerics", "int8dot", "--comm", "nccl"}} {
+		_, stderr, err := runCLI(append([]string{"run"}, args...)...)
+		require.ErrorContains(t, err, "runs on --backend cpu")
+		require.Empty(t, stderr, "nothing ran")
+	}
 }
 
 func TestRunMainJob(t *testing.T) {

@@ -57,6 +57,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if *ranks < 1 || *steps < 1 {
 		return fmt.Errorf("%w: run: --ranks and --steps must be positive", errUsage)
 	}
+	if numMode != kernels.Exact && (*backend != "cpu" || *commName == "nccl") {
+		return fmt.Errorf("%w: run: --numerics %v runs on --backend cpu", errUsage, numMode)
+	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	switch {
@@ -133,9 +136,6 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: run: --backend %q (want cpu or cuda)", errUsage, *backend)
 	}
 	defer dev.close()
-	if numMode != kernels.Exact && *backend != "cpu" {
-		return fmt.Errorf("%w: run: --numerics %v runs on --backend cpu", errUsage, numMode)
-	}
 	t0 := time.Now()
 	var layer *moe.Layer
 	source := fmt.Sprintf("DeepSeek-V2-Lite-shaped layer, random bf16 weights (seed %d)", *seed)
