@@ -144,7 +144,7 @@ func (s *simd) bdotGEMM(sc *dotScratch, b Matrix, n0, n1 int, c []float32, ldc i
 	ldt := (p1 - p0) * PanelWidth
 	tile := buffers.Grow(&sc.tile, M*ldt)
 	stride := 2 * PanelWidth * K
-	var ap [maxKernelRows]*uint16
+	ap := &sc.apb
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
 		mr = min(len(s.bdot)-1, M-m0)
 		for r := range mr {
@@ -153,7 +153,7 @@ func (s *simd) bdotGEMM(sc *dotScratch, b Matrix, n0, n1 int, c []float32, ldc i
 		ks := s.bdot[mr]
 		for p := p0; p < p1; {
 			np := min(len(ks)-1, p1-p)
-			ks[np](&ap, (*byte)(unsafe.Pointer(&b.u16[p*PanelWidth*K])), stride, K, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0)
+			ks[np](ap, (*byte)(unsafe.Pointer(&b.u16[p*PanelWidth*K])), stride, K, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0)
 			p += np
 		}
 	}

@@ -45,6 +45,8 @@ var (
 
 // stripScratch is the per-call state of the many-row schedule.
 type stripScratch struct {
+	ap   [maxKernelRows]*float32 // a kernel call's operands: here, not on
+	bp   [4]*byte                // the heap each call
 	b    [][4]*byte
 	out  [][4 * maxKernelRows]float32
 	lane []laneAcc
@@ -85,8 +87,7 @@ func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esi
 		vecs := kMain / s.lanes
 		kc = (vecs + blocks - 1) / blocks * s.lanes
 	}
-	var ap [maxKernelRows]*float32
-	var bp [4]*byte
+	ap, bp := &sc.ap, &sc.bp
 	for c0 := 0; c0 < len(sc.b); c0 += stripCalls {
 		c1 := min(c0+stripCalls, len(sc.b))
 		for kb := 0; ; kb += kc {
@@ -105,7 +106,7 @@ func (s *simd) strip(kern kernelFunc, a *[maxKernelRows]*float32, mr, kMain, esi
 				for j, p := range &sc.b[c] {
 					bp[j] = (*byte)(unsafe.Add(unsafe.Pointer(p), esize*kb))
 				}
-				kern(&ap, &bp, kl, &sc.lane[c-c0], flags, &sc.out[c])
+				kern(ap, bp, kl, &sc.lane[c-c0], flags, &sc.out[c])
 			}
 			if flags&2 != 0 {
 				break

@@ -460,7 +460,7 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 	tile := buffers.Grow(&sc.tile, M*ldt)
 	stride := K / dot8Unit * unit
 	ss := 4 * dot8Run * PanelWidth
-	var ap [maxDot8Rows]*byte
+	ap := &sc.ap8
 	var ktab *dot8KTable
 	var run int // bytes of one run of panels' factors
 	if sup := b.q.super; sup != nil && b.q.kmeta != nil {
@@ -481,7 +481,7 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			ks := ktab[mr]
 			for p := p0; p < p1; {
 				np := min(len(ks)-1, p1-p, dot8Run-p%dot8Run)
-				ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.kmeta[p/dot8Run*run],
+				ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.kmeta[p/dot8Run*run],
 					16*(p%dot8Run), g/dot8Unit, b.q.super.per)
 				p += np
 			}
@@ -496,7 +496,7 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			if b.q.offPanel != nil {
 				off = &b.q.offPanel[at]
 			}
-			ks[np](&ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[at], off, g/dot8Unit, rec, ss)
+			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[at], off, g/dot8Unit, rec, ss)
 			p += np
 		}
 	}
@@ -510,6 +510,8 @@ var dotPool = sync.Pool{New: func() any { return new(dotScratch) }}
 // dotScratch is the working memory of a call in the int8-dot or the
 // bf16-dot mode.
 type dotScratch struct {
+	ap8   [maxDot8Rows]*byte     // a kernel call's rows (on the heap were they
+	apb   [maxKernelRows]*uint16 // a local: the kernels are called through tables)
 	q     [2]dot8Rows
 	rows  []*float32
 	recs  []*byte

@@ -63,51 +63,90 @@ const (
 // decodeRows and decodeWiden: an expert with at most decodeRows rows (a
 // decode step's) is split into items decodeWiden times wider, so that
 // the per-item costs weigh less beside its few products.
-var decodeRows, decodeWiden = 2, 1
+var decodeRows, decodeWiden = 2, 8
 
-// Scratch keeps a grouped FFN's intermediate activations between calls, so
-// that a step does not fault in fresh memory; the zero value is ready. One
-// per concurrent caller.
+// Scratch keeps a grouped FFN's intermediate activations and its working
+// lists between calls, so that a step neither allocates nor faults in
+// fresh memory; the zero value is ready. One per concurrent caller.
 type Scratch struct {
 	h      []float32
 	xr, hr []magRange
 	xq     dot8Rows   // x quantized for the int8-dot mode
 	hq     []dot8Rows // each group's h likewise
+
+	items []ffnItem      // every group's gate/up items, then every group's down items
+	hs    [][]float32    // each group's h
+	hrs   [][]magRange   // each group's h rows' magnitude ranges, where needed
+	hqs   []*dot8Rows    // each group's h quantized or rounded, where needed
+	eps   []*glu         // each group's epilogue
+	left  []atomic.Int32 // each group's gate/up items not yet done, plus one until its h is ready
 }
 
+// ffnItem is a grouped FFN's unit of work: rows [r0, r1) of group g,
+// output columns [n0, n1) of its gate/up or of its down projection.
+type ffnItem struct{ g, r0, r1, n0, n1 int }
+
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
-// workers goroutines (0: GOMAXPROCS): all gate/up tiles, then all down
-// tiles. s (nil: none) keeps the intermediate buffer for the next call. It
-// returns the context's error if it ends first.
+// workers goroutines (0: GOMAXPROCS). The work is one list, every group's
+// gate/up items then every group's down items, taken in order: a group's
+// down items wait only for its own gate/up items (the last of which
+// prepares its h for the down kernels), so that no step waits for every
+// worker at a barrier. s (nil: none) keeps the buffers for the next call.
+// It returns the context's error if it ends first.
 func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup, s *Scratch) error {
-	type item struct{ g, r0, r1, n0, n1 int }
 	if s == nil {
 		s = new(Scratch)
 	}
-	total := 0
+	ng := len(groups)
+	total, need := 0, 0
 	for _, g := range groups {
 		total += len(g.Rows) * g.Gate.Rows
+		if active != nil && active.pow2(g.Down) {
+			need += len(g.Rows)
+		}
 	}
 	all := buffers.Grow(&s.h, total)
-	hs := make([][]float32, len(groups))
-	var first, second []item
-	for i, g := range groups {
-		inter, hidden, rows := g.Gate.Rows, g.Down.Rows, len(g.Rows)
-		hs[i], all = all[:rows*inter], all[rows*inter:]
-		cols := tileCols
-		if rows <= decodeRows {
-			cols *= decodeWiden
+	hrAll := buffers.Grow(&s.hr, need)
+	s.hs, s.hrs, s.hqs, s.eps = buffers.Grow(&s.hs, ng), buffers.Grow(&s.hrs, ng), buffers.Grow(&s.hqs, ng), buffers.Grow(&s.eps, ng)
+	if cap(s.hq) < ng {
+		s.hq = make([]dot8Rows, ng)
+	}
+	s.hq = s.hq[:ng]
+	if len(s.left) < ng {
+		s.left = make([]atomic.Int32, ng)
+	}
+	left := s.left[:ng]
+	items := s.items[:0]
+	for i := range groups {
+		g := &groups[i]
+		inter, rows := g.Gate.Rows, len(g.Rows)
+		s.hs[i], all = all[:rows*inter], all[rows*inter:]
+		s.hrs[i], s.hqs[i] = nil, nil
+		if active != nil && active.pow2(g.Down) {
+			s.hrs[i], hrAll = hrAll[:rows:rows], hrAll[rows:]
 		}
+		s.eps[i] = newGLU(g)
+		n0 := len(items)
+		cols := ffnCols(rows)
 		for r := 0; r < rows; r += tileRows {
-			re := min(r+tileRows, rows)
 			for n := 0; n < inter; n += cols {
-				first = append(first, item{i, r, re, n, min(n+cols, inter)})
+				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, inter)})
 			}
+		}
+		left[i].Store(int32(len(items)-n0) + 1)
+	}
+	firstN := len(items)
+	for i := range groups {
+		g := &groups[i]
+		hidden, rows := g.Down.Rows, len(g.Rows)
+		cols := ffnCols(rows)
+		for r := 0; r < rows; r += tileRows {
 			for n := 0; n < hidden; n += cols {
-				second = append(second, item{i, r, re, n, min(n+cols, hidden)})
+				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, hidden)})
 			}
 		}
 	}
+	s.items = items
 	// The rows' magnitude ranges, for kernels that need them (see
 	// pow2Exact), once per call rather than once per tile.
 	s.xr = s.xr[:0]
@@ -137,79 +176,84 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			break
 		}
 	}
-	eps := make([]*glu, len(groups))
-	for i := range groups {
-		eps[i] = newGLU(&groups[i])
-	}
-	if err := Parallel(ctx, workers, len(first), func(k int) {
-		it := first[k]
-		g := &groups[it.g]
+	// ready prepares group i's h for its down items (magnitude ranges,
+	// quantized or rounded once rather than once per tile), then lets them
+	// run.
+	ready := func(i int) {
+		g := &groups[i]
 		inter := g.Gate.Rows
-		gateUp(hs[it.g][it.r0*inter:it.r1*inter], x, xr, xq, g.Rows[it.r0:it.r1], g.Gate, g.Up, eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
-	}); err != nil {
-		return err
-	}
-	hr := make([][]magRange, len(groups))
-	need := 0
-	for _, g := range groups {
-		if active != nil && active.pow2(g.Down) {
-			need += len(g.Rows)
+		for r := range s.hrs[i] {
+			s.hrs[i][r] = magnitudeRange(s.hs[i][r*inter:][:inter])
 		}
-	}
-	if need > 0 {
-		rest := buffers.Grow(&s.hr, need)
-		for i, g := range groups {
-			if active.pow2(g.Down) {
-				n := len(g.Rows)
-				hr[i], rest = rest[:n:n], rest[n:]
-			}
-		}
-		if err := Parallel(ctx, workers, len(groups), func(i int) {
-			inter := groups[i].Gate.Rows
-			for r := range hr[i] {
-				hr[i][r] = magnitudeRange(hs[i][r*inter:][:inter])
-			}
-		}); err != nil {
-			return err
-		}
-	}
-	// Each group's h quantized once for the int8-dot mode.
-	if cap(s.hq) < len(groups) {
-		s.hq = make([]dot8Rows, len(groups))
-	}
-	s.hq = s.hq[:len(groups)]
-	hq := make([]*dot8Rows, len(groups))
-	if err := Parallel(ctx, workers, len(groups), func(i int) {
-		switch d := groups[i].Down; {
+		switch d := g.Down; {
 		case d.dot8:
-			s.hq[i].quantizeAll(context.Background(), 1, hs[i], d.Cols, d.q.cols)
-			hq[i] = &s.hq[i]
+			s.hq[i].quantizeAll(context.Background(), 1, s.hs[i], d.Cols, d.q.cols)
+			s.hqs[i] = &s.hq[i]
 		case d.bdot:
-			s.hq[i].roundAll(context.Background(), 1, hs[i], d.Cols)
-			hq[i] = &s.hq[i]
+			s.hq[i].roundAll(context.Background(), 1, s.hs[i], d.Cols)
+			s.hqs[i] = &s.hq[i]
 		}
-	}); err != nil {
-		return err
+		left[i].Store(0)
 	}
-	return Parallel(ctx, workers, len(second), func(k int) {
-		it := second[k]
+	for i := range groups {
+		if left[i].Load() == 1 { // no gate/up items
+			ready(i)
+		}
+	}
+	var stop atomic.Bool // an item faulted: waiting items give up
+	return Parallel(ctx, workers, len(items), func(k int) {
+		finished := false
+		defer func() {
+			if !finished {
+				stop.Store(true)
+			}
+		}()
+		it := items[k]
 		g := &groups[it.g]
 		inter, hidden := g.Gate.Rows, g.Down.Rows
+		h := s.hs[it.g][it.r0*inter : it.r1*inter]
+		if k < firstN {
+			gateUp(h, x, xr, xq, g.Rows[it.r0:it.r1], g.Gate, g.Up, s.eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
+			if left[it.g].Add(-1) == 1 {
+				ready(it.g)
+			}
+			finished = true
+			return
+		}
+		// Items are taken in order: every gate/up item of the group is
+		// running or done, so this waits at most for another worker's item.
+		for left[it.g].Load() != 0 {
+			if stop.Load() || ctx.Err() != nil {
+				finished = true
+				return
+			}
+			runtime.Gosched()
+		}
 		var scale []float32
 		if g.Scale != nil && !g.ScaleInput {
 			scale = g.Scale[it.r0:it.r1]
 		}
 		var rr []magRange
-		if hr[it.g] != nil {
-			rr = hr[it.g][it.r0:it.r1]
+		if hr := s.hrs[it.g]; hr != nil {
+			rr = hr[it.r0:it.r1]
 		}
 		var aq *dot8Rows
-		if q := hq[it.g]; q != nil {
+		if q := s.hqs[it.g]; q != nil {
 			sub := q.from(it.r0)
 			aq = &sub
 		}
-		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], hs[it.g][it.r0*inter:it.r1*inter], rr, aq, nil, g.Down, g.DownBias, scale, it.n0, it.n1)
+		gemmRows(g.Out[it.r0*hidden:it.r1*hidden], h, rr, aq, nil, g.Down, g.DownBias, scale, it.n0, it.n1)
+		finished = true
 	})
+}
+
+// ffnCols is the output columns of a grouped FFN's items for a group of
+// rows rows.
+func ffnCols(rows int) int {
+	if rows <= decodeRows {
+		return tileCols * decodeWiden
+	}
+	return tileCols
 }
 
 // GroupedGEMM computes every group's Out = Scale · A[Rows]·Bᵀ, A [tokens, k],

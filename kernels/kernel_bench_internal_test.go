@@ -152,3 +152,55 @@ func BenchmarkOuterStream(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDot8 times the widest one-row int8-dot kernel on Q4_K-shaped
+// UINT4 panels (groups of 32, offsets, K-quant factors): on four panels
+// that stay in L1 (the kernel's own rate), and streaming 64 MiB of panels
+// from memory on one core beside ReadBytes over the same bytes.
+func BenchmarkDot8(b *testing.B) {
+	for _, s := range simds {
+		if s.dot8 == nil {
+			continue
+		}
+		ks := s.dot8.u4km[1]
+		for _, c := range []struct {
+			name string
+			K, P int
+		}{{"L1", 256, 4}, {"stream", 2048, (64 << 20) / (PanelWidth * 2048 / 2)}} {
+			K, P := c.K, c.P
+			stride := PanelWidth * K / 2
+			w := make([]byte, P*stride)
+			for i := range w {
+				w[i] = byte(i*7 + i>>9)
+			}
+			groups := K / 32
+			supers := K / 256
+			run := supers * (512 + 8*128)
+			meta := make([]byte, (P+dot8Run-1)/dot8Run*run)
+			recs := make([]byte, groups*48)
+			var a [maxDot8Rows]*byte
+			a[0] = &recs[0]
+			out := make([]float32, P*PanelWidth)
+			b.Run(fmt.Sprintf("%s/%s", s.name, c.name), func(b *testing.B) {
+				if c.name == "stream" {
+					b.Run("read", func(b *testing.B) {
+						b.SetBytes(int64(len(w)))
+						for b.Loop() {
+							ReadBytes(w)
+						}
+					})
+				}
+				for np := 1; np < len(ks); np *= 2 { // calls inside one run of panels
+					b.Run(fmt.Sprintf("u4km/np=%d", np), func(b *testing.B) {
+						b.SetBytes(int64(len(w)))
+						for b.Loop() {
+							for p := 0; p < P; p += np {
+								ks[np](&a, &w[p*stride], stride, groups, &out[p*PanelWidth], 4*len(out), 0, &meta[p/dot8Run*run], 16*(p%dot8Run), 4, 8)
+							}
+						}
+					})
+				}
+			})
+		}
+	}
+}

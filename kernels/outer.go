@@ -69,6 +69,7 @@ const outerGroup = 4
 var outerKBytes = max(16, l2Bytes/4/(outerGroup*PanelWidth))
 
 type outerScratch struct {
+	ap   [maxKernelRows]*float32 // a kernel call's rows: here, not on the heap each call
 	rows []*float32
 	rr   []magRange
 	c    [2][]float32
@@ -104,17 +105,16 @@ func (s *simd) outerBlockK(M, K int, dtype DType) int {
 // panels [p0, p1) of each packed matrix b[i] (all [·, K] of one dtype), c[i]
 // holding len(rows) rows of ldc floats. K must be positive. rr, when not
 // nil, is the rows' magnitude ranges (see Ranges).
-func (s *simd) outerGEMM(rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMM(ap *[maxKernelRows]*float32, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K := len(rows), b[0].Cols
 	if b[0].DType.quantized() {
-		s.outerGEMMQ(rows, rr, b, p0, p1, c, ldc)
+		s.outerGEMMQ(ap, rows, rr, b, p0, p1, c, ldc)
 		return
 	}
 	kern := &s.outer[b[0].DType]
 	esize := b[0].DType.Size()
 	stride := PanelWidth * K * esize
 	kc := s.outerBlockK(M, K, b[0].DType)
-	var ap [maxKernelRows]*float32
 	for kb := 0; kb < K; kb += kc {
 		kl := min(kc, K-kb)
 		flags := 0
@@ -132,7 +132,7 @@ func (s *simd) outerGEMM(rows []*float32, rr []magRange, b []Matrix, p0, p1 int,
 					ks := kern[mr]
 					for p := g; p < ge; {
 						np := min(len(ks)-1, ge-p)
-						ks[np](&ap, bi.panelPtr(p, kb), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
+						ks[np](ap, bi.panelPtr(p, kb), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
 						p += np
 					}
 				}
@@ -145,7 +145,7 @@ func (s *simd) outerGEMM(rows []*float32, rr []magRange, b []Matrix, p0, p1 int,
 // runs over whole blocks (groups) of the scales, its chains in registers
 // from block to block, and carries them through c from one k block to the
 // next.
-func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	// Widening first pays from a few strips on (measured: in registers is
 	// faster up to 16 rows, widened from 64).
@@ -154,7 +154,7 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 		wide = wide && s.widens(bi)
 	}
 	if wide {
-		s.outerGEMMWiden(rows, b, p0, p1, c, ldc)
+		s.outerGEMMWiden(ap, rows, b, p0, p1, c, ldc)
 		return
 	}
 	bc := b[0].q.cols
@@ -180,7 +180,6 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 		}
 		rr = own[:M]
 	}
-	var ap [maxKernelRows]*float32
 	for kb := 0; kb < K; kb += kc {
 		ke := min(kb+kc, K)
 		flags := 0
@@ -223,7 +222,7 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 						sc := &q.panel[at]
 						switch {
 						case dt == F8E4M3:
-							s.outerFP8[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
+							s.outerFP8[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
 						case qt != nil:
 							var t, off *float32
 							if bi.lut != nil {
@@ -232,9 +231,9 @@ func (s *simd) outerGEMMQ(rows []*float32, rr []magRange, b []Matrix, p0, p1 int
 							if q.offPanel != nil {
 								off = &q.offPanel[at]
 							}
-							qt[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, t, off, bc, ss)
+							qt[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, t, off, bc, ss)
 						default:
-							q4[mr][np](&ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
+							q4[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, &bi.lut[0], bc, ss)
 						}
 						p += np
 					}
@@ -343,7 +342,7 @@ var widenPool = sync.Pool{New: func() any { return new([]float32) }}
 // widening, exactly) and the fp32 kernels run every strip over them, so
 // the widening is not repeated strip by strip. The FMA chains are those of
 // the quantized kernels: the same bits.
-func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMMWiden(ap *[maxKernelRows]*float32, rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
 	bc := b[0].q.cols
 	kc := s.outerBlockK(M, K, F32)
@@ -352,7 +351,6 @@ func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]fl
 	wp := widenPool.Get().(*[]float32)
 	defer widenPool.Put(wp)
 	w := buffers.Grow(wp, outerGroup*min(kc, K)*PanelWidth)
-	var ap [maxKernelRows]*float32
 	for kb := 0; kb < K; kb += kc {
 		ke := min(kb+kc, K)
 		kl := ke - kb
@@ -394,7 +392,7 @@ func (s *simd) outerGEMMWiden(rows []*float32, b []Matrix, p0, p1 int, c [2][]fl
 					ks := kern[mr]
 					for p := g; p < ge; {
 						np := min(len(ks)-1, ge-p)
-						ks[np](&ap, (*byte)(unsafe.Pointer(&w[(p-g)*kl*PanelWidth])), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
+						ks[np](ap, (*byte)(unsafe.Pointer(&w[(p-g)*kl*PanelWidth])), stride, kl, &c[i][m0*ldc+(p-p0)*PanelWidth], 4*ldc, flags)
 						p += np
 					}
 				}
@@ -416,7 +414,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], M*ldc), buffers.Grow(&sc.c[1], M*ldc)
 	mats := [2]Matrix{gate, up}
-	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(&sc.ap, rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		storeGLU(h[r*inter+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], sc.c[1][r*ldc+n0-off:], ep, r, n0)
@@ -442,7 +440,7 @@ func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matri
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
 	mats := [1]Matrix{down}
-	s.outerGEMM(rows, rr, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(&sc.ap, rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		storeDown(out[r*hidden+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], bias, scale, r, n0)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package kernels_test
+
+const raceEnabled = false
