@@ -48,6 +48,7 @@ func init() {
 			bdotPeak = bdotPeakAVX512
 		}
 		readSIMD = readAVX512
+		s.routerDot = routerDotAVX512
 		register(s)
 	}
 }

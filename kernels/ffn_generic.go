@@ -113,7 +113,8 @@ func biased(a float32, bias []float32, n int, scale []float32, r int) float32 {
 	return a * scale[r]
 }
 
-// routerLogitsGeneric is the reference for RouterLogits.
+// routerLogitsGeneric is RouterLogits: a float64 dot product per token
+// and expert (see routerDot).
 func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
 	experts, hidden := w.Rows, w.Cols
 	if hidden == 0 {
@@ -122,15 +123,34 @@ func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
 	}
 	tokens := len(x) / hidden
 	row := make([]float32, hidden)
+	part := new([32]float64)
 	for e := 0; e < experts; e++ {
 		w.RowF32(e, row)
 		for t := 0; t < tokens; t++ {
-			xt := x[t*hidden:][:hidden]
-			var s float64
-			for k, wk := range row {
-				s += float64(xt[k]) * float64(wk) // exact product; only the sum rounds
-			}
-			dst[t*experts+e] = s
+			dst[t*experts+e] = routerDot(x[t*hidden:][:hidden], row, part)
 		}
 	}
+}
+
+// routerDot is Σ x[k]·w[k] in float64: each product exact, added into
+// part[k mod 32] in ascending k (32 independent chains: a SIMD kernel's
+// four accumulators of eight lanes), the 32 partial sums then folded in
+// halves (part[j] += part[j+16], then 8, 4, 2, 1). The generic code and
+// the kernels give the same bits.
+func routerDot(x, w []float32, part *[32]float64) float64 {
+	clear(part[:])
+	n := 0
+	if s := active; s != nil && s.routerDot != nil && len(x) >= 32 {
+		n = len(x) &^ 31
+		s.routerDot(&x[0], &w[0], n, part)
+	}
+	for k := n; k < len(x); k++ {
+		part[k%32] += float64(x[k]) * float64(w[k]) // exact product; only the sum rounds
+	}
+	for h := 16; h > 0; h /= 2 {
+		for j := range h {
+			part[j] += part[j+h]
+		}
+	}
+	return part[0]
 }

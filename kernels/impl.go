@@ -12,9 +12,12 @@ import (
 // or a SIMD one registered by the architecture's files when the CPU has
 // the instructions.
 type simd struct {
-	name  string
-	lanes int // vector width in fp32 lanes; k runs in steps of it
-	maxMR int // most activation rows per kernel call
+	// routerDot adds the router logits' products into their 32 partial
+	// sums (see routerDot); nil: the generic loop.
+	routerDot func(x, w *float32, n int, part *[32]float64)
+	name      string
+	lanes     int // vector width in fp32 lanes; k runs in steps of it
+	maxMR     int // most activation rows per kernel call
 	// kern[dtype][mr] computes the mr×4 dot products; see _asm/dot.go.
 	kern [F16 + 1][maxKernelRows + 1]kernelFunc
 	// kern8[dtype][mr] computes mr ≤ maxMR8 rows against 8 weight rows:

@@ -52046,3 +52046,43 @@ read_done:
 	MOVQ          AX, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func routerDotAVX512(x *float32, w *float32, n int, part *[32]float64)
+// Requires: AVX, AVX512F
+TEXT ·routerDotAVX512(SB), NOSPLIT, $0-32
+	MOVQ    x+0(FP), AX
+	MOVQ    w+8(FP), CX
+	MOVQ    n+16(FP), DX
+	MOVQ    part+24(FP), BX
+	VMOVUPD (BX), Z0
+	VMOVUPD 64(BX), Z1
+	VMOVUPD 128(BX), Z2
+	VMOVUPD 192(BX), Z3
+
+rdot_loop:
+	CMPQ        DX, $0x20
+	JL          rdot_done
+	VCVTPS2PD   (AX), Z4
+	VCVTPS2PD   (CX), Z5
+	VFMADD231PD Z5, Z4, Z0
+	VCVTPS2PD   32(AX), Z4
+	VCVTPS2PD   32(CX), Z5
+	VFMADD231PD Z5, Z4, Z1
+	VCVTPS2PD   64(AX), Z4
+	VCVTPS2PD   64(CX), Z5
+	VFMADD231PD Z5, Z4, Z2
+	VCVTPS2PD   96(AX), Z4
+	VCVTPS2PD   96(CX), Z5
+	VFMADD231PD Z5, Z4, Z3
+	ADDQ        $0x00000080, AX
+	ADDQ        $0x00000080, CX
+	SUBQ        $0x20, DX
+	JMP         rdot_loop
+
+rdot_done:
+	VMOVUPD Z0, (BX)
+	VMOVUPD Z1, 64(BX)
+	VMOVUPD Z2, 128(BX)
+	VMOVUPD Z3, 192(BX)
+	VZEROUPPER
+	RET

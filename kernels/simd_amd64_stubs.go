@@ -2198,3 +2198,8 @@ func bdotPeakAVX512(n int) float32
 //
 //go:noescape
 func readAVX512(p *byte, n int) uint64
+
+// routerDotAVX512 adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.
+//
+//go:noescape
+func routerDotAVX512(x *float32, w *float32, n int, part *[32]float64)

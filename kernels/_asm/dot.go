@@ -91,6 +91,7 @@ func main() {
 			dot8Kernels()
 			bdotKernels()
 			readLoop()
+			routerDotLoop()
 		}
 	}
 	Generate()
