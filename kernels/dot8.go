@@ -474,8 +474,12 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			ktab = &s.dot8.i8k
 		}
 	}
+	maxMR := maxDot8Rows // the most rows the implementation's kernels take
+	for maxMR > 1 && len(tab[maxMR]) == 0 {
+		maxMR--
+	}
 	for m0, mr := 0, 0; m0 < M; m0 += mr {
-		mr = min(maxDot8Rows, M-m0)
+		mr = min(maxMR, M-m0)
 		copy(ap[:], recs[m0:m0+mr])
 		if ktab != nil {
 			ks := ktab[mr]

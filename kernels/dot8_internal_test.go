@@ -232,3 +232,64 @@ func TestInt8DotRefused(t *testing.T) {
 	_, err = ParseNumerics("fast")
 	require.ErrorContains(t, err, `numerics "fast": want exact, int8dot or bf16dot`)
 }
+
+// TestInt8DotExtremes: the largest codes against the largest activations
+// (±127 in every step of a group of 32), where the AVX2 kernels' int16
+// pair sums are nearest their bounds (UINT4: 15·127 a product, a group's
+// 30480 summed in int16; INT8: −128·−127 = 16256, a pair 32512): the
+// reference's bits on every implementation, with offsets and without.
+func TestInt8DotExtremes(t *testing.T) {
+	const rows, cols = 16, 96
+	x := make([]float32, 3*cols)
+	for k := range cols {
+		x[k], x[cols+k] = 1, -1 // q = 127, −127
+		x[2*cols+k] = float32(1 - 2*(k%2))
+	}
+	nib := make([]uint8, rows*cols/2)
+	i8 := make([]int8, rows*cols)
+	for r := range rows {
+		for k := range cols {
+			var u uint8 = 15
+			var c int8 = -128
+			switch r % 4 {
+			case 1:
+				c = 127
+			case 2:
+				u, c = uint8(15*(k%2)), int8(-128+255*(k%2))
+			case 3:
+				u, c = uint8(r%16), int8(r*9-70)
+			}
+			nib[(r*cols+k)/2] |= u << (4 * ((r*cols + k) % 2))
+			i8[r*cols+k] = c
+		}
+	}
+	scales, offs := make([]float32, rows*cols/32), make([]float32, rows*cols/32)
+	for i := range scales {
+		scales[i], offs[i] = 0.25+float32(i%5)/16, -float32(i%3)/8
+	}
+	var ms []Matrix
+	for _, o := range [][]float32{nil, offs} {
+		u, err := NewUINT4(rows, cols, 32, nib, scales, o)
+		require.NoError(t, err)
+		c, err := NewINT8(rows, cols, 32, i8, scales, o)
+		require.NoError(t, err)
+		ms = append(ms, u, c)
+	}
+	for _, impl := range Implementations() {
+		restore, err := Use(impl)
+		require.NoError(t, err)
+		for _, m := range ms {
+			d, err := PackInt8Dot(m)
+			require.NoError(t, err)
+			out := make([]float32, 3*rows)
+			Down(out, x, d, nil, 0, rows)
+			for r := range 3 {
+				for n := range rows {
+					want := dot8Reference(x[r*cols:][:cols], m, n)
+					require.Equal(t, math.Float32bits(want), math.Float32bits(out[r*rows+n]), "%s %v offsets=%v row %d col %d", impl, m.DType, m.q.off != nil, r, n)
+				}
+			}
+		}
+		restore()
+	}
+}

@@ -210,6 +210,38 @@ var dot8AVX512 = dot8Kernels{
 	},
 }
 
+// dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).
+var dot8AVX2 = dot8Kernels{
+	u4: dot8Table{
+		1: {1: dot8AVX2U4x1},
+		2: {1: dot8AVX2U4x2},
+	},
+	u4m: dot8Table{
+		1: {1: dot8AVX2U4Mx1},
+		2: {1: dot8AVX2U4Mx2},
+	},
+	i8: dot8Table{
+		1: {1: dot8AVX2I8x1},
+		2: {1: dot8AVX2I8x2},
+	},
+	i8m: dot8Table{
+		1: {1: dot8AVX2I8Mx1},
+		2: {1: dot8AVX2I8Mx2},
+	},
+	u4km: dot8KTable{
+		1: {1: dot8AVX2U4KMx1},
+		2: {1: dot8AVX2U4KMx2},
+	},
+	i8k: dot8KTable{
+		1: {1: dot8AVX2I8Kx1},
+		2: {1: dot8AVX2I8Kx2},
+	},
+	i8km: dot8KTable{
+		1: {1: dot8AVX2I8KMx1},
+		2: {1: dot8AVX2I8KMx2},
+	},
+}
+
 // bdotAVX512 holds the AVX-512 BF16 bf16-dot kernels by rows and panels.
 var bdotAVX512 = bdotTable{
 	1: {1: bdotAVX512x1p1, 2: bdotAVX512x1p2, 3: bdotAVX512x1p3, 4: bdotAVX512x1p4},

@@ -7268,6 +7268,1811 @@ opAVX2Q8Mx6p1_store:
 	VZEROUPPER
 	RET
 
+// func dot8AVX2U4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2U4x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2U4x1_start
+
+dot8AVX2U4x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2U4x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2U4x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2U4x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX2U4x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2U4x1_group
+
+dot8AVX2U4x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2U4x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2U4x2_start
+
+dot8AVX2U4x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2U4x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2U4x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2U4x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2U4x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2U4x2_group
+
+dot8AVX2U4x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U4Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4Mx1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2U4Mx1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	JMP     dot8AVX2U4Mx1_start
+
+dot8AVX2U4Mx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2U4Mx1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2U4Mx1_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2U4Mx1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4Mx1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	VMOVDQU      (CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2U4Mx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (BX), Y3, Y2
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(BX), Y3, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2U4Mx1_group
+
+dot8AVX2U4Mx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U4Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4Mx2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX2U4Mx2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y8
+	JMP     dot8AVX2U4Mx2_start
+
+dot8AVX2U4Mx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2U4Mx2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX2U4Mx2_group:
+	TESTQ DI, DI
+	JZ    dot8AVX2U4Mx2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R9
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4Mx2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU      (DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX2U4Mx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  (SI), Y3, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (SI), Y3, Y6
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  32(SI), Y3, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(SI), Y3, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX2U4Mx2_group
+
+dot8AVX2U4Mx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x80808080, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2I8x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2I8x1_start
+
+dot8AVX2I8x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2I8x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2I8x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2I8x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VPXOR        (CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        64(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        32(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	VPXOR        96(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, SI
+	DECQ         DI
+	JNZ          dot8AVX2I8x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2I8x1_group
+
+dot8AVX2I8x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x80808080, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2I8x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2I8x2_start
+
+dot8AVX2I8x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2I8x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2I8x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2I8x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VPXOR        (DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        64(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        32(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	VPXOR        96(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R8
+	JNZ          dot8AVX2I8x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2I8x2_group
+
+dot8AVX2I8x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8Mx1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x80808080, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2I8Mx1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	JMP     dot8AVX2I8Mx1_start
+
+dot8AVX2I8Mx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2I8Mx1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2I8Mx1_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2I8Mx1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8Mx1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	VPXOR        (CX)(DI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        64(CX)(DI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        32(CX)(DI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	VPXOR        96(CX)(DI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R8
+	JNZ          dot8AVX2I8Mx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (BX), Y3, Y2
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(BX), Y3, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2I8Mx1_group
+
+dot8AVX2I8Mx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8Mx2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x80808080, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX2I8Mx2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y8
+	JMP     dot8AVX2I8Mx2_start
+
+dot8AVX2I8Mx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2I8Mx2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX2I8Mx2_group:
+	TESTQ DI, DI
+	JZ    dot8AVX2I8Mx2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R9
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8Mx2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VPXOR        (DX)(R8*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        64(DX)(R8*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        32(DX)(R8*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	VPXOR        96(DX)(R8*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R9
+	JNZ          dot8AVX2I8Mx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  (SI), Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (SI), Y3, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  32(SI), Y3, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(SI), Y3, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX2I8Mx2_group
+
+dot8AVX2I8Mx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U4KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4KMx1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX2U4KMx1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y4
+	JMP     dot8AVX2U4KMx1_start
+
+dot8AVX2U4KMx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2U4KMx1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX2U4KMx1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX2U4KMx1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX2U4KMx1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX2U4KMx1_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R10
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4KMx1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU      (DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX2U4KMx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (CX)(SI*4), Y6, Y6
+	VPMOVSXBD    64(BX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       256(CX)(SI*4), Y7, Y7
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y8
+	VMULPS       Y6, Y8, Y8
+	VFMADD231PS  Y8, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y2
+	VPMOVSXBD    8(BX)(SI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(CX)(SI*4), Y3, Y3
+	VPMOVSXBD    72(BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       288(CX)(SI*4), Y6, Y6
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y6, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX2U4KMx1_group
+
+dot8AVX2U4KMx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U4KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U4KMx2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX2U4KMx2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y8
+	JMP     dot8AVX2U4KMx2_start
+
+dot8AVX2U4KMx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2U4KMx2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX2U4KMx2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX2U4KMx2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX2U4KMx2_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX2U4KMx2_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R11
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U4KMx2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU      (BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX2U4KMx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (DX)(DI*4), Y10, Y10
+	VPMOVSXBD    64(SI)(DI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       256(DX)(DI*4), Y11, Y11
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y12
+	VMULPS       Y10, Y12, Y12
+	VFMADD231PS  Y12, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  Y3, Y11, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y11, Y6
+	VPMOVSXBD    8(SI)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(DX)(DI*4), Y3, Y3
+	VPMOVSXBD    72(SI)(DI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       288(DX)(DI*4), Y7, Y7
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y10
+	VMULPS       Y3, Y10, Y10
+	VFMADD231PS  Y10, Y5, Y4
+	VBROADCASTSS 4(CX), Y5
+	VFMADD231PS  Y5, Y7, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX2U4KMx2_group
+
+dot8AVX2U4KMx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8Kx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8Kx1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x80808080, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX2I8Kx1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y4
+	JMP     dot8AVX2I8Kx1_start
+
+dot8AVX2I8Kx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2I8Kx1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX2I8Kx1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX2I8Kx1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX2I8Kx1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000100, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX2I8Kx1_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R10
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8Kx1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VPXOR        (DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        64(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        32(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	VPXOR        96(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX2I8Kx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (CX)(SI*4), Y6, Y6
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  Y7, Y3, Y2
+	VPMOVSXBD    8(BX)(SI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(CX)(SI*4), Y3, Y3
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y6
+	VMULPS       Y3, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX2I8Kx1_group
+
+dot8AVX2I8Kx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8Kx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8Kx2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x80808080, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX2I8Kx2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y8
+	JMP     dot8AVX2I8Kx2_start
+
+dot8AVX2I8Kx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2I8Kx2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX2I8Kx2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX2I8Kx2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX2I8Kx2_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX2I8Kx2_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R11
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8Kx2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VPXOR        (BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        64(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        32(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	VPXOR        96(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX2I8Kx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (DX)(DI*4), Y10, Y10
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y11
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  Y11, Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPMOVSXBD    8(SI)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(DX)(DI*4), Y3, Y3
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX2I8Kx2_group
+
+dot8AVX2I8Kx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8KMx1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x80808080, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX2I8KMx1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y4
+	JMP     dot8AVX2I8KMx1_start
+
+dot8AVX2I8KMx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2I8KMx1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX2I8KMx1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX2I8KMx1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX2I8KMx1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX2I8KMx1_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R10
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8KMx1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VPXOR        (DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        64(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        32(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	VPXOR        96(DX)(R9*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX2I8KMx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (CX)(SI*4), Y6, Y6
+	VPMOVSXBD    64(BX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       256(CX)(SI*4), Y7, Y7
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y8
+	VMULPS       Y6, Y8, Y8
+	VFMADD231PS  Y8, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y2
+	VPMOVSXBD    8(BX)(SI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(CX)(SI*4), Y3, Y3
+	VPMOVSXBD    72(BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       288(CX)(SI*4), Y6, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y6, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX2I8KMx1_group
+
+dot8AVX2I8KMx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2I8KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2I8KMx2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x80808080, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX2I8KMx2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y8
+	JMP     dot8AVX2I8KMx2_start
+
+dot8AVX2I8KMx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2I8KMx2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX2I8KMx2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX2I8KMx2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX2I8KMx2_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX2I8KMx2_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R11
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2I8KMx2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VPXOR        (BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        64(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        32(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	VPXOR        96(BX)(R10*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX2I8KMx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (DX)(DI*4), Y10, Y10
+	VPMOVSXBD    64(SI)(DI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       256(DX)(DI*4), Y11, Y11
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y12
+	VMULPS       Y10, Y12, Y12
+	VFMADD231PS  Y12, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  Y3, Y11, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y11, Y6
+	VPMOVSXBD    8(SI)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(DX)(DI*4), Y3, Y3
+	VPMOVSXBD    72(SI)(DI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       288(DX)(DI*4), Y7, Y7
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y10
+	VMULPS       Y3, Y10, Y10
+	VFMADD231PS  Y10, Y5, Y4
+	VBROADCASTSS 4(CX), Y5
+	VFMADD231PS  Y5, Y7, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX2I8KMx2_group
+
+dot8AVX2I8KMx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
 // func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-88

@@ -384,6 +384,76 @@ func opAVX2Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc i
 //go:noescape
 func opAVX2Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
 
+// dot8AVX2U4x1 is dot8AVX512U4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U4x2 is dot8AVX512U4x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U4Mx1 is dot8AVX512U4Mx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U4Mx2 is dot8AVX512U4Mx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2I8x1 is dot8AVX512I8x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2I8x2 is dot8AVX512I8x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2I8Mx1 is dot8AVX512I8Mx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2I8Mx2 is dot8AVX512I8Mx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U4KMx1 is dot8AVX512U4KMx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2U4KMx2 is dot8AVX512U4KMx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U4KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2I8Kx1 is dot8AVX512I8Kx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8Kx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2I8Kx2 is dot8AVX512I8Kx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8Kx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2I8KMx1 is dot8AVX512I8KMx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2I8KMx2 is dot8AVX512I8KMx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2I8KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
 // opAVX2Q4x1p1 is opAVX512Q4x1p1 on AVX2.
 //
 //go:noescape

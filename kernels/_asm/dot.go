@@ -69,6 +69,7 @@ func main() {
 		outerKernels(is, "Q8")
 		outerKernels(is, "Q8M")
 		if is.lanes == 8 {
+			dot8AVX2Kernels()
 			for _, offsets := range []bool{false, true} {
 				for mr := 1; mr <= is.maxMR; mr++ {
 					for np := 1; np <= outerQ4AVX2NP(mr, offsets); np++ {

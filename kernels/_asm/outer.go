@@ -165,6 +165,7 @@ func writeOuterTable(path string) {
 		}
 	}
 	writeDot8Table(&b)
+	writeDot8AVX2Table(&b)
 	writeBdotTable(&b)
 	src, err := format.Source(b.Bytes())
 	if err != nil {

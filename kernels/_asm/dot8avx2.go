@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The int8-dot kernels on AVX2 (no VNNI): the same mode, the same bits as
+// the AVX-512 ones (see dot8.go and kernels/dot8.go), one panel a call in
+// two halves of eight rows, one or two activation rows. A group's integer
+// sums, exact either way, come from vpmaddubsw (unsigned bytes times
+// signed bytes, pairs added in int16) and vpmaddwd by ones (pairs into
+// int32):
+//
+//   - UINT4: nibbles times int8 codes, a pair at most 2·15·127 = 3810, so a
+//     group of up to 32 steps (four units, both nibbles) sums in int16
+//     without overflow (≤ 30480) and widens once, at its end;
+//   - INT8 (stored plus 128): the codes back to signed (xor 0x80), then
+//     |c| times the activation with c's sign (vpabsb, vpsignb): a pair at
+//     most 2·128·127 = 32512, no saturation; each unit widens to int32.
+//
+// At a group's end the sums join the fp32 chains exactly as on AVX-512.
+
+// dot8AVX2MR is the most activation rows of an AVX2 int8-dot kernel: two
+// rows' chains and group sums (four registers each) beside the weights,
+// broadcasts and constants fill the sixteen.
+const dot8AVX2MR = 2
+
+func dot8AVX2Kernel(kind string, mr int) {
+	name := fmt.Sprintf("dot8AVX2%sx%d", kind, mr)
+	super := strings.Contains(kind, "K")
+	if super {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)", maxDot8MR))
+	} else {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
+	}
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s is dot8AVX512%sx%dp1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.", name, kind, mr))
+	u4 := strings.HasPrefix(kind, "U4")
+	offsets := strings.HasSuffix(kind, "M")
+	unit := 128
+	if u4 {
+		unit = 64
+	}
+
+	a := make([]GPVirtual, mr)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	b := Load(Param("b"), GP64())
+	var scales, offs, meta, hdr, lane, left Register
+	if super {
+		meta, lane = Load(Param("meta"), GP64()), Load(Param("lane"), GP64())
+		hdr, left = GP64(), GP64()
+		XORQ(left, left) // groups left in the super-block: none yet
+	} else {
+		scales = Load(Param("s"), GP64())
+		if offsets {
+			offs = Load(Param("o"), GP64())
+		}
+	}
+	hdrBytes, grpBytes := 256, 64
+	if offsets {
+		hdrBytes, grpBytes = 512, 128
+	}
+	t := GP32()
+	mask := YMM() // UINT4: the low nibble of each byte; INT8: the bias bit
+	if u4 {
+		MOVL(U32(0x0F0F0F0F), t)
+	} else {
+		MOVL(U32(0x80808080), t)
+	}
+	VMOVD(t, mask.AsX())
+	VPBROADCASTD(mask.AsX(), mask)
+	ones := YMM() // int16 ones: vpmaddwd adds pairs
+	MOVL(U32(0x00010001), t)
+	VMOVD(t, ones.AsX())
+	VPBROADCASTD(ones.AsX(), ones)
+
+	acc := make([][2]VecVirtual, mr)  // [m][half] fp32 chains
+	sums := make([][2]VecVirtual, mr) // [m][half] the group's sums: int16 pairs (UINT4) or int32
+	for m := range acc {
+		for h := range 2 {
+			acc[m][h], sums[m][h] = YMM(), YMM()
+		}
+	}
+	tile := func(f func(m, h int, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for h := range 2 {
+				f(m, h, Mem{Base: c, Disp: 32 * h})
+			}
+		}
+	}
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	tile(func(m, h int, at Mem) { VMOVUPS(at, acc[m][h]) })
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+	g := Load(Param("groups"), GP64())
+	o := GP64() // byte offset into the panel
+	XORQ(o, o)
+
+	Label(name + "_group")
+	TESTQ(g, g)
+	JZ(LabelRef(name + "_store"))
+	if super {
+		Comment("A super-block's start: its header, then its groups' factors.")
+		TESTQ(left, left)
+		JNZ(LabelRef(name + "_factors"))
+		MOVQ(meta, hdr)
+		ADDQ(U32(hdrBytes), meta)
+		Load(Param("per"), left)
+		Label(name + "_factors")
+	}
+	for m := range sums {
+		for _, r := range sums[m] {
+			VPXOR(r, r, r)
+		}
+	}
+	u := Load(Param("units"), GP64())
+	Comment("Eight steps of k, half a panel (eight rows) at a time.")
+	Label(name + "_unit")
+	if mr <= 3 {
+		PREFETCHT0(Mem{Base: b, Index: o, Scale: 1, Disp: pfDist})
+		if !u4 {
+			PREFETCHT0(Mem{Base: b, Index: o, Scale: 1, Disp: pfDist + 64})
+		}
+	}
+	for h := range 2 {
+		at := Mem{Base: b, Index: o, Scale: 1, Disp: 32 * h}
+		if u4 {
+			lo, hi := YMM(), YMM()
+			VMOVDQU(at, hi)
+			VPAND(mask, hi, lo)
+			VPSRLW(U8(4), hi, hi)
+			VPAND(mask, hi, hi)
+			for m := range a {
+				x, p := YMM(), YMM()
+				VPBROADCASTD(Mem{Base: a[m]}, x)
+				VPMADDUBSW(x, lo, p)
+				VPADDW(p, sums[m][h], sums[m][h])
+				VPBROADCASTD(Mem{Base: a[m], Disp: 4}, x)
+				VPMADDUBSW(x, hi, p)
+				VPADDW(p, sums[m][h], sums[m][h])
+			}
+			continue
+		}
+		for step := range 2 { // steps 0…3, then 4…7: the unit's two 64-byte halves
+			w, aw := YMM(), YMM()
+			VPXOR(at.Offset(64*step), mask, w) // the signed codes
+			VPABSB(w, aw)
+			for m := range a {
+				x := YMM()
+				VPBROADCASTD(Mem{Base: a[m], Disp: 4 * step}, x)
+				VPSIGNB(w, x, x)
+				VPMADDUBSW(x, aw, x)
+				VPMADDWD(ones, x, x)
+				VPADDD(x, sums[m][h], sums[m][h])
+			}
+		}
+	}
+	for m := range a {
+		ADDQ(U32(8), a[m])
+	}
+	ADDQ(U32(unit), o)
+	DECQ(u)
+	JNZ(LabelRef(name + "_unit"))
+
+	Comment("The group's end: each row's sums into its chains.")
+	if mr <= 3 {
+		if super {
+			PREFETCHT0(Mem{Base: meta, Disp: pfDist})
+		} else {
+			PREFETCHT0(Mem{Base: scales, Disp: pfDist})
+			if offsets {
+				PREFETCHT0(Mem{Base: offs, Disp: pfDist})
+			}
+		}
+	}
+	for h := range 2 {
+		var sv, ov Op
+		if super {
+			f := YMM()
+			VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 8 * h}, f)
+			VCVTDQ2PS(f, f)
+			VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 32 * h}, f, f) // d·sc
+			sv = f
+			if offsets {
+				f := YMM()
+				VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 64 + 8*h}, f)
+				VCVTDQ2PS(f, f)
+				VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 256 + 32*h}, f, f) // −dmin·m
+				ov = f
+			}
+		} else {
+			sv = Mem{Base: scales, Disp: 32 * h}
+			if offsets {
+				ov = Mem{Base: offs, Disp: 32 * h}
+			}
+		}
+		for m := range a {
+			s := sums[m][h]
+			if u4 {
+				VPMADDWD(ones, s, s)
+			}
+			VCVTDQ2PS(s, s)
+			d := YMM()
+			VBROADCASTSS(Mem{Base: a[m]}, d)
+			VMULPS(sv, d, d)
+			VFMADD231PS(d, s, acc[m][h])
+			if offsets {
+				v := YMM()
+				VBROADCASTSS(Mem{Base: a[m], Disp: 4}, v)
+				if super {
+					VFMADD231PS(v, ov, acc[m][h])
+				} else {
+					VFMADD231PS(ov, v, acc[m][h])
+				}
+			}
+		}
+	}
+	for m := range a {
+		ADDQ(U32(16), a[m])
+	}
+	if super {
+		ADDQ(U32(grpBytes), meta)
+		DECQ(left)
+	} else {
+		ADDQ(paramAddr("ss"), scales)
+		if offsets {
+			ADDQ(paramAddr("ss"), offs)
+		}
+	}
+	DECQ(g)
+	JMP(LabelRef(name + "_group"))
+
+	Label(name + "_store")
+	tile(func(m, h int, at Mem) { VMOVUPS(acc[m][h], at) })
+	VZEROUPPER()
+	RET()
+}
+
+func dot8AVX2Kernels() {
+	for _, kind := range dot8Kinds {
+		for mr := 1; mr <= dot8AVX2MR; mr++ {
+			dot8AVX2Kernel(kind, mr)
+		}
+	}
+}
+
+// writeDot8AVX2Table appends the Go table of the AVX2 int8-dot kernels to b.
+func writeDot8AVX2Table(b *bytes.Buffer) {
+	b.WriteString("// dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).\nvar dot8AVX2 = dot8Kernels{\n")
+	for _, kind := range dot8Kinds {
+		typ := "dot8Table"
+		if strings.Contains(kind, "K") {
+			typ = "dot8KTable"
+		}
+		fmt.Fprintf(b, "%s: %s{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km"}[kind], typ)
+		for mr := 1; mr <= dot8AVX2MR; mr++ {
+			fmt.Fprintf(b, "%d: {1: dot8AVX2%sx%d},\n", mr, kind, mr)
+		}
+		b.WriteString("},\n")
+	}
+	b.WriteString("}\n")
+}
