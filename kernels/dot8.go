@@ -121,19 +121,61 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
 	}
 	p.u8 = make([]uint8, m.panels()*PanelWidth*m.Cols*m.DType.Bits()/8)
+	// Row by row, a unit (8 steps) at a time: the layout of dot8Index.
+	codes := make([]uint8, m.Cols)
 	for i := 0; i < m.Rows; i++ {
-		for j := 0; j < m.Cols; j++ {
-			at, shift := p.dot8Index(i, j)
-			var c uint8
-			if m.DType == UINT4 {
-				c = uint8(m.code(i, j))
-			} else {
-				c = uint8(m.code(i, j) + 128)
+		m.codeRow(i, codes)
+		l := i % PanelWidth
+		if m.DType == UINT4 {
+			row := p.u8[(i-l)*m.Cols/2:]
+			for u := 0; u < m.Cols; u += dot8Unit {
+				at := u/dot8Unit*64 + 4*l
+				for r := range 4 {
+					row[at+r] = codes[u+r] | codes[u+4+r]<<4
+				}
 			}
-			p.u8[at] |= c << shift
+			continue
+		}
+		row := p.u8[(i-l)*m.Cols:]
+		for u := 0; u < m.Cols; u += dot8Unit {
+			at := u/dot8Unit*128 + 4*l
+			for r := range 4 {
+				row[at+r], row[at+64+r] = codes[u+r]+128, codes[u+4+r]+128
+			}
 		}
 	}
 	return p, nil
+}
+
+// codeRow writes row i's integer codes (UINT4: 0…15; INT8: the int8's
+// bits) to dst [Cols], from m's plain or packed layout: code for a whole
+// row, its layout's arithmetic out of the loop.
+func (m Matrix) codeRow(i int, dst []uint8) {
+	l := i % PanelWidth
+	switch {
+	case m.dot8:
+		for j := range dst {
+			dst[j] = uint8(m.code(i, j))
+		}
+	case m.DType == UINT4 && m.packed: // a byte a step pair, 16 rows side by side
+		src := m.u8[(i-l)*m.Cols/2+l:]
+		for j := 0; j < len(dst); j += 2 {
+			b := src[j/2*PanelWidth]
+			dst[j], dst[j+1] = b&15, b>>4
+		}
+	case m.DType == UINT4: // row-major nibbles, the low one first
+		for j := range dst {
+			k := i*m.Cols + j
+			dst[j] = m.u8[k/2] >> (4 * (k & 1)) & 15
+		}
+	case m.packed: // INT8: a step of 16 rows side by side
+		src := m.u8[(i-l)*m.Cols+l:]
+		for j := range dst {
+			dst[j] = src[j*PanelWidth]
+		}
+	default:
+		copy(dst, m.u8[i*m.Cols:][:m.Cols])
+	}
 }
 
 // dot8Scales lays out an int8-dot matrix's scales (and offsets) for its

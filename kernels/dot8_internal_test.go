@@ -172,6 +172,10 @@ func TestInt8Dot(t *testing.T) {
 				for name, m := range cases {
 					d, err := PackInt8Dot(m)
 					require.NoError(t, err, name)
+					// From the exact mode's packed layout (a loaded layer's): the same bytes.
+					dp, err := PackInt8Dot(Pack(m))
+					require.NoError(t, err, name)
+					require.Equal(t, d.u8, dp.u8, name)
 					require.Equal(t, Int8Dot, d.Numerics())
 					require.Equal(t, Exact, m.Numerics())
 					for n := 0; n < s.N; n += 7 {
@@ -291,5 +295,30 @@ func TestInt8DotExtremes(t *testing.T) {
 			}
 		}
 		restore()
+	}
+}
+
+// BenchmarkPackInt8Dot times repacking one DeepSeek-V2-Lite gate matrix
+// (packed for the exact mode, as a loaded layer holds it) for the
+// int8-dot mode: what Layer.SetNumerics pays per matrix.
+func BenchmarkPackInt8Dot(b *testing.B) {
+	const rows, cols = 1408, 2048
+	rng := rand.New(rand.NewPCG(1, 2))
+	v := make([]float32, rows*cols)
+	for i := range v {
+		v[i] = rng.Float32() - 0.5
+	}
+	for _, dt := range []DType{UINT4, INT8} {
+		q, err := Quantize(dt, v, rows, cols)
+		require.NoError(b, err)
+		q = Pack(q)
+		b.Run(dt.String(), func(b *testing.B) {
+			b.SetBytes(int64(rows * cols))
+			for b.Loop() {
+				if _, err := PackInt8Dot(q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
