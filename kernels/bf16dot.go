@@ -54,13 +54,19 @@ func PackBF16Dot(m Matrix) (Matrix, error) {
 	}
 	p := Matrix{DType: BF16, Rows: m.Rows, Cols: m.Cols, packed: true, bdot: true}
 	p.u16 = make([]uint16, m.panels()*PanelWidth*m.Cols)
-	for i := 0; i < m.Rows; i++ {
-		for j := 0; j < m.Cols; j++ {
-			k := i*m.Cols + j
-			if m.packed {
-				k = m.packedIndex(i, j)
+	for i := 0; i < m.Rows; i++ { // a row at a time, in bdotIndex's layout
+		l := i % PanelWidth
+		dst := p.u16[(i-l)*m.Cols+2*l:]
+		if m.packed { // step j of row i at (i−l)·Cols + 16j + l
+			src := m.u16[(i-l)*m.Cols+l:]
+			for j := 0; j < m.Cols; j += 2 {
+				dst[j*PanelWidth], dst[j*PanelWidth+1] = src[j*PanelWidth], src[(j+1)*PanelWidth]
 			}
-			p.u16[p.bdotIndex(i, j)] = m.u16[k]
+			continue
+		}
+		src := m.u16[i*m.Cols:][:m.Cols]
+		for j := 0; j < m.Cols; j += 2 {
+			dst[j*PanelWidth], dst[j*PanelWidth+1] = src[j], src[j+1]
 		}
 	}
 	return p, nil
