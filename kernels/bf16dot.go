@@ -9,6 +9,7 @@ import (
 
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/hugepage"
 )
 
 // The bf16-dot numerics mode (BF16Dot), chosen per matrix (PackBF16Dot)
@@ -53,7 +54,7 @@ func PackBF16Dot(m Matrix) (Matrix, error) {
 		return Matrix{}, fmt.Errorf("kernels: bf16dot numerics need an even column count, have %d", m.Cols)
 	}
 	p := Matrix{DType: BF16, Rows: m.Rows, Cols: m.Cols, packed: true, bdot: true}
-	p.u16 = make([]uint16, m.panels()*PanelWidth*m.Cols)
+	p.u16 = hugepage.Slice[uint16](m.panels() * PanelWidth * m.Cols)
 	for i := 0; i < m.Rows; i++ { // a row at a time, in bdotIndex's layout
 		l := i % PanelWidth
 		dst := p.u16[(i-l)*m.Cols+2*l:]

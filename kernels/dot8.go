@@ -9,6 +9,7 @@ import (
 
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/hugepage"
 )
 
 // The int8-dot numerics mode, llama.cpp's way of computing with integer
@@ -120,7 +121,7 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	if m.q.super != nil && (m.DType == INT8 || m.q.off != nil) {
 		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
 	}
-	p.u8 = make([]uint8, m.panels()*PanelWidth*m.Cols*m.DType.Bits()/8)
+	p.u8 = hugepage.Bytes(m.panels() * PanelWidth * m.Cols * m.DType.Bits() / 8)
 	// Row by row, a unit (8 steps) at a time: the layout of dot8Index.
 	codes := make([]uint8, m.Cols)
 	for i := 0; i < m.Rows; i++ {

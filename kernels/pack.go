@@ -31,12 +31,10 @@ func Pack(m Matrix) Matrix {
 	n := m.panels() * PanelWidth * K
 	switch m.DType {
 	case F32:
-		p.f32 = make([]float32, n)
-		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.f32))), 4*n))
+		p.f32 = hugepage.Slice[float32](n)
 		packRows(p.f32, m.f32, m.Rows, K)
 	case F8E4M3, INT8:
-		p.u8 = make([]uint8, n)
-		hugepage.Advise(p.u8)
+		p.u8 = hugepage.Bytes(n)
 		packRows(p.u8, m.u8, m.Rows, K)
 		factor := 1.0
 		if m.DType == F8E4M3 {
@@ -44,13 +42,11 @@ func Pack(m Matrix) Matrix {
 		}
 		p.q = m.q.packScales(m.Rows, m.panels(), factor)
 	case MXFP4, INT4, UINT4:
-		p.u8 = make([]uint8, n/2)
-		hugepage.Advise(p.u8)
+		p.u8 = hugepage.Bytes(n / 2)
 		packNibbles(p.u8, m.u8, m.Rows, K, m.lut)
 		p.q = m.q.packScales(m.Rows, m.panels(), 1)
 	default:
-		p.u16 = make([]uint16, n)
-		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(p.u16))), 2*n))
+		p.u16 = hugepage.Slice[uint16](n)
 		packRows(p.u16, m.u16, m.Rows, K)
 	}
 	return p
