@@ -86,15 +86,18 @@ type Scratch struct {
 }
 
 // ffnItem is a grouped FFN's unit of work: rows [r0, r1) of group g,
-// output columns [n0, n1) of its gate/up or of its down projection.
-type ffnItem struct{ g, r0, r1, n0, n1 int }
+// output columns [n0, n1) of its gate/up or (down) of its down projection.
+type ffnItem struct {
+	g, r0, r1, n0, n1 int
+	down              bool
+}
 
 // GroupedFFN runs every group's SwiGLU FFN over x [tokens, hidden] on up to
-// workers goroutines (0: GOMAXPROCS). The work is one list, every group's
-// gate/up items then every group's down items, taken in order: a group's
+// workers goroutines (0: GOMAXPROCS). The work is one list taken in order,
+// each group's down items after the next group's gate/up items: a group's
 // down items wait only for its own gate/up items (the last of which
-// prepares its h for the down kernels), so that no step waits for every
-// worker at a barrier. s (nil: none) keeps the buffers for the next call.
+// prepares its h for the down kernels), which by then are done or nearly,
+// so that no step waits for every worker at a barrier. s (nil: none) keeps the buffers for the next call.
 // It returns the context's error if it ends first.
 func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup, s *Scratch) error {
 	if s == nil {
@@ -120,6 +123,16 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 	}
 	left := s.left[:ng]
 	items := s.items[:0]
+	downs := func(i int) { // group i's down items
+		g := &groups[i]
+		hidden, rows := g.Down.Rows, len(g.Rows)
+		cols := ffnCols(rows)
+		for r := 0; r < rows; r += tileRows {
+			for n := 0; n < hidden; n += cols {
+				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, hidden), true})
+			}
+		}
+	}
 	for i := range groups {
 		g := &groups[i]
 		inter, rows := g.Gate.Rows, len(g.Rows)
@@ -133,21 +146,16 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		cols := ffnCols(rows)
 		for r := 0; r < rows; r += tileRows {
 			for n := 0; n < inter; n += cols {
-				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, inter)})
+				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, inter), false})
 			}
 		}
 		left[i].Store(int32(len(items)-n0) + 1)
-	}
-	firstN := len(items)
-	for i := range groups {
-		g := &groups[i]
-		hidden, rows := g.Down.Rows, len(g.Rows)
-		cols := ffnCols(rows)
-		for r := 0; r < rows; r += tileRows {
-			for n := 0; n < hidden; n += cols {
-				items = append(items, ffnItem{i, r, min(r+tileRows, rows), n, min(n+cols, hidden)})
-			}
+		if i > 0 { // the previous group's down items after this group's gate/up ones
+			downs(i - 1)
 		}
+	}
+	if ng > 0 {
+		downs(ng - 1)
 	}
 	s.items = items
 	// The rows' magnitude ranges, for kernels that need them (see
@@ -215,7 +223,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 		g := &groups[it.g]
 		inter, hidden := g.Gate.Rows, g.Down.Rows
 		h := s.hs[it.g][it.r0*inter : it.r1*inter]
-		if k < firstN {
+		if !it.down {
 			gateUp(h, x, xr, xq, g.Rows[it.r0:it.r1], g.Gate, g.Up, s.eps[it.g].tile(g, it.r0, it.r1), it.n0, it.n1)
 			if left[it.g].Add(-1) == 1 {
 				ready(it.g)
@@ -224,7 +232,7 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			return
 		}
 		// Items are taken in order: every gate/up item of the group is
-		// running or done, so this waits at most for another worker's item.
+		// running or done, so this waits at most for other workers' items.
 		for left[it.g].Load() != 0 {
 			if stop.Load() || ctx.Err() != nil {
 				finished = true
