@@ -3,7 +3,11 @@ package kernels_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -62,4 +66,32 @@ func TestParallelPanicsPassOn(t *testing.T) {
 			}
 		})
 	})
+}
+
+// goid is the calling goroutine's id, from its stack's header.
+func goid() string {
+	var buf [64]byte
+	s := string(buf[:runtime.Stack(buf[:], false)])
+	return strings.Fields(s)[1]
+}
+
+// TestParallelCallerPanics: with several workers the caller runs a share
+// of the items itself; a panic there reaches the caller only after the
+// other workers have stopped (none still running an item).
+func TestParallelCallerPanics(t *testing.T) {
+	caller := goid()
+	var running atomic.Int32
+	assert.PanicsWithValue(t, "boom", func() {
+		_ = kernels.Parallel(context.Background(), 2, 64, func(i int) {
+			running.Add(1)
+			defer running.Add(-1)
+			if goid() == caller {
+				time.Sleep(time.Millisecond) // let the other worker be in an item
+				panic("boom")
+			}
+			time.Sleep(2 * time.Millisecond)
+		})
+		t.Error("Parallel returned")
+	})
+	assert.Zero(t, running.Load(), "a worker was still running an item")
 }

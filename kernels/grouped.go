@@ -339,22 +339,40 @@ func Parallel(ctx context.Context, workers, n int, fn func(i int)) error {
 	}
 	var next atomic.Int64
 	var fault atomic.Pointer[FaultError]
+	var quit atomic.Bool // the caller's own share panicked
+	work := func() {
+		for ctx.Err() == nil && fault.Load() == nil && !quit.Load() {
+			i := int(next.Add(1) - 1)
+			if i >= n {
+				return
+			}
+			if err := guard(fn, i); err != nil {
+				fault.CompareAndSwap(nil, err)
+				return
+			}
+		}
+	}
 	var wg sync.WaitGroup
-	for w := 0; w < min(workers, n); w++ {
+	for w := 1; w < min(workers, n); w++ {
 		wg.Go(func() {
 			debug.SetPanicOnFault(true)
-			for ctx.Err() == nil && fault.Load() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := guard(fn, i); err != nil {
-					fault.CompareAndSwap(nil, err)
-					return
-				}
-			}
+			work()
 		})
 	}
+	// The caller is a worker too: its share starts now, not when a
+	// goroutine is scheduled. A panic there (a bug) stops the others and
+	// waits for them before it goes on.
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if r := recover(); r != nil {
+				quit.Store(true)
+				wg.Wait()
+				panic(r)
+			}
+		}()
+		work()
+	}()
 	wg.Wait()
 	if f := fault.Load(); f != nil {
 		return f
