@@ -26,6 +26,7 @@ func init() {
 		s.outer, s.outerFP8, s.outerQ4 = outerAVX2, outerFP8AVX2, outerQ4AVX2
 		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX2, outerQ8MAVX2, outerQ4MAVX2
 		s.dot8 = &dot8AVX2
+		s.routerDot = routerDotAVX2
 		register(s)
 	}
 	if hasAVX512 {

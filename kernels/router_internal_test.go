@@ -62,3 +62,30 @@ func TestRouterDot(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRouterLogits times DeepSeek-V2-Lite's router (64 experts,
+// hidden 2048) for one token, on each implementation.
+func BenchmarkRouterLogits(b *testing.B) {
+	const experts, hidden = 64, 2048
+	rng := rand.New(rand.NewPCG(1, 1))
+	x, wv := make([]float32, hidden), make([]float32, experts*hidden)
+	for i := range x {
+		x[i] = 2*rng.Float32() - 1
+	}
+	for i := range wv {
+		wv[i] = 2*rng.Float32() - 1
+	}
+	w, err := NewF32(experts, hidden, wv)
+	require.NoError(b, err)
+	dst := make([]float64, experts)
+	for _, name := range Implementations() {
+		b.Run(name, func(b *testing.B) {
+			restore, err := Use(name)
+			require.NoError(b, err)
+			defer restore()
+			for b.Loop() {
+				RouterLogits(dst, x, w)
+			}
+		})
+	}
+}

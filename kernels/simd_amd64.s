@@ -9073,6 +9073,66 @@ dot8AVX2I8KMx2_store:
 	VZEROUPPER
 	RET
 
+// func routerDotAVX2(x *float32, w *float32, n int, part *[32]float64)
+// Requires: AVX, FMA3
+TEXT ·routerDotAVX2(SB), NOSPLIT, $0-32
+	MOVQ    x+0(FP), AX
+	MOVQ    w+8(FP), CX
+	MOVQ    n+16(FP), DX
+	MOVQ    part+24(FP), BX
+	VMOVUPD (BX), Y0
+	VMOVUPD 32(BX), Y1
+	VMOVUPD 64(BX), Y2
+	VMOVUPD 96(BX), Y3
+	VMOVUPD 128(BX), Y4
+	VMOVUPD 160(BX), Y5
+	VMOVUPD 192(BX), Y6
+	VMOVUPD 224(BX), Y7
+
+routerDotAVX2_loop:
+	CMPQ        DX, $0x20
+	JL          routerDotAVX2_done
+	VCVTPS2PD   (AX), Y8
+	VCVTPS2PD   (CX), Y9
+	VFMADD231PD Y9, Y8, Y0
+	VCVTPS2PD   16(AX), Y8
+	VCVTPS2PD   16(CX), Y9
+	VFMADD231PD Y9, Y8, Y1
+	VCVTPS2PD   32(AX), Y8
+	VCVTPS2PD   32(CX), Y9
+	VFMADD231PD Y9, Y8, Y2
+	VCVTPS2PD   48(AX), Y8
+	VCVTPS2PD   48(CX), Y9
+	VFMADD231PD Y9, Y8, Y3
+	VCVTPS2PD   64(AX), Y8
+	VCVTPS2PD   64(CX), Y9
+	VFMADD231PD Y9, Y8, Y4
+	VCVTPS2PD   80(AX), Y8
+	VCVTPS2PD   80(CX), Y9
+	VFMADD231PD Y9, Y8, Y5
+	VCVTPS2PD   96(AX), Y8
+	VCVTPS2PD   96(CX), Y9
+	VFMADD231PD Y9, Y8, Y6
+	VCVTPS2PD   112(AX), Y8
+	VCVTPS2PD   112(CX), Y9
+	VFMADD231PD Y9, Y8, Y7
+	ADDQ        $0x00000080, AX
+	ADDQ        $0x00000080, CX
+	SUBQ        $0x20, DX
+	JMP         routerDotAVX2_loop
+
+routerDotAVX2_done:
+	VMOVUPD Y0, (BX)
+	VMOVUPD Y1, 32(BX)
+	VMOVUPD Y2, 64(BX)
+	VMOVUPD Y3, 96(BX)
+	VMOVUPD Y4, 128(BX)
+	VMOVUPD Y5, 160(BX)
+	VMOVUPD Y6, 192(BX)
+	VMOVUPD Y7, 224(BX)
+	VZEROUPPER
+	RET
+
 // func opAVX2Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·opAVX2Q4x1p1(SB), NOSPLIT, $0-88
@@ -53864,9 +53924,9 @@ TEXT ·routerDotAVX512(SB), NOSPLIT, $0-32
 	VMOVUPD 128(BX), Z2
 	VMOVUPD 192(BX), Z3
 
-rdot_loop:
+routerDotAVX512_loop:
 	CMPQ        DX, $0x20
-	JL          rdot_done
+	JL          routerDotAVX512_done
 	VCVTPS2PD   (AX), Z4
 	VCVTPS2PD   (CX), Z5
 	VFMADD231PD Z5, Z4, Z0
@@ -53882,9 +53942,9 @@ rdot_loop:
 	ADDQ        $0x00000080, AX
 	ADDQ        $0x00000080, CX
 	SUBQ        $0x20, DX
-	JMP         rdot_loop
+	JMP         routerDotAVX512_loop
 
-rdot_done:
+routerDotAVX512_done:
 	VMOVUPD Z0, (BX)
 	VMOVUPD Z1, 64(BX)
 	VMOVUPD Z2, 128(BX)

@@ -454,6 +454,11 @@ func dot8AVX2I8KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ld
 //go:noescape
 func dot8AVX2I8KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
+// routerDotAVX2 adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.
+//
+//go:noescape
+func routerDotAVX2(x *float32, w *float32, n int, part *[32]float64)
+
 // opAVX2Q4x1p1 is opAVX512Q4x1p1 on AVX2.
 //
 //go:noescape

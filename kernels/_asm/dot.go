@@ -70,6 +70,7 @@ func main() {
 		outerKernels(is, "Q8M")
 		if is.lanes == 8 {
 			dot8AVX2Kernels()
+			routerDotLoop(true)
 			for _, offsets := range []bool{false, true} {
 				for mr := 1; mr <= is.maxMR; mr++ {
 					for np := 1; np <= outerQ4AVX2NP(mr, offsets); np++ {
@@ -92,7 +93,7 @@ func main() {
 			dot8Kernels()
 			bdotKernels()
 			readLoop()
-			routerDotLoop()
+			routerDotLoop(false)
 		}
 	}
 	Generate()

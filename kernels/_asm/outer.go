@@ -704,36 +704,41 @@ func dequant(dt string) {
 
 // routerDotLoop adds x[k]·w[k] (fp32 widened to fp64: the product exact,
 // so an FMA adds it as the generic code does) for k in [0, n), n a
-// multiple of 32, into part[k mod 32]: four accumulators of eight lanes,
+// multiple of 32, into part[k mod 32]: four accumulators of eight lanes (AVX2: eight of four),
 // the router logits' float64 dot product (see kernels.routerDot).
-func routerDotLoop() {
-	TEXT("routerDotAVX512", NOSPLIT, "func(x *float32, w *float32, n int, part *[32]float64)")
+func routerDotLoop(avx2 bool) {
+	name, vec, width := "routerDotAVX512", ZMM, 8
+	if avx2 {
+		name, vec, width = "routerDotAVX2", YMM, 4
+	}
+	TEXT(name, NOSPLIT, "func(x *float32, w *float32, n int, part *[32]float64)")
 	Pragma("noescape")
-	Doc("routerDotAVX512 adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.")
+	Doc(name + " adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.")
 	x := Load(Param("x"), GP64())
 	w := Load(Param("w"), GP64())
 	n := Load(Param("n"), GP64())
 	part := Load(Param("part"), GP64())
-	acc := []VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
-	for a, r := range acc {
-		VMOVUPD(Mem{Base: part, Disp: 64 * a}, r)
+	acc := make([]VecVirtual, 32/width) // accumulator a, lane l: chain width·a + l
+	for a := range acc {
+		acc[a] = vec()
+		VMOVUPD(Mem{Base: part, Disp: 8 * width * a}, acc[a])
 	}
-	Label("rdot_loop")
+	Label(name + "_loop")
 	CMPQ(n, U8(32))
-	JL(LabelRef("rdot_done"))
+	JL(LabelRef(name + "_done"))
 	for a, r := range acc {
-		xv, wv := ZMM(), ZMM()
-		VCVTPS2PD(Mem{Base: x, Disp: 32 * a}, xv)
-		VCVTPS2PD(Mem{Base: w, Disp: 32 * a}, wv)
+		xv, wv := vec(), vec()
+		VCVTPS2PD(Mem{Base: x, Disp: 4 * width * a}, xv)
+		VCVTPS2PD(Mem{Base: w, Disp: 4 * width * a}, wv)
 		VFMADD231PD(wv, xv, r)
 	}
 	ADDQ(U32(128), x)
 	ADDQ(U32(128), w)
 	SUBQ(U8(32), n)
-	JMP(LabelRef("rdot_loop"))
-	Label("rdot_done")
+	JMP(LabelRef(name + "_loop"))
+	Label(name + "_done")
 	for a, r := range acc {
-		VMOVUPD(r, Mem{Base: part, Disp: 64 * a})
+		VMOVUPD(r, Mem{Base: part, Disp: 8 * width * a})
 	}
 	VZEROUPPER()
 	RET()
