@@ -135,9 +135,8 @@ func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
 // routerDot is Σ x[k]·w[k] in float64: each product exact, added into
 // part[k mod 32] in ascending k (32 independent chains: a SIMD kernel's
 // four accumulators of eight lanes on AVX-512, eight of four on AVX2),
-// the 32 partial sums then folded in
-// halves (part[j] += part[j+16], then 8, 4, 2, 1). The generic code and
-// the kernels give the same bits.
+// the 32 partial sums then folded in halves (part[j] += part[j+16], then
+// 8, 4, 2, 1). The generic code and the kernels give the same bits.
 func routerDot(x, w []float32, part *[32]float64) float64 {
 	clear(part[:])
 	n := 0
