@@ -99,6 +99,7 @@ purego:
 
 vet:
 	$(GO) vet ./...
+	GOARCH=arm64 $(GO) vet ./...   # the generic path builds off amd64 (no cgo there)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

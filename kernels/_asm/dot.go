@@ -52,7 +52,7 @@ var isas = []isa{
 }
 
 func main() {
-	ConstraintExpr("!purego")
+	ConstraintExpr("amd64,!purego")
 	for _, is := range isas {
 		for _, dt := range []string{"F32", "BF16", "F16"} {
 			for mr := 1; mr <= is.maxMR; mr++ {
