@@ -517,8 +517,8 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			ktab = &s.dot8.i8k
 		}
 	}
-	maxMR := maxDot8Rows // the most rows the implementation's kernels take
-	for maxMR > 1 && len(tab[maxMR]) == 0 {
+	maxMR := maxDot8Rows // the most rows the kernels to be called take
+	for maxMR > 1 && (ktab == nil && len(tab[maxMR]) == 0 || ktab != nil && len(ktab[maxMR]) == 0) {
 		maxMR--
 	}
 	for m0, mr := 0, 0; m0 < M; m0 += mr {

@@ -83,6 +83,40 @@ type Scratch struct {
 	hqs   []*dot8Rows    // each group's h quantized or rounded, where needed
 	eps   []*glu         // each group's epilogue
 	left  []atomic.Int32 // each group's gate/up items not yet done, plus one until its h is ready
+	mu    sync.Mutex     // with cond: down items waiting for their group
+	cond  *sync.Cond
+}
+
+// waitSpins is how often a down item looks for its group to be ready
+// before it sleeps: the group's last gate/up items are usually a few
+// microseconds from done.
+const waitSpins = 64
+
+// wait returns once group g's h is ready (true) or an item has failed
+// (false).
+func (s *Scratch) wait(left []atomic.Int32, g int, stop *atomic.Bool) bool {
+	for range waitSpins {
+		if left[g].Load() == 0 {
+			return true
+		}
+		if stop.Load() {
+			return false
+		}
+		runtime.Gosched()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for left[g].Load() != 0 && !stop.Load() {
+		s.cond.Wait()
+	}
+	return left[g].Load() == 0
+}
+
+// wake wakes the waiting down items to look again.
+func (s *Scratch) wake() {
+	s.mu.Lock()
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
 
 // ffnItem is a grouped FFN's unit of work: rows [r0, r1) of group g,
@@ -102,6 +136,9 @@ type ffnItem struct {
 func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup, s *Scratch) error {
 	if s == nil {
 		s = new(Scratch)
+	}
+	if s.cond == nil {
+		s.cond = sync.NewCond(&s.mu)
 	}
 	ng := len(groups)
 	total, need := 0, 0
@@ -205,18 +242,20 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			s.hqs[i] = &s.hq[i]
 		}
 		left[i].Store(0)
+		s.wake()
 	}
 	for i := range groups {
 		if left[i].Load() == 1 { // no gate/up items
 			ready(i)
 		}
 	}
-	var stop atomic.Bool // an item faulted: waiting items give up
+	var stop atomic.Bool // an item failed: waiting items give up
 	return Parallel(ctx, workers, len(items), func(k int) {
 		finished := false
 		defer func() {
 			if !finished {
 				stop.Store(true)
+				s.wake()
 			}
 		}()
 		it := items[k]
@@ -232,13 +271,12 @@ func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup
 			return
 		}
 		// Items are taken in order: every gate/up item of the group is
-		// running or done, so this waits at most for other workers' items.
-		for left[it.g].Load() != 0 {
-			if stop.Load() || ctx.Err() != nil {
-				finished = true
-				return
-			}
-			runtime.Gosched()
+		// running or done, so this waits at most for other workers' items,
+		// each of which ends (the last readies the group) or fails (and
+		// stops every wait).
+		if !s.wait(left, it.g, &stop) {
+			finished = true
+			return
 		}
 		var scale []float32
 		if g.Scale != nil && !g.ScaleInput {
@@ -364,14 +402,18 @@ func Parallel(ctx context.Context, workers, n int, fn func(i int)) error {
 	// waits for them before it goes on.
 	func() {
 		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		done := false
 		defer func() {
-			if r := recover(); r != nil {
+			if !done { // a panic, or fn ended the goroutine (runtime.Goexit)
 				quit.Store(true)
 				wg.Wait()
-				panic(r)
+				if r := recover(); r != nil {
+					panic(r)
+				}
 			}
 		}()
 		work()
+		done = true
 	}()
 	wg.Wait()
 	if f := fault.Load(); f != nil {

@@ -3,7 +3,9 @@ package kernels_test
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -38,26 +40,83 @@ func ffnGroups(t *testing.T, n, hidden, inter int, packed bool) []kernels.FFNGro
 	return groups
 }
 
+// mixedGroups returns experts in every kind of weights whose h the last
+// gate/up item prepares (int8-dot UINT4 with K-quant factors and INT8,
+// bf16-dot, MXFP4 with its power-of-two ranges) beside packed F32 and bf16,
+// and one expert with no rows; rows[i] rows of x each.
+func mixedGroups(t *testing.T, hidden, inter int, rows []int) []kernels.FFNGroup {
+	rng := rand.New(rand.NewPCG(uint64(len(rows)), 9))
+	vals := func(r, c int) []float32 {
+		v := make([]float32, r*c)
+		for i := range v {
+			v[i] = (2*rng.Float32() - 1) / 8
+		}
+		return v
+	}
+	mat := func(kind int, r, c int) kernels.Matrix {
+		v := vals(r, c)
+		var m kernels.Matrix
+		var err error
+		switch kind % 6 {
+		case 0:
+			m, err = kernels.NewF32(r, c, v)
+			m = kernels.Pack(m)
+		case 1, 4:
+			u := make([]uint16, len(v))
+			for i, f := range v {
+				u[i] = uint16(math.Float32bits(f) >> 16)
+			}
+			if m, err = kernels.NewHalf(kernels.BF16, r, c, u); err == nil {
+				if kind%6 == 4 {
+					m, err = kernels.PackBF16Dot(m)
+				} else {
+					m = kernels.Pack(m)
+				}
+			}
+		case 2:
+			if m, err = kernels.Quantize(kernels.UINT4, v, r, c); err == nil {
+				m, err = kernels.PackInt8Dot(m)
+			}
+		case 3:
+			if m, err = kernels.Quantize(kernels.INT8, v, r, c); err == nil {
+				m, err = kernels.PackInt8Dot(m)
+			}
+		case 5:
+			if m, err = kernels.Quantize(kernels.MXFP4, v, r, c); err == nil {
+				m = kernels.Pack(m)
+			}
+		}
+		require.NoError(t, err)
+		return m
+	}
+	groups := make([]kernels.FFNGroup, len(rows))
+	for i := range groups {
+		idx := make([]int32, rows[i])
+		for r := range idx {
+			idx[r] = int32((r*5 + i) % 40)
+		}
+		groups[i] = kernels.FFNGroup{Gate: mat(i, inter, hidden), Up: mat(i, inter, hidden), Down: mat(i, hidden, inter),
+			Rows: idx, Out: make([]float32, rows[i]*hidden), Expert: i}
+	}
+	return groups
+}
+
 // TestGroupedFFNWorkers: a group's down items wait only for its own
 // gate/up items, so the order in which workers finish them varies; the
-// outputs do not (the same bits on 1, 2, 3 and 8 workers, decode-sized
-// and prefill-sized groups).
+// outputs do not: the same bits on 1, 2, 3 and 8 workers, for decode-sized
+// and prefill-sized groups of every kind of weights (those whose h the
+// last gate/up item quantizes, rounds or ranges among them), with one
+// Scratch kept across calls of different group counts.
 func TestGroupedFFNWorkers(t *testing.T) {
-	for _, rows := range []int{1, 300} {
-		groups := ffnGroups(t, 7, 96, 1100, true)
-		x := make([]float32, 300*96)
-		for i := range x {
-			x[i] = float32(i%17)/8 - 1
-		}
-		for i := range groups {
-			groups[i].Rows = groups[i].Rows[:0]
-			for r := range rows {
-				groups[i].Rows = append(groups[i].Rows, int32((r*7+i)%300))
-			}
-			groups[i].Out = make([]float32, rows*96)
-		}
+	const hidden, inter = 128, 1088 // inter: 17 tiles, not a multiple of the decode items
+	x := make([]float32, 40*hidden)
+	for i := range x {
+		x[i] = float32(i%17)/8 - 1
+	}
+	var sc kernels.Scratch
+	for _, rows := range [][]int{{1, 1, 2, 1, 1, 1, 0, 3}, {30, 1, 40, 7, 0, 12}, {2, 2}} {
+		groups := mixedGroups(t, hidden, inter, rows)
 		var want [][]float32
-		var sc kernels.Scratch
 		for _, w := range []int{1, 2, 3, 8} {
 			require.NoError(t, kernels.GroupedFFN(context.Background(), w, x, groups, &sc))
 			var got [][]float32
@@ -69,14 +128,19 @@ func TestGroupedFFNWorkers(t *testing.T) {
 				want = got
 				continue
 			}
-			require.Equal(t, want, got, "rows %d, workers %d", rows, w)
+			require.Equal(t, want, got, "rows %v, workers %d", rows, w)
+		}
+		// Each group as it would run alone: the same bits.
+		for i := range groups {
+			require.NoError(t, kernels.GroupedFFN(context.Background(), 2, x, groups[i:i+1], nil))
+			require.Equal(t, want[i], append([]float32(nil), groups[i].Out...), "rows %v, group %d alone", rows, i)
 		}
 	}
 }
 
-// TestGroupedFFNFault: an expert whose weights fault (unmapped under them)
-// ends the call with the fault, on any number of workers, while other
-// workers' down items wait for that expert: no hang, no panic.
+// TestGroupedFFNFault: an expert whose weights fault (on a page that may
+// not be read) ends the call with the fault, on any number of workers,
+// while other workers' down items wait for that expert: no hang, no panic.
 func TestGroupedFFNFault(t *testing.T) {
 	const hidden, inter = 64, 16 // one expert's gate: 4 KiB, one page
 	for _, w := range []int{1, 2, 4} {
@@ -85,16 +149,33 @@ func TestGroupedFFNFault(t *testing.T) {
 		require.NoError(t, err)
 		gate, err := kernels.NewF32(inter, hidden, unsafe.Slice((*float32)(unsafe.Pointer(&page[0])), inter*hidden))
 		require.NoError(t, err)
-		require.NoError(t, unix.Munmap(page))
+		require.NoError(t, unix.Mprotect(page, unix.PROT_NONE))
 		groups[4].Gate = gate
 		x := make([]float32, 2*hidden)
 		err = kernels.GroupedFFN(context.Background(), w, x, groups, nil)
 		var f *kernels.FaultError
 		require.True(t, errors.As(err, &f), "workers %d: %v", w, err)
+		assert.Equal(t, uintptr(unsafe.Pointer(&page[0])), f.Addr&^4095)
+		require.NoError(t, unix.Munmap(page))
 	}
 }
 
-// TestGroupedFFNCanceled: a canceled context ends the call with its error.
+// countdown is a context that is canceled once Err has been asked n times:
+// a cancellation in the middle of a call, wherever the call looks.
+type countdown struct {
+	context.Context
+	n atomic.Int32
+}
+
+func (c *countdown) Err() error {
+	if c.n.Add(-1) < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestGroupedFFNCanceled: a context canceled before or during the call
+// ends it with the context's error, down items waiting included.
 func TestGroupedFFNCanceled(t *testing.T) {
 	groups := ffnGroups(t, 6, 64, 128, true)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -102,6 +183,21 @@ func TestGroupedFFNCanceled(t *testing.T) {
 	for _, w := range []int{1, 2} {
 		require.ErrorIs(t, kernels.GroupedFFN(ctx, w, make([]float32, 2*64), groups, nil), context.Canceled)
 	}
+	midway := 0
+	for n := range int32(40) {
+		for _, w := range []int{1, 2, 3} {
+			c := &countdown{Context: context.Background()}
+			c.n.Store(n)
+			err := kernels.GroupedFFN(c, w, make([]float32, 2*64), groups, nil)
+			if err != nil { // late enough, the call has finished first
+				require.ErrorIs(t, err, context.Canceled, "after %d looks, %d workers", n, w)
+				if n > 0 {
+					midway++
+				}
+			}
+		}
+	}
+	assert.Positive(t, midway, "no call was canceled midway")
 }
 
 // TestGroupedFFNAllocs: with its Scratch kept, a decode step on the SIMD
