@@ -42,7 +42,14 @@ func Bytes(n int) []byte {
 	slab.Lock()
 	defer slab.Unlock()
 	if len(slab.rest) < size {
-		slab.rest = fresh(slabSize)
+		// A new slab, made (and advised: a collapse can take
+		// milliseconds) without holding up the other callers.
+		slab.Unlock()
+		f := fresh(slabSize)
+		slab.Lock()
+		if len(slab.rest) < size {
+			slab.rest = f
+		}
 	}
 	b := slab.rest[:n:n]
 	slab.rest = slab.rest[size:]
