@@ -2,6 +2,7 @@ package hugepage
 
 import (
 	"bytes"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -35,4 +36,28 @@ func TestBytes(t *testing.T) {
 	f[len(f)-1] = 1
 	assert.Equal(t, float32(1), f[len(f)-1])
 	assert.Empty(t, Slice[uint16](0))
+}
+
+// TestBytesConcurrent: callers on several goroutines get disjoint buffers.
+func TestBytesConcurrent(t *testing.T) {
+	const workers, each = 8, 24
+	out := make([][][]byte, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				b := Bytes(carveMin + (w*each+i)*4096)
+				for j := range b {
+					b[j] = byte(w*each + i)
+				}
+				out[w] = append(out[w], b)
+			}
+		})
+	}
+	wg.Wait()
+	for w := range workers {
+		for i, b := range out[w] {
+			require.Equal(t, len(b), bytes.Count(b, []byte{byte(w*each + i)}), "buffer %d of %d was overwritten", i, w)
+		}
+	}
 }
