@@ -114,47 +114,8 @@ func dot8Kernel(kind string, mr, np int) {
 			acc[m][j], sums[m][j] = ZMM(), ZMM()
 		}
 	}
-	tile := func(f func(m, j int, at Mem)) {
-		c := Load(Param("c"), GP64())
-		ldc := Load(Param("ldc"), GP64())
-		for m := range acc {
-			if m > 0 {
-				ADDQ(ldc, c)
-			}
-			for j := range acc[m] {
-				f(m, j, Mem{Base: c, Disp: 64 * j})
-			}
-		}
-	}
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
-	g := Load(Param("groups"), GP64())
-	o := GP64() // byte offset into each panel
-	XORQ(o, o)
-
-	Label(name + "_group")
-	TESTQ(g, g)
-	JZ(LabelRef(name + "_store"))
-	if super {
-		Comment("A super-block's start: its header, then its groups' factors.")
-		TESTQ(left, left)
-		JNZ(LabelRef(name + "_factors"))
-		MOVQ(meta, hdr)
-		ADDQ(U32(hdrBytes), meta)
-		Load(Param("per"), left)
-		Label(name + "_factors")
-	}
+	tile := dot8Tile(acc, 64)
+	g, o := dot8Open(name, acc, tile, super, meta, hdr, left, hdrBytes)
 	for m := range sums {
 		for _, r := range sums[m] {
 			VPXORD(r, r, r)
@@ -277,9 +238,63 @@ func dot8Kernel(kind string, mr, np int) {
 	JMP(LabelRef(name + "_group"))
 
 	Label(name + "_store")
-	tile(func(m, j int, at Mem) { VMOVUPS(acc[m][j], at) })
+	tile(func(r VecVirtual, at Mem) { VMOVUPS(r, at) })
 	VZEROUPPER()
 	RET()
+}
+
+// dot8Tile returns what applies f to each chain register acc[m][v] with
+// its place in the tile c: row m at c + m·ldc, vector v width·v bytes on.
+func dot8Tile(acc [][]VecVirtual, width int) func(f func(r VecVirtual, at Mem)) {
+	return func(f func(r VecVirtual, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for v, r := range acc[m] {
+				f(r, Mem{Base: c, Disp: width * v})
+			}
+		}
+	}
+}
+
+// dot8Open emits an int8-dot kernel's opening: its chains from the tile
+// in c (flags bit 0) or from zero, then the head of the group loop (to
+// name_store when no group is left) with, for the K kinds, a super-block's
+// start. It returns the groups left and the byte offset into the panels.
+func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)), super bool, meta, hdr, left Register, hdrBytes int) (g, o GPVirtual) {
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	tile(func(r VecVirtual, at Mem) { VMOVUPS(at, r) })
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+	g = Load(Param("groups"), GP64()).(GPVirtual)
+	o = GP64() // byte offset into each panel
+	XORQ(o, o)
+
+	Label(name + "_group")
+	TESTQ(g, g)
+	JZ(LabelRef(name + "_store"))
+	if super {
+		Comment("A super-block's start: its header, then its groups' factors.")
+		TESTQ(left, left)
+		JNZ(LabelRef(name + "_factors"))
+		MOVQ(meta, hdr)
+		ADDQ(U32(hdrBytes), meta)
+		Load(Param("per"), left)
+		Label(name + "_factors")
+	}
+	return g, o
 }
 
 func dot8Kernels() {

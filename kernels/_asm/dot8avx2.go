@@ -84,54 +84,16 @@ func dot8AVX2Kernel(kind string, mr int) {
 	VMOVD(t, ones.AsX())
 	VPBROADCASTD(ones.AsX(), ones)
 
-	acc := make([][2]VecVirtual, mr)  // [m][half] fp32 chains
-	sums := make([][2]VecVirtual, mr) // [m][half] the group's sums: int16 pairs (UINT4) or int32
+	acc := make([][]VecVirtual, mr)  // [m][half] fp32 chains
+	sums := make([][]VecVirtual, mr) // [m][half] the group's sums: int16 pairs (UINT4) or int32
 	for m := range acc {
+		acc[m], sums[m] = make([]VecVirtual, 2), make([]VecVirtual, 2)
 		for h := range 2 {
 			acc[m][h], sums[m][h] = YMM(), YMM()
 		}
 	}
-	tile := func(f func(m, h int, at Mem)) {
-		c := Load(Param("c"), GP64())
-		ldc := Load(Param("ldc"), GP64())
-		for m := range acc {
-			if m > 0 {
-				ADDQ(ldc, c)
-			}
-			for h := range 2 {
-				f(m, h, Mem{Base: c, Disp: 32 * h})
-			}
-		}
-	}
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, h int, at Mem) { VMOVUPS(at, acc[m][h]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
-	g := Load(Param("groups"), GP64())
-	o := GP64() // byte offset into the panel
-	XORQ(o, o)
-
-	Label(name + "_group")
-	TESTQ(g, g)
-	JZ(LabelRef(name + "_store"))
-	if super {
-		Comment("A super-block's start: its header, then its groups' factors.")
-		TESTQ(left, left)
-		JNZ(LabelRef(name + "_factors"))
-		MOVQ(meta, hdr)
-		ADDQ(U32(hdrBytes), meta)
-		Load(Param("per"), left)
-		Label(name + "_factors")
-	}
+	tile := dot8Tile(acc, 32)
+	g, o := dot8Open(name, acc, tile, super, meta, hdr, left, hdrBytes)
 	for m := range sums {
 		for _, r := range sums[m] {
 			VPXOR(r, r, r)
@@ -255,7 +217,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	JMP(LabelRef(name + "_group"))
 
 	Label(name + "_store")
-	tile(func(m, h int, at Mem) { VMOVUPS(acc[m][h], at) })
+	tile(func(r VecVirtual, at Mem) { VMOVUPS(r, at) })
 	VZEROUPPER()
 	RET()
 }
