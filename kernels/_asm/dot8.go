@@ -225,22 +225,7 @@ func dot8Kernel(kind string, mr, np int) {
 		}
 		ADDQ(U32(16), a[m])
 	}
-	if super {
-		ADDQ(U32(grpBytes), meta)
-		DECQ(left)
-	} else {
-		ADDQ(paramAddr("ss"), scales)
-		if offsets {
-			ADDQ(paramAddr("ss"), offs)
-		}
-	}
-	DECQ(g)
-	JMP(LabelRef(name + "_group"))
-
-	Label(name + "_store")
-	tile(func(r VecVirtual, at Mem) { VMOVUPS(r, at) })
-	VZEROUPPER()
-	RET()
+	dot8Close(name, tile, g, super, meta, left, grpBytes, scales, offs)
 }
 
 // dot8Tile returns what applies f to each chain register acc[m][v] with
@@ -309,17 +294,46 @@ func dot8Kernels() {
 
 // writeDot8Table appends the Go table of the int8-dot kernels to b.
 func writeDot8Table(b *bytes.Buffer) {
-	b.WriteString("// dot8AVX512 holds the AVX-512 VNNI int8-dot kernels.\nvar dot8AVX512 = dot8Kernels{\n")
+	writeKernelTable(b, "AVX-512 VNNI int8-dot kernels", "dot8AVX512", maxDot8MR, dot8NP, func(kind string, mr, np int) string {
+		return fmt.Sprintf("dot8AVX512%sx%dp%d", kind, mr, np)
+	})
+}
+
+// dot8Close emits an int8-dot kernel's end: the group's scales (or the
+// K kinds' factors) passed, the loop's next group, and the tile stored.
+func dot8Close(name string, tile func(func(VecVirtual, Mem)), g GPVirtual, super bool, meta, left Register, grpBytes int, scales, offs Register) {
+	if super {
+		ADDQ(U32(grpBytes), meta)
+		DECQ(left)
+	} else {
+		ADDQ(paramAddr("ss"), scales)
+		if offs != nil {
+			ADDQ(paramAddr("ss"), offs)
+		}
+	}
+	DECQ(g)
+	JMP(LabelRef(name + "_group"))
+
+	Label(name + "_store")
+	tile(func(r VecVirtual, at Mem) { VMOVUPS(r, at) })
+	VZEROUPPER()
+	RET()
+}
+
+// writeKernelTable appends to b the Go table v of int8-dot kernels: for
+// each kind, rows 1…maxMR, the panel counts nps(mr) named by name.
+func writeKernelTable(b *bytes.Buffer, doc, v string, maxMR int, nps func(mr int) int, name func(kind string, mr, np int) string) {
+	fmt.Fprintf(b, "// %s holds the %s.\nvar %s = dot8Kernels{\n", v, doc, v)
 	for _, kind := range dot8Kinds {
 		typ := "dot8Table"
 		if strings.Contains(kind, "K") {
 			typ = "dot8KTable"
 		}
 		fmt.Fprintf(b, "%s: %s{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km"}[kind], typ)
-		for mr := 1; mr <= maxDot8MR; mr++ {
+		for mr := 1; mr <= maxMR; mr++ {
 			fmt.Fprintf(b, "%d: {", mr)
-			for np := 1; np <= dot8NP(mr); np++ {
-				fmt.Fprintf(b, "%d: dot8AVX512%sx%dp%d, ", np, kind, mr, np)
+			for np := 1; np <= nps(mr); np++ {
+				fmt.Fprintf(b, "%d: %s, ", np, name(kind, mr, np))
 			}
 			b.WriteString("},\n")
 		}

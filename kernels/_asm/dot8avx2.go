@@ -204,22 +204,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	for m := range a {
 		ADDQ(U32(16), a[m])
 	}
-	if super {
-		ADDQ(U32(grpBytes), meta)
-		DECQ(left)
-	} else {
-		ADDQ(paramAddr("ss"), scales)
-		if offsets {
-			ADDQ(paramAddr("ss"), offs)
-		}
-	}
-	DECQ(g)
-	JMP(LabelRef(name + "_group"))
-
-	Label(name + "_store")
-	tile(func(r VecVirtual, at Mem) { VMOVUPS(r, at) })
-	VZEROUPPER()
-	RET()
+	dot8Close(name, tile, g, super, meta, left, grpBytes, scales, offs)
 }
 
 func dot8AVX2Kernels() {
@@ -232,17 +217,7 @@ func dot8AVX2Kernels() {
 
 // writeDot8AVX2Table appends the Go table of the AVX2 int8-dot kernels to b.
 func writeDot8AVX2Table(b *bytes.Buffer) {
-	b.WriteString("// dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).\nvar dot8AVX2 = dot8Kernels{\n")
-	for _, kind := range dot8Kinds {
-		typ := "dot8Table"
-		if strings.Contains(kind, "K") {
-			typ = "dot8KTable"
-		}
-		fmt.Fprintf(b, "%s: %s{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km"}[kind], typ)
-		for mr := 1; mr <= dot8AVX2MR; mr++ {
-			fmt.Fprintf(b, "%d: {1: dot8AVX2%sx%d},\n", mr, kind, mr)
-		}
-		b.WriteString("},\n")
-	}
-	b.WriteString("}\n")
+	writeKernelTable(b, "AVX2 int8-dot kernels (one panel a call)", "dot8AVX2", dot8AVX2MR, func(int) int { return 1 }, func(kind string, mr, _ int) string {
+		return fmt.Sprintf("dot8AVX2%sx%d", kind, mr)
+	})
 }
