@@ -51,11 +51,7 @@ func vpdpbusd(x, w, acc VecVirtual) {
 func dot8Kernel(kind string, mr, np int) {
 	name := fmt.Sprintf("dot8AVX512%sx%dp%d", kind, mr, np)
 	super := strings.Contains(kind, "K")
-	if super {
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)", maxDot8MR))
-	} else {
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
-	}
+	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func%s).", name, mr, np,
 		map[string]string{"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)",
@@ -84,21 +80,7 @@ func dot8Kernel(kind string, mr, np int) {
 			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
 		}
 	}
-	var scales, offs, meta, hdr, lane, left Register
-	if super {
-		meta, lane = Load(Param("meta"), GP64()), Load(Param("lane"), GP64())
-		hdr, left = GP64(), GP64()
-		XORQ(left, left) // groups left in the super-block: none yet
-	} else {
-		scales = Load(Param("s"), GP64())
-		if offsets {
-			offs = Load(Param("o"), GP64())
-		}
-	}
-	hdrBytes, grpBytes := 256, 64 // a super-block's d (and −dmin); a group's sc (and m)
-	if offsets {
-		hdrBytes, grpBytes = 512, 128
-	}
+	src := loadDot8Src(super, offsets)
 	var mask VecVirtual
 	if u4 {
 		mask = ZMM()
@@ -115,7 +97,7 @@ func dot8Kernel(kind string, mr, np int) {
 		}
 	}
 	tile := dot8Tile(acc, 64)
-	g, o := dot8Open(name, acc, tile, super, meta, hdr, left, hdrBytes)
+	g, o := dot8Open(name, acc, tile, src)
 	for m := range sums {
 		for _, r := range sums[m] {
 			VPXORD(r, r, r)
@@ -162,38 +144,13 @@ func dot8Kernel(kind string, mr, np int) {
 
 	Comment("The group's end: each row's sums into its chains.")
 	if mr <= 3 { // the scales' (and offsets') streams, 16 groups ahead
-		if super {
-			PREFETCHT0(Mem{Base: meta, Disp: pfDist})
-		} else {
-			PREFETCHT0(Mem{Base: scales, Disp: pfDist})
-			if offsets {
-				PREFETCHT0(Mem{Base: offs, Disp: pfDist})
-			}
-		}
+		src.prefetch()
 	}
 	// scaleOf and offsetOf are panel j's scales and offsets of the group:
 	// operands in memory, or (K kinds) registers computed from the factors.
-	var sv, ov []Op
+	sv, ov := make([]Op, np), make([]Op, np)
 	for j := range np {
-		if !super {
-			sv = append(sv, Mem{Base: scales, Disp: 64 * j})
-			if offsets {
-				ov = append(ov, Mem{Base: offs, Disp: 64 * j})
-			}
-			continue
-		}
-		f := ZMM()
-		VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 16 * j}, f)
-		VCVTDQ2PS(f, f)
-		VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 64 * j}, f, f) // d·sc
-		sv = append(sv, f)
-		if offsets {
-			f := ZMM()
-			VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 64 + 16*j}, f)
-			VCVTDQ2PS(f, f)
-			VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 256 + 64*j}, f, f) // −dmin·m
-			ov = append(ov, f)
-		}
+		sv[j], ov[j] = src.scales(ZMM, 16*j)
 	}
 	for m := range a {
 		d := ZMM()
@@ -225,7 +182,84 @@ func dot8Kernel(kind string, mr, np int) {
 		}
 		ADDQ(U32(16), a[m])
 	}
-	dot8Close(name, tile, g, super, meta, left, grpBytes, scales, offs)
+	dot8Close(name, tile, g, src)
+}
+
+// dot8Text declares an int8-dot kernel: dot8Func's signature, or with
+// super dot8KFunc's.
+func dot8Text(name string, super bool) {
+	if super {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)", maxDot8MR))
+	} else {
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
+	}
+}
+
+// dot8Src is where an int8-dot kernel finds a group's scales and offsets:
+// the streams s and o (16 floats a panel), or for the K kinds the factors
+// at meta (hdr: the current super-block's header; left: its groups not yet
+// run; lane: the first panel's place in its run).
+type dot8Src struct {
+	super, offsets              bool
+	s, o, meta, hdr, lane, left Register
+	hdrBytes, grpBytes          int // a super-block's d (and −dmin); a group's sc (and m)
+}
+
+func loadDot8Src(super, offsets bool) dot8Src {
+	src := dot8Src{super: super, offsets: offsets, hdrBytes: 256, grpBytes: 64}
+	if super {
+		src.meta, src.lane = Load(Param("meta"), GP64()), Load(Param("lane"), GP64())
+		src.hdr, src.left = GP64(), GP64()
+		XORQ(src.left, src.left) // groups left in the super-block: none yet
+	} else {
+		src.s = Load(Param("s"), GP64())
+		if offsets {
+			src.o = Load(Param("o"), GP64())
+		}
+	}
+	if offsets {
+		src.hdrBytes, src.grpBytes = 512, 128
+	}
+	return src
+}
+
+// prefetch emits prefetches of the scale streams (or factors) pfDist ahead.
+func (src dot8Src) prefetch() {
+	if src.super {
+		PREFETCHT0(Mem{Base: src.meta, Disp: pfDist})
+		return
+	}
+	PREFETCHT0(Mem{Base: src.s, Disp: pfDist})
+	if src.offsets {
+		PREFETCHT0(Mem{Base: src.o, Disp: pfDist})
+	}
+}
+
+// scales returns the group's scales and offsets (nil without) of the
+// rows at lane offset at (bytes into a 16-row panel's int8 factors, a
+// quarter of that into its floats): operands in memory, or for the K kinds
+// registers (made by vec) computed from the factors, d·sc and −dmin·m.
+func (src dot8Src) scales(vec func() VecVirtual, at int) (s, o Op) {
+	if !src.super {
+		s = Mem{Base: src.s, Disp: 4 * at}
+		if src.offsets {
+			o = Mem{Base: src.o, Disp: 4 * at}
+		}
+		return s, o
+	}
+	f := vec()
+	VPMOVSXBD(Mem{Base: src.meta, Index: src.lane, Scale: 1, Disp: at}, f)
+	VCVTDQ2PS(f, f)
+	VMULPS(Mem{Base: src.hdr, Index: src.lane, Scale: 4, Disp: 4 * at}, f, f) // d·sc
+	s = f
+	if src.offsets {
+		f := vec()
+		VPMOVSXBD(Mem{Base: src.meta, Index: src.lane, Scale: 1, Disp: 64 + at}, f)
+		VCVTDQ2PS(f, f)
+		VMULPS(Mem{Base: src.hdr, Index: src.lane, Scale: 4, Disp: 256 + 4*at}, f, f) // −dmin·m
+		o = f
+	}
+	return s, o
 }
 
 // dot8Tile returns what applies f to each chain register acc[m][v] with
@@ -249,7 +283,7 @@ func dot8Tile(acc [][]VecVirtual, width int) func(f func(r VecVirtual, at Mem)) 
 // in c (flags bit 0) or from zero, then the head of the group loop (to
 // name_store when no group is left) with, for the K kinds, a super-block's
 // start. It returns the groups left and the byte offset into the panels.
-func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)), super bool, meta, hdr, left Register, hdrBytes int) (g, o GPVirtual) {
+func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)), src dot8Src) (g, o GPVirtual) {
 	Comment("Start from the tile in c (flags bit 0), or from zero.")
 	flags := Load(Param("flags"), GP64())
 	TESTQ(U32(1), flags)
@@ -270,13 +304,13 @@ func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)),
 	Label(name + "_group")
 	TESTQ(g, g)
 	JZ(LabelRef(name + "_store"))
-	if super {
+	if src.super {
 		Comment("A super-block's start: its header, then its groups' factors.")
-		TESTQ(left, left)
+		TESTQ(src.left, src.left)
 		JNZ(LabelRef(name + "_factors"))
-		MOVQ(meta, hdr)
-		ADDQ(U32(hdrBytes), meta)
-		Load(Param("per"), left)
+		MOVQ(src.meta, src.hdr)
+		ADDQ(U32(src.hdrBytes), src.meta)
+		Load(Param("per"), src.left)
 		Label(name + "_factors")
 	}
 	return g, o
@@ -301,14 +335,14 @@ func writeDot8Table(b *bytes.Buffer) {
 
 // dot8Close emits an int8-dot kernel's end: the group's scales (or the
 // K kinds' factors) passed, the loop's next group, and the tile stored.
-func dot8Close(name string, tile func(func(VecVirtual, Mem)), g GPVirtual, super bool, meta, left Register, grpBytes int, scales, offs Register) {
-	if super {
-		ADDQ(U32(grpBytes), meta)
-		DECQ(left)
+func dot8Close(name string, tile func(func(VecVirtual, Mem)), g GPVirtual, src dot8Src) {
+	if src.super {
+		ADDQ(U32(src.grpBytes), src.meta)
+		DECQ(src.left)
 	} else {
-		ADDQ(paramAddr("ss"), scales)
-		if offs != nil {
-			ADDQ(paramAddr("ss"), offs)
+		ADDQ(paramAddr("ss"), src.s)
+		if src.o != nil {
+			ADDQ(paramAddr("ss"), src.o)
 		}
 	}
 	DECQ(g)

@@ -34,11 +34,7 @@ const dot8AVX2MR = 2
 func dot8AVX2Kernel(kind string, mr int) {
 	name := fmt.Sprintf("dot8AVX2%sx%d", kind, mr)
 	super := strings.Contains(kind, "K")
-	if super {
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)", maxDot8MR))
-	} else {
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(a *[%d]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)", maxDot8MR))
-	}
+	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s is dot8AVX512%sx%dp1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.", name, kind, mr))
 	u4 := strings.HasPrefix(kind, "U4")
@@ -55,21 +51,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
 	}
 	b := Load(Param("b"), GP64())
-	var scales, offs, meta, hdr, lane, left Register
-	if super {
-		meta, lane = Load(Param("meta"), GP64()), Load(Param("lane"), GP64())
-		hdr, left = GP64(), GP64()
-		XORQ(left, left) // groups left in the super-block: none yet
-	} else {
-		scales = Load(Param("s"), GP64())
-		if offsets {
-			offs = Load(Param("o"), GP64())
-		}
-	}
-	hdrBytes, grpBytes := 256, 64
-	if offsets {
-		hdrBytes, grpBytes = 512, 128
-	}
+	src := loadDot8Src(super, offsets)
 	t := GP32()
 	mask := YMM() // UINT4: the low nibble of each byte; INT8: the bias bit
 	if u4 {
@@ -93,7 +75,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 		}
 	}
 	tile := dot8Tile(acc, 32)
-	g, o := dot8Open(name, acc, tile, super, meta, hdr, left, hdrBytes)
+	g, o := dot8Open(name, acc, tile, src)
 	for m := range sums {
 		for _, r := range sums[m] {
 			VPXOR(r, r, r)
@@ -150,36 +132,10 @@ func dot8AVX2Kernel(kind string, mr int) {
 
 	Comment("The group's end: each row's sums into its chains.")
 	if mr <= 3 {
-		if super {
-			PREFETCHT0(Mem{Base: meta, Disp: pfDist})
-		} else {
-			PREFETCHT0(Mem{Base: scales, Disp: pfDist})
-			if offsets {
-				PREFETCHT0(Mem{Base: offs, Disp: pfDist})
-			}
-		}
+		src.prefetch()
 	}
 	for h := range 2 {
-		var sv, ov Op
-		if super {
-			f := YMM()
-			VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 8 * h}, f)
-			VCVTDQ2PS(f, f)
-			VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 32 * h}, f, f) // d·sc
-			sv = f
-			if offsets {
-				f := YMM()
-				VPMOVSXBD(Mem{Base: meta, Index: lane, Scale: 1, Disp: 64 + 8*h}, f)
-				VCVTDQ2PS(f, f)
-				VMULPS(Mem{Base: hdr, Index: lane, Scale: 4, Disp: 256 + 32*h}, f, f) // −dmin·m
-				ov = f
-			}
-		} else {
-			sv = Mem{Base: scales, Disp: 32 * h}
-			if offsets {
-				ov = Mem{Base: offs, Disp: 32 * h}
-			}
-		}
+		sv, ov := src.scales(YMM, 8*h)
 		for m := range a {
 			s := sums[m][h]
 			if u4 {
@@ -204,7 +160,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	for m := range a {
 		ADDQ(U32(16), a[m])
 	}
-	dot8Close(name, tile, g, super, meta, left, grpBytes, scales, offs)
+	dot8Close(name, tile, g, src)
 }
 
 func dot8AVX2Kernels() {
