@@ -149,15 +149,11 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 }
 
 // codeRow writes row i's integer codes (UINT4: 0…15; INT8: the int8's
-// bits) to dst [Cols], from m's plain or packed layout: code for a whole
-// row, its layout's arithmetic out of the loop.
+// bits) to dst [Cols], from m's plain or packed layout (not an int8-dot
+// one): code for a whole row, its layout's arithmetic out of the loop.
 func (m Matrix) codeRow(i int, dst []uint8) {
 	l := i % PanelWidth
 	switch {
-	case m.dot8:
-		for j := range dst {
-			dst[j] = uint8(m.code(i, j))
-		}
 	case m.DType == UINT4 && m.packed: // a byte a step pair, 16 rows side by side
 		src := m.u8[(i-l)*m.Cols/2+l:]
 		for j := 0; j < len(dst); j += 2 {

@@ -125,7 +125,12 @@ func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
 	row := make([]float32, hidden)
 	part := new([32]float64)
 	for e := 0; e < experts; e++ {
-		w.RowF32(e, row)
+		row := row
+		if w.DType == F32 && !w.packed { // its rows as they are: no copy
+			row = w.f32[e*hidden:][:hidden]
+		} else {
+			w.RowF32(e, row)
+		}
 		for t := 0; t < tokens; t++ {
 			dst[t*experts+e] = routerDot(x[t*hidden:][:hidden], row, part)
 		}
