@@ -77,7 +77,7 @@ type Scratch struct {
 	xq     dot8Rows   // x quantized for the int8-dot mode
 	hq     []dot8Rows // each group's h likewise
 
-	items []ffnItem      // every group's gate/up items, then every group's down items
+	items []ffnItem      // the work list: gate/up items, each group's down items after the next group's
 	hs    [][]float32    // each group's h
 	hrs   [][]magRange   // each group's h rows' magnitude ranges, where needed
 	hqs   []*dot8Rows    // each group's h quantized or rounded, where needed
@@ -131,8 +131,9 @@ type ffnItem struct {
 // each group's down items after the next group's gate/up items: a group's
 // down items wait only for its own gate/up items (the last of which
 // prepares its h for the down kernels), which by then are done or nearly,
-// so that no step waits for every worker at a barrier. s (nil: none) keeps the buffers for the next call.
-// It returns the context's error if it ends first.
+// so that no step waits for every worker at a barrier. s (nil: none)
+// keeps the buffers for the next call. It returns the context's error if
+// it ends first.
 func GroupedFFN(ctx context.Context, workers int, x []float32, groups []FFNGroup, s *Scratch) error {
 	if s == nil {
 		s = new(Scratch)
