@@ -45,7 +45,8 @@ func BenchmarkDecodeExperts(b *testing.B) {
 		flat bool // UINT4's scales as fp32 only, without Q4_K's factors
 	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"bf16_bf16dot", kernels.BF16, kernels.BF16Dot, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
 		{"uint4_int8dot", kernels.UINT4, kernels.Int8Dot, false}, {"uint4_int8dot_fp32scales", kernels.UINT4, kernels.Int8Dot, true},
-		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false}} {
+		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false},
+		{"q6k_int8dot", q6K, kernels.Int8Dot, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			// Each dtype quantized once, for its modes; made only when run.
 			stored, ok := made[c.dt]
@@ -58,13 +59,16 @@ func BenchmarkDecodeExperts(b *testing.B) {
 							rows, cols = H, I
 						}
 						var err error
-						if c.dt == kernels.BF16 {
+						switch c.dt {
+						case q6K, q5K:
+							stored[e][p], err = kQuantLike(c.dt == q6K, v, rows, cols)
+						case kernels.BF16:
 							u := make([]uint16, len(v))
 							for i, f := range v {
 								u[i] = uint16(math.Float32bits(f) >> 16)
 							}
 							stored[e][p], err = kernels.NewHalf(kernels.BF16, rows, cols, u)
-						} else {
+						default:
 							stored[e][p], err = kernels.Quantize(c.dt, v, rows, cols)
 						}
 						if err != nil {
@@ -115,4 +119,64 @@ func BenchmarkDecodeExperts(b *testing.B) {
 			}
 		})
 	}
+}
+
+// q6K and q5K name, in BenchmarkDecodeExperts, INT8 matrices made by
+// kQuantLike (not dtypes of their own).
+const q6K, q5K = kernels.DType(250), kernels.DType(251)
+
+// kQuantLike makes an INT8 matrix [rows, cols] of v with codes and
+// factors of Q6_K's shape (six6 true: signed 6-bit codes in groups of 16,
+// an int8 factor each, d a super-block of 256) or Q5_K's (unsigned 5-bit
+// codes in groups of 32 with offsets, 6-bit factors sc and m, d and dmin
+// a super-block; super-blocks narrower where the columns need). Its rounding is plain (not ggml's search for the best
+// scales): for timing the 5- and 6-bit layouts.
+func kQuantLike(six bool, v []float32, rows, cols int) (kernels.Matrix, error) {
+	g, lo, hi := 32, 0.0, 31.0
+	if six {
+		g, lo, hi = 16, -32, 31
+	}
+	per := 256 / g // fewer where a row is not whole super-blocks of 256
+	for cols/g%per != 0 {
+		per /= 2
+	}
+	n := rows * cols / g
+	scales, d, sc := make([]float32, n), make([]float32, n/per), make([]int8, n)
+	var offs, dmin []float32
+	var mins []int8
+	if !six {
+		offs, dmin, mins = make([]float32, n), make([]float32, n/per), make([]int8, n)
+	}
+	codes := make([]int8, rows*cols)
+	for sb := range n / per {
+		var amax float64
+		for _, x := range v[sb*per*g:][:per*g] {
+			amax = math.Max(amax, math.Abs(float64(x)))
+		}
+		d[sb] = float32(amax / 63 / 31)
+		if !six {
+			d[sb], dmin[sb] = float32(2*amax/63/31), float32(amax/63)
+		}
+		for k := range per {
+			i := sb*per + k
+			sc[i] = 63
+			scales[i] = d[sb] * float32(sc[i])
+			if !six {
+				mins[i] = 63
+				offs[i] = -(dmin[sb] * float32(mins[i]))
+			}
+			for j, x := range v[i*g:][:g] {
+				o := 0.0
+				if !six {
+					o = float64(offs[i])
+				}
+				codes[i*g+j] = int8(max(lo, min(hi, math.RoundToEven((float64(x)-o)/float64(scales[i])))))
+			}
+		}
+	}
+	m, err := kernels.NewINT8(rows, cols, g, codes, scales, offs)
+	if err != nil {
+		return m, err
+	}
+	return kernels.WithSuperScales(m, per, d, dmin, sc, mins)
 }

@@ -99,7 +99,10 @@ const dot8Block = 32
 // dot8Unit is the k steps of one unit of an int8-dot panel: 64 bytes of
 // UINT4 (row l's byte 4l + i holds its codes of steps i, low, and 4 + i,
 // high) or 128 of INT8 (two 64-byte halves, steps 0…3 then 4…7, row l's
-// bytes 4l…4l+3, each code plus 128).
+// bytes 4l…4l+3, each code plus 128). INT8 codes of 5 or 6 bits (see
+// PackInt8Dot) take 64 bytes of low nibbles as UINT4's, then each high
+// bit's plane: 16 bytes, a 64-bit word for steps 0…3 and one for 4…7,
+// row l's step i at bit 4l + i.
 const dot8Unit = 8
 
 // PackInt8Dot returns m, a UINT4 or INT8 matrix whose groups are 8, 16 or
@@ -107,6 +110,12 @@ const dot8Unit = 8
 // int8-dot mode: its products are computed as the mode defines (see
 // Numerics) by every kernel call, on every implementation. At and RowF32
 // still give the weights' values. Other matrices are an error naming why.
+//
+// INT8 codes that fit in 5 or 6 bits (GGUF's Q5_0, Q5_1, Q5_K and Q6_K)
+// are held in that many bits: signed codes in [−16, 16) without offsets
+// (Q5_0) as 5 bits plus 16, unsigned ones below 32 with offsets (Q5_1,
+// Q5_K) as 5 bits, and signed codes in [−32, 32) without offsets (Q6_K)
+// as 6 bits plus 32; the products are the same integers either way.
 func PackInt8Dot(m Matrix) (Matrix, error) {
 	if m.dot8 {
 		return m, nil
@@ -118,34 +127,94 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
 	}
 	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.dot8Scales(m.Rows, m.panels()), lut: m.lut, packed: true, dot8: true}
+	codes := make([]uint8, m.Cols)
+	if m.DType == INT8 {
+		p.planes, p.bias = m.narrowCodes(codes)
+	}
 	if m.q.super != nil && (m.DType == INT8 || m.q.off != nil) {
 		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
 	}
-	p.u8 = hugepage.Bytes(m.panels() * PanelWidth * m.Cols * m.DType.Bits() / 8)
+	unit := p.dot8UnitBytes()
+	p.u8 = hugepage.Bytes(m.panels() * m.Cols / dot8Unit * unit)
 	// Row by row, a unit (8 steps) at a time: the layout of dot8Index.
-	codes := make([]uint8, m.Cols)
 	for i := 0; i < m.Rows; i++ {
 		m.codeRow(i, codes)
 		l := i % PanelWidth
-		if m.DType == UINT4 {
-			row := p.u8[(i-l)*m.Cols/2:]
+		row := p.u8[(i-l)/PanelWidth*m.Cols/dot8Unit*unit:]
+		switch {
+		case m.DType == UINT4:
 			for u := 0; u < m.Cols; u += dot8Unit {
 				at := u/dot8Unit*64 + 4*l
 				for r := range 4 {
 					row[at+r] = codes[u+r] | codes[u+4+r]<<4
 				}
 			}
-			continue
-		}
-		row := p.u8[(i-l)*m.Cols:]
-		for u := 0; u < m.Cols; u += dot8Unit {
-			at := u/dot8Unit*128 + 4*l
-			for r := range 4 {
-				row[at+r], row[at+64+r] = codes[u+r]+128, codes[u+4+r]+128
+		case p.planes > 0: // nibbles, then each high bit's plane
+			for u := 0; u < m.Cols; u += dot8Unit {
+				un := row[u/dot8Unit*unit:][:unit]
+				for r := range 4 {
+					c0, c1 := codes[u+r]+p.bias, codes[u+4+r]+p.bias
+					un[4*l+r] = c0&15 | c1<<4
+					for pl := range int(p.planes) {
+						bit := uint(4 + pl)
+						un[64+16*pl+l/2] |= c0 >> bit & 1 << (4*(l&1) + r)
+						un[72+16*pl+l/2] |= c1 >> bit & 1 << (4*(l&1) + r)
+					}
+				}
+			}
+		default:
+			for u := 0; u < m.Cols; u += dot8Unit {
+				at := u/dot8Unit*128 + 4*l
+				for r := range 4 {
+					row[at+r], row[at+64+r] = codes[u+r]+128, codes[u+4+r]+128
+				}
 			}
 		}
 	}
 	return p, nil
+}
+
+// narrowCodes returns how PackInt8Dot holds the codes of m, an INT8
+// matrix: its high bits' planes (0: a byte a code) and the bias its codes
+// are stored plus. row is scratch [Cols].
+func (m Matrix) narrowCodes(row []uint8) (planes, bias uint8) {
+	lo, hi := 0, 0
+	for i := 0; i < m.Rows; i++ {
+		m.codeRow(i, row)
+		for _, c := range row {
+			lo, hi = min(lo, int(int8(c))), max(hi, int(int8(c)))
+		}
+	}
+	offsets := m.q.off != nil
+	switch {
+	case !offsets && lo >= -16 && hi < 16: // Q5_0
+		return 1, 16
+	case offsets && lo >= 0 && hi < 32: // Q5_1, Q5_K
+		return 1, 0
+	case !offsets && lo >= -32 && hi < 32: // Q6_K
+		return 2, 32
+	}
+	return 0, 0
+}
+
+// dot8UnitBytes is the bytes of one unit (dot8Unit steps) of a panel of
+// the int8-dot matrix m.
+func (m Matrix) dot8UnitBytes() int {
+	switch {
+	case m.DType == UINT4:
+		return 64
+	case m.planes > 0:
+		return 64 + 16*int(m.planes)
+	}
+	return 128
+}
+
+// codeBits is the bits a code of m takes in memory.
+func (m Matrix) codeBits() int {
+	if m.planes > 0 {
+		return 4 + int(m.planes)
+	}
+	return m.DType.Bits()
 }
 
 // codeRow writes row i's integer codes (UINT4: 0…15; INT8: the int8's
@@ -246,8 +315,18 @@ const dot8Run = tileCols / PanelWidth
 func (m Matrix) code(i, j int) int {
 	if m.dot8 {
 		at, shift := m.dot8Index(i, j)
-		if m.DType == UINT4 {
+		switch {
+		case m.DType == UINT4:
 			return int(m.u8[at] >> shift & 15)
+		case m.planes > 0:
+			c := int(m.u8[at] >> shift & 15)
+			l, u, r := i%PanelWidth, j/dot8Unit, j%dot8Unit
+			unit := m.u8[(i-l)/PanelWidth*m.Cols/dot8Unit*m.dot8UnitBytes()+u*m.dot8UnitBytes():]
+			for pl := range int(m.planes) {
+				word := 64 + 16*pl + 8*(r/4)
+				c |= int(unit[word+l/2]>>(4*(l&1)+r%4)&1) << (4 + pl)
+			}
+			return c - int(m.bias)
 		}
 		return int(m.u8[at]) - 128
 	}
@@ -262,16 +341,13 @@ func (m Matrix) code(i, j int) int {
 }
 
 // dot8Index is the byte and bit shift of element [i, j] of an int8-dot
-// matrix.
+// matrix (of its low nibble, for codes of 5 or 6 bits).
 func (m Matrix) dot8Index(i, j int) (at int, shift uint) {
 	l, u, r := i%PanelWidth, j/dot8Unit, j%dot8Unit
-	unit := 64
-	if m.DType == INT8 {
-		unit = 128
-	}
-	at = (i-l)*m.Cols*m.DType.Bits()/8 + u*unit + 4*l + r%4
+	unit := m.dot8UnitBytes()
+	at = (i-l)/PanelWidth*m.Cols/dot8Unit*unit + u*unit + 4*l + r%4
 	if r >= 4 {
-		if m.DType == UINT4 {
+		if unit != 128 {
 			return at, 4
 		}
 		at += 64
@@ -471,10 +547,38 @@ type dot8KFunc func(a *[maxDot8Rows]*byte, b *byte, stride, groups int, c *float
 type dot8KTable = [maxDot8Rows + 1][]dot8KFunc
 
 // dot8Kernels are an implementation's int8-dot kernels by weight dtype
-// (UINT4, INT8), with offsets or without, and on K-quant factors.
+// (UINT4, INT8, INT8 codes of 5 bits signed or unsigned and of 6 bits
+// signed, see PackInt8Dot), with offsets or without, and on K-quant
+// factors.
 type dot8Kernels struct {
-	u4, u4m, i8, i8m dot8Table
-	u4km, i8k, i8km  dot8KTable
+	u4, u4m, i8, i8m, s5, u5m, s6 dot8Table
+	u4km, i8k, i8km, u5km, s6k    dot8KTable
+}
+
+// tables returns s's kernels for the int8-dot matrix b: by its scales, or
+// (k not nil) by its K-quant factors where there are kernels for them.
+func (s *dot8Kernels) tables(b Matrix) (t *dot8Table, k *dot8KTable) {
+	offsets := b.q.off != nil
+	switch {
+	case b.planes == 1 && b.bias != 0:
+		return &s.s5, nil
+	case b.planes == 1:
+		t, k = &s.u5m, &s.u5km
+	case b.planes == 2:
+		t, k = &s.s6, &s.s6k
+	case b.DType == INT8 && offsets:
+		t, k = &s.i8m, &s.i8km
+	case b.DType == INT8:
+		t, k = &s.i8, &s.i8k
+	case offsets:
+		t, k = &s.u4m, &s.u4km
+	default:
+		return &s.u4, nil
+	}
+	if b.q.super == nil || b.q.kmeta == nil {
+		k = nil
+	}
+	return t, k
 }
 
 func (s *simd) hasDot8() bool { return s.dot8 != nil }
@@ -484,34 +588,16 @@ func (s *simd) hasDot8() bool { return s.dot8 != nil }
 func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 int, c []float32, ldc int) {
 	M := len(recs)
 	K, g := b.Cols, b.q.cols
-	tab := &s.dot8.u4
-	unit := 64
-	switch {
-	case b.DType == INT8 && b.q.off != nil:
-		tab, unit = &s.dot8.i8m, 128
-	case b.DType == INT8:
-		tab, unit = &s.dot8.i8, 128
-	case b.q.off != nil:
-		tab = &s.dot8.u4m
-	}
+	tab, ktab := s.dot8.tables(b)
 	p0, p1 := n0/PanelWidth, (n1+PanelWidth-1)/PanelWidth
 	ldt := (p1 - p0) * PanelWidth
 	tile := buffers.Grow(&sc.tile, M*ldt)
-	stride := K / dot8Unit * unit
+	stride := K / dot8Unit * b.dot8UnitBytes()
 	ss := 4 * dot8Run * PanelWidth
 	ap := &sc.ap8
-	var ktab *dot8KTable
 	var run int // bytes of one run of panels' factors
-	if sup := b.q.super; sup != nil && b.q.kmeta != nil {
+	if ktab != nil {
 		run = len(b.q.kmeta) / ((b.q.panels + dot8Run - 1) / dot8Run)
-		switch {
-		case b.DType == UINT4 && b.q.off != nil:
-			ktab = &s.dot8.u4km
-		case b.DType == INT8 && b.q.off != nil:
-			ktab = &s.dot8.i8km
-		case b.DType == INT8:
-			ktab = &s.dot8.i8k
-		}
 	}
 	maxMR := maxDot8Rows // the most rows the kernels to be called take
 	for maxMR > 1 && (ktab == nil && len(tab[maxMR]) == 0 || ktab != nil && len(ktab[maxMR]) == 0) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -109,8 +110,65 @@ func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 		}
 		out[fmt.Sprintf("%v K g%d offsets=%v", c.dt, c.g, c.offsets)] = m
 	}
+	// INT8 codes of 5 and 6 bits (GGUF's Q5_0, Q5_1, Q6_K without their
+	// factors; Q5_K with them), which PackInt8Dot holds in that many bits.
+	for _, c := range []struct {
+		name    string
+		g, lo   int
+		n       int // codes in [lo, lo+n)
+		offsets bool
+	}{{"q5_0", 32, -16, 32, false}, {"q5_1", 32, 0, 32, true}, {"q6", 16, -32, 64, false}, {"q5_k", 32, 0, 32, true}} {
+		n := rows * cols / c.g
+		scales, offs := make([]float32, n), []float32(nil)
+		for i := range scales {
+			scales[i] = float32((rng.Float64()*2 - 1) * 0.01)
+		}
+		if c.offsets {
+			offs = make([]float32, n)
+			for i := range offs {
+				offs[i] = float32((rng.Float64()*2 - 1) * 0.05)
+			}
+		}
+		codes := make([]int8, rows*cols)
+		for i := range codes {
+			codes[i] = int8(c.lo + rng.IntN(c.n))
+		}
+		if c.name == "q5_k" { // scales d·sc and offsets −dmin·m in super-blocks of 8 (or fewer) groups
+			per := 1
+			for gc := cols / c.g; per < 8 && gc%(2*per) == 0; per *= 2 {
+			}
+			d, dmin, sc, mins := make([]float32, n/per), make([]float32, n/per), make([]int8, n), make([]int8, n)
+			for i := range d {
+				d[i], dmin[i] = float32(rng.Float64()*0.001+1e-4), float32(rng.Float64()*0.002+1e-4)
+			}
+			gc := cols / c.g
+			for i := range sc {
+				sc[i], mins[i] = int8(rng.IntN(64)), int8(rng.IntN(64))
+				sb := i/gc*(gc/per) + i%gc/per
+				scales[i], offs[i] = d[sb]*float32(sc[i]), -(dmin[sb] * float32(mins[i]))
+			}
+			m, err := NewINT8(rows, cols, c.g, codes, scales, offs)
+			if err != nil {
+				panic(err)
+			}
+			if out[c.name], err = WithSuperScales(m, per, d, dmin, sc, mins); err != nil {
+				panic(err)
+			}
+			continue
+		}
+		m, err := NewINT8(rows, cols, c.g, codes, scales, offs)
+		if err != nil {
+			panic(err)
+		}
+		out[fmt.Sprintf("%s g%d", c.name, c.g)] = m
+	}
 	return out
 }
+
+// dot8Held is how PackInt8Dot should hold each case of dot8Cases (by its
+// name's start): the high bits' planes and the bias; the rest a byte or
+// a nibble a code.
+var dot8Held = map[string][2]uint8{"q5_0": {1, 16}, "q5_1": {1, 0}, "q5_k": {1, 0}, "q6": {2, 32}, "INT8 K g16 offsets=false": {2, 32}}
 
 // dot8Reference is the int8-dot mode written again from its definition
 // (see Numerics): row x against row n of m.
@@ -178,6 +236,18 @@ func TestInt8Dot(t *testing.T) {
 					require.Equal(t, d.u8, dp.u8, name)
 					require.Equal(t, Int8Dot, d.Numerics())
 					require.Equal(t, Exact, m.Numerics())
+					var held [2]uint8
+					for prefix, h := range dot8Held {
+						if strings.HasPrefix(name, prefix) {
+							held = h
+						}
+					}
+					require.Equal(t, held, [2]uint8{d.planes, d.bias}, "%s: planes and bias", name)
+					bits := int64(m.DType.Bits())
+					if held[0] > 0 {
+						bits = 4 + int64(held[0])
+					}
+					require.Equal(t, int64(s.N)*int64(s.K)*bits/8, d.Bytes()-int64(d.ScaleBytes()), name)
 					for n := 0; n < s.N; n += 7 {
 						for k := 0; k < s.K; k += 5 {
 							require.Equal(t, m.At(n, k), d.At(n, k), "%s [%d, %d]", name, n, k)
@@ -240,8 +310,9 @@ func TestInt8DotRefused(t *testing.T) {
 // TestInt8DotExtremes: the largest codes against the largest activations
 // (±127 in every step of a group of 32), where the AVX2 kernels' int16
 // pair sums are nearest their bounds (UINT4: 15·127 a product, a group's
-// 30480 summed in int16; INT8: −128·−127 = 16256, a pair 32512): the
-// reference's bits on every implementation, with offsets and without.
+// 30480 summed in int16; INT8: −128·−127 = 16256, a pair 32512; 5- and
+// 6-bit codes: four products 32004): the reference's bits on every
+// implementation, with offsets and without.
 func TestInt8DotExtremes(t *testing.T) {
 	const rows, cols = 16, 96
 	x := make([]float32, 3*cols)
@@ -278,6 +349,36 @@ func TestInt8DotExtremes(t *testing.T) {
 		c, err := NewINT8(rows, cols, 32, i8, scales, o)
 		require.NoError(t, err)
 		ms = append(ms, u, c)
+	}
+	// Codes of 5 and 6 bits (see PackInt8Dot) at their ends: stored as
+	// 0 or the largest (31, 63), the AVX2 kernels' four products a lane
+	// at most 4·63·127 = 32004 in int16.
+	for _, v := range []struct {
+		lo, hi  int8
+		offsets []float32
+		planes  uint8
+	}{{-16, 15, nil, 1}, {0, 31, offs, 1}, {-32, 31, nil, 2}} {
+		codes := make([]int8, rows*cols)
+		for r := range rows {
+			for k := range cols {
+				c := v.hi
+				switch r % 4 {
+				case 1:
+					c = v.lo
+				case 2:
+					c = [2]int8{v.lo, v.hi}[k%2]
+				case 3:
+					c = v.lo + int8((r*7+k)%int(v.hi-v.lo+1))
+				}
+				codes[r*cols+k] = c
+			}
+		}
+		c, err := NewINT8(rows, cols, 32, codes, scales, v.offsets)
+		require.NoError(t, err)
+		d, err := PackInt8Dot(c)
+		require.NoError(t, err)
+		require.Equal(t, v.planes, d.planes)
+		ms = append(ms, c)
 	}
 	for _, impl := range Implementations() {
 		restore, err := Use(impl)

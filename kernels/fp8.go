@@ -112,7 +112,7 @@ func (m Matrix) BlockSize() (rows, cols int) {
 // Bytes is the size of what the kernels read of m: its elements and, for
 // the quantized dtypes, its scales.
 func (m Matrix) Bytes() int64 {
-	return int64(m.Rows)*int64(m.Cols)*int64(m.DType.Bits())/8 + int64(m.ScaleBytes())
+	return int64(m.Rows)*int64(m.Cols)*int64(m.codeBits())/8 + int64(m.ScaleBytes())
 }
 
 // ScaleBytes is the size of the scales the kernels read for a quantized matrix

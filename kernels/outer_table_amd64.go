@@ -208,6 +208,36 @@ var dot8AVX512 = dot8Kernels{
 		3: {1: dot8AVX512I8KMx3p1, 2: dot8AVX512I8KMx3p2},
 		4: {1: dot8AVX512I8KMx4p1, 2: dot8AVX512I8KMx4p2},
 	},
+	s5: dot8Table{
+		1: {1: dot8AVX512S5x1p1, 2: dot8AVX512S5x1p2, 3: dot8AVX512S5x1p3, 4: dot8AVX512S5x1p4},
+		2: {1: dot8AVX512S5x2p1, 2: dot8AVX512S5x2p2, 3: dot8AVX512S5x2p3, 4: dot8AVX512S5x2p4},
+		3: {1: dot8AVX512S5x3p1, 2: dot8AVX512S5x3p2},
+		4: {1: dot8AVX512S5x4p1, 2: dot8AVX512S5x4p2},
+	},
+	u5m: dot8Table{
+		1: {1: dot8AVX512U5Mx1p1, 2: dot8AVX512U5Mx1p2, 3: dot8AVX512U5Mx1p3, 4: dot8AVX512U5Mx1p4},
+		2: {1: dot8AVX512U5Mx2p1, 2: dot8AVX512U5Mx2p2, 3: dot8AVX512U5Mx2p3, 4: dot8AVX512U5Mx2p4},
+		3: {1: dot8AVX512U5Mx3p1, 2: dot8AVX512U5Mx3p2},
+		4: {1: dot8AVX512U5Mx4p1, 2: dot8AVX512U5Mx4p2},
+	},
+	s6: dot8Table{
+		1: {1: dot8AVX512S6x1p1, 2: dot8AVX512S6x1p2, 3: dot8AVX512S6x1p3, 4: dot8AVX512S6x1p4},
+		2: {1: dot8AVX512S6x2p1, 2: dot8AVX512S6x2p2, 3: dot8AVX512S6x2p3, 4: dot8AVX512S6x2p4},
+		3: {1: dot8AVX512S6x3p1, 2: dot8AVX512S6x3p2},
+		4: {1: dot8AVX512S6x4p1, 2: dot8AVX512S6x4p2},
+	},
+	u5km: dot8KTable{
+		1: {1: dot8AVX512U5KMx1p1, 2: dot8AVX512U5KMx1p2, 3: dot8AVX512U5KMx1p3, 4: dot8AVX512U5KMx1p4},
+		2: {1: dot8AVX512U5KMx2p1, 2: dot8AVX512U5KMx2p2, 3: dot8AVX512U5KMx2p3, 4: dot8AVX512U5KMx2p4},
+		3: {1: dot8AVX512U5KMx3p1, 2: dot8AVX512U5KMx3p2},
+		4: {1: dot8AVX512U5KMx4p1, 2: dot8AVX512U5KMx4p2},
+	},
+	s6k: dot8KTable{
+		1: {1: dot8AVX512S6Kx1p1, 2: dot8AVX512S6Kx1p2, 3: dot8AVX512S6Kx1p3, 4: dot8AVX512S6Kx1p4},
+		2: {1: dot8AVX512S6Kx2p1, 2: dot8AVX512S6Kx2p2, 3: dot8AVX512S6Kx2p3, 4: dot8AVX512S6Kx2p4},
+		3: {1: dot8AVX512S6Kx3p1, 2: dot8AVX512S6Kx3p2},
+		4: {1: dot8AVX512S6Kx4p1, 2: dot8AVX512S6Kx4p2},
+	},
 }
 
 // dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).
@@ -239,6 +269,26 @@ var dot8AVX2 = dot8Kernels{
 	i8km: dot8KTable{
 		1: {1: dot8AVX2I8KMx1},
 		2: {1: dot8AVX2I8KMx2},
+	},
+	s5: dot8Table{
+		1: {1: dot8AVX2S5x1},
+		2: {1: dot8AVX2S5x2},
+	},
+	u5m: dot8Table{
+		1: {1: dot8AVX2U5Mx1},
+		2: {1: dot8AVX2U5Mx2},
+	},
+	s6: dot8Table{
+		1: {1: dot8AVX2S6x1},
+		2: {1: dot8AVX2S6x2},
+	},
+	u5km: dot8KTable{
+		1: {1: dot8AVX2U5KMx1},
+		2: {1: dot8AVX2U5KMx2},
+	},
+	s6k: dot8KTable{
+		1: {1: dot8AVX2S6Kx1},
+		2: {1: dot8AVX2S6Kx2},
 	},
 }
 

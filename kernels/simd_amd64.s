@@ -7268,6 +7268,142 @@ opAVX2Q8Mx6p1_store:
 	VZEROUPPER
 	RET
 
+DATA dot8Spread<>+0(SB)/1, $0x00
+DATA dot8Spread<>+1(SB)/1, $0x00
+DATA dot8Spread<>+2(SB)/1, $0x00
+DATA dot8Spread<>+3(SB)/1, $0x00
+DATA dot8Spread<>+4(SB)/1, $0x00
+DATA dot8Spread<>+5(SB)/1, $0x00
+DATA dot8Spread<>+6(SB)/1, $0x00
+DATA dot8Spread<>+7(SB)/1, $0x00
+DATA dot8Spread<>+8(SB)/1, $0x01
+DATA dot8Spread<>+9(SB)/1, $0x01
+DATA dot8Spread<>+10(SB)/1, $0x01
+DATA dot8Spread<>+11(SB)/1, $0x01
+DATA dot8Spread<>+12(SB)/1, $0x01
+DATA dot8Spread<>+13(SB)/1, $0x01
+DATA dot8Spread<>+14(SB)/1, $0x01
+DATA dot8Spread<>+15(SB)/1, $0x01
+DATA dot8Spread<>+16(SB)/1, $0x02
+DATA dot8Spread<>+17(SB)/1, $0x02
+DATA dot8Spread<>+18(SB)/1, $0x02
+DATA dot8Spread<>+19(SB)/1, $0x02
+DATA dot8Spread<>+20(SB)/1, $0x02
+DATA dot8Spread<>+21(SB)/1, $0x02
+DATA dot8Spread<>+22(SB)/1, $0x02
+DATA dot8Spread<>+23(SB)/1, $0x02
+DATA dot8Spread<>+24(SB)/1, $0x03
+DATA dot8Spread<>+25(SB)/1, $0x03
+DATA dot8Spread<>+26(SB)/1, $0x03
+DATA dot8Spread<>+27(SB)/1, $0x03
+DATA dot8Spread<>+28(SB)/1, $0x03
+DATA dot8Spread<>+29(SB)/1, $0x03
+DATA dot8Spread<>+30(SB)/1, $0x03
+DATA dot8Spread<>+31(SB)/1, $0x03
+GLOBL dot8Spread<>(SB), RODATA|NOPTR, $32
+
+DATA dot8Bit<>+0(SB)/1, $0x01
+DATA dot8Bit<>+1(SB)/1, $0x02
+DATA dot8Bit<>+2(SB)/1, $0x04
+DATA dot8Bit<>+3(SB)/1, $0x08
+DATA dot8Bit<>+4(SB)/1, $0x10
+DATA dot8Bit<>+5(SB)/1, $0x20
+DATA dot8Bit<>+6(SB)/1, $0x40
+DATA dot8Bit<>+7(SB)/1, $0x80
+DATA dot8Bit<>+8(SB)/1, $0x01
+DATA dot8Bit<>+9(SB)/1, $0x02
+DATA dot8Bit<>+10(SB)/1, $0x04
+DATA dot8Bit<>+11(SB)/1, $0x08
+DATA dot8Bit<>+12(SB)/1, $0x10
+DATA dot8Bit<>+13(SB)/1, $0x20
+DATA dot8Bit<>+14(SB)/1, $0x40
+DATA dot8Bit<>+15(SB)/1, $0x80
+DATA dot8Bit<>+16(SB)/1, $0x01
+DATA dot8Bit<>+17(SB)/1, $0x02
+DATA dot8Bit<>+18(SB)/1, $0x04
+DATA dot8Bit<>+19(SB)/1, $0x08
+DATA dot8Bit<>+20(SB)/1, $0x10
+DATA dot8Bit<>+21(SB)/1, $0x20
+DATA dot8Bit<>+22(SB)/1, $0x40
+DATA dot8Bit<>+23(SB)/1, $0x80
+DATA dot8Bit<>+24(SB)/1, $0x01
+DATA dot8Bit<>+25(SB)/1, $0x02
+DATA dot8Bit<>+26(SB)/1, $0x04
+DATA dot8Bit<>+27(SB)/1, $0x08
+DATA dot8Bit<>+28(SB)/1, $0x10
+DATA dot8Bit<>+29(SB)/1, $0x20
+DATA dot8Bit<>+30(SB)/1, $0x40
+DATA dot8Bit<>+31(SB)/1, $0x80
+GLOBL dot8Bit<>(SB), RODATA|NOPTR, $32
+
+DATA dot8High0<>+0(SB)/1, $0x10
+DATA dot8High0<>+1(SB)/1, $0x10
+DATA dot8High0<>+2(SB)/1, $0x10
+DATA dot8High0<>+3(SB)/1, $0x10
+DATA dot8High0<>+4(SB)/1, $0x10
+DATA dot8High0<>+5(SB)/1, $0x10
+DATA dot8High0<>+6(SB)/1, $0x10
+DATA dot8High0<>+7(SB)/1, $0x10
+DATA dot8High0<>+8(SB)/1, $0x10
+DATA dot8High0<>+9(SB)/1, $0x10
+DATA dot8High0<>+10(SB)/1, $0x10
+DATA dot8High0<>+11(SB)/1, $0x10
+DATA dot8High0<>+12(SB)/1, $0x10
+DATA dot8High0<>+13(SB)/1, $0x10
+DATA dot8High0<>+14(SB)/1, $0x10
+DATA dot8High0<>+15(SB)/1, $0x10
+DATA dot8High0<>+16(SB)/1, $0x10
+DATA dot8High0<>+17(SB)/1, $0x10
+DATA dot8High0<>+18(SB)/1, $0x10
+DATA dot8High0<>+19(SB)/1, $0x10
+DATA dot8High0<>+20(SB)/1, $0x10
+DATA dot8High0<>+21(SB)/1, $0x10
+DATA dot8High0<>+22(SB)/1, $0x10
+DATA dot8High0<>+23(SB)/1, $0x10
+DATA dot8High0<>+24(SB)/1, $0x10
+DATA dot8High0<>+25(SB)/1, $0x10
+DATA dot8High0<>+26(SB)/1, $0x10
+DATA dot8High0<>+27(SB)/1, $0x10
+DATA dot8High0<>+28(SB)/1, $0x10
+DATA dot8High0<>+29(SB)/1, $0x10
+DATA dot8High0<>+30(SB)/1, $0x10
+DATA dot8High0<>+31(SB)/1, $0x10
+GLOBL dot8High0<>(SB), RODATA|NOPTR, $32
+
+DATA dot8High1<>+0(SB)/1, $0x20
+DATA dot8High1<>+1(SB)/1, $0x20
+DATA dot8High1<>+2(SB)/1, $0x20
+DATA dot8High1<>+3(SB)/1, $0x20
+DATA dot8High1<>+4(SB)/1, $0x20
+DATA dot8High1<>+5(SB)/1, $0x20
+DATA dot8High1<>+6(SB)/1, $0x20
+DATA dot8High1<>+7(SB)/1, $0x20
+DATA dot8High1<>+8(SB)/1, $0x20
+DATA dot8High1<>+9(SB)/1, $0x20
+DATA dot8High1<>+10(SB)/1, $0x20
+DATA dot8High1<>+11(SB)/1, $0x20
+DATA dot8High1<>+12(SB)/1, $0x20
+DATA dot8High1<>+13(SB)/1, $0x20
+DATA dot8High1<>+14(SB)/1, $0x20
+DATA dot8High1<>+15(SB)/1, $0x20
+DATA dot8High1<>+16(SB)/1, $0x20
+DATA dot8High1<>+17(SB)/1, $0x20
+DATA dot8High1<>+18(SB)/1, $0x20
+DATA dot8High1<>+19(SB)/1, $0x20
+DATA dot8High1<>+20(SB)/1, $0x20
+DATA dot8High1<>+21(SB)/1, $0x20
+DATA dot8High1<>+22(SB)/1, $0x20
+DATA dot8High1<>+23(SB)/1, $0x20
+DATA dot8High1<>+24(SB)/1, $0x20
+DATA dot8High1<>+25(SB)/1, $0x20
+DATA dot8High1<>+26(SB)/1, $0x20
+DATA dot8High1<>+27(SB)/1, $0x20
+DATA dot8High1<>+28(SB)/1, $0x20
+DATA dot8High1<>+29(SB)/1, $0x20
+DATA dot8High1<>+30(SB)/1, $0x20
+DATA dot8High1<>+31(SB)/1, $0x20
+GLOBL dot8High1<>(SB), RODATA|NOPTR, $32
+
 // func dot8AVX2U4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 // Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·dot8AVX2U4x1(SB), NOSPLIT, $0-96
@@ -9063,6 +9199,1615 @@ dot8AVX2I8KMx2_unit:
 	JMP          dot8AVX2I8KMx2_group
 
 dot8AVX2I8KMx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S5x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S5x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2S5x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2S5x1_start
+
+dot8AVX2S5x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2S5x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2S5x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2S5x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S5x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, SI
+	DECQ         DI
+	JNZ          dot8AVX2S5x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x03, Y6, Y6
+	VPSUBD       Y6, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x03, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2S5x1_group
+
+dot8AVX2S5x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S5x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S5x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2S5x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2S5x2_start
+
+dot8AVX2S5x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2S5x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2S5x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2S5x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S5x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX2S5x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPBROADCASTD 8(CX), Y10
+	VPSRAD       $0x03, Y10, Y10
+	VPSUBD       Y10, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x03, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPBROADCASTD 8(CX), Y3
+	VPSRAD       $0x03, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x03, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2S5x2_group
+
+dot8AVX2S5x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U5Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U5Mx1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2U5Mx1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	JMP     dot8AVX2U5Mx1_start
+
+dot8AVX2U5Mx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2U5Mx1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2U5Mx1_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2U5Mx1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U5Mx1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	VMOVDQU      (CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX2U5Mx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (BX), Y3, Y2
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(BX), Y3, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2U5Mx1_group
+
+dot8AVX2U5Mx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U5Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U5Mx2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX2U5Mx2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y8
+	JMP     dot8AVX2U5Mx2_start
+
+dot8AVX2U5Mx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2U5Mx2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX2U5Mx2_group:
+	TESTQ DI, DI
+	JZ    dot8AVX2U5Mx2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R9
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U5Mx2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU      (DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX2U5Mx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  (SI), Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  (SI), Y3, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  32(SI), Y3, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  32(SI), Y3, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX2U5Mx2_group
+
+dot8AVX2U5Mx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S6x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S6x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2S6x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2S6x1_start
+
+dot8AVX2S6x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2S6x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2S6x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2S6x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S6x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 80(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 88(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 84(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 92(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, SI
+	DECQ         DI
+	JNZ          dot8AVX2S6x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x02, Y6, Y6
+	VPSUBD       Y6, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x02, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2S6x1_group
+
+dot8AVX2S6x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S6x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S6x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2S6x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2S6x2_start
+
+dot8AVX2S6x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2S6x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2S6x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2S6x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S6x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD 80(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 88(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD 84(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 92(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, DI
+	DECQ         R8
+	JNZ          dot8AVX2S6x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPBROADCASTD 8(CX), Y10
+	VPSRAD       $0x02, Y10, Y10
+	VPSUBD       Y10, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x02, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPBROADCASTD 8(CX), Y3
+	VPSRAD       $0x02, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x02, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2S6x2_group
+
+dot8AVX2S6x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U5KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U5KMx1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX2U5KMx1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y4
+	JMP     dot8AVX2U5KMx1_start
+
+dot8AVX2U5KMx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2U5KMx1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX2U5KMx1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX2U5KMx1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX2U5KMx1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX2U5KMx1_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R10
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U5KMx1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU      (DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX2U5KMx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (CX)(SI*4), Y6, Y6
+	VPMOVSXBD    64(BX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       256(CX)(SI*4), Y7, Y7
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y8
+	VMULPS       Y6, Y8, Y8
+	VFMADD231PS  Y8, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y2
+	VPMOVSXBD    8(BX)(SI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(CX)(SI*4), Y3, Y3
+	VPMOVSXBD    72(BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       288(CX)(SI*4), Y6, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y6, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX2U5KMx1_group
+
+dot8AVX2U5KMx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2U5KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2U5KMx2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX2U5KMx2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y8
+	JMP     dot8AVX2U5KMx2_start
+
+dot8AVX2U5KMx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2U5KMx2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX2U5KMx2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX2U5KMx2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX2U5KMx2_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX2U5KMx2_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R11
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2U5KMx2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU      (BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX2U5KMx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (DX)(DI*4), Y10, Y10
+	VPMOVSXBD    64(SI)(DI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       256(DX)(DI*4), Y11, Y11
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y12
+	VMULPS       Y10, Y12, Y12
+	VFMADD231PS  Y12, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  Y3, Y11, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y11, Y6
+	VPMOVSXBD    8(SI)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(DX)(DI*4), Y3, Y3
+	VPMOVSXBD    72(SI)(DI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       288(DX)(DI*4), Y7, Y7
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y10
+	VMULPS       Y3, Y10, Y10
+	VFMADD231PS  Y10, Y5, Y4
+	VBROADCASTSS 4(CX), Y5
+	VFMADD231PS  Y5, Y7, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y3, Y7, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX2U5KMx2_group
+
+dot8AVX2U5KMx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S6Kx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S6Kx1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX2S6Kx1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y2
+	VMOVUPS 32(R8), Y4
+	JMP     dot8AVX2S6Kx1_start
+
+dot8AVX2S6Kx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2S6Kx1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX2S6Kx1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX2S6Kx1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX2S6Kx1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000100, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX2S6Kx1_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R10
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S6Kx1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU      (DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 80(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 88(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(DX)(R9*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 84(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 92(DX)(R9*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX2S6Kx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       (CX)(SI*4), Y6, Y6
+	VPBROADCASTD 8(AX), Y7
+	VPSRAD       $0x02, Y7, Y7
+	VPSUBD       Y7, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  Y7, Y3, Y2
+	VPMOVSXBD    8(BX)(SI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(CX)(SI*4), Y3, Y3
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x02, Y6, Y6
+	VPSUBD       Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y6
+	VMULPS       Y3, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX2S6Kx1_group
+
+dot8AVX2S6Kx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S6Kx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S6Kx2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VMOVD        R9, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX2S6Kx2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Y2
+	VMOVUPS 32(R9), Y4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Y6
+	VMOVUPS 32(R9), Y8
+	JMP     dot8AVX2S6Kx2_start
+
+dot8AVX2S6Kx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2S6Kx2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX2S6Kx2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX2S6Kx2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX2S6Kx2_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX2S6Kx2_factors:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R11
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S6Kx2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU      (BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD 80(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 88(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(BX)(R10*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD 84(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 92(BX)(R10*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R10
+	DECQ         R11
+	JNZ          dot8AVX2S6Kx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       (DX)(DI*4), Y10, Y10
+	VPBROADCASTD 8(CX), Y11
+	VPSRAD       $0x02, Y11, Y11
+	VPSUBD       Y11, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y11
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  Y11, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x02, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPMOVSXBD    8(SI)(DI*1), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       32(DX)(DI*4), Y3, Y3
+	VPBROADCASTD 8(CX), Y7
+	VPSRAD       $0x02, Y7, Y7
+	VPSUBD       Y7, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VPBROADCASTD 8(AX), Y5
+	VPSRAD       $0x02, Y5, Y5
+	VPSUBD       Y5, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX2S6Kx2_group
+
+dot8AVX2S6Kx2_store:
 	MOVQ    c+32(FP), AX
 	MOVQ    ldc+40(FP), CX
 	VMOVUPS Y2, (AX)
@@ -50150,6 +51895,8746 @@ dot8AVX512I8KMx4p2_store:
 	ADDQ    CX, AX
 	VMOVUPS Z12, (AX)
 	VMOVUPS Z14, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512S5x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z2
+	JMP     dot8AVX512S5x1p1_start
+
+dot8AVX512S5x1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512S5x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512S5x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512S5x1p1_store
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	KMOVQ        64(CX)(SI*1), K1
+	VPADDB       Z1, Z4, K1, Z4
+	KMOVQ        72(CX)(SI*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, SI
+	DECQ         DI
+	JNZ          dot8AVX512S5x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VBROADCASTSS (AX), Z4
+	VPBROADCASTD 8(AX), Z5
+	VPSRAD       $0x03, Z5, Z5
+	VPSUBD       Z5, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DX), Z4, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512S5x1p1_group
+
+dot8AVX512S5x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S5x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z4
+	JMP     dot8AVX512S5x1p2_start
+
+dot8AVX512S5x1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512S5x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S5x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S5x1p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(CX)(DI*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(CX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VMOVDQU64    (DX)(DI*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512S5x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VPSUBD       Z7, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S5x1p2_group
+
+dot8AVX512S5x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S5x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z6
+	JMP     dot8AVX512S5x1p3_start
+
+dot8AVX512S5x1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512S5x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S5x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S5x1p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(CX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(CX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VMOVDQU64    (BX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (DX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512S5x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z8, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VPSUBD       Z9, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S5x1p3_group
+
+dot8AVX512S5x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S5x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z8
+	JMP     dot8AVX512S5x1p4_start
+
+dot8AVX512S5x1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512S5x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S5x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S5x1p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(CX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(CX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VMOVDQU64    (SI)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DX)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512S5x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z10, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S5x1p4_group
+
+dot8AVX512S5x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S5x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z4
+	JMP     dot8AVX512S5x2p1_start
+
+dot8AVX512S5x2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512S5x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S5x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S5x2p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512S5x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (CX), Z6
+	VPBROADCASTD 8(CX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S5x2p1_group
+
+dot8AVX512S5x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S5x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z8
+	JMP     dot8AVX512S5x2p2_start
+
+dot8AVX512S5x2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512S5x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S5x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S5x2p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512S5x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S5x2p2_group
+
+dot8AVX512S5x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S5x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	VMOVUPS 64(R8), Z10
+	VMOVUPS 128(R8), Z12
+	JMP     dot8AVX512S5x2p3_start
+
+dot8AVX512S5x2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512S5x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S5x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S5x2p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VMOVDQU64    (BX)(R9*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512S5x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z7, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z15, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S5x2p3_group
+
+dot8AVX512S5x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S5x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	VMOVUPS 128(R9), Z14
+	VMOVUPS 192(R9), Z16
+	JMP     dot8AVX512S5x2p4_start
+
+dot8AVX512S5x2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512S5x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S5x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S5x2p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (SI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VMOVDQU64    (DI)(R10*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	VMOVDQU64    (BX)(R10*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512S5x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z13, Z12
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VPSUBD       Z19, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S5x2p4_group
+
+dot8AVX512S5x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S5x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	JMP     dot8AVX512S5x3p1_start
+
+dot8AVX512S5x3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512S5x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S5x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S5x3p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512S5x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VPBROADCASTD 8(DX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S5x3p1_group
+
+dot8AVX512S5x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S5x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S5x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z10
+	VMOVUPS 64(R8), Z12
+	JMP     dot8AVX512S5x3p2_start
+
+dot8AVX512S5x3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512S5x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S5x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S5x3p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512S5x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z14
+	VPBROADCASTD 8(DX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z7, Z6
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z15, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S5x3p2_group
+
+dot8AVX512S5x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S5x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S5x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	JMP     dot8AVX512S5x4p1_start
+
+dot8AVX512S5x4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512S5x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S5x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S5x4p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x4p1_unit:
+	VMOVDQU64    (SI)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512S5x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VPBROADCASTD 8(BX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S5x4p1_group
+
+dot8AVX512S5x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S5x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S5x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S5x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z14
+	VMOVUPS 64(R9), Z16
+	JMP     dot8AVX512S5x4p2_start
+
+dot8AVX512S5x4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512S5x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S5x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S5x4p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S5x4p2_unit:
+	VMOVDQU64    (SI)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (DI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512S5x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VPBROADCASTD 8(DX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z18
+	VPBROADCASTD 8(BX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VPSUBD       Z19, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S5x4p2_group
+
+dot8AVX512S5x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512U5Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	JMP     dot8AVX512U5Mx1p1_start
+
+dot8AVX512U5Mx1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512U5Mx1p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512U5Mx1p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512U5Mx1p1_store
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx1p1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	KMOVQ        64(CX)(DI*1), K1
+	VPADDB       Z1, Z4, K1, Z4
+	KMOVQ        72(CX)(DI*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512U5Mx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (AX), Z4
+	VBROADCASTSS 4(AX), Z5
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DX), Z4, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	VFMADD231PS  (BX), Z5, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512U5Mx1p1_group
+
+dot8AVX512U5Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512U5Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	JMP     dot8AVX512U5Mx1p2_start
+
+dot8AVX512U5Mx1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512U5Mx1p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512U5Mx1p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512U5Mx1p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx1p2_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(CX)(R8*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(CX)(R8*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VMOVDQU64    (DX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512U5Mx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (AX), Z6
+	VBROADCASTSS 4(AX), Z7
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  (SI), Z7, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  64(SI), Z7, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512U5Mx1p2_group
+
+dot8AVX512U5Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512U5Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	JMP     dot8AVX512U5Mx1p3_start
+
+dot8AVX512U5Mx1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512U5Mx1p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512U5Mx1p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512U5Mx1p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx1p3_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(CX)(R9*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(CX)(R9*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VMOVDQU64    (BX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (DX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512U5Mx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (AX), Z8
+	VBROADCASTSS 4(AX), Z9
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  (DI), Z9, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z8, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  64(DI), Z9, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  128(DI), Z9, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512U5Mx1p3_group
+
+dot8AVX512U5Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z8
+	JMP     dot8AVX512U5Mx1p4_start
+
+dot8AVX512U5Mx1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5Mx1p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5Mx1p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512U5Mx1p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx1p4_unit:
+	PREFETCHT0   4096(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(CX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	VMOVDQU64    (CX)(R10*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(CX)(R10*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(CX)(R10*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R10*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VMOVDQU64    (SI)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DX)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5Mx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VFMADD231PS  (R8), Z11, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z10, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	VFMADD231PS  64(R8), Z11, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VFMADD231PS  128(R8), Z11, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  192(R8), Z11, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512U5Mx1p4_group
+
+dot8AVX512U5Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512U5Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	JMP     dot8AVX512U5Mx2p1_start
+
+dot8AVX512U5Mx2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512U5Mx2p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512U5Mx2p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512U5Mx2p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx2p1_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512U5Mx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z6
+	VBROADCASTSS 4(CX), Z7
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VFMADD231PS  (SI), Z7, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VBROADCASTSS 4(AX), Z7
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  (SI), Z7, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512U5Mx2p1_group
+
+dot8AVX512U5Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512U5Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	JMP     dot8AVX512U5Mx2p2_start
+
+dot8AVX512U5Mx2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5Mx2p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512U5Mx2p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512U5Mx2p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx2p2_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512U5Mx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z10
+	VBROADCASTSS 4(CX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VFMADD231PS  (DI), Z11, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  64(DI), Z11, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VFMADD231PS  (DI), Z11, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  64(DI), Z11, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512U5Mx2p2_group
+
+dot8AVX512U5Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z12
+	JMP     dot8AVX512U5Mx2p3_start
+
+dot8AVX512U5Mx2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512U5Mx2p3_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5Mx2p3_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512U5Mx2p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx2p3_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VMOVDQU64    (BX)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5Mx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (CX), Z14
+	VBROADCASTSS 4(CX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VFMADD231PS  (R8), Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	VFMADD231PS  64(R8), Z15, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z7, Z6
+	VFMADD231PS  128(R8), Z15, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VFMADD231PS  (R8), Z15, Z8
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VFMADD231PS  64(R8), Z15, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  128(R8), Z15, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512U5Mx2p3_group
+
+dot8AVX512U5Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U5Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z12
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z16
+	JMP     dot8AVX512U5Mx2p4_start
+
+dot8AVX512U5Mx2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512U5Mx2p4_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U5Mx2p4_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512U5Mx2p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx2p4_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(DX)(R11*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(DX)(R11*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (SI)(R11*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VMOVDQU64    (DI)(R11*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	KMOVQ        64(DI)(R11*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        72(DI)(R11*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	VMOVDQU64    (BX)(R11*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512U5Mx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	VBROADCASTSS (CX), Z18
+	VBROADCASTSS 4(CX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VFMADD231PS  (R9), Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	VFMADD231PS  64(R9), Z19, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  128(R9), Z19, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	VFMADD231PS  192(R9), Z19, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VFMADD231PS  (R9), Z19, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z13, Z12
+	VFMADD231PS  64(R9), Z19, Z12
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VFMADD231PS  128(R9), Z19, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  192(R9), Z19, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512U5Mx2p4_group
+
+dot8AVX512U5Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512U5Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	JMP     dot8AVX512U5Mx3p1_start
+
+dot8AVX512U5Mx3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512U5Mx3p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512U5Mx3p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512U5Mx3p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx3p1_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512U5Mx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z8
+	VBROADCASTSS 4(CX), Z9
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  (DI), Z9, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VBROADCASTSS 4(DX), Z9
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VFMADD231PS  (DI), Z9, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VBROADCASTSS 4(AX), Z9
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  (DI), Z9, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512U5Mx3p1_group
+
+dot8AVX512U5Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	JMP     dot8AVX512U5Mx3p2_start
+
+dot8AVX512U5Mx3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512U5Mx3p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5Mx3p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512U5Mx3p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx3p2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5Mx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (CX), Z14
+	VBROADCASTSS 4(CX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VFMADD231PS  (R8), Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z5, Z4
+	VFMADD231PS  64(R8), Z15, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z14
+	VBROADCASTSS 4(DX), Z15
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z7, Z6
+	VFMADD231PS  (R8), Z15, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	VFMADD231PS  64(R8), Z15, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VFMADD231PS  (R8), Z15, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  64(R8), Z15, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512U5Mx3p2_group
+
+dot8AVX512U5Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U5Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	JMP     dot8AVX512U5Mx4p1_start
+
+dot8AVX512U5Mx4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5Mx4p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5Mx4p1_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512U5Mx4p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx4p1_unit:
+	VMOVDQU64    (SI)(R10*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5Mx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z10
+	VBROADCASTSS 4(CX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  (R8), Z11, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VBROADCASTSS 4(DX), Z11
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  (R8), Z11, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VBROADCASTSS 4(BX), Z11
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VFMADD231PS  (R8), Z11, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  (R8), Z11, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512U5Mx4p1_group
+
+dot8AVX512U5Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U5Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U5Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z12
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z14
+	VMOVUPS 64(R10), Z16
+	JMP     dot8AVX512U5Mx4p2_start
+
+dot8AVX512U5Mx4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512U5Mx4p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U5Mx4p2_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512U5Mx4p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5Mx4p2_unit:
+	VMOVDQU64    (SI)(R11*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (DI)(R11*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(DI)(R11*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(DI)(R11*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512U5Mx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z18
+	VBROADCASTSS 4(CX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VFMADD231PS  (R9), Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	VFMADD231PS  64(R9), Z19, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VBROADCASTSS 4(DX), Z19
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  (R9), Z19, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	VFMADD231PS  64(R9), Z19, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z18
+	VBROADCASTSS 4(BX), Z19
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VFMADD231PS  (R9), Z19, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	VFMADD231PS  64(R9), Z19, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VFMADD231PS  (R9), Z19, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  64(R9), Z19, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512U5Mx4p2_group
+
+dot8AVX512U5Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0x20202020, BX
+	VPBROADCASTD BX, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512S6x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z3
+	JMP     dot8AVX512S6x1p1_start
+
+dot8AVX512S6x1p1_zero:
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512S6x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512S6x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512S6x1p1_store
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	KMOVQ        64(CX)(SI*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	KMOVQ        72(CX)(SI*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        80(CX)(SI*1), K1
+	VPADDB       Z2, Z5, K1, Z5
+	KMOVQ        88(CX)(SI*1), K1
+	VPADDB       Z2, Z6, K1, Z6
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, SI
+	DECQ         DI
+	JNZ          dot8AVX512S6x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSRAD       $0x02, Z6, Z6
+	VPSUBD       Z6, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DX), Z5, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512S6x1p1_group
+
+dot8AVX512S6x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+	MOVL         $0x20202020, SI
+	VPBROADCASTD SI, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S6x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z3
+	VMOVUPS 64(SI), Z5
+	JMP     dot8AVX512S6x1p2_start
+
+dot8AVX512S6x1p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S6x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S6x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S6x1p2_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	KMOVQ        64(CX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	KMOVQ        72(CX)(DI*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        80(CX)(DI*1), K1
+	VPADDB       Z2, Z7, K1, Z7
+	KMOVQ        88(CX)(DI*1), K1
+	VPADDB       Z2, Z8, K1, Z8
+	VMOVDQU64    (DX)(DI*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(DX)(DI*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(DX)(DI*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z7, Z4
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z8, Z4
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, DI
+	DECQ         R8
+	JNZ          dot8AVX512S6x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x02, Z8, Z8
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (BX), Z7, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VPSUBD       Z8, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(BX), Z7, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S6x1p2_group
+
+dot8AVX512S6x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+	MOVL         $0x20202020, DI
+	VPBROADCASTD DI, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S6x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z5
+	VMOVUPS 128(DI), Z7
+	JMP     dot8AVX512S6x1p3_start
+
+dot8AVX512S6x1p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S6x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S6x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S6x1p3_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(CX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(CX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(CX)(R8*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(CX)(R8*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VMOVDQU64    (BX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(BX)(R8*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(BX)(R8*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (DX)(R8*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(DX)(R8*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(DX)(R8*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VPBROADCASTD (AX), Z15
+	VPBROADCASTD 4(AX), Z16
+	VPDPBUSD     Z15, Z9, Z4
+	VPDPBUSD     Z15, Z11, Z6
+	VPDPBUSD     Z15, Z13, Z8
+	VPDPBUSD     Z16, Z10, Z4
+	VPDPBUSD     Z16, Z12, Z6
+	VPDPBUSD     Z16, Z14, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R8
+	DECQ         R9
+	JNZ          dot8AVX512S6x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x02, Z10, Z10
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (SI), Z9, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(SI), Z9, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VPSUBD       Z10, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(SI), Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S6x1p3_group
+
+dot8AVX512S6x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+	MOVL         $0x20202020, R8
+	VPBROADCASTD R8, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S6x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z7
+	VMOVUPS 192(R8), Z9
+	JMP     dot8AVX512S6x1p4_start
+
+dot8AVX512S6x1p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S6x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S6x1p4_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(CX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(CX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(CX)(R9*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(CX)(R9*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (BX)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(BX)(R9*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(BX)(R9*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(SI)(R9*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(SI)(R9*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (DX)(R9*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(DX)(R9*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(DX)(R9*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z11, Z4
+	VPDPBUSD     Z19, Z13, Z6
+	VPDPBUSD     Z19, Z15, Z8
+	VPDPBUSD     Z19, Z17, Z10
+	VPDPBUSD     Z20, Z12, Z4
+	VPDPBUSD     Z20, Z14, Z6
+	VPDPBUSD     Z20, Z16, Z8
+	VPDPBUSD     Z20, Z18, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX512S6x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DI), Z11, Z13
+	VFMADD231PS  Z13, Z4, Z3
+	VPSUBD       Z12, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(DI), Z11, Z13
+	VFMADD231PS  Z13, Z6, Z5
+	VPSUBD       Z12, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(DI), Z11, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VPSUBD       Z12, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       192(DI), Z11, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S6x1p4_group
+
+dot8AVX512S6x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+	MOVL         $0x20202020, SI
+	VPBROADCASTD SI, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S6x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z5
+	JMP     dot8AVX512S6x2p1_start
+
+dot8AVX512S6x2p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S6x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S6x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S6x2p1_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        80(DX)(DI*1), K1
+	VPADDB       Z2, Z7, K1, Z7
+	KMOVQ        88(DX)(DI*1), K1
+	VPADDB       Z2, Z8, K1, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, DI
+	DECQ         R8
+	JNZ          dot8AVX512S6x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (CX), Z7
+	VPBROADCASTD 8(CX), Z8
+	VPSRAD       $0x02, Z8, Z8
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (BX), Z7, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x02, Z8, Z8
+	VPSUBD       Z8, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (BX), Z7, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S6x2p1_group
+
+dot8AVX512S6x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+	MOVL         $0x20202020, DI
+	VPBROADCASTD DI, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S6x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z7
+	VMOVUPS 64(DI), Z9
+	JMP     dot8AVX512S6x2p2_start
+
+dot8AVX512S6x2p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S6x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S6x2p2_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(DX)(R8*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(DX)(R8*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (BX)(R8*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(BX)(R8*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(BX)(R8*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VPBROADCASTD (CX), Z15
+	VPBROADCASTD 4(CX), Z16
+	VPDPBUSD     Z15, Z11, Z4
+	VPDPBUSD     Z15, Z13, Z6
+	VPDPBUSD     Z16, Z12, Z4
+	VPDPBUSD     Z16, Z14, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z15
+	VPBROADCASTD 4(AX), Z16
+	VPDPBUSD     Z15, Z11, Z8
+	VPDPBUSD     Z15, Z13, Z10
+	VPDPBUSD     Z16, Z12, Z8
+	VPDPBUSD     Z16, Z14, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R8
+	DECQ         R9
+	JNZ          dot8AVX512S6x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z11
+	VPBROADCASTD 8(CX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (SI), Z11, Z13
+	VFMADD231PS  Z13, Z4, Z3
+	VPSUBD       Z12, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(SI), Z11, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (SI), Z11, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VPSUBD       Z12, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(SI), Z11, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S6x2p2_group
+
+dot8AVX512S6x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+	MOVL         $0x20202020, R8
+	VPBROADCASTD R8, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S6x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z9
+	VMOVUPS 64(R8), Z11
+	VMOVUPS 128(R8), Z13
+	JMP     dot8AVX512S6x2p3_start
+
+dot8AVX512S6x2p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+
+dot8AVX512S6x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S6x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S6x2p3_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(DX)(R9*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(DX)(R9*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (SI)(R9*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(SI)(R9*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(SI)(R9*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VMOVDQU64    (BX)(R9*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(BX)(R9*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(BX)(R9*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z15, Z4
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z16, Z4
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z15, Z10
+	VPDPBUSD     Z21, Z17, Z12
+	VPDPBUSD     Z21, Z19, Z14
+	VPDPBUSD     Z22, Z16, Z10
+	VPDPBUSD     Z22, Z18, Z12
+	VPDPBUSD     Z22, Z20, Z14
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX512S6x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DI), Z15, Z17
+	VFMADD231PS  Z17, Z4, Z3
+	VPSUBD       Z16, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(DI), Z15, Z17
+	VFMADD231PS  Z17, Z6, Z5
+	VPSUBD       Z16, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(DI), Z15, Z15
+	VFMADD231PS  Z15, Z8, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (DI), Z15, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	VPSUBD       Z16, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(DI), Z15, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VPSUBD       Z16, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(DI), Z15, Z15
+	VFMADD231PS  Z15, Z14, Z13
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S6x2p3_group
+
+dot8AVX512S6x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+	MOVL         $0x20202020, R9
+	VPBROADCASTD R9, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S6x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z7
+	VMOVUPS 192(R9), Z9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z11
+	VMOVUPS 64(R9), Z13
+	VMOVUPS 128(R9), Z15
+	VMOVUPS 192(R9), Z17
+	JMP     dot8AVX512S6x2p4_start
+
+dot8AVX512S6x2p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+	VXORPS Z17, Z17, Z17
+
+dot8AVX512S6x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S6x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S6x2p4_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	VPXORD Z18, Z18, Z18
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(DX)(R10*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(DX)(R10*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VMOVDQU64    (SI)(R10*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        80(SI)(R10*1), K1
+	VPADDB       Z2, Z21, K1, Z21
+	KMOVQ        88(SI)(R10*1), K1
+	VPADDB       Z2, Z22, K1, Z22
+	VMOVDQU64    (DI)(R10*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        80(DI)(R10*1), K1
+	VPADDB       Z2, Z23, K1, Z23
+	KMOVQ        88(DI)(R10*1), K1
+	VPADDB       Z2, Z24, K1, Z24
+	VMOVDQU64    (BX)(R10*1), Z26
+	VPANDD       Z0, Z26, Z25
+	VPSRLW       $0x04, Z26, Z26
+	VPANDD       Z0, Z26, Z26
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z26, K1, Z26
+	KMOVQ        80(BX)(R10*1), K1
+	VPADDB       Z2, Z25, K1, Z25
+	KMOVQ        88(BX)(R10*1), K1
+	VPADDB       Z2, Z26, K1, Z26
+	VPBROADCASTD (CX), Z27
+	VPBROADCASTD 4(CX), Z28
+	VPDPBUSD     Z27, Z19, Z4
+	VPDPBUSD     Z27, Z21, Z6
+	VPDPBUSD     Z27, Z23, Z8
+	VPDPBUSD     Z27, Z25, Z10
+	VPDPBUSD     Z28, Z20, Z4
+	VPDPBUSD     Z28, Z22, Z6
+	VPDPBUSD     Z28, Z24, Z8
+	VPDPBUSD     Z28, Z26, Z10
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z27
+	VPBROADCASTD 4(AX), Z28
+	VPDPBUSD     Z27, Z19, Z12
+	VPDPBUSD     Z27, Z21, Z14
+	VPDPBUSD     Z27, Z23, Z16
+	VPDPBUSD     Z27, Z25, Z18
+	VPDPBUSD     Z28, Z20, Z12
+	VPDPBUSD     Z28, Z22, Z14
+	VPDPBUSD     Z28, Z24, Z16
+	VPDPBUSD     Z28, Z26, Z18
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R10
+	DECQ         R11
+	JNZ          dot8AVX512S6x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (CX), Z19
+	VPBROADCASTD 8(CX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VPSUBD       Z20, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(R8), Z19, Z21
+	VFMADD231PS  Z21, Z6, Z5
+	VPSUBD       Z20, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       128(R8), Z19, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	VPSUBD       Z20, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       192(R8), Z19, Z19
+	VFMADD231PS  Z19, Z10, Z9
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z19
+	VPBROADCASTD 8(AX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z12, Z11
+	VPSUBD       Z20, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       64(R8), Z19, Z21
+	VFMADD231PS  Z21, Z14, Z13
+	VPSUBD       Z20, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       128(R8), Z19, Z21
+	VFMADD231PS  Z21, Z16, Z15
+	VPSUBD       Z20, Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       192(R8), Z19, Z19
+	VFMADD231PS  Z19, Z18, Z17
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S6x2p4_group
+
+dot8AVX512S6x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z17, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+	MOVL         $0x20202020, DI
+	VPBROADCASTD DI, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S6x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z7
+	JMP     dot8AVX512S6x3p1_start
+
+dot8AVX512S6x3p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S6x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S6x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S6x3p1_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(BX)(R8*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(BX)(R8*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R8
+	DECQ         R9
+	JNZ          dot8AVX512S6x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSRAD       $0x02, Z10, Z10
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (SI), Z9, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VPBROADCASTD 8(DX), Z10
+	VPSRAD       $0x02, Z10, Z10
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (SI), Z9, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x02, Z10, Z10
+	VPSUBD       Z10, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (SI), Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S6x3p1_group
+
+dot8AVX512S6x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+	MOVL         $0x20202020, R8
+	VPBROADCASTD R8, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S6x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z9
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z11
+	VMOVUPS 64(R8), Z13
+	JMP     dot8AVX512S6x3p2_start
+
+dot8AVX512S6x3p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+
+dot8AVX512S6x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S6x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S6x3p2_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(BX)(R9*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(BX)(R9*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (SI)(R9*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(SI)(R9*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(SI)(R9*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z19
+	VPBROADCASTD 4(DX), Z20
+	VPDPBUSD     Z19, Z15, Z8
+	VPDPBUSD     Z19, Z17, Z10
+	VPDPBUSD     Z20, Z16, Z8
+	VPDPBUSD     Z20, Z18, Z10
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z15, Z12
+	VPDPBUSD     Z19, Z17, Z14
+	VPDPBUSD     Z20, Z16, Z12
+	VPDPBUSD     Z20, Z18, Z14
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX512S6x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DI), Z15, Z17
+	VFMADD231PS  Z17, Z4, Z3
+	VPSUBD       Z16, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(DI), Z15, Z15
+	VFMADD231PS  Z15, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z15
+	VPBROADCASTD 8(DX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DI), Z15, Z17
+	VFMADD231PS  Z17, Z8, Z7
+	VPSUBD       Z16, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(DI), Z15, Z15
+	VFMADD231PS  Z15, Z10, Z9
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (DI), Z15, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VPSUBD       Z16, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       64(DI), Z15, Z15
+	VFMADD231PS  Z15, Z14, Z13
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S6x3p2_group
+
+dot8AVX512S6x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S6x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+	MOVL         $0x20202020, R8
+	VPBROADCASTD R8, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S6x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z9
+	JMP     dot8AVX512S6x4p1_start
+
+dot8AVX512S6x4p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S6x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S6x4p1_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x4p1_unit:
+	VMOVDQU64    (SI)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(SI)(R9*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(SI)(R9*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z13
+	VPBROADCASTD 4(DX), Z14
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z13
+	VPBROADCASTD 4(BX), Z14
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z11, Z10
+	VPDPBUSD     Z14, Z12, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX512S6x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z11
+	VPBROADCASTD 8(CX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DI), Z11, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z11
+	VPBROADCASTD 8(DX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (DI), Z11, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z11
+	VPBROADCASTD 8(BX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DI), Z11, Z11
+	VFMADD231PS  Z11, Z8, Z7
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x02, Z12, Z12
+	VPSUBD       Z12, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (DI), Z11, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S6x4p1_group
+
+dot8AVX512S6x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S6x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+	MOVL         $0x20202020, R9
+	VPBROADCASTD R9, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S6x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z11
+	VMOVUPS 64(R9), Z13
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z15
+	VMOVUPS 64(R9), Z17
+	JMP     dot8AVX512S6x4p2_start
+
+dot8AVX512S6x4p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+	VXORPS Z17, Z17, Z17
+
+dot8AVX512S6x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S6x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S6x4p2_store
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	VPXORD Z18, Z18, Z18
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6x4p2_unit:
+	VMOVDQU64    (SI)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(SI)(R10*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(SI)(R10*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VMOVDQU64    (DI)(R10*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        80(DI)(R10*1), K1
+	VPADDB       Z2, Z21, K1, Z21
+	KMOVQ        88(DI)(R10*1), K1
+	VPADDB       Z2, Z22, K1, Z22
+	VPBROADCASTD (CX), Z23
+	VPBROADCASTD 4(CX), Z24
+	VPDPBUSD     Z23, Z19, Z4
+	VPDPBUSD     Z23, Z21, Z6
+	VPDPBUSD     Z24, Z20, Z4
+	VPDPBUSD     Z24, Z22, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z23
+	VPBROADCASTD 4(DX), Z24
+	VPDPBUSD     Z23, Z19, Z8
+	VPDPBUSD     Z23, Z21, Z10
+	VPDPBUSD     Z24, Z20, Z8
+	VPDPBUSD     Z24, Z22, Z10
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z23
+	VPBROADCASTD 4(BX), Z24
+	VPDPBUSD     Z23, Z19, Z12
+	VPDPBUSD     Z23, Z21, Z14
+	VPDPBUSD     Z24, Z20, Z12
+	VPDPBUSD     Z24, Z22, Z14
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z23
+	VPBROADCASTD 4(AX), Z24
+	VPDPBUSD     Z23, Z19, Z16
+	VPDPBUSD     Z23, Z21, Z18
+	VPDPBUSD     Z24, Z20, Z16
+	VPDPBUSD     Z24, Z22, Z18
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R10
+	DECQ         R11
+	JNZ          dot8AVX512S6x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z19
+	VPBROADCASTD 8(CX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VPSUBD       Z20, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       64(R8), Z19, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z19
+	VPBROADCASTD 8(DX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	VPSUBD       Z20, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(R8), Z19, Z19
+	VFMADD231PS  Z19, Z10, Z9
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z19
+	VPBROADCASTD 8(BX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z12, Z11
+	VPSUBD       Z20, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       64(R8), Z19, Z19
+	VFMADD231PS  Z19, Z14, Z13
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z19
+	VPBROADCASTD 8(AX), Z20
+	VPSRAD       $0x02, Z20, Z20
+	VPSUBD       Z20, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       (R8), Z19, Z21
+	VFMADD231PS  Z21, Z16, Z15
+	VPSUBD       Z20, Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       64(R8), Z19, Z19
+	VFMADD231PS  Z19, Z18, Z17
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S6x4p2_group
+
+dot8AVX512S6x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z17, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx1p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512U5KMx1p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	JMP     dot8AVX512U5KMx1p1_start
+
+dot8AVX512U5KMx1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512U5KMx1p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512U5KMx1p1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX512U5KMx1p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX512U5KMx1p1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000200, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX512U5KMx1p1_factors:
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx1p1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z4, K1, Z4
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512U5KMx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (CX)(SI*4), Z4, Z4
+	VPMOVSXBD    64(BX)(SI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       256(CX)(SI*4), Z5, Z5
+	VBROADCASTSS (AX), Z6
+	VBROADCASTSS 4(AX), Z7
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z6, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	VFMADD231PS  Z7, Z5, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX512U5KMx1p1_group
+
+dot8AVX512U5KMx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx1p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5KMx1p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	JMP     dot8AVX512U5KMx1p2_start
+
+dot8AVX512U5KMx1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512U5KMx1p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5KMx1p2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512U5KMx1p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512U5KMx1p2_factors
+	MOVQ  SI, CX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512U5KMx1p2_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx1p2_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VMOVDQU64    (BX)(R10*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5KMx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (CX)(DI*4), Z6, Z6
+	VPMOVSXBD    64(SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       256(CX)(DI*4), Z7, Z7
+	VPMOVSXBD    16(SI)(DI*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(CX)(DI*4), Z8, Z8
+	VPMOVSXBD    80(SI)(DI*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       320(CX)(DI*4), Z9, Z9
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z10, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VFMADD231PS  Z11, Z7, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z11, Z9, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512U5KMx1p2_group
+
+dot8AVX512U5KMx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx1p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U5KMx1p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z6
+	JMP     dot8AVX512U5KMx1p3_start
+
+dot8AVX512U5KMx1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512U5KMx1p3_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U5KMx1p3_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U5KMx1p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U5KMx1p3_factors
+	MOVQ  DI, CX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U5KMx1p3_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx1p3_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(DX)(R11*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(DX)(R11*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VMOVDQU64    (SI)(R11*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R11*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512U5KMx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (CX)(R8*4), Z8, Z8
+	VPMOVSXBD    64(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       256(CX)(R8*4), Z9, Z9
+	VPMOVSXBD    16(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(CX)(R8*4), Z10, Z10
+	VPMOVSXBD    80(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       320(CX)(R8*4), Z11, Z11
+	VPMOVSXBD    32(DI)(R8*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       128(CX)(R8*4), Z12, Z12
+	VPMOVSXBD    96(DI)(R8*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       384(CX)(R8*4), Z13, Z13
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z14, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z15, Z9, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z14, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VFMADD231PS  Z15, Z11, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z14, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z15, Z13, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U5KMx1p3_group
+
+dot8AVX512U5KMx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx1p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U5KMx1p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z6
+	VMOVUPS 192(R11), Z8
+	JMP     dot8AVX512U5KMx1p4_start
+
+dot8AVX512U5KMx1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5KMx1p4_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U5KMx1p4_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U5KMx1p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U5KMx1p4_factors
+	MOVQ  R8, CX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U5KMx1p4_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx1p4_unit:
+	PREFETCHT0   4096(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	VMOVDQU64    (DX)(R12*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DX)(R12*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DX)(R12*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (SI)(R12*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VMOVDQU64    (DI)(R12*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (BX)(R12*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(BX)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(BX)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R12
+	DECQ         R13
+	JNZ          dot8AVX512U5KMx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (CX)(R9*4), Z10, Z10
+	VPMOVSXBD    64(R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       256(CX)(R9*4), Z11, Z11
+	VPMOVSXBD    16(R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(CX)(R9*4), Z12, Z12
+	VPMOVSXBD    80(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       320(CX)(R9*4), Z13, Z13
+	VPMOVSXBD    32(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(CX)(R9*4), Z14, Z14
+	VPMOVSXBD    96(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       384(CX)(R9*4), Z15, Z15
+	VPMOVSXBD    48(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       192(CX)(R9*4), Z16, Z16
+	VPMOVSXBD    112(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       448(CX)(R9*4), Z17, Z17
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z18, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  Z19, Z11, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z18, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  Z19, Z13, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z18, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VFMADD231PS  Z19, Z15, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z19, Z17, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U5KMx1p4_group
+
+dot8AVX512U5KMx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx2p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512U5KMx2p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	JMP     dot8AVX512U5KMx2p1_start
+
+dot8AVX512U5KMx2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512U5KMx2p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512U5KMx2p1_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512U5KMx2p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512U5KMx2p1_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000200, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512U5KMx2p1_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx2p1_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512U5KMx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (DX)(DI*4), Z6, Z6
+	VPMOVSXBD    64(SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       256(DX)(DI*4), Z7, Z7
+	VBROADCASTSS (CX), Z8
+	VBROADCASTSS 4(CX), Z9
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z9, Z7, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z8
+	VBROADCASTSS 4(AX), Z9
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z8, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z9, Z7, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512U5KMx2p1_group
+
+dot8AVX512U5KMx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx2p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U5KMx2p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z8
+	JMP     dot8AVX512U5KMx2p2_start
+
+dot8AVX512U5KMx2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5KMx2p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U5KMx2p2_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U5KMx2p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U5KMx2p2_factors
+	MOVQ  DI, DX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U5KMx2p2_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx2p2_unit:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (BX)(R11*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (SI)(R11*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512U5KMx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (DX)(R8*4), Z10, Z10
+	VPMOVSXBD    64(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       256(DX)(R8*4), Z11, Z11
+	VPMOVSXBD    16(DI)(R8*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(DX)(R8*4), Z12, Z12
+	VPMOVSXBD    80(DI)(R8*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       320(DX)(R8*4), Z13, Z13
+	VBROADCASTSS (CX), Z14
+	VBROADCASTSS 4(CX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VFMADD231PS  Z15, Z11, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z14, Z14
+	VFMADD231PS  Z14, Z5, Z4
+	VFMADD231PS  Z15, Z13, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z14, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VFMADD231PS  Z15, Z11, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z12, Z14, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z15, Z13, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U5KMx2p2_group
+
+dot8AVX512U5KMx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx2p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U5KMx2p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z4
+	VMOVUPS 128(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z10
+	VMOVUPS 128(R11), Z12
+	JMP     dot8AVX512U5KMx2p3_start
+
+dot8AVX512U5KMx2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512U5KMx2p3_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U5KMx2p3_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U5KMx2p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U5KMx2p3_factors
+	MOVQ  R8, DX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U5KMx2p3_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx2p3_unit:
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	VMOVDQU64    (BX)(R12*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(BX)(R12*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(BX)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DI)(R12*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VMOVDQU64    (SI)(R12*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R12
+	DECQ         R13
+	JNZ          dot8AVX512U5KMx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       (DX)(R9*4), Z14, Z14
+	VPMOVSXBD    64(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       256(DX)(R9*4), Z15, Z15
+	VPMOVSXBD    16(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(DX)(R9*4), Z16, Z16
+	VPMOVSXBD    80(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       320(DX)(R9*4), Z17, Z17
+	VPMOVSXBD    32(R8)(R9*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       128(DX)(R9*4), Z18, Z18
+	VPMOVSXBD    96(R8)(R9*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       384(DX)(R9*4), Z19, Z19
+	VBROADCASTSS (CX), Z20
+	VBROADCASTSS 4(CX), Z21
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z20, Z22
+	VFMADD231PS  Z22, Z3, Z2
+	VFMADD231PS  Z21, Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z20, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VFMADD231PS  Z21, Z17, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z20, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  Z21, Z19, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z20
+	VBROADCASTSS 4(AX), Z21
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z14, Z20, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	VFMADD231PS  Z21, Z15, Z8
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z16, Z20, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VFMADD231PS  Z21, Z17, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z18, Z20, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  Z21, Z19, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U5KMx2p3_group
+
+dot8AVX512U5KMx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx2p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+	MOVL         $0x10101010, R12
+	VPBROADCASTD R12, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512U5KMx2p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z2
+	VMOVUPS 64(R12), Z4
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z12
+	VMOVUPS 128(R12), Z14
+	VMOVUPS 192(R12), Z16
+	JMP     dot8AVX512U5KMx2p4_start
+
+dot8AVX512U5KMx2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512U5KMx2p4_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512U5KMx2p4_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512U5KMx2p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512U5KMx2p4_factors
+	MOVQ  R9, DX
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512U5KMx2p4_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx2p4_unit:
+	PREFETCHT0   4096(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
+	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4160(SI)(R13*1)
+	VMOVDQU64    (BX)(R13*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(BX)(R13*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(BX)(R13*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (DI)(R13*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(DI)(R13*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(DI)(R13*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VMOVDQU64    (R8)(R13*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	KMOVQ        64(R8)(R13*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        72(R8)(R13*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	VMOVDQU64    (SI)(R13*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	KMOVQ        64(SI)(R13*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        72(SI)(R13*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R13
+	DECQ         R14
+	JNZ          dot8AVX512U5KMx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	VPMOVSXBD    (R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       (DX)(R10*4), Z18, Z18
+	VPMOVSXBD    64(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       256(DX)(R10*4), Z19, Z19
+	VPMOVSXBD    16(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       64(DX)(R10*4), Z20, Z20
+	VPMOVSXBD    80(R9)(R10*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       320(DX)(R10*4), Z21, Z21
+	VPMOVSXBD    32(R9)(R10*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMULPS       128(DX)(R10*4), Z22, Z22
+	VPMOVSXBD    96(R9)(R10*1), Z23
+	VCVTDQ2PS    Z23, Z23
+	VMULPS       384(DX)(R10*4), Z23, Z23
+	VPMOVSXBD    48(R9)(R10*1), Z24
+	VCVTDQ2PS    Z24, Z24
+	VMULPS       192(DX)(R10*4), Z24, Z24
+	VPMOVSXBD    112(R9)(R10*1), Z25
+	VCVTDQ2PS    Z25, Z25
+	VMULPS       448(DX)(R10*4), Z25, Z25
+	VBROADCASTSS (CX), Z26
+	VBROADCASTSS 4(CX), Z27
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z26, Z28
+	VFMADD231PS  Z28, Z3, Z2
+	VFMADD231PS  Z27, Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z20, Z26, Z28
+	VFMADD231PS  Z28, Z5, Z4
+	VFMADD231PS  Z27, Z21, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z22, Z26, Z28
+	VFMADD231PS  Z28, Z7, Z6
+	VFMADD231PS  Z27, Z23, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z24, Z26, Z26
+	VFMADD231PS  Z26, Z9, Z8
+	VFMADD231PS  Z27, Z25, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z26
+	VBROADCASTSS 4(AX), Z27
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z26, Z18
+	VFMADD231PS  Z18, Z11, Z10
+	VFMADD231PS  Z27, Z19, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z20, Z26, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	VFMADD231PS  Z27, Z21, Z12
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z22, Z26, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VFMADD231PS  Z27, Z23, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z24, Z26, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  Z27, Z25, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512U5KMx2p4_group
+
+dot8AVX512U5KMx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx3p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512U5KMx3p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	JMP     dot8AVX512U5KMx3p1_start
+
+dot8AVX512U5KMx3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512U5KMx3p1_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512U5KMx3p1_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512U5KMx3p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512U5KMx3p1_factors
+	MOVQ  DI, BX
+	ADDQ  $0x00000200, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512U5KMx3p1_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx3p1_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512U5KMx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (BX)(R8*4), Z8, Z8
+	VPMOVSXBD    64(DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       256(BX)(R8*4), Z9, Z9
+	VBROADCASTSS (CX), Z10
+	VBROADCASTSS 4(CX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  Z11, Z9, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VBROADCASTSS 4(DX), Z11
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  Z11, Z9, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z10, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z11, Z9, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512U5KMx3p1_group
+
+dot8AVX512U5KMx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512U5KMx3p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U5KMx3p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z12
+	JMP     dot8AVX512U5KMx3p2_start
+
+dot8AVX512U5KMx3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512U5KMx3p2_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U5KMx3p2_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U5KMx3p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U5KMx3p2_factors
+	MOVQ  R8, BX
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U5KMx3p2_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx3p2_unit:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	VMOVDQU64    (SI)(R12*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DI)(R12*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R12
+	DECQ         R13
+	JNZ          dot8AVX512U5KMx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       (BX)(R9*4), Z14, Z14
+	VPMOVSXBD    64(R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       256(BX)(R9*4), Z15, Z15
+	VPMOVSXBD    16(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(BX)(R9*4), Z16, Z16
+	VPMOVSXBD    80(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       320(BX)(R9*4), Z17, Z17
+	VBROADCASTSS (CX), Z18
+	VBROADCASTSS 4(CX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VFMADD231PS  Z19, Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	VFMADD231PS  Z19, Z17, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VBROADCASTSS 4(DX), Z19
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  Z19, Z15, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	VFMADD231PS  Z19, Z17, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z18, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VFMADD231PS  Z19, Z15, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z18, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  Z19, Z17, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U5KMx3p2_group
+
+dot8AVX512U5KMx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U5KMx4p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512U5KMx4p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	JMP     dot8AVX512U5KMx4p1_start
+
+dot8AVX512U5KMx4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512U5KMx4p1_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512U5KMx4p1_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512U5KMx4p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512U5KMx4p1_factors
+	MOVQ  R8, SI
+	ADDQ  $0x00000200, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512U5KMx4p1_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx4p1_unit:
+	VMOVDQU64    (DI)(R12*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R12
+	DECQ         R13
+	JNZ          dot8AVX512U5KMx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R8)(R9*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (SI)(R9*4), Z10, Z10
+	VPMOVSXBD    64(R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       256(SI)(R9*4), Z11, Z11
+	VBROADCASTSS (CX), Z12
+	VBROADCASTSS 4(CX), Z13
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VFMADD231PS  Z13, Z11, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z12
+	VBROADCASTSS 4(DX), Z13
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	VFMADD231PS  Z13, Z11, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z12
+	VBROADCASTSS 4(BX), Z13
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VFMADD231PS  Z13, Z11, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z12
+	VBROADCASTSS 4(AX), Z13
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z10, Z12, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z13, Z11, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512U5KMx4p1_group
+
+dot8AVX512U5KMx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512U5KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512U5KMx4p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+	MOVL         $0x10101010, R12
+	VPBROADCASTD R12, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512U5KMx4p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z2
+	VMOVUPS 64(R12), Z4
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z6
+	VMOVUPS 64(R12), Z8
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z12
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z14
+	VMOVUPS 64(R12), Z16
+	JMP     dot8AVX512U5KMx4p2_start
+
+dot8AVX512U5KMx4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512U5KMx4p2_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512U5KMx4p2_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512U5KMx4p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512U5KMx4p2_factors
+	MOVQ  R9, SI
+	ADDQ  $0x00000200, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512U5KMx4p2_factors:
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512U5KMx4p2_unit:
+	VMOVDQU64    (DI)(R13*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(DI)(R13*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(DI)(R13*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (R8)(R13*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(R8)(R13*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(R8)(R13*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R13
+	DECQ         R14
+	JNZ          dot8AVX512U5KMx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R9)(R10*1), Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       (SI)(R10*4), Z18, Z18
+	VPMOVSXBD    64(R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       256(SI)(R10*4), Z19, Z19
+	VPMOVSXBD    16(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       64(SI)(R10*4), Z20, Z20
+	VPMOVSXBD    80(R9)(R10*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       320(SI)(R10*4), Z21, Z21
+	VBROADCASTSS (CX), Z22
+	VBROADCASTSS 4(CX), Z23
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z3, Z2
+	VFMADD231PS  Z23, Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VFMADD231PS  Z23, Z21, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z22
+	VBROADCASTSS 4(DX), Z23
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z7, Z6
+	VFMADD231PS  Z23, Z19, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z9, Z8
+	VFMADD231PS  Z23, Z21, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z22
+	VBROADCASTSS 4(BX), Z23
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z11, Z10
+	VFMADD231PS  Z23, Z19, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z13, Z12
+	VFMADD231PS  Z23, Z21, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z22
+	VBROADCASTSS 4(AX), Z23
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z18, Z22, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VFMADD231PS  Z23, Z19, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z20, Z22, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  Z23, Z21, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512U5KMx4p2_group
+
+dot8AVX512U5KMx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx1p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         meta+56(FP), BX
+	MOVQ         lane+64(FP), SI
+	XORQ         DI, DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+	MOVL         $0x20202020, R8
+	VPBROADCASTD R8, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S6Kx1p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	JMP     dot8AVX512S6Kx1p1_start
+
+dot8AVX512S6Kx1p1_zero:
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512S6Kx1p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S6Kx1p1_group:
+	TESTQ R8, R8
+	JZ    dot8AVX512S6Kx1p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ DI, DI
+	JNZ   dot8AVX512S6Kx1p1_factors
+	MOVQ  BX, CX
+	ADDQ  $0x00000100, BX
+	MOVQ  per+80(FP), DI
+
+dot8AVX512S6Kx1p1_factors:
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx1p1_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        80(DX)(R9*1), K1
+	VPADDB       Z2, Z5, K1, Z5
+	KMOVQ        88(DX)(R9*1), K1
+	VPADDB       Z2, Z6, K1, Z6
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R9
+	DECQ         R10
+	JNZ          dot8AVX512S6Kx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMOVSXBD    (BX)(SI*1), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (CX)(SI*4), Z5, Z5
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x02, Z7, Z7
+	VPSUBD       Z7, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z5, Z6, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, BX
+	DECQ         DI
+	DECQ         R8
+	JMP          dot8AVX512S6Kx1p1_group
+
+dot8AVX512S6Kx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx1p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+	MOVL         $0x20202020, R9
+	VPBROADCASTD R9, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S6Kx1p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z5
+	JMP     dot8AVX512S6Kx1p2_start
+
+dot8AVX512S6Kx1p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S6Kx1p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S6Kx1p2_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512S6Kx1p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512S6Kx1p2_factors
+	MOVQ  SI, CX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512S6Kx1p2_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx1p2_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        80(DX)(R10*1), K1
+	VPADDB       Z2, Z7, K1, Z7
+	KMOVQ        88(DX)(R10*1), K1
+	VPADDB       Z2, Z8, K1, Z8
+	VMOVDQU64    (BX)(R10*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(BX)(R10*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(BX)(R10*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z7, Z4
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z8, Z4
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R10
+	DECQ         R11
+	JNZ          dot8AVX512S6Kx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (CX)(DI*4), Z7, Z7
+	VPMOVSXBD    16(SI)(DI*1), Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(CX)(DI*4), Z8, Z8
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x02, Z10, Z10
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z9, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z8, Z9, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512S6Kx1p2_group
+
+dot8AVX512S6Kx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx1p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+	MOVL         $0x20202020, R10
+	VPBROADCASTD R10, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512S6Kx1p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z7
+	JMP     dot8AVX512S6Kx1p3_start
+
+dot8AVX512S6Kx1p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S6Kx1p3_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512S6Kx1p3_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512S6Kx1p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512S6Kx1p3_factors
+	MOVQ  DI, CX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512S6Kx1p3_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx1p3_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(DX)(R11*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(DX)(R11*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(DX)(R11*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(DX)(R11*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VMOVDQU64    (SI)(R11*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(SI)(R11*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(SI)(R11*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (BX)(R11*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(BX)(R11*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(BX)(R11*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VPBROADCASTD (AX), Z15
+	VPBROADCASTD 4(AX), Z16
+	VPDPBUSD     Z15, Z9, Z4
+	VPDPBUSD     Z15, Z11, Z6
+	VPDPBUSD     Z15, Z13, Z8
+	VPDPBUSD     Z16, Z10, Z4
+	VPDPBUSD     Z16, Z12, Z6
+	VPDPBUSD     Z16, Z14, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R11
+	DECQ         R12
+	JNZ          dot8AVX512S6Kx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (CX)(R8*4), Z9, Z9
+	VPMOVSXBD    16(DI)(R8*1), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(CX)(R8*4), Z10, Z10
+	VPMOVSXBD    32(DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       128(CX)(R8*4), Z11, Z11
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VPSRAD       $0x02, Z13, Z13
+	VPSUBD       Z13, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z12, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VPSUBD       Z13, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z10, Z12, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VPSUBD       Z13, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z11, Z12, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512S6Kx1p3_group
+
+dot8AVX512S6Kx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx1p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+	MOVL         $0x20202020, R11
+	VPBROADCASTD R11, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512S6Kx1p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z7
+	VMOVUPS 192(R11), Z9
+	JMP     dot8AVX512S6Kx1p4_start
+
+dot8AVX512S6Kx1p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6Kx1p4_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512S6Kx1p4_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512S6Kx1p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512S6Kx1p4_factors
+	MOVQ  R8, CX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512S6Kx1p4_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx1p4_unit:
+	PREFETCHT0   4096(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	VMOVDQU64    (DX)(R12*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(DX)(R12*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(DX)(R12*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(DX)(R12*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(DX)(R12*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (SI)(R12*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(SI)(R12*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(SI)(R12*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VMOVDQU64    (DI)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(DI)(R12*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(DI)(R12*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (BX)(R12*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(BX)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(BX)(R12*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(BX)(R12*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(BX)(R12*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z11, Z4
+	VPDPBUSD     Z19, Z13, Z6
+	VPDPBUSD     Z19, Z15, Z8
+	VPDPBUSD     Z19, Z17, Z10
+	VPDPBUSD     Z20, Z12, Z4
+	VPDPBUSD     Z20, Z14, Z6
+	VPDPBUSD     Z20, Z16, Z8
+	VPDPBUSD     Z20, Z18, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R12
+	DECQ         R13
+	JNZ          dot8AVX512S6Kx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (CX)(R9*4), Z11, Z11
+	VPMOVSXBD    16(R8)(R9*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(CX)(R9*4), Z12, Z12
+	VPMOVSXBD    32(R8)(R9*1), Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       128(CX)(R9*4), Z13, Z13
+	VPMOVSXBD    48(R8)(R9*1), Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       192(CX)(R9*4), Z14, Z14
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSRAD       $0x02, Z16, Z16
+	VPSUBD       Z16, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z15, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	VPSUBD       Z16, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z12, Z15, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VPSUBD       Z16, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z13, Z15, Z11
+	VFMADD231PS  Z11, Z8, Z7
+	VPSUBD       Z16, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z14, Z15, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512S6Kx1p4_group
+
+dot8AVX512S6Kx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx2p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         meta+56(FP), SI
+	MOVQ         lane+64(FP), DI
+	XORQ         R8, R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+	MOVL         $0x20202020, R9
+	VPBROADCASTD R9, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S6Kx2p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     dot8AVX512S6Kx2p1_start
+
+dot8AVX512S6Kx2p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S6Kx2p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S6Kx2p1_group:
+	TESTQ R9, R9
+	JZ    dot8AVX512S6Kx2p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R8, R8
+	JNZ   dot8AVX512S6Kx2p1_factors
+	MOVQ  SI, DX
+	ADDQ  $0x00000100, SI
+	MOVQ  per+80(FP), R8
+
+dot8AVX512S6Kx2p1_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx2p1_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        80(BX)(R10*1), K1
+	VPADDB       Z2, Z7, K1, Z7
+	KMOVQ        88(BX)(R10*1), K1
+	VPADDB       Z2, Z8, K1, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R10
+	DECQ         R11
+	JNZ          dot8AVX512S6Kx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VPMOVSXBD    (SI)(DI*1), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DX)(DI*4), Z7, Z7
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VPSRAD       $0x02, Z9, Z9
+	VPSUBD       Z9, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z8, Z8
+	VFMADD231PS  Z8, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x02, Z9, Z9
+	VPSUBD       Z9, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z7, Z8, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, SI
+	DECQ         R8
+	DECQ         R9
+	JMP          dot8AVX512S6Kx2p1_group
+
+dot8AVX512S6Kx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx2p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+	MOVL         $0x20202020, R10
+	VPBROADCASTD R10, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512S6Kx2p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z9
+	JMP     dot8AVX512S6Kx2p2_start
+
+dot8AVX512S6Kx2p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6Kx2p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512S6Kx2p2_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512S6Kx2p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512S6Kx2p2_factors
+	MOVQ  DI, DX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512S6Kx2p2_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx2p2_unit:
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (BX)(R11*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(BX)(R11*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(BX)(R11*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VMOVDQU64    (SI)(R11*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        80(SI)(R11*1), K1
+	VPADDB       Z2, Z13, K1, Z13
+	KMOVQ        88(SI)(R11*1), K1
+	VPADDB       Z2, Z14, K1, Z14
+	VPBROADCASTD (CX), Z15
+	VPBROADCASTD 4(CX), Z16
+	VPDPBUSD     Z15, Z11, Z4
+	VPDPBUSD     Z15, Z13, Z6
+	VPDPBUSD     Z16, Z12, Z4
+	VPDPBUSD     Z16, Z14, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z15
+	VPBROADCASTD 4(AX), Z16
+	VPDPBUSD     Z15, Z11, Z8
+	VPDPBUSD     Z15, Z13, Z10
+	VPDPBUSD     Z16, Z12, Z8
+	VPDPBUSD     Z16, Z14, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R11
+	DECQ         R12
+	JNZ          dot8AVX512S6Kx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (DX)(R8*4), Z11, Z11
+	VPMOVSXBD    16(DI)(R8*1), Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(DX)(R8*4), Z12, Z12
+	VBROADCASTSS (CX), Z13
+	VPBROADCASTD 8(CX), Z14
+	VPSRAD       $0x02, Z14, Z14
+	VPSUBD       Z14, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z13, Z15
+	VFMADD231PS  Z15, Z4, Z3
+	VPSUBD       Z14, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z12, Z13, Z13
+	VFMADD231PS  Z13, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z13
+	VPBROADCASTD 8(AX), Z14
+	VPSRAD       $0x02, Z14, Z14
+	VPSUBD       Z14, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z11, Z13, Z11
+	VFMADD231PS  Z11, Z8, Z7
+	VPSUBD       Z14, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z12, Z13, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512S6Kx2p2_group
+
+dot8AVX512S6Kx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx2p3(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+	MOVL         $0x20202020, R11
+	VPBROADCASTD R11, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512S6Kx2p3_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z5
+	VMOVUPS 128(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z11
+	VMOVUPS 128(R11), Z13
+	JMP     dot8AVX512S6Kx2p3_start
+
+dot8AVX512S6Kx2p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+
+dot8AVX512S6Kx2p3_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512S6Kx2p3_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512S6Kx2p3_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512S6Kx2p3_factors
+	MOVQ  R8, DX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512S6Kx2p3_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx2p3_unit:
+	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	VMOVDQU64    (BX)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(BX)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(BX)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(BX)(R12*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(BX)(R12*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (DI)(R12*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(DI)(R12*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(DI)(R12*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VMOVDQU64    (SI)(R12*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(SI)(R12*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(SI)(R12*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z15, Z4
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z16, Z4
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z15, Z10
+	VPDPBUSD     Z21, Z17, Z12
+	VPDPBUSD     Z21, Z19, Z14
+	VPDPBUSD     Z22, Z16, Z10
+	VPDPBUSD     Z22, Z18, Z12
+	VPDPBUSD     Z22, Z20, Z14
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R12
+	DECQ         R13
+	JNZ          dot8AVX512S6Kx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (DX)(R9*4), Z15, Z15
+	VPMOVSXBD    16(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(DX)(R9*4), Z16, Z16
+	VPMOVSXBD    32(R8)(R9*1), Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       128(DX)(R9*4), Z17, Z17
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSRAD       $0x02, Z19, Z19
+	VPSUBD       Z19, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z18, Z20
+	VFMADD231PS  Z20, Z4, Z3
+	VPSUBD       Z19, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z6, Z5
+	VPSUBD       Z19, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z8, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSRAD       $0x02, Z19, Z19
+	VPSUBD       Z19, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z15, Z18, Z15
+	VFMADD231PS  Z15, Z10, Z9
+	VPSUBD       Z19, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z16, Z18, Z15
+	VFMADD231PS  Z15, Z12, Z11
+	VPSUBD       Z19, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z17, Z18, Z15
+	VFMADD231PS  Z15, Z14, Z13
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512S6Kx2p3_group
+
+dot8AVX512S6Kx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx2p4(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+	MOVL         $0x10101010, R12
+	VPBROADCASTD R12, Z1
+	MOVL         $0x20202020, R12
+	VPBROADCASTD R12, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512S6Kx2p4_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z3
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z7
+	VMOVUPS 192(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z11
+	VMOVUPS 64(R12), Z13
+	VMOVUPS 128(R12), Z15
+	VMOVUPS 192(R12), Z17
+	JMP     dot8AVX512S6Kx2p4_start
+
+dot8AVX512S6Kx2p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+	VXORPS Z17, Z17, Z17
+
+dot8AVX512S6Kx2p4_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512S6Kx2p4_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512S6Kx2p4_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512S6Kx2p4_factors
+	MOVQ  R9, DX
+	ADDQ  $0x00000100, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512S6Kx2p4_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	VPXORD Z18, Z18, Z18
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx2p4_unit:
+	PREFETCHT0   4096(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
+	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4160(SI)(R13*1)
+	VMOVDQU64    (BX)(R13*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(BX)(R13*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(BX)(R13*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(BX)(R13*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(BX)(R13*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VMOVDQU64    (DI)(R13*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	KMOVQ        64(DI)(R13*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	KMOVQ        72(DI)(R13*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        80(DI)(R13*1), K1
+	VPADDB       Z2, Z21, K1, Z21
+	KMOVQ        88(DI)(R13*1), K1
+	VPADDB       Z2, Z22, K1, Z22
+	VMOVDQU64    (R8)(R13*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	KMOVQ        64(R8)(R13*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	KMOVQ        72(R8)(R13*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        80(R8)(R13*1), K1
+	VPADDB       Z2, Z23, K1, Z23
+	KMOVQ        88(R8)(R13*1), K1
+	VPADDB       Z2, Z24, K1, Z24
+	VMOVDQU64    (SI)(R13*1), Z26
+	VPANDD       Z0, Z26, Z25
+	VPSRLW       $0x04, Z26, Z26
+	VPANDD       Z0, Z26, Z26
+	KMOVQ        64(SI)(R13*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	KMOVQ        72(SI)(R13*1), K1
+	VPADDB       Z1, Z26, K1, Z26
+	KMOVQ        80(SI)(R13*1), K1
+	VPADDB       Z2, Z25, K1, Z25
+	KMOVQ        88(SI)(R13*1), K1
+	VPADDB       Z2, Z26, K1, Z26
+	VPBROADCASTD (CX), Z27
+	VPBROADCASTD 4(CX), Z28
+	VPDPBUSD     Z27, Z19, Z4
+	VPDPBUSD     Z27, Z21, Z6
+	VPDPBUSD     Z27, Z23, Z8
+	VPDPBUSD     Z27, Z25, Z10
+	VPDPBUSD     Z28, Z20, Z4
+	VPDPBUSD     Z28, Z22, Z6
+	VPDPBUSD     Z28, Z24, Z8
+	VPDPBUSD     Z28, Z26, Z10
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z27
+	VPBROADCASTD 4(AX), Z28
+	VPDPBUSD     Z27, Z19, Z12
+	VPDPBUSD     Z27, Z21, Z14
+	VPDPBUSD     Z27, Z23, Z16
+	VPDPBUSD     Z27, Z25, Z18
+	VPDPBUSD     Z28, Z20, Z12
+	VPDPBUSD     Z28, Z22, Z14
+	VPDPBUSD     Z28, Z24, Z16
+	VPDPBUSD     Z28, Z26, Z18
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R13
+	DECQ         R14
+	JNZ          dot8AVX512S6Kx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	VPMOVSXBD    (R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       (DX)(R10*4), Z19, Z19
+	VPMOVSXBD    16(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       64(DX)(R10*4), Z20, Z20
+	VPMOVSXBD    32(R9)(R10*1), Z21
+	VCVTDQ2PS    Z21, Z21
+	VMULPS       128(DX)(R10*4), Z21, Z21
+	VPMOVSXBD    48(R9)(R10*1), Z22
+	VCVTDQ2PS    Z22, Z22
+	VMULPS       192(DX)(R10*4), Z22, Z22
+	VBROADCASTSS (CX), Z23
+	VPBROADCASTD 8(CX), Z24
+	VPSRAD       $0x02, Z24, Z24
+	VPSUBD       Z24, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z23, Z25
+	VFMADD231PS  Z25, Z4, Z3
+	VPSUBD       Z24, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z20, Z23, Z25
+	VFMADD231PS  Z25, Z6, Z5
+	VPSUBD       Z24, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z21, Z23, Z25
+	VFMADD231PS  Z25, Z8, Z7
+	VPSUBD       Z24, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z22, Z23, Z23
+	VFMADD231PS  Z23, Z10, Z9
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z23
+	VPBROADCASTD 8(AX), Z24
+	VPSRAD       $0x02, Z24, Z24
+	VPSUBD       Z24, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z23, Z19
+	VFMADD231PS  Z19, Z12, Z11
+	VPSUBD       Z24, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z20, Z23, Z19
+	VFMADD231PS  Z19, Z14, Z13
+	VPSUBD       Z24, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z21, Z23, Z19
+	VFMADD231PS  Z19, Z16, Z15
+	VPSUBD       Z24, Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       Z22, Z23, Z19
+	VFMADD231PS  Z19, Z18, Z17
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512S6Kx2p4_group
+
+dot8AVX512S6Kx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z15, 128(AX)
+	VMOVUPS Z17, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx3p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         meta+56(FP), DI
+	MOVQ         lane+64(FP), R8
+	XORQ         R9, R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+	MOVL         $0x20202020, R10
+	VPBROADCASTD R10, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512S6Kx3p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	JMP     dot8AVX512S6Kx3p1_start
+
+dot8AVX512S6Kx3p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S6Kx3p1_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512S6Kx3p1_group:
+	TESTQ R10, R10
+	JZ    dot8AVX512S6Kx3p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R9, R9
+	JNZ   dot8AVX512S6Kx3p1_factors
+	MOVQ  DI, BX
+	ADDQ  $0x00000100, DI
+	MOVQ  per+80(FP), R9
+
+dot8AVX512S6Kx3p1_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx3p1_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        80(SI)(R11*1), K1
+	VPADDB       Z2, Z9, K1, Z9
+	KMOVQ        88(SI)(R11*1), K1
+	VPADDB       Z2, Z10, K1, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R11
+	DECQ         R12
+	JNZ          dot8AVX512S6Kx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VPMOVSXBD    (DI)(R8*1), Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (BX)(R8*4), Z9, Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x02, Z11, Z11
+	VPSUBD       Z11, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VPSRAD       $0x02, Z11, Z11
+	VPSUBD       Z11, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z6, Z5
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x02, Z11, Z11
+	VPSUBD       Z11, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z9, Z10, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R9
+	DECQ         R10
+	JMP          dot8AVX512S6Kx3p1_group
+
+dot8AVX512S6Kx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S6Kx3p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+	MOVL         $0x20202020, R11
+	VPBROADCASTD R11, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512S6Kx3p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z11
+	VMOVUPS 64(R11), Z13
+	JMP     dot8AVX512S6Kx3p2_start
+
+dot8AVX512S6Kx3p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+
+dot8AVX512S6Kx3p2_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512S6Kx3p2_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512S6Kx3p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512S6Kx3p2_factors
+	MOVQ  R8, BX
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512S6Kx3p2_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx3p2_unit:
+	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
+	VMOVDQU64    (SI)(R12*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	KMOVQ        64(SI)(R12*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	KMOVQ        72(SI)(R12*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        80(SI)(R12*1), K1
+	VPADDB       Z2, Z15, K1, Z15
+	KMOVQ        88(SI)(R12*1), K1
+	VPADDB       Z2, Z16, K1, Z16
+	VMOVDQU64    (DI)(R12*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        80(DI)(R12*1), K1
+	VPADDB       Z2, Z17, K1, Z17
+	KMOVQ        88(DI)(R12*1), K1
+	VPADDB       Z2, Z18, K1, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z19
+	VPBROADCASTD 4(DX), Z20
+	VPDPBUSD     Z19, Z15, Z8
+	VPDPBUSD     Z19, Z17, Z10
+	VPDPBUSD     Z20, Z16, Z8
+	VPDPBUSD     Z20, Z18, Z10
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z15, Z12
+	VPDPBUSD     Z19, Z17, Z14
+	VPDPBUSD     Z20, Z16, Z12
+	VPDPBUSD     Z20, Z18, Z14
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R12
+	DECQ         R13
+	JNZ          dot8AVX512S6Kx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VPMOVSXBD    (R8)(R9*1), Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (BX)(R9*4), Z15, Z15
+	VPMOVSXBD    16(R8)(R9*1), Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(BX)(R9*4), Z16, Z16
+	VBROADCASTSS (CX), Z17
+	VPBROADCASTD 8(CX), Z18
+	VPSRAD       $0x02, Z18, Z18
+	VPSUBD       Z18, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z17, Z19
+	VFMADD231PS  Z19, Z4, Z3
+	VPSUBD       Z18, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z16, Z17, Z17
+	VFMADD231PS  Z17, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z17
+	VPBROADCASTD 8(DX), Z18
+	VPSRAD       $0x02, Z18, Z18
+	VPSUBD       Z18, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z15, Z17, Z19
+	VFMADD231PS  Z19, Z8, Z7
+	VPSUBD       Z18, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z16, Z17, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z17
+	VPBROADCASTD 8(AX), Z18
+	VPSRAD       $0x02, Z18, Z18
+	VPSUBD       Z18, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z15, Z17, Z15
+	VFMADD231PS  Z15, Z12, Z11
+	VPSUBD       Z18, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z16, Z17, Z15
+	VFMADD231PS  Z15, Z14, Z13
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512S6Kx3p2_group
+
+dot8AVX512S6Kx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S6Kx4p1(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         meta+56(FP), R8
+	MOVQ         lane+64(FP), R9
+	XORQ         R10, R10
+	MOVL         $0x0f0f0f0f, R11
+	VPBROADCASTD R11, Z0
+	MOVL         $0x10101010, R11
+	VPBROADCASTD R11, Z1
+	MOVL         $0x20202020, R11
+	VPBROADCASTD R11, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      dot8AVX512S6Kx4p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	JMP     dot8AVX512S6Kx4p1_start
+
+dot8AVX512S6Kx4p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+
+dot8AVX512S6Kx4p1_start:
+	MOVQ groups+24(FP), R11
+	XORQ R12, R12
+
+dot8AVX512S6Kx4p1_group:
+	TESTQ R11, R11
+	JZ    dot8AVX512S6Kx4p1_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R10, R10
+	JNZ   dot8AVX512S6Kx4p1_factors
+	MOVQ  R8, SI
+	ADDQ  $0x00000100, R8
+	MOVQ  per+80(FP), R10
+
+dot8AVX512S6Kx4p1_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	MOVQ   units+72(FP), R13
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx4p1_unit:
+	VMOVDQU64    (DI)(R12*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	KMOVQ        64(DI)(R12*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	KMOVQ        72(DI)(R12*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        80(DI)(R12*1), K1
+	VPADDB       Z2, Z11, K1, Z11
+	KMOVQ        88(DI)(R12*1), K1
+	VPADDB       Z2, Z12, K1, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z13
+	VPBROADCASTD 4(DX), Z14
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z13
+	VPBROADCASTD 4(BX), Z14
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z11, Z10
+	VPDPBUSD     Z14, Z12, Z10
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R12
+	DECQ         R13
+	JNZ          dot8AVX512S6Kx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R8)(R9*1), Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (SI)(R9*4), Z11, Z11
+	VBROADCASTSS (CX), Z12
+	VPBROADCASTD 8(CX), Z13
+	VPSRAD       $0x02, Z13, Z13
+	VPSUBD       Z13, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z12, Z12
+	VFMADD231PS  Z12, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z12
+	VPBROADCASTD 8(DX), Z13
+	VPSRAD       $0x02, Z13, Z13
+	VPSUBD       Z13, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z11, Z12, Z12
+	VFMADD231PS  Z12, Z6, Z5
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z12
+	VPBROADCASTD 8(BX), Z13
+	VPSRAD       $0x02, Z13, Z13
+	VPSUBD       Z13, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z11, Z12, Z12
+	VFMADD231PS  Z12, Z8, Z7
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VPSRAD       $0x02, Z13, Z13
+	VPSUBD       Z13, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z11, Z12, Z11
+	VFMADD231PS  Z11, Z10, Z9
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R10
+	DECQ         R11
+	JMP          dot8AVX512S6Kx4p1_group
+
+dot8AVX512S6Kx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S6Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512S6Kx4p2(SB), NOSPLIT, $0-88
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+	MOVQ         meta+56(FP), R9
+	MOVQ         lane+64(FP), R10
+	XORQ         R11, R11
+	MOVL         $0x0f0f0f0f, R12
+	VPBROADCASTD R12, Z0
+	MOVL         $0x10101010, R12
+	VPBROADCASTD R12, Z1
+	MOVL         $0x20202020, R12
+	VPBROADCASTD R12, Z2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      dot8AVX512S6Kx4p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z3
+	VMOVUPS 64(R12), Z5
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z7
+	VMOVUPS 64(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z11
+	VMOVUPS 64(R12), Z13
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z15
+	VMOVUPS 64(R12), Z17
+	JMP     dot8AVX512S6Kx4p2_start
+
+dot8AVX512S6Kx4p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+	VXORPS Z17, Z17, Z17
+
+dot8AVX512S6Kx4p2_start:
+	MOVQ groups+24(FP), R12
+	XORQ R13, R13
+
+dot8AVX512S6Kx4p2_group:
+	TESTQ R12, R12
+	JZ    dot8AVX512S6Kx4p2_store
+
+	// A super-block's start: its header, then its groups' factors.
+	TESTQ R11, R11
+	JNZ   dot8AVX512S6Kx4p2_factors
+	MOVQ  R9, SI
+	ADDQ  $0x00000100, R9
+	MOVQ  per+80(FP), R11
+
+dot8AVX512S6Kx4p2_factors:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	VPXORD Z18, Z18, Z18
+	MOVQ   units+72(FP), R14
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S6Kx4p2_unit:
+	VMOVDQU64    (DI)(R13*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	KMOVQ        64(DI)(R13*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	KMOVQ        72(DI)(R13*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        80(DI)(R13*1), K1
+	VPADDB       Z2, Z19, K1, Z19
+	KMOVQ        88(DI)(R13*1), K1
+	VPADDB       Z2, Z20, K1, Z20
+	VMOVDQU64    (R8)(R13*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	KMOVQ        64(R8)(R13*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	KMOVQ        72(R8)(R13*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        80(R8)(R13*1), K1
+	VPADDB       Z2, Z21, K1, Z21
+	KMOVQ        88(R8)(R13*1), K1
+	VPADDB       Z2, Z22, K1, Z22
+	VPBROADCASTD (CX), Z23
+	VPBROADCASTD 4(CX), Z24
+	VPDPBUSD     Z23, Z19, Z4
+	VPDPBUSD     Z23, Z21, Z6
+	VPDPBUSD     Z24, Z20, Z4
+	VPDPBUSD     Z24, Z22, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z23
+	VPBROADCASTD 4(DX), Z24
+	VPDPBUSD     Z23, Z19, Z8
+	VPDPBUSD     Z23, Z21, Z10
+	VPDPBUSD     Z24, Z20, Z8
+	VPDPBUSD     Z24, Z22, Z10
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z23
+	VPBROADCASTD 4(BX), Z24
+	VPDPBUSD     Z23, Z19, Z12
+	VPDPBUSD     Z23, Z21, Z14
+	VPDPBUSD     Z24, Z20, Z12
+	VPDPBUSD     Z24, Z22, Z14
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z23
+	VPBROADCASTD 4(AX), Z24
+	VPDPBUSD     Z23, Z19, Z16
+	VPDPBUSD     Z23, Z21, Z18
+	VPDPBUSD     Z24, Z20, Z16
+	VPDPBUSD     Z24, Z22, Z18
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000060, R13
+	DECQ         R14
+	JNZ          dot8AVX512S6Kx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VPMOVSXBD    (R9)(R10*1), Z19
+	VCVTDQ2PS    Z19, Z19
+	VMULPS       (SI)(R10*4), Z19, Z19
+	VPMOVSXBD    16(R9)(R10*1), Z20
+	VCVTDQ2PS    Z20, Z20
+	VMULPS       64(SI)(R10*4), Z20, Z20
+	VBROADCASTSS (CX), Z21
+	VPBROADCASTD 8(CX), Z22
+	VPSRAD       $0x02, Z22, Z22
+	VPSUBD       Z22, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z21, Z23
+	VFMADD231PS  Z23, Z4, Z3
+	VPSUBD       Z22, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z20, Z21, Z21
+	VFMADD231PS  Z21, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z21
+	VPBROADCASTD 8(DX), Z22
+	VPSRAD       $0x02, Z22, Z22
+	VPSUBD       Z22, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z19, Z21, Z23
+	VFMADD231PS  Z23, Z8, Z7
+	VPSUBD       Z22, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z20, Z21, Z21
+	VFMADD231PS  Z21, Z10, Z9
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z21
+	VPBROADCASTD 8(BX), Z22
+	VPSRAD       $0x02, Z22, Z22
+	VPSUBD       Z22, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z21, Z23
+	VFMADD231PS  Z23, Z12, Z11
+	VPSUBD       Z22, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z20, Z21, Z21
+	VFMADD231PS  Z21, Z14, Z13
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z21
+	VPBROADCASTD 8(AX), Z22
+	VPSRAD       $0x02, Z22, Z22
+	VPSUBD       Z22, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z19, Z21, Z19
+	VFMADD231PS  Z19, Z16, Z15
+	VPSUBD       Z22, Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VMULPS       Z20, Z21, Z19
+	VFMADD231PS  Z19, Z18, Z17
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R11
+	DECQ         R12
+	JMP          dot8AVX512S6Kx4p2_group
+
+dot8AVX512S6Kx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z13, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z15, (AX)
+	VMOVUPS Z17, 64(AX)
 	VZEROUPPER
 	RET
 

@@ -454,6 +454,56 @@ func dot8AVX2I8KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ld
 //go:noescape
 func dot8AVX2I8KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
+// dot8AVX2S5x1 is dot8AVX512S5x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S5x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2S5x2 is dot8AVX512S5x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S5x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U5Mx1 is dot8AVX512U5Mx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U5Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U5Mx2 is dot8AVX512U5Mx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U5Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2S6x1 is dot8AVX512S6x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S6x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2S6x2 is dot8AVX512S6x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S6x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2U5KMx1 is dot8AVX512U5KMx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U5KMx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2U5KMx2 is dot8AVX512U5KMx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2U5KMx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2S6Kx1 is dot8AVX512S6Kx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S6Kx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX2S6Kx2 is dot8AVX512S6Kx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S6Kx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
 // routerDotAVX2 adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.
 //
 //go:noescape
@@ -2143,6 +2193,306 @@ func dot8AVX512I8KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32
 //
 //go:noescape
 func dot8AVX512I8KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S5x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S5x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S5x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5Mx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512U5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S6x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S6x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512U5KMx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512U5KMx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets, K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512U5KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
+
+// dot8AVX512S6Kx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 6-bit signed INT8 (K-quant scales) weights (see dot8Func and dot8KFunc).
+//
+//go:noescape
+func dot8AVX512S6Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
 // bdotAVX512x1p1 adds, for k steps (k even), the products of 1 bf16 rows with 1 bf16-dot panels to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
 //

@@ -541,6 +541,12 @@ func TestLoadGGUFCodes(t *testing.T) {
 			require.Equal(t, kernels.Exact, l.Numerics())
 			require.NoError(t, l.SetNumerics(kernels.Int8Dot))
 			require.Equal(t, kernels.Int8Dot, l.Numerics())
+			if bits, ok := map[string]int64{"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}[types[2]]; ok { // held in their bits
+				x0, ok := l.Expert(0)
+				require.True(t, ok)
+				d := x0.Down
+				require.Equal(t, int64(H*I)*bits/8, d.Bytes()-int64(d.ScaleBytes()), "%v int8dot: the down projection's codes", types)
+			}
 			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
 			require.Equal(t, ref.IDs, ids, "%v int8dot on %s", types, impl)
 			e := moetest.RelErr(y, ref.Y)

@@ -34,7 +34,60 @@ func dot8NP(mr int) int {
 	return 1
 }
 
-var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM"}
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K"}
+
+// dot8Code is how a kind's codes are held (see kernels/dot8.go's
+// dot8Unit): nibbles (UINT4 and the 5- and 6-bit INT8 codes, planes high
+// bits' planes after them) or a byte a code (INT8); stored plus a bias
+// (128 for bytes, 16 for S5, 32 for S6: biasShift the right shift that
+// makes it of the records' 128·S, −1 for none).
+type dot8Code struct {
+	nibbles   bool
+	planes    int
+	biasShift int
+	unit      int // bytes a unit
+}
+
+func dot8CodeOf(kind string) dot8Code {
+	switch kind[:2] {
+	case "U4":
+		return dot8Code{nibbles: true, biasShift: -1, unit: 64}
+	case "U5":
+		return dot8Code{nibbles: true, planes: 1, biasShift: -1, unit: 80}
+	case "S5":
+		return dot8Code{nibbles: true, planes: 1, biasShift: 3, unit: 80}
+	case "S6":
+		return dot8Code{nibbles: true, planes: 2, biasShift: 2, unit: 96}
+	}
+	return dot8Code{biasShift: 0, unit: 128}
+}
+
+// dot8KindDoc describes a kind's weights.
+var dot8KindDoc = map[string]string{
+	"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)",
+	"U4KM": "UINT4 (with offsets, K-quant scales)", "I8K": "INT8 (K-quant scales)", "I8KM": "INT8 (with offsets, K-quant scales)",
+	"S5": "5-bit signed INT8", "U5M": "5-bit unsigned INT8 (with offsets)", "S6": "6-bit signed INT8",
+	"U5KM": "5-bit unsigned INT8 (with offsets, K-quant scales)", "S6K": "6-bit signed INT8 (K-quant scales)",
+}
+
+// dot8KindField is a kind's field in the Go table (kernels' dot8Kernels).
+var dot8KindField = map[string]string{
+	"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km",
+	"S5": "s5", "U5M": "u5m", "S6": "s6", "U5KM": "u5km", "S6K": "s6k",
+}
+
+// planeBits returns, for each of c's high bits' planes, a register of
+// that bit in every byte (0x10, then 0x20).
+func planeBits(c dot8Code, vec func() VecVirtual) []VecVirtual {
+	bits := make([]VecVirtual, c.planes)
+	for pl := range bits {
+		t := GP32()
+		MOVL(U32(0x10101010<<pl), t)
+		bits[pl] = vec()
+		VPBROADCASTD(t, bits[pl])
+	}
+	return bits
+}
 
 // vpdpbusd emits VPDPBUSD: acc += Σ over each lane's four bytes of
 // u8(w)·s8(x). avo does not know the instruction; the Go assembler does.
@@ -54,15 +107,9 @@ func dot8Kernel(kind string, mr, np int) {
 	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func%s).", name, mr, np,
-		map[string]string{"U4": "UINT4", "U4M": "UINT4 (with offsets)", "I8": "INT8", "I8M": "INT8 (with offsets)",
-			"U4KM": "UINT4 (with offsets, K-quant scales)", "I8K": "INT8 (K-quant scales)", "I8KM": "INT8 (with offsets, K-quant scales)"}[kind],
-		map[bool]string{false: "", true: " and dot8KFunc"}[super]))
-	u4 := strings.HasPrefix(kind, "U4")
+		dot8KindDoc[kind], map[bool]string{false: "", true: " and dot8KFunc"}[super]))
+	code := dot8CodeOf(kind)
 	offsets := strings.HasSuffix(kind, "M")
-	unit := 128
-	if u4 {
-		unit = 64
-	}
 
 	a := make([]GPVirtual, mr)
 	aPtr := Load(Param("a"), GP64())
@@ -82,12 +129,13 @@ func dot8Kernel(kind string, mr, np int) {
 	}
 	src := loadDot8Src(super, offsets)
 	var mask VecVirtual
-	if u4 {
+	if code.nibbles {
 		mask = ZMM()
 		t := GP32()
 		MOVL(U32(0x0F0F0F0F), t)
 		VPBROADCASTD(t, mask)
 	}
+	bits := planeBits(code, ZMM)
 	acc := make([][]VecVirtual, mr)
 	sums := make([][]VecVirtual, mr)
 	for m := range acc {
@@ -107,7 +155,7 @@ func dot8Kernel(kind string, mr, np int) {
 	Comment("Eight steps of k: two weight vectors a panel, two broadcasts a row.")
 	Label(name + "_unit")
 	prefetch(mr, b, o)
-	if !u4 && mr <= 3 { // INT8's unit is two lines
+	if code.unit > 64 && mr <= 3 { // a unit of more than a line
 		for _, bj := range b {
 			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist + 64})
 		}
@@ -116,11 +164,20 @@ func dot8Kernel(kind string, mr, np int) {
 	for j := range np {
 		lo[j], hi[j] = ZMM(), ZMM()
 		at := Mem{Base: b[j], Index: o, Scale: 1}
-		if u4 {
+		if code.nibbles {
 			VMOVDQU64(at, hi[j])
 			VPANDD(mask, hi[j], lo[j])
 			VPSRLW(U8(4), hi[j], hi[j])
 			VPANDD(mask, hi[j], hi[j])
+			// The high bits: each plane's words as masks, the bit added
+			// where set.
+			for pl, bit := range bits {
+				for v, r := range []VecVirtual{lo[j], hi[j]} {
+					k := K()
+					KMOVQ(at.Offset(64+16*pl+8*v), k)
+					VPADDB(bit, r, k, r)
+				}
+			}
 		} else {
 			VMOVDQU64(at, lo[j])
 			VMOVDQU64(at.Offset(64), hi[j])
@@ -138,7 +195,7 @@ func dot8Kernel(kind string, mr, np int) {
 		}
 		ADDQ(U32(8), a[m])
 	}
-	ADDQ(U32(unit), o)
+	ADDQ(U32(code.unit), o)
 	DECQ(u)
 	JNZ(LabelRef(name + "_unit"))
 
@@ -156,16 +213,19 @@ func dot8Kernel(kind string, mr, np int) {
 		d := ZMM()
 		VBROADCASTSS(Mem{Base: a[m]}, d)
 		var cB, vB VecVirtual
-		if !u4 {
+		if code.biasShift >= 0 { // bias·S, from the record's 128·S
 			cB = ZMM()
 			VPBROADCASTD(Mem{Base: a[m], Disp: 8}, cB)
+			if code.biasShift > 0 {
+				VPSRAD(U8(code.biasShift), cB, cB)
+			}
 		}
 		if offsets {
 			vB = ZMM()
 			VBROADCASTSS(Mem{Base: a[m], Disp: 4}, vB)
 		}
 		for j := range np {
-			if !u4 {
+			if cB != nil {
 				VPSUBD(cB, sums[m][j], sums[m][j])
 			}
 			VCVTDQ2PS(sums[m][j], sums[m][j])
@@ -363,7 +423,7 @@ func writeKernelTable(b *bytes.Buffer, doc, v string, maxMR int, nps func(mr int
 		if strings.Contains(kind, "K") {
 			typ = "dot8KTable"
 		}
-		fmt.Fprintf(b, "%s: %s{\n", map[string]string{"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km"}[kind], typ)
+		fmt.Fprintf(b, "%s: %s{\n", dot8KindField[kind], typ)
 		for mr := 1; mr <= maxMR; mr++ {
 			fmt.Fprintf(b, "%d: {", mr)
 			for np := 1; np <= nps(mr); np++ {

@@ -37,12 +37,9 @@ func dot8AVX2Kernel(kind string, mr int) {
 	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s is dot8AVX512%sx%dp1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.", name, kind, mr))
-	u4 := strings.HasPrefix(kind, "U4")
+	code := dot8CodeOf(kind)
+	u4 := code.nibbles && code.planes == 0
 	offsets := strings.HasSuffix(kind, "M")
-	unit := 128
-	if u4 {
-		unit = 64
-	}
 
 	a := make([]GPVirtual, mr)
 	aPtr := Load(Param("a"), GP64())
@@ -53,8 +50,8 @@ func dot8AVX2Kernel(kind string, mr int) {
 	b := Load(Param("b"), GP64())
 	src := loadDot8Src(super, offsets)
 	t := GP32()
-	mask := YMM() // UINT4: the low nibble of each byte; INT8: the bias bit
-	if u4 {
+	mask := YMM() // nibbles: the low nibble of each byte; INT8: the bias bit
+	if code.nibbles {
 		MOVL(U32(0x0F0F0F0F), t)
 	} else {
 		MOVL(U32(0x80808080), t)
@@ -86,12 +83,47 @@ func dot8AVX2Kernel(kind string, mr int) {
 	Label(name + "_unit")
 	if mr <= 3 {
 		PREFETCHT0(Mem{Base: b, Index: o, Scale: 1, Disp: pfDist})
-		if !u4 {
+		if code.unit > 64 {
 			PREFETCHT0(Mem{Base: b, Index: o, Scale: 1, Disp: pfDist + 64})
 		}
 	}
 	for h := range 2 {
 		at := Mem{Base: b, Index: o, Scale: 1, Disp: 32 * h}
+		if code.planes > 0 {
+			// Codes of 5 or 6 bits: the nibbles, each plane's bits of
+			// these eight rows (32 a vector) spread to their bytes
+			// (vpshufb a byte to eight lanes, one bit each, compared),
+			// then u8 codes (≤ 63) times s8 activations: a pair at most
+			// 2·63·127 = 16002, the unit's two in int16 (≤ 32004),
+			// widened a unit at a time.
+			lo, hi := YMM(), YMM()
+			VMOVDQU(at, hi)
+			VPAND(mask, hi, lo)
+			VPSRLW(U8(4), hi, hi)
+			VPAND(mask, hi, hi)
+			for pl := range code.planes {
+				for v, r := range []VecVirtual{lo, hi} {
+					t := YMM()
+					VPBROADCASTD(Mem{Base: b, Index: o, Scale: 1, Disp: 64 + 16*pl + 8*v + 4*h}, t)
+					VPSHUFB(planeConsts.spread, t, t)
+					VPAND(planeConsts.bit, t, t)
+					VPCMPEQB(planeConsts.bit, t, t)
+					VPAND(planeConsts.high[pl], t, t)
+					VPOR(t, r, r)
+				}
+			}
+			for m := range a {
+				x, p := YMM(), YMM()
+				VPBROADCASTD(Mem{Base: a[m]}, x)
+				VPMADDUBSW(x, lo, p)
+				VPBROADCASTD(Mem{Base: a[m], Disp: 4}, x)
+				VPMADDUBSW(x, hi, x)
+				VPADDW(x, p, p)
+				VPMADDWD(ones, p, p)
+				VPADDD(p, sums[m][h], sums[m][h])
+			}
+			continue
+		}
 		if u4 {
 			lo, hi := YMM(), YMM()
 			VMOVDQU(at, hi)
@@ -126,7 +158,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	for m := range a {
 		ADDQ(U32(8), a[m])
 	}
-	ADDQ(U32(unit), o)
+	ADDQ(U32(code.unit), o)
 	DECQ(u)
 	JNZ(LabelRef(name + "_unit"))
 
@@ -140,6 +172,12 @@ func dot8AVX2Kernel(kind string, mr int) {
 			s := sums[m][h]
 			if u4 {
 				VPMADDWD(ones, s, s)
+			}
+			if code.planes > 0 && code.biasShift >= 0 { // less bias·S, from the record's 128·S
+				cB := YMM()
+				VPBROADCASTD(Mem{Base: a[m], Disp: 8}, cB)
+				VPSRAD(U8(code.biasShift), cB, cB)
+				VPSUBD(cB, s, s)
 			}
 			VCVTDQ2PS(s, s)
 			d := YMM()
@@ -163,7 +201,33 @@ func dot8AVX2Kernel(kind string, mr int) {
 	dot8Close(name, tile, g, src)
 }
 
+// planeConsts are the AVX2 kernels' constants for the high bits' planes:
+// spread (vpshufb) takes byte i/8 of a broadcast 32-bit word to byte i,
+// bit picks bit i%8 of it, high[p] is plane p's bit (0x10, 0x20).
+var planeConsts struct {
+	spread, bit Mem
+	high        [2]Mem
+}
+
+func dot8AVX2Consts() {
+	planeConsts.spread = GLOBL("dot8Spread", RODATA|NOPTR)
+	for i := range 32 {
+		DATA(i, U8(i/8))
+	}
+	planeConsts.bit = GLOBL("dot8Bit", RODATA|NOPTR)
+	for i := range 32 {
+		DATA(i, U8(1<<(i%8)))
+	}
+	for p := range planeConsts.high {
+		planeConsts.high[p] = GLOBL(fmt.Sprintf("dot8High%d", p), RODATA|NOPTR)
+		for i := range 32 {
+			DATA(i, U8(0x10<<p))
+		}
+	}
+}
+
 func dot8AVX2Kernels() {
+	dot8AVX2Consts()
 	for _, kind := range dot8Kinds {
 		for mr := 1; mr <= dot8AVX2MR; mr++ {
 			dot8AVX2Kernel(kind, mr)
