@@ -15,7 +15,8 @@ import (
 // The int8-dot numerics mode, llama.cpp's way of computing with integer
 // codes, chosen per matrix (PackInt8Dot) and never taken otherwise. Each
 // activation row is quantized per block of 32: d = max|x|/127 (fp32),
-// q = round-to-even(x·(1/d)) as int8 (d = 0: q = 0). For weight group g of
+// q = round-to-even(x·(1/d)) kept in [−127, 127] as int8 (d = 0: q = 0;
+// also where 1/d is past fp32's range and x is 0). For weight group g of
 // row n (scale s, offset o, codes c; the group inside one block b), with
 // I = Σ c·q over the group (exact integers) and S = Σ q:
 //
@@ -449,6 +450,13 @@ func (q *dot8Rows) quantizeAll(ctx context.Context, workers int, x []float32, k,
 // quantizeRow writes the records of one row x in groups of g to out.
 func quantizeRow(out []byte, x []float32, g int) {
 	rec := g + 16
+	if s := active; s != nil && len(x) > 0 {
+		if f := s.quant8[g]; f != nil {
+			_ = out[len(x)/g*rec-1]
+			f(&out[0], &x[0], len(x)/dot8Block)
+			return
+		}
+	}
 	for b := 0; b < len(x); b += dot8Block {
 		var amax float32
 		for _, v := range x[b : b+dot8Block] {
@@ -463,13 +471,17 @@ func quantizeRow(out []byte, x []float32, g int) {
 			r := out[g0/g*rec:][:rec]
 			var s int32
 			for j, v := range x[g0 : g0+g] {
-				c := int8(max(-127, min(127, math.RoundToEven(float64(v*id)))))
+				var c int8
+				if f := float64(v * id); f == f { // NaN (0·∞, 1/d past fp32's range): 0
+					c = int8(max(-127, min(127, math.RoundToEven(f))))
+				}
 				r[j] = uint8(c)
 				s += int32(c)
 			}
 			*(*float32)(unsafe.Pointer(&r[g])) = d
 			*(*float32)(unsafe.Pointer(&r[g+4])) = d * float32(s)
 			*(*int32)(unsafe.Pointer(&r[g+8])) = 128 * s
+			*(*int32)(unsafe.Pointer(&r[g+12])) = 0
 		}
 	}
 }

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -283,6 +284,65 @@ func TestInt8Dot(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQuantizeRow: every implementation's activation records are the Go
+// loop's bytes (the mode's definition), for groups of 8, 16 and 32, on
+// blocks of zeros, of one value, with ±0 and subnormals, with values
+// whose scaled code is a tie (k + ½ exactly, to even), at ±127 and at
+// fp32's largest finite magnitudes, with a NaN and an infinity, and
+// random ones.
+func TestQuantizeRow(t *testing.T) {
+	const K = 32 * 12
+	x := make([]float32, K)
+	rng := rand.New(rand.NewPCG(4, 4))
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	clear(x[32:64])     // zeros
+	for i := range 32 { // one value; ±0 and subnormals
+		x[64+i] = 3
+		x[96+i] = [4]float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, -1e-40}[i%4]
+	}
+	for i := range 32 { // amax 127: d = 1, q = x, ties k + ½ to even
+		x[128+i] = float32(i) - 15.5
+	}
+	x[128] = 127
+	for i := range 32 {
+		x[160+i] = math.MaxFloat32 * float32(1-2*(i%2)) / float32(1+i%3) // near fp32's largest
+		x[192+i] = float32(i%5-2) * 1e-30
+		x[224+i] = float32(i) - 3
+		x[256+i] = float32(i%3-1) * 1e-39 // 1/d past fp32's range: 0·∞ and ±∞
+	}
+	x[230] = float32(math.NaN()) // a NaN: d NaN, every code 0
+	x[240] = float32(math.Inf(-1))
+	for _, g := range []int{8, 16, 32} {
+		want := make([]byte, K/g*(g+16))
+		restore, err := Use("generic")
+		require.NoError(t, err)
+		quantizeRow(want, x, g)
+		restore()
+		for _, impl := range Implementations() {
+			restore, err := Use(impl)
+			require.NoError(t, err)
+			got := make([]byte, len(want))
+			for i := range got {
+				got[i] = 0xAA // every byte written
+			}
+			quantizeRow(got, x, g)
+			restore()
+			// A NaN's payload aside: its d and d·S NaN in both.
+			for r := 0; r < len(got); r += g + 16 {
+				for _, at := range []int{r + g, r + g + 4} {
+					w, o := math.Float32frombits(binary.LittleEndian.Uint32(want[at:])), math.Float32frombits(binary.LittleEndian.Uint32(got[at:]))
+					if w != w && o != o {
+						copy(got[at:at+4], want[at:at+4])
+					}
+				}
+			}
+			require.Equal(t, want, got, "%s g%d", impl, g)
+		}
 	}
 }
 

@@ -46,6 +46,7 @@ func init() {
 		if hasVNNI {
 			s.dot8 = &dot8AVX512
 		}
+		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX512G8, quant8AVX512G16, quant8AVX512G32
 		if hasBF16 {
 			s.bdot = &bdotAVX512
 			bdotPeak = bdotPeakAVX512

@@ -44,6 +44,9 @@ type simd struct {
 	// dot8 holds the int8-dot kernels (see PackInt8Dot); nil where the
 	// implementation has none.
 	dot8 *dot8Kernels
+	// quant8 quantizes blocks of 32 activations for the int8-dot mode
+	// (see quantizeRow), by group size (8, 16, 32); nil: the Go loop.
+	quant8 [dot8Block + 1]func(out *byte, x *float32, blocks int)
 	// bdot holds the bf16-dot kernels (see PackBF16Dot); nil where the
 	// implementation has none.
 	bdot *bdotTable

@@ -60638,6 +60638,295 @@ dot8AVX512S6Kx4p2_store:
 	VZEROUPPER
 	RET
 
+// func quant8AVX512G8(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2, AVX512F, AVX512VL
+TEXT ·quant8AVX512G8(SB), NOSPLIT, $0-24
+	MOVQ         out+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         blocks+16(FP), DX
+	MOVL         $0x7fffffff, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x42fe0000, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0xc2fe0000, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x42fe0000, BX
+	VMOVD        BX, X3
+	MOVL         $0x3f800000, BX
+	VMOVD        BX, X4
+	VXORPS       X5, X5, X5
+
+quant8AVX512G8_block:
+	TESTQ         DX, DX
+	JZ            quant8AVX512G8_done
+	VMOVUPS       (CX), Z6
+	VMOVUPS       64(CX), Z7
+	VPANDD        Z0, Z6, Z8
+	VPANDD        Z0, Z7, Z9
+	VPMAXUD       Z9, Z8, Z8
+	VEXTRACTI64X4 $0x01, Z8, Y9
+	VPMAXUD       Y9, Y8, Y9
+	VEXTRACTI128  $0x01, Y9, X8
+	VPMAXUD       X8, X9, X8
+	VPSHUFD       $0x4e, X8, X9
+	VPMAXUD       X9, X8, X8
+	VPSHUFD       $0xb1, X8, X9
+	VPMAXUD       X9, X8, X8
+	VDIVSS        X3, X8, X8
+	VDIVSS        X8, X4, X9
+	VCMPSS        $0x04, X5, X8, X14
+	VANDPS        X14, X9, X9
+	VBROADCASTSS  X9, Z9
+	VMULPS        Z9, Z6, Z6
+	VCMPPS        $0x07, Z6, Z6, K1
+	VMINPS        Z1, Z6, Z6
+	VMAXPS        Z2, Z6, Z6
+	VCVTPS2DQ.Z   Z6, K1, Z6
+	VMULPS        Z9, Z7, Z7
+	VCMPPS        $0x07, Z7, Z7, K1
+	VMINPS        Z1, Z7, Z7
+	VMAXPS        Z2, Z7, Z7
+	VCVTPS2DQ.Z   Z7, K1, Z7
+	VEXTRACTI64X4 $0x01, Z6, Y9
+	VEXTRACTI128  $0x01, Y6, X14
+	VPADDD        X14, X6, X14
+	VPSHUFD       $0x4e, X14, X15
+	VPADDD        X15, X14, X14
+	VPSHUFD       $0xb1, X14, X15
+	VPADDD        X15, X14, X14
+	VPMOVSDB      Y6, (AX)
+	VMOVD         X14, BX
+	VCVTSI2SSL    BX, X10, X10
+	VMULSS        X8, X10, X10
+	VMOVSS        X8, 8(AX)
+	VMOVSS        X10, 12(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 16(AX)
+	MOVL          $0x00000000, 20(AX)
+	VEXTRACTI128  $0x01, Y9, X6
+	VPADDD        X6, X9, X6
+	VPSHUFD       $0x4e, X6, X14
+	VPADDD        X14, X6, X6
+	VPSHUFD       $0xb1, X6, X14
+	VPADDD        X14, X6, X6
+	VPMOVSDB      Y9, 24(AX)
+	VMOVD         X6, BX
+	VCVTSI2SSL    BX, X11, X11
+	VMULSS        X8, X11, X11
+	VMOVSS        X8, 32(AX)
+	VMOVSS        X11, 36(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 40(AX)
+	MOVL          $0x00000000, 44(AX)
+	VEXTRACTI64X4 $0x01, Z7, Y6
+	VEXTRACTI128  $0x01, Y7, X9
+	VPADDD        X9, X7, X9
+	VPSHUFD       $0x4e, X9, X14
+	VPADDD        X14, X9, X9
+	VPSHUFD       $0xb1, X9, X14
+	VPADDD        X14, X9, X9
+	VPMOVSDB      Y7, 48(AX)
+	VMOVD         X9, BX
+	VCVTSI2SSL    BX, X12, X12
+	VMULSS        X8, X12, X12
+	VMOVSS        X8, 56(AX)
+	VMOVSS        X12, 60(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 64(AX)
+	MOVL          $0x00000000, 68(AX)
+	VEXTRACTI128  $0x01, Y6, X7
+	VPADDD        X7, X6, X7
+	VPSHUFD       $0x4e, X7, X9
+	VPADDD        X9, X7, X7
+	VPSHUFD       $0xb1, X7, X9
+	VPADDD        X9, X7, X7
+	VPMOVSDB      Y6, 72(AX)
+	VMOVD         X7, BX
+	VCVTSI2SSL    BX, X13, X13
+	VMULSS        X8, X13, X13
+	VMOVSS        X8, 80(AX)
+	VMOVSS        X13, 84(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 88(AX)
+	MOVL          $0x00000000, 92(AX)
+	ADDQ          $0x00000080, CX
+	ADDQ          $0x00000060, AX
+	DECQ          DX
+	JMP           quant8AVX512G8_block
+
+quant8AVX512G8_done:
+	VZEROUPPER
+	RET
+
+// func quant8AVX512G16(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·quant8AVX512G16(SB), NOSPLIT, $0-24
+	MOVQ         out+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         blocks+16(FP), DX
+	MOVL         $0x7fffffff, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x42fe0000, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0xc2fe0000, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x42fe0000, BX
+	VMOVD        BX, X3
+	MOVL         $0x3f800000, BX
+	VMOVD        BX, X4
+	VXORPS       X5, X5, X5
+
+quant8AVX512G16_block:
+	TESTQ         DX, DX
+	JZ            quant8AVX512G16_done
+	VMOVUPS       (CX), Z6
+	VMOVUPS       64(CX), Z7
+	VPANDD        Z0, Z6, Z8
+	VPANDD        Z0, Z7, Z9
+	VPMAXUD       Z9, Z8, Z8
+	VEXTRACTI64X4 $0x01, Z8, Y9
+	VPMAXUD       Y9, Y8, Y9
+	VEXTRACTI128  $0x01, Y9, X8
+	VPMAXUD       X8, X9, X8
+	VPSHUFD       $0x4e, X8, X9
+	VPMAXUD       X9, X8, X8
+	VPSHUFD       $0xb1, X8, X9
+	VPMAXUD       X9, X8, X8
+	VDIVSS        X3, X8, X8
+	VDIVSS        X8, X4, X9
+	VCMPSS        $0x04, X5, X8, X12
+	VANDPS        X12, X9, X9
+	VBROADCASTSS  X9, Z9
+	VMULPS        Z9, Z6, Z6
+	VCMPPS        $0x07, Z6, Z6, K1
+	VMINPS        Z1, Z6, Z6
+	VMAXPS        Z2, Z6, Z6
+	VCVTPS2DQ.Z   Z6, K1, Z6
+	VMULPS        Z9, Z7, Z7
+	VCMPPS        $0x07, Z7, Z7, K1
+	VMINPS        Z1, Z7, Z7
+	VMAXPS        Z2, Z7, Z7
+	VCVTPS2DQ.Z   Z7, K1, Z7
+	VEXTRACTI64X4 $0x01, Z6, Y9
+	VPADDD        Y9, Y6, Y9
+	VEXTRACTI128  $0x01, Y9, X12
+	VPADDD        X12, X9, X12
+	VPSHUFD       $0x4e, X12, X9
+	VPADDD        X9, X12, X12
+	VPSHUFD       $0xb1, X12, X9
+	VPADDD        X9, X12, X12
+	VPMOVSDB      Z6, (AX)
+	VMOVD         X12, BX
+	VCVTSI2SSL    BX, X10, X10
+	VMULSS        X8, X10, X10
+	VMOVSS        X8, 16(AX)
+	VMOVSS        X10, 20(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 24(AX)
+	MOVL          $0x00000000, 28(AX)
+	VEXTRACTI64X4 $0x01, Z7, Y6
+	VPADDD        Y6, Y7, Y6
+	VEXTRACTI128  $0x01, Y6, X9
+	VPADDD        X9, X6, X9
+	VPSHUFD       $0x4e, X9, X6
+	VPADDD        X6, X9, X9
+	VPSHUFD       $0xb1, X9, X6
+	VPADDD        X6, X9, X9
+	VPMOVSDB      Z7, 32(AX)
+	VMOVD         X9, BX
+	VCVTSI2SSL    BX, X11, X11
+	VMULSS        X8, X11, X11
+	VMOVSS        X8, 48(AX)
+	VMOVSS        X11, 52(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 56(AX)
+	MOVL          $0x00000000, 60(AX)
+	ADDQ          $0x00000080, CX
+	ADDQ          $0x00000040, AX
+	DECQ          DX
+	JMP           quant8AVX512G16_block
+
+quant8AVX512G16_done:
+	VZEROUPPER
+	RET
+
+// func quant8AVX512G32(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·quant8AVX512G32(SB), NOSPLIT, $0-24
+	MOVQ         out+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         blocks+16(FP), DX
+	MOVL         $0x7fffffff, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x42fe0000, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0xc2fe0000, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x42fe0000, BX
+	VMOVD        BX, X3
+	MOVL         $0x3f800000, BX
+	VMOVD        BX, X4
+	VXORPS       X5, X5, X5
+
+quant8AVX512G32_block:
+	TESTQ         DX, DX
+	JZ            quant8AVX512G32_done
+	VMOVUPS       (CX), Z6
+	VMOVUPS       64(CX), Z7
+	VPANDD        Z0, Z6, Z8
+	VPANDD        Z0, Z7, Z9
+	VPMAXUD       Z9, Z8, Z8
+	VEXTRACTI64X4 $0x01, Z8, Y9
+	VPMAXUD       Y9, Y8, Y9
+	VEXTRACTI128  $0x01, Y9, X8
+	VPMAXUD       X8, X9, X8
+	VPSHUFD       $0x4e, X8, X9
+	VPMAXUD       X9, X8, X8
+	VPSHUFD       $0xb1, X8, X9
+	VPMAXUD       X9, X8, X8
+	VDIVSS        X3, X8, X8
+	VDIVSS        X8, X4, X9
+	VCMPSS        $0x04, X5, X8, X11
+	VANDPS        X11, X9, X9
+	VBROADCASTSS  X9, Z9
+	VMULPS        Z9, Z6, Z6
+	VCMPPS        $0x07, Z6, Z6, K1
+	VMINPS        Z1, Z6, Z6
+	VMAXPS        Z2, Z6, Z6
+	VCVTPS2DQ.Z   Z6, K1, Z6
+	VMULPS        Z9, Z7, Z7
+	VCMPPS        $0x07, Z7, Z7, K1
+	VMINPS        Z1, Z7, Z7
+	VMAXPS        Z2, Z7, Z7
+	VCVTPS2DQ.Z   Z7, K1, Z7
+	VPADDD        Z7, Z6, Z9
+	VEXTRACTI64X4 $0x01, Z9, Y11
+	VPADDD        Y11, Y9, Y9
+	VEXTRACTI128  $0x01, Y9, X11
+	VPADDD        X11, X9, X11
+	VPSHUFD       $0x4e, X11, X9
+	VPADDD        X9, X11, X11
+	VPSHUFD       $0xb1, X11, X9
+	VPADDD        X9, X11, X11
+	VPMOVSDB      Z6, (AX)
+	VPMOVSDB      Z7, 16(AX)
+	VMOVD         X11, BX
+	VCVTSI2SSL    BX, X10, X10
+	VMULSS        X8, X10, X10
+	VMOVSS        X8, 32(AX)
+	VMOVSS        X10, 36(AX)
+	SHLL          $0x07, BX
+	MOVL          BX, 40(AX)
+	MOVL          $0x00000000, 44(AX)
+	ADDQ          $0x00000080, CX
+	ADDQ          $0x00000030, AX
+	DECQ          DX
+	JMP           quant8AVX512G32_block
+
+quant8AVX512G32_done:
+	VZEROUPPER
+	RET
+
 // func bdotAVX512x1p1(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc int, flags int)
 // Requires: AVX, AVX512F, MMX+
 TEXT ·bdotAVX512x1p1(SB), NOSPLIT, $0-56

@@ -2494,6 +2494,21 @@ func dot8AVX512S6Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32,
 //go:noescape
 func dot8AVX512S6Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
+// quant8AVX512G8 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 8 at out (see quantizeRow).
+//
+//go:noescape
+func quant8AVX512G8(out *byte, x *float32, blocks int)
+
+// quant8AVX512G16 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 16 at out (see quantizeRow).
+//
+//go:noescape
+func quant8AVX512G16(out *byte, x *float32, blocks int)
+
+// quant8AVX512G32 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 32 at out (see quantizeRow).
+//
+//go:noescape
+func quant8AVX512G32(out *byte, x *float32, blocks int)
+
 // bdotAVX512x1p1 adds, for k steps (k even), the products of 1 bf16 rows with 1 bf16-dot panels to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero (see bdotFunc).
 //
 //go:noescape

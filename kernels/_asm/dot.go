@@ -91,6 +91,7 @@ func main() {
 				dequant(dt)
 			}
 			dot8Kernels()
+			quant8Kernels()
 			bdotKernels()
 			readLoop()
 			routerDotLoop(false)

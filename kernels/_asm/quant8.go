@@ -1,0 +1,160 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The int8-dot mode's activation quantizer (kernels/dot8.go's
+// quantizeRow) on AVX-512: per block of 32, amax = max|x| (vmaxps, exact
+// whatever the order), d = amax/127 and its inverse (0 for d = 0) in
+// fp32 scalars as the Go code divides, q = x·(1/d) kept in [−127, 127]
+// (0 where NaN) and rounded to nearest even (vcvtps2dq under Go's default
+// rounding), then each group's record: its g codes, d, d·float32(S),
+// 128·S and a zero word. The same bytes as the Go loop (a NaN's payload
+// aside).
+
+// quant8Kernel emits quant8AVX512G<g>: blocks blocks of 32 from x into
+// records of g+16 bytes at out.
+func quant8Kernel(g int) {
+	name := fmt.Sprintf("quant8AVX512G%d", g)
+	TEXT(name, NOSPLIT, "func(out *byte, x *float32, blocks int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s quantizes blocks blocks of 32 activations at x into int8-dot records for groups of %d at out (see quantizeRow).", name, g))
+	out := Load(Param("out"), GP64())
+	x := Load(Param("x"), GP64())
+	n := Load(Param("blocks"), GP64())
+	t := GP32()
+	broadcast := func(v uint32) VecVirtual {
+		z := ZMM()
+		MOVL(U32(v), t)
+		VPBROADCASTD(t, z)
+		return z
+	}
+	abs := broadcast(0x7FFFFFFF)
+	hi, lo := broadcast(0x42FE0000), broadcast(0xC2FE0000) // ±127.0
+	c127, one, zero := XMM(), XMM(), XMM()
+	MOVL(U32(0x42FE0000), t) // 127.0
+	VMOVD(t, c127)
+	MOVL(U32(0x3F800000), t) // 1.0
+	VMOVD(t, one)
+	VXORPS(zero, zero, zero)
+	rec := g + 16
+
+	Label(name + "_block")
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_done"))
+	a0, a1 := ZMM(), ZMM()
+	VMOVUPS(Mem{Base: x}, a0)
+	VMOVUPS(Mem{Base: x, Disp: 64}, a1)
+	// amax on the magnitudes' bits (vpmaxud): the same order as the
+	// floats', and a NaN, above every other, is kept as Go's max keeps it.
+	m := ZMM()
+	m1 := ZMM()
+	VPANDD(abs, a0, m)
+	VPANDD(abs, a1, m1)
+	VPMAXUD(m1, m, m)
+	y := YMM()
+	VEXTRACTI64X4(U8(1), m, y)
+	VPMAXUD(y, m.AsY(), y)
+	v := XMM()
+	VEXTRACTI128(U8(1), y, v)
+	VPMAXUD(v, y.AsX(), v)
+	w := XMM()
+	VPSHUFD(U8(0x4E), v, w)
+	VPMAXUD(w, v, v)
+	VPSHUFD(U8(0xB1), v, w)
+	VPMAXUD(w, v, v) // amax in lane 0
+	d, id, nz := XMM(), XMM(), XMM()
+	VDIVSS(c127, v, d) // d = amax/127
+	VDIVSS(d, one, id) // 1/d
+	VCMPSS(U8(4), zero, d, nz)
+	VANDPS(nz, id, id) // 0 where d = 0
+	ib := ZMM()
+	VBROADCASTSS(id, ib)
+	// q: x·(1/d) kept in [−127, 127] (±∞ there too), NaN lanes (0·∞)
+	// zero, rounded to nearest even.
+	q := []VecVirtual{ZMM(), ZMM()}
+	for i, a := range []VecVirtual{a0, a1} {
+		VMULPS(ib, a, q[i])
+		k := K()
+		VCMPPS(U8(7), q[i], q[i], k) // ordered: not NaN
+		VMINPS(hi, q[i], q[i])
+		VMAXPS(lo, q[i], q[i])
+		VCVTPS2DQ_Z(q[i], k, q[i])
+	}
+	// Each group's codes and sum: g lanes of q.
+	record := func(r int, codes func(dst Mem), sum VecVirtual) {
+		at := Mem{Base: out, Disp: r * rec}
+		codes(at)
+		s := GP32()
+		VMOVD(sum, s)
+		f := XMM()
+		VCVTSI2SSL(s, f, f)
+		VMULSS(d, f, f)
+		VMOVSS(d, at.Offset(g))
+		VMOVSS(f, at.Offset(g+4))
+		SHLL(U8(7), s)
+		MOVL(s, at.Offset(g+8))
+		MOVL(U32(0), at.Offset(g+12))
+	}
+	// hsum8 adds the 8 lanes of y into lane 0.
+	hsum8 := func(y VecVirtual) VecVirtual {
+		v := XMM()
+		VEXTRACTI128(U8(1), y, v)
+		VPADDD(v, y.AsX(), v)
+		w := XMM()
+		VPSHUFD(U8(0x4E), v, w)
+		VPADDD(w, v, v)
+		VPSHUFD(U8(0xB1), v, w)
+		VPADDD(w, v, v)
+		return v
+	}
+	halves := func(z VecVirtual) (lo, hi VecVirtual) {
+		hi = YMM()
+		VEXTRACTI64X4(U8(1), z, hi)
+		return z.AsY().(VecVirtual), hi
+	}
+	switch g {
+	case 32:
+		s := ZMM()
+		VPADDD(q[1], q[0], s)
+		l, h := halves(s)
+		y := YMM()
+		VPADDD(h, l, y)
+		record(0, func(at Mem) {
+			VPMOVSDB(q[0], at)
+			VPMOVSDB(q[1], at.Offset(16))
+		}, hsum8(y))
+	case 16:
+		for i := range 2 {
+			l, h := halves(q[i])
+			y := YMM()
+			VPADDD(h, l, y)
+			record(i, func(at Mem) { VPMOVSDB(q[i], at) }, hsum8(y))
+		}
+	case 8:
+		for i := range 2 {
+			l, h := halves(q[i])
+			for j, part := range []VecVirtual{l, h} {
+				record(2*i+j, func(at Mem) { VPMOVSDB(part, at) }, hsum8(part))
+			}
+		}
+	}
+	ADDQ(U32(128), x)
+	ADDQ(U32(32/g*rec), out)
+	DECQ(n)
+	JMP(LabelRef(name + "_block"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+func quant8Kernels() {
+	for _, g := range []int{8, 16, 32} {
+		quant8Kernel(g)
+	}
+}
