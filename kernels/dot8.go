@@ -127,13 +127,23 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	if g := m.q.cols; dot8Block%g != 0 || g%dot8Unit != 0 || m.Cols%dot8Block != 0 {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
 	}
-	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, q: m.q.dot8Scales(m.Rows, m.panels()), lut: m.lut, packed: true, dot8: true}
+	p := Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols, lut: m.lut, packed: true, dot8: true}
 	codes := make([]uint8, m.Cols)
 	if m.DType == INT8 {
 		p.planes, p.bias = m.narrowCodes(codes)
 	}
-	if m.q.super != nil && (m.DType == INT8 || m.q.off != nil) {
+	// The kernels read the K-quants' factors where there are some (every
+	// implementation has kernels for them), else the scales in the
+	// int8-dot panel layout; either then holds the values (see
+	// blockScales.scale), no fp32 grid beside them.
+	if m.q.super != nil && (m.DType == INT8 || m.q.hasOffsets()) {
+		p.q = m.q.dropGrid()
+		p.q.panel, p.q.offPanel, p.q.dot8Panel = nil, nil, false
+		p.q.panels = m.panels()
 		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
+		p.q.super = &superScales{per: m.q.super.per, offsets: m.q.super.offsets} // the factors in kmeta only
+	} else {
+		p.q = m.q.dot8Scales(m.Rows, m.panels()).dropGrid()
 	}
 	unit := p.dot8UnitBytes()
 	p.u8 = hugepage.Bytes(m.panels() * m.Cols / dot8Unit * unit)
@@ -186,9 +196,9 @@ func (m Matrix) narrowCodes(row []uint8) (planes, bias uint8) {
 			lo, hi = min(lo, int(int8(c))), max(hi, int(int8(c)))
 		}
 	}
-	offsets := m.q.off != nil
+	offsets := m.q.hasOffsets()
 	switch {
-	case !offsets && lo >= -16 && hi < 16: // Q5_0
+	case !offsets && lo >= -16 && hi < 16 && m.q.super == nil: // Q5_0 (with factors: 6 bits, whose kernels read them)
 		return 1, 16
 	case offsets && lo >= 0 && hi < 32: // Q5_1, Q5_K
 		return 1, 0
@@ -252,21 +262,19 @@ func (m Matrix) codeRow(i int, dst []uint8) {
 // stream: panel p's group g at ((p/dot8Run·groups + g)·dot8Run + p%dot8Run)·16.
 func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
 	p := *q
-	p.panels = panels
+	p.panels, p.dot8Panel = panels, true
 	runs := (panels + dot8Run - 1) / dot8Run
-	lay := func(src []float32) []float32 {
+	lay := func(v func(g int) float32) []float32 {
 		dst := make([]float32, runs*q.gridCols*dot8Run*PanelWidth)
-		for r := range rows {
-			pi := r / PanelWidth
-			for g := range q.gridCols {
-				dst[((pi/dot8Run*q.gridCols+g)*dot8Run+pi%dot8Run)*PanelWidth+r%PanelWidth] = src[r*q.gridCols+g]
-			}
+		for g := range rows * q.gridCols {
+			dst[p.panelAt(g)] = v(g)
 		}
 		return dst
 	}
-	p.panel = lay(q.grid)
-	if q.off != nil {
-		p.offPanel = lay(q.off)
+	p.panel = lay(q.scale)
+	p.offPanel = nil
+	if q.hasOffsets() {
+		p.offPanel = lay(q.offset)
 	}
 	return &p
 }
@@ -277,7 +285,7 @@ func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
 // factors (sc, then m: [dot8Run][16] int8 each).
 func (q *blockScales) dot8Factors(rows, panels int) []byte {
 	sup := q.super
-	offs := q.off != nil
+	offs := q.hasOffsets()
 	hdr, grp := 256, 64
 	if offs {
 		hdr, grp = 512, 128
@@ -306,6 +314,27 @@ func (q *blockScales) dot8Factors(rows, panels int) []byte {
 		}
 	}
 	return out
+}
+
+// kmetaAt reads group g's factors from an int8-dot matrix's kmeta (see
+// dot8Factors): d and sc, or with min −dmin and m.
+func (q *blockScales) kmetaAt(g int, min bool) (float32, int8) {
+	per := q.super.per
+	hdr, grp := 256, 64
+	if q.hasOffsets() {
+		hdr, grp = 512, 128
+	}
+	supers := q.gridCols / per
+	runBytes := supers * (hdr + per*grp)
+	r, b := g/q.gridCols, g%q.gridCols
+	pi := r / PanelWidth
+	lane := pi%dot8Run*PanelWidth + r%PanelWidth
+	base := pi/dot8Run*runBytes + b/per*(hdr+per*grp)
+	at, fat := base+hdr+b%per*grp+lane, base+4*lane
+	if min {
+		at, fat = at+64, fat+256
+	}
+	return *(*float32)(unsafe.Pointer(&q.kmeta[fat])), int8(q.kmeta[at])
 }
 
 // dot8Run is the panels whose scales an int8-dot matrix keeps side by
@@ -503,9 +532,9 @@ func dot8Generic(c []float32, ldc int, recs []*byte, rec int, b Matrix, n0, n1 i
 				}
 				d := *(*float32)(unsafe.Pointer(&rec[g]))
 				gs := gi + n*b.q.gridCols
-				acc = fmaF32(float32(dot), b.q.grid[gs]*d, acc)
-				if b.q.off != nil {
-					acc = fmaF32(b.q.off[gs], *(*float32)(unsafe.Pointer(&rec[g+4])), acc)
+				acc = fmaF32(float32(dot), b.q.scale(gs)*d, acc)
+				if b.q.hasOffsets() {
+					acc = fmaF32(b.q.offset(gs), *(*float32)(unsafe.Pointer(&rec[g+4])), acc)
 				}
 			}
 			c[r*ldc+n-n0] = acc
@@ -570,7 +599,7 @@ type dot8Kernels struct {
 // tables returns s's kernels for the int8-dot matrix b: by its scales, or
 // (k not nil) by its K-quant factors where there are kernels for them.
 func (s *dot8Kernels) tables(b Matrix) (t *dot8Table, k *dot8KTable) {
-	offsets := b.q.off != nil
+	offsets := b.q.hasOffsets()
 	switch {
 	case b.planes == 1 && b.bias != 0:
 		return &s.s5, nil

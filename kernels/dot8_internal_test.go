@@ -249,6 +249,35 @@ func TestInt8Dot(t *testing.T) {
 						bits = 4 + int64(held[0])
 					}
 					require.Equal(t, int64(s.N)*int64(s.K)*bits/8, d.Bytes()-int64(d.ScaleBytes()), name)
+					// What the packed matrices hold: the codes, and the scales in
+					// one layout (the K-quant factors as the int8-dot kernels read
+					// them, and only so), no fp32 grid beside them.
+					panels := int64((s.N + PanelWidth - 1) / PanelWidth * PanelWidth)
+					codes, groups := panels*int64(s.K)*bits/8, int64(s.N*s.K/m.q.cols)
+					perGroup := int64(4) // a scale, and with offsets an offset, fp32
+					if m.HasOffsets() {
+						perGroup = 8
+					}
+					if m.q.super != nil && d.q.kmeta != nil {
+						require.Equal(t, codes+int64(len(d.q.kmeta)), d.HeldBytes(), "%s: held", name)
+					} else {
+						require.Equal(t, codes+perGroup*int64(len(d.q.panel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups, d.HeldBytes(), "%s: held", name)
+					}
+					ep := Pack(m)
+					require.Nil(t, ep.q.grid, name)
+					require.Equal(t, panels*int64(s.K)*int64(m.DType.Bits())/8+4*int64(len(ep.q.panel)+len(ep.q.offPanel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups,
+						ep.HeldBytes(), "%s: held, packed for the exact mode", name)
+					// The values as they were given, from what the packed
+					// matrices hold.
+					_, ws, wo, _, _ := m.CodeData()
+					for _, pm := range []Matrix{d, Pack(m)} {
+						_, gs, gotO, _, ok := pm.CodeData()
+						require.True(t, ok)
+						require.Equal(t, ws, gs, name)
+						require.Equal(t, wo, gotO, name)
+						require.Equal(t, wo, pm.Offsets(), name)
+						require.Equal(t, wo != nil, pm.HasOffsets(), name)
+					}
 					for n := 0; n < s.N; n += 7 {
 						for k := 0; k < s.K; k += 5 {
 							require.Equal(t, m.At(n, k), d.At(n, k), "%s [%d, %d]", name, n, k)

@@ -58,6 +58,89 @@ type blockScales struct {
 	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
 	pow2       bool
 	pmin, pmax int
+	// groups is an integer-code matrix's groups (rows times gridCols).
+	// Its grid and off may be dropped once packed (see scale): nil, the
+	// values come from panel and offPanel (dot8Panel: in the int8-dot
+	// layout, see dot8Scales) or from super.
+	groups    int
+	dot8Panel bool
+}
+
+// hasOffsets says whether an integer-code matrix has offsets.
+func (q *blockScales) hasOffsets() bool {
+	return q.off != nil || q.offPanel != nil || q.super != nil && q.super.offsets
+}
+
+// panelAt is the index in panel (and offPanel) of group g (row-major:
+// row g/gridCols, group g%gridCols of the row).
+func (q *blockScales) panelAt(g int) int {
+	r, b := g/q.gridCols, g%q.gridCols
+	pi := r / PanelWidth
+	if q.dot8Panel {
+		return ((pi/dot8Run*q.gridCols+b)*dot8Run+pi%dot8Run)*PanelWidth + r%PanelWidth
+	}
+	return (b*q.panels+pi)*PanelWidth + r%PanelWidth
+}
+
+// superAt is the super-block of group g.
+func (q *blockScales) superAt(g int) int {
+	per := q.super.per
+	return g/q.gridCols*(q.gridCols/per) + g%q.gridCols/per
+}
+
+// scale is group g's scale of an integer-code matrix.
+func (q *blockScales) scale(g int) float32 {
+	switch {
+	case q.grid != nil:
+		return q.grid[g]
+	case q.kmeta != nil:
+		d, sc := q.kmetaAt(g, false)
+		return d * float32(sc)
+	case q.super != nil:
+		return q.super.d[q.superAt(g)] * float32(q.super.sc[g])
+	}
+	return q.panel[q.panelAt(g)]
+}
+
+// offset is group g's offset of an integer-code matrix with offsets.
+func (q *blockScales) offset(g int) float32 {
+	switch {
+	case q.off != nil:
+		return q.off[g]
+	case q.kmeta != nil:
+		negMin, m := q.kmetaAt(g, true)
+		return negMin * float32(m) // −dmin·m, exactly as −(dmin·m)
+	case q.super != nil:
+		return -(q.super.dmin[q.superAt(g)] * float32(q.super.m[g]))
+	}
+	return q.offPanel[q.panelAt(g)]
+}
+
+// scales returns an integer-code matrix's scales [groups] (grid, or made
+// from what holds them: a copy) and its offsets likewise (nil for none).
+func (q *blockScales) scales() (s, o []float32) {
+	s, o = q.grid, q.off
+	if s == nil {
+		s = make([]float32, q.groups)
+		for g := range s {
+			s[g] = q.scale(g)
+		}
+	}
+	if o == nil && q.hasOffsets() {
+		o = make([]float32, q.groups)
+		for g := range o {
+			o[g] = q.offset(g)
+		}
+	}
+	return s, o
+}
+
+// dropGrid returns q without its grid and offsets, for a packed
+// integer-code matrix whose panels or factors hold them.
+func (q *blockScales) dropGrid() *blockScales {
+	c := *q
+	c.grid, c.off = nil, nil
+	return &c
 }
 
 // at is the scale of element [i, j].
@@ -113,6 +196,20 @@ func (m Matrix) BlockSize() (rows, cols int) {
 // the quantized dtypes, its scales.
 func (m Matrix) Bytes() int64 {
 	return int64(m.Rows)*int64(m.Cols)*int64(m.codeBits())/8 + int64(m.ScaleBytes())
+}
+
+// HeldBytes is the size of the memory m holds: its elements, scales,
+// offsets and factors in every layout it keeps (Bytes counts what the
+// kernels read of it).
+func (m Matrix) HeldBytes() int64 {
+	n := 4*int64(len(m.f32)) + 2*int64(len(m.u16)) + int64(len(m.u8))
+	if q := m.q; q != nil {
+		n += 4*int64(len(q.grid)+len(q.off)+len(q.panel)+len(q.offPanel)) + int64(len(q.kmeta))
+		if sup := q.super; sup != nil {
+			n += 4*int64(len(sup.d)+len(sup.dmin)) + int64(len(sup.sc)+len(sup.m))
+		}
+	}
+	return n
 }
 
 // ScaleBytes is the size of the scales the kernels read for a quantized matrix

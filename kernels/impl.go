@@ -70,11 +70,11 @@ func (s *simd) runs(m Matrix) bool {
 // (outerQ4).
 func (s *simd) qTable(m Matrix) *outerQTable {
 	switch {
-	case m.DType == INT8 && m.q.off != nil:
+	case m.DType == INT8 && m.q.hasOffsets():
 		return &s.outerQ8M
 	case m.DType == INT8:
 		return &s.outerQ8
-	case m.q.off != nil:
+	case m.q.hasOffsets():
 		return &s.outerQ4M
 	}
 	return nil
@@ -95,11 +95,11 @@ func (s *simd) widens(m Matrix) bool {
 	switch {
 	case m.DType == F8E4M3:
 		return s.dqFP8 != nil
-	case m.DType == INT8 && m.q.off != nil:
+	case m.DType == INT8 && m.q.hasOffsets():
 		return s.dqQ8M != nil
 	case m.DType == INT8:
 		return s.dqQ8 != nil
-	case m.q.off != nil:
+	case m.q.hasOffsets():
 		return s.dqQ4M != nil
 	}
 	return s.dqQ4 != nil

@@ -13,6 +13,7 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/moex-project/moex/internal/half"
 )
@@ -153,11 +154,11 @@ func (m Matrix) Clone() Matrix {
 	c.u8 = append([]uint8(nil), m.u8...)
 	if m.q != nil {
 		q := *m.q
-		q.grid = append([]float32(nil), m.q.grid...)
-		q.panel = append([]float32(nil), m.q.panel...)
-		if m.q.off != nil {
-			q.off = append([]float32(nil), m.q.off...)
-			q.offPanel = append([]float32(nil), m.q.offPanel...)
+		q.grid, q.off = slices.Clone(m.q.grid), slices.Clone(m.q.off)
+		q.panel, q.offPanel = slices.Clone(m.q.panel), slices.Clone(m.q.offPanel)
+		q.kmeta = slices.Clone(m.q.kmeta)
+		if sup := m.q.super; sup != nil {
+			q.super = &superScales{per: sup.per, offsets: sup.offsets, d: slices.Clone(sup.d), dmin: slices.Clone(sup.dmin), sc: slices.Clone(sup.sc), m: slices.Clone(sup.m)}
 		}
 		c.q = &q
 	}

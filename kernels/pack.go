@@ -49,6 +49,11 @@ func Pack(m Matrix) Matrix {
 		p.u16 = hugepage.Slice[uint16](n)
 		packRows(p.u16, m.u16, m.Rows, K)
 	}
+	if m.DType == UINT4 || m.DType == INT8 {
+		// The panels hold the scales and offsets (blockScales.scale): no
+		// fp32 grid beside them.
+		p.q = p.q.dropGrid()
+	}
 	return p
 }
 

@@ -79,7 +79,7 @@ func groupScales(kind string, rows, cols, group int, scales, offsets []float32) 
 			}
 		}
 	}
-	return &blockScales{rows: 1, cols: group, gridCols: g, grid: scales[:rows*g], off: offsets}, nil
+	return &blockScales{rows: 1, cols: group, gridCols: g, grid: scales[:rows*g], off: offsets, groups: rows * g}, nil
 }
 
 // superScales are an integer-code matrix's scales and offsets as GGUF's
@@ -88,6 +88,7 @@ func groupScales(kind string, rows, cols, group int, scales, offsets []float32) 
 // group's scale is d·sc and its offset −(dmin·m), both exact in fp32.
 type superScales struct {
 	per     int
+	offsets bool      // dmin and m given (an int8-dot matrix's are in its kmeta only)
 	d, dmin []float32 // [rows, groups/per]; dmin nil without offsets
 	sc, m   []int8    // [rows, groups]; m nil without offsets
 }
@@ -123,27 +124,34 @@ func WithSuperScales(m Matrix, per int, d, dmin []float32, sc, mins []int8) (Mat
 		}
 	}
 	c := *q
-	c.super = &superScales{per: per, d: d, dmin: dmin, sc: sc, m: mins}
+	c.super = &superScales{per: per, d: d, dmin: dmin, sc: sc, m: mins, offsets: dmin != nil}
 	m.q = &c
 	return m, nil
 }
 
-// Offsets returns an integer-code matrix's offsets ([Rows, Cols/group],
-// shared), nil when it has none or is of another dtype.
+// Offsets returns an integer-code matrix's offsets ([Rows, Cols/group]:
+// shared, or a copy made from a packed matrix's), nil when it has none or
+// is of another dtype.
 func (m Matrix) Offsets() []float32 {
-	if m.q == nil {
+	if m.DType != UINT4 && m.DType != INT8 || m.q == nil {
 		return nil
 	}
-	return m.q.off
+	_, o := m.q.scales()
+	return o
+}
+
+// HasOffsets says whether m is an integer-code matrix with offsets.
+func (m Matrix) HasOffsets() bool {
+	return (m.DType == UINT4 || m.DType == INT8) && m.q != nil && m.q.hasOffsets()
 }
 
 // weight is code c of element [i, j] scaled (and offset) as its group's.
 func (q *blockScales) weight(c float32, i, j int) float32 {
 	g := i/q.rows*q.gridCols + j/q.cols
-	if q.off == nil {
-		return c * q.grid[g]
+	if !q.hasOffsets() {
+		return c * q.scale(g)
 	}
-	return fmaF32(c, q.grid[g], q.off[g])
+	return fmaF32(c, q.scale(g), q.offset(g))
 }
 
 // int8RowF32 widens row i of a row-major INT8 matrix into dst[:Cols].
@@ -178,8 +186,9 @@ func fmaF32(a, b, c float32) float32 {
 // CodeData returns an integer-code matrix's codes row-major (4-bit: [Rows,
 // Cols/2] bytes, the even column low; INT8: [Rows, Cols] bytes, each an
 // int8), shared when m is row-major and a copy when it is packed, with its
-// scales and offsets ([Rows, Cols/group], shared; offsets nil for none)
-// and group; false for the other dtypes.
+// scales and offsets ([Rows, Cols/group], shared, or copies made from a
+// packed matrix's; offsets nil for none) and group; false for the other
+// dtypes.
 func (m Matrix) CodeData() (data []uint8, scales, offsets []float32, group int, ok bool) {
 	switch m.DType {
 	case MXFP4, INT4, UINT4, INT8:
@@ -203,5 +212,6 @@ func (m Matrix) CodeData() (data []uint8, scales, offsets []float32, group int, 
 			}
 		}
 	}
-	return data, m.q.grid, m.q.off, m.q.cols, true
+	scales, offsets = m.q.scales()
+	return data, scales, offsets, m.q.cols, true
 }

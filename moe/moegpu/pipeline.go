@@ -108,7 +108,7 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 			default:
 				return false
 			}
-			o := m.Offsets() != nil
+			o := m.HasOffsets()
 			if dt != 0 && (m.DType != dt || m.GroupSize() != g || o != offs) {
 				return false
 			}
