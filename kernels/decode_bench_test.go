@@ -46,7 +46,8 @@ func BenchmarkDecodeExperts(b *testing.B) {
 	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"bf16_bf16dot", kernels.BF16, kernels.BF16Dot, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
 		{"uint4_int8dot", kernels.UINT4, kernels.Int8Dot, false}, {"uint4_int8dot_fp32scales", kernels.UINT4, kernels.Int8Dot, true},
 		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false},
-		{"q6k_int8dot", q6K, kernels.Int8Dot, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false}} {
+		{"q6k", q6K, kernels.Exact, false}, {"q6k_int8dot", q6K, kernels.Int8Dot, false},
+		{"q5k", q5K, kernels.Exact, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			// Each dtype quantized once, for its modes; made only when run.
 			stored, ok := made[c.dt]

@@ -245,6 +245,10 @@ func (m Matrix) codeRow(i int, dst []uint8) {
 			k := i*m.Cols + j
 			dst[j] = m.u8[k/2] >> (4 * (k & 1)) & 15
 		}
+	case m.planes > 0: // INT8 codes of 5 or 6 bits (packNarrow)
+		for j := range dst {
+			dst[j] = uint8(m.narrowCode(i, j))
+		}
 	case m.packed: // INT8: a step of 16 rows side by side
 		src := m.u8[(i-l)*m.Cols+l:]
 		for j := range dst {
@@ -359,6 +363,9 @@ func (m Matrix) code(i, j int) int {
 			return c - int(m.bias)
 		}
 		return int(m.u8[at]) - 128
+	}
+	if m.planes > 0 {
+		return m.narrowCode(i, j)
 	}
 	k := i*m.Cols + j
 	if m.packed {

@@ -265,7 +265,8 @@ func TestInt8Dot(t *testing.T) {
 					}
 					ep := Pack(m)
 					require.Nil(t, ep.q.grid, name)
-					require.Equal(t, panels*int64(s.K)*int64(m.DType.Bits())/8+4*int64(len(ep.q.panel)+len(ep.q.offPanel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups,
+					require.Equal(t, held, [2]uint8{ep.planes, ep.bias}, "%s: planes and bias, packed for the exact mode", name)
+					require.Equal(t, panels*int64(s.K)*bits/8+4*int64(len(ep.q.panel)+len(ep.q.offPanel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups,
 						ep.HeldBytes(), "%s: held, packed for the exact mode", name)
 					// The values as they were given, from what the packed
 					// matrices hold.

@@ -25,6 +25,7 @@ func init() {
 		s.kern8[F32][1], s.kern8[BF16][1], s.kern8[F16][1] = dotAVX2F32x1n8, dotAVX2BF16x1n8, dotAVX2F16x1n8
 		s.outer, s.outerFP8, s.outerQ4 = outerAVX2, outerFP8AVX2, outerQ4AVX2
 		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX2, outerQ8MAVX2, outerQ4MAVX2
+		s.outerS5, s.outerU5M, s.outerS6 = outerS5AVX2, outerU5MAVX2, outerS6AVX2
 		s.dot8 = &dot8AVX2
 		s.routerDot = routerDotAVX2
 		register(s)
@@ -42,6 +43,8 @@ func init() {
 		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX512, outerQ8MAVX512, outerQ4MAVX512
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
 		s.dqQ8, s.dqQ8M, s.dqQ4M = dqAVX512Q8, dqAVX512Q8M, dqAVX512Q4M
+		s.outerS5, s.outerU5M, s.outerS6 = outerS5AVX512, outerU5MAVX512, outerS6AVX512
+		s.dqS5, s.dqU5M, s.dqS6 = dqAVX512S5, dqAVX512U5M, dqAVX512S6
 		s.dot8 = &dot8AVX2 // AVX-512 without VNNI: the AVX2 kernels
 		if hasVNNI {
 			s.dot8 = &dot8AVX512

@@ -34,6 +34,11 @@ type simd struct {
 	// outerQ8 and outerQ8M hold those for packed INT8 weights without and
 	// with offsets, outerQ4M those for packed 4-bit weights with offsets.
 	outerQ8, outerQ8M, outerQ4M outerQTable
+	// outerS5, outerU5M and outerS6 hold those for packed INT8 codes of 5
+	// and 6 bits (see Pack), dqS5, dqU5M and dqS6 their widening (nil
+	// where the implementation has none).
+	outerS5, outerU5M, outerS6 outerQTable
+	dqS5, dqU5M, dqS6          func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation
 	// has none.
@@ -70,6 +75,12 @@ func (s *simd) runs(m Matrix) bool {
 // (outerQ4).
 func (s *simd) qTable(m Matrix) *outerQTable {
 	switch {
+	case m.planes == 1 && m.bias != 0:
+		return &s.outerS5
+	case m.planes == 1:
+		return &s.outerU5M
+	case m.planes == 2:
+		return &s.outerS6
 	case m.DType == INT8 && m.q.hasOffsets():
 		return &s.outerQ8M
 	case m.DType == INT8:
@@ -92,6 +103,9 @@ func (s *simd) qWidest(m Matrix, mr int) int {
 // widens says whether s widens m's panels (see outerGEMMWiden) rather
 // than running its kernels when a call has many rows.
 func (s *simd) widens(m Matrix) bool {
+	if dq := s.dqNarrow(m); m.planes > 0 {
+		return dq != nil
+	}
 	switch {
 	case m.DType == F8E4M3:
 		return s.dqFP8 != nil
@@ -103,6 +117,20 @@ func (s *simd) widens(m Matrix) bool {
 		return s.dqQ4M != nil
 	}
 	return s.dqQ4 != nil
+}
+
+// dqNarrow is s's widening of the packed INT8 matrix m whose codes are
+// held in 5 or 6 bits; nil for others, or where s has none.
+func (s *simd) dqNarrow(m Matrix) func(dst *float32, b *byte, k int, s, o *float32) {
+	switch {
+	case m.planes == 1 && m.bias != 0:
+		return s.dqS5
+	case m.planes == 1:
+		return s.dqU5M
+	case m.planes == 2:
+		return s.dqS6
+	}
+	return nil
 }
 
 // kernel8Func computes mr×8 dot products of fp32 rows a[:mr] with 8 weight

@@ -108,10 +108,10 @@ type Matrix struct {
 	lut        *[16]float32 // the 4-bit dtypes' nibble values
 	packed     bool
 	dot8       bool // packed for the int8-dot mode (see PackInt8Dot)
-	// planes is the high bits' planes (1 or 2) of an int8-dot INT8
-	// matrix whose codes are held as 5 or 6 bits, 0 for a byte a code;
-	// bias is what such codes are stored plus (16 or 32 for signed codes,
-	// 0 for unsigned; see PackInt8Dot).
+	// planes is the high bits' planes (1 or 2) of a packed INT8 matrix
+	// whose codes are held as 5 or 6 bits, 0 for a byte a code; bias is
+	// what such codes are stored plus (16 or 32 for signed codes, 0 for
+	// unsigned; see Pack and PackInt8Dot).
 	planes, bias uint8
 	bdot         bool // packed for the bf16-dot mode (see PackBF16Dot)
 }
@@ -191,7 +191,7 @@ func (m Matrix) RowF32(i int, dst []float32) {
 
 // At returns element [i, j] widened to float32.
 func (m Matrix) At(i, j int) float32 {
-	if m.dot8 {
+	if m.dot8 || m.planes > 0 {
 		return m.q.weight(float32(m.code(i, j)), i, j)
 	}
 	if m.bdot {

@@ -158,7 +158,6 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 		return
 	}
 	bc := b[0].q.cols
-	stride := PanelWidth * K * dt.Bits() / 8
 	kc := s.outerBlockK(M, K, dt)
 	if kc < K {
 		kc = max(bc, kc-kc%bc) // k blocks of whole scale blocks
@@ -189,6 +188,7 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 		for i, bi := range b {
 			q := bi.q
 			ss := 4 * q.panels * PanelWidth // bytes from a block's scales to the next's
+			stride := PanelWidth * K * bi.codeBits() / 8
 			qt := s.qTable(bi)
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
@@ -369,6 +369,12 @@ func (s *simd) outerGEMMWiden(ap *[maxKernelRows]*float32, rows []*float32, b []
 						at := (k0/bc*q.panels + p) * PanelWidth
 						sc, d, src := &q.panel[at], &dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0)
 						switch {
+						case bi.planes > 0:
+							var off *float32
+							if q.offPanel != nil {
+								off = &q.offPanel[at]
+							}
+							s.dqNarrow(bi)(d, src, k1-k0, sc, off)
 						case dt == F8E4M3:
 							s.dqFP8(d, src, k1-k0, sc)
 						case dt == INT8 && q.offPanel != nil:

@@ -62,6 +62,27 @@ var outerQ8MAVX2 = outerQTable{
 	6: {1: opAVX2Q8Mx6p1},
 }
 
+// outerS5AVX2 holds the AVX2 outer-product kernels on 5-bit signed INT8 codes by rows and panels.
+var outerS5AVX2 = outerQTable{
+	1: {1: opAVX2S5x1p1, 2: opAVX2S5x1p2},
+	2: {1: opAVX2S5x2p1, 2: opAVX2S5x2p2},
+	3: {1: opAVX2S5x3p1},
+}
+
+// outerU5MAVX2 holds the AVX2 outer-product kernels on 5-bit unsigned INT8 (with offsets) codes by rows and panels.
+var outerU5MAVX2 = outerQTable{
+	1: {1: opAVX2U5Mx1p1, 2: opAVX2U5Mx1p2},
+	2: {1: opAVX2U5Mx2p1, 2: opAVX2U5Mx2p2},
+	3: {1: opAVX2U5Mx3p1},
+}
+
+// outerS6AVX2 holds the AVX2 outer-product kernels on 6-bit signed INT8 codes by rows and panels.
+var outerS6AVX2 = outerQTable{
+	1: {1: opAVX2S6x1p1, 2: opAVX2S6x1p2},
+	2: {1: opAVX2S6x2p1, 2: opAVX2S6x2p2},
+	3: {1: opAVX2S6x3p1},
+}
+
 // outerQ4AVX2 holds the AVX2 outer-product kernels on 4-bit panels by rows and panels.
 var outerQ4AVX2 = outerQ4Table{
 	1: {1: opAVX2Q4x1p1, 2: opAVX2Q4x1p2, 3: opAVX2Q4x1p3, 4: opAVX2Q4x1p4},
@@ -132,6 +153,36 @@ var outerQ8MAVX512 = outerQTable{
 	4: {1: opAVX512Q8Mx4p1, 2: opAVX512Q8Mx4p2, 3: opAVX512Q8Mx4p3, 4: opAVX512Q8Mx4p4},
 	5: {1: opAVX512Q8Mx5p1, 2: opAVX512Q8Mx5p2, 3: opAVX512Q8Mx5p3, 4: opAVX512Q8Mx5p4},
 	6: {1: opAVX512Q8Mx6p1, 2: opAVX512Q8Mx6p2, 3: opAVX512Q8Mx6p3, 4: opAVX512Q8Mx6p4},
+}
+
+// outerS5AVX512 holds the AVX512 outer-product kernels on 5-bit signed INT8 codes by rows and panels.
+var outerS5AVX512 = outerQTable{
+	1: {1: opAVX512S5x1p1, 2: opAVX512S5x1p2, 3: opAVX512S5x1p3, 4: opAVX512S5x1p4},
+	2: {1: opAVX512S5x2p1, 2: opAVX512S5x2p2, 3: opAVX512S5x2p3, 4: opAVX512S5x2p4},
+	3: {1: opAVX512S5x3p1, 2: opAVX512S5x3p2, 3: opAVX512S5x3p3, 4: opAVX512S5x3p4},
+	4: {1: opAVX512S5x4p1, 2: opAVX512S5x4p2},
+	5: {1: opAVX512S5x5p1, 2: opAVX512S5x5p2},
+	6: {1: opAVX512S5x6p1, 2: opAVX512S5x6p2},
+}
+
+// outerU5MAVX512 holds the AVX512 outer-product kernels on 5-bit unsigned INT8 (with offsets) codes by rows and panels.
+var outerU5MAVX512 = outerQTable{
+	1: {1: opAVX512U5Mx1p1, 2: opAVX512U5Mx1p2, 3: opAVX512U5Mx1p3, 4: opAVX512U5Mx1p4},
+	2: {1: opAVX512U5Mx2p1, 2: opAVX512U5Mx2p2, 3: opAVX512U5Mx2p3, 4: opAVX512U5Mx2p4},
+	3: {1: opAVX512U5Mx3p1, 2: opAVX512U5Mx3p2, 3: opAVX512U5Mx3p3, 4: opAVX512U5Mx3p4},
+	4: {1: opAVX512U5Mx4p1, 2: opAVX512U5Mx4p2},
+	5: {1: opAVX512U5Mx5p1, 2: opAVX512U5Mx5p2},
+	6: {1: opAVX512U5Mx6p1, 2: opAVX512U5Mx6p2},
+}
+
+// outerS6AVX512 holds the AVX512 outer-product kernels on 6-bit signed INT8 codes by rows and panels.
+var outerS6AVX512 = outerQTable{
+	1: {1: opAVX512S6x1p1, 2: opAVX512S6x1p2, 3: opAVX512S6x1p3, 4: opAVX512S6x1p4},
+	2: {1: opAVX512S6x2p1, 2: opAVX512S6x2p2, 3: opAVX512S6x2p3, 4: opAVX512S6x2p4},
+	3: {1: opAVX512S6x3p1, 2: opAVX512S6x3p2, 3: opAVX512S6x3p3, 4: opAVX512S6x3p4},
+	4: {1: opAVX512S6x4p1, 2: opAVX512S6x4p2},
+	5: {1: opAVX512S6x5p1, 2: opAVX512S6x5p2},
+	6: {1: opAVX512S6x6p1, 2: opAVX512S6x6p2},
 }
 
 // outerQ4AVX512 holds the AVX512 outer-product kernels on 4-bit panels by rows and panels.

@@ -33,7 +33,18 @@ func Pack(m Matrix) Matrix {
 	case F32:
 		p.f32 = hugepage.Slice[float32](n)
 		packRows(p.f32, m.f32, m.Rows, K)
-	case F8E4M3, INT8:
+	case INT8:
+		codes := make([]uint8, K)
+		p.planes, p.bias = m.narrowCodes(codes)
+		if p.planes > 0 {
+			p.u8 = hugepage.Bytes(n * p.codeBits() / 8)
+			packNarrow(p.u8, m, codes, p.planes, p.bias)
+		} else {
+			p.u8 = hugepage.Bytes(n)
+			packRows(p.u8, m.u8, m.Rows, K)
+		}
+		p.q = m.q.packScales(m.Rows, m.panels(), 1)
+	case F8E4M3:
 		p.u8 = hugepage.Bytes(n)
 		packRows(p.u8, m.u8, m.Rows, K)
 		factor := 1.0
@@ -55,6 +66,52 @@ func Pack(m Matrix) Matrix {
 		p.q = p.q.dropGrid()
 	}
 	return p
+}
+
+// narrowUnit is the bytes of a unit (dot8Unit steps) of a panel of codes
+// held in 4 + planes bits (see packNarrow).
+func narrowUnit(planes uint8) int { return 64 + 16*int(planes) }
+
+// packNarrow writes the row-major INT8 matrix m, whose codes plus bias
+// fit in 4 + planes bits, into dst in panels of units of 8 steps: 64
+// bytes of nibbles (byte 16p + l: row l's codes of steps 2p, low, and
+// 2p+1, high) and each high bit's plane (16 bytes: a 64-bit word for the
+// even steps, then one for the odd ones, bit 16p + l for row l's step 2p
+// or 2p+1, as the nibbles' bytes). row is scratch [Cols].
+func packNarrow(dst []uint8, m Matrix, row []uint8, planes, bias uint8) {
+	unit := narrowUnit(planes)
+	for i := 0; i < m.Rows; i++ {
+		m.codeRow(i, row)
+		l := i % PanelWidth
+		panel := dst[i/PanelWidth*m.Cols/dot8Unit*unit:]
+		for u := 0; u < m.Cols; u += dot8Unit {
+			un := panel[u/dot8Unit*unit:][:unit]
+			for s := 0; s < dot8Unit; s++ {
+				c := row[u+s] + bias
+				un[16*(s/2)+l] |= c & 15 << (4 * (s & 1))
+				for pl := range int(planes) {
+					un[narrowPlaneAt(pl, s)+l/8] |= c >> (4 + pl) & 1 << (l % 8)
+				}
+			}
+		}
+	}
+}
+
+// narrowPlaneAt is where in a unit plane pl's bits of step s start (16,
+// a row each).
+func narrowPlaneAt(pl, s int) int { return 64 + 16*pl + 8*(s%2) + 2*(s/2) }
+
+// narrowCode is the code of element [i, j] of a packed matrix held as
+// packNarrow lays it out.
+func (m Matrix) narrowCode(i, j int) int {
+	unit := narrowUnit(m.planes)
+	l, s := i%PanelWidth, j%dot8Unit
+	un := m.u8[i/PanelWidth*m.Cols/dot8Unit*unit+j/dot8Unit*unit:]
+	c := int(un[16*(s/2)+l] >> (4 * (s & 1)) & 15)
+	for pl := range int(m.planes) {
+		c |= int(un[narrowPlaneAt(pl, s)+l/8]>>(l%8)&1) << (4 + pl)
+	}
+	return c - int(m.bias)
 }
 
 // packRows writes the rows×k matrix src into dst in panels, one panel at
@@ -139,6 +196,9 @@ func (m Matrix) packedIndex(i, j int) int {
 // panelPtr points at step k of panel p of a packed matrix with Cols > 0.
 func (m Matrix) panelPtr(p, k int) *byte {
 	off := (p*m.Cols + k) * PanelWidth
+	if m.planes > 0 { // k a multiple of 8: a unit's start
+		return &m.u8[off*m.codeBits()/8]
+	}
 	switch m.DType {
 	case F32:
 		return (*byte)(unsafe.Pointer(&m.f32[off]))

@@ -15,7 +15,8 @@ import (
 // q4Cases are the 4- and 8-bit matrices of the tests: MXFP4, INT4 in
 // groups of 32 (Kimi's) and of 128, UINT4 in groups of 32 with and without
 // offsets (ggml's Q4_K, Q4_1), INT8 in groups of 32 (Q8_0) and of 16 with
-// offsets (ggml's 5- and 6-bit blocks as kernels hold them).
+// offsets, and INT8 codes of 5 and 6 bits (ggml's Q5_0, Q5_1, Q6_K:
+// packed in that many bits).
 var q4Cases = []struct {
 	name string
 	make func(rng *rand.Rand, rows, cols int) (kernels.Matrix, [][]float64)
@@ -38,6 +39,15 @@ var q4Cases = []struct {
 	}},
 	{"int8 g16 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
 		return kerneltest.INT8Weights(rng, r, c, 16, true)
+	}},
+	{"int8 5-bit signed g32", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8CodeWeights(rng, r, c, 32, -16, 32, false)
+	}},
+	{"int8 5-bit unsigned g32 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8CodeWeights(rng, r, c, 32, 0, 32, true)
+	}},
+	{"int8 6-bit signed g16", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8CodeWeights(rng, r, c, 16, -32, 64, false)
 	}},
 }
 

@@ -7268,6 +7268,5754 @@ opAVX2Q8Mx6p1_store:
 	VZEROUPPER
 	RET
 
+DATA narrowBit<>+0(SB)/4, $0x00000001
+DATA narrowBit<>+4(SB)/4, $0x00000002
+DATA narrowBit<>+8(SB)/4, $0x00000004
+DATA narrowBit<>+12(SB)/4, $0x00000008
+DATA narrowBit<>+16(SB)/4, $0x00000010
+DATA narrowBit<>+20(SB)/4, $0x00000020
+DATA narrowBit<>+24(SB)/4, $0x00000040
+DATA narrowBit<>+28(SB)/4, $0x00000080
+GLOBL narrowBit<>(SB), RODATA|NOPTR, $32
+
+DATA narrowHigh0<>+0(SB)/4, $0x00000010
+DATA narrowHigh0<>+4(SB)/4, $0x00000010
+DATA narrowHigh0<>+8(SB)/4, $0x00000010
+DATA narrowHigh0<>+12(SB)/4, $0x00000010
+DATA narrowHigh0<>+16(SB)/4, $0x00000010
+DATA narrowHigh0<>+20(SB)/4, $0x00000010
+DATA narrowHigh0<>+24(SB)/4, $0x00000010
+DATA narrowHigh0<>+28(SB)/4, $0x00000010
+GLOBL narrowHigh0<>(SB), RODATA|NOPTR, $32
+
+DATA narrowHigh1<>+0(SB)/4, $0x00000020
+DATA narrowHigh1<>+4(SB)/4, $0x00000020
+DATA narrowHigh1<>+8(SB)/4, $0x00000020
+DATA narrowHigh1<>+12(SB)/4, $0x00000020
+DATA narrowHigh1<>+16(SB)/4, $0x00000020
+DATA narrowHigh1<>+20(SB)/4, $0x00000020
+DATA narrowHigh1<>+24(SB)/4, $0x00000020
+DATA narrowHigh1<>+28(SB)/4, $0x00000020
+GLOBL narrowHigh1<>(SB), RODATA|NOPTR, $32
+
+// func opAVX2S5x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S5x1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2S5x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y1
+	VMOVUPS 32(BX), Y2
+	JMP     opAVX2S5x1p1_start
+
+opAVX2S5x1p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+
+opAVX2S5x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S5x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX2S5x1p1_store
+	CMPQ SI, BX
+	JL   opAVX2S5x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX2S5x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VPMOVZXBD    (DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 64(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    8(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 65(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS (CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    (DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 72(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    8(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 73(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 4(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 66(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    24(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 67(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 8(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 74(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    24(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 75(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 12(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 68(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    40(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 69(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 16(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 76(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    40(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 77(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 20(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 70(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    56(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 71(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 24(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 78(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh0<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    56(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 79(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh0<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 28(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	ADDQ         $0x00000008, SI
+	ADDQ         $0x00000050, DI
+	JMP          opAVX2S5x1p1_loop
+
+opAVX2S5x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S5x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S5x1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2S5x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	VMOVUPS 64(SI), Y3
+	VMOVUPS 96(SI), Y4
+	JMP     opAVX2S5x1p2_start
+
+opAVX2S5x1p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2S5x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S5x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2S5x1p2_store
+	CMPQ DI, SI
+	JL   opAVX2S5x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2S5x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VPMOVZXBD    (DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    (BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    8(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    (DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    (BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    8(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 4(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    16(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    24(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 8(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    16(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    24(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 12(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    32(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    40(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 16(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    32(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    40(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 20(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    48(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    56(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 24(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    48(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    56(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 28(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	ADDQ         $0x00000008, DI
+	ADDQ         $0x00000050, R8
+	JMP          opAVX2S5x1p2_loop
+
+opAVX2S5x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S5x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S5x2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2S5x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y4
+	JMP     opAVX2S5x2p1_start
+
+opAVX2S5x2p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2S5x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S5x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2S5x2p1_store
+	CMPQ DI, SI
+	JL   opAVX2S5x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2S5x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS (DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS (CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    (BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 4(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 4(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 8(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 8(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 12(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 12(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 16(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 16(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 20(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 20(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 24(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 24(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh0<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh0<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 28(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 28(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	ADDQ         $0x00000008, DI
+	ADDQ         $0x00000050, R8
+	JMP          opAVX2S5x2p1_loop
+
+opAVX2S5x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S5x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S5x2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2S5x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	VMOVUPS 64(DI), Y3
+	VMOVUPS 96(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	VMOVUPS 64(DI), Y7
+	VMOVUPS 96(DI), Y8
+	JMP     opAVX2S5x2p2_start
+
+opAVX2S5x2p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2S5x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S5x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2S5x2p2_store
+	CMPQ R8, DI
+	JL   opAVX2S5x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2S5x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 64(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    8(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 65(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    (SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 64(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    8(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 65(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS (CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    (BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 72(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    8(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 73(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    (SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 72(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    8(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 73(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 4(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 4(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 66(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    24(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 67(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    16(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 66(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    24(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 67(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 8(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 8(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 74(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    24(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 75(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    16(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 74(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    24(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 75(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 12(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 12(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 68(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    40(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 69(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    32(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 68(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    40(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 69(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 16(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 16(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 76(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    40(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 77(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    32(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 76(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    40(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 77(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 20(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 20(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 70(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    56(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 71(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    48(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 70(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    56(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 71(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 24(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 24(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 78(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh0<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    56(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 79(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh0<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    48(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 78(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh0<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    56(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 79(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh0<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 28(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 28(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000050, R9
+	JMP          opAVX2S5x2p2_loop
+
+opAVX2S5x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VMOVUPS Y7, 64(AX)
+	VMOVUPS Y8, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S5x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S5x3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2S5x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y3
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	JMP     opAVX2S5x3p1_start
+
+opAVX2S5x3p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+
+opAVX2S5x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S5x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2S5x3p1_store
+	CMPQ R8, DI
+	JL   opAVX2S5x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2S5x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS (DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS (BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS (CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 4(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 4(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 4(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 8(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 8(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 8(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 12(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 12(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 12(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 16(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 16(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 16(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 20(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 20(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 20(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 24(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 24(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 24(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh0<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh0<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 28(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 28(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 28(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000050, R9
+	JMP          opAVX2S5x3p1_loop
+
+opAVX2S5x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2U5Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2U5Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0000000f, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2U5Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	JMP     opAVX2U5Mx1p1_start
+
+opAVX2U5Mx1p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+
+opAVX2U5Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2U5Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2U5Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX2U5Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX2U5Mx1p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 64(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    8(BX)(R8*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 65(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS (DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    (BX)(R8*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 72(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    8(BX)(R8*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 73(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 4(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(BX)(R8*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 66(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    24(BX)(R8*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 67(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 8(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(BX)(R8*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 74(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    24(BX)(R8*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 75(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 12(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(BX)(R8*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 68(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    40(BX)(R8*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 69(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 16(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(BX)(R8*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 76(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    40(BX)(R8*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 77(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 20(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(BX)(R8*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 70(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    56(BX)(R8*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 71(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 24(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(BX)(R8*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 78(BX)(R8*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMOVUPS      (AX), Y4
+	VFMADD213PS  (CX), Y4, Y3
+	VPMOVZXBD    56(BX)(R8*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 79(BX)(R8*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VFMADD213PS  32(CX), Y5, Y4
+	VBROADCASTSS 28(DX)(DI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	ADDQ         $0x00000008, DI
+	ADDQ         $0x00000050, R8
+	JMP          opAVX2U5Mx1p1_loop
+
+opAVX2U5Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2U5Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2U5Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0000000f, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2U5Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	VMOVUPS 64(DI), Y3
+	VMOVUPS 96(DI), Y4
+	JMP     opAVX2U5Mx1p2_start
+
+opAVX2U5Mx1p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2U5Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2U5Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2U5Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX2U5Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2U5Mx1p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    8(BX)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS (DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    (BX)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    8(BX)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 4(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(BX)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    24(BX)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 8(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(BX)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    24(BX)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 12(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(BX)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    40(BX)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 16(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(BX)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    40(BX)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 20(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(BX)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    56(BX)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 24(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(BX)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(BX)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    56(BX)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(BX)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VFMADD213PS  64(CX), Y8, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VFMADD213PS  96(CX), Y9, Y8
+	VBROADCASTSS 28(DX)(R8*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000050, R9
+	JMP          opAVX2U5Mx1p2_loop
+
+opAVX2U5Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2U5Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2U5Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0000000f, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2U5Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y3
+	VMOVUPS 32(DI), Y4
+	JMP     opAVX2U5Mx2p1_start
+
+opAVX2U5Mx2p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2U5Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2U5Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2U5Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX2U5Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX2U5Mx2p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    8(SI)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS (BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS (DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    (SI)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    8(SI)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 4(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 4(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(SI)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    24(SI)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 8(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 8(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(SI)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    24(SI)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 12(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 12(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(SI)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    40(SI)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 16(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 16(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(SI)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    40(SI)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 20(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 20(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(SI)(R9*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    56(SI)(R9*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 24(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 24(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(SI)(R9*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(SI)(R9*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMOVUPS      (AX), Y6
+	VFMADD213PS  (CX), Y6, Y5
+	VPMOVZXBD    56(SI)(R9*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(SI)(R9*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMOVUPS      32(AX), Y7
+	VFMADD213PS  32(CX), Y7, Y6
+	VBROADCASTSS 28(BX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 28(DX)(R8*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000050, R9
+	JMP          opAVX2U5Mx2p1_loop
+
+opAVX2U5Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2U5Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2U5Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0000000f, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2U5Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y1
+	VMOVUPS 32(R8), Y2
+	VMOVUPS 64(R8), Y3
+	VMOVUPS 96(R8), Y4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y5
+	VMOVUPS 32(R8), Y6
+	VMOVUPS 64(R8), Y7
+	VMOVUPS 96(R8), Y8
+	JMP     opAVX2U5Mx2p2_start
+
+opAVX2U5Mx2p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2U5Mx2p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2U5Mx2p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2U5Mx2p2_store
+	CMPQ R9, R8
+	JL   opAVX2U5Mx2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2U5Mx2p2_step:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	VPMOVZXBD    (SI)(R10*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 64(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    8(SI)(R10*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 65(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    (DI)(R10*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 64(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    8(DI)(R10*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 65(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS (BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS (DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    (SI)(R10*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 72(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    8(SI)(R10*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 73(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    (DI)(R10*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 72(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    8(DI)(R10*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 73(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 4(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 4(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(SI)(R10*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 66(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    24(SI)(R10*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 67(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    16(DI)(R10*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 66(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    24(DI)(R10*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 67(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 8(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 8(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(SI)(R10*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 74(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    24(SI)(R10*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 75(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    16(DI)(R10*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 74(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    24(DI)(R10*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 75(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 12(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 12(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(SI)(R10*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 68(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    40(SI)(R10*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 69(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    32(DI)(R10*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 68(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    40(DI)(R10*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 69(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 16(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 16(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(SI)(R10*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 76(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    40(SI)(R10*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 77(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    32(DI)(R10*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 76(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    40(DI)(R10*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 77(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 20(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 20(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(SI)(R10*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 70(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    56(SI)(R10*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 71(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    48(DI)(R10*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 70(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    56(DI)(R10*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 71(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 24(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 24(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(SI)(R10*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 78(SI)(R10*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMOVUPS      (AX), Y10
+	VFMADD213PS  (CX), Y10, Y9
+	VPMOVZXBD    56(SI)(R10*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 79(SI)(R10*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMOVUPS      32(AX), Y11
+	VFMADD213PS  32(CX), Y11, Y10
+	VPMOVZXBD    48(DI)(R10*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 78(DI)(R10*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VFMADD213PS  64(CX), Y12, Y11
+	VPMOVZXBD    56(DI)(R10*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 79(DI)(R10*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMOVUPS      96(AX), Y13
+	VFMADD213PS  96(CX), Y13, Y12
+	VBROADCASTSS 28(BX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 28(DX)(R9*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	ADDQ         $0x00000008, R9
+	ADDQ         $0x00000050, R10
+	JMP          opAVX2U5Mx2p2_loop
+
+opAVX2U5Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VMOVUPS Y7, 64(AX)
+	VMOVUPS Y8, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2U5Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2U5Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0000000f, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX2U5Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Y1
+	VMOVUPS 32(R8), Y2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y3
+	VMOVUPS 32(R8), Y4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Y5
+	VMOVUPS 32(R8), Y6
+	JMP     opAVX2U5Mx3p1_start
+
+opAVX2U5Mx3p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+
+opAVX2U5Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2U5Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX2U5Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX2U5Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX2U5Mx3p1_step:
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	VPMOVZXBD    (DI)(R10*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    8(DI)(R10*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS (BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS (SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS (DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    (DI)(R10*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    8(DI)(R10*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 4(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 4(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 4(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(DI)(R10*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    24(DI)(R10*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 8(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 8(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 8(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(DI)(R10*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    24(DI)(R10*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 12(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 12(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 12(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(DI)(R10*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    40(DI)(R10*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 16(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 16(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 16(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(DI)(R10*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    40(DI)(R10*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 20(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 20(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 20(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(DI)(R10*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    56(DI)(R10*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 24(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 24(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 24(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(DI)(R10*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(DI)(R10*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMOVUPS      (AX), Y8
+	VFMADD213PS  (CX), Y8, Y7
+	VPMOVZXBD    56(DI)(R10*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(DI)(R10*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMOVUPS      32(AX), Y9
+	VFMADD213PS  32(CX), Y9, Y8
+	VBROADCASTSS 28(BX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 28(SI)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 28(DX)(R9*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	ADDQ         $0x00000008, R9
+	ADDQ         $0x00000050, R10
+	JMP          opAVX2U5Mx3p1_loop
+
+opAVX2U5Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S6x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S6x1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX2S6x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y1
+	VMOVUPS 32(BX), Y2
+	JMP     opAVX2S6x1p1_start
+
+opAVX2S6x1p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+
+opAVX2S6x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S6x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX2S6x1p1_store
+	CMPQ SI, BX
+	JL   opAVX2S6x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX2S6x1p1_step:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VPMOVZXBD    (DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 64(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 80(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    8(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 65(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 81(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS (CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    (DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 72(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 88(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    8(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 73(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 89(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 4(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 66(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 82(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    24(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 67(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 83(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 8(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    16(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 74(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 90(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    24(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 75(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 91(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 12(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 68(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 84(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    40(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 69(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 85(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 16(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    32(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 76(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 92(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    40(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 77(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 93(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 20(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(DX)(DI*1), Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTB 70(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 86(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    56(DX)(DI*1), Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTB 71(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 87(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 24(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	VPMOVZXBD    48(DX)(DI*1), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPBROADCASTB 78(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh0<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPBROADCASTB 94(DX)(DI*1), Y4
+	VPAND        narrowBit<>+0(SB), Y4, Y4
+	VPCMPEQD     narrowBit<>+0(SB), Y4, Y4
+	VPAND        narrowHigh1<>+0(SB), Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VPSUBD       narrowHigh1<>+0(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       (AX), Y3, Y3
+	VPMOVZXBD    56(DX)(DI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPBROADCASTB 79(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh0<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTB 95(DX)(DI*1), Y5
+	VPAND        narrowBit<>+0(SB), Y5, Y5
+	VPCMPEQD     narrowBit<>+0(SB), Y5, Y5
+	VPAND        narrowHigh1<>+0(SB), Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPSUBD       narrowHigh1<>+0(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       32(AX), Y4, Y4
+	VBROADCASTSS 28(CX)(SI*4), Y5
+	VFMADD231PS  Y3, Y5, Y1
+	VFMADD231PS  Y4, Y5, Y2
+	ADDQ         $0x00000008, SI
+	ADDQ         $0x00000060, DI
+	JMP          opAVX2S6x1p1_loop
+
+opAVX2S6x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S6x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S6x1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2S6x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	VMOVUPS 64(SI), Y3
+	VMOVUPS 96(SI), Y4
+	JMP     opAVX2S6x1p2_start
+
+opAVX2S6x1p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2S6x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S6x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2S6x1p2_store
+	CMPQ DI, SI
+	JL   opAVX2S6x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2S6x1p2_step:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VPMOVZXBD    (DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 80(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 81(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    (BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 80(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    8(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 81(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS (CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    (DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 88(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 89(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    (BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 88(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    8(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 89(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 4(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 82(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 83(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    16(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 82(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    24(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 83(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 8(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    16(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 90(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 91(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    16(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 90(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    24(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 91(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 12(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 84(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 85(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    32(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 84(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    40(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 85(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 16(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    32(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 92(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 93(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    32(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 92(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    40(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 93(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 20(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(DX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 86(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(DX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 87(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    48(BX)(R8*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 86(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    56(BX)(R8*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 87(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 24(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VPMOVZXBD    48(DX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 94(DX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(DX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 95(DX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VPMOVZXBD    48(BX)(R8*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 94(BX)(R8*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       64(AX), Y7, Y7
+	VPMOVZXBD    56(BX)(R8*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 95(BX)(R8*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       96(AX), Y8, Y8
+	VBROADCASTSS 28(CX)(DI*4), Y9
+	VFMADD231PS  Y5, Y9, Y1
+	VFMADD231PS  Y6, Y9, Y2
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	ADDQ         $0x00000008, DI
+	ADDQ         $0x00000060, R8
+	JMP          opAVX2S6x1p2_loop
+
+opAVX2S6x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S6x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S6x2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX2S6x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y1
+	VMOVUPS 32(SI), Y2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y4
+	JMP     opAVX2S6x2p1_start
+
+opAVX2S6x2p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+
+opAVX2S6x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S6x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX2S6x2p1_store
+	CMPQ DI, SI
+	JL   opAVX2S6x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX2S6x2p1_step:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VPMOVZXBD    (BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 64(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 80(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 65(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 81(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS (DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS (CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    (BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 72(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 88(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    8(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 73(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 89(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 4(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 4(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 66(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 82(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 67(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 83(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 8(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 8(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    16(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 74(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 90(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    24(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 75(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 91(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 12(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 12(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 68(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 84(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 69(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 85(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 16(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 16(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    32(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 76(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 92(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    40(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 77(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 93(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 20(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 20(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(BX)(R8*1), Y5
+	VPAND        Y0, Y5, Y5
+	VPBROADCASTB 70(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 86(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(BX)(R8*1), Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTB 71(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 87(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 24(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 24(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	VPMOVZXBD    48(BX)(R8*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPBROADCASTB 78(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh0<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTB 94(BX)(R8*1), Y6
+	VPAND        narrowBit<>+0(SB), Y6, Y6
+	VPCMPEQD     narrowBit<>+0(SB), Y6, Y6
+	VPAND        narrowHigh1<>+0(SB), Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPSUBD       narrowHigh1<>+0(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       (AX), Y5, Y5
+	VPMOVZXBD    56(BX)(R8*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPBROADCASTB 79(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh0<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPBROADCASTB 95(BX)(R8*1), Y7
+	VPAND        narrowBit<>+0(SB), Y7, Y7
+	VPCMPEQD     narrowBit<>+0(SB), Y7, Y7
+	VPAND        narrowHigh1<>+0(SB), Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VPSUBD       narrowHigh1<>+0(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       32(AX), Y6, Y6
+	VBROADCASTSS 28(DX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y1
+	VFMADD231PS  Y6, Y7, Y2
+	VBROADCASTSS 28(CX)(DI*4), Y7
+	VFMADD231PS  Y5, Y7, Y3
+	VFMADD231PS  Y6, Y7, Y4
+	ADDQ         $0x00000008, DI
+	ADDQ         $0x00000060, R8
+	JMP          opAVX2S6x2p1_loop
+
+opAVX2S6x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S6x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S6x2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2S6x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	VMOVUPS 64(DI), Y3
+	VMOVUPS 96(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	VMOVUPS 64(DI), Y7
+	VMOVUPS 96(DI), Y8
+	JMP     opAVX2S6x2p2_start
+
+opAVX2S6x2p2_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+
+opAVX2S6x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S6x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2S6x2p2_store
+	CMPQ R8, DI
+	JL   opAVX2S6x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2S6x2p2_step:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 64(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 80(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    8(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 65(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 81(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    (SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 64(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 80(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    8(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 65(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 81(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS (DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS (CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    (BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 72(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 88(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    8(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 73(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 89(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    (SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 72(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 88(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    8(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 73(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 89(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 4(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 4(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 66(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 82(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    24(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 67(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 83(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    16(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 66(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 82(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    24(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 67(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 83(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 8(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 8(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    16(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 74(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 90(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    24(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 75(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 91(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    16(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 74(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 90(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    24(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 75(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 91(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 12(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 12(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 68(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 84(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    40(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 69(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 85(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    32(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 68(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 84(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    40(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 69(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 85(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 16(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 16(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    32(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 76(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 92(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    40(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 77(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 93(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    32(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 76(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 92(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    40(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 77(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 93(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 20(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 20(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(BX)(R9*1), Y9
+	VPAND        Y0, Y9, Y9
+	VPBROADCASTB 70(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 86(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    56(BX)(R9*1), Y10
+	VPAND        Y0, Y10, Y10
+	VPBROADCASTB 71(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 87(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    48(SI)(R9*1), Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTB 70(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 86(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    56(SI)(R9*1), Y12
+	VPAND        Y0, Y12, Y12
+	VPBROADCASTB 71(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 87(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 24(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 24(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	VPMOVZXBD    48(BX)(R9*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPBROADCASTB 78(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh0<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPBROADCASTB 94(BX)(R9*1), Y10
+	VPAND        narrowBit<>+0(SB), Y10, Y10
+	VPCMPEQD     narrowBit<>+0(SB), Y10, Y10
+	VPAND        narrowHigh1<>+0(SB), Y10, Y10
+	VPOR         Y10, Y9, Y9
+	VPSUBD       narrowHigh1<>+0(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       (AX), Y9, Y9
+	VPMOVZXBD    56(BX)(R9*1), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPBROADCASTB 79(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh0<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPBROADCASTB 95(BX)(R9*1), Y11
+	VPAND        narrowBit<>+0(SB), Y11, Y11
+	VPCMPEQD     narrowBit<>+0(SB), Y11, Y11
+	VPAND        narrowHigh1<>+0(SB), Y11, Y11
+	VPOR         Y11, Y10, Y10
+	VPSUBD       narrowHigh1<>+0(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       32(AX), Y10, Y10
+	VPMOVZXBD    48(SI)(R9*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPBROADCASTB 78(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTB 94(SI)(R9*1), Y12
+	VPAND        narrowBit<>+0(SB), Y12, Y12
+	VPCMPEQD     narrowBit<>+0(SB), Y12, Y12
+	VPAND        narrowHigh1<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPSUBD       narrowHigh1<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       64(AX), Y11, Y11
+	VPMOVZXBD    56(SI)(R9*1), Y12
+	VPSRLD       $0x04, Y12, Y12
+	VPBROADCASTB 79(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh0<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPBROADCASTB 95(SI)(R9*1), Y13
+	VPAND        narrowBit<>+0(SB), Y13, Y13
+	VPCMPEQD     narrowBit<>+0(SB), Y13, Y13
+	VPAND        narrowHigh1<>+0(SB), Y13, Y13
+	VPOR         Y13, Y12, Y12
+	VPSUBD       narrowHigh1<>+0(SB), Y12, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       96(AX), Y12, Y12
+	VBROADCASTSS 28(DX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y1
+	VFMADD231PS  Y10, Y13, Y2
+	VFMADD231PS  Y11, Y13, Y3
+	VFMADD231PS  Y12, Y13, Y4
+	VBROADCASTSS 28(CX)(R8*4), Y13
+	VFMADD231PS  Y9, Y13, Y5
+	VFMADD231PS  Y10, Y13, Y6
+	VFMADD231PS  Y11, Y13, Y7
+	VFMADD231PS  Y12, Y13, Y8
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000060, R9
+	JMP          opAVX2S6x2p2_loop
+
+opAVX2S6x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	VMOVUPS Y3, 64(AX)
+	VMOVUPS Y4, 96(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VMOVUPS Y7, 64(AX)
+	VMOVUPS Y8, 96(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX2S6x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·opAVX2S6x3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0000000f, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX2S6x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y1
+	VMOVUPS 32(DI), Y2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y3
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y5
+	VMOVUPS 32(DI), Y6
+	JMP     opAVX2S6x3p1_start
+
+opAVX2S6x3p1_zero:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+
+opAVX2S6x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX2S6x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX2S6x3p1_store
+	CMPQ R8, DI
+	JL   opAVX2S6x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX2S6x3p1_step:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 64(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 80(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 65(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 81(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS (DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS (BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS (CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    (SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 72(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 88(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    8(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 73(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 89(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 4(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 4(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 4(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 66(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 82(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 67(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 83(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 8(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 8(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 8(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    16(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 74(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 90(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    24(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 75(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 91(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 12(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 12(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 12(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 68(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 84(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 69(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 85(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 16(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 16(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 16(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    32(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 76(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 92(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    40(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 77(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 93(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 20(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 20(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 20(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTB 70(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 86(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPAND        Y0, Y8, Y8
+	VPBROADCASTB 71(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 87(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 24(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 24(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 24(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	VPMOVZXBD    48(SI)(R9*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPBROADCASTB 78(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTB 94(SI)(R9*1), Y8
+	VPAND        narrowBit<>+0(SB), Y8, Y8
+	VPCMPEQD     narrowBit<>+0(SB), Y8, Y8
+	VPAND        narrowHigh1<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPSUBD       narrowHigh1<>+0(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       (AX), Y7, Y7
+	VPMOVZXBD    56(SI)(R9*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPBROADCASTB 79(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh0<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPBROADCASTB 95(SI)(R9*1), Y9
+	VPAND        narrowBit<>+0(SB), Y9, Y9
+	VPCMPEQD     narrowBit<>+0(SB), Y9, Y9
+	VPAND        narrowHigh1<>+0(SB), Y9, Y9
+	VPOR         Y9, Y8, Y8
+	VPSUBD       narrowHigh1<>+0(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       32(AX), Y8, Y8
+	VBROADCASTSS 28(DX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y1
+	VFMADD231PS  Y8, Y9, Y2
+	VBROADCASTSS 28(BX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y3
+	VFMADD231PS  Y8, Y9, Y4
+	VBROADCASTSS 28(CX)(R8*4), Y9
+	VFMADD231PS  Y7, Y9, Y5
+	VFMADD231PS  Y8, Y9, Y6
+	ADDQ         $0x00000008, R8
+	ADDQ         $0x00000060, R9
+	JMP          opAVX2S6x3p1_loop
+
+opAVX2S6x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y1, (AX)
+	VMOVUPS Y2, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y5, (AX)
+	VMOVUPS Y6, 32(AX)
+	VZEROUPPER
+	RET
+
 DATA dot8Spread<>+0(SB)/1, $0x00
 DATA dot8Spread<>+1(SB)/1, $0x00
 DATA dot8Spread<>+2(SB)/1, $0x00
@@ -32644,6 +38392,13354 @@ opAVX512Q8Mx6p4_store:
 	VMOVUPS Z21, 64(AX)
 	VMOVUPS Z22, 128(AX)
 	VMOVUPS Z23, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512S5x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z3
+	JMP     opAVX512S5x1p1_start
+
+opAVX512S5x1p1_zero:
+	VXORPS Z3, Z3, Z3
+
+opAVX512S5x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX512S5x1p1_store
+	CMPQ SI, BX
+	JL   opAVX512S5x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX512S5x1p1_step:
+	PREFETCHT0    4096(DX)(DI*1)
+	PREFETCHT0    4160(DX)(DI*1)
+	VMOVDQU64     (DX)(DI*1), Z5
+	VPANDD        Z0, Z5, Z4
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	KMOVQ         64(DX)(DI*1), K1
+	VPADDB        Z1, Z4, K1, Z4
+	KMOVQ         72(DX)(DI*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	VPSUBB        Z2, Z4, Z4
+	VPSUBB        Z2, Z5, Z5
+	VPMOVSXBD     X4, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  (CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VPMOVSXBD     X5, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  4(CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x01, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  8(CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x01, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  12(CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x02, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  16(CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x02, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  20(CX)(SI*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x03, Z4, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMULPS        (AX), Z4, Z4
+	VBROADCASTSS  24(CX)(SI*4), Z6
+	VFMADD231PS   Z4, Z6, Z3
+	VEXTRACTI32X4 $0x03, Z5, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMULPS        (AX), Z4, Z4
+	VBROADCASTSS  28(CX)(SI*4), Z5
+	VFMADD231PS   Z4, Z5, Z3
+	ADDQ          $0x00000008, SI
+	ADDQ          $0x00000050, DI
+	JMP           opAVX512S5x1p1_loop
+
+opAVX512S5x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512S5x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z3
+	VMOVUPS 64(SI), Z4
+	JMP     opAVX512S5x1p2_start
+
+opAVX512S5x1p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512S5x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512S5x1p2_store
+	CMPQ DI, SI
+	JL   opAVX512S5x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512S5x1p2_step:
+	PREFETCHT0    4096(DX)(R8*1)
+	PREFETCHT0    4096(BX)(R8*1)
+	PREFETCHT0    4160(DX)(R8*1)
+	PREFETCHT0    4160(BX)(R8*1)
+	VMOVDQU64     (DX)(R8*1), Z6
+	VPANDD        Z0, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	KMOVQ         64(DX)(R8*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	KMOVQ         72(DX)(R8*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	VPSUBB        Z2, Z5, Z5
+	VPSUBB        Z2, Z6, Z6
+	VMOVDQU64     (BX)(R8*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(BX)(R8*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(BX)(R8*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VPSUBB        Z2, Z7, Z7
+	VPSUBB        Z2, Z8, Z8
+	VPMOVSXBD     X5, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VPMOVSXBD     X7, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  (CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VPMOVSXBD     X6, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VPMOVSXBD     X8, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  4(CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VEXTRACTI32X4 $0x01, Z5, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x01, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  8(CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VEXTRACTI32X4 $0x01, Z6, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x01, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  12(CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VEXTRACTI32X4 $0x02, Z5, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x02, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  16(CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VEXTRACTI32X4 $0x02, Z6, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x02, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  20(CX)(DI*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        64(AX), Z7, Z7
+	VBROADCASTSS  24(CX)(DI*4), Z9
+	VFMADD231PS   Z5, Z9, Z3
+	VFMADD231PS   Z7, Z9, Z4
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VEXTRACTI32X4 $0x03, Z8, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        64(AX), Z6, Z6
+	VBROADCASTSS  28(CX)(DI*4), Z7
+	VFMADD231PS   Z5, Z7, Z3
+	VFMADD231PS   Z6, Z7, Z4
+	ADDQ          $0x00000008, DI
+	ADDQ          $0x00000050, R8
+	JMP           opAVX512S5x1p2_loop
+
+opAVX512S5x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x1p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S5x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z5
+	JMP     opAVX512S5x1p3_start
+
+opAVX512S5x1p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512S5x1p3_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x1p3_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S5x1p3_store
+	CMPQ R8, DI
+	JL   opAVX512S5x1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S5x1p3_step:
+	PREFETCHT0    4096(DX)(R9*1)
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4096(BX)(R9*1)
+	PREFETCHT0    4160(DX)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	PREFETCHT0    4160(BX)(R9*1)
+	VMOVDQU64     (DX)(R9*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(DX)(R9*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(DX)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VPSUBB        Z2, Z6, Z6
+	VPSUBB        Z2, Z7, Z7
+	VMOVDQU64     (SI)(R9*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VPSUBB        Z2, Z8, Z8
+	VPSUBB        Z2, Z9, Z9
+	VMOVDQU64     (BX)(R9*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(BX)(R9*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(BX)(R9*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VPSUBB        Z2, Z10, Z10
+	VPSUBB        Z2, Z11, Z11
+	VPMOVSXBD     X6, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VPMOVSXBD     X8, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VPMOVSXBD     X10, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  (CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VPMOVSXBD     X7, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VPMOVSXBD     X9, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VPMOVSXBD     X11, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  4(CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VEXTRACTI32X4 $0x01, Z6, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x01, Z8, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  8(CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VEXTRACTI32X4 $0x01, Z7, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x01, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  12(CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VEXTRACTI32X4 $0x02, Z6, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x02, Z8, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  16(CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VEXTRACTI32X4 $0x02, Z7, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x02, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  20(CX)(R8*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        64(AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        128(AX), Z10, Z10
+	VBROADCASTSS  24(CX)(R8*4), Z12
+	VFMADD231PS   Z6, Z12, Z3
+	VFMADD231PS   Z8, Z12, Z4
+	VFMADD231PS   Z10, Z12, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VEXTRACTI32X4 $0x03, Z9, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        64(AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z11, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        128(AX), Z8, Z8
+	VBROADCASTSS  28(CX)(R8*4), Z9
+	VFMADD231PS   Z6, Z9, Z3
+	VFMADD231PS   Z7, Z9, Z4
+	VFMADD231PS   Z8, Z9, Z5
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000050, R9
+	JMP           opAVX512S5x1p3_loop
+
+opAVX512S5x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x1p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S5x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	VMOVUPS 192(R8), Z6
+	JMP     opAVX512S5x1p4_start
+
+opAVX512S5x1p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512S5x1p4_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x1p4_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S5x1p4_store
+	CMPQ R9, R8
+	JL   opAVX512S5x1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S5x1p4_step:
+	PREFETCHT0    4096(DX)(R10*1)
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4096(BX)(R10*1)
+	PREFETCHT0    4160(DX)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	PREFETCHT0    4160(BX)(R10*1)
+	VMOVDQU64     (DX)(R10*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(DX)(R10*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(DX)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VPSUBB        Z2, Z7, Z7
+	VPSUBB        Z2, Z8, Z8
+	VMOVDQU64     (SI)(R10*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPSUBB        Z2, Z9, Z9
+	VPSUBB        Z2, Z10, Z10
+	VMOVDQU64     (DI)(R10*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VPSUBB        Z2, Z11, Z11
+	VPSUBB        Z2, Z12, Z12
+	VMOVDQU64     (BX)(R10*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(BX)(R10*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(BX)(R10*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VPSUBB        Z2, Z13, Z13
+	VPSUBB        Z2, Z14, Z14
+	VPMOVSXBD     X7, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X9, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VPMOVSXBD     X11, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VPMOVSXBD     X13, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  (CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VPMOVSXBD     X8, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X10, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VPMOVSXBD     X12, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VPMOVSXBD     X14, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  4(CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VEXTRACTI32X4 $0x01, Z7, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z9, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  8(CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VEXTRACTI32X4 $0x01, Z8, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  12(CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VEXTRACTI32X4 $0x02, Z7, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z9, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  16(CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VEXTRACTI32X4 $0x02, Z8, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  20(CX)(R9*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        64(AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        128(AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        192(AX), Z13, Z13
+	VBROADCASTSS  24(CX)(R9*4), Z15
+	VFMADD231PS   Z7, Z15, Z3
+	VFMADD231PS   Z9, Z15, Z4
+	VFMADD231PS   Z11, Z15, Z5
+	VFMADD231PS   Z13, Z15, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z10, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        64(AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z12, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        128(AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z14, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        192(AX), Z10, Z10
+	VBROADCASTSS  28(CX)(R9*4), Z11
+	VFMADD231PS   Z7, Z11, Z3
+	VFMADD231PS   Z8, Z11, Z4
+	VFMADD231PS   Z9, Z11, Z5
+	VFMADD231PS   Z10, Z11, Z6
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512S5x1p4_loop
+
+opAVX512S5x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512S5x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z3
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z4
+	JMP     opAVX512S5x2p1_start
+
+opAVX512S5x2p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512S5x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512S5x2p1_store
+	CMPQ DI, SI
+	JL   opAVX512S5x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512S5x2p1_step:
+	PREFETCHT0    4096(BX)(R8*1)
+	PREFETCHT0    4160(BX)(R8*1)
+	VMOVDQU64     (BX)(R8*1), Z6
+	VPANDD        Z0, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	KMOVQ         64(BX)(R8*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	KMOVQ         72(BX)(R8*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	VPSUBB        Z2, Z5, Z5
+	VPSUBB        Z2, Z6, Z6
+	VPMOVSXBD     X5, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  (DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  (CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VPMOVSXBD     X6, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  4(DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  4(CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  8(DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  8(CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  12(DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  12(CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  16(DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  16(CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  20(DX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  20(CX)(DI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VBROADCASTSS  24(DX)(DI*4), Z7
+	VFMADD231PS   Z5, Z7, Z3
+	VBROADCASTSS  24(CX)(DI*4), Z7
+	VFMADD231PS   Z5, Z7, Z4
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VBROADCASTSS  28(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z3
+	VBROADCASTSS  28(CX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z4
+	ADDQ          $0x00000008, DI
+	ADDQ          $0x00000050, R8
+	JMP           opAVX512S5x2p1_loop
+
+opAVX512S5x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S5x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	VMOVUPS 64(DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	VMOVUPS 64(DI), Z6
+	JMP     opAVX512S5x2p2_start
+
+opAVX512S5x2p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512S5x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S5x2p2_store
+	CMPQ R8, DI
+	JL   opAVX512S5x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S5x2p2_step:
+	PREFETCHT0    4096(BX)(R9*1)
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(BX)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (BX)(R9*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(BX)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(BX)(R9*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VPSUBB        Z2, Z7, Z7
+	VPSUBB        Z2, Z8, Z8
+	VMOVDQU64     (SI)(R9*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPSUBB        Z2, Z9, Z9
+	VPSUBB        Z2, Z10, Z10
+	VPMOVSXBD     X7, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VPMOVSXBD     X9, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  (DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  (CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VPMOVSXBD     X8, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VPMOVSXBD     X10, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  4(DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  4(CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VEXTRACTI32X4 $0x01, Z7, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x01, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  8(DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  8(CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VEXTRACTI32X4 $0x01, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x01, Z10, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  12(DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  12(CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VEXTRACTI32X4 $0x02, Z7, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x02, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  16(DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  16(CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VEXTRACTI32X4 $0x02, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x02, Z10, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  20(DX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  20(CX)(R8*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        64(AX), Z9, Z9
+	VBROADCASTSS  24(DX)(R8*4), Z11
+	VFMADD231PS   Z7, Z11, Z3
+	VFMADD231PS   Z9, Z11, Z4
+	VBROADCASTSS  24(CX)(R8*4), Z11
+	VFMADD231PS   Z7, Z11, Z5
+	VFMADD231PS   Z9, Z11, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z10, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        64(AX), Z8, Z8
+	VBROADCASTSS  28(DX)(R8*4), Z9
+	VFMADD231PS   Z7, Z9, Z3
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  28(CX)(R8*4), Z9
+	VFMADD231PS   Z7, Z9, Z5
+	VFMADD231PS   Z8, Z9, Z6
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000050, R9
+	JMP           opAVX512S5x2p2_loop
+
+opAVX512S5x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x2p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S5x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	VMOVUPS 128(R8), Z8
+	JMP     opAVX512S5x2p3_start
+
+opAVX512S5x2p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512S5x2p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x2p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S5x2p3_store
+	CMPQ R9, R8
+	JL   opAVX512S5x2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S5x2p3_step:
+	PREFETCHT0    4096(BX)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4160(BX)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	VMOVDQU64     (BX)(R10*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(BX)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(BX)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPSUBB        Z2, Z9, Z9
+	VPSUBB        Z2, Z10, Z10
+	VMOVDQU64     (DI)(R10*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VPSUBB        Z2, Z11, Z11
+	VPSUBB        Z2, Z12, Z12
+	VMOVDQU64     (SI)(R10*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VPSUBB        Z2, Z13, Z13
+	VPSUBB        Z2, Z14, Z14
+	VPMOVSXBD     X9, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X11, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VPMOVSXBD     X13, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  (DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  (CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VPMOVSXBD     X10, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X12, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VPMOVSXBD     X14, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  4(DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  4(CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VEXTRACTI32X4 $0x01, Z9, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  8(DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  8(CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VEXTRACTI32X4 $0x01, Z10, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  12(DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  12(CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VEXTRACTI32X4 $0x02, Z9, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  16(DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  16(CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VEXTRACTI32X4 $0x02, Z10, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  20(DX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  20(CX)(R9*4), Z18
+	VFMADD231PS   Z15, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VFMADD231PS   Z17, Z18, Z8
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        128(AX), Z13, Z13
+	VBROADCASTSS  24(DX)(R9*4), Z15
+	VFMADD231PS   Z9, Z15, Z3
+	VFMADD231PS   Z11, Z15, Z4
+	VFMADD231PS   Z13, Z15, Z5
+	VBROADCASTSS  24(CX)(R9*4), Z15
+	VFMADD231PS   Z9, Z15, Z6
+	VFMADD231PS   Z11, Z15, Z7
+	VFMADD231PS   Z13, Z15, Z8
+	VEXTRACTI32X4 $0x03, Z10, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z12, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z14, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        128(AX), Z11, Z11
+	VBROADCASTSS  28(DX)(R9*4), Z12
+	VFMADD231PS   Z9, Z12, Z3
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  28(CX)(R9*4), Z12
+	VFMADD231PS   Z9, Z12, Z6
+	VFMADD231PS   Z10, Z12, Z7
+	VFMADD231PS   Z11, Z12, Z8
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512S5x2p3_loop
+
+opAVX512S5x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x2p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S5x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	VMOVUPS 192(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	VMOVUPS 128(R9), Z9
+	VMOVUPS 192(R9), Z10
+	JMP     opAVX512S5x2p4_start
+
+opAVX512S5x2p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512S5x2p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x2p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S5x2p4_store
+	CMPQ R10, R9
+	JL   opAVX512S5x2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S5x2p4_step:
+	PREFETCHT0    4096(BX)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4160(BX)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	VMOVDQU64     (BX)(R11*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(BX)(R11*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(BX)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VPSUBB        Z2, Z11, Z11
+	VPSUBB        Z2, Z12, Z12
+	VMOVDQU64     (DI)(R11*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VPSUBB        Z2, Z13, Z13
+	VPSUBB        Z2, Z14, Z14
+	VMOVDQU64     (R8)(R11*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	VPSUBB        Z2, Z15, Z15
+	VPSUBB        Z2, Z16, Z16
+	VMOVDQU64     (SI)(R11*1), Z18
+	VPANDD        Z0, Z18, Z17
+	VPSRLW        $0x04, Z18, Z18
+	VPANDD        Z0, Z18, Z18
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	VPSUBB        Z2, Z17, Z17
+	VPSUBB        Z2, Z18, Z18
+	VPMOVSXBD     X11, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X13, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VPMOVSXBD     X15, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VPMOVSXBD     X17, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  (DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  (CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VPMOVSXBD     X12, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X14, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VPMOVSXBD     X16, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VPMOVSXBD     X18, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  4(DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  4(CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VEXTRACTI32X4 $0x01, Z11, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z13, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z15, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VEXTRACTI32X4 $0x01, Z17, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  8(DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  8(CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VEXTRACTI32X4 $0x01, Z12, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z14, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z16, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VEXTRACTI32X4 $0x01, Z18, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  12(DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  12(CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VEXTRACTI32X4 $0x02, Z11, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z13, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z15, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VEXTRACTI32X4 $0x02, Z17, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  16(DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  16(CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VEXTRACTI32X4 $0x02, Z12, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z14, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z16, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VEXTRACTI32X4 $0x02, Z18, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  20(DX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z3
+	VFMADD231PS   Z20, Z23, Z4
+	VFMADD231PS   Z21, Z23, Z5
+	VFMADD231PS   Z22, Z23, Z6
+	VBROADCASTSS  20(CX)(R10*4), Z23
+	VFMADD231PS   Z19, Z23, Z7
+	VFMADD231PS   Z20, Z23, Z8
+	VFMADD231PS   Z21, Z23, Z9
+	VFMADD231PS   Z22, Z23, Z10
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z17, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        192(AX), Z17, Z17
+	VBROADCASTSS  24(DX)(R10*4), Z19
+	VFMADD231PS   Z11, Z19, Z3
+	VFMADD231PS   Z13, Z19, Z4
+	VFMADD231PS   Z15, Z19, Z5
+	VFMADD231PS   Z17, Z19, Z6
+	VBROADCASTSS  24(CX)(R10*4), Z19
+	VFMADD231PS   Z11, Z19, Z7
+	VFMADD231PS   Z13, Z19, Z8
+	VFMADD231PS   Z15, Z19, Z9
+	VFMADD231PS   Z17, Z19, Z10
+	VEXTRACTI32X4 $0x03, Z12, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z14, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z16, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        128(AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z18, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        192(AX), Z14, Z14
+	VBROADCASTSS  28(DX)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z3
+	VFMADD231PS   Z12, Z15, Z4
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  28(CX)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z7
+	VFMADD231PS   Z12, Z15, Z8
+	VFMADD231PS   Z13, Z15, Z9
+	VFMADD231PS   Z14, Z15, Z10
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512S5x2p4_loop
+
+opAVX512S5x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VMOVUPS Z10, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S5x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	JMP     opAVX512S5x3p1_start
+
+opAVX512S5x3p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512S5x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S5x3p1_store
+	CMPQ R8, DI
+	JL   opAVX512S5x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S5x3p1_step:
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (SI)(R9*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VPSUBB        Z2, Z6, Z6
+	VPSUBB        Z2, Z7, Z7
+	VPMOVSXBD     X6, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  (DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  (BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  (CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VPMOVSXBD     X7, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  4(DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  4(BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  4(CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  8(DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  8(BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  8(CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  12(DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  12(BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  12(CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  16(DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  16(BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  16(CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  20(DX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  20(BX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  20(CX)(R8*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  24(DX)(R8*4), Z8
+	VFMADD231PS   Z6, Z8, Z3
+	VBROADCASTSS  24(BX)(R8*4), Z8
+	VFMADD231PS   Z6, Z8, Z4
+	VBROADCASTSS  24(CX)(R8*4), Z8
+	VFMADD231PS   Z6, Z8, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  28(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VBROADCASTSS  28(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z4
+	VBROADCASTSS  28(CX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z5
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000050, R9
+	JMP           opAVX512S5x3p1_loop
+
+opAVX512S5x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x3p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S5x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z8
+	JMP     opAVX512S5x3p2_start
+
+opAVX512S5x3p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512S5x3p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x3p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S5x3p2_store
+	CMPQ R9, R8
+	JL   opAVX512S5x3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S5x3p2_step:
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	VMOVDQU64     (SI)(R10*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPSUBB        Z2, Z9, Z9
+	VPSUBB        Z2, Z10, Z10
+	VMOVDQU64     (DI)(R10*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VPSUBB        Z2, Z11, Z11
+	VPSUBB        Z2, Z12, Z12
+	VPMOVSXBD     X9, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VPMOVSXBD     X11, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  (DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  (BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  (CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VPMOVSXBD     X10, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VPMOVSXBD     X12, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  4(DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  4(BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  4(CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VEXTRACTI32X4 $0x01, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  8(DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  8(BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  8(CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VEXTRACTI32X4 $0x01, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z12, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  12(DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  12(BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  12(CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VEXTRACTI32X4 $0x02, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  16(DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  16(BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  16(CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VEXTRACTI32X4 $0x02, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z12, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  20(DX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  20(BX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  20(CX)(R9*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  24(DX)(R9*4), Z13
+	VFMADD231PS   Z9, Z13, Z3
+	VFMADD231PS   Z11, Z13, Z4
+	VBROADCASTSS  24(BX)(R9*4), Z13
+	VFMADD231PS   Z9, Z13, Z5
+	VFMADD231PS   Z11, Z13, Z6
+	VBROADCASTSS  24(CX)(R9*4), Z13
+	VFMADD231PS   Z9, Z13, Z7
+	VFMADD231PS   Z11, Z13, Z8
+	VEXTRACTI32X4 $0x03, Z10, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z12, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  28(DX)(R9*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  28(BX)(R9*4), Z11
+	VFMADD231PS   Z9, Z11, Z5
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  28(CX)(R9*4), Z11
+	VFMADD231PS   Z9, Z11, Z7
+	VFMADD231PS   Z10, Z11, Z8
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512S5x3p2_loop
+
+opAVX512S5x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x3p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S5x3p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	VMOVUPS 128(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z11
+	JMP     opAVX512S5x3p3_start
+
+opAVX512S5x3p3_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512S5x3p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x3p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S5x3p3_store
+	CMPQ R10, R9
+	JL   opAVX512S5x3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S5x3p3_step:
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	VMOVDQU64     (SI)(R11*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VPSUBB        Z2, Z12, Z12
+	VPSUBB        Z2, Z13, Z13
+	VMOVDQU64     (R8)(R11*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	VPSUBB        Z2, Z14, Z14
+	VPSUBB        Z2, Z15, Z15
+	VMOVDQU64     (DI)(R11*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	VPSUBB        Z2, Z16, Z16
+	VPSUBB        Z2, Z17, Z17
+	VPMOVSXBD     X12, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VPMOVSXBD     X14, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VPMOVSXBD     X16, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  (DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  (BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  (CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VPMOVSXBD     X13, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VPMOVSXBD     X15, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VPMOVSXBD     X17, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  4(DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  4(BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  4(CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VEXTRACTI32X4 $0x01, Z12, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  8(DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  8(BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  8(CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VEXTRACTI32X4 $0x01, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  12(DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  12(BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  12(CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VEXTRACTI32X4 $0x02, Z12, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  16(DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  16(BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  16(CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VEXTRACTI32X4 $0x02, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VBROADCASTSS  20(DX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z3
+	VFMADD231PS   Z19, Z21, Z4
+	VFMADD231PS   Z20, Z21, Z5
+	VBROADCASTSS  20(BX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z6
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  20(CX)(R10*4), Z21
+	VFMADD231PS   Z18, Z21, Z9
+	VFMADD231PS   Z19, Z21, Z10
+	VFMADD231PS   Z20, Z21, Z11
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        128(AX), Z16, Z16
+	VBROADCASTSS  24(DX)(R10*4), Z18
+	VFMADD231PS   Z12, Z18, Z3
+	VFMADD231PS   Z14, Z18, Z4
+	VFMADD231PS   Z16, Z18, Z5
+	VBROADCASTSS  24(BX)(R10*4), Z18
+	VFMADD231PS   Z12, Z18, Z6
+	VFMADD231PS   Z14, Z18, Z7
+	VFMADD231PS   Z16, Z18, Z8
+	VBROADCASTSS  24(CX)(R10*4), Z18
+	VFMADD231PS   Z12, Z18, Z9
+	VFMADD231PS   Z14, Z18, Z10
+	VFMADD231PS   Z16, Z18, Z11
+	VEXTRACTI32X4 $0x03, Z13, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z15, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z17, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  28(DX)(R10*4), Z15
+	VFMADD231PS   Z12, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VFMADD231PS   Z14, Z15, Z5
+	VBROADCASTSS  28(BX)(R10*4), Z15
+	VFMADD231PS   Z12, Z15, Z6
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VBROADCASTSS  28(CX)(R10*4), Z15
+	VFMADD231PS   Z12, Z15, Z9
+	VFMADD231PS   Z13, Z15, Z10
+	VFMADD231PS   Z14, Z15, Z11
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512S5x3p3_loop
+
+opAVX512S5x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S5x3p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S5x3p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z5
+	VMOVUPS 192(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	VMOVUPS 128(R10), Z9
+	VMOVUPS 192(R10), Z10
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z11
+	VMOVUPS 64(R10), Z12
+	VMOVUPS 128(R10), Z13
+	VMOVUPS 192(R10), Z14
+	JMP     opAVX512S5x3p4_start
+
+opAVX512S5x3p4_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512S5x3p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x3p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S5x3p4_store
+	CMPQ R11, R10
+	JL   opAVX512S5x3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S5x3p4_step:
+	PREFETCHT0    4096(SI)(R12*1)
+	PREFETCHT0    4096(R8)(R12*1)
+	PREFETCHT0    4096(R9)(R12*1)
+	PREFETCHT0    4096(DI)(R12*1)
+	PREFETCHT0    4160(SI)(R12*1)
+	PREFETCHT0    4160(R8)(R12*1)
+	PREFETCHT0    4160(R9)(R12*1)
+	PREFETCHT0    4160(DI)(R12*1)
+	VMOVDQU64     (SI)(R12*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(SI)(R12*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(SI)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	VPSUBB        Z2, Z15, Z15
+	VPSUBB        Z2, Z16, Z16
+	VMOVDQU64     (R8)(R12*1), Z18
+	VPANDD        Z0, Z18, Z17
+	VPSRLW        $0x04, Z18, Z18
+	VPANDD        Z0, Z18, Z18
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	VPSUBB        Z2, Z17, Z17
+	VPSUBB        Z2, Z18, Z18
+	VMOVDQU64     (R9)(R12*1), Z20
+	VPANDD        Z0, Z20, Z19
+	VPSRLW        $0x04, Z20, Z20
+	VPANDD        Z0, Z20, Z20
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z19, K1, Z19
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z20, K1, Z20
+	VPSUBB        Z2, Z19, Z19
+	VPSUBB        Z2, Z20, Z20
+	VMOVDQU64     (DI)(R12*1), Z22
+	VPANDD        Z0, Z22, Z21
+	VPSRLW        $0x04, Z22, Z22
+	VPANDD        Z0, Z22, Z22
+	KMOVQ         64(DI)(R12*1), K1
+	VPADDB        Z1, Z21, K1, Z21
+	KMOVQ         72(DI)(R12*1), K1
+	VPADDB        Z1, Z22, K1, Z22
+	VPSUBB        Z2, Z21, Z21
+	VPSUBB        Z2, Z22, Z22
+	VPMOVSXBD     X15, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VPMOVSXBD     X17, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VPMOVSXBD     X19, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VPMOVSXBD     X21, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  (DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  (BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  (CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VPMOVSXBD     X16, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VPMOVSXBD     X18, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VPMOVSXBD     X20, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VPMOVSXBD     X22, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  4(DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  4(BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  4(CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VEXTRACTI32X4 $0x01, Z15, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VEXTRACTI32X4 $0x01, Z17, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VEXTRACTI32X4 $0x01, Z19, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VEXTRACTI32X4 $0x01, Z21, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  8(DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  8(BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  8(CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VEXTRACTI32X4 $0x01, Z16, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VEXTRACTI32X4 $0x01, Z18, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VEXTRACTI32X4 $0x01, Z20, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VEXTRACTI32X4 $0x01, Z22, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  12(DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  12(BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  12(CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VEXTRACTI32X4 $0x02, Z15, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VEXTRACTI32X4 $0x02, Z17, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VEXTRACTI32X4 $0x02, Z19, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VEXTRACTI32X4 $0x02, Z21, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  16(DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  16(BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  16(CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VEXTRACTI32X4 $0x02, Z16, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        (AX), Z23, Z23
+	VEXTRACTI32X4 $0x02, Z18, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        64(AX), Z24, Z24
+	VEXTRACTI32X4 $0x02, Z20, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        128(AX), Z25, Z25
+	VEXTRACTI32X4 $0x02, Z22, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        192(AX), Z26, Z26
+	VBROADCASTSS  20(DX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z3
+	VFMADD231PS   Z24, Z27, Z4
+	VFMADD231PS   Z25, Z27, Z5
+	VFMADD231PS   Z26, Z27, Z6
+	VBROADCASTSS  20(BX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z7
+	VFMADD231PS   Z24, Z27, Z8
+	VFMADD231PS   Z25, Z27, Z9
+	VFMADD231PS   Z26, Z27, Z10
+	VBROADCASTSS  20(CX)(R11*4), Z27
+	VFMADD231PS   Z23, Z27, Z11
+	VFMADD231PS   Z24, Z27, Z12
+	VFMADD231PS   Z25, Z27, Z13
+	VFMADD231PS   Z26, Z27, Z14
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z17, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x03, Z19, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        128(AX), Z19, Z19
+	VEXTRACTI32X4 $0x03, Z21, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        192(AX), Z21, Z21
+	VBROADCASTSS  24(DX)(R11*4), Z23
+	VFMADD231PS   Z15, Z23, Z3
+	VFMADD231PS   Z17, Z23, Z4
+	VFMADD231PS   Z19, Z23, Z5
+	VFMADD231PS   Z21, Z23, Z6
+	VBROADCASTSS  24(BX)(R11*4), Z23
+	VFMADD231PS   Z15, Z23, Z7
+	VFMADD231PS   Z17, Z23, Z8
+	VFMADD231PS   Z19, Z23, Z9
+	VFMADD231PS   Z21, Z23, Z10
+	VBROADCASTSS  24(CX)(R11*4), Z23
+	VFMADD231PS   Z15, Z23, Z11
+	VFMADD231PS   Z17, Z23, Z12
+	VFMADD231PS   Z19, Z23, Z13
+	VFMADD231PS   Z21, Z23, Z14
+	VEXTRACTI32X4 $0x03, Z16, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z18, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z20, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VEXTRACTI32X4 $0x03, Z22, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  28(DX)(R11*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  28(BX)(R11*4), Z19
+	VFMADD231PS   Z15, Z19, Z7
+	VFMADD231PS   Z16, Z19, Z8
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  28(CX)(R11*4), Z19
+	VFMADD231PS   Z15, Z19, Z11
+	VFMADD231PS   Z16, Z19, Z12
+	VFMADD231PS   Z17, Z19, Z13
+	VFMADD231PS   Z18, Z19, Z14
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512S5x3p4_loop
+
+opAVX512S5x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VMOVUPS Z10, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z14, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x4p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S5x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	JMP     opAVX512S5x4p1_start
+
+opAVX512S5x4p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512S5x4p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x4p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S5x4p1_store
+	CMPQ R9, R8
+	JL   opAVX512S5x4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S5x4p1_step:
+	VMOVDQU64     (DI)(R10*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VPSUBB        Z2, Z7, Z7
+	VPSUBB        Z2, Z8, Z8
+	VPMOVSXBD     X7, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  (DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  (BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  (SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  (CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VPMOVSXBD     X8, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  4(DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  4(BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  4(SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  4(CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  8(DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  8(BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  8(SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  8(CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  12(DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  12(BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  12(SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  12(CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  16(DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  16(BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  16(SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  16(CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  20(DX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  20(BX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  20(SI)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  20(CX)(R9*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  24(DX)(R9*4), Z9
+	VFMADD231PS   Z7, Z9, Z3
+	VBROADCASTSS  24(BX)(R9*4), Z9
+	VFMADD231PS   Z7, Z9, Z4
+	VBROADCASTSS  24(SI)(R9*4), Z9
+	VFMADD231PS   Z7, Z9, Z5
+	VBROADCASTSS  24(CX)(R9*4), Z9
+	VFMADD231PS   Z7, Z9, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  28(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  28(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VBROADCASTSS  28(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z5
+	VBROADCASTSS  28(CX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z6
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512S5x4p1_loop
+
+opAVX512S5x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x4p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S5x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z10
+	JMP     opAVX512S5x4p2_start
+
+opAVX512S5x4p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512S5x4p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x4p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S5x4p2_store
+	CMPQ R10, R9
+	JL   opAVX512S5x4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S5x4p2_step:
+	VMOVDQU64     (DI)(R11*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VPSUBB        Z2, Z11, Z11
+	VPSUBB        Z2, Z12, Z12
+	VMOVDQU64     (R8)(R11*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VPSUBB        Z2, Z13, Z13
+	VPSUBB        Z2, Z14, Z14
+	VPMOVSXBD     X11, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X13, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  (DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  (BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  (SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  (CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VPMOVSXBD     X12, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VPMOVSXBD     X14, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  4(DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  4(BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  4(SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  4(CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VEXTRACTI32X4 $0x01, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  8(DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  8(BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  8(SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  8(CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VEXTRACTI32X4 $0x01, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x01, Z14, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  12(DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  12(BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  12(SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  12(CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VEXTRACTI32X4 $0x02, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  16(DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  16(BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  16(SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  16(CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VEXTRACTI32X4 $0x02, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x02, Z14, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  20(DX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  20(BX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  20(SI)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  20(CX)(R10*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  24(DX)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z3
+	VFMADD231PS   Z13, Z15, Z4
+	VBROADCASTSS  24(BX)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z5
+	VFMADD231PS   Z13, Z15, Z6
+	VBROADCASTSS  24(SI)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z7
+	VFMADD231PS   Z13, Z15, Z8
+	VBROADCASTSS  24(CX)(R10*4), Z15
+	VFMADD231PS   Z11, Z15, Z9
+	VFMADD231PS   Z13, Z15, Z10
+	VEXTRACTI32X4 $0x03, Z12, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z14, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  28(DX)(R10*4), Z13
+	VFMADD231PS   Z11, Z13, Z3
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  28(BX)(R10*4), Z13
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  28(SI)(R10*4), Z13
+	VFMADD231PS   Z11, Z13, Z7
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  28(CX)(R10*4), Z13
+	VFMADD231PS   Z11, Z13, Z9
+	VFMADD231PS   Z12, Z13, Z10
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512S5x4p2_loop
+
+opAVX512S5x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x5p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S5x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	JMP     opAVX512S5x5p1_start
+
+opAVX512S5x5p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512S5x5p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x5p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S5x5p1_store
+	CMPQ R10, R9
+	JL   opAVX512S5x5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S5x5p1_step:
+	VMOVDQU64     (R8)(R11*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VPSUBB        Z2, Z8, Z8
+	VPSUBB        Z2, Z9, Z9
+	VPMOVSXBD     X8, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  (DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  (BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  (SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  (DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  (CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VPMOVSXBD     X9, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  4(DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  4(BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  4(SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  4(DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  4(CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  8(DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  8(BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  8(SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  8(DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  8(CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  12(DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  12(BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  12(SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  12(DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  12(CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  16(DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  16(BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  16(SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  16(DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  16(CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  20(DX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  20(BX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  20(SI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  20(DI)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  20(CX)(R10*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  24(DX)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z3
+	VBROADCASTSS  24(BX)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z4
+	VBROADCASTSS  24(SI)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z5
+	VBROADCASTSS  24(DI)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z6
+	VBROADCASTSS  24(CX)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  28(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  28(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  28(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VBROADCASTSS  28(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z6
+	VBROADCASTSS  28(CX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z7
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512S5x5p1_loop
+
+opAVX512S5x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x5p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S5x5p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	VMOVUPS 64(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z10
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z11
+	VMOVUPS 64(R10), Z12
+	JMP     opAVX512S5x5p2_start
+
+opAVX512S5x5p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512S5x5p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x5p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S5x5p2_store
+	CMPQ R11, R10
+	JL   opAVX512S5x5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S5x5p2_step:
+	VMOVDQU64     (R8)(R12*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VPSUBB        Z2, Z13, Z13
+	VPSUBB        Z2, Z14, Z14
+	VMOVDQU64     (R9)(R12*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	VPSUBB        Z2, Z15, Z15
+	VPSUBB        Z2, Z16, Z16
+	VPMOVSXBD     X13, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VPMOVSXBD     X15, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  (DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  (BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  (SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  (DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  (CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VPMOVSXBD     X14, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VPMOVSXBD     X16, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  4(DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  4(BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  4(SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  4(DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  4(CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VEXTRACTI32X4 $0x01, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  8(DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  8(BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  8(SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  8(DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  8(CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VEXTRACTI32X4 $0x01, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z16, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  12(DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  12(BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  12(SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  12(DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  12(CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VEXTRACTI32X4 $0x02, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  16(DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  16(BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  16(SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  16(DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  16(CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VEXTRACTI32X4 $0x02, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        (AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z16, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  20(DX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z3
+	VFMADD231PS   Z18, Z19, Z4
+	VBROADCASTSS  20(BX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  20(SI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z7
+	VFMADD231PS   Z18, Z19, Z8
+	VBROADCASTSS  20(DI)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z9
+	VFMADD231PS   Z18, Z19, Z10
+	VBROADCASTSS  20(CX)(R11*4), Z19
+	VFMADD231PS   Z17, Z19, Z11
+	VFMADD231PS   Z18, Z19, Z12
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  24(DX)(R11*4), Z17
+	VFMADD231PS   Z13, Z17, Z3
+	VFMADD231PS   Z15, Z17, Z4
+	VBROADCASTSS  24(BX)(R11*4), Z17
+	VFMADD231PS   Z13, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VBROADCASTSS  24(SI)(R11*4), Z17
+	VFMADD231PS   Z13, Z17, Z7
+	VFMADD231PS   Z15, Z17, Z8
+	VBROADCASTSS  24(DI)(R11*4), Z17
+	VFMADD231PS   Z13, Z17, Z9
+	VFMADD231PS   Z15, Z17, Z10
+	VBROADCASTSS  24(CX)(R11*4), Z17
+	VFMADD231PS   Z13, Z17, Z11
+	VFMADD231PS   Z15, Z17, Z12
+	VEXTRACTI32X4 $0x03, Z14, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z16, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  28(DX)(R11*4), Z15
+	VFMADD231PS   Z13, Z15, Z3
+	VFMADD231PS   Z14, Z15, Z4
+	VBROADCASTSS  28(BX)(R11*4), Z15
+	VFMADD231PS   Z13, Z15, Z5
+	VFMADD231PS   Z14, Z15, Z6
+	VBROADCASTSS  28(SI)(R11*4), Z15
+	VFMADD231PS   Z13, Z15, Z7
+	VFMADD231PS   Z14, Z15, Z8
+	VBROADCASTSS  28(DI)(R11*4), Z15
+	VFMADD231PS   Z13, Z15, Z9
+	VFMADD231PS   Z14, Z15, Z10
+	VBROADCASTSS  28(CX)(R11*4), Z15
+	VFMADD231PS   Z13, Z15, Z11
+	VFMADD231PS   Z14, Z15, Z12
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512S5x5p2_loop
+
+opAVX512S5x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x6p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S5x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	JMP     opAVX512S5x6p1_start
+
+opAVX512S5x6p1_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512S5x6p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x6p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S5x6p1_store
+	CMPQ R11, R10
+	JL   opAVX512S5x6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S5x6p1_step:
+	VMOVDQU64     (R9)(R12*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPSUBB        Z2, Z9, Z9
+	VPSUBB        Z2, Z10, Z10
+	VPMOVSXBD     X9, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  (DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  (BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  (SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  (DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  (R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  (CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VPMOVSXBD     X10, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  4(DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  4(BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  4(SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  4(DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  4(R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  4(CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x01, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  8(DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  8(BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  8(SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  8(DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  8(R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  8(CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x01, Z10, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  12(DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  12(BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  12(SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  12(DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  12(R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  12(CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x02, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  16(DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  16(BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  16(SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  16(DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  16(R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  16(CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x02, Z10, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  20(DX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  20(BX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  20(SI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  20(DI)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  20(R8)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  20(CX)(R11*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  24(DX)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z3
+	VBROADCASTSS  24(BX)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z4
+	VBROADCASTSS  24(SI)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z5
+	VBROADCASTSS  24(DI)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z6
+	VBROADCASTSS  24(R8)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z7
+	VBROADCASTSS  24(CX)(R11*4), Z11
+	VFMADD231PS   Z9, Z11, Z8
+	VEXTRACTI32X4 $0x03, Z10, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  28(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  28(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  28(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  28(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VBROADCASTSS  28(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z7
+	VBROADCASTSS  28(CX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z8
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512S5x6p1_loop
+
+opAVX512S5x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S5x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S5x6p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z2
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512S5x6p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z3
+	VMOVUPS 64(R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	VMOVUPS 64(R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	VMOVUPS 64(R11), Z8
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z9
+	VMOVUPS 64(R11), Z10
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z11
+	VMOVUPS 64(R11), Z12
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z13
+	VMOVUPS 64(R11), Z14
+	JMP     opAVX512S5x6p2_start
+
+opAVX512S5x6p2_zero:
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+
+opAVX512S5x6p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S5x6p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512S5x6p2_store
+	CMPQ R12, R11
+	JL   opAVX512S5x6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R11
+
+opAVX512S5x6p2_step:
+	VMOVDQU64     (R9)(R13*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(R9)(R13*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(R9)(R13*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	VPSUBB        Z2, Z15, Z15
+	VPSUBB        Z2, Z16, Z16
+	VMOVDQU64     (R10)(R13*1), Z18
+	VPANDD        Z0, Z18, Z17
+	VPSRLW        $0x04, Z18, Z18
+	VPANDD        Z0, Z18, Z18
+	KMOVQ         64(R10)(R13*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         72(R10)(R13*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	VPSUBB        Z2, Z17, Z17
+	VPSUBB        Z2, Z18, Z18
+	VPMOVSXBD     X15, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X17, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  (DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  (BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  (SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  (DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  (R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  (CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VPMOVSXBD     X16, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X18, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  4(DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  4(BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  4(SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  4(DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  4(R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  4(CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VEXTRACTI32X4 $0x01, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  8(DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  8(BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  8(SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  8(DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  8(R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  8(CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VEXTRACTI32X4 $0x01, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z18, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  12(DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  12(BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  12(SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  12(DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  12(R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  12(CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VEXTRACTI32X4 $0x02, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  16(DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  16(BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  16(SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  16(DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  16(R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  16(CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VEXTRACTI32X4 $0x02, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z18, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VBROADCASTSS  20(DX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z3
+	VFMADD231PS   Z20, Z21, Z4
+	VBROADCASTSS  20(BX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z5
+	VFMADD231PS   Z20, Z21, Z6
+	VBROADCASTSS  20(SI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z7
+	VFMADD231PS   Z20, Z21, Z8
+	VBROADCASTSS  20(DI)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z9
+	VFMADD231PS   Z20, Z21, Z10
+	VBROADCASTSS  20(R8)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z11
+	VFMADD231PS   Z20, Z21, Z12
+	VBROADCASTSS  20(CX)(R12*4), Z21
+	VFMADD231PS   Z19, Z21, Z13
+	VFMADD231PS   Z20, Z21, Z14
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z17, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  24(DX)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z3
+	VFMADD231PS   Z17, Z19, Z4
+	VBROADCASTSS  24(BX)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z5
+	VFMADD231PS   Z17, Z19, Z6
+	VBROADCASTSS  24(SI)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VBROADCASTSS  24(DI)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z9
+	VFMADD231PS   Z17, Z19, Z10
+	VBROADCASTSS  24(R8)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z11
+	VFMADD231PS   Z17, Z19, Z12
+	VBROADCASTSS  24(CX)(R12*4), Z19
+	VFMADD231PS   Z15, Z19, Z13
+	VFMADD231PS   Z17, Z19, Z14
+	VEXTRACTI32X4 $0x03, Z16, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        (AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z18, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  28(DX)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  28(BX)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z5
+	VFMADD231PS   Z16, Z17, Z6
+	VBROADCASTSS  28(SI)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z7
+	VFMADD231PS   Z16, Z17, Z8
+	VBROADCASTSS  28(DI)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z9
+	VFMADD231PS   Z16, Z17, Z10
+	VBROADCASTSS  28(R8)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z11
+	VFMADD231PS   Z16, Z17, Z12
+	VBROADCASTSS  28(CX)(R12*4), Z17
+	VFMADD231PS   Z15, Z17, Z13
+	VFMADD231PS   Z16, Z17, Z14
+	ADDQ          $0x00000008, R12
+	ADDQ          $0x00000050, R13
+	JMP           opAVX512S5x6p2_loop
+
+opAVX512S5x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z3, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z11, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z14, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dqAVX512S5(dst *float32, b *byte, k int, s *float32, o *float32)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·dqAVX512S5(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         s+24(FP), BX
+	VMOVUPS      (BX), Z0
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z3
+	XORQ         BX, BX
+
+dqAVX512S5_loop:
+	CMPQ          BX, DX
+	JGE           dqAVX512S5_done
+	VMOVDQU64     (CX), Z5
+	VPANDD        Z1, Z5, Z4
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z1, Z5, Z5
+	KMOVQ         64(CX), K1
+	VPADDB        Z2, Z4, K1, Z4
+	KMOVQ         72(CX), K1
+	VPADDB        Z2, Z5, K1, Z5
+	VPSUBB        Z3, Z4, Z4
+	VPSUBB        Z3, Z5, Z5
+	VPMOVSXBD     X4, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, (AX)
+	VPMOVSXBD     X5, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, 64(AX)
+	VEXTRACTI32X4 $0x01, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, 128(AX)
+	VEXTRACTI32X4 $0x01, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, 192(AX)
+	VEXTRACTI32X4 $0x02, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, 256(AX)
+	VEXTRACTI32X4 $0x02, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        Z0, Z6, Z6
+	VMOVUPS       Z6, 320(AX)
+	VEXTRACTI32X4 $0x03, Z4, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMULPS        Z0, Z4, Z4
+	VMOVUPS       Z4, 384(AX)
+	VEXTRACTI32X4 $0x03, Z5, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMULPS        Z0, Z4, Z4
+	VMOVUPS       Z4, 448(AX)
+	ADDQ          $0x00000050, CX
+	ADDQ          $0x00000200, AX
+	ADDQ          $0x00000008, BX
+	JMP           dqAVX512S5_loop
+
+dqAVX512S5_done:
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512U5Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	JMP     opAVX512U5Mx1p1_start
+
+opAVX512U5Mx1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+opAVX512U5Mx1p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx1p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512U5Mx1p1_store
+	CMPQ DI, SI
+	JL   opAVX512U5Mx1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), SI
+
+opAVX512U5Mx1p1_step:
+	PREFETCHT0    4096(BX)(R8*1)
+	PREFETCHT0    4160(BX)(R8*1)
+	VMOVDQU64     (BX)(R8*1), Z4
+	VPANDD        Z0, Z4, Z3
+	VPSRLW        $0x04, Z4, Z4
+	VPANDD        Z0, Z4, Z4
+	KMOVQ         64(BX)(R8*1), K1
+	VPADDB        Z1, Z3, K1, Z3
+	KMOVQ         72(BX)(R8*1), K1
+	VPADDB        Z1, Z4, K1, Z4
+	VPMOVSXBD     X3, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  (DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VPMOVSXBD     X4, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  4(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VEXTRACTI32X4 $0x01, Z3, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  8(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VEXTRACTI32X4 $0x01, Z4, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  12(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VEXTRACTI32X4 $0x02, Z3, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  16(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VEXTRACTI32X4 $0x02, Z4, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  20(DX)(DI*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VEXTRACTI32X4 $0x03, Z3, X3
+	VPMOVSXBD     X3, Z3
+	VCVTDQ2PS     Z3, Z3
+	VMOVUPS       (AX), Z5
+	VFMADD213PS   (CX), Z5, Z3
+	VBROADCASTSS  24(DX)(DI*4), Z5
+	VFMADD231PS   Z3, Z5, Z2
+	VEXTRACTI32X4 $0x03, Z4, X3
+	VPMOVSXBD     X3, Z3
+	VCVTDQ2PS     Z3, Z3
+	VMOVUPS       (AX), Z4
+	VFMADD213PS   (CX), Z4, Z3
+	VBROADCASTSS  28(DX)(DI*4), Z4
+	VFMADD231PS   Z3, Z4, Z2
+	ADDQ          $0x00000008, DI
+	ADDQ          $0x00000050, R8
+	JMP           opAVX512U5Mx1p1_loop
+
+opAVX512U5Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512U5Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	JMP     opAVX512U5Mx1p2_start
+
+opAVX512U5Mx1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512U5Mx1p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx1p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512U5Mx1p2_store
+	CMPQ R8, DI
+	JL   opAVX512U5Mx1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512U5Mx1p2_step:
+	PREFETCHT0    4096(BX)(R9*1)
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(BX)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (BX)(R9*1), Z5
+	VPANDD        Z0, Z5, Z4
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	KMOVQ         64(BX)(R9*1), K1
+	VPADDB        Z1, Z4, K1, Z4
+	KMOVQ         72(BX)(R9*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	VMOVDQU64     (SI)(R9*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VPMOVSXBD     X4, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VPMOVSXBD     X6, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  (DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VPMOVSXBD     X5, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VPMOVSXBD     X7, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  4(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VEXTRACTI32X4 $0x01, Z4, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x01, Z6, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  8(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VEXTRACTI32X4 $0x01, Z5, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x01, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  12(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VEXTRACTI32X4 $0x02, Z4, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x02, Z6, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  16(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VEXTRACTI32X4 $0x02, Z5, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x02, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  20(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VEXTRACTI32X4 $0x03, Z4, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z4
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       64(AX), Z8
+	VFMADD213PS   64(CX), Z8, Z6
+	VBROADCASTSS  24(DX)(R8*4), Z8
+	VFMADD231PS   Z4, Z8, Z2
+	VFMADD231PS   Z6, Z8, Z3
+	VEXTRACTI32X4 $0x03, Z5, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMOVUPS       (AX), Z5
+	VFMADD213PS   (CX), Z5, Z4
+	VEXTRACTI32X4 $0x03, Z7, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       64(AX), Z6
+	VFMADD213PS   64(CX), Z6, Z5
+	VBROADCASTSS  28(DX)(R8*4), Z6
+	VFMADD231PS   Z4, Z6, Z2
+	VFMADD231PS   Z5, Z6, Z3
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000050, R9
+	JMP           opAVX512U5Mx1p2_loop
+
+opAVX512U5Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512U5Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z4
+	JMP     opAVX512U5Mx1p3_start
+
+opAVX512U5Mx1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512U5Mx1p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx1p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512U5Mx1p3_store
+	CMPQ R9, R8
+	JL   opAVX512U5Mx1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512U5Mx1p3_step:
+	PREFETCHT0    4096(BX)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4160(BX)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	VMOVDQU64     (BX)(R10*1), Z6
+	VPANDD        Z0, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	KMOVQ         64(BX)(R10*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	KMOVQ         72(BX)(R10*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	VMOVDQU64     (DI)(R10*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VMOVDQU64     (SI)(R10*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	VPMOVSXBD     X5, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VPMOVSXBD     X7, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VPMOVSXBD     X9, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  (DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VPMOVSXBD     X6, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VPMOVSXBD     X8, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VPMOVSXBD     X10, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  4(DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VEXTRACTI32X4 $0x01, Z5, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VEXTRACTI32X4 $0x01, Z7, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VEXTRACTI32X4 $0x01, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  8(DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VEXTRACTI32X4 $0x01, Z6, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VEXTRACTI32X4 $0x01, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VEXTRACTI32X4 $0x01, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  12(DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VEXTRACTI32X4 $0x02, Z5, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VEXTRACTI32X4 $0x02, Z7, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VEXTRACTI32X4 $0x02, Z9, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  16(DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VEXTRACTI32X4 $0x02, Z6, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VEXTRACTI32X4 $0x02, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VEXTRACTI32X4 $0x02, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  20(DX)(R9*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z5
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       64(AX), Z11
+	VFMADD213PS   64(CX), Z11, Z7
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       128(AX), Z11
+	VFMADD213PS   128(CX), Z11, Z9
+	VBROADCASTSS  24(DX)(R9*4), Z11
+	VFMADD231PS   Z5, Z11, Z2
+	VFMADD231PS   Z7, Z11, Z3
+	VFMADD231PS   Z9, Z11, Z4
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VEXTRACTI32X4 $0x03, Z8, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       64(AX), Z7
+	VFMADD213PS   64(CX), Z7, Z6
+	VEXTRACTI32X4 $0x03, Z10, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       128(AX), Z8
+	VFMADD213PS   128(CX), Z8, Z7
+	VBROADCASTSS  28(DX)(R9*4), Z8
+	VFMADD231PS   Z5, Z8, Z2
+	VFMADD231PS   Z6, Z8, Z3
+	VFMADD231PS   Z7, Z8, Z4
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512U5Mx1p3_loop
+
+opAVX512U5Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), DX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512U5Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z4
+	VMOVUPS 192(R9), Z5
+	JMP     opAVX512U5Mx1p4_start
+
+opAVX512U5Mx1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512U5Mx1p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx1p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512U5Mx1p4_store
+	CMPQ R10, R9
+	JL   opAVX512U5Mx1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512U5Mx1p4_step:
+	PREFETCHT0    4096(BX)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4160(BX)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	VMOVDQU64     (BX)(R11*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(BX)(R11*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(BX)(R11*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VMOVDQU64     (DI)(R11*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VMOVDQU64     (R8)(R11*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VMOVDQU64     (SI)(R11*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VPMOVSXBD     X6, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X8, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VPMOVSXBD     X10, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VPMOVSXBD     X12, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  (DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VPMOVSXBD     X7, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X9, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VPMOVSXBD     X11, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VPMOVSXBD     X13, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  4(DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VEXTRACTI32X4 $0x01, Z6, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z8, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x01, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VEXTRACTI32X4 $0x01, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  8(DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VEXTRACTI32X4 $0x01, Z7, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z9, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x01, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VEXTRACTI32X4 $0x01, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  12(DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VEXTRACTI32X4 $0x02, Z6, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z8, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x02, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VEXTRACTI32X4 $0x02, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  16(DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VEXTRACTI32X4 $0x02, Z7, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z9, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x02, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VEXTRACTI32X4 $0x02, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  20(DX)(R10*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z14
+	VFMADD213PS   (CX), Z14, Z6
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       192(AX), Z14
+	VFMADD213PS   192(CX), Z14, Z12
+	VBROADCASTSS  24(DX)(R10*4), Z14
+	VFMADD231PS   Z6, Z14, Z2
+	VFMADD231PS   Z8, Z14, Z3
+	VFMADD231PS   Z10, Z14, Z4
+	VFMADD231PS   Z12, Z14, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VEXTRACTI32X4 $0x03, Z9, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       64(AX), Z8
+	VFMADD213PS   64(CX), Z8, Z7
+	VEXTRACTI32X4 $0x03, Z11, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       128(AX), Z9
+	VFMADD213PS   128(CX), Z9, Z8
+	VEXTRACTI32X4 $0x03, Z13, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       192(AX), Z10
+	VFMADD213PS   192(CX), Z10, Z9
+	VBROADCASTSS  28(DX)(R10*4), Z10
+	VFMADD231PS   Z6, Z10, Z2
+	VFMADD231PS   Z7, Z10, Z3
+	VFMADD231PS   Z8, Z10, Z4
+	VFMADD231PS   Z9, Z10, Z5
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512U5Mx1p4_loop
+
+opAVX512U5Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z5, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512U5Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     opAVX512U5Mx2p1_start
+
+opAVX512U5Mx2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+opAVX512U5Mx2p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx2p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512U5Mx2p1_store
+	CMPQ R8, DI
+	JL   opAVX512U5Mx2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), DI
+
+opAVX512U5Mx2p1_step:
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (SI)(R9*1), Z5
+	VPANDD        Z0, Z5, Z4
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z4, K1, Z4
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	VPMOVSXBD     X4, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  (BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  (DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VPMOVSXBD     X5, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  4(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  4(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x01, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  8(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  8(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x01, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  12(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  12(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x02, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  16(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  16(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x02, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  20(BX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  20(DX)(R8*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VEXTRACTI32X4 $0x03, Z4, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z4
+	VBROADCASTSS  24(BX)(R8*4), Z6
+	VFMADD231PS   Z4, Z6, Z2
+	VBROADCASTSS  24(DX)(R8*4), Z6
+	VFMADD231PS   Z4, Z6, Z3
+	VEXTRACTI32X4 $0x03, Z5, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VMOVUPS       (AX), Z5
+	VFMADD213PS   (CX), Z5, Z4
+	VBROADCASTSS  28(BX)(R8*4), Z5
+	VFMADD231PS   Z4, Z5, Z2
+	VBROADCASTSS  28(DX)(R8*4), Z5
+	VFMADD231PS   Z4, Z5, Z3
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000050, R9
+	JMP           opAVX512U5Mx2p1_loop
+
+opAVX512U5Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512U5Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	JMP     opAVX512U5Mx2p2_start
+
+opAVX512U5Mx2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512U5Mx2p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx2p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512U5Mx2p2_store
+	CMPQ R9, R8
+	JL   opAVX512U5Mx2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512U5Mx2p2_step:
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	VMOVDQU64     (SI)(R10*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VMOVDQU64     (DI)(R10*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VPMOVSXBD     X6, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VPMOVSXBD     X8, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  (BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  (DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VPMOVSXBD     X7, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VPMOVSXBD     X9, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  4(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  4(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x01, Z6, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x01, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  8(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  8(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x01, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x01, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  12(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  12(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x02, Z6, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x02, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  16(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  16(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x02, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x02, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  20(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  20(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z6
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z8
+	VBROADCASTSS  24(BX)(R9*4), Z10
+	VFMADD231PS   Z6, Z10, Z2
+	VFMADD231PS   Z8, Z10, Z3
+	VBROADCASTSS  24(DX)(R9*4), Z10
+	VFMADD231PS   Z6, Z10, Z4
+	VFMADD231PS   Z8, Z10, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VEXTRACTI32X4 $0x03, Z9, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       64(AX), Z8
+	VFMADD213PS   64(CX), Z8, Z7
+	VBROADCASTSS  28(BX)(R9*4), Z8
+	VFMADD231PS   Z6, Z8, Z2
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  28(DX)(R9*4), Z8
+	VFMADD231PS   Z6, Z8, Z4
+	VFMADD231PS   Z7, Z8, Z5
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512U5Mx2p2_loop
+
+opAVX512U5Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512U5Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z6
+	VMOVUPS 128(R9), Z7
+	JMP     opAVX512U5Mx2p3_start
+
+opAVX512U5Mx2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512U5Mx2p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx2p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512U5Mx2p3_store
+	CMPQ R10, R9
+	JL   opAVX512U5Mx2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512U5Mx2p3_step:
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	VMOVDQU64     (SI)(R11*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VMOVDQU64     (R8)(R11*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VMOVDQU64     (DI)(R11*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VPMOVSXBD     X8, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X10, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VPMOVSXBD     X12, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  (BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  (DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VPMOVSXBD     X9, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X11, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VPMOVSXBD     X13, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  4(BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  4(DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VEXTRACTI32X4 $0x01, Z8, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z10, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x01, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  8(BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  8(DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VEXTRACTI32X4 $0x01, Z9, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x01, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  12(BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  12(DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VEXTRACTI32X4 $0x02, Z8, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z10, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x02, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  16(BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  16(DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VEXTRACTI32X4 $0x02, Z9, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x02, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VBROADCASTSS  20(BX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z2
+	VFMADD231PS   Z15, Z17, Z3
+	VFMADD231PS   Z16, Z17, Z4
+	VBROADCASTSS  20(DX)(R10*4), Z17
+	VFMADD231PS   Z14, Z17, Z5
+	VFMADD231PS   Z15, Z17, Z6
+	VFMADD231PS   Z16, Z17, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z14
+	VFMADD213PS   (CX), Z14, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z12
+	VBROADCASTSS  24(BX)(R10*4), Z14
+	VFMADD231PS   Z8, Z14, Z2
+	VFMADD231PS   Z10, Z14, Z3
+	VFMADD231PS   Z12, Z14, Z4
+	VBROADCASTSS  24(DX)(R10*4), Z14
+	VFMADD231PS   Z8, Z14, Z5
+	VFMADD231PS   Z10, Z14, Z6
+	VFMADD231PS   Z12, Z14, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x03, Z11, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VEXTRACTI32X4 $0x03, Z13, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       128(AX), Z11
+	VFMADD213PS   128(CX), Z11, Z10
+	VBROADCASTSS  28(BX)(R10*4), Z11
+	VFMADD231PS   Z8, Z11, Z2
+	VFMADD231PS   Z9, Z11, Z3
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  28(DX)(R10*4), Z11
+	VFMADD231PS   Z8, Z11, Z5
+	VFMADD231PS   Z9, Z11, Z6
+	VFMADD231PS   Z10, Z11, Z7
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512U5Mx2p3_loop
+
+opAVX512U5Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), DX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512U5Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	VMOVUPS 128(R10), Z4
+	VMOVUPS 192(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	VMOVUPS 128(R10), Z8
+	VMOVUPS 192(R10), Z9
+	JMP     opAVX512U5Mx2p4_start
+
+opAVX512U5Mx2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512U5Mx2p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx2p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512U5Mx2p4_store
+	CMPQ R11, R10
+	JL   opAVX512U5Mx2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512U5Mx2p4_step:
+	PREFETCHT0    4096(SI)(R12*1)
+	PREFETCHT0    4096(R8)(R12*1)
+	PREFETCHT0    4096(R9)(R12*1)
+	PREFETCHT0    4096(DI)(R12*1)
+	PREFETCHT0    4160(SI)(R12*1)
+	PREFETCHT0    4160(R8)(R12*1)
+	PREFETCHT0    4160(R9)(R12*1)
+	PREFETCHT0    4160(DI)(R12*1)
+	VMOVDQU64     (SI)(R12*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(SI)(R12*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(SI)(R12*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VMOVDQU64     (R8)(R12*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VMOVDQU64     (R9)(R12*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	VMOVDQU64     (DI)(R12*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(DI)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(DI)(R12*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	VPMOVSXBD     X10, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VPMOVSXBD     X12, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VPMOVSXBD     X14, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VPMOVSXBD     X16, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  (BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  (DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VPMOVSXBD     X11, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VPMOVSXBD     X13, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VPMOVSXBD     X15, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VPMOVSXBD     X17, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  4(BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  4(DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VEXTRACTI32X4 $0x01, Z10, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z12, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VEXTRACTI32X4 $0x01, Z14, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VEXTRACTI32X4 $0x01, Z16, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  8(BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  8(DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VEXTRACTI32X4 $0x01, Z11, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z13, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VEXTRACTI32X4 $0x01, Z15, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VEXTRACTI32X4 $0x01, Z17, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  12(BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  12(DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VEXTRACTI32X4 $0x02, Z10, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z12, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VEXTRACTI32X4 $0x02, Z14, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VEXTRACTI32X4 $0x02, Z16, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  16(BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  16(DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VEXTRACTI32X4 $0x02, Z11, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z13, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VEXTRACTI32X4 $0x02, Z15, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       128(AX), Z21
+	VFMADD213PS   128(CX), Z21, Z20
+	VEXTRACTI32X4 $0x02, Z17, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z21
+	VBROADCASTSS  20(BX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z2
+	VFMADD231PS   Z19, Z22, Z3
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  20(DX)(R11*4), Z22
+	VFMADD231PS   Z18, Z22, Z6
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       128(AX), Z18
+	VFMADD213PS   128(CX), Z18, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z16
+	VBROADCASTSS  24(BX)(R11*4), Z18
+	VFMADD231PS   Z10, Z18, Z2
+	VFMADD231PS   Z12, Z18, Z3
+	VFMADD231PS   Z14, Z18, Z4
+	VFMADD231PS   Z16, Z18, Z5
+	VBROADCASTSS  24(DX)(R11*4), Z18
+	VFMADD231PS   Z10, Z18, Z6
+	VFMADD231PS   Z12, Z18, Z7
+	VFMADD231PS   Z14, Z18, Z8
+	VFMADD231PS   Z16, Z18, Z9
+	VEXTRACTI32X4 $0x03, Z11, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x03, Z13, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VEXTRACTI32X4 $0x03, Z15, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       128(AX), Z13
+	VFMADD213PS   128(CX), Z13, Z12
+	VEXTRACTI32X4 $0x03, Z17, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       192(AX), Z14
+	VFMADD213PS   192(CX), Z14, Z13
+	VBROADCASTSS  28(BX)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z2
+	VFMADD231PS   Z11, Z14, Z3
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  28(DX)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z6
+	VFMADD231PS   Z11, Z14, Z7
+	VFMADD231PS   Z12, Z14, Z8
+	VFMADD231PS   Z13, Z14, Z9
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512U5Mx2p4_loop
+
+opAVX512U5Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z5, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512U5Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	JMP     opAVX512U5Mx3p1_start
+
+opAVX512U5Mx3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+
+opAVX512U5Mx3p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx3p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512U5Mx3p1_store
+	CMPQ R9, R8
+	JL   opAVX512U5Mx3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R8
+
+opAVX512U5Mx3p1_step:
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	VMOVDQU64     (DI)(R10*1), Z6
+	VPANDD        Z0, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	VPMOVSXBD     X5, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  (BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  (SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  (DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VPMOVSXBD     X6, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  4(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  4(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  4(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  8(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  8(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  8(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  12(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  12(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  12(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  16(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  16(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  16(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  20(BX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  20(SI)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  20(DX)(R9*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z5
+	VBROADCASTSS  24(BX)(R9*4), Z7
+	VFMADD231PS   Z5, Z7, Z2
+	VBROADCASTSS  24(SI)(R9*4), Z7
+	VFMADD231PS   Z5, Z7, Z3
+	VBROADCASTSS  24(DX)(R9*4), Z7
+	VFMADD231PS   Z5, Z7, Z4
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMOVUPS       (AX), Z6
+	VFMADD213PS   (CX), Z6, Z5
+	VBROADCASTSS  28(BX)(R9*4), Z6
+	VFMADD231PS   Z5, Z6, Z2
+	VBROADCASTSS  28(SI)(R9*4), Z6
+	VFMADD231PS   Z5, Z6, Z3
+	VBROADCASTSS  28(DX)(R9*4), Z6
+	VFMADD231PS   Z5, Z6, Z4
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000050, R10
+	JMP           opAVX512U5Mx3p1_loop
+
+opAVX512U5Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512U5Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	JMP     opAVX512U5Mx3p2_start
+
+opAVX512U5Mx3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512U5Mx3p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx3p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512U5Mx3p2_store
+	CMPQ R10, R9
+	JL   opAVX512U5Mx3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512U5Mx3p2_step:
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	VMOVDQU64     (DI)(R11*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VMOVDQU64     (R8)(R11*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VPMOVSXBD     X8, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VPMOVSXBD     X10, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  (BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  (SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  (DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VPMOVSXBD     X9, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VPMOVSXBD     X11, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  4(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  4(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  4(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x01, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VEXTRACTI32X4 $0x01, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  8(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  8(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  8(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x01, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VEXTRACTI32X4 $0x01, Z11, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  12(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  12(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  12(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x02, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VEXTRACTI32X4 $0x02, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  16(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  16(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  16(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x02, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VEXTRACTI32X4 $0x02, Z11, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  20(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  20(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  20(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z10
+	VBROADCASTSS  24(BX)(R10*4), Z12
+	VFMADD231PS   Z8, Z12, Z2
+	VFMADD231PS   Z10, Z12, Z3
+	VBROADCASTSS  24(SI)(R10*4), Z12
+	VFMADD231PS   Z8, Z12, Z4
+	VFMADD231PS   Z10, Z12, Z5
+	VBROADCASTSS  24(DX)(R10*4), Z12
+	VFMADD231PS   Z8, Z12, Z6
+	VFMADD231PS   Z10, Z12, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VEXTRACTI32X4 $0x03, Z11, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       64(AX), Z10
+	VFMADD213PS   64(CX), Z10, Z9
+	VBROADCASTSS  28(BX)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  28(SI)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z4
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  28(DX)(R10*4), Z10
+	VFMADD231PS   Z8, Z10, Z6
+	VFMADD231PS   Z9, Z10, Z7
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512U5Mx3p2_loop
+
+opAVX512U5Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx3p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R9
+	LEAQ         (R9)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512U5Mx3p3_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	VMOVUPS 128(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z6
+	VMOVUPS 128(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	JMP     opAVX512U5Mx3p3_start
+
+opAVX512U5Mx3p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+
+opAVX512U5Mx3p3_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx3p3_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512U5Mx3p3_store
+	CMPQ R11, R10
+	JL   opAVX512U5Mx3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512U5Mx3p3_step:
+	PREFETCHT0    4096(DI)(R12*1)
+	PREFETCHT0    4096(R9)(R12*1)
+	PREFETCHT0    4096(R8)(R12*1)
+	PREFETCHT0    4160(DI)(R12*1)
+	PREFETCHT0    4160(R9)(R12*1)
+	PREFETCHT0    4160(R8)(R12*1)
+	VMOVDQU64     (DI)(R12*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(DI)(R12*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(DI)(R12*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	VMOVDQU64     (R9)(R12*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	VMOVDQU64     (R8)(R12*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	VPMOVSXBD     X11, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VPMOVSXBD     X13, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VPMOVSXBD     X15, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  (BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  (SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  (DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VPMOVSXBD     X12, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VPMOVSXBD     X14, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VPMOVSXBD     X16, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  4(BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  4(SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  4(DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VEXTRACTI32X4 $0x01, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VEXTRACTI32X4 $0x01, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  8(BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  8(SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  8(DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VEXTRACTI32X4 $0x01, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VEXTRACTI32X4 $0x01, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  12(BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  12(SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  12(DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VEXTRACTI32X4 $0x02, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VEXTRACTI32X4 $0x02, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  16(BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  16(SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  16(DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VEXTRACTI32X4 $0x02, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z17
+	VEXTRACTI32X4 $0x02, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       64(AX), Z19
+	VFMADD213PS   64(CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       128(AX), Z20
+	VFMADD213PS   128(CX), Z20, Z19
+	VBROADCASTSS  20(BX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z2
+	VFMADD231PS   Z18, Z20, Z3
+	VFMADD231PS   Z19, Z20, Z4
+	VBROADCASTSS  20(SI)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  20(DX)(R11*4), Z20
+	VFMADD231PS   Z17, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VFMADD231PS   Z19, Z20, Z10
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z11
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z17
+	VFMADD213PS   64(CX), Z17, Z13
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z15
+	VBROADCASTSS  24(BX)(R11*4), Z17
+	VFMADD231PS   Z11, Z17, Z2
+	VFMADD231PS   Z13, Z17, Z3
+	VFMADD231PS   Z15, Z17, Z4
+	VBROADCASTSS  24(SI)(R11*4), Z17
+	VFMADD231PS   Z11, Z17, Z5
+	VFMADD231PS   Z13, Z17, Z6
+	VFMADD231PS   Z15, Z17, Z7
+	VBROADCASTSS  24(DX)(R11*4), Z17
+	VFMADD231PS   Z11, Z17, Z8
+	VFMADD231PS   Z13, Z17, Z9
+	VFMADD231PS   Z15, Z17, Z10
+	VEXTRACTI32X4 $0x03, Z12, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       (AX), Z12
+	VFMADD213PS   (CX), Z12, Z11
+	VEXTRACTI32X4 $0x03, Z14, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z13
+	VFMADD213PS   64(CX), Z13, Z12
+	VEXTRACTI32X4 $0x03, Z16, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       128(AX), Z14
+	VFMADD213PS   128(CX), Z14, Z13
+	VBROADCASTSS  28(BX)(R11*4), Z14
+	VFMADD231PS   Z11, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VFMADD231PS   Z13, Z14, Z4
+	VBROADCASTSS  28(SI)(R11*4), Z14
+	VFMADD231PS   Z11, Z14, Z5
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VBROADCASTSS  28(DX)(R11*4), Z14
+	VFMADD231PS   Z11, Z14, Z8
+	VFMADD231PS   Z12, Z14, Z9
+	VFMADD231PS   Z13, Z14, Z10
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512U5Mx3p3_loop
+
+opAVX512U5Mx3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z6, 64(AX)
+	VMOVUPS Z7, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512U5Mx3p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R9
+	LEAQ         (R9)(R8*1), R10
+	LEAQ         (R10)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512U5Mx3p4_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z3
+	VMOVUPS 128(R11), Z4
+	VMOVUPS 192(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	VMOVUPS 128(R11), Z8
+	VMOVUPS 192(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	VMOVUPS 128(R11), Z12
+	VMOVUPS 192(R11), Z13
+	JMP     opAVX512U5Mx3p4_start
+
+opAVX512U5Mx3p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+
+opAVX512U5Mx3p4_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx3p4_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512U5Mx3p4_store
+	CMPQ R12, R11
+	JL   opAVX512U5Mx3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512U5Mx3p4_step:
+	PREFETCHT0    4096(DI)(R13*1)
+	PREFETCHT0    4096(R9)(R13*1)
+	PREFETCHT0    4096(R10)(R13*1)
+	PREFETCHT0    4096(R8)(R13*1)
+	PREFETCHT0    4160(DI)(R13*1)
+	PREFETCHT0    4160(R9)(R13*1)
+	PREFETCHT0    4160(R10)(R13*1)
+	PREFETCHT0    4160(R8)(R13*1)
+	VMOVDQU64     (DI)(R13*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(DI)(R13*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(DI)(R13*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	VMOVDQU64     (R9)(R13*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(R9)(R13*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(R9)(R13*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	VMOVDQU64     (R10)(R13*1), Z19
+	VPANDD        Z0, Z19, Z18
+	VPSRLW        $0x04, Z19, Z19
+	VPANDD        Z0, Z19, Z19
+	KMOVQ         64(R10)(R13*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	KMOVQ         72(R10)(R13*1), K1
+	VPADDB        Z1, Z19, K1, Z19
+	VMOVDQU64     (R8)(R13*1), Z21
+	VPANDD        Z0, Z21, Z20
+	VPSRLW        $0x04, Z21, Z21
+	VPANDD        Z0, Z21, Z21
+	KMOVQ         64(R8)(R13*1), K1
+	VPADDB        Z1, Z20, K1, Z20
+	KMOVQ         72(R8)(R13*1), K1
+	VPADDB        Z1, Z21, K1, Z21
+	VPMOVSXBD     X14, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VPMOVSXBD     X16, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VPMOVSXBD     X18, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VPMOVSXBD     X20, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  (BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  (SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  (DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VPMOVSXBD     X15, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VPMOVSXBD     X17, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VPMOVSXBD     X19, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VPMOVSXBD     X21, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  4(BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  4(SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  4(DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VEXTRACTI32X4 $0x01, Z14, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VEXTRACTI32X4 $0x01, Z16, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VEXTRACTI32X4 $0x01, Z18, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VEXTRACTI32X4 $0x01, Z20, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  8(BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  8(SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  8(DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VEXTRACTI32X4 $0x01, Z15, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VEXTRACTI32X4 $0x01, Z17, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VEXTRACTI32X4 $0x01, Z19, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VEXTRACTI32X4 $0x01, Z21, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  12(BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  12(SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  12(DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VEXTRACTI32X4 $0x02, Z14, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VEXTRACTI32X4 $0x02, Z16, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VEXTRACTI32X4 $0x02, Z18, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VEXTRACTI32X4 $0x02, Z20, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  16(BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  16(SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  16(DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VEXTRACTI32X4 $0x02, Z15, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMOVUPS       (AX), Z23
+	VFMADD213PS   (CX), Z23, Z22
+	VEXTRACTI32X4 $0x02, Z17, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMOVUPS       64(AX), Z24
+	VFMADD213PS   64(CX), Z24, Z23
+	VEXTRACTI32X4 $0x02, Z19, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMOVUPS       128(AX), Z25
+	VFMADD213PS   128(CX), Z25, Z24
+	VEXTRACTI32X4 $0x02, Z21, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMOVUPS       192(AX), Z26
+	VFMADD213PS   192(CX), Z26, Z25
+	VBROADCASTSS  20(BX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z2
+	VFMADD231PS   Z23, Z26, Z3
+	VFMADD231PS   Z24, Z26, Z4
+	VFMADD231PS   Z25, Z26, Z5
+	VBROADCASTSS  20(SI)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z6
+	VFMADD231PS   Z23, Z26, Z7
+	VFMADD231PS   Z24, Z26, Z8
+	VFMADD231PS   Z25, Z26, Z9
+	VBROADCASTSS  20(DX)(R12*4), Z26
+	VFMADD231PS   Z22, Z26, Z10
+	VFMADD231PS   Z23, Z26, Z11
+	VFMADD231PS   Z24, Z26, Z12
+	VFMADD231PS   Z25, Z26, Z13
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z22
+	VFMADD213PS   (CX), Z22, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       64(AX), Z22
+	VFMADD213PS   64(CX), Z22, Z16
+	VEXTRACTI32X4 $0x03, Z18, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       128(AX), Z22
+	VFMADD213PS   128(CX), Z22, Z18
+	VEXTRACTI32X4 $0x03, Z20, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMOVUPS       192(AX), Z22
+	VFMADD213PS   192(CX), Z22, Z20
+	VBROADCASTSS  24(BX)(R12*4), Z22
+	VFMADD231PS   Z14, Z22, Z2
+	VFMADD231PS   Z16, Z22, Z3
+	VFMADD231PS   Z18, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VBROADCASTSS  24(SI)(R12*4), Z22
+	VFMADD231PS   Z14, Z22, Z6
+	VFMADD231PS   Z16, Z22, Z7
+	VFMADD231PS   Z18, Z22, Z8
+	VFMADD231PS   Z20, Z22, Z9
+	VBROADCASTSS  24(DX)(R12*4), Z22
+	VFMADD231PS   Z14, Z22, Z10
+	VFMADD231PS   Z16, Z22, Z11
+	VFMADD231PS   Z18, Z22, Z12
+	VFMADD231PS   Z20, Z22, Z13
+	VEXTRACTI32X4 $0x03, Z15, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x03, Z17, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VEXTRACTI32X4 $0x03, Z19, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       128(AX), Z17
+	VFMADD213PS   128(CX), Z17, Z16
+	VEXTRACTI32X4 $0x03, Z21, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       192(AX), Z18
+	VFMADD213PS   192(CX), Z18, Z17
+	VBROADCASTSS  28(BX)(R12*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z15, Z18, Z3
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  28(SI)(R12*4), Z18
+	VFMADD231PS   Z14, Z18, Z6
+	VFMADD231PS   Z15, Z18, Z7
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  28(DX)(R12*4), Z18
+	VFMADD231PS   Z14, Z18, Z10
+	VFMADD231PS   Z15, Z18, Z11
+	VFMADD231PS   Z16, Z18, Z12
+	VFMADD231PS   Z17, Z18, Z13
+	ADDQ          $0x00000008, R12
+	ADDQ          $0x00000050, R13
+	JMP           opAVX512U5Mx3p4_loop
+
+opAVX512U5Mx3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z5, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VMOVUPS Z8, 128(AX)
+	VMOVUPS Z9, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VMOVUPS Z13, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), DX
+	MOVQ         b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512U5Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	JMP     opAVX512U5Mx4p1_start
+
+opAVX512U5Mx4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512U5Mx4p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx4p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512U5Mx4p1_store
+	CMPQ R10, R9
+	JL   opAVX512U5Mx4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R9
+
+opAVX512U5Mx4p1_step:
+	VMOVDQU64     (R8)(R11*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	VPMOVSXBD     X6, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  (BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  (SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  (DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  (DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VPMOVSXBD     X7, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  4(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  4(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  4(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  4(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  8(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  8(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  8(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  8(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  12(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  12(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  12(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  12(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  16(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  16(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  16(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  16(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  20(BX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  20(SI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  20(DI)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  20(DX)(R10*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z6
+	VBROADCASTSS  24(BX)(R10*4), Z8
+	VFMADD231PS   Z6, Z8, Z2
+	VBROADCASTSS  24(SI)(R10*4), Z8
+	VFMADD231PS   Z6, Z8, Z3
+	VBROADCASTSS  24(DI)(R10*4), Z8
+	VFMADD231PS   Z6, Z8, Z4
+	VBROADCASTSS  24(DX)(R10*4), Z8
+	VFMADD231PS   Z6, Z8, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMOVUPS       (AX), Z7
+	VFMADD213PS   (CX), Z7, Z6
+	VBROADCASTSS  28(BX)(R10*4), Z7
+	VFMADD231PS   Z6, Z7, Z2
+	VBROADCASTSS  28(SI)(R10*4), Z7
+	VFMADD231PS   Z6, Z7, Z3
+	VBROADCASTSS  28(DI)(R10*4), Z7
+	VFMADD231PS   Z6, Z7, Z4
+	VBROADCASTSS  28(DX)(R10*4), Z7
+	VFMADD231PS   Z6, Z7, Z5
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000050, R11
+	JMP           opAVX512U5Mx4p1_loop
+
+opAVX512U5Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), DX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512U5Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	JMP     opAVX512U5Mx4p2_start
+
+opAVX512U5Mx4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512U5Mx4p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx4p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512U5Mx4p2_store
+	CMPQ R11, R10
+	JL   opAVX512U5Mx4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512U5Mx4p2_step:
+	VMOVDQU64     (R8)(R12*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	VMOVDQU64     (R9)(R12*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VPMOVSXBD     X10, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X12, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  (BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  (SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  (DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  (DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VPMOVSXBD     X11, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VPMOVSXBD     X13, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  4(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  4(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  4(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  4(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x01, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  8(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  8(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  8(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  8(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x01, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x01, Z13, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  12(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  12(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  12(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  12(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x02, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  16(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  16(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  16(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  16(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x02, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x02, Z13, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  20(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  20(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  20(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  20(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z14
+	VFMADD213PS   (CX), Z14, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z12
+	VBROADCASTSS  24(BX)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z2
+	VFMADD231PS   Z12, Z14, Z3
+	VBROADCASTSS  24(SI)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z4
+	VFMADD231PS   Z12, Z14, Z5
+	VBROADCASTSS  24(DI)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z6
+	VFMADD231PS   Z12, Z14, Z7
+	VBROADCASTSS  24(DX)(R11*4), Z14
+	VFMADD231PS   Z10, Z14, Z8
+	VFMADD231PS   Z12, Z14, Z9
+	VEXTRACTI32X4 $0x03, Z11, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VEXTRACTI32X4 $0x03, Z13, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMOVUPS       64(AX), Z12
+	VFMADD213PS   64(CX), Z12, Z11
+	VBROADCASTSS  28(BX)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z2
+	VFMADD231PS   Z11, Z12, Z3
+	VBROADCASTSS  28(SI)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  28(DI)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z6
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  28(DX)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z8
+	VFMADD231PS   Z11, Z12, Z9
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512U5Mx4p2_loop
+
+opAVX512U5Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx5p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), R8
+	MOVQ         32(DX), DX
+	MOVQ         b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512U5Mx5p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	JMP     opAVX512U5Mx5p1_start
+
+opAVX512U5Mx5p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512U5Mx5p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx5p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512U5Mx5p1_store
+	CMPQ R11, R10
+	JL   opAVX512U5Mx5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R10
+
+opAVX512U5Mx5p1_step:
+	VMOVDQU64     (R9)(R12*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	VPMOVSXBD     X7, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  (BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  (SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  (DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  (R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  (DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VPMOVSXBD     X8, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  4(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  4(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  4(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  4(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  4(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  8(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  8(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  8(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  8(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  8(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  12(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  12(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  12(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  12(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  12(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  16(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  16(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  16(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  16(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  16(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z9
+	VBROADCASTSS  20(BX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z2
+	VBROADCASTSS  20(SI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z3
+	VBROADCASTSS  20(DI)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  20(R8)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  20(DX)(R11*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z7
+	VBROADCASTSS  24(BX)(R11*4), Z9
+	VFMADD231PS   Z7, Z9, Z2
+	VBROADCASTSS  24(SI)(R11*4), Z9
+	VFMADD231PS   Z7, Z9, Z3
+	VBROADCASTSS  24(DI)(R11*4), Z9
+	VFMADD231PS   Z7, Z9, Z4
+	VBROADCASTSS  24(R8)(R11*4), Z9
+	VFMADD231PS   Z7, Z9, Z5
+	VBROADCASTSS  24(DX)(R11*4), Z9
+	VFMADD231PS   Z7, Z9, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMOVUPS       (AX), Z8
+	VFMADD213PS   (CX), Z8, Z7
+	VBROADCASTSS  28(BX)(R11*4), Z8
+	VFMADD231PS   Z7, Z8, Z2
+	VBROADCASTSS  28(SI)(R11*4), Z8
+	VFMADD231PS   Z7, Z8, Z3
+	VBROADCASTSS  28(DI)(R11*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VBROADCASTSS  28(R8)(R11*4), Z8
+	VFMADD231PS   Z7, Z8, Z5
+	VBROADCASTSS  28(DX)(R11*4), Z8
+	VFMADD231PS   Z7, Z8, Z6
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000050, R12
+	JMP           opAVX512U5Mx5p1_loop
+
+opAVX512U5Mx5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx5p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), R8
+	MOVQ         32(DX), DX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512U5Mx5p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	VMOVUPS 64(R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	JMP     opAVX512U5Mx5p2_start
+
+opAVX512U5Mx5p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512U5Mx5p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx5p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512U5Mx5p2_store
+	CMPQ R12, R11
+	JL   opAVX512U5Mx5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512U5Mx5p2_step:
+	VMOVDQU64     (R9)(R13*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(R9)(R13*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(R9)(R13*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	VMOVDQU64     (R10)(R13*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R10)(R13*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R10)(R13*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	VPMOVSXBD     X12, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VPMOVSXBD     X14, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  (BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  (SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  (DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  (R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  (DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VPMOVSXBD     X13, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VPMOVSXBD     X15, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  4(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  4(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  4(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  4(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  4(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x01, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VEXTRACTI32X4 $0x01, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  8(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  8(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  8(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  8(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  8(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x01, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VEXTRACTI32X4 $0x01, Z15, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  12(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  12(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  12(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  12(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  12(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x02, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VEXTRACTI32X4 $0x02, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  16(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  16(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  16(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  16(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  16(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x02, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       (AX), Z17
+	VFMADD213PS   (CX), Z17, Z16
+	VEXTRACTI32X4 $0x02, Z15, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z17
+	VBROADCASTSS  20(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z2
+	VFMADD231PS   Z17, Z18, Z3
+	VBROADCASTSS  20(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  20(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  20(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  20(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z16
+	VFMADD213PS   (CX), Z16, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z14
+	VBROADCASTSS  24(BX)(R12*4), Z16
+	VFMADD231PS   Z12, Z16, Z2
+	VFMADD231PS   Z14, Z16, Z3
+	VBROADCASTSS  24(SI)(R12*4), Z16
+	VFMADD231PS   Z12, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VBROADCASTSS  24(DI)(R12*4), Z16
+	VFMADD231PS   Z12, Z16, Z6
+	VFMADD231PS   Z14, Z16, Z7
+	VBROADCASTSS  24(R8)(R12*4), Z16
+	VFMADD231PS   Z12, Z16, Z8
+	VFMADD231PS   Z14, Z16, Z9
+	VBROADCASTSS  24(DX)(R12*4), Z16
+	VFMADD231PS   Z12, Z16, Z10
+	VFMADD231PS   Z14, Z16, Z11
+	VEXTRACTI32X4 $0x03, Z13, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMOVUPS       (AX), Z13
+	VFMADD213PS   (CX), Z13, Z12
+	VEXTRACTI32X4 $0x03, Z15, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMOVUPS       64(AX), Z14
+	VFMADD213PS   64(CX), Z14, Z13
+	VBROADCASTSS  28(BX)(R12*4), Z14
+	VFMADD231PS   Z12, Z14, Z2
+	VFMADD231PS   Z13, Z14, Z3
+	VBROADCASTSS  28(SI)(R12*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  28(DI)(R12*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VBROADCASTSS  28(R8)(R12*4), Z14
+	VFMADD231PS   Z12, Z14, Z8
+	VFMADD231PS   Z13, Z14, Z9
+	VBROADCASTSS  28(DX)(R12*4), Z14
+	VFMADD231PS   Z12, Z14, Z10
+	VFMADD231PS   Z13, Z14, Z11
+	ADDQ          $0x00000008, R12
+	ADDQ          $0x00000050, R13
+	JMP           opAVX512U5Mx5p2_loop
+
+opAVX512U5Mx5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx6p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), R8
+	MOVQ         32(DX), R9
+	MOVQ         40(DX), DX
+	MOVQ         b+8(FP), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512U5Mx6p1_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z2
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z3
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z4
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z7
+	JMP     opAVX512U5Mx6p1_start
+
+opAVX512U5Mx6p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512U5Mx6p1_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx6p1_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512U5Mx6p1_store
+	CMPQ R12, R11
+	JL   opAVX512U5Mx6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R11
+
+opAVX512U5Mx6p1_step:
+	VMOVDQU64     (R10)(R13*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(R10)(R13*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(R10)(R13*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	VPMOVSXBD     X8, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  (BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  (SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  (DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  (R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  (R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  (DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VPMOVSXBD     X9, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  4(BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  4(SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  4(DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  4(R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  4(R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  4(DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  8(BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  8(SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  8(DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  8(R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  8(R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  8(DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  12(BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  12(SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  12(DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  12(R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  12(R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  12(DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  16(BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  16(SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  16(DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  16(R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  16(R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  16(DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMOVUPS       (AX), Z11
+	VFMADD213PS   (CX), Z11, Z10
+	VBROADCASTSS  20(BX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z2
+	VBROADCASTSS  20(SI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z3
+	VBROADCASTSS  20(DI)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  20(R8)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  20(R9)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  20(DX)(R12*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z10
+	VFMADD213PS   (CX), Z10, Z8
+	VBROADCASTSS  24(BX)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z2
+	VBROADCASTSS  24(SI)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z3
+	VBROADCASTSS  24(DI)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z4
+	VBROADCASTSS  24(R8)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z5
+	VBROADCASTSS  24(R9)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z6
+	VBROADCASTSS  24(DX)(R12*4), Z10
+	VFMADD231PS   Z8, Z10, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMOVUPS       (AX), Z9
+	VFMADD213PS   (CX), Z9, Z8
+	VBROADCASTSS  28(BX)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z2
+	VBROADCASTSS  28(SI)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z3
+	VBROADCASTSS  28(DI)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  28(R8)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VBROADCASTSS  28(R9)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z6
+	VBROADCASTSS  28(DX)(R12*4), Z9
+	VFMADD231PS   Z8, Z9, Z7
+	ADDQ          $0x00000008, R12
+	ADDQ          $0x00000050, R13
+	JMP           opAVX512U5Mx6p1_loop
+
+opAVX512U5Mx6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512U5Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512U5Mx6p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVQ         o+72(FP), CX
+	MOVL         $0x0f0f0f0f, DX
+	VPBROADCASTD DX, Z0
+	MOVL         $0x10101010, DX
+	VPBROADCASTD DX, Z1
+	MOVQ         a+0(FP), DX
+	MOVQ         (DX), BX
+	MOVQ         8(DX), SI
+	MOVQ         16(DX), DI
+	MOVQ         24(DX), R8
+	MOVQ         32(DX), R9
+	MOVQ         40(DX), DX
+	MOVQ         b+8(FP), R10
+	MOVQ         stride+16(FP), R11
+	LEAQ         (R10)(R11*1), R11
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R12
+	TESTQ   $0x00000001, R12
+	JZ      opAVX512U5Mx6p2_zero
+	MOVQ    c+32(FP), R12
+	MOVQ    ldc+40(FP), R13
+	VMOVUPS (R12), Z2
+	VMOVUPS 64(R12), Z3
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z6
+	VMOVUPS 64(R12), Z7
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z8
+	VMOVUPS 64(R12), Z9
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z10
+	VMOVUPS 64(R12), Z11
+	ADDQ    R13, R12
+	VMOVUPS (R12), Z12
+	VMOVUPS 64(R12), Z13
+	JMP     opAVX512U5Mx6p2_start
+
+opAVX512U5Mx6p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+
+opAVX512U5Mx6p2_start:
+	MOVQ bk+80(FP), R12
+	XORQ R13, R13
+	XORQ R14, R14
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512U5Mx6p2_loop:
+	CMPQ R13, k+24(FP)
+	JGE  opAVX512U5Mx6p2_store
+	CMPQ R13, R12
+	JL   opAVX512U5Mx6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ ss+88(FP), CX
+	ADDQ bk+80(FP), R12
+
+opAVX512U5Mx6p2_step:
+	VMOVDQU64     (R10)(R14*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R10)(R14*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R10)(R14*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	VMOVDQU64     (R11)(R14*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(R11)(R14*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(R11)(R14*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	VPMOVSXBD     X14, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VPMOVSXBD     X16, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  (BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  (SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  (DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  (R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  (R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  (DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VPMOVSXBD     X15, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VPMOVSXBD     X17, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  4(BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  4(SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  4(DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  4(R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  4(R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  4(DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x01, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  8(BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  8(SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  8(DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  8(R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  8(R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  8(DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x01, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x01, Z17, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  12(BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  12(SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  12(DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  12(R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  12(R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  12(DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x02, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  16(BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  16(SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  16(DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  16(R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  16(R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  16(DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x02, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMOVUPS       (AX), Z19
+	VFMADD213PS   (CX), Z19, Z18
+	VEXTRACTI32X4 $0x02, Z17, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMOVUPS       64(AX), Z20
+	VFMADD213PS   64(CX), Z20, Z19
+	VBROADCASTSS  20(BX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z2
+	VFMADD231PS   Z19, Z20, Z3
+	VBROADCASTSS  20(SI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  20(DI)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  20(R8)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  20(R9)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  20(DX)(R13*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z18
+	VFMADD213PS   (CX), Z18, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMOVUPS       64(AX), Z18
+	VFMADD213PS   64(CX), Z18, Z16
+	VBROADCASTSS  24(BX)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z2
+	VFMADD231PS   Z16, Z18, Z3
+	VBROADCASTSS  24(SI)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z4
+	VFMADD231PS   Z16, Z18, Z5
+	VBROADCASTSS  24(DI)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VBROADCASTSS  24(R8)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z8
+	VFMADD231PS   Z16, Z18, Z9
+	VBROADCASTSS  24(R9)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z10
+	VFMADD231PS   Z16, Z18, Z11
+	VBROADCASTSS  24(DX)(R13*4), Z18
+	VFMADD231PS   Z14, Z18, Z12
+	VFMADD231PS   Z16, Z18, Z13
+	VEXTRACTI32X4 $0x03, Z15, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMOVUPS       (AX), Z15
+	VFMADD213PS   (CX), Z15, Z14
+	VEXTRACTI32X4 $0x03, Z17, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMOVUPS       64(AX), Z16
+	VFMADD213PS   64(CX), Z16, Z15
+	VBROADCASTSS  28(BX)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z2
+	VFMADD231PS   Z15, Z16, Z3
+	VBROADCASTSS  28(SI)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  28(DI)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  28(R8)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VBROADCASTSS  28(R9)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z10
+	VFMADD231PS   Z15, Z16, Z11
+	VBROADCASTSS  28(DX)(R13*4), Z16
+	VFMADD231PS   Z14, Z16, Z12
+	VFMADD231PS   Z15, Z16, Z13
+	ADDQ          $0x00000008, R13
+	ADDQ          $0x00000050, R14
+	JMP           opAVX512U5Mx6p2_loop
+
+opAVX512U5Mx6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dqAVX512U5M(dst *float32, b *byte, k int, s *float32, o *float32)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·dqAVX512U5M(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         s+24(FP), BX
+	VMOVUPS      (BX), Z0
+	MOVQ         o+32(FP), BX
+	VMOVUPS      (BX), Z1
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z3
+	XORQ         BX, BX
+
+dqAVX512U5M_loop:
+	CMPQ          BX, DX
+	JGE           dqAVX512U5M_done
+	VMOVDQU64     (CX), Z5
+	VPANDD        Z2, Z5, Z4
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z2, Z5, Z5
+	KMOVQ         64(CX), K1
+	VPADDB        Z3, Z4, K1, Z4
+	KMOVQ         72(CX), K1
+	VPADDB        Z3, Z5, K1, Z5
+	VPMOVSXBD     X4, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, (AX)
+	VPMOVSXBD     X5, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, 64(AX)
+	VEXTRACTI32X4 $0x01, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, 128(AX)
+	VEXTRACTI32X4 $0x01, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, 192(AX)
+	VEXTRACTI32X4 $0x02, Z4, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, 256(AX)
+	VEXTRACTI32X4 $0x02, Z5, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VFMADD213PS   Z1, Z0, Z6
+	VMOVUPS       Z6, 320(AX)
+	VEXTRACTI32X4 $0x03, Z4, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VFMADD213PS   Z1, Z0, Z4
+	VMOVUPS       Z4, 384(AX)
+	VEXTRACTI32X4 $0x03, Z5, X4
+	VPMOVSXBD     X4, Z4
+	VCVTDQ2PS     Z4, Z4
+	VFMADD213PS   Z1, Z0, Z4
+	VMOVUPS       Z4, 448(AX)
+	ADDQ          $0x00000050, CX
+	ADDQ          $0x00000200, AX
+	ADDQ          $0x00000008, BX
+	JMP           dqAVX512U5M_loop
+
+dqAVX512U5M_done:
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x1p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      opAVX512S6x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z4
+	JMP     opAVX512S6x1p1_start
+
+opAVX512S6x1p1_zero:
+	VXORPS Z4, Z4, Z4
+
+opAVX512S6x1p1_start:
+	MOVQ bk+80(FP), BX
+	XORQ SI, SI
+	XORQ DI, DI
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x1p1_loop:
+	CMPQ SI, k+24(FP)
+	JGE  opAVX512S6x1p1_store
+	CMPQ SI, BX
+	JL   opAVX512S6x1p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), BX
+
+opAVX512S6x1p1_step:
+	PREFETCHT0    4096(DX)(DI*1)
+	PREFETCHT0    4160(DX)(DI*1)
+	VMOVDQU64     (DX)(DI*1), Z6
+	VPANDD        Z0, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	KMOVQ         64(DX)(DI*1), K1
+	VPADDB        Z1, Z5, K1, Z5
+	KMOVQ         72(DX)(DI*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         80(DX)(DI*1), K1
+	VPADDB        Z2, Z5, K1, Z5
+	KMOVQ         88(DX)(DI*1), K1
+	VPADDB        Z2, Z6, K1, Z6
+	VPSUBB        Z3, Z5, Z5
+	VPSUBB        Z3, Z6, Z6
+	VPMOVSXBD     X5, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  (CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VPMOVSXBD     X6, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  4(CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  8(CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x01, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  12(CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  16(CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x02, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  20(CX)(SI*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VBROADCASTSS  24(CX)(SI*4), Z7
+	VFMADD231PS   Z5, Z7, Z4
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        (AX), Z5, Z5
+	VBROADCASTSS  28(CX)(SI*4), Z6
+	VFMADD231PS   Z5, Z6, Z4
+	ADDQ          $0x00000008, SI
+	ADDQ          $0x00000060, DI
+	JMP           opAVX512S6x1p1_loop
+
+opAVX512S6x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x1p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512S6x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	JMP     opAVX512S6x1p2_start
+
+opAVX512S6x1p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512S6x1p2_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x1p2_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512S6x1p2_store
+	CMPQ DI, SI
+	JL   opAVX512S6x1p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512S6x1p2_step:
+	PREFETCHT0    4096(DX)(R8*1)
+	PREFETCHT0    4096(BX)(R8*1)
+	PREFETCHT0    4160(DX)(R8*1)
+	PREFETCHT0    4160(BX)(R8*1)
+	VMOVDQU64     (DX)(R8*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(DX)(R8*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(DX)(R8*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         80(DX)(R8*1), K1
+	VPADDB        Z2, Z6, K1, Z6
+	KMOVQ         88(DX)(R8*1), K1
+	VPADDB        Z2, Z7, K1, Z7
+	VPSUBB        Z3, Z6, Z6
+	VPSUBB        Z3, Z7, Z7
+	VMOVDQU64     (BX)(R8*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(BX)(R8*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(BX)(R8*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         80(BX)(R8*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	KMOVQ         88(BX)(R8*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	VPSUBB        Z3, Z8, Z8
+	VPSUBB        Z3, Z9, Z9
+	VPMOVSXBD     X6, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VPMOVSXBD     X8, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  (CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VPMOVSXBD     X7, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VPMOVSXBD     X9, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  4(CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x01, Z6, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x01, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  8(CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x01, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x01, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  12(CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x02, Z6, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x02, Z8, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  16(CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x02, Z7, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x02, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  20(CX)(DI*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        64(AX), Z8, Z8
+	VBROADCASTSS  24(CX)(DI*4), Z10
+	VFMADD231PS   Z6, Z10, Z4
+	VFMADD231PS   Z8, Z10, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VEXTRACTI32X4 $0x03, Z9, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        64(AX), Z7, Z7
+	VBROADCASTSS  28(CX)(DI*4), Z8
+	VFMADD231PS   Z6, Z8, Z4
+	VFMADD231PS   Z7, Z8, Z5
+	ADDQ          $0x00000008, DI
+	ADDQ          $0x00000060, R8
+	JMP           opAVX512S6x1p2_loop
+
+opAVX512S6x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x1p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S6x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	VMOVUPS 128(DI), Z6
+	JMP     opAVX512S6x1p3_start
+
+opAVX512S6x1p3_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512S6x1p3_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x1p3_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S6x1p3_store
+	CMPQ R8, DI
+	JL   opAVX512S6x1p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S6x1p3_step:
+	PREFETCHT0    4096(DX)(R9*1)
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4096(BX)(R9*1)
+	PREFETCHT0    4160(DX)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	PREFETCHT0    4160(BX)(R9*1)
+	VMOVDQU64     (DX)(R9*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(DX)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(DX)(R9*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         80(DX)(R9*1), K1
+	VPADDB        Z2, Z7, K1, Z7
+	KMOVQ         88(DX)(R9*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	VPSUBB        Z3, Z7, Z7
+	VPSUBB        Z3, Z8, Z8
+	VMOVDQU64     (SI)(R9*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         80(SI)(R9*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	KMOVQ         88(SI)(R9*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	VPSUBB        Z3, Z9, Z9
+	VPSUBB        Z3, Z10, Z10
+	VMOVDQU64     (BX)(R9*1), Z12
+	VPANDD        Z0, Z12, Z11
+	VPSRLW        $0x04, Z12, Z12
+	VPANDD        Z0, Z12, Z12
+	KMOVQ         64(BX)(R9*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         72(BX)(R9*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         80(BX)(R9*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	KMOVQ         88(BX)(R9*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	VPSUBB        Z3, Z11, Z11
+	VPSUBB        Z3, Z12, Z12
+	VPMOVSXBD     X7, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VPMOVSXBD     X9, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VPMOVSXBD     X11, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  (CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VPMOVSXBD     X8, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VPMOVSXBD     X10, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VPMOVSXBD     X12, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  4(CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VEXTRACTI32X4 $0x01, Z7, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z9, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x01, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  8(CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VEXTRACTI32X4 $0x01, Z8, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x01, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x01, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  12(CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VEXTRACTI32X4 $0x02, Z7, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z9, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x02, Z11, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  16(CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VEXTRACTI32X4 $0x02, Z8, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x02, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x02, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  20(CX)(R8*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        64(AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z11, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        128(AX), Z11, Z11
+	VBROADCASTSS  24(CX)(R8*4), Z13
+	VFMADD231PS   Z7, Z13, Z4
+	VFMADD231PS   Z9, Z13, Z5
+	VFMADD231PS   Z11, Z13, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VEXTRACTI32X4 $0x03, Z10, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        64(AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z12, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        128(AX), Z9, Z9
+	VBROADCASTSS  28(CX)(R8*4), Z10
+	VFMADD231PS   Z7, Z10, Z4
+	VFMADD231PS   Z8, Z10, Z5
+	VFMADD231PS   Z9, Z10, Z6
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000060, R9
+	JMP           opAVX512S6x1p3_loop
+
+opAVX512S6x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x1p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), CX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S6x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z7
+	JMP     opAVX512S6x1p4_start
+
+opAVX512S6x1p4_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512S6x1p4_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x1p4_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S6x1p4_store
+	CMPQ R9, R8
+	JL   opAVX512S6x1p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S6x1p4_step:
+	PREFETCHT0    4096(DX)(R10*1)
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4096(BX)(R10*1)
+	PREFETCHT0    4160(DX)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	PREFETCHT0    4160(BX)(R10*1)
+	VMOVDQU64     (DX)(R10*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(DX)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(DX)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         80(DX)(R10*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	KMOVQ         88(DX)(R10*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	VPSUBB        Z3, Z8, Z8
+	VPSUBB        Z3, Z9, Z9
+	VMOVDQU64     (SI)(R10*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         80(SI)(R10*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	KMOVQ         88(SI)(R10*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	VPSUBB        Z3, Z10, Z10
+	VPSUBB        Z3, Z11, Z11
+	VMOVDQU64     (DI)(R10*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         80(DI)(R10*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	KMOVQ         88(DI)(R10*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	VPSUBB        Z3, Z12, Z12
+	VPSUBB        Z3, Z13, Z13
+	VMOVDQU64     (BX)(R10*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(BX)(R10*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(BX)(R10*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         80(BX)(R10*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	KMOVQ         88(BX)(R10*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	VPSUBB        Z3, Z14, Z14
+	VPSUBB        Z3, Z15, Z15
+	VPMOVSXBD     X8, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X10, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VPMOVSXBD     X12, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VPMOVSXBD     X14, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  (CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VPMOVSXBD     X9, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X11, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VPMOVSXBD     X13, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VPMOVSXBD     X15, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  4(CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VEXTRACTI32X4 $0x01, Z8, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z10, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z12, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  8(CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VEXTRACTI32X4 $0x01, Z9, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  12(CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VEXTRACTI32X4 $0x02, Z8, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z10, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z12, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  16(CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VEXTRACTI32X4 $0x02, Z9, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z11, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z13, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z15, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  20(CX)(R9*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        128(AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        192(AX), Z14, Z14
+	VBROADCASTSS  24(CX)(R9*4), Z16
+	VFMADD231PS   Z8, Z16, Z4
+	VFMADD231PS   Z10, Z16, Z5
+	VFMADD231PS   Z12, Z16, Z6
+	VFMADD231PS   Z14, Z16, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z11, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        64(AX), Z9, Z9
+	VEXTRACTI32X4 $0x03, Z13, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        128(AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z15, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        192(AX), Z11, Z11
+	VBROADCASTSS  28(CX)(R9*4), Z12
+	VFMADD231PS   Z8, Z12, Z4
+	VFMADD231PS   Z9, Z12, Z5
+	VFMADD231PS   Z10, Z12, Z6
+	VFMADD231PS   Z11, Z12, Z7
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000060, R10
+	JMP           opAVX512S6x1p4_loop
+
+opAVX512S6x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x2p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      opAVX512S6x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z5
+	JMP     opAVX512S6x2p1_start
+
+opAVX512S6x2p1_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+
+opAVX512S6x2p1_start:
+	MOVQ bk+80(FP), SI
+	XORQ DI, DI
+	XORQ R8, R8
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x2p1_loop:
+	CMPQ DI, k+24(FP)
+	JGE  opAVX512S6x2p1_store
+	CMPQ DI, SI
+	JL   opAVX512S6x2p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), SI
+
+opAVX512S6x2p1_step:
+	PREFETCHT0    4096(BX)(R8*1)
+	PREFETCHT0    4160(BX)(R8*1)
+	VMOVDQU64     (BX)(R8*1), Z7
+	VPANDD        Z0, Z7, Z6
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	KMOVQ         64(BX)(R8*1), K1
+	VPADDB        Z1, Z6, K1, Z6
+	KMOVQ         72(BX)(R8*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         80(BX)(R8*1), K1
+	VPADDB        Z2, Z6, K1, Z6
+	KMOVQ         88(BX)(R8*1), K1
+	VPADDB        Z2, Z7, K1, Z7
+	VPSUBB        Z3, Z6, Z6
+	VPSUBB        Z3, Z7, Z7
+	VPMOVSXBD     X6, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  (DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  (CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VPMOVSXBD     X7, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  4(DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  4(CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  8(DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  8(CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x01, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  12(DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  12(CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z6, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  16(DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  16(CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x02, Z7, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  20(DX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  20(CX)(DI*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VEXTRACTI32X4 $0x03, Z6, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  24(DX)(DI*4), Z8
+	VFMADD231PS   Z6, Z8, Z4
+	VBROADCASTSS  24(CX)(DI*4), Z8
+	VFMADD231PS   Z6, Z8, Z5
+	VEXTRACTI32X4 $0x03, Z7, X6
+	VPMOVSXBD     X6, Z6
+	VCVTDQ2PS     Z6, Z6
+	VMULPS        (AX), Z6, Z6
+	VBROADCASTSS  28(DX)(DI*4), Z7
+	VFMADD231PS   Z6, Z7, Z4
+	VBROADCASTSS  28(CX)(DI*4), Z7
+	VFMADD231PS   Z6, Z7, Z5
+	ADDQ          $0x00000008, DI
+	ADDQ          $0x00000060, R8
+	JMP           opAVX512S6x2p1_loop
+
+opAVX512S6x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x2p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S6x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z7
+	JMP     opAVX512S6x2p2_start
+
+opAVX512S6x2p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512S6x2p2_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x2p2_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S6x2p2_store
+	CMPQ R8, DI
+	JL   opAVX512S6x2p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S6x2p2_step:
+	PREFETCHT0    4096(BX)(R9*1)
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(BX)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (BX)(R9*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(BX)(R9*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(BX)(R9*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         80(BX)(R9*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	KMOVQ         88(BX)(R9*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	VPSUBB        Z3, Z8, Z8
+	VPSUBB        Z3, Z9, Z9
+	VMOVDQU64     (SI)(R9*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         80(SI)(R9*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	KMOVQ         88(SI)(R9*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	VPSUBB        Z3, Z10, Z10
+	VPSUBB        Z3, Z11, Z11
+	VPMOVSXBD     X8, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VPMOVSXBD     X10, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  (DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  (CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VPMOVSXBD     X9, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VPMOVSXBD     X11, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  4(DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  4(CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x01, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x01, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  8(DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  8(CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x01, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x01, Z11, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  12(DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  12(CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x02, Z8, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x02, Z10, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  16(DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  16(CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x02, Z9, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x02, Z11, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  20(DX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  20(CX)(R8*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        64(AX), Z10, Z10
+	VBROADCASTSS  24(DX)(R8*4), Z12
+	VFMADD231PS   Z8, Z12, Z4
+	VFMADD231PS   Z10, Z12, Z5
+	VBROADCASTSS  24(CX)(R8*4), Z12
+	VFMADD231PS   Z8, Z12, Z6
+	VFMADD231PS   Z10, Z12, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VEXTRACTI32X4 $0x03, Z11, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        64(AX), Z9, Z9
+	VBROADCASTSS  28(DX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z4
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  28(CX)(R8*4), Z10
+	VFMADD231PS   Z8, Z10, Z6
+	VFMADD231PS   Z9, Z10, Z7
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000060, R9
+	JMP           opAVX512S6x2p2_loop
+
+opAVX512S6x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x2p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S6x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	VMOVUPS 128(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z8
+	VMOVUPS 128(R8), Z9
+	JMP     opAVX512S6x2p3_start
+
+opAVX512S6x2p3_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512S6x2p3_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x2p3_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S6x2p3_store
+	CMPQ R9, R8
+	JL   opAVX512S6x2p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S6x2p3_step:
+	PREFETCHT0    4096(BX)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4160(BX)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	VMOVDQU64     (BX)(R10*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(BX)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(BX)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         80(BX)(R10*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	KMOVQ         88(BX)(R10*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	VPSUBB        Z3, Z10, Z10
+	VPSUBB        Z3, Z11, Z11
+	VMOVDQU64     (DI)(R10*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         80(DI)(R10*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	KMOVQ         88(DI)(R10*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	VPSUBB        Z3, Z12, Z12
+	VPSUBB        Z3, Z13, Z13
+	VMOVDQU64     (SI)(R10*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         80(SI)(R10*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	KMOVQ         88(SI)(R10*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	VPSUBB        Z3, Z14, Z14
+	VPSUBB        Z3, Z15, Z15
+	VPMOVSXBD     X10, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X12, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VPMOVSXBD     X14, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  (DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  (CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VPMOVSXBD     X11, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X13, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VPMOVSXBD     X15, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  4(DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  4(CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VEXTRACTI32X4 $0x01, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  8(DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  8(CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VEXTRACTI32X4 $0x01, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x01, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  12(DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  12(CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VEXTRACTI32X4 $0x02, Z10, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z12, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  16(DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  16(CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VEXTRACTI32X4 $0x02, Z11, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z13, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x02, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VBROADCASTSS  20(DX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z4
+	VFMADD231PS   Z17, Z19, Z5
+	VFMADD231PS   Z18, Z19, Z6
+	VBROADCASTSS  20(CX)(R9*4), Z19
+	VFMADD231PS   Z16, Z19, Z7
+	VFMADD231PS   Z17, Z19, Z8
+	VFMADD231PS   Z18, Z19, Z9
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VBROADCASTSS  24(DX)(R9*4), Z16
+	VFMADD231PS   Z10, Z16, Z4
+	VFMADD231PS   Z12, Z16, Z5
+	VFMADD231PS   Z14, Z16, Z6
+	VBROADCASTSS  24(CX)(R9*4), Z16
+	VFMADD231PS   Z10, Z16, Z7
+	VFMADD231PS   Z12, Z16, Z8
+	VFMADD231PS   Z14, Z16, Z9
+	VEXTRACTI32X4 $0x03, Z11, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z13, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VEXTRACTI32X4 $0x03, Z15, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        128(AX), Z12, Z12
+	VBROADCASTSS  28(DX)(R9*4), Z13
+	VFMADD231PS   Z10, Z13, Z4
+	VFMADD231PS   Z11, Z13, Z5
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  28(CX)(R9*4), Z13
+	VFMADD231PS   Z10, Z13, Z7
+	VFMADD231PS   Z11, Z13, Z8
+	VFMADD231PS   Z12, Z13, Z9
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000060, R10
+	JMP           opAVX512S6x2p3_loop
+
+opAVX512S6x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x2p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), CX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), DI
+	LEAQ         (DI)(SI*1), R8
+	LEAQ         (R8)(SI*1), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S6x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	VMOVUPS 128(R9), Z10
+	VMOVUPS 192(R9), Z11
+	JMP     opAVX512S6x2p4_start
+
+opAVX512S6x2p4_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512S6x2p4_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x2p4_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S6x2p4_store
+	CMPQ R10, R9
+	JL   opAVX512S6x2p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S6x2p4_step:
+	PREFETCHT0    4096(BX)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4160(BX)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	VMOVDQU64     (BX)(R11*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(BX)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(BX)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         80(BX)(R11*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	KMOVQ         88(BX)(R11*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	VPSUBB        Z3, Z12, Z12
+	VPSUBB        Z3, Z13, Z13
+	VMOVDQU64     (DI)(R11*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         80(DI)(R11*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	KMOVQ         88(DI)(R11*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	VPSUBB        Z3, Z14, Z14
+	VPSUBB        Z3, Z15, Z15
+	VMOVDQU64     (R8)(R11*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         80(R8)(R11*1), K1
+	VPADDB        Z2, Z16, K1, Z16
+	KMOVQ         88(R8)(R11*1), K1
+	VPADDB        Z2, Z17, K1, Z17
+	VPSUBB        Z3, Z16, Z16
+	VPSUBB        Z3, Z17, Z17
+	VMOVDQU64     (SI)(R11*1), Z19
+	VPANDD        Z0, Z19, Z18
+	VPSRLW        $0x04, Z19, Z19
+	VPANDD        Z0, Z19, Z19
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z19, K1, Z19
+	KMOVQ         80(SI)(R11*1), K1
+	VPADDB        Z2, Z18, K1, Z18
+	KMOVQ         88(SI)(R11*1), K1
+	VPADDB        Z2, Z19, K1, Z19
+	VPSUBB        Z3, Z18, Z18
+	VPSUBB        Z3, Z19, Z19
+	VPMOVSXBD     X12, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VPMOVSXBD     X14, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VPMOVSXBD     X16, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VPMOVSXBD     X18, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  (DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  (CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VPMOVSXBD     X13, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VPMOVSXBD     X15, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VPMOVSXBD     X17, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VPMOVSXBD     X19, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  4(DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  4(CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VEXTRACTI32X4 $0x01, Z12, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z14, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VEXTRACTI32X4 $0x01, Z16, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VEXTRACTI32X4 $0x01, Z18, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  8(DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  8(CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VEXTRACTI32X4 $0x01, Z13, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z15, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VEXTRACTI32X4 $0x01, Z17, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VEXTRACTI32X4 $0x01, Z19, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  12(DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  12(CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VEXTRACTI32X4 $0x02, Z12, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z14, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VEXTRACTI32X4 $0x02, Z16, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VEXTRACTI32X4 $0x02, Z18, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  16(DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  16(CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VEXTRACTI32X4 $0x02, Z13, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z15, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VEXTRACTI32X4 $0x02, Z17, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        128(AX), Z22, Z22
+	VEXTRACTI32X4 $0x02, Z19, X23
+	VPMOVSXBD     X23, Z23
+	VCVTDQ2PS     Z23, Z23
+	VMULPS        192(AX), Z23, Z23
+	VBROADCASTSS  20(DX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z4
+	VFMADD231PS   Z21, Z24, Z5
+	VFMADD231PS   Z22, Z24, Z6
+	VFMADD231PS   Z23, Z24, Z7
+	VBROADCASTSS  20(CX)(R10*4), Z24
+	VFMADD231PS   Z20, Z24, Z8
+	VFMADD231PS   Z21, Z24, Z9
+	VFMADD231PS   Z22, Z24, Z10
+	VFMADD231PS   Z23, Z24, Z11
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        128(AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z18, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        192(AX), Z18, Z18
+	VBROADCASTSS  24(DX)(R10*4), Z20
+	VFMADD231PS   Z12, Z20, Z4
+	VFMADD231PS   Z14, Z20, Z5
+	VFMADD231PS   Z16, Z20, Z6
+	VFMADD231PS   Z18, Z20, Z7
+	VBROADCASTSS  24(CX)(R10*4), Z20
+	VFMADD231PS   Z12, Z20, Z8
+	VFMADD231PS   Z14, Z20, Z9
+	VFMADD231PS   Z16, Z20, Z10
+	VFMADD231PS   Z18, Z20, Z11
+	VEXTRACTI32X4 $0x03, Z13, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z15, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z17, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        128(AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z19, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        192(AX), Z15, Z15
+	VBROADCASTSS  28(DX)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z4
+	VFMADD231PS   Z13, Z16, Z5
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  28(CX)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z8
+	VFMADD231PS   Z13, Z16, Z9
+	VFMADD231PS   Z14, Z16, Z10
+	VFMADD231PS   Z15, Z16, Z11
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000060, R11
+	JMP           opAVX512S6x2p4_loop
+
+opAVX512S6x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x3p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      opAVX512S6x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	JMP     opAVX512S6x3p1_start
+
+opAVX512S6x3p1_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+
+opAVX512S6x3p1_start:
+	MOVQ bk+80(FP), DI
+	XORQ R8, R8
+	XORQ R9, R9
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x3p1_loop:
+	CMPQ R8, k+24(FP)
+	JGE  opAVX512S6x3p1_store
+	CMPQ R8, DI
+	JL   opAVX512S6x3p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), DI
+
+opAVX512S6x3p1_step:
+	PREFETCHT0    4096(SI)(R9*1)
+	PREFETCHT0    4160(SI)(R9*1)
+	VMOVDQU64     (SI)(R9*1), Z8
+	VPANDD        Z0, Z8, Z7
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	KMOVQ         64(SI)(R9*1), K1
+	VPADDB        Z1, Z7, K1, Z7
+	KMOVQ         72(SI)(R9*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         80(SI)(R9*1), K1
+	VPADDB        Z2, Z7, K1, Z7
+	KMOVQ         88(SI)(R9*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	VPSUBB        Z3, Z7, Z7
+	VPSUBB        Z3, Z8, Z8
+	VPMOVSXBD     X7, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  (DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  (BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  (CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VPMOVSXBD     X8, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  4(DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  4(BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  4(CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  8(DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  8(BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  8(CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x01, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  12(DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  12(BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  12(CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z7, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  16(DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  16(BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  16(CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x02, Z8, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  20(DX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  20(BX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  20(CX)(R8*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VEXTRACTI32X4 $0x03, Z7, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  24(DX)(R8*4), Z9
+	VFMADD231PS   Z7, Z9, Z4
+	VBROADCASTSS  24(BX)(R8*4), Z9
+	VFMADD231PS   Z7, Z9, Z5
+	VBROADCASTSS  24(CX)(R8*4), Z9
+	VFMADD231PS   Z7, Z9, Z6
+	VEXTRACTI32X4 $0x03, Z8, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        (AX), Z7, Z7
+	VBROADCASTSS  28(DX)(R8*4), Z8
+	VFMADD231PS   Z7, Z8, Z4
+	VBROADCASTSS  28(BX)(R8*4), Z8
+	VFMADD231PS   Z7, Z8, Z5
+	VBROADCASTSS  28(CX)(R8*4), Z8
+	VFMADD231PS   Z7, Z8, Z6
+	ADDQ          $0x00000008, R8
+	ADDQ          $0x00000060, R9
+	JMP           opAVX512S6x3p1_loop
+
+opAVX512S6x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x3p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S6x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	VMOVUPS 64(R8), Z9
+	JMP     opAVX512S6x3p2_start
+
+opAVX512S6x3p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512S6x3p2_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x3p2_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S6x3p2_store
+	CMPQ R9, R8
+	JL   opAVX512S6x3p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S6x3p2_step:
+	PREFETCHT0    4096(SI)(R10*1)
+	PREFETCHT0    4096(DI)(R10*1)
+	PREFETCHT0    4160(SI)(R10*1)
+	PREFETCHT0    4160(DI)(R10*1)
+	VMOVDQU64     (SI)(R10*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(SI)(R10*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(SI)(R10*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         80(SI)(R10*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	KMOVQ         88(SI)(R10*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	VPSUBB        Z3, Z10, Z10
+	VPSUBB        Z3, Z11, Z11
+	VMOVDQU64     (DI)(R10*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         80(DI)(R10*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	KMOVQ         88(DI)(R10*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	VPSUBB        Z3, Z12, Z12
+	VPSUBB        Z3, Z13, Z13
+	VPMOVSXBD     X10, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VPMOVSXBD     X12, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  (DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  (BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  (CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VPMOVSXBD     X11, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VPMOVSXBD     X13, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  4(DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  4(BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  4(CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x01, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x01, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  8(DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  8(BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  8(CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x01, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x01, Z13, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  12(DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  12(BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  12(CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x02, Z10, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x02, Z12, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  16(DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  16(BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  16(CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x02, Z11, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x02, Z13, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  20(DX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  20(BX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  20(CX)(R9*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        64(AX), Z12, Z12
+	VBROADCASTSS  24(DX)(R9*4), Z14
+	VFMADD231PS   Z10, Z14, Z4
+	VFMADD231PS   Z12, Z14, Z5
+	VBROADCASTSS  24(BX)(R9*4), Z14
+	VFMADD231PS   Z10, Z14, Z6
+	VFMADD231PS   Z12, Z14, Z7
+	VBROADCASTSS  24(CX)(R9*4), Z14
+	VFMADD231PS   Z10, Z14, Z8
+	VFMADD231PS   Z12, Z14, Z9
+	VEXTRACTI32X4 $0x03, Z11, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VEXTRACTI32X4 $0x03, Z13, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        64(AX), Z11, Z11
+	VBROADCASTSS  28(DX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  28(BX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z6
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  28(CX)(R9*4), Z12
+	VFMADD231PS   Z10, Z12, Z8
+	VFMADD231PS   Z11, Z12, Z9
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000060, R10
+	JMP           opAVX512S6x3p2_loop
+
+opAVX512S6x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x3p3(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S6x3p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	VMOVUPS 128(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z8
+	VMOVUPS 128(R9), Z9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z11
+	VMOVUPS 128(R9), Z12
+	JMP     opAVX512S6x3p3_start
+
+opAVX512S6x3p3_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+
+opAVX512S6x3p3_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x3p3_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S6x3p3_store
+	CMPQ R10, R9
+	JL   opAVX512S6x3p3_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S6x3p3_step:
+	PREFETCHT0    4096(SI)(R11*1)
+	PREFETCHT0    4096(R8)(R11*1)
+	PREFETCHT0    4096(DI)(R11*1)
+	PREFETCHT0    4160(SI)(R11*1)
+	PREFETCHT0    4160(R8)(R11*1)
+	PREFETCHT0    4160(DI)(R11*1)
+	VMOVDQU64     (SI)(R11*1), Z14
+	VPANDD        Z0, Z14, Z13
+	VPSRLW        $0x04, Z14, Z14
+	VPANDD        Z0, Z14, Z14
+	KMOVQ         64(SI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         72(SI)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         80(SI)(R11*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	KMOVQ         88(SI)(R11*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	VPSUBB        Z3, Z13, Z13
+	VPSUBB        Z3, Z14, Z14
+	VMOVDQU64     (R8)(R11*1), Z16
+	VPANDD        Z0, Z16, Z15
+	VPSRLW        $0x04, Z16, Z16
+	VPANDD        Z0, Z16, Z16
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         80(R8)(R11*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	KMOVQ         88(R8)(R11*1), K1
+	VPADDB        Z2, Z16, K1, Z16
+	VPSUBB        Z3, Z15, Z15
+	VPSUBB        Z3, Z16, Z16
+	VMOVDQU64     (DI)(R11*1), Z18
+	VPANDD        Z0, Z18, Z17
+	VPSRLW        $0x04, Z18, Z18
+	VPANDD        Z0, Z18, Z18
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	KMOVQ         80(DI)(R11*1), K1
+	VPADDB        Z2, Z17, K1, Z17
+	KMOVQ         88(DI)(R11*1), K1
+	VPADDB        Z2, Z18, K1, Z18
+	VPSUBB        Z3, Z17, Z17
+	VPSUBB        Z3, Z18, Z18
+	VPMOVSXBD     X13, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X15, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VPMOVSXBD     X17, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  (DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  (BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  (CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VPMOVSXBD     X14, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VPMOVSXBD     X16, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VPMOVSXBD     X18, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  4(DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  4(BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  4(CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VEXTRACTI32X4 $0x01, Z13, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z15, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z17, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  8(DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  8(BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  8(CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VEXTRACTI32X4 $0x01, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x01, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z18, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  12(DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  12(BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  12(CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VEXTRACTI32X4 $0x02, Z13, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z15, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z17, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  16(DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  16(BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  16(CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VEXTRACTI32X4 $0x02, Z14, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        (AX), Z19, Z19
+	VEXTRACTI32X4 $0x02, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        64(AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z18, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        128(AX), Z21, Z21
+	VBROADCASTSS  20(DX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z4
+	VFMADD231PS   Z20, Z22, Z5
+	VFMADD231PS   Z21, Z22, Z6
+	VBROADCASTSS  20(BX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z7
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  20(CX)(R10*4), Z22
+	VFMADD231PS   Z19, Z22, Z10
+	VFMADD231PS   Z20, Z22, Z11
+	VFMADD231PS   Z21, Z22, Z12
+	VEXTRACTI32X4 $0x03, Z13, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z15, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VEXTRACTI32X4 $0x03, Z17, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        128(AX), Z17, Z17
+	VBROADCASTSS  24(DX)(R10*4), Z19
+	VFMADD231PS   Z13, Z19, Z4
+	VFMADD231PS   Z15, Z19, Z5
+	VFMADD231PS   Z17, Z19, Z6
+	VBROADCASTSS  24(BX)(R10*4), Z19
+	VFMADD231PS   Z13, Z19, Z7
+	VFMADD231PS   Z15, Z19, Z8
+	VFMADD231PS   Z17, Z19, Z9
+	VBROADCASTSS  24(CX)(R10*4), Z19
+	VFMADD231PS   Z13, Z19, Z10
+	VFMADD231PS   Z15, Z19, Z11
+	VFMADD231PS   Z17, Z19, Z12
+	VEXTRACTI32X4 $0x03, Z14, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        (AX), Z13, Z13
+	VEXTRACTI32X4 $0x03, Z16, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z18, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        128(AX), Z15, Z15
+	VBROADCASTSS  28(DX)(R10*4), Z16
+	VFMADD231PS   Z13, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VFMADD231PS   Z15, Z16, Z6
+	VBROADCASTSS  28(BX)(R10*4), Z16
+	VFMADD231PS   Z13, Z16, Z7
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VBROADCASTSS  28(CX)(R10*4), Z16
+	VFMADD231PS   Z13, Z16, Z10
+	VFMADD231PS   Z14, Z16, Z11
+	VFMADD231PS   Z15, Z16, Z12
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000060, R11
+	JMP           opAVX512S6x3p3_loop
+
+opAVX512S6x3p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z9, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·opAVX512S6x3p4(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), CX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S6x3p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	VMOVUPS 128(R10), Z10
+	VMOVUPS 192(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z15
+	JMP     opAVX512S6x3p4_start
+
+opAVX512S6x3p4_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512S6x3p4_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x3p4_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S6x3p4_store
+	CMPQ R11, R10
+	JL   opAVX512S6x3p4_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S6x3p4_step:
+	PREFETCHT0    4096(SI)(R12*1)
+	PREFETCHT0    4096(R8)(R12*1)
+	PREFETCHT0    4096(R9)(R12*1)
+	PREFETCHT0    4096(DI)(R12*1)
+	PREFETCHT0    4160(SI)(R12*1)
+	PREFETCHT0    4160(R8)(R12*1)
+	PREFETCHT0    4160(R9)(R12*1)
+	PREFETCHT0    4160(DI)(R12*1)
+	VMOVDQU64     (SI)(R12*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(SI)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(SI)(R12*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         80(SI)(R12*1), K1
+	VPADDB        Z2, Z16, K1, Z16
+	KMOVQ         88(SI)(R12*1), K1
+	VPADDB        Z2, Z17, K1, Z17
+	VPSUBB        Z3, Z16, Z16
+	VPSUBB        Z3, Z17, Z17
+	VMOVDQU64     (R8)(R12*1), Z19
+	VPANDD        Z0, Z19, Z18
+	VPSRLW        $0x04, Z19, Z19
+	VPANDD        Z0, Z19, Z19
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z19, K1, Z19
+	KMOVQ         80(R8)(R12*1), K1
+	VPADDB        Z2, Z18, K1, Z18
+	KMOVQ         88(R8)(R12*1), K1
+	VPADDB        Z2, Z19, K1, Z19
+	VPSUBB        Z3, Z18, Z18
+	VPSUBB        Z3, Z19, Z19
+	VMOVDQU64     (R9)(R12*1), Z21
+	VPANDD        Z0, Z21, Z20
+	VPSRLW        $0x04, Z21, Z21
+	VPANDD        Z0, Z21, Z21
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z20, K1, Z20
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z21, K1, Z21
+	KMOVQ         80(R9)(R12*1), K1
+	VPADDB        Z2, Z20, K1, Z20
+	KMOVQ         88(R9)(R12*1), K1
+	VPADDB        Z2, Z21, K1, Z21
+	VPSUBB        Z3, Z20, Z20
+	VPSUBB        Z3, Z21, Z21
+	VMOVDQU64     (DI)(R12*1), Z23
+	VPANDD        Z0, Z23, Z22
+	VPSRLW        $0x04, Z23, Z23
+	VPANDD        Z0, Z23, Z23
+	KMOVQ         64(DI)(R12*1), K1
+	VPADDB        Z1, Z22, K1, Z22
+	KMOVQ         72(DI)(R12*1), K1
+	VPADDB        Z1, Z23, K1, Z23
+	KMOVQ         80(DI)(R12*1), K1
+	VPADDB        Z2, Z22, K1, Z22
+	KMOVQ         88(DI)(R12*1), K1
+	VPADDB        Z2, Z23, K1, Z23
+	VPSUBB        Z3, Z22, Z22
+	VPSUBB        Z3, Z23, Z23
+	VPMOVSXBD     X16, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VPMOVSXBD     X18, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VPMOVSXBD     X20, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VPMOVSXBD     X22, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  (DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  (BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  (CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VPMOVSXBD     X17, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VPMOVSXBD     X19, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VPMOVSXBD     X21, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VPMOVSXBD     X23, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  4(DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  4(BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  4(CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VEXTRACTI32X4 $0x01, Z16, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VEXTRACTI32X4 $0x01, Z18, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VEXTRACTI32X4 $0x01, Z20, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VEXTRACTI32X4 $0x01, Z22, X27
+	VPMOVSXBD     X27, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  8(DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  8(BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  8(CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VEXTRACTI32X4 $0x01, Z17, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VEXTRACTI32X4 $0x01, Z19, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VEXTRACTI32X4 $0x01, Z21, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VEXTRACTI32X4 $0x01, Z23, X27
+	VPMOVSXBD     X27, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  12(DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  12(BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  12(CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VEXTRACTI32X4 $0x02, Z16, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VEXTRACTI32X4 $0x02, Z18, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VEXTRACTI32X4 $0x02, Z20, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VEXTRACTI32X4 $0x02, Z22, X27
+	VPMOVSXBD     X27, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  16(DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  16(BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  16(CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VEXTRACTI32X4 $0x02, Z17, X24
+	VPMOVSXBD     X24, Z24
+	VCVTDQ2PS     Z24, Z24
+	VMULPS        (AX), Z24, Z24
+	VEXTRACTI32X4 $0x02, Z19, X25
+	VPMOVSXBD     X25, Z25
+	VCVTDQ2PS     Z25, Z25
+	VMULPS        64(AX), Z25, Z25
+	VEXTRACTI32X4 $0x02, Z21, X26
+	VPMOVSXBD     X26, Z26
+	VCVTDQ2PS     Z26, Z26
+	VMULPS        128(AX), Z26, Z26
+	VEXTRACTI32X4 $0x02, Z23, X27
+	VPMOVSXBD     X27, Z27
+	VCVTDQ2PS     Z27, Z27
+	VMULPS        192(AX), Z27, Z27
+	VBROADCASTSS  20(DX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z4
+	VFMADD231PS   Z25, Z28, Z5
+	VFMADD231PS   Z26, Z28, Z6
+	VFMADD231PS   Z27, Z28, Z7
+	VBROADCASTSS  20(BX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z8
+	VFMADD231PS   Z25, Z28, Z9
+	VFMADD231PS   Z26, Z28, Z10
+	VFMADD231PS   Z27, Z28, Z11
+	VBROADCASTSS  20(CX)(R11*4), Z28
+	VFMADD231PS   Z24, Z28, Z12
+	VFMADD231PS   Z25, Z28, Z13
+	VFMADD231PS   Z26, Z28, Z14
+	VFMADD231PS   Z27, Z28, Z15
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z18, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VEXTRACTI32X4 $0x03, Z20, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        128(AX), Z20, Z20
+	VEXTRACTI32X4 $0x03, Z22, X22
+	VPMOVSXBD     X22, Z22
+	VCVTDQ2PS     Z22, Z22
+	VMULPS        192(AX), Z22, Z22
+	VBROADCASTSS  24(DX)(R11*4), Z24
+	VFMADD231PS   Z16, Z24, Z4
+	VFMADD231PS   Z18, Z24, Z5
+	VFMADD231PS   Z20, Z24, Z6
+	VFMADD231PS   Z22, Z24, Z7
+	VBROADCASTSS  24(BX)(R11*4), Z24
+	VFMADD231PS   Z16, Z24, Z8
+	VFMADD231PS   Z18, Z24, Z9
+	VFMADD231PS   Z20, Z24, Z10
+	VFMADD231PS   Z22, Z24, Z11
+	VBROADCASTSS  24(CX)(R11*4), Z24
+	VFMADD231PS   Z16, Z24, Z12
+	VFMADD231PS   Z18, Z24, Z13
+	VFMADD231PS   Z20, Z24, Z14
+	VFMADD231PS   Z22, Z24, Z15
+	VEXTRACTI32X4 $0x03, Z17, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z19, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VEXTRACTI32X4 $0x03, Z21, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        128(AX), Z18, Z18
+	VEXTRACTI32X4 $0x03, Z23, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        192(AX), Z19, Z19
+	VBROADCASTSS  28(DX)(R11*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z17, Z20, Z5
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  28(BX)(R11*4), Z20
+	VFMADD231PS   Z16, Z20, Z8
+	VFMADD231PS   Z17, Z20, Z9
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  28(CX)(R11*4), Z20
+	VFMADD231PS   Z16, Z20, Z12
+	VFMADD231PS   Z17, Z20, Z13
+	VFMADD231PS   Z18, Z20, Z14
+	VFMADD231PS   Z19, Z20, Z15
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000060, R12
+	JMP           opAVX512S6x3p4_loop
+
+opAVX512S6x3p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VMOVUPS Z11, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x4p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      opAVX512S6x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	JMP     opAVX512S6x4p1_start
+
+opAVX512S6x4p1_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+
+opAVX512S6x4p1_start:
+	MOVQ bk+80(FP), R8
+	XORQ R9, R9
+	XORQ R10, R10
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x4p1_loop:
+	CMPQ R9, k+24(FP)
+	JGE  opAVX512S6x4p1_store
+	CMPQ R9, R8
+	JL   opAVX512S6x4p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R8
+
+opAVX512S6x4p1_step:
+	VMOVDQU64     (DI)(R10*1), Z9
+	VPANDD        Z0, Z9, Z8
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	KMOVQ         64(DI)(R10*1), K1
+	VPADDB        Z1, Z8, K1, Z8
+	KMOVQ         72(DI)(R10*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         80(DI)(R10*1), K1
+	VPADDB        Z2, Z8, K1, Z8
+	KMOVQ         88(DI)(R10*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	VPSUBB        Z3, Z8, Z8
+	VPSUBB        Z3, Z9, Z9
+	VPMOVSXBD     X8, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  (DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  (BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  (SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  (CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VPMOVSXBD     X9, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  4(DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  4(BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  4(SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  4(CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  8(DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  8(BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  8(SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  8(CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x01, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  12(DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  12(BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  12(SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  12(CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z8, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  16(DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  16(BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  16(SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  16(CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x02, Z9, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  20(DX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  20(BX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  20(SI)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  20(CX)(R9*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VEXTRACTI32X4 $0x03, Z8, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  24(DX)(R9*4), Z10
+	VFMADD231PS   Z8, Z10, Z4
+	VBROADCASTSS  24(BX)(R9*4), Z10
+	VFMADD231PS   Z8, Z10, Z5
+	VBROADCASTSS  24(SI)(R9*4), Z10
+	VFMADD231PS   Z8, Z10, Z6
+	VBROADCASTSS  24(CX)(R9*4), Z10
+	VFMADD231PS   Z8, Z10, Z7
+	VEXTRACTI32X4 $0x03, Z9, X8
+	VPMOVSXBD     X8, Z8
+	VCVTDQ2PS     Z8, Z8
+	VMULPS        (AX), Z8, Z8
+	VBROADCASTSS  28(DX)(R9*4), Z9
+	VFMADD231PS   Z8, Z9, Z4
+	VBROADCASTSS  28(BX)(R9*4), Z9
+	VFMADD231PS   Z8, Z9, Z5
+	VBROADCASTSS  28(SI)(R9*4), Z9
+	VFMADD231PS   Z8, Z9, Z6
+	VBROADCASTSS  28(CX)(R9*4), Z9
+	VFMADD231PS   Z8, Z9, Z7
+	ADDQ          $0x00000008, R9
+	ADDQ          $0x00000060, R10
+	JMP           opAVX512S6x4p1_loop
+
+opAVX512S6x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x4p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), CX
+	MOVQ         b+8(FP), DI
+	MOVQ         stride+16(FP), R8
+	LEAQ         (DI)(R8*1), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S6x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z9
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z11
+	JMP     opAVX512S6x4p2_start
+
+opAVX512S6x4p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+
+opAVX512S6x4p2_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x4p2_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S6x4p2_store
+	CMPQ R10, R9
+	JL   opAVX512S6x4p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S6x4p2_step:
+	VMOVDQU64     (DI)(R11*1), Z13
+	VPANDD        Z0, Z13, Z12
+	VPSRLW        $0x04, Z13, Z13
+	VPANDD        Z0, Z13, Z13
+	KMOVQ         64(DI)(R11*1), K1
+	VPADDB        Z1, Z12, K1, Z12
+	KMOVQ         72(DI)(R11*1), K1
+	VPADDB        Z1, Z13, K1, Z13
+	KMOVQ         80(DI)(R11*1), K1
+	VPADDB        Z2, Z12, K1, Z12
+	KMOVQ         88(DI)(R11*1), K1
+	VPADDB        Z2, Z13, K1, Z13
+	VPSUBB        Z3, Z12, Z12
+	VPSUBB        Z3, Z13, Z13
+	VMOVDQU64     (R8)(R11*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         80(R8)(R11*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	KMOVQ         88(R8)(R11*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	VPSUBB        Z3, Z14, Z14
+	VPSUBB        Z3, Z15, Z15
+	VPMOVSXBD     X12, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X14, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  (DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  (BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  (SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  (CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VPMOVSXBD     X13, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VPMOVSXBD     X15, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  4(DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  4(BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  4(SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  4(CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x01, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  8(DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  8(BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  8(SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  8(CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x01, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x01, Z15, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  12(DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  12(BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  12(SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  12(CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x02, Z12, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z14, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  16(DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  16(BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  16(SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  16(CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x02, Z13, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x02, Z15, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  20(DX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  20(BX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  20(SI)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  20(CX)(R10*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VEXTRACTI32X4 $0x03, Z12, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        64(AX), Z14, Z14
+	VBROADCASTSS  24(DX)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z4
+	VFMADD231PS   Z14, Z16, Z5
+	VBROADCASTSS  24(BX)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z6
+	VFMADD231PS   Z14, Z16, Z7
+	VBROADCASTSS  24(SI)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z8
+	VFMADD231PS   Z14, Z16, Z9
+	VBROADCASTSS  24(CX)(R10*4), Z16
+	VFMADD231PS   Z12, Z16, Z10
+	VFMADD231PS   Z14, Z16, Z11
+	VEXTRACTI32X4 $0x03, Z13, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VEXTRACTI32X4 $0x03, Z15, X13
+	VPMOVSXBD     X13, Z13
+	VCVTDQ2PS     Z13, Z13
+	VMULPS        64(AX), Z13, Z13
+	VBROADCASTSS  28(DX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z4
+	VFMADD231PS   Z13, Z14, Z5
+	VBROADCASTSS  28(BX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z6
+	VFMADD231PS   Z13, Z14, Z7
+	VBROADCASTSS  28(SI)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z8
+	VFMADD231PS   Z13, Z14, Z9
+	VBROADCASTSS  28(CX)(R10*4), Z14
+	VFMADD231PS   Z12, Z14, Z10
+	VFMADD231PS   Z13, Z14, Z11
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000060, R11
+	JMP           opAVX512S6x4p2_loop
+
+opAVX512S6x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x5p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      opAVX512S6x5p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	JMP     opAVX512S6x5p1_start
+
+opAVX512S6x5p1_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+opAVX512S6x5p1_start:
+	MOVQ bk+80(FP), R9
+	XORQ R10, R10
+	XORQ R11, R11
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x5p1_loop:
+	CMPQ R10, k+24(FP)
+	JGE  opAVX512S6x5p1_store
+	CMPQ R10, R9
+	JL   opAVX512S6x5p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R9
+
+opAVX512S6x5p1_step:
+	VMOVDQU64     (R8)(R11*1), Z10
+	VPANDD        Z0, Z10, Z9
+	VPSRLW        $0x04, Z10, Z10
+	VPANDD        Z0, Z10, Z10
+	KMOVQ         64(R8)(R11*1), K1
+	VPADDB        Z1, Z9, K1, Z9
+	KMOVQ         72(R8)(R11*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         80(R8)(R11*1), K1
+	VPADDB        Z2, Z9, K1, Z9
+	KMOVQ         88(R8)(R11*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	VPSUBB        Z3, Z9, Z9
+	VPSUBB        Z3, Z10, Z10
+	VPMOVSXBD     X9, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  (DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  (BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  (SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  (DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  (CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VPMOVSXBD     X10, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  4(DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  4(BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  4(SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  4(DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  4(CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x01, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  8(DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  8(BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  8(SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  8(DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  8(CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x01, Z10, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  12(DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  12(BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  12(SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  12(DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  12(CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x02, Z9, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  16(DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  16(BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  16(SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  16(DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  16(CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x02, Z10, X11
+	VPMOVSXBD     X11, Z11
+	VCVTDQ2PS     Z11, Z11
+	VMULPS        (AX), Z11, Z11
+	VBROADCASTSS  20(DX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z4
+	VBROADCASTSS  20(BX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z5
+	VBROADCASTSS  20(SI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z6
+	VBROADCASTSS  20(DI)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z7
+	VBROADCASTSS  20(CX)(R10*4), Z12
+	VFMADD231PS   Z11, Z12, Z8
+	VEXTRACTI32X4 $0x03, Z9, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  24(DX)(R10*4), Z11
+	VFMADD231PS   Z9, Z11, Z4
+	VBROADCASTSS  24(BX)(R10*4), Z11
+	VFMADD231PS   Z9, Z11, Z5
+	VBROADCASTSS  24(SI)(R10*4), Z11
+	VFMADD231PS   Z9, Z11, Z6
+	VBROADCASTSS  24(DI)(R10*4), Z11
+	VFMADD231PS   Z9, Z11, Z7
+	VBROADCASTSS  24(CX)(R10*4), Z11
+	VFMADD231PS   Z9, Z11, Z8
+	VEXTRACTI32X4 $0x03, Z10, X9
+	VPMOVSXBD     X9, Z9
+	VCVTDQ2PS     Z9, Z9
+	VMULPS        (AX), Z9, Z9
+	VBROADCASTSS  28(DX)(R10*4), Z10
+	VFMADD231PS   Z9, Z10, Z4
+	VBROADCASTSS  28(BX)(R10*4), Z10
+	VFMADD231PS   Z9, Z10, Z5
+	VBROADCASTSS  28(SI)(R10*4), Z10
+	VFMADD231PS   Z9, Z10, Z6
+	VBROADCASTSS  28(DI)(R10*4), Z10
+	VFMADD231PS   Z9, Z10, Z7
+	VBROADCASTSS  28(CX)(R10*4), Z10
+	VFMADD231PS   Z9, Z10, Z8
+	ADDQ          $0x00000008, R10
+	ADDQ          $0x00000060, R11
+	JMP           opAVX512S6x5p1_loop
+
+opAVX512S6x5p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x5p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), CX
+	MOVQ         b+8(FP), R8
+	MOVQ         stride+16(FP), R9
+	LEAQ         (R8)(R9*1), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S6x5p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z4
+	VMOVUPS 64(R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	VMOVUPS 64(R10), Z9
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z12
+	VMOVUPS 64(R10), Z13
+	JMP     opAVX512S6x5p2_start
+
+opAVX512S6x5p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+
+opAVX512S6x5p2_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x5p2_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S6x5p2_store
+	CMPQ R11, R10
+	JL   opAVX512S6x5p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S6x5p2_step:
+	VMOVDQU64     (R8)(R12*1), Z15
+	VPANDD        Z0, Z15, Z14
+	VPSRLW        $0x04, Z15, Z15
+	VPANDD        Z0, Z15, Z15
+	KMOVQ         64(R8)(R12*1), K1
+	VPADDB        Z1, Z14, K1, Z14
+	KMOVQ         72(R8)(R12*1), K1
+	VPADDB        Z1, Z15, K1, Z15
+	KMOVQ         80(R8)(R12*1), K1
+	VPADDB        Z2, Z14, K1, Z14
+	KMOVQ         88(R8)(R12*1), K1
+	VPADDB        Z2, Z15, K1, Z15
+	VPSUBB        Z3, Z14, Z14
+	VPSUBB        Z3, Z15, Z15
+	VMOVDQU64     (R9)(R12*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         80(R9)(R12*1), K1
+	VPADDB        Z2, Z16, K1, Z16
+	KMOVQ         88(R9)(R12*1), K1
+	VPADDB        Z2, Z17, K1, Z17
+	VPSUBB        Z3, Z16, Z16
+	VPSUBB        Z3, Z17, Z17
+	VPMOVSXBD     X14, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VPMOVSXBD     X16, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  (DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  (BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  (SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  (DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  (CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VPMOVSXBD     X15, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VPMOVSXBD     X17, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  4(DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  4(BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  4(SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  4(DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  4(CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x01, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  8(DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  8(BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  8(SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  8(DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  8(CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x01, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x01, Z17, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  12(DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  12(BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  12(SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  12(DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  12(CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x02, Z14, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z16, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  16(DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  16(BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  16(SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  16(DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  16(CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x02, Z15, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        (AX), Z18, Z18
+	VEXTRACTI32X4 $0x02, Z17, X19
+	VPMOVSXBD     X19, Z19
+	VCVTDQ2PS     Z19, Z19
+	VMULPS        64(AX), Z19, Z19
+	VBROADCASTSS  20(DX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z4
+	VFMADD231PS   Z19, Z20, Z5
+	VBROADCASTSS  20(BX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z6
+	VFMADD231PS   Z19, Z20, Z7
+	VBROADCASTSS  20(SI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z8
+	VFMADD231PS   Z19, Z20, Z9
+	VBROADCASTSS  20(DI)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z10
+	VFMADD231PS   Z19, Z20, Z11
+	VBROADCASTSS  20(CX)(R11*4), Z20
+	VFMADD231PS   Z18, Z20, Z12
+	VFMADD231PS   Z19, Z20, Z13
+	VEXTRACTI32X4 $0x03, Z14, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        64(AX), Z16, Z16
+	VBROADCASTSS  24(DX)(R11*4), Z18
+	VFMADD231PS   Z14, Z18, Z4
+	VFMADD231PS   Z16, Z18, Z5
+	VBROADCASTSS  24(BX)(R11*4), Z18
+	VFMADD231PS   Z14, Z18, Z6
+	VFMADD231PS   Z16, Z18, Z7
+	VBROADCASTSS  24(SI)(R11*4), Z18
+	VFMADD231PS   Z14, Z18, Z8
+	VFMADD231PS   Z16, Z18, Z9
+	VBROADCASTSS  24(DI)(R11*4), Z18
+	VFMADD231PS   Z14, Z18, Z10
+	VFMADD231PS   Z16, Z18, Z11
+	VBROADCASTSS  24(CX)(R11*4), Z18
+	VFMADD231PS   Z14, Z18, Z12
+	VFMADD231PS   Z16, Z18, Z13
+	VEXTRACTI32X4 $0x03, Z15, X14
+	VPMOVSXBD     X14, Z14
+	VCVTDQ2PS     Z14, Z14
+	VMULPS        (AX), Z14, Z14
+	VEXTRACTI32X4 $0x03, Z17, X15
+	VPMOVSXBD     X15, Z15
+	VCVTDQ2PS     Z15, Z15
+	VMULPS        64(AX), Z15, Z15
+	VBROADCASTSS  28(DX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z4
+	VFMADD231PS   Z15, Z16, Z5
+	VBROADCASTSS  28(BX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z6
+	VFMADD231PS   Z15, Z16, Z7
+	VBROADCASTSS  28(SI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z8
+	VFMADD231PS   Z15, Z16, Z9
+	VBROADCASTSS  28(DI)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z10
+	VFMADD231PS   Z15, Z16, Z11
+	VBROADCASTSS  28(CX)(R11*4), Z16
+	VFMADD231PS   Z14, Z16, Z12
+	VFMADD231PS   Z15, Z16, Z13
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000060, R12
+	JMP           opAVX512S6x5p2_loop
+
+opAVX512S6x5p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x6p1(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      opAVX512S6x6p1_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	JMP     opAVX512S6x6p1_start
+
+opAVX512S6x6p1_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+
+opAVX512S6x6p1_start:
+	MOVQ bk+80(FP), R10
+	XORQ R11, R11
+	XORQ R12, R12
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x6p1_loop:
+	CMPQ R11, k+24(FP)
+	JGE  opAVX512S6x6p1_store
+	CMPQ R11, R10
+	JL   opAVX512S6x6p1_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R10
+
+opAVX512S6x6p1_step:
+	VMOVDQU64     (R9)(R12*1), Z11
+	VPANDD        Z0, Z11, Z10
+	VPSRLW        $0x04, Z11, Z11
+	VPANDD        Z0, Z11, Z11
+	KMOVQ         64(R9)(R12*1), K1
+	VPADDB        Z1, Z10, K1, Z10
+	KMOVQ         72(R9)(R12*1), K1
+	VPADDB        Z1, Z11, K1, Z11
+	KMOVQ         80(R9)(R12*1), K1
+	VPADDB        Z2, Z10, K1, Z10
+	KMOVQ         88(R9)(R12*1), K1
+	VPADDB        Z2, Z11, K1, Z11
+	VPSUBB        Z3, Z10, Z10
+	VPSUBB        Z3, Z11, Z11
+	VPMOVSXBD     X10, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  (DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  (BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  (SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  (DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  (R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  (CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VPMOVSXBD     X11, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  4(DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  4(BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  4(SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  4(DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  4(R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  4(CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VEXTRACTI32X4 $0x01, Z10, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  8(DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  8(BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  8(SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  8(DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  8(R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  8(CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VEXTRACTI32X4 $0x01, Z11, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  12(DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  12(BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  12(SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  12(DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  12(R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  12(CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VEXTRACTI32X4 $0x02, Z10, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  16(DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  16(BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  16(SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  16(DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  16(R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  16(CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VEXTRACTI32X4 $0x02, Z11, X12
+	VPMOVSXBD     X12, Z12
+	VCVTDQ2PS     Z12, Z12
+	VMULPS        (AX), Z12, Z12
+	VBROADCASTSS  20(DX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z4
+	VBROADCASTSS  20(BX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z5
+	VBROADCASTSS  20(SI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z6
+	VBROADCASTSS  20(DI)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z7
+	VBROADCASTSS  20(R8)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z8
+	VBROADCASTSS  20(CX)(R11*4), Z13
+	VFMADD231PS   Z12, Z13, Z9
+	VEXTRACTI32X4 $0x03, Z10, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  24(DX)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z4
+	VBROADCASTSS  24(BX)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z5
+	VBROADCASTSS  24(SI)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z6
+	VBROADCASTSS  24(DI)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z7
+	VBROADCASTSS  24(R8)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z8
+	VBROADCASTSS  24(CX)(R11*4), Z12
+	VFMADD231PS   Z10, Z12, Z9
+	VEXTRACTI32X4 $0x03, Z11, X10
+	VPMOVSXBD     X10, Z10
+	VCVTDQ2PS     Z10, Z10
+	VMULPS        (AX), Z10, Z10
+	VBROADCASTSS  28(DX)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z4
+	VBROADCASTSS  28(BX)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z5
+	VBROADCASTSS  28(SI)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z6
+	VBROADCASTSS  28(DI)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z7
+	VBROADCASTSS  28(R8)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z8
+	VBROADCASTSS  28(CX)(R11*4), Z11
+	VFMADD231PS   Z10, Z11, Z9
+	ADDQ          $0x00000008, R11
+	ADDQ          $0x00000060, R12
+	JMP           opAVX512S6x6p1_loop
+
+opAVX512S6x6p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VZEROUPPER
+	RET
+
+// func opAVX512S6x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·opAVX512S6x6p2(SB), NOSPLIT, $0-96
+	MOVQ         s+56(FP), AX
+	MOVL         $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z0
+	MOVL         $0x10101010, CX
+	VPBROADCASTD CX, Z1
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z2
+	MOVL         $0x20202020, CX
+	VPBROADCASTD CX, Z3
+	MOVQ         a+0(FP), CX
+	MOVQ         (CX), DX
+	MOVQ         8(CX), BX
+	MOVQ         16(CX), SI
+	MOVQ         24(CX), DI
+	MOVQ         32(CX), R8
+	MOVQ         40(CX), CX
+	MOVQ         b+8(FP), R9
+	MOVQ         stride+16(FP), R10
+	LEAQ         (R9)(R10*1), R10
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R11
+	TESTQ   $0x00000001, R11
+	JZ      opAVX512S6x6p2_zero
+	MOVQ    c+32(FP), R11
+	MOVQ    ldc+40(FP), R12
+	VMOVUPS (R11), Z4
+	VMOVUPS 64(R11), Z5
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z6
+	VMOVUPS 64(R11), Z7
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z8
+	VMOVUPS 64(R11), Z9
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z10
+	VMOVUPS 64(R11), Z11
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z12
+	VMOVUPS 64(R11), Z13
+	ADDQ    R12, R11
+	VMOVUPS (R11), Z14
+	VMOVUPS 64(R11), Z15
+	JMP     opAVX512S6x6p2_start
+
+opAVX512S6x6p2_zero:
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+
+opAVX512S6x6p2_start:
+	MOVQ bk+80(FP), R11
+	XORQ R12, R12
+	XORQ R13, R13
+
+	// A unit of eight steps: a step's weights a panel at a time, a broadcast per row.
+opAVX512S6x6p2_loop:
+	CMPQ R12, k+24(FP)
+	JGE  opAVX512S6x6p2_store
+	CMPQ R12, R11
+	JL   opAVX512S6x6p2_step
+	ADDQ ss+88(FP), AX
+	ADDQ bk+80(FP), R11
+
+opAVX512S6x6p2_step:
+	VMOVDQU64     (R9)(R13*1), Z17
+	VPANDD        Z0, Z17, Z16
+	VPSRLW        $0x04, Z17, Z17
+	VPANDD        Z0, Z17, Z17
+	KMOVQ         64(R9)(R13*1), K1
+	VPADDB        Z1, Z16, K1, Z16
+	KMOVQ         72(R9)(R13*1), K1
+	VPADDB        Z1, Z17, K1, Z17
+	KMOVQ         80(R9)(R13*1), K1
+	VPADDB        Z2, Z16, K1, Z16
+	KMOVQ         88(R9)(R13*1), K1
+	VPADDB        Z2, Z17, K1, Z17
+	VPSUBB        Z3, Z16, Z16
+	VPSUBB        Z3, Z17, Z17
+	VMOVDQU64     (R10)(R13*1), Z19
+	VPANDD        Z0, Z19, Z18
+	VPSRLW        $0x04, Z19, Z19
+	VPANDD        Z0, Z19, Z19
+	KMOVQ         64(R10)(R13*1), K1
+	VPADDB        Z1, Z18, K1, Z18
+	KMOVQ         72(R10)(R13*1), K1
+	VPADDB        Z1, Z19, K1, Z19
+	KMOVQ         80(R10)(R13*1), K1
+	VPADDB        Z2, Z18, K1, Z18
+	KMOVQ         88(R10)(R13*1), K1
+	VPADDB        Z2, Z19, K1, Z19
+	VPSUBB        Z3, Z18, Z18
+	VPSUBB        Z3, Z19, Z19
+	VPMOVSXBD     X16, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VPMOVSXBD     X18, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  (DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  (BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  (SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  (DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  (R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  (CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VPMOVSXBD     X17, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VPMOVSXBD     X19, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  4(DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  4(BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  4(SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  4(DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  4(R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  4(CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VEXTRACTI32X4 $0x01, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z18, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  8(DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  8(BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  8(SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  8(DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  8(R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  8(CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VEXTRACTI32X4 $0x01, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x01, Z19, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  12(DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  12(BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  12(SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  12(DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  12(R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  12(CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VEXTRACTI32X4 $0x02, Z16, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z18, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  16(DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  16(BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  16(SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  16(DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  16(R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  16(CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VEXTRACTI32X4 $0x02, Z17, X20
+	VPMOVSXBD     X20, Z20
+	VCVTDQ2PS     Z20, Z20
+	VMULPS        (AX), Z20, Z20
+	VEXTRACTI32X4 $0x02, Z19, X21
+	VPMOVSXBD     X21, Z21
+	VCVTDQ2PS     Z21, Z21
+	VMULPS        64(AX), Z21, Z21
+	VBROADCASTSS  20(DX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z4
+	VFMADD231PS   Z21, Z22, Z5
+	VBROADCASTSS  20(BX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z6
+	VFMADD231PS   Z21, Z22, Z7
+	VBROADCASTSS  20(SI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z8
+	VFMADD231PS   Z21, Z22, Z9
+	VBROADCASTSS  20(DI)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z10
+	VFMADD231PS   Z21, Z22, Z11
+	VBROADCASTSS  20(R8)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z12
+	VFMADD231PS   Z21, Z22, Z13
+	VBROADCASTSS  20(CX)(R12*4), Z22
+	VFMADD231PS   Z20, Z22, Z14
+	VFMADD231PS   Z21, Z22, Z15
+	VEXTRACTI32X4 $0x03, Z16, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z18, X18
+	VPMOVSXBD     X18, Z18
+	VCVTDQ2PS     Z18, Z18
+	VMULPS        64(AX), Z18, Z18
+	VBROADCASTSS  24(DX)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z4
+	VFMADD231PS   Z18, Z20, Z5
+	VBROADCASTSS  24(BX)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z6
+	VFMADD231PS   Z18, Z20, Z7
+	VBROADCASTSS  24(SI)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z8
+	VFMADD231PS   Z18, Z20, Z9
+	VBROADCASTSS  24(DI)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z10
+	VFMADD231PS   Z18, Z20, Z11
+	VBROADCASTSS  24(R8)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z12
+	VFMADD231PS   Z18, Z20, Z13
+	VBROADCASTSS  24(CX)(R12*4), Z20
+	VFMADD231PS   Z16, Z20, Z14
+	VFMADD231PS   Z18, Z20, Z15
+	VEXTRACTI32X4 $0x03, Z17, X16
+	VPMOVSXBD     X16, Z16
+	VCVTDQ2PS     Z16, Z16
+	VMULPS        (AX), Z16, Z16
+	VEXTRACTI32X4 $0x03, Z19, X17
+	VPMOVSXBD     X17, Z17
+	VCVTDQ2PS     Z17, Z17
+	VMULPS        64(AX), Z17, Z17
+	VBROADCASTSS  28(DX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z4
+	VFMADD231PS   Z17, Z18, Z5
+	VBROADCASTSS  28(BX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z6
+	VFMADD231PS   Z17, Z18, Z7
+	VBROADCASTSS  28(SI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z8
+	VFMADD231PS   Z17, Z18, Z9
+	VBROADCASTSS  28(DI)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z10
+	VFMADD231PS   Z17, Z18, Z11
+	VBROADCASTSS  28(R8)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z12
+	VFMADD231PS   Z17, Z18, Z13
+	VBROADCASTSS  28(CX)(R12*4), Z18
+	VFMADD231PS   Z16, Z18, Z14
+	VFMADD231PS   Z17, Z18, Z15
+	ADDQ          $0x00000008, R12
+	ADDQ          $0x00000060, R13
+	JMP           opAVX512S6x6p2_loop
+
+opAVX512S6x6p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z5, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z9, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z13, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dqAVX512S6(dst *float32, b *byte, k int, s *float32, o *float32)
+// Requires: AVX, AVX512BW, AVX512F
+TEXT ·dqAVX512S6(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         s+24(FP), BX
+	VMOVUPS      (BX), Z0
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z1
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z2
+	MOVL         $0x20202020, BX
+	VPBROADCASTD BX, Z3
+	MOVL         $0x20202020, BX
+	VPBROADCASTD BX, Z4
+	XORQ         BX, BX
+
+dqAVX512S6_loop:
+	CMPQ          BX, DX
+	JGE           dqAVX512S6_done
+	VMOVDQU64     (CX), Z6
+	VPANDD        Z1, Z6, Z5
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z1, Z6, Z6
+	KMOVQ         64(CX), K1
+	VPADDB        Z2, Z5, K1, Z5
+	KMOVQ         72(CX), K1
+	VPADDB        Z2, Z6, K1, Z6
+	KMOVQ         80(CX), K1
+	VPADDB        Z3, Z5, K1, Z5
+	KMOVQ         88(CX), K1
+	VPADDB        Z3, Z6, K1, Z6
+	VPSUBB        Z4, Z5, Z5
+	VPSUBB        Z4, Z6, Z6
+	VPMOVSXBD     X5, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, (AX)
+	VPMOVSXBD     X6, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, 64(AX)
+	VEXTRACTI32X4 $0x01, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, 128(AX)
+	VEXTRACTI32X4 $0x01, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, 192(AX)
+	VEXTRACTI32X4 $0x02, Z5, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, 256(AX)
+	VEXTRACTI32X4 $0x02, Z6, X7
+	VPMOVSXBD     X7, Z7
+	VCVTDQ2PS     Z7, Z7
+	VMULPS        Z0, Z7, Z7
+	VMOVUPS       Z7, 320(AX)
+	VEXTRACTI32X4 $0x03, Z5, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        Z0, Z5, Z5
+	VMOVUPS       Z5, 384(AX)
+	VEXTRACTI32X4 $0x03, Z6, X5
+	VPMOVSXBD     X5, Z5
+	VCVTDQ2PS     Z5, Z5
+	VMULPS        Z0, Z5, Z5
+	VMOVUPS       Z5, 448(AX)
+	ADDQ          $0x00000060, CX
+	ADDQ          $0x00000200, AX
+	ADDQ          $0x00000008, BX
+	JMP           dqAVX512S6_loop
+
+dqAVX512S6_done:
 	VZEROUPPER
 	RET
 

@@ -384,6 +384,96 @@ func opAVX2Q8Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc i
 //go:noescape
 func opAVX2Q8Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
 
+// opAVX2S5x1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S5x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S5x1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S5x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S5x2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S5x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S5x2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S5x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S5x3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S5x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2U5Mx1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 5-bit codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2U5Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2U5Mx1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 5-bit codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2U5Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2U5Mx2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 5-bit codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2U5Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2U5Mx2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 5-bit codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2U5Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2U5Mx3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 5-bit codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2U5Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S6x1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S6x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S6x1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S6x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S6x2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S6x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S6x2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S6x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX2S6x3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX2S6x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
 // dot8AVX2U4x1 is dot8AVX512U4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
 //
 //go:noescape
@@ -1418,6 +1508,345 @@ func opAVX512Q8Mx6p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc
 //
 //go:noescape
 func opAVX512Q8Mx6p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x1p3 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 3 panels of 5-bit codes (stored plus their bias) to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x1p4 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 4 panels of 5-bit codes (stored plus their bias) to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x2p3 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 3 panels of 5-bit codes (stored plus their bias) to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x2p4 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 4 panels of 5-bit codes (stored plus their bias) to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x3p2 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x3p3 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 3 panels of 5-bit codes (stored plus their bias) to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x3p4 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 4 panels of 5-bit codes (stored plus their bias) to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x4p1 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x4p2 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x5p1 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x5p2 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x6p1 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 1 panels of 5-bit codes (stored plus their bias) to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S5x6p2 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 2 panels of 5-bit codes (stored plus their bias) to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S5x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// dqAVX512S5 widens k steps (a multiple of 8) of one panel of 5-bit codes at b, each code times its row's scale in s (16; o unused), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512S5(dst *float32, b *byte, k int, s *float32, o *float32)
+
+// opAVX512U5Mx1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 5-bit codes to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 5-bit codes to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx1p3 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 3 panels of 5-bit codes to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx1p4 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 4 panels of 5-bit codes to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 5-bit codes to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 5-bit codes to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx2p3 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 3 panels of 5-bit codes to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx2p4 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 4 panels of 5-bit codes to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 5-bit codes to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx3p2 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 2 panels of 5-bit codes to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx3p3 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 3 panels of 5-bit codes to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx3p4 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 4 panels of 5-bit codes to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx4p1 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 1 panels of 5-bit codes to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx4p2 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 2 panels of 5-bit codes to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx5p1 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 1 panels of 5-bit codes to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx5p2 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 2 panels of 5-bit codes to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx6p1 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 1 panels of 5-bit codes to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512U5Mx6p2 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 2 panels of 5-bit codes to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel) plus its row's offset in o (one rounding); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512U5Mx6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// dqAVX512U5M widens k steps (a multiple of 8) of one panel of 5-bit codes at b, each code times its row's scale in s plus its row's offset in o (16 each, one rounding), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512U5M(dst *float32, b *byte, k int, s *float32, o *float32)
+
+// opAVX512S6x1p1 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x1p2 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 1×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x1p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x1p3 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 3 panels of 6-bit codes (stored plus their bias) to the 1×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x1p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x1p4 adds, for k steps (a multiple of 8), the products of 1 fp32 rows with 4 panels of 6-bit codes (stored plus their bias) to the 1×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x1p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x2p1 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 2×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x2p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x2p2 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 2×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x2p3 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 3 panels of 6-bit codes (stored plus their bias) to the 2×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x2p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x2p4 adds, for k steps (a multiple of 8), the products of 2 fp32 rows with 4 panels of 6-bit codes (stored plus their bias) to the 2×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x2p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x3p1 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 3×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x3p2 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 3×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x3p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x3p3 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 3 panels of 6-bit codes (stored plus their bias) to the 3×48 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x3p3(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x3p4 adds, for k steps (a multiple of 8), the products of 3 fp32 rows with 4 panels of 6-bit codes (stored plus their bias) to the 3×64 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x3p4(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x4p1 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 4×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x4p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x4p2 adds, for k steps (a multiple of 8), the products of 4 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 4×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x4p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x5p1 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 5×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x5p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x5p2 adds, for k steps (a multiple of 8), the products of 5 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 5×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x5p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x6p1 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 1 panels of 6-bit codes (stored plus their bias) to the 6×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x6p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// opAVX512S6x6p2 adds, for k steps (a multiple of 8), the products of 6 fp32 rows with 2 panels of 6-bit codes (stored plus their bias) to the 6×32 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
+// A weight is its code times its row's scale in s (16 per panel); t unused; s (and o) move on ss bytes every bk steps, to the next group's.
+//
+//go:noescape
+func opAVX512S6x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
+
+// dqAVX512S6 widens k steps (a multiple of 8) of one panel of 6-bit codes at b, each code times its row's scale in s (16; o unused), into dst (16 floats a step).
+//
+//go:noescape
+func dqAVX512S6(dst *float32, b *byte, k int, s *float32, o *float32)
 
 // opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //

@@ -68,6 +68,7 @@ func main() {
 		outerKernels(is, "F8")
 		outerKernels(is, "Q8")
 		outerKernels(is, "Q8M")
+		narrowKernels(is)
 		if is.lanes == 8 {
 			dot8AVX2Kernels()
 			routerDotLoop(true)

@@ -131,6 +131,7 @@ func writeOuterTable(path string) {
 			}
 			b.WriteString("}\n\n")
 		}
+		writeNarrowTables(&b, is)
 		if is.lanes == 8 {
 			for _, v := range []struct {
 				table, kind, op, typ string

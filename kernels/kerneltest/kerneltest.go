@@ -370,9 +370,16 @@ func UINT4Weights(rng *rand.Rand, rows, cols, group int, offsets bool) (kernels.
 
 // INT8Weights is UINT4Weights for signed 8-bit codes.
 func INT8Weights(rng *rand.Rand, rows, cols, group int, offsets bool) (kernels.Matrix, [][]float64) {
+	return INT8CodeWeights(rng, rows, cols, group, -128, 256, offsets)
+}
+
+// INT8CodeWeights is INT8Weights with codes uniform in [lo, lo+n): of 5
+// or 6 bits (GGUF's Q5_0, Q5_1 and Q6_K codes), which kernels.Pack holds
+// in that many.
+func INT8CodeWeights(rng *rand.Rand, rows, cols, group, lo, n int, offsets bool) (kernels.Matrix, [][]float64) {
 	codes := make([]int8, rows*cols)
 	for i := range codes {
-		codes[i] = int8(rng.IntN(256) - 128)
+		codes[i] = int8(lo + rng.IntN(n))
 	}
 	scales, offs := groupParams(rng, rows*cols/group, offsets)
 	vals := make([][]float64, rows)
