@@ -115,8 +115,9 @@ const dot8Unit = 8
 // INT8 codes that fit in 5 or 6 bits (GGUF's Q5_0, Q5_1, Q5_K and Q6_K)
 // are held in that many bits: signed codes in [−16, 16) without offsets
 // (Q5_0) as 5 bits plus 16, unsigned ones below 32 with offsets (Q5_1,
-// Q5_K) as 5 bits, and signed codes in [−32, 32) without offsets (Q6_K)
-// as 6 bits plus 32; the products are the same integers either way.
+// Q5_K) as 5 bits, and signed codes in [−32, 32) without offsets (Q6_K,
+// and Q5_0's with K-quant factors, whose kernels read those) as 6 bits
+// plus 32; the products are the same integers either way.
 func PackInt8Dot(m Matrix) (Matrix, error) {
 	if m.dot8 {
 		return m, nil
@@ -136,11 +137,13 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	// implementation has kernels for them), else the scales in the
 	// int8-dot panel layout; either then holds the values (see
 	// blockScales.scale), no fp32 grid beside them.
-	if m.q.super != nil && (m.DType == INT8 || m.q.hasOffsets()) {
+	if m.q.kFactored(m.DType) {
 		p.q = m.q.dropGrid()
 		p.q.panel, p.q.offPanel, p.q.dot8Panel = nil, nil, false
 		p.q.panels = m.panels()
-		p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
+		if p.q.kmeta == nil { // packed for the exact mode, m holds them so already
+			p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
+		}
 		p.q.super = &superScales{per: m.q.super.per, offsets: m.q.super.offsets} // the factors in kmeta only
 	} else {
 		p.q = m.q.dot8Scales(m.Rows, m.panels()).dropGrid()
@@ -185,10 +188,14 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	return p, nil
 }
 
-// narrowCodes returns how PackInt8Dot holds the codes of m, an INT8
-// matrix: its high bits' planes (0: a byte a code) and the bias its codes
-// are stored plus. row is scratch [Cols].
+// narrowCodes returns how Pack and PackInt8Dot hold the codes of m, an
+// INT8 matrix: its high bits' planes (0: a byte a code) and the bias its
+// codes are stored plus. Codes of 5 or 6 bits need groups of a multiple
+// of 8 steps (the kernels' units). row is scratch [Cols].
 func (m Matrix) narrowCodes(row []uint8) (planes, bias uint8) {
+	if m.q.cols%dot8Unit != 0 {
+		return 0, 0
+	}
 	lo, hi := 0, 0
 	for i := 0; i < m.Rows; i++ {
 		m.codeRow(i, row)
@@ -318,6 +325,14 @@ func (q *blockScales) dot8Factors(rows, panels int) []byte {
 		}
 	}
 	return out
+}
+
+// kFactored says whether a packed matrix of dtype dt with scales q
+// holds them as the K-quants' factors only (its kmeta): those with
+// factors, but for UINT4 without offsets (whose int8-dot kernels read
+// fp32 scales).
+func (q *blockScales) kFactored(dt DType) bool {
+	return q.super != nil && (dt == INT8 || q.hasOffsets())
 }
 
 // kmetaAt reads group g's factors from an int8-dot matrix's kmeta (see
@@ -572,7 +587,9 @@ func exactRows(c []float32, ldc int, rows []*float32, b Matrix, n0, n1 int) {
 // b + j·stride), it computes groups groups of units·8 steps each into the
 // tile c (row stride ldc bytes, from c with flags bit 0, else from zero):
 // the group's integer dot products (vpdpbusd), their float conversion
-// (INT8: less 128·S first), times s·d plus, with offsets, o·(d·S); s and o
+// (less bias·S first for codes stored plus a bias: 128 for INT8 bytes, 16
+// or 32 for signed 5- or 6-bit codes), times s·d plus, with offsets,
+// o·(d·S); s and o
 // hold the panels' scales and offsets, 16 a panel, moving on ss bytes a
 // group, the records on rec bytes.
 type dot8Func func(a *[maxDot8Rows]*byte, b *byte, stride, groups int, c *float32, ldc, flags int, s, o *float32, units, rec, ss int)

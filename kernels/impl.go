@@ -38,7 +38,10 @@ type simd struct {
 	// and 6 bits (see Pack), dqS5, dqU5M and dqS6 their widening (nil
 	// where the implementation has none).
 	outerS5, outerU5M, outerS6 outerQTable
-	dqS5, dqU5M, dqS6          func(dst *float32, b *byte, k int, s, o *float32)
+	// kscale and kscaleM make the exact kernels' scales (and offsets)
+	// from K-quant factors (see kscales); nil: the Go loop.
+	kscale, kscaleM   func(s, o *float32, base, fac *byte, lane, left, per, groups, ss int)
+	dqS5, dqU5M, dqS6 func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation
 	// has none.
@@ -65,7 +68,7 @@ func (s *simd) runs(m Matrix) bool {
 	case F8E4M3:
 		return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
 	case MXFP4, INT4, UINT4, INT8:
-		return m.packed && m.q.panel != nil && s.qWidest(m, 1) > 0
+		return m.packed && (m.q.panel != nil || m.q.kmeta != nil) && s.qWidest(m, 1) > 0
 	}
 	return true
 }

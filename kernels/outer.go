@@ -73,6 +73,7 @@ type outerScratch struct {
 	rows []*float32
 	rr   []magRange
 	c    [2][]float32
+	ks   [2][]float32 // a call's scales and offsets made from K-quant factors (see kscales)
 }
 
 // gather returns the ranges of the rows idx picks from r, or nil without r.
@@ -105,10 +106,11 @@ func (s *simd) outerBlockK(M, K int, dtype DType) int {
 // panels [p0, p1) of each packed matrix b[i] (all [·, K] of one dtype), c[i]
 // holding len(rows) rows of ldc floats. K must be positive. rr, when not
 // nil, is the rows' magnitude ranges (see Ranges).
-func (s *simd) outerGEMM(ap *[maxKernelRows]*float32, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMM(sc *outerScratch, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K := len(rows), b[0].Cols
+	ap := &sc.ap
 	if b[0].DType.quantized() {
-		s.outerGEMMQ(ap, rows, rr, b, p0, p1, c, ldc)
+		s.outerGEMMQ(sc, rows, rr, b, p0, p1, c, ldc)
 		return
 	}
 	kern := &s.outer[b[0].DType]
@@ -145,8 +147,9 @@ func (s *simd) outerGEMM(ap *[maxKernelRows]*float32, rows []*float32, rr []magR
 // runs over whole blocks (groups) of the scales, its chains in registers
 // from block to block, and carries them through c from one k block to the
 // next.
-func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMMQ(osc *outerScratch, rows []*float32, rr []magRange, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
+	ap := &osc.ap
 	// Widening first pays from a few strips on (measured: in registers is
 	// faster up to 16 rows, widened from 64).
 	wide := M > 3*s.maxMR
@@ -154,13 +157,13 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 		wide = wide && s.widens(bi)
 	}
 	if wide {
-		s.outerGEMMWiden(ap, rows, b, p0, p1, c, ldc)
+		s.outerGEMMWiden(osc, rows, b, p0, p1, c, ldc)
 		return
 	}
-	bc := b[0].q.cols
+	blk := scaleBlocks(b)
 	kc := s.outerBlockK(M, K, dt)
 	if kc < K {
-		kc = max(bc, kc-kc%bc) // k blocks of whole scale blocks
+		kc = max(blk, kc-kc%blk) // k blocks of whole scale blocks
 	}
 	// MXFP4 on the power-of-two kernels, strip by strip where pow2Exact
 	// allows (M ≤ 3·maxMR here, so the rows' ranges fit on the stack).
@@ -187,9 +190,13 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 		}
 		for i, bi := range b {
 			q := bi.q
+			bc := q.cols                    // its scale blocks (gate and up may differ)
 			ss := 4 * q.panels * PanelWidth // bytes from a block's scales to the next's
 			stride := PanelWidth * K * bi.codeBits() / 8
 			qt := s.qTable(bi)
+			if q.panel == nil { // scales made for each call from the K-quant factors, np panels side by side
+				ss = 4 * PanelWidth * max(len(qt[1])-1, 1)
+			}
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
 				for m0, mr := 0, 0; m0 < M; m0 += mr {
@@ -218,8 +225,16 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 					for p := g; p < ge; {
 						np := min(widest, ge-p)
 						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
+						var sc *float32
+						offPanel := q.offPanel
 						at := (kb/bc*q.panels + p) * PanelWidth
-						sc := &q.panel[at]
+						if q.panel != nil {
+							sc = &q.panel[at]
+						} else {
+							at = 0
+							ks, ko := s.kscales(osc, bi, p, np, kb/bc, (ke-kb)/bc, ss)
+							sc, offPanel = &ks[0], ko
+						}
 						switch {
 						case dt == F8E4M3:
 							s.outerFP8[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)
@@ -228,8 +243,8 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 							if bi.lut != nil {
 								t = &bi.lut[0]
 							}
-							if q.offPanel != nil {
-								off = &q.offPanel[at]
+							if offPanel != nil {
+								off = &offPanel[at]
 							}
 							qt[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, t, off, bc, ss)
 						default:
@@ -241,6 +256,76 @@ func (s *simd) outerGEMMQ(ap *[maxKernelRows]*float32, rows []*float32, rr []mag
 			}
 		}
 	}
+}
+
+// scaleBlocks is the least k range made of whole scale blocks of every
+// matrix of b (gate and up may have different groups).
+func scaleBlocks(b []Matrix) int {
+	blk := b[0].q.cols
+	for _, m := range b[1:] {
+		c := m.q.cols
+		x, y := blk, c
+		for y != 0 {
+			x, y = y, x%y
+		}
+		blk = blk / x * c
+	}
+	return blk
+}
+
+// kscales makes, in sc's buffers, the fp32 scales (and offsets, nil
+// without) that the exact kernels read for np panels from p on and groups
+// [b0, b0+groups) of m, a packed matrix holding them only as K-quant
+// factors (its kmeta, see dot8Factors): panel p+j's group b0+g at
+// g·ss/4 + 16·j, as a matrix's panel scales lie for those panels alone.
+func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (scales, offsets []float32) {
+	q := m.q
+	n := groups * ss / 4
+	scales = buffers.Grow(&sc.ks[0], n)
+	offs := q.hasOffsets()
+	var op *float32
+	if offs {
+		offsets = buffers.Grow(&sc.ks[1], n)
+		op = &offsets[0]
+	}
+	per := q.super.per
+	hdr, grp := 256, 64
+	if offs {
+		hdr, grp = 512, 128
+	}
+	runBytes := q.gridCols / per * (hdr + per*grp)
+	f := s.kscale
+	if offs {
+		f = s.kscaleM
+	}
+	for j := range min(np, q.panels-p) {
+		pj := p + j
+		lane := PanelWidth * (pj % dot8Run)
+		start := pj/dot8Run*runBytes + b0/per*(hdr+per*grp) // the first group's super-block
+		base, fac, left := start, start, 0
+		if gi := b0 % per; gi > 0 {
+			fac, left = start+hdr+gi*grp, per-gi
+		}
+		var oj *float32
+		if op != nil {
+			oj = &offsets[PanelWidth*j]
+		}
+		if f == nil {
+			for g := range groups {
+				for r := range PanelWidth {
+					row := min(pj*PanelWidth+r, m.Rows-1) // past the last row: any value
+					at := g*ss/4 + PanelWidth*j + r
+					scales[at] = q.scale(row*q.gridCols + b0 + g)
+					if offs {
+						offsets[at] = q.offset(row*q.gridCols + b0 + g)
+					}
+				}
+			}
+			continue
+		}
+		f(&scales[PanelWidth*j], oj, &q.kmeta[base], &q.kmeta[fac], lane, left, per, groups, ss)
+	}
+	return scales, offsets
 }
 
 // magRange is the smallest nonzero and the largest magnitude of a row as
@@ -342,11 +427,12 @@ var widenPool = sync.Pool{New: func() any { return new([]float32) }}
 // widening, exactly) and the fp32 kernels run every strip over them, so
 // the widening is not repeated strip by strip. The FMA chains are those of
 // the quantized kernels: the same bits.
-func (s *simd) outerGEMMWiden(ap *[maxKernelRows]*float32, rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
+func (s *simd) outerGEMMWiden(osc *outerScratch, rows []*float32, b []Matrix, p0, p1 int, c [2][]float32, ldc int) {
 	M, K, dt := len(rows), b[0].Cols, b[0].DType
-	bc := b[0].q.cols
+	ap := &osc.ap
+	blk := scaleBlocks(b)
 	kc := s.outerBlockK(M, K, F32)
-	kc = max(bc, kc-kc%bc)
+	kc = max(blk, kc-kc%blk)
 	kern := &s.outer[F32]
 	wp := widenPool.Get().(*[]float32)
 	defer widenPool.Put(wp)
@@ -360,29 +446,38 @@ func (s *simd) outerGEMMWiden(ap *[maxKernelRows]*float32, rows []*float32, b []
 		}
 		for i, bi := range b {
 			q := bi.q
+			bc := q.cols
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
 				for p := g; p < ge; p++ {
 					dst := w[(p-g)*kl*PanelWidth:]
+					scales, offPanel, lay := q.panel, q.offPanel, q.panels
+					if scales == nil { // this panel's, made from the K-quant factors
+						scales, offPanel = s.kscales(osc, bi, p, 1, kb/bc, (ke-kb+bc-1)/bc, 4*PanelWidth)
+						lay = 1
+					}
 					for k0 := kb; k0 < ke; {
 						k1 := min(ke, (k0/bc+1)*bc)
 						at := (k0/bc*q.panels + p) * PanelWidth
-						sc, d, src := &q.panel[at], &dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0)
+						if q.panel == nil {
+							at = (k0/bc - kb/bc) * lay * PanelWidth
+						}
+						sc, d, src := &scales[at], &dst[(k0-kb)*PanelWidth], bi.panelPtr(p, k0)
 						switch {
 						case bi.planes > 0:
 							var off *float32
-							if q.offPanel != nil {
-								off = &q.offPanel[at]
+							if offPanel != nil {
+								off = &offPanel[at]
 							}
 							s.dqNarrow(bi)(d, src, k1-k0, sc, off)
 						case dt == F8E4M3:
 							s.dqFP8(d, src, k1-k0, sc)
-						case dt == INT8 && q.offPanel != nil:
-							s.dqQ8M(d, src, k1-k0, sc, &q.offPanel[at])
+						case dt == INT8 && offPanel != nil:
+							s.dqQ8M(d, src, k1-k0, sc, &offPanel[at])
 						case dt == INT8:
 							s.dqQ8(d, src, k1-k0, sc, nil)
-						case q.offPanel != nil:
-							s.dqQ4M(d, src, k1-k0, sc, &bi.lut[0], &q.offPanel[at])
+						case offPanel != nil:
+							s.dqQ4M(d, src, k1-k0, sc, &bi.lut[0], &offPanel[at])
 						default:
 							s.dqQ4(d, src, k1-k0, sc, &bi.lut[0])
 						}
@@ -420,7 +515,7 @@ func gateUpOuter(s *simd, h, x []float32, xr []magRange, idx []int32, gate, up M
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0], sc.c[1] = buffers.Grow(&sc.c[0], M*ldc), buffers.Grow(&sc.c[1], M*ldc)
 	mats := [2]Matrix{gate, up}
-	s.outerGEMM(&sc.ap, rows, rr, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(sc, rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		storeGLU(h[r*inter+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], sc.c[1][r*ldc+n0-off:], ep, r, n0)
@@ -446,7 +541,7 @@ func downOuter(s *simd, out, h []float32, hr []magRange, idx []int32, down Matri
 	ldc := (p1 - p0) * PanelWidth
 	sc.c[0] = buffers.Grow(&sc.c[0], M*ldc)
 	mats := [1]Matrix{down}
-	s.outerGEMM(&sc.ap, rows, rr, mats[:], p0, p1, sc.c, ldc)
+	s.outerGEMM(sc, rows, rr, mats[:], p0, p1, sc.c, ldc)
 	off := p0 * PanelWidth
 	for r := 0; r < M; r++ {
 		storeDown(out[r*hidden+n0:][:n1-n0], sc.c[0][r*ldc+n0-off:], bias, scale, r, n0)

@@ -15,8 +15,11 @@ const PanelWidth = 16
 // weight rows in panels of PanelWidth, each panel k-major (element [n, k]
 // at panel n/PanelWidth, position k·PanelWidth + n%PanelWidth), the last
 // panel padded with zero rows. The dtype stays, so packed bf16 weights take
-// the bytes they did. A packed matrix goes wherever a Matrix does and gives
-// the same values through RowF32 and At; a packed m is returned as it is.
+// the bytes they did; INT8 codes that fit in 5 or 6 bits are held in that
+// many (see packNarrow and PackInt8Dot), and integer codes with the
+// K-quants' factors keep their scales only as those (see kscales). A
+// packed matrix goes wherever a Matrix does and gives the same values
+// through RowF32 and At; a packed m is returned as it is.
 //
 // Packing is done once, when weights are loaded: the SIMD kernels then read
 // one contiguous stream per panel, and every output is a single FMA chain
@@ -62,8 +65,15 @@ func Pack(m Matrix) Matrix {
 	}
 	if m.DType == UINT4 || m.DType == INT8 {
 		// The panels hold the scales and offsets (blockScales.scale): no
-		// fp32 grid beside them.
+		// fp32 grid beside them. With the K-quants' factors, only those,
+		// as the int8-dot kernels read them: the exact kernels' fp32
+		// scales are made for each call (see kscales).
 		p.q = p.q.dropGrid()
+		if m.q.kFactored(m.DType) {
+			p.q.panel, p.q.offPanel = nil, nil
+			p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
+			p.q.super = &superScales{per: m.q.super.per, offsets: m.q.super.offsets}
+		}
 	}
 	return p
 }

@@ -49,6 +49,23 @@ var q4Cases = []struct {
 	{"int8 6-bit signed g16", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
 		return kerneltest.INT8CodeWeights(rng, r, c, 16, -32, 64, false)
 	}},
+	{"int8 5-bit signed g4 (bytes: groups shorter than a unit)", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.INT8CodeWeights(rng, r, c, 4, -16, 32, false)
+	}},
+	// Scales held as the K-quants' factors only (Q4_K, Q5_K, Q6_K, and
+	// 8-bit codes with them).
+	{"uint4 K g32 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.KQuantWeights(rng, kernels.UINT4, r, c, 32, 0, 16, true)
+	}},
+	{"int8 K 5-bit unsigned g32 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.KQuantWeights(rng, kernels.INT8, r, c, 32, 0, 32, true)
+	}},
+	{"int8 K 6-bit signed g16", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.KQuantWeights(rng, kernels.INT8, r, c, 16, -32, 64, false)
+	}},
+	{"int8 K g32 offsets", func(rng *rand.Rand, r, c int) (kernels.Matrix, [][]float64) {
+		return kerneltest.KQuantWeights(rng, kernels.INT8, r, c, 32, -128, 256, true)
+	}},
 }
 
 var q4Shapes = []struct{ M, N, K int }{{1, 37, 256}, {3, 64, 384}, {7, 20, 128}, {64, 48, 512}, {13, 16, 2048}, {2, 1, 128}}

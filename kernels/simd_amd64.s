@@ -13016,6 +13016,98 @@ opAVX2S6x3p1_store:
 	VZEROUPPER
 	RET
 
+// func kscalesAVX2(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+// Requires: AVX, AVX2
+TEXT ·kscalesAVX2(SB), NOSPLIT, $0-72
+	MOVQ s+0(FP), AX
+	MOVQ base+16(FP), CX
+	MOVQ fac+24(FP), DX
+	MOVQ lane+32(FP), BX
+	MOVQ left+40(FP), SI
+	MOVQ groups+56(FP), DI
+	MOVQ ss+64(FP), R8
+
+kscalesAVX2_loop:
+	TESTQ DI, DI
+	JZ    kscalesAVX2_done
+	TESTQ SI, SI
+	JNZ   kscalesAVX2_group
+
+	// The next super-block: its header, then its groups.
+	MOVQ DX, CX
+	LEAQ 256(DX), DX
+	MOVQ per+48(FP), SI
+
+kscalesAVX2_group:
+	VPMOVSXBD (DX)(BX*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    (CX)(BX*4), Y0, Y0
+	VMOVUPS   Y0, (AX)
+	VPMOVSXBD 8(DX)(BX*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    32(CX)(BX*4), Y0, Y0
+	VMOVUPS   Y0, 32(AX)
+	ADDQ      $0x00000040, DX
+	ADDQ      R8, AX
+	DECQ      SI
+	DECQ      DI
+	JMP       kscalesAVX2_loop
+
+kscalesAVX2_done:
+	VZEROUPPER
+	RET
+
+// func kscalesAVX2M(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+// Requires: AVX, AVX2
+TEXT ·kscalesAVX2M(SB), NOSPLIT, $0-72
+	MOVQ s+0(FP), AX
+	MOVQ o+8(FP), CX
+	MOVQ base+16(FP), DX
+	MOVQ fac+24(FP), BX
+	MOVQ lane+32(FP), SI
+	MOVQ left+40(FP), DI
+	MOVQ groups+56(FP), R8
+	MOVQ ss+64(FP), R9
+
+kscalesAVX2M_loop:
+	TESTQ R8, R8
+	JZ    kscalesAVX2M_done
+	TESTQ DI, DI
+	JNZ   kscalesAVX2M_group
+
+	// The next super-block: its header, then its groups.
+	MOVQ BX, DX
+	LEAQ 512(BX), BX
+	MOVQ per+48(FP), DI
+
+kscalesAVX2M_group:
+	VPMOVSXBD (BX)(SI*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    (DX)(SI*4), Y0, Y0
+	VMOVUPS   Y0, (AX)
+	VPMOVSXBD 64(BX)(SI*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    256(DX)(SI*4), Y0, Y0
+	VMOVUPS   Y0, (CX)
+	VPMOVSXBD 8(BX)(SI*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    32(DX)(SI*4), Y0, Y0
+	VMOVUPS   Y0, 32(AX)
+	VPMOVSXBD 72(BX)(SI*1), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    288(DX)(SI*4), Y0, Y0
+	VMOVUPS   Y0, 32(CX)
+	ADDQ      $0x00000080, BX
+	ADDQ      R9, AX
+	ADDQ      R9, CX
+	DECQ      DI
+	DECQ      R8
+	JMP       kscalesAVX2M_loop
+
+kscalesAVX2M_done:
+	VZEROUPPER
+	RET
+
 DATA dot8Spread<>+0(SB)/1, $0x00
 DATA dot8Spread<>+1(SB)/1, $0x00
 DATA dot8Spread<>+2(SB)/1, $0x00
@@ -51740,6 +51832,86 @@ dqAVX512S6_loop:
 	JMP           dqAVX512S6_loop
 
 dqAVX512S6_done:
+	VZEROUPPER
+	RET
+
+// func kscalesAVX512(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+// Requires: AVX, AVX512F
+TEXT ·kscalesAVX512(SB), NOSPLIT, $0-72
+	MOVQ s+0(FP), AX
+	MOVQ base+16(FP), CX
+	MOVQ fac+24(FP), DX
+	MOVQ lane+32(FP), BX
+	MOVQ left+40(FP), SI
+	MOVQ groups+56(FP), DI
+	MOVQ ss+64(FP), R8
+
+kscalesAVX512_loop:
+	TESTQ DI, DI
+	JZ    kscalesAVX512_done
+	TESTQ SI, SI
+	JNZ   kscalesAVX512_group
+
+	// The next super-block: its header, then its groups.
+	MOVQ DX, CX
+	LEAQ 256(DX), DX
+	MOVQ per+48(FP), SI
+
+kscalesAVX512_group:
+	VPMOVSXBD (DX)(BX*1), Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS    (CX)(BX*4), Z0, Z0
+	VMOVUPS   Z0, (AX)
+	ADDQ      $0x00000040, DX
+	ADDQ      R8, AX
+	DECQ      SI
+	DECQ      DI
+	JMP       kscalesAVX512_loop
+
+kscalesAVX512_done:
+	VZEROUPPER
+	RET
+
+// func kscalesAVX512M(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+// Requires: AVX, AVX512F
+TEXT ·kscalesAVX512M(SB), NOSPLIT, $0-72
+	MOVQ s+0(FP), AX
+	MOVQ o+8(FP), CX
+	MOVQ base+16(FP), DX
+	MOVQ fac+24(FP), BX
+	MOVQ lane+32(FP), SI
+	MOVQ left+40(FP), DI
+	MOVQ groups+56(FP), R8
+	MOVQ ss+64(FP), R9
+
+kscalesAVX512M_loop:
+	TESTQ R8, R8
+	JZ    kscalesAVX512M_done
+	TESTQ DI, DI
+	JNZ   kscalesAVX512M_group
+
+	// The next super-block: its header, then its groups.
+	MOVQ BX, DX
+	LEAQ 512(BX), BX
+	MOVQ per+48(FP), DI
+
+kscalesAVX512M_group:
+	VPMOVSXBD (BX)(SI*1), Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS    (DX)(SI*4), Z0, Z0
+	VMOVUPS   Z0, (AX)
+	VPMOVSXBD 64(BX)(SI*1), Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS    256(DX)(SI*4), Z0, Z0
+	VMOVUPS   Z0, (CX)
+	ADDQ      $0x00000080, BX
+	ADDQ      R9, AX
+	ADDQ      R9, CX
+	DECQ      DI
+	DECQ      R8
+	JMP       kscalesAVX512M_loop
+
+kscalesAVX512M_done:
 	VZEROUPPER
 	RET
 

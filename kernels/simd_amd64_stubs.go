@@ -474,6 +474,16 @@ func opAVX2S6x2p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc in
 //go:noescape
 func opAVX2S6x3p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, o *float32, bk int, ss int)
 
+// kscalesAVX2 writes a panel's fp32 scales for groups groups from the K-quants' factors (see kernels' kscales).
+//
+//go:noescape
+func kscalesAVX2(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+
+// kscalesAVX2M writes a panel's fp32 scales and offsets for groups groups from the K-quants' factors (see kernels' kscales).
+//
+//go:noescape
+func kscalesAVX2M(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+
 // dot8AVX2U4x1 is dot8AVX512U4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
 //
 //go:noescape
@@ -1847,6 +1857,16 @@ func opAVX512S6x6p2(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc 
 //
 //go:noescape
 func dqAVX512S6(dst *float32, b *byte, k int, s *float32, o *float32)
+
+// kscalesAVX512 writes a panel's fp32 scales for groups groups from the K-quants' factors (see kernels' kscales).
+//
+//go:noescape
+func kscalesAVX512(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
+
+// kscalesAVX512M writes a panel's fp32 scales and offsets for groups groups from the K-quants' factors (see kernels' kscales).
+//
+//go:noescape
+func kscalesAVX512M(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)
 
 // opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //

@@ -69,6 +69,7 @@ func main() {
 		outerKernels(is, "Q8")
 		outerKernels(is, "Q8M")
 		narrowKernels(is)
+		kscalesKernels(is)
 		if is.lanes == 8 {
 			dot8AVX2Kernels()
 			routerDotLoop(true)

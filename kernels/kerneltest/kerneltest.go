@@ -396,6 +396,82 @@ func INT8CodeWeights(rng *rand.Rand, rows, cols, group, lo, n int, offsets bool)
 	return m, vals
 }
 
+// KQuantWeights returns a random [rows, cols] matrix in groups of group
+// whose scales (and offsets) are factored as GGUF's K-quants factor them
+// (kernels.WithSuperScales: d·sc and −dmin·m, super-blocks of up to 8
+// groups): UINT4 codes (Q4_K's, with offsets) when dt is kernels.UINT4,
+// else INT8 codes uniform in [lo, lo+n) (Q5_K's with offsets, Q6_K's
+// without); and its values in float64.
+func KQuantWeights(rng *rand.Rand, dt kernels.DType, rows, cols, group, lo, n int, offsets bool) (kernels.Matrix, [][]float64) {
+	gc := cols / group
+	per := 1
+	for per < 8 && gc%(2*per) == 0 {
+		per *= 2
+	}
+	groups := rows * gc
+	d, sc := make([]float32, groups/per), make([]int8, groups)
+	var dmin []float32
+	var mins []int8
+	for i := range d {
+		d[i] = float32(rng.Float64()*0.001 + 1e-4)
+	}
+	for i := range sc {
+		sc[i] = int8(rng.IntN(128) - 64)
+	}
+	scales, offs := make([]float32, groups), []float32(nil)
+	sb := func(i int) int { return i/gc*(gc/per) + i%gc/per }
+	for i := range scales {
+		scales[i] = d[sb(i)] * float32(sc[i])
+	}
+	if offsets {
+		dmin, mins, offs = make([]float32, groups/per), make([]int8, groups), make([]float32, groups)
+		for i := range dmin {
+			dmin[i] = float32(rng.Float64()*0.002 + 1e-4)
+		}
+		for i := range mins {
+			mins[i] = int8(rng.IntN(64))
+			offs[i] = -(dmin[sb(i)] * float32(mins[i]))
+		}
+	}
+	codes := make([]int, rows*cols)
+	for i := range codes {
+		if dt == kernels.UINT4 {
+			codes[i] = rng.IntN(16)
+		} else {
+			codes[i] = lo + rng.IntN(n)
+		}
+	}
+	vals := make([][]float64, rows)
+	for r := range vals {
+		vals[r] = make([]float64, cols)
+		for c := range vals[r] {
+			vals[r][c] = codeValue(float64(codes[r*cols+c]), scales, offs, r*gc+c/group)
+		}
+	}
+	var m kernels.Matrix
+	var err error
+	if dt == kernels.UINT4 {
+		packed := make([]uint8, rows*cols/2)
+		for i, c := range codes {
+			packed[i/2] |= uint8(c) << (4 * (i % 2))
+		}
+		m, err = kernels.NewUINT4(rows, cols, group, packed, scales, offs)
+	} else {
+		i8 := make([]int8, len(codes))
+		for i, c := range codes {
+			i8[i] = int8(c)
+		}
+		m, err = kernels.NewINT8(rows, cols, group, i8, scales, offs)
+	}
+	if err == nil {
+		m, err = kernels.WithSuperScales(m, per, d, dmin, sc, mins)
+	}
+	if err != nil {
+		panic(err)
+	}
+	return m, vals
+}
+
 // groupParams returns n random scales (positive and negative, up to
 // 0.01) and, when offsets is set, n offsets (up to ±0.05); nil otherwise.
 func groupParams(rng *rand.Rand, n int, offsets bool) (scales, offs []float32) {

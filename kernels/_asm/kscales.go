@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The exact mode's scales from the K-quants' factors: a packed matrix
+// holds its scales (and offsets) only as the factors (kernels' kmeta, the
+// int8-dot layout: a super-block's d and −dmin for 16 rows a panel, then
+// each group's int8 sc and m), and a call makes the fp32 ones its kernels
+// read, d·sc and −dmin·m (exact products), for the groups it runs.
+
+// kscalesKernel emits kscales<isa><M>: for groups groups of one panel,
+// scales to s (and with offsets the offsets to o), 16 floats a group,
+// moving on ss bytes a group. base is the current super-block's start
+// (d at base + 4·lane, −dmin 256 bytes on), fac its next group's factors
+// (sc at fac + lane, m 64 bytes on), left the groups of the super-block
+// from fac on; per the groups of a super-block.
+func kscalesKernel(is isa, offsets bool) {
+	name := "kscales" + is.name
+	hdr, grp := 256, 64
+	if offsets {
+		name += "M"
+		hdr, grp = 512, 128
+	}
+	TEXT(name, NOSPLIT, "func(s *float32, o *float32, base *byte, fac *byte, lane int, left int, per int, groups int, ss int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s writes a panel's fp32 scales%s for groups groups from the K-quants' factors (see kernels' kscales).", name,
+		map[bool]string{true: " and offsets", false: ""}[offsets]))
+	s := Load(Param("s"), GP64())
+	var o GPVirtual
+	if offsets {
+		o = GP64()
+		Load(Param("o"), o)
+	}
+	base := Load(Param("base"), GP64())
+	fac := Load(Param("fac"), GP64())
+	lane := Load(Param("lane"), GP64())
+	left := Load(Param("left"), GP64())
+	n := Load(Param("groups"), GP64())
+	ss := Load(Param("ss"), GP64())
+	Label(name + "_loop")
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_done"))
+	TESTQ(left, left)
+	JNZ(LabelRef(name + "_group"))
+	Comment("The next super-block: its header, then its groups.")
+	MOVQ(fac, base)
+	LEAQ(Mem{Base: fac, Disp: hdr}, fac)
+	Load(Param("per"), left)
+	Label(name + "_group")
+	for v := range panelWidth / is.lanes {
+		for h, dst := range []Register{s, o} {
+			if h == 1 && !offsets {
+				continue
+			}
+			x := is.vec()
+			VPMOVSXBD(Mem{Base: fac, Index: lane, Scale: 1, Disp: 64*h + is.lanes*v}, x)
+			VCVTDQ2PS(x, x)
+			VMULPS(Mem{Base: base, Index: lane, Scale: 4, Disp: 256*h + 4*is.lanes*v}, x, x)
+			VMOVUPS(x, Mem{Base: dst, Disp: 4 * is.lanes * v})
+		}
+	}
+	ADDQ(U32(grp), fac)
+	ADDQ(ss, s)
+	if offsets {
+		ADDQ(ss, o)
+	}
+	DECQ(left)
+	DECQ(n)
+	JMP(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+func kscalesKernels(is isa) {
+	kscalesKernel(is, false)
+	kscalesKernel(is, true)
+}
