@@ -63,7 +63,7 @@ func Pack(m Matrix) Matrix {
 		p.u16 = hugepage.Slice[uint16](n)
 		packRows(p.u16, m.u16, m.Rows, K)
 	}
-	if m.DType == UINT4 || m.DType == INT8 {
+	if m.DType == UINT4 || m.DType == INT8 || m.DType == MXFP4 || m.DType == INT4 {
 		// The panels hold the scales and offsets (blockScales.scale): no
 		// fp32 grid beside them. With the K-quants' factors, only those,
 		// as the int8-dot kernels read them: the exact kernels' fp32

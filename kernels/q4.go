@@ -49,7 +49,7 @@ func NewMXFP4(rows, cols int, blocks, scales []uint8) (Matrix, error) {
 		}
 		f[i] = float32(math.Ldexp(1, int(e)-127))
 	}
-	q := &blockScales{rows: 1, cols: 32, gridCols: g, grid: f}
+	q := &blockScales{rows: 1, cols: 32, gridCols: g, grid: f, groups: len(f)}
 	return Matrix{DType: MXFP4, Rows: rows, Cols: cols, u8: blocks[:rows*cols/2], q: q, lut: &e2m1}, nil
 }
 
@@ -77,7 +77,7 @@ func NewINT4(rows, cols, group int, packed []uint8, scales []float32) (Matrix, e
 			return Matrix{}, fmt.Errorf("kernels: int4 scale [%d, %d] is %v: want a finite value", i/g, i%g, s)
 		}
 	}
-	q := &blockScales{rows: 1, cols: group, gridCols: g, grid: scales}
+	q := &blockScales{rows: 1, cols: group, gridCols: g, grid: scales[:rows*g], groups: rows * g}
 	return Matrix{DType: INT4, Rows: rows, Cols: cols, u8: packed[:rows*cols/2], q: q, lut: &int4}, nil
 }
 
@@ -102,7 +102,8 @@ func (m Matrix) GroupSize() int {
 
 // Q4Data returns a 4-bit matrix's nibbles row-major ([Rows, Cols/2]
 // bytes, the even column low; unpacked when m is packed: then a copy), its
-// scales ([Rows, Cols/group], shared) and group, and false for other dtypes.
+// scales ([Rows, Cols/group]: shared, or when packed a copy made from its
+// panels) and group, and false for other dtypes.
 func (m Matrix) Q4Data() (data []uint8, scales []float32, group int, ok bool) {
 	if m.DType != MXFP4 && m.DType != INT4 {
 		return nil, nil, 0, false
@@ -118,7 +119,8 @@ func (m Matrix) Q4Data() (data []uint8, scales []float32, group int, ok bool) {
 			}
 		}
 	}
-	return data, m.q.grid, m.q.cols, true
+	scales, _ = m.q.scales()
+	return data, scales, m.q.cols, true
 }
 
 // q4RowF32 widens row i of a row-major 4-bit matrix into dst[:Cols].

@@ -540,8 +540,9 @@ func TestLoadGGUFCodes(t *testing.T) {
 			if bits, ok := map[string]int64{"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}[types[2]]; ok { // held in their bits
 				x0, ok := l.Expert(0)
 				require.True(t, ok)
-				d := x0.Down
-				require.Equal(t, int64(H*I)*bits/8, d.Bytes()-int64(d.ScaleBytes()), "%v: the down projection's codes", types)
+				if d := x0.Down; d.Packed() { // row-major where no kernels run packed weights (purego)
+					require.Equal(t, int64(H*I)*bits/8, d.Bytes()-int64(d.ScaleBytes()), "%v: the down projection's codes", types)
+				}
 			}
 			// The int8-dot mode, asked for: llama.cpp's error, not ours.
 			require.Equal(t, kernels.Exact, l.Numerics())
