@@ -382,6 +382,32 @@ func TestQuantizeRow(t *testing.T) {
 	}
 }
 
+// BenchmarkQuantizeRow times quantizing one DeepSeek-V2-Lite hidden row
+// (2048 activations, groups of 32) for the int8-dot mode, on each
+// implementation:
+//
+//	go test -run '^$' -bench QuantizeRow ./kernels
+func BenchmarkQuantizeRow(b *testing.B) {
+	const K, g = 2048, 32
+	rng := rand.New(rand.NewPCG(5, 5))
+	x := make([]float32, K)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	out := make([]byte, K/g*(g+16))
+	for _, impl := range Implementations() {
+		b.Run(impl, func(b *testing.B) {
+			restore, err := Use(impl)
+			require.NoError(b, err)
+			defer restore()
+			b.SetBytes(4 * K)
+			for b.Loop() {
+				quantizeRow(out, x, g)
+			}
+		})
+	}
+}
+
 // TestInt8DotRefused: the mode is taken only for the weights it is
 // defined on, with an error naming why otherwise.
 func TestInt8DotRefused(t *testing.T) {

@@ -28,6 +28,7 @@ func init() {
 		s.outerS5, s.outerU5M, s.outerS6 = outerS5AVX2, outerU5MAVX2, outerS6AVX2
 		s.kscale, s.kscaleM = kscalesAVX2, kscalesAVX2M
 		s.dot8 = &dot8AVX2
+		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX2G8, quant8AVX2G16, quant8AVX2G32
 		s.routerDot = routerDotAVX2
 		register(s)
 	}

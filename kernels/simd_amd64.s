@@ -16658,6 +16658,385 @@ dot8AVX2S6Kx2_store:
 	VZEROUPPER
 	RET
 
+// func quant8AVX2G8(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2
+TEXT ·quant8AVX2G8(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), AX
+	MOVQ x+8(FP), CX
+	MOVQ blocks+16(FP), DX
+
+quant8AVX2G8_block:
+	TESTQ        DX, DX
+	JZ           quant8AVX2G8_done
+	VMOVUPS      (CX), Y1
+	VPAND        quant8Abs<>+0(SB), Y1, Y0
+	VMOVUPS      32(CX), Y2
+	VPAND        quant8Abs<>+0(SB), Y2, Y3
+	VPMAXUD      Y3, Y0, Y0
+	VMOVUPS      64(CX), Y3
+	VPAND        quant8Abs<>+0(SB), Y3, Y8
+	VPMAXUD      Y8, Y0, Y0
+	VMOVUPS      96(CX), Y8
+	VPAND        quant8Abs<>+0(SB), Y8, Y9
+	VPMAXUD      Y9, Y0, Y0
+	VXORPS       X9, X9, X9
+	VEXTRACTI128 $0x01, Y0, X10
+	VPMAXUD      X10, X0, X10
+	VPSHUFD      $0x4e, X10, X0
+	VPMAXUD      X0, X10, X10
+	VPSHUFD      $0xb1, X10, X0
+	VPMAXUD      X0, X10, X10
+	VDIVSS       quant8Hi<>+0(SB), X10, X0
+	VMOVSS       quant8One<>+0(SB), X10
+	VDIVSS       X0, X10, X10
+	VCMPSS       $0x04, X9, X0, X9
+	VANDPS       X9, X10, X10
+	VBROADCASTSS X10, Y9
+	VMULPS       Y9, Y1, Y1
+	VCMPPS       $0x07, Y1, Y1, Y10
+	VMINPS       quant8Hi<>+0(SB), Y1, Y1
+	VMAXPS       quant8Lo<>+0(SB), Y1, Y1
+	VCVTPS2DQ    Y1, Y1
+	VPAND        Y10, Y1, Y1
+	VMULPS       Y9, Y2, Y2
+	VCMPPS       $0x07, Y2, Y2, Y10
+	VMINPS       quant8Hi<>+0(SB), Y2, Y2
+	VMAXPS       quant8Lo<>+0(SB), Y2, Y2
+	VCVTPS2DQ    Y2, Y2
+	VPAND        Y10, Y2, Y2
+	VMULPS       Y9, Y3, Y3
+	VCMPPS       $0x07, Y3, Y3, Y10
+	VMINPS       quant8Hi<>+0(SB), Y3, Y3
+	VMAXPS       quant8Lo<>+0(SB), Y3, Y3
+	VCVTPS2DQ    Y3, Y3
+	VPAND        Y10, Y3, Y3
+	VMULPS       Y9, Y8, Y8
+	VCMPPS       $0x07, Y8, Y8, Y9
+	VMINPS       quant8Hi<>+0(SB), Y8, Y8
+	VMAXPS       quant8Lo<>+0(SB), Y8, Y8
+	VCVTPS2DQ    Y8, Y8
+	VPAND        Y9, Y8, Y8
+	VPACKSSDW    Y2, Y1, Y9
+	VPACKSSDW    Y8, Y3, Y10
+	VPACKSSWB    Y10, Y9, Y9
+	VMOVDQU      quant8Order<>+0(SB), Y10
+	VPERMD       Y9, Y10, Y9
+	VEXTRACTI128 $0x01, Y9, X10
+	VEXTRACTI128 $0x01, Y1, X11
+	VPADDD       X11, X1, X11
+	VPSHUFD      $0x4e, X11, X1
+	VPADDD       X1, X11, X11
+	VPSHUFD      $0xb1, X11, X1
+	VPADDD       X1, X11, X11
+	VMOVQ        X9, (AX)
+	VMOVD        X11, BX
+	VCVTSI2SSL   BX, X4, X4
+	VMULSS       X0, X4, X4
+	VMOVSS       X0, 8(AX)
+	VMOVSS       X4, 12(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 16(AX)
+	MOVL         $0x00000000, 20(AX)
+	VEXTRACTI128 $0x01, Y2, X1
+	VPADDD       X1, X2, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPADDD       X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPADDD       X2, X1, X1
+	VPEXTRQ      $0x01, X9, 24(AX)
+	VMOVD        X1, BX
+	VCVTSI2SSL   BX, X5, X5
+	VMULSS       X0, X5, X5
+	VMOVSS       X0, 32(AX)
+	VMOVSS       X5, 36(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 40(AX)
+	MOVL         $0x00000000, 44(AX)
+	VEXTRACTI128 $0x01, Y3, X1
+	VPADDD       X1, X3, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPADDD       X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPADDD       X2, X1, X1
+	VMOVQ        X10, 48(AX)
+	VMOVD        X1, BX
+	VCVTSI2SSL   BX, X6, X6
+	VMULSS       X0, X6, X6
+	VMOVSS       X0, 56(AX)
+	VMOVSS       X6, 60(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 64(AX)
+	MOVL         $0x00000000, 68(AX)
+	VEXTRACTI128 $0x01, Y8, X1
+	VPADDD       X1, X8, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPADDD       X2, X1, X1
+	VPSHUFD      $0xb1, X1, X2
+	VPADDD       X2, X1, X1
+	VPEXTRQ      $0x01, X10, 72(AX)
+	VMOVD        X1, BX
+	VCVTSI2SSL   BX, X7, X7
+	VMULSS       X0, X7, X7
+	VMOVSS       X0, 80(AX)
+	VMOVSS       X7, 84(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 88(AX)
+	MOVL         $0x00000000, 92(AX)
+	ADDQ         $0x00000080, CX
+	ADDQ         $0x00000060, AX
+	DECQ         DX
+	JMP          quant8AVX2G8_block
+
+quant8AVX2G8_done:
+	VZEROUPPER
+	RET
+
+DATA quant8Abs<>+0(SB)/4, $0x7fffffff
+DATA quant8Abs<>+4(SB)/4, $0x7fffffff
+DATA quant8Abs<>+8(SB)/4, $0x7fffffff
+DATA quant8Abs<>+12(SB)/4, $0x7fffffff
+DATA quant8Abs<>+16(SB)/4, $0x7fffffff
+DATA quant8Abs<>+20(SB)/4, $0x7fffffff
+DATA quant8Abs<>+24(SB)/4, $0x7fffffff
+DATA quant8Abs<>+28(SB)/4, $0x7fffffff
+GLOBL quant8Abs<>(SB), RODATA|NOPTR, $32
+
+DATA quant8Hi<>+0(SB)/4, $0x42fe0000
+DATA quant8Hi<>+4(SB)/4, $0x42fe0000
+DATA quant8Hi<>+8(SB)/4, $0x42fe0000
+DATA quant8Hi<>+12(SB)/4, $0x42fe0000
+DATA quant8Hi<>+16(SB)/4, $0x42fe0000
+DATA quant8Hi<>+20(SB)/4, $0x42fe0000
+DATA quant8Hi<>+24(SB)/4, $0x42fe0000
+DATA quant8Hi<>+28(SB)/4, $0x42fe0000
+GLOBL quant8Hi<>(SB), RODATA|NOPTR, $32
+
+DATA quant8Lo<>+0(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+4(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+8(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+12(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+16(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+20(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+24(SB)/4, $0xc2fe0000
+DATA quant8Lo<>+28(SB)/4, $0xc2fe0000
+GLOBL quant8Lo<>(SB), RODATA|NOPTR, $32
+
+DATA quant8Order<>+0(SB)/4, $0x00000000
+DATA quant8Order<>+4(SB)/4, $0x00000004
+DATA quant8Order<>+8(SB)/4, $0x00000001
+DATA quant8Order<>+12(SB)/4, $0x00000005
+DATA quant8Order<>+16(SB)/4, $0x00000002
+DATA quant8Order<>+20(SB)/4, $0x00000006
+DATA quant8Order<>+24(SB)/4, $0x00000003
+DATA quant8Order<>+28(SB)/4, $0x00000007
+GLOBL quant8Order<>(SB), RODATA|NOPTR, $32
+
+DATA quant8One<>+0(SB)/4, $0x3f800000
+DATA quant8One<>+4(SB)/4, $0x3f800000
+DATA quant8One<>+8(SB)/4, $0x3f800000
+DATA quant8One<>+12(SB)/4, $0x3f800000
+DATA quant8One<>+16(SB)/4, $0x3f800000
+DATA quant8One<>+20(SB)/4, $0x3f800000
+DATA quant8One<>+24(SB)/4, $0x3f800000
+DATA quant8One<>+28(SB)/4, $0x3f800000
+GLOBL quant8One<>(SB), RODATA|NOPTR, $32
+
+// func quant8AVX2G16(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2
+TEXT ·quant8AVX2G16(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), AX
+	MOVQ x+8(FP), CX
+	MOVQ blocks+16(FP), DX
+
+quant8AVX2G16_block:
+	TESTQ        DX, DX
+	JZ           quant8AVX2G16_done
+	VMOVUPS      (CX), Y1
+	VPAND        quant8Abs<>+0(SB), Y1, Y0
+	VMOVUPS      32(CX), Y2
+	VPAND        quant8Abs<>+0(SB), Y2, Y3
+	VPMAXUD      Y3, Y0, Y0
+	VMOVUPS      64(CX), Y3
+	VPAND        quant8Abs<>+0(SB), Y3, Y6
+	VPMAXUD      Y6, Y0, Y0
+	VMOVUPS      96(CX), Y6
+	VPAND        quant8Abs<>+0(SB), Y6, Y7
+	VPMAXUD      Y7, Y0, Y0
+	VXORPS       X7, X7, X7
+	VEXTRACTI128 $0x01, Y0, X8
+	VPMAXUD      X8, X0, X8
+	VPSHUFD      $0x4e, X8, X0
+	VPMAXUD      X0, X8, X8
+	VPSHUFD      $0xb1, X8, X0
+	VPMAXUD      X0, X8, X8
+	VDIVSS       quant8Hi<>+0(SB), X8, X0
+	VMOVSS       quant8One<>+0(SB), X8
+	VDIVSS       X0, X8, X8
+	VCMPSS       $0x04, X7, X0, X7
+	VANDPS       X7, X8, X8
+	VBROADCASTSS X8, Y7
+	VMULPS       Y7, Y1, Y1
+	VCMPPS       $0x07, Y1, Y1, Y8
+	VMINPS       quant8Hi<>+0(SB), Y1, Y1
+	VMAXPS       quant8Lo<>+0(SB), Y1, Y1
+	VCVTPS2DQ    Y1, Y1
+	VPAND        Y8, Y1, Y1
+	VMULPS       Y7, Y2, Y2
+	VCMPPS       $0x07, Y2, Y2, Y8
+	VMINPS       quant8Hi<>+0(SB), Y2, Y2
+	VMAXPS       quant8Lo<>+0(SB), Y2, Y2
+	VCVTPS2DQ    Y2, Y2
+	VPAND        Y8, Y2, Y2
+	VMULPS       Y7, Y3, Y3
+	VCMPPS       $0x07, Y3, Y3, Y8
+	VMINPS       quant8Hi<>+0(SB), Y3, Y3
+	VMAXPS       quant8Lo<>+0(SB), Y3, Y3
+	VCVTPS2DQ    Y3, Y3
+	VPAND        Y8, Y3, Y3
+	VMULPS       Y7, Y6, Y6
+	VCMPPS       $0x07, Y6, Y6, Y7
+	VMINPS       quant8Hi<>+0(SB), Y6, Y6
+	VMAXPS       quant8Lo<>+0(SB), Y6, Y6
+	VCVTPS2DQ    Y6, Y6
+	VPAND        Y7, Y6, Y6
+	VPACKSSDW    Y2, Y1, Y7
+	VPACKSSDW    Y6, Y3, Y8
+	VPACKSSWB    Y8, Y7, Y7
+	VMOVDQU      quant8Order<>+0(SB), Y8
+	VPERMD       Y7, Y8, Y7
+	VEXTRACTI128 $0x01, Y7, X8
+	VPADDD       Y2, Y1, Y1
+	VEXTRACTI128 $0x01, Y1, X2
+	VPADDD       X2, X1, X2
+	VPSHUFD      $0x4e, X2, X1
+	VPADDD       X1, X2, X2
+	VPSHUFD      $0xb1, X2, X1
+	VPADDD       X1, X2, X2
+	VMOVDQU      X7, (AX)
+	VMOVD        X2, BX
+	VCVTSI2SSL   BX, X4, X4
+	VMULSS       X0, X4, X4
+	VMOVSS       X0, 16(AX)
+	VMOVSS       X4, 20(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 24(AX)
+	MOVL         $0x00000000, 28(AX)
+	VPADDD       Y6, Y3, Y1
+	VEXTRACTI128 $0x01, Y1, X2
+	VPADDD       X2, X1, X2
+	VPSHUFD      $0x4e, X2, X1
+	VPADDD       X1, X2, X2
+	VPSHUFD      $0xb1, X2, X1
+	VPADDD       X1, X2, X2
+	VMOVDQU      X8, 32(AX)
+	VMOVD        X2, BX
+	VCVTSI2SSL   BX, X5, X5
+	VMULSS       X0, X5, X5
+	VMOVSS       X0, 48(AX)
+	VMOVSS       X5, 52(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 56(AX)
+	MOVL         $0x00000000, 60(AX)
+	ADDQ         $0x00000080, CX
+	ADDQ         $0x00000040, AX
+	DECQ         DX
+	JMP          quant8AVX2G16_block
+
+quant8AVX2G16_done:
+	VZEROUPPER
+	RET
+
+// func quant8AVX2G32(out *byte, x *float32, blocks int)
+// Requires: AVX, AVX2
+TEXT ·quant8AVX2G32(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), AX
+	MOVQ x+8(FP), CX
+	MOVQ blocks+16(FP), DX
+
+quant8AVX2G32_block:
+	TESTQ        DX, DX
+	JZ           quant8AVX2G32_done
+	VMOVUPS      (CX), Y1
+	VPAND        quant8Abs<>+0(SB), Y1, Y0
+	VMOVUPS      32(CX), Y2
+	VPAND        quant8Abs<>+0(SB), Y2, Y3
+	VPMAXUD      Y3, Y0, Y0
+	VMOVUPS      64(CX), Y3
+	VPAND        quant8Abs<>+0(SB), Y3, Y5
+	VPMAXUD      Y5, Y0, Y0
+	VMOVUPS      96(CX), Y5
+	VPAND        quant8Abs<>+0(SB), Y5, Y6
+	VPMAXUD      Y6, Y0, Y0
+	VXORPS       X6, X6, X6
+	VEXTRACTI128 $0x01, Y0, X7
+	VPMAXUD      X7, X0, X7
+	VPSHUFD      $0x4e, X7, X0
+	VPMAXUD      X0, X7, X7
+	VPSHUFD      $0xb1, X7, X0
+	VPMAXUD      X0, X7, X7
+	VDIVSS       quant8Hi<>+0(SB), X7, X0
+	VMOVSS       quant8One<>+0(SB), X7
+	VDIVSS       X0, X7, X7
+	VCMPSS       $0x04, X6, X0, X6
+	VANDPS       X6, X7, X7
+	VBROADCASTSS X7, Y6
+	VMULPS       Y6, Y1, Y1
+	VCMPPS       $0x07, Y1, Y1, Y7
+	VMINPS       quant8Hi<>+0(SB), Y1, Y1
+	VMAXPS       quant8Lo<>+0(SB), Y1, Y1
+	VCVTPS2DQ    Y1, Y1
+	VPAND        Y7, Y1, Y1
+	VMULPS       Y6, Y2, Y2
+	VCMPPS       $0x07, Y2, Y2, Y7
+	VMINPS       quant8Hi<>+0(SB), Y2, Y2
+	VMAXPS       quant8Lo<>+0(SB), Y2, Y2
+	VCVTPS2DQ    Y2, Y2
+	VPAND        Y7, Y2, Y2
+	VMULPS       Y6, Y3, Y3
+	VCMPPS       $0x07, Y3, Y3, Y7
+	VMINPS       quant8Hi<>+0(SB), Y3, Y3
+	VMAXPS       quant8Lo<>+0(SB), Y3, Y3
+	VCVTPS2DQ    Y3, Y3
+	VPAND        Y7, Y3, Y3
+	VMULPS       Y6, Y5, Y5
+	VCMPPS       $0x07, Y5, Y5, Y6
+	VMINPS       quant8Hi<>+0(SB), Y5, Y5
+	VMAXPS       quant8Lo<>+0(SB), Y5, Y5
+	VCVTPS2DQ    Y5, Y5
+	VPAND        Y6, Y5, Y5
+	VPACKSSDW    Y2, Y1, Y6
+	VPACKSSDW    Y5, Y3, Y7
+	VPACKSSWB    Y7, Y6, Y6
+	VMOVDQU      quant8Order<>+0(SB), Y7
+	VPERMD       Y6, Y7, Y6
+	VEXTRACTI128 $0x01, Y6, X7
+	VPADDD       Y2, Y1, Y1
+	VPADDD       Y5, Y3, Y2
+	VPADDD       Y2, Y1, Y1
+	VEXTRACTI128 $0x01, Y1, X2
+	VPADDD       X2, X1, X2
+	VPSHUFD      $0x4e, X2, X1
+	VPADDD       X1, X2, X2
+	VPSHUFD      $0xb1, X2, X1
+	VPADDD       X1, X2, X2
+	VMOVDQU      Y6, (AX)
+	VMOVD        X2, BX
+	VCVTSI2SSL   BX, X4, X4
+	VMULSS       X0, X4, X4
+	VMOVSS       X0, 32(AX)
+	VMOVSS       X4, 36(AX)
+	SHLL         $0x07, BX
+	MOVL         BX, 40(AX)
+	MOVL         $0x00000000, 44(AX)
+	ADDQ         $0x00000080, CX
+	ADDQ         $0x00000030, AX
+	DECQ         DX
+	JMP          quant8AVX2G32_block
+
+quant8AVX2G32_done:
+	VZEROUPPER
+	RET
+
 // func routerDotAVX2(x *float32, w *float32, n int, part *[32]float64)
 // Requires: AVX, FMA3
 TEXT ·routerDotAVX2(SB), NOSPLIT, $0-32

@@ -604,6 +604,21 @@ func dot8AVX2S6Kx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc
 //go:noescape
 func dot8AVX2S6Kx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
 
+// quant8AVX2G8 is quant8AVX512G8 on AVX2: the same bytes.
+//
+//go:noescape
+func quant8AVX2G8(out *byte, x *float32, blocks int)
+
+// quant8AVX2G16 is quant8AVX512G16 on AVX2: the same bytes.
+//
+//go:noescape
+func quant8AVX2G16(out *byte, x *float32, blocks int)
+
+// quant8AVX2G32 is quant8AVX512G32 on AVX2: the same bytes.
+//
+//go:noescape
+func quant8AVX2G32(out *byte, x *float32, blocks int)
+
 // routerDotAVX2 adds x[k]·w[k] in float64 into part[k mod 32] for k in [0, n), n a multiple of 32: the router logits' partial sums.
 //
 //go:noescape

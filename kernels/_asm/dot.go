@@ -72,6 +72,7 @@ func main() {
 		kscalesKernels(is)
 		if is.lanes == 8 {
 			dot8AVX2Kernels()
+			quant8AVX2Kernels()
 			routerDotLoop(true)
 			for _, offsets := range []bool{false, true} {
 				for mr := 1; mr <= is.maxMR; mr++ {

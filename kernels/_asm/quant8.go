@@ -158,3 +158,157 @@ func quant8Kernels() {
 		quant8Kernel(g)
 	}
 }
+
+// quant8AVX2Kernel emits quant8AVX2G<g>: quant8AVX512G<g> on AVX2, the
+// same bytes. Four vectors of eight a block; NaN lanes zeroed by an
+// ordered-compare mask; the codes packed to bytes (vpackssdw, vpacksswb)
+// and put back in order (vpermd).
+func quant8AVX2Kernel(g int) {
+	name := fmt.Sprintf("quant8AVX2G%d", g)
+	TEXT(name, NOSPLIT, "func(out *byte, x *float32, blocks int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s is quant8AVX512G%d on AVX2: the same bytes.", name, g))
+	out := Load(Param("out"), GP64())
+	x := Load(Param("x"), GP64())
+	n := Load(Param("blocks"), GP64())
+	// The constants in memory (16 registers are few): the magnitude mask,
+	// ±127.0, 127.0 and 1.0 as scalars, and the order of the packed
+	// bytes' dwords (vpermd).
+	if g == 8 {
+		table := func(name string, v func(i int) uint32) Mem {
+			m := GLOBL(name, RODATA|NOPTR)
+			for i := range 8 {
+				DATA(4*i, U32(v(i)))
+			}
+			return m
+		}
+		quant8Consts.abs = table("quant8Abs", func(int) uint32 { return 0x7FFFFFFF })
+		quant8Consts.hi = table("quant8Hi", func(int) uint32 { return 0x42FE0000 })
+		quant8Consts.lo = table("quant8Lo", func(int) uint32 { return 0xC2FE0000 })
+		quant8Consts.order = table("quant8Order", func(i int) uint32 { return []uint32{0, 4, 1, 5, 2, 6, 3, 7}[i] })
+		quant8Consts.one = table("quant8One", func(int) uint32 { return 0x3F800000 })
+	}
+	abs, hi, lo, c127 := quant8Consts.abs, quant8Consts.hi, quant8Consts.lo, quant8Consts.hi
+	rec := g + 16
+
+	Label(name + "_block")
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_done"))
+	a := make([]VecVirtual, 4)
+	m := YMM()
+	for i := range a {
+		a[i] = YMM()
+		VMOVUPS(Mem{Base: x, Disp: 32 * i}, a[i])
+		if i == 0 {
+			VPAND(abs, a[i], m)
+			continue
+		}
+		u := YMM()
+		VPAND(abs, a[i], u)
+		VPMAXUD(u, m, m)
+	}
+	zero := XMM()
+	VXORPS(zero, zero, zero)
+	v := XMM()
+	VEXTRACTI128(U8(1), m, v)
+	VPMAXUD(v, m.AsX(), v)
+	w := XMM()
+	VPSHUFD(U8(0x4E), v, w)
+	VPMAXUD(w, v, v)
+	VPSHUFD(U8(0xB1), v, w)
+	VPMAXUD(w, v, v)
+	d, id, nz := XMM(), XMM(), XMM()
+	VDIVSS(c127, v, d)
+	VMOVSS(quant8Consts.one, id)
+	VDIVSS(d, id, id)
+	VCMPSS(U8(4), zero, d, nz)
+	VANDPS(nz, id, id)
+	ib := YMM()
+	VBROADCASTSS(id, ib)
+	q := a // in place
+	for i := range a {
+		VMULPS(ib, a[i], q[i])
+		ord := YMM()
+		VCMPPS(U8(7), q[i], q[i], ord) // ordered: not NaN
+		VMINPS(hi, q[i], q[i])
+		VMAXPS(lo, q[i], q[i])
+		VCVTPS2DQ(q[i], q[i])
+		VPAND(ord, q[i], q[i])
+	}
+	p01, p23, bytes := YMM(), YMM(), YMM()
+	VPACKSSDW(q[1], q[0], p01)
+	VPACKSSDW(q[3], q[2], p23)
+	VPACKSSWB(p23, p01, bytes)
+	order := YMM()
+	VMOVDQU(quant8Consts.order, order)
+	VPERMD(bytes, order, bytes) // x[0…31]'s codes in order
+	record := func(r int, codes func(at Mem), sum VecVirtual) {
+		at := Mem{Base: out, Disp: r * rec}
+		codes(at)
+		s := GP32()
+		VMOVD(sum, s)
+		f := XMM()
+		VCVTSI2SSL(s, f, f)
+		VMULSS(d, f, f)
+		VMOVSS(d, at.Offset(g))
+		VMOVSS(f, at.Offset(g+4))
+		SHLL(U8(7), s)
+		MOVL(s, at.Offset(g+8))
+		MOVL(U32(0), at.Offset(g+12))
+	}
+	hsum8 := func(y VecVirtual) VecVirtual {
+		v := XMM()
+		VEXTRACTI128(U8(1), y, v)
+		VPADDD(v, y.AsX(), v)
+		w := XMM()
+		VPSHUFD(U8(0x4E), v, w)
+		VPADDD(w, v, v)
+		VPSHUFD(U8(0xB1), v, w)
+		VPADDD(w, v, v)
+		return v
+	}
+	add := func(a, b VecVirtual) VecVirtual {
+		s := YMM()
+		VPADDD(b, a, s)
+		return s
+	}
+	high := XMM()
+	VEXTRACTI128(U8(1), bytes, high)
+	switch g {
+	case 32:
+		record(0, func(at Mem) { VMOVDQU(bytes, at) }, hsum8(add(add(q[0], q[1]), add(q[2], q[3]))))
+	case 16:
+		record(0, func(at Mem) { VMOVDQU(bytes.AsX(), at) }, hsum8(add(q[0], q[1])))
+		record(1, func(at Mem) { VMOVDQU(high, at) }, hsum8(add(q[2], q[3])))
+	case 8:
+		for i := range 4 {
+			src := bytes.AsX()
+			if i >= 2 {
+				src = high
+			}
+			record(i, func(at Mem) {
+				if i%2 == 0 {
+					VMOVQ(src, at)
+				} else {
+					VPEXTRQ(U8(1), src, at)
+				}
+			}, hsum8(q[i]))
+		}
+	}
+	ADDQ(U32(128), x)
+	ADDQ(U32(32/g*rec), out)
+	DECQ(n)
+	JMP(LabelRef(name + "_block"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// quant8Consts are the AVX2 quantizer's constants (see quant8AVX2Kernel).
+var quant8Consts struct{ abs, hi, lo, one, order Mem }
+
+func quant8AVX2Kernels() {
+	for _, g := range []int{8, 16, 32} {
+		quant8AVX2Kernel(g)
+	}
+}
