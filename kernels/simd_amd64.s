@@ -16680,14 +16680,14 @@ quant8AVX2G8_block:
 	VPAND        quant8Abs<>+0(SB), Y8, Y9
 	VPMAXUD      Y9, Y0, Y0
 	VXORPS       X9, X9, X9
-	VEXTRACTI128 $0x01, Y0, X10
-	VPMAXUD      X10, X0, X10
-	VPSHUFD      $0x4e, X10, X0
-	VPMAXUD      X0, X10, X10
-	VPSHUFD      $0xb1, X10, X0
-	VPMAXUD      X0, X10, X10
-	VDIVSS       quant8Hi<>+0(SB), X10, X0
 	VMOVSS       quant8One<>+0(SB), X10
+	VEXTRACTI128 $0x01, Y0, X11
+	VPMAXUD      X11, X0, X11
+	VPSHUFD      $0x4e, X11, X0
+	VPMAXUD      X0, X11, X11
+	VPSHUFD      $0xb1, X11, X0
+	VPMAXUD      X0, X11, X11
+	VDIVSS       quant8Hi<>+0(SB), X11, X0
 	VDIVSS       X0, X10, X10
 	VCMPSS       $0x04, X9, X0, X9
 	VANDPS       X9, X10, X10
@@ -16863,14 +16863,14 @@ quant8AVX2G16_block:
 	VPAND        quant8Abs<>+0(SB), Y6, Y7
 	VPMAXUD      Y7, Y0, Y0
 	VXORPS       X7, X7, X7
-	VEXTRACTI128 $0x01, Y0, X8
-	VPMAXUD      X8, X0, X8
-	VPSHUFD      $0x4e, X8, X0
-	VPMAXUD      X0, X8, X8
-	VPSHUFD      $0xb1, X8, X0
-	VPMAXUD      X0, X8, X8
-	VDIVSS       quant8Hi<>+0(SB), X8, X0
 	VMOVSS       quant8One<>+0(SB), X8
+	VEXTRACTI128 $0x01, Y0, X9
+	VPMAXUD      X9, X0, X9
+	VPSHUFD      $0x4e, X9, X0
+	VPMAXUD      X0, X9, X9
+	VPSHUFD      $0xb1, X9, X0
+	VPMAXUD      X0, X9, X9
+	VDIVSS       quant8Hi<>+0(SB), X9, X0
 	VDIVSS       X0, X8, X8
 	VCMPSS       $0x04, X7, X0, X7
 	VANDPS       X7, X8, X8
@@ -16968,14 +16968,14 @@ quant8AVX2G32_block:
 	VPAND        quant8Abs<>+0(SB), Y5, Y6
 	VPMAXUD      Y6, Y0, Y0
 	VXORPS       X6, X6, X6
-	VEXTRACTI128 $0x01, Y0, X7
-	VPMAXUD      X7, X0, X7
-	VPSHUFD      $0x4e, X7, X0
-	VPMAXUD      X0, X7, X7
-	VPSHUFD      $0xb1, X7, X0
-	VPMAXUD      X0, X7, X7
-	VDIVSS       quant8Hi<>+0(SB), X7, X0
 	VMOVSS       quant8One<>+0(SB), X7
+	VEXTRACTI128 $0x01, Y0, X8
+	VPMAXUD      X8, X0, X8
+	VPSHUFD      $0x4e, X8, X0
+	VPMAXUD      X0, X8, X8
+	VPSHUFD      $0xb1, X8, X0
+	VPMAXUD      X0, X8, X8
+	VDIVSS       quant8Hi<>+0(SB), X8, X0
 	VDIVSS       X0, X7, X7
 	VCMPSS       $0x04, X6, X0, X6
 	VANDPS       X6, X7, X7

@@ -111,22 +111,7 @@ func dot8Kernel(kind string, mr, np int) {
 	code := dot8CodeOf(kind)
 	offsets := strings.HasSuffix(kind, "M")
 
-	a := make([]GPVirtual, mr)
-	aPtr := Load(Param("a"), GP64())
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-	}
-	b := make([]GPVirtual, np)
-	b[0] = GP64()
-	Load(Param("b"), b[0])
-	if np > 1 {
-		stride := Load(Param("stride"), GP64())
-		for j := 1; j < np; j++ {
-			b[j] = GP64()
-			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
-		}
-	}
+	a, b := rowsAndPanels(mr, np)
 	src := loadDot8Src(super, offsets)
 	var mask VecVirtual
 	if code.nibbles {
@@ -344,19 +329,7 @@ func dot8Tile(acc [][]VecVirtual, width int) func(f func(r VecVirtual, at Mem)) 
 // name_store when no group is left) with, for the K kinds, a super-block's
 // start. It returns the groups left and the byte offset into the panels.
 func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)), src dot8Src) (g, o GPVirtual) {
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(r VecVirtual, at Mem) { VMOVUPS(at, r) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
+	outerStart(name, acc, func() { tile(func(r VecVirtual, at Mem) { VMOVUPS(at, r) }) })
 	g = Load(Param("groups"), GP64()).(GPVirtual)
 	o = GP64() // byte offset into each panel
 	XORQ(o, o)

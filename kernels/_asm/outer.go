@@ -262,22 +262,7 @@ func outer(is isa, dt string, mr, np int) {
 		}
 	}
 
-	a := make([]GPVirtual, mr)
-	aPtr := Load(Param("a"), GP64())
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-	}
-	b := make([]GPVirtual, np)
-	b[0] = GP64()
-	Load(Param("b"), b[0])
-	if np > 1 {
-		stride := Load(Param("stride"), GP64())
-		for j := 1; j < np; j++ {
-			b[j] = GP64()
-			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
-		}
-	}
+	a, b := rowsAndPanels(mr, np)
 	acc := make([][]VecVirtual, mr)
 	for m := range acc {
 		acc[m] = make([]VecVirtual, np*vpp)
@@ -285,33 +270,8 @@ func outer(is isa, dt string, mr, np int) {
 			acc[m][v] = is.vec()
 		}
 	}
-	// tile walks the rows of c: f(m, v, operand) for each accumulator.
-	tile := func(f func(m, v int, at Mem)) {
-		c := Load(Param("c"), GP64())
-		ldc := Load(Param("ldc"), GP64())
-		for m := range acc {
-			if m > 0 {
-				ADDQ(ldc, c)
-			}
-			for v := range acc[m] {
-				f(m, v, Mem{Base: c, Disp: 4 * is.lanes * v})
-			}
-		}
-	}
-
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
+	tile := outerTile(is, acc)
+	outerStart(name, acc, func() { tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) }) })
 	var k, end Register
 	if quant {
 		end = GP64() // the step at which the scale block ends
@@ -415,6 +375,63 @@ func outer(is isa, dt string, mr, np int) {
 //
 //	c[m][16j+l] = fma(a[m][k+1], t[hi]·s[16j+l], fma(a[m][k], t[lo]·s[16j+l], c[m][16j+l]))
 
+// rowsAndPanels loads a kernel's mr activation row pointers (param a)
+// and its np panel pointers (b, then stride bytes apart).
+func rowsAndPanels(mr, np int) (a, b []GPVirtual) {
+	a = make([]GPVirtual, mr)
+	aPtr := Load(Param("a"), GP64())
+	for m := range a {
+		a[m] = GP64()
+		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
+	}
+	b = make([]GPVirtual, np)
+	b[0] = GP64()
+	Load(Param("b"), b[0])
+	if np > 1 {
+		stride := Load(Param("stride"), GP64())
+		for j := 1; j < np; j++ {
+			b[j] = GP64()
+			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
+		}
+	}
+	return a, b
+}
+
+// outerTile returns what walks the rows of c: f(m, v, operand) for each
+// accumulator acc[m][v].
+func outerTile(is isa, acc [][]VecVirtual) func(f func(m, v int, at Mem)) {
+	return func(f func(m, v int, at Mem)) {
+		c := Load(Param("c"), GP64())
+		ldc := Load(Param("ldc"), GP64())
+		for m := range acc {
+			if m > 0 {
+				ADDQ(ldc, c)
+			}
+			for v := range acc[m] {
+				f(m, v, Mem{Base: c, Disp: 4 * is.lanes * v})
+			}
+		}
+	}
+}
+
+// outerStart emits a kernel's chains acc from the tile in c (flags bit 0:
+// load emits the loads) or from zero.
+func outerStart(name string, acc [][]VecVirtual, load func()) {
+	Comment("Start from the tile in c (flags bit 0), or from zero.")
+	flags := Load(Param("flags"), GP64())
+	TESTQ(U32(1), flags)
+	JZ(LabelRef(name + "_zero"))
+	load()
+	JMP(LabelRef(name + "_start"))
+	Label(name + "_zero")
+	for m := range acc {
+		for _, r := range acc[m] {
+			VXORPS(r, r, r)
+		}
+	}
+	Label(name + "_start")
+}
+
 // outerQ4NP is the widest panel count of a 4-bit kernel for MR rows: the
 // accumulators, two weight vectors a panel, two broadcasts, the table and
 // (power-of-two kernels) the exponent constant.
@@ -501,19 +518,7 @@ func outerQ4(mr, np int, pow2, withOffsets bool) {
 			}
 		}
 	}
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
+	outerStart(name, acc, func() { tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) }) })
 	end := Load(Param("bk"), GP64()) // the step at which the scale block ends
 	i := GP64()                      // k index into the activation rows
 	o := GP64()                      // byte offset of step pair i/2 into each panel
@@ -869,19 +874,7 @@ func outerQ4AVX2(mr, np int, withOffsets bool) {
 			}
 		}
 	}
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
+	outerStart(name, acc, func() { tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) }) })
 	end := Load(Param("bk"), GP64())
 	i := GP64()
 	o := GP64()

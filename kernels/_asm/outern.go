@@ -117,22 +117,7 @@ func outerNarrow(is isa, kind string, mr, np int) {
 		}
 	}
 
-	a := make([]GPVirtual, mr)
-	aPtr := Load(Param("a"), GP64())
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-	}
-	b := make([]GPVirtual, np)
-	b[0] = GP64()
-	Load(Param("b"), b[0])
-	if np > 1 {
-		stride := Load(Param("stride"), GP64())
-		for j := 1; j < np; j++ {
-			b[j] = GP64()
-			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
-		}
-	}
+	a, b := rowsAndPanels(mr, np)
 	acc := make([][]VecVirtual, mr)
 	for m := range acc {
 		acc[m] = make([]VecVirtual, np*vpp)
@@ -140,31 +125,8 @@ func outerNarrow(is isa, kind string, mr, np int) {
 			acc[m][v] = is.vec()
 		}
 	}
-	tile := func(f func(m, v int, at Mem)) {
-		c := Load(Param("c"), GP64())
-		ldc := Load(Param("ldc"), GP64())
-		for m := range acc {
-			if m > 0 {
-				ADDQ(ldc, c)
-			}
-			for v := range acc[m] {
-				f(m, v, Mem{Base: c, Disp: 4 * is.lanes * v})
-			}
-		}
-	}
-	Comment("Start from the tile in c (flags bit 0), or from zero.")
-	flags := Load(Param("flags"), GP64())
-	TESTQ(U32(1), flags)
-	JZ(LabelRef(name + "_zero"))
-	tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) })
-	JMP(LabelRef(name + "_start"))
-	Label(name + "_zero")
-	for m := range acc {
-		for _, r := range acc[m] {
-			VXORPS(r, r, r)
-		}
-	}
-	Label(name + "_start")
+	tile := outerTile(is, acc)
+	outerStart(name, acc, func() { tile(func(m, v int, at Mem) { VMOVUPS(at, acc[m][v]) }) })
 	end := GP64()
 	Load(Param("bk"), end)
 	i := GP64() // k index into the activation rows

@@ -17,6 +17,56 @@ import (
 // 128·S and a zero word. The same bytes as the Go loop (a NaN's payload
 // aside).
 
+// quant8Scale emits, from the magnitudes' bits in the 8 lanes of y, the
+// block's d = amax/127 and 1/d (0 where d is 0) in lane 0 of each: amax
+// by vpmaxud, the divisions in fp32 scalars as the Go loop divides. one
+// holds 1.0 and zero 0 in lane 0.
+func quant8Scale(y VecVirtual, c127 Op, one, zero VecVirtual) (d, id VecVirtual) {
+	v := XMM()
+	VEXTRACTI128(U8(1), y, v)
+	VPMAXUD(v, y.AsX(), v)
+	w := XMM()
+	VPSHUFD(U8(0x4E), v, w)
+	VPMAXUD(w, v, v)
+	VPSHUFD(U8(0xB1), v, w)
+	VPMAXUD(w, v, v) // amax in lane 0
+	d, id, nz := XMM(), XMM(), XMM()
+	VDIVSS(c127, v, d) // d = amax/127
+	VDIVSS(d, one, id) // 1/d
+	VCMPSS(U8(4), zero, d, nz)
+	VANDPS(nz, id, id) // 0 where d = 0
+	return d, id
+}
+
+// quant8Record emits a group's record at at: its codes (written by
+// codes), d, d·float32(S) and 128·S (S lane 0 of sum), a zero word.
+func quant8Record(at Mem, g int, d VecVirtual, codes func(at Mem), sum VecVirtual) {
+	codes(at)
+	s := GP32()
+	VMOVD(sum, s)
+	f := XMM()
+	VCVTSI2SSL(s, f, f)
+	VMULSS(d, f, f)
+	VMOVSS(d, at.Offset(g))
+	VMOVSS(f, at.Offset(g+4))
+	SHLL(U8(7), s)
+	MOVL(s, at.Offset(g+8))
+	MOVL(U32(0), at.Offset(g+12))
+}
+
+// hsum8 adds the 8 int32 lanes of y into lane 0 of the result.
+func hsum8(y VecVirtual) VecVirtual {
+	v := XMM()
+	VEXTRACTI128(U8(1), y, v)
+	VPADDD(v, y.AsX(), v)
+	w := XMM()
+	VPSHUFD(U8(0x4E), v, w)
+	VPADDD(w, v, v)
+	VPSHUFD(U8(0xB1), v, w)
+	VPADDD(w, v, v)
+	return v
+}
+
 // quant8Kernel emits quant8AVX512G<g>: blocks blocks of 32 from x into
 // records of g+16 bytes at out.
 func quant8Kernel(g int) {
@@ -60,19 +110,7 @@ func quant8Kernel(g int) {
 	y := YMM()
 	VEXTRACTI64X4(U8(1), m, y)
 	VPMAXUD(y, m.AsY(), y)
-	v := XMM()
-	VEXTRACTI128(U8(1), y, v)
-	VPMAXUD(v, y.AsX(), v)
-	w := XMM()
-	VPSHUFD(U8(0x4E), v, w)
-	VPMAXUD(w, v, v)
-	VPSHUFD(U8(0xB1), v, w)
-	VPMAXUD(w, v, v) // amax in lane 0
-	d, id, nz := XMM(), XMM(), XMM()
-	VDIVSS(c127, v, d) // d = amax/127
-	VDIVSS(d, one, id) // 1/d
-	VCMPSS(U8(4), zero, d, nz)
-	VANDPS(nz, id, id) // 0 where d = 0
+	d, id := quant8Scale(y, c127, one, zero)
 	ib := ZMM()
 	VBROADCASTSS(id, ib)
 	// q: x·(1/d) kept in [−127, 127] (±∞ there too), NaN lanes (0·∞)
@@ -87,31 +125,8 @@ func quant8Kernel(g int) {
 		VCVTPS2DQ_Z(q[i], k, q[i])
 	}
 	// Each group's codes and sum: g lanes of q.
-	record := func(r int, codes func(dst Mem), sum VecVirtual) {
-		at := Mem{Base: out, Disp: r * rec}
-		codes(at)
-		s := GP32()
-		VMOVD(sum, s)
-		f := XMM()
-		VCVTSI2SSL(s, f, f)
-		VMULSS(d, f, f)
-		VMOVSS(d, at.Offset(g))
-		VMOVSS(f, at.Offset(g+4))
-		SHLL(U8(7), s)
-		MOVL(s, at.Offset(g+8))
-		MOVL(U32(0), at.Offset(g+12))
-	}
-	// hsum8 adds the 8 lanes of y into lane 0.
-	hsum8 := func(y VecVirtual) VecVirtual {
-		v := XMM()
-		VEXTRACTI128(U8(1), y, v)
-		VPADDD(v, y.AsX(), v)
-		w := XMM()
-		VPSHUFD(U8(0x4E), v, w)
-		VPADDD(w, v, v)
-		VPSHUFD(U8(0xB1), v, w)
-		VPADDD(w, v, v)
-		return v
+	record := func(r int, codes func(at Mem), sum VecVirtual) {
+		quant8Record(Mem{Base: out, Disp: r * rec}, g, d, codes, sum)
 	}
 	halves := func(z VecVirtual) (lo, hi VecVirtual) {
 		hi = YMM()
@@ -207,22 +222,10 @@ func quant8AVX2Kernel(g int) {
 		VPAND(abs, a[i], u)
 		VPMAXUD(u, m, m)
 	}
-	zero := XMM()
+	zero, one := XMM(), XMM()
 	VXORPS(zero, zero, zero)
-	v := XMM()
-	VEXTRACTI128(U8(1), m, v)
-	VPMAXUD(v, m.AsX(), v)
-	w := XMM()
-	VPSHUFD(U8(0x4E), v, w)
-	VPMAXUD(w, v, v)
-	VPSHUFD(U8(0xB1), v, w)
-	VPMAXUD(w, v, v)
-	d, id, nz := XMM(), XMM(), XMM()
-	VDIVSS(c127, v, d)
-	VMOVSS(quant8Consts.one, id)
-	VDIVSS(d, id, id)
-	VCMPSS(U8(4), zero, d, nz)
-	VANDPS(nz, id, id)
+	VMOVSS(quant8Consts.one, one)
+	d, id := quant8Scale(m, c127, one, zero)
 	ib := YMM()
 	VBROADCASTSS(id, ib)
 	q := a // in place
@@ -243,29 +246,7 @@ func quant8AVX2Kernel(g int) {
 	VMOVDQU(quant8Consts.order, order)
 	VPERMD(bytes, order, bytes) // x[0…31]'s codes in order
 	record := func(r int, codes func(at Mem), sum VecVirtual) {
-		at := Mem{Base: out, Disp: r * rec}
-		codes(at)
-		s := GP32()
-		VMOVD(sum, s)
-		f := XMM()
-		VCVTSI2SSL(s, f, f)
-		VMULSS(d, f, f)
-		VMOVSS(d, at.Offset(g))
-		VMOVSS(f, at.Offset(g+4))
-		SHLL(U8(7), s)
-		MOVL(s, at.Offset(g+8))
-		MOVL(U32(0), at.Offset(g+12))
-	}
-	hsum8 := func(y VecVirtual) VecVirtual {
-		v := XMM()
-		VEXTRACTI128(U8(1), y, v)
-		VPADDD(v, y.AsX(), v)
-		w := XMM()
-		VPSHUFD(U8(0x4E), v, w)
-		VPADDD(w, v, v)
-		VPSHUFD(U8(0xB1), v, w)
-		VPADDD(w, v, v)
-		return v
+		quant8Record(Mem{Base: out, Disp: r * rec}, g, d, codes, sum)
 	}
 	add := func(a, b VecVirtual) VecVirtual {
 		s := YMM()
