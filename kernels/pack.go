@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 
@@ -41,7 +42,7 @@ func Pack(m Matrix) Matrix {
 		p.planes, p.bias = m.narrowCodes(codes)
 		if p.planes > 0 {
 			p.u8 = hugepage.Bytes(n * p.codeBits() / 8)
-			packNarrow(p.u8, m, codes, p.planes, p.bias)
+			packNarrow(p.u8, m, p.planes, p.bias)
 		} else {
 			p.u8 = hugepage.Bytes(n)
 			packRows(p.u8, m.u8, m.Rows, K)
@@ -87,20 +88,34 @@ func narrowUnit(planes uint8) int { return 64 + 16*int(planes) }
 // bytes of nibbles (byte 16p + l: row l's codes of steps 2p, low, and
 // 2p+1, high) and each high bit's plane (16 bytes: a 64-bit word for the
 // even steps, then one for the odd ones, bit 16p + l for row l's step 2p
-// or 2p+1, as the nibbles' bytes). row is scratch [Cols].
-func packNarrow(dst []uint8, m Matrix, row []uint8, planes, bias uint8) {
+// or 2p+1, as the nibbles' bytes), a panel at a time.
+func packNarrow(dst []uint8, m Matrix, planes, bias uint8) {
 	unit := narrowUnit(planes)
-	for i := 0; i < m.Rows; i++ {
-		m.codeRow(i, row)
-		l := i % PanelWidth
-		panel := dst[i/PanelWidth*m.Cols/dot8Unit*unit:]
-		for u := 0; u < m.Cols; u += dot8Unit {
+	K := m.Cols
+	rows := make([]uint8, PanelWidth*K) // a panel's codes plus bias, row-major
+	for p0 := 0; p0 < m.Rows; p0 += PanelWidth {
+		clear(rows)
+		for r := p0; r < min(p0+PanelWidth, m.Rows); r++ {
+			code := rows[(r-p0)*K:][:K]
+			m.codeRow(r, code)
+			for j := range code {
+				code[j] += bias
+			}
+		}
+		panel := dst[p0/PanelWidth*K/dot8Unit*unit:]
+		for u := 0; u < K; u += dot8Unit {
 			un := panel[u/dot8Unit*unit:][:unit]
 			for s := 0; s < dot8Unit; s++ {
-				c := row[u+s] + bias
-				un[16*(s/2)+l] |= c & 15 << (4 * (s & 1))
-				for pl := range int(planes) {
-					un[narrowPlaneAt(pl, s)+l/8] |= c >> (4 + pl) & 1 << (l % 8)
+				var hi4, hi5 uint16 // the step's planes, a bit a row
+				for l := range PanelWidth {
+					c := rows[l*K+u+s]
+					un[16*(s/2)+l] |= c & 15 << (4 * (s & 1))
+					hi4 |= uint16(c>>4&1) << l
+					hi5 |= uint16(c>>5&1) << l
+				}
+				binary.LittleEndian.PutUint16(un[narrowPlaneAt(0, s):], hi4)
+				if planes > 1 {
+					binary.LittleEndian.PutUint16(un[narrowPlaneAt(1, s):], hi5)
 				}
 			}
 		}
