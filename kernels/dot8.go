@@ -23,7 +23,8 @@ import (
 //	acc = fma(float(I), s·d_b, acc)            (s·d_b rounded once)
 //	acc = fma(o, d_b·float(S), acc)            (offsets only; d_b·S rounded once)
 //
-// over the groups in ascending order, from zero: an output depends on its
+// over the groups in ascending order, from zero (MXFP4: c twice the
+// nibble's e2m1 value, s half its block's scale, 2^(E−128)): an output depends on its
 // own activation row and weight row only, and the generic code and the
 // VNNI kernels (vpdpbusd) compute the same bits. The error against exact
 // arithmetic is that of rounding the activations to int8 (about 2^-8 of a
@@ -106,8 +107,8 @@ const dot8Block = 32
 // row l's step i at bit 4l + i.
 const dot8Unit = 8
 
-// PackInt8Dot returns m, a UINT4 or INT8 matrix whose groups are 8, 16 or
-// 32 columns and whose columns are whole blocks of 32, packed for the
+// PackInt8Dot returns m, a UINT4, INT8 or MXFP4 matrix whose groups are
+// 8, 16 or 32 columns and whose columns are whole blocks of 32, packed for the
 // int8-dot mode: its products are computed as the mode defines (see
 // Numerics) by every kernel call, on every implementation. At and RowF32
 // still give the weights' values. Other matrices are an error naming why.
@@ -117,13 +118,15 @@ const dot8Unit = 8
 // (Q5_0) as 5 bits plus 16, unsigned ones below 32 with offsets (Q5_1,
 // Q5_K) as 5 bits, and signed codes in [−32, 32) without offsets (Q6_K,
 // and Q5_0's with K-quant factors, whose kernels read those) as 6 bits
-// plus 32; the products are the same integers either way.
+// plus 32; the products are the same integers either way. MXFP4's codes
+// are twice its e2m1 values (integers in [−12, 12]) and its scales half
+// its blocks' (2^(E−128)): the nibbles stay, a kernel looks their codes up.
 func PackInt8Dot(m Matrix) (Matrix, error) {
 	if m.dot8 {
 		return m, nil
 	}
-	if m.DType != UINT4 && m.DType != INT8 {
-		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need UINT4 or INT8 weights, have %v", m.DType)
+	if m.DType != UINT4 && m.DType != INT8 && m.DType != MXFP4 {
+		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need UINT4, INT8 or MXFP4 weights, have %v", m.DType)
 	}
 	if g := m.q.cols; dot8Block%g != 0 || g%dot8Unit != 0 || m.Cols%dot8Block != 0 {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
@@ -148,6 +151,14 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	} else {
 		p.q = m.q.dot8Scales(m.Rows, m.panels()).dropGrid()
 	}
+	if m.DType == MXFP4 {
+		// Codes twice the e2m1 values (integers in [−12, 12]), scales half
+		// the block's: the same products, exact (see code).
+		for i := range p.q.panel {
+			p.q.panel[i] /= 2
+		}
+		p.q.pow2 = false
+	}
 	unit := p.dot8UnitBytes()
 	p.u8 = hugepage.Bytes(m.panels() * m.Cols / dot8Unit * unit)
 	// Row by row, a unit (8 steps) at a time: the layout of dot8Index.
@@ -156,7 +167,7 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		l := i % PanelWidth
 		row := p.u8[(i-l)/PanelWidth*m.Cols/dot8Unit*unit:]
 		switch {
-		case m.DType == UINT4:
+		case m.DType == UINT4 || m.DType == MXFP4:
 			for u := 0; u < m.Cols; u += dot8Unit {
 				at := u/dot8Unit*64 + 4*l
 				for r := range 4 {
@@ -219,7 +230,7 @@ func (m Matrix) narrowCodes(row []uint8) (planes, bias uint8) {
 // the int8-dot matrix m.
 func (m Matrix) dot8UnitBytes() int {
 	switch {
-	case m.DType == UINT4:
+	case m.DType == UINT4 || m.DType == MXFP4:
 		return 64
 	case m.planes > 0:
 		return 64 + 16*int(m.planes)
@@ -235,19 +246,19 @@ func (m Matrix) codeBits() int {
 	return m.DType.Bits()
 }
 
-// codeRow writes row i's integer codes (UINT4: 0…15; INT8: the int8's
-// bits) to dst [Cols], from m's plain or packed layout (not an int8-dot
+// codeRow writes row i's integer codes (UINT4: 0…15; MXFP4: its nibbles;
+// INT8: the int8's bits) to dst [Cols], from m's plain or packed layout (not an int8-dot
 // one): code for a whole row, its layout's arithmetic out of the loop.
 func (m Matrix) codeRow(i int, dst []uint8) {
 	l := i % PanelWidth
 	switch {
-	case m.DType == UINT4 && m.packed: // a byte a step pair, 16 rows side by side
+	case (m.DType == UINT4 || m.DType == MXFP4) && m.packed: // a byte a step pair, 16 rows side by side
 		src := m.u8[(i-l)*m.Cols/2+l:]
 		for j := 0; j < len(dst); j += 2 {
 			b := src[j/2*PanelWidth]
 			dst[j], dst[j+1] = b&15, b>>4
 		}
-	case m.DType == UINT4: // row-major nibbles, the low one first
+	case m.DType == UINT4 || m.DType == MXFP4: // row-major nibbles, the low one first
 		for j := range dst {
 			k := i*m.Cols + j
 			dst[j] = m.u8[k/2] >> (4 * (k & 1)) & 15
@@ -360,13 +371,16 @@ func (q *blockScales) kmetaAt(g int, min bool) (float32, int8) {
 // side: a tile's (tileCols).
 const dot8Run = tileCols / PanelWidth
 
-// code is the integer code of element [i, j] of a UINT4 or INT8 matrix.
+// code is the integer code of element [i, j] of a UINT4 or INT8 matrix,
+// or of an int8-dot MXFP4 one (twice its e2m1 value).
 func (m Matrix) code(i, j int) int {
 	if m.dot8 {
 		at, shift := m.dot8Index(i, j)
 		switch {
 		case m.DType == UINT4:
 			return int(m.u8[at] >> shift & 15)
+		case m.DType == MXFP4: // twice the e2m1 value
+			return int(2 * m.lut[m.u8[at]>>shift&15])
 		case m.planes > 0:
 			c := int(m.u8[at] >> shift & 15)
 			l, u, r := i%PanelWidth, j/dot8Unit, j%dot8Unit
@@ -613,11 +627,11 @@ type dot8KTable = [maxDot8Rows + 1][]dot8KFunc
 
 // dot8Kernels are an implementation's int8-dot kernels by weight dtype
 // (UINT4, INT8, INT8 codes of 5 bits signed or unsigned and of 6 bits
-// signed, see PackInt8Dot), with offsets or without, and on K-quant
-// factors.
+// signed, see PackInt8Dot, and MXFP4), with offsets or without, and on
+// K-quant factors.
 type dot8Kernels struct {
-	u4, u4m, i8, i8m, s5, u5m, s6 dot8Table
-	u4km, i8k, i8km, u5km, s6k    dot8KTable
+	u4, u4m, i8, i8m, s5, u5m, s6, m4 dot8Table
+	u4km, i8k, i8km, u5km, s6k        dot8KTable
 }
 
 // tables returns s's kernels for the int8-dot matrix b: by its scales, or
@@ -625,6 +639,8 @@ type dot8Kernels struct {
 func (s *dot8Kernels) tables(b Matrix) (t *dot8Table, k *dot8KTable) {
 	offsets := b.q.hasOffsets()
 	switch {
+	case b.DType == MXFP4:
+		return &s.m4, nil
 	case b.planes == 1 && b.bias != 0:
 		return &s.s5, nil
 	case b.planes == 1:

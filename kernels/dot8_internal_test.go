@@ -13,7 +13,8 @@ import (
 )
 
 // dot8Cases are the matrices of the int8-dot tests: UINT4 and INT8, with
-// offsets and without, in groups of 32, 16 and 8.
+// offsets and without, in groups of 32, 16 and 8; with K-quant factors;
+// MXFP4; INT8 codes of 5 and 6 bits.
 func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 	out := map[string]Matrix{}
 	for _, g := range []int{32, 16, 8} {
@@ -111,6 +112,20 @@ func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 		}
 		out[fmt.Sprintf("%v K g%d offsets=%v", c.dt, c.g, c.offsets)] = m
 	}
+	// MXFP4 (scales 2^-8 … 2^2).
+	mx := make([]uint8, rows*cols/2)
+	for i := range mx {
+		mx[i] = uint8(rng.IntN(256))
+	}
+	e8 := make([]uint8, rows*cols/32)
+	for i := range e8 {
+		e8[i] = uint8(119 + rng.IntN(11))
+	}
+	m4, err := NewMXFP4(rows, cols, mx, e8)
+	if err != nil {
+		panic(err)
+	}
+	out["mxfp4"] = m4
 	// INT8 codes of 5 and 6 bits (GGUF's Q5_0, Q5_1, Q6_K without their
 	// factors; Q5_K with them), which PackInt8Dot holds in that many bits.
 	for _, c := range []struct {
@@ -190,11 +205,21 @@ func dot8Reference(x []float32, m Matrix, n int) float32 {
 			var I, S int64
 			for k := g0; k < g0+g; k++ {
 				qv := int64(math.RoundToEven(float64(x[k] * inv)))
-				I += qv * int64(m.code(n, k))
+				var c int64
+				if m.DType == MXFP4 { // twice the e2m1 value
+					c = int64(2 * e2m1[m.nibble(n, k)])
+				} else {
+					c = int64(m.code(n, k))
+				}
+				I += qv * c
 				S += qv
 			}
 			gi := n*m.q.gridCols + g0/g
-			acc = fma32(float32(I), m.q.grid[gi]*d, acc)
+			s := m.q.grid[gi]
+			if m.DType == MXFP4 {
+				s /= 2 // the codes' scale
+			}
+			acc = fma32(float32(I), s*d, acc)
 			if m.q.off != nil {
 				acc = fma32(m.q.off[gi], d*float32(S), acc)
 			}
@@ -414,7 +439,7 @@ func TestInt8DotRefused(t *testing.T) {
 	f, err := NewF32(2, 32, make([]float32, 64))
 	require.NoError(t, err)
 	_, err = PackInt8Dot(f)
-	require.ErrorContains(t, err, "int8dot numerics need UINT4 or INT8 weights, have F32")
+	require.ErrorContains(t, err, "int8dot numerics need UINT4, INT8 or MXFP4 weights, have F32")
 	q, err := NewINT8(2, 64, 64, make([]int8, 128), []float32{1, 1}, nil)
 	require.NoError(t, err)
 	_, err = PackInt8Dot(q)

@@ -113,13 +113,11 @@ func (m Matrix) Q4Data() (data []uint8, scales []float32, group int, ok bool) {
 		data = make([]uint8, m.Rows*m.Cols/2)
 		for i := 0; i < m.Rows; i++ {
 			for j := 0; j < m.Cols; j++ {
-				k := m.packedIndex(i, j)
-				n := m.u8[k/2] >> (4 * (k & 1)) & 15
-				data[(i*m.Cols+j)/2] |= n << (4 * (j & 1))
+				data[(i*m.Cols+j)/2] |= m.nibble(i, j) << (4 * (j & 1))
 			}
 		}
 	}
-	scales, _ = m.q.scales()
+	scales, _ = m.formatScales()
 	return data, scales, m.q.cols, true
 }
 

@@ -203,15 +203,39 @@ func (m Matrix) CodeData() (data []uint8, scales, offsets []float32, group int, 
 				switch {
 				case m.DType == INT8:
 					data[i*m.Cols+j] = uint8(int8(m.code(i, j)))
-				case m.dot8:
-					data[(i*m.Cols+j)/2] |= uint8(m.code(i, j)) << (4 * (j & 1))
 				default:
-					k := m.packedIndex(i, j)
-					data[(i*m.Cols+j)/2] |= m.u8[k/2] >> (4 * (k & 1)) & 15 << (4 * (j & 1))
+					data[(i*m.Cols+j)/2] |= m.nibble(i, j) << (4 * (j & 1))
 				}
 			}
 		}
 	}
-	scales, offsets = m.q.scales()
+	scales, offsets = m.formatScales()
 	return data, scales, offsets, m.q.cols, true
+}
+
+// nibble is the nibble of element [i, j] of a 4-bit matrix, in any
+// layout.
+func (m Matrix) nibble(i, j int) uint8 {
+	if m.dot8 {
+		at, shift := m.dot8Index(i, j)
+		return m.u8[at] >> shift & 15
+	}
+	k := i*m.Cols + j
+	if m.packed {
+		k = m.packedIndex(i, j)
+	}
+	return m.u8[k/2] >> (4 * (k & 1)) & 15
+}
+
+// formatScales returns an integer-code or 4-bit matrix's scales and
+// offsets as its format defines them (see blockScales.scales): an
+// int8-dot MXFP4 matrix holds half its blocks' scales (see PackInt8Dot).
+func (m Matrix) formatScales() (scales, offsets []float32) {
+	scales, offsets = m.q.scales()
+	if m.dot8 && m.DType == MXFP4 { // a copy: the int8-dot matrices hold no grid
+		for i := range scales {
+			scales[i] *= 2
+		}
+	}
+	return scales, offsets
 }

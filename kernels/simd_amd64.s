@@ -13244,6 +13244,72 @@ DATA dot8High1<>+30(SB)/1, $0x20
 DATA dot8High1<>+31(SB)/1, $0x20
 GLOBL dot8High1<>(SB), RODATA|NOPTR, $32
 
+DATA dot8LUT<>+0(SB)/1, $0x10
+DATA dot8LUT<>+1(SB)/1, $0x11
+DATA dot8LUT<>+2(SB)/1, $0x12
+DATA dot8LUT<>+3(SB)/1, $0x13
+DATA dot8LUT<>+4(SB)/1, $0x14
+DATA dot8LUT<>+5(SB)/1, $0x16
+DATA dot8LUT<>+6(SB)/1, $0x18
+DATA dot8LUT<>+7(SB)/1, $0x1c
+DATA dot8LUT<>+8(SB)/1, $0x10
+DATA dot8LUT<>+9(SB)/1, $0x0f
+DATA dot8LUT<>+10(SB)/1, $0x0e
+DATA dot8LUT<>+11(SB)/1, $0x0d
+DATA dot8LUT<>+12(SB)/1, $0x0c
+DATA dot8LUT<>+13(SB)/1, $0x0a
+DATA dot8LUT<>+14(SB)/1, $0x08
+DATA dot8LUT<>+15(SB)/1, $0x04
+DATA dot8LUT<>+16(SB)/1, $0x10
+DATA dot8LUT<>+17(SB)/1, $0x11
+DATA dot8LUT<>+18(SB)/1, $0x12
+DATA dot8LUT<>+19(SB)/1, $0x13
+DATA dot8LUT<>+20(SB)/1, $0x14
+DATA dot8LUT<>+21(SB)/1, $0x16
+DATA dot8LUT<>+22(SB)/1, $0x18
+DATA dot8LUT<>+23(SB)/1, $0x1c
+DATA dot8LUT<>+24(SB)/1, $0x10
+DATA dot8LUT<>+25(SB)/1, $0x0f
+DATA dot8LUT<>+26(SB)/1, $0x0e
+DATA dot8LUT<>+27(SB)/1, $0x0d
+DATA dot8LUT<>+28(SB)/1, $0x0c
+DATA dot8LUT<>+29(SB)/1, $0x0a
+DATA dot8LUT<>+30(SB)/1, $0x08
+DATA dot8LUT<>+31(SB)/1, $0x04
+DATA dot8LUT<>+32(SB)/1, $0x10
+DATA dot8LUT<>+33(SB)/1, $0x11
+DATA dot8LUT<>+34(SB)/1, $0x12
+DATA dot8LUT<>+35(SB)/1, $0x13
+DATA dot8LUT<>+36(SB)/1, $0x14
+DATA dot8LUT<>+37(SB)/1, $0x16
+DATA dot8LUT<>+38(SB)/1, $0x18
+DATA dot8LUT<>+39(SB)/1, $0x1c
+DATA dot8LUT<>+40(SB)/1, $0x10
+DATA dot8LUT<>+41(SB)/1, $0x0f
+DATA dot8LUT<>+42(SB)/1, $0x0e
+DATA dot8LUT<>+43(SB)/1, $0x0d
+DATA dot8LUT<>+44(SB)/1, $0x0c
+DATA dot8LUT<>+45(SB)/1, $0x0a
+DATA dot8LUT<>+46(SB)/1, $0x08
+DATA dot8LUT<>+47(SB)/1, $0x04
+DATA dot8LUT<>+48(SB)/1, $0x10
+DATA dot8LUT<>+49(SB)/1, $0x11
+DATA dot8LUT<>+50(SB)/1, $0x12
+DATA dot8LUT<>+51(SB)/1, $0x13
+DATA dot8LUT<>+52(SB)/1, $0x14
+DATA dot8LUT<>+53(SB)/1, $0x16
+DATA dot8LUT<>+54(SB)/1, $0x18
+DATA dot8LUT<>+55(SB)/1, $0x1c
+DATA dot8LUT<>+56(SB)/1, $0x10
+DATA dot8LUT<>+57(SB)/1, $0x0f
+DATA dot8LUT<>+58(SB)/1, $0x0e
+DATA dot8LUT<>+59(SB)/1, $0x0d
+DATA dot8LUT<>+60(SB)/1, $0x0c
+DATA dot8LUT<>+61(SB)/1, $0x0a
+DATA dot8LUT<>+62(SB)/1, $0x08
+DATA dot8LUT<>+63(SB)/1, $0x04
+GLOBL dot8LUT<>(SB), RODATA|NOPTR, $64
+
 // func dot8AVX2U4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 // Requires: AVX, AVX2, FMA3, MMX+
 TEXT ·dot8AVX2U4x1(SB), NOSPLIT, $0-96
@@ -16655,6 +16721,253 @@ dot8AVX2S6Kx2_store:
 	ADDQ    CX, AX
 	VMOVUPS Y6, (AX)
 	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2M4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2M4x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	VMOVDQU      dot8LUT<>+0(SB), Y1
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X2
+	VPBROADCASTD X2, Y2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2M4x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y3
+	VMOVUPS 32(BX), Y5
+	JMP     dot8AVX2M4x1_start
+
+dot8AVX2M4x1_zero:
+	VXORPS Y3, Y3, Y3
+	VXORPS Y5, Y5, Y5
+
+dot8AVX2M4x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2M4x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2M4x1_store
+	VPXOR Y4, Y4, Y4
+	VPXOR Y6, Y6, Y6
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2M4x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y8
+	VPAND        Y0, Y8, Y7
+	VPSRLW       $0x04, Y8, Y8
+	VPAND        Y0, Y8, Y8
+	VPSHUFB      Y7, Y1, Y7
+	VPSHUFB      Y8, Y1, Y8
+	VPBROADCASTD (AX), Y9
+	VPMADDUBSW   Y9, Y7, Y7
+	VPBROADCASTD 4(AX), Y9
+	VPMADDUBSW   Y9, Y8, Y9
+	VPADDW       Y9, Y7, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VPADDD       Y7, Y4, Y4
+	VMOVDQU      32(CX)(SI*1), Y8
+	VPAND        Y0, Y8, Y7
+	VPSRLW       $0x04, Y8, Y8
+	VPAND        Y0, Y8, Y8
+	VPSHUFB      Y7, Y1, Y7
+	VPSHUFB      Y8, Y1, Y8
+	VPBROADCASTD (AX), Y9
+	VPMADDUBSW   Y9, Y7, Y7
+	VPBROADCASTD 4(AX), Y9
+	VPMADDUBSW   Y9, Y8, Y9
+	VPADDW       Y9, Y7, Y7
+	VPMADDWD     Y2, Y7, Y7
+	VPADDD       Y7, Y6, Y6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX2M4x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VPBROADCASTD 8(AX), Y7
+	VPSRAD       $0x03, Y7, Y7
+	VPSUBD       Y7, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS (AX), Y7
+	VMULPS       (DX), Y7, Y7
+	VFMADD231PS  Y7, Y4, Y3
+	VPBROADCASTD 8(AX), Y4
+	VPSRAD       $0x03, Y4, Y4
+	VPSUBD       Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (AX), Y4
+	VMULPS       32(DX), Y4, Y4
+	VFMADD231PS  Y4, Y6, Y5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2M4x1_group
+
+dot8AVX2M4x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y5, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2M4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2M4x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	VMOVDQU      dot8LUT<>+0(SB), Y1
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2M4x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y3
+	VMOVUPS 32(SI), Y5
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y7
+	VMOVUPS 32(SI), Y9
+	JMP     dot8AVX2M4x2_start
+
+dot8AVX2M4x2_zero:
+	VXORPS Y3, Y3, Y3
+	VXORPS Y5, Y5, Y5
+	VXORPS Y7, Y7, Y7
+	VXORPS Y9, Y9, Y9
+
+dot8AVX2M4x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2M4x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2M4x2_store
+	VPXOR Y4, Y4, Y4
+	VPXOR Y6, Y6, Y6
+	VPXOR Y8, Y8, Y8
+	VPXOR Y10, Y10, Y10
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2M4x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y12
+	VPAND        Y0, Y12, Y11
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y0, Y12, Y12
+	VPSHUFB      Y11, Y1, Y11
+	VPSHUFB      Y12, Y1, Y12
+	VPBROADCASTD (CX), Y13
+	VPMADDUBSW   Y13, Y11, Y14
+	VPBROADCASTD 4(CX), Y13
+	VPMADDUBSW   Y13, Y12, Y13
+	VPADDW       Y13, Y14, Y14
+	VPMADDWD     Y2, Y14, Y14
+	VPADDD       Y14, Y4, Y4
+	VPBROADCASTD (AX), Y13
+	VPMADDUBSW   Y13, Y11, Y11
+	VPBROADCASTD 4(AX), Y13
+	VPMADDUBSW   Y13, Y12, Y13
+	VPADDW       Y13, Y11, Y11
+	VPMADDWD     Y2, Y11, Y11
+	VPADDD       Y11, Y8, Y8
+	VMOVDQU      32(DX)(DI*1), Y12
+	VPAND        Y0, Y12, Y11
+	VPSRLW       $0x04, Y12, Y12
+	VPAND        Y0, Y12, Y12
+	VPSHUFB      Y11, Y1, Y11
+	VPSHUFB      Y12, Y1, Y12
+	VPBROADCASTD (CX), Y13
+	VPMADDUBSW   Y13, Y11, Y14
+	VPBROADCASTD 4(CX), Y13
+	VPMADDUBSW   Y13, Y12, Y13
+	VPADDW       Y13, Y14, Y14
+	VPMADDWD     Y2, Y14, Y14
+	VPADDD       Y14, Y6, Y6
+	VPBROADCASTD (AX), Y13
+	VPMADDUBSW   Y13, Y11, Y11
+	VPBROADCASTD 4(AX), Y13
+	VPMADDUBSW   Y13, Y12, Y13
+	VPADDW       Y13, Y11, Y11
+	VPMADDWD     Y2, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2M4x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPBROADCASTD 8(CX), Y11
+	VPSRAD       $0x03, Y11, Y11
+	VPSUBD       Y11, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS (CX), Y11
+	VMULPS       (BX), Y11, Y11
+	VFMADD231PS  Y11, Y4, Y3
+	VPBROADCASTD 8(AX), Y4
+	VPSRAD       $0x03, Y4, Y4
+	VPSUBD       Y4, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VBROADCASTSS (AX), Y4
+	VMULPS       (BX), Y4, Y4
+	VFMADD231PS  Y4, Y8, Y7
+	VPBROADCASTD 8(CX), Y4
+	VPSRAD       $0x03, Y4, Y4
+	VPSUBD       Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (CX), Y4
+	VMULPS       32(BX), Y4, Y4
+	VFMADD231PS  Y4, Y6, Y5
+	VPBROADCASTD 8(AX), Y4
+	VPSRAD       $0x03, Y4, Y4
+	VPSUBD       Y4, Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VBROADCASTSS (AX), Y4
+	VMULPS       32(BX), Y4, Y4
+	VFMADD231PS  Y4, Y10, Y9
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2M4x2_group
+
+dot8AVX2M4x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y3, (AX)
+	VMOVUPS Y5, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y7, (AX)
+	VMOVUPS Y9, 32(AX)
 	VZEROUPPER
 	RET
 
@@ -80282,6 +80595,1515 @@ dot8AVX512S6Kx4p2_store:
 	ADDQ    CX, AX
 	VMOVUPS Z15, (AX)
 	VMOVUPS Z17, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512M4x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z2
+	JMP     dot8AVX512M4x1p1_start
+
+dot8AVX512M4x1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512M4x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512M4x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512M4x1p1_store
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	VPSHUFB      Z4, Z1, Z4
+	VPSHUFB      Z5, Z1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX512M4x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VBROADCASTSS (AX), Z4
+	VPBROADCASTD 8(AX), Z5
+	VPSRAD       $0x03, Z5, Z5
+	VPSUBD       Z5, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DX), Z4, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512M4x1p1_group
+
+dot8AVX512M4x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512M4x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z4
+	JMP     dot8AVX512M4x1p2_start
+
+dot8AVX512M4x1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512M4x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512M4x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512M4x1p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VPSHUFB      Z6, Z1, Z6
+	VPSHUFB      Z7, Z1, Z7
+	VMOVDQU64    (DX)(DI*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VPSHUFB      Z8, Z1, Z8
+	VPSHUFB      Z9, Z1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512M4x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VPSUBD       Z7, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512M4x1p2_group
+
+dot8AVX512M4x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z6
+	JMP     dot8AVX512M4x1p3_start
+
+dot8AVX512M4x1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512M4x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4x1p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VPSHUFB      Z8, Z1, Z8
+	VPSHUFB      Z9, Z1, Z9
+	VMOVDQU64    (BX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VPSHUFB      Z10, Z1, Z10
+	VPSHUFB      Z11, Z1, Z11
+	VMOVDQU64    (DX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VPSHUFB      Z12, Z1, Z12
+	VPSHUFB      Z13, Z1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z8, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VPSUBD       Z9, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4x1p3_group
+
+dot8AVX512M4x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z8
+	JMP     dot8AVX512M4x1p4_start
+
+dot8AVX512M4x1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512M4x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4x1p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VPSHUFB      Z10, Z1, Z10
+	VPSHUFB      Z11, Z1, Z11
+	VMOVDQU64    (BX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VPSHUFB      Z12, Z1, Z12
+	VPSHUFB      Z13, Z1, Z13
+	VMOVDQU64    (SI)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	VPSHUFB      Z14, Z1, Z14
+	VPSHUFB      Z15, Z1, Z15
+	VMOVDQU64    (DX)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	VPSHUFB      Z16, Z1, Z16
+	VPSHUFB      Z17, Z1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z10, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4x1p4_group
+
+dot8AVX512M4x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512M4x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z4
+	JMP     dot8AVX512M4x2p1_start
+
+dot8AVX512M4x2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512M4x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512M4x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512M4x2p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	VPSHUFB      Z6, Z1, Z6
+	VPSHUFB      Z7, Z1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512M4x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (CX), Z6
+	VPBROADCASTD 8(CX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (BX), Z6, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512M4x2p1_group
+
+dot8AVX512M4x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z8
+	JMP     dot8AVX512M4x2p2_start
+
+dot8AVX512M4x2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512M4x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4x2p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VPSHUFB      Z10, Z1, Z10
+	VPSHUFB      Z11, Z1, Z11
+	VMOVDQU64    (BX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	VPSHUFB      Z12, Z1, Z12
+	VPSHUFB      Z13, Z1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z10, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(SI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4x2p2_group
+
+dot8AVX512M4x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	VMOVUPS 64(R8), Z10
+	VMOVUPS 128(R8), Z12
+	JMP     dot8AVX512M4x2p3_start
+
+dot8AVX512M4x2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512M4x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4x2p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	VPSHUFB      Z14, Z1, Z14
+	VPSHUFB      Z15, Z1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	VPSHUFB      Z16, Z1, Z16
+	VPSHUFB      Z17, Z1, Z17
+	VMOVDQU64    (BX)(R9*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	VPSHUFB      Z18, Z1, Z18
+	VPSHUFB      Z19, Z1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z7, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       64(DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z15, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       128(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4x2p3_group
+
+dot8AVX512M4x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512M4x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	VMOVUPS 128(R9), Z14
+	VMOVUPS 192(R9), Z16
+	JMP     dot8AVX512M4x2p4_start
+
+dot8AVX512M4x2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512M4x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512M4x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512M4x2p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	VPSHUFB      Z18, Z1, Z18
+	VPSHUFB      Z19, Z1, Z19
+	VMOVDQU64    (SI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	VPSHUFB      Z20, Z1, Z20
+	VPSHUFB      Z21, Z1, Z21
+	VMOVDQU64    (DI)(R10*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	VPSHUFB      Z22, Z1, Z22
+	VPSHUFB      Z23, Z1, Z23
+	VMOVDQU64    (BX)(R10*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	VPSHUFB      Z24, Z1, Z24
+	VPSHUFB      Z25, Z1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512M4x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z20
+	VFMADD231PS  Z20, Z13, Z12
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       128(R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VPSUBD       Z19, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       192(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512M4x2p4_group
+
+dot8AVX512M4x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	JMP     dot8AVX512M4x3p1_start
+
+dot8AVX512M4x3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512M4x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4x3p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	VPSHUFB      Z8, Z1, Z8
+	VPSHUFB      Z9, Z1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VPBROADCASTD 8(DX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (SI), Z8, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4x3p1_group
+
+dot8AVX512M4x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512M4x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z10
+	VMOVUPS 64(R8), Z12
+	JMP     dot8AVX512M4x3p2_start
+
+dot8AVX512M4x3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512M4x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4x3p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	VPSHUFB      Z14, Z1, Z14
+	VPSHUFB      Z15, Z1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	VPSHUFB      Z16, Z1, Z16
+	VPSHUFB      Z17, Z1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z14
+	VPBROADCASTD 8(DX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z7, Z6
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (DI), Z14, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z15, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(DI), Z14, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4x3p2_group
+
+dot8AVX512M4x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512M4x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	JMP     dot8AVX512M4x4p1_start
+
+dot8AVX512M4x4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512M4x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4x4p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x4p1_unit:
+	VMOVDQU64    (SI)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	VPSHUFB      Z10, Z1, Z10
+	VPSHUFB      Z11, Z1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VPBROADCASTD 8(BX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       (DI), Z10, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4x4p1_group
+
+dot8AVX512M4x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+TEXT ·dot8AVX512M4x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	VMOVDQU64    dot8LUT<>+0(SB), Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512M4x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z14
+	VMOVUPS 64(R9), Z16
+	JMP     dot8AVX512M4x4p2_start
+
+dot8AVX512M4x4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512M4x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512M4x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512M4x4p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4x4p2_unit:
+	VMOVDQU64    (SI)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	VPSHUFB      Z18, Z1, Z18
+	VPSHUFB      Z19, Z1, Z19
+	VMOVDQU64    (DI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	VPSHUFB      Z20, Z1, Z20
+	VPSHUFB      Z21, Z1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512M4x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VPBROADCASTD 8(DX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z18
+	VPBROADCASTD 8(BX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z11, Z10
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSRAD       $0x03, Z19, Z19
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       (R8), Z18, Z20
+	VFMADD231PS  Z20, Z15, Z14
+	VPSUBD       Z19, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       64(R8), Z18, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512M4x4p2_group
+
+dot8AVX512M4x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
 	VZEROUPPER
 	RET
 

@@ -289,6 +289,7 @@ func f16(h uint16) float64 {
 // blocks, give the float64 reference over what the blocks dequantize to
 // (an independent dequantizer) within 1e-5, with the same experts; and
 // gpt-oss's block as its GGUF files hold it (MXFP4 experts, F32 biases).
+// MXFP4 in the int8-dot mode: within 2 %, the same experts.
 func TestLoadGGUFQ4(t *testing.T) {
 	for _, c := range []struct {
 		typ  uint32
@@ -350,6 +351,14 @@ func TestLoadGGUFQ4(t *testing.T) {
 		ref := m.Forward(x)
 		require.Equal(t, ref.IDs, ids, "type %d", typ)
 		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "type %d", typ)
+		if typ == 39 { // MXFP4 in the int8-dot mode: llama.cpp's error, the same experts
+			require.NoError(t, l.SetNumerics(kernels.Int8Dot))
+			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+			require.Equal(t, ref.IDs, ids, "%s int8dot", c.arch)
+			e := moetest.RelErr(y, ref.Y)
+			require.Greater(t, e, 1e-5, "%s int8dot: the mode was not taken", c.arch)
+			require.LessOrEqual(t, e, 2e-2, "%s int8dot", c.arch)
+		}
 		require.NoError(t, l.Close())
 	}
 }
@@ -588,7 +597,7 @@ func TestSetNumericsRefused(t *testing.T) {
 	defer l.Close()
 	err = l.SetNumerics(kernels.Int8Dot)
 	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
-	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4 or INT8 weights, have BF16")
+	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4, INT8 or MXFP4 weights, have BF16")
 	require.Equal(t, kernels.Exact, l.Numerics())
 	require.NoError(t, l.SetNumerics(kernels.Exact))
 }

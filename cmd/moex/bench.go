@@ -401,7 +401,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	k := fs.Int("k", 2048, "reduction length")
 	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
-	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (uint4 and int8 weights), bf16dot (bf16 weights); a dtype is timed in the modes it has, packed")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (uint4, int8 and mxfp4 weights), bf16dot (bf16 weights); a dtype is timed in the modes it has, packed")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -559,7 +559,7 @@ func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duratio
 func hasMode(dt kernels.DType, n kernels.Numerics) bool {
 	switch n {
 	case kernels.Int8Dot:
-		return dt == kernels.UINT4 || dt == kernels.INT8
+		return dt == kernels.UINT4 || dt == kernels.INT8 || dt == kernels.MXFP4
 	case kernels.BF16Dot:
 		return dt == kernels.BF16
 	}
@@ -584,7 +584,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
-	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4 and int8 experts), bf16dot (activations rounded to bf16, vdpbf16ps pairs; bf16 experts); cpu; a dtype is timed in the modes it has")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4, int8 and mxfp4 experts), bf16dot (activations rounded to bf16, vdpbf16ps pairs; bf16 experts); cpu; a dtype is timed in the modes it has")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err

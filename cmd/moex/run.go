@@ -46,7 +46,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	graphs := fs.Bool("cuda-graph", true, "--backend cuda: replay captured CUDA graphs of the experts and of attention when the coordinator's vote allows")
 	fused := fs.Bool("fused-layer", true, "--backend cuda --moe-mode gather: the layer's whole decode step (attention, residual, "+
 		"all-gather, MoE, reduce-scatter) on the device with no host copy between, one CUDA graph per step shape; false: the stages apart")
-	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (GGUF integer-code experts) or bf16dot (bf16 experts, vdpbf16ps pairs); --backend cpu")
+	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (GGUF integer-code and MXFP4 experts) or bf16dot (bf16 experts, vdpbf16ps pairs); --backend cpu")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}

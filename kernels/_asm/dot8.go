@@ -34,7 +34,7 @@ func dot8NP(mr int) int {
 	return 1
 }
 
-var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K"}
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K", "M4"}
 
 // dot8Code is how a kind's codes are held (see kernels/dot8.go's
 // dot8Unit): nibbles (UINT4 and the 5- and 6-bit INT8 codes, planes high
@@ -43,6 +43,7 @@ var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", 
 // makes it of the records' 128·S, −1 for none).
 type dot8Code struct {
 	nibbles   bool
+	lut       bool // MXFP4: a nibble's code looked up (vpshufb in dot8LUT)
 	planes    int
 	biasShift int
 	unit      int // bytes a unit
@@ -58,6 +59,8 @@ func dot8CodeOf(kind string) dot8Code {
 		return dot8Code{nibbles: true, planes: 1, biasShift: 3, unit: 80}
 	case "S6":
 		return dot8Code{nibbles: true, planes: 2, biasShift: 2, unit: 96}
+	case "M4":
+		return dot8Code{nibbles: true, lut: true, biasShift: 3, unit: 64}
 	}
 	return dot8Code{biasShift: 0, unit: 128}
 }
@@ -68,12 +71,31 @@ var dot8KindDoc = map[string]string{
 	"U4KM": "UINT4 (with offsets, K-quant scales)", "I8K": "INT8 (K-quant scales)", "I8KM": "INT8 (with offsets, K-quant scales)",
 	"S5": "5-bit signed INT8", "U5M": "5-bit unsigned INT8 (with offsets)", "S6": "6-bit signed INT8",
 	"U5KM": "5-bit unsigned INT8 (with offsets, K-quant scales)", "S6K": "6-bit signed INT8 (K-quant scales)",
+	"M4": "MXFP4 (codes twice the e2m1 values)",
 }
 
 // dot8KindField is a kind's field in the Go table (kernels' dot8Kernels).
 var dot8KindField = map[string]string{
 	"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km",
-	"S5": "s5", "U5M": "u5m", "S6": "s6", "U5KM": "u5km", "S6K": "s6k",
+	"S5": "s5", "U5M": "u5m", "S6": "s6", "U5KM": "u5km", "S6K": "s6k", "M4": "m4",
+}
+
+// dot8LUT (made by dot8AVX2Kernels, which run first) is the MXFP4 kinds' table: nibble n's code, twice its e2m1
+// value (an integer in [−12, 12]), plus the bias 16; 16 bytes, repeated to
+// fill a zmm (vpshufb looks up within each 128-bit lane).
+var dot8LUT Mem
+
+func dot8LUTConst() {
+	dot8LUT = GLOBL("dot8LUT", RODATA|NOPTR)
+	vals := []int{0, 1, 2, 3, 4, 6, 8, 12}
+	for i := range 64 {
+		n := i % 16
+		v := vals[n%8]
+		if n >= 8 {
+			v = -v
+		}
+		DATA(i, U8(uint8(v+16)))
+	}
 }
 
 // planeBits returns, for each of c's high bits' planes, a register of
@@ -121,6 +143,11 @@ func dot8Kernel(kind string, mr, np int) {
 		VPBROADCASTD(t, mask)
 	}
 	bits := planeBits(code, ZMM)
+	var lut VecVirtual
+	if code.lut {
+		lut = ZMM()
+		VMOVDQU64(dot8LUT, lut)
+	}
 	acc := make([][]VecVirtual, mr)
 	sums := make([][]VecVirtual, mr)
 	for m := range acc {
@@ -154,6 +181,10 @@ func dot8Kernel(kind string, mr, np int) {
 			VPANDD(mask, hi[j], lo[j])
 			VPSRLW(U8(4), hi[j], hi[j])
 			VPANDD(mask, hi[j], hi[j])
+			if lut != nil { // MXFP4: the nibbles' codes
+				VPSHUFB(lo[j], lut, lo[j])
+				VPSHUFB(hi[j], lut, hi[j])
+			}
 			// The high bits: each plane's words as masks, the bit added
 			// where set.
 			for pl, bit := range bits {

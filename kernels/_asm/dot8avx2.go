@@ -38,7 +38,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s is dot8AVX512%sx%dp1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.", name, kind, mr))
 	code := dot8CodeOf(kind)
-	u4 := code.nibbles && code.planes == 0
+	u4 := code.nibbles && code.planes == 0 && !code.lut
 	offsets := strings.HasSuffix(kind, "M")
 
 	a := make([]GPVirtual, mr)
@@ -58,6 +58,11 @@ func dot8AVX2Kernel(kind string, mr int) {
 	}
 	VMOVD(t, mask.AsX())
 	VPBROADCASTD(mask.AsX(), mask)
+	var lut VecVirtual
+	if code.lut {
+		lut = YMM()
+		VMOVDQU(dot8LUT, lut)
+	}
 	ones := YMM() // int16 ones: vpmaddwd adds pairs
 	MOVL(U32(0x00010001), t)
 	VMOVD(t, ones.AsX())
@@ -89,7 +94,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	}
 	for h := range 2 {
 		at := Mem{Base: b, Index: o, Scale: 1, Disp: 32 * h}
-		if code.planes > 0 {
+		if code.planes > 0 || code.lut {
 			// Codes of 5 or 6 bits: the nibbles, each plane's bits of
 			// these eight rows (32 a vector) spread to their bytes
 			// (vpshufb a byte to eight lanes, one bit each, compared),
@@ -101,6 +106,10 @@ func dot8AVX2Kernel(kind string, mr int) {
 			VPAND(mask, hi, lo)
 			VPSRLW(U8(4), hi, hi)
 			VPAND(mask, hi, hi)
+			if code.lut { // MXFP4: the nibbles' codes (the table's first 32 bytes)
+				VPSHUFB(lo, lut, lo)
+				VPSHUFB(hi, lut, hi)
+			}
 			for pl := range code.planes {
 				for v, r := range []VecVirtual{lo, hi} {
 					t := YMM()
@@ -173,7 +182,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 			if u4 {
 				VPMADDWD(ones, s, s)
 			}
-			if code.planes > 0 && code.biasShift >= 0 { // less bias·S, from the record's 128·S
+			if (code.planes > 0 || code.lut) && code.biasShift >= 0 { // less bias·S, from the record's 128·S
 				cB := YMM()
 				VPBROADCASTD(Mem{Base: a[m], Disp: 8}, cB)
 				VPSRAD(U8(code.biasShift), cB, cB)
@@ -228,6 +237,7 @@ func dot8AVX2Consts() {
 
 func dot8AVX2Kernels() {
 	dot8AVX2Consts()
+	dot8LUTConst()
 	for _, kind := range dot8Kinds {
 		for mr := 1; mr <= dot8AVX2MR; mr++ {
 			dot8AVX2Kernel(kind, mr)
