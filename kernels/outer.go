@@ -194,11 +194,16 @@ func (s *simd) outerGEMMQ(osc *outerScratch, rows []*float32, rr []magRange, b [
 			ss := 4 * q.panels * PanelWidth // bytes from a block's scales to the next's
 			stride := PanelWidth * K * bi.codeBits() / 8
 			qt := s.qTable(bi)
-			if q.panel == nil { // scales made for each call from the K-quant factors, np panels side by side
-				ss = 4 * PanelWidth * max(len(qt[1])-1, 1)
-			}
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
+				// Held as K-quant factors: the group's panels' scales for this
+				// k block, made once for every strip (side by side, as a
+				// matrix's panel scales lie for these panels alone).
+				scales, offPanel := q.panel, q.offPanel
+				if scales == nil {
+					ss = 4 * PanelWidth * (ge - g)
+					scales, offPanel = s.kscales(osc, bi, g, ge-g, kb/bc, (ke-kb)/bc, ss)
+				}
 				for m0, mr := 0, 0; m0 < M; m0 += mr {
 					mr = s.stripRows(M, m0)
 					for r := 0; r < mr; r++ {
@@ -225,16 +230,11 @@ func (s *simd) outerGEMMQ(osc *outerScratch, rows []*float32, rr []magRange, b [
 					for p := g; p < ge; {
 						np := min(widest, ge-p)
 						tile := &c[i][m0*ldc+(p-p0)*PanelWidth]
-						var sc *float32
-						offPanel := q.offPanel
 						at := (kb/bc*q.panels + p) * PanelWidth
-						if q.panel != nil {
-							sc = &q.panel[at]
-						} else {
-							at = 0
-							ks, ko := s.kscales(osc, bi, p, np, kb/bc, (ke-kb)/bc, ss)
-							sc, offPanel = &ks[0], ko
+						if q.panel == nil {
+							at = (p - g) * PanelWidth
 						}
+						sc := &scales[at]
 						switch {
 						case dt == F8E4M3:
 							s.outerFP8[mr][np](ap, bi.panelPtr(p, kb), stride, ke-kb, tile, 4*ldc, flags, sc, bc, ss)

@@ -98,15 +98,12 @@ func dot8LUTConst() {
 	}
 }
 
-// planeBits returns, for each of c's high bits' planes, a register of
-// that bit in every byte (0x10, then 0x20).
-func planeBits(c dot8Code, vec func() VecVirtual) []VecVirtual {
+// planeBits returns, for each of c's high bits' planes, a zmm of that bit
+// in every byte (0x10, then 0x20).
+func planeBits(c dot8Code) []VecVirtual {
 	bits := make([]VecVirtual, c.planes)
 	for pl := range bits {
-		t := GP32()
-		MOVL(U32(0x10101010<<pl), t)
-		bits[pl] = vec()
-		VPBROADCASTD(t, bits[pl])
+		bits[pl] = splat(16, 0x10101010<<pl)
 	}
 	return bits
 }
@@ -142,7 +139,7 @@ func dot8Kernel(kind string, mr, np int) {
 		MOVL(U32(0x0F0F0F0F), t)
 		VPBROADCASTD(t, mask)
 	}
-	bits := planeBits(code, ZMM)
+	bits := planeBits(code)
 	var lut VecVirtual
 	if code.lut {
 		lut = ZMM()

@@ -89,19 +89,7 @@ func outerNarrow(is isa, kind string, mr, np int) {
 	if offsets {
 		offs = Load(Param("o"), GP64())
 	}
-	t := GP32()
-	broadcast := func(v uint32) VecVirtual {
-		z := is.vec()
-		MOVL(U32(v), t)
-		if avx2 {
-			x := XMM()
-			VMOVD(t, x)
-			VPBROADCASTD(x, z)
-		} else {
-			VPBROADCASTD(t, z)
-		}
-		return z
-	}
+	broadcast := func(v uint32) VecVirtual { return splat(is.lanes, v) }
 	var mask VecVirtual
 	var bits []VecVirtual
 	var bias VecVirtual
@@ -208,6 +196,22 @@ func outerNarrow(is isa, kind string, mr, np int) {
 	RET()
 }
 
+// splat emits v in every 32-bit lane of a new vector of lanes lanes (16:
+// zmm, 8: ymm).
+func splat(lanes int, v uint32) VecVirtual {
+	t := GP32()
+	MOVL(U32(v), t)
+	if lanes == 8 {
+		z, x := YMM(), XMM()
+		VMOVD(t, x)
+		VPBROADCASTD(x, z)
+		return z
+	}
+	z := ZMM()
+	VPBROADCASTD(t, z)
+	return z
+}
+
 // narrowPlaneAt is where in a unit plane pl's bits of step s start.
 func narrowPlaneAt(pl, s int) int { return 64 + 16*pl + 8*(s%2) + 2*(s/2) }
 
@@ -266,13 +270,7 @@ func dqNarrow(kind string) {
 		off = ZMM()
 		VMOVUPS(Mem{Base: Load(Param("o"), GP64())}, off)
 	}
-	t := GP32()
-	broadcast := func(v uint32) VecVirtual {
-		z := ZMM()
-		MOVL(U32(v), t)
-		VPBROADCASTD(t, z)
-		return z
-	}
+	broadcast := func(v uint32) VecVirtual { return splat(16, v) }
 	mask := broadcast(0x0F0F0F0F)
 	var bits []VecVirtual
 	for pl := range code.planes {

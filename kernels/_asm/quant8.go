@@ -77,15 +77,9 @@ func quant8Kernel(g int) {
 	out := Load(Param("out"), GP64())
 	x := Load(Param("x"), GP64())
 	n := Load(Param("blocks"), GP64())
+	abs := splat(16, 0x7FFFFFFF)
+	hi, lo := splat(16, 0x42FE0000), splat(16, 0xC2FE0000) // ±127.0
 	t := GP32()
-	broadcast := func(v uint32) VecVirtual {
-		z := ZMM()
-		MOVL(U32(v), t)
-		VPBROADCASTD(t, z)
-		return z
-	}
-	abs := broadcast(0x7FFFFFFF)
-	hi, lo := broadcast(0x42FE0000), broadcast(0xC2FE0000) // ±127.0
 	c127, one, zero := XMM(), XMM(), XMM()
 	MOVL(U32(0x42FE0000), t) // 127.0
 	VMOVD(t, c127)
