@@ -14342,6 +14342,7 @@ dot8AVX2U4KMx1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Y6
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       (CX)(SI*4), Y6, Y6
@@ -14483,6 +14484,7 @@ dot8AVX2U4KMx2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Y10
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       (DX)(DI*4), Y10, Y10
@@ -14905,6 +14907,7 @@ dot8AVX2I8KMx1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Y6
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       (CX)(SI*4), Y6, Y6
@@ -15061,6 +15064,7 @@ dot8AVX2I8KMx2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Y10
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       (DX)(DI*4), Y10, Y10
@@ -16131,6 +16135,7 @@ dot8AVX2U5KMx1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Y6
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       (CX)(SI*4), Y6, Y6
@@ -16299,6 +16304,7 @@ dot8AVX2U5KMx2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Y10
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       (DX)(DI*4), Y10, Y10
@@ -61298,6 +61304,7 @@ dot8AVX512U4x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VBROADCASTSS (AX), Z5
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (BX), Z5, Z6
@@ -61391,6 +61398,8 @@ dot8AVX512U4x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
 	VBROADCASTSS (AX), Z7
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (SI), Z7, Z8
@@ -61499,6 +61508,9 @@ dot8AVX512U4x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
 	VBROADCASTSS (AX), Z9
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z9, Z10
@@ -61687,6 +61699,7 @@ dot8AVX512U4x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (CX), Z9
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (SI), Z9, Z10
@@ -61811,6 +61824,8 @@ dot8AVX512U4x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (CX), Z13
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z13, Z14
@@ -61959,6 +61974,9 @@ dot8AVX512U4x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (CX), Z17
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (R8), Z17, Z18
@@ -62198,6 +62216,7 @@ dot8AVX512U4x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z13
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z13, Z14
@@ -62647,6 +62666,8 @@ dot8AVX512U4Mx1p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(BX)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (AX), Z5
 	VBROADCASTSS 4(AX), Z6
 	VCVTDQ2PS    Z2, Z2
@@ -62746,6 +62767,10 @@ dot8AVX512U4Mx1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(SI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (AX), Z7
 	VBROADCASTSS 4(AX), Z8
 	VCVTDQ2PS    Z2, Z2
@@ -62861,6 +62886,12 @@ dot8AVX512U4Mx1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(DI)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (AX), Z9
 	VBROADCASTSS 4(AX), Z10
 	VCVTDQ2PS    Z2, Z2
@@ -63064,6 +63095,8 @@ dot8AVX512U4Mx2p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z9
 	VBROADCASTSS 4(CX), Z10
 	VCVTDQ2PS    Z2, Z2
@@ -63197,6 +63230,10 @@ dot8AVX512U4Mx2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
 	VBROADCASTSS (CX), Z13
 	VBROADCASTSS 4(CX), Z14
 	VCVTDQ2PS    Z2, Z2
@@ -63356,6 +63393,12 @@ dot8AVX512U4Mx2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4224(R9)
+	PREFETCHT0   4288(R8)
+	PREFETCHT0   4288(R9)
 	VBROADCASTSS (CX), Z17
 	VBROADCASTSS 4(CX), Z18
 	VCVTDQ2PS    Z2, Z2
@@ -63617,6 +63660,8 @@ dot8AVX512U4Mx3p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z13
 	VBROADCASTSS 4(CX), Z14
 	VCVTDQ2PS    Z2, Z2
@@ -64088,6 +64133,7 @@ dot8AVX512I8x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VBROADCASTSS (AX), Z4
 	VPBROADCASTD 8(AX), Z5
 	VPSUBD       Z5, Z1, Z1
@@ -64179,6 +64225,8 @@ dot8AVX512I8x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VPSUBD       Z7, Z1, Z1
@@ -64285,6 +64333,9 @@ dot8AVX512I8x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VPSUBD       Z9, Z1, Z1
@@ -64475,6 +64526,7 @@ dot8AVX512I8x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VPSUBD       Z9, Z1, Z1
@@ -64600,6 +64652,8 @@ dot8AVX512I8x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VPSUBD       Z13, Z1, Z1
@@ -64750,6 +64804,9 @@ dot8AVX512I8x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VPSUBD       Z17, Z1, Z1
@@ -64998,6 +65055,7 @@ dot8AVX512I8x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VPSUBD       Z13, Z1, Z1
@@ -65461,6 +65519,8 @@ dot8AVX512I8Mx1p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(BX)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (AX), Z4
 	VPBROADCASTD 8(AX), Z5
 	VBROADCASTSS 4(AX), Z6
@@ -65558,6 +65618,10 @@ dot8AVX512I8Mx1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(SI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VBROADCASTSS 4(AX), Z8
@@ -65671,6 +65735,12 @@ dot8AVX512I8Mx1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(DI)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VBROADCASTSS 4(AX), Z10
@@ -65876,6 +65946,8 @@ dot8AVX512I8Mx2p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VBROADCASTSS 4(CX), Z10
@@ -66010,6 +66082,10 @@ dot8AVX512I8Mx2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VBROADCASTSS 4(CX), Z14
@@ -66171,6 +66247,12 @@ dot8AVX512I8Mx2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4224(R9)
+	PREFETCHT0   4288(R8)
+	PREFETCHT0   4288(R9)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VBROADCASTSS 4(CX), Z18
@@ -66441,6 +66523,8 @@ dot8AVX512I8Mx3p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z12
 	VPBROADCASTD 8(CX), Z13
 	VBROADCASTSS 4(CX), Z14
@@ -66869,6 +66953,7 @@ dot8AVX512U4KMx1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Z3
 	VCVTDQ2PS    Z3, Z3
 	VMULPS       (CX)(SI*4), Z3, Z3
@@ -66967,6 +67052,7 @@ dot8AVX512U4KMx1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z5
 	VCVTDQ2PS    Z5, Z5
 	VMULPS       (CX)(DI*4), Z5, Z5
@@ -67087,6 +67173,7 @@ dot8AVX512U4KMx1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z7
 	VCVTDQ2PS    Z7, Z7
 	VMULPS       (CX)(R8*4), Z7, Z7
@@ -67229,6 +67316,7 @@ dot8AVX512U4KMx1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z9
 	VCVTDQ2PS    Z9, Z9
 	VMULPS       (CX)(R9*4), Z9, Z9
@@ -67358,6 +67446,7 @@ dot8AVX512U4KMx2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z5
 	VCVTDQ2PS    Z5, Z5
 	VMULPS       (DX)(DI*4), Z5, Z5
@@ -67480,6 +67569,7 @@ dot8AVX512U4KMx2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z9
 	VCVTDQ2PS    Z9, Z9
 	VMULPS       (DX)(R8*4), Z9, Z9
@@ -67634,6 +67724,7 @@ dot8AVX512U4KMx2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z13
 	VCVTDQ2PS    Z13, Z13
 	VMULPS       (DX)(R9*4), Z13, Z13
@@ -67820,6 +67911,7 @@ dot8AVX512U4KMx2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z17
 	VCVTDQ2PS    Z17, Z17
 	VMULPS       (DX)(R10*4), Z17, Z17
@@ -67983,6 +68075,7 @@ dot8AVX512U4KMx3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z7
 	VCVTDQ2PS    Z7, Z7
 	VMULPS       (BX)(R8*4), Z7, Z7
@@ -68129,6 +68222,7 @@ dot8AVX512U4KMx3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z13
 	VCVTDQ2PS    Z13, Z13
 	VMULPS       (BX)(R9*4), Z13, Z13
@@ -70173,6 +70267,7 @@ dot8AVX512I8KMx1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Z2
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (CX)(SI*4), Z2, Z2
@@ -70269,6 +70364,7 @@ dot8AVX512I8KMx1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z4
 	VCVTDQ2PS    Z4, Z4
 	VMULPS       (CX)(DI*4), Z4, Z4
@@ -70387,6 +70483,7 @@ dot8AVX512I8KMx1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z6
 	VCVTDQ2PS    Z6, Z6
 	VMULPS       (CX)(R8*4), Z6, Z6
@@ -70527,6 +70624,7 @@ dot8AVX512I8KMx1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (CX)(R9*4), Z8, Z8
@@ -70658,6 +70756,7 @@ dot8AVX512I8KMx2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z4
 	VCVTDQ2PS    Z4, Z4
 	VMULPS       (DX)(DI*4), Z4, Z4
@@ -70780,6 +70879,7 @@ dot8AVX512I8KMx2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (DX)(R8*4), Z8, Z8
@@ -70935,6 +71035,7 @@ dot8AVX512I8KMx2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z12
 	VCVTDQ2PS    Z12, Z12
 	VMULPS       (DX)(R9*4), Z12, Z12
@@ -71123,6 +71224,7 @@ dot8AVX512I8KMx2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z16
 	VCVTDQ2PS    Z16, Z16
 	VMULPS       (DX)(R10*4), Z16, Z16
@@ -71293,6 +71395,7 @@ dot8AVX512I8KMx3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z6
 	VCVTDQ2PS    Z6, Z6
 	VMULPS       (BX)(R8*4), Z6, Z6
@@ -71441,6 +71544,7 @@ dot8AVX512I8KMx3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z12
 	VCVTDQ2PS    Z12, Z12
 	VMULPS       (BX)(R9*4), Z12, Z12
@@ -72008,6 +72112,7 @@ dot8AVX512S5x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VPSRAD       $0x03, Z7, Z7
@@ -72122,6 +72227,8 @@ dot8AVX512S5x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VPSRAD       $0x03, Z9, Z9
@@ -72257,6 +72364,9 @@ dot8AVX512S5x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
 	VBROADCASTSS (AX), Z10
 	VPBROADCASTD 8(AX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -72476,6 +72586,7 @@ dot8AVX512S5x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (CX), Z10
 	VPBROADCASTD 8(CX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -72625,6 +72736,8 @@ dot8AVX512S5x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (CX), Z14
 	VPBROADCASTD 8(CX), Z15
 	VPSRAD       $0x03, Z15, Z15
@@ -72805,6 +72918,9 @@ dot8AVX512S5x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (CX), Z18
 	VPBROADCASTD 8(CX), Z19
 	VPSRAD       $0x03, Z19, Z19
@@ -73084,6 +73200,7 @@ dot8AVX512S5x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z14
 	VPBROADCASTD 8(CX), Z15
 	VPSRAD       $0x03, Z15, Z15
@@ -73608,6 +73725,8 @@ dot8AVX512U5Mx1p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(BX)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (AX), Z6
 	VBROADCASTSS 4(AX), Z7
 	VCVTDQ2PS    Z3, Z3
@@ -73724,6 +73843,10 @@ dot8AVX512U5Mx1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(SI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (AX), Z8
 	VBROADCASTSS 4(AX), Z9
 	VCVTDQ2PS    Z3, Z3
@@ -73861,6 +73984,12 @@ dot8AVX512U5Mx1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(DI)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (AX), Z10
 	VBROADCASTSS 4(AX), Z11
 	VCVTDQ2PS    Z3, Z3
@@ -74083,6 +74212,8 @@ dot8AVX512U5Mx2p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z10
 	VBROADCASTSS 4(CX), Z11
 	VCVTDQ2PS    Z3, Z3
@@ -74233,6 +74364,10 @@ dot8AVX512U5Mx2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4224(R8)
 	VBROADCASTSS (CX), Z14
 	VBROADCASTSS 4(CX), Z15
 	VCVTDQ2PS    Z3, Z3
@@ -74414,6 +74549,12 @@ dot8AVX512U5Mx2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4224(R9)
+	PREFETCHT0   4288(R8)
+	PREFETCHT0   4288(R9)
 	VBROADCASTSS (CX), Z18
 	VBROADCASTSS 4(CX), Z19
 	VCVTDQ2PS    Z3, Z3
@@ -74694,6 +74835,8 @@ dot8AVX512U5Mx3p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z14
 	VBROADCASTSS 4(CX), Z15
 	VCVTDQ2PS    Z3, Z3
@@ -75224,6 +75367,7 @@ dot8AVX512S6x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VBROADCASTSS (AX), Z7
 	VPBROADCASTD 8(AX), Z8
 	VPSRAD       $0x02, Z8, Z8
@@ -75352,6 +75496,8 @@ dot8AVX512S6x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
 	VBROADCASTSS (AX), Z9
 	VPBROADCASTD 8(AX), Z10
 	VPSRAD       $0x02, Z10, Z10
@@ -75505,6 +75651,9 @@ dot8AVX512S6x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
 	VBROADCASTSS (AX), Z11
 	VPBROADCASTD 8(AX), Z12
 	VPSRAD       $0x02, Z12, Z12
@@ -75740,6 +75889,7 @@ dot8AVX512S6x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (CX), Z11
 	VPBROADCASTD 8(CX), Z12
 	VPSRAD       $0x02, Z12, Z12
@@ -75903,6 +76053,8 @@ dot8AVX512S6x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (CX), Z15
 	VPBROADCASTD 8(CX), Z16
 	VPSRAD       $0x02, Z16, Z16
@@ -76101,6 +76253,9 @@ dot8AVX512S6x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (CX), Z19
 	VPBROADCASTD 8(CX), Z20
 	VPSRAD       $0x02, Z20, Z20
@@ -76396,6 +76551,7 @@ dot8AVX512S6x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z15
 	VPBROADCASTD 8(CX), Z16
 	VPSRAD       $0x02, Z16, Z16
@@ -76850,6 +77006,7 @@ dot8AVX512U5KMx1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VPMOVSXBD    (BX)(SI*1), Z4
 	VCVTDQ2PS    Z4, Z4
 	VMULPS       (CX)(SI*4), Z4, Z4
@@ -76960,6 +77117,7 @@ dot8AVX512U5KMx1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z6
 	VCVTDQ2PS    Z6, Z6
 	VMULPS       (CX)(DI*4), Z6, Z6
@@ -77097,6 +77255,7 @@ dot8AVX512U5KMx1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (CX)(R8*4), Z8, Z8
@@ -77261,6 +77420,7 @@ dot8AVX512U5KMx1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z10
 	VCVTDQ2PS    Z10, Z10
 	VMULPS       (CX)(R9*4), Z10, Z10
@@ -77397,6 +77557,7 @@ dot8AVX512U5KMx2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VPMOVSXBD    (SI)(DI*1), Z6
 	VCVTDQ2PS    Z6, Z6
 	VMULPS       (DX)(DI*4), Z6, Z6
@@ -77531,6 +77692,7 @@ dot8AVX512U5KMx2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z10
 	VCVTDQ2PS    Z10, Z10
 	VMULPS       (DX)(R8*4), Z10, Z10
@@ -77702,6 +77864,7 @@ dot8AVX512U5KMx2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z14
 	VCVTDQ2PS    Z14, Z14
 	VMULPS       (DX)(R9*4), Z14, Z14
@@ -77910,6 +78073,7 @@ dot8AVX512U5KMx2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z18
 	VCVTDQ2PS    Z18, Z18
 	VMULPS       (DX)(R10*4), Z18, Z18
@@ -78080,6 +78244,7 @@ dot8AVX512U5KMx3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VPMOVSXBD    (DI)(R8*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (BX)(R8*4), Z8, Z8
@@ -78238,6 +78403,7 @@ dot8AVX512U5KMx3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z14
 	VCVTDQ2PS    Z14, Z14
 	VMULPS       (BX)(R9*4), Z14, Z14
@@ -80737,6 +80903,7 @@ dot8AVX512M4x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
 	VBROADCASTSS (AX), Z6
 	VPBROADCASTD 8(AX), Z7
 	VPSRAD       $0x03, Z7, Z7
@@ -80841,6 +81008,8 @@ dot8AVX512M4x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
 	VBROADCASTSS (AX), Z8
 	VPBROADCASTD 8(AX), Z9
 	VPSRAD       $0x03, Z9, Z9
@@ -80963,6 +81132,9 @@ dot8AVX512M4x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
 	VBROADCASTSS (AX), Z10
 	VPBROADCASTD 8(AX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -81171,6 +81343,7 @@ dot8AVX512M4x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
 	VBROADCASTSS (CX), Z10
 	VPBROADCASTD 8(CX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -81310,6 +81483,8 @@ dot8AVX512M4x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
 	VBROADCASTSS (CX), Z14
 	VPBROADCASTD 8(CX), Z15
 	VPSRAD       $0x03, Z15, Z15
@@ -81477,6 +81652,9 @@ dot8AVX512M4x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
 	VBROADCASTSS (CX), Z18
 	VPBROADCASTD 8(CX), Z19
 	VPSRAD       $0x03, Z19, Z19
@@ -81745,6 +81923,7 @@ dot8AVX512M4x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
 	VBROADCASTSS (CX), Z14
 	VPBROADCASTD 8(CX), Z15
 	VPSRAD       $0x03, Z15, Z15

@@ -214,7 +214,7 @@ func dot8Kernel(kind string, mr, np int) {
 
 	Comment("The group's end: each row's sums into its chains.")
 	if mr <= 3 { // the scales' (and offsets') streams, 16 groups ahead
-		src.prefetch()
+		src.prefetch(np)
 	}
 	// scaleOf and offsetOf are panel j's scales and offsets of the group:
 	// operands in memory, or (K kinds) registers computed from the factors.
@@ -296,15 +296,21 @@ func loadDot8Src(super, offsets bool) dot8Src {
 	return src
 }
 
-// prefetch emits prefetches of the scale streams (or factors) pfDist ahead.
-func (src dot8Src) prefetch() {
+// prefetch emits prefetches of the scale streams (or factors) pfDist ahead:
+// every line a group of np panels reads, so that none of them waits on
+// memory (a group's factors, or a run's scales, are more than a line).
+func (src dot8Src) prefetch(np int) {
 	if src.super {
-		PREFETCHT0(Mem{Base: src.meta, Disp: pfDist})
+		for at := 0; at < src.grpBytes; at += 64 {
+			PREFETCHT0(Mem{Base: src.meta, Disp: pfDist + at})
+		}
 		return
 	}
-	PREFETCHT0(Mem{Base: src.s, Disp: pfDist})
-	if src.offsets {
-		PREFETCHT0(Mem{Base: src.o, Disp: pfDist})
+	for at := 0; at < 64*np; at += 64 {
+		PREFETCHT0(Mem{Base: src.s, Disp: pfDist + at})
+		if src.offsets {
+			PREFETCHT0(Mem{Base: src.o, Disp: pfDist + at})
+		}
 	}
 }
 

@@ -173,7 +173,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 
 	Comment("The group's end: each row's sums into its chains.")
 	if mr <= 3 {
-		src.prefetch()
+		src.prefetch(1)
 	}
 	for h := range 2 {
 		sv, ov := src.scales(YMM, 8*h)
