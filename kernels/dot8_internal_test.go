@@ -240,7 +240,7 @@ func TestInt8Dot(t *testing.T) {
 			restore, err := Use(impl)
 			require.NoError(t, err)
 			defer restore()
-			for _, s := range []struct{ M, N, K int }{{1, 37, 256}, {3, 64, 384}, {7, 20, 128}, {5, 16, 2048}, {9, 50, 96}} {
+			for _, s := range []struct{ M, N, K int }{{1, 37, 256}, {3, 64, 384}, {7, 20, 128}, {5, 16, 2048}, {9, 50, 96}, {2, 100, 256}} {
 				rng := rand.New(rand.NewPCG(uint64(s.M), uint64(s.K)))
 				cases := dot8Cases(rng, s.N, s.K)
 				x := make([]float32, s.M*s.K)
@@ -342,6 +342,15 @@ func TestInt8Dot(t *testing.T) {
 					one := make([]float32, s.N)
 					Down(one, x[(s.M-1)*s.K:], d, nil, 0, s.N)
 					require.Equal(t, o[(s.M-1)*s.N:], one, "%s: one row alone", name)
+					// Columns from inside a run of panels (dot8Run, whose scales
+					// lie side by side) to the end, over more than one run: the
+					// same bits.
+					if s.N > 2*PanelWidth {
+						n0 := PanelWidth + 3
+						part := make([]float32, s.N)
+						Down(part, x[(s.M-1)*s.K:], d, nil, n0, s.N)
+						require.Equal(t, o[(s.M-1)*s.N+n0:], part[n0:], "%s: columns from %d", name, n0)
+					}
 				}
 			}
 		})
