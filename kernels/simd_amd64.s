@@ -62260,7 +62260,7 @@ dot8AVX512U4x3p2_store:
 	RET
 
 // func dot8AVX512U4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -62308,6 +62308,7 @@ dot8AVX512U4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -62337,6 +62338,7 @@ dot8AVX512U4x4p1_unit:
 	JNZ          dot8AVX512U4x4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z9
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (DI), Z9, Z9
@@ -62375,7 +62377,7 @@ dot8AVX512U4x4p1_store:
 	RET
 
 // func dot8AVX512U4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4x4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -62437,6 +62439,8 @@ dot8AVX512U4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -62478,6 +62482,8 @@ dot8AVX512U4x4p2_unit:
 	JNZ          dot8AVX512U4x4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z17
 	VCVTDQ2PS    Z2, Z2
 	VMULPS       (R8), Z17, Z18
@@ -63715,7 +63721,7 @@ dot8AVX512U4Mx3p2_store:
 	RET
 
 // func dot8AVX512U4Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -63764,6 +63770,7 @@ dot8AVX512U4Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx4p1_unit:
+	PREFETCHT0   4096(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -63793,6 +63800,8 @@ dot8AVX512U4Mx4p1_unit:
 	JNZ          dot8AVX512U4Mx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z9
 	VBROADCASTSS 4(CX), Z10
 	VCVTDQ2PS    Z2, Z2
@@ -63840,7 +63849,7 @@ dot8AVX512U4Mx4p1_store:
 	RET
 
 // func dot8AVX512U4Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4Mx4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -63903,6 +63912,8 @@ dot8AVX512U4Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx4p2_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -63944,6 +63955,10 @@ dot8AVX512U4Mx4p2_unit:
 	JNZ          dot8AVX512U4Mx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
 	VBROADCASTSS (CX), Z17
 	VBROADCASTSS 4(CX), Z18
 	VCVTDQ2PS    Z2, Z2
@@ -64113,8 +64128,8 @@ dot8AVX512I8x1p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p2_unit:
 	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VMOVDQU64    64(CX)(DI*1), Z5
@@ -64199,10 +64214,10 @@ dot8AVX512I8x1p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p3_unit:
 	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VMOVDQU64    64(CX)(R8*1), Z7
@@ -64301,12 +64316,12 @@ dot8AVX512I8x1p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p4_unit:
 	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VMOVDQU64    64(CX)(R9*1), Z9
@@ -64499,8 +64514,8 @@ dot8AVX512I8x2p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p2_unit:
 	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z8
 	VMOVDQU64    64(DX)(R8*1), Z9
@@ -64617,10 +64632,10 @@ dot8AVX512I8x2p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p3_unit:
 	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z12
 	VMOVDQU64    64(DX)(R9*1), Z13
@@ -64761,12 +64776,12 @@ dot8AVX512I8x2p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p4_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z16
 	VMOVDQU64    64(DX)(R10*1), Z17
@@ -65021,8 +65036,8 @@ dot8AVX512I8x3p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x3p2_unit:
 	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z12
 	VMOVDQU64    64(BX)(R9*1), Z13
@@ -65108,7 +65123,7 @@ dot8AVX512I8x3p2_store:
 	RET
 
 // func dot8AVX512I8x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x4p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -65154,6 +65169,8 @@ dot8AVX512I8x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z8
 	VMOVDQU64    64(SI)(R9*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -65181,6 +65198,7 @@ dot8AVX512I8x4p1_unit:
 	JNZ          dot8AVX512I8x4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VPSUBD       Z9, Z1, Z1
@@ -65227,7 +65245,7 @@ dot8AVX512I8x4p1_store:
 	RET
 
 // func dot8AVX512I8x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8x4p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -65287,6 +65305,10 @@ dot8AVX512I8x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z16
 	VMOVDQU64    64(SI)(R10*1), Z17
 	VMOVDQU64    (DI)(R10*1), Z18
@@ -65324,6 +65346,8 @@ dot8AVX512I8x4p2_unit:
 	JNZ          dot8AVX512I8x4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VPSUBD       Z17, Z1, Z1
@@ -65498,8 +65522,8 @@ dot8AVX512I8Mx1p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p2_unit:
 	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z4
 	VMOVDQU64    64(CX)(R8*1), Z5
@@ -65591,10 +65615,10 @@ dot8AVX512I8Mx1p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p3_unit:
 	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z6
 	VMOVDQU64    64(CX)(R9*1), Z7
@@ -65702,12 +65726,12 @@ dot8AVX512I8Mx1p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p4_unit:
 	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
 	PREFETCHT0   4160(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z8
 	VMOVDQU64    64(CX)(R10*1), Z9
@@ -65918,8 +65942,8 @@ dot8AVX512I8Mx2p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p2_unit:
 	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z8
 	VMOVDQU64    64(DX)(R9*1), Z9
@@ -66046,10 +66070,10 @@ dot8AVX512I8Mx2p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p3_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z12
 	VMOVDQU64    64(DX)(R10*1), Z13
@@ -66203,12 +66227,12 @@ dot8AVX512I8Mx2p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p4_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
 	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z16
 	VMOVDQU64    64(DX)(R11*1), Z17
@@ -66488,8 +66512,8 @@ dot8AVX512I8Mx3p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx3p2_unit:
 	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z12
 	VMOVDQU64    64(BX)(R10*1), Z13
@@ -66587,7 +66611,7 @@ dot8AVX512I8Mx3p2_store:
 	RET
 
 // func dot8AVX512I8Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx4p1(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -66634,6 +66658,8 @@ dot8AVX512I8Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx4p1_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z8
 	VMOVDQU64    64(SI)(R10*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -66661,6 +66687,8 @@ dot8AVX512I8Mx4p1_unit:
 	JNZ          dot8AVX512I8Mx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
 	VBROADCASTSS 4(CX), Z10
@@ -66716,7 +66744,7 @@ dot8AVX512I8Mx4p1_store:
 	RET
 
 // func dot8AVX512I8Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Mx4p2(SB), NOSPLIT, $0-96
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -66777,6 +66805,10 @@ dot8AVX512I8Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx4p2_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z16
 	VMOVDQU64    64(SI)(R11*1), Z17
 	VMOVDQU64    (DI)(R11*1), Z18
@@ -66814,6 +66846,10 @@ dot8AVX512I8Mx4p2_unit:
 	JNZ          dot8AVX512I8Mx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
 	VBROADCASTSS (CX), Z16
 	VPBROADCASTD 8(CX), Z17
 	VBROADCASTSS 4(CX), Z18
@@ -68288,7 +68324,7 @@ dot8AVX512U4KMx3p2_store:
 	RET
 
 // func dot8AVX512U4KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4KMx4p1(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -68347,6 +68383,7 @@ dot8AVX512U4KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx4p1_unit:
+	PREFETCHT0   4096(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -68376,6 +68413,8 @@ dot8AVX512U4KMx4p1_unit:
 	JNZ          dot8AVX512U4KMx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z9
 	VCVTDQ2PS    Z9, Z9
 	VMULPS       (SI)(R9*4), Z9, Z9
@@ -68429,7 +68468,7 @@ dot8AVX512U4KMx4p1_store:
 	RET
 
 // func dot8AVX512U4KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U4KMx4p2(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -68502,6 +68541,8 @@ dot8AVX512U4KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx4p2_unit:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -68543,6 +68584,8 @@ dot8AVX512U4KMx4p2_unit:
 	JNZ          dot8AVX512U4KMx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z17
 	VCVTDQ2PS    Z17, Z17
 	VMULPS       (SI)(R10*4), Z17, Z17
@@ -68750,8 +68793,8 @@ dot8AVX512I8Kx1p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p2_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z4
 	VMOVDQU64    64(DX)(R10*1), Z5
@@ -68853,10 +68896,10 @@ dot8AVX512I8Kx1p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p3_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z6
 	VMOVDQU64    64(DX)(R11*1), Z7
@@ -68974,12 +69017,12 @@ dot8AVX512I8Kx1p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p4_unit:
 	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z8
 	VMOVDQU64    64(DX)(R12*1), Z9
@@ -69208,8 +69251,8 @@ dot8AVX512I8Kx2p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p2_unit:
 	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z8
 	VMOVDQU64    64(BX)(R11*1), Z9
@@ -69343,10 +69386,10 @@ dot8AVX512I8Kx2p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p3_unit:
 	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z12
 	VMOVDQU64    64(BX)(R12*1), Z13
@@ -69506,12 +69549,12 @@ dot8AVX512I8Kx2p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p4_unit:
 	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
 	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
 	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z16
 	VMOVDQU64    64(BX)(R13*1), Z17
@@ -69802,8 +69845,8 @@ dot8AVX512I8Kx3p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx3p2_unit:
 	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z12
 	VMOVDQU64    64(SI)(R12*1), Z13
@@ -69895,7 +69938,7 @@ dot8AVX512I8Kx3p2_store:
 	RET
 
 // func dot8AVX512I8Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Kx4p1(SB), NOSPLIT, $0-88
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -69952,6 +69995,8 @@ dot8AVX512I8Kx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx4p1_unit:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z8
 	VMOVDQU64    64(DI)(R12*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -69979,6 +70024,7 @@ dot8AVX512I8Kx4p1_unit:
 	JNZ          dot8AVX512I8Kx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
 	VPMOVSXBD    (R8)(R9*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (SI)(R9*4), Z8, Z8
@@ -70029,7 +70075,7 @@ dot8AVX512I8Kx4p1_store:
 	RET
 
 // func dot8AVX512I8Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8Kx4p2(SB), NOSPLIT, $0-88
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -70100,6 +70146,10 @@ dot8AVX512I8Kx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx4p2_unit:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z16
 	VMOVDQU64    64(DI)(R13*1), Z17
 	VMOVDQU64    (R8)(R13*1), Z18
@@ -70137,6 +70187,7 @@ dot8AVX512I8Kx4p2_unit:
 	JNZ          dot8AVX512I8Kx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
 	VPMOVSXBD    (R9)(R10*1), Z16
 	VCVTDQ2PS    Z16, Z16
 	VMULPS       (SI)(R10*4), Z16, Z16
@@ -70344,8 +70395,8 @@ dot8AVX512I8KMx1p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p2_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z4
 	VMOVDQU64    64(DX)(R10*1), Z5
@@ -70457,10 +70508,10 @@ dot8AVX512I8KMx1p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p3_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z6
 	VMOVDQU64    64(DX)(R11*1), Z7
@@ -70592,12 +70643,12 @@ dot8AVX512I8KMx1p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p4_unit:
 	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z8
 	VMOVDQU64    64(DX)(R12*1), Z9
@@ -70852,8 +70903,8 @@ dot8AVX512I8KMx2p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p2_unit:
 	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z8
 	VMOVDQU64    64(BX)(R11*1), Z9
@@ -71000,10 +71051,10 @@ dot8AVX512I8KMx2p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p3_unit:
 	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z12
 	VMOVDQU64    64(BX)(R12*1), Z13
@@ -71181,12 +71232,12 @@ dot8AVX512I8KMx2p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p4_unit:
 	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
 	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
 	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z16
 	VMOVDQU64    64(BX)(R13*1), Z17
@@ -71510,8 +71561,8 @@ dot8AVX512I8KMx3p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx3p2_unit:
 	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z12
 	VMOVDQU64    64(SI)(R12*1), Z13
@@ -71619,7 +71670,7 @@ dot8AVX512I8KMx3p2_store:
 	RET
 
 // func dot8AVX512I8KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8KMx4p1(SB), NOSPLIT, $0-88
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -71676,6 +71727,8 @@ dot8AVX512I8KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx4p1_unit:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z8
 	VMOVDQU64    64(DI)(R12*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -71703,6 +71756,8 @@ dot8AVX512I8KMx4p1_unit:
 	JNZ          dot8AVX512I8KMx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z8
 	VCVTDQ2PS    Z8, Z8
 	VMULPS       (SI)(R9*4), Z8, Z8
@@ -71764,7 +71819,7 @@ dot8AVX512I8KMx4p1_store:
 	RET
 
 // func dot8AVX512I8KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512DQ, AVX512F
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512I8KMx4p2(SB), NOSPLIT, $0-88
 	MOVQ a+0(FP), AX
 	MOVQ (AX), CX
@@ -71835,6 +71890,10 @@ dot8AVX512I8KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx4p2_unit:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z16
 	VMOVDQU64    64(DI)(R13*1), Z17
 	VMOVDQU64    (R8)(R13*1), Z18
@@ -71872,6 +71931,8 @@ dot8AVX512I8KMx4p2_unit:
 	JNZ          dot8AVX512I8KMx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z16
 	VCVTDQ2PS    Z16, Z16
 	VMULPS       (SI)(R10*4), Z16, Z16
@@ -72080,8 +72141,8 @@ dot8AVX512S5x1p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p2_unit:
 	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
@@ -72183,10 +72244,10 @@ dot8AVX512S5x1p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p3_unit:
 	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
@@ -72308,12 +72369,12 @@ dot8AVX512S5x1p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p4_unit:
 	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -72547,8 +72608,8 @@ dot8AVX512S5x2p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p2_unit:
 	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -72683,10 +72744,10 @@ dot8AVX512S5x2p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p3_unit:
 	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -72851,12 +72912,12 @@ dot8AVX512S5x2p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p4_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
@@ -73154,8 +73215,8 @@ dot8AVX512S5x3p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x3p2_unit:
 	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -73256,7 +73317,7 @@ dot8AVX512S5x3p2_store:
 	RET
 
 // func dot8AVX512S5x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S5x4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -73306,6 +73367,8 @@ dot8AVX512S5x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -73339,6 +73402,7 @@ dot8AVX512S5x4p1_unit:
 	JNZ          dot8AVX512S5x4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z10
 	VPBROADCASTD 8(CX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -73389,7 +73453,7 @@ dot8AVX512S5x4p1_store:
 	RET
 
 // func dot8AVX512S5x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S5x4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -73453,6 +73517,10 @@ dot8AVX512S5x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -73502,6 +73570,8 @@ dot8AVX512S5x4p2_unit:
 	JNZ          dot8AVX512S5x4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z18
 	VPBROADCASTD 8(CX), Z19
 	VPSRAD       $0x03, Z19, Z19
@@ -73692,8 +73762,8 @@ dot8AVX512U5Mx1p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p2_unit:
 	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z7
 	VPANDD       Z0, Z7, Z6
@@ -73798,10 +73868,10 @@ dot8AVX512U5Mx1p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p3_unit:
 	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z9
 	VPANDD       Z0, Z9, Z8
@@ -73927,12 +73997,12 @@ dot8AVX512U5Mx1p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p4_unit:
 	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
 	PREFETCHT0   4160(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -74172,8 +74242,8 @@ dot8AVX512U5Mx2p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p2_unit:
 	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -74310,10 +74380,10 @@ dot8AVX512U5Mx2p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p3_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -74481,12 +74551,12 @@ dot8AVX512U5Mx2p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p4_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
 	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
@@ -74788,8 +74858,8 @@ dot8AVX512U5Mx3p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx3p2_unit:
 	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -74890,7 +74960,7 @@ dot8AVX512U5Mx3p2_store:
 	RET
 
 // func dot8AVX512U5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U5Mx4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -74941,6 +75011,8 @@ dot8AVX512U5Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx4p1_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -74974,6 +75046,8 @@ dot8AVX512U5Mx4p1_unit:
 	JNZ          dot8AVX512U5Mx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
 	VBROADCASTSS (CX), Z10
 	VBROADCASTSS 4(CX), Z11
 	VCVTDQ2PS    Z3, Z3
@@ -75021,7 +75095,7 @@ dot8AVX512U5Mx4p1_store:
 	RET
 
 // func dot8AVX512U5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U5Mx4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -75086,6 +75160,10 @@ dot8AVX512U5Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx4p2_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -75135,6 +75213,10 @@ dot8AVX512U5Mx4p2_unit:
 	JNZ          dot8AVX512U5Mx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
 	VBROADCASTSS (CX), Z18
 	VBROADCASTSS 4(CX), Z19
 	VCVTDQ2PS    Z3, Z3
@@ -75327,8 +75409,8 @@ dot8AVX512S6x1p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p2_unit:
 	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
 	PREFETCHT0   4160(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z8
 	VPANDD       Z0, Z8, Z7
@@ -75440,10 +75522,10 @@ dot8AVX512S6x1p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p3_unit:
 	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
@@ -75579,12 +75661,12 @@ dot8AVX512S6x1p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p4_unit:
 	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z12
 	VPANDD       Z0, Z12, Z11
@@ -75842,8 +75924,8 @@ dot8AVX512S6x2p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p2_unit:
 	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
 	PREFETCHT0   4160(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z12
 	VPANDD       Z0, Z12, Z11
@@ -75988,10 +76070,10 @@ dot8AVX512S6x2p3_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p3_unit:
 	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z16
 	VPANDD       Z0, Z16, Z15
@@ -76170,12 +76252,12 @@ dot8AVX512S6x2p4_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p4_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
 	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z20
 	VPANDD       Z0, Z20, Z19
@@ -76497,8 +76579,8 @@ dot8AVX512S6x3p2_group:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x3p2_unit:
 	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
 	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z16
 	VPANDD       Z0, Z16, Z15
@@ -76607,7 +76689,7 @@ dot8AVX512S6x3p2_store:
 	RET
 
 // func dot8AVX512S6x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S6x4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -76659,6 +76741,8 @@ dot8AVX512S6x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -76696,6 +76780,7 @@ dot8AVX512S6x4p1_unit:
 	JNZ          dot8AVX512S6x4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z11
 	VPBROADCASTD 8(CX), Z12
 	VPSRAD       $0x02, Z12, Z12
@@ -76746,7 +76831,7 @@ dot8AVX512S6x4p1_store:
 	RET
 
 // func dot8AVX512S6x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S6x4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -76812,6 +76897,10 @@ dot8AVX512S6x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -76869,6 +76958,8 @@ dot8AVX512S6x4p2_unit:
 	JNZ          dot8AVX512S6x4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z19
 	VPBROADCASTD 8(CX), Z20
 	VPSRAD       $0x02, Z20, Z20
@@ -77085,8 +77176,8 @@ dot8AVX512U5KMx1p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p2_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z7
 	VPANDD       Z0, Z7, Z6
@@ -77211,10 +77302,10 @@ dot8AVX512U5KMx1p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p3_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z9
 	VPANDD       Z0, Z9, Z8
@@ -77364,12 +77455,12 @@ dot8AVX512U5KMx1p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p4_unit:
 	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -77653,8 +77744,8 @@ dot8AVX512U5KMx2p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p2_unit:
 	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z11
 	VPANDD       Z0, Z11, Z10
@@ -77811,10 +77902,10 @@ dot8AVX512U5KMx2p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p3_unit:
 	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -78006,12 +78097,12 @@ dot8AVX512U5KMx2p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p4_unit:
 	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
 	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
 	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z19
 	VPANDD       Z0, Z19, Z18
@@ -78357,8 +78448,8 @@ dot8AVX512U5KMx3p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx3p2_unit:
 	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z15
 	VPANDD       Z0, Z15, Z14
@@ -78469,7 +78560,7 @@ dot8AVX512U5KMx3p2_store:
 	RET
 
 // func dot8AVX512U5KMx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U5KMx4p1(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -78530,6 +78621,8 @@ dot8AVX512U5KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx4p1_unit:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -78563,6 +78656,8 @@ dot8AVX512U5KMx4p1_unit:
 	JNZ          dot8AVX512U5KMx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VPMOVSXBD    (R8)(R9*1), Z10
 	VCVTDQ2PS    Z10, Z10
 	VMULPS       (SI)(R9*4), Z10, Z10
@@ -78616,7 +78711,7 @@ dot8AVX512U5KMx4p1_store:
 	RET
 
 // func dot8AVX512U5KMx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512U5KMx4p2(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -78691,6 +78786,10 @@ dot8AVX512U5KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx4p2_unit:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -78740,6 +78839,8 @@ dot8AVX512U5KMx4p2_unit:
 	JNZ          dot8AVX512U5KMx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R9)
 	VPMOVSXBD    (R9)(R10*1), Z18
 	VCVTDQ2PS    Z18, Z18
 	VMULPS       (SI)(R10*4), Z18, Z18
@@ -78970,8 +79071,8 @@ dot8AVX512S6Kx1p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p2_unit:
 	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
 	PREFETCHT0   4160(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z8
 	VPANDD       Z0, Z8, Z7
@@ -79100,10 +79201,10 @@ dot8AVX512S6Kx1p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p3_unit:
 	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z10
 	VPANDD       Z0, Z10, Z9
@@ -79258,12 +79359,12 @@ dot8AVX512S6Kx1p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p4_unit:
 	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(DX)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(BX)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z12
 	VPANDD       Z0, Z12, Z11
@@ -79557,8 +79658,8 @@ dot8AVX512S6Kx2p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p2_unit:
 	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
 	PREFETCHT0   4160(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z12
 	VPANDD       Z0, Z12, Z11
@@ -79720,10 +79821,10 @@ dot8AVX512S6Kx2p3_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p3_unit:
 	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   4096(SI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z16
 	VPANDD       Z0, Z16, Z15
@@ -79921,12 +80022,12 @@ dot8AVX512S6Kx2p4_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p4_unit:
 	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(BX)(R13*1)
+	PREFETCHT0   4096(DI)(R13*1)
 	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
 	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   4096(SI)(R13*1)
 	PREFETCHT0   4160(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z20
 	VPANDD       Z0, Z20, Z19
@@ -80284,8 +80385,8 @@ dot8AVX512S6Kx3p2_factors:
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx3p2_unit:
 	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   4096(DI)(R12*1)
 	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z16
 	VPANDD       Z0, Z16, Z15
@@ -80400,7 +80501,7 @@ dot8AVX512S6Kx3p2_store:
 	RET
 
 // func dot8AVX512S6Kx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S6Kx4p1(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -80463,6 +80564,8 @@ dot8AVX512S6Kx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx4p1_unit:
+	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   4160(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -80500,6 +80603,7 @@ dot8AVX512S6Kx4p1_unit:
 	JNZ          dot8AVX512S6Kx4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
 	VPMOVSXBD    (R8)(R9*1), Z11
 	VCVTDQ2PS    Z11, Z11
 	VMULPS       (SI)(R9*4), Z11, Z11
@@ -80554,7 +80658,7 @@ dot8AVX512S6Kx4p1_store:
 	RET
 
 // func dot8AVX512S6Kx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, meta *byte, lane int, units int, per int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512S6Kx4p2(SB), NOSPLIT, $0-88
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -80631,6 +80735,10 @@ dot8AVX512S6Kx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx4p2_unit:
+	PREFETCHT0   4096(DI)(R13*1)
+	PREFETCHT0   4160(DI)(R13*1)
+	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   4160(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -80688,6 +80796,7 @@ dot8AVX512S6Kx4p2_unit:
 	JNZ          dot8AVX512S6Kx4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R9)
 	VPMOVSXBD    (R9)(R10*1), Z19
 	VCVTDQ2PS    Z19, Z19
 	VMULPS       (SI)(R10*4), Z19, Z19
@@ -81979,7 +82088,7 @@ dot8AVX512M4x3p2_store:
 	RET
 
 // func dot8AVX512M4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512M4x4p1(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -82028,6 +82137,7 @@ dot8AVX512M4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -82059,6 +82169,7 @@ dot8AVX512M4x4p1_unit:
 	JNZ          dot8AVX512M4x4p1_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
 	VBROADCASTSS (CX), Z10
 	VPBROADCASTD 8(CX), Z11
 	VPSRAD       $0x03, Z11, Z11
@@ -82109,7 +82220,7 @@ dot8AVX512M4x4p1_store:
 	RET
 
 // func dot8AVX512M4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
 TEXT ·dot8AVX512M4x4p2(SB), NOSPLIT, $0-96
 	MOVQ         a+0(FP), AX
 	MOVQ         (AX), CX
@@ -82172,6 +82283,8 @@ dot8AVX512M4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -82217,6 +82330,8 @@ dot8AVX512M4x4p2_unit:
 	JNZ          dot8AVX512M4x4p2_unit
 
 	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
 	VBROADCASTSS (CX), Z18
 	VPBROADCASTD 8(CX), Z19
 	VPSRAD       $0x03, Z19, Z19

@@ -163,10 +163,11 @@ func dot8Kernel(kind string, mr, np int) {
 	u := Load(Param("units"), GP64())
 	Comment("Eight steps of k: two weight vectors a panel, two broadcasts a row.")
 	Label(name + "_unit")
-	prefetch(mr, b, o)
-	if code.unit > 64 && mr <= 3 { // a unit of more than a line
-		for _, bj := range b {
-			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist + 64})
+	// Every line of the unit, pfDist ahead, whatever the rows: at 4 rows
+	// these kernels still wait on memory (unlike the exact mode's).
+	for _, bj := range b {
+		for at := 0; at < code.unit; at += 64 {
+			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist + at})
 		}
 	}
 	lo, hi := make([]VecVirtual, np), make([]VecVirtual, np)
@@ -213,9 +214,7 @@ func dot8Kernel(kind string, mr, np int) {
 	JNZ(LabelRef(name + "_unit"))
 
 	Comment("The group's end: each row's sums into its chains.")
-	if mr <= 3 { // the scales' (and offsets') streams, 16 groups ahead
-		src.prefetch(np)
-	}
+	src.prefetch(np) // the scales' (and offsets') streams, 16 groups ahead
 	// scaleOf and offsetOf are panel j's scales and offsets of the group:
 	// operands in memory, or (K kinds) registers computed from the factors.
 	sv, ov := make([]Op, np), make([]Op, np)
