@@ -378,7 +378,7 @@ func (d *Device) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpe
 		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).int(w.BlockRows).int(w.BlockCols).ptr(sorted).ptr(blockExpert).int(topK).
 			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_fp8", grid, gemmThreads, g)
-	case MXFP4, INT4, UINT4, INT8:
+	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
 		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).ptr(w.Offsets).int(w.BlockCols).int(w.codeKind()).ptr(sorted).ptr(blockExpert).int(topK).
 			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_codes", grid, gemmThreads, g)
@@ -402,7 +402,7 @@ func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, 
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(up.W).ptr(up.Scales).int(gate.BlockRows).int(gate.BlockCols).
 			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_fp8", grid, gemmThreads, g)
-	case MXFP4, INT4, UINT4, INT8:
+	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(gate.Offsets).ptr(up.W).ptr(up.Scales).ptr(up.Offsets).int(gate.BlockCols).int(gate.codeKind()).
 			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_codes", grid, gemmThreads, g)

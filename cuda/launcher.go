@@ -44,8 +44,10 @@ type WeightFormat uint8
 
 // Weight formats: a weight is the stored value (BF16), or its value times
 // its block's or group's scale: an e4m3 byte (FP8), an e2m1 nibble (MXFP4),
-// a nibble minus 8 (INT4); or a nibble (UINT4) or an int8 byte (INT8)
-// times its group's scale plus its offset, if any, rounded once.
+// a nibble minus 8 (INT4); or a nibble (UINT4), an int8 byte (INT8) or a
+// code of 5 or 6 bits (INT5: stored plus 16, UINT5, INT6: plus 32; GGUF's
+// Q5_0, Q5_1 and Q5_K, Q6_K; see NarrowCodes) times its group's scale plus
+// its offset, if any, rounded once.
 const (
 	BF16 WeightFormat = iota
 	FP8
@@ -53,6 +55,9 @@ const (
 	INT4
 	UINT4
 	INT8
+	INT5
+	UINT5
+	INT6
 )
 
 // BF16Weights are bf16 weights w.
@@ -65,7 +70,54 @@ func sameFormat(a, b Weights) bool {
 
 // codeKind is the kernels' kind argument of an integer-code format.
 func (w Weights) codeKind() int {
-	return map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3}[w.Format]
+	return map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3, INT5: 4, UINT5: 5, INT6: 6}[w.Format]
+}
+
+// NarrowFormat returns the format of 5 or 6 bits that holds every one of
+// INT8 codes whose least and greatest are lo and hi, of rows of k codes
+// (k a multiple of 8), with offsets or without, and false where none does
+// (the codes then stay INT8): INT5 for codes in [−16, 16) without
+// offsets (Q5_0), UINT5 for [0, 32) with (Q5_1, Q5_K), INT6 for
+// [−32, 32) without (Q6_K).
+func NarrowFormat(lo, hi, k int, offsets bool) (WeightFormat, bool) {
+	switch {
+	case k%8 != 0:
+	case !offsets && lo >= -16 && hi < 16:
+		return INT5, true
+	case offsets && lo >= 0 && hi < 32:
+		return UINT5, true
+	case !offsets && lo >= -32 && hi < 32:
+		return INT6, true
+	}
+	return INT8, false
+}
+
+// NarrowCodes returns INT8 codes [rows, k] (each byte an int8) in the
+// narrow format f's device layout: each row's k/2 bytes of low nibbles
+// (the even k low), then for each high bit a plane of k/8 bytes (bit k%8
+// of byte k/8), of the code plus f's bias.
+func NarrowCodes(f WeightFormat, codes []uint8, k int) []uint8 {
+	planes, bias := 1, 16
+	switch f {
+	case UINT5:
+		bias = 0
+	case INT6:
+		planes, bias = 2, 32
+	}
+	rows := len(codes) / k
+	rowBytes := k/2 + planes*k/8
+	out := make([]uint8, rows*rowBytes)
+	for r := range rows {
+		dst := out[r*rowBytes:][:rowBytes]
+		for j, c := range codes[r*k:][:k] {
+			v := int(int8(c)) + bias
+			dst[j/2] |= uint8(v&15) << (4 * (j & 1))
+			for p := range planes {
+				dst[k/2+p*k/8+j/8] |= uint8(v>>(4+p)&1) << (j & 7)
+			}
+		}
+	}
+	return out
 }
 
 // Buffer is device memory: an address on the GPU (tag cuda) or a block of

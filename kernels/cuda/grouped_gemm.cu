@@ -101,7 +101,11 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
 // nibbles (two a byte, the even k in the low nibble) or int8 bytes, with a
 // scale per group of k, [experts, N, K/group], and for some an offset
 // likewise (offsets null: none). kind: 0 MXFP4 (e2m1 nibbles), 1 INT4 (the
-// nibble minus 8), 2 UINT4 (the nibble), 3 INT8 (the byte as an int8). A
+// nibble minus 8), 2 UINT4 (the nibble), 3 INT8 (the byte as an int8); 4,
+// 5 and 6 codes of 5 or 6 bits (GGUF's Q5_x and Q6_K, see narrowCode): a
+// row's K/2 bytes of low nibbles, then for each high bit a plane of K/8
+// bytes (bit k%8 of byte k/8), the code stored plus 16 (4: 5 bits, signed),
+// as it is (5: 5 bits, unsigned) or plus 32 (6: 6 bits, signed). A
 // weight is code × scale + offset rounded once to fp32 (without offsets,
 // code × scale), the CPU kernels' value, then rounded to bf16.
 struct CodeWeights {
@@ -118,6 +122,15 @@ __device__ __forceinline__ float nibbleValue(uint8_t n, int kind) {
   return n & 8 ? -mag[n & 7] : mag[n & 7];
 }
 
+// narrowCode is the code at k of a row of kind 4, 5 or 6 (see CodeWeights)
+// whose bytes start at r.
+__device__ __forceinline__ int narrowCode(const uint8_t* r, int k, int K, int kind) {
+  int c = (r[k / 2] >> (4 * (k & 1))) & 15;
+  const int planes = kind == 6 ? 2 : 1;
+  for (int p = 0; p < planes; p++) c |= ((r[K / 2 + p * (K / 8) + k / 8] >> (k & 7)) & 1) << (4 + p);
+  return c - (kind == 4 ? 16 : kind == 6 ? 32 : 0);
+}
+
 // loadCodes dequantizes 8 weights of row n (k … k+7, k even) of expert e's
 // code matrix to bf16 into dst (zeros past N).
 __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, int e, int n, int k, int N, int K) {
@@ -132,6 +145,8 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
     float c;
     if (q.kind == 3) {
       c = float((int8_t)q.w[row * K + k + i]);
+    } else if (q.kind >= 4) {
+      c = float(narrowCode(q.w + row * (size_t)(K / 8) * (q.kind == 6 ? 6 : 5), k + i, K, q.kind));
     } else {
       c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, q.kind);
     }

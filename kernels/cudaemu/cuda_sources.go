@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=55db2492d52c071fbca15b0b829400c0
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=2abf2005094b4ae6fd22c07d9ab1738b
 import "C"

@@ -66,16 +66,58 @@ func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int, 
 	gate := mats(func(x *moe.Expert) kernels.Matrix { return x.Gate })
 	up := mats(func(x *moe.Expert) kernels.Matrix { return x.Up })
 	down := mats(func(x *moe.Expert) kernels.Matrix { return x.Down })
-	switch {
-	case fp8Stack(gate, up, down):
-		st.gate, st.up, st.down = uploadFP8(bs, gate), uploadFP8(bs, up), uploadFP8(bs, down)
-		return st
-	case codeStack(gate, up, down):
-		st.gate, st.up, st.down = uploadCodes(bs, gate), uploadCodes(bs, up), uploadCodes(bs, down)
-		return st
-	}
-	st.gate, st.up, st.down = uploadBF16(bs, gate), uploadBF16(bs, up), uploadBF16(bs, down)
+	// Each projection is its own launch: gate and up (one launch, one
+	// format) and down may be stored differently, as in GGUF's Q4_K_M
+	// (Q4_K gate and up, Q6_K down).
+	st.gate, st.up = uploadAs(bs, gate, up), uploadAs(bs, up, gate)
+	st.down = uploadAs(bs, down)
 	return st
+}
+
+// uploadAs uploads ms as they are stored where every matrix of ms and of
+// like (those that must share their format) is of one FP8 block size or
+// one integer-code format, else widened to bf16.
+func uploadAs(bs *cuda.Buffers, ms []kernels.Matrix, like ...[]kernels.Matrix) cuda.Weights {
+	all := append([][]kernels.Matrix{ms}, like...)
+	switch {
+	case fp8Stack(all...):
+		return uploadFP8(bs, ms)
+	case codeStack(all...):
+		return uploadCodes(bs, ms, codeFormat(all...))
+	}
+	return uploadBF16(bs, ms)
+}
+
+// codeFormat is the device format of a code stack (see codeStack): its
+// dtype's, or for INT8 codes that all fit one (see cuda.NarrowFormat) 5 or
+// 6 bits, as GGUF's Q5_x and Q6_K blocks hold them.
+func codeFormat(groups ...[]kernels.Matrix) cuda.WeightFormat {
+	m0 := groups[0][0]
+	f := map[kernels.DType]cuda.WeightFormat{kernels.MXFP4: cuda.MXFP4, kernels.INT4: cuda.INT4, kernels.UINT4: cuda.UINT4, kernels.INT8: cuda.INT8}[m0.DType]
+	if f != cuda.INT8 {
+		return f
+	}
+	lo, hi := 0, 0
+	for _, ms := range groups {
+		for _, m := range ms {
+			data, _, _, _, _ := m.CodeData()
+			for _, c := range data {
+				lo, hi = min(lo, int(int8(c))), max(hi, int(int8(c)))
+			}
+		}
+	}
+	narrow, ok := cuda.NarrowFormat(lo, hi, m0.Cols, m0.HasOffsets())
+	if !ok {
+		return cuda.INT8
+	}
+	for _, ms := range groups { // rows of one length: the kernels' row bytes
+		for _, m := range ms {
+			if m.Cols != m0.Cols {
+				return cuda.INT8
+			}
+		}
+	}
+	return narrow
 }
 
 // fp8Stack says whether every matrix is FP8 in one block size.
@@ -118,17 +160,20 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 	return g > 0
 }
 
-// uploadCodes uploads integer-code matrices as they are stored: the codes,
-// the scales and the offsets (if any) of each, stacked.
-func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {
+// uploadCodes uploads integer-code matrices as they are stored, in format
+// f (see codeFormat): the codes, the scales and the offsets (if any) of
+// each, stacked.
+func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cuda.Weights {
 	var w []uint8
 	var sc, off []float32
 	var group int
 	for _, m := range ms {
 		data, scales, offsets, g, _ := m.CodeData()
+		if f == cuda.INT5 || f == cuda.UINT5 || f == cuda.INT6 {
+			data = cuda.NarrowCodes(f, data, m.Cols)
+		}
 		w, sc, off, group = append(w, data...), append(sc, scales...), append(off, offsets...), g
 	}
-	f := map[kernels.DType]cuda.WeightFormat{kernels.MXFP4: cuda.MXFP4, kernels.INT4: cuda.INT4, kernels.UINT4: cuda.UINT4, kernels.INT8: cuda.INT8}[ms[0].DType]
 	d := bs.Device()
 	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group}
 	if off != nil {

@@ -3,12 +3,17 @@
 package moegpu
 
 import (
+	"context"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/cuda"
+	"github.com/moex-project/moex/internal/half"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/kernels/kerneltest"
 	"github.com/moex-project/moex/moe"
 )
 
@@ -53,5 +58,94 @@ func TestQuantizedResident(t *testing.T) {
 			require.Equal(t, 2*weights, g.W.Bytes)
 		}
 		require.NoError(t, x.Close())
+	}
+}
+
+// TestNarrowResident: GGUF's 5- and 6-bit codes stay in their bits on the
+// device (a row's low nibbles, then a plane a high bit), and a layer whose
+// projections are stored differently (Q4_K_M: Q4_K gate and up, Q6_K
+// down) keeps each projection's format rather than widening all three to
+// bf16; the experts run on the emulation give the CPU layer's output
+// (bf16 activations: within 1e-2).
+func TestNarrowResident(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 4, TopK: 2, Inter: 96, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	weights := int64(cfg.NumExperts * cfg.Inter * cfg.Hidden)
+	rng := rand.New(rand.NewPCG(5, 6))
+	// Each case's experts' projections, made from random codes.
+	q6k := func(rows, cols int) kernels.Matrix {
+		m, _ := kerneltest.KQuantWeights(rng, kernels.INT8, rows, cols, 16, -32, 64, false)
+		return m
+	}
+	q5k := func(rows, cols int) kernels.Matrix {
+		m, _ := kerneltest.KQuantWeights(rng, kernels.INT8, rows, cols, 32, 0, 32, true)
+		return m
+	}
+	q50 := func(rows, cols int) kernels.Matrix {
+		m, _ := kerneltest.INT8CodeWeights(rng, rows, cols, 32, -16, 32, false)
+		return m
+	}
+	q4k := func(rows, cols int) kernels.Matrix {
+		m, _ := kerneltest.KQuantWeights(rng, kernels.UINT4, rows, cols, 32, 0, 16, true)
+		return m
+	}
+	for _, c := range []struct {
+		name              string
+		gateUp, down      func(rows, cols int) kernels.Matrix
+		first, second     cuda.WeightFormat
+		firstBits, bits   int64
+		offsets, offsets2 bool
+	}{
+		{"q4_k_m", q4k, q6k, cuda.UINT4, cuda.INT6, 4, 6, true, false},
+		{"q5_k", q5k, q5k, cuda.UINT5, cuda.UINT5, 5, 5, true, true},
+		{"q5_0", q50, q50, cuda.INT5, cuda.INT5, 5, 5, false, false},
+		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			router := make([]float32, cfg.NumExperts*cfg.Hidden)
+			for i := range router {
+				router[i] = float32(rng.NormFloat64() / 8)
+			}
+			w := moe.Weights{Experts: make([]moe.Expert, cfg.NumExperts)}
+			var err error
+			w.Gate, err = kernels.NewF32(cfg.NumExperts, cfg.Hidden, router)
+			require.NoError(t, err)
+			for e := range w.Experts {
+				w.Experts[e] = moe.Expert{Gate: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)), Up: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)),
+					Down: kernels.Pack(c.down(cfg.Hidden, cfg.Inter))}
+			}
+			l, err := moe.New(cfg, w)
+			require.NoError(t, err)
+			ex, err := NewExperts(cuda.NewEmu(), l)
+			require.NoError(t, err)
+			defer ex.Close()
+			st := ex.routed
+			require.Equal(t, [3]cuda.WeightFormat{c.first, c.first, c.second}, [3]cuda.WeightFormat{st.gate.Format, st.up.Format, st.down.Format})
+			require.Equal(t, weights*c.firstBits/8, st.gate.W.Bytes)
+			require.Equal(t, weights*c.firstBits/8, st.up.W.Bytes)
+			require.Equal(t, weights*c.bits/8, st.down.W.Bytes)
+			require.Equal(t, c.offsets, st.gate.Offsets.Bytes > 0)
+			require.Equal(t, c.offsets2, st.down.Offsets.Bytes > 0)
+			for _, T := range []int{1, 9} {
+				x := moetest.Input(uint64(T), T, cfg.Hidden, false)
+				for i, v := range x {
+					x[i] = half.BF16ToF32(half.F32ToBF16(v))
+				}
+				want := make([]float32, len(x))
+				l.SetExpertRunner(nil)
+				require.NoError(t, l.Forward(context.Background(), x, want))
+				got := make([]float32, len(x))
+				l.SetExpertRunner(ex)
+				require.NoError(t, l.Forward(context.Background(), x, got))
+				l.SetExpertRunner(nil)
+				ref := make([]float64, len(want))
+				for i, v := range want {
+					ref[i] = float64(v)
+				}
+				e := moetest.RelErr(got, ref)
+				t.Logf("%d tokens: relative error %.2e", T, e)
+				require.LessOrEqual(t, e, 1e-2)
+			}
+		})
 	}
 }
