@@ -153,10 +153,21 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 	}
 	if m.DType == MXFP4 {
 		// Codes twice the e2m1 values (integers in [−12, 12]), scales half
-		// the block's: the same products, exact (see code).
-		for i := range p.q.panel {
-			p.q.panel[i] /= 2
+		// the block's: the same products, exact (see code). The scales
+		// are held as the file has them, a byte (E8M0) a block, which the
+		// kernels make into 2^(E−128).
+		e8 := make([]uint8, len(p.q.panel))
+		for i, s := range p.q.panel {
+			if s == 0 { // a panel's rows past the matrix's
+				continue
+			}
+			frac, exp := math.Frexp(float64(s))
+			if frac != 0.5 || exp+126 < 0 || exp+126 > 254 {
+				return Matrix{}, fmt.Errorf("kernels: int8dot numerics: mxfp4 scale %g is not an E8M0 power of two", s)
+			}
+			e8[i] = uint8(exp + 126) // s = 2^(exp−1) = 2^(E−127)
 		}
+		p.q.panel, p.q.e8 = nil, e8
 		p.q.pow2 = false
 	}
 	unit := p.dot8UnitBytes()
@@ -706,7 +717,13 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			if b.q.offPanel != nil {
 				off = &b.q.offPanel[at]
 			}
-			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, &b.q.panel[at], off, g/dot8Unit, rec, ss)
+			s, ss := (*float32)(nil), ss
+			if b.q.e8 != nil { // MXFP4: the exponents, a byte a block
+				s, ss = (*float32)(unsafe.Pointer(&b.q.e8[at])), ss/4
+			} else {
+				s = &b.q.panel[at]
+			}
+			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, s, off, g/dot8Unit, rec, ss)
 			p += np
 		}
 	}

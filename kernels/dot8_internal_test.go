@@ -283,9 +283,15 @@ func TestInt8Dot(t *testing.T) {
 					if m.HasOffsets() {
 						perGroup = 8
 					}
-					if m.q.super != nil && d.q.kmeta != nil {
+					switch {
+					case m.q.super != nil && d.q.kmeta != nil:
 						require.Equal(t, codes+int64(len(d.q.kmeta)), d.HeldBytes(), "%s: held", name)
-					} else {
+					case m.DType == MXFP4: // the E8M0 exponents, a byte a block (in runs of dot8Run panels)
+						require.Nil(t, d.q.panel, name)
+						runs := ((s.N+PanelWidth-1)/PanelWidth + dot8Run - 1) / dot8Run
+						require.Equal(t, runs*dot8Run*PanelWidth*s.K/32, len(d.q.e8), name)
+						require.Equal(t, codes+int64(len(d.q.e8)), d.HeldBytes(), "%s: held", name)
+					default:
 						require.Equal(t, codes+perGroup*int64(len(d.q.panel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups, d.HeldBytes(), "%s: held", name)
 					}
 					ep := Pack(m)
@@ -577,5 +583,47 @@ func BenchmarkPackInt8Dot(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestInt8DotMXFP4Exponents: the int8-dot mode holds MXFP4's scales as
+// their E8M0 bytes and every implementation makes each of them, 0 (the
+// subnormal 2^−127) to 254 (2^127), into the value the mode defines:
+// the reference's bits, with activations small enough that no product
+// overflows.
+func TestInt8DotMXFP4Exponents(t *testing.T) {
+	const N, blocks = 20, 255
+	const K = 32 * blocks
+	rng := rand.New(rand.NewPCG(9, 9))
+	nib := make([]uint8, N*K/2)
+	for i := range nib {
+		nib[i] = uint8(rng.IntN(256))
+	}
+	e8 := make([]uint8, N*blocks)
+	for i := range e8 {
+		e8[i] = uint8((i + i/blocks) % 255) // every exponent in every row, rotated
+	}
+	m, err := NewMXFP4(N, K, nib, e8)
+	require.NoError(t, err)
+	d, err := PackInt8Dot(m)
+	require.NoError(t, err)
+	require.Nil(t, d.q.panel)
+	x := make([]float32, 2*K)
+	for i := range x {
+		x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
+	}
+	for _, impl := range Implementations() {
+		restore, err := Use(impl)
+		require.NoError(t, err)
+		o := make([]float32, 2*N)
+		Down(o, x, d, nil, 0, N)
+		restore()
+		for r := range 2 {
+			for n := range N {
+				want := dot8Reference(x[r*K:][:K], m, n)
+				require.False(t, math.IsInf(float64(want), 0) || math.IsNaN(float64(want)), "%d %d", r, n)
+				require.Equal(t, math.Float32bits(want), math.Float32bits(o[r*N+n]), "%s row %d col %d", impl, r, n)
+			}
+		}
 	}
 }

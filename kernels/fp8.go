@@ -53,6 +53,12 @@ type blockScales struct {
 	// int8-dot matrix's factors laid out for its kernels.
 	super *superScales
 	kmeta []byte
+	// e8, for an int8-dot MXFP4 matrix, holds each block's E8M0 exponent E
+	// in the int8-dot panel layout (see dot8Scales), a byte where panel
+	// would hold a float: the block's scale is 2^(E−127), the int8-dot
+	// kernels' (against codes twice the e2m1 values) 2^(E−128), which scale
+	// returns.
+	e8 []uint8
 	// pow2 says every scale of the matrix is a power of two 2^p with
 	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
 	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
@@ -98,6 +104,8 @@ func (q *blockScales) scale(g int) float32 {
 		return d * float32(sc)
 	case q.super != nil:
 		return q.super.d[q.superAt(g)] * float32(q.super.sc[g])
+	case q.e8 != nil:
+		return e8Half(q.e8[q.panelAt(g)])
 	}
 	return q.panel[q.panelAt(g)]
 }
@@ -204,7 +212,7 @@ func (m Matrix) Bytes() int64 {
 func (m Matrix) HeldBytes() int64 {
 	n := 4*int64(len(m.f32)) + 2*int64(len(m.u16)) + int64(len(m.u8))
 	if q := m.q; q != nil {
-		n += 4*int64(len(q.grid)+len(q.off)+len(q.panel)+len(q.offPanel)) + int64(len(q.kmeta))
+		n += 4*int64(len(q.grid)+len(q.off)+len(q.panel)+len(q.offPanel)) + int64(len(q.kmeta)+len(q.e8))
 		if sup := q.super; sup != nil {
 			n += 4*int64(len(sup.d)+len(sup.dmin)) + int64(len(sup.sc)+len(sup.m))
 		}
@@ -220,6 +228,8 @@ func (m Matrix) ScaleBytes() int {
 		return 0
 	case m.q.kmeta != nil: // the int8-dot kernels' factored scales
 		return len(m.q.kmeta)
+	case m.q.e8 != nil: // an int8-dot MXFP4 matrix's exponents
+		return len(m.q.e8)
 	case m.q.panel != nil:
 		return 4 * (len(m.q.panel) + len(m.q.offPanel))
 	}
@@ -361,4 +371,9 @@ func QuantizeFP8(v []float32, rows, cols, blockRows, blockCols int) (data []uint
 		}
 	}
 	return data, scales
+}
+
+// e8Half is 2^(E−128), an int8-dot MXFP4 block's scale (see blockScales.e8).
+func e8Half(e uint8) float32 {
+	return float32(math.Ldexp(1, int(e)-128))
 }

@@ -156,7 +156,7 @@ func (m Matrix) Clone() Matrix {
 		q := *m.q
 		q.grid, q.off = slices.Clone(m.q.grid), slices.Clone(m.q.off)
 		q.panel, q.offPanel = slices.Clone(m.q.panel), slices.Clone(m.q.offPanel)
-		q.kmeta = slices.Clone(m.q.kmeta)
+		q.kmeta, q.e8 = slices.Clone(m.q.kmeta), slices.Clone(m.q.e8)
 		if sup := m.q.super; sup != nil {
 			q.super = &superScales{per: sup.per, offsets: sup.offsets, d: slices.Clone(sup.d), dmin: slices.Clone(sup.dmin), sc: slices.Clone(sup.sc), m: slices.Clone(sup.m)}
 		}

@@ -96,6 +96,30 @@ func dot8LUTConst() {
 		}
 		DATA(i, U8(uint8(v+16)))
 	}
+	e8Bias = GLOBL("e8Bias", RODATA|NOPTR)
+	for i := range 16 {
+		DATA(4*i, U32(63))
+	}
+}
+
+// e8Bias (made with dot8LUT) is 63 in each of 16 int32 lanes: see e8Scales.
+var e8Bias Mem
+
+// e8Scales returns a register (made by vec) of the int8-dot MXFP4 scales
+// 2^(E−128) of the E8M0 bytes at at, one a lane: the product of 2^(E/2−64)
+// and 2^(E−E/2−64) (E/2 rounded down), two normal floats made from their
+// exponent bits, exact (the subnormal 2^−128 and 2^−127 included).
+func e8Scales(vec func() VecVirtual, at Mem) VecVirtual {
+	f, h := vec(), vec()
+	VPMOVZXBD(at, f)
+	VPSRLD(U8(1), f, h)
+	VPSUBD(h, f, f)
+	VPADDD(e8Bias, h, h)
+	VPADDD(e8Bias, f, f)
+	VPSLLD(U8(23), h, h)
+	VPSLLD(U8(23), f, f)
+	VMULPS(h, f, f)
+	return f
 }
 
 // planeBits returns, for each of c's high bits' planes, a zmm of that bit
@@ -132,6 +156,7 @@ func dot8Kernel(kind string, mr, np int) {
 
 	a, b := rowsAndPanels(mr, np)
 	src := loadDot8Src(super, offsets)
+	src.e8 = code.lut
 	var mask VecVirtual
 	if code.nibbles {
 		mask = ZMM()
@@ -273,6 +298,7 @@ func dot8Text(name string, super bool) {
 // run; lane: the first panel's place in its run).
 type dot8Src struct {
 	super, offsets              bool
+	e8                          bool // MXFP4: s holds E8M0 exponents, a byte a scale (see e8Scales)
 	s, o, meta, hdr, lane, left Register
 	hdrBytes, grpBytes          int // a super-block's d (and −dmin); a group's sc (and m)
 }
@@ -305,7 +331,11 @@ func (src dot8Src) prefetch(np int) {
 		}
 		return
 	}
-	for at := 0; at < 64*np; at += 64 {
+	width := 64 // a panel's scales' bytes
+	if src.e8 {
+		width = 16
+	}
+	for at := 0; at < width*np; at += 64 {
 		PREFETCHT0(Mem{Base: src.s, Disp: pfDist + at})
 		if src.offsets {
 			PREFETCHT0(Mem{Base: src.o, Disp: pfDist + at})
@@ -318,6 +348,9 @@ func (src dot8Src) prefetch(np int) {
 // quarter of that into its floats): operands in memory, or for the K kinds
 // registers (made by vec) computed from the factors, d·sc and −dmin·m.
 func (src dot8Src) scales(vec func() VecVirtual, at int) (s, o Op) {
+	if src.e8 {
+		return e8Scales(vec, Mem{Base: src.s, Disp: at}), nil
+	}
 	if !src.super {
 		s = Mem{Base: src.s, Disp: 4 * at}
 		if src.offsets {

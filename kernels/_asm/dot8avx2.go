@@ -49,6 +49,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	}
 	b := Load(Param("b"), GP64())
 	src := loadDot8Src(super, offsets)
+	src.e8 = code.lut
 	t := GP32()
 	mask := YMM() // nibbles: the low nibble of each byte; INT8: the bias bit
 	if code.nibbles {
