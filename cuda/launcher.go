@@ -17,11 +17,11 @@ import (
 // third with their scales) and run the bf16 path's tensor-core GEMM.
 type Weights struct {
 	Format WeightFormat
-	W      Buffer // bf16 values, FP8 bytes, 4-bit nibbles (two a byte, the even k low) or int8 codes
+	W      Buffer // bf16 values, FP8 bytes, 4-bit nibbles (two a byte, the even k low), int8 codes, or 5- and 6-bit codes' rows (see NarrowCodes)
 	// Scales, fp32: FP8 [experts, ceil(N/BlockRows), ceil(K/BlockCols)];
 	// the integer codes [experts, N, K/BlockCols] (BlockRows 1, BlockCols
-	// the group). Offsets, fp32, as Scales, for UINT4 and INT8 codes that
-	// have them (the zero Buffer: none).
+	// the group). Offsets, fp32, as Scales, for UINT4, INT8 and UINT5 codes
+	// that have them (the zero Buffer: none).
 	Scales, Offsets      Buffer
 	BlockRows, BlockCols int
 }

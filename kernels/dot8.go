@@ -717,13 +717,13 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 			if b.q.offPanel != nil {
 				off = &b.q.offPanel[at]
 			}
-			s, ss := (*float32)(nil), ss
+			scales, sb := (*float32)(nil), ss
 			if b.q.e8 != nil { // MXFP4: the exponents, a byte a block
-				s, ss = (*float32)(unsafe.Pointer(&b.q.e8[at])), ss/4
+				scales, sb = (*float32)(unsafe.Pointer(&b.q.e8[at])), ss/4
 			} else {
-				s = &b.q.panel[at]
+				scales = &b.q.panel[at]
 			}
-			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, s, off, g/dot8Unit, rec, ss)
+			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, scales, off, g/dot8Unit, rec, sb)
 			p += np
 		}
 	}

@@ -293,7 +293,8 @@ func dot8Text(name string, super bool) {
 }
 
 // dot8Src is where an int8-dot kernel finds a group's scales and offsets:
-// the streams s and o (16 floats a panel), or for the K kinds the factors
+// the streams s and o (16 floats a panel; MXFP4's s 16 E8M0 bytes a panel,
+// see e8Scales), or for the K kinds the factors
 // at meta (hdr: the current super-block's header; left: its groups not yet
 // run; lane: the first panel's place in its run).
 type dot8Src struct {

@@ -24,11 +24,13 @@ import (
 
 // stack is a stack of SwiGLU expert weights on the device: gate and up
 // [n, inter, hidden], down [n, hidden, inter], for the experts lo … lo+n-1
-// of the layer (a stack's own slots 0 … n-1 for Experts). They stay in
-// their quantized bytes (with their scales) when every matrix of the stack
-// is FP8 in one block size, or of one integer-code dtype (MXFP4, INT4,
-// UINT4, INT8) in one group size, all with offsets or none; other weights
-// are held as bf16.
+// of the layer (a stack's own slots 0 … n-1 for Experts). Gate and up
+// (one launch) share a format and down has its own (see uploadAs): they
+// stay in their quantized bytes (with their scales) when every matrix of
+// the projection(s) is FP8 in one block size, or of one integer-code dtype
+// (MXFP4, INT4, UINT4, INT8; INT8's 5- and 6-bit codes in their bits) in
+// one group size, all with offsets or none; other weights are held as
+// bf16.
 type stack struct {
 	gate, up, down cuda.Weights
 	lo, n          int
@@ -69,23 +71,31 @@ func uploadStack(bs *cuda.Buffers, experts []moe.Expert, lo, hidden, inter int, 
 	// Each projection is its own launch: gate and up (one launch, one
 	// format) and down may be stored differently, as in GGUF's Q4_K_M
 	// (Q4_K gate and up, Q6_K down).
-	st.gate, st.up = uploadAs(bs, gate, up), uploadAs(bs, up, gate)
-	st.down = uploadAs(bs, down)
+	first := uploadAs(bs, gate, up)
+	st.gate, st.up = first[0], first[1]
+	st.down = uploadAs(bs, down)[0]
 	return st
 }
 
-// uploadAs uploads ms as they are stored where every matrix of ms and of
-// like (those that must share their format) is of one FP8 block size or
+// uploadAs uploads each of ms (projections that share their format) as
+// they are stored where all their matrices are of one FP8 block size or
 // one integer-code format, else widened to bf16.
-func uploadAs(bs *cuda.Buffers, ms []kernels.Matrix, like ...[]kernels.Matrix) cuda.Weights {
-	all := append([][]kernels.Matrix{ms}, like...)
+func uploadAs(bs *cuda.Buffers, ms ...[]kernels.Matrix) []cuda.Weights {
+	ws := make([]cuda.Weights, len(ms))
+	var put func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights
 	switch {
-	case fp8Stack(all...):
-		return uploadFP8(bs, ms)
-	case codeStack(all...):
-		return uploadCodes(bs, ms, codeFormat(all...))
+	case fp8Stack(ms...):
+		put = uploadFP8
+	case codeStack(ms...):
+		f := codeFormat(ms...) // once for them all: it reads every code
+		put = func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights { return uploadCodes(bs, ms, f) }
+	default:
+		put = uploadBF16
 	}
-	return uploadBF16(bs, ms)
+	for i, m := range ms {
+		ws[i] = put(bs, m)
+	}
+	return ws
 }
 
 // codeFormat is the device format of a code stack (see codeStack): its
