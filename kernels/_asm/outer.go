@@ -483,22 +483,7 @@ func outerQ4(mr, np int, pow2, withOffsets bool) {
 	if withOffsets {
 		offs = Load(Param("o"), GP64())
 	}
-	a := make([]GPVirtual, mr)
-	aPtr := Load(Param("a"), GP64())
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-	}
-	b := make([]GPVirtual, np)
-	b[0] = GP64()
-	Load(Param("b"), b[0])
-	if np > 1 {
-		stride := Load(Param("stride"), GP64())
-		for j := 1; j < np; j++ {
-			b[j] = GP64()
-			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
-		}
-	}
+	a, b := rowsAndPanels(mr, np)
 	acc := make([][]VecVirtual, mr)
 	for m := range acc {
 		acc[m] = make([]VecVirtual, np)
@@ -506,18 +491,7 @@ func outerQ4(mr, np int, pow2, withOffsets bool) {
 			acc[m][j] = ZMM()
 		}
 	}
-	tile := func(f func(m, j int, at Mem)) {
-		c := Load(Param("c"), GP64())
-		ldc := Load(Param("ldc"), GP64())
-		for m := range acc {
-			if m > 0 {
-				ADDQ(ldc, c)
-			}
-			for j := range acc[m] {
-				f(m, j, Mem{Base: c, Disp: 64 * j})
-			}
-		}
-	}
+	tile := outerTile(isas[1], acc) // AVX-512
 	outerStart(name, acc, func() { tile(func(m, j int, at Mem) { VMOVUPS(at, acc[m][j]) }) })
 	end := Load(Param("bk"), GP64()) // the step at which the scale block ends
 	i := GP64()                      // k index into the activation rows
@@ -839,22 +813,7 @@ func outerQ4AVX2(mr, np int, withOffsets bool) {
 	if withOffsets {
 		offs = Load(Param("o"), GP64())
 	}
-	a := make([]GPVirtual, mr)
-	aPtr := Load(Param("a"), GP64())
-	for m := range a {
-		a[m] = GP64()
-		MOVQ(Mem{Base: aPtr, Disp: 8 * m}, a[m])
-	}
-	b := make([]GPVirtual, np)
-	b[0] = GP64()
-	Load(Param("b"), b[0])
-	if np > 1 {
-		stride := Load(Param("stride"), GP64())
-		for j := 1; j < np; j++ {
-			b[j] = GP64()
-			LEAQ(Mem{Base: b[j-1], Index: stride, Scale: 1}, b[j])
-		}
-	}
+	a, b := rowsAndPanels(mr, np)
 	acc := make([][]VecVirtual, mr) // [m][2j+w]
 	for m := range acc {
 		acc[m] = make([]VecVirtual, 2*np)
