@@ -627,3 +627,14 @@ func TestInt8DotMXFP4Exponents(t *testing.T) {
 		}
 	}
 }
+
+// TestInt8DotMXFP4BadScale: an MXFP4 scale that is not an E8M0 power of
+// two (none of the constructors makes one) is an error that names it, not
+// a wrong exponent.
+func TestInt8DotMXFP4BadScale(t *testing.T) {
+	m, err := NewMXFP4(16, 32, make([]uint8, 16*16), make([]uint8, 16))
+	require.NoError(t, err)
+	m.q.grid[3] = 3
+	_, err = PackInt8Dot(m)
+	require.ErrorContains(t, err, "mxfp4 scale 3 is not an E8M0 power of two")
+}
