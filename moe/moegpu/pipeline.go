@@ -107,6 +107,13 @@ func codeFormat(groups ...[]kernels.Matrix) cuda.WeightFormat {
 	if f != cuda.INT8 {
 		return f
 	}
+	for _, ms := range groups { // rows of one length: the kernels' row bytes
+		for _, m := range ms {
+			if m.Cols != m0.Cols {
+				return cuda.INT8
+			}
+		}
+	}
 	lo, hi := 0, 0
 	for _, ms := range groups {
 		for _, m := range ms {
@@ -116,17 +123,7 @@ func codeFormat(groups ...[]kernels.Matrix) cuda.WeightFormat {
 			}
 		}
 	}
-	narrow, ok := cuda.NarrowFormat(lo, hi, m0.Cols, m0.HasOffsets())
-	if !ok {
-		return cuda.INT8
-	}
-	for _, ms := range groups { // rows of one length: the kernels' row bytes
-		for _, m := range ms {
-			if m.Cols != m0.Cols {
-				return cuda.INT8
-			}
-		}
-	}
+	narrow, _ := cuda.NarrowFormat(lo, hi, m0.Cols, m0.HasOffsets()) // INT8 where none fits
 	return narrow
 }
 
