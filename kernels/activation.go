@@ -74,7 +74,7 @@ func (a Activation) Apply(g, u float32) float32 {
 	case GeGLU:
 		return GeGLUAct(g, u)
 	case ClampedSiLU:
-		return SwiGLU(min(g, a.Limit), max(-a.Limit, min(u, a.Limit)))
+		return clampedSiLU(a.Limit).apply(g, u)
 	}
 	return SwiGLU(g, u)
 }
@@ -83,29 +83,134 @@ func (a Activation) Apply(g, u float32) float32 {
 // rounded once to float32. It is computed as g·σ(2z) for z =
 // √(2/π)·(g + 0.044715·g³), the same value as g/2·(1 + tanh z) (since
 // (1 + tanh z)/2 = σ(2z)) at the cost of one exponential.
-func GeGLUAct(g, u float32) float32 {
-	x := float64(g)
-	z := 2 * math.Sqrt(2/math.Pi) * (x + 0.044715*x*x*x)
-	return float32(x / (1 + math.Exp(-z)) * float64(u))
-}
+func GeGLUAct(g, u float32) float32 { return geluGate.apply(g, u) }
 
 // ClampedSwiGLUAct is gpt-oss's activation: g = min(g, limit), u =
 // clamp(u, −limit, limit), g·σ(alpha·g)·(u + 1), in float64, rounded
 // once to float32. (The gate has no lower clamp: so both Hugging Face
 // and OpenAI's reference define it.)
 func ClampedSwiGLUAct(g, u, alpha, limit float32) float32 {
-	// Comparisons rather than math.Min/Max: the same values (a NaN stays
-	// NaN either way), without their branches for signed zeros.
-	if g > limit {
-		g = limit
+	return clampedSwiGLU(alpha, limit).apply(g, u)
+}
+
+// The gated activations are computed, on every implementation and to the
+// same bits, as float32(g·σ(t)·m) in float64: σ(t) = 1/(1 + gateExp(−t)),
+// the gate g and its multiplier m = u + c (u, and c −0 or 1) clamped
+// where the activation says, and t = −nalpha·g (SiLU's and gpt-oss's) or
+// GELU's 2·√(2/π)·(g + 0.044715·g³). A NaN in g or u gives NaN.
+type gate struct {
+	// nalpha is −alpha; limit g's upper clamp and ulimit u's symmetric
+	// one (+∞: none); c is added to u (−0 adds nothing, keeping −0).
+	nalpha, limit, ulimit, c float64
+	gelu                     bool // t is GELU's (nalpha, the clamps and c unused)
+}
+
+var (
+	siluGate = &gate{nalpha: -1, limit: math.Inf(1), ulimit: math.Inf(1), c: math.Copysign(0, -1)}
+	geluGate = &gate{gelu: true, c: math.Copysign(0, -1)}
+	// geluScale is 2·√(2/π), the GELU argument's factor in σ(2z).
+	geluScale = 2 * math.Sqrt(2/math.Pi)
+)
+
+func clampedSiLU(limit float32) *gate {
+	l := float64(limit)
+	return &gate{nalpha: -1, limit: l, ulimit: l, c: math.Copysign(0, -1)}
+}
+
+func clampedSwiGLU(alpha, limit float32) *gate {
+	l := float64(limit)
+	return &gate{nalpha: -float64(alpha), limit: l, ulimit: l, c: 1}
+}
+
+// apply is the activation of one column. Every product is converted to
+// float64 explicitly so that no compiler fuses it into an addition: the
+// vector kernels round each operation as written here.
+func (p *gate) apply(g, u float32) float32 {
+	gf, uf := float64(g), float64(u)
+	var x float64 // the exponent: −t
+	if p.gelu {
+		a := float64(0.044715 * gf)
+		a = float64(a * gf)
+		a = float64(a * gf)
+		x = float64(-geluScale * (gf + a))
+	} else {
+		if p.limit < gf { // NaN kept
+			gf = p.limit
+		}
+		if p.ulimit < uf {
+			uf = p.ulimit
+		}
+		if -p.ulimit > uf {
+			uf = -p.ulimit
+		}
+		x = float64(p.nalpha * gf)
 	}
-	if u > limit {
-		u = limit
-	} else if u < -limit {
-		u = -limit
+	v := gf / (1 + gateExp(x))
+	return float32(v * (uf + p.c))
+}
+
+// row is apply over a row: h[n] from g[n] and u[n], by s's kernel where
+// it has one.
+func (p *gate) row(h, g, u []float32) {
+	g, u = g[:len(h)], u[:len(h)]
+	n := 0
+	if s := active; s != nil && s.gate != nil && len(h) >= gateStep {
+		n = len(h) &^ (gateStep - 1)
+		k := s.gate
+		if p.gelu {
+			k = s.gateGELU
+		}
+		k(&h[0], &g[0], &u[0], n, p.params())
 	}
-	gf := float64(g)
-	return float32(gf / (1 + math.Exp(-float64(alpha)*gf)) * (float64(u) + 1))
+	for ; n < len(h); n++ {
+		h[n] = p.apply(g[n], u[n])
+	}
+}
+
+// gateStep is how many columns the vector kernels take a step.
+const gateStep = 8
+
+// params is p's constants as the kernels take them.
+func (p *gate) params() *[5]float64 {
+	return &[5]float64{p.nalpha, p.limit, p.ulimit, -p.ulimit, p.c}
+}
+
+// The exponential of the activations: e^x for x clamped to [expLo, expHi]
+// (NaN to expLo), x = n·ln 2 + r with n = x·log2(e) rounded to nearest
+// even and r reduced by fused multiply-adds of ln 2's two parts, e^r by
+// its Taylor polynomial of degree 11 (Horner, fused multiply-adds) and
+// the product by 2^n exact. Its relative error is below 1e-14, and it is
+// the same function, bit for bit, in Go and in the kernels. Below expLo,
+// 1 + e^x is 1. From x = 709.44 (n = 1024) it is +∞, as e^x overflows
+// from 709.78 on: no activation's float32 result changes by it (its
+// numerator is at most 2^256) but for an infinite u, which makes it NaN
+// rather than ±∞, as it does for any larger x.
+const (
+	expLo = -64
+	expHi = 710
+	ln2Hi = 6.93147180369123816490e-01 // ln 2's high 32 bits
+	ln2Lo = 1.90821492927058770002e-10 // ln 2 − ln2Hi
+)
+
+// expCoef is 1/i!, i = 0…11.
+var expCoef = [12]float64{1, 1, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800}
+
+// gateExp returns e^x as the activation kernels compute it (see expLo).
+func gateExp(x float64) float64 {
+	if !(x > expLo) {
+		x = expLo
+	}
+	if !(x < expHi) {
+		x = expHi
+	}
+	n := math.RoundToEven(x * math.Log2E)
+	r := math.FMA(-n, ln2Hi, x)
+	r = math.FMA(-n, ln2Lo, r)
+	p := expCoef[11]
+	for i := 10; i >= 0; i-- {
+		p = math.FMA(p, r, expCoef[i])
+	}
+	return p * math.Float64frombits(uint64(int64(n)+1023)<<52)
 }
 
 // glu is a group's first-projection epilogue: the biases of the gate and
@@ -113,6 +218,7 @@ func ClampedSwiGLUAct(g, u, alpha, limit float32) float32 {
 // without biases, every family's but gpt-oss's.
 type glu struct {
 	act    Activation
+	gate   *gate     // act's
 	gb, ub []float32 // [inter]
 	// in [rows] scales each row's dot products (the rows of the tile
 	// being computed): a routing weight on the expert's input (llama4),
@@ -125,7 +231,7 @@ func newGLU(g *FFNGroup) *glu {
 	if g.Act.Kind == SiLU && g.GateBias == nil && g.UpBias == nil && !g.ScaleInput {
 		return nil
 	}
-	return &glu{act: g.Act, gb: g.GateBias, ub: g.UpBias}
+	return &glu{act: g.Act, gate: gateOf(g.Act), gb: g.GateBias, ub: g.UpBias}
 }
 
 // tile is e for rows [r0, r1) of g: its input scales those rows'.
@@ -156,36 +262,39 @@ func (e *glu) apply(g, u float32, r, n int) float32 {
 	return e.act.Apply(g, u)
 }
 
+// gateOf is the activation a as a gate.
+func gateOf(a Activation) *gate {
+	switch a.Kind {
+	case GeGLU:
+		return geluGate
+	case ClampedSiLU:
+		return clampedSiLU(a.Limit)
+	case ClampedSwiGLU:
+		return clampedSwiGLU(a.Alpha, a.Limit)
+	}
+	return siluGate
+}
+
 // row is apply over a row r of columns [n0, n0+len(h)): h[n] from g[n]
-// and u[n]; an activation without biases or input scales is looped over
-// without apply's per-column branches.
+// and u[n]. It scales and biases g and u in place (apply's sums, in its
+// order) and then takes the activation a row at a time.
 func (e *glu) row(h, g, u []float32, r, n0 int) {
-	if e.in == nil && e.gb == nil && e.ub == nil {
-		switch e.act.Kind {
-		case GeGLU:
-			for n := range h {
-				h[n] = GeGLUAct(g[n], u[n])
-			}
-			return
-		case ClampedSiLU:
-			l := e.act.Limit
-			for n := range h {
-				h[n] = SwiGLU(min(g[n], l), max(-l, min(u[n], l)))
-			}
-			return
-		}
-	}
-	if e.in == nil && e.gb != nil && e.ub != nil && e.act.Kind == ClampedSwiGLU {
-		// gpt-oss: both biases, no input scale; apply's sums without its
-		// per-column branches.
-		gb, ub := e.gb[n0:n0+len(h)], e.ub[n0:n0+len(h)]
-		a, l := e.act.Alpha, e.act.Limit
+	g, u = g[:len(h)], u[:len(h)]
+	if e.in != nil {
+		s := e.in[r]
 		for n := range h {
-			h[n] = ClampedSwiGLUAct(g[n]+gb[n], u[n]+ub[n], a, l)
+			g[n], u[n] = g[n]*s, u[n]*s
 		}
-		return
 	}
-	for n := range h {
-		h[n] = e.apply(g[n], u[n], r, n0+n)
+	if e.gb != nil {
+		for n, b := range e.gb[n0 : n0+len(h)] {
+			g[n] += b
+		}
 	}
+	if e.ub != nil {
+		for n, b := range e.ub[n0 : n0+len(h)] {
+			u[n] += b
+		}
+	}
+	e.gate.row(h, g, u)
 }

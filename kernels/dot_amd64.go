@@ -30,6 +30,7 @@ func init() {
 		s.dot8 = &dot8AVX2
 		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX2G8, quant8AVX2G16, quant8AVX2G32
 		s.routerDot = routerDotAVX2
+		s.gate, s.gateGELU = gateAVX2, gateAVX2GELU
 		register(s)
 	}
 	if hasAVX512 {
@@ -59,6 +60,7 @@ func init() {
 		}
 		readSIMD = readAVX512
 		s.routerDot = routerDotAVX512
+		s.gate, s.gateGELU = gateAVX512, gateAVX512GELU
 		register(s)
 	}
 }

@@ -1,7 +1,5 @@
 package kernels
 
-import "math"
-
 // Every dot product below runs over k in ascending order with one fp32
 // accumulator; the explicit float32 conversion of each product stops the
 // compiler from fusing multiply and add on targets where it may, so the
@@ -50,12 +48,9 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1
 	}
 }
 
-// SwiGLU returns silu(g)·u = g/(1+e^-g)·u, the exponential taken in float64
-// and the result rounded once to float32.
-func SwiGLU(g, u float32) float32 {
-	s := float64(g) / (1 + math.Exp(-float64(g)))
-	return float32(s) * u
-}
+// SwiGLU returns silu(g)·u = g/(1+e^−g)·u, computed in float64 (the
+// exponential as expNeg defines it) and rounded once to float32.
+func SwiGLU(g, u float32) float32 { return siluGate.apply(g, u) }
 
 // downGeneric is the reference for Down and GEMMRows; with idx non-nil,
 // row r of h is h[idx[r]].

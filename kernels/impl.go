@@ -55,10 +55,18 @@ type simd struct {
 	// quant8 quantizes blocks of 32 activations for the int8-dot mode
 	// (see quantizeRow), by group size (8, 16, 32); nil: the Go loop.
 	quant8 [dot8Block + 1]func(out *byte, x *float32, blocks int)
+	// gate and gateGELU write n (a multiple of gateStep) columns of a
+	// gated activation (see gate): σ's argument −nalpha·g, or GELU's;
+	// nil: the Go loop.
+	gate, gateGELU gateFunc
 	// bdot holds the bf16-dot kernels (see PackBF16Dot); nil where the
 	// implementation has none.
 	bdot *bdotTable
 }
+
+// gateFunc is a gated activation's kernel: h[i] = act(g[i], u[i]) for i
+// in [0, n), with p the gate's nalpha, limit, ulimit, −ulimit and c.
+type gateFunc func(h, g, u *float32, n int, p *[5]float64)
 
 // runs says whether s has kernels for m: every fp32, bf16 and fp16 matrix;
 // a quantized one when it is packed, its scales allow the kernels'

@@ -564,13 +564,11 @@ func (sc *outerScratch) grow(m int) []*float32 {
 }
 
 // storeGLU writes into hr row r's activation of its gate and up products
-// g and u (columns n0 on): SwiGLU, or ep's.
+// g and u (columns n0 on): SwiGLU, or ep's (which may scale and bias g
+// and u in place).
 func storeGLU(hr, g, u []float32, ep *glu, r, n0 int) {
-	g, u = g[:len(hr)], u[:len(hr)]
 	if ep == nil {
-		for n := range hr {
-			hr[n] = SwiGLU(g[n], u[n])
-		}
+		siluGate.row(hr, g, u)
 		return
 	}
 	ep.row(hr, g, u, r, n0)

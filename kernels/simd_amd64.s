@@ -86732,3 +86732,403 @@ routerDotAVX512_done:
 	VMOVUPD Z3, 192(BX)
 	VZEROUPPER
 	RET
+
+DATA gateConsts<>+0(SB)/8, $0xc050000000000000
+DATA gateConsts<>+8(SB)/8, $0xc050000000000000
+DATA gateConsts<>+16(SB)/8, $0xc050000000000000
+DATA gateConsts<>+24(SB)/8, $0xc050000000000000
+DATA gateConsts<>+32(SB)/8, $0xc050000000000000
+DATA gateConsts<>+40(SB)/8, $0xc050000000000000
+DATA gateConsts<>+48(SB)/8, $0xc050000000000000
+DATA gateConsts<>+56(SB)/8, $0xc050000000000000
+DATA gateConsts<>+64(SB)/8, $0x4086300000000000
+DATA gateConsts<>+72(SB)/8, $0x4086300000000000
+DATA gateConsts<>+80(SB)/8, $0x4086300000000000
+DATA gateConsts<>+88(SB)/8, $0x4086300000000000
+DATA gateConsts<>+96(SB)/8, $0x4086300000000000
+DATA gateConsts<>+104(SB)/8, $0x4086300000000000
+DATA gateConsts<>+112(SB)/8, $0x4086300000000000
+DATA gateConsts<>+120(SB)/8, $0x4086300000000000
+DATA gateConsts<>+128(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+136(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+144(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+152(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+160(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+168(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+176(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+184(SB)/8, $0x3ff71547652b82fe
+DATA gateConsts<>+192(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+200(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+208(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+216(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+224(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+232(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+240(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+248(SB)/8, $0x3fe62e42fee00000
+DATA gateConsts<>+256(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+264(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+272(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+280(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+288(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+296(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+304(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+312(SB)/8, $0x3dea39ef35793c76
+DATA gateConsts<>+320(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+328(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+336(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+344(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+352(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+360(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+368(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+376(SB)/8, $0x43300000000003ff
+DATA gateConsts<>+384(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+392(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+400(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+408(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+416(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+424(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+432(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+440(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+448(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+456(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+464(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+472(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+480(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+488(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+496(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+504(SB)/8, $0x3fa6e4e26d4801f7
+DATA gateConsts<>+512(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+520(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+528(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+536(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+544(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+552(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+560(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+568(SB)/8, $0xbff9884533d43651
+DATA gateConsts<>+576(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+584(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+592(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+600(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+608(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+616(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+624(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+632(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+640(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+648(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+656(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+664(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+672(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+680(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+688(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+696(SB)/8, $0x3ff0000000000000
+DATA gateConsts<>+704(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+712(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+720(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+728(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+736(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+744(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+752(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+760(SB)/8, $0x3fe0000000000000
+DATA gateConsts<>+768(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+776(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+784(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+792(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+800(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+808(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+816(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+824(SB)/8, $0x3fc5555555555555
+DATA gateConsts<>+832(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+840(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+848(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+856(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+864(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+872(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+880(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+888(SB)/8, $0x3fa5555555555555
+DATA gateConsts<>+896(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+904(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+912(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+920(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+928(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+936(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+944(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+952(SB)/8, $0x3f81111111111111
+DATA gateConsts<>+960(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+968(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+976(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+984(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+992(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+1000(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+1008(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+1016(SB)/8, $0x3f56c16c16c16c17
+DATA gateConsts<>+1024(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1032(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1040(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1048(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1056(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1064(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1072(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1080(SB)/8, $0x3f2a01a01a01a01a
+DATA gateConsts<>+1088(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1096(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1104(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1112(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1120(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1128(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1136(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1144(SB)/8, $0x3efa01a01a01a01a
+DATA gateConsts<>+1152(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1160(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1168(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1176(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1184(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1192(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1200(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1208(SB)/8, $0x3ec71de3a556c734
+DATA gateConsts<>+1216(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1224(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1232(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1240(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1248(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1256(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1264(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1272(SB)/8, $0x3e927e4fb7789f5c
+DATA gateConsts<>+1280(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1288(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1296(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1304(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1312(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1320(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1328(SB)/8, $0x3e5ae64567f544e4
+DATA gateConsts<>+1336(SB)/8, $0x3e5ae64567f544e4
+GLOBL gateConsts<>(SB), RODATA|NOPTR, $1344
+
+// func gateAVX2(h *float32, gt *float32, up *float32, n int, p *[5]float64)
+// Requires: AVX, AVX2, FMA3
+TEXT ·gateAVX2(SB), NOSPLIT, $0-40
+	MOVQ         h+0(FP), AX
+	MOVQ         gt+8(FP), CX
+	MOVQ         up+16(FP), DX
+	MOVQ         n+24(FP), BX
+	MOVQ         p+32(FP), SI
+	VBROADCASTSD (SI), Y0
+	VBROADCASTSD 8(SI), Y1
+	VBROADCASTSD 16(SI), Y2
+	VBROADCASTSD 24(SI), Y3
+	VBROADCASTSD 32(SI), Y4
+
+gateAVX2_loop:
+	CMPQ         BX, $0x04
+	JL           gateAVX2_done
+	VCVTPS2PD    (CX), Y5
+	VCVTPS2PD    (DX), Y6
+	VMINPD       Y5, Y1, Y5
+	VMINPD       Y6, Y2, Y6
+	VMAXPD       Y6, Y3, Y6
+	VMULPD       Y0, Y5, Y7
+	VMAXPD       gateConsts<>+0(SB), Y7, Y7
+	VMINPD       gateConsts<>+64(SB), Y7, Y7
+	VMULPD       gateConsts<>+128(SB), Y7, Y8
+	VROUNDPD     $0x00, Y8, Y8
+	VFNMADD231PD gateConsts<>+192(SB), Y8, Y7
+	VFNMADD231PD gateConsts<>+256(SB), Y8, Y7
+	VMOVUPD      gateConsts<>+1280(SB), Y9
+	VFMADD213PD  gateConsts<>+1216(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+1152(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+1088(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+1024(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+960(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+896(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+832(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+768(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+704(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+640(SB), Y7, Y9
+	VFMADD213PD  gateConsts<>+576(SB), Y7, Y9
+	VADDPD       gateConsts<>+320(SB), Y8, Y8
+	VPSLLQ       $0x34, Y8, Y8
+	VMULPD       Y8, Y9, Y9
+	VADDPD       gateConsts<>+384(SB), Y9, Y9
+	VDIVPD       Y9, Y5, Y5
+	VADDPD       Y4, Y6, Y6
+	VMULPD       Y6, Y5, Y5
+	VCVTPD2PSY   Y5, X5
+	VMOVUPS      X5, (AX)
+	ADDQ         $0x10, AX
+	ADDQ         $0x10, CX
+	ADDQ         $0x10, DX
+	SUBQ         $0x04, BX
+	JMP          gateAVX2_loop
+
+gateAVX2_done:
+	VZEROUPPER
+	RET
+
+// func gateAVX2GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)
+// Requires: AVX, AVX2, FMA3
+TEXT ·gateAVX2GELU(SB), NOSPLIT, $0-40
+	MOVQ h+0(FP), AX
+	MOVQ gt+8(FP), CX
+	MOVQ up+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ p+32(FP), SI
+
+gateAVX2GELU_loop:
+	CMPQ         BX, $0x04
+	JL           gateAVX2GELU_done
+	VCVTPS2PD    (CX), Y0
+	VCVTPS2PD    (DX), Y1
+	VMULPD       gateConsts<>+448(SB), Y0, Y2
+	VMULPD       Y0, Y2, Y2
+	VMULPD       Y0, Y2, Y2
+	VADDPD       Y2, Y0, Y2
+	VMULPD       gateConsts<>+512(SB), Y2, Y2
+	VMAXPD       gateConsts<>+0(SB), Y2, Y2
+	VMINPD       gateConsts<>+64(SB), Y2, Y2
+	VMULPD       gateConsts<>+128(SB), Y2, Y3
+	VROUNDPD     $0x00, Y3, Y3
+	VFNMADD231PD gateConsts<>+192(SB), Y3, Y2
+	VFNMADD231PD gateConsts<>+256(SB), Y3, Y2
+	VMOVUPD      gateConsts<>+1280(SB), Y4
+	VFMADD213PD  gateConsts<>+1216(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1152(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1088(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1024(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+960(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+896(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+832(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+768(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+704(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+640(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+576(SB), Y2, Y4
+	VADDPD       gateConsts<>+320(SB), Y3, Y3
+	VPSLLQ       $0x34, Y3, Y3
+	VMULPD       Y3, Y4, Y4
+	VADDPD       gateConsts<>+384(SB), Y4, Y4
+	VDIVPD       Y4, Y0, Y0
+	VMULPD       Y1, Y0, Y0
+	VCVTPD2PSY   Y0, X0
+	VMOVUPS      X0, (AX)
+	ADDQ         $0x10, AX
+	ADDQ         $0x10, CX
+	ADDQ         $0x10, DX
+	SUBQ         $0x04, BX
+	JMP          gateAVX2GELU_loop
+
+gateAVX2GELU_done:
+	VZEROUPPER
+	RET
+
+// func gateAVX512(h *float32, gt *float32, up *float32, n int, p *[5]float64)
+// Requires: AVX, AVX512F
+TEXT ·gateAVX512(SB), NOSPLIT, $0-40
+	MOVQ         h+0(FP), AX
+	MOVQ         gt+8(FP), CX
+	MOVQ         up+16(FP), DX
+	MOVQ         n+24(FP), BX
+	MOVQ         p+32(FP), SI
+	VBROADCASTSD (SI), Z0
+	VBROADCASTSD 8(SI), Z1
+	VBROADCASTSD 16(SI), Z2
+	VBROADCASTSD 24(SI), Z3
+	VBROADCASTSD 32(SI), Z4
+
+gateAVX512_loop:
+	CMPQ         BX, $0x08
+	JL           gateAVX512_done
+	VCVTPS2PD    (CX), Z5
+	VCVTPS2PD    (DX), Z6
+	VMINPD       Z5, Z1, Z5
+	VMINPD       Z6, Z2, Z6
+	VMAXPD       Z6, Z3, Z6
+	VMULPD       Z0, Z5, Z7
+	VMAXPD       gateConsts<>+0(SB), Z7, Z7
+	VMINPD       gateConsts<>+64(SB), Z7, Z7
+	VMULPD       gateConsts<>+128(SB), Z7, Z8
+	VRNDSCALEPD  $0x00, Z8, Z8
+	VFNMADD231PD gateConsts<>+192(SB), Z8, Z7
+	VFNMADD231PD gateConsts<>+256(SB), Z8, Z7
+	VMOVUPD      gateConsts<>+1280(SB), Z9
+	VFMADD213PD  gateConsts<>+1216(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+1152(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+1088(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+1024(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+960(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+896(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+832(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+768(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+704(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+640(SB), Z7, Z9
+	VFMADD213PD  gateConsts<>+576(SB), Z7, Z9
+	VADDPD       gateConsts<>+320(SB), Z8, Z8
+	VPSLLQ       $0x34, Z8, Z8
+	VMULPD       Z8, Z9, Z9
+	VADDPD       gateConsts<>+384(SB), Z9, Z9
+	VDIVPD       Z9, Z5, Z5
+	VADDPD       Z4, Z6, Z6
+	VMULPD       Z6, Z5, Z5
+	VCVTPD2PS    Z5, Y5
+	VMOVUPS      Y5, (AX)
+	ADDQ         $0x20, AX
+	ADDQ         $0x20, CX
+	ADDQ         $0x20, DX
+	SUBQ         $0x08, BX
+	JMP          gateAVX512_loop
+
+gateAVX512_done:
+	VZEROUPPER
+	RET
+
+// func gateAVX512GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)
+// Requires: AVX, AVX512F
+TEXT ·gateAVX512GELU(SB), NOSPLIT, $0-40
+	MOVQ h+0(FP), AX
+	MOVQ gt+8(FP), CX
+	MOVQ up+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ p+32(FP), SI
+
+gateAVX512GELU_loop:
+	CMPQ         BX, $0x08
+	JL           gateAVX512GELU_done
+	VCVTPS2PD    (CX), Z0
+	VCVTPS2PD    (DX), Z1
+	VMULPD       gateConsts<>+448(SB), Z0, Z2
+	VMULPD       Z0, Z2, Z2
+	VMULPD       Z0, Z2, Z2
+	VADDPD       Z2, Z0, Z2
+	VMULPD       gateConsts<>+512(SB), Z2, Z2
+	VMAXPD       gateConsts<>+0(SB), Z2, Z2
+	VMINPD       gateConsts<>+64(SB), Z2, Z2
+	VMULPD       gateConsts<>+128(SB), Z2, Z3
+	VRNDSCALEPD  $0x00, Z3, Z3
+	VFNMADD231PD gateConsts<>+192(SB), Z3, Z2
+	VFNMADD231PD gateConsts<>+256(SB), Z3, Z2
+	VMOVUPD      gateConsts<>+1280(SB), Z4
+	VFMADD213PD  gateConsts<>+1216(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1152(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1088(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1024(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+960(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+896(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+832(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+768(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+704(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+640(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+576(SB), Z2, Z4
+	VADDPD       gateConsts<>+320(SB), Z3, Z3
+	VPSLLQ       $0x34, Z3, Z3
+	VMULPD       Z3, Z4, Z4
+	VADDPD       gateConsts<>+384(SB), Z4, Z4
+	VDIVPD       Z4, Z0, Z0
+	VMULPD       Z1, Z0, Z0
+	VCVTPD2PS    Z0, Y0
+	VMOVUPS      Y0, (AX)
+	ADDQ         $0x20, AX
+	ADDQ         $0x20, CX
+	ADDQ         $0x20, DX
+	SUBQ         $0x08, BX
+	JMP          gateAVX512GELU_loop
+
+gateAVX512GELU_done:
+	VZEROUPPER
+	RET

@@ -100,6 +100,7 @@ func main() {
 			routerDotLoop(false)
 		}
 	}
+	gateKernels()
 	Generate()
 	writeOuterTable("../outer_table_amd64.go")
 }
