@@ -379,7 +379,7 @@ func (d *Device) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpe
 			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_fp8", grid, gemmThreads, g)
 	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
-		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).ptr(w.Offsets).int(w.BlockCols).int(w.codeKind()).ptr(sorted).ptr(blockExpert).int(topK).
+		g := (&args{}).ptr(a).ptr(w.W).ptr(w.Scales).ptr(w.Offsets).int(w.BlockCols).int(w.codeKind()).ptr(w.Factors).int(w.Super).ptr(sorted).ptr(blockExpert).int(topK).
 			int(pairs).int(gather).int(N).int(K).ptr(weights).epilogue(ep).ptr(c)
 		return d.launch("moex_grouped_gemm_codes", grid, gemmThreads, g)
 	}
@@ -404,6 +404,7 @@ func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, 
 		return d.launch("moex_grouped_gemm_swiglu_fp8", grid, gemmThreads, g)
 	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
 		g := (&args{}).ptr(a).ptr(gate.W).ptr(gate.Scales).ptr(gate.Offsets).ptr(up.W).ptr(up.Scales).ptr(up.Offsets).int(gate.BlockCols).int(gate.codeKind()).
+			ptr(gate.Factors).ptr(up.Factors).int(gate.Super).
 			ptr(sorted).ptr(blockExpert).int(topK).int(pairs).int(N).int(K).epilogue(ep).ptr(h)
 		return d.launch("moex_grouped_gemm_swiglu_codes", grid, gemmThreads, g)
 	}

@@ -140,7 +140,7 @@ func (e *Emu) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert 
 		})
 	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
 		return e.kernel(func() {
-			cudaemu.GroupedGEMMCodesRaw(e.p(a), e.p(w.W), e.p(w.Scales), e.p(w.Offsets), w.BlockCols, w.codeKind(), e.p(sorted), e.p(blockExpert),
+			cudaemu.GroupedGEMMCodesRaw(e.p(a), e.p(w.W), e.p(w.Scales), e.p(w.Offsets), w.BlockCols, w.codeKind(), e.p(w.Factors), w.Super, e.p(sorted), e.p(blockExpert),
 				paddedRows, topK, pairs, gatherA, N, K, e.p(weights), e.epilogue(ep), e.p(c))
 		})
 	}
@@ -165,6 +165,7 @@ func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blo
 	case MXFP4, INT4, UINT4, INT8, INT5, UINT5, INT6:
 		return e.kernel(func() {
 			cudaemu.GroupedSwiGLUCodesRaw(e.p(a), e.p(gate.W), e.p(gate.Scales), e.p(gate.Offsets), e.p(up.W), e.p(up.Scales), e.p(up.Offsets), gate.BlockCols, gate.codeKind(),
+				e.p(gate.Factors), e.p(up.Factors), gate.Super,
 				e.p(sorted), e.p(blockExpert), paddedRows, topK, pairs, N, K, e.epilogue(ep), e.p(h))
 		})
 	}

@@ -24,6 +24,15 @@ type Weights struct {
 	// that have them (the zero Buffer: none).
 	Scales, Offsets      Buffer
 	BlockRows, BlockCols int
+	// Super > 0: the codes' scales as GGUF's K-quants factor them, Super
+	// groups a super-block. Scales then holds each super-block's d and
+	// Offsets its −dmin, [experts, N, K/(BlockCols·Super)], and Factors
+	// each group's int8 sc (and m after it, with offsets), [experts, N,
+	// K/BlockCols(, 2)]: the group's scale is d·sc and its offset −dmin·m,
+	// exact, the values of the fp32 form (0.75 bits a weight rather than 2
+	// for Q4_K's groups of 32).
+	Factors Buffer
+	Super   int
 }
 
 // Epilogue is what a grouped GEMM computes around its products, each part
@@ -65,7 +74,8 @@ func BF16Weights(w Buffer) Weights { return Weights{W: w} }
 
 // sameFormat says whether a and b can be one launch's gate and up.
 func sameFormat(a, b Weights) bool {
-	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols && (a.Offsets.Bytes == 0) == (b.Offsets.Bytes == 0)
+	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols && (a.Offsets.Bytes == 0) == (b.Offsets.Bytes == 0) &&
+		a.Super == b.Super
 }
 
 // codeKind is the kernels' kind argument of an integer-code format.

@@ -129,6 +129,44 @@ func WithSuperScales(m Matrix, per int, d, dmin []float32, sc, mins []int8) (Mat
 	return m, nil
 }
 
+// SuperScales returns the K-quant factors of a matrix made by
+// WithSuperScales (or packed from one), copies: per, each super-block's d
+// and −dmin ([Rows, groups/per]) and each group's sc and m ([Rows,
+// groups]), the offsets' nd and mins nil without offsets; false when m
+// holds no factors. Its scales are d·sc and its offsets nd·m.
+func (m Matrix) SuperScales() (per int, d, nd []float32, sc, mins []int8, ok bool) {
+	q := m.q
+	if q == nil || q.super == nil {
+		return 0, nil, nil, nil, nil, false
+	}
+	sup := q.super
+	per = sup.per
+	groups := m.Rows * q.gridCols
+	d, sc = make([]float32, groups/per), make([]int8, groups)
+	if sup.offsets {
+		nd, mins = make([]float32, groups/per), make([]int8, groups)
+	}
+	switch {
+	case sup.d != nil:
+		copy(d, sup.d)
+		copy(sc, sup.sc)
+		for i, v := range sup.dmin {
+			nd[i] = -v
+		}
+		copy(mins, sup.m)
+	case q.kmeta != nil:
+		for g := range groups {
+			d[g/per], sc[g] = q.kmetaAt(g, false)
+			if sup.offsets {
+				nd[g/per], mins[g] = q.kmetaAt(g, true)
+			}
+		}
+	default:
+		return 0, nil, nil, nil, nil, false
+	}
+	return per, d, nd, sc, mins, true
+}
+
 // Offsets returns an integer-code matrix's offsets ([Rows, Cols/group]:
 // shared, or a copy made from a packed matrix's), nil when it has none or
 // is of another dtype.

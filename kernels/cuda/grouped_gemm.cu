@@ -107,12 +107,19 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
 // bytes (bit k%8 of byte k/8), the code stored plus 16 (4: 5 bits, signed),
 // as it is (5: 5 bits, unsigned) or plus 32 (6: 6 bits, signed). A
 // weight is code × scale + offset rounded once to fp32 (without offsets,
-// code × scale), the CPU kernels' value, then rounded to bf16.
+// code × scale), the CPU kernels' value, then rounded to bf16. With
+// factors (per > 0, GGUF's K-quants), scales and offsets hold d and −dmin
+// for each run of per groups along a row, [experts, N, K/(group·per)], and
+// factors each group's int8 sc (and m, interleaved, with offsets),
+// [experts, N, K/group(, 2)]: the group's scale is d·sc and its offset
+// −dmin·m, both exact in fp32, the same values as the CPU's.
 struct CodeWeights {
   const uint8_t* w;
   const float* scales;
   const float* offsets;
   int group, kind;
+  const int8_t* factors;
+  int per;
 };
 
 __device__ __forceinline__ float nibbleValue(uint8_t n, int kind) {
@@ -139,8 +146,11 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
     return;
   }
   const size_t row = (size_t)e * N + n;
-  const float* srow = q.scales + row * (K / q.group);
-  const float* orow = q.offsets ? q.offsets + row * (K / q.group) : nullptr;
+  const int groups = K / q.group, fpg = q.offsets ? 2 : 1;  // factors a group
+  const int sgroups = q.per > 0 ? groups / q.per : groups;
+  const float* srow = q.scales + row * sgroups;
+  const float* orow = q.offsets ? q.offsets + row * sgroups : nullptr;
+  const int8_t* frow = q.per > 0 ? q.factors + row * groups * fpg : nullptr;
   for (int i = 0; i < 8; i++) {
     float c;
     if (q.kind == 3) {
@@ -151,7 +161,15 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
       c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, q.kind);
     }
     const int g = (k + i) / q.group;
-    dst[i] = bf16Round(orow ? fmaf(c, srow[g], orow[g]) : c * srow[g]);
+    float sc, off = 0.0f;
+    if (frow) {
+      sc = srow[g / q.per] * float(frow[g * fpg]);
+      if (orow) off = orow[g / q.per] * float(frow[g * fpg + 1]);
+    } else {
+      sc = srow[g];
+      if (orow) off = orow[g];
+    }
+    dst[i] = bf16Round(orow ? fmaf(c, sc, off) : c * sc);
   }
 }
 
@@ -313,12 +331,12 @@ extern "C" __global__ void moex_grouped_gemm_fp8(const uint16_t* a, const uint8_
 
 // moex_grouped_gemm_codes is moex_grouped_gemm_bf16 on integer-code
 // weights w ([experts, N, K/2] bytes of nibbles or [experts, N, K] int8)
-// with scales ws and offsets wo (or null) [experts, N, K/group]; kind as
-// CodeWeights'.
+// with scales ws and offsets wo (or null) [experts, N, K/group], or with
+// factors wf (per > 0) as CodeWeights'; kind as CodeWeights'.
 extern "C" __global__ void moex_grouped_gemm_codes(const uint16_t* a, const uint8_t* w, const float* ws, const float* wo, int group, int kind,
-                                                const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
+                                                const int8_t* wf, int per, const int32_t* sorted, const int32_t* blockExpert, int topK, int pairs,
                                                 int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
-  groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{w, ws, wo, group, kind}, CodeWeights{},
+  groupedGemm<false, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{w, ws, wo, group, kind, wf, per}, CodeWeights{},
                         sorted, blockExpert, topK, pairs, gatherA, N, K, weights, Epilogue{bias, bias2, act, alpha, limit, inScale}, c);
 }
 
@@ -342,13 +360,14 @@ extern "C" __global__ void moex_grouped_gemm_swiglu_fp8(const uint16_t* a, const
 }
 
 // moex_grouped_gemm_swiglu_codes is moex_grouped_gemm_swiglu_bf16 on
-// integer-code gate and up weights with their scales and offsets (or null).
+// integer-code gate and up weights with their scales and offsets (or null)
+// and factors (per > 0).
 extern "C" __global__ void moex_grouped_gemm_swiglu_codes(const uint16_t* a, const uint8_t* gate, const float* gs, const float* go,
                                                           const uint8_t* up, const float* us, const float* uo, int group, int kind,
-                                                       const int32_t* sorted, const int32_t* blockExpert, int topK,
+                                                          const int8_t* gf, const int8_t* uf, int per, const int32_t* sorted, const int32_t* blockExpert, int topK,
                                                        int pairs, int N, int K, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
-  groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{gate, gs, go, group, kind},
-                       CodeWeights{up, us, uo, group, kind}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
+  groupedGemm<true, 2>(a, nullptr, nullptr, Fp8Weights{}, Fp8Weights{}, CodeWeights{gate, gs, go, group, kind, gf, per},
+                       CodeWeights{up, us, uo, group, kind, uf, per}, sorted, blockExpert, topK, pairs, 1, N, K, nullptr, Epilogue{bias, bias2, act, alpha, limit, inScale}, h);
 }
 
 // moex_f32_to_bf16: dst[i] = bf16(src[i]), rounding to nearest even (NaN

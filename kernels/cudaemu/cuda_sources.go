@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=2abf2005094b4ae6fd22c07d9ab1738b
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=71e0e09fbf66bcdb0fd282d364c84522
 import "C"

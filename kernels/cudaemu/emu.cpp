@@ -77,21 +77,22 @@ void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, co
 }
 
 void moex_emu_grouped_gemm_codes(const uint16_t* a, const uint8_t* w, const float* ws, const float* wo, int group, int kind,
-                              const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
+                              const int8_t* wf, int per, const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                               int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
-  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_codes, a, w, ws, wo, group, kind, sorted, blockExpert,
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_codes, a, w, ws, wo, group, kind, wf, per, sorted, blockExpert,
               topK, pairs, gatherA, N, K, weights, bias, bias2, act, alpha, limit, inScale, c);
 }
 
 void moex_emu_grouped_gemm_swiglu_codes(const uint16_t* a, const uint8_t* gate, const float* gs, const float* go,
-                                        const uint8_t* up, const float* us, const float* uo, int group, int kind, const int32_t* sorted,
+                                        const uint8_t* up, const float* us, const float* uo, int group, int kind,
+                                        const int8_t* gf, const int8_t* uf, int per, const int32_t* sorted,
                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                      const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(paddedRows / moex::kGemmBM, (N + moex::kGemmBN - 1) / moex::kGemmBN);
-  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_codes, a, gate, gs, go, up, us, uo, group, kind,
+  emu::launch(grid, dim3(moex::kGemmThreads), moex::moex_grouped_gemm_swiglu_codes, a, gate, gs, go, up, us, uo, group, kind, gf, uf, per,
               sorted, blockExpert, topK, pairs, N, K, bias, bias2, act, alpha, limit, inScale, h);
 }
 

@@ -26,10 +26,11 @@ void moex_emu_grouped_gemm_fp8(const uint16_t* a, const uint8_t* w, const float*
                                const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                                int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
 void moex_emu_grouped_gemm_codes(const uint16_t* a, const uint8_t* w, const float* ws, const float* wo, int group, int kind,
-                              const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
+                              const int8_t* wf, int per, const int32_t* sorted, const int32_t* blockExpert, int paddedRows, int topK, int pairs,
                               int gatherA, int N, int K, const float* weights, const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
 void moex_emu_grouped_gemm_swiglu_codes(const uint16_t* a, const uint8_t* gate, const float* gs, const float* go,
-                                        const uint8_t* up, const float* us, const float* uo, int group, int kind, const int32_t* sorted,
+                                        const uint8_t* up, const float* us, const float* uo, int group, int kind,
+                                        const int8_t* gf, const int8_t* uf, int per, const int32_t* sorted,
                                      const int32_t* blockExpert, int paddedRows, int topK, int pairs, int N, int K,
                                      const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* h);
 void moex_emu_grouped_gemm_swiglu_fp8(const uint16_t* a, const uint8_t* gate, const float* gs, const uint8_t* up,
@@ -295,25 +296,28 @@ func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted,
 }
 
 // GroupedGEMMCodesRaw launches the grouped GEMM on integer-code weights w
-// with a scale (and, wo not nil, an offset) per group of k; kind: 0 MXFP4,
-// 1 INT4, 2 UINT4, 3 INT8.
-func GroupedGEMMCodesRaw(a, w, ws, wo unsafe.Pointer, group, kind int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
+// with a scale (and, wo not nil, an offset) per group of k, or with
+// K-quant factors wf (per > 0: see grouped_gemm.cu's CodeWeights); kind:
+// 0 MXFP4, 1 INT4, 2 UINT4, 3 INT8, 4–6 5- and 6-bit codes.
+func GroupedGEMMCodesRaw(a, w, ws, wo unsafe.Pointer, group, kind int, wf unsafe.Pointer, per int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
 	gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0
 	if gatherA {
 		g = 1
 	}
-	C.moex_emu_grouped_gemm_codes((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), (*C.float)(wo), C.int(group), C.int(kind), (*C.int32_t)(sorted),
+	C.moex_emu_grouped_gemm_codes((*C.uint16_t)(a), (*C.uint8_t)(w), (*C.float)(ws), (*C.float)(wo), C.int(group), C.int(kind),
+		(*C.int8_t)(wf), C.int(per), (*C.int32_t)(sorted),
 		(*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs), C.int(g), C.int(N), C.int(K),
 		(*C.float)(weights), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(c))
 }
 
 // GroupedSwiGLUCodesRaw launches the fused first projection on
-// integer-code gate and up weights with their scales and offsets (or nil).
-func GroupedSwiGLUCodesRaw(a, gate, gs, gOff, up, us, uOff unsafe.Pointer, group, kind int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
+// integer-code gate and up weights with their scales and offsets (or nil)
+// and factors (per > 0).
+func GroupedSwiGLUCodesRaw(a, gate, gs, gOff, up, us, uOff unsafe.Pointer, group, kind int, gf, uf unsafe.Pointer, per int, sorted, blockExpert unsafe.Pointer, paddedRows, topK,
 	pairs, N, K int, ep Epilogue, h unsafe.Pointer) {
 	C.moex_emu_grouped_gemm_swiglu_codes((*C.uint16_t)(a), (*C.uint8_t)(gate), (*C.float)(gs), (*C.float)(gOff), (*C.uint8_t)(up), (*C.float)(us), (*C.float)(uOff),
-		C.int(group), C.int(kind), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
+		C.int(group), C.int(kind), (*C.int8_t)(gf), (*C.int8_t)(uf), C.int(per), (*C.int32_t)(sorted), (*C.int32_t)(blockExpert), C.int(paddedRows), C.int(topK), C.int(pairs),
 		C.int(N), C.int(K), (*C.float)(ep.Bias), (*C.float)(ep.Bias2), C.int(ep.Act), C.float(ep.Alpha), C.float(ep.Limit), (*C.float)(ep.InScale), (*C.float)(h))
 }
 

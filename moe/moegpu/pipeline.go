@@ -169,24 +169,58 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 
 // uploadCodes uploads integer-code matrices as they are stored, in format
 // f (see codeFormat): the codes, the scales and the offsets (if any) of
-// each, stacked.
+// each, stacked; as the K-quants' factors (cuda.Weights' Super) when
+// every matrix has them in super-blocks of one size.
 func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cuda.Weights {
 	var w []uint8
 	var sc, off []float32
+	var fac []int8
 	var group int
+	super := superSize(ms)
 	for _, m := range ms {
 		data, scales, offsets, g, _ := m.CodeData()
 		if f == cuda.INT5 || f == cuda.UINT5 || f == cuda.INT6 {
 			data = cuda.NarrowCodes(f, data, m.Cols)
 		}
-		w, sc, off, group = append(w, data...), append(sc, scales...), append(off, offsets...), g
+		w, group = append(w, data...), g
+		if super == 0 {
+			sc, off = append(sc, scales...), append(off, offsets...)
+			continue
+		}
+		_, d, nd, f, mins, _ := m.SuperScales()
+		sc, off = append(sc, d...), append(off, nd...)
+		for i, v := range f {
+			fac = append(fac, v)
+			if mins != nil {
+				fac = append(fac, mins[i])
+			}
+		}
 	}
 	d := bs.Device()
-	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group}
+	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group, Super: super}
 	if off != nil {
 		wt.Offsets = bs.Put(cuda.Upload(d, off))
 	}
+	if super > 0 {
+		wt.Factors = bs.Put(cuda.Upload(d, fac))
+	}
 	return wt
+}
+
+// superSize is the groups of a super-block of ms's K-quant factors when
+// every matrix has them, in super-blocks of one size of at least 2 (a
+// super-block of one group holds more bytes than the group's fp32
+// scale); 0 otherwise.
+func superSize(ms []kernels.Matrix) int {
+	per := 0
+	for _, m := range ms {
+		p, _, _, _, _, ok := m.SuperScales()
+		if !ok || p < 2 || per > 0 && p != per {
+			return 0
+		}
+		per = p
+	}
+	return per
 }
 
 func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {

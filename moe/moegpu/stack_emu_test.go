@@ -95,11 +95,15 @@ func TestNarrowResident(t *testing.T) {
 		first, second     cuda.WeightFormat
 		firstBits, bits   int64
 		offsets, offsets2 bool
+		// The super-blocks' groups on the device (0: fp32 scales): the
+		// factors' (see kerneltest.KQuantWeights), but for super-blocks of
+		// one group (Q5_K's down, 3 groups a row).
+		super, super2 int
 	}{
-		{"q4_k_m", q4k, q6k, cuda.UINT4, cuda.INT6, 4, 6, true, false},
-		{"q5_k", q5k, q5k, cuda.UINT5, cuda.UINT5, 5, 5, true, true},
-		{"q5_0", q50, q50, cuda.INT5, cuda.INT5, 5, 5, false, false},
-		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false},
+		{"q4_k_m", q4k, q6k, cuda.UINT4, cuda.INT6, 4, 6, true, false, 2, 2},
+		{"q5_k", q5k, q5k, cuda.UINT5, cuda.UINT5, 5, 5, true, true, 2, 0},
+		{"q5_0", q50, q50, cuda.INT5, cuda.INT5, 5, 5, false, false, 0, 0},
+		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false, 4, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			router := make([]float32, cfg.NumExperts*cfg.Hidden)
@@ -126,6 +130,27 @@ func TestNarrowResident(t *testing.T) {
 			require.Equal(t, weights*c.bits/8, st.down.W.Bytes)
 			require.Equal(t, c.offsets, st.gate.Offsets.Bytes > 0)
 			require.Equal(t, c.offsets2, st.down.Offsets.Bytes > 0)
+			// The scales' bytes: fp32 a group, or fp32 a super-block and
+			// a byte a group (two with offsets).
+			for _, p := range []struct {
+				w     cuda.Weights
+				super int
+			}{{st.gate, c.super}, {st.up, c.super}, {st.down, c.super2}} {
+				groups := weights / int64(p.w.BlockCols)
+				require.Equal(t, p.super, p.w.Super)
+				if p.super == 0 {
+					require.Equal(t, 4*groups, p.w.Scales.Bytes)
+					require.Zero(t, p.w.Factors.Bytes)
+					continue
+				}
+				require.Equal(t, 4*groups/int64(p.super), p.w.Scales.Bytes)
+				fpg := int64(1)
+				if p.w.Offsets.Bytes > 0 {
+					fpg = 2
+					require.Equal(t, 4*groups/int64(p.super), p.w.Offsets.Bytes)
+				}
+				require.Equal(t, fpg*groups, p.w.Factors.Bytes)
+			}
 			for _, T := range []int{1, 9} {
 				x := moetest.Input(uint64(T), T, cfg.Hidden, false)
 				for i, v := range x {
