@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"context"
+	"math"
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
@@ -33,6 +34,9 @@ type Weights struct {
 	// for Q4_K's groups of 32).
 	Factors Buffer
 	Super   int
+	// E8 (MXFP4): Scales holds the format's E8M0 bytes, a group's scale
+	// 2^(E−127) (4.25 bits a weight rather than 5).
+	E8 bool
 }
 
 // Epilogue is what a grouped GEMM computes around its products, each part
@@ -75,12 +79,31 @@ func BF16Weights(w Buffer) Weights { return Weights{W: w} }
 // sameFormat says whether a and b can be one launch's gate and up.
 func sameFormat(a, b Weights) bool {
 	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols && (a.Offsets.Bytes == 0) == (b.Offsets.Bytes == 0) &&
-		a.Super == b.Super
+		a.Super == b.Super && a.E8 == b.E8
 }
 
 // codeKind is the kernels' kind argument of an integer-code format.
 func (w Weights) codeKind() int {
+	if w.Format == MXFP4 && w.E8 {
+		return 7
+	}
 	return map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3, INT5: 4, UINT5: 5, INT6: 6}[w.Format]
+}
+
+// E8Scales returns MXFP4 scales (fp32, each a power of two) as E8M0 bytes,
+// E the scale's exponent plus 127; false when one is not 2^(E−127) for
+// E in [0, 254].
+func E8Scales(scales []float32) ([]uint8, bool) {
+	out := make([]uint8, len(scales))
+	for i, s := range scales {
+		frac, exp := math.Frexp(float64(s)) // s = frac·2^exp, frac in [0.5, 1)
+		e := exp - 1 + 127
+		if frac != 0.5 || e < 0 || e > 254 {
+			return nil, false
+		}
+		out[i] = uint8(e)
+	}
+	return out, true
 }
 
 // NarrowFormat returns the format of 5 or 6 bits that holds every one of

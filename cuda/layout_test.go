@@ -3,6 +3,7 @@
 package cuda_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,5 +21,24 @@ func TestDenseLayout(t *testing.T) {
 		sorted, groups := cuda.DenseLayout(rows)
 		require.Equal(t, want.Pairs, sorted, "%d rows", rows)
 		require.Equal(t, make([]int32, len(want.Pairs)/cuda.GEMMBlock), groups, "%d rows", rows)
+	}
+}
+
+// TestE8Scales: MXFP4 scales that are powers of two 2^(E−127), E in [0,
+// 254] (the subnormal 2^−127 and 2^−126's neighbours included), become
+// their E8M0 bytes; any other value refuses the whole set.
+func TestE8Scales(t *testing.T) {
+	var in []float32
+	for e := range 255 {
+		in = append(in, float32(math.Ldexp(1, e-127)))
+	}
+	got, ok := cuda.E8Scales(in)
+	require.True(t, ok)
+	for e, b := range got {
+		require.Equal(t, uint8(e), b)
+	}
+	for _, bad := range []float32{0, 0.75, 3, float32(math.Inf(1)), float32(math.NaN()), -1, float32(math.Ldexp(1, -128))} {
+		_, ok := cuda.E8Scales([]float32{1, bad})
+		require.False(t, ok, "%v", bad)
 	}
 }

@@ -112,7 +112,9 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
 // for each run of per groups along a row, [experts, N, K/(group·per)], and
 // factors each group's int8 sc (and m, interleaved, with offsets),
 // [experts, N, K/group(, 2)]: the group's scale is d·sc and its offset
-// −dmin·m, both exact in fp32, the same values as the CPU's.
+// −dmin·m, both exact in fp32, the same values as the CPU's. Kind 7 is
+// MXFP4 with its scales as the format holds them, an E8M0 byte a group
+// (scales then points at bytes): the scale 2^(E−127), exact.
 struct CodeWeights {
   const uint8_t* w;
   const float* scales;
@@ -149,13 +151,14 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
   const int groups = K / q.group, fpg = q.offsets ? 2 : 1;  // factors a group
   const int sgroups = q.per > 0 ? groups / q.per : groups;
   const float* srow = q.scales + row * sgroups;
+  const uint8_t* erow = q.kind == 7 ? (const uint8_t*)q.scales + row * groups : nullptr;
   const float* orow = q.offsets ? q.offsets + row * sgroups : nullptr;
   const int8_t* frow = q.per > 0 ? q.factors + row * groups * fpg : nullptr;
   for (int i = 0; i < 8; i++) {
     float c;
     if (q.kind == 3) {
       c = float((int8_t)q.w[row * K + k + i]);
-    } else if (q.kind >= 4) {
+    } else if (q.kind >= 4 && q.kind <= 6) {
       c = float(narrowCode(q.w + row * (size_t)(K / 8) * (q.kind == 6 ? 6 : 5), k + i, K, q.kind));
     } else {
       c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, q.kind);
@@ -165,6 +168,8 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
     if (frow) {
       sc = srow[g / q.per] * float(frow[g * fpg]);
       if (orow) off = orow[g / q.per] * float(frow[g * fpg + 1]);
+    } else if (erow) {
+      sc = ldexpf(1.0f, int(erow[g]) - 127);
     } else {
       sc = srow[g];
       if (orow) off = orow[g];

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=71e0e09fbf66bcdb0fd282d364c84522
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=cc7602a59d699ad571424a762ebaab7a
 import "C"

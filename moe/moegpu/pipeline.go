@@ -170,7 +170,8 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 // uploadCodes uploads integer-code matrices as they are stored, in format
 // f (see codeFormat): the codes, the scales and the offsets (if any) of
 // each, stacked; as the K-quants' factors (cuda.Weights' Super) when
-// every matrix has them in super-blocks of one size.
+// every matrix has them in super-blocks of one size, and MXFP4's as its
+// E8M0 bytes (cuda.Weights' E8) when every scale is one.
 func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cuda.Weights {
 	var w []uint8
 	var sc, off []float32
@@ -197,7 +198,12 @@ func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cud
 		}
 	}
 	d := bs.Device()
-	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), Scales: bs.Put(cuda.Upload(d, sc)), BlockRows: 1, BlockCols: group, Super: super}
+	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), BlockRows: 1, BlockCols: group, Super: super}
+	if e8, ok := cuda.E8Scales(sc); ok && f == cuda.MXFP4 { // the format's bytes
+		wt.Scales, wt.E8 = bs.Put(cuda.Upload(d, e8)), true
+	} else {
+		wt.Scales = bs.Put(cuda.Upload(d, sc))
+	}
 	if off != nil {
 		wt.Offsets = bs.Put(cuda.Upload(d, off))
 	}

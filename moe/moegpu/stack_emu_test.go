@@ -19,8 +19,9 @@ import (
 
 // TestQuantizedResident: an FP8 layer's experts stay FP8 on the device, a
 // byte a weight plus their block scales (half the memory of bf16); MXFP4
-// and INT4 half a byte plus a scale per 32, UINT4 (GGUF's Q4_1, Q4_K) with
-// an offset per 32 too, INT8 (Q8_0) a byte plus a scale per 32; a bf16
+// half a byte plus an E8M0 byte per 32, INT4 half a byte plus a scale per
+// 32, UINT4 (GGUF's Q4_K) with an offset per 32 too, both as Q4_K's
+// factors (4.75 bits a weight in all), INT8 (Q8_0) a byte plus a scale per 32; a bf16
 // layer's take two bytes a weight.
 func TestQuantizedResident(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 256, NumExperts: 4, TopK: 2, Inter: 128, Scoring: moe.Softmax,
@@ -38,16 +39,24 @@ func TestQuantizedResident(t *testing.T) {
 			require.Equal(t, weights, g.W.Bytes)
 			require.Equal(t, int64(cfg.NumExperts*1*2*4), g.Scales.Bytes, "one 128×128 scale block by two, fp32")
 			require.Equal(t, [2]int{128, 128}, [2]int{g.BlockRows, g.BlockCols})
-		case kernels.MXFP4, kernels.INT4:
-			require.Equal(t, map[kernels.DType]cuda.WeightFormat{kernels.MXFP4: cuda.MXFP4, kernels.INT4: cuda.INT4}[dt], g.Format)
+		case kernels.MXFP4:
+			require.Equal(t, cuda.MXFP4, g.Format)
+			require.Equal(t, weights/2, g.W.Bytes)
+			require.True(t, g.E8)
+			require.Equal(t, weights/32, g.Scales.Bytes, "an E8M0 byte a group")
+			require.Zero(t, g.Offsets.Bytes)
+		case kernels.INT4:
+			require.Equal(t, cuda.INT4, g.Format)
 			require.Equal(t, weights/2, g.W.Bytes)
 			require.Equal(t, weights/32*4, g.Scales.Bytes)
 			require.Zero(t, g.Offsets.Bytes)
-		case kernels.UINT4:
+		case kernels.UINT4: // Q4_K's factors: d and −dmin a super-block of 8 groups, sc and m a group
 			require.Equal(t, cuda.UINT4, g.Format)
 			require.Equal(t, weights/2, g.W.Bytes)
-			require.Equal(t, weights/32*4, g.Scales.Bytes)
-			require.Equal(t, weights/32*4, g.Offsets.Bytes)
+			require.Equal(t, 8, g.Super)
+			require.Equal(t, weights/256*4, g.Scales.Bytes)
+			require.Equal(t, weights/256*4, g.Offsets.Bytes)
+			require.Equal(t, weights/32*2, g.Factors.Bytes)
 		case kernels.INT8:
 			require.Equal(t, cuda.INT8, g.Format)
 			require.Equal(t, weights, g.W.Bytes)
