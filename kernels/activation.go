@@ -102,24 +102,25 @@ type gate struct {
 	// nalpha is −alpha; limit g's upper clamp and ulimit u's symmetric
 	// one (+∞: none); c is added to u (−0 adds nothing, keeping −0).
 	nalpha, limit, ulimit, c float64
-	gelu                     bool // t is GELU's (nalpha, the clamps and c unused)
+	gelu                     bool       // t is GELU's (nalpha, the clamps and c unused)
+	prm                      [5]float64 // the kernels': nalpha, limit, ulimit, −ulimit, c
 }
 
 var (
-	siluGate = &gate{nalpha: -1, limit: math.Inf(1), ulimit: math.Inf(1), c: math.Copysign(0, -1)}
-	geluGate = &gate{gelu: true, c: math.Copysign(0, -1)}
+	siluGate = newGate(gate{nalpha: -1, limit: math.Inf(1), ulimit: math.Inf(1), c: math.Copysign(0, -1)})
+	geluGate = newGate(gate{gelu: true, c: math.Copysign(0, -1)})
 	// geluScale is 2·√(2/π), the GELU argument's factor in σ(2z).
 	geluScale = 2 * math.Sqrt(2/math.Pi)
 )
 
 func clampedSiLU(limit float32) *gate {
 	l := float64(limit)
-	return &gate{nalpha: -1, limit: l, ulimit: l, c: math.Copysign(0, -1)}
+	return newGate(gate{nalpha: -1, limit: l, ulimit: l, c: math.Copysign(0, -1)})
 }
 
 func clampedSwiGLU(alpha, limit float32) *gate {
 	l := float64(limit)
-	return &gate{nalpha: -float64(alpha), limit: l, ulimit: l, c: 1}
+	return newGate(gate{nalpha: -float64(alpha), limit: l, ulimit: l, c: 1})
 }
 
 // apply is the activation of one column. Every product is converted to
@@ -160,7 +161,7 @@ func (p *gate) row(h, g, u []float32) {
 		if p.gelu {
 			k = s.gateGELU
 		}
-		k(&h[0], &g[0], &u[0], n, p.params())
+		k(&h[0], &g[0], &u[0], n, &p.prm)
 	}
 	for ; n < len(h); n++ {
 		h[n] = p.apply(g[n], u[n])
@@ -170,9 +171,10 @@ func (p *gate) row(h, g, u []float32) {
 // gateStep is how many columns the vector kernels take a step.
 const gateStep = 8
 
-// params is p's constants as the kernels take them.
-func (p *gate) params() *[5]float64 {
-	return &[5]float64{p.nalpha, p.limit, p.ulimit, -p.ulimit, p.c}
+// newGate is a gate with its kernels' constants.
+func newGate(g gate) *gate {
+	g.prm = [5]float64{g.nalpha, g.limit, g.ulimit, -g.ulimit, g.c}
+	return &g
 }
 
 // The exponential of the activations: e^x for x clamped to [expLo, expHi]
@@ -210,7 +212,7 @@ func gateExp(x float64) float64 {
 	for i := 10; i >= 0; i-- {
 		p = math.FMA(p, r, expCoef[i])
 	}
-	return p * math.Float64frombits(uint64(int64(n)+1023)<<52)
+	return float64(p * math.Float64frombits(uint64(int64(n)+1023)<<52))
 }
 
 // glu is a group's first-projection epilogue: the biases of the gate and
@@ -250,8 +252,8 @@ func (e *glu) apply(g, u float32, r, n int) float32 {
 	if e == nil {
 		return SwiGLU(g, u)
 	}
-	if e.in != nil {
-		g, u = g*e.in[r], u*e.in[r]
+	if e.in != nil { // rounded before the biases' sums, as in row
+		g, u = float32(g*e.in[r]), float32(u*e.in[r])
 	}
 	if e.gb != nil {
 		g += e.gb[n]
@@ -283,7 +285,7 @@ func (e *glu) row(h, g, u []float32, r, n0 int) {
 	if e.in != nil {
 		s := e.in[r]
 		for n := range h {
-			g[n], u[n] = g[n]*s, u[n]*s
+			g[n], u[n] = float32(g[n]*s), float32(u[n]*s)
 		}
 	}
 	if e.gb != nil {

@@ -49,7 +49,7 @@ func gateUpGeneric(h, x []float32, idx []int32, gate, up Matrix, ep *glu, n0, n1
 }
 
 // SwiGLU returns silu(g)·u = g/(1+e^−g)·u, computed in float64 (the
-// exponential as expNeg defines it) and rounded once to float32.
+// exponential as gateExp defines it) and rounded once to float32.
 func SwiGLU(g, u float32) float32 { return siluGate.apply(g, u) }
 
 // downGeneric is the reference for Down and GEMMRows; with idx non-nil,

@@ -3183,7 +3183,7 @@ func routerDotAVX512(x *float32, w *float32, n int, part *[32]float64)
 //go:noescape
 func gateAVX2(h *float32, gt *float32, up *float32, n int, p *[5]float64)
 
-// gateAVX2GELU writes h[i] = float32(g·σ(2z), GELU's·m) for g = gt[i], m = up[i] + c, i in [0, n) (n a multiple of 8), clamped as p says (nalpha, limit, ulimit, −ulimit, c): kernels' gate.row.
+// gateAVX2GELU writes h[i] = float32(g·σ(2z)·u) for g = gt[i], u = up[i], GELU's z, i in [0, n) (n a multiple of 8; p unread): kernels' gate.row.
 //
 //go:noescape
 func gateAVX2GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)
@@ -3193,7 +3193,7 @@ func gateAVX2GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)
 //go:noescape
 func gateAVX512(h *float32, gt *float32, up *float32, n int, p *[5]float64)
 
-// gateAVX512GELU writes h[i] = float32(g·σ(2z), GELU's·m) for g = gt[i], m = up[i] + c, i in [0, n) (n a multiple of 8), clamped as p says (nalpha, limit, ulimit, −ulimit, c): kernels' gate.row.
+// gateAVX512GELU writes h[i] = float32(g·σ(2z)·u) for g = gt[i], u = up[i], GELU's z, i in [0, n) (n a multiple of 8; p unread): kernels' gate.row.
 //
 //go:noescape
 func gateAVX512GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)

@@ -74,11 +74,11 @@ func gateKernel(avx2, gelu bool) {
 	}
 	TEXT(name, NOSPLIT, "func(h, gt, up *float32, n int, p *[5]float64)")
 	Pragma("noescape")
-	what := "σ(−nalpha·g)"
+	doc := " writes h[i] = float32(g·σ(−nalpha·g)·m) for g = gt[i], m = up[i] + c, i in [0, n) (n a multiple of 8), clamped as p says (nalpha, limit, ulimit, −ulimit, c): kernels' gate.row."
 	if gelu {
-		what = "σ(2z), GELU's"
+		doc = " writes h[i] = float32(g·σ(2z)·u) for g = gt[i], u = up[i], GELU's z, i in [0, n) (n a multiple of 8; p unread): kernels' gate.row."
 	}
-	Doc(name + " writes h[i] = float32(g·" + what + "·m) for g = gt[i], m = up[i] + c, i in [0, n) (n a multiple of 8), clamped as p says (nalpha, limit, ulimit, −ulimit, c): kernels' gate.row.")
+	Doc(name + doc)
 	h := Load(Param("h"), GP64())
 	g := Load(Param("gt"), GP64())
 	u := Load(Param("up"), GP64())

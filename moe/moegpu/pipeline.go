@@ -87,8 +87,12 @@ func uploadAs(bs *cuda.Buffers, ms ...[]kernels.Matrix) []cuda.Weights {
 	case fp8Stack(ms...):
 		put = uploadFP8
 	case codeStack(ms...):
-		f := codeFormat(ms...) // once for them all: it reads every code
-		put = func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights { return uploadCodes(bs, ms, f) }
+		// The format, the super-blocks and the scales' bytes once for them
+		// all (one launch's gate and up must agree): each reads every code
+		// or scale.
+		f, super := codeFormat(ms...), superSize(ms...)
+		e8 := f == cuda.MXFP4 && e8Stack(ms...)
+		put = func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights { return uploadCodes(bs, ms, f, super, e8) }
 	default:
 		put = uploadBF16
 	}
@@ -169,15 +173,14 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 
 // uploadCodes uploads integer-code matrices as they are stored, in format
 // f (see codeFormat): the codes, the scales and the offsets (if any) of
-// each, stacked; as the K-quants' factors (cuda.Weights' Super) when
-// every matrix has them in super-blocks of one size, and MXFP4's as its
-// E8M0 bytes (cuda.Weights' E8) when every scale is one.
-func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cuda.Weights {
+// each, stacked; as the K-quants' factors (cuda.Weights' Super) in
+// super-blocks of super groups (see superSize), and MXFP4's as their
+// E8M0 bytes (cuda.Weights' E8) with e8 (see e8Stack).
+func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat, super int, e8 bool) cuda.Weights {
 	var w []uint8
 	var sc, off []float32
 	var fac []int8
 	var group int
-	super := superSize(ms)
 	for _, m := range ms {
 		data, scales, offsets, g, _ := m.CodeData()
 		if f == cuda.INT5 || f == cuda.UINT5 || f == cuda.INT6 {
@@ -199,8 +202,8 @@ func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cud
 	}
 	d := bs.Device()
 	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), BlockRows: 1, BlockCols: group, Super: super}
-	if e8, ok := cuda.E8Scales(sc); ok && f == cuda.MXFP4 { // the format's bytes
-		wt.Scales, wt.E8 = bs.Put(cuda.Upload(d, e8)), true
+	if b, ok := cuda.E8Scales(sc); e8 && ok { // the format's bytes
+		wt.Scales, wt.E8 = bs.Put(cuda.Upload(d, b)), true
 	} else {
 		wt.Scales = bs.Put(cuda.Upload(d, sc))
 	}
@@ -213,20 +216,36 @@ func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat) cud
 	return wt
 }
 
-// superSize is the groups of a super-block of ms's K-quant factors when
+// superSize is the groups of a super-block of the K-quant factors when
 // every matrix has them, in super-blocks of one size of at least 2 (a
 // super-block of one group holds more bytes than the group's fp32
 // scale); 0 otherwise.
-func superSize(ms []kernels.Matrix) int {
+func superSize(groups ...[]kernels.Matrix) int {
 	per := 0
-	for _, m := range ms {
-		p, _, _, _, _, ok := m.SuperScales()
-		if !ok || p < 2 || per > 0 && p != per {
-			return 0
+	for _, ms := range groups {
+		for _, m := range ms {
+			p, _, _, _, _, ok := m.SuperScales()
+			if !ok || p < 2 || per > 0 && p != per {
+				return 0
+			}
+			per = p
 		}
-		per = p
 	}
 	return per
+}
+
+// e8Stack says whether every scale of the MXFP4 matrices is an E8M0 power
+// of two (see cuda.E8Scales).
+func e8Stack(groups ...[]kernels.Matrix) bool {
+	for _, ms := range groups {
+		for _, m := range ms {
+			_, scales, _, _, _ := m.CodeData()
+			if _, ok := cuda.E8Scales(scales); !ok {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {

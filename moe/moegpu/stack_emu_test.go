@@ -19,10 +19,10 @@ import (
 
 // TestQuantizedResident: an FP8 layer's experts stay FP8 on the device, a
 // byte a weight plus their block scales (half the memory of bf16); MXFP4
-// half a byte plus an E8M0 byte per 32, INT4 half a byte plus a scale per
-// 32, UINT4 (GGUF's Q4_K) with an offset per 32 too, both as Q4_K's
-// factors (4.75 bits a weight in all), INT8 (Q8_0) a byte plus a scale per 32; a bf16
-// layer's take two bytes a weight.
+// half a byte plus an E8M0 byte per 32, INT4 half a byte plus an fp32
+// scale per 32, UINT4 (GGUF's Q4_K) a scale and an offset per 32 as
+// Q4_K's factors (4.75 bits a weight in all), INT8 (Q8_0) a byte plus a
+// scale per 32; a bf16 layer's take two bytes a weight.
 func TestQuantizedResident(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 256, NumExperts: 4, TopK: 2, Inter: 128, Scoring: moe.Softmax,
 		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
@@ -182,4 +182,49 @@ func TestNarrowResident(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMixedScalesResident: a gate with K-quant factors (Q4_K) beside an up
+// projection without (Q4_1) share one launch, so both keep fp32 scales on
+// the device, and the layer runs (before, gate and up were uploaded in
+// formats that one launch refuses).
+func TestMixedScalesResident(t *testing.T) {
+	cfg := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 4, TopK: 2, Inter: 96, Scoring: moe.Softmax,
+		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	rng := rand.New(rand.NewPCG(7, 8))
+	router := make([]float32, cfg.NumExperts*cfg.Hidden)
+	for i := range router {
+		router[i] = float32(rng.NormFloat64() / 8)
+	}
+	w := moe.Weights{Experts: make([]moe.Expert, cfg.NumExperts)}
+	var err error
+	w.Gate, err = kernels.NewF32(cfg.NumExperts, cfg.Hidden, router)
+	require.NoError(t, err)
+	for e := range w.Experts {
+		g, _ := kerneltest.KQuantWeights(rng, kernels.UINT4, cfg.Inter, cfg.Hidden, 32, 0, 16, true)
+		u, _ := kerneltest.UINT4Weights(rng, cfg.Inter, cfg.Hidden, 32, true)
+		d, _ := kerneltest.UINT4Weights(rng, cfg.Hidden, cfg.Inter, 32, true)
+		w.Experts[e] = moe.Expert{Gate: kernels.Pack(g), Up: kernels.Pack(u), Down: kernels.Pack(d)}
+	}
+	l, err := moe.New(cfg, w)
+	require.NoError(t, err)
+	ex, err := NewExperts(cuda.NewEmu(), l)
+	require.NoError(t, err)
+	defer ex.Close()
+	require.Equal(t, [2]int{0, 0}, [2]int{ex.routed.gate.Super, ex.routed.up.Super})
+	x := moetest.Input(3, 3, cfg.Hidden, false)
+	for i, v := range x {
+		x[i] = half.BF16ToF32(half.F32ToBF16(v))
+	}
+	want := make([]float32, len(x))
+	require.NoError(t, l.Forward(context.Background(), x, want))
+	got := make([]float32, len(x))
+	l.SetExpertRunner(ex)
+	require.NoError(t, l.Forward(context.Background(), x, got))
+	l.SetExpertRunner(nil)
+	ref := make([]float64, len(want))
+	for i, v := range want {
+		ref[i] = float64(v)
+	}
+	require.LessOrEqual(t, moetest.RelErr(got, ref), 1e-2)
 }
