@@ -115,20 +115,10 @@ func TestNarrowResident(t *testing.T) {
 		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false, 4, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			router := make([]float32, cfg.NumExperts*cfg.Hidden)
-			for i := range router {
-				router[i] = float32(rng.NormFloat64() / 8)
-			}
-			w := moe.Weights{Experts: make([]moe.Expert, cfg.NumExperts)}
-			var err error
-			w.Gate, err = kernels.NewF32(cfg.NumExperts, cfg.Hidden, router)
-			require.NoError(t, err)
-			for e := range w.Experts {
-				w.Experts[e] = moe.Expert{Gate: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)), Up: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)),
+			l := residentLayer(t, cfg, rng, func() moe.Expert {
+				return moe.Expert{Gate: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)), Up: kernels.Pack(c.gateUp(cfg.Inter, cfg.Hidden)),
 					Down: kernels.Pack(c.down(cfg.Hidden, cfg.Inter))}
-			}
-			l, err := moe.New(cfg, w)
-			require.NoError(t, err)
+			})
 			ex, err := NewExperts(cuda.NewEmu(), l)
 			require.NoError(t, err)
 			defer ex.Close()
@@ -161,22 +151,7 @@ func TestNarrowResident(t *testing.T) {
 				require.Equal(t, fpg*groups, p.w.Factors.Bytes)
 			}
 			for _, T := range []int{1, 9} {
-				x := moetest.Input(uint64(T), T, cfg.Hidden, false)
-				for i, v := range x {
-					x[i] = half.BF16ToF32(half.F32ToBF16(v))
-				}
-				want := make([]float32, len(x))
-				l.SetExpertRunner(nil)
-				require.NoError(t, l.Forward(context.Background(), x, want))
-				got := make([]float32, len(x))
-				l.SetExpertRunner(ex)
-				require.NoError(t, l.Forward(context.Background(), x, got))
-				l.SetExpertRunner(nil)
-				ref := make([]float64, len(want))
-				for i, v := range want {
-					ref[i] = float64(v)
-				}
-				e := moetest.RelErr(got, ref)
+				e := emuRelErr(t, l, ex, T, cfg.Hidden)
 				t.Logf("%d tokens: relative error %.2e", T, e)
 				require.LessOrEqual(t, e, 1e-2)
 			}
@@ -192,6 +167,22 @@ func TestMixedScalesResident(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 4, TopK: 2, Inter: 96, Scoring: moe.Softmax,
 		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
 	rng := rand.New(rand.NewPCG(7, 8))
+	l := residentLayer(t, cfg, rng, func() moe.Expert {
+		g, _ := kerneltest.KQuantWeights(rng, kernels.UINT4, cfg.Inter, cfg.Hidden, 32, 0, 16, true)
+		u, _ := kerneltest.UINT4Weights(rng, cfg.Inter, cfg.Hidden, 32, true)
+		d, _ := kerneltest.UINT4Weights(rng, cfg.Hidden, cfg.Inter, 32, true)
+		return moe.Expert{Gate: kernels.Pack(g), Up: kernels.Pack(u), Down: kernels.Pack(d)}
+	})
+	ex, err := NewExperts(cuda.NewEmu(), l)
+	require.NoError(t, err)
+	defer ex.Close()
+	require.Equal(t, [2]int{0, 0}, [2]int{ex.routed.gate.Super, ex.routed.up.Super})
+	require.LessOrEqual(t, emuRelErr(t, l, ex, 3, cfg.Hidden), 1e-2)
+}
+
+// residentLayer is a layer of cfg with a random fp32 router and the
+// experts expert makes.
+func residentLayer(t *testing.T, cfg *moe.Config, rng *rand.Rand, expert func() moe.Expert) *moe.Layer {
 	router := make([]float32, cfg.NumExperts*cfg.Hidden)
 	for i := range router {
 		router[i] = float32(rng.NormFloat64() / 8)
@@ -201,22 +192,22 @@ func TestMixedScalesResident(t *testing.T) {
 	w.Gate, err = kernels.NewF32(cfg.NumExperts, cfg.Hidden, router)
 	require.NoError(t, err)
 	for e := range w.Experts {
-		g, _ := kerneltest.KQuantWeights(rng, kernels.UINT4, cfg.Inter, cfg.Hidden, 32, 0, 16, true)
-		u, _ := kerneltest.UINT4Weights(rng, cfg.Inter, cfg.Hidden, 32, true)
-		d, _ := kerneltest.UINT4Weights(rng, cfg.Hidden, cfg.Inter, 32, true)
-		w.Experts[e] = moe.Expert{Gate: kernels.Pack(g), Up: kernels.Pack(u), Down: kernels.Pack(d)}
+		w.Experts[e] = expert()
 	}
 	l, err := moe.New(cfg, w)
 	require.NoError(t, err)
-	ex, err := NewExperts(cuda.NewEmu(), l)
-	require.NoError(t, err)
-	defer ex.Close()
-	require.Equal(t, [2]int{0, 0}, [2]int{ex.routed.gate.Super, ex.routed.up.Super})
-	x := moetest.Input(3, 3, cfg.Hidden, false)
+	return l
+}
+
+// emuRelErr runs T tokens of bf16-exact input through l on the CPU and
+// with its experts on ex, and returns the relative error between them.
+func emuRelErr(t *testing.T, l *moe.Layer, ex *Experts, T, hidden int) float64 {
+	x := moetest.Input(uint64(T), T, hidden, false)
 	for i, v := range x {
 		x[i] = half.BF16ToF32(half.F32ToBF16(v))
 	}
 	want := make([]float32, len(x))
+	l.SetExpertRunner(nil)
 	require.NoError(t, l.Forward(context.Background(), x, want))
 	got := make([]float32, len(x))
 	l.SetExpertRunner(ex)
@@ -226,5 +217,5 @@ func TestMixedScalesResident(t *testing.T) {
 	for i, v := range want {
 		ref[i] = float64(v)
 	}
-	require.LessOrEqual(t, moetest.RelErr(got, ref), 1e-2)
+	return moetest.RelErr(got, ref)
 }
