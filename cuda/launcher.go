@@ -35,8 +35,10 @@ type Weights struct {
 	Factors Buffer
 	Super   int
 	// E8 (MXFP4): Scales holds the format's E8M0 bytes, a group's scale
-	// 2^(E−127) (4.25 bits a weight rather than 5).
-	E8 bool
+	// 2^(E−127) (4.25 bits a weight rather than 5). Half: Scales and
+	// Offsets hold fp16 values, as GGUF's Q8_0, Q4_0, Q4_1 and Q5_x blocks
+	// do (Q8_0: 8.5 bits a weight rather than 9, Q4_1 5 rather than 6).
+	E8, Half bool
 }
 
 // Epilogue is what a grouped GEMM computes around its products, each part
@@ -79,15 +81,35 @@ func BF16Weights(w Buffer) Weights { return Weights{W: w} }
 // sameFormat says whether a and b can be one launch's gate and up.
 func sameFormat(a, b Weights) bool {
 	return a.Format == b.Format && a.BlockRows == b.BlockRows && a.BlockCols == b.BlockCols && (a.Offsets.Bytes == 0) == (b.Offsets.Bytes == 0) &&
-		a.Super == b.Super && a.E8 == b.E8
+		a.Super == b.Super && a.E8 == b.E8 && a.Half == b.Half
 }
 
 // codeKind is the kernels' kind argument of an integer-code format.
+// The codes' kind in its low 4 bits, the scales' form (1: E8M0 bytes, 2:
+// fp16) from bit 4.
 func (w Weights) codeKind() int {
-	if w.Format == MXFP4 && w.E8 {
-		return 7
+	k := map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3, INT5: 4, UINT5: 5, INT6: 6}[w.Format]
+	switch {
+	case w.E8:
+		k |= 1 << 4
+	case w.Half:
+		k |= 2 << 4
 	}
-	return map[WeightFormat]int{MXFP4: 0, INT4: 1, UINT4: 2, INT8: 3, INT5: 4, UINT5: 5, INT6: 6}[w.Format]
+	return k
+}
+
+// HalfScales returns scales (or offsets) as fp16 values; false when one is
+// not exactly a finite fp16 value.
+func HalfScales(v []float32) ([]uint16, bool) {
+	out := make([]uint16, len(v))
+	for i, x := range v {
+		h := half.F32ToF16(x)
+		if half.F16ToF32(h) != x || math.IsInf(float64(x), 0) || math.IsNaN(float64(x)) {
+			return nil, false
+		}
+		out[i] = h
+	}
+	return out, true
 }
 
 // E8Scales returns MXFP4 scales (fp32, each a power of two) as E8M0 bytes,

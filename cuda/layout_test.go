@@ -42,3 +42,17 @@ func TestE8Scales(t *testing.T) {
 		require.False(t, ok, "%v", bad)
 	}
 }
+
+// TestHalfScales: scales that are finite fp16 values (subnormals and the
+// largest included) become their fp16 bits; any other value refuses the
+// whole set.
+func TestHalfScales(t *testing.T) {
+	in := []float32{0, float32(math.Ldexp(1, -24)), float32(math.Ldexp(3, -24)), float32(math.Ldexp(1025, -20)), 65504, -2.5, 0.099975586}
+	got, ok := cuda.HalfScales(in)
+	require.True(t, ok)
+	require.Equal(t, []uint16{0, 0x0001, 0x0003, 0x1401, 0x7bff, 0xc100, 0x2e66}, got)
+	for _, bad := range []float32{1e-3, float32(math.Ldexp(1, -25)), 65536, float32(math.Ldexp(2049, -11)), float32(math.NaN()), float32(math.Inf(1))} {
+		_, ok := cuda.HalfScales([]float32{1, bad})
+		require.False(t, ok, "%v", bad)
+	}
+}

@@ -112,9 +112,11 @@ __device__ __forceinline__ void loadFp8(uint16_t* dst, const Fp8Weights& q, int 
 // for each run of per groups along a row, [experts, N, K/(group·per)], and
 // factors each group's int8 sc (and m, interleaved, with offsets),
 // [experts, N, K/group(, 2)]: the group's scale is d·sc and its offset
-// −dmin·m, both exact in fp32, the same values as the CPU's. Kind 7 is
-// MXFP4 with its scales as the format holds them, an E8M0 byte a group
-// (scales then points at bytes): the scale 2^(E−127), exact.
+// −dmin·m, both exact in fp32, the same values as the CPU's. kind's bits
+// from 4 on say how the scales (and offsets) are held: 0 fp32; 1 an E8M0
+// byte a group (MXFP4's, scales then points at bytes), the scale
+// 2^(E−127); 2 fp16 (GGUF's Q8_0, Q4_0, Q4_1 and Q5_x, scales and offsets
+// then point at halves); all exact in fp32.
 struct CodeWeights {
   const uint8_t* w;
   const float* scales;
@@ -123,6 +125,19 @@ struct CodeWeights {
   const int8_t* factors;
   int per;
 };
+
+// halfToFloat is the value of the fp16 h (finite), exact.
+__device__ __forceinline__ float halfToFloat(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  float v;
+  if (e == 0) {
+    v = float(m) * 5.9604644775390625e-8f;  // m·2^−24
+  } else {
+    const uint32_t b = uint32_t(e - 15 + 127) << 23 | uint32_t(m) << 13;
+    memcpy(&v, &b, 4);
+  }
+  return h & 0x8000 ? -v : v;
+}
 
 __device__ __forceinline__ float nibbleValue(uint8_t n, int kind) {
   if (kind == 1) return float(int(n) - 8);
@@ -151,17 +166,20 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
   const int groups = K / q.group, fpg = q.offsets ? 2 : 1;  // factors a group
   const int sgroups = q.per > 0 ? groups / q.per : groups;
   const float* srow = q.scales + row * sgroups;
-  const uint8_t* erow = q.kind == 7 ? (const uint8_t*)q.scales + row * groups : nullptr;
+  const int kind = q.kind & 15, form = q.kind >> 4;  // the codes', the scales'
+  const uint8_t* erow = form == 1 ? (const uint8_t*)q.scales + row * groups : nullptr;
+  const uint16_t* hrow = form == 2 ? (const uint16_t*)q.scales + row * groups : nullptr;
+  const uint16_t* horow = form == 2 && q.offsets ? (const uint16_t*)q.offsets + row * groups : nullptr;
   const float* orow = q.offsets ? q.offsets + row * sgroups : nullptr;
   const int8_t* frow = q.per > 0 ? q.factors + row * groups * fpg : nullptr;
   for (int i = 0; i < 8; i++) {
     float c;
-    if (q.kind == 3) {
+    if (kind == 3) {
       c = float((int8_t)q.w[row * K + k + i]);
-    } else if (q.kind >= 4 && q.kind <= 6) {
-      c = float(narrowCode(q.w + row * (size_t)(K / 8) * (q.kind == 6 ? 6 : 5), k + i, K, q.kind));
+    } else if (kind >= 4) {
+      c = float(narrowCode(q.w + row * (size_t)(K / 8) * (kind == 6 ? 6 : 5), k + i, K, kind));
     } else {
-      c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, q.kind);
+      c = nibbleValue((q.w[(row * K + k) / 2 + i / 2] >> (4 * (i & 1))) & 15, kind);
     }
     const int g = (k + i) / q.group;
     float sc, off = 0.0f;
@@ -170,6 +188,9 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
       if (orow) off = orow[g / q.per] * float(frow[g * fpg + 1]);
     } else if (erow) {
       sc = ldexpf(1.0f, int(erow[g]) - 127);
+    } else if (hrow) {
+      sc = halfToFloat(hrow[g]);
+      if (horow) off = halfToFloat(horow[g]);
     } else {
       sc = srow[g];
       if (orow) off = orow[g];

@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=cc7602a59d699ad571424a762ebaab7a
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=7487dfb6b5176dc85244622a19c39144
 import "C"

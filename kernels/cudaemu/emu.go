@@ -298,8 +298,8 @@ func GroupedSwiGLUFP8Raw(a, gate, gs, up, us unsafe.Pointer, br, bc int, sorted,
 // GroupedGEMMCodesRaw launches the grouped GEMM on integer-code weights w
 // with a scale (and, wo not nil, an offset) per group of k, or with
 // K-quant factors wf (per > 0: see grouped_gemm.cu's CodeWeights); kind:
-// 0 MXFP4, 1 INT4, 2 UINT4, 3 INT8, 4–6 5- and 6-bit codes, 7 MXFP4 with
-// E8M0 scale bytes.
+// 0 MXFP4, 1 INT4, 2 UINT4, 3 INT8, 4–6 5- and 6-bit codes, plus 16 for
+// E8M0 scale bytes, 32 for fp16 scales and offsets.
 func GroupedGEMMCodesRaw(a, w, ws, wo unsafe.Pointer, group, kind int, wf unsafe.Pointer, per int, sorted, blockExpert unsafe.Pointer, paddedRows, topK, pairs int,
 	gatherA bool, N, K int, weights unsafe.Pointer, ep Epilogue, c unsafe.Pointer) {
 	g := 0

@@ -91,8 +91,8 @@ func uploadAs(bs *cuda.Buffers, ms ...[]kernels.Matrix) []cuda.Weights {
 		// all (one launch's gate and up must agree): each reads every code
 		// or scale.
 		f, super := codeFormat(ms...), superSize(ms...)
-		e8 := f == cuda.MXFP4 && e8Stack(ms...)
-		put = func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights { return uploadCodes(bs, ms, f, super, e8) }
+		form := scaleForm(f, super, ms...)
+		put = func(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights { return uploadCodes(bs, ms, f, super, form) }
 	default:
 		put = uploadBF16
 	}
@@ -174,9 +174,9 @@ func codeStack(groups ...[]kernels.Matrix) bool {
 // uploadCodes uploads integer-code matrices as they are stored, in format
 // f (see codeFormat): the codes, the scales and the offsets (if any) of
 // each, stacked; as the K-quants' factors (cuda.Weights' Super) in
-// super-blocks of super groups (see superSize), and MXFP4's as their
-// E8M0 bytes (cuda.Weights' E8) with e8 (see e8Stack).
-func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat, super int, e8 bool) cuda.Weights {
+// super-blocks of super groups (see superSize), or in form (see
+// scaleForm).
+func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat, super int, form scaleHeld) cuda.Weights {
 	var w []uint8
 	var sc, off []float32
 	var fac []int8
@@ -202,13 +202,22 @@ func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat, sup
 	}
 	d := bs.Device()
 	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), BlockRows: 1, BlockCols: group, Super: super}
-	if b, ok := cuda.E8Scales(sc); e8 && ok { // the format's bytes
+	b, okE8 := cuda.E8Scales(sc)
+	hs, okS := cuda.HalfScales(sc)
+	ho, okO := cuda.HalfScales(off)
+	switch {
+	case form == e8Scales && okE8: // the format's bytes
 		wt.Scales, wt.E8 = bs.Put(cuda.Upload(d, b)), true
-	} else {
+	case form == halfScales && okS && okO:
+		wt.Scales, wt.Half = bs.Put(cuda.Upload(d, hs)), true
+		if off != nil {
+			wt.Offsets = bs.Put(cuda.Upload(d, ho))
+		}
+	default:
 		wt.Scales = bs.Put(cuda.Upload(d, sc))
-	}
-	if off != nil {
-		wt.Offsets = bs.Put(cuda.Upload(d, off))
+		if off != nil {
+			wt.Offsets = bs.Put(cuda.Upload(d, off))
+		}
 	}
 	if super > 0 {
 		wt.Factors = bs.Put(cuda.Upload(d, fac))
@@ -234,18 +243,45 @@ func superSize(groups ...[]kernels.Matrix) int {
 	return per
 }
 
-// e8Stack says whether every scale of the MXFP4 matrices is an E8M0 power
-// of two (see cuda.E8Scales).
-func e8Stack(groups ...[]kernels.Matrix) bool {
+// scaleHeld is how a code stack's scales are held on the device.
+type scaleHeld uint8
+
+const (
+	fp32Scales scaleHeld = iota
+	e8Scales             // MXFP4's E8M0 bytes
+	halfScales           // fp16, scales and offsets
+)
+
+// scaleForm is how the scales of code stacks in format f (K-quant factors
+// in super-blocks of super groups, 0: none) are held on the device: as
+// MXFP4's E8M0 bytes when every scale is an E8M0 power of two (see
+// cuda.E8Scales), as fp16 when every scale and offset is an fp16 value
+// (see cuda.HalfScales), else fp32. The stacks of one launch share it.
+func scaleForm(f cuda.WeightFormat, super int, groups ...[]kernels.Matrix) scaleHeld {
+	if super > 0 {
+		return fp32Scales // the factors' d and −dmin
+	}
+	e8, h := f == cuda.MXFP4, true
 	for _, ms := range groups {
 		for _, m := range ms {
-			_, scales, _, _, _ := m.CodeData()
-			if _, ok := cuda.E8Scales(scales); !ok {
-				return false
+			_, scales, offsets, _, _ := m.CodeData()
+			if e8 {
+				_, e8 = cuda.E8Scales(scales)
+			}
+			if h {
+				_, okS := cuda.HalfScales(scales)
+				_, okO := cuda.HalfScales(offsets)
+				h = okS && okO
 			}
 		}
 	}
-	return true
+	switch {
+	case e8:
+		return e8Scales
+	case h:
+		return halfScales
+	}
+	return fp32Scales
 }
 
 func uploadBF16(bs *cuda.Buffers, ms []kernels.Matrix) cuda.Weights {

@@ -71,7 +71,8 @@ func TestQuantizedResident(t *testing.T) {
 }
 
 // TestNarrowResident: GGUF's 5- and 6-bit codes stay in their bits on the
-// device (a row's low nibbles, then a plane a high bit), and a layer whose
+// device (a row's low nibbles, then a plane a high bit), the K-quants'
+// factors and Q8_0's and Q4_1's fp16 scales as the file holds them, and a layer whose
 // projections are stored differently (Q4_K_M: Q4_K gate and up, Q6_K
 // down) keeps each projection's format rather than widening all three to
 // bf16; the experts run on the emulation give the CPU layer's output
@@ -98,6 +99,32 @@ func TestNarrowResident(t *testing.T) {
 		m, _ := kerneltest.KQuantWeights(rng, kernels.UINT4, rows, cols, 32, 0, 16, true)
 		return m
 	}
+	// GGUF's Q8_0 and Q4_1: fp16 scales (and offsets), held so on the device.
+	f16 := func(n int, lo, span float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = half.F16ToF32(half.F32ToF16(float32(lo + rng.Float64()*span)))
+		}
+		return v
+	}
+	q80 := func(rows, cols int) kernels.Matrix {
+		codes := make([]int8, rows*cols)
+		for i := range codes {
+			codes[i] = int8(rng.IntN(255) - 127)
+		}
+		m, err := kernels.NewINT8(rows, cols, 32, codes, f16(rows*cols/32, 1e-4, 1e-3), nil)
+		require.NoError(t, err)
+		return m
+	}
+	q41 := func(rows, cols int) kernels.Matrix {
+		packed := make([]uint8, rows*cols/2)
+		for i := range packed {
+			packed[i] = uint8(rng.IntN(256))
+		}
+		m, err := kernels.NewUINT4(rows, cols, 32, packed, f16(rows*cols/32, 1e-3, 1e-2), f16(rows*cols/32, -0.08, 0.01))
+		require.NoError(t, err)
+		return m
+	}
 	for _, c := range []struct {
 		name              string
 		gateUp, down      func(rows, cols int) kernels.Matrix
@@ -108,11 +135,14 @@ func TestNarrowResident(t *testing.T) {
 		// factors' (see kerneltest.KQuantWeights), but for super-blocks of
 		// one group (Q5_K's down, 3 groups a row).
 		super, super2 int
+		half          bool // fp16 scales and offsets on the device
 	}{
-		{"q4_k_m", q4k, q6k, cuda.UINT4, cuda.INT6, 4, 6, true, false, 2, 2},
-		{"q5_k", q5k, q5k, cuda.UINT5, cuda.UINT5, 5, 5, true, true, 2, 0},
-		{"q5_0", q50, q50, cuda.INT5, cuda.INT5, 5, 5, false, false, 0, 0},
-		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false, 4, 2},
+		{"q4_k_m", q4k, q6k, cuda.UINT4, cuda.INT6, 4, 6, true, false, 2, 2, false},
+		{"q5_k", q5k, q5k, cuda.UINT5, cuda.UINT5, 5, 5, true, true, 2, 0, false},
+		{"q5_0", q50, q50, cuda.INT5, cuda.INT5, 5, 5, false, false, 0, 0, false},
+		{"q6_k", q6k, q6k, cuda.INT6, cuda.INT6, 6, 6, false, false, 4, 2, false},
+		{"q8_0", q80, q80, cuda.INT8, cuda.INT8, 8, 8, false, false, 0, 0, true},
+		{"q4_1", q41, q41, cuda.UINT4, cuda.UINT4, 4, 4, true, true, 0, 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := residentLayer(t, cfg, rng, func() moe.Expert {
@@ -137,8 +167,16 @@ func TestNarrowResident(t *testing.T) {
 			}{{st.gate, c.super}, {st.up, c.super}, {st.down, c.super2}} {
 				groups := weights / int64(p.w.BlockCols)
 				require.Equal(t, p.super, p.w.Super)
+				require.Equal(t, c.half, p.w.Half)
 				if p.super == 0 {
-					require.Equal(t, 4*groups, p.w.Scales.Bytes)
+					size := int64(4)
+					if c.half {
+						size = 2
+					}
+					require.Equal(t, size*groups, p.w.Scales.Bytes)
+					if p.w.Offsets.Bytes > 0 {
+						require.Equal(t, size*groups, p.w.Offsets.Bytes)
+					}
 					require.Zero(t, p.w.Factors.Bytes)
 					continue
 				}
