@@ -112,18 +112,23 @@ func TestGateApply(t *testing.T) {
 	}
 }
 
-// TestGateKernels checks that every implementation's rows are the Go
-// loop's bits, over lengths with and without a tail.
+// TestGateKernels checks that every implementation's rows, and the Go
+// loop's four columns at a time, are apply's bits, over lengths with and
+// without a tail.
 func TestGateKernels(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	g, u := gateInputs(rng, 4099)
-	for _, s := range simds {
-		if s.gate == nil {
-			continue
+	for _, s := range append([]*simd{nil}, simds...) {
+		impl := "go"
+		if s != nil {
+			if s.gate == nil {
+				continue
+			}
+			impl = s.name
 		}
 		for name, p := range gateCases() {
-			for _, n := range []int{0, 1, 7, 8, 9, 16, 63, 1408, 4099} {
-				t.Run(fmt.Sprintf("%s/%s/%d", s.name, name, n), func(t *testing.T) {
+			for _, n := range []int{0, 1, 3, 7, 8, 9, 16, 63, 1408, 4099} {
+				t.Run(fmt.Sprintf("%s/%s/%d", impl, name, n), func(t *testing.T) {
 					h := make([]float32, n)
 					prev := active
 					active = s
