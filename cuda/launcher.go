@@ -21,8 +21,9 @@ type Weights struct {
 	W      Buffer // bf16 values, FP8 bytes, 4-bit nibbles (two a byte, the even k low), int8 codes, or 5- and 6-bit codes' rows (see NarrowCodes)
 	// Scales, fp32: FP8 [experts, ceil(N/BlockRows), ceil(K/BlockCols)];
 	// the integer codes [experts, N, K/BlockCols] (BlockRows 1, BlockCols
-	// the group). Offsets, fp32, as Scales, for UINT4, INT8 and UINT5 codes
-	// that have them (the zero Buffer: none).
+	// the group; E8M0 bytes with E8, fp16 with Half, the factors' d with
+	// Super). Offsets, as Scales, for UINT4, INT8 and UINT5 codes that have
+	// them (the zero Buffer: none).
 	Scales, Offsets      Buffer
 	BlockRows, BlockCols int
 	// Super > 0: the codes' scales as GGUF's K-quants factor them, Super

@@ -163,15 +163,18 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
     return;
   }
   const size_t row = (size_t)e * N + n;
-  const int groups = K / q.group, fpg = q.offsets ? 2 : 1;  // factors a group
+  const bool offsets = q.offsets != nullptr;
+  const int groups = K / q.group, fpg = offsets ? 2 : 1;  // factors a group
   const int sgroups = q.per > 0 ? groups / q.per : groups;
-  const float* srow = q.scales + row * sgroups;
   const int kind = q.kind & 15, form = q.kind >> 4;  // the codes', the scales'
+  // Each form's rows (the others null): fp32 (scales, or the factors' d
+  // and −dmin), E8M0 bytes, fp16.
+  const float* srow = form == 0 ? q.scales + row * sgroups : nullptr;
+  const float* orow = form == 0 && offsets ? q.offsets + row * sgroups : nullptr;
+  const int8_t* frow = q.per > 0 ? q.factors + row * groups * fpg : nullptr;
   const uint8_t* erow = form == 1 ? (const uint8_t*)q.scales + row * groups : nullptr;
   const uint16_t* hrow = form == 2 ? (const uint16_t*)q.scales + row * groups : nullptr;
-  const uint16_t* horow = form == 2 && q.offsets ? (const uint16_t*)q.offsets + row * groups : nullptr;
-  const float* orow = q.offsets ? q.offsets + row * sgroups : nullptr;
-  const int8_t* frow = q.per > 0 ? q.factors + row * groups * fpg : nullptr;
+  const uint16_t* horow = form == 2 && offsets ? (const uint16_t*)q.offsets + row * groups : nullptr;
   for (int i = 0; i < 8; i++) {
     float c;
     if (kind == 3) {
@@ -195,7 +198,7 @@ __device__ __forceinline__ void loadCodes(uint16_t* dst, const CodeWeights& q, i
       sc = srow[g];
       if (orow) off = orow[g];
     }
-    dst[i] = bf16Round(orow ? fmaf(c, sc, off) : c * sc);
+    dst[i] = bf16Round(offsets ? fmaf(c, sc, off) : c * sc);
   }
 }
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -353,5 +354,46 @@ func TestGroupedGEMM(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHalfScales: integer codes with fp16 scales (the scales' form 2 of
+// the kernel's kind) dequantize each scale exactly: a GEMM of one token
+// (1 at k = 0) against rows of code 1 at k = 0 returns each row's weight,
+// bf16(scale), for every fp16 subnormal, a sweep of the normals, the
+// largest, their negatives and zero, against Go's fp16 reading.
+func TestHalfScales(t *testing.T) {
+	var hs []uint16
+	for h := uint16(1); h < 0x0400; h++ { // the subnormals
+		hs = append(hs, h)
+	}
+	for h := uint16(0x0400); h < 0x7c00; h += 7 { // the normals, every 7th
+		hs = append(hs, h)
+	}
+	hs = append(hs, 0x7bff)
+	for _, h := range hs[:len(hs):len(hs)] {
+		hs = append(hs, h|0x8000)
+	}
+	hs = append(hs, 0) // (−0's product sums to +0 in the GEMM, as on the CPU)
+	const K = 32
+	N := len(hs)
+	codes := make([]int8, N*K)
+	for n := range N {
+		codes[n*K] = 1
+	}
+	a := make([]uint16, K)
+	a[0] = half.F32ToBF16(1)
+	lay, blockExpert, err := cudaemu.Align([]int32{0}, 1, 1, 0, 1, cudaemu.GemmBlock)
+	require.NoError(t, err)
+	c := make([]float32, len(lay.Pairs)*N)
+	const int8Codes, halfScales = 3, 2 << 4
+	cudaemu.GroupedGEMMCodesRaw(unsafe.Pointer(&a[0]), unsafe.Pointer(&codes[0]), unsafe.Pointer(&hs[0]), nil, K, int8Codes|halfScales,
+		nil, 0, unsafe.Pointer(&lay.Pairs[0]), unsafe.Pointer(&blockExpert[0]), len(lay.Pairs), 1, 1, true, N, K, nil, cudaemu.Epilogue{},
+		unsafe.Pointer(&c[0]))
+	row := slices.Index(lay.Pairs, 0)
+	require.GreaterOrEqual(t, row, 0)
+	for n, h := range hs {
+		want := half.BF16ToF32(half.F32ToBF16(half.F16ToF32(h)))
+		require.Equal(t, math.Float32bits(want), math.Float32bits(c[row*N+n]), "fp16 %#04x", h)
 	}
 }

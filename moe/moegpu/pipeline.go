@@ -202,15 +202,15 @@ func uploadCodes(bs *cuda.Buffers, ms []kernels.Matrix, f cuda.WeightFormat, sup
 	}
 	d := bs.Device()
 	wt := cuda.Weights{Format: f, W: bs.Put(cuda.Upload(d, w)), BlockRows: 1, BlockCols: group, Super: super}
-	b, okE8 := cuda.E8Scales(sc)
-	hs, okS := cuda.HalfScales(sc)
-	ho, okO := cuda.HalfScales(off)
-	switch {
-	case form == e8Scales && okE8: // the format's bytes
+	switch form { // scaleForm checked that every value converts
+	case e8Scales: // the format's bytes
+		b, _ := cuda.E8Scales(sc)
 		wt.Scales, wt.E8 = bs.Put(cuda.Upload(d, b)), true
-	case form == halfScales && okS && okO:
+	case halfScales:
+		hs, _ := cuda.HalfScales(sc)
 		wt.Scales, wt.Half = bs.Put(cuda.Upload(d, hs)), true
 		if off != nil {
+			ho, _ := cuda.HalfScales(off)
 			wt.Offsets = bs.Put(cuda.Upload(d, ho))
 		}
 	default:

@@ -159,8 +159,9 @@ func TestNarrowResident(t *testing.T) {
 			require.Equal(t, weights*c.bits/8, st.down.W.Bytes)
 			require.Equal(t, c.offsets, st.gate.Offsets.Bytes > 0)
 			require.Equal(t, c.offsets2, st.down.Offsets.Bytes > 0)
-			// The scales' bytes: fp32 a group, or fp32 a super-block and
-			// a byte a group (two with offsets).
+			// The scales' bytes: fp32 (fp16 for Q8_0's and Q4_1's) a
+			// group, or fp32 a super-block and a byte a group (two with
+			// offsets).
 			for _, p := range []struct {
 				w     cuda.Weights
 				super int
