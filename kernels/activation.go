@@ -102,7 +102,7 @@ type gate struct {
 	// nalpha is −alpha; limit g's upper clamp and ulimit u's symmetric
 	// one (+∞: none); c is added to u (−0 adds nothing, keeping −0).
 	nalpha, limit, ulimit, c float64
-	gelu                     bool       // t is GELU's (nalpha, the clamps and c unused)
+	gelu                     bool       // t is GELU's (nalpha and the clamps unused)
 	prm                      [5]float64 // the kernels': nalpha, limit, ulimit, −ulimit, c
 }
 

@@ -251,6 +251,16 @@ func (m Matrix) CodeData() (data []uint8, scales, offsets []float32, group int, 
 	return data, scales, offsets, m.q.cols, true
 }
 
+// CodeScales returns CodeData's scales and offsets alone (copies where m
+// is packed), without the codes; nil for the other dtypes.
+func (m Matrix) CodeScales() (scales, offsets []float32) {
+	switch m.DType {
+	case MXFP4, INT4, UINT4, INT8:
+		return m.formatScales()
+	}
+	return nil, nil
+}
+
 // nibble is the nibble of element [i, j] of a 4-bit matrix, in any
 // layout.
 func (m Matrix) nibble(i, j int) uint8 {

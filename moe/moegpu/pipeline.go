@@ -264,7 +264,10 @@ func scaleForm(f cuda.WeightFormat, super int, groups ...[]kernels.Matrix) scale
 	e8, h := f == cuda.MXFP4, true
 	for _, ms := range groups {
 		for _, m := range ms {
-			_, scales, offsets, _, _ := m.CodeData()
+			if !e8 && !h {
+				return fp32Scales
+			}
+			scales, offsets := m.CodeScales()
 			if e8 {
 				_, e8 = cuda.E8Scales(scales)
 			}
