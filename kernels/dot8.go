@@ -107,7 +107,7 @@ const dot8Block = 32
 // row l's step i at bit 4l + i.
 const dot8Unit = 8
 
-// PackInt8Dot returns m, a UINT4, INT8 or MXFP4 matrix whose groups are
+// PackInt8Dot returns m, a UINT4, INT8, MXFP4 or INT4 matrix whose groups are
 // 8, 16 or 32 columns and whose columns are whole blocks of 32, packed for the
 // int8-dot mode: its products are computed as the mode defines (see
 // Numerics) by every kernel call, on every implementation. At and RowF32
@@ -121,12 +121,14 @@ const dot8Unit = 8
 // plus 32; the products are the same integers either way. MXFP4's codes
 // are twice its e2m1 values (integers in [−12, 12]) and its scales half
 // its blocks' (2^(E−128)): the nibbles stay, a kernel looks their codes up.
+// INT4's nibbles (GGUF's Q4_0) are the codes plus 8, as stored: a kernel
+// takes 8·S off a group's integer sum.
 func PackInt8Dot(m Matrix) (Matrix, error) {
 	if m.dot8 {
 		return m, nil
 	}
-	if m.DType != UINT4 && m.DType != INT8 && m.DType != MXFP4 {
-		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need UINT4, INT8 or MXFP4 weights, have %v", m.DType)
+	if m.DType != UINT4 && m.DType != INT8 && m.DType != MXFP4 && m.DType != INT4 {
+		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need UINT4, INT8, MXFP4 or INT4 weights, have %v", m.DType)
 	}
 	if g := m.q.cols; dot8Block%g != 0 || g%dot8Unit != 0 || m.Cols%dot8Block != 0 {
 		return Matrix{}, fmt.Errorf("kernels: int8dot numerics need groups of 8, 16 or 32 and whole blocks of %d columns, have groups of %d over %d", dot8Block, g, m.Cols)
@@ -178,7 +180,7 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		l := i % PanelWidth
 		row := p.u8[(i-l)/PanelWidth*m.Cols/dot8Unit*unit:]
 		switch {
-		case m.DType == UINT4 || m.DType == MXFP4:
+		case m.DType.Bits() == 4:
 			for u := 0; u < m.Cols; u += dot8Unit {
 				at := u/dot8Unit*64 + 4*l
 				for r := range 4 {
@@ -241,7 +243,7 @@ func (m Matrix) narrowCodes(row []uint8) (planes, bias uint8) {
 // the int8-dot matrix m.
 func (m Matrix) dot8UnitBytes() int {
 	switch {
-	case m.DType == UINT4 || m.DType == MXFP4:
+	case m.DType.Bits() == 4:
 		return 64
 	case m.planes > 0:
 		return 64 + 16*int(m.planes)
@@ -257,19 +259,19 @@ func (m Matrix) codeBits() int {
 	return m.DType.Bits()
 }
 
-// codeRow writes row i's integer codes (UINT4: 0…15; MXFP4: its nibbles;
-// INT8: the int8's bits) to dst [Cols], from m's plain or packed layout (not an int8-dot
+// codeRow writes row i's integer codes (UINT4: 0…15; MXFP4 and INT4: their
+// nibbles; INT8: the int8's bits) to dst [Cols], from m's plain or packed layout (not an int8-dot
 // one): code for a whole row, its layout's arithmetic out of the loop.
 func (m Matrix) codeRow(i int, dst []uint8) {
 	l := i % PanelWidth
 	switch {
-	case (m.DType == UINT4 || m.DType == MXFP4) && m.packed: // a byte a step pair, 16 rows side by side
+	case m.DType.Bits() == 4 && m.packed: // a byte a step pair, 16 rows side by side
 		src := m.u8[(i-l)*m.Cols/2+l:]
 		for j := 0; j < len(dst); j += 2 {
 			b := src[j/2*PanelWidth]
 			dst[j], dst[j+1] = b&15, b>>4
 		}
-	case m.DType == UINT4 || m.DType == MXFP4: // row-major nibbles, the low one first
+	case m.DType.Bits() == 4: // row-major nibbles, the low one first
 		for j := range dst {
 			k := i*m.Cols + j
 			dst[j] = m.u8[k/2] >> (4 * (k & 1)) & 15
@@ -383,7 +385,8 @@ func (q *blockScales) kmetaAt(g int, min bool) (float32, int8) {
 const dot8Run = tileCols / PanelWidth
 
 // code is the integer code of element [i, j] of a UINT4 or INT8 matrix,
-// or of an int8-dot MXFP4 one (twice its e2m1 value).
+// or of an int8-dot MXFP4 one (twice its e2m1 value) or INT4 one (its
+// nibble less 8).
 func (m Matrix) code(i, j int) int {
 	if m.dot8 {
 		at, shift := m.dot8Index(i, j)
@@ -392,6 +395,8 @@ func (m Matrix) code(i, j int) int {
 			return int(m.u8[at] >> shift & 15)
 		case m.DType == MXFP4: // twice the e2m1 value
 			return int(2 * m.lut[m.u8[at]>>shift&15])
+		case m.DType == INT4:
+			return int(m.lut[m.u8[at]>>shift&15])
 		case m.planes > 0:
 			c := int(m.u8[at] >> shift & 15)
 			l, u, r := i%PanelWidth, j/dot8Unit, j%dot8Unit
@@ -638,11 +643,11 @@ type dot8KTable = [maxDot8Rows + 1][]dot8KFunc
 
 // dot8Kernels are an implementation's int8-dot kernels by weight dtype
 // (UINT4, INT8, INT8 codes of 5 bits signed or unsigned and of 6 bits
-// signed, see PackInt8Dot, and MXFP4), with offsets or without, and on
-// K-quant factors.
+// signed, see PackInt8Dot, MXFP4 and INT4), with offsets or without, and
+// on K-quant factors.
 type dot8Kernels struct {
-	u4, u4m, i8, i8m, s5, u5m, s6, m4 dot8Table
-	u4km, i8k, i8km, u5km, s6k        dot8KTable
+	u4, u4m, i8, i8m, s5, u5m, s6, m4, s4 dot8Table
+	u4km, i8k, i8km, u5km, s6k            dot8KTable
 }
 
 // tables returns s's kernels for the int8-dot matrix b: by its scales, or
@@ -652,6 +657,8 @@ func (s *dot8Kernels) tables(b Matrix) (t *dot8Table, k *dot8KTable) {
 	switch {
 	case b.DType == MXFP4:
 		return &s.m4, nil
+	case b.DType == INT4:
+		return &s.s4, nil
 	case b.planes == 1 && b.bias != 0:
 		return &s.s5, nil
 	case b.planes == 1:

@@ -14,7 +14,7 @@ import (
 
 // dot8Cases are the matrices of the int8-dot tests: UINT4 and INT8, with
 // offsets and without, in groups of 32, 16 and 8; with K-quant factors;
-// MXFP4; INT8 codes of 5 and 6 bits.
+// MXFP4; INT4 (Q4_0's) in groups of 32 and 8; INT8 codes of 5 and 6 bits.
 func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 	out := map[string]Matrix{}
 	for _, g := range []int{32, 16, 8} {
@@ -126,6 +126,22 @@ func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 		panic(err)
 	}
 	out["mxfp4"] = m4
+	// INT4: nibbles the codes plus 8, signed scales (Q4_0's blocks).
+	for _, g := range []int{32, 8} {
+		nib := make([]uint8, rows*cols/2)
+		for i := range nib {
+			nib[i] = uint8(rng.IntN(256))
+		}
+		scales := make([]float32, rows*cols/g)
+		for i := range scales {
+			scales[i] = float32((rng.Float64()*2 - 1) * 0.01)
+		}
+		m, err := NewINT4(rows, cols, g, nib, scales)
+		if err != nil {
+			panic(err)
+		}
+		out[fmt.Sprintf("int4 g%d", g)] = m
+	}
 	// INT8 codes of 5 and 6 bits (GGUF's Q5_0, Q5_1, Q6_K without their
 	// factors; Q5_K with them), which PackInt8Dot holds in that many bits.
 	for _, c := range []struct {
@@ -206,9 +222,12 @@ func dot8Reference(x []float32, m Matrix, n int) float32 {
 			for k := g0; k < g0+g; k++ {
 				qv := int64(math.RoundToEven(float64(x[k] * inv)))
 				var c int64
-				if m.DType == MXFP4 { // twice the e2m1 value
+				switch m.DType {
+				case MXFP4: // twice the e2m1 value
 					c = int64(2 * e2m1[m.nibble(n, k)])
-				} else {
+				case INT4: // the nibble less 8
+					c = int64(m.nibble(n, k)) - 8
+				default:
 					c = int64(m.code(n, k))
 				}
 				I += qv * c
@@ -454,7 +473,11 @@ func TestInt8DotRefused(t *testing.T) {
 	f, err := NewF32(2, 32, make([]float32, 64))
 	require.NoError(t, err)
 	_, err = PackInt8Dot(f)
-	require.ErrorContains(t, err, "int8dot numerics need UINT4, INT8 or MXFP4 weights, have F32")
+	require.ErrorContains(t, err, "int8dot numerics need UINT4, INT8, MXFP4 or INT4 weights, have F32")
+	i4, err := NewINT4(2, 256, 128, make([]uint8, 256), []float32{1, 1, 1, 1}) // compressed-tensors' groups of 128
+	require.NoError(t, err)
+	_, err = PackInt8Dot(i4)
+	require.ErrorContains(t, err, "need groups of 8, 16 or 32 and whole blocks of 32 columns, have groups of 128 over 256")
 	q, err := NewINT8(2, 64, 64, make([]int8, 128), []float32{1, 1}, nil)
 	require.NoError(t, err)
 	_, err = PackInt8Dot(q)
@@ -472,7 +495,8 @@ func TestInt8DotRefused(t *testing.T) {
 // TestInt8DotExtremes: the largest codes against the largest activations
 // (±127 in every step of a group of 32), where the AVX2 kernels' int16
 // pair sums are nearest their bounds (UINT4: 15·127 a product, a group's
-// 30480 summed in int16; INT8: −128·−127 = 16256, a pair 32512; 5- and
+// 30480 summed in int16, and INT4's the same nibbles less 8·S at the end;
+// INT8: −128·−127 = 16256, a pair 32512; 5- and
 // 6-bit codes: four products 32004): the reference's bits on every
 // implementation, with offsets and without.
 func TestInt8DotExtremes(t *testing.T) {
@@ -512,6 +536,9 @@ func TestInt8DotExtremes(t *testing.T) {
 		require.NoError(t, err)
 		ms = append(ms, u, c)
 	}
+	i4, err := NewINT4(rows, cols, 32, nib, scales) // the nibbles as INT4's: codes −8 and 7, stored plus 8
+	require.NoError(t, err)
+	ms = append(ms, i4)
 	// Codes of 5 and 6 bits (see PackInt8Dot) at their ends: stored as
 	// 0 or the largest (31, 63), the AVX2 kernels' four products a lane
 	// at most 4·63·127 = 32004 in int16.

@@ -295,6 +295,12 @@ var dot8AVX512 = dot8Kernels{
 		3: {1: dot8AVX512M4x3p1, 2: dot8AVX512M4x3p2},
 		4: {1: dot8AVX512M4x4p1, 2: dot8AVX512M4x4p2},
 	},
+	s4: dot8Table{
+		1: {1: dot8AVX512S4x1p1, 2: dot8AVX512S4x1p2, 3: dot8AVX512S4x1p3, 4: dot8AVX512S4x1p4},
+		2: {1: dot8AVX512S4x2p1, 2: dot8AVX512S4x2p2, 3: dot8AVX512S4x2p3, 4: dot8AVX512S4x2p4},
+		3: {1: dot8AVX512S4x3p1, 2: dot8AVX512S4x3p2},
+		4: {1: dot8AVX512S4x4p1, 2: dot8AVX512S4x4p2},
+	},
 }
 
 // dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).
@@ -350,6 +356,10 @@ var dot8AVX2 = dot8Kernels{
 	m4: dot8Table{
 		1: {1: dot8AVX2M4x1},
 		2: {1: dot8AVX2M4x2},
+	},
+	s4: dot8Table{
+		1: {1: dot8AVX2S4x1},
+		2: {1: dot8AVX2S4x2},
 	},
 }
 

@@ -17027,6 +17027,243 @@ dot8AVX2M4x2_store:
 	VZEROUPPER
 	RET
 
+// func dot8AVX2S4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S4x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2S4x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2S4x1_start
+
+dot8AVX2S4x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2S4x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2S4x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2S4x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S4x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX2S4x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VPMADDWD     Y1, Y3, Y3
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x04, Y6, Y6
+	VPSUBD       Y6, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y6
+	VMULPS       (DX), Y6, Y6
+	VFMADD231PS  Y6, Y3, Y2
+	VPMADDWD     Y1, Y5, Y5
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x04, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(DX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2S4x1_group
+
+dot8AVX2S4x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2S4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·dot8AVX2S4x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2S4x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2S4x2_start
+
+dot8AVX2S4x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2S4x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2S4x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2S4x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2S4x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2S4x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VPMADDWD     Y1, Y3, Y3
+	VPBROADCASTD 8(CX), Y10
+	VPSRAD       $0x04, Y10, Y10
+	VPSUBD       Y10, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y10
+	VMULPS       (BX), Y10, Y10
+	VFMADD231PS  Y10, Y3, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x04, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       (BX), Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VPMADDWD     Y1, Y5, Y5
+	VPBROADCASTD 8(CX), Y3
+	VPSRAD       $0x04, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y5, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x04, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y3
+	VMULPS       32(BX), Y3, Y3
+	VFMADD231PS  Y3, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2S4x2_group
+
+dot8AVX2S4x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
 // func quant8AVX2G8(out *byte, x *float32, blocks int)
 // Requires: AVX, AVX2
 TEXT ·quant8AVX2G8(SB), NOSPLIT, $0-24
@@ -82642,6 +82879,1470 @@ dot8AVX512M4x4p2_store:
 	ADDQ    CX, AX
 	VMOVUPS Z14, (AX)
 	VMOVUPS Z16, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512S4x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z1
+	JMP     dot8AVX512S4x1p1_start
+
+dot8AVX512S4x1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+dot8AVX512S4x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512S4x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512S4x1p1_store
+	VPXORD Z2, Z2, Z2
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z4
+	VPANDD       Z0, Z4, Z3
+	VPSRLW       $0x04, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VPBROADCASTD (AX), Z5
+	VPBROADCASTD 4(AX), Z6
+	VPDPBUSD     Z5, Z3, Z2
+	VPDPBUSD     Z6, Z4, Z2
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX512S4x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VBROADCASTSS (AX), Z3
+	VPBROADCASTD 8(AX), Z4
+	VPSRAD       $0x04, Z4, Z4
+	VPSUBD       Z4, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (DX), Z3, Z3
+	VFMADD231PS  Z3, Z2, Z1
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512S4x1p1_group
+
+dot8AVX512S4x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S4x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	VMOVUPS 64(SI), Z3
+	JMP     dot8AVX512S4x1p2_start
+
+dot8AVX512S4x1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512S4x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S4x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S4x1p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMOVDQU64    (DX)(DI*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z5, Z2
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z6, Z2
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512S4x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4160(BX)
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSRAD       $0x04, Z6, Z6
+	VPSUBD       Z6, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (BX), Z5, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VPSUBD       Z6, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(BX), Z5, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S4x1p2_group
+
+dot8AVX512S4x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S4x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	VMOVUPS 128(DI), Z5
+	JMP     dot8AVX512S4x1p3_start
+
+dot8AVX512S4x1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S4x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S4x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S4x1p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMOVDQU64    (BX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (DX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z7, Z2
+	VPDPBUSD     Z13, Z9, Z4
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z8, Z2
+	VPDPBUSD     Z14, Z10, Z4
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512S4x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4224(SI)
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x04, Z8, Z8
+	VPSUBD       Z8, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (SI), Z7, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(SI), Z7, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VPSUBD       Z8, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       128(SI), Z7, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S4x1p3_group
+
+dot8AVX512S4x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S4x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	VMOVUPS 192(R8), Z7
+	JMP     dot8AVX512S4x1p4_start
+
+dot8AVX512S4x1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S4x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S4x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S4x1p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMOVDQU64    (SI)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (DX)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z9, Z2
+	VPDPBUSD     Z17, Z11, Z4
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z10, Z2
+	VPDPBUSD     Z18, Z12, Z4
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512S4x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	PREFETCHT0   4288(DI)
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (DI), Z9, Z11
+	VFMADD231PS  Z11, Z2, Z1
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(DI), Z9, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       128(DI), Z9, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VPSUBD       Z10, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       192(DI), Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S4x1p4_group
+
+dot8AVX512S4x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512S4x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z3
+	JMP     dot8AVX512S4x2p1_start
+
+dot8AVX512S4x2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512S4x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512S4x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512S4x2p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VPBROADCASTD (CX), Z7
+	VPBROADCASTD 4(CX), Z8
+	VPDPBUSD     Z7, Z5, Z2
+	VPDPBUSD     Z8, Z6, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512S4x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VBROADCASTSS (CX), Z5
+	VPBROADCASTD 8(CX), Z6
+	VPSRAD       $0x04, Z6, Z6
+	VPSUBD       Z6, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (BX), Z5, Z5
+	VFMADD231PS  Z5, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSRAD       $0x04, Z6, Z6
+	VPSUBD       Z6, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (BX), Z5, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512S4x2p1_group
+
+dot8AVX512S4x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S4x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	VMOVUPS 64(DI), Z7
+	JMP     dot8AVX512S4x2p2_start
+
+dot8AVX512S4x2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S4x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S4x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S4x2p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z9, Z2
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z10, Z2
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z9, Z6
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z10, Z6
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512S4x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (SI), Z9, Z11
+	VFMADD231PS  Z11, Z2, Z1
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(SI), Z9, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (SI), Z9, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VPSUBD       Z10, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(SI), Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S4x2p2_group
+
+dot8AVX512S4x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S4x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z9
+	VMOVUPS 128(R8), Z11
+	JMP     dot8AVX512S4x2p3_start
+
+dot8AVX512S4x2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512S4x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S4x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S4x2p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMOVDQU64    (BX)(R9*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z13, Z2
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z14, Z2
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z13, Z8
+	VPDPBUSD     Z19, Z15, Z10
+	VPDPBUSD     Z19, Z17, Z12
+	VPDPBUSD     Z20, Z14, Z8
+	VPDPBUSD     Z20, Z16, Z10
+	VPDPBUSD     Z20, Z18, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512S4x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4224(DI)
+	VBROADCASTSS (CX), Z13
+	VPBROADCASTD 8(CX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (DI), Z13, Z15
+	VFMADD231PS  Z15, Z2, Z1
+	VPSUBD       Z14, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(DI), Z13, Z15
+	VFMADD231PS  Z15, Z4, Z3
+	VPSUBD       Z14, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       128(DI), Z13, Z13
+	VFMADD231PS  Z13, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z13
+	VPBROADCASTD 8(AX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DI), Z13, Z15
+	VFMADD231PS  Z15, Z8, Z7
+	VPSUBD       Z14, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       64(DI), Z13, Z15
+	VFMADD231PS  Z15, Z10, Z9
+	VPSUBD       Z14, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       128(DI), Z13, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S4x2p3_group
+
+dot8AVX512S4x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S4x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z5
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	VMOVUPS 128(R9), Z13
+	VMOVUPS 192(R9), Z15
+	JMP     dot8AVX512S4x2p4_start
+
+dot8AVX512S4x2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512S4x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S4x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S4x2p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (SI)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMOVDQU64    (DI)(R10*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	VMOVDQU64    (BX)(R10*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	VPBROADCASTD (CX), Z25
+	VPBROADCASTD 4(CX), Z26
+	VPDPBUSD     Z25, Z17, Z2
+	VPDPBUSD     Z25, Z19, Z4
+	VPDPBUSD     Z25, Z21, Z6
+	VPDPBUSD     Z25, Z23, Z8
+	VPDPBUSD     Z26, Z18, Z2
+	VPDPBUSD     Z26, Z20, Z4
+	VPDPBUSD     Z26, Z22, Z6
+	VPDPBUSD     Z26, Z24, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z25
+	VPBROADCASTD 4(AX), Z26
+	VPDPBUSD     Z25, Z17, Z10
+	VPDPBUSD     Z25, Z19, Z12
+	VPDPBUSD     Z25, Z21, Z14
+	VPDPBUSD     Z25, Z23, Z16
+	VPDPBUSD     Z26, Z18, Z10
+	VPDPBUSD     Z26, Z20, Z12
+	VPDPBUSD     Z26, Z22, Z14
+	VPDPBUSD     Z26, Z24, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512S4x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4224(R8)
+	PREFETCHT0   4288(R8)
+	VBROADCASTSS (CX), Z17
+	VPBROADCASTD 8(CX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z2, Z1
+	VPSUBD       Z18, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(R8), Z17, Z19
+	VFMADD231PS  Z19, Z4, Z3
+	VPSUBD       Z18, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       128(R8), Z17, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VPSUBD       Z18, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       192(R8), Z17, Z17
+	VFMADD231PS  Z17, Z8, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z17
+	VPBROADCASTD 8(AX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z10, Z9
+	VPSUBD       Z18, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(R8), Z17, Z19
+	VFMADD231PS  Z19, Z12, Z11
+	VPSUBD       Z18, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       128(R8), Z17, Z19
+	VFMADD231PS  Z19, Z14, Z13
+	VPSUBD       Z18, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       192(R8), Z17, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S4x2p4_group
+
+dot8AVX512S4x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512S4x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	JMP     dot8AVX512S4x3p1_start
+
+dot8AVX512S4x3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512S4x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512S4x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512S4x3p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z2
+	VPDPBUSD     Z10, Z8, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z9
+	VPBROADCASTD 4(DX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512S4x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VBROADCASTSS (CX), Z7
+	VPBROADCASTD 8(CX), Z8
+	VPSRAD       $0x04, Z8, Z8
+	VPSUBD       Z8, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (SI), Z7, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z7
+	VPBROADCASTD 8(DX), Z8
+	VPSRAD       $0x04, Z8, Z8
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (SI), Z7, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x04, Z8, Z8
+	VPSUBD       Z8, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (SI), Z7, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512S4x3p1_group
+
+dot8AVX512S4x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S4x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z9
+	VMOVUPS 64(R8), Z11
+	JMP     dot8AVX512S4x3p2_start
+
+dot8AVX512S4x3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512S4x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S4x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S4x3p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (CX), Z17
+	VPBROADCASTD 4(CX), Z18
+	VPDPBUSD     Z17, Z13, Z2
+	VPDPBUSD     Z17, Z15, Z4
+	VPDPBUSD     Z18, Z14, Z2
+	VPDPBUSD     Z18, Z16, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z17
+	VPBROADCASTD 4(DX), Z18
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z13, Z10
+	VPDPBUSD     Z17, Z15, Z12
+	VPDPBUSD     Z18, Z14, Z10
+	VPDPBUSD     Z18, Z16, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512S4x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VBROADCASTSS (CX), Z13
+	VPBROADCASTD 8(CX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (DI), Z13, Z15
+	VFMADD231PS  Z15, Z2, Z1
+	VPSUBD       Z14, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(DI), Z13, Z13
+	VFMADD231PS  Z13, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z13
+	VPBROADCASTD 8(DX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (DI), Z13, Z15
+	VFMADD231PS  Z15, Z6, Z5
+	VPSUBD       Z14, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(DI), Z13, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z13
+	VPBROADCASTD 8(AX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (DI), Z13, Z15
+	VFMADD231PS  Z15, Z10, Z9
+	VPSUBD       Z14, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(DI), Z13, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S4x3p2_group
+
+dot8AVX512S4x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512S4x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	JMP     dot8AVX512S4x4p1_start
+
+dot8AVX512S4x4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512S4x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512S4x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512S4x4p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	VMOVDQU64    (SI)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z2
+	VPDPBUSD     Z12, Z10, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z11
+	VPBROADCASTD 4(BX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512S4x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (DI), Z9, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VPBROADCASTD 8(DX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       (DI), Z9, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z9
+	VPBROADCASTD 8(BX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (DI), Z9, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x04, Z10, Z10
+	VPSUBD       Z10, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       (DI), Z9, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512S4x4p1_group
+
+dot8AVX512S4x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512S4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512S4x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512S4x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z13
+	VMOVUPS 64(R9), Z15
+	JMP     dot8AVX512S4x4p2_start
+
+dot8AVX512S4x4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512S4x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512S4x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512S4x4p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512S4x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (DI)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z17, Z2
+	VPDPBUSD     Z21, Z19, Z4
+	VPDPBUSD     Z22, Z18, Z2
+	VPDPBUSD     Z22, Z20, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z21
+	VPBROADCASTD 4(DX), Z22
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z21
+	VPBROADCASTD 4(BX), Z22
+	VPDPBUSD     Z21, Z17, Z10
+	VPDPBUSD     Z21, Z19, Z12
+	VPDPBUSD     Z22, Z18, Z10
+	VPDPBUSD     Z22, Z20, Z12
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z17, Z14
+	VPDPBUSD     Z21, Z19, Z16
+	VPDPBUSD     Z22, Z18, Z14
+	VPDPBUSD     Z22, Z20, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512S4x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	VBROADCASTSS (CX), Z17
+	VPBROADCASTD 8(CX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z2, Z1
+	VPSUBD       Z18, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       64(R8), Z17, Z17
+	VFMADD231PS  Z17, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z17
+	VPBROADCASTD 8(DX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VPSUBD       Z18, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       64(R8), Z17, Z17
+	VFMADD231PS  Z17, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z17
+	VPBROADCASTD 8(BX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z10, Z9
+	VPSUBD       Z18, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       64(R8), Z17, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z17
+	VPBROADCASTD 8(AX), Z18
+	VPSRAD       $0x04, Z18, Z18
+	VPSUBD       Z18, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       (R8), Z17, Z19
+	VFMADD231PS  Z19, Z14, Z13
+	VPSUBD       Z18, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       64(R8), Z17, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512S4x4p2_group
+
+dot8AVX512S4x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z15, 64(AX)
 	VZEROUPPER
 	RET
 

@@ -614,6 +614,16 @@ func dot8AVX2M4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc 
 //go:noescape
 func dot8AVX2M4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
+// dot8AVX2S4x1 is dot8AVX512S4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2S4x2 is dot8AVX512S4x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2S4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
 // quant8AVX2G8 is quant8AVX512G8 on AVX2: the same bytes.
 //
 //go:noescape
@@ -3027,6 +3037,66 @@ func dot8AVX512M4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, 
 //
 //go:noescape
 func dot8AVX512M4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512S4x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512S4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
 // quant8AVX512G8 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 8 at out (see quantizeRow).
 //

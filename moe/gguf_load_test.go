@@ -289,7 +289,7 @@ func f16(h uint16) float64 {
 // blocks, give the float64 reference over what the blocks dequantize to
 // (an independent dequantizer) within 1e-5, with the same experts; and
 // gpt-oss's block as its GGUF files hold it (MXFP4 experts, F32 biases).
-// MXFP4 in the int8-dot mode: within 2 %, the same experts.
+// Both in the int8-dot mode: within 2 %, the same experts.
 func TestLoadGGUFQ4(t *testing.T) {
 	for _, c := range []struct {
 		typ  uint32
@@ -351,15 +351,14 @@ func TestLoadGGUFQ4(t *testing.T) {
 		ref := m.Forward(x)
 		require.Equal(t, ref.IDs, ids, "type %d", typ)
 		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "type %d", typ)
-		if typ == 39 { // MXFP4 in the int8-dot mode: llama.cpp's error, the same experts
-			require.NoError(t, l.SetNumerics(kernels.Int8Dot))
-			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
-			require.Equal(t, ref.IDs, ids, "%s int8dot", c.arch)
-			e := moetest.RelErr(y, ref.Y)
-			require.Greater(t, e, 1e-5, "%s int8dot: the mode was not taken", c.arch)
-			require.LessOrEqual(t, e, 2e-2, "%s int8dot", c.arch)
-			t.Logf("MXFP4 (%s): int8dot relative error %.2g", c.arch, e)
-		}
+		// The int8-dot mode: llama.cpp's error, the same experts.
+		require.NoError(t, l.SetNumerics(kernels.Int8Dot))
+		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+		require.Equal(t, ref.IDs, ids, "type %d (%s) int8dot", typ, c.arch)
+		e := moetest.RelErr(y, ref.Y)
+		require.Greater(t, e, 1e-5, "type %d (%s) int8dot: the mode was not taken", typ, c.arch)
+		require.LessOrEqual(t, e, 2e-2, "type %d (%s) int8dot", typ, c.arch)
+		t.Logf("type %d (%s): int8dot relative error %.2g", typ, c.arch, e)
 		require.NoError(t, l.Close())
 	}
 }
@@ -372,7 +371,7 @@ type ggmlBlock struct {
 }
 
 var codeTypes = map[string]ggmlBlock{
-	"Q8_0": {8, 32, 34, []int{0}}, "Q4_1": {3, 32, 20, []int{0, 2}}, "Q5_0": {6, 32, 22, []int{0}},
+	"Q8_0": {8, 32, 34, []int{0}}, "Q4_0": {2, 32, 18, []int{0}}, "Q4_1": {3, 32, 20, []int{0, 2}}, "Q5_0": {6, 32, 22, []int{0}},
 	"Q5_1": {7, 32, 24, []int{0, 2}}, "Q4_K": {12, 256, 144, []int{0, 2}}, "Q5_K": {13, 256, 176, []int{0, 2}},
 	"Q6_K": {14, 256, 210, []int{208}},
 }
@@ -383,6 +382,7 @@ var codeTypes = map[string]ggmlBlock{
 // rounded once to float32 as ggml's dequantization leaves it:
 //
 //	Q8_0  d, qs[32] int8:                 qs[j]·d
+//	Q4_0  d, qs[16]:                      (q − 8)·d, q as Q4_1's
 //	Q4_1  d, m, qs[16]:                   q·d + m, q = low nibble of qs[j] (j < 16) or high of qs[j−16]
 //	Q5_0  d, qh (u32), qs[16]:            (q + 16·bit j of qh − 16)·d
 //	Q5_1  d, m, qh, qs[16]:               (q + 16·bit j of qh)·d + m
@@ -419,6 +419,10 @@ func dequantCodes(name string, blocks []byte, rows, cols int) [][]float64 {
 			case "Q8_0":
 				for j := range 32 {
 					v[j] = float64(int8(b[2+j])) * h(b)
+				}
+			case "Q4_0":
+				for j := range 32 {
+					v[j] = float64(nib(b[2:], j)-8) * h(b)
 				}
 			case "Q4_1":
 				for j := range 32 {
@@ -490,7 +494,7 @@ func TestLoadGGUFCodes(t *testing.T) {
 	spec := moetest.Spec{ModelType: "deepseek_v2", Hidden: 256, Experts: 8, TopK: 2, Inter: 512, SharedExperts: 1,
 		Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 96}
 	cases := [][3]string{{"Q4_K", "Q4_K", "Q6_K"}}
-	for _, name := range []string{"Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"} {
+	for _, name := range []string{"Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_0"} {
 		cases = append(cases, [3]string{name, name, name})
 	}
 	impls := kernels.Implementations()
@@ -507,7 +511,7 @@ func TestLoadGGUFCodes(t *testing.T) {
 			for k := 0; k < len(b); k += bt.bytes {
 				for _, at := range bt.f16 {
 					hv := uint16(0x1800 + rng.IntN(0x1000)) // 2^-9 … 2^-5
-					if name == "Q8_0" || name == "Q5_0" || name == "Q6_K" || at == 2 {
+					if name == "Q8_0" || name == "Q4_0" || name == "Q5_0" || name == "Q6_K" || at == 2 {
 						hv |= uint16(rng.IntN(2)) << 15 // signed: d of the symmetric types, m and dmin
 					}
 					b[k+at], b[k+at+1] = byte(hv), byte(hv>>8)
@@ -598,7 +602,7 @@ func TestSetNumericsRefused(t *testing.T) {
 	defer l.Close()
 	err = l.SetNumerics(kernels.Int8Dot)
 	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
-	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4, INT8 or MXFP4 weights, have BF16")
+	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4, INT8, MXFP4 or INT4 weights, have BF16")
 	require.Equal(t, kernels.Exact, l.Numerics())
 	require.NoError(t, l.SetNumerics(kernels.Exact))
 }

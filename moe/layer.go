@@ -924,9 +924,9 @@ func (l *Layer) SetWorkers(n int) {
 // SetNumerics makes later forward passes compute the experts' products in
 // mode n. Layers start in kernels.Exact. kernels.Int8Dot (llama.cpp's way:
 // activations rounded to int8 per 32, integer dot products; see
-// kernels.Numerics) needs every routed expert's matrices in UINT4, INT8
-// or MXFP4 with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_1, Q5_0, Q5_1,
-// Q4_K, Q5_K, Q6_K, MXFP4); kernels.BF16Dot (activations rounded to bf16, vdpbf16ps pairs)
+// kernels.Numerics) needs every routed expert's matrices in UINT4, INT8,
+// MXFP4 or INT4 with groups of 8, 16 or 32 (GGUF's Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q4_K, Q5_K, Q6_K, MXFP4); kernels.BF16Dot (activations rounded to bf16, vdpbf16ps pairs)
 // needs them in BF16. Otherwise it is an error naming the first that is
 // not, and the layer is unchanged. The shared expert takes the mode where
 // all three of its matrices can, and stays exact otherwise (files that

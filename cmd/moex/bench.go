@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -323,6 +324,12 @@ func (o *benchOpts) forEachSetting(f func(impl string, threads int) error) error
 // time runs fn once to warm up, then until minTime has passed (at least
 // three runs, at most maxRuns), and returns the sorted run times.
 func (o *benchOpts) time(label string, fn func() error) ([]time.Duration, error) {
+	// What earlier cases (and the bandwidth probe) left for the garbage
+	// collector, collected and handed back to the OS now, so that no
+	// collection or scavenging runs beside this case's timings: on two
+	// cores the runtime's background scavenger of the probe's 512 MiB
+	// made the first case timed up to 1.8× slower.
+	debug.FreeOSMemory()
 	if err := fn(); err != nil {
 		return nil, err
 	}
@@ -401,7 +408,7 @@ func benchGroupedGEMM(args []string, o *benchOpts) ([]benchResult, error) {
 	k := fs.Int("k", 2048, "reduction length")
 	dtypes := fs.String("dtype", "f32", "weight dtypes, comma-separated: f32, bf16, f16, fp8 (e4m3, 128×128 block scales), mxfp4, int4 (groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0)")
 	layout := fs.String("layout", "packed", "weight layout: packed (in panels, as layers keep their experts) or rows (row-major, as checkpoints store them)")
-	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (uint4, int8 and mxfp4 weights), bf16dot (bf16 weights); a dtype is timed in the modes it has, packed")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (uint4, int8, mxfp4 and int4 weights), bf16dot (bf16 weights); a dtype is timed in the modes it has, packed")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err
@@ -559,7 +566,7 @@ func makeResult(bench, label, impl, dtype string, threads int, ts []time.Duratio
 func hasMode(dt kernels.DType, n kernels.Numerics) bool {
 	switch n {
 	case kernels.Int8Dot:
-		return dt == kernels.UINT4 || dt == kernels.INT8 || dt == kernels.MXFP4
+		return dt == kernels.UINT4 || dt == kernels.INT8 || dt == kernels.MXFP4 || dt == kernels.INT4
 	case kernels.BF16Dot:
 		return dt == kernels.BF16
 	}
@@ -584,7 +591,7 @@ func benchMoE(args []string, o *benchOpts) ([]benchResult, error) {
 	dtype := fs.String("dtype", "bf16", "dtypes of the preset's random weights, comma-separated: f32, bf16, f16, fp8 (experts e4m3 with 128×128 block scales), mxfp4, int4 (experts in groups of 32), uint4 (groups of 32 with offsets: GGUF's Q4_1 and Q4_K as moex holds them), int8 (groups of 32: Q8_0); the router of a quantized layer stays bf16")
 	seed := fs.Uint64("seed", 1, "seed of random weights and inputs")
 	backend := fs.String("backend", "cpu", "cpu, or cuda: the layer on the GPU, eager and as a replayed CUDA graph (needs a `make cuda` build)")
-	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4, int8 and mxfp4 experts), bf16dot (activations rounded to bf16, vdpbf16ps pairs; bf16 experts); cpu; a dtype is timed in the modes it has")
+	numerics := fs.String("numerics", "exact", "numerics modes, comma-separated: exact, int8dot (llama.cpp's: activations rounded to int8 per 32, integer dot products; uint4, int8, mxfp4 and int4 experts), bf16dot (activations rounded to bf16, vdpbf16ps pairs; bf16 experts); cpu; a dtype is timed in the modes it has")
 	finish := o.register(fs)
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return nil, err

@@ -52,7 +52,7 @@ func execMoE(args []string, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up on a rank that does not arrive after this long (each collective's bound)")
 	deadline := fs.Duration("deadline", 0, "give up on the whole job after this long (0: no limit)")
 	backend := fs.String("backend", "cpu", "cpu, or cuda (the GPU kernels, one rank; needs a `make cuda` build)")
-	numerics := fs.String("numerics", "exact", "exact; int8dot: the experts' products as llama.cpp computes them (activations rounded to int8 per 32, integer dot products; GGUF Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 experts); or bf16dot: bf16 experts against activations rounded to bf16, vdpbf16ps pairs (one CPU rank for both)")
+	numerics := fs.String("numerics", "exact", "exact; int8dot: the experts' products as llama.cpp computes them (activations rounded to int8 per 32, integer dot products; GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 experts); or bf16dot: bf16 experts against activations rounded to bf16, vdpbf16ps pairs (one CPU rank for both)")
 	checkWeights := fs.Bool("check-weights", false, "read every expert weight once before running and fail naming the first NaN or infinity (the router's are always checked)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err

@@ -665,7 +665,7 @@ func TestExecMoEGGUF(t *testing.T) {
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--ep", "2")
 	require.ErrorContains(t, err, "expert parallelism over a GGUF file is not supported yet")
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "int8dot")
-	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4, INT8 or MXFP4 weights, have BF16")
+	require.ErrorContains(t, err, "expert 0's gate: kernels: int8dot numerics need UINT4, INT8, MXFP4 or INT4 weights, have BF16")
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "fast")
 	require.ErrorIs(t, err, errUsage)
 	_, _, err = runCLI("exec", "moe", "--model", model, "--layer", "2", "--input", xp, "--out", yp, "--numerics", "int8dot", "--ep", "2")

@@ -34,13 +34,13 @@ func dot8NP(mr int) int {
 	return 1
 }
 
-var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K", "M4"}
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K", "M4", "S4"}
 
 // dot8Code is how a kind's codes are held (see kernels/dot8.go's
 // dot8Unit): nibbles (UINT4 and the 5- and 6-bit INT8 codes, planes high
 // bits' planes after them) or a byte a code (INT8); stored plus a bias
-// (128 for bytes, 16 for S5, 32 for S6: biasShift the right shift that
-// makes it of the records' 128·S, −1 for none).
+// (128 for bytes, 16 for S5, 32 for S6, 8 for S4: biasShift the right
+// shift that makes it of the records' 128·S, −1 for none).
 type dot8Code struct {
 	nibbles   bool
 	lut       bool // MXFP4: a nibble's code looked up (vpshufb in dot8LUT)
@@ -61,6 +61,8 @@ func dot8CodeOf(kind string) dot8Code {
 		return dot8Code{nibbles: true, planes: 2, biasShift: 2, unit: 96}
 	case "M4":
 		return dot8Code{nibbles: true, lut: true, biasShift: 3, unit: 64}
+	case "S4":
+		return dot8Code{nibbles: true, biasShift: 4, unit: 64}
 	}
 	return dot8Code{biasShift: 0, unit: 128}
 }
@@ -71,13 +73,13 @@ var dot8KindDoc = map[string]string{
 	"U4KM": "UINT4 (with offsets, K-quant scales)", "I8K": "INT8 (K-quant scales)", "I8KM": "INT8 (with offsets, K-quant scales)",
 	"S5": "5-bit signed INT8", "U5M": "5-bit unsigned INT8 (with offsets)", "S6": "6-bit signed INT8",
 	"U5KM": "5-bit unsigned INT8 (with offsets, K-quant scales)", "S6K": "6-bit signed INT8 (K-quant scales)",
-	"M4": "MXFP4 (codes twice the e2m1 values)",
+	"M4": "MXFP4 (codes twice the e2m1 values)", "S4": "INT4 (nibbles the codes plus 8)",
 }
 
 // dot8KindField is a kind's field in the Go table (kernels' dot8Kernels).
 var dot8KindField = map[string]string{
 	"U4": "u4", "U4M": "u4m", "I8": "i8", "I8M": "i8m", "U4KM": "u4km", "I8K": "i8k", "I8KM": "i8km",
-	"S5": "s5", "U5M": "u5m", "S6": "s6", "U5KM": "u5km", "S6K": "s6k", "M4": "m4",
+	"S5": "s5", "U5M": "u5m", "S6": "s6", "U5KM": "u5km", "S6K": "s6k", "M4": "m4", "S4": "s4",
 }
 
 // dot8LUT (made by dot8AVX2Kernels, which run first) is the MXFP4 kinds' table: nibble n's code, twice its e2m1

@@ -19,7 +19,8 @@ import (
 //
 //   - UINT4: nibbles times int8 codes, a pair at most 2·15·127 = 3810, so a
 //     group of up to 32 steps (four units, both nibbles) sums in int16
-//     without overflow (≤ 30480) and widens once, at its end;
+//     without overflow (≤ 30480) and widens once, at its end (INT4's
+//     nibbles, the codes plus 8, the same way, less 8·S at the end);
 //   - INT8 (stored plus 128): the codes back to signed (xor 0x80), then
 //     |c| times the activation with c's sign (vpabsb, vpsignb): a pair at
 //     most 2·128·127 = 32512, no saturation; each unit widens to int32.
@@ -183,7 +184,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 			if u4 {
 				VPMADDWD(ones, s, s)
 			}
-			if (code.planes > 0 || code.lut) && code.biasShift >= 0 { // less bias·S, from the record's 128·S
+			if code.nibbles && code.biasShift >= 0 { // less bias·S, from the record's 128·S
 				cB := YMM()
 				VPBROADCASTD(Mem{Base: a[m], Disp: 8}, cB)
 				VPSRAD(U8(code.biasShift), cB, cB)
