@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -324,12 +323,6 @@ func (o *benchOpts) forEachSetting(f func(impl string, threads int) error) error
 // time runs fn once to warm up, then until minTime has passed (at least
 // three runs, at most maxRuns), and returns the sorted run times.
 func (o *benchOpts) time(label string, fn func() error) ([]time.Duration, error) {
-	// What earlier cases (and the bandwidth probe) left for the garbage
-	// collector, collected and handed back to the OS now, so that no
-	// collection or scavenging runs beside this case's timings: on two
-	// cores the runtime's background scavenger of the probe's 512 MiB
-	// made the first case timed up to 1.8× slower.
-	debug.FreeOSMemory()
 	if err := fn(); err != nil {
 		return nil, err
 	}
