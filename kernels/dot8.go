@@ -172,6 +172,17 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		p.q.panel, p.q.e8 = nil, e8
 		p.q.pow2 = false
 	}
+	if p.q.panel != nil && hasHalfKind(p) {
+		// fp16 scales (and offsets), as GGUF's Q8_0, Q4_0, Q4_1 and Q5_x
+		// hold them, are kept so, at half the bytes of fp32: the kernels
+		// widen them exactly.
+		if h, ok := toHalf(p.q.panel); ok {
+			if o, ok := toHalf(p.q.offPanel); ok {
+				p.q.h16, p.q.offH16 = h, o
+				p.q.panel, p.q.offPanel = nil, nil
+			}
+		}
+	}
 	unit := p.dot8UnitBytes()
 	p.u8 = hugepage.Bytes(m.panels() * m.Cols / dot8Unit * unit)
 	// Row by row, a unit (8 steps) at a time: the layout of dot8Index.
@@ -210,6 +221,41 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		}
 	}
 	return p, nil
+}
+
+// hasHalfKind says whether the int8-dot kernels have a kind on fp16
+// scales for the codes of p, an int8-dot matrix on fp32 scales: GGUF's
+// Q8_0 (INT8 without offsets), Q4_0 (INT4), Q4_1 (UINT4 with offsets),
+// Q5_0 and Q5_1 (5-bit codes, signed or with offsets).
+func hasHalfKind(p Matrix) bool {
+	offsets := p.q.hasOffsets()
+	switch {
+	case p.DType == INT4:
+		return true
+	case p.DType == UINT4:
+		return offsets
+	case p.planes == 1:
+		return true
+	case p.DType == INT8 && p.planes == 0:
+		return !offsets
+	}
+	return false
+}
+
+// toHalf returns v as fp16 values, and whether each is one exactly (nil
+// for nil).
+func toHalf(v []float32) ([]uint16, bool) {
+	if v == nil {
+		return nil, true
+	}
+	h := make([]uint16, len(v))
+	for i, f := range v {
+		h[i] = half.F32ToF16(f)
+		if math.Float32bits(half.F16ToF32(h[i])) != math.Float32bits(f) {
+			return nil, false
+		}
+	}
+	return h, true
 }
 
 // narrowCodes returns how Pack and PackInt8Dot hold the codes of m, an
@@ -647,6 +693,7 @@ type dot8KTable = [maxDot8Rows + 1][]dot8KFunc
 // on K-quant factors.
 type dot8Kernels struct {
 	u4, u4m, i8, i8m, s5, u5m, s6, m4, s4 dot8Table
+	hi8, hs4, hu4m, hs5, hu5m             dot8Table // on fp16 scales (see blockScales.h16)
 	u4km, i8k, i8km, u5km, s6k            dot8KTable
 }
 
@@ -654,6 +701,19 @@ type dot8Kernels struct {
 // (k not nil) by its K-quant factors where there are kernels for them.
 func (s *dot8Kernels) tables(b Matrix) (t *dot8Table, k *dot8KTable) {
 	offsets := b.q.hasOffsets()
+	if b.q.h16 != nil { // the kinds of hasHalfKind
+		switch {
+		case b.DType == INT4:
+			return &s.hs4, nil
+		case b.DType == UINT4:
+			return &s.hu4m, nil
+		case b.planes == 1 && b.bias != 0:
+			return &s.hs5, nil
+		case b.planes == 1:
+			return &s.hu5m, nil
+		}
+		return &s.hi8, nil
+	}
 	switch {
 	case b.DType == MXFP4:
 		return &s.m4, nil
@@ -725,9 +785,15 @@ func (s *simd) dot8GEMM(sc *dotScratch, recs []*byte, rec int, b Matrix, n0, n1 
 				off = &b.q.offPanel[at]
 			}
 			scales, sb := (*float32)(nil), ss
-			if b.q.e8 != nil { // MXFP4: the exponents, a byte a block
+			switch {
+			case b.q.e8 != nil: // MXFP4: the exponents, a byte a block
 				scales, sb = (*float32)(unsafe.Pointer(&b.q.e8[at])), ss/4
-			} else {
+			case b.q.h16 != nil: // fp16 values
+				scales, sb = (*float32)(unsafe.Pointer(&b.q.h16[at])), ss/2
+				if b.q.offH16 != nil {
+					off = (*float32)(unsafe.Pointer(&b.q.offH16[at]))
+				}
+			default:
 				scales = &b.q.panel[at]
 			}
 			ks[np](ap, &b.u8[p*stride], stride, K/g, &tile[m0*ldt+(p-p0)*PanelWidth], 4*ldt, 0, scales, off, g/dot8Unit, rec, sb)

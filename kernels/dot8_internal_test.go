@@ -8,7 +8,9 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
+	"github.com/moex-project/moex/internal/half"
 	"github.com/stretchr/testify/require"
 )
 
@@ -194,7 +196,50 @@ func dot8Cases(rng *rand.Rand, rows, cols int) map[string]Matrix {
 		}
 		out[fmt.Sprintf("%s g%d", c.name, c.g)] = m
 	}
+	// The types GGUF stores with fp16 scales (Q8_0, Q4_0, Q4_1, Q5_0,
+	// Q5_1), their scales and offsets fp16 values: PackInt8Dot holds them
+	// as fp16.
+	for _, name := range []string{"int8 g32 offsets=false", "int8 g8 offsets=false", "int4 g32", "uint4 g32 offsets=true", "q5_0 g32", "q5_1 g32"} {
+		out[name+" f16"] = halfScaled(out[name])
+	}
 	return out
+}
+
+// halfScaled returns m, an INT8, INT4 or UINT4 matrix, with each scale
+// and offset rounded to fp16, every fifth scale and seventh offset made a
+// subnormal fp16 value instead (signed, k·2^−24).
+func halfScaled(m Matrix) Matrix {
+	data, scales, offsets, g, ok := m.CodeData()
+	if !ok {
+		panic(m.DType)
+	}
+	round := func(v []float32, every int) []float32 {
+		if v == nil {
+			return nil
+		}
+		r := make([]float32, len(v))
+		for i, f := range v {
+			r[i] = half.F16ToF32(half.F32ToF16(f))
+			if i%every == 0 {
+				r[i] = float32(math.Ldexp(float64(i%1023+1), -24)) * float32(1-2*(i/every%2))
+			}
+		}
+		return r
+	}
+	scales, offsets = round(scales, 5), round(offsets, 7)
+	var err error
+	switch m.DType {
+	case INT8:
+		m, err = NewINT8(m.Rows, m.Cols, g, unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(data))), len(data)), scales, offsets)
+	case INT4:
+		m, err = NewINT4(m.Rows, m.Cols, g, data, scales)
+	default:
+		m, err = NewUINT4(m.Rows, m.Cols, g, data, scales, offsets)
+	}
+	if err != nil {
+		panic(err)
+	}
+	return m
 }
 
 // dot8Held is how PackInt8Dot should hold each case of dot8Cases (by its
@@ -288,6 +333,7 @@ func TestInt8Dot(t *testing.T) {
 						}
 					}
 					require.Equal(t, held, [2]uint8{d.planes, d.bias}, "%s: planes and bias", name)
+					require.Equal(t, strings.HasSuffix(name, " f16"), d.q.h16 != nil, "%s: fp16 scales", name)
 					bits := int64(m.DType.Bits())
 					if held[0] > 0 {
 						bits = 4 + int64(held[0])
@@ -305,6 +351,14 @@ func TestInt8Dot(t *testing.T) {
 					switch {
 					case m.q.super != nil && d.q.kmeta != nil:
 						require.Equal(t, codes+int64(len(d.q.kmeta)), d.HeldBytes(), "%s: held", name)
+					case strings.HasSuffix(name, " f16"): // fp16 scales (and offsets) in the int8-dot layout
+						require.Nil(t, d.q.panel, name)
+						require.Nil(t, d.q.offPanel, name)
+						require.Equal(t, m.HasOffsets(), d.q.offH16 != nil, name)
+						runs := ((s.N+PanelWidth-1)/PanelWidth + dot8Run - 1) / dot8Run
+						require.Equal(t, runs*dot8Run*PanelWidth*s.K/m.q.cols, len(d.q.h16), name)
+						require.Equal(t, codes+perGroup/2*int64(len(d.q.h16)), d.HeldBytes(), "%s: held", name)
+						require.Equal(t, perGroup/2*int64(len(d.q.h16)), int64(d.ScaleBytes()), name)
 					case m.DType == MXFP4: // the E8M0 exponents, a byte a block (in runs of dot8Run panels)
 						require.Nil(t, d.q.panel, name)
 						runs := ((s.N+PanelWidth-1)/PanelWidth + dot8Run - 1) / dot8Run

@@ -3,6 +3,8 @@ package kernels
 import (
 	"fmt"
 	"math"
+
+	"github.com/moex-project/moex/internal/half"
 )
 
 // e4m3 is the value of every FP8 e4m3fn byte: 1 sign, 4 exponent (bias 7)
@@ -59,6 +61,11 @@ type blockScales struct {
 	// kernels' (against codes twice the e2m1 values) 2^(E−128), which scale
 	// returns.
 	e8 []uint8
+	// h16 and offH16, for an int8-dot matrix whose scales (and offsets)
+	// are all fp16 values (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), hold them
+	// as fp16 where panel and offPanel would hold floats (see
+	// PackInt8Dot).
+	h16, offH16 []uint16
 	// pow2 says every scale of the matrix is a power of two 2^p with
 	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
 	// extremes): the power-of-two 4-bit kernels may run it (see pow2Exact).
@@ -74,7 +81,7 @@ type blockScales struct {
 
 // hasOffsets says whether an integer-code matrix has offsets.
 func (q *blockScales) hasOffsets() bool {
-	return q.off != nil || q.offPanel != nil || q.super != nil && q.super.offsets
+	return q.off != nil || q.offPanel != nil || q.offH16 != nil || q.super != nil && q.super.offsets
 }
 
 // panelAt is the index in panel (and offPanel) of group g (row-major:
@@ -106,6 +113,8 @@ func (q *blockScales) scale(g int) float32 {
 		return q.super.d[q.superAt(g)] * float32(q.super.sc[g])
 	case q.e8 != nil:
 		return e8Half(q.e8[q.panelAt(g)])
+	case q.h16 != nil:
+		return half.F16ToF32(q.h16[q.panelAt(g)])
 	}
 	return q.panel[q.panelAt(g)]
 }
@@ -120,6 +129,8 @@ func (q *blockScales) offset(g int) float32 {
 		return negMin * float32(m) // −dmin·m, exactly as −(dmin·m)
 	case q.super != nil:
 		return -(q.super.dmin[q.superAt(g)] * float32(q.super.m[g]))
+	case q.offH16 != nil:
+		return half.F16ToF32(q.offH16[q.panelAt(g)])
 	}
 	return q.offPanel[q.panelAt(g)]
 }
@@ -212,7 +223,7 @@ func (m Matrix) Bytes() int64 {
 func (m Matrix) HeldBytes() int64 {
 	n := 4*int64(len(m.f32)) + 2*int64(len(m.u16)) + int64(len(m.u8))
 	if q := m.q; q != nil {
-		n += 4*int64(len(q.grid)+len(q.off)+len(q.panel)+len(q.offPanel)) + int64(len(q.kmeta)+len(q.e8))
+		n += 4*int64(len(q.grid)+len(q.off)+len(q.panel)+len(q.offPanel)) + int64(len(q.kmeta)+len(q.e8)) + 2*int64(len(q.h16)+len(q.offH16))
 		if sup := q.super; sup != nil {
 			n += 4*int64(len(sup.d)+len(sup.dmin)) + int64(len(sup.sc)+len(sup.m))
 		}
@@ -230,6 +241,8 @@ func (m Matrix) ScaleBytes() int {
 		return len(m.q.kmeta)
 	case m.q.e8 != nil: // an int8-dot MXFP4 matrix's exponents
 		return len(m.q.e8)
+	case m.q.h16 != nil: // an int8-dot matrix's fp16 scales
+		return 2 * (len(m.q.h16) + len(m.q.offH16))
 	case m.q.panel != nil:
 		return 4 * (len(m.q.panel) + len(m.q.offPanel))
 	}

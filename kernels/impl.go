@@ -76,7 +76,7 @@ func (s *simd) runs(m Matrix) bool {
 	case F8E4M3:
 		return m.packed && m.q.panel != nil && len(s.outerFP8[1]) > 1
 	case MXFP4, INT4, UINT4, INT8:
-		return m.packed && (m.q.panel != nil || m.q.kmeta != nil || m.q.e8 != nil) && s.qWidest(m, 1) > 0
+		return m.packed && (m.q.panel != nil || m.q.kmeta != nil || m.q.e8 != nil || m.q.h16 != nil) && s.qWidest(m, 1) > 0
 	}
 	return true
 }

@@ -157,6 +157,7 @@ func (m Matrix) Clone() Matrix {
 		q.grid, q.off = slices.Clone(m.q.grid), slices.Clone(m.q.off)
 		q.panel, q.offPanel = slices.Clone(m.q.panel), slices.Clone(m.q.offPanel)
 		q.kmeta, q.e8 = slices.Clone(m.q.kmeta), slices.Clone(m.q.e8)
+		q.h16, q.offH16 = slices.Clone(m.q.h16), slices.Clone(m.q.offH16)
 		if sup := m.q.super; sup != nil {
 			q.super = &superScales{per: sup.per, offsets: sup.offsets, d: slices.Clone(sup.d), dmin: slices.Clone(sup.dmin), sc: slices.Clone(sup.sc), m: slices.Clone(sup.m)}
 		}

@@ -301,6 +301,36 @@ var dot8AVX512 = dot8Kernels{
 		3: {1: dot8AVX512S4x3p1, 2: dot8AVX512S4x3p2},
 		4: {1: dot8AVX512S4x4p1, 2: dot8AVX512S4x4p2},
 	},
+	hi8: dot8Table{
+		1: {1: dot8AVX512HI8x1p1, 2: dot8AVX512HI8x1p2, 3: dot8AVX512HI8x1p3, 4: dot8AVX512HI8x1p4},
+		2: {1: dot8AVX512HI8x2p1, 2: dot8AVX512HI8x2p2, 3: dot8AVX512HI8x2p3, 4: dot8AVX512HI8x2p4},
+		3: {1: dot8AVX512HI8x3p1, 2: dot8AVX512HI8x3p2},
+		4: {1: dot8AVX512HI8x4p1, 2: dot8AVX512HI8x4p2},
+	},
+	hs4: dot8Table{
+		1: {1: dot8AVX512HS4x1p1, 2: dot8AVX512HS4x1p2, 3: dot8AVX512HS4x1p3, 4: dot8AVX512HS4x1p4},
+		2: {1: dot8AVX512HS4x2p1, 2: dot8AVX512HS4x2p2, 3: dot8AVX512HS4x2p3, 4: dot8AVX512HS4x2p4},
+		3: {1: dot8AVX512HS4x3p1, 2: dot8AVX512HS4x3p2},
+		4: {1: dot8AVX512HS4x4p1, 2: dot8AVX512HS4x4p2},
+	},
+	hu4m: dot8Table{
+		1: {1: dot8AVX512HU4Mx1p1, 2: dot8AVX512HU4Mx1p2, 3: dot8AVX512HU4Mx1p3, 4: dot8AVX512HU4Mx1p4},
+		2: {1: dot8AVX512HU4Mx2p1, 2: dot8AVX512HU4Mx2p2, 3: dot8AVX512HU4Mx2p3, 4: dot8AVX512HU4Mx2p4},
+		3: {1: dot8AVX512HU4Mx3p1, 2: dot8AVX512HU4Mx3p2},
+		4: {1: dot8AVX512HU4Mx4p1, 2: dot8AVX512HU4Mx4p2},
+	},
+	hs5: dot8Table{
+		1: {1: dot8AVX512HS5x1p1, 2: dot8AVX512HS5x1p2, 3: dot8AVX512HS5x1p3, 4: dot8AVX512HS5x1p4},
+		2: {1: dot8AVX512HS5x2p1, 2: dot8AVX512HS5x2p2, 3: dot8AVX512HS5x2p3, 4: dot8AVX512HS5x2p4},
+		3: {1: dot8AVX512HS5x3p1, 2: dot8AVX512HS5x3p2},
+		4: {1: dot8AVX512HS5x4p1, 2: dot8AVX512HS5x4p2},
+	},
+	hu5m: dot8Table{
+		1: {1: dot8AVX512HU5Mx1p1, 2: dot8AVX512HU5Mx1p2, 3: dot8AVX512HU5Mx1p3, 4: dot8AVX512HU5Mx1p4},
+		2: {1: dot8AVX512HU5Mx2p1, 2: dot8AVX512HU5Mx2p2, 3: dot8AVX512HU5Mx2p3, 4: dot8AVX512HU5Mx2p4},
+		3: {1: dot8AVX512HU5Mx3p1, 2: dot8AVX512HU5Mx3p2},
+		4: {1: dot8AVX512HU5Mx4p1, 2: dot8AVX512HU5Mx4p2},
+	},
 }
 
 // dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).
@@ -360,6 +390,26 @@ var dot8AVX2 = dot8Kernels{
 	s4: dot8Table{
 		1: {1: dot8AVX2S4x1},
 		2: {1: dot8AVX2S4x2},
+	},
+	hi8: dot8Table{
+		1: {1: dot8AVX2HI8x1},
+		2: {1: dot8AVX2HI8x2},
+	},
+	hs4: dot8Table{
+		1: {1: dot8AVX2HS4x1},
+		2: {1: dot8AVX2HS4x2},
+	},
+	hu4m: dot8Table{
+		1: {1: dot8AVX2HU4Mx1},
+		2: {1: dot8AVX2HU4Mx2},
+	},
+	hs5: dot8Table{
+		1: {1: dot8AVX2HS5x1},
+		2: {1: dot8AVX2HS5x2},
+	},
+	hu5m: dot8Table{
+		1: {1: dot8AVX2HU5Mx1},
+		2: {1: dot8AVX2HU5Mx2},
 	},
 }
 

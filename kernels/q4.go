@@ -166,7 +166,9 @@ func packNibbles(dst, src []uint8, rows, k int, lut *[16]float32) {
 // brings the block's largest magnitude within e2m1's 6, each value the
 // nearest e2m1; INT4 in groups of 32 along a row, symmetric, scale
 // max|v|/7 and each field round(v/scale) + 8; INT8 as ggml's Q8_0, in
-// groups of 32, scale max|v|/127 and each code round(v/scale); UINT4 as
+// groups of 32, scale max|v|/127 and each code round(v/scale); both keep
+// their scales rounded to fp16, as GGUF's Q4_0 and Q8_0 store them (the
+// codes made with the unrounded scale, as ggml makes them); UINT4 as
 // ggml's Q4_K (see quantizeQ4K): groups of 32 with a scale and an offset,
 // both factored over super-blocks of 8 groups. cols must
 // be a multiple of 32 for the 4- and 8-bit dtypes. Other dtypes are an
@@ -209,8 +211,8 @@ func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
 			e8[i] = uint8(e + 127)
 			inv = math.Ldexp(1, -e)
 		} else if amax > 0 {
-			f[i] = float32(amax / 7)
-			inv = 1 / float64(f[i])
+			s := float32(amax / 7)
+			f[i], inv = half.F16ToF32(half.F32ToF16(s)), 1/float64(s)
 		}
 		for j, x := range block {
 			var n uint8
@@ -255,12 +257,13 @@ func quantizeCodes(dt DType, v []float32, rows, cols int) Matrix {
 		for _, x := range block {
 			amax = math.Max(amax, math.Abs(float64(x)))
 		}
-		scales[i] = float32(amax / 127)
-		if scales[i] == 0 {
+		d := float32(amax / 127)
+		scales[i] = half.F16ToF32(half.F32ToF16(d))
+		if d == 0 {
 			continue
 		}
 		for j, x := range block {
-			codes[i*32+j] = int8(max(-127, min(127, math.RoundToEven(float64(x)/float64(scales[i])))))
+			codes[i*32+j] = int8(max(-127, min(127, math.RoundToEven(float64(x)/float64(d)))))
 		}
 	}
 	m, err := NewINT8(rows, cols, 32, codes, scales, nil)

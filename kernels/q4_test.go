@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/kerneltest"
 )
@@ -282,6 +283,12 @@ func TestQuantize(t *testing.T) {
 		m, err := kernels.Quantize(dt, v, R, C)
 		require.NoError(t, err)
 		require.Equal(t, dt, m.DType)
+		if dt == kernels.INT4 || dt == kernels.INT8 { // fp16 scales, as GGUF's Q4_0 and Q8_0
+			scales, _ := m.CodeScales()
+			for _, sc := range scales {
+				require.Equal(t, sc, half.F16ToF32(half.F32ToF16(sc)), "%v scale", dt)
+			}
+		}
 		for i, x := range v {
 			amax, lo, hi := 0.0, math.Inf(1), math.Inf(-1)
 			for _, y := range v[i/32*32:][:32] {
@@ -290,9 +297,11 @@ func TestQuantize(t *testing.T) {
 			}
 			// The coarsest relative step: e2m1 between 4 and 6 (a quarter of
 			// the largest), int4 1/7 of the largest, e4m3 1/16 of a value,
-			// int8 1/127 of the largest, uint4 1/15 of the block's range.
-			tol := map[kernels.DType]float64{kernels.F8E4M3: math.Abs(float64(x))/16 + 1e-9, kernels.MXFP4: amax / 3, kernels.INT4: amax / 14,
-				kernels.INT8: amax / 254, kernels.UINT4: (hi - lo) / 30}[dt]
+			// int8 1/127 of the largest, uint4 1/15 of the block's range;
+			// int4's and int8's scales rounded to fp16 move a code's value
+			// by at most 2^−11 of the largest more.
+			tol := map[kernels.DType]float64{kernels.F8E4M3: math.Abs(float64(x))/16 + 1e-9, kernels.MXFP4: amax / 3, kernels.INT4: amax/14 + amax/2048,
+				kernels.INT8: amax/254 + amax/2048, kernels.UINT4: (hi - lo) / 30}[dt]
 			require.InDelta(t, x, m.At(i/C, i%C), tol*1.0001, "%v element %d", dt, i)
 		}
 	}

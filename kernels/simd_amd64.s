@@ -17264,6 +17264,1321 @@ dot8AVX2S4x2_store:
 	VZEROUPPER
 	RET
 
+// func dot8AVX2HI8x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HI8x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x80808080, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2HI8x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2HI8x1_start
+
+dot8AVX2HI8x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2HI8x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2HI8x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2HI8x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HI8x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VPXOR        (CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        64(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y3, Y3
+	VPXOR        32(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD (AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	VPXOR        96(CX)(SI*1), Y0, Y6
+	VPABSB       Y6, Y7
+	VPBROADCASTD 4(AX), Y8
+	VPSIGNB      Y6, Y8, Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPMADDWD     Y1, Y8, Y8
+	VPADDD       Y8, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, SI
+	DECQ         DI
+	JNZ          dot8AVX2HI8x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Y6
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  Y7, Y3, Y2
+	VCVTPH2PS    16(DX), Y3
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y6
+	VMULPS       Y3, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2HI8x1_group
+
+dot8AVX2HI8x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HI8x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HI8x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x80808080, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2HI8x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2HI8x2_start
+
+dot8AVX2HI8x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2HI8x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2HI8x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2HI8x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HI8x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VPXOR        (DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        64(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y3, Y3
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y7, Y7
+	VPXOR        32(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD (CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	VPXOR        96(DX)(DI*1), Y0, Y10
+	VPABSB       Y10, Y11
+	VPBROADCASTD 4(CX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y5, Y5
+	VPBROADCASTD 4(AX), Y12
+	VPSIGNB      Y10, Y12, Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPMADDWD     Y1, Y12, Y12
+	VPADDD       Y12, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R8
+	JNZ          dot8AVX2HI8x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Y10
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y11
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  Y11, Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VCVTPH2PS    16(BX), Y3
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2HI8x2_group
+
+dot8AVX2HI8x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HS4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HS4x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2HS4x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2HS4x1_start
+
+dot8AVX2HS4x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2HS4x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2HS4x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2HS4x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HS4x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX2HS4x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Y6
+	VPMADDWD     Y1, Y3, Y3
+	VPBROADCASTD 8(AX), Y7
+	VPSRAD       $0x04, Y7, Y7
+	VPSUBD       Y7, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  Y7, Y3, Y2
+	VCVTPH2PS    16(DX), Y3
+	VPMADDWD     Y1, Y5, Y5
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x04, Y6, Y6
+	VPSUBD       Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y6
+	VMULPS       Y3, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2HS4x1_group
+
+dot8AVX2HS4x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HS4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HS4x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2HS4x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2HS4x2_start
+
+dot8AVX2HS4x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2HS4x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2HS4x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2HS4x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HS4x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2HS4x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Y10
+	VPMADDWD     Y1, Y3, Y3
+	VPBROADCASTD 8(CX), Y11
+	VPSRAD       $0x04, Y11, Y11
+	VPSUBD       Y11, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y11
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  Y11, Y3, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x04, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VCVTPH2PS    16(BX), Y3
+	VPMADDWD     Y1, Y5, Y5
+	VPBROADCASTD 8(CX), Y7
+	VPSRAD       $0x04, Y7, Y7
+	VPSUBD       Y7, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VPBROADCASTD 8(AX), Y5
+	VPSRAD       $0x04, Y5, Y5
+	VPSUBD       Y5, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2HS4x2_group
+
+dot8AVX2HS4x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HU4Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HU4Mx1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2HU4Mx1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	JMP     dot8AVX2HU4Mx1_start
+
+dot8AVX2HU4Mx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2HU4Mx1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2HU4Mx1_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2HU4Mx1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HU4Mx1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	VMOVDQU      (CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y3, Y3
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y3, Y3
+	VMOVDQU      32(CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPADDW       Y6, Y5, Y5
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y6
+	VPADDW       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX2HU4Mx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (DX), Y6
+	VCVTPH2PS    (BX), Y7
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y8
+	VMULPS       Y6, Y8, Y8
+	VFMADD231PS  Y8, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y7, Y3, Y2
+	VCVTPH2PS    16(DX), Y3
+	VCVTPH2PS    16(BX), Y6
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y6, Y3, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2HU4Mx1_group
+
+dot8AVX2HU4Mx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HU4Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HU4Mx2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX2HU4Mx2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y8
+	JMP     dot8AVX2HU4Mx2_start
+
+dot8AVX2HU4Mx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2HU4Mx2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX2HU4Mx2_group:
+	TESTQ DI, DI
+	JZ    dot8AVX2HU4Mx2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R9
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HU4Mx2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU      (DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y7, Y7
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y7, Y7
+	VMOVDQU      32(DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPADDW       Y10, Y9, Y9
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y10
+	VPADDW       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX2HU4Mx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Y10
+	VCVTPH2PS    (SI), Y11
+	VPMADDWD     Y1, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y12
+	VMULPS       Y10, Y12, Y12
+	VFMADD231PS  Y12, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  Y11, Y3, Y2
+	VPMADDWD     Y1, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y11, Y3, Y6
+	VCVTPH2PS    16(BX), Y3
+	VCVTPH2PS    16(SI), Y7
+	VPMADDWD     Y1, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y10
+	VMULPS       Y3, Y10, Y10
+	VFMADD231PS  Y10, Y5, Y4
+	VBROADCASTSS 4(CX), Y5
+	VFMADD231PS  Y7, Y5, Y4
+	VPMADDWD     Y1, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y7, Y3, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX2HU4Mx2_group
+
+dot8AVX2HU4Mx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HS5x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HS5x1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, BX
+	VMOVD        BX, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX2HS5x1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y4
+	JMP     dot8AVX2HS5x1_start
+
+dot8AVX2HS5x1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2HS5x1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX2HS5x1_group:
+	TESTQ BX, BX
+	JZ    dot8AVX2HS5x1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), DI
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HS5x1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU      (CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(CX)(SI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(CX)(SI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, SI
+	DECQ         DI
+	JNZ          dot8AVX2HS5x1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Y6
+	VPBROADCASTD 8(AX), Y7
+	VPSRAD       $0x03, Y7, Y7
+	VPSUBD       Y7, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y6, Y7, Y7
+	VFMADD231PS  Y7, Y3, Y2
+	VCVTPH2PS    16(DX), Y3
+	VPBROADCASTD 8(AX), Y6
+	VPSRAD       $0x03, Y6, Y6
+	VPSUBD       Y6, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y6
+	VMULPS       Y3, Y6, Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX2HS5x1_group
+
+dot8AVX2HS5x1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HS5x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HS5x2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2HS5x2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	ADDQ    DI, SI
+	VMOVUPS (SI), Y6
+	VMOVUPS 32(SI), Y8
+	JMP     dot8AVX2HS5x2_start
+
+dot8AVX2HS5x2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2HS5x2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2HS5x2_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2HS5x2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HS5x2_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU      (DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(DX)(DI*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(DX)(DI*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX2HS5x2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Y10
+	VPBROADCASTD 8(CX), Y11
+	VPSRAD       $0x03, Y11, Y11
+	VPSUBD       Y11, Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y11
+	VMULPS       Y10, Y11, Y11
+	VFMADD231PS  Y11, Y3, Y2
+	VPBROADCASTD 8(AX), Y3
+	VPSRAD       $0x03, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VCVTPH2PS    16(BX), Y3
+	VPBROADCASTD 8(CX), Y7
+	VPSRAD       $0x03, Y7, Y7
+	VPSUBD       Y7, Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VPBROADCASTD 8(AX), Y5
+	VPSRAD       $0x03, Y5, Y5
+	VPSUBD       Y5, Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2HS5x2_group
+
+dot8AVX2HS5x2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HU5Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HU5Mx1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, SI
+	VMOVD        SI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX2HU5Mx1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Y2
+	VMOVUPS 32(SI), Y4
+	JMP     dot8AVX2HU5Mx1_start
+
+dot8AVX2HU5Mx1_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+
+dot8AVX2HU5Mx1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX2HU5Mx1_group:
+	TESTQ SI, SI
+	JZ    dot8AVX2HU5Mx1_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	MOVQ  units+72(FP), R8
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HU5Mx1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	VMOVDQU      (CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 64(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 72(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y3, Y3
+	VMOVDQU      32(CX)(DI*1), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VPBROADCASTD 68(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VPBROADCASTD 76(CX)(DI*1), Y8
+	VPSHUFB      dot8Spread<>+0(SB), Y8, Y8
+	VPAND        dot8Bit<>+0(SB), Y8, Y8
+	VPCMPEQB     dot8Bit<>+0(SB), Y8, Y8
+	VPAND        dot8High0<>+0(SB), Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD (AX), Y8
+	VPMADDUBSW   Y8, Y6, Y6
+	VPBROADCASTD 4(AX), Y8
+	VPMADDUBSW   Y8, Y7, Y8
+	VPADDW       Y8, Y6, Y6
+	VPMADDWD     Y1, Y6, Y6
+	VPADDD       Y6, Y5, Y5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX2HU5Mx1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (DX), Y6
+	VCVTPH2PS    (BX), Y7
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (AX), Y8
+	VMULPS       Y6, Y8, Y8
+	VFMADD231PS  Y8, Y3, Y2
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y7, Y3, Y2
+	VCVTPH2PS    16(DX), Y3
+	VCVTPH2PS    16(BX), Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (AX), Y7
+	VMULPS       Y3, Y7, Y7
+	VFMADD231PS  Y7, Y5, Y4
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y6, Y3, Y4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX2HU5Mx1_group
+
+dot8AVX2HU5Mx1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX2HU5Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX2, F16C, FMA3, MMX+
+TEXT ·dot8AVX2HU5Mx2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x00010001, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX2HU5Mx2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Y6
+	VMOVUPS 32(DI), Y8
+	JMP     dot8AVX2HU5Mx2_start
+
+dot8AVX2HU5Mx2_zero:
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	VXORPS Y8, Y8, Y8
+
+dot8AVX2HU5Mx2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX2HU5Mx2_group:
+	TESTQ DI, DI
+	JZ    dot8AVX2HU5Mx2_store
+	VPXOR Y3, Y3, Y3
+	VPXOR Y5, Y5, Y5
+	VPXOR Y7, Y7, Y7
+	VPXOR Y9, Y9, Y9
+	MOVQ  units+72(FP), R9
+
+	// Eight steps of k, half a panel (eight rows) at a time.
+dot8AVX2HU5Mx2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU      (DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 64(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 72(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y3, Y3
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y7, Y7
+	VMOVDQU      32(DX)(R8*1), Y11
+	VPAND        Y0, Y11, Y10
+	VPSRLW       $0x04, Y11, Y11
+	VPAND        Y0, Y11, Y11
+	VPBROADCASTD 68(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y10, Y10
+	VPBROADCASTD 76(DX)(R8*1), Y12
+	VPSHUFB      dot8Spread<>+0(SB), Y12, Y12
+	VPAND        dot8Bit<>+0(SB), Y12, Y12
+	VPCMPEQB     dot8Bit<>+0(SB), Y12, Y12
+	VPAND        dot8High0<>+0(SB), Y12, Y12
+	VPOR         Y12, Y11, Y11
+	VPBROADCASTD (CX), Y12
+	VPMADDUBSW   Y12, Y10, Y13
+	VPBROADCASTD 4(CX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y13, Y13
+	VPMADDWD     Y1, Y13, Y13
+	VPADDD       Y13, Y5, Y5
+	VPBROADCASTD (AX), Y12
+	VPMADDUBSW   Y12, Y10, Y10
+	VPBROADCASTD 4(AX), Y12
+	VPMADDUBSW   Y12, Y11, Y12
+	VPADDW       Y12, Y10, Y10
+	VPMADDWD     Y1, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	ADDQ         $0x00000008, CX
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX2HU5Mx2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Y10
+	VCVTPH2PS    (SI), Y11
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (CX), Y12
+	VMULPS       Y10, Y12, Y12
+	VFMADD231PS  Y12, Y3, Y2
+	VBROADCASTSS 4(CX), Y3
+	VFMADD231PS  Y11, Y3, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS (AX), Y3
+	VMULPS       Y10, Y3, Y3
+	VFMADD231PS  Y3, Y7, Y6
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y11, Y3, Y6
+	VCVTPH2PS    16(BX), Y3
+	VCVTPH2PS    16(SI), Y7
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (CX), Y10
+	VMULPS       Y3, Y10, Y10
+	VFMADD231PS  Y10, Y5, Y4
+	VBROADCASTSS 4(CX), Y5
+	VFMADD231PS  Y7, Y5, Y4
+	VCVTDQ2PS    Y9, Y9
+	VBROADCASTSS (AX), Y5
+	VMULPS       Y3, Y5, Y5
+	VFMADD231PS  Y5, Y9, Y8
+	VBROADCASTSS 4(AX), Y3
+	VFMADD231PS  Y7, Y3, Y8
+	ADDQ         $0x00000010, CX
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX2HU5Mx2_group
+
+dot8AVX2HU5Mx2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Y2, (AX)
+	VMOVUPS Y4, 32(AX)
+	ADDQ    CX, AX
+	VMOVUPS Y6, (AX)
+	VMOVUPS Y8, 32(AX)
+	VZEROUPPER
+	RET
+
 // func quant8AVX2G8(out *byte, x *float32, blocks int)
 // Requires: AVX, AVX2
 TEXT ·quant8AVX2G8(SB), NOSPLIT, $0-24
@@ -84343,6 +85658,7718 @@ dot8AVX512S4x4p2_store:
 	ADDQ    CX, AX
 	VMOVUPS Z13, (AX)
 	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x1p1(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ s+56(FP), DX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512HI8x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z0
+	JMP     dot8AVX512HI8x1p1_start
+
+dot8AVX512HI8x1p1_zero:
+	VXORPS Z0, Z0, Z0
+
+dot8AVX512HI8x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512HI8x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512HI8x1p1_store
+	VPXORD Z1, Z1, Z1
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z2
+	VMOVDQU64    64(CX)(SI*1), Z3
+	VPBROADCASTD (AX), Z4
+	VPBROADCASTD 4(AX), Z5
+	VPDPBUSD     Z4, Z2, Z1
+	VPDPBUSD     Z5, Z3, Z1
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, SI
+	DECQ         DI
+	JNZ          dot8AVX512HI8x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Z2
+	VBROADCASTSS (AX), Z3
+	VPBROADCASTD 8(AX), Z4
+	VPSUBD       Z4, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z2, Z3, Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512HI8x1p1_group
+
+dot8AVX512HI8x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x1p2(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), DX
+	MOVQ s+56(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HI8x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z2
+	JMP     dot8AVX512HI8x1p2_start
+
+dot8AVX512HI8x1p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512HI8x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HI8x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HI8x1p2_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z4
+	VMOVDQU64    64(CX)(DI*1), Z5
+	VMOVDQU64    (DX)(DI*1), Z6
+	VMOVDQU64    64(DX)(DI*1), Z7
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z4, Z1
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z5, Z1
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R8
+	JNZ          dot8AVX512HI8x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z4
+	VCVTPH2PS    32(BX), Z5
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSUBD       Z7, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z6, Z4
+	VFMADD231PS  Z4, Z1, Z0
+	VPSUBD       Z7, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z5, Z6, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HI8x1p2_group
+
+dot8AVX512HI8x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x1p3(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), DX
+	MOVQ s+56(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HI8x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z2
+	VMOVUPS 128(DI), Z4
+	JMP     dot8AVX512HI8x1p3_start
+
+dot8AVX512HI8x1p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HI8x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HI8x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HI8x1p3_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z6
+	VMOVDQU64    64(CX)(R8*1), Z7
+	VMOVDQU64    (BX)(R8*1), Z8
+	VMOVDQU64    64(BX)(R8*1), Z9
+	VMOVDQU64    (DX)(R8*1), Z10
+	VMOVDQU64    64(DX)(R8*1), Z11
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z6, Z1
+	VPDPBUSD     Z12, Z8, Z3
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z7, Z1
+	VPDPBUSD     Z13, Z9, Z3
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R9
+	JNZ          dot8AVX512HI8x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	VCVTPH2PS    (SI), Z6
+	VCVTPH2PS    32(SI), Z7
+	VCVTPH2PS    64(SI), Z8
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSUBD       Z10, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z9, Z6
+	VFMADD231PS  Z6, Z1, Z0
+	VPSUBD       Z10, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z7, Z9, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VPSUBD       Z10, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z9, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HI8x1p3_group
+
+dot8AVX512HI8x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x1p4(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), AX
+	MOVQ b+8(FP), CX
+	MOVQ stride+16(FP), DX
+	LEAQ (CX)(DX*1), BX
+	LEAQ (BX)(DX*1), SI
+	LEAQ (SI)(DX*1), DX
+	MOVQ s+56(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HI8x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z4
+	VMOVUPS 192(R8), Z6
+	JMP     dot8AVX512HI8x1p4_start
+
+dot8AVX512HI8x1p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HI8x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HI8x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HI8x1p4_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z8
+	VMOVDQU64    64(CX)(R9*1), Z9
+	VMOVDQU64    (BX)(R9*1), Z10
+	VMOVDQU64    64(BX)(R9*1), Z11
+	VMOVDQU64    (SI)(R9*1), Z12
+	VMOVDQU64    64(SI)(R9*1), Z13
+	VMOVDQU64    (DX)(R9*1), Z14
+	VMOVDQU64    64(DX)(R9*1), Z15
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z8, Z1
+	VPDPBUSD     Z16, Z10, Z3
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z9, Z1
+	VPDPBUSD     Z17, Z11, Z3
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512HI8x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z8
+	VCVTPH2PS    32(DI), Z9
+	VCVTPH2PS    64(DI), Z10
+	VCVTPH2PS    96(DI), Z11
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VPSUBD       Z13, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z12, Z8
+	VFMADD231PS  Z8, Z1, Z0
+	VPSUBD       Z13, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z9, Z12, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VPSUBD       Z13, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z12, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VPSUBD       Z13, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z11, Z12, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HI8x1p4_group
+
+dot8AVX512HI8x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x2p1(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ s+56(FP), BX
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HI8x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z0
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z2
+	JMP     dot8AVX512HI8x2p1_start
+
+dot8AVX512HI8x2p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512HI8x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HI8x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HI8x2p1_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z4
+	VMOVDQU64    64(DX)(DI*1), Z5
+	VPBROADCASTD (CX), Z6
+	VPBROADCASTD 4(CX), Z7
+	VPDPBUSD     Z6, Z4, Z1
+	VPDPBUSD     Z7, Z5, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, DI
+	DECQ         R8
+	JNZ          dot8AVX512HI8x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z4
+	VBROADCASTSS (CX), Z5
+	VPBROADCASTD 8(CX), Z6
+	VPSUBD       Z6, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z4, Z5, Z5
+	VFMADD231PS  Z5, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSUBD       Z6, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z5, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HI8x2p1_group
+
+dot8AVX512HI8x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x2p2(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), BX
+	MOVQ s+56(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HI8x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z6
+	JMP     dot8AVX512HI8x2p2_start
+
+dot8AVX512HI8x2p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HI8x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HI8x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HI8x2p2_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z8
+	VMOVDQU64    64(DX)(R8*1), Z9
+	VMOVDQU64    (BX)(R8*1), Z10
+	VMOVDQU64    64(BX)(R8*1), Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z8, Z1
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z9, Z1
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z8, Z5
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z9, Z5
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R9
+	JNZ          dot8AVX512HI8x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z8
+	VCVTPH2PS    32(SI), Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSUBD       Z11, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z10, Z12
+	VFMADD231PS  Z12, Z1, Z0
+	VPSUBD       Z11, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSUBD       Z11, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VPSUBD       Z11, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z9, Z10, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HI8x2p2_group
+
+dot8AVX512HI8x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x2p3(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), BX
+	MOVQ s+56(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HI8x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z2
+	VMOVUPS 128(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	VMOVUPS 128(R8), Z10
+	JMP     dot8AVX512HI8x2p3_start
+
+dot8AVX512HI8x2p3_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512HI8x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HI8x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HI8x2p3_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z12
+	VMOVDQU64    64(DX)(R9*1), Z13
+	VMOVDQU64    (SI)(R9*1), Z14
+	VMOVDQU64    64(SI)(R9*1), Z15
+	VMOVDQU64    (BX)(R9*1), Z16
+	VMOVDQU64    64(BX)(R9*1), Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z12, Z1
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z13, Z1
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z12, Z7
+	VPDPBUSD     Z18, Z14, Z9
+	VPDPBUSD     Z18, Z16, Z11
+	VPDPBUSD     Z19, Z13, Z7
+	VPDPBUSD     Z19, Z15, Z9
+	VPDPBUSD     Z19, Z17, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512HI8x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z12
+	VCVTPH2PS    32(DI), Z13
+	VCVTPH2PS    64(DI), Z14
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSUBD       Z16, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z15, Z17
+	VFMADD231PS  Z17, Z1, Z0
+	VPSUBD       Z16, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z13, Z15, Z17
+	VFMADD231PS  Z17, Z3, Z2
+	VPSUBD       Z16, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z14, Z15, Z15
+	VFMADD231PS  Z15, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSUBD       Z16, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z15, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VPSUBD       Z16, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z13, Z15, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VPSUBD       Z16, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z15, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HI8x2p3_group
+
+dot8AVX512HI8x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VMOVUPS Z10, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x2p4(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), AX
+	MOVQ b+8(FP), DX
+	MOVQ stride+16(FP), BX
+	LEAQ (DX)(BX*1), SI
+	LEAQ (SI)(BX*1), DI
+	LEAQ (DI)(BX*1), BX
+	MOVQ s+56(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HI8x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z2
+	VMOVUPS 128(R9), Z4
+	VMOVUPS 192(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z12
+	VMOVUPS 192(R9), Z14
+	JMP     dot8AVX512HI8x2p4_start
+
+dot8AVX512HI8x2p4_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512HI8x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HI8x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HI8x2p4_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z16
+	VMOVDQU64    64(DX)(R10*1), Z17
+	VMOVDQU64    (SI)(R10*1), Z18
+	VMOVDQU64    64(SI)(R10*1), Z19
+	VMOVDQU64    (DI)(R10*1), Z20
+	VMOVDQU64    64(DI)(R10*1), Z21
+	VMOVDQU64    (BX)(R10*1), Z22
+	VMOVDQU64    64(BX)(R10*1), Z23
+	VPBROADCASTD (CX), Z24
+	VPBROADCASTD 4(CX), Z25
+	VPDPBUSD     Z24, Z16, Z1
+	VPDPBUSD     Z24, Z18, Z3
+	VPDPBUSD     Z24, Z20, Z5
+	VPDPBUSD     Z24, Z22, Z7
+	VPDPBUSD     Z25, Z17, Z1
+	VPDPBUSD     Z25, Z19, Z3
+	VPDPBUSD     Z25, Z21, Z5
+	VPDPBUSD     Z25, Z23, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z24
+	VPBROADCASTD 4(AX), Z25
+	VPDPBUSD     Z24, Z16, Z9
+	VPDPBUSD     Z24, Z18, Z11
+	VPDPBUSD     Z24, Z20, Z13
+	VPDPBUSD     Z24, Z22, Z15
+	VPDPBUSD     Z25, Z17, Z9
+	VPDPBUSD     Z25, Z19, Z11
+	VPDPBUSD     Z25, Z21, Z13
+	VPDPBUSD     Z25, Z23, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512HI8x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (R8), Z16
+	VCVTPH2PS    32(R8), Z17
+	VCVTPH2PS    64(R8), Z18
+	VCVTPH2PS    96(R8), Z19
+	VBROADCASTSS (CX), Z20
+	VPBROADCASTD 8(CX), Z21
+	VPSUBD       Z21, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z20, Z22
+	VFMADD231PS  Z22, Z1, Z0
+	VPSUBD       Z21, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z17, Z20, Z22
+	VFMADD231PS  Z22, Z3, Z2
+	VPSUBD       Z21, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z18, Z20, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VPSUBD       Z21, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z19, Z20, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z20
+	VPBROADCASTD 8(AX), Z21
+	VPSUBD       Z21, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z20, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	VPSUBD       Z21, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z17, Z20, Z16
+	VFMADD231PS  Z16, Z11, Z10
+	VPSUBD       Z21, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z18, Z20, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VPSUBD       Z21, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z19, Z20, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HI8x2p4_group
+
+dot8AVX512HI8x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	VMOVUPS Z4, 128(AX)
+	VMOVUPS Z6, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VMOVUPS Z14, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x3p1(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ s+56(FP), SI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HI8x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z0
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	JMP     dot8AVX512HI8x3p1_start
+
+dot8AVX512HI8x3p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HI8x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HI8x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HI8x3p1_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z6
+	VMOVDQU64    64(BX)(R8*1), Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z1
+	VPDPBUSD     Z9, Z7, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z8
+	VPBROADCASTD 4(DX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R8
+	DECQ         R9
+	JNZ          dot8AVX512HI8x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z6
+	VBROADCASTSS (CX), Z7
+	VPBROADCASTD 8(CX), Z8
+	VPSUBD       Z8, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z6, Z7, Z7
+	VFMADD231PS  Z7, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z7
+	VPBROADCASTD 8(DX), Z8
+	VPSUBD       Z8, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z7, Z7
+	VFMADD231PS  Z7, Z3, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSUBD       Z8, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z7, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HI8x3p1_group
+
+dot8AVX512HI8x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x3p2(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), AX
+	MOVQ b+8(FP), BX
+	MOVQ stride+16(FP), SI
+	LEAQ (BX)(SI*1), SI
+	MOVQ s+56(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HI8x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	VMOVUPS 64(R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	VMOVUPS 64(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	VMOVUPS 64(R8), Z10
+	JMP     dot8AVX512HI8x3p2_start
+
+dot8AVX512HI8x3p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+
+dot8AVX512HI8x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HI8x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HI8x3p2_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z12
+	VMOVDQU64    64(BX)(R9*1), Z13
+	VMOVDQU64    (SI)(R9*1), Z14
+	VMOVDQU64    64(SI)(R9*1), Z15
+	VPBROADCASTD (CX), Z16
+	VPBROADCASTD 4(CX), Z17
+	VPDPBUSD     Z16, Z12, Z1
+	VPDPBUSD     Z16, Z14, Z3
+	VPDPBUSD     Z17, Z13, Z1
+	VPDPBUSD     Z17, Z15, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z16
+	VPBROADCASTD 4(DX), Z17
+	VPDPBUSD     Z16, Z12, Z5
+	VPDPBUSD     Z16, Z14, Z7
+	VPDPBUSD     Z17, Z13, Z5
+	VPDPBUSD     Z17, Z15, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z16
+	VPBROADCASTD 4(AX), Z17
+	VPDPBUSD     Z16, Z12, Z9
+	VPDPBUSD     Z16, Z14, Z11
+	VPDPBUSD     Z17, Z13, Z9
+	VPDPBUSD     Z17, Z15, Z11
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512HI8x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z12
+	VCVTPH2PS    32(DI), Z13
+	VBROADCASTSS (CX), Z14
+	VPBROADCASTD 8(CX), Z15
+	VPSUBD       Z15, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z12, Z14, Z16
+	VFMADD231PS  Z16, Z1, Z0
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z13, Z14, Z14
+	VFMADD231PS  Z14, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z14
+	VPBROADCASTD 8(DX), Z15
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z14, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z13, Z14, Z14
+	VFMADD231PS  Z14, Z7, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z12, Z14, Z12
+	VFMADD231PS  Z12, Z9, Z8
+	VPSUBD       Z15, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z13, Z14, Z12
+	VFMADD231PS  Z12, Z11, Z10
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HI8x3p2_group
+
+dot8AVX512HI8x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x4p1(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ s+56(FP), DI
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HI8x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z0
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	JMP     dot8AVX512HI8x4p1_start
+
+dot8AVX512HI8x4p1_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HI8x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HI8x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HI8x4p1_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (SI)(R9*1), Z8
+	VMOVDQU64    64(SI)(R9*1), Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z1
+	VPDPBUSD     Z11, Z9, Z1
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z10
+	VPBROADCASTD 4(BX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R9
+	DECQ         R10
+	JNZ          dot8AVX512HI8x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z8
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSUBD       Z10, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z1, Z0
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VPBROADCASTD 8(DX), Z10
+	VPSUBD       Z10, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z3, Z2
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z9
+	VPBROADCASTD 8(BX), Z10
+	VPSUBD       Z10, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z5, Z4
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSUBD       Z10, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z9, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HI8x4p1_group
+
+dot8AVX512HI8x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HI8x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HI8x4p2(SB), NOSPLIT, $0-96
+	MOVQ a+0(FP), AX
+	MOVQ (AX), CX
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), BX
+	MOVQ 24(AX), AX
+	MOVQ b+8(FP), SI
+	MOVQ stride+16(FP), DI
+	LEAQ (SI)(DI*1), DI
+	MOVQ s+56(FP), R8
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HI8x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z0
+	VMOVUPS 64(R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	VMOVUPS 64(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z10
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z12
+	VMOVUPS 64(R9), Z14
+	JMP     dot8AVX512HI8x4p2_start
+
+dot8AVX512HI8x4p2_zero:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+
+dot8AVX512HI8x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HI8x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HI8x4p2_store
+	VPXORD Z1, Z1, Z1
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HI8x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z16
+	VMOVDQU64    64(SI)(R10*1), Z17
+	VMOVDQU64    (DI)(R10*1), Z18
+	VMOVDQU64    64(DI)(R10*1), Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z16, Z1
+	VPDPBUSD     Z20, Z18, Z3
+	VPDPBUSD     Z21, Z17, Z1
+	VPDPBUSD     Z21, Z19, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z20
+	VPBROADCASTD 4(DX), Z21
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z20
+	VPBROADCASTD 4(BX), Z21
+	VPDPBUSD     Z20, Z16, Z9
+	VPDPBUSD     Z20, Z18, Z11
+	VPDPBUSD     Z21, Z17, Z9
+	VPDPBUSD     Z21, Z19, Z11
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z16, Z13
+	VPDPBUSD     Z20, Z18, Z15
+	VPDPBUSD     Z21, Z17, Z13
+	VPDPBUSD     Z21, Z19, Z15
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000080, R10
+	DECQ         R11
+	JNZ          dot8AVX512HI8x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (R8), Z16
+	VCVTPH2PS    32(R8), Z17
+	VBROADCASTSS (CX), Z18
+	VPBROADCASTD 8(CX), Z19
+	VPSUBD       Z19, Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z1, Z0
+	VPSUBD       Z19, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VPBROADCASTD 8(DX), Z19
+	VPSUBD       Z19, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	VPSUBD       Z19, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z7, Z6
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z18
+	VPBROADCASTD 8(BX), Z19
+	VPSUBD       Z19, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z20
+	VFMADD231PS  Z20, Z9, Z8
+	VPSUBD       Z19, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z17, Z18, Z18
+	VFMADD231PS  Z18, Z11, Z10
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z18
+	VPBROADCASTD 8(AX), Z19
+	VPSUBD       Z19, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z18, Z16
+	VFMADD231PS  Z16, Z13, Z12
+	VPSUBD       Z19, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z17, Z18, Z16
+	VFMADD231PS  Z16, Z15, Z14
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HI8x4p2_group
+
+dot8AVX512HI8x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z2, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VMOVUPS Z6, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z12, (AX)
+	VMOVUPS Z14, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512HS4x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z1
+	JMP     dot8AVX512HS4x1p1_start
+
+dot8AVX512HS4x1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+dot8AVX512HS4x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512HS4x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512HS4x1p1_store
+	VPXORD Z2, Z2, Z2
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z4
+	VPANDD       Z0, Z4, Z3
+	VPSRLW       $0x04, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VPBROADCASTD (AX), Z5
+	VPBROADCASTD 4(AX), Z6
+	VPDPBUSD     Z5, Z3, Z2
+	VPDPBUSD     Z6, Z4, Z2
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX512HS4x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Z3
+	VBROADCASTSS (AX), Z4
+	VPBROADCASTD 8(AX), Z5
+	VPSRAD       $0x04, Z5, Z5
+	VPSUBD       Z5, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z3, Z4, Z3
+	VFMADD231PS  Z3, Z2, Z1
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512HS4x1p1_group
+
+dot8AVX512HS4x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HS4x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	VMOVUPS 64(SI), Z3
+	JMP     dot8AVX512HS4x1p2_start
+
+dot8AVX512HS4x1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512HS4x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HS4x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HS4x1p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMOVDQU64    (DX)(DI*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z5, Z2
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z6, Z2
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512HS4x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z5
+	VCVTPH2PS    32(BX), Z6
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x04, Z8, Z8
+	VPSUBD       Z8, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z7, Z5
+	VFMADD231PS  Z5, Z2, Z1
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z6, Z7, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HS4x1p2_group
+
+dot8AVX512HS4x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS4x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	VMOVUPS 128(DI), Z5
+	JMP     dot8AVX512HS4x1p3_start
+
+dot8AVX512HS4x1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512HS4x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS4x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS4x1p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMOVDQU64    (BX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (DX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z7, Z2
+	VPDPBUSD     Z13, Z9, Z4
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z8, Z2
+	VPDPBUSD     Z14, Z10, Z4
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS4x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	VCVTPH2PS    (SI), Z7
+	VCVTPH2PS    32(SI), Z8
+	VCVTPH2PS    64(SI), Z9
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x04, Z11, Z11
+	VPSUBD       Z11, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z10, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VPSUBD       Z11, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z8, Z10, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	VPSUBD       Z11, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z10, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS4x1p3_group
+
+dot8AVX512HS4x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS4x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	VMOVUPS 192(R8), Z7
+	JMP     dot8AVX512HS4x1p4_start
+
+dot8AVX512HS4x1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HS4x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS4x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS4x1p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMOVDQU64    (SI)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (DX)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z9, Z2
+	VPDPBUSD     Z17, Z11, Z4
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z10, Z2
+	VPDPBUSD     Z18, Z12, Z4
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS4x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z9
+	VCVTPH2PS    32(DI), Z10
+	VCVTPH2PS    64(DI), Z11
+	VCVTPH2PS    96(DI), Z12
+	VBROADCASTSS (AX), Z13
+	VPBROADCASTD 8(AX), Z14
+	VPSRAD       $0x04, Z14, Z14
+	VPSUBD       Z14, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z13, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VPSUBD       Z14, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z10, Z13, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VPSUBD       Z14, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z11, Z13, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VPSUBD       Z14, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z12, Z13, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS4x1p4_group
+
+dot8AVX512HS4x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HS4x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z3
+	JMP     dot8AVX512HS4x2p1_start
+
+dot8AVX512HS4x2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512HS4x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HS4x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HS4x2p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VPBROADCASTD (CX), Z7
+	VPBROADCASTD 4(CX), Z8
+	VPDPBUSD     Z7, Z5, Z2
+	VPDPBUSD     Z8, Z6, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512HS4x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z5
+	VBROADCASTSS (CX), Z6
+	VPBROADCASTD 8(CX), Z7
+	VPSRAD       $0x04, Z7, Z7
+	VPSUBD       Z7, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z6, Z6
+	VFMADD231PS  Z6, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x04, Z7, Z7
+	VPSUBD       Z7, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z5, Z6, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HS4x2p1_group
+
+dot8AVX512HS4x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS4x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	VMOVUPS 64(DI), Z7
+	JMP     dot8AVX512HS4x2p2_start
+
+dot8AVX512HS4x2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HS4x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS4x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS4x2p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R8*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z9, Z2
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z10, Z2
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z9, Z6
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z10, Z6
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS4x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z9
+	VCVTPH2PS    32(SI), Z10
+	VBROADCASTSS (CX), Z11
+	VPBROADCASTD 8(CX), Z12
+	VPSRAD       $0x04, Z12, Z12
+	VPSUBD       Z12, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z11, Z13
+	VFMADD231PS  Z13, Z2, Z1
+	VPSUBD       Z12, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z10, Z11, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x04, Z12, Z12
+	VPSUBD       Z12, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z11, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VPSUBD       Z12, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z10, Z11, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS4x2p2_group
+
+dot8AVX512HS4x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS4x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z9
+	VMOVUPS 128(R8), Z11
+	JMP     dot8AVX512HS4x2p3_start
+
+dot8AVX512HS4x2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512HS4x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS4x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS4x2p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMOVDQU64    (BX)(R9*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z13, Z2
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z14, Z2
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z13, Z8
+	VPDPBUSD     Z19, Z15, Z10
+	VPDPBUSD     Z19, Z17, Z12
+	VPDPBUSD     Z20, Z14, Z8
+	VPDPBUSD     Z20, Z16, Z10
+	VPDPBUSD     Z20, Z18, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS4x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z13
+	VCVTPH2PS    32(DI), Z14
+	VCVTPH2PS    64(DI), Z15
+	VBROADCASTSS (CX), Z16
+	VPBROADCASTD 8(CX), Z17
+	VPSRAD       $0x04, Z17, Z17
+	VPSUBD       Z17, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z16, Z18
+	VFMADD231PS  Z18, Z2, Z1
+	VPSUBD       Z17, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z14, Z16, Z18
+	VFMADD231PS  Z18, Z4, Z3
+	VPSUBD       Z17, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z15, Z16, Z16
+	VFMADD231PS  Z16, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z16
+	VPBROADCASTD 8(AX), Z17
+	VPSRAD       $0x04, Z17, Z17
+	VPSUBD       Z17, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z13, Z16, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VPSUBD       Z17, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z14, Z16, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VPSUBD       Z17, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z15, Z16, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS4x2p3_group
+
+dot8AVX512HS4x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HS4x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z5
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	VMOVUPS 128(R9), Z13
+	VMOVUPS 192(R9), Z15
+	JMP     dot8AVX512HS4x2p4_start
+
+dot8AVX512HS4x2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512HS4x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HS4x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HS4x2p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (SI)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMOVDQU64    (DI)(R10*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	VMOVDQU64    (BX)(R10*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	VPBROADCASTD (CX), Z25
+	VPBROADCASTD 4(CX), Z26
+	VPDPBUSD     Z25, Z17, Z2
+	VPDPBUSD     Z25, Z19, Z4
+	VPDPBUSD     Z25, Z21, Z6
+	VPDPBUSD     Z25, Z23, Z8
+	VPDPBUSD     Z26, Z18, Z2
+	VPDPBUSD     Z26, Z20, Z4
+	VPDPBUSD     Z26, Z22, Z6
+	VPDPBUSD     Z26, Z24, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z25
+	VPBROADCASTD 4(AX), Z26
+	VPDPBUSD     Z25, Z17, Z10
+	VPDPBUSD     Z25, Z19, Z12
+	VPDPBUSD     Z25, Z21, Z14
+	VPDPBUSD     Z25, Z23, Z16
+	VPDPBUSD     Z26, Z18, Z10
+	VPDPBUSD     Z26, Z20, Z12
+	VPDPBUSD     Z26, Z22, Z14
+	VPDPBUSD     Z26, Z24, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HS4x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (R8), Z17
+	VCVTPH2PS    32(R8), Z18
+	VCVTPH2PS    64(R8), Z19
+	VCVTPH2PS    96(R8), Z20
+	VBROADCASTSS (CX), Z21
+	VPBROADCASTD 8(CX), Z22
+	VPSRAD       $0x04, Z22, Z22
+	VPSUBD       Z22, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z2, Z1
+	VPSUBD       Z22, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z18, Z21, Z23
+	VFMADD231PS  Z23, Z4, Z3
+	VPSUBD       Z22, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z19, Z21, Z23
+	VFMADD231PS  Z23, Z6, Z5
+	VPSUBD       Z22, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z20, Z21, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z21
+	VPBROADCASTD 8(AX), Z22
+	VPSRAD       $0x04, Z22, Z22
+	VPSUBD       Z22, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z21, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	VPSUBD       Z22, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z18, Z21, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VPSUBD       Z22, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z19, Z21, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VPSUBD       Z22, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z20, Z21, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HS4x2p4_group
+
+dot8AVX512HS4x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS4x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	JMP     dot8AVX512HS4x3p1_start
+
+dot8AVX512HS4x3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512HS4x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS4x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS4x3p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z2
+	VPDPBUSD     Z10, Z8, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z9
+	VPBROADCASTD 4(DX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS4x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z7
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VPSRAD       $0x04, Z9, Z9
+	VPSUBD       Z9, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z8, Z8
+	VFMADD231PS  Z8, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VPBROADCASTD 8(DX), Z9
+	VPSRAD       $0x04, Z9, Z9
+	VPSUBD       Z9, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z8, Z8
+	VFMADD231PS  Z8, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x04, Z9, Z9
+	VPSUBD       Z9, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z7, Z8, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS4x3p1_group
+
+dot8AVX512HS4x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS4x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z9
+	VMOVUPS 64(R8), Z11
+	JMP     dot8AVX512HS4x3p2_start
+
+dot8AVX512HS4x3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512HS4x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS4x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS4x3p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (CX), Z17
+	VPBROADCASTD 4(CX), Z18
+	VPDPBUSD     Z17, Z13, Z2
+	VPDPBUSD     Z17, Z15, Z4
+	VPDPBUSD     Z18, Z14, Z2
+	VPDPBUSD     Z18, Z16, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z17
+	VPBROADCASTD 4(DX), Z18
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z13, Z10
+	VPDPBUSD     Z17, Z15, Z12
+	VPDPBUSD     Z18, Z14, Z10
+	VPDPBUSD     Z18, Z16, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS4x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z13
+	VCVTPH2PS    32(DI), Z14
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSRAD       $0x04, Z16, Z16
+	VPSUBD       Z16, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z15, Z17
+	VFMADD231PS  Z17, Z2, Z1
+	VPSUBD       Z16, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z14, Z15, Z15
+	VFMADD231PS  Z15, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z15
+	VPBROADCASTD 8(DX), Z16
+	VPSRAD       $0x04, Z16, Z16
+	VPSUBD       Z16, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z13, Z15, Z17
+	VFMADD231PS  Z17, Z6, Z5
+	VPSUBD       Z16, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z14, Z15, Z15
+	VFMADD231PS  Z15, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSRAD       $0x04, Z16, Z16
+	VPSUBD       Z16, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z13, Z15, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VPSUBD       Z16, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z14, Z15, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS4x3p2_group
+
+dot8AVX512HS4x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS4x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	JMP     dot8AVX512HS4x4p1_start
+
+dot8AVX512HS4x4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HS4x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS4x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS4x4p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	VMOVDQU64    (SI)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z2
+	VPDPBUSD     Z12, Z10, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z11
+	VPBROADCASTD 4(BX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS4x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x04, Z11, Z11
+	VPSUBD       Z11, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VPSRAD       $0x04, Z11, Z11
+	VPSUBD       Z11, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VPBROADCASTD 8(BX), Z11
+	VPSRAD       $0x04, Z11, Z11
+	VPSUBD       Z11, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z10, Z10
+	VFMADD231PS  Z10, Z6, Z5
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x04, Z11, Z11
+	VPSUBD       Z11, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z9, Z10, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS4x4p1_group
+
+dot8AVX512HS4x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS4x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HS4x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z13
+	VMOVUPS 64(R9), Z15
+	JMP     dot8AVX512HS4x4p2_start
+
+dot8AVX512HS4x4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512HS4x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HS4x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HS4x4p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS4x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (DI)(R10*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z17, Z2
+	VPDPBUSD     Z21, Z19, Z4
+	VPDPBUSD     Z22, Z18, Z2
+	VPDPBUSD     Z22, Z20, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z21
+	VPBROADCASTD 4(DX), Z22
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z21
+	VPBROADCASTD 4(BX), Z22
+	VPDPBUSD     Z21, Z17, Z10
+	VPDPBUSD     Z21, Z19, Z12
+	VPDPBUSD     Z22, Z18, Z10
+	VPDPBUSD     Z22, Z20, Z12
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z17, Z14
+	VPDPBUSD     Z21, Z19, Z16
+	VPDPBUSD     Z22, Z18, Z14
+	VPDPBUSD     Z22, Z20, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HS4x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (R8), Z17
+	VCVTPH2PS    32(R8), Z18
+	VBROADCASTSS (CX), Z19
+	VPBROADCASTD 8(CX), Z20
+	VPSRAD       $0x04, Z20, Z20
+	VPSUBD       Z20, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z19, Z21
+	VFMADD231PS  Z21, Z2, Z1
+	VPSUBD       Z20, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z18, Z19, Z19
+	VFMADD231PS  Z19, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z19
+	VPBROADCASTD 8(DX), Z20
+	VPSRAD       $0x04, Z20, Z20
+	VPSUBD       Z20, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z17, Z19, Z21
+	VFMADD231PS  Z21, Z6, Z5
+	VPSUBD       Z20, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z18, Z19, Z19
+	VFMADD231PS  Z19, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z19
+	VPBROADCASTD 8(BX), Z20
+	VPSRAD       $0x04, Z20, Z20
+	VPSUBD       Z20, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z19, Z21
+	VFMADD231PS  Z21, Z10, Z9
+	VPSUBD       Z20, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z18, Z19, Z19
+	VFMADD231PS  Z19, Z12, Z11
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z19
+	VPBROADCASTD 8(AX), Z20
+	VPSRAD       $0x04, Z20, Z20
+	VPSUBD       Z20, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z17, Z19, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VPSUBD       Z20, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z18, Z19, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HS4x4p2_group
+
+dot8AVX512HS4x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HU4Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	JMP     dot8AVX512HU4Mx1p1_start
+
+dot8AVX512HU4Mx1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+dot8AVX512HU4Mx1p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HU4Mx1p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HU4Mx1p1_store
+	VPXORD Z2, Z2, Z2
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx1p1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z4
+	VPANDD       Z0, Z4, Z3
+	VPSRLW       $0x04, Z4, Z4
+	VPANDD       Z0, Z4, Z4
+	VPBROADCASTD (AX), Z5
+	VPBROADCASTD 4(AX), Z6
+	VPDPBUSD     Z5, Z3, Z2
+	VPDPBUSD     Z6, Z4, Z2
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512HU4Mx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (DX), Z3
+	VCVTPH2PS    (BX), Z4
+	VBROADCASTSS (AX), Z5
+	VBROADCASTSS 4(AX), Z6
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z3, Z5, Z3
+	VFMADD231PS  Z3, Z2, Z1
+	VFMADD231PS  Z4, Z6, Z1
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HU4Mx1p1_group
+
+dot8AVX512HU4Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HU4Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	JMP     dot8AVX512HU4Mx1p2_start
+
+dot8AVX512HU4Mx1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512HU4Mx1p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HU4Mx1p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HU4Mx1p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx1p2_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VMOVDQU64    (DX)(R8*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z5, Z2
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z6, Z2
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512HU4Mx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Z5
+	VCVTPH2PS    (SI), Z6
+	VCVTPH2PS    32(BX), Z7
+	VCVTPH2PS    32(SI), Z8
+	VBROADCASTSS (AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z9, Z5
+	VFMADD231PS  Z5, Z2, Z1
+	VFMADD231PS  Z6, Z10, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z9, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	VFMADD231PS  Z8, Z10, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HU4Mx1p2_group
+
+dot8AVX512HU4Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU4Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	JMP     dot8AVX512HU4Mx1p3_start
+
+dot8AVX512HU4Mx1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512HU4Mx1p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU4Mx1p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU4Mx1p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx1p3_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VMOVDQU64    (BX)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (DX)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z7, Z2
+	VPDPBUSD     Z13, Z9, Z4
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z8, Z2
+	VPDPBUSD     Z14, Z10, Z4
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU4Mx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (SI), Z7
+	VCVTPH2PS    (DI), Z8
+	VCVTPH2PS    32(SI), Z9
+	VCVTPH2PS    32(DI), Z10
+	VCVTPH2PS    64(SI), Z11
+	VCVTPH2PS    64(DI), Z12
+	VBROADCASTSS (AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z13, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VFMADD231PS  Z8, Z14, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z13, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	VFMADD231PS  Z10, Z14, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z11, Z13, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	VFMADD231PS  Z12, Z14, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU4Mx1p3_group
+
+dot8AVX512HU4Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU4Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z5
+	VMOVUPS 192(R9), Z7
+	JMP     dot8AVX512HU4Mx1p4_start
+
+dot8AVX512HU4Mx1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HU4Mx1p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU4Mx1p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU4Mx1p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx1p4_unit:
+	PREFETCHT0   4096(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
+	VMOVDQU64    (CX)(R10*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R10*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VMOVDQU64    (SI)(R10*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (DX)(R10*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z9, Z2
+	VPDPBUSD     Z17, Z11, Z4
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z10, Z2
+	VPDPBUSD     Z18, Z12, Z4
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU4Mx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (DI), Z9
+	VCVTPH2PS    (R8), Z10
+	VCVTPH2PS    32(DI), Z11
+	VCVTPH2PS    32(R8), Z12
+	VCVTPH2PS    64(DI), Z13
+	VCVTPH2PS    64(R8), Z14
+	VCVTPH2PS    96(DI), Z15
+	VCVTPH2PS    96(R8), Z16
+	VBROADCASTSS (AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z17, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VFMADD231PS  Z10, Z18, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z17, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VFMADD231PS  Z12, Z18, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z13, Z17, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VFMADD231PS  Z14, Z18, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z15, Z17, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z16, Z18, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU4Mx1p4_group
+
+dot8AVX512HU4Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HU4Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	JMP     dot8AVX512HU4Mx2p1_start
+
+dot8AVX512HU4Mx2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512HU4Mx2p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HU4Mx2p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HU4Mx2p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx2p1_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z6
+	VPANDD       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPANDD       Z0, Z6, Z6
+	VPBROADCASTD (CX), Z7
+	VPBROADCASTD 4(CX), Z8
+	VPDPBUSD     Z7, Z5, Z2
+	VPDPBUSD     Z8, Z6, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512HU4Mx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Z5
+	VCVTPH2PS    (SI), Z6
+	VBROADCASTSS (CX), Z7
+	VBROADCASTSS 4(CX), Z8
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z5, Z7, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VFMADD231PS  Z6, Z8, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z7
+	VBROADCASTSS 4(AX), Z8
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z5, Z7, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	VFMADD231PS  Z6, Z8, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HU4Mx2p1_group
+
+dot8AVX512HU4Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU4Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z7
+	JMP     dot8AVX512HU4Mx2p2_start
+
+dot8AVX512HU4Mx2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HU4Mx2p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU4Mx2p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU4Mx2p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx2p2_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R9*1), Z12
+	VPANDD       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPANDD       Z0, Z12, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z9, Z2
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z10, Z2
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z9, Z6
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z10, Z6
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU4Mx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (SI), Z9
+	VCVTPH2PS    (DI), Z10
+	VCVTPH2PS    32(SI), Z11
+	VCVTPH2PS    32(DI), Z12
+	VBROADCASTSS (CX), Z13
+	VBROADCASTSS 4(CX), Z14
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z13, Z15
+	VFMADD231PS  Z15, Z2, Z1
+	VFMADD231PS  Z10, Z14, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z11, Z13, Z13
+	VFMADD231PS  Z13, Z4, Z3
+	VFMADD231PS  Z12, Z14, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z13
+	VBROADCASTSS 4(AX), Z14
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z13, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VFMADD231PS  Z10, Z14, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z11, Z13, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z12, Z14, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU4Mx2p2_group
+
+dot8AVX512HU4Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU4Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	VMOVUPS 64(R9), Z9
+	VMOVUPS 128(R9), Z11
+	JMP     dot8AVX512HU4Mx2p3_start
+
+dot8AVX512HU4Mx2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512HU4Mx2p3_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU4Mx2p3_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU4Mx2p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx2p3_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R10*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VMOVDQU64    (BX)(R10*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z13, Z2
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z14, Z2
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z13, Z8
+	VPDPBUSD     Z19, Z15, Z10
+	VPDPBUSD     Z19, Z17, Z12
+	VPDPBUSD     Z20, Z14, Z8
+	VPDPBUSD     Z20, Z16, Z10
+	VPDPBUSD     Z20, Z18, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU4Mx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (DI), Z13
+	VCVTPH2PS    (R8), Z14
+	VCVTPH2PS    32(DI), Z15
+	VCVTPH2PS    32(R8), Z16
+	VCVTPH2PS    64(DI), Z17
+	VCVTPH2PS    64(R8), Z18
+	VBROADCASTSS (CX), Z19
+	VBROADCASTSS 4(CX), Z20
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z19, Z21
+	VFMADD231PS  Z21, Z2, Z1
+	VFMADD231PS  Z14, Z20, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z19, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VFMADD231PS  Z16, Z20, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z17, Z19, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VFMADD231PS  Z18, Z20, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z19
+	VBROADCASTSS 4(AX), Z20
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z13, Z19, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VFMADD231PS  Z14, Z20, Z7
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z15, Z19, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VFMADD231PS  Z16, Z20, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z17, Z19, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	VFMADD231PS  Z18, Z20, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU4Mx2p3_group
+
+dot8AVX512HU4Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512HU4Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z3
+	VMOVUPS 128(R10), Z5
+	VMOVUPS 192(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z11
+	VMOVUPS 128(R10), Z13
+	VMOVUPS 192(R10), Z15
+	JMP     dot8AVX512HU4Mx2p4_start
+
+dot8AVX512HU4Mx2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512HU4Mx2p4_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512HU4Mx2p4_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512HU4Mx2p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx2p4_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (SI)(R11*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VMOVDQU64    (DI)(R11*1), Z22
+	VPANDD       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPANDD       Z0, Z22, Z22
+	VMOVDQU64    (BX)(R11*1), Z24
+	VPANDD       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPANDD       Z0, Z24, Z24
+	VPBROADCASTD (CX), Z25
+	VPBROADCASTD 4(CX), Z26
+	VPDPBUSD     Z25, Z17, Z2
+	VPDPBUSD     Z25, Z19, Z4
+	VPDPBUSD     Z25, Z21, Z6
+	VPDPBUSD     Z25, Z23, Z8
+	VPDPBUSD     Z26, Z18, Z2
+	VPDPBUSD     Z26, Z20, Z4
+	VPDPBUSD     Z26, Z22, Z6
+	VPDPBUSD     Z26, Z24, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z25
+	VPBROADCASTD 4(AX), Z26
+	VPDPBUSD     Z25, Z17, Z10
+	VPDPBUSD     Z25, Z19, Z12
+	VPDPBUSD     Z25, Z21, Z14
+	VPDPBUSD     Z25, Z23, Z16
+	VPDPBUSD     Z26, Z18, Z10
+	VPDPBUSD     Z26, Z20, Z12
+	VPDPBUSD     Z26, Z22, Z14
+	VPDPBUSD     Z26, Z24, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNZ          dot8AVX512HU4Mx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
+	VCVTPH2PS    (R8), Z17
+	VCVTPH2PS    (R9), Z18
+	VCVTPH2PS    32(R8), Z19
+	VCVTPH2PS    32(R9), Z20
+	VCVTPH2PS    64(R8), Z21
+	VCVTPH2PS    64(R9), Z22
+	VCVTPH2PS    96(R8), Z23
+	VCVTPH2PS    96(R9), Z24
+	VBROADCASTSS (CX), Z25
+	VBROADCASTSS 4(CX), Z26
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z25, Z27
+	VFMADD231PS  Z27, Z2, Z1
+	VFMADD231PS  Z18, Z26, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z25, Z27
+	VFMADD231PS  Z27, Z4, Z3
+	VFMADD231PS  Z20, Z26, Z3
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z21, Z25, Z27
+	VFMADD231PS  Z27, Z6, Z5
+	VFMADD231PS  Z22, Z26, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z23, Z25, Z25
+	VFMADD231PS  Z25, Z8, Z7
+	VFMADD231PS  Z24, Z26, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z25
+	VBROADCASTSS 4(AX), Z26
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z25, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	VFMADD231PS  Z18, Z26, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z25, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VFMADD231PS  Z20, Z26, Z11
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z21, Z25, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VFMADD231PS  Z22, Z26, Z13
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z23, Z25, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	VFMADD231PS  Z24, Z26, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512HU4Mx2p4_group
+
+dot8AVX512HU4Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU4Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	JMP     dot8AVX512HU4Mx3p1_start
+
+dot8AVX512HU4Mx3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512HU4Mx3p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU4Mx3p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU4Mx3p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx3p1_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z8
+	VPANDD       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPANDD       Z0, Z8, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z2
+	VPDPBUSD     Z10, Z8, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z9
+	VPBROADCASTD 4(DX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU4Mx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (SI), Z7
+	VCVTPH2PS    (DI), Z8
+	VBROADCASTSS (CX), Z9
+	VBROADCASTSS 4(CX), Z10
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z7, Z9, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VFMADD231PS  Z8, Z10, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VBROADCASTSS 4(DX), Z10
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z7, Z9, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VFMADD231PS  Z8, Z10, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z9
+	VBROADCASTSS 4(AX), Z10
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z7, Z9, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	VFMADD231PS  Z8, Z10, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU4Mx3p1_group
+
+dot8AVX512HU4Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU4Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	JMP     dot8AVX512HU4Mx3p2_start
+
+dot8AVX512HU4Mx3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512HU4Mx3p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU4Mx3p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU4Mx3p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx3p2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z14
+	VPANDD       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPANDD       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R10*1), Z16
+	VPANDD       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPANDD       Z0, Z16, Z16
+	VPBROADCASTD (CX), Z17
+	VPBROADCASTD 4(CX), Z18
+	VPDPBUSD     Z17, Z13, Z2
+	VPDPBUSD     Z17, Z15, Z4
+	VPDPBUSD     Z18, Z14, Z2
+	VPDPBUSD     Z18, Z16, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z17
+	VPBROADCASTD 4(DX), Z18
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z13, Z10
+	VPDPBUSD     Z17, Z15, Z12
+	VPDPBUSD     Z18, Z14, Z10
+	VPDPBUSD     Z18, Z16, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU4Mx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (DI), Z13
+	VCVTPH2PS    (R8), Z14
+	VCVTPH2PS    32(DI), Z15
+	VCVTPH2PS    32(R8), Z16
+	VBROADCASTSS (CX), Z17
+	VBROADCASTSS 4(CX), Z18
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z13, Z17, Z19
+	VFMADD231PS  Z19, Z2, Z1
+	VFMADD231PS  Z14, Z18, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z15, Z17, Z17
+	VFMADD231PS  Z17, Z4, Z3
+	VFMADD231PS  Z16, Z18, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z17
+	VBROADCASTSS 4(DX), Z18
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z13, Z17, Z19
+	VFMADD231PS  Z19, Z6, Z5
+	VFMADD231PS  Z14, Z18, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z15, Z17, Z17
+	VFMADD231PS  Z17, Z8, Z7
+	VFMADD231PS  Z16, Z18, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z13, Z17, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VFMADD231PS  Z14, Z18, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z15, Z17, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	VFMADD231PS  Z16, Z18, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU4Mx3p2_group
+
+dot8AVX512HU4Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU4Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z7
+	JMP     dot8AVX512HU4Mx4p1_start
+
+dot8AVX512HU4Mx4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512HU4Mx4p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU4Mx4p1_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU4Mx4p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx4p1_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z10
+	VPANDD       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPANDD       Z0, Z10, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z2
+	VPDPBUSD     Z12, Z10, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z11
+	VPBROADCASTD 4(BX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU4Mx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (DI), Z9
+	VCVTPH2PS    (R8), Z10
+	VBROADCASTSS (CX), Z11
+	VBROADCASTSS 4(CX), Z12
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z2, Z1
+	VFMADD231PS  Z10, Z12, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z11
+	VBROADCASTSS 4(DX), Z12
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	VFMADD231PS  Z10, Z12, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z11
+	VBROADCASTSS 4(BX), Z12
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z9, Z11, Z11
+	VFMADD231PS  Z11, Z6, Z5
+	VFMADD231PS  Z10, Z12, Z5
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z11
+	VBROADCASTSS 4(AX), Z12
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z9, Z11, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	VFMADD231PS  Z10, Z12, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU4Mx4p1_group
+
+dot8AVX512HU4Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU4Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU4Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512HU4Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z1
+	VMOVUPS 64(R10), Z3
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z5
+	VMOVUPS 64(R10), Z7
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z9
+	VMOVUPS 64(R10), Z11
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z13
+	VMOVUPS 64(R10), Z15
+	JMP     dot8AVX512HU4Mx4p2_start
+
+dot8AVX512HU4Mx4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512HU4Mx4p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512HU4Mx4p2_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512HU4Mx4p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU4Mx4p2_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z18
+	VPANDD       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPANDD       Z0, Z18, Z18
+	VMOVDQU64    (DI)(R11*1), Z20
+	VPANDD       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPANDD       Z0, Z20, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z17, Z2
+	VPDPBUSD     Z21, Z19, Z4
+	VPDPBUSD     Z22, Z18, Z2
+	VPDPBUSD     Z22, Z20, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z21
+	VPBROADCASTD 4(DX), Z22
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z21
+	VPBROADCASTD 4(BX), Z22
+	VPDPBUSD     Z21, Z17, Z10
+	VPDPBUSD     Z21, Z19, Z12
+	VPDPBUSD     Z22, Z18, Z10
+	VPDPBUSD     Z22, Z20, Z12
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z17, Z14
+	VPDPBUSD     Z21, Z19, Z16
+	VPDPBUSD     Z22, Z18, Z14
+	VPDPBUSD     Z22, Z20, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNZ          dot8AVX512HU4Mx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	VCVTPH2PS    (R8), Z17
+	VCVTPH2PS    (R9), Z18
+	VCVTPH2PS    32(R8), Z19
+	VCVTPH2PS    32(R9), Z20
+	VBROADCASTSS (CX), Z21
+	VBROADCASTSS 4(CX), Z22
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z2, Z1
+	VFMADD231PS  Z18, Z22, Z1
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z4, Z3
+	VFMADD231PS  Z20, Z22, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z21
+	VBROADCASTSS 4(DX), Z22
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z6, Z5
+	VFMADD231PS  Z18, Z22, Z5
+	VCVTDQ2PS    Z8, Z8
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	VFMADD231PS  Z20, Z22, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z21
+	VBROADCASTSS 4(BX), Z22
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z17, Z21, Z23
+	VFMADD231PS  Z23, Z10, Z9
+	VFMADD231PS  Z18, Z22, Z9
+	VCVTDQ2PS    Z12, Z12
+	VMULPS       Z19, Z21, Z21
+	VFMADD231PS  Z21, Z12, Z11
+	VFMADD231PS  Z20, Z22, Z11
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z21
+	VBROADCASTSS 4(AX), Z22
+	VCVTDQ2PS    Z14, Z14
+	VMULPS       Z17, Z21, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VFMADD231PS  Z18, Z22, Z13
+	VCVTDQ2PS    Z16, Z16
+	VMULPS       Z19, Z21, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	VFMADD231PS  Z20, Z22, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512HU4Mx4p2_group
+
+dot8AVX512HU4Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVL         $0x0f0f0f0f, BX
+	VPBROADCASTD BX, Z0
+	MOVL         $0x10101010, BX
+	VPBROADCASTD BX, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512HS5x1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z2
+	JMP     dot8AVX512HS5x1p1_start
+
+dot8AVX512HS5x1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512HS5x1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512HS5x1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512HS5x1p1_store
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x1p1_unit:
+	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   4160(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	KMOVQ        64(CX)(SI*1), K1
+	VPADDB       Z1, Z4, K1, Z4
+	KMOVQ        72(CX)(SI*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, SI
+	DECQ         DI
+	JNZ          dot8AVX512HS5x1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	VCVTPH2PS    (DX), Z4
+	VBROADCASTSS (AX), Z5
+	VPBROADCASTD 8(AX), Z6
+	VPSRAD       $0x03, Z6, Z6
+	VPSUBD       Z6, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z5, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512HS5x1p1_group
+
+dot8AVX512HS5x1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HS5x1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z4
+	JMP     dot8AVX512HS5x1p2_start
+
+dot8AVX512HS5x1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HS5x1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HS5x1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HS5x1p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x1p2_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(CX)(DI*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(CX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VMOVDQU64    (DX)(DI*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512HS5x1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z6
+	VCVTPH2PS    32(BX), Z7
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z8, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VPSUBD       Z9, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z7, Z8, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HS5x1p2_group
+
+dot8AVX512HS5x1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS5x1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	VMOVUPS 128(DI), Z6
+	JMP     dot8AVX512HS5x1p3_start
+
+dot8AVX512HS5x1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HS5x1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS5x1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS5x1p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x1p3_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(CX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(CX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VMOVDQU64    (BX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (DX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS5x1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4160(SI)
+	VCVTPH2PS    (SI), Z8
+	VCVTPH2PS    32(SI), Z9
+	VCVTPH2PS    64(SI), Z10
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z11, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VPSUBD       Z12, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z9, Z11, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VPSUBD       Z12, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z11, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS5x1p3_group
+
+dot8AVX512HS5x1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS5x1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	VMOVUPS 192(R8), Z8
+	JMP     dot8AVX512HS5x1p4_start
+
+dot8AVX512HS5x1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HS5x1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS5x1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS5x1p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x1p4_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(CX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(CX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VMOVDQU64    (SI)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DX)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS5x1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z10
+	VCVTPH2PS    32(DI), Z11
+	VCVTPH2PS    64(DI), Z12
+	VCVTPH2PS    96(DI), Z13
+	VBROADCASTSS (AX), Z14
+	VPBROADCASTD 8(AX), Z15
+	VPSRAD       $0x03, Z15, Z15
+	VPSUBD       Z15, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z14, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VPSUBD       Z15, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z11, Z14, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VPSUBD       Z15, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z14, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VPSUBD       Z15, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z13, Z14, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS5x1p4_group
+
+dot8AVX512HS5x1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HS5x2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z4
+	JMP     dot8AVX512HS5x2p1_start
+
+dot8AVX512HS5x2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HS5x2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HS5x2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HS5x2p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x2p1_unit:
+	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   4160(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(DX)(DI*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(DX)(DI*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512HS5x2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (BX), Z6
+	VBROADCASTSS (CX), Z7
+	VPBROADCASTD 8(CX), Z8
+	VPSRAD       $0x03, Z8, Z8
+	VPSUBD       Z8, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z7, Z7
+	VFMADD231PS  Z7, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x03, Z8, Z8
+	VPSUBD       Z8, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z7, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HS5x2p1_group
+
+dot8AVX512HS5x2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS5x2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z8
+	JMP     dot8AVX512HS5x2p2_start
+
+dot8AVX512HS5x2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HS5x2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS5x2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS5x2p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x2p2_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R8*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS5x2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z10
+	VCVTPH2PS    32(SI), Z11
+	VBROADCASTSS (CX), Z12
+	VPBROADCASTD 8(CX), Z13
+	VPSRAD       $0x03, Z13, Z13
+	VPSUBD       Z13, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z12, Z14
+	VFMADD231PS  Z14, Z3, Z2
+	VPSUBD       Z13, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z11, Z12, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z12
+	VPBROADCASTD 8(AX), Z13
+	VPSRAD       $0x03, Z13, Z13
+	VPSUBD       Z13, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z12, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VPSUBD       Z13, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z11, Z12, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS5x2p2_group
+
+dot8AVX512HS5x2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS5x2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	VMOVUPS 64(R8), Z10
+	VMOVUPS 128(R8), Z12
+	JMP     dot8AVX512HS5x2p3_start
+
+dot8AVX512HS5x2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512HS5x2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS5x2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS5x2p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x2p3_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VMOVDQU64    (BX)(R9*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS5x2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (DI), Z14
+	VCVTPH2PS    32(DI), Z15
+	VCVTPH2PS    64(DI), Z16
+	VBROADCASTSS (CX), Z17
+	VPBROADCASTD 8(CX), Z18
+	VPSRAD       $0x03, Z18, Z18
+	VPSUBD       Z18, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z17, Z19
+	VFMADD231PS  Z19, Z3, Z2
+	VPSUBD       Z18, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z15, Z17, Z19
+	VFMADD231PS  Z19, Z5, Z4
+	VPSUBD       Z18, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z16, Z17, Z17
+	VFMADD231PS  Z17, Z7, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z17
+	VPBROADCASTD 8(AX), Z18
+	VPSRAD       $0x03, Z18, Z18
+	VPSUBD       Z18, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z14, Z17, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	VPSUBD       Z18, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z15, Z17, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VPSUBD       Z18, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z17, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS5x2p3_group
+
+dot8AVX512HS5x2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HS5x2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	VMOVUPS 128(R9), Z14
+	VMOVUPS 192(R9), Z16
+	JMP     dot8AVX512HS5x2p4_start
+
+dot8AVX512HS5x2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512HS5x2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HS5x2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HS5x2p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x2p4_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (SI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VMOVDQU64    (DI)(R10*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	VMOVDQU64    (BX)(R10*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HS5x2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (R8), Z18
+	VCVTPH2PS    32(R8), Z19
+	VCVTPH2PS    64(R8), Z20
+	VCVTPH2PS    96(R8), Z21
+	VBROADCASTSS (CX), Z22
+	VPBROADCASTD 8(CX), Z23
+	VPSRAD       $0x03, Z23, Z23
+	VPSUBD       Z23, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z3, Z2
+	VPSUBD       Z23, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z19, Z22, Z24
+	VFMADD231PS  Z24, Z5, Z4
+	VPSUBD       Z23, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z20, Z22, Z24
+	VFMADD231PS  Z24, Z7, Z6
+	VPSUBD       Z23, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z21, Z22, Z22
+	VFMADD231PS  Z22, Z9, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z22
+	VPBROADCASTD 8(AX), Z23
+	VPSRAD       $0x03, Z23, Z23
+	VPSUBD       Z23, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z22, Z18
+	VFMADD231PS  Z18, Z11, Z10
+	VPSUBD       Z23, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z19, Z22, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	VPSUBD       Z23, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z20, Z22, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VPSUBD       Z23, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z21, Z22, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HS5x2p4_group
+
+dot8AVX512HS5x2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HS5x3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z6
+	JMP     dot8AVX512HS5x3p1_start
+
+dot8AVX512HS5x3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HS5x3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HS5x3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HS5x3p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x3p1_unit:
+	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   4160(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(BX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(BX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512HS5x3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (SI), Z8
+	VBROADCASTSS (CX), Z9
+	VPBROADCASTD 8(CX), Z10
+	VPSRAD       $0x03, Z10, Z10
+	VPSUBD       Z10, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z9
+	VPBROADCASTD 8(DX), Z10
+	VPSRAD       $0x03, Z10, Z10
+	VPSUBD       Z10, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z9, Z9
+	VFMADD231PS  Z9, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z9
+	VPBROADCASTD 8(AX), Z10
+	VPSRAD       $0x03, Z10, Z10
+	VPSUBD       Z10, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z9, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HS5x3p1_group
+
+dot8AVX512HS5x3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS5x3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z10
+	VMOVUPS 64(R8), Z12
+	JMP     dot8AVX512HS5x3p2_start
+
+dot8AVX512HS5x3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512HS5x3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS5x3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS5x3p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x3p2_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R9*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS5x3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z14
+	VCVTPH2PS    32(DI), Z15
+	VBROADCASTSS (CX), Z16
+	VPBROADCASTD 8(CX), Z17
+	VPSRAD       $0x03, Z17, Z17
+	VPSUBD       Z17, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z16, Z18
+	VFMADD231PS  Z18, Z3, Z2
+	VPSUBD       Z17, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z15, Z16, Z16
+	VFMADD231PS  Z16, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z16
+	VPBROADCASTD 8(DX), Z17
+	VPSRAD       $0x03, Z17, Z17
+	VPSUBD       Z17, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z16, Z18
+	VFMADD231PS  Z18, Z7, Z6
+	VPSUBD       Z17, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z15, Z16, Z16
+	VFMADD231PS  Z16, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z16
+	VPBROADCASTD 8(AX), Z17
+	VPSRAD       $0x03, Z17, Z17
+	VPSUBD       Z17, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z16, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VPSUBD       Z17, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z15, Z16, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS5x3p2_group
+
+dot8AVX512HS5x3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HS5x4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z8
+	JMP     dot8AVX512HS5x4p1_start
+
+dot8AVX512HS5x4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HS5x4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HS5x4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HS5x4p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x4p1_unit:
+	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   4160(SI)(R9*1)
+	VMOVDQU64    (SI)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(SI)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(SI)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HS5x4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (DI), Z10
+	VBROADCASTSS (CX), Z11
+	VPBROADCASTD 8(CX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z11, Z11
+	VFMADD231PS  Z11, Z3, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z11
+	VPBROADCASTD 8(DX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z11, Z11
+	VFMADD231PS  Z11, Z5, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z11
+	VPBROADCASTD 8(BX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z11, Z11
+	VFMADD231PS  Z11, Z7, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z10, Z11, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HS5x4p1_group
+
+dot8AVX512HS5x4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HS5x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HS5x4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HS5x4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z14
+	VMOVUPS 64(R9), Z16
+	JMP     dot8AVX512HS5x4p2_start
+
+dot8AVX512HS5x4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512HS5x4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HS5x4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HS5x4p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HS5x4p2_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   4160(DI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (DI)(R10*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(DI)(R10*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(DI)(R10*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HS5x4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (R8), Z18
+	VCVTPH2PS    32(R8), Z19
+	VBROADCASTSS (CX), Z20
+	VPBROADCASTD 8(CX), Z21
+	VPSRAD       $0x03, Z21, Z21
+	VPSUBD       Z21, Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z20, Z22
+	VFMADD231PS  Z22, Z3, Z2
+	VPSUBD       Z21, Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z19, Z20, Z20
+	VFMADD231PS  Z20, Z5, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z20
+	VPBROADCASTD 8(DX), Z21
+	VPSRAD       $0x03, Z21, Z21
+	VPSUBD       Z21, Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z20, Z22
+	VFMADD231PS  Z22, Z7, Z6
+	VPSUBD       Z21, Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z19, Z20, Z20
+	VFMADD231PS  Z20, Z9, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z20
+	VPBROADCASTD 8(BX), Z21
+	VPSRAD       $0x03, Z21, Z21
+	VPSUBD       Z21, Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z20, Z22
+	VFMADD231PS  Z22, Z11, Z10
+	VPSUBD       Z21, Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z19, Z20, Z20
+	VFMADD231PS  Z20, Z13, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z20
+	VPBROADCASTD 8(AX), Z21
+	VPSRAD       $0x03, Z21, Z21
+	VPSUBD       Z21, Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z18, Z20, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VPSUBD       Z21, Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z19, Z20, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HS5x4p2_group
+
+dot8AVX512HS5x4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx1p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         s+56(FP), DX
+	MOVQ         o+64(FP), BX
+	MOVL         $0x0f0f0f0f, SI
+	VPBROADCASTD SI, Z0
+	MOVL         $0x10101010, SI
+	VPBROADCASTD SI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512HU5Mx1p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z2
+	JMP     dot8AVX512HU5Mx1p1_start
+
+dot8AVX512HU5Mx1p1_zero:
+	VXORPS Z2, Z2, Z2
+
+dot8AVX512HU5Mx1p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512HU5Mx1p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512HU5Mx1p1_store
+	VPXORD Z3, Z3, Z3
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx1p1_unit:
+	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   4160(CX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z5
+	VPANDD       Z0, Z5, Z4
+	VPSRLW       $0x04, Z5, Z5
+	VPANDD       Z0, Z5, Z5
+	KMOVQ        64(CX)(DI*1), K1
+	VPADDB       Z1, Z4, K1, Z4
+	KMOVQ        72(CX)(DI*1), K1
+	VPADDB       Z1, Z5, K1, Z5
+	VPBROADCASTD (AX), Z6
+	VPBROADCASTD 4(AX), Z7
+	VPDPBUSD     Z6, Z4, Z3
+	VPDPBUSD     Z7, Z5, Z3
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, DI
+	DECQ         R8
+	JNZ          dot8AVX512HU5Mx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4096(BX)
+	VCVTPH2PS    (DX), Z4
+	VCVTPH2PS    (BX), Z5
+	VBROADCASTSS (AX), Z6
+	VBROADCASTSS 4(AX), Z7
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z4, Z6, Z4
+	VFMADD231PS  Z4, Z3, Z2
+	VFMADD231PS  Z5, Z7, Z2
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512HU5Mx1p1_group
+
+dot8AVX512HU5Mx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx1p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HU5Mx1p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z4
+	JMP     dot8AVX512HU5Mx1p2_start
+
+dot8AVX512HU5Mx1p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HU5Mx1p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HU5Mx1p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HU5Mx1p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx1p2_unit:
+	PREFETCHT0   4096(CX)(R8*1)
+	PREFETCHT0   4160(CX)(R8*1)
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(CX)(R8*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(CX)(R8*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VMOVDQU64    (DX)(R8*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z6, Z3
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z7, Z3
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512HU5Mx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Z6
+	VCVTPH2PS    (SI), Z7
+	VCVTPH2PS    32(BX), Z8
+	VCVTPH2PS    32(SI), Z9
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z10, Z6
+	VFMADD231PS  Z6, Z3, Z2
+	VFMADD231PS  Z7, Z11, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z9, Z11, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HU5Mx1p2_group
+
+dot8AVX512HU5Mx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx1p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), DX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU5Mx1p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	VMOVUPS 128(R8), Z6
+	JMP     dot8AVX512HU5Mx1p3_start
+
+dot8AVX512HU5Mx1p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HU5Mx1p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU5Mx1p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU5Mx1p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx1p3_unit:
+	PREFETCHT0   4096(CX)(R9*1)
+	PREFETCHT0   4160(CX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(CX)(R9*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(CX)(R9*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VMOVDQU64    (BX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (DX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z8, Z3
+	VPDPBUSD     Z14, Z10, Z5
+	VPDPBUSD     Z14, Z12, Z7
+	VPDPBUSD     Z15, Z9, Z3
+	VPDPBUSD     Z15, Z11, Z5
+	VPDPBUSD     Z15, Z13, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU5Mx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4160(SI)
+	PREFETCHT0   4160(DI)
+	VCVTPH2PS    (SI), Z8
+	VCVTPH2PS    (DI), Z9
+	VCVTPH2PS    32(SI), Z10
+	VCVTPH2PS    32(DI), Z11
+	VCVTPH2PS    64(SI), Z12
+	VCVTPH2PS    64(DI), Z13
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z14, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z9, Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z14, Z8
+	VFMADD231PS  Z8, Z5, Z4
+	VFMADD231PS  Z11, Z15, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z12, Z14, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z13, Z15, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU5Mx1p3_group
+
+dot8AVX512HU5Mx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx1p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), AX
+	MOVQ         b+8(FP), CX
+	MOVQ         stride+16(FP), DX
+	LEAQ         (CX)(DX*1), BX
+	LEAQ         (BX)(DX*1), SI
+	LEAQ         (SI)(DX*1), DX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU5Mx1p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	VMOVUPS 192(R9), Z8
+	JMP     dot8AVX512HU5Mx1p4_start
+
+dot8AVX512HU5Mx1p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HU5Mx1p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU5Mx1p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU5Mx1p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx1p4_unit:
+	PREFETCHT0   4096(CX)(R10*1)
+	PREFETCHT0   4160(CX)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	VMOVDQU64    (CX)(R10*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(CX)(R10*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(CX)(R10*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R10*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VMOVDQU64    (SI)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (DX)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z10, Z3
+	VPDPBUSD     Z18, Z12, Z5
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z11, Z3
+	VPDPBUSD     Z19, Z13, Z5
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU5Mx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (DI), Z10
+	VCVTPH2PS    (R8), Z11
+	VCVTPH2PS    32(DI), Z12
+	VCVTPH2PS    32(R8), Z13
+	VCVTPH2PS    64(DI), Z14
+	VCVTPH2PS    64(R8), Z15
+	VCVTPH2PS    96(DI), Z16
+	VCVTPH2PS    96(R8), Z17
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z18, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  Z11, Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z18, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  Z13, Z19, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z18, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VFMADD231PS  Z15, Z19, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z17, Z19, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU5Mx1p4_group
+
+dot8AVX512HU5Mx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx2p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         s+56(FP), BX
+	MOVQ         o+64(FP), SI
+	MOVL         $0x0f0f0f0f, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x10101010, DI
+	VPBROADCASTD DI, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512HU5Mx2p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z2
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z4
+	JMP     dot8AVX512HU5Mx2p1_start
+
+dot8AVX512HU5Mx2p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+
+dot8AVX512HU5Mx2p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512HU5Mx2p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512HU5Mx2p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx2p1_unit:
+	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   4160(DX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z7
+	VPANDD       Z0, Z7, Z6
+	VPSRLW       $0x04, Z7, Z7
+	VPANDD       Z0, Z7, Z7
+	KMOVQ        64(DX)(R8*1), K1
+	VPADDB       Z1, Z6, K1, Z6
+	KMOVQ        72(DX)(R8*1), K1
+	VPADDB       Z1, Z7, K1, Z7
+	VPBROADCASTD (CX), Z8
+	VPBROADCASTD 4(CX), Z9
+	VPDPBUSD     Z8, Z6, Z3
+	VPDPBUSD     Z9, Z7, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z8
+	VPBROADCASTD 4(AX), Z9
+	VPDPBUSD     Z8, Z6, Z5
+	VPDPBUSD     Z9, Z7, Z5
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R8
+	DECQ         R9
+	JNZ          dot8AVX512HU5Mx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4096(SI)
+	VCVTPH2PS    (BX), Z6
+	VCVTPH2PS    (SI), Z7
+	VBROADCASTSS (CX), Z8
+	VBROADCASTSS 4(CX), Z9
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z6, Z8, Z8
+	VFMADD231PS  Z8, Z3, Z2
+	VFMADD231PS  Z7, Z9, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z8
+	VBROADCASTSS 4(AX), Z9
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z6, Z8, Z6
+	VFMADD231PS  Z6, Z5, Z4
+	VFMADD231PS  Z7, Z9, Z4
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512HU5Mx2p1_group
+
+dot8AVX512HU5Mx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx2p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU5Mx2p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	VMOVUPS 64(R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	VMOVUPS 64(R8), Z8
+	JMP     dot8AVX512HU5Mx2p2_start
+
+dot8AVX512HU5Mx2p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HU5Mx2p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU5Mx2p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU5Mx2p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx2p2_unit:
+	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(DX)(R9*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(DX)(R9*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VMOVDQU64    (BX)(R9*1), Z13
+	VPANDD       Z0, Z13, Z12
+	VPSRLW       $0x04, Z13, Z13
+	VPANDD       Z0, Z13, Z13
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z12, K1, Z12
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z13, K1, Z13
+	VPBROADCASTD (CX), Z14
+	VPBROADCASTD 4(CX), Z15
+	VPDPBUSD     Z14, Z10, Z3
+	VPDPBUSD     Z14, Z12, Z5
+	VPDPBUSD     Z15, Z11, Z3
+	VPDPBUSD     Z15, Z13, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z14
+	VPBROADCASTD 4(AX), Z15
+	VPDPBUSD     Z14, Z10, Z7
+	VPDPBUSD     Z14, Z12, Z9
+	VPDPBUSD     Z15, Z11, Z7
+	VPDPBUSD     Z15, Z13, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU5Mx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (SI), Z10
+	VCVTPH2PS    (DI), Z11
+	VCVTPH2PS    32(SI), Z12
+	VCVTPH2PS    32(DI), Z13
+	VBROADCASTSS (CX), Z14
+	VBROADCASTSS 4(CX), Z15
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z14, Z16
+	VFMADD231PS  Z16, Z3, Z2
+	VFMADD231PS  Z11, Z15, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z12, Z14, Z14
+	VFMADD231PS  Z14, Z5, Z4
+	VFMADD231PS  Z13, Z15, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z14
+	VBROADCASTSS 4(AX), Z15
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z14, Z10
+	VFMADD231PS  Z10, Z7, Z6
+	VFMADD231PS  Z11, Z15, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z12, Z14, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z13, Z15, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU5Mx2p2_group
+
+dot8AVX512HU5Mx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx2p3(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), BX
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU5Mx2p3_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	VMOVUPS 128(R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	VMOVUPS 64(R9), Z10
+	VMOVUPS 128(R9), Z12
+	JMP     dot8AVX512HU5Mx2p3_start
+
+dot8AVX512HU5Mx2p3_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512HU5Mx2p3_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU5Mx2p3_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU5Mx2p3_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx2p3_unit:
+	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(DX)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(DX)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VMOVDQU64    (BX)(R10*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VPBROADCASTD (CX), Z20
+	VPBROADCASTD 4(CX), Z21
+	VPDPBUSD     Z20, Z14, Z3
+	VPDPBUSD     Z20, Z16, Z5
+	VPDPBUSD     Z20, Z18, Z7
+	VPDPBUSD     Z21, Z15, Z3
+	VPDPBUSD     Z21, Z17, Z5
+	VPDPBUSD     Z21, Z19, Z7
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z20
+	VPBROADCASTD 4(AX), Z21
+	VPDPBUSD     Z20, Z14, Z9
+	VPDPBUSD     Z20, Z16, Z11
+	VPDPBUSD     Z20, Z18, Z13
+	VPDPBUSD     Z21, Z15, Z9
+	VPDPBUSD     Z21, Z17, Z11
+	VPDPBUSD     Z21, Z19, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU5Mx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4160(DI)
+	PREFETCHT0   4160(R8)
+	VCVTPH2PS    (DI), Z14
+	VCVTPH2PS    (R8), Z15
+	VCVTPH2PS    32(DI), Z16
+	VCVTPH2PS    32(R8), Z17
+	VCVTPH2PS    64(DI), Z18
+	VCVTPH2PS    64(R8), Z19
+	VBROADCASTSS (CX), Z20
+	VBROADCASTSS 4(CX), Z21
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z20, Z22
+	VFMADD231PS  Z22, Z3, Z2
+	VFMADD231PS  Z15, Z21, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z20, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VFMADD231PS  Z17, Z21, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z20, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  Z19, Z21, Z6
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z20
+	VBROADCASTSS 4(AX), Z21
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z14, Z20, Z14
+	VFMADD231PS  Z14, Z9, Z8
+	VFMADD231PS  Z15, Z21, Z8
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z16, Z20, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VFMADD231PS  Z17, Z21, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z18, Z20, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  Z19, Z21, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU5Mx2p3_group
+
+dot8AVX512HU5Mx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VMOVUPS Z10, 64(AX)
+	VMOVUPS Z12, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx2p4(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), AX
+	MOVQ         b+8(FP), DX
+	MOVQ         stride+16(FP), BX
+	LEAQ         (DX)(BX*1), SI
+	LEAQ         (SI)(BX*1), DI
+	LEAQ         (DI)(BX*1), BX
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512HU5Mx2p4_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	VMOVUPS 128(R10), Z6
+	VMOVUPS 192(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z12
+	VMOVUPS 128(R10), Z14
+	VMOVUPS 192(R10), Z16
+	JMP     dot8AVX512HU5Mx2p4_start
+
+dot8AVX512HU5Mx2p4_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512HU5Mx2p4_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512HU5Mx2p4_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512HU5Mx2p4_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx2p4_unit:
+	PREFETCHT0   4096(DX)(R11*1)
+	PREFETCHT0   4160(DX)(R11*1)
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   4160(BX)(R11*1)
+	VMOVDQU64    (DX)(R11*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(DX)(R11*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(DX)(R11*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (SI)(R11*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VMOVDQU64    (DI)(R11*1), Z23
+	VPANDD       Z0, Z23, Z22
+	VPSRLW       $0x04, Z23, Z23
+	VPANDD       Z0, Z23, Z23
+	KMOVQ        64(DI)(R11*1), K1
+	VPADDB       Z1, Z22, K1, Z22
+	KMOVQ        72(DI)(R11*1), K1
+	VPADDB       Z1, Z23, K1, Z23
+	VMOVDQU64    (BX)(R11*1), Z25
+	VPANDD       Z0, Z25, Z24
+	VPSRLW       $0x04, Z25, Z25
+	VPANDD       Z0, Z25, Z25
+	KMOVQ        64(BX)(R11*1), K1
+	VPADDB       Z1, Z24, K1, Z24
+	KMOVQ        72(BX)(R11*1), K1
+	VPADDB       Z1, Z25, K1, Z25
+	VPBROADCASTD (CX), Z26
+	VPBROADCASTD 4(CX), Z27
+	VPDPBUSD     Z26, Z18, Z3
+	VPDPBUSD     Z26, Z20, Z5
+	VPDPBUSD     Z26, Z22, Z7
+	VPDPBUSD     Z26, Z24, Z9
+	VPDPBUSD     Z27, Z19, Z3
+	VPDPBUSD     Z27, Z21, Z5
+	VPDPBUSD     Z27, Z23, Z7
+	VPDPBUSD     Z27, Z25, Z9
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z26
+	VPBROADCASTD 4(AX), Z27
+	VPDPBUSD     Z26, Z18, Z11
+	VPDPBUSD     Z26, Z20, Z13
+	VPDPBUSD     Z26, Z22, Z15
+	VPDPBUSD     Z26, Z24, Z17
+	VPDPBUSD     Z27, Z19, Z11
+	VPDPBUSD     Z27, Z21, Z13
+	VPDPBUSD     Z27, Z23, Z15
+	VPDPBUSD     Z27, Z25, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512HU5Mx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	PREFETCHT0   4160(R8)
+	PREFETCHT0   4160(R9)
+	VCVTPH2PS    (R8), Z18
+	VCVTPH2PS    (R9), Z19
+	VCVTPH2PS    32(R8), Z20
+	VCVTPH2PS    32(R9), Z21
+	VCVTPH2PS    64(R8), Z22
+	VCVTPH2PS    64(R9), Z23
+	VCVTPH2PS    96(R8), Z24
+	VCVTPH2PS    96(R9), Z25
+	VBROADCASTSS (CX), Z26
+	VBROADCASTSS 4(CX), Z27
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z26, Z28
+	VFMADD231PS  Z28, Z3, Z2
+	VFMADD231PS  Z19, Z27, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z20, Z26, Z28
+	VFMADD231PS  Z28, Z5, Z4
+	VFMADD231PS  Z21, Z27, Z4
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z22, Z26, Z28
+	VFMADD231PS  Z28, Z7, Z6
+	VFMADD231PS  Z23, Z27, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z24, Z26, Z26
+	VFMADD231PS  Z26, Z9, Z8
+	VFMADD231PS  Z25, Z27, Z8
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z26
+	VBROADCASTSS 4(AX), Z27
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z26, Z18
+	VFMADD231PS  Z18, Z11, Z10
+	VFMADD231PS  Z19, Z27, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z20, Z26, Z18
+	VFMADD231PS  Z18, Z13, Z12
+	VFMADD231PS  Z21, Z27, Z12
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z22, Z26, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VFMADD231PS  Z23, Z27, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z24, Z26, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  Z25, Z27, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512HU5Mx2p4_group
+
+dot8AVX512HU5Mx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	VMOVUPS Z6, 128(AX)
+	VMOVUPS Z8, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VMOVUPS Z14, 128(AX)
+	VMOVUPS Z16, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx3p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         s+56(FP), SI
+	MOVQ         o+64(FP), DI
+	MOVL         $0x0f0f0f0f, R8
+	VPBROADCASTD R8, Z0
+	MOVL         $0x10101010, R8
+	VPBROADCASTD R8, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512HU5Mx3p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z2
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z4
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z6
+	JMP     dot8AVX512HU5Mx3p1_start
+
+dot8AVX512HU5Mx3p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+
+dot8AVX512HU5Mx3p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512HU5Mx3p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512HU5Mx3p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx3p1_unit:
+	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   4160(BX)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z9
+	VPANDD       Z0, Z9, Z8
+	VPSRLW       $0x04, Z9, Z9
+	VPANDD       Z0, Z9, Z9
+	KMOVQ        64(BX)(R9*1), K1
+	VPADDB       Z1, Z8, K1, Z8
+	KMOVQ        72(BX)(R9*1), K1
+	VPADDB       Z1, Z9, K1, Z9
+	VPBROADCASTD (CX), Z10
+	VPBROADCASTD 4(CX), Z11
+	VPDPBUSD     Z10, Z8, Z3
+	VPDPBUSD     Z11, Z9, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z10
+	VPBROADCASTD 4(DX), Z11
+	VPDPBUSD     Z10, Z8, Z5
+	VPDPBUSD     Z11, Z9, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z10
+	VPBROADCASTD 4(AX), Z11
+	VPDPBUSD     Z10, Z8, Z7
+	VPDPBUSD     Z11, Z9, Z7
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R9
+	DECQ         R10
+	JNZ          dot8AVX512HU5Mx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4096(DI)
+	VCVTPH2PS    (SI), Z8
+	VCVTPH2PS    (DI), Z9
+	VBROADCASTSS (CX), Z10
+	VBROADCASTSS 4(CX), Z11
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z3, Z2
+	VFMADD231PS  Z9, Z11, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VBROADCASTSS 4(DX), Z11
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z10, Z10
+	VFMADD231PS  Z10, Z5, Z4
+	VFMADD231PS  Z9, Z11, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z10
+	VBROADCASTSS 4(AX), Z11
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z10, Z8
+	VFMADD231PS  Z8, Z7, Z6
+	VFMADD231PS  Z9, Z11, Z6
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512HU5Mx3p1_group
+
+dot8AVX512HU5Mx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx3p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), AX
+	MOVQ         b+8(FP), BX
+	MOVQ         stride+16(FP), SI
+	LEAQ         (BX)(SI*1), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU5Mx3p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	VMOVUPS 64(R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	VMOVUPS 64(R9), Z8
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z10
+	VMOVUPS 64(R9), Z12
+	JMP     dot8AVX512HU5Mx3p2_start
+
+dot8AVX512HU5Mx3p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+
+dot8AVX512HU5Mx3p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU5Mx3p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU5Mx3p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx3p2_unit:
+	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	VMOVDQU64    (BX)(R10*1), Z15
+	VPANDD       Z0, Z15, Z14
+	VPSRLW       $0x04, Z15, Z15
+	VPANDD       Z0, Z15, Z15
+	KMOVQ        64(BX)(R10*1), K1
+	VPADDB       Z1, Z14, K1, Z14
+	KMOVQ        72(BX)(R10*1), K1
+	VPADDB       Z1, Z15, K1, Z15
+	VMOVDQU64    (SI)(R10*1), Z17
+	VPANDD       Z0, Z17, Z16
+	VPSRLW       $0x04, Z17, Z17
+	VPANDD       Z0, Z17, Z17
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z16, K1, Z16
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z17, K1, Z17
+	VPBROADCASTD (CX), Z18
+	VPBROADCASTD 4(CX), Z19
+	VPDPBUSD     Z18, Z14, Z3
+	VPDPBUSD     Z18, Z16, Z5
+	VPDPBUSD     Z19, Z15, Z3
+	VPDPBUSD     Z19, Z17, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z18
+	VPBROADCASTD 4(DX), Z19
+	VPDPBUSD     Z18, Z14, Z7
+	VPDPBUSD     Z18, Z16, Z9
+	VPDPBUSD     Z19, Z15, Z7
+	VPDPBUSD     Z19, Z17, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z18
+	VPBROADCASTD 4(AX), Z19
+	VPDPBUSD     Z18, Z14, Z11
+	VPDPBUSD     Z18, Z16, Z13
+	VPDPBUSD     Z19, Z15, Z11
+	VPDPBUSD     Z19, Z17, Z13
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU5Mx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (DI), Z14
+	VCVTPH2PS    (R8), Z15
+	VCVTPH2PS    32(DI), Z16
+	VCVTPH2PS    32(R8), Z17
+	VBROADCASTSS (CX), Z18
+	VBROADCASTSS 4(CX), Z19
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z14, Z18, Z20
+	VFMADD231PS  Z20, Z3, Z2
+	VFMADD231PS  Z15, Z19, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z16, Z18, Z18
+	VFMADD231PS  Z18, Z5, Z4
+	VFMADD231PS  Z17, Z19, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z18
+	VBROADCASTSS 4(DX), Z19
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z14, Z18, Z20
+	VFMADD231PS  Z20, Z7, Z6
+	VFMADD231PS  Z15, Z19, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z16, Z18, Z18
+	VFMADD231PS  Z18, Z9, Z8
+	VFMADD231PS  Z17, Z19, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z18
+	VBROADCASTSS 4(AX), Z19
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z14, Z18, Z14
+	VFMADD231PS  Z14, Z11, Z10
+	VFMADD231PS  Z15, Z19, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z16, Z18, Z14
+	VFMADD231PS  Z14, Z13, Z12
+	VFMADD231PS  Z17, Z19, Z12
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU5Mx3p2_group
+
+dot8AVX512HU5Mx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx4p1(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         s+56(FP), DI
+	MOVQ         o+64(FP), R8
+	MOVL         $0x0f0f0f0f, R9
+	VPBROADCASTD R9, Z0
+	MOVL         $0x10101010, R9
+	VPBROADCASTD R9, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512HU5Mx4p1_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z2
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z4
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z6
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z8
+	JMP     dot8AVX512HU5Mx4p1_start
+
+dot8AVX512HU5Mx4p1_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+
+dot8AVX512HU5Mx4p1_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512HU5Mx4p1_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512HU5Mx4p1_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx4p1_unit:
+	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   4160(SI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z11
+	VPANDD       Z0, Z11, Z10
+	VPSRLW       $0x04, Z11, Z11
+	VPANDD       Z0, Z11, Z11
+	KMOVQ        64(SI)(R10*1), K1
+	VPADDB       Z1, Z10, K1, Z10
+	KMOVQ        72(SI)(R10*1), K1
+	VPADDB       Z1, Z11, K1, Z11
+	VPBROADCASTD (CX), Z12
+	VPBROADCASTD 4(CX), Z13
+	VPDPBUSD     Z12, Z10, Z3
+	VPDPBUSD     Z13, Z11, Z3
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z12
+	VPBROADCASTD 4(DX), Z13
+	VPDPBUSD     Z12, Z10, Z5
+	VPDPBUSD     Z13, Z11, Z5
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z12
+	VPBROADCASTD 4(BX), Z13
+	VPDPBUSD     Z12, Z10, Z7
+	VPDPBUSD     Z13, Z11, Z7
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z12
+	VPBROADCASTD 4(AX), Z13
+	VPDPBUSD     Z12, Z10, Z9
+	VPDPBUSD     Z13, Z11, Z9
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R10
+	DECQ         R11
+	JNZ          dot8AVX512HU5Mx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4096(R8)
+	VCVTPH2PS    (DI), Z10
+	VCVTPH2PS    (R8), Z11
+	VBROADCASTSS (CX), Z12
+	VBROADCASTSS 4(CX), Z13
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z3, Z2
+	VFMADD231PS  Z11, Z13, Z2
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z12
+	VBROADCASTSS 4(DX), Z13
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z5, Z4
+	VFMADD231PS  Z11, Z13, Z4
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z12
+	VBROADCASTSS 4(BX), Z13
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z10, Z12, Z12
+	VFMADD231PS  Z12, Z7, Z6
+	VFMADD231PS  Z11, Z13, Z6
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z12
+	VBROADCASTSS 4(AX), Z13
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z10, Z12, Z10
+	VFMADD231PS  Z10, Z9, Z8
+	VFMADD231PS  Z11, Z13, Z8
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512HU5Mx4p1_group
+
+dot8AVX512HU5Mx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z4, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z8, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512HU5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, MMX+
+TEXT ·dot8AVX512HU5Mx4p2(SB), NOSPLIT, $0-96
+	MOVQ         a+0(FP), AX
+	MOVQ         (AX), CX
+	MOVQ         8(AX), DX
+	MOVQ         16(AX), BX
+	MOVQ         24(AX), AX
+	MOVQ         b+8(FP), SI
+	MOVQ         stride+16(FP), DI
+	LEAQ         (SI)(DI*1), DI
+	MOVQ         s+56(FP), R8
+	MOVQ         o+64(FP), R9
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z0
+	MOVL         $0x10101010, R10
+	VPBROADCASTD R10, Z1
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R10
+	TESTQ   $0x00000001, R10
+	JZ      dot8AVX512HU5Mx4p2_zero
+	MOVQ    c+32(FP), R10
+	MOVQ    ldc+40(FP), R11
+	VMOVUPS (R10), Z2
+	VMOVUPS 64(R10), Z4
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z6
+	VMOVUPS 64(R10), Z8
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z10
+	VMOVUPS 64(R10), Z12
+	ADDQ    R11, R10
+	VMOVUPS (R10), Z14
+	VMOVUPS 64(R10), Z16
+	JMP     dot8AVX512HU5Mx4p2_start
+
+dot8AVX512HU5Mx4p2_zero:
+	VXORPS Z2, Z2, Z2
+	VXORPS Z4, Z4, Z4
+	VXORPS Z6, Z6, Z6
+	VXORPS Z8, Z8, Z8
+	VXORPS Z10, Z10, Z10
+	VXORPS Z12, Z12, Z12
+	VXORPS Z14, Z14, Z14
+	VXORPS Z16, Z16, Z16
+
+dot8AVX512HU5Mx4p2_start:
+	MOVQ groups+24(FP), R10
+	XORQ R11, R11
+
+dot8AVX512HU5Mx4p2_group:
+	TESTQ  R10, R10
+	JZ     dot8AVX512HU5Mx4p2_store
+	VPXORD Z3, Z3, Z3
+	VPXORD Z5, Z5, Z5
+	VPXORD Z7, Z7, Z7
+	VPXORD Z9, Z9, Z9
+	VPXORD Z11, Z11, Z11
+	VPXORD Z13, Z13, Z13
+	VPXORD Z15, Z15, Z15
+	VPXORD Z17, Z17, Z17
+	MOVQ   units+72(FP), R12
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512HU5Mx4p2_unit:
+	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   4160(DI)(R11*1)
+	VMOVDQU64    (SI)(R11*1), Z19
+	VPANDD       Z0, Z19, Z18
+	VPSRLW       $0x04, Z19, Z19
+	VPANDD       Z0, Z19, Z19
+	KMOVQ        64(SI)(R11*1), K1
+	VPADDB       Z1, Z18, K1, Z18
+	KMOVQ        72(SI)(R11*1), K1
+	VPADDB       Z1, Z19, K1, Z19
+	VMOVDQU64    (DI)(R11*1), Z21
+	VPANDD       Z0, Z21, Z20
+	VPSRLW       $0x04, Z21, Z21
+	VPANDD       Z0, Z21, Z21
+	KMOVQ        64(DI)(R11*1), K1
+	VPADDB       Z1, Z20, K1, Z20
+	KMOVQ        72(DI)(R11*1), K1
+	VPADDB       Z1, Z21, K1, Z21
+	VPBROADCASTD (CX), Z22
+	VPBROADCASTD 4(CX), Z23
+	VPDPBUSD     Z22, Z18, Z3
+	VPDPBUSD     Z22, Z20, Z5
+	VPDPBUSD     Z23, Z19, Z3
+	VPDPBUSD     Z23, Z21, Z5
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z22
+	VPBROADCASTD 4(DX), Z23
+	VPDPBUSD     Z22, Z18, Z7
+	VPDPBUSD     Z22, Z20, Z9
+	VPDPBUSD     Z23, Z19, Z7
+	VPDPBUSD     Z23, Z21, Z9
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z22
+	VPBROADCASTD 4(BX), Z23
+	VPDPBUSD     Z22, Z18, Z11
+	VPDPBUSD     Z22, Z20, Z13
+	VPDPBUSD     Z23, Z19, Z11
+	VPDPBUSD     Z23, Z21, Z13
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z22
+	VPBROADCASTD 4(AX), Z23
+	VPDPBUSD     Z22, Z18, Z15
+	VPDPBUSD     Z22, Z20, Z17
+	VPDPBUSD     Z23, Z19, Z15
+	VPDPBUSD     Z23, Z21, Z17
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000050, R11
+	DECQ         R12
+	JNZ          dot8AVX512HU5Mx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4096(R9)
+	VCVTPH2PS    (R8), Z18
+	VCVTPH2PS    (R9), Z19
+	VCVTPH2PS    32(R8), Z20
+	VCVTPH2PS    32(R9), Z21
+	VBROADCASTSS (CX), Z22
+	VBROADCASTSS 4(CX), Z23
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z3, Z2
+	VFMADD231PS  Z19, Z23, Z2
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z5, Z4
+	VFMADD231PS  Z21, Z23, Z4
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z22
+	VBROADCASTSS 4(DX), Z23
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z7, Z6
+	VFMADD231PS  Z19, Z23, Z6
+	VCVTDQ2PS    Z9, Z9
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z9, Z8
+	VFMADD231PS  Z21, Z23, Z8
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z22
+	VBROADCASTSS 4(BX), Z23
+	VCVTDQ2PS    Z11, Z11
+	VMULPS       Z18, Z22, Z24
+	VFMADD231PS  Z24, Z11, Z10
+	VFMADD231PS  Z19, Z23, Z10
+	VCVTDQ2PS    Z13, Z13
+	VMULPS       Z20, Z22, Z22
+	VFMADD231PS  Z22, Z13, Z12
+	VFMADD231PS  Z21, Z23, Z12
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z22
+	VBROADCASTSS 4(AX), Z23
+	VCVTDQ2PS    Z15, Z15
+	VMULPS       Z18, Z22, Z18
+	VFMADD231PS  Z18, Z15, Z14
+	VFMADD231PS  Z19, Z23, Z14
+	VCVTDQ2PS    Z17, Z17
+	VMULPS       Z20, Z22, Z18
+	VFMADD231PS  Z18, Z17, Z16
+	VFMADD231PS  Z21, Z23, Z16
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	ADDQ         ss+88(FP), R9
+	DECQ         R10
+	JMP          dot8AVX512HU5Mx4p2_group
+
+dot8AVX512HU5Mx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z2, (AX)
+	VMOVUPS Z4, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z6, (AX)
+	VMOVUPS Z8, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z10, (AX)
+	VMOVUPS Z12, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z14, (AX)
+	VMOVUPS Z16, 64(AX)
 	VZEROUPPER
 	RET
 

@@ -624,6 +624,56 @@ func dot8AVX2S4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc 
 //go:noescape
 func dot8AVX2S4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
+// dot8AVX2HI8x1 is dot8AVX512HI8x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HI8x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HI8x2 is dot8AVX512HI8x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HI8x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HS4x1 is dot8AVX512HS4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HS4x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HS4x2 is dot8AVX512HS4x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HS4x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HU4Mx1 is dot8AVX512HU4Mx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HU4Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HU4Mx2 is dot8AVX512HU4Mx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HU4Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HS5x1 is dot8AVX512HS5x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HS5x1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HS5x2 is dot8AVX512HS5x2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HS5x2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HU5Mx1 is dot8AVX512HU5Mx1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HU5Mx1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX2HU5Mx2 is dot8AVX512HU5Mx2p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
+//
+//go:noescape
+func dot8AVX2HU5Mx2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
 // quant8AVX2G8 is quant8AVX512G8 on AVX2: the same bytes.
 //
 //go:noescape
@@ -3097,6 +3147,306 @@ func dot8AVX512S4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, 
 //
 //go:noescape
 func dot8AVX512S4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HI8x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HI8x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS4x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of INT4 (nibbles the codes plus 8) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS4x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU4Mx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of UINT4 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU4Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HS5x4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 5-bit signed INT8 on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HS5x4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512HU5Mx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of 5-bit unsigned INT8 (with offsets) on fp16 scales weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512HU5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
 // quant8AVX512G8 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 8 at out (see quantizeRow).
 //

@@ -568,6 +568,11 @@ func TestLoadGGUFCodes(t *testing.T) {
 				d := x0.Down
 				require.Equal(t, int64(H*I)*bits/8, d.Bytes()-int64(d.ScaleBytes()), "%v int8dot: the down projection's codes", types)
 			}
+			if bits, ok := map[string]float64{"Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5, "Q5_0": 5.5, "Q5_1": 6}[types[2]]; ok { // the file's bits: fp16 scales
+				x0, ok := l.Expert(0)
+				require.True(t, ok)
+				require.Equal(t, bits, float64(8*x0.Down.Bytes())/float64(H*I), "%v int8dot: the down projection's bits a weight", types)
+			}
 			require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
 			require.Equal(t, ref.IDs, ids, "%v int8dot on %s", types, impl)
 			e := moetest.RelErr(y, ref.Y)

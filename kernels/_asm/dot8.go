@@ -34,7 +34,22 @@ func dot8NP(mr int) int {
 	return 1
 }
 
-var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K", "M4", "S4"}
+var dot8Kinds = []string{"U4", "U4M", "I8", "I8M", "U4KM", "I8K", "I8KM", "S5", "U5M", "S6", "U5KM", "S6K", "M4", "S4",
+	"HI8", "HS4", "HU4M", "HS5", "HU5M"}
+
+// The H kinds are their kind's kernels on fp16 scales (and offsets), as
+// GGUF's Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 store them: the same streams at
+// half the bytes, each panel's 16 widened exactly (vcvtph2ps) where the
+// fp32 kinds read theirs.
+
+// dot8F16 says whether kind reads fp16 scales, and returns the kind whose
+// codes it reads.
+func dot8F16(kind string) (base string, f16 bool) {
+	if base, ok := strings.CutPrefix(kind, "H"); ok {
+		return base, true
+	}
+	return kind, false
+}
 
 // dot8Code is how a kind's codes are held (see kernels/dot8.go's
 // dot8Unit): nibbles (UINT4 and the 5- and 6-bit INT8 codes, planes high
@@ -65,6 +80,24 @@ func dot8CodeOf(kind string) dot8Code {
 		return dot8Code{nibbles: true, biasShift: 4, unit: 64}
 	}
 	return dot8Code{biasShift: 0, unit: 128}
+}
+
+// dot8Doc describes a kind's weights.
+func dot8Doc(kind string) string {
+	base, f16 := dot8F16(kind)
+	if f16 {
+		return dot8KindDoc[base] + " on fp16 scales"
+	}
+	return dot8KindDoc[base]
+}
+
+// dot8Field is a kind's field in the Go table (kernels' dot8Kernels).
+func dot8Field(kind string) string {
+	base, f16 := dot8F16(kind)
+	if f16 {
+		return "h" + dot8KindField[base]
+	}
+	return dot8KindField[base]
 }
 
 // dot8KindDoc describes a kind's weights.
@@ -152,13 +185,14 @@ func dot8Kernel(kind string, mr, np int) {
 	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s computes %d rows of int8 activation records against %d int8-dot panels of %s weights (see dot8Func%s).", name, mr, np,
-		dot8KindDoc[kind], map[bool]string{false: "", true: " and dot8KFunc"}[super]))
-	code := dot8CodeOf(kind)
+		dot8Doc(kind), map[bool]string{false: "", true: " and dot8KFunc"}[super]))
+	base, f16 := dot8F16(kind)
+	code := dot8CodeOf(base)
 	offsets := strings.HasSuffix(kind, "M")
 
 	a, b := rowsAndPanels(mr, np)
 	src := loadDot8Src(super, offsets)
-	src.e8 = code.lut
+	src.e8, src.f16 = code.lut, f16
 	var mask VecVirtual
 	if code.nibbles {
 		mask = ZMM()
@@ -302,6 +336,7 @@ func dot8Text(name string, super bool) {
 type dot8Src struct {
 	super, offsets              bool
 	e8                          bool // MXFP4: s holds E8M0 exponents, a byte a scale (see e8Scales)
+	f16                         bool // the H kinds: s and o hold fp16 values
 	s, o, meta, hdr, lane, left Register
 	hdrBytes, grpBytes          int // a super-block's d (and −dmin); a group's sc (and m)
 }
@@ -335,8 +370,11 @@ func (src dot8Src) prefetch(np int) {
 		return
 	}
 	width := 64 // a panel's scales' bytes
-	if src.e8 {
+	switch {
+	case src.e8:
 		width = 16
+	case src.f16:
+		width = 32
 	}
 	for at := 0; at < width*np; at += 64 {
 		PREFETCHT0(Mem{Base: src.s, Disp: pfDist + at})
@@ -353,6 +391,16 @@ func (src dot8Src) prefetch(np int) {
 func (src dot8Src) scales(vec func() VecVirtual, at int) (s, o Op) {
 	if src.e8 {
 		return e8Scales(vec, Mem{Base: src.s, Disp: at}), nil
+	}
+	if src.f16 { // widened exactly
+		f := vec()
+		VCVTPH2PS(Mem{Base: src.s, Disp: 2 * at}, f)
+		if src.offsets {
+			g := vec()
+			VCVTPH2PS(Mem{Base: src.o, Disp: 2 * at}, g)
+			return f, g
+		}
+		return f, nil
 	}
 	if !src.super {
 		s = Mem{Base: src.s, Disp: 4 * at}
@@ -465,7 +513,7 @@ func writeKernelTable(b *bytes.Buffer, doc, v string, maxMR int, nps func(mr int
 		if strings.Contains(kind, "K") {
 			typ = "dot8KTable"
 		}
-		fmt.Fprintf(b, "%s: %s{\n", dot8KindField[kind], typ)
+		fmt.Fprintf(b, "%s: %s{\n", dot8Field(kind), typ)
 		for mr := 1; mr <= maxMR; mr++ {
 			fmt.Fprintf(b, "%d: {", mr)
 			for np := 1; np <= nps(mr); np++ {

@@ -38,7 +38,8 @@ func dot8AVX2Kernel(kind string, mr int) {
 	dot8Text(name, super)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s is dot8AVX512%sx%dp1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.", name, kind, mr))
-	code := dot8CodeOf(kind)
+	base, f16 := dot8F16(kind)
+	code := dot8CodeOf(base)
 	u4 := code.nibbles && code.planes == 0 && !code.lut
 	offsets := strings.HasSuffix(kind, "M")
 
@@ -50,7 +51,7 @@ func dot8AVX2Kernel(kind string, mr int) {
 	}
 	b := Load(Param("b"), GP64())
 	src := loadDot8Src(super, offsets)
-	src.e8 = code.lut
+	src.e8, src.f16 = code.lut, f16
 	t := GP32()
 	mask := YMM() // nibbles: the low nibble of each byte; INT8: the bias bit
 	if code.nibbles {

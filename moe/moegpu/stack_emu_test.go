@@ -19,10 +19,11 @@ import (
 
 // TestQuantizedResident: an FP8 layer's experts stay FP8 on the device, a
 // byte a weight plus their block scales (half the memory of bf16); MXFP4
-// half a byte plus an E8M0 byte per 32, INT4 half a byte plus an fp32
-// scale per 32, UINT4 (GGUF's Q4_K) a scale and an offset per 32 as
-// Q4_K's factors (4.75 bits a weight in all), INT8 (Q8_0) a byte plus a
-// scale per 32; a bf16 layer's take two bytes a weight.
+// half a byte plus an E8M0 byte per 32, INT4 (Q4_0, as kernels.Quantize
+// makes it) half a byte plus an fp16 scale per 32, UINT4 (GGUF's Q4_K) a
+// scale and an offset per 32 as Q4_K's factors (4.75 bits a weight in
+// all), INT8 (Q8_0) a byte plus an fp16 scale per 32; a bf16 layer's take
+// two bytes a weight.
 func TestQuantizedResident(t *testing.T) {
 	cfg := &moe.Config{ModelType: "mixtral", Hidden: 256, NumExperts: 4, TopK: 2, Inter: 128, Scoring: moe.Softmax,
 		Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
@@ -48,7 +49,8 @@ func TestQuantizedResident(t *testing.T) {
 		case kernels.INT4:
 			require.Equal(t, cuda.INT4, g.Format)
 			require.Equal(t, weights/2, g.W.Bytes)
-			require.Equal(t, weights/32*4, g.Scales.Bytes)
+			require.True(t, g.Half)
+			require.Equal(t, weights/32*2, g.Scales.Bytes)
 			require.Zero(t, g.Offsets.Bytes)
 		case kernels.UINT4: // Q4_K's factors: d and −dmin a super-block of 8 groups, sc and m a group
 			require.Equal(t, cuda.UINT4, g.Format)
@@ -60,7 +62,8 @@ func TestQuantizedResident(t *testing.T) {
 		case kernels.INT8:
 			require.Equal(t, cuda.INT8, g.Format)
 			require.Equal(t, weights, g.W.Bytes)
-			require.Equal(t, weights/32*4, g.Scales.Bytes)
+			require.True(t, g.Half)
+			require.Equal(t, weights/32*2, g.Scales.Bytes)
 			require.Zero(t, g.Offsets.Bytes)
 		default:
 			require.Equal(t, cuda.BF16, g.Format)
