@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/moex-project/moex/kernels"
 )
@@ -14,8 +15,9 @@ import (
 // chosen ones rotating over 32 so that the weights come from DRAM) for
 // bf16 (in the exact and the bf16-dot mode), UINT4 (Q4_K as moex holds
 // it; in the int8-dot mode also with its scales as fp32 rather than
-// factored) and INT8 (Q8_0) in the exact and the int8-dot mode; bytes
-// are the weights read:
+// factored), INT8 (Q8_0) and INT4 (Q4_0) in the exact and the int8-dot
+// mode, the last two also with fp32 scales (each one ulp off its fp16
+// value) beside their fp16 ones; bytes are the weights read:
 //
 //	go test -run '^$' -bench DecodeExperts ./kernels
 func BenchmarkDecodeExperts(b *testing.B) {
@@ -42,10 +44,13 @@ func BenchmarkDecodeExperts(b *testing.B) {
 		name string
 		dt   kernels.DType
 		mode kernels.Numerics
-		flat bool // UINT4's scales as fp32 only, without Q4_K's factors
+		flat bool // UINT4's scales as fp32 only, without Q4_K's factors; INT8's and INT4's as fp32
 	}{{"bf16", kernels.BF16, kernels.Exact, false}, {"bf16_bf16dot", kernels.BF16, kernels.BF16Dot, false}, {"uint4", kernels.UINT4, kernels.Exact, false},
 		{"uint4_int8dot", kernels.UINT4, kernels.Int8Dot, false}, {"uint4_int8dot_fp32scales", kernels.UINT4, kernels.Int8Dot, true},
 		{"int8", kernels.INT8, kernels.Exact, false}, {"int8_int8dot", kernels.INT8, kernels.Int8Dot, false},
+		{"int8_fp32scales", kernels.INT8, kernels.Exact, true}, {"int8_int8dot_fp32scales", kernels.INT8, kernels.Int8Dot, true},
+		{"int4", kernels.INT4, kernels.Exact, false}, {"int4_int8dot", kernels.INT4, kernels.Int8Dot, false},
+		{"int4_fp32scales", kernels.INT4, kernels.Exact, true}, {"int4_int8dot_fp32scales", kernels.INT4, kernels.Int8Dot, true},
 		{"q6k", q6K, kernels.Exact, false}, {"q6k_int8dot", q6K, kernels.Int8Dot, false},
 		{"q5k", q5K, kernels.Exact, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false}} {
 		b.Run(c.name, func(b *testing.B) {
@@ -87,7 +92,15 @@ func BenchmarkDecodeExperts(b *testing.B) {
 					var err error
 					if c.flat {
 						data, sc, off, g, _ := q.CodeData()
-						if q, err = kernels.NewUINT4(q.Rows, q.Cols, g, data, sc, off); err != nil {
+						switch q.DType {
+						case kernels.UINT4:
+							q, err = kernels.NewUINT4(q.Rows, q.Cols, g, data, sc, off)
+						case kernels.INT8:
+							q, err = kernels.NewINT8(q.Rows, q.Cols, g, unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(data))), len(data)), nudged(sc), off)
+						default:
+							q, err = kernels.NewINT4(q.Rows, q.Cols, g, data, nudged(sc))
+						}
+						if err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -180,4 +193,13 @@ func kQuantLike(six bool, v []float32, rows, cols int) (kernels.Matrix, error) {
 		return m, err
 	}
 	return kernels.WithSuperScales(m, per, d, dmin, sc, mins)
+}
+
+// nudged is each scale one ulp up: no longer an fp16 value, so held as fp32.
+func nudged(sc []float32) []float32 {
+	out := make([]float32, len(sc))
+	for i, v := range sc {
+		out[i] = math.Nextafter32(v, float32(math.Inf(1)))
+	}
+	return out
 }

@@ -344,6 +344,7 @@ func (m Matrix) codeRow(i int, dst []uint8) {
 func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
 	p := *q
 	p.panels, p.dot8Panel = panels, true
+	p.h16, p.offH16 = nil, nil // the exact mode's layout (see Pack)
 	runs := (panels + dot8Run - 1) / dot8Run
 	lay := func(v func(g int) float32) []float32 {
 		dst := make([]float32, runs*q.gridCols*dot8Run*PanelWidth)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -375,7 +376,9 @@ func TestInt8Dot(t *testing.T) {
 						require.Equal(t, d.q.kmeta, ep.q.kmeta, name)
 						require.Equal(t, panels*int64(s.K)*bits/8+int64(len(ep.q.kmeta)), ep.HeldBytes(), "%s: held, packed for the exact mode", name)
 					} else {
-						require.Equal(t, panels*int64(s.K)*bits/8+4*int64(len(ep.q.panel)+len(ep.q.offPanel))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups,
+						// fp16 scales (and offsets) as fp16 (see Pack), others as fp32.
+						require.Equal(t, strings.HasSuffix(name, " f16"), ep.q.h16 != nil && ep.q.panel == nil, "%s: fp16 scales, packed for the exact mode", name)
+						require.Equal(t, panels*int64(s.K)*bits/8+4*int64(len(ep.q.panel)+len(ep.q.offPanel))+2*int64(len(ep.q.h16)+len(ep.q.offH16))+m.HeldBytes()-int64(len(m.u8))-perGroup*groups,
 							ep.HeldBytes(), "%s: held, packed for the exact mode", name)
 					}
 					// The values as they were given, from what the packed
@@ -582,17 +585,24 @@ func TestInt8DotExtremes(t *testing.T) {
 	for i := range scales {
 		scales[i], offs[i] = 0.25+float32(i%5)/16, -float32(i%3)/8
 	}
+	// Every scale and offset above is an fp16 value: the kinds on fp16
+	// scales run where there are some; with one scale that is not, the
+	// fp32 ones.
+	scales32 := slices.Clone(scales)
+	scales32[0] += 0x1p-20
 	var ms []Matrix
-	for _, o := range [][]float32{nil, offs} {
-		u, err := NewUINT4(rows, cols, 32, nib, scales, o)
+	for _, sc := range [][]float32{scales, scales32} {
+		for _, o := range [][]float32{nil, offs} {
+			u, err := NewUINT4(rows, cols, 32, nib, sc, o)
+			require.NoError(t, err)
+			c, err := NewINT8(rows, cols, 32, i8, sc, o)
+			require.NoError(t, err)
+			ms = append(ms, u, c)
+		}
+		i4, err := NewINT4(rows, cols, 32, nib, sc) // the nibbles as INT4's: codes −8 and 7, stored plus 8
 		require.NoError(t, err)
-		c, err := NewINT8(rows, cols, 32, i8, scales, o)
-		require.NoError(t, err)
-		ms = append(ms, u, c)
+		ms = append(ms, i4)
 	}
-	i4, err := NewINT4(rows, cols, 32, nib, scales) // the nibbles as INT4's: codes −8 and 7, stored plus 8
-	require.NoError(t, err)
-	ms = append(ms, i4)
 	// Codes of 5 and 6 bits (see PackInt8Dot) at their ends: stored as
 	// 0 or the largest (31, 63), the AVX2 kernels' four products a lane
 	// at most 4·63·127 = 32004 in int16.
@@ -616,12 +626,14 @@ func TestInt8DotExtremes(t *testing.T) {
 				codes[r*cols+k] = c
 			}
 		}
-		c, err := NewINT8(rows, cols, 32, codes, scales, v.offsets)
-		require.NoError(t, err)
-		d, err := PackInt8Dot(c)
-		require.NoError(t, err)
-		require.Equal(t, v.planes, d.planes)
-		ms = append(ms, c)
+		for _, sc := range [][]float32{scales, scales32} {
+			c, err := NewINT8(rows, cols, 32, codes, sc, v.offsets)
+			require.NoError(t, err)
+			d, err := PackInt8Dot(c)
+			require.NoError(t, err)
+			require.Equal(t, v.planes, d.planes)
+			ms = append(ms, c)
+		}
 	}
 	for _, impl := range Implementations() {
 		restore, err := Use(impl)
@@ -629,6 +641,7 @@ func TestInt8DotExtremes(t *testing.T) {
 		for _, m := range ms {
 			d, err := PackInt8Dot(m)
 			require.NoError(t, err)
+			require.Equal(t, m.q.grid[0] == scales[0] && hasHalfKind(d), d.q.h16 != nil, "%v offsets=%v: fp16 scales", m.DType, m.q.off != nil)
 			out := make([]float32, 3*rows)
 			Down(out, x, d, nil, 0, rows)
 			for r := range 3 {
@@ -718,4 +731,55 @@ func TestInt8DotMXFP4BadScale(t *testing.T) {
 	m.q.grid[3] = 3
 	_, err = PackInt8Dot(m)
 	require.ErrorContains(t, err, "mxfp4 scale 3 is not an E8M0 power of two")
+}
+
+// TestHalfScalesExact: matrices whose scales (and offsets) are fp16 values
+// (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; subnormals among them), packed for
+// the exact mode, hold them as fp16 (Pack), and their products are the
+// fp32 kernels' bits on the dequantized weights, on every implementation:
+// in registers (a few rows) and widened (many), over several panel groups
+// and k blocks, and from a column inside the second panel.
+func TestHalfScalesExact(t *testing.T) {
+	const N, K = 150, 1024
+	rng := rand.New(rand.NewPCG(11, 12))
+	cases := dot8Cases(rng, N, K)
+	for _, impl := range Implementations() {
+		t.Run(impl, func(t *testing.T) {
+			restore, err := Use(impl)
+			require.NoError(t, err)
+			defer restore()
+			for name, m := range cases {
+				if !strings.HasSuffix(name, " f16") {
+					continue
+				}
+				p := Pack(m)
+				require.NotNil(t, p.q.h16, name)
+				require.Nil(t, p.q.panel, name)
+				w := make([]float32, N*K)
+				for n := range N {
+					m.RowF32(n, w[n*K:][:K])
+				}
+				f, err := NewF32(N, K, w)
+				require.NoError(t, err)
+				pf := Pack(f)
+				for _, M := range []int{5, 40} {
+					x := make([]float32, M*K)
+					for i := range x {
+						x[i] = float32(rng.Float64()*2 - 1)
+					}
+					got, want := make([]float32, M*N), make([]float32, M*N)
+					Down(got, x, p, nil, 0, N)
+					Down(want, x, pf, nil, 0, N)
+					require.Equal(t, want, got, "%s M=%d", name, M)
+					// From inside the second panel: calls whose panels cross
+					// runs of dot8Run.
+					part := make([]float32, M*N)
+					Down(part, x, p, nil, 21, N)
+					for r := range M {
+						require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "%s M=%d from column 21", name, M)
+					}
+				}
+			}
+		})
+	}
 }

@@ -40,7 +40,9 @@ type simd struct {
 	outerS5, outerU5M, outerS6 outerQTable
 	// kscale and kscaleM make the exact kernels' scales (and offsets)
 	// from K-quant factors (see kscales); nil: the Go loop.
-	kscale, kscaleM   func(s, o *float32, base, fac *byte, lane, left, per, groups, ss int)
+	kscale, kscaleM func(s, o *float32, base, fac *byte, lane, left, per, groups, ss int)
+	// half widens runs of fp16 scales to fp32 (see kscales); nil: a Go loop.
+	half              func(dst *float32, src *uint16, runs, n, ss, ds int)
 	dqS5, dqU5M, dqS6 func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/buffers"
+	"github.com/moex-project/moex/internal/half"
 )
 
 // The outer-product schedule runs on packed weights (see Pack). A kernel
@@ -276,8 +277,9 @@ func scaleBlocks(b []Matrix) int {
 // kscales makes, in sc's buffers, the fp32 scales (and offsets, nil
 // without) that the exact kernels read for np panels from p on and groups
 // [b0, b0+groups) of m, a packed matrix holding them only as K-quant
-// factors (its kmeta, see dot8Factors): panel p+j's group b0+g at
-// g·ss/4 + 16·j, as a matrix's panel scales lie for those panels alone.
+// factors (its kmeta, see dot8Factors) or as fp16 values (its h16 and
+// offH16): panel p+j's group b0+g at g·ss/4 + 16·j, as a matrix's panel
+// scales lie for those panels alone.
 func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (scales, offsets []float32) {
 	q := m.q
 	n := groups * ss / 4
@@ -287,6 +289,31 @@ func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (s
 	if offs {
 		offsets = buffers.Grow(&sc.ks[1], n)
 		op = &offsets[0]
+	}
+	if q.h16 != nil { // fp16 values in the int8-dot layout (see Pack), widened exactly
+		// A run's panels' groups lie side by side (dot8Run panels a group):
+		// a chunk of panels within one run is a stream of groups.
+		run := dot8Run * PanelWidth
+		for j := 0; j < min(np, q.panels-p); {
+			pj := p + j
+			cnt := min(np, q.panels-p, j+dot8Run-pj%dot8Run) - j
+			at := ((pj/dot8Run*q.gridCols+b0)*dot8Run + pj%dot8Run) * PanelWidth
+			for i, h := range [2][]uint16{q.h16, q.offH16} {
+				if h == nil {
+					continue
+				}
+				dst := [2][]float32{scales, offsets}[i][PanelWidth*j:]
+				if s.half != nil {
+					s.half(&dst[0], &h[at], groups, cnt*PanelWidth, 2*run, ss)
+					continue
+				}
+				for g := range groups {
+					half.F16SliceToF32(dst[g*ss/4:][:cnt*PanelWidth], h[at+g*run:][:cnt*PanelWidth])
+				}
+			}
+			j += cnt
+		}
+		return scales, offsets
 	}
 	per := q.super.per
 	hdr, grp := 256, 64

@@ -67,13 +67,25 @@ func Pack(m Matrix) Matrix {
 	if m.DType == UINT4 || m.DType == INT8 || m.DType == MXFP4 || m.DType == INT4 {
 		// The panels hold the scales and offsets (blockScales.scale): no
 		// fp32 grid beside them. With the K-quants' factors, only those,
-		// as the int8-dot kernels read them: the exact kernels' fp32
-		// scales are made for each call (see kscales).
+		// as the int8-dot kernels read them; fp16 ones (GGUF's Q8_0, Q4_0,
+		// Q4_1, Q5_0 and Q5_1 store theirs so), as fp16: the exact
+		// kernels' fp32 scales are made for each call (see kscales).
 		p.q = p.q.dropGrid()
-		if m.q.kFactored(m.DType) {
+		switch {
+		case m.q.kFactored(m.DType):
 			p.q.panel, p.q.offPanel = nil, nil
 			p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
 			p.q.super = &superScales{per: m.q.super.per, offsets: m.q.super.offsets}
+		case m.DType != MXFP4 && p.q.panel != nil: // MXFP4's power-of-two kernels read fp32 panels
+			// In the int8-dot layout (see dot8Scales): a call's panels'
+			// scales for its k range are one stream.
+			d := m.q.dot8Scales(m.Rows, m.panels())
+			if h, ok := toHalf(d.panel); ok {
+				if o, ok := toHalf(d.offPanel); ok {
+					p.q.h16, p.q.offH16, p.q.panel, p.q.offPanel = h, o, nil, nil
+					p.q.dot8Panel = true
+				}
+			}
 		}
 	}
 	return p

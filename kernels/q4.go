@@ -168,7 +168,8 @@ func packNibbles(dst, src []uint8, rows, k int, lut *[16]float32) {
 // max|v|/7 and each field round(v/scale) + 8; INT8 as ggml's Q8_0, in
 // groups of 32, scale max|v|/127 and each code round(v/scale); both keep
 // their scales rounded to fp16, as GGUF's Q4_0 and Q8_0 store them (the
-// codes made with the unrounded scale, as ggml makes them); UINT4 as
+// codes made with the unrounded scale, as ggml makes them), where that is
+// a normal fp16 value (else the fp32 scale); UINT4 as
 // ggml's Q4_K (see quantizeQ4K): groups of 32 with a scale and an offset,
 // both factored over super-blocks of 8 groups. cols must
 // be a multiple of 32 for the 4- and 8-bit dtypes. Other dtypes are an
@@ -212,7 +213,7 @@ func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
 			inv = math.Ldexp(1, -e)
 		} else if amax > 0 {
 			s := float32(amax / 7)
-			f[i], inv = half.F16ToF32(half.F32ToF16(s)), 1/float64(s)
+			f[i], inv = halfScale(s), 1/float64(s)
 		}
 		for j, x := range block {
 			var n uint8
@@ -228,6 +229,17 @@ func Quantize(dt DType, v []float32, rows, cols int) (Matrix, error) {
 		return NewMXFP4(rows, cols, packed, e8)
 	}
 	return NewINT4(rows, cols, 32, packed, f)
+}
+
+// halfScale is the scale s rounded to fp16 where that is a normal fp16
+// value (as GGUF files store their blocks' scales), else s itself: one too
+// large would be infinite, one too small zero or with fewer bits.
+func halfScale(s float32) float32 {
+	h := half.F32ToF16(s)
+	if e := h >> 10 & 0x1f; e == 0 || e == 0x1f {
+		return s
+	}
+	return half.F16ToF32(h)
 }
 
 // nearestE2M1 is the e2m1 nibble nearest x (saturating at ±6), the one of
@@ -258,7 +270,7 @@ func quantizeCodes(dt DType, v []float32, rows, cols int) Matrix {
 			amax = math.Max(amax, math.Abs(float64(x)))
 		}
 		d := float32(amax / 127)
-		scales[i] = half.F16ToF32(half.F32ToF16(d))
+		scales[i] = halfScale(d)
 		if d == 0 {
 			continue
 		}

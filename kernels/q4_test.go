@@ -283,7 +283,7 @@ func TestQuantize(t *testing.T) {
 		m, err := kernels.Quantize(dt, v, R, C)
 		require.NoError(t, err)
 		require.Equal(t, dt, m.DType)
-		if dt == kernels.INT4 || dt == kernels.INT8 { // fp16 scales, as GGUF's Q4_0 and Q8_0
+		if dt == kernels.INT4 || dt == kernels.INT8 { // fp16 scales, as GGUF's Q4_0 and Q8_0 (normal ones here)
 			scales, _ := m.CodeScales()
 			for _, sc := range scales {
 				require.Equal(t, sc, half.F16ToF32(half.F32ToF16(sc)), "%v scale", dt)
@@ -316,6 +316,29 @@ func TestQuantize(t *testing.T) {
 	}
 	_, err = kernels.Quantize(kernels.INT4, v[:30], 1, 30)
 	require.ErrorContains(t, err, "needs columns in multiples of 32")
+	// Blocks whose scale is past fp16's normal range (too large: it would
+	// be infinite; too small: zero or subnormal) keep the fp32 scale.
+	for _, a := range []float32{1e9, 1e-7} {
+		for _, dt := range []kernels.DType{kernels.INT4, kernels.INT8} {
+			b := make([]float32, 32)
+			for j := range b {
+				b[j] = a * float32(j-13) / 18
+			}
+			m, err := kernels.Quantize(dt, b, 1, 32)
+			require.NoError(t, err)
+			scales, _ := m.CodeScales()
+			amax := 0.0
+			for _, x := range b {
+				amax = math.Max(amax, math.Abs(float64(x)))
+			}
+			want := float32(amax / 7)
+			if dt == kernels.INT8 {
+				want = float32(amax / 127)
+			}
+			require.Equal(t, want, scales[0], "%v scale of a block of %g", dt, a)
+			require.InDelta(t, b[31], m.At(0, 31), float64(want)/2*1.0001, "%v", dt)
+		}
+	}
 }
 
 // FuzzCodes: any UINT4 or INT8 codes, scales and offsets give, through

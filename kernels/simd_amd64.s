@@ -13108,6 +13108,39 @@ kscalesAVX2M_done:
 	VZEROUPPER
 	RET
 
+// func halfRunsAVX2(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+// Requires: AVX, F16C, MMX+
+TEXT ·halfRunsAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ runs+16(FP), DX
+	MOVQ ss+32(FP), BX
+	MOVQ ds+40(FP), SI
+
+halfRunsAVX2_run:
+	TESTQ DX, DX
+	JZ    halfRunsAVX2_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+halfRunsAVX2_loop:
+	PREFETCHT0 1024(CX)(R8*2)
+	VCVTPH2PS  (CX)(R8*2), Y0
+	VMOVUPS    Y0, (AX)(R8*4)
+	VCVTPH2PS  16(CX)(R8*2), Y0
+	VMOVUPS    Y0, 32(AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         halfRunsAVX2_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        halfRunsAVX2_run
+
+halfRunsAVX2_done:
+	VZEROUPPER
+	RET
+
 DATA dot8Spread<>+0(SB)/1, $0x00
 DATA dot8Spread<>+1(SB)/1, $0x00
 DATA dot8Spread<>+2(SB)/1, $0x00
@@ -16824,6 +16857,7 @@ dot8AVX2M4x1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4111(DX)
 	VPMOVZXBD    (DX), Y7
 	VPSRLD       $0x01, Y7, Y8
 	VPSUBD       Y8, Y7, Y7
@@ -16966,6 +17000,7 @@ dot8AVX2M4x2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4111(BX)
 	VPMOVZXBD    (BX), Y11
 	VPSRLD       $0x01, Y11, Y12
 	VPSUBD       Y12, Y11, Y11
@@ -17342,6 +17377,7 @@ dot8AVX2HI8x1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Y6
 	VCVTDQ2PS    Y3, Y3
 	VBROADCASTSS (AX), Y7
@@ -17472,6 +17508,7 @@ dot8AVX2HI8x2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Y10
 	VCVTDQ2PS    Y3, Y3
 	VBROADCASTSS (CX), Y11
@@ -17576,6 +17613,7 @@ dot8AVX2HS4x1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Y6
 	VPMADDWD     Y1, Y3, Y3
 	VPBROADCASTD 8(AX), Y7
@@ -17697,6 +17735,7 @@ dot8AVX2HS4x2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Y10
 	VPMADDWD     Y1, Y3, Y3
 	VPBROADCASTD 8(CX), Y11
@@ -17819,6 +17858,8 @@ dot8AVX2HU4Mx1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(DX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (DX), Y6
 	VCVTPH2PS    (BX), Y7
 	VPMADDWD     Y1, Y3, Y3
@@ -17943,6 +17984,8 @@ dot8AVX2HU4Mx2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(BX)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (BX), Y10
 	VCVTPH2PS    (SI), Y11
 	VPMADDWD     Y1, Y3, Y3
@@ -18089,6 +18132,7 @@ dot8AVX2HS5x1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Y6
 	VPBROADCASTD 8(AX), Y7
 	VPSRAD       $0x03, Y7, Y7
@@ -18237,6 +18281,7 @@ dot8AVX2HS5x2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Y10
 	VPBROADCASTD 8(CX), Y11
 	VPSRAD       $0x03, Y11, Y11
@@ -18382,6 +18427,8 @@ dot8AVX2HU5Mx1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(DX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (DX), Y6
 	VCVTPH2PS    (BX), Y7
 	VCVTDQ2PS    Y3, Y3
@@ -18533,6 +18580,8 @@ dot8AVX2HU5Mx2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(BX)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (BX), Y10
 	VCVTPH2PS    (SI), Y11
 	VCVTDQ2PS    Y3, Y3
@@ -54215,6 +54264,37 @@ kscalesAVX512M_done:
 	VZEROUPPER
 	RET
 
+// func halfRunsAVX512(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·halfRunsAVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ runs+16(FP), DX
+	MOVQ ss+32(FP), BX
+	MOVQ ds+40(FP), SI
+
+halfRunsAVX512_run:
+	TESTQ DX, DX
+	JZ    halfRunsAVX512_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+halfRunsAVX512_loop:
+	PREFETCHT0 1024(CX)(R8*2)
+	VCVTPH2PS  (CX)(R8*2), Z0
+	VMOVUPS    Z0, (AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         halfRunsAVX512_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        halfRunsAVX512_run
+
+halfRunsAVX512_done:
+	VZEROUPPER
+	RET
+
 // func opAVX512Q4x1p1(a *[6]*float32, b *byte, stride int, k int, c *float32, ldc int, flags int, s *float32, t *float32, bk int, ss int)
 // Requires: AVX, AVX512DQ, AVX512F, MMX+
 TEXT ·opAVX512Q4x1p1(SB), NOSPLIT, $0-88
@@ -82528,6 +82608,7 @@ dot8AVX512M4x1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4111(DX)
 	VPMOVZXBD    (DX), Z4
 	VPSRLD       $0x01, Z4, Z5
 	VPSUBD       Z5, Z4, Z4
@@ -82622,6 +82703,7 @@ dot8AVX512M4x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VPMOVZXBD    (BX), Z6
 	VPSRLD       $0x01, Z6, Z7
 	VPSUBD       Z7, Z6, Z6
@@ -82742,6 +82824,7 @@ dot8AVX512M4x1p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4143(SI)
 	VPMOVZXBD    (SI), Z8
 	VPSRLD       $0x01, Z8, Z9
 	VPSUBD       Z9, Z8, Z8
@@ -82888,6 +82971,7 @@ dot8AVX512M4x1p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(DI)
 	VPMOVZXBD    (DI), Z10
 	VPSRLD       $0x01, Z10, Z11
 	VPSUBD       Z11, Z10, Z10
@@ -83017,6 +83101,7 @@ dot8AVX512M4x2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4111(BX)
 	VPMOVZXBD    (BX), Z6
 	VPSRLD       $0x01, Z6, Z7
 	VPSUBD       Z7, Z6, Z6
@@ -83136,6 +83221,7 @@ dot8AVX512M4x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(SI)
 	VPMOVZXBD    (SI), Z10
 	VPSRLD       $0x01, Z10, Z11
 	VPSUBD       Z11, Z10, Z10
@@ -83291,6 +83377,7 @@ dot8AVX512M4x2p3_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4143(DI)
 	VPMOVZXBD    (DI), Z14
 	VPSRLD       $0x01, Z14, Z15
 	VPSUBD       Z15, Z14, Z14
@@ -83482,6 +83569,7 @@ dot8AVX512M4x2p4_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(R8)
 	VPMOVZXBD    (R8), Z18
 	VPSRLD       $0x01, Z18, Z19
 	VPSUBD       Z19, Z18, Z18
@@ -83646,6 +83734,7 @@ dot8AVX512M4x3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4111(SI)
 	VPMOVZXBD    (SI), Z8
 	VPSRLD       $0x01, Z8, Z9
 	VPSUBD       Z9, Z8, Z8
@@ -83790,6 +83879,7 @@ dot8AVX512M4x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(DI)
 	VPMOVZXBD    (DI), Z14
 	VPSRLD       $0x01, Z14, Z15
 	VPSUBD       Z15, Z14, Z14
@@ -83943,6 +84033,7 @@ dot8AVX512M4x4p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4111(DI)
 	VPMOVZXBD    (DI), Z10
 	VPSRLD       $0x01, Z10, Z11
 	VPSUBD       Z11, Z10, Z10
@@ -84112,6 +84203,7 @@ dot8AVX512M4x4p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4127(R8)
 	VPMOVZXBD    (R8), Z18
 	VPSRLD       $0x01, Z18, Z19
 	VPSUBD       Z19, Z18, Z18
@@ -85708,6 +85800,7 @@ dot8AVX512HI8x1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Z2
 	VBROADCASTSS (AX), Z3
 	VPBROADCASTD 8(AX), Z4
@@ -85785,6 +85878,7 @@ dot8AVX512HI8x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4159(BX)
 	VCVTPH2PS    (BX), Z4
 	VCVTPH2PS    32(BX), Z5
 	VBROADCASTSS (AX), Z6
@@ -85879,6 +85973,7 @@ dot8AVX512HI8x1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4160(SI)
+	PREFETCHT0   4191(SI)
 	VCVTPH2PS    (SI), Z6
 	VCVTPH2PS    32(SI), Z7
 	VCVTPH2PS    64(SI), Z8
@@ -85989,6 +86084,7 @@ dot8AVX512HI8x1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4223(DI)
 	VCVTPH2PS    (DI), Z8
 	VCVTPH2PS    32(DI), Z9
 	VCVTPH2PS    64(DI), Z10
@@ -86083,6 +86179,7 @@ dot8AVX512HI8x2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Z4
 	VBROADCASTSS (CX), Z5
 	VPBROADCASTD 8(CX), Z6
@@ -86184,6 +86281,7 @@ dot8AVX512HI8x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4159(SI)
 	VCVTPH2PS    (SI), Z8
 	VCVTPH2PS    32(SI), Z9
 	VBROADCASTSS (CX), Z10
@@ -86312,6 +86410,7 @@ dot8AVX512HI8x2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4191(DI)
 	VCVTPH2PS    (DI), Z12
 	VCVTPH2PS    32(DI), Z13
 	VCVTPH2PS    64(DI), Z14
@@ -86466,6 +86565,7 @@ dot8AVX512HI8x2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4223(R8)
 	VCVTPH2PS    (R8), Z16
 	VCVTPH2PS    32(R8), Z17
 	VCVTPH2PS    64(R8), Z18
@@ -86594,6 +86694,7 @@ dot8AVX512HI8x3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (SI), Z6
 	VBROADCASTSS (CX), Z7
 	VPBROADCASTD 8(CX), Z8
@@ -86719,6 +86820,7 @@ dot8AVX512HI8x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(DI)
 	VCVTPH2PS    (DI), Z12
 	VCVTPH2PS    32(DI), Z13
 	VBROADCASTSS (CX), Z14
@@ -86849,6 +86951,7 @@ dot8AVX512HI8x4p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(DI)
 	VCVTPH2PS    (DI), Z8
 	VBROADCASTSS (CX), Z9
 	VPBROADCASTD 8(CX), Z10
@@ -86998,6 +87101,7 @@ dot8AVX512HI8x4p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(R8)
 	VCVTPH2PS    (R8), Z16
 	VCVTPH2PS    32(R8), Z17
 	VBROADCASTSS (CX), Z18
@@ -87115,6 +87219,7 @@ dot8AVX512HS4x1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Z3
 	VBROADCASTSS (AX), Z4
 	VPBROADCASTD 8(AX), Z5
@@ -87197,6 +87302,7 @@ dot8AVX512HS4x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4159(BX)
 	VCVTPH2PS    (BX), Z5
 	VCVTPH2PS    32(BX), Z6
 	VBROADCASTSS (AX), Z7
@@ -87297,6 +87403,7 @@ dot8AVX512HS4x1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4160(SI)
+	PREFETCHT0   4191(SI)
 	VCVTPH2PS    (SI), Z7
 	VCVTPH2PS    32(SI), Z8
 	VCVTPH2PS    64(SI), Z9
@@ -87414,6 +87521,7 @@ dot8AVX512HS4x1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4223(DI)
 	VCVTPH2PS    (DI), Z9
 	VCVTPH2PS    32(DI), Z10
 	VCVTPH2PS    64(DI), Z11
@@ -87512,6 +87620,7 @@ dot8AVX512HS4x2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Z5
 	VBROADCASTSS (CX), Z6
 	VPBROADCASTD 8(CX), Z7
@@ -87619,6 +87728,7 @@ dot8AVX512HS4x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4159(SI)
 	VCVTPH2PS    (SI), Z9
 	VCVTPH2PS    32(SI), Z10
 	VBROADCASTSS (CX), Z11
@@ -87754,6 +87864,7 @@ dot8AVX512HS4x2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4191(DI)
 	VCVTPH2PS    (DI), Z13
 	VCVTPH2PS    32(DI), Z14
 	VCVTPH2PS    64(DI), Z15
@@ -87916,6 +88027,7 @@ dot8AVX512HS4x2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4223(R8)
 	VCVTPH2PS    (R8), Z17
 	VCVTPH2PS    32(R8), Z18
 	VCVTPH2PS    64(R8), Z19
@@ -88049,6 +88161,7 @@ dot8AVX512HS4x3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (SI), Z7
 	VBROADCASTSS (CX), Z8
 	VPBROADCASTD 8(CX), Z9
@@ -88181,6 +88294,7 @@ dot8AVX512HS4x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(DI)
 	VCVTPH2PS    (DI), Z13
 	VCVTPH2PS    32(DI), Z14
 	VBROADCASTSS (CX), Z15
@@ -88317,6 +88431,7 @@ dot8AVX512HS4x4p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(DI)
 	VCVTPH2PS    (DI), Z9
 	VBROADCASTSS (CX), Z10
 	VPBROADCASTD 8(CX), Z11
@@ -88474,6 +88589,7 @@ dot8AVX512HS4x4p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(R8)
 	VCVTPH2PS    (R8), Z17
 	VCVTPH2PS    32(R8), Z18
 	VBROADCASTSS (CX), Z19
@@ -88597,6 +88713,8 @@ dot8AVX512HU4Mx1p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(DX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (DX), Z3
 	VCVTPH2PS    (BX), Z4
 	VBROADCASTSS (AX), Z5
@@ -88682,6 +88800,8 @@ dot8AVX512HU4Mx1p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4159(BX)
+	PREFETCHT0   4159(SI)
 	VCVTPH2PS    (BX), Z5
 	VCVTPH2PS    (SI), Z6
 	VCVTPH2PS    32(BX), Z7
@@ -88787,6 +88907,8 @@ dot8AVX512HU4Mx1p3_unit:
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(SI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4191(SI)
+	PREFETCHT0   4191(DI)
 	VCVTPH2PS    (SI), Z7
 	VCVTPH2PS    (DI), Z8
 	VCVTPH2PS    32(SI), Z9
@@ -88910,6 +89032,8 @@ dot8AVX512HU4Mx1p4_unit:
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(DI)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4223(DI)
+	PREFETCHT0   4223(R8)
 	VCVTPH2PS    (DI), Z9
 	VCVTPH2PS    (R8), Z10
 	VCVTPH2PS    32(DI), Z11
@@ -89014,6 +89138,8 @@ dot8AVX512HU4Mx2p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(BX)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (BX), Z5
 	VCVTPH2PS    (SI), Z6
 	VBROADCASTSS (CX), Z7
@@ -89123,6 +89249,8 @@ dot8AVX512HU4Mx2p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(SI)
+	PREFETCHT0   4159(DI)
 	VCVTPH2PS    (SI), Z9
 	VCVTPH2PS    (DI), Z10
 	VCVTPH2PS    32(SI), Z11
@@ -89262,6 +89390,8 @@ dot8AVX512HU4Mx2p3_unit:
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(DI)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4191(DI)
+	PREFETCHT0   4191(R8)
 	VCVTPH2PS    (DI), Z13
 	VCVTPH2PS    (R8), Z14
 	VCVTPH2PS    32(DI), Z15
@@ -89429,6 +89559,8 @@ dot8AVX512HU4Mx2p4_unit:
 	PREFETCHT0   4096(R9)
 	PREFETCHT0   4160(R8)
 	PREFETCHT0   4160(R9)
+	PREFETCHT0   4223(R8)
+	PREFETCHT0   4223(R9)
 	VCVTPH2PS    (R8), Z17
 	VCVTPH2PS    (R9), Z18
 	VCVTPH2PS    32(R8), Z19
@@ -89567,6 +89699,8 @@ dot8AVX512HU4Mx3p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(SI)
+	PREFETCHT0   4127(DI)
 	VCVTPH2PS    (SI), Z7
 	VCVTPH2PS    (DI), Z8
 	VBROADCASTSS (CX), Z9
@@ -89700,6 +89834,8 @@ dot8AVX512HU4Mx3p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(DI)
+	PREFETCHT0   4159(R8)
 	VCVTPH2PS    (DI), Z13
 	VCVTPH2PS    (R8), Z14
 	VCVTPH2PS    32(DI), Z15
@@ -89838,6 +89974,8 @@ dot8AVX512HU4Mx4p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4127(DI)
+	PREFETCHT0   4127(R8)
 	VCVTPH2PS    (DI), Z9
 	VCVTPH2PS    (R8), Z10
 	VBROADCASTSS (CX), Z11
@@ -89995,6 +90133,8 @@ dot8AVX512HU4Mx4p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4159(R8)
+	PREFETCHT0   4159(R9)
 	VCVTPH2PS    (R8), Z17
 	VCVTPH2PS    (R9), Z18
 	VCVTPH2PS    32(R8), Z19
@@ -90122,6 +90262,7 @@ dot8AVX512HS5x1p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
+	PREFETCHT0   4127(DX)
 	VCVTPH2PS    (DX), Z4
 	VBROADCASTSS (AX), Z5
 	VPBROADCASTD 8(AX), Z6
@@ -90216,6 +90357,7 @@ dot8AVX512HS5x1p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4159(BX)
 	VCVTPH2PS    (BX), Z6
 	VCVTPH2PS    32(BX), Z7
 	VBROADCASTSS (AX), Z8
@@ -90333,6 +90475,7 @@ dot8AVX512HS5x1p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4160(SI)
+	PREFETCHT0   4191(SI)
 	VCVTPH2PS    (SI), Z8
 	VCVTPH2PS    32(SI), Z9
 	VCVTPH2PS    64(SI), Z10
@@ -90472,6 +90615,7 @@ dot8AVX512HS5x1p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4223(DI)
 	VCVTPH2PS    (DI), Z10
 	VCVTPH2PS    32(DI), Z11
 	VCVTPH2PS    64(DI), Z12
@@ -90577,6 +90721,7 @@ dot8AVX512HS5x2p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (BX), Z6
 	VBROADCASTSS (CX), Z7
 	VPBROADCASTD 8(CX), Z8
@@ -90696,6 +90841,7 @@ dot8AVX512HS5x2p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4159(SI)
 	VCVTPH2PS    (SI), Z10
 	VCVTPH2PS    32(SI), Z11
 	VBROADCASTSS (CX), Z12
@@ -90848,6 +90994,7 @@ dot8AVX512HS5x2p3_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4191(DI)
 	VCVTPH2PS    (DI), Z14
 	VCVTPH2PS    32(DI), Z15
 	VCVTPH2PS    64(DI), Z16
@@ -91032,6 +91179,7 @@ dot8AVX512HS5x2p4_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4223(R8)
 	VCVTPH2PS    (R8), Z18
 	VCVTPH2PS    32(R8), Z19
 	VCVTPH2PS    64(R8), Z20
@@ -91172,6 +91320,7 @@ dot8AVX512HS5x3p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (SI), Z8
 	VBROADCASTSS (CX), Z9
 	VPBROADCASTD 8(CX), Z10
@@ -91316,6 +91465,7 @@ dot8AVX512HS5x3p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(DI)
 	VCVTPH2PS    (DI), Z14
 	VCVTPH2PS    32(DI), Z15
 	VBROADCASTSS (CX), Z16
@@ -91459,6 +91609,7 @@ dot8AVX512HS5x4p1_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(DI)
 	VCVTPH2PS    (DI), Z10
 	VBROADCASTSS (CX), Z11
 	VPBROADCASTD 8(CX), Z12
@@ -91628,6 +91779,7 @@ dot8AVX512HS5x4p2_unit:
 
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(R8)
 	VCVTPH2PS    (R8), Z18
 	VCVTPH2PS    32(R8), Z19
 	VBROADCASTSS (CX), Z20
@@ -91758,6 +91910,8 @@ dot8AVX512HU5Mx1p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DX)
 	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(DX)
+	PREFETCHT0   4127(BX)
 	VCVTPH2PS    (DX), Z4
 	VCVTPH2PS    (BX), Z5
 	VBROADCASTSS (AX), Z6
@@ -91855,6 +92009,8 @@ dot8AVX512HU5Mx1p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4159(BX)
+	PREFETCHT0   4159(SI)
 	VCVTPH2PS    (BX), Z6
 	VCVTPH2PS    (SI), Z7
 	VCVTPH2PS    32(BX), Z8
@@ -91977,6 +92133,8 @@ dot8AVX512HU5Mx1p3_unit:
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4160(SI)
 	PREFETCHT0   4160(DI)
+	PREFETCHT0   4191(SI)
+	PREFETCHT0   4191(DI)
 	VCVTPH2PS    (SI), Z8
 	VCVTPH2PS    (DI), Z9
 	VCVTPH2PS    32(SI), Z10
@@ -92122,6 +92280,8 @@ dot8AVX512HU5Mx1p4_unit:
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(DI)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4223(DI)
+	PREFETCHT0   4223(R8)
 	VCVTPH2PS    (DI), Z10
 	VCVTPH2PS    (R8), Z11
 	VCVTPH2PS    32(DI), Z12
@@ -92233,6 +92393,8 @@ dot8AVX512HU5Mx2p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(BX)
 	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(BX)
+	PREFETCHT0   4127(SI)
 	VCVTPH2PS    (BX), Z6
 	VCVTPH2PS    (SI), Z7
 	VBROADCASTSS (CX), Z8
@@ -92354,6 +92516,8 @@ dot8AVX512HU5Mx2p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(SI)
+	PREFETCHT0   4159(DI)
 	VCVTPH2PS    (SI), Z10
 	VCVTPH2PS    (DI), Z11
 	VCVTPH2PS    32(SI), Z12
@@ -92510,6 +92674,8 @@ dot8AVX512HU5Mx2p3_unit:
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4160(DI)
 	PREFETCHT0   4160(R8)
+	PREFETCHT0   4191(DI)
+	PREFETCHT0   4191(R8)
 	VCVTPH2PS    (DI), Z14
 	VCVTPH2PS    (R8), Z15
 	VCVTPH2PS    32(DI), Z16
@@ -92699,6 +92865,8 @@ dot8AVX512HU5Mx2p4_unit:
 	PREFETCHT0   4096(R9)
 	PREFETCHT0   4160(R8)
 	PREFETCHT0   4160(R9)
+	PREFETCHT0   4223(R8)
+	PREFETCHT0   4223(R9)
 	VCVTPH2PS    (R8), Z18
 	VCVTPH2PS    (R9), Z19
 	VCVTPH2PS    32(R8), Z20
@@ -92844,6 +93012,8 @@ dot8AVX512HU5Mx3p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(SI)
 	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(SI)
+	PREFETCHT0   4127(DI)
 	VCVTPH2PS    (SI), Z8
 	VCVTPH2PS    (DI), Z9
 	VBROADCASTSS (CX), Z10
@@ -92989,6 +93159,8 @@ dot8AVX512HU5Mx3p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(DI)
+	PREFETCHT0   4159(R8)
 	VCVTPH2PS    (DI), Z14
 	VCVTPH2PS    (R8), Z15
 	VCVTPH2PS    32(DI), Z16
@@ -93134,6 +93306,8 @@ dot8AVX512HU5Mx4p1_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(DI)
 	PREFETCHT0   4096(R8)
+	PREFETCHT0   4127(DI)
+	PREFETCHT0   4127(R8)
 	VCVTPH2PS    (DI), Z10
 	VCVTPH2PS    (R8), Z11
 	VBROADCASTSS (CX), Z12
@@ -93303,6 +93477,8 @@ dot8AVX512HU5Mx4p2_unit:
 	// The group's end: each row's sums into its chains.
 	PREFETCHT0   4096(R8)
 	PREFETCHT0   4096(R9)
+	PREFETCHT0   4159(R8)
+	PREFETCHT0   4159(R9)
 	VCVTPH2PS    (R8), Z18
 	VCVTPH2PS    (R9), Z19
 	VCVTPH2PS    32(R8), Z20

@@ -365,9 +365,11 @@ func dtypeOf(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4, int4, uint4 or int8)", errUsage, s)
 }
 
-// randomMatrix makes a [rows, cols] matrix of dtype, uniform in ±1/cols.
+// randomMatrix makes a [rows, cols] matrix of dtype, uniform in
+// ±1/√cols (as moe.NewRandom's: quantized, its scales are normal fp16
+// values, as in GGUF files).
 func randomMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) (kernels.Matrix, error) {
-	a := 1 / float32(max(1, cols))
+	a := float32(1 / math.Sqrt(float64(max(1, cols))))
 	if dt.Quantized() {
 		v := make([]float32, rows*cols)
 		for i := range v {

@@ -376,7 +376,16 @@ func (src dot8Src) prefetch(np int) {
 	case src.f16:
 		width = 32
 	}
+	ats := []int{}
 	for at := 0; at < width*np; at += 64 {
+		ats = append(ats, at)
+	}
+	if width < 64 {
+		// A run's panels from one inside it: their scales may start
+		// inside a line and end in the next.
+		ats = append(ats, width*np-1)
+	}
+	for _, at := range ats {
 		PREFETCHT0(Mem{Base: src.s, Disp: pfDist + at})
 		if src.offsets {
 			PREFETCHT0(Mem{Base: src.o, Disp: pfDist + at})

@@ -81,4 +81,46 @@ func kscalesKernel(is isa, offsets bool) {
 func kscalesKernels(is isa) {
 	kscalesKernel(is, false)
 	kscalesKernel(is, true)
+	halfRunsKernel(is)
+}
+
+// halfRunsKernel emits halfRuns<isa>: the exact mode's fp32 scales (or
+// offsets) of a call from a packed matrix's fp16 ones (kernels' h16): runs
+// runs of n values (a multiple of 16), widened exactly (vcvtph2ps), from
+// src moving on ss bytes a run to dst moving on ds bytes a run.
+func halfRunsKernel(is isa) {
+	name := "halfRuns" + is.name
+	TEXT(name, NOSPLIT, "func(dst *float32, src *uint16, runs int, n int, ss int, ds int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s widens runs runs of n fp16 values at src (ss bytes apart) to fp32 at dst (ds bytes apart), exactly (see kernels' kscales).", name))
+	dst := Load(Param("dst"), GP64())
+	src := Load(Param("src"), GP64())
+	runs := Load(Param("runs"), GP64())
+	ss := Load(Param("ss"), GP64())
+	ds := Load(Param("ds"), GP64())
+	Label(name + "_run")
+	TESTQ(runs, runs)
+	JZ(LabelRef(name + "_done"))
+	n := Load(Param("n"), GP64())
+	i := GP64()
+	XORQ(i, i)
+	Label(name + "_loop")
+	// A call's runs are one stream (see kernels' kscales): the lines
+	// 1 KiB on, so that the pass does not wait on memory line by line.
+	PREFETCHT0(Mem{Base: src, Index: i, Scale: 2, Disp: 1024})
+	for v := range panelWidth / is.lanes {
+		x := is.vec()
+		VCVTPH2PS(Mem{Base: src, Index: i, Scale: 2, Disp: 2 * is.lanes * v}, x)
+		VMOVUPS(x, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
+	}
+	ADDQ(U8(panelWidth), i)
+	CMPQ(i, n)
+	JB(LabelRef(name + "_loop"))
+	ADDQ(ss, src)
+	ADDQ(ds, dst)
+	DECQ(runs)
+	JMP(LabelRef(name + "_run"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
 }
