@@ -736,50 +736,68 @@ func TestInt8DotMXFP4BadScale(t *testing.T) {
 // TestHalfScalesExact: matrices whose scales (and offsets) are fp16 values
 // (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; subnormals among them), packed for
 // the exact mode, hold them as fp16 (Pack), and their products are the
-// fp32 kernels' bits on the dequantized weights, on every implementation:
-// in registers (a few rows) and widened (many), over several panel groups
-// and k blocks, and from a column inside the second panel.
+// fp32 kernels' bits on the dequantized weights, on every implementation
+// (and on each SIMD one with the widening's Go loop instead of its
+// kernel): in registers (a few rows) and widened (many), over k blocks of
+// the machine's size, of one group and of a few, over several panel
+// groups, and from a column inside the second panel.
 func TestHalfScalesExact(t *testing.T) {
 	const N, K = 150, 1024
 	rng := rand.New(rand.NewPCG(11, 12))
 	cases := dot8Cases(rng, N, K)
-	for _, impl := range Implementations() {
-		t.Run(impl, func(t *testing.T) {
-			restore, err := Use(impl)
-			require.NoError(t, err)
-			defer restore()
-			for name, m := range cases {
-				if !strings.HasSuffix(name, " f16") {
-					continue
-				}
-				p := Pack(m)
-				require.NotNil(t, p.q.h16, name)
-				require.Nil(t, p.q.panel, name)
-				w := make([]float32, N*K)
-				for n := range N {
-					m.RowF32(n, w[n*K:][:K])
-				}
-				f, err := NewF32(N, K, w)
-				require.NoError(t, err)
-				pf := Pack(f)
-				for _, M := range []int{5, 40} {
-					x := make([]float32, M*K)
-					for i := range x {
-						x[i] = float32(rng.Float64()*2 - 1)
+	for _, kBytes := range []int{outerKBytes, 1, 120} { // 120: k blocks of 3 groups of 32, 6 of 16, 15 of 8
+		defer func(b int) { outerKBytes = b }(outerKBytes)
+		outerKBytes = kBytes
+		for _, impl := range Implementations() {
+			for _, goLoop := range []bool{false, true} {
+				t.Run(fmt.Sprintf("kbytes=%d/%s/goLoop=%v", kBytes, impl, goLoop), func(t *testing.T) {
+					restore, err := Use(impl)
+					require.NoError(t, err)
+					defer restore()
+					if goLoop {
+						if active == nil || active.half == nil {
+							t.Skip("no widening kernel")
+						}
+						s := *active
+						s.half = nil
+						prev := active
+						active = &s
+						defer func() { active = prev }()
 					}
-					got, want := make([]float32, M*N), make([]float32, M*N)
-					Down(got, x, p, nil, 0, N)
-					Down(want, x, pf, nil, 0, N)
-					require.Equal(t, want, got, "%s M=%d", name, M)
-					// From inside the second panel: calls whose panels cross
-					// runs of dot8Run.
-					part := make([]float32, M*N)
-					Down(part, x, p, nil, 21, N)
-					for r := range M {
-						require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "%s M=%d from column 21", name, M)
+					for name, m := range cases {
+						if !strings.HasSuffix(name, " f16") {
+							continue
+						}
+						p := Pack(m)
+						require.NotNil(t, p.q.h16, name)
+						require.Nil(t, p.q.panel, name)
+						w := make([]float32, N*K)
+						for n := range N {
+							m.RowF32(n, w[n*K:][:K])
+						}
+						f, err := NewF32(N, K, w)
+						require.NoError(t, err)
+						pf := Pack(f)
+						for _, M := range []int{5, 40} {
+							x := make([]float32, M*K)
+							for i := range x {
+								x[i] = float32(rng.Float64()*2 - 1)
+							}
+							got, want := make([]float32, M*N), make([]float32, M*N)
+							Down(got, x, p, nil, 0, N)
+							Down(want, x, pf, nil, 0, N)
+							require.Equal(t, want, got, "%s M=%d", name, M)
+							// From inside the second panel: calls whose panels cross
+							// runs of dot8Run.
+							part := make([]float32, M*N)
+							Down(part, x, p, nil, 21, N)
+							for r := range M {
+								require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "%s M=%d from column 21", name, M)
+							}
+						}
 					}
-				}
+				})
 			}
-		})
+		}
 	}
 }

@@ -61,10 +61,11 @@ type blockScales struct {
 	// kernels' (against codes twice the e2m1 values) 2^(E−128), which scale
 	// returns.
 	e8 []uint8
-	// h16 and offH16, for an int8-dot matrix whose scales (and offsets)
-	// are all fp16 values (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), hold them
-	// as fp16 where panel and offPanel would hold floats (see
-	// PackInt8Dot).
+	// h16 and offH16, for a packed matrix whose scales (and offsets) are
+	// all fp16 values (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), hold them as
+	// fp16 where panel and offPanel would hold floats, in the int8-dot
+	// layout (dot8Panel) in both modes (see Pack, PackInt8Dot and
+	// kscales).
 	h16, offH16 []uint16
 	// pow2 says every scale of the matrix is a power of two 2^p with
 	// p in [pmin, pmax] ⊆ [-126, 124] (MXFP4's E8M0 scales, bar the
@@ -241,7 +242,7 @@ func (m Matrix) ScaleBytes() int {
 		return len(m.q.kmeta)
 	case m.q.e8 != nil: // an int8-dot MXFP4 matrix's exponents
 		return len(m.q.e8)
-	case m.q.h16 != nil: // an int8-dot matrix's fp16 scales
+	case m.q.h16 != nil: // fp16 scales (either mode)
 		return 2 * (len(m.q.h16) + len(m.q.offH16))
 	case m.q.panel != nil:
 		return 4 * (len(m.q.panel) + len(m.q.offPanel))
