@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
 	"github.com/stretchr/testify/require"
@@ -231,7 +230,7 @@ func halfScaled(m Matrix) Matrix {
 	var err error
 	switch m.DType {
 	case INT8:
-		m, err = NewINT8(m.Rows, m.Cols, g, unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(data))), len(data)), scales, offsets)
+		m, err = NewINT8(m.Rows, m.Cols, g, bytesAsInt8(data), scales, offsets)
 	case INT4:
 		m, err = NewINT4(m.Rows, m.Cols, g, data, scales)
 	default:

@@ -39,8 +39,6 @@ func memoryBandwidth() float64 {
 	// The buffer handed back to the OS now, not by the runtime's
 	// background scavenger while the next case is timed: on two cores
 	// that made the case after a probe up to 1.8× slower.
-	runtime.KeepAlive(buf)
-	buf = nil
 	debug.FreeOSMemory()
 	return best
 }
