@@ -153,23 +153,22 @@ func BenchmarkOuterStream(b *testing.B) {
 	}
 }
 
-// BenchmarkDot8 times the widest one-row int8-dot kernel on Q4_K-shaped
-// UINT4 panels (groups of 32, offsets, K-quant factors): on four panels
-// that stay in L1 (the kernel's own rate), and streaming 64 MiB of panels
-// from memory on one core beside ReadBytes over the same bytes.
+// BenchmarkDot8 times the int8-dot kernels of 1 to 4 rows on Q4_K-shaped
+// UINT4 panels (groups of 32, offsets, K-quant factors), each panel count
+// a call: on four panels that stay in L1 (the kernels' own rate), and streaming 64 MiB of
+// panels from memory on one core beside ReadBytes over the same bytes.
 func BenchmarkDot8(b *testing.B) {
 	for _, s := range simds {
 		if s.dot8 == nil {
 			continue
 		}
-		ks := s.dot8.u4km[1]
 		for _, c := range []struct {
 			name string
 			K, P int
 		}{{"L1", 256, 4}, {"stream", 2048, (64 << 20) / (PanelWidth * 2048 / 2)}} {
 			K, P := c.K, c.P
-			stride := PanelWidth * K / 2
-			w := make([]byte, P*stride)
+			panel := PanelWidth * K / 2
+			w := make([]byte, P*panel)
 			for i := range w {
 				w[i] = byte(i*7 + i>>9)
 			}
@@ -177,10 +176,11 @@ func BenchmarkDot8(b *testing.B) {
 			supers := K / 256
 			run := supers * (512 + 8*128)
 			meta := make([]byte, (P+dot8Run-1)/dot8Run*run)
-			recs := make([]byte, groups*48)
 			var a [maxDot8Rows]*byte
-			a[0] = &recs[0]
-			out := make([]float32, P*PanelWidth)
+			for m := range a {
+				a[m] = &make([]byte, groups*48)[0]
+			}
+			out := make([]float32, maxDot8Rows*P*PanelWidth)
 			b.Run(fmt.Sprintf("%s/%s", s.name, c.name), func(b *testing.B) {
 				if c.name == "stream" {
 					b.Run("read", func(b *testing.B) {
@@ -190,15 +190,18 @@ func BenchmarkDot8(b *testing.B) {
 						}
 					})
 				}
-				for np := 1; np < len(ks); np *= 2 { // calls inside one run of panels
-					b.Run(fmt.Sprintf("u4km/np=%d", np), func(b *testing.B) {
-						b.SetBytes(int64(len(w)))
-						for b.Loop() {
-							for p := 0; p < P; p += np {
-								ks[np](&a, &w[p*stride], stride, groups, &out[p*PanelWidth], 4*len(out), 0, &meta[p/dot8Run*run], 16*(p%dot8Run), 4, 8)
+				for rows := 1; rows <= maxDot8Rows; rows++ {
+					ks := s.dot8.u4km[rows]
+					for np := 1; np < len(ks); np *= 2 { // calls inside one run of panels
+						b.Run(fmt.Sprintf("u4km/rows=%d/np=%d", rows, np), func(b *testing.B) {
+							b.SetBytes(int64(len(w)))
+							for b.Loop() {
+								for p := 0; p < P; p += np {
+									ks[np](&a, &w[p*panel], panel, groups, &out[p*PanelWidth], 4*P*PanelWidth, 0, &meta[p/dot8Run*run], 16*(p%dot8Run), 4, 8)
+								}
 							}
-						}
-					})
+						})
+					}
 				}
 			})
 		}
