@@ -158,16 +158,9 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		// the block's: the same products, exact (see code). The scales
 		// are held as the file has them, a byte (E8M0) a block, which the
 		// kernels make into 2^(E−128).
-		e8 := make([]uint8, len(p.q.panel))
-		for i, s := range p.q.panel {
-			if s == 0 { // a panel's rows past the matrix's
-				continue
-			}
-			frac, exp := math.Frexp(float64(s))
-			if frac != 0.5 || exp+126 < 0 || exp+126 > 254 {
-				return Matrix{}, fmt.Errorf("kernels: int8dot numerics: mxfp4 scale %g is not an E8M0 power of two", s)
-			}
-			e8[i] = uint8(exp + 126) // s = 2^(exp−1) = 2^(E−127)
+		e8, err := toE8(p.q, m.Rows)
+		if err != nil {
+			return Matrix{}, fmt.Errorf("kernels: int8dot numerics: %w", err)
 		}
 		p.q.panel, p.q.e8 = nil, e8
 		p.q.pow2 = false
@@ -345,6 +338,7 @@ func (q *blockScales) dot8Scales(rows, panels int) *blockScales {
 	p := *q
 	p.panels, p.dot8Panel = panels, true
 	p.h16, p.offH16 = nil, nil // the exact mode's layout (see Pack)
+	p.e8, p.e8Exact = nil, false
 	runs := (panels + dot8Run - 1) / dot8Run
 	lay := func(v func(g int) float32) []float32 {
 		dst := make([]float32, runs*q.gridCols*dot8Run*PanelWidth)

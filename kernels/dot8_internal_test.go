@@ -374,6 +374,12 @@ func TestInt8Dot(t *testing.T) {
 						require.Nil(t, ep.q.panel, name)
 						require.Equal(t, d.q.kmeta, ep.q.kmeta, name)
 						require.Equal(t, panels*int64(s.K)*bits/8+int64(len(ep.q.kmeta)), ep.HeldBytes(), "%s: held, packed for the exact mode", name)
+					} else if m.DType == MXFP4 { // the E8M0 exponents, as for the int8-dot mode (see Pack)
+						require.Nil(t, ep.q.panel, name)
+						require.True(t, ep.q.e8Exact, name)
+						require.Equal(t, d.q.e8, ep.q.e8, name)
+						require.Equal(t, panels*int64(s.K)*bits/8+int64(len(ep.q.e8)), ep.HeldBytes(), "%s: held, packed for the exact mode", name)
+						require.Equal(t, len(ep.q.e8), ep.ScaleBytes(), name)
 					} else {
 						// fp16 scales (and offsets) as fp16 (see Pack), others as fp32.
 						require.Equal(t, strings.HasSuffix(name, " f16"), ep.q.h16 != nil && ep.q.panel == nil, "%s: fp16 scales, packed for the exact mode", name)
@@ -730,6 +736,111 @@ func TestInt8DotMXFP4BadScale(t *testing.T) {
 	m.q.grid[3] = 3
 	_, err = PackInt8Dot(m)
 	require.ErrorContains(t, err, "mxfp4 scale 3 is not an E8M0 power of two")
+}
+
+// TestExactMXFP4Exponents: packed for the exact mode, MXFP4 keeps its
+// scales as the file's E8M0 bytes (4.25 bits a weight), and every
+// implementation (each SIMD one also with the widening's Go loop instead
+// of its kernel) makes each exponent, 0 (the subnormal 2^−127) to 254
+// (2^127), into its scale: the fp32 kernels' bits on the dequantized
+// weights, in registers (2 rows) and widened (40), from the first column
+// and from inside the second panel. A scale that is no E8M0 power of two
+// stays fp32.
+func TestExactMXFP4Exponents(t *testing.T) {
+	const N, blocks = 40, 255
+	const K = 32 * blocks
+	rng := rand.New(rand.NewPCG(9, 10))
+	nib := make([]uint8, N*K/2)
+	for i := range nib {
+		nib[i] = uint8(rng.IntN(256))
+	}
+	e8 := make([]uint8, N*blocks)
+	for i := range e8 {
+		e8[i] = uint8((i + i/blocks) % 255) // every exponent in every row, rotated
+		// From 2^126 on, e2m1 values within ±1.5: finite weights (6·2^126 is not).
+		if e8[i] >= 253 {
+			for j := range 16 {
+				nib[i*16+j] &= 0xbb
+			}
+		}
+	}
+	m, err := NewMXFP4(N, K, nib, e8)
+	require.NoError(t, err)
+	p := Pack(m)
+	require.Nil(t, p.q.panel)
+	require.True(t, p.q.e8Exact)
+	runs := ((N+PanelWidth-1)/PanelWidth + dot8Run - 1) / dot8Run
+	require.Equal(t, runs*dot8Run*PanelWidth*blocks, p.ScaleBytes(), "a byte a block")
+	w := make([]float32, N*K)
+	for n := range N {
+		m.RowF32(n, w[n*K:][:K])
+		for _, v := range w[n*K:][:K] {
+			require.False(t, math.IsInf(float64(v), 0), "row %d", n)
+		}
+		got := make([]float32, K)
+		p.RowF32(n, got)
+		require.Equal(t, w[n*K:][:K], got, "row %d through the exponents", n)
+	}
+	f, err := NewF32(N, K, w)
+	require.NoError(t, err)
+	pf := Pack(f)
+	for _, impl := range Implementations() {
+		for _, goLoop := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/goLoop=%v", impl, goLoop), func(t *testing.T) {
+				restore, err := Use(impl)
+				require.NoError(t, err)
+				defer restore()
+				if goLoop {
+					if active == nil || active.e8 == nil {
+						t.Skip("no widening kernel")
+					}
+					// The kernel alone: every exponent, two runs 272 bytes
+					// apart into runs 1152 apart (as a call's groups lie).
+					src := make([]uint8, 2*272)
+					for i := range src {
+						src[i] = uint8((i * 7) % 255)
+					}
+					dst := make([]float32, 2*288)
+					active.e8(&dst[0], &src[0], 2, 256, 272, 4*288)
+					for r := range 2 {
+						for i := range 256 {
+							require.Equal(t, math.Float32bits(e8Scale(src[r*272+i])), math.Float32bits(dst[r*288+i]), "E=%d", src[r*272+i])
+						}
+						for _, v := range dst[r*288+256 : (r+1)*288] {
+							require.Zero(t, v, "written past a run")
+						}
+					}
+					s := *active
+					s.e8 = nil
+					prev := active
+					active = &s
+					defer func() { active = prev }()
+				}
+				for _, M := range []int{2, 40} {
+					x := make([]float32, M*K)
+					for i := range x {
+						x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
+					}
+					got, want := make([]float32, M*N), make([]float32, M*N)
+					Down(got, x, p, nil, 0, N)
+					Down(want, x, pf, nil, 0, N)
+					for i, v := range want {
+						require.False(t, math.IsNaN(float64(v)) || math.IsInf(float64(v), 0), "M=%d output %d", M, i)
+					}
+					require.Equal(t, want, got, "M=%d", M)
+					part := make([]float32, M*N)
+					Down(part, x, p, nil, 21, N)
+					for r := range M {
+						require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "M=%d from column 21", M)
+					}
+				}
+			})
+		}
+	}
+	m.q.grid[3] = 3
+	p = Pack(m)
+	require.Nil(t, p.q.e8)
+	require.NotNil(t, p.q.panel, "fp32 scales where one is no E8M0 power of two")
 }
 
 // TestHalfScalesExact: matrices whose scales (and offsets) are fp16 values

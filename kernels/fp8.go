@@ -55,12 +55,15 @@ type blockScales struct {
 	// int8-dot matrix's factors laid out for its kernels.
 	super *superScales
 	kmeta []byte
-	// e8, for an int8-dot MXFP4 matrix, holds each block's E8M0 exponent E
-	// in the int8-dot panel layout (see dot8Scales), a byte where panel
-	// would hold a float: the block's scale is 2^(E−127), the int8-dot
-	// kernels' (against codes twice the e2m1 values) 2^(E−128), which scale
-	// returns.
-	e8 []uint8
+	// e8, for a packed MXFP4 matrix whose scales are all E8M0 powers of
+	// two (as the files hold them), holds each block's exponent E in the
+	// int8-dot panel layout (see dot8Scales), a byte where panel would
+	// hold a float: the block's scale is 2^(E−127). With e8Exact (Pack,
+	// the exact mode, whose kernels' fp32 scales are made for each call,
+	// see kscales) scale returns that; without (PackInt8Dot), the int8-dot
+	// kernels' scale against codes twice the e2m1 values, 2^(E−128).
+	e8      []uint8
+	e8Exact bool
 	// h16 and offH16, for a packed matrix whose scales (and offsets) are
 	// all fp16 values (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), hold them as
 	// fp16 where panel and offPanel would hold floats, in the int8-dot
@@ -112,6 +115,8 @@ func (q *blockScales) scale(g int) float32 {
 		return d * float32(sc)
 	case q.super != nil:
 		return q.super.d[q.superAt(g)] * float32(q.super.sc[g])
+	case q.e8 != nil && q.e8Exact:
+		return e8Scale(q.e8[q.panelAt(g)])
 	case q.e8 != nil:
 		return e8Half(q.e8[q.panelAt(g)])
 	case q.h16 != nil:
@@ -240,7 +245,7 @@ func (m Matrix) ScaleBytes() int {
 		return 0
 	case m.q.kmeta != nil: // the int8-dot kernels' factored scales
 		return len(m.q.kmeta)
-	case m.q.e8 != nil: // an int8-dot MXFP4 matrix's exponents
+	case m.q.e8 != nil: // an MXFP4 matrix's exponents (either mode)
 		return len(m.q.e8)
 	case m.q.h16 != nil: // fp16 scales (either mode)
 		return 2 * (len(m.q.h16) + len(m.q.offH16))
@@ -390,4 +395,29 @@ func QuantizeFP8(v []float32, rows, cols, blockRows, blockCols int) (data []uint
 // e8Half is 2^(E−128), an int8-dot MXFP4 block's scale (see blockScales.e8).
 func e8Half(e uint8) float32 {
 	return float32(math.Ldexp(1, int(e)-128))
+}
+
+// e8Scale is 2^(E−127), the scale of an MXFP4 block of E8M0 exponent E
+// (E < 255; 255 is the format's NaN).
+func e8Scale(e uint8) float32 {
+	return float32(math.Ldexp(1, int(e)-127))
+}
+
+// toE8 returns the E8M0 exponents of the scales of q, laid out as
+// dot8Scales lays them (q.panel) for a matrix of rows rows: the scale
+// 2^(E−127) of each block, E in [0, 254], a byte where panel holds a
+// float (those of rows past the matrix 0). It fails, naming the scale,
+// where one is not such a power of two.
+func toE8(q *blockScales, rows int) ([]uint8, error) {
+	e8 := make([]uint8, len(q.panel))
+	for g := range rows * q.gridCols {
+		at := q.panelAt(g)
+		s := q.panel[at]
+		frac, exp := math.Frexp(float64(s))
+		if frac != 0.5 || exp+126 < 0 || exp+126 > 254 {
+			return nil, fmt.Errorf("mxfp4 scale %g is not an E8M0 power of two", s)
+		}
+		e8[at] = uint8(exp + 126) // s = 2^(exp−1) = 2^(E−127)
+	}
+	return e8, nil
 }

@@ -277,9 +277,10 @@ func scaleBlocks(b []Matrix) int {
 // kscales makes, in sc's buffers, the fp32 scales (and offsets, nil
 // without) that the exact kernels read for np panels from p on and groups
 // [b0, b0+groups) of m, a packed matrix holding them only as K-quant
-// factors (its kmeta, see dot8Factors) or as fp16 values (its h16 and
-// offH16): panel p+j's group b0+g at g·ss/4 + 16·j, as a matrix's panel
-// scales lie for those panels alone.
+// factors (its kmeta, see dot8Factors), as fp16 values (its h16 and
+// offH16) or as E8M0 exponents (an MXFP4 matrix's e8): panel p+j's group
+// b0+g at g·ss/4 + 16·j, as a matrix's panel scales lie for those panels
+// alone.
 func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (scales, offsets []float32) {
 	q := m.q
 	n := groups * ss / 4
@@ -290,7 +291,7 @@ func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (s
 		offsets = buffers.Grow(&sc.ks[1], n)
 		op = &offsets[0]
 	}
-	if q.h16 != nil { // fp16 values in the int8-dot layout (see Pack), widened exactly
+	if q.h16 != nil || q.e8 != nil { // fp16 values or E8M0 exponents in the int8-dot layout (see Pack), widened exactly
 		// A run's panels' groups lie side by side (dot8Run panels a group):
 		// a chunk of panels within one run is a stream of groups.
 		run := dot8Run * PanelWidth
@@ -298,6 +299,20 @@ func (s *simd) kscales(sc *outerScratch, m Matrix, p, np, b0, groups, ss int) (s
 			pj := p + j
 			cnt := min(np, q.panels-p, j+dot8Run-pj%dot8Run) - j
 			at := ((pj/dot8Run*q.gridCols+b0)*dot8Run + pj%dot8Run) * PanelWidth
+			if q.e8 != nil {
+				dst := scales[PanelWidth*j:]
+				if s.e8 != nil {
+					s.e8(&dst[0], &q.e8[at], groups, cnt*PanelWidth, run, ss)
+				} else {
+					for g := range groups {
+						for i, e := range q.e8[at+g*run:][:cnt*PanelWidth] {
+							dst[g*ss/4+i] = e8Scale(e)
+						}
+					}
+				}
+				j += cnt
+				continue
+			}
 			for i, h := range [2][]uint16{q.h16, q.offH16} {
 				if h == nil {
 					continue

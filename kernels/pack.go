@@ -17,8 +17,9 @@ const PanelWidth = 16
 // at panel n/PanelWidth, position k·PanelWidth + n%PanelWidth), the last
 // panel padded with zero rows. The dtype stays, so packed bf16 weights take
 // the bytes they did; INT8 codes that fit in 5 or 6 bits are held in that
-// many (see packNarrow and PackInt8Dot), and integer codes with the
-// K-quants' factors keep their scales only as those (see kscales). A
+// many (see packNarrow and PackInt8Dot); integer codes with the
+// K-quants' factors keep their scales only as those, fp16 scales stay
+// fp16 and MXFP4's E8M0 ones a byte a block (see kscales). A
 // packed matrix goes wherever a Matrix does and gives the same values
 // through RowF32 and At; a packed m is returned as it is.
 //
@@ -76,7 +77,15 @@ func Pack(m Matrix) Matrix {
 			p.q.panel, p.q.offPanel = nil, nil
 			p.q.kmeta = m.q.dot8Factors(m.Rows, m.panels())
 			p.q.super = &superScales{per: m.q.super.per, offsets: m.q.super.offsets}
-		case m.DType != MXFP4 && p.q.panel != nil: // MXFP4's power-of-two kernels read fp32 panels
+		case m.DType == MXFP4 && p.q.panel != nil:
+			// E8M0 exponents, a byte a block as the files hold them, in
+			// the int8-dot layout; where a scale is not one (a matrix not
+			// from a file, say), fp32 panels.
+			d := m.q.dot8Scales(m.Rows, m.panels())
+			if e8, err := toE8(d, m.Rows); err == nil {
+				p.q.e8, p.q.e8Exact, p.q.panel, p.q.dot8Panel = e8, true, nil, true
+			}
+		case p.q.panel != nil:
 			// In the int8-dot layout (see dot8Scales): a call's panels'
 			// scales for its k range are one stream.
 			d := m.q.dot8Scales(m.Rows, m.panels())

@@ -13141,6 +13141,59 @@ halfRunsAVX2_done:
 	VZEROUPPER
 	RET
 
+// func e8RunsAVX2(dst *float32, src *uint8, runs int, n int, ss int, ds int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·e8RunsAVX2(SB), NOSPLIT, $0-48
+	MOVQ         dst+0(FP), AX
+	MOVQ         src+8(FP), CX
+	MOVQ         runs+16(FP), DX
+	MOVQ         ss+32(FP), BX
+	MOVQ         ds+40(FP), SI
+	MOVL         $0x00000040, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0000003f, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+
+e8RunsAVX2_run:
+	TESTQ DX, DX
+	JZ    e8RunsAVX2_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+e8RunsAVX2_loop:
+	PREFETCHT0 512(CX)(R8*1)
+	VPMOVZXBD  (CX)(R8*1), Y2
+	VPSRLD     $0x01, Y2, Y3
+	VPSUBD     Y3, Y2, Y2
+	VPADDD     Y0, Y3, Y3
+	VPADDD     Y1, Y2, Y2
+	VPSLLD     $0x17, Y3, Y3
+	VPSLLD     $0x17, Y2, Y2
+	VMULPS     Y3, Y2, Y2
+	VMOVUPS    Y2, (AX)(R8*4)
+	VPMOVZXBD  8(CX)(R8*1), Y2
+	VPSRLD     $0x01, Y2, Y3
+	VPSUBD     Y3, Y2, Y2
+	VPADDD     Y0, Y3, Y3
+	VPADDD     Y1, Y2, Y2
+	VPSLLD     $0x17, Y3, Y3
+	VPSLLD     $0x17, Y2, Y2
+	VMULPS     Y3, Y2, Y2
+	VMOVUPS    Y2, 32(AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         e8RunsAVX2_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        e8RunsAVX2_run
+
+e8RunsAVX2_done:
+	VZEROUPPER
+	RET
+
 DATA dot8Spread<>+0(SB)/1, $0x00
 DATA dot8Spread<>+1(SB)/1, $0x00
 DATA dot8Spread<>+2(SB)/1, $0x00
@@ -54292,6 +54345,48 @@ halfRunsAVX512_loop:
 	JMP        halfRunsAVX512_run
 
 halfRunsAVX512_done:
+	VZEROUPPER
+	RET
+
+// func e8RunsAVX512(dst *float32, src *uint8, runs int, n int, ss int, ds int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·e8RunsAVX512(SB), NOSPLIT, $0-48
+	MOVQ         dst+0(FP), AX
+	MOVQ         src+8(FP), CX
+	MOVQ         runs+16(FP), DX
+	MOVQ         ss+32(FP), BX
+	MOVQ         ds+40(FP), SI
+	MOVL         $0x00000040, DI
+	VPBROADCASTD DI, Z0
+	MOVL         $0x0000003f, DI
+	VPBROADCASTD DI, Z1
+
+e8RunsAVX512_run:
+	TESTQ DX, DX
+	JZ    e8RunsAVX512_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+e8RunsAVX512_loop:
+	PREFETCHT0 512(CX)(R8*1)
+	VPMOVZXBD  (CX)(R8*1), Z2
+	VPSRLD     $0x01, Z2, Z3
+	VPSUBD     Z3, Z2, Z2
+	VPADDD     Z0, Z3, Z3
+	VPADDD     Z1, Z2, Z2
+	VPSLLD     $0x17, Z3, Z3
+	VPSLLD     $0x17, Z2, Z2
+	VMULPS     Z3, Z2, Z2
+	VMOVUPS    Z2, (AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         e8RunsAVX512_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        e8RunsAVX512_run
+
+e8RunsAVX512_done:
 	VZEROUPPER
 	RET
 

@@ -489,6 +489,11 @@ func kscalesAVX2M(s *float32, o *float32, base *byte, fac *byte, lane int, left 
 //go:noescape
 func halfRunsAVX2(dst *float32, src *uint16, runs int, n int, ss int, ds int)
 
+// e8RunsAVX2 makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).
+//
+//go:noescape
+func e8RunsAVX2(dst *float32, src *uint8, runs int, n int, ss int, ds int)
+
 // dot8AVX2U4x1 is dot8AVX512U4x1p1 on AVX2 (vpmaddubsw, vpmaddwd): the same bits.
 //
 //go:noescape
@@ -1962,6 +1967,11 @@ func kscalesAVX512M(s *float32, o *float32, base *byte, fac *byte, lane int, lef
 //
 //go:noescape
 func halfRunsAVX512(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+
+// e8RunsAVX512 makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).
+//
+//go:noescape
+func e8RunsAVX512(dst *float32, src *uint8, runs int, n int, ss int, ds int)
 
 // opAVX512Q4x1p1 adds, for k steps (k even), the products of 1 fp32 rows with 1 panels of 4-bit weights (two k steps a byte, the low nibble first; a weight is t[nibble] times its row's scale in s, 16 per panel, s moving on ss bytes every bk steps) to the 1×16 tile c (row stride ldc bytes), starting from c (flags bit 0) or from zero.
 //

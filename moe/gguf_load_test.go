@@ -351,6 +351,14 @@ func TestLoadGGUFQ4(t *testing.T) {
 		ref := m.Forward(x)
 		require.Equal(t, ref.IDs, ids, "type %d", typ)
 		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, "type %d", typ)
+		// The file's bits a weight, held so in the exact mode: Q4_0's fp16
+		// scales, MXFP4's E8M0 bytes (where the weights are packed: not
+		// on purego).
+		x0, ok := l.Expert(0)
+		require.True(t, ok)
+		if d := x0.Down; d.Packed() {
+			require.Equal(t, map[uint32]float64{2: 4.5, 39: 4.25}[typ], float64(8*d.Bytes())/float64(H*I), "type %d: the down projection's bits a weight", typ)
+		}
 		// The int8-dot mode: llama.cpp's error, the same experts.
 		require.NoError(t, l.SetNumerics(kernels.Int8Dot))
 		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))

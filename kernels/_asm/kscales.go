@@ -82,6 +82,7 @@ func kscalesKernels(is isa) {
 	kscalesKernel(is, false)
 	kscalesKernel(is, true)
 	halfRunsKernel(is)
+	e8RunsKernel(is)
 }
 
 // halfRunsKernel emits halfRuns<isa>: the exact mode's fp32 scales (or
@@ -112,6 +113,55 @@ func halfRunsKernel(is isa) {
 		x := is.vec()
 		VCVTPH2PS(Mem{Base: src, Index: i, Scale: 2, Disp: 2 * is.lanes * v}, x)
 		VMOVUPS(x, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
+	}
+	ADDQ(U8(panelWidth), i)
+	CMPQ(i, n)
+	JB(LabelRef(name + "_loop"))
+	ADDQ(ss, src)
+	ADDQ(ds, dst)
+	DECQ(runs)
+	JMP(LabelRef(name + "_run"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// e8RunsKernel emits e8Runs<isa>: the exact mode's fp32 scales of a call
+// from a packed MXFP4 matrix's E8M0 exponents (kernels' e8): runs runs of
+// n bytes (a multiple of 16), each E made 2^(E−127) exactly, from src
+// moving on ss bytes a run to dst moving on ds bytes a run. The value is
+// the product of two normal floats, 2^(⌊E/2⌋−63) and 2^(E−⌊E/2⌋−64),
+// so that E = 0 (2^−127, subnormal) is exact too.
+func e8RunsKernel(is isa) {
+	name := "e8Runs" + is.name
+	TEXT(name, NOSPLIT, "func(dst *float32, src *uint8, runs int, n int, ss int, ds int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).", name))
+	dst := Load(Param("dst"), GP64())
+	src := Load(Param("src"), GP64())
+	runs := Load(Param("runs"), GP64())
+	ss := Load(Param("ss"), GP64())
+	ds := Load(Param("ds"), GP64())
+	c64, c63 := splat(is.lanes, 64), splat(is.lanes, 63)
+	Label(name + "_run")
+	TESTQ(runs, runs)
+	JZ(LabelRef(name + "_done"))
+	n := Load(Param("n"), GP64())
+	i := GP64()
+	XORQ(i, i)
+	Label(name + "_loop")
+	PREFETCHT0(Mem{Base: src, Index: i, Scale: 1, Disp: 512})
+	for v := range panelWidth / is.lanes {
+		e, h := is.vec(), is.vec()
+		VPMOVZXBD(Mem{Base: src, Index: i, Scale: 1, Disp: is.lanes * v}, e)
+		VPSRLD(U8(1), e, h)
+		VPSUBD(h, e, e)
+		VPADDD(c64, h, h)
+		VPADDD(c63, e, e)
+		VPSLLD(U8(23), h, h)
+		VPSLLD(U8(23), e, e)
+		VMULPS(h, e, e)
+		VMOVUPS(e, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
 	}
 	ADDQ(U8(panelWidth), i)
 	CMPQ(i, n)
