@@ -694,16 +694,7 @@ func TestInt8DotMXFP4Exponents(t *testing.T) {
 	const N, blocks = 20, 255
 	const K = 32 * blocks
 	rng := rand.New(rand.NewPCG(9, 9))
-	nib := make([]uint8, N*K/2)
-	for i := range nib {
-		nib[i] = uint8(rng.IntN(256))
-	}
-	e8 := make([]uint8, N*blocks)
-	for i := range e8 {
-		e8[i] = uint8((i + i/blocks) % 255) // every exponent in every row, rotated
-	}
-	m, err := NewMXFP4(N, K, nib, e8)
-	require.NoError(t, err)
+	m := exponentsMXFP4(t, rng, N, blocks)
 	d, err := PackInt8Dot(m)
 	require.NoError(t, err)
 	require.Nil(t, d.q.panel)
@@ -725,6 +716,29 @@ func TestInt8DotMXFP4Exponents(t *testing.T) {
 			}
 		}
 	}
+}
+
+// exponentsMXFP4 is an MXFP4 matrix [n, 32·blocks] of random nibbles
+// with every E8M0 exponent, 0 to 254, in every row (blocks of them,
+// rotated row by row); from 2^126 on, e2m1 values within ±1.5, so that
+// every weight is finite (6·2^126 is not).
+func exponentsMXFP4(t *testing.T, rng *rand.Rand, n, blocks int) Matrix {
+	nib := make([]uint8, n*blocks*16)
+	for i := range nib {
+		nib[i] = uint8(rng.IntN(256))
+	}
+	e8 := make([]uint8, n*blocks)
+	for i := range e8 {
+		e8[i] = uint8((i + i/blocks) % 255)
+		if e8[i] >= 253 {
+			for j := range 16 {
+				nib[i*16+j] &= 0xbb
+			}
+		}
+	}
+	m, err := NewMXFP4(n, 32*blocks, nib, e8)
+	require.NoError(t, err)
+	return m
 }
 
 // TestInt8DotMXFP4BadScale: an MXFP4 scale that is not an E8M0 power of
@@ -750,22 +764,7 @@ func TestExactMXFP4Exponents(t *testing.T) {
 	const N, blocks = 40, 255
 	const K = 32 * blocks
 	rng := rand.New(rand.NewPCG(9, 10))
-	nib := make([]uint8, N*K/2)
-	for i := range nib {
-		nib[i] = uint8(rng.IntN(256))
-	}
-	e8 := make([]uint8, N*blocks)
-	for i := range e8 {
-		e8[i] = uint8((i + i/blocks) % 255) // every exponent in every row, rotated
-		// From 2^126 on, e2m1 values within ±1.5: finite weights (6·2^126 is not).
-		if e8[i] >= 253 {
-			for j := range 16 {
-				nib[i*16+j] &= 0xbb
-			}
-		}
-	}
-	m, err := NewMXFP4(N, K, nib, e8)
-	require.NoError(t, err)
+	m := exponentsMXFP4(t, rng, N, blocks)
 	p := Pack(m)
 	require.Nil(t, p.q.panel)
 	require.True(t, p.q.e8Exact)

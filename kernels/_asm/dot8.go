@@ -141,16 +141,23 @@ func dot8LUTConst() {
 var e8Bias Mem
 
 // e8Scales returns a register (made by vec) of the int8-dot MXFP4 scales
-// 2^(E−128) of the E8M0 bytes at at, one a lane: the product of 2^(E/2−64)
-// and 2^(E−E/2−64) (E/2 rounded down), two normal floats made from their
-// exponent bits, exact (the subnormal 2^−128 and 2^−127 included).
+// 2^(E−128) of the E8M0 bytes at at, one a lane (see e8Pow).
 func e8Scales(vec func() VecVirtual, at Mem) VecVirtual {
+	return e8Pow(vec, at, e8Bias, e8Bias)
+}
+
+// e8Pow returns a register (made by vec) of 2^(E+hb+lb−254) for the E8M0
+// bytes E at at, one a lane: the product of 2^(⌊E/2⌋+hb−127) and
+// 2^(E−⌊E/2⌋+lb−127), two normal floats made from their exponent bits
+// (hb and lb, int32 lanes, keep both normal for every E), so that the
+// subnormal results are exact too.
+func e8Pow(vec func() VecVirtual, at Mem, hb, lb Op) VecVirtual {
 	f, h := vec(), vec()
 	VPMOVZXBD(at, f)
 	VPSRLD(U8(1), f, h)
 	VPSUBD(h, f, f)
-	VPADDD(e8Bias, h, h)
-	VPADDD(e8Bias, f, f)
+	VPADDD(hb, h, h)
+	VPADDD(lb, f, f)
 	VPSLLD(U8(23), h, h)
 	VPSLLD(U8(23), f, f)
 	VMULPS(h, f, f)

@@ -90,59 +90,45 @@ func kscalesKernels(is isa) {
 // runs of n values (a multiple of 16), widened exactly (vcvtph2ps), from
 // src moving on ss bytes a run to dst moving on ds bytes a run.
 func halfRunsKernel(is isa) {
-	name := "halfRuns" + is.name
-	TEXT(name, NOSPLIT, "func(dst *float32, src *uint16, runs int, n int, ss int, ds int)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s widens runs runs of n fp16 values at src (ss bytes apart) to fp32 at dst (ds bytes apart), exactly (see kernels' kscales).", name))
-	dst := Load(Param("dst"), GP64())
-	src := Load(Param("src"), GP64())
-	runs := Load(Param("runs"), GP64())
-	ss := Load(Param("ss"), GP64())
-	ds := Load(Param("ds"), GP64())
-	Label(name + "_run")
-	TESTQ(runs, runs)
-	JZ(LabelRef(name + "_done"))
-	n := Load(Param("n"), GP64())
-	i := GP64()
-	XORQ(i, i)
-	Label(name + "_loop")
-	// A call's runs are one stream (see kernels' kscales): the lines
-	// 1 KiB on, so that the pass does not wait on memory line by line.
-	PREFETCHT0(Mem{Base: src, Index: i, Scale: 2, Disp: 1024})
-	for v := range panelWidth / is.lanes {
-		x := is.vec()
-		VCVTPH2PS(Mem{Base: src, Index: i, Scale: 2, Disp: 2 * is.lanes * v}, x)
-		VMOVUPS(x, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
-	}
-	ADDQ(U8(panelWidth), i)
-	CMPQ(i, n)
-	JB(LabelRef(name + "_loop"))
-	ADDQ(ss, src)
-	ADDQ(ds, dst)
-	DECQ(runs)
-	JMP(LabelRef(name + "_run"))
-	Label(name + "_done")
-	VZEROUPPER()
-	RET()
+	runsKernel(is, "halfRuns", "*uint16", 2, "widens runs runs of n fp16 values at src (ss bytes apart) to fp32", func() func(Mem) VecVirtual {
+		return func(at Mem) VecVirtual {
+			x := is.vec()
+			VCVTPH2PS(at, x)
+			return x
+		}
+	})
 }
 
 // e8RunsKernel emits e8Runs<isa>: the exact mode's fp32 scales of a call
 // from a packed MXFP4 matrix's E8M0 exponents (kernels' e8): runs runs of
-// n bytes (a multiple of 16), each E made 2^(E−127) exactly, from src
-// moving on ss bytes a run to dst moving on ds bytes a run. The value is
-// the product of two normal floats, 2^(⌊E/2⌋−63) and 2^(E−⌊E/2⌋−64),
-// so that E = 0 (2^−127, subnormal) is exact too.
+// n bytes (a multiple of 16), each E made 2^(E−127) exactly (see e8Pow:
+// E = 0's subnormal 2^−127 too), from src moving on ss bytes a run to dst
+// moving on ds bytes a run.
 func e8RunsKernel(is isa) {
-	name := "e8Runs" + is.name
-	TEXT(name, NOSPLIT, "func(dst *float32, src *uint8, runs int, n int, ss int, ds int)")
+	runsKernel(is, "e8Runs", "*uint8", 1, "makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127)", func() func(Mem) VecVirtual {
+		c64, c63 := splat(is.lanes, 64), splat(is.lanes, 63)
+		return func(at Mem) VecVirtual { return e8Pow(is.vec, at, c64, c63) }
+	})
+}
+
+// runsKernel emits name<isa>(dst *float32, src srcType, runs, n, ss, ds
+// int): runs runs of n values (a multiple of 16, elem bytes each at src)
+// made fp32 by the widen that prep returns (is.lanes of them from at;
+// prep emits its constants, ahead of the loops) into dst, src moving on ss
+// bytes a run and dst on ds. A call's runs are one stream (see kernels'
+// kscales): each loop prefetches the line 512 values on, so that the pass
+// does not wait on memory line by line.
+func runsKernel(is isa, name, srcType string, elem int, doc string, prep func() func(at Mem) VecVirtual) {
+	name += is.name
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(dst *float32, src %s, runs int, n int, ss int, ds int)", srcType))
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).", name))
+	Doc(fmt.Sprintf("%s %s at dst (ds bytes apart), exactly (see kernels' kscales).", name, doc))
 	dst := Load(Param("dst"), GP64())
 	src := Load(Param("src"), GP64())
 	runs := Load(Param("runs"), GP64())
 	ss := Load(Param("ss"), GP64())
 	ds := Load(Param("ds"), GP64())
-	c64, c63 := splat(is.lanes, 64), splat(is.lanes, 63)
+	widen := prep()
 	Label(name + "_run")
 	TESTQ(runs, runs)
 	JZ(LabelRef(name + "_done"))
@@ -150,18 +136,10 @@ func e8RunsKernel(is isa) {
 	i := GP64()
 	XORQ(i, i)
 	Label(name + "_loop")
-	PREFETCHT0(Mem{Base: src, Index: i, Scale: 1, Disp: 512})
+	PREFETCHT0(Mem{Base: src, Index: i, Scale: uint8(elem), Disp: 512 * elem})
 	for v := range panelWidth / is.lanes {
-		e, h := is.vec(), is.vec()
-		VPMOVZXBD(Mem{Base: src, Index: i, Scale: 1, Disp: is.lanes * v}, e)
-		VPSRLD(U8(1), e, h)
-		VPSUBD(h, e, e)
-		VPADDD(c64, h, h)
-		VPADDD(c63, e, e)
-		VPSLLD(U8(23), h, h)
-		VPSLLD(U8(23), e, e)
-		VMULPS(h, e, e)
-		VMOVUPS(e, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
+		x := widen(Mem{Base: src, Index: i, Scale: uint8(elem), Disp: elem * is.lanes * v})
+		VMOVUPS(x, Mem{Base: dst, Index: i, Scale: 4, Disp: 4 * is.lanes * v})
 	}
 	ADDQ(U8(panelWidth), i)
 	CMPQ(i, n)
