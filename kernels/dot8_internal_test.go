@@ -324,6 +324,8 @@ func TestInt8Dot(t *testing.T) {
 					dp, err := PackInt8Dot(Pack(m))
 					require.NoError(t, err, name)
 					require.Equal(t, d.u8, dp.u8, name)
+					require.Equal(t, d.q.e8, dp.q.e8, name)
+					require.False(t, dp.q.e8Exact, "%s: the int8-dot mode's MXFP4 scales, half the block's", name)
 					require.Equal(t, Int8Dot, d.Numerics())
 					require.Equal(t, Exact, m.Numerics())
 					var held [2]uint8
