@@ -757,13 +757,15 @@ func TestInt8DotMXFP4BadScale(t *testing.T) {
 // TestExactMXFP4Exponents: packed for the exact mode, MXFP4 keeps its
 // scales as the file's E8M0 bytes (4.25 bits a weight), and every
 // implementation (each SIMD one also with the widening's Go loop instead
-// of its kernel) makes each exponent, 0 (the subnormal 2^−127) to 254
-// (2^127), into its scale: the fp32 kernels' bits on the dequantized
-// weights, in registers (2 rows) and widened (40), from the first column
-// and from inside the second panel. A scale that is no E8M0 power of two
-// stays fp32.
+// of its kernel, which is checked alone too) makes each exponent, 0 (the
+// subnormal 2^−127) to 254 (2^127), into its scale: each of a call's
+// scales (kscales, from panels inside and across runs, from blocks past
+// the first), and the fp32 kernels' bits on the dequantized weights, in
+// registers (2 rows) and widened (40), over k blocks of the machine's
+// size, of one block and of a few, from the first column and from inside
+// the second panel. A scale that is no E8M0 power of two stays fp32.
 func TestExactMXFP4Exponents(t *testing.T) {
-	const N, blocks = 40, 255
+	const N, blocks = 150, 255 // 10 panels: three runs of dot8Run, the last short
 	const K = 32 * blocks
 	rng := rand.New(rand.NewPCG(9, 10))
 	m := exponentsMXFP4(t, rng, N, blocks)
@@ -785,57 +787,84 @@ func TestExactMXFP4Exponents(t *testing.T) {
 	f, err := NewF32(N, K, w)
 	require.NoError(t, err)
 	pf := Pack(f)
-	for _, impl := range Implementations() {
-		for _, goLoop := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/goLoop=%v", impl, goLoop), func(t *testing.T) {
-				restore, err := Use(impl)
-				require.NoError(t, err)
-				defer restore()
-				if goLoop {
-					if active == nil || active.e8 == nil {
-						t.Skip("no widening kernel")
-					}
-					// The kernel alone: every exponent, two runs 272 bytes
-					// apart into runs 1152 apart (as a call's groups lie).
-					src := make([]uint8, 2*272)
-					for i := range src {
-						src[i] = uint8((i * 7) % 255)
-					}
-					dst := make([]float32, 2*288)
-					active.e8(&dst[0], &src[0], 2, 256, 272, 4*288)
-					for r := range 2 {
-						for i := range 256 {
-							require.Equal(t, math.Float32bits(e8Scale(src[r*272+i])), math.Float32bits(dst[r*288+i]), "E=%d", src[r*272+i])
+	for _, kBytes := range []int{outerKBytes, 1, 120} { // k blocks of the machine's size, of one block and of a few
+		defer func(b int) { outerKBytes = b }(outerKBytes)
+		outerKBytes = kBytes
+		for _, impl := range Implementations() {
+			for _, goLoop := range []bool{false, true} {
+				t.Run(fmt.Sprintf("kbytes=%d/%s/goLoop=%v", kBytes, impl, goLoop), func(t *testing.T) {
+					restore, err := Use(impl)
+					require.NoError(t, err)
+					defer restore()
+					if goLoop {
+						if active == nil || active.e8 == nil {
+							t.Skip("no widening kernel")
 						}
-						for _, v := range dst[r*288+256 : (r+1)*288] {
-							require.Zero(t, v, "written past a run")
+						// The kernel alone: every exponent, two runs 272 bytes
+						// apart into runs 1152 apart (as a call's groups lie).
+						src := make([]uint8, 2*272)
+						for i := range src {
+							src[i] = uint8((i * 7) % 255)
+						}
+						dst := make([]float32, 2*288)
+						active.e8(&dst[0], &src[0], 2, 256, 272, 4*288)
+						for r := range 2 {
+							for i := range 256 {
+								require.Equal(t, math.Float32bits(e8Scale(src[r*272+i])), math.Float32bits(dst[r*288+i]), "E=%d", src[r*272+i])
+							}
+							for _, v := range dst[r*288+256 : (r+1)*288] {
+								require.Zero(t, v, "written past a run")
+							}
+						}
+						s := *active
+						s.e8 = nil
+						prev := active
+						active = &s
+						defer func() { active = prev }()
+					}
+					if active != nil {
+						// A call's scales, every one: from panels inside and
+						// across runs, from blocks past the first.
+						var sc outerScratch
+						for _, c := range [][4]int{{0, 4, 0, 255}, {1, 4, 7, 30}, {3, 2, 100, 155}, {5, 4, 254, 1}, {8, 2, 64, 64}, {9, 1, 0, 255}} {
+							pi, np, b0, groups := c[0], c[1], c[2], c[3]
+							ss := 4 * PanelWidth * np
+							got, off := active.kscales(&sc, p, pi, np, b0, groups, ss)
+							require.Nil(t, off)
+							for j := range min(np, p.q.panels-pi) {
+								for r := range PanelWidth {
+									row := (pi+j)*PanelWidth + r
+									if row >= N {
+										continue
+									}
+									for g := range groups {
+										want := m.q.scale(row*blocks + b0 + g)
+										require.Equal(t, math.Float32bits(want), math.Float32bits(got[g*ss/4+PanelWidth*j+r]), "panel %d row %d block %d", pi+j, r, b0+g)
+									}
+								}
+							}
 						}
 					}
-					s := *active
-					s.e8 = nil
-					prev := active
-					active = &s
-					defer func() { active = prev }()
-				}
-				for _, M := range []int{2, 40} {
-					x := make([]float32, M*K)
-					for i := range x {
-						x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
+					for _, M := range []int{2, 40} {
+						x := make([]float32, M*K)
+						for i := range x {
+							x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
+						}
+						got, want := make([]float32, M*N), make([]float32, M*N)
+						Down(got, x, p, nil, 0, N)
+						Down(want, x, pf, nil, 0, N)
+						for i, v := range want {
+							require.False(t, math.IsNaN(float64(v)) || math.IsInf(float64(v), 0), "M=%d output %d", M, i)
+						}
+						require.Equal(t, want, got, "M=%d", M)
+						part := make([]float32, M*N)
+						Down(part, x, p, nil, 21, N)
+						for r := range M {
+							require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "M=%d from column 21", M)
+						}
 					}
-					got, want := make([]float32, M*N), make([]float32, M*N)
-					Down(got, x, p, nil, 0, N)
-					Down(want, x, pf, nil, 0, N)
-					for i, v := range want {
-						require.False(t, math.IsNaN(float64(v)) || math.IsInf(float64(v), 0), "M=%d output %d", M, i)
-					}
-					require.Equal(t, want, got, "M=%d", M)
-					part := make([]float32, M*N)
-					Down(part, x, p, nil, 21, N)
-					for r := range M {
-						require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "M=%d from column 21", M)
-					}
-				}
-			})
+				})
+			}
 		}
 	}
 	m.q.grid[3] = 3

@@ -78,7 +78,7 @@ type blockScales struct {
 	// groups is an integer-code matrix's groups (rows times gridCols).
 	// Its grid and off may be dropped once packed (see scale): nil, the
 	// values come from panel and offPanel (dot8Panel: in the int8-dot
-	// layout, see dot8Scales) or from super.
+	// layout, see dot8Scales), h16 and offH16, e8, or super (kmeta).
 	groups    int
 	dot8Panel bool
 }

@@ -197,9 +197,10 @@ func (s *simd) outerGEMMQ(osc *outerScratch, rows []*float32, rr []magRange, b [
 			qt := s.qTable(bi)
 			for g := p0; g < p1; g += outerGroup {
 				ge := min(g+outerGroup, p1)
-				// Held as K-quant factors: the group's panels' scales for this
-				// k block, made once for every strip (side by side, as a
-				// matrix's panel scales lie for these panels alone).
+				// Held as K-quant factors, fp16 values or E8M0 exponents (see
+				// kscales): the group's panels' scales for this k block, made
+				// once for every strip (side by side, as a matrix's panel
+				// scales lie for these panels alone).
 				scales, offPanel := q.panel, q.offPanel
 				if scales == nil {
 					ss = 4 * PanelWidth * (ge - g)
@@ -494,7 +495,7 @@ func (s *simd) outerGEMMWiden(osc *outerScratch, rows []*float32, b []Matrix, p0
 				for p := g; p < ge; p++ {
 					dst := w[(p-g)*kl*PanelWidth:]
 					scales, offPanel, lay := q.panel, q.offPanel, q.panels
-					if scales == nil { // this panel's, made from the K-quant factors
+					if scales == nil { // this panel's, made from what it holds (see kscales)
 						scales, offPanel = s.kscales(osc, bi, p, 1, kb/bc, (ke-kb+bc-1)/bc, 4*PanelWidth)
 						lay = 1
 					}
