@@ -787,7 +787,80 @@ func TestExactMXFP4Exponents(t *testing.T) {
 	f, err := NewF32(N, K, w)
 	require.NoError(t, err)
 	pf := Pack(f)
-	for _, kBytes := range []int{outerKBytes, 1, 120} { // k blocks of the machine's size, of one block and of a few
+	widenings(t, func(s *simd) bool { return s.e8 != nil }, func(s *simd) { s.e8 = nil }, func(t *testing.T) {
+		if active != nil && active.e8 != nil {
+			// The kernel alone: every exponent, two runs 272 bytes
+			// apart into runs 1152 apart (as a call's groups lie).
+			src := make([]uint8, 2*272)
+			for i := range src {
+				src[i] = uint8((i * 7) % 255)
+			}
+			dst := make([]float32, 2*288)
+			active.e8(&dst[0], &src[0], 2, 256, 272, 4*288)
+			for r := range 2 {
+				for i := range 256 {
+					require.Equal(t, math.Float32bits(e8Scale(src[r*272+i])), math.Float32bits(dst[r*288+i]), "E=%d", src[r*272+i])
+				}
+				for _, v := range dst[r*288+256 : (r+1)*288] {
+					require.Zero(t, v, "written past a run")
+				}
+			}
+		}
+		if active != nil {
+			// A call's scales, every one: from panels inside and
+			// across runs, from blocks past the first.
+			var sc outerScratch
+			for _, c := range [][4]int{{0, 4, 0, 255}, {1, 4, 7, 30}, {3, 2, 100, 155}, {5, 4, 254, 1}, {8, 2, 64, 64}, {9, 1, 0, 255}} {
+				pi, np, b0, groups := c[0], c[1], c[2], c[3]
+				ss := 4 * PanelWidth * np
+				got, off := active.kscales(&sc, p, pi, np, b0, groups, ss)
+				require.Nil(t, off)
+				for j := range min(np, p.q.panels-pi) {
+					for r := range PanelWidth {
+						row := (pi+j)*PanelWidth + r
+						if row >= N {
+							continue
+						}
+						for g := range groups {
+							want := m.q.scale(row*blocks + b0 + g)
+							require.Equal(t, math.Float32bits(want), math.Float32bits(got[g*ss/4+PanelWidth*j+r]), "panel %d row %d block %d", pi+j, r, b0+g)
+						}
+					}
+				}
+			}
+		}
+		for _, M := range []int{2, 40} {
+			x := make([]float32, M*K)
+			for i := range x {
+				x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
+			}
+			got, want := make([]float32, M*N), make([]float32, M*N)
+			Down(got, x, p, nil, 0, N)
+			Down(want, x, pf, nil, 0, N)
+			for i, v := range want {
+				require.False(t, math.IsNaN(float64(v)) || math.IsInf(float64(v), 0), "M=%d output %d", M, i)
+			}
+			require.Equal(t, want, got, "M=%d", M)
+			part := make([]float32, M*N)
+			Down(part, x, p, nil, 21, N)
+			for r := range M {
+				require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "M=%d from column 21", M)
+			}
+		}
+	})
+	m.q.grid[3] = 3
+	p = Pack(m)
+	require.Nil(t, p.q.e8)
+	require.NotNil(t, p.q.panel, "fp32 scales where one is no E8M0 power of two")
+}
+
+// widenings runs f in the settings of the exact mode's scale widening:
+// over k blocks of the machine's size, of one scale block and of a few
+// (120 bytes: 3 groups of 32, 6 of 16, 15 of 8), on every implementation,
+// and on each SIMD one that has the widening kernel (has) also with the
+// widening's Go loop instead (drop takes the kernel away).
+func widenings(t *testing.T, has func(*simd) bool, drop func(*simd), f func(t *testing.T)) {
+	for _, kBytes := range []int{outerKBytes, 1, 120} {
 		defer func(b int) { outerKBytes = b }(outerKBytes)
 		outerKBytes = kBytes
 		for _, impl := range Implementations() {
@@ -797,80 +870,20 @@ func TestExactMXFP4Exponents(t *testing.T) {
 					require.NoError(t, err)
 					defer restore()
 					if goLoop {
-						if active == nil || active.e8 == nil {
+						if active == nil || !has(active) {
 							t.Skip("no widening kernel")
 						}
-						// The kernel alone: every exponent, two runs 272 bytes
-						// apart into runs 1152 apart (as a call's groups lie).
-						src := make([]uint8, 2*272)
-						for i := range src {
-							src[i] = uint8((i * 7) % 255)
-						}
-						dst := make([]float32, 2*288)
-						active.e8(&dst[0], &src[0], 2, 256, 272, 4*288)
-						for r := range 2 {
-							for i := range 256 {
-								require.Equal(t, math.Float32bits(e8Scale(src[r*272+i])), math.Float32bits(dst[r*288+i]), "E=%d", src[r*272+i])
-							}
-							for _, v := range dst[r*288+256 : (r+1)*288] {
-								require.Zero(t, v, "written past a run")
-							}
-						}
 						s := *active
-						s.e8 = nil
+						drop(&s)
 						prev := active
 						active = &s
 						defer func() { active = prev }()
 					}
-					if active != nil {
-						// A call's scales, every one: from panels inside and
-						// across runs, from blocks past the first.
-						var sc outerScratch
-						for _, c := range [][4]int{{0, 4, 0, 255}, {1, 4, 7, 30}, {3, 2, 100, 155}, {5, 4, 254, 1}, {8, 2, 64, 64}, {9, 1, 0, 255}} {
-							pi, np, b0, groups := c[0], c[1], c[2], c[3]
-							ss := 4 * PanelWidth * np
-							got, off := active.kscales(&sc, p, pi, np, b0, groups, ss)
-							require.Nil(t, off)
-							for j := range min(np, p.q.panels-pi) {
-								for r := range PanelWidth {
-									row := (pi+j)*PanelWidth + r
-									if row >= N {
-										continue
-									}
-									for g := range groups {
-										want := m.q.scale(row*blocks + b0 + g)
-										require.Equal(t, math.Float32bits(want), math.Float32bits(got[g*ss/4+PanelWidth*j+r]), "panel %d row %d block %d", pi+j, r, b0+g)
-									}
-								}
-							}
-						}
-					}
-					for _, M := range []int{2, 40} {
-						x := make([]float32, M*K)
-						for i := range x {
-							x[i] = float32((rng.Float64()*2 - 1) * 0x1p-24)
-						}
-						got, want := make([]float32, M*N), make([]float32, M*N)
-						Down(got, x, p, nil, 0, N)
-						Down(want, x, pf, nil, 0, N)
-						for i, v := range want {
-							require.False(t, math.IsNaN(float64(v)) || math.IsInf(float64(v), 0), "M=%d output %d", M, i)
-						}
-						require.Equal(t, want, got, "M=%d", M)
-						part := make([]float32, M*N)
-						Down(part, x, p, nil, 21, N)
-						for r := range M {
-							require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "M=%d from column 21", M)
-						}
-					}
+					f(t)
 				})
 			}
 		}
 	}
-	m.q.grid[3] = 3
-	p = Pack(m)
-	require.Nil(t, p.q.e8)
-	require.NotNil(t, p.q.panel, "fp32 scales where one is no E8M0 power of two")
 }
 
 // TestHalfScalesExact: matrices whose scales (and offsets) are fp16 values
@@ -885,59 +898,38 @@ func TestHalfScalesExact(t *testing.T) {
 	const N, K = 150, 1024
 	rng := rand.New(rand.NewPCG(11, 12))
 	cases := dot8Cases(rng, N, K)
-	for _, kBytes := range []int{outerKBytes, 1, 120} { // 120: k blocks of 3 groups of 32, 6 of 16, 15 of 8
-		defer func(b int) { outerKBytes = b }(outerKBytes)
-		outerKBytes = kBytes
-		for _, impl := range Implementations() {
-			for _, goLoop := range []bool{false, true} {
-				t.Run(fmt.Sprintf("kbytes=%d/%s/goLoop=%v", kBytes, impl, goLoop), func(t *testing.T) {
-					restore, err := Use(impl)
-					require.NoError(t, err)
-					defer restore()
-					if goLoop {
-						if active == nil || active.half == nil {
-							t.Skip("no widening kernel")
-						}
-						s := *active
-						s.half = nil
-						prev := active
-						active = &s
-						defer func() { active = prev }()
-					}
-					for name, m := range cases {
-						if !strings.HasSuffix(name, " f16") {
-							continue
-						}
-						p := Pack(m)
-						require.NotNil(t, p.q.h16, name)
-						require.Nil(t, p.q.panel, name)
-						w := make([]float32, N*K)
-						for n := range N {
-							m.RowF32(n, w[n*K:][:K])
-						}
-						f, err := NewF32(N, K, w)
-						require.NoError(t, err)
-						pf := Pack(f)
-						for _, M := range []int{5, 40} {
-							x := make([]float32, M*K)
-							for i := range x {
-								x[i] = float32(rng.Float64()*2 - 1)
-							}
-							got, want := make([]float32, M*N), make([]float32, M*N)
-							Down(got, x, p, nil, 0, N)
-							Down(want, x, pf, nil, 0, N)
-							require.Equal(t, want, got, "%s M=%d", name, M)
-							// From inside the second panel: calls whose panels cross
-							// runs of dot8Run.
-							part := make([]float32, M*N)
-							Down(part, x, p, nil, 21, N)
-							for r := range M {
-								require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "%s M=%d from column 21", name, M)
-							}
-						}
-					}
-				})
+	widenings(t, func(s *simd) bool { return s.half != nil }, func(s *simd) { s.half = nil }, func(t *testing.T) {
+		for name, m := range cases {
+			if !strings.HasSuffix(name, " f16") {
+				continue
+			}
+			p := Pack(m)
+			require.NotNil(t, p.q.h16, name)
+			require.Nil(t, p.q.panel, name)
+			w := make([]float32, N*K)
+			for n := range N {
+				m.RowF32(n, w[n*K:][:K])
+			}
+			f, err := NewF32(N, K, w)
+			require.NoError(t, err)
+			pf := Pack(f)
+			for _, M := range []int{5, 40} {
+				x := make([]float32, M*K)
+				for i := range x {
+					x[i] = float32(rng.Float64()*2 - 1)
+				}
+				got, want := make([]float32, M*N), make([]float32, M*N)
+				Down(got, x, p, nil, 0, N)
+				Down(want, x, pf, nil, 0, N)
+				require.Equal(t, want, got, "%s M=%d", name, M)
+				// From inside the second panel: calls whose panels cross
+				// runs of dot8Run.
+				part := make([]float32, M*N)
+				Down(part, x, p, nil, 21, N)
+				for r := range M {
+					require.Equal(t, want[r*N+21:(r+1)*N], part[r*N+21:(r+1)*N], "%s M=%d from column 21", name, M)
+				}
 			}
 		}
-	}
+	})
 }
