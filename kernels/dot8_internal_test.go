@@ -752,6 +752,11 @@ func TestInt8DotMXFP4BadScale(t *testing.T) {
 	m.q.grid[3] = 3
 	_, err = PackInt8Dot(m)
 	require.ErrorContains(t, err, "mxfp4 scale 3 is not an E8M0 power of two")
+	// A real block's zero scale (once taken for a padding row's and
+	// encoded as 2^−128): named too.
+	m.q.grid[3] = 0
+	_, err = PackInt8Dot(m)
+	require.ErrorContains(t, err, "mxfp4 scale 0 is not an E8M0 power of two")
 }
 
 // TestExactMXFP4Exponents: packed for the exact mode, MXFP4 keeps its
@@ -852,6 +857,10 @@ func TestExactMXFP4Exponents(t *testing.T) {
 	p = Pack(m)
 	require.Nil(t, p.q.e8)
 	require.NotNil(t, p.q.panel, "fp32 scales where one is no E8M0 power of two")
+	m.q.grid[3] = 0
+	p = Pack(m)
+	require.Nil(t, p.q.e8)
+	require.NotNil(t, p.q.panel, "fp32 scales where one is zero")
 }
 
 // widenings runs f in the settings of the exact mode's scale widening:
