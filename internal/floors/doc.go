@@ -5,6 +5,7 @@
 //	1 kernels/…        CPU kernels, CUDA sources, their emulation
 //	2 cuda, bindings/… the device runtime; C shims (NCCL by dlopen)
 //	3 moe/…            configs, checkpoints, gating, the MoE pipeline (moe/moegpu on a device)
+//	3 tokenizer, chat  text ↔ token ids; messages → a prompt through the model's template
 //	4 ep/…             placement, collectives and their transports (ep/mpi, ep/ncclcomm, ep/epgpu)
 //	5 dpattn/…         DP attention (dpattn/dpattngpu on a device)
 //	6 model/…          a whole model
@@ -30,13 +31,16 @@ var Floors = map[string]int{
 	"cuda":     2,
 	"bindings": 2,
 	"moe":      3,
-	"ep":       4,
-	"dpattn":   5,
-	"model":    6,
-	"sim":      6,
-	"serve":    7,
-	"router":   7,
-	"loadgen":  7,
+
+	"tokenizer": 3,
+	"chat":      3,
+	"ep":        4,
+	"dpattn":    5,
+	"model":     6,
+	"sim":       6,
+	"serve":     7,
+	"router":    7,
+	"loadgen":   7,
 
 	"internal/decoderun": 7,
 	"cmd":                8,
