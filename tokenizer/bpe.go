@@ -77,10 +77,7 @@ func (m *bpe) encodeWord(word string, out []int32) []int32 {
 		}
 	}
 	for i, r := range word {
-		size := utf8.RuneLen(r)
-		if r == utf8.RuneError && size != 1 {
-			size = 1
-		}
+		size := utf8.RuneLen(r) // the text is valid UTF-8 (Encode checks)
 		s := word[i : i+size]
 		if i > 0 && m.prefix != "" {
 			s = m.prefix + s

@@ -1,0 +1,140 @@
+package tokenizer_test
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/tokref"
+	"github.com/moex-project/moex/tokenizer"
+)
+
+// refCase is a line of testdata/tokenizer/<model>.jsonl, written by
+// scripts/tokref/gen.js from Hugging Face's Rust tokenizers.
+type refCase struct {
+	Name string `json:"name"`
+	Text string `json:"text"`
+
+	IDs          []int32 `json:"ids"`
+	IDsNoSpecial []int32 `json:"ids_no_special"`
+
+	Decode          []int32 `json:"decode"`
+	TextSkipSpecial *string `json:"text_skip_special"`
+}
+
+type refHeader struct {
+	Model        string `json:"model"`
+	Package      string `json:"package"`
+	TokenizerSHA string `json:"tokenizer_json_sha256"`
+	ConfigSHA    string `json:"tokenizer_config_sha256"`
+}
+
+// loadReference loads model's tokenizer and its reference cases, checking
+// the files are the ones the cases were made from.
+func loadReference(t testing.TB, model string) (*tokenizer.Tokenizer, []refCase) {
+	t.Helper()
+	dir := tokref.Dir(t, model)
+	f, err := os.Open(tokref.Testdata("tokenizer", model+".jsonl"))
+	require.NoError(t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	require.True(t, sc.Scan(), "the header line")
+	var h refHeader
+	require.NoError(t, json.Unmarshal(sc.Bytes(), &h))
+	require.Equal(t, h.TokenizerSHA, fileSHA(t, filepath.Join(dir, "tokenizer.json")), "tokenizer.json is not the file the cases were made from")
+	require.Equal(t, h.ConfigSHA, fileSHA(t, filepath.Join(dir, "tokenizer_config.json")), "tokenizer_config.json is not the file the cases were made from")
+	var cases []refCase
+	for sc.Scan() {
+		var c refCase
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &c))
+		cases = append(cases, c)
+	}
+	require.NoError(t, sc.Err())
+	require.NotEmpty(t, cases)
+	tk, err := tokenizer.Load(dir)
+	require.NoError(t, err)
+	return tk, cases
+}
+
+func fileSHA(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// TestReference holds encode and decode to Hugging Face's output on the
+// corpus for DeepSeek-V3, Qwen3, gpt-oss and Mistral.
+func TestReference(t *testing.T) {
+	for _, model := range []string{"deepseek_v3", "qwen3", "gptoss", "mistral"} {
+		t.Run(model, func(t *testing.T) {
+			tk, cases := loadReference(t, model)
+			var encodes, decodes int
+			for _, c := range cases {
+				if c.IDs != nil {
+					encodes++
+					ids, err := tk.Encode(c.Text, true)
+					require.NoError(t, err, c.Name)
+					require.Equal(t, c.IDs, nonNil(ids), "encode %s %q", c.Name, short(c.Text))
+					ids, err = tk.Encode(c.Text, false)
+					require.NoError(t, err, c.Name)
+					require.Equal(t, nonNil(c.IDsNoSpecial), nonNil(ids), "encode without special tokens %s %q", c.Name, short(c.Text))
+				}
+				if c.Decode != nil {
+					decodes++
+					text, err := tk.Decode(c.Decode, false)
+					require.NoError(t, err, c.Name)
+					require.Equal(t, c.Text, text, "decode %s %v", c.Name, c.Decode)
+					if c.TextSkipSpecial != nil {
+						text, err = tk.Decode(c.Decode, true)
+						require.NoError(t, err, c.Name)
+						require.Equal(t, *c.TextSkipSpecial, text, "decode skipping special tokens %s %v", c.Name, c.Decode)
+					}
+					require.Equal(t, c.Text, streamed(t, tk, c.Decode), "incremental decode %s", c.Name)
+				}
+			}
+			require.Positive(t, encodes)
+			require.Positive(t, decodes)
+		})
+	}
+}
+
+// streamed decodes ids one at a time through a DecodeStream, checking no
+// step hands out an unfinished character.
+func streamed(t *testing.T, tk *tokenizer.Tokenizer, ids []int32) string {
+	t.Helper()
+	s := tk.NewDecodeStream(false)
+	var b strings.Builder
+	for _, id := range ids {
+		piece, err := s.Step(id)
+		require.NoError(t, err)
+		require.False(t, strings.HasSuffix(piece, "\uFFFD"), "a step ended in U+FFFD")
+		b.WriteString(piece)
+	}
+	rest, err := s.Flush()
+	require.NoError(t, err)
+	return b.String() + rest
+}
+
+func nonNil(ids []int32) []int32 {
+	if ids == nil {
+		return []int32{}
+	}
+	return ids
+}
+
+func short(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
