@@ -113,7 +113,11 @@ func (m *bpe) encodeWord(word string, out []int32) []int32 {
 	if len(syms) > 0 {
 		syms[len(syms)-1].next = -1
 	}
-	if len(syms) > 1 && len(m.merges) > 0 {
+	switch {
+	case len(syms) < 2 || len(m.merges) == 0:
+	case len(syms) <= shortWord:
+		m.mergeShort(syms)
+	default:
 		m.mergeAll(syms)
 	}
 	for i := 0; i >= 0 && i < len(syms); i = syms[i].next {
@@ -129,6 +133,61 @@ func (m *bpe) bytesKnown(s string) bool {
 		}
 	}
 	return true
+}
+
+// shortWord is the longest word merged by scanning its pairs at each step
+// rather than through a heap: the same merges in the same order, cheaper
+// for the words most pre-tokenizers make.
+const shortWord = 48
+
+// mergeShort merges syms (consecutive, as encodeWord made them) in place:
+// at each step the pair of lowest rank, the leftmost among equals.
+func (m *bpe) mergeShort(syms []symbol) {
+	ids := make([]int32, len(syms), shortWord)
+	for i := range syms {
+		ids[i] = syms[i].id
+	}
+	var ranks [shortWord]merge
+	for i := 0; i+1 < len(ids); i++ {
+		ranks[i] = m.lookup(ids[i], ids[i+1])
+	}
+	for len(ids) > 1 {
+		best := -1
+		for i := 0; i+1 < len(ids); i++ {
+			if ranks[i].rank >= 0 && (best < 0 || ranks[i].rank < ranks[best].rank) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ids[best] = ranks[best].id
+		copy(ids[best+1:], ids[best+2:])
+		copy(ranks[best+1:], ranks[best+2:len(ids)])
+		ids = ids[:len(ids)-1]
+		if best > 0 {
+			ranks[best-1] = m.lookup(ids[best-1], ids[best])
+		}
+		if best+1 < len(ids) {
+			ranks[best] = m.lookup(ids[best], ids[best+1])
+		}
+	}
+	for i := range syms {
+		if i < len(ids) {
+			syms[i] = symbol{id: ids[i], prev: i - 1, next: i + 1}
+		} else {
+			syms[i].dead = true
+		}
+	}
+	syms[len(ids)-1].next = -1
+}
+
+// lookup is the merge of a pair; rank -1 when there is none.
+func (m *bpe) lookup(a, b int32) merge {
+	if mg, ok := m.merges[pairKey(a, b)]; ok {
+		return mg
+	}
+	return merge{rank: -1}
 }
 
 // candidate is a pair that may merge: the symbol at pos with its next one.
