@@ -112,6 +112,8 @@ func (h *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /generate", h.generate)
 	mux.HandleFunc("POST /v1/completions", h.completions)
 	mux.HandleFunc("POST /v1/chat/completions", h.chatCompletions)
+	mux.HandleFunc("POST /tokenize", h.tokenize)
+	mux.HandleFunc("POST /detokenize", h.detokenize)
 	mux.HandleFunc("GET /health_generate", h.healthGenerate)
 	mux.Handle("GET /metrics", h.metrics.handler())
 	mux.HandleFunc("GET /health", h.health)

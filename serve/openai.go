@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,16 +16,19 @@ import (
 // /v1/chat/completions (Messages): the fields moex reads, and those
 // clients commonly send that it accepts only at their neutral values.
 type openAIRequest struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []chatMessage   `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	TopK                *int            `json:"top_k"`
-	N                   *int            `json:"n"`
-	Stream              bool            `json:"stream"`
+	Model               string            `json:"model"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	Messages            []json.RawMessage `json:"messages"`
+	Tools               json.RawMessage   `json:"tools"`
+	ChatTemplateKwargs  map[string]any    `json:"chat_template_kwargs"`
+	AddGenerationPrompt *bool             `json:"add_generation_prompt"`
+	MaxTokens           *int              `json:"max_tokens"`
+	MaxCompletionTokens *int              `json:"max_completion_tokens"`
+	Temperature         *float64          `json:"temperature"`
+	TopP                *float64          `json:"top_p"`
+	TopK                *int              `json:"top_k"`
+	N                   *int              `json:"n"`
+	Stream              bool              `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -111,12 +115,29 @@ func (h *Server) openAI(r *http.Request, chat bool) (openAIRequest, Request, []s
 	}
 	var ids []int32
 	var err error
-	if chat {
+	text, own := h.tok.(Text)
+	if chat && own {
 		if len(o.Messages) == 0 {
 			return o, Request{}, nil, errors.New("messages is required")
 		}
+		if ids, err = text.renderChat(r.Context(), &o); err != nil {
+			return o, Request{}, nil, err
+		}
+	} else if chat {
+		if len(o.Messages) == 0 {
+			return o, Request{}, nil, errors.New("messages is required")
+		}
+		if len(o.Tools) > 0 || o.ChatTemplateKwargs != nil || o.AddGenerationPrompt != nil {
+			return o, Request{}, nil, errors.New("tools, chat_template_kwargs and add_generation_prompt need the model's own chat template, which this server does not have")
+		}
 		roles, contents := make([]string, len(o.Messages)), make([]string, len(o.Messages))
-		for i, m := range o.Messages {
+		for i, raw := range o.Messages {
+			var m chatMessage
+			dec := json.NewDecoder(bytes.NewReader(raw))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&m); err != nil {
+				return o, Request{}, nil, fmt.Errorf("messages[%d]: %v", i, err)
+			}
 			switch m.Role {
 			case "system", "user", "assistant", "developer", "tool":
 			default:
@@ -219,11 +240,24 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 	// choice is the one choice: the text (the whole, or a stream's delta)
 	// and the finish reason (nil while streaming).
 	first := true
-	choice := func(text string, reason any) map[string]any {
+	ownText, _ := h.tok.(Text)
+	reasoning := chat && ownText.Reasoning
+	thinking := reasoning && promptOpensThinking(h.tok, req.IDs)
+	// parts splits a chat's text so far into its reasoning and its content.
+	parts := func(text string, final bool) (string, string) {
+		if !reasoning {
+			return "", text
+		}
+		return splitReasoning(text, thinking, final)
+	}
+	choice := func(reasoningText, text string, reason any) map[string]any {
 		if chat {
 			key, msg := "message", map[string]any{"content": text}
 			if o.Stream {
 				key = "delta"
+			}
+			if reasoningText != "" {
+				msg["reasoning_content"] = reasoningText
 			}
 			if first || !o.Stream {
 				msg["role"] = "assistant"
@@ -239,8 +273,9 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 			httpjson.Error(w, http.StatusServiceUnavailable, c.err.Error())
 			return
 		}
+		rs, ts := parts(c.text, true)
 		httpjson.Write(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": h.info.ModelPath,
-			"choices": []any{choice(c.text, finishReason(c))}, "usage": usage(len(c.ids))})
+			"choices": []any{choice(rs, ts, finishReason(c))}, "usage": usage(len(c.ids))})
 		return
 	}
 	if chat {
@@ -255,11 +290,12 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 		}
 		sse.frame(m)
 	}
-	sent := ""
+	sentR, sentC := "", "" // the reasoning and content sent so far
 	c := run.wait(func(ids []int32, text string) {
-		if delta := strings.TrimPrefix(text, sent); len(text) > len(sent) && strings.HasPrefix(text, sent) {
-			chunk([]any{choice(delta, nil)}, nil)
-			sent = text
+		rs, ts := parts(text, false)
+		if len(rs)+len(ts) > len(sentR)+len(sentC) && strings.HasPrefix(rs, sentR) && strings.HasPrefix(ts, sentC) {
+			chunk([]any{choice(rs[len(sentR):], ts[len(sentC):], nil)}, nil)
+			sentR, sentC = rs, ts
 		}
 	})
 	if c.err != nil {
@@ -267,7 +303,8 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 		sse.done()
 		return
 	}
-	chunk([]any{choice(strings.TrimPrefix(c.text, sent), finishReason(c))}, nil)
+	rs, ts := parts(c.text, true)
+	chunk([]any{choice(strings.TrimPrefix(rs, sentR), strings.TrimPrefix(ts, sentC), finishReason(c))}, nil)
 	if o.StreamOptions != nil && o.StreamOptions.IncludeUsage {
 		chunk([]any{}, usage(len(c.ids)))
 	}
