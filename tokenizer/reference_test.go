@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -137,4 +139,33 @@ func short(s string) string {
 		return s[:80] + "…"
 	}
 	return s
+}
+
+// TestConcurrent encodes the corpus from several goroutines at once (the
+// word cache is shared): every result equals the reference.
+func TestConcurrent(t *testing.T) {
+	tk, cases := loadReference(t, "qwen3")
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := range cases {
+				c := cases[(i+g*37)%len(cases)]
+				if c.IDs == nil {
+					continue
+				}
+				ids, err := tk.Encode(c.Text, true)
+				if err == nil && !slices.Equal(ids, c.IDs) {
+					err = fmt.Errorf("%s: %v, want %v", c.Name, ids, c.IDs)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
 }

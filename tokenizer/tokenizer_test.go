@@ -1,9 +1,9 @@
 package tokenizer_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,20 +82,7 @@ func TestBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "byte 2")
 
 	replace := func(old, new string) func(string) string {
-		return func(s string) string {
-			r := fmt.Sprintf("%s", s)
-			out := ""
-			for i := 0; i < len(r); {
-				if len(r)-i >= len(old) && r[i:i+len(old)] == old {
-					out += new
-					i += len(old)
-					continue
-				}
-				out += string(r[i])
-				i++
-			}
-			return out
-		}
+		return func(s string) string { return strings.Replace(s, old, new, 1) }
 	}
 	for _, c := range []struct {
 		name  string
