@@ -115,6 +115,9 @@ func splitReasoning(text string, thinking, final bool) (reasoning, content strin
 		thinking, text = true, body[len(thinkStart):]
 	}
 	if !thinking {
+		if !final && strings.HasPrefix(thinkStart, body) {
+			return "", "" // perhaps the start of "<think>"
+		}
 		return "", text
 	}
 	if i := strings.Index(text, thinkEnd); i >= 0 {
@@ -125,10 +128,6 @@ func splitReasoning(text string, thinking, final bool) (reasoning, content strin
 			if strings.HasSuffix(text, thinkEnd[:k]) {
 				return text[:len(text)-k], ""
 			}
-		}
-		// Still thinking, or the very start of "<think>" itself.
-		if strings.HasPrefix(thinkStart, body) {
-			return "", ""
 		}
 	}
 	return text, ""
