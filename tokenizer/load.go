@@ -54,35 +54,18 @@ func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		}
 	}
 	t := &Tokenizer{bos: -1, eos: -1, class: cfg.TokenizerClass, specials: map[string]string{}}
-	var err error
-	if t.model, err = buildModel(f.Model); err != nil {
+	m, err := buildModel(f.Model)
+	if err != nil {
 		return nil, err
 	}
+	t.model, t.vocab = m, m.vocab
 	added := make([]addedToken, len(f.AddedTokens))
 	for i, a := range f.AddedTokens {
-		if a.ID < 0 {
-			return nil, formatErr("added token %q has the negative id %d", a.Content, a.ID)
-		}
 		added[i] = addedToken{id: a.ID, content: a.Content, special: a.Special, lstrip: a.Lstrip,
 			rstrip: a.Rstrip, singleWord: a.SingleWord, normalized: a.Normalized}
 	}
-	t.added = newAddedVocab(added)
-	n := 0
-	for _, id := range t.model.vocab {
-		n = max(n, int(id)+1)
-	}
-	for _, a := range added {
-		n = max(n, int(a.id)+1)
-	}
-	t.tokens, t.present, t.special = make([]string, n), make([]bool, n), make([]bool, n)
-	for tok, id := range t.model.vocab {
-		if id < 0 {
-			return nil, formatErr("token %q has the negative id %d", tok, id)
-		}
-		t.tokens[id], t.present[id] = tok, true
-	}
-	for _, a := range added {
-		t.tokens[a.id], t.present[a.id], t.special[a.id] = a.content, true, a.special
+	if err := t.index(added); err != nil {
+		return nil, err
 	}
 	if t.norm, err = buildNormalizer(f.Normalizer); err != nil {
 		return nil, err

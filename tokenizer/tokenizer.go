@@ -24,7 +24,8 @@ var (
 // Tokenizer is a model's text ↔ ids mapping. It is immutable and safe for
 // concurrent use.
 type Tokenizer struct {
-	model *bpe
+	model wordModel
+	vocab map[string]int32 // the model's tokens
 	added *addedVocab
 	norm  normalizer    // nil: none
 	pre   preTokenizer  // nil: the whole piece is one word
@@ -40,6 +41,12 @@ type Tokenizer struct {
 	specials map[string]string
 	bos, eos int32 // -1 when the tokenizer has none
 	class    string
+}
+
+// wordModel turns one pre-tokenized word into ids: BPE by merge ranks
+// (tokenizer.json, GGUF's gpt2) or SentencePiece's by scores (GGUF's llama).
+type wordModel interface {
+	tokenize(word string, out []int32) []int32
 }
 
 // span is a piece of the input on its way through the pipeline: text still
@@ -133,7 +140,7 @@ func (t *Tokenizer) ID(token string) (int32, bool) {
 	if id, ok := t.added.byContent[token]; ok {
 		return id, true
 	}
-	id, ok := t.model.vocab[token]
+	id, ok := t.vocab[token]
 	return id, ok
 }
 
@@ -162,6 +169,33 @@ func (t *Tokenizer) SpecialTokens() map[string]string {
 
 // Class is tokenizer_config.json's tokenizer_class ("" when absent).
 func (t *Tokenizer) Class() string { return t.class }
+
+// index fills the id → token tables from the model's vocabulary and the
+// added tokens (which win where both name an id).
+func (t *Tokenizer) index(added []addedToken) error {
+	t.added = newAddedVocab(added)
+	n := 0
+	for tok, id := range t.vocab {
+		if id < 0 {
+			return formatErr("token %q has the negative id %d", tok, id)
+		}
+		n = max(n, int(id)+1)
+	}
+	for _, a := range added {
+		if a.id < 0 {
+			return formatErr("added token %q has the negative id %d", a.content, a.id)
+		}
+		n = max(n, int(a.id)+1)
+	}
+	t.tokens, t.present, t.special = make([]string, n), make([]bool, n), make([]bool, n)
+	for tok, id := range t.vocab {
+		t.tokens[id], t.present[id] = tok, true
+	}
+	for _, a := range added {
+		t.tokens[a.id], t.present[a.id], t.special[a.id] = a.content, true, a.special
+	}
+	return nil
+}
 
 func formatErr(format string, args ...any) error {
 	return errkind.Errorf(ErrFormat, "tokenizer: "+format, args...)
