@@ -1,11 +1,6 @@
 package tokenizer_test
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,108 +10,12 @@ import (
 	"github.com/moex-project/moex/tokenizer"
 )
 
-// ggufOf writes a Hugging Face tokenizer as a GGUF vocabulary the way
-// llama.cpp's converter does: every token by id, the added special tokens
-// as control tokens and the others as user-defined, byte-fallback tokens
-// as bytes, the merges as "a b", the pre-tokenizer's name, BOS and EOS
-// from tokenizer_config.json and its add_bos_token when it has one. A
-// SentencePiece vocabulary's scores are rebuilt from tokenizer.json's
-// merges, which Hugging Face's converter ordered by the pieces' scores.
+// ggufOf is the GGUF vocabulary converted from a reference tokenizer
+// (tokref.GGUFMetadata).
 func ggufOf(t *testing.T, model string) tokenizer.GGUFVocab {
 	t.Helper()
-	dir := tokref.Dir(t, model)
-	var f struct {
-		AddedTokens []struct {
-			ID      int32  `json:"id"`
-			Content string `json:"content"`
-			Special bool   `json:"special"`
-		} `json:"added_tokens"`
-		Model struct {
-			Vocab  map[string]int32 `json:"vocab"`
-			Merges []json.RawMessage
-		} `json:"model"`
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	v, err := tokenizer.ReadGGUFVocab(tokref.GGUFMetadata(t, model))
 	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &f))
-	var cfg map[string]any
-	b, err = os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &cfg))
-
-	n := int32(0)
-	for _, id := range f.Model.Vocab {
-		n = max(n, id+1)
-	}
-	for _, a := range f.AddedTokens {
-		n = max(n, a.ID+1)
-	}
-	v := tokenizer.GGUFVocab{Tokens: make([]string, n), TokenTypes: make([]int32, n)}
-	byteTok := regexp.MustCompile(`^<0x[0-9A-F]{2}>$`)
-	for tok, id := range f.Model.Vocab {
-		v.Tokens[id], v.TokenTypes[id] = tok, 1
-		if byteTok.MatchString(tok) {
-			v.TokenTypes[id] = 6
-		}
-	}
-	ids := map[string]int32{}
-	for tok, id := range f.Model.Vocab {
-		ids[tok] = id
-	}
-	for _, a := range f.AddedTokens {
-		v.Tokens[a.ID], v.TokenTypes[a.ID] = a.Content, 4
-		if a.Special {
-			v.TokenTypes[a.ID] = 3
-		}
-		ids[a.Content] = a.ID
-	}
-	special := func(key string) *int32 {
-		var s string
-		switch x := cfg[key].(type) {
-		case string:
-			s = x
-		case map[string]any:
-			s, _ = x["content"].(string)
-		default:
-			return nil
-		}
-		id, ok := ids[s]
-		require.True(t, ok, key)
-		return &id
-	}
-	v.BOS, v.EOS = special("bos_token"), special("eos_token")
-	if x, ok := cfg["add_bos_token"].(bool); ok {
-		v.AddBOS = &x
-	}
-	switch model {
-	case "mistral":
-		v.Model = "llama"
-		v.UNK = special("unk_token")
-		v.TokenTypes[*v.UNK] = 2
-		// A piece's score: minus the rank of the first merge that makes it
-		// (tokenizer.json's merges are the pieces in score order).
-		v.Scores = make([]float32, n)
-		for rank, m := range f.Model.Merges {
-			var s string
-			require.NoError(t, json.Unmarshal(m, &s))
-			a, b, _ := strings.Cut(s, " ")
-			if id := ids[a+b]; v.Scores[id] == 0 {
-				v.Scores[id] = -float32(rank + 1)
-			}
-		}
-	default:
-		v.Model = "gpt2"
-		v.Pre = map[string]string{"deepseek_v3": "deepseek-v3", "qwen3": "qwen2", "gptoss": "gpt-4o"}[model]
-		for _, m := range f.Model.Merges {
-			var s string
-			if json.Unmarshal(m, &s) != nil {
-				var p []string
-				require.NoError(t, json.Unmarshal(m, &p))
-				s = p[0] + " " + p[1]
-			}
-			v.Merges = append(v.Merges, s)
-		}
-	}
 	return v
 }
 
