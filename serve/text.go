@@ -31,10 +31,11 @@ type Text struct {
 	Reasoning bool
 }
 
-// ChatInput is what a chat template renders.
+// ChatInput is what a chat template renders: the request's JSON as sent
+// (so that a mapping keeps its keys' order, as Python keeps a request's).
 type ChatInput struct {
-	Messages            []map[string]any
-	Tools               []any
+	Messages            json.RawMessage // the messages array; each an object with a role
+	Tools               json.RawMessage // the tools array; nil when none
 	AddGenerationPrompt bool
 	Kwargs              map[string]any // chat_template_kwargs, such as enable_thinking
 }
@@ -76,26 +77,41 @@ func (t Text) renderChat(ctx context.Context, o *openAIRequest) ([]int32, error)
 		return nil, errors.New("this model ships no chat template (chat_template.jinja, tokenizer_config.json's chat_template or the GGUF's tokenizer.chat_template): send a prompt to /v1/completions")
 	}
 	in := ChatInput{AddGenerationPrompt: o.AddGenerationPrompt == nil || *o.AddGenerationPrompt, Kwargs: o.ChatTemplateKwargs}
-	for i, raw := range o.Messages {
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-			return nil, fmt.Errorf("messages[%d] is not an object", i)
-		}
-		if role, ok := m["role"].(string); !ok || role == "" {
-			return nil, fmt.Errorf("messages[%d] has no role", i)
-		}
-		in.Messages = append(in.Messages, m)
+	if err := CheckMessages(o.Messages); err != nil {
+		return nil, err
+	}
+	var err error
+	if in.Messages, err = json.Marshal(o.Messages); err != nil {
+		return nil, err
 	}
 	if len(o.Tools) > 0 && string(o.Tools) != "null" {
-		if err := json.Unmarshal(o.Tools, &in.Tools); err != nil {
+		var tools []json.RawMessage
+		if err := json.Unmarshal(o.Tools, &tools); err != nil {
 			return nil, errors.New("tools must be a list")
 		}
+		in.Tools = o.Tools
 	}
 	prompt, err := t.Chat(ctx, in)
 	if err != nil {
 		return nil, err
 	}
 	return t.Tok.Encode(prompt, false)
+}
+
+// CheckMessages refuses a chat's messages that are not objects with a
+// role, naming the first.
+func CheckMessages(messages []json.RawMessage) error {
+	for i, raw := range messages {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+			return fmt.Errorf("messages[%d] is not an object", i)
+		}
+		var role string
+		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
+			return fmt.Errorf("messages[%d] has no role", i)
+		}
+	}
+	return nil
 }
 
 // The markers of a reasoning model's thinking.

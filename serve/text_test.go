@@ -54,9 +54,13 @@ func byteTokenizer(t *testing.T) *tokenizer.Tokenizer {
 // plainChat is a stand-in for a model's template: BOS, then each message
 // as "role: content\n", then "assistant:" when asked.
 func plainChat(_ context.Context, in serve.ChatInput) (string, error) {
+	var msgs []map[string]any
+	if err := json.Unmarshal(in.Messages, &msgs); err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	b.WriteString("<|bos|>")
-	for _, m := range in.Messages {
+	for _, m := range msgs {
 		if m["role"] == "bad" {
 			return "", fmt.Errorf("the template refuses the role %q", m["role"])
 		}
