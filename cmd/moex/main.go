@@ -4,6 +4,7 @@
 //	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
 //	moex exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy [--lse-out lse.npy]
 //	moex bench grouped-gemm|moe|mla|ep|membw  time kernels and layers against a baseline of the same run
+//	moex tokenize --model DIR [--no-special] [--decode] [--chat] < in.jsonl > out.jsonl
 //	moex info                         what this machine offers (CPU features, GPUs)
 //
 // Errors are printed on one line to stderr and exit with status 1 (2 for
@@ -126,6 +127,8 @@ commands:
   bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw; a worker or router: bench serve
   sim    a model of decode deployments (TP attention, DP attention with gather or all-to-all MoE) on
          GPU presets or this CPU: sim --preset deepseek-v3 --hardware h200 --ranks 64 [--sweep batch --plot p.svg]
+  tokenize  text ↔ token ids with a model's own tokenizer, and its chat template, as JSON lines on
+         stdin → stdout: tokenize --model DIR [--no-special] [--decode [--skip-special]] [--chat]
   info   report this machine's CPU features and GPUs
 `
 
@@ -147,6 +150,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdSim(args[1:], stdout, stderr)
 	case "info":
 		return cmdInfo(args[1:], stdout, stderr)
+	case "tokenize":
+		return cmdTokenize(args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -34,7 +36,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	preset := fs.String("preset", "", "random weights of a built-in shape, byte-level text: tiny, deepseek-v2-lite")
 	layers := fs.Int("layers", 0, "the preset's decoder layers (0: its own: tiny 3, deepseek-v2-lite 27)")
-	dir := fs.String("model", "", "a deepseek_v2/deepseek_v3 checkpoint folder (requests give input_ids: its tokenizer is not read)")
+	dir := fs.String("model", "", "a deepseek_v2/deepseek_v3 checkpoint folder; with its tokenizer.json, text and chat requests are served (else requests give input_ids)")
 	seed := fs.Uint64("seed", 1, "the preset's weights")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")
@@ -97,8 +99,18 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		tok, stopIDs, name = serve.Byte{}, []int32{serve.EOS}, p.Name
 	} else {
-		m, err = model.Load(*dir)
 		tok = serve.IDsOnly{}
+		if _, serr := os.Stat(filepath.Join(*dir, "tokenizer.json")); serr == nil {
+			// The model's own text: prompts and chats as text, its end tokens.
+			text, err := loadText(*dir, false)
+			if err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			if tok, stopIDs, err = text.serveText(); err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+		}
+		m, err = model.Load(*dir)
 	}
 	if err != nil {
 		return err
