@@ -44,6 +44,12 @@ type Config struct {
 	MaxBodyBytes     int64
 	Seed             uint64
 	Client           *http.Client // to the workers (nil: one with no overall timeout; streams last)
+	// ChatText renders a /v1/chat/completions body into the prompt text
+	// the workers will tokenize (the model's own chat template), so that
+	// the tree matches what the workers' prefix caches hold; false when it
+	// cannot (the request then routes on its messages' contents). Nil: the
+	// contents, joined by spaces.
+	ChatText func(body []byte) ([]byte, bool)
 }
 
 // Defaults are SGLang's 2026 gateway's where it has them (cache threshold
@@ -377,7 +383,16 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, path, id stri
 			return http.StatusRequestEntityTooLarge
 		}
 	}
-	pr := &Request{Text: routeText(path, body), Key: req.Header.Get(r.cfg.RoutingKeyHeader)}
+	text := []byte(nil)
+	if path == "/v1/chat/completions" && r.cfg.ChatText != nil {
+		if t, ok := r.cfg.ChatText(body); ok {
+			text = t
+		}
+	}
+	if text == nil {
+		text = routeText(path, body)
+	}
+	pr := &Request{Text: text, Key: req.Header.Get(r.cfg.RoutingKeyHeader)}
 	var tried []*Worker
 	lastErr := "no healthy worker"
 	lastStatus := http.StatusServiceUnavailable

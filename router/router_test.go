@@ -437,3 +437,32 @@ func TestRouteText(t *testing.T) {
 		require.Equal(t, tt.want, string(routeText(tt.path, []byte(tt.body))), tt.body)
 	}
 }
+
+// TestChatText: with a ChatText renderer, chat requests are matched on the
+// prompt it renders (what the workers tokenize), and on their contents
+// when it cannot render one.
+func TestChatText(t *testing.T) {
+	a := newFake(t)
+	cfg := testConfig("cache_aware")
+	var calls atomic.Int32
+	cfg.ChatText = func(body []byte) ([]byte, bool) {
+		calls.Add(1)
+		if strings.Contains(string(body), "unrenderable") {
+			return nil, false
+		}
+		return []byte("<|im_start|>user\n" + strings.Repeat("x", 30) + "<|im_end|>"), true
+	}
+	r, err := New(cfg)
+	require.NoError(t, err)
+	u, stop := startRouter(t, r, a)
+	defer stop()
+	post(t, u, "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}]}`) // the fake answers 404: routing is what counts
+	require.Equal(t, int32(1), calls.Load())
+	rendered, _ := r.tree.Size()
+	require.Equal(t, len("<|im_start|>user\n")+30+len("<|im_end|>"), rendered, "the tree holds the rendered prompt")
+	post(t, u, "/v1/chat/completions", `{"messages": [{"role": "user", "content": "unrenderable"}]}`)
+	after, _ := r.tree.Size()
+	require.Equal(t, rendered+len("unrenderable"), after, "the contents, when the renderer refuses")
+	post(t, u, "/generate", `{"text": "plain"}`)
+	require.Equal(t, int32(2), calls.Load(), "only chat requests are rendered")
+}

@@ -61,10 +61,18 @@ func routeUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&d.BreakerTimeout, "cb-timeout", d.BreakerTimeout, "how long a circuit stays open before a trial request")
 	fs.StringVar(&d.RoutingKeyHeader, "routing-key-header", d.RoutingKeyHeader, "consistent_hash: the header whose value is the key (else the text)")
 	shutdown := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
+	model := fs.String("model", "", "a model folder or GGUF file: chat requests are matched on the prompt its chat template renders, as the workers render it (else on their messages' contents)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	d.Policy = *policy
+	if *model != "" {
+		text, err := loadText(*model, true)
+		if err != nil {
+			return fmt.Errorf("route: %w", err)
+		}
+		d.ChatText = text.chatText
+	}
 	switch {
 	case *port < 0 || *port > 65535:
 		return fmt.Errorf("%w: route: --port %d must be in [0, 65535] (0: any free port)", errUsage, *port)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -137,4 +138,17 @@ func TestServeText(t *testing.T) {
 	status, body = post("/v1/chat/completions", `{"messages": [{"role": "user"}, 5]}`)
 	require.Equal(t, http.StatusBadRequest, status, body)
 	require.Contains(t, body, "messages[1] is not an object")
+
+	// The router in front, matching chats on the template's prompt.
+	rurl, stopRouter := startUntil(t, routeUntil, "--worker", url, "--model", dir)
+	resp, err := http.Post(rurl+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": true}`))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	require.Contains(t, string(b), `"prompt_tokens":20`)
+	require.NoError(t, stopRouter())
+	err = routeUntil(context.Background(), []string{"--worker", url, "--model", t.TempDir()}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "tokenizer.json")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/moex-project/moex/chat"
 	"github.com/moex-project/moex/moe"
@@ -148,6 +149,32 @@ func (m *modelText) chatLine(line []byte) (any, error) {
 		Text string  `json:"text"`
 		IDs  []int32 `json:"ids"`
 	}{text, nonNilIDs(ids)}, nil
+}
+
+// chatText renders a chat request's body into its prompt text, for the
+// router to match (false: a body it cannot render).
+func (m *modelText) chatText(body []byte) ([]byte, bool) {
+	var req struct {
+		Messages            []json.RawMessage `json:"messages"`
+		Tools               json.RawMessage   `json:"tools"`
+		AddGenerationPrompt *bool             `json:"add_generation_prompt"`
+		Kwargs              map[string]any    `json:"chat_template_kwargs"`
+	}
+	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 || serve.CheckMessages(req.Messages) != nil {
+		return nil, false
+	}
+	raw, err := json.Marshal(req.Messages)
+	if err != nil {
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	text, err := m.render(ctx, serve.ChatInput{Messages: raw, Tools: req.Tools,
+		AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: req.Kwargs})
+	if err != nil {
+		return nil, false
+	}
+	return []byte(text), true
 }
 
 // render renders a conversation with the model's template.
