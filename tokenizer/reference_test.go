@@ -29,6 +29,11 @@ type refCase struct {
 
 	Decode          []int32 `json:"decode"`
 	TextSkipSpecial *string `json:"text_skip_special"`
+
+	// A chat prompt Jinja2 rendered, and its ids without special tokens
+	// added.
+	ChatText string  `json:"chat_text"`
+	ChatIDs  []int32 `json:"chat_ids"`
 }
 
 type refHeader struct {
@@ -82,6 +87,11 @@ func TestReference(t *testing.T) {
 			tk, cases := loadReference(t, model)
 			var encodes, decodes int
 			for _, c := range cases {
+				if c.ChatIDs != nil {
+					ids, err := tk.Encode(c.ChatText, false)
+					require.NoError(t, err, c.Name)
+					require.Equal(t, c.ChatIDs, ids, "encode the chat prompt %s", c.Name)
+				}
 				if c.IDs != nil {
 					encodes++
 					ids, err := tk.Encode(c.Text, true)

@@ -164,3 +164,65 @@ func writeVocabGGUF(t *testing.T, path string, meta map[string]any) {
 	require.NoError(t, moetest.WriteGGUF(f, kvs, nil, 32))
 	require.NoError(t, f.Close())
 }
+
+// TestTokenizeChat: moex tokenize --chat renders each conversation as
+// Jinja2 does (testdata/chat, scripts/chatref/render.py) and gives the ids
+// Hugging Face's tokenizer gives that text; a conversation the template
+// rejects is an error on its line.
+func TestTokenizeChat(t *testing.T) {
+	dir := tokref.Dir(t, "qwen3")
+	ids := map[string]string{}
+	for _, m := range refLines(t, "qwen3") {
+		if m["chat_ids"] != nil {
+			var name string
+			require.NoError(t, json.Unmarshal(m["name"], &name))
+			ids[strings.TrimPrefix(name, "chat/")] = compact(t, m["chat_ids"])
+		}
+	}
+	f, err := os.Open(tokref.Testdata("chat", "qwen3.jsonl"))
+	require.NoError(t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	sc.Scan() // the header
+	var in []string
+	var want []map[string]json.RawMessage
+	for sc.Scan() {
+		var c map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &c))
+		line, err := json.Marshal(map[string]json.RawMessage{"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"],
+			"tools": c["tools"], "chat_template_kwargs": c["kwargs"]})
+		require.NoError(t, err)
+		in = append(in, string(line))
+		want = append(want, c)
+	}
+	require.NotEmpty(t, in)
+	out, err := tokenizeCLI(t, strings.Join(in, "\n"), "--model", dir, "--chat")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, len(in))
+	rejected := 0
+	for i, l := range lines {
+		var name string
+		require.NoError(t, json.Unmarshal(want[i]["name"], &name))
+		if want[i]["error"] != nil {
+			rejected++
+			require.Contains(t, l, `"error"`, name)
+			continue
+		}
+		var got struct {
+			Text string  `json:"text"`
+			IDs  []int32 `json:"ids"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(l), &got), l)
+		var text string
+		require.NoError(t, json.Unmarshal(want[i]["text"], &text))
+		require.Equal(t, text, got.Text, name)
+		b, _ := json.Marshal(got.IDs)
+		require.Equal(t, ids[name], string(b), name)
+	}
+	if rejected > 0 {
+		require.ErrorContains(t, err, "lines failed")
+	} else {
+		require.NoError(t, err)
+	}
+}

