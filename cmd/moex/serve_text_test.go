@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -151,4 +152,34 @@ func TestServeText(t *testing.T) {
 	require.NoError(t, stopRouter())
 	err = routeUntil(context.Background(), []string{"--worker", url, "--model", t.TempDir()}, io.Discard, io.Discard)
 	require.ErrorContains(t, err, "tokenizer.json")
+}
+
+// TestServeTextStops: generation ends at an id of generation_config.json's
+// eos_token_id (here the id the model's greedy answer starts with).
+func TestServeTextStops(t *testing.T) {
+	dir := writeTextModel(t)
+	body := `{"text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}`
+	generate := func() (ids []int32, reason string) {
+		url, stop := startServe(t, "--model", dir, "--kv-blocks", "64")
+		defer func() { require.NoError(t, stop()); http.DefaultClient.CloseIdleConnections() }()
+		resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var g struct {
+			IDs  []int32 `json:"output_ids"`
+			Meta struct {
+				FinishReason struct {
+					Type string `json:"type"`
+				} `json:"finish_reason"`
+			} `json:"meta_info"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&g))
+		return g.IDs, g.Meta.FinishReason.Type
+	}
+	ids, _ := generate()
+	require.NotEmpty(t, ids)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(fmt.Sprintf(`{"eos_token_id": [%d]}`, ids[0])), 0o644))
+	stopped, reason := generate()
+	require.Equal(t, ids[:1], stopped)
+	require.Equal(t, "stop", reason)
 }
