@@ -157,3 +157,72 @@ func TestText(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, status)
 	require.Contains(t, string(body), "no tokenizer")
 }
+
+// scriptEngine answers every request with the same tokens.
+type scriptEngine struct{ tokens []int32 }
+
+func (e scriptEngine) Submit(ctx context.Context, r serve.Request) (<-chan serve.Event, error) {
+	ch := make(chan serve.Event, len(e.tokens)+1)
+	for _, id := range e.tokens {
+		ch <- serve.Event{Token: id}
+	}
+	ch <- serve.Event{Done: true, Reason: "length"}
+	close(ch)
+	return ch, nil
+}
+func (scriptEngine) Load() (int, int)            { return 0, 0 }
+func (scriptEngine) RankLoads() []serve.RankLoad { return nil }
+func (scriptEngine) Stats() serve.Stats          { return serve.Stats{} }
+func (scriptEngine) FlushCache() error           { return nil }
+func (scriptEngine) Capacity() int               { return 1 << 20 }
+func (scriptEngine) Blocks() (int, int)          { return 0, 0 }
+func (scriptEngine) Stopped() error              { return nil }
+func (scriptEngine) Ranks() int                  { return 1 }
+
+// TestReasoning: a chat answer's <think>…</think> comes back as
+// reasoning_content, whole and streamed (deltas of each that add up, a
+// character split over two tokens never shown half).
+func TestReasoning(t *testing.T) {
+	answer := []int32{258, 'w', 0xC3, 0xA9, 'i', 'g', 'h', 259, '\n', 'Y', 0xC3, 0xA9, 's'} // <think>wéigh</think>\nYés
+	tk := byteTokenizer(t)
+	srv := httptest.NewServer(serve.NewServer(scriptEngine{answer}, serve.Text{Tok: tk, Chat: plainChat, Reasoning: true}, nil, serve.Info{ModelPath: "m"}).Handler())
+	defer srv.Close()
+	req := `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20%s}`
+	status, body := postTo(t, srv.URL, "/v1/chat/completions", fmt.Sprintf(req, ""))
+	require.Equal(t, http.StatusOK, status, body)
+	var whole struct {
+		Choices []struct {
+			Message struct {
+				Content          string `json:"content"`
+				ReasoningContent string `json:"reasoning_content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &whole))
+	require.Equal(t, "wéigh", whole.Choices[0].Message.ReasoningContent)
+	require.Equal(t, "\nYés", whole.Choices[0].Message.Content)
+
+	var reasoning, content strings.Builder
+	for _, f := range events(t, srv.URL, "/v1/chat/completions", fmt.Sprintf(req, `, "stream": true`)) {
+		if f == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content          string `json:"content"`
+					ReasoningContent string `json:"reasoning_content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(f), &c))
+		for _, ch := range c.Choices {
+			require.NotContains(t, ch.Delta.Content+ch.Delta.ReasoningContent, "\uFFFD")
+			require.NotContains(t, ch.Delta.Content+ch.Delta.ReasoningContent, "<")
+			reasoning.WriteString(ch.Delta.ReasoningContent)
+			content.WriteString(ch.Delta.Content)
+		}
+	}
+	require.Equal(t, "wéigh", reasoning.String())
+	require.Equal(t, "\nYés", content.String())
+}
