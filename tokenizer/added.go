@@ -106,6 +106,7 @@ func (m *matcher) splitText(sp span, out []span) []span {
 		}
 		start, stop := i, i+len(tok.content)
 		if tok.singleWord && (endsWithWord(s[:start]) || startsWithWord(s[stop:])) {
+			i = stop - 1 // the search goes on after the match, as Aho-Corasick's does
 			continue
 		}
 		if tok.lstrip {

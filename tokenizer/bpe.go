@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"container/heap"
 	"fmt"
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -49,7 +50,8 @@ func (m *bpe) tokenize(word string, out []int32) []int32 {
 		m.mu.Lock()
 		if m.nc < cacheMax {
 			m.nc++
-			m.cache.Store(word, append([]int32(nil), out[start:]...))
+			// A copy of the word: it may be a slice of a whole request.
+			m.cache.Store(strings.Clone(word), append([]int32(nil), out[start:]...))
 		}
 		m.mu.Unlock()
 	}
@@ -91,7 +93,8 @@ func (m *bpe) encodeWord(word string, out []int32) []int32 {
 			continue
 		}
 		if m.byteFallback && m.bytesKnown(word[i:i+size]) {
-			flushUnk()
+			// A pending (fused) unknown is not written before the bytes:
+			// the Rust library writes it at the next known character.
 			for _, b := range []byte(word[i : i+size]) {
 				syms = append(syms, symbol{id: m.byteIDs[b]})
 			}

@@ -120,8 +120,8 @@ func (d replaceDecoder) decode(tokens []string) []string {
 	return out
 }
 
-// metaspaceDecoder turns the replacement character back into spaces and
-// drops the space the pre-tokenizer prepended to the first token.
+// metaspaceDecoder turns the replacement character back into spaces, and
+// drops it from the first token (where the pre-tokenizer prepended one).
 type metaspaceDecoder struct {
 	repl        string
 	stripPrefix bool
@@ -130,11 +130,11 @@ type metaspaceDecoder struct {
 func (m metaspaceDecoder) decode(tokens []string) []string {
 	out := make([]string, len(tokens))
 	for i, t := range tokens {
-		t = strings.ReplaceAll(t, m.repl, " ")
+		repl := " "
 		if i == 0 && m.stripPrefix {
-			t = strings.TrimPrefix(t, " ")
+			repl = "" // the Rust library drops every one in the first token
 		}
-		out[i] = t
+		out[i] = strings.ReplaceAll(t, m.repl, repl)
 	}
 	return out
 }

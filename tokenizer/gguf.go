@@ -234,6 +234,7 @@ func FromGGUF(v GGUFVocab) (*Tokenizer, error) {
 	}
 	t := &Tokenizer{bos: -1, eos: -1, class: "gguf:" + v.Model, specials: map[string]string{}, vocab: make(map[string]int32, n)}
 	var added []addedToken
+	names := make([]string, n)
 	for i, tok := range v.Tokens {
 		typ := int32(ggufNormal)
 		if v.TokenTypes != nil {
@@ -242,9 +243,8 @@ func FromGGUF(v GGUFVocab) (*Tokenizer, error) {
 		if tok == "" {
 			tok = fmt.Sprintf("[EMPTY_%d]", i) // as llama.cpp names them
 		}
-		if _, dup := t.vocab[tok]; !dup {
-			t.vocab[tok] = int32(i)
-		}
+		names[i] = tok
+		t.vocab[tok] = int32(i) // a repeated token: the last id, as llama.cpp's map
 		switch typ {
 		case ggufControl, ggufUserDefined, ggufUnknown:
 			// Matched in the text before the model runs (llama.cpp's
@@ -252,7 +252,7 @@ func FromGGUF(v GGUFVocab) (*Tokenizer, error) {
 			added = append(added, addedToken{id: int32(i), content: tok, special: typ != ggufUserDefined})
 		}
 	}
-	if err := t.index(added); err != nil {
+	if err := t.index(added, names); err != nil {
 		return nil, err
 	}
 	id := func(p *int32, def int32, key string) (int32, error) {
@@ -324,6 +324,7 @@ func FromGGUF(v GGUFVocab) (*Tokenizer, error) {
 		if prefix {
 			t.dec = append(t.dec.(decSequence), stripDecoder{content: ' ', start: 1})
 		}
+		t.byteRuns = true
 		if t.bos, err = id(v.BOS, 1, "tokenizer.ggml.bos_token_id"); err != nil {
 			return nil, err
 		}

@@ -59,12 +59,26 @@ func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.model, t.vocab = m, m.vocab
-	added := make([]addedToken, len(f.AddedTokens))
-	for i, a := range f.AddedTokens {
-		added[i] = addedToken{id: a.ID, content: a.Content, special: a.Special, lstrip: a.Lstrip,
-			rstrip: a.Rstrip, singleWord: a.SingleWord, normalized: a.Normalized}
+	// The ids the Rust library gives added tokens as it reads them (the
+	// file's ids agree for files it wrote): the model's id for a token of
+	// its vocabulary, an earlier added token's for a repeat, else the next
+	// id past the vocabulary and the tokens added so far.
+	added := make([]addedToken, 0, len(f.AddedTokens))
+	seen := map[string]int32{}
+	next := int32(len(m.vocab))
+	for _, a := range f.AddedTokens {
+		id, ok := seen[a.Content]
+		if !ok {
+			if id, ok = m.vocab[a.Content]; !ok {
+				id = next
+			}
+		}
+		next = max(next, id+1)
+		seen[a.Content] = id
+		added = append(added, addedToken{id: id, content: a.Content, special: a.Special, lstrip: a.Lstrip,
+			rstrip: a.Rstrip, singleWord: a.SingleWord, normalized: a.Normalized})
 	}
-	if err := t.index(added); err != nil {
+	if err := t.index(added, nil); err != nil {
 		return nil, err
 	}
 	if t.norm, err = buildNormalizer(f.Normalizer); err != nil {
@@ -79,6 +93,7 @@ func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	if t.dec, err = buildDecoder(f.Decoder); err != nil {
 		return nil, err
 	}
+	t.byteRuns = hasByteFallback(t.dec)
 	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
 		s, ok, err := tokenString(raw)
 		if err != nil {
@@ -473,7 +488,9 @@ func buildPreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		}
 		return m, nil
 	case "Whitespace":
-		return whitespace{re: regexp2.MustCompile(`\w+|[^\w\s]+`, regexp2.None)}, nil
+		// \w+|[^\w\s]+ with Oniguruma's Unicode \w (letters, marks, decimal
+		// and letter numbers, connectors), wider than .NET's.
+		return whitespace{re: regexp2.MustCompile(`[\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}]+|[^\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\s]+`, regexp2.None)}, nil
 	case "WhitespaceSplit":
 		return whitespaceSplit{}, nil
 	case "Punctuation":
@@ -554,6 +571,9 @@ func buildPost(raw json.RawMessage, t *Tokenizer) (postProcessor, error) {
 			if err := json.Unmarshal(side.raw[1], &id); err != nil {
 				return nil, formatErr("%s's cls and sep are [token, id] pairs", c.Type)
 			}
+			if id < 0 || int(id) >= len(t.tokens) || !t.present[id] {
+				return nil, formatErr("%s's id %d is outside the vocabulary", c.Type, id)
+			}
 			*side.dst = []int32{id}
 		}
 		return tp, nil
@@ -614,4 +634,19 @@ func buildDecoder(raw json.RawMessage) (decoder, error) {
 		return metaspaceDecoder{repl: repl, stripPrefix: strip}, nil
 	}
 	return nil, unsupported("the decoder %q", c.Type)
+}
+
+// hasByteFallback reports whether a decoder chain holds ByteFallback.
+func hasByteFallback(d decoder) bool {
+	switch d := d.(type) {
+	case byteFallback:
+		return true
+	case decSequence:
+		for _, x := range d {
+			if hasByteFallback(x) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -47,15 +47,16 @@ type replace struct {
 }
 
 func (r replace) normalize(s string) string {
+	matches := r.pat.findAll(s)
+	if len(matches) == 0 {
+		return s
+	}
 	var b strings.Builder
 	last := 0
-	for _, m := range r.pat.findAll(s) {
+	for _, m := range matches {
 		b.WriteString(s[last:m[0]])
 		b.WriteString(r.content)
 		last = m[1]
-	}
-	if last == 0 {
-		return s
 	}
 	b.WriteString(s[last:])
 	return b.String()
@@ -74,12 +75,13 @@ func (st strip) normalize(s string) string {
 	return s
 }
 
-// stripAccents removes combining marks (after an NFD normalizer).
+// stripAccents removes the marks (Mn, Mc, Me; after an NFD normalizer), as
+// the Rust library does.
 type stripAccents struct{}
 
 func (stripAccents) normalize(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.Is(unicode.Mn, r) {
+		if unicode.Is(unicode.M, r) {
 			return -1
 		}
 		return r

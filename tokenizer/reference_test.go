@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -178,4 +179,69 @@ func TestConcurrent(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
+}
+
+// TestDecodeStreamRandom: on random id sequences rich in byte tokens (half
+// characters, invalid runs) and special tokens, a DecodeStream's pieces
+// never end in U+FFFD and add up to Decode of all the ids, skipping the
+// special tokens or not.
+func TestDecodeStreamRandom(t *testing.T) {
+	for _, model := range []string{"deepseek_v3", "qwen3", "gptoss", "mistral"} {
+		t.Run(model, func(t *testing.T) {
+			tk, cases := loadReference(t, model)
+			var pool []int32
+			for b := range 256 {
+				for _, name := range []string{fmt.Sprintf("<0x%02X>", b), byteLevel(byte(b))} {
+					if id, ok := tk.ID(name); ok {
+						pool = append(pool, id)
+					}
+				}
+			}
+			for _, c := range cases {
+				if len(c.IDs) > 0 {
+					pool = append(pool, c.IDs...)
+				}
+			}
+			rng := rand.New(rand.NewPCG(1, uint64(len(model))))
+			for range 300 {
+				ids := make([]int32, 1+rng.IntN(12))
+				for i := range ids {
+					ids[i] = pool[rng.IntN(len(pool))]
+				}
+				for _, skip := range []bool{false, true} {
+					want, err := tk.Decode(ids, skip)
+					require.NoError(t, err)
+					s := tk.NewDecodeStream(skip)
+					var b strings.Builder
+					for _, id := range ids {
+						piece, err := s.Step(id)
+						require.NoError(t, err, "%v", ids)
+						require.False(t, strings.HasSuffix(piece, "\uFFFD"), "%v", ids)
+						b.WriteString(piece)
+					}
+					rest, err := s.Flush()
+					require.NoError(t, err)
+					require.Equal(t, want, b.String()+rest, "%v skip %v", ids, skip)
+				}
+			}
+		})
+	}
+}
+
+// byteLevel is GPT-2's character for byte b.
+func byteLevel(b byte) string {
+	n := 0
+	for c := range 256 {
+		printable := c >= '!' && c <= '~' || c >= 0xA1 && c <= 0xAC || c >= 0xAE && c <= 0xFF
+		if c == int(b) {
+			if printable {
+				return string(rune(c))
+			}
+			return string(rune(256 + n))
+		}
+		if !printable {
+			n++
+		}
+	}
+	return ""
 }

@@ -29,6 +29,9 @@ func (t *Tokenizer) NewDecodeStream(skipSpecial bool) *DecodeStream {
 // character or a decoder's context is still open).
 func (s *DecodeStream) Step(id int32) (string, error) {
 	s.ids = append(s.ids, id)
+	if s.t.unsettled(s.ids, s.skipSpecial) > 0 {
+		return "", nil // a byte run a later byte may still turn into U+FFFD
+	}
 	text, err := s.t.Decode(s.ids, s.skipSpecial)
 	if err != nil {
 		s.ids = s.ids[:len(s.ids)-1]
@@ -50,6 +53,36 @@ func (s *DecodeStream) Step(id int32) (string, error) {
 	}
 	s.prefixIndex = keep
 	return out, nil
+}
+
+// unsettled is how many ids at the end of ids may still change the text
+// of the ones before them: with a byte-fallback decoder, a trailing run of
+// <0xNN> tokens (and the special tokens between them when those are
+// skipped), which a later byte can turn wholly into U+FFFD.
+func (t *Tokenizer) unsettled(ids []int32, skipSpecial bool) int {
+	if !t.byteRuns {
+		return 0
+	}
+	n, bytes := 0, false
+	for i := len(ids) - 1; i >= 0; i-- {
+		id := ids[i]
+		if id < 0 || int(id) >= len(t.tokens) {
+			break
+		}
+		if _, ok := byteToken(t.tokens[id]); ok {
+			n, bytes = n+1, true
+			continue
+		}
+		if skipSpecial && t.special[id] {
+			n++
+			continue
+		}
+		break
+	}
+	if !bytes {
+		return 0
+	}
+	return n
 }
 
 // Flush returns the text still held back (an unfinished character, as

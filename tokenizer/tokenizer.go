@@ -40,6 +40,7 @@ type Tokenizer struct {
 	// unk_token, pad_token) to their token strings.
 	specials map[string]string
 	bos, eos int32 // -1 when the tokenizer has none
+	byteRuns bool  // the decoder joins <0xNN> runs (ByteFallback)
 	class    string
 }
 
@@ -170,26 +171,38 @@ func (t *Tokenizer) SpecialTokens() map[string]string {
 // Class is tokenizer_config.json's tokenizer_class ("" when absent).
 func (t *Tokenizer) Class() string { return t.class }
 
+// maxHoles bounds the ids a vocabulary may leave unused: an id far past
+// the number of tokens is a malformed file, not a reason to allocate
+// gigabytes.
+const maxHoles = 1 << 16
+
 // index fills the id → token tables from the model's vocabulary and the
-// added tokens (which win where both name an id).
-func (t *Tokenizer) index(added []addedToken) error {
+// added tokens (which win where both name an id); byID, when not nil, is
+// every token by id (a GGUF vocabulary's list, duplicates included).
+func (t *Tokenizer) index(added []addedToken, byID []string) error {
 	t.added = newAddedVocab(added)
-	n := 0
+	n := len(byID)
 	for tok, id := range t.vocab {
-		if id < 0 {
-			return formatErr("token %q has the negative id %d", tok, id)
+		if id < 0 || int(id) >= len(t.vocab)+len(added)+maxHoles {
+			return formatErr("token %q has the id %d, outside a vocabulary of %d tokens", tok, id, len(t.vocab)+len(added))
 		}
 		n = max(n, int(id)+1)
 	}
 	for _, a := range added {
-		if a.id < 0 {
-			return formatErr("added token %q has the negative id %d", a.content, a.id)
+		if a.id < 0 || int(a.id) >= len(t.vocab)+len(added)+maxHoles {
+			return formatErr("added token %q has the id %d, outside a vocabulary of %d tokens", a.content, a.id, len(t.vocab)+len(added))
 		}
 		n = max(n, int(a.id)+1)
 	}
 	t.tokens, t.present, t.special = make([]string, n), make([]bool, n), make([]bool, n)
-	for tok, id := range t.vocab {
-		t.tokens[id], t.present[id] = tok, true
+	if byID != nil {
+		for id, tok := range byID {
+			t.tokens[id], t.present[id] = tok, true
+		}
+	} else {
+		for tok, id := range t.vocab {
+			t.tokens[id], t.present[id] = tok, true
+		}
 	}
 	for _, a := range added {
 		t.tokens[a.id], t.present[a.id], t.special[a.id] = a.content, true, a.special
