@@ -274,7 +274,7 @@ func (h *Server) parse(r *http.Request) (generateRequest, Request, []string, err
 		return g, Request{}, nil, errors.New("give text or input_ids, not both")
 	case g.Text != nil:
 		var err error
-		if ids, err = h.tok.Encode(*g.Text); err != nil {
+		if ids, err = h.encode(*g.Text, true); err != nil {
 			return g, Request{}, nil, err
 		}
 	case g.InputIDs != nil:
@@ -352,6 +352,27 @@ type run struct {
 func (r *run) wait(emit func(ids []int32, text string)) completion {
 	defer r.cancel()
 	var c completion
+	// A tokenizer that decodes as ids arrive keeps the text up to date in
+	// constant work a token; otherwise the text is decoded whole where it
+	// is needed.
+	var stream TextStream
+	if st, ok := r.h.tok.(interface{ NewTextStream() TextStream }); ok {
+		stream = st.NewTextStream()
+	}
+	var settled strings.Builder
+	decode := func(final bool) string {
+		if stream == nil {
+			return r.h.tok.Decode(c.ids)
+		}
+		if final {
+			rest, err := stream.Flush()
+			if err != nil {
+				return r.h.tok.Decode(c.ids)
+			}
+			settled.WriteString(rest)
+		}
+		return settled.String()
+	}
 	for e := range r.events {
 		r.obs.event(e)
 		if e.Done {
@@ -362,7 +383,7 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 			case e.Err != nil:
 				c.err = e.Err
 			default:
-				c.text = r.h.tok.Decode(c.ids)
+				c.text = decode(true)
 				c.reason = e.Reason
 				if e.Reason == "stop" && len(c.ids) > 0 {
 					c.matched = c.ids[len(c.ids)-1]
@@ -374,11 +395,18 @@ func (r *run) wait(emit func(ids []int32, text string)) completion {
 			continue // draining after a stop string
 		}
 		c.ids = append(c.ids, e.Token)
+		if stream != nil {
+			piece, err := stream.Add(e.Token)
+			if err != nil {
+				stream = nil // decode whole from here on
+			}
+			settled.WriteString(piece)
+		}
 		// The text so far, where a stop string or a frame needs it (the
 		// whole once at the end otherwise).
 		show := emit != nil && len(c.ids)%r.h.info.StreamInterval == 0
 		if len(r.stops) > 0 || show {
-			c.text = r.h.tok.Decode(c.ids)
+			c.text = decode(false)
 		}
 		if i, s := firstStop(c.text, r.stops); i >= 0 {
 			c.text, c.reason, c.matched = c.text[:i], "stop", s

@@ -120,7 +120,7 @@ func (h *Server) openAI(r *http.Request, chat bool) (openAIRequest, Request, []s
 		if len(o.Messages) == 0 {
 			return o, Request{}, nil, errors.New("messages is required")
 		}
-		if ids, err = text.renderChat(r.Context(), &o); err != nil {
+		if ids, err = h.renderChat(r.Context(), text, &o); err != nil {
 			return o, Request{}, nil, err
 		}
 	} else if chat {
@@ -183,7 +183,7 @@ func (h *Server) promptIDs(raw json.RawMessage) ([]int32, error) {
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		return h.tok.Encode(text)
+		return h.encode(text, true)
 	}
 	var ids []int32
 	if json.Unmarshal(raw, &ids) == nil {
@@ -194,7 +194,7 @@ func (h *Server) promptIDs(raw json.RawMessage) ([]int32, error) {
 		if len(texts) != 1 {
 			return nil, fmt.Errorf("prompt lists %d prompts: one per request is served", len(texts))
 		}
-		return h.tok.Encode(texts[0])
+		return h.encode(texts[0], true)
 	}
 	var lists [][]int32
 	if json.Unmarshal(raw, &lists) == nil {
@@ -304,9 +304,20 @@ func (h *Server) serveOpenAI(w http.ResponseWriter, r *http.Request, chat bool) 
 		return
 	}
 	rs, ts := parts(c.text, true)
-	chunk([]any{choice(strings.TrimPrefix(rs, sentR), strings.TrimPrefix(ts, sentC), finishReason(c))}, nil)
+	chunk([]any{choice(rest(rs, sentR), rest(ts, sentC), finishReason(c))}, nil)
 	if o.StreamOptions != nil && o.StreamOptions.IncludeUsage {
 		chunk([]any{}, usage(len(c.ids)))
 	}
 	sse.done()
+}
+
+// rest is what text adds to the part already sent: what follows sent, or
+// (should the text no longer begin with it) what follows their common
+// prefix, never the whole again.
+func rest(text, sent string) string {
+	n := 0
+	for n < len(text) && n < len(sent) && text[n] == sent[n] {
+		n++
+	}
+	return text[n:]
 }

@@ -43,36 +43,78 @@ type ChatInput struct {
 // Encode is text's ids with the special tokens the tokenizer adds.
 func (t Text) Encode(text string) ([]int32, error) { return t.Tok.Encode(text, true) }
 
-// Decode is the text of ids without the special tokens; ids outside the
-// tokenizer's vocabulary (rows an embedding is padded with) are left out,
-// as Hugging Face's decode does.
+// Decode is the text of ids without the special tokens; ids that are not
+// the tokenizer's (rows an embedding is padded with) are left out, as
+// Hugging Face's decode does.
 func (t Text) Decode(ids []int32) string {
-	n := int32(t.Tok.VocabSize())
-	keep := ids[:0:0]
-	for i, id := range ids {
-		if id < 0 || id >= n {
-			if keep == nil {
-				keep = append(make([]int32, 0, len(ids)), ids[:i]...)
-			}
-			continue
-		}
-		if keep != nil {
-			keep = append(keep, id)
-		}
-	}
-	if keep != nil {
-		ids = keep
-	}
-	s, err := t.Tok.Decode(ids, true)
+	s, err := t.Tok.Decode(t.known(ids), true)
 	if err != nil {
 		return ""
 	}
 	return s
 }
 
+// known is ids without those the tokenizer does not have.
+func (t Text) known(ids []int32) []int32 {
+	for i, id := range ids {
+		if _, ok := t.Tok.Token(id); !ok {
+			keep := append(make([]int32, 0, len(ids)), ids[:i]...)
+			for _, id := range ids[i+1:] {
+				if _, ok := t.Tok.Token(id); ok {
+					keep = append(keep, id)
+				}
+			}
+			return keep
+		}
+	}
+	return ids
+}
+
+// NewTextStream decodes a generation as its ids arrive (special tokens
+// left out, unknown ids skipped).
+func (t Text) NewTextStream() TextStream { return textStream{t: t, s: t.Tok.NewDecodeStream(true)} }
+
+// TextStream is a generation's text as its ids arrive: Add returns the
+// text an id settles (never half a character), Flush what is held back
+// at the end.
+type TextStream interface {
+	Add(id int32) (string, error)
+	Flush() (string, error)
+}
+
+type textStream struct {
+	t Text
+	s *tokenizer.DecodeStream
+}
+
+func (s textStream) Add(id int32) (string, error) {
+	if _, ok := s.t.Tok.Token(id); !ok {
+		return "", nil
+	}
+	return s.s.Step(id)
+}
+
+func (s textStream) Flush() (string, error) { return s.s.Flush() }
+
+// encode is a prompt's ids (with the special tokens its tokenizer adds,
+// or none). With the model's own tokenizer, a text too long to fit the
+// server's tokens whatever its tokens (each at most the vocabulary's
+// longest) is refused before the work of encoding it.
+func (h *Server) encode(text string, addSpecial bool) ([]int32, error) {
+	t, ok := h.tok.(Text)
+	if !ok {
+		return h.tok.Encode(text)
+	}
+	if limit := h.s.Capacity() * t.Tok.MaxTokenBytes(); len(text) > limit {
+		return nil, fmt.Errorf("the prompt's %d bytes are more than the %d tokens a request may hold can spell (at most %d bytes each)",
+			len(text), h.s.Capacity(), t.Tok.MaxTokenBytes())
+	}
+	return t.Tok.Encode(text, addSpecial)
+}
+
 // renderChat turns a chat request's messages into the prompt's ids with
 // the model's template.
-func (t Text) renderChat(ctx context.Context, o *openAIRequest) ([]int32, error) {
+func (h *Server) renderChat(ctx context.Context, t Text, o *openAIRequest) ([]int32, error) {
 	if t.Chat == nil {
 		return nil, errors.New("this model ships no chat template (chat_template.jinja, tokenizer_config.json's chat_template or the GGUF's tokenizer.chat_template): send a prompt to /v1/completions")
 	}
@@ -95,7 +137,7 @@ func (t Text) renderChat(ctx context.Context, o *openAIRequest) ([]int32, error)
 	if err != nil {
 		return nil, err
 	}
-	return t.Tok.Encode(prompt, false)
+	return h.encode(prompt, false) // the template wrote the special tokens
 }
 
 // CheckMessages refuses a chat's messages that are not objects with a
@@ -127,13 +169,13 @@ const (
 // still become </think> is held back, so that streamed parts only grow.
 func splitReasoning(text string, thinking, final bool) (reasoning, content string) {
 	body := strings.TrimLeft(text, " \t\r\n")
+	if !final && strings.HasPrefix(thinkStart, body) {
+		return "", "" // perhaps the start of "<think>"
+	}
 	if strings.HasPrefix(body, thinkStart) {
 		thinking, text = true, body[len(thinkStart):]
 	}
 	if !thinking {
-		if !final && strings.HasPrefix(thinkStart, body) {
-			return "", "" // perhaps the start of "<think>"
-		}
 		return "", text
 	}
 	if i := strings.Index(text, thinkEnd); i >= 0 {
@@ -183,7 +225,7 @@ func (h *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("give prompt or messages, not both")
 	case q.Messages != nil:
 		o := openAIRequest{Messages: q.Messages, AddGenerationPrompt: q.AddGenerationPrompt, ChatTemplateKwargs: q.ChatTemplateKwargs, Tools: q.Tools}
-		ids, err = t.renderChat(r.Context(), &o)
+		ids, err = h.renderChat(r.Context(), t, &o)
 	default:
 		text := q.Prompt
 		if text == nil {
@@ -198,7 +240,7 @@ func (h *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		if text == nil {
 			err = errors.New("prompt (or content, or messages) is required")
 		} else {
-			ids, err = t.Tok.Encode(*text, add)
+			ids, err = h.encode(*text, add)
 		}
 	}
 	if err != nil {

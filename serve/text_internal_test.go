@@ -22,6 +22,8 @@ func TestSplitReasoning(t *testing.T) {
 		{"a finished answer keeps a partial marker", "<think>weigh</thi", false, true, "weigh</thi", ""},
 		{"the start of <think> itself", "<thi", false, false, "", ""},
 		{"a </think> without thinking stays content", "a</think>b", false, true, "", "a</think>b"},
+		{"a <think> again after the prompt opened one", "\n<thi", true, false, "", ""},
+		{"…and once whole", "\n<think>weigh</think>Yes", true, true, "weigh", "Yes"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r, a := splitReasoning(c.text, c.thinking, c.final)

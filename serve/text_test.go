@@ -138,6 +138,8 @@ func TestText(t *testing.T) {
 		{"/v1/chat/completions", `{"messages": [{"content": "x"}]}`, "messages[0] has no role"},
 		{"/v1/chat/completions", `{"messages": [7]}`, "messages[0] is not an object"},
 		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "tools": 5}`, "tools must be a list"},
+		{"/tokenize", `{"prompt": "` + strings.Repeat("a", 8*s.Capacity()+1) + `"}`, "more than the"},
+		{"/v1/completions", `{"prompt": "` + strings.Repeat("a", 8*s.Capacity()+1) + `"}`, "more than the"},
 	} {
 		status, body := postTo(t, srv.URL, c.path, c.body)
 		require.Equal(t, http.StatusBadRequest, status, "%s %s: %s", c.path, c.body, body)

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"sort"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -28,13 +27,6 @@ type addedVocab struct {
 	raw, norm matcher
 }
 
-// matcher finds added tokens; byFirst lists, per first byte, the indices of
-// the tokens starting with it, longest first.
-type matcher struct {
-	tokens  []addedToken
-	byFirst [256][]int
-}
-
 func newAddedVocab(tokens []addedToken) *addedVocab {
 	a := &addedVocab{tokens: tokens, byContent: make(map[string]int32, len(tokens))}
 	for _, t := range tokens {
@@ -48,21 +40,55 @@ func newAddedVocab(tokens []addedToken) *addedVocab {
 			a.raw.add(t)
 		}
 	}
-	a.raw.sort()
-	a.norm.sort()
 	return a
 }
 
+// matcher finds added tokens with a byte trie: from each position, the
+// longest token that starts there, in steps of one byte.
+type matcher struct {
+	tokens []addedToken
+	next   map[uint64]int32 // node<<8 | byte → node
+	term   []int32          // node → the index of the token ending there, -1
+}
+
 func (m *matcher) add(t addedToken) {
-	m.byFirst[t.content[0]] = append(m.byFirst[t.content[0]], len(m.tokens))
+	if m.next == nil {
+		m.next, m.term = map[uint64]int32{}, []int32{-1}
+	}
+	node := int32(0)
+	for i := 0; i < len(t.content); i++ {
+		k := uint64(node)<<8 | uint64(t.content[i])
+		nx, ok := m.next[k]
+		if !ok {
+			nx = int32(len(m.term))
+			m.next[k] = nx
+			m.term = append(m.term, -1)
+		}
+		node = nx
+	}
+	if m.term[node] < 0 { // the first of two equal contents wins
+		m.term[node] = int32(len(m.tokens))
+	}
 	m.tokens = append(m.tokens, t)
 }
 
-func (m *matcher) sort() {
-	for b := range m.byFirst {
-		l := m.byFirst[b]
-		sort.SliceStable(l, func(i, j int) bool { return len(m.tokens[l[i]].content) > len(m.tokens[l[j]].content) })
+// longest is the longest token starting at s[i:], or nil.
+func (m *matcher) longest(s string, i int) *addedToken {
+	node, best := int32(0), int32(-1)
+	for j := i; j < len(s); j++ {
+		nx, ok := m.next[uint64(node)<<8|uint64(s[j])]
+		if !ok {
+			break
+		}
+		node = nx
+		if m.term[node] >= 0 {
+			best = m.term[node]
+		}
 	}
+	if best < 0 {
+		return nil
+	}
+	return &m.tokens[best]
 }
 
 // split cuts the text spans of in at the added tokens of one pass
@@ -90,17 +116,7 @@ func (m *matcher) splitText(sp span, out []span) []span {
 	s := sp.text
 	done := 0 // the end of the last token taken
 	for i := 0; i < len(s); i++ {
-		cands := m.byFirst[s[i]]
-		if len(cands) == 0 {
-			continue
-		}
-		var tok *addedToken
-		for _, k := range cands {
-			if strings.HasPrefix(s[i:], m.tokens[k].content) {
-				tok = &m.tokens[k]
-				break
-			}
-		}
+		tok := m.longest(s, i)
 		if tok == nil {
 			continue
 		}

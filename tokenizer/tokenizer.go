@@ -41,7 +41,9 @@ type Tokenizer struct {
 	specials map[string]string
 	bos, eos int32 // -1 when the tokenizer has none
 	byteRuns bool  // the decoder joins <0xNN> runs (ByteFallback)
-	class    string
+
+	maxTokenBytes int // the longest token's string, in bytes
+	class         string
 }
 
 // wordModel turns one pre-tokenized word into ids: BPE by merge ranks
@@ -123,6 +125,10 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) (string, error) {
 	}
 	return strings.Join(t.dec.decode(toks), ""), nil
 }
+
+// MaxTokenBytes is the most bytes of text one token stands for (at least
+// 1): a text of n bytes has at least n/MaxTokenBytes tokens.
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
 
 // VocabSize is one more than the largest id: the model's vocabulary and the
 // added tokens.
@@ -206,6 +212,13 @@ func (t *Tokenizer) index(added []addedToken, byID []string) error {
 	}
 	for _, a := range added {
 		t.tokens[a.id], t.present[a.id], t.special[a.id] = a.content, true, a.special
+	}
+	// A token's string has at least as many bytes as the text it stands
+	// for (GGUF's byte-level characters take one or two bytes each, the
+	// ▁ of SentencePiece three for a space), plus a normalizer's Prepend.
+	t.maxTokenBytes = 1
+	for _, tok := range t.tokens {
+		t.maxTokenBytes = max(t.maxTokenBytes, len(tok))
 	}
 	return nil
 }
