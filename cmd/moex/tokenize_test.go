@@ -60,7 +60,7 @@ func TestTokenize(t *testing.T) {
 			texts = append(texts, `{"text": `+string(m["text"])+`}`)
 			ids = append(ids, `{"ids":`+compact(t, m["ids"])+`}`)
 			idsNoSpecial = append(idsNoSpecial, `{"ids":`+compact(t, m["ids_no_special"])+`}`)
-		} else {
+		} else if m["decode"] != nil {
 			decodes = append(decodes, `{"ids": `+string(m["decode"])+`}`)
 			var s string
 			require.NoError(t, json.Unmarshal(m["text"], &s))
