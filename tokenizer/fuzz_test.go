@@ -1,6 +1,7 @@
 package tokenizer_test
 
 import (
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -53,6 +54,45 @@ func FuzzEncodeDecode(f *testing.F) {
 		}
 		if want := normNFC(text); back != want {
 			t.Fatalf("Decode(Encode(%q)) = %q, want %q", text, back, want)
+		}
+	})
+}
+
+// FuzzFromGGUF: any GGUF vocabulary (repeated and empty tokens, any types,
+// merges and special ids) gives a tokenizer or an error, never a panic; a
+// tokenizer encodes and decodes any text.
+func FuzzFromGGUF(f *testing.F) {
+	f.Add("a\x00b\x00a\x00ab", []byte{1, 3, 1, 4}, "a b\x00b a", int32(2), int32(0), false, "abab a<")
+	f.Add("\x00<s>\x00x", []byte{2, 3, 1}, "", int32(1), int32(9), true, " x x")
+	f.Fuzz(func(t *testing.T, tokens string, types []byte, merges string, bos, eos int32, llama bool, text string) {
+		v := tokenizer.GGUFVocab{Model: "gpt2", Pre: "qwen2", Tokens: strings.Split(tokens, "\x00"), BOS: &bos, EOS: &eos}
+		if merges != "" {
+			v.Merges = strings.Split(merges, "\x00")
+		}
+		if len(types) == len(v.Tokens) {
+			for _, b := range types {
+				v.TokenTypes = append(v.TokenTypes, int32(b%8))
+			}
+		}
+		if llama {
+			v.Model = "llama"
+			for i := range v.Tokens {
+				v.Scores = append(v.Scores, float32(-i))
+			}
+		}
+		tk, err := tokenizer.FromGGUF(v)
+		if err != nil {
+			return
+		}
+		if !utf8.ValidString(text) {
+			return
+		}
+		ids, err := tk.Encode(text, true)
+		if err != nil {
+			t.Fatalf("Encode(%q): %v", text, err)
+		}
+		if _, err := tk.Decode(ids, false); err != nil {
+			t.Fatalf("Decode of Encode's ids: %v", err)
 		}
 	})
 }
