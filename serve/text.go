@@ -118,20 +118,9 @@ func (h *Server) renderChat(ctx context.Context, t Text, o *openAIRequest) ([]in
 	if t.Chat == nil {
 		return nil, errors.New("this model ships no chat template (chat_template.jinja, tokenizer_config.json's chat_template or the GGUF's tokenizer.chat_template): send a prompt to /v1/completions")
 	}
-	in := ChatInput{AddGenerationPrompt: o.AddGenerationPrompt == nil || *o.AddGenerationPrompt, Kwargs: o.ChatTemplateKwargs}
-	if err := CheckMessages(o.Messages); err != nil {
+	in, err := NewChatInput(o.Messages, o.Tools, o.AddGenerationPrompt == nil || *o.AddGenerationPrompt, o.ChatTemplateKwargs)
+	if err != nil {
 		return nil, err
-	}
-	var err error
-	if in.Messages, err = json.Marshal(o.Messages); err != nil {
-		return nil, err
-	}
-	if len(o.Tools) > 0 && string(o.Tools) != "null" {
-		var tools []json.RawMessage
-		if err := json.Unmarshal(o.Tools, &tools); err != nil {
-			return nil, errors.New("tools must be a list")
-		}
-		in.Tools = o.Tools
 	}
 	prompt, err := t.Chat(ctx, in)
 	if err != nil {
@@ -140,20 +129,33 @@ func (h *Server) renderChat(ctx context.Context, t Text, o *openAIRequest) ([]in
 	return h.encode(prompt, false) // the template wrote the special tokens
 }
 
-// CheckMessages refuses a chat's messages that are not objects with a
-// role, naming the first.
-func CheckMessages(messages []json.RawMessage) error {
+// NewChatInput checks a chat's messages (each an object with a role) and
+// tools (a list, or null) as a request sent them, naming the first that is
+// not, and makes the template's input of them.
+func NewChatInput(messages []json.RawMessage, tools json.RawMessage, addGenerationPrompt bool, kwargs map[string]any) (ChatInput, error) {
 	for i, raw := range messages {
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-			return fmt.Errorf("messages[%d] is not an object", i)
+			return ChatInput{}, fmt.Errorf("messages[%d] is not an object", i)
 		}
 		var role string
 		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
-			return fmt.Errorf("messages[%d] has no role", i)
+			return ChatInput{}, fmt.Errorf("messages[%d] has no role", i)
 		}
 	}
-	return nil
+	in := ChatInput{AddGenerationPrompt: addGenerationPrompt, Kwargs: kwargs}
+	var err error
+	if in.Messages, err = json.Marshal(messages); err != nil {
+		return ChatInput{}, err
+	}
+	if len(tools) > 0 && string(tools) != "null" {
+		var list []json.RawMessage
+		if err := json.Unmarshal(tools, &list); err != nil {
+			return ChatInput{}, errors.New("tools must be a list")
+		}
+		in.Tools = tools
+	}
+	return in, nil
 }
 
 // The markers of a reasoning model's thinking.

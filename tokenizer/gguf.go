@@ -2,9 +2,8 @@ package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
-
-	"github.com/dlclark/regexp2/v2"
 )
 
 // GGUFVocab is the tokenizer a GGUF file carries in its tokenizer.ggml.*
@@ -289,7 +288,7 @@ func FromGGUF(v GGUFVocab) (*Tokenizer, error) {
 		}
 		var q preSequence
 		for _, p := range pre.patterns {
-			q = append(q, split{pat: pattern{re: regexp2.MustCompile(p, regexp2.None)}, b: isolated})
+			q = append(q, split{pat: pattern{re: mustRegex(p)}, b: isolated})
 		}
 		t.pre = append(q, byteLevel{})
 		t.dec = byteLevelDecoder{}
@@ -381,6 +380,6 @@ func ggufPreNames() []string {
 	for k := range ggufPre {
 		names = append(names, k)
 	}
-	slicesSort(names)
+	slices.Sort(names)
 	return names
 }

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/dlclark/regexp2/v2"
 	"golang.org/x/text/unicode/norm"
@@ -290,8 +291,29 @@ func (p *patternJSON) compile(what string) (pattern, error) {
 // compileRegex compiles a pattern of tokenizer.json (Oniguruma syntax in
 // the Rust library) with regexp2, whose .NET syntax reads the same
 // constructs (\p{L}, look-ahead, (?i:…)).
+// A compiled pattern serves every tokenizer that names it (a Regexp is safe
+// for concurrent use): loading a model compiles its patterns once.
 func compileRegex(expr string) (*regexp2.Regexp, error) {
-	return regexp2.Compile(expr, regexp2.None)
+	if re, ok := regexCache.Load(expr); ok {
+		return re.(*regexp2.Regexp), nil
+	}
+	re, err := regexp2.Compile(expr, regexp2.None)
+	if err != nil {
+		return nil, err
+	}
+	regexCache.Store(expr, re)
+	return re, nil
+}
+
+var regexCache sync.Map // pattern → *regexp2.Regexp
+
+// mustRegex compiles one of this package's own patterns.
+func mustRegex(expr string) *regexp2.Regexp {
+	re, err := compileRegex(expr)
+	if err != nil {
+		panic(err) // a pattern written in this package: a test catches it
+	}
+	return re
 }
 
 func buildModel(raw json.RawMessage) (*bpe, error) {
@@ -467,7 +489,7 @@ func buildPreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	case "ByteLevel":
 		bl := byteLevel{addPrefixSpace: c.AddPrefixSpace == nil || *c.AddPrefixSpace}
 		if c.UseRegex == nil || *c.UseRegex {
-			bl.re = regexp2.MustCompile(gpt2Pattern, regexp2.None)
+			bl.re = mustRegex(gpt2Pattern)
 		}
 		return bl, nil
 	case "Digits":
@@ -490,7 +512,7 @@ func buildPreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	case "Whitespace":
 		// \w+|[^\w\s]+ with Oniguruma's Unicode \w (letters, marks, decimal
 		// and letter numbers, connectors), wider than .NET's.
-		return whitespace{re: regexp2.MustCompile(`[\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}]+|[^\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\s]+`, regexp2.None)}, nil
+		return whitespace{re: mustRegex(`[\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}]+|[^\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\s]+`)}, nil
 	case "WhitespaceSplit":
 		return whitespaceSplit{}, nil
 	case "Punctuation":

@@ -267,8 +267,7 @@ func (whitespaceSplit) preTokenize(in []span) ([]span, error) {
 type punctuation struct{ b behavior }
 
 func (p punctuation) preTokenize(in []span) ([]span, error) {
-	isPunct := func(r rune) bool {
-		return r < utf8.RuneSelf && unicode.IsPunct(r) || unicode.IsSymbol(r) && r < utf8.RuneSelf || unicode.IsPunct(r)
-	}
+	// Rust's is_ascii_punctuation (ASCII symbols included) or Unicode's P.
+	isPunct := func(r rune) bool { return unicode.IsPunct(r) || r < utf8.RuneSelf && unicode.IsSymbol(r) }
 	return splitSpans(in, pattern{char: isPunct}, false, p.b), nil
 }

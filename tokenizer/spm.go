@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"container/heap"
-	"slices"
 	"unicode/utf8"
 )
 
@@ -105,5 +104,3 @@ func (m *spm) tokenize(word string, out []int32) []int32 {
 	}
 	return out
 }
-
-func slicesSort(s []string) { slices.Sort(s) }

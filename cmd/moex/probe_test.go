@@ -108,16 +108,22 @@ garbage`), 0o644))
 	require.ErrorContains(t, err, `(model_type "mixtral") has no kv_lora_rank`)
 }
 
+// smallWhole is a small whole deepseek_v2 model (BF16, two layers, the
+// first dense) of vocab ids.
+func smallWhole(vocab int) moetest.WholeSpec {
+	return moetest.WholeSpec{
+		MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 6, TopK: 2, Inter: 12, SharedExperts: 1, Method: "greedy",
+			Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16"},
+		Attn:   moetest.AttnSpec{Heads: 2, KVLoraRank: 12, Nope: 8, Rope: 4, VDim: 8, Theta: 10000},
+		Hidden: 24, Layers: 2, FirstKDense: 1, Vocab: vocab, DenseInter: 20, Seed: 9,
+	}
+}
+
 // TestExecLogits: a whole model's prefill from the shell, against the
 // float64 reference (within 1e-4, the same argmax at every position), and
 // its bad input.
 func TestExecLogits(t *testing.T) {
-	spec := moetest.WholeSpec{
-		MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 6, TopK: 2, Inter: 12, SharedExperts: 1, Method: "greedy",
-			Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16"},
-		Attn:   moetest.AttnSpec{Heads: 2, KVLoraRank: 12, Nope: 8, Rope: 4, VDim: 8, Theta: 10000},
-		Hidden: 24, Layers: 2, FirstKDense: 1, Vocab: 30, DenseInter: 20, Seed: 9,
-	}
+	spec := smallWhole(30)
 	w, err := moetest.GenerateWhole(spec)
 	require.NoError(t, err)
 	dir := t.TempDir()

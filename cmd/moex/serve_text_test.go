@@ -26,13 +26,7 @@ const charVocab = "abcdefghijklmnopqrstuvwxyz :\n0123456"
 // tokenizer, chat template and generation config.
 func writeTextModel(t *testing.T) string {
 	t.Helper()
-	spec := moetest.WholeSpec{
-		MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 6, TopK: 2, Inter: 12, SharedExperts: 1, Method: "greedy",
-			Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "BF16"},
-		Attn:   moetest.AttnSpec{Heads: 2, KVLoraRank: 12, Nope: 8, Rope: 4, VDim: 8, Theta: 10000},
-		Hidden: 24, Layers: 2, FirstKDense: 1, Vocab: 40, DenseInter: 20, Seed: 9,
-	}
-	w, err := moetest.GenerateWhole(spec)
+	w, err := moetest.GenerateWhole(smallWhole(40))
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, w.WriteTo(dir))

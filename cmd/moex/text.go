@@ -129,15 +129,11 @@ func (m *modelText) chatLine(line []byte) (any, error) {
 	if in.Messages == nil {
 		return nil, errors.New(`the line has no "messages"`)
 	}
-	if err := serve.CheckMessages(in.Messages); err != nil {
-		return nil, err
-	}
-	raw, err := json.Marshal(in.Messages)
+	chatIn, err := serve.NewChatInput(in.Messages, in.Tools, in.AddGenerationPrompt, in.Kwargs)
 	if err != nil {
 		return nil, err
 	}
-	text, err := m.render(context.Background(), serve.ChatInput{Messages: raw, Tools: in.Tools,
-		AddGenerationPrompt: in.AddGenerationPrompt, Kwargs: in.Kwargs})
+	text, err := m.render(context.Background(), chatIn)
 	if err != nil {
 		return nil, err
 	}
@@ -160,17 +156,16 @@ func (m *modelText) chatText(body []byte) ([]byte, bool) {
 		AddGenerationPrompt *bool             `json:"add_generation_prompt"`
 		Kwargs              map[string]any    `json:"chat_template_kwargs"`
 	}
-	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 || serve.CheckMessages(req.Messages) != nil {
+	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 {
 		return nil, false
 	}
-	raw, err := json.Marshal(req.Messages)
+	in, err := serve.NewChatInput(req.Messages, req.Tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, req.Kwargs)
 	if err != nil {
 		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	text, err := m.render(ctx, serve.ChatInput{Messages: raw, Tools: req.Tools,
-		AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: req.Kwargs})
+	text, err := m.render(ctx, in)
 	if err != nil {
 		return nil, false
 	}
@@ -186,7 +181,7 @@ func (m *modelText) render(ctx context.Context, in serve.ChatInput) (string, err
 	if len(in.Tools) > 0 && string(in.Tools) != "null" {
 		var tools []json.RawMessage
 		if err := json.Unmarshal(in.Tools, &tools); err != nil {
-			return "", errors.New("tools must be a list")
+			return "", errors.New("tools must be a list") // NewChatInput checked it
 		}
 		for _, t := range tools {
 			opt.Tools = append(opt.Tools, t)
