@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # The packages with code for the device (tags cuda, cudaemu).
 EMU_PKGS = ./kernels/cudaemu/... ./cuda/... ./moe/moegpu/... ./ep/epgpu/... ./dpattn/dpattngpu/...
 # Packages with goroutines of their own, run again under the race detector.
-RACE_PKGS = ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/... ./internal/decoderun/... ./internal/hugepage/... ./serve/... ./loadgen/... ./router/... ./tokenizer/... ./chat/...
+RACE_PKGS = ./format/... ./moe/... ./kernels/... ./ep/... ./dpattn/... ./bindings/nccl/... ./internal/decoderun/... ./internal/hugepage/... ./serve/... ./loadgen/... ./router/... ./tokenizer/... ./chat/...
 
 .PHONY: tokref all build run test calibrate check vet fmt-check asm asm-check purego mpi mpi-test cuda cuda-check emu-test gpu-bundle race bench fuzz golden clean
 
@@ -103,7 +103,7 @@ asm-check: asm
 purego:
 	CGO_ENABLED=0 $(GO) build ./...
 	$(GO) vet -tags purego ./...
-	$(GO) test -count=1 -tags purego ./kernels/... ./moe/...
+	$(GO) test -count=1 -tags purego ./kernels/... ./format/... ./moe/...
 
 vet:
 	$(GO) vet ./...
@@ -120,8 +120,8 @@ bench:
 # A short fuzzing session of the safetensors, GGUF and .npy header
 # parsers and of the 4- and 8-bit kernels.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 60s ./moe
-	$(GO) test -run '^$$' -fuzz FuzzParseGGUF -fuzztime 60s ./moe
+	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 60s ./format/safetensors
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./format/gguf
 	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/npy
 	$(GO) test -run '^$$' -fuzz 'FuzzQ4$$' -fuzztime 30s ./kernels
 	$(GO) test -run '^$$' -fuzz FuzzCodes -fuzztime 30s ./kernels

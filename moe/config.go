@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/moex-project/moex/format/safetensors"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
@@ -161,258 +161,58 @@ type Config struct {
 	Quant *Quantization
 }
 
-// Quantization is how a checkpoint's quantized weights are stored (its
-// config.json's quantization_config). Which tensors are quantized is what
-// the checkpoint holds: a tensor stored as FP8 is read with its scales,
-// the others as they are.
-type Quantization struct {
-	// Method is quant_method: "fp8" (fine-grained FP8, e4m3 with block
-	// scales: DeepSeek-V3, Qwen3-FP8, Kimi-K2-Instruct, MiniMax-M2),
-	// "compressed-tensors" in its pack-quantized format with symmetric
-	// int4 groups (Kimi-K2-Thinking, K2.5), or "mxfp4" (gpt-oss: the
-	// experts' _blocks and _scales).
-	Method string
-	// BlockRows, BlockCols are fp8's weight_block_size: one scale for each
-	// block of [BlockRows, BlockCols] elements of a weight [out, in].
-	BlockRows, BlockCols int
-	// GroupSize is the int4 scheme's group_size: one scale for each group
-	// of GroupSize elements along a weight's row.
-	GroupSize int
-	// NotConverted and IgnoredLayers are fp8's modules_to_not_convert and
-	// ignored_layers: an entry names a module, a module inside it, or the
-	// modules whose names end in it ("gate" is every layer's router
-	// "model.layers.N.mlp.gate", never a "gate_proj"); a "*" in an entry
-	// stands for any run of characters ("model.layers.*.mlp.router",
-	// as gpt-oss writes them). Ignore is
-	// compressed-tensors' ignore: module names, or "re:" patterns matched
-	// from a name's start. A module they name must not be stored quantized.
-	NotConverted, IgnoredLayers, Ignore []string
-	ignoreRE                            []*regexp.Regexp
-}
-
-// Unquantized reports which entry of the quantization_config's lists of
-// unquantized modules names module (a tensor name less its ".weight"), if
-// any, as "list entry".
-func (q *Quantization) Unquantized(module string) (string, bool) {
-	if q == nil {
-		return "", false
-	}
-	names := func(e string) bool {
-		if strings.Contains(e, "*") {
-			return globNames(e, module)
-		}
-		return e != "" && (module == e || strings.HasPrefix(module, e+".") || strings.HasSuffix(module, "."+e))
-	}
-	for _, e := range q.NotConverted {
-		if names(e) {
-			return fmt.Sprintf("modules_to_not_convert %q", e), true
-		}
-	}
-	for _, e := range q.IgnoredLayers {
-		if names(e) {
-			return fmt.Sprintf("ignored_layers %q", e), true
-		}
-	}
-	j := 0
-	for _, e := range q.Ignore {
-		if p, ok := strings.CutPrefix(e, "re:"); ok {
-			re := q.ignoreRE[j]
-			j++
-			if re.MatchString(module) {
-				return fmt.Sprintf("ignore %q", "re:"+p), true
-			}
-		} else if module == e {
-			return fmt.Sprintf("ignore %q", e), true
-		}
-	}
-	return "", false
-}
-
-// globNames reports whether pattern, where "*" is any run of characters,
-// names module or a module module is inside.
-func globNames(pattern, module string) bool {
-	parts := strings.Split(pattern, "*")
-	var match func(i int, s string) bool
-	match = func(i int, s string) bool {
-		if i == len(parts)-1 {
-			rest, ok := strings.CutPrefix(s, parts[i])
-			return ok && (rest == "" || strings.HasPrefix(rest, "."))
-		}
-		rest, ok := strings.CutPrefix(s, parts[i])
-		if !ok {
-			return false
-		}
-		for j := 0; j <= len(rest); j++ {
-			if match(i+1, rest[j:]) {
-				return true
-			}
-		}
-		return false
-	}
-	return match(0, module)
-}
-
-// compileIgnore compiles compressed-tensors' "re:" ignore entries, each
-// anchored at the name's start as Python's re.match is.
-func (q *Quantization) compileIgnore() error {
-	for _, e := range q.Ignore {
-		if p, ok := strings.CutPrefix(e, "re:"); ok {
-			re, err := regexp.Compile(`^(?:` + p + `)`)
-			if err != nil {
-				return errkind.Errorf(ErrUnsupportedFormat, "quantization_config.ignore entry %q is not a pattern moex reads: %v", e, err)
-			}
-			q.ignoreRE = append(q.ignoreRE, re)
-		}
-	}
-	return nil
-}
-
-// rawQuant is quantization_config as the checkpoints write it.
-type rawQuant struct {
-	QuantMethod         string   `json:"quant_method"`
-	Fmt                 string   `json:"fmt"`
-	WeightBlockSize     []int    `json:"weight_block_size"`
-	ActivationScheme    string   `json:"activation_scheme"`
-	ModulesToNotConvert []string `json:"modules_to_not_convert"`
-	IgnoredLayers       []string `json:"ignored_layers"`
-	// compressed-tensors
-	Format       string                `json:"format"`
-	ConfigGroups map[string]rawCTGroup `json:"config_groups"`
-	Ignore       []string              `json:"ignore"`
-}
-
-// rawCTGroup is one of compressed-tensors' config_groups.
-type rawCTGroup struct {
-	Targets []string `json:"targets"`
-	Weights *struct {
-		NumBits   int    `json:"num_bits"`
-		Type      string `json:"type"`
-		Symmetric bool   `json:"symmetric"`
-		Strategy  string `json:"strategy"`
-		GroupSize int    `json:"group_size"`
-		Dynamic   bool   `json:"dynamic"`
-	} `json:"weights"`
-	InputActivations json.RawMessage `json:"input_activations"`
-}
-
-// parseCompressedTensors reads a compressed-tensors quantization_config:
-// the pack-quantized format with every config group's weights symmetric
-// int4 in groups along the row, weight-only. Anything else is an
-// ErrUnsupportedFormat error naming the scheme.
-func parseCompressedTensors(raw *rawQuant) (*Quantization, error) {
-	if raw.Format != "pack-quantized" {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: compressed-tensors format %q is not supported (supported: pack-quantized)", raw.Format)
-	}
-	if len(raw.ConfigGroups) == 0 {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: compressed-tensors without config_groups")
-	}
-	q := &Quantization{Method: "compressed-tensors", Ignore: raw.Ignore}
-	if err := q.compileIgnore(); err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(raw.ConfigGroups))
-	for name := range raw.ConfigGroups {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		g := raw.ConfigGroups[name]
-		w := g.Weights
-		if w == nil {
-			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s has no weights scheme", name)
-		}
-		scheme := fmt.Sprintf("num_bits %d, type %q, symmetric %v, strategy %q, group_size %d", w.NumBits, w.Type, w.Symmetric, w.Strategy, w.GroupSize)
-		if w.NumBits != 4 || w.Type != "int" || !w.Symmetric || w.Strategy != "group" || w.GroupSize < 2 || w.GroupSize%2 != 0 || w.Dynamic {
-			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s: weights scheme (%s) is not supported (supported: num_bits 4, type \"int\", symmetric, strategy \"group\", an even group_size)", name, scheme)
-		}
-		if a := strings.TrimSpace(string(g.InputActivations)); a != "" && a != "null" {
-			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.config_groups.%s quantizes input activations (%s): only weight-only schemes are supported", name, a)
-		}
-		if q.GroupSize != 0 && q.GroupSize != w.GroupSize {
-			return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config: config groups with group sizes %d and %d", q.GroupSize, w.GroupSize)
-		}
-		q.GroupSize = w.GroupSize
-	}
-	return q, nil
-}
-
-// parseQuant reads quantization_config: FP8 e4m3 with block scales, or an
-// ErrUnsupportedFormat error naming what it holds.
-func parseQuant(raw *rawQuant) (*Quantization, error) {
-	switch raw.QuantMethod {
-	case "fp8":
-	case "compressed-tensors":
-		return parseCompressedTensors(raw)
-	case "mxfp4":
-		return &Quantization{Method: "mxfp4", NotConverted: raw.ModulesToNotConvert}, nil
-	case "":
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config has no quant_method (supported: fp8, compressed-tensors, mxfp4)")
-	default:
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.quant_method %q is not supported (supported: fp8, compressed-tensors, mxfp4)", raw.QuantMethod)
-	}
-	if raw.Fmt != "" && raw.Fmt != "e4m3" {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.fmt %q is not supported (fp8 weights must be e4m3)", raw.Fmt)
-	}
-	if len(raw.WeightBlockSize) != 2 || raw.WeightBlockSize[0] < 1 || raw.WeightBlockSize[1] < 1 {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "quantization_config.weight_block_size is %v: fp8 weights need a block size [rows, cols] of positive values", raw.WeightBlockSize)
-	}
-	q := &Quantization{Method: raw.QuantMethod, BlockRows: raw.WeightBlockSize[0], BlockCols: raw.WeightBlockSize[1]}
-	q.NotConverted, q.IgnoredLayers = raw.ModulesToNotConvert, raw.IgnoredLayers
-	return q, nil
-}
-
 // rawConfig is config.json as written by the families' Hugging Face
 // configuration classes. Pointers tell a missing field from a zero.
 type rawConfig struct {
-	ModelType              string    `json:"model_type"`
-	HiddenSize             *int      `json:"hidden_size"`
-	NumHiddenLayers        *int      `json:"num_hidden_layers"`
-	NumLocalExperts        *int      `json:"num_local_experts"`
-	NumExperts             *int      `json:"num_experts"`
-	NRoutedExperts         *int      `json:"n_routed_experts"`
-	NumExpertsPerTok       *int      `json:"num_experts_per_tok"`
-	ExpertsPerToken        *int      `json:"experts_per_token"`
-	SwigluLimit            *float64  `json:"swiglu_limit"`
-	IntermediateSize       *int      `json:"intermediate_size"`
-	MoEIntermediateSize    *int      `json:"moe_intermediate_size"`
-	SharedExpertInterSize  *int      `json:"shared_expert_intermediate_size"`
-	NSharedExperts         *int      `json:"n_shared_experts"`
-	NormTopKProb           *bool     `json:"norm_topk_prob"`
-	DecoderSparseStep      *int      `json:"decoder_sparse_step"`
-	MLPOnlyLayers          []int     `json:"mlp_only_layers"`
-	TopKMethod             *string   `json:"topk_method"`
-	ScoringFunc            *string   `json:"scoring_func"`
-	NGroup                 *int      `json:"n_group"`
-	TopKGroup              *int      `json:"topk_group"`
-	RoutedScalingFactor    *float64  `json:"routed_scaling_factor"`
-	FirstKDenseReplace     *int      `json:"first_k_dense_replace"`
-	MoELayerFreq           *int      `json:"moe_layer_freq"`
-	KVLoraRank             *int      `json:"kv_lora_rank"`
-	QKRopeHeadDim          *int      `json:"qk_rope_head_dim"`
-	QuantizationConfig     *rawQuant `json:"quantization_config"`
-	UseRoutingBias         *bool     `json:"use_routing_bias"`
-	NumNextnPredictLayers  *int      `json:"num_nextn_predict_layers"`
-	MoENumExperts          *int      `json:"moe_num_experts"`
-	MoEK                   *int      `json:"moe_k"`
-	MoENumSharedExperts    *int      `json:"moe_num_shared_experts"`
-	MoELayerStartIndex     *int      `json:"moe_layer_start_index"`
-	MoELayerEndIndex       *int      `json:"moe_layer_end_index"`
-	MoELayerInterval       *int      `json:"moe_layer_interval"`
-	MoENormMin             *float64  `json:"moe_norm_min"`
-	InterleaveMoELayerStep *int      `json:"interleave_moe_layer_step"`
-	MoELayers              []int     `json:"moe_layers"`
-	MLPLayerTypes          []string  `json:"mlp_layer_types"`
-	NumHashLayers          *int      `json:"num_hash_layers"`
-	VocabSize              *int      `json:"vocab_size"`
-	TopKExperts            *int      `json:"top_k_experts"`
-	EnableMoEBlock         *bool     `json:"enable_moe_block"`
-	HiddenActivation       *string   `json:"hidden_activation"`
-	RMSNormEps             *float64  `json:"rms_norm_eps"`
-	NumKVSharedLayers      *int      `json:"num_kv_shared_layers"`
-	UseDoubleWideMLP       *bool     `json:"use_double_wide_mlp"`
-	MoETopK                *int      `json:"moe_top_k"`
-	ShareExpertDim         *int      `json:"share_expert_dim"`
-	NormExpertWeight       *bool     `json:"norm_expert_weight"`
+	ModelType              string          `json:"model_type"`
+	HiddenSize             *int            `json:"hidden_size"`
+	NumHiddenLayers        *int            `json:"num_hidden_layers"`
+	NumLocalExperts        *int            `json:"num_local_experts"`
+	NumExperts             *int            `json:"num_experts"`
+	NRoutedExperts         *int            `json:"n_routed_experts"`
+	NumExpertsPerTok       *int            `json:"num_experts_per_tok"`
+	ExpertsPerToken        *int            `json:"experts_per_token"`
+	SwigluLimit            *float64        `json:"swiglu_limit"`
+	IntermediateSize       *int            `json:"intermediate_size"`
+	MoEIntermediateSize    *int            `json:"moe_intermediate_size"`
+	SharedExpertInterSize  *int            `json:"shared_expert_intermediate_size"`
+	NSharedExperts         *int            `json:"n_shared_experts"`
+	NormTopKProb           *bool           `json:"norm_topk_prob"`
+	DecoderSparseStep      *int            `json:"decoder_sparse_step"`
+	MLPOnlyLayers          []int           `json:"mlp_only_layers"`
+	TopKMethod             *string         `json:"topk_method"`
+	ScoringFunc            *string         `json:"scoring_func"`
+	NGroup                 *int            `json:"n_group"`
+	TopKGroup              *int            `json:"topk_group"`
+	RoutedScalingFactor    *float64        `json:"routed_scaling_factor"`
+	FirstKDenseReplace     *int            `json:"first_k_dense_replace"`
+	MoELayerFreq           *int            `json:"moe_layer_freq"`
+	KVLoraRank             *int            `json:"kv_lora_rank"`
+	QKRopeHeadDim          *int            `json:"qk_rope_head_dim"`
+	QuantizationConfig     json.RawMessage `json:"quantization_config"`
+	UseRoutingBias         *bool           `json:"use_routing_bias"`
+	NumNextnPredictLayers  *int            `json:"num_nextn_predict_layers"`
+	MoENumExperts          *int            `json:"moe_num_experts"`
+	MoEK                   *int            `json:"moe_k"`
+	MoENumSharedExperts    *int            `json:"moe_num_shared_experts"`
+	MoELayerStartIndex     *int            `json:"moe_layer_start_index"`
+	MoELayerEndIndex       *int            `json:"moe_layer_end_index"`
+	MoELayerInterval       *int            `json:"moe_layer_interval"`
+	MoENormMin             *float64        `json:"moe_norm_min"`
+	InterleaveMoELayerStep *int            `json:"interleave_moe_layer_step"`
+	MoELayers              []int           `json:"moe_layers"`
+	MLPLayerTypes          []string        `json:"mlp_layer_types"`
+	NumHashLayers          *int            `json:"num_hash_layers"`
+	VocabSize              *int            `json:"vocab_size"`
+	TopKExperts            *int            `json:"top_k_experts"`
+	EnableMoEBlock         *bool           `json:"enable_moe_block"`
+	HiddenActivation       *string         `json:"hidden_activation"`
+	RMSNormEps             *float64        `json:"rms_norm_eps"`
+	NumKVSharedLayers      *int            `json:"num_kv_shared_layers"`
+	UseDoubleWideMLP       *bool           `json:"use_double_wide_mlp"`
+	MoETopK                *int            `json:"moe_top_k"`
+	ShareExpertDim         *int            `json:"share_expert_dim"`
+	NormExpertWeight       *bool           `json:"norm_expert_weight"`
 	// MoELayersEnum is step3's: a comma-separated string of the MoE
 	// layers (or, as some configs write it, a list).
 	MoELayersEnum json.RawMessage `json:"moe_layers_enum"`
@@ -573,6 +373,20 @@ func boolOrMissing(b *bool) string {
 // HashLayer reports whether layer n chooses its experts by token id.
 func (c *Config) HashLayer(n int) bool { return slices.Contains(c.HashLayers, n) }
 
+// maxConfigBytes bounds what is read of a config.json (DeepSeek-V3's is
+// 2 KB).
+const maxConfigBytes = 64 << 20
+
+// isNull reports whether a JSON value is absent or null.
+func isNull(v json.RawMessage) bool {
+	s := strings.TrimSpace(string(v))
+	return s == "" || s == "null"
+}
+
+// Quantization is config.json's quantization_config: how a checkpoint's
+// quantized weights are stored.
+type Quantization = safetensors.Quantization
+
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
@@ -604,7 +418,7 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("%s config.json: text_config: %w", raw.ModelType, err)
 		}
 		text.ModelType = raw.ModelType // the text model's own (qwen3_5_moe_text) names the same block
-		if text.QuantizationConfig == nil {
+		if isNull(text.QuantizationConfig) {
 			text.QuantizationConfig = raw.QuantizationConfig
 		}
 		raw = text
@@ -648,9 +462,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	if len(r.missing) > 0 {
 		return nil, fmt.Errorf("%s config.json is missing %v", raw.ModelType, r.missing)
 	}
-	if raw.QuantizationConfig != nil {
+	if !isNull(raw.QuantizationConfig) {
 		var err error
-		if c.Quant, err = parseQuant(raw.QuantizationConfig); err != nil {
+		if c.Quant, err = safetensors.ParseQuantization(raw.QuantizationConfig); err != nil {
 			return nil, err
 		}
 	}

@@ -3,8 +3,9 @@ package moe
 import (
 	"fmt"
 	"math"
-	"slices"
 
+	"github.com/moex-project/moex/format"
+	"github.com/moex-project/moex/format/safetensors"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
@@ -27,44 +28,10 @@ import (
 // from its rows where the kernels pack (kernels.PackStrided), transposed
 // into [out, in] matrices elsewhere, in its stored dtype: never widened.
 
-// fusedTensor is one fused 3-D tensor's entry and bytes.
-type fusedTensor struct {
-	name, path string
-	info       tensorInfo
-	data       []byte
-}
-
-// fused returns tensor name, which must be one of dtypes and have shape.
-func (c *Checkpoint) fused(name string, shape []int, dtypes ...string) (fusedTensor, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return fusedTensor{}, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
-	}
-	if c.accessed == nil {
-		c.accessed = map[string]bool{}
-	}
-	f, err := c.tensorFile(name)
-	if err != nil {
-		return fusedTensor{}, err
-	}
-	t, ok := f.hdr.Tensors[name]
-	if !ok {
-		return fusedTensor{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
-	}
-	if !slices.Equal(t.Shape, shape) {
-		return fusedTensor{}, errkind.Errorf(ErrShape, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, shape)
-	}
-	if !slices.Contains(dtypes, t.DType) {
-		return fusedTensor{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want %v", f.path, name, t.DType, dtypes)
-	}
-	return fusedTensor{name: name, path: f.path, info: t, data: f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]}, nil
-}
-
-// slab is matrix e of the tensor's E: its bytes.
-func (t fusedTensor) slab(e int) []byte {
-	n := len(t.data) / t.info.Shape[0]
-	return t.data[e*n : (e+1)*n]
+// slabOf is matrix e of the tensor's E: its bytes.
+func slabOf(t safetensors.Tensor, e int) []byte {
+	n := len(t.Data) / t.Shape[0]
+	return t.Data[e*n : (e+1)*n]
 }
 
 // gptOssExperts loads the routed experts keep reports true for (all when
@@ -152,28 +119,28 @@ func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 		return nil, errkind.Errorf(ErrShape, "moe: checkpoint %s: MXFP4 experts need hidden_size %d and intermediate_size %d to be multiples of 32", ck.Dir, H, I)
 	}
 	for _, m := range []string{"gate_up_proj", "down_proj"} {
-		if err := ck.checkQuantizable(p+m, "MXFP4 ("+p+m+"_blocks)"); err != nil {
+		if err := ck.CheckQuantizable(p+m, "MXFP4 ("+p+m+"_blocks)"); err != nil {
 			return nil, err
 		}
 	}
-	gu, err := ck.fused(p+"gate_up_proj_blocks", []int{E, 2 * I, H / 32, 16}, "U8")
+	gu, err := ck.Raw(p+"gate_up_proj_blocks", []int{E, 2 * I, H / 32, 16}, "U8")
 	if err != nil {
 		return nil, err
 	}
-	gus, err := ck.fused(p+"gate_up_proj_scales", []int{E, 2 * I, H / 32}, "U8")
+	gus, err := ck.Raw(p+"gate_up_proj_scales", []int{E, 2 * I, H / 32}, "U8")
 	if err != nil {
-		return nil, fmt.Errorf("%w (the scales of %s)", err, gu.name)
+		return nil, fmt.Errorf("%w (the scales of %s)", err, gu.Name)
 	}
-	d, err := ck.fused(p+"down_proj_blocks", []int{E, H, I / 32, 16}, "U8")
+	d, err := ck.Raw(p+"down_proj_blocks", []int{E, H, I / 32, 16}, "U8")
 	if err != nil {
 		return nil, err
 	}
-	ds, err := ck.fused(p+"down_proj_scales", []int{E, H, I / 32}, "U8")
+	ds, err := ck.Raw(p+"down_proj_scales", []int{E, H, I / 32}, "U8")
 	if err != nil {
-		return nil, fmt.Errorf("%w (the scales of %s)", err, d.name)
+		return nil, fmt.Errorf("%w (the scales of %s)", err, d.Name)
 	}
 	return func(e int, x *Expert) error {
-		blocks, scales := gu.slab(e), gus.slab(e)
+		blocks, scales := slabOf(gu, e), slabOf(gus, e)
 		rb, rs := H/2, H/32 // bytes of a row's blocks and scales
 		split := func(odd int) (kernels.Matrix, error) {
 			b, s := make([]uint8, I*rb), make([]uint8, I*rs)
@@ -184,7 +151,7 @@ func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 			}
 			m, err := kernels.NewMXFP4(I, H, b, s)
 			if err != nil {
-				return m, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", gus.path, gus.name, e, err)
+				return m, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", gus.Path, gus.Name, e, err)
 			}
 			return m, nil
 		}
@@ -195,8 +162,8 @@ func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 		if x.Up, err = split(1); err != nil {
 			return err
 		}
-		if x.Down, err = kernels.NewMXFP4(H, I, d.slab(e), ds.slab(e)); err != nil {
-			return errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", ds.path, ds.name, e, err)
+		if x.Down, err = kernels.NewMXFP4(H, I, slabOf(d, e), slabOf(ds, e)); err != nil {
+			return errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q of expert %d: %w", ds.Path, ds.Name, e, err)
 		}
 		return nil
 	}, nil
@@ -218,11 +185,11 @@ func gptOssDense(ck *Checkpoint, p string) (func(e int, x *Expert) error, error)
 func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e int, x *Expert) error, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
-	gu, err := ck.fused(p+"gate_up_proj", []int{E, H, 2 * I}, "F32", "BF16", "F16")
+	gu, err := ck.Raw(p+"gate_up_proj", []int{E, H, 2 * I}, "F32", "BF16", "F16")
 	if err != nil {
 		return nil, err
 	}
-	d, err := ck.fused(p+"down_proj", []int{E, I, H}, gu.info.DType)
+	d, err := ck.Raw(p+"down_proj", []int{E, I, H}, gu.DType)
 	if err != nil {
 		return nil, err
 	}
@@ -262,17 +229,17 @@ func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e i
 
 // slabMatrix is expert e's slab of t as the row-major matrix [rows, cols]
 // it is, a view in t's dtype.
-func slabMatrix(t fusedTensor, e, rows, cols int) (kernels.Matrix, error) {
-	slab := t.slab(e)
-	switch t.info.DType {
+func slabMatrix(t safetensors.Tensor, e, rows, cols int) (kernels.Matrix, error) {
+	slab := slabOf(t, e)
+	switch t.DType {
 	case "F32":
-		return kernels.NewF32(rows, cols, castSlice[float32](slab))
+		return kernels.NewF32(rows, cols, format.Cast[float32](slab))
 	case "BF16":
-		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](slab))
+		return kernels.NewHalf(kernels.BF16, rows, cols, format.Cast[uint16](slab))
 	case "F16":
-		return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](slab))
+		return kernels.NewHalf(kernels.F16, rows, cols, format.Cast[uint16](slab))
 	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.path, t.name, t.info.DType)
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.Path, t.Name, t.DType)
 }
 
 // fusedExpertsIO loads the routed experts keep reports true for (all when
@@ -294,21 +261,21 @@ func fusedExpertsIO(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, 
 
 // transposed is the matrix [rows, cols] m[n][k] = W[k][first + step·n] of
 // expert e's slab W [cols, width] of t, in t's dtype.
-func transposed(t fusedTensor, e, rows, cols, width, first, step int) (kernels.Matrix, error) {
-	slab := t.slab(e)
-	switch t.info.DType {
+func transposed(t safetensors.Tensor, e, rows, cols, width, first, step int) (kernels.Matrix, error) {
+	slab := slabOf(t, e)
+	switch t.DType {
 	case "F32":
-		src := castSlice[float32](slab)
+		src := format.Cast[float32](slab)
 		return kernels.NewF32(rows, cols, gatherT(src, rows, cols, width, first, step))
 	case "BF16", "F16":
-		src := castSlice[uint16](slab)
+		src := format.Cast[uint16](slab)
 		dt := kernels.BF16
-		if t.info.DType == "F16" {
+		if t.DType == "F16" {
 			dt = kernels.F16
 		}
 		return kernels.NewHalf(dt, rows, cols, gatherT(src, rows, cols, width, first, step))
 	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.path, t.name, t.info.DType)
+	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.Path, t.Name, t.DType)
 }
 
 func gatherT[T float32 | uint16](src []T, rows, cols, width, first, step int) []T {
@@ -330,17 +297,17 @@ func gatherT[T float32 | uint16](src []T, rows, cols, width, first, step int) []
 func fusedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
-	gu, err := ck.fused(p+"gate_up_proj", []int{E, 2 * I, H}, "F32", "BF16", "F16")
+	gu, err := ck.Raw(p+"gate_up_proj", []int{E, 2 * I, H}, "F32", "BF16", "F16")
 	if err != nil {
 		return nil, err
 	}
-	d, err := ck.fused(p+"down_proj", []int{E, H, I}, gu.info.DType)
+	d, err := ck.Raw(p+"down_proj", []int{E, H, I}, gu.DType)
 	if err != nil {
 		return nil, err
 	}
-	return viewExperts(E, keep, gu.info.DType, func(e int) (gate, up, down []byte) {
-		slab := gu.slab(e)
-		return slab[:len(slab)/2], slab[len(slab)/2:], d.slab(e)
+	return viewExperts(E, keep, gu.DType, func(e int) (gate, up, down []byte) {
+		slab := slabOf(gu, e)
+		return slab[:len(slab)/2], slab[len(slab)/2:], slabOf(d, e)
 	}, H, I)
 }
 
@@ -351,19 +318,19 @@ func fusedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, er
 func stackedExperts(ck *Checkpoint, p string, keep func(e int) bool) ([]Expert, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
-	g, err := ck.fused(p+"gate_proj.weight", []int{E, I, H}, "F32", "BF16", "F16")
+	g, err := ck.Raw(p+"gate_proj.weight", []int{E, I, H}, "F32", "BF16", "F16")
 	if err != nil {
 		return nil, err
 	}
-	u, err := ck.fused(p+"up_proj.weight", []int{E, I, H}, g.info.DType)
+	u, err := ck.Raw(p+"up_proj.weight", []int{E, I, H}, g.DType)
 	if err != nil {
 		return nil, err
 	}
-	d, err := ck.fused(p+"down_proj.weight", []int{E, H, I}, g.info.DType)
+	d, err := ck.Raw(p+"down_proj.weight", []int{E, H, I}, g.DType)
 	if err != nil {
 		return nil, err
 	}
-	return viewExperts(E, keep, g.info.DType, func(e int) (gate, up, down []byte) { return g.slab(e), u.slab(e), d.slab(e) }, H, I)
+	return viewExperts(E, keep, g.DType, func(e int) (gate, up, down []byte) { return slabOf(g, e), slabOf(u, e), slabOf(d, e) }, H, I)
 }
 
 // viewExperts makes the experts keep reports true for (all when keep is
@@ -373,11 +340,11 @@ func viewExperts(E int, keep func(e int) bool, dtype string, slabs func(e int) (
 	view := func(b []byte, rows, cols int) (kernels.Matrix, error) {
 		switch dtype {
 		case "F32":
-			return kernels.NewF32(rows, cols, castSlice[float32](b))
+			return kernels.NewF32(rows, cols, format.Cast[float32](b))
 		case "F16":
-			return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](b))
+			return kernels.NewHalf(kernels.F16, rows, cols, format.Cast[uint16](b))
 		}
-		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](b))
+		return kernels.NewHalf(kernels.BF16, rows, cols, format.Cast[uint16](b))
 	}
 	return eachExpert(E, keep, func(e int, x *Expert) error {
 		g, u, d := slabs(e)

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/moex-project/moex/format/safetensors"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -17,8 +18,8 @@ func BenchmarkXWExpert(b *testing.B) {
 	for i := range src {
 		src[i] = uint16(i*2654435761>>7) & 0x3fff
 	}
-	t := fusedTensor{name: "gate_up_proj", info: tensorInfo{DType: "BF16", Shape: []int{1, H, 2 * I}},
-		data: unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 2*len(src))}
+	t := safetensors.Tensor{Name: "gate_up_proj", DType: "BF16", Shape: []int{1, H, 2 * I},
+		Data: unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 2*len(src))}
 	for _, c := range []struct {
 		name                   string
 		gateFirst, upFirst, st int

@@ -1,18 +1,13 @@
 package moe
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
-	"unsafe"
 
+	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/internal/errkind"
-	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -44,7 +39,7 @@ import (
 // and the keys its metadata gives.
 // hasTensor reports whether the model (every shard of a split one) holds
 // a tensor; hfConfig looks for exp_probs_b with it.
-func (g *GGUF) hfConfig(path string, hasTensor func(suffix string) bool) (map[string]any, error) {
+func hfConfig(g *gguf.Header, path string, hasTensor func(suffix string) bool) (map[string]any, error) {
 	arch := g.Metadata["general.architecture"].Str
 	if arch == "" {
 		return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: no general.architecture", path)
@@ -58,7 +53,7 @@ func (g *GGUF) hfConfig(path string, hasTensor func(suffix string) bool) (map[st
 			}
 			return f
 		}
-		if ok && v.Type == GGUFBool {
+		if ok && v.Type == gguf.Bool {
 			if v.Bool {
 				return 1
 			}
@@ -147,16 +142,16 @@ func (g *GGUF) hfConfig(path string, hasTensor func(suffix string) bool) (map[st
 	return cfg, nil
 }
 
-// Config is the MoE configuration the file's metadata describes, as
-// ParseConfig reads it from the equivalent config.json.
-func (f *GGUFFile) Config() (*Config, error) {
-	return configOf(f.GGUF, f.Path, func(suffix string) bool {
-		return slices.ContainsFunc(f.Names, func(n string) bool { return strings.HasSuffix(n, suffix) })
-	})
+// GGUFConfig is the MoE configuration a GGUF model's metadata describes,
+// as ParseConfig reads it from the equivalent config.json.
+func GGUFConfig(m *gguf.Model) (*Config, error) {
+	// The metadata is the first shard's; tensors may be in any (a split
+	// DeepSeek-V3's exp_probs_b usually lie past its first shard).
+	return configOf(m.Header(), m.Path(), m.HasSuffix)
 }
 
-func configOf(g *GGUF, path string, hasTensor func(string) bool) (*Config, error) {
-	raw, err := g.hfConfig(path, hasTensor)
+func configOf(g *gguf.Header, path string, hasTensor func(string) bool) (*Config, error) {
+	raw, err := hfConfig(g, path, hasTensor)
 	if err != nil {
 		return nil, err
 	}
@@ -182,11 +177,11 @@ func configOf(g *GGUF, path string, hasTensor func(string) bool) (*Config, error
 // values (reordered nibbles); other quantized ggml types are an
 // ErrUnsupportedFormat error naming the tensor and its type.
 func LoadGGUF(path string, n int) (*Layer, error) {
-	g, err := openGGUFModel(path)
+	g, err := gguf.OpenModel(path)
 	if err != nil {
 		return nil, err
 	}
-	l, err := g.load(n)
+	l, err := loadGGUF(g, n)
 	if err != nil {
 		g.Close()
 		return nil, err
@@ -195,106 +190,37 @@ func LoadGGUF(path string, n int) (*Layer, error) {
 	return l, nil
 }
 
-// ggufModel is a model's GGUF file, or every shard of a split one.
-type ggufModel struct {
-	path  string // the first file
-	files []*GGUFFile
-	where map[string]*GGUFFile // tensor name → its file
-}
-
-// splitName matches a shard's name: PREFIX-00001-of-00003.gguf.
-var splitName = regexp.MustCompile(`^(.*)-(\d{5})-of-(\d{5})\.gguf$`)
-
-func openGGUFModel(path string) (*ggufModel, error) {
-	paths := []string{path}
-	if m := splitName.FindStringSubmatch(path); m != nil {
-		count, _ := strconv.Atoi(m[3])
-		if count < 1 {
-			return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s: a split of %d files", path, count)
-		}
-		paths = paths[:0]
-		for i := 1; i <= count; i++ {
-			paths = append(paths, fmt.Sprintf("%s-%05d-of-%05d.gguf", m[1], i, count))
-		}
-	}
-	g := &ggufModel{path: paths[0], where: map[string]*GGUFFile{}}
-	for i, p := range paths {
-		f, err := OpenGGUF(p)
-		if err != nil {
-			g.Close()
-			return nil, err
-		}
-		g.files = append(g.files, f)
-		if len(paths) > 1 {
-			no, okNo := f.Metadata["split.no"].AsInt()
-			count, okCount := f.Metadata["split.count"].AsInt()
-			if okNo && okCount && (no != int64(i) || count != int64(len(paths))) {
-				g.Close()
-				return nil, errkind.Errorf(ErrGGUF, "moe: gguf: %s says it is split %d of %d, its name shard %d of %d", p, no+1, count, i+1, len(paths))
-			}
-		}
-		for _, name := range f.Names {
-			if prev, dup := g.where[name]; dup {
-				g.Close()
-				return nil, errkind.Errorf(ErrGGUF, "moe: gguf: tensor %q is in both %s and %s", name, prev.Path, p)
-			}
-			g.where[name] = f
-		}
-	}
-	return g, nil
-}
-
-// Close unmaps every file; a second Close does nothing.
-func (g *ggufModel) Close() error {
-	var first error
-	for _, f := range g.files {
-		if err := f.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-func (g *ggufModel) load(n int) (*Layer, error) {
-	// The metadata is the first shard's; tensors may be in any (a split
-	// DeepSeek-V3's exp_probs_b usually lie past its first shard).
-	cfg, err := configOf(g.files[0].GGUF, g.path, func(suffix string) bool {
-		for name := range g.where {
-			if strings.HasSuffix(name, suffix) {
-				return true
-			}
-		}
-		return false
-	})
+func loadGGUF(g *gguf.Model, n int) (*Layer, error) {
+	cfg, err := GGUFConfig(g)
 	if err != nil {
 		return nil, err
 	}
 	if err := cfg.CheckMoELayer(n); err != nil {
-		return nil, fmt.Errorf("moe: %s: %w", g.path, err)
+		return nil, fmt.Errorf("moe: %s: %w", g.Path(), err)
 	}
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	blk := fmt.Sprintf("blk.%d.", n)
 	var w Weights
-	if w.Gate, err = g.matrix(blk+"ffn_gate_inp.weight", E, H); err != nil {
+	if w.Gate, err = g.Matrix(blk+"ffn_gate_inp.weight", E, H); err != nil {
 		return nil, err
 	}
 	w.Gate = w.Gate.Clone() // small, read by every token: a copy, as from safetensors
-	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, blk+"ffn_gate_inp.weight"), w.Gate); err != nil {
+	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.Path(), blk+"ffn_gate_inp.weight"), w.Gate); err != nil {
 		return nil, err
 	}
 	if cfg.Method == NoAuxTC {
-		b, err := g.matrix(blk+"exp_probs_b.bias", 1, E)
+		b, err := g.Matrix(blk+"exp_probs_b.bias", 1, E)
 		if err != nil {
 			return nil, err
 		}
-		if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, blk+"exp_probs_b.bias"), b); err != nil {
+		if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.Path(), blk+"exp_probs_b.bias"), b); err != nil {
 			return nil, err
 		}
 		w.Bias = make([]float32, E)
 		b.RowF32(0, w.Bias)
 	}
 	if cfg.RouterBias {
-		if w.RouterBias, err = g.vector(blk+"ffn_gate_inp.bias", E); err != nil {
+		if w.RouterBias, err = ggufVector(g, blk+"ffn_gate_inp.bias", E); err != nil {
 			return nil, err
 		}
 	}
@@ -303,7 +229,7 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 		name       string
 		rows, cols int
 	}{{"ffn_gate_exps", I, H}, {"ffn_up_exps", I, H}, {"ffn_down_exps", H, I}} {
-		if stacks[i], err = g.stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
+		if stacks[i], err = g.Stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
 			return nil, err
 		}
 	}
@@ -313,7 +239,7 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 			name string
 			n    int
 		}{{"ffn_gate_exps.bias", I}, {"ffn_up_exps.bias", I}, {"ffn_down_exps.bias", H}} {
-			if biases[i], err = g.rows(blk+p.name, E, p.n); err != nil {
+			if biases[i], err = ggufRows(g, blk+p.name, E, p.n); err != nil {
 				return nil, err
 			}
 		}
@@ -327,18 +253,18 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 	}
 	if S := cfg.SharedInter; S > 0 {
 		var x Expert
-		if x.Gate, err = g.matrix(blk+"ffn_gate_shexp.weight", S, H); err != nil {
+		if x.Gate, err = g.Matrix(blk+"ffn_gate_shexp.weight", S, H); err != nil {
 			return nil, err
 		}
-		if x.Up, err = g.matrix(blk+"ffn_up_shexp.weight", S, H); err != nil {
+		if x.Up, err = g.Matrix(blk+"ffn_up_shexp.weight", S, H); err != nil {
 			return nil, err
 		}
-		if x.Down, err = g.matrix(blk+"ffn_down_shexp.weight", H, S); err != nil {
+		if x.Down, err = g.Matrix(blk+"ffn_down_shexp.weight", H, S); err != nil {
 			return nil, err
 		}
 		w.Shared = &x
 		if cfg.SharedGate {
-			sg, err := g.matrix(blk+"ffn_gate_inp_shexp.weight", 1, H)
+			sg, err := g.Matrix(blk+"ffn_gate_inp_shexp.weight", 1, H)
 			if err != nil {
 				return nil, err
 			}
@@ -350,8 +276,8 @@ func (g *ggufModel) load(n int) (*Layer, error) {
 }
 
 // vector is the 1-D tensor name [n], checked finite, as float32.
-func (g *ggufModel) vector(name string, n int) ([]float32, error) {
-	r, err := g.rows(name, 1, n)
+func ggufVector(g *gguf.Model, name string, n int) ([]float32, error) {
+	r, err := ggufRows(g, name, 1, n)
 	if err != nil {
 		return nil, err
 	}
@@ -360,12 +286,12 @@ func (g *ggufModel) vector(name string, n int) ([]float32, error) {
 
 // rows is tensor name [rows, n] (PyTorch's order; [n] for one row),
 // checked finite, as float32 rows.
-func (g *ggufModel) rows(name string, rows, n int) ([][]float32, error) {
-	m, err := g.matrix(name, rows, n)
+func ggufRows(g *gguf.Model, name string, rows, n int) ([][]float32, error) {
+	m, err := g.Matrix(name, rows, n)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.path, name), m); err != nil {
+	if err := checkFiniteMatrix(fmt.Sprintf("%s: tensor %q", g.Path(), name), m); err != nil {
 		return nil, err
 	}
 	out := make([][]float32, rows)
@@ -374,135 +300,4 @@ func (g *ggufModel) rows(name string, rows, n int) ([][]float32, error) {
 		m.RowF32(i, out[i])
 	}
 	return out, nil
-}
-
-// tensor is name's info and file.
-func (g *ggufModel) tensor(name string) (GGUFTensor, *GGUFFile, error) {
-	f, ok := g.where[name]
-	if !ok {
-		return GGUFTensor{}, nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", g.path, name)
-	}
-	return f.Tensors[name], f, nil
-}
-
-// matrix is tensor name as a [rows, cols] matrix: ggml's dims [cols, rows]
-// (or [cols] for one row), F32, F16 or BF16, a view of the mapping.
-func (g *ggufModel) matrix(name string, rows, cols int) (kernels.Matrix, error) {
-	t, f, err := g.tensor(name)
-	if err != nil {
-		return kernels.Matrix{}, err
-	}
-	want := []uint64{uint64(cols), uint64(rows)}
-	if rows == 1 && len(t.Dims) == 1 {
-		want = want[:1]
-	}
-	if !slices.Equal(t.Dims, want) {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
-	}
-	return f.view(t, 0, rows, cols)
-}
-
-// stacked is a 3-D tensor [cols, rows, n] (ggml's order) as n matrices
-// [rows, cols], views of the mapping.
-func (g *ggufModel) stacked(name string, n, rows, cols int) ([]kernels.Matrix, error) {
-	t, f, err := g.tensor(name)
-	if err != nil {
-		return nil, err
-	}
-	if want := []uint64{uint64(cols), uint64(rows), uint64(n)}; !slices.Equal(t.Dims, want) {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
-	}
-	out := make([]kernels.Matrix, n)
-	for e := range out {
-		if out[e], err = f.view(t, e, rows, cols); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-// view is matrix k of tensor t ([rows, cols] each, stacked), in place.
-func (f *GGUFFile) view(t GGUFTensor, k, rows, cols int) (kernels.Matrix, error) {
-	data, err := f.TensorData(t.Name)
-	if err != nil {
-		return kernels.Matrix{}, err
-	}
-	per := rows * cols
-	switch t.Type {
-	case GGMLF32:
-		v := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
-		return kernels.NewF32(rows, cols, v[k*per:(k+1)*per])
-	case GGMLF16, GGMLBF16:
-		v := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/2)
-		dt := kernels.F16
-		if t.Type == GGMLBF16 {
-			dt = kernels.BF16
-		}
-		return kernels.NewHalf(dt, rows, cols, v[k*per:(k+1)*per])
-	case GGMLQ4_0, GGMLMXFP4:
-		m, err := q4Blocks(t, data, k, rows, cols)
-		if err != nil {
-			return m, fmt.Errorf("moe: %s: %w", f.Path, err)
-		}
-		return m, nil
-	}
-	if _, ok := intBlocks[t.Type]; ok {
-		m, err := codeBlocks(t, data, k, rows, cols)
-		if err != nil {
-			return m, fmt.Errorf("moe: %s: %w", f.Path, err)
-		}
-		return m, nil
-	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat,
-		"moe: %s: tensor %q is %s: moex reads GGUF weights in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4",
-		f.Path, t.Name, t.Type)
-}
-
-// q4Blocks is matrix k of a Q4_0 or MXFP4 tensor as kernels' INT4 (group
-// 32) or MXFP4 matrix: the same 4-bit values and per-32 scales, exactly
-// (Q4_0: (q − 8)·d with d an f16, so the f32 scale is d; MXFP4: e2m1·2^(e−127),
-// what ggml's doubled table times its halved E8M0 scale makes), the
-// nibbles reordered from ggml's blocks (byte j of a block: value j low,
-// value j + 16 high) to kernels' rows (value c of a row at nibble c, the
-// even one low). The nibbles and scales are a copy of the same size.
-func q4Blocks(t GGUFTensor, data []byte, k, rows, cols int) (kernels.Matrix, error) {
-	bb := int(t.Type.BlockBytes())
-	perRow := cols / 32
-	blocks := data[k*rows*perRow*bb:][:rows*perRow*bb]
-	packed := make([]uint8, rows*cols/2)
-	var f32 []float32
-	var e8m0 []uint8
-	if t.Type == GGMLQ4_0 {
-		f32 = make([]float32, rows*perRow)
-	} else {
-		e8m0 = make([]uint8, rows*perRow)
-	}
-	for b := 0; b < rows*perRow; b++ {
-		blk := blocks[b*bb:][:bb]
-		q := blk[bb-16:]
-		if f32 != nil {
-			f32[b] = half.F16ToF32(binary.LittleEndian.Uint16(blk))
-		} else {
-			e8m0[b] = blk[0]
-		}
-		out := packed[b*16:][:16] // the block's 32 values, two a byte, in order
-		for j := range 16 {
-			lo, hi := q[j]&15, q[j]>>4
-			// value j → nibble j, value j+16 → nibble j+16.
-			out[j/2] |= lo << (4 * (j & 1))
-			out[8+j/2] |= hi << (4 * (j & 1))
-		}
-	}
-	if f32 != nil {
-		m, err := kernels.NewINT4(rows, cols, 32, packed, f32)
-		if err != nil {
-			return m, fmt.Errorf("tensor %q: %w", t.Name, err)
-		}
-		return m, nil
-	}
-	m, err := kernels.NewMXFP4(rows, cols, packed, e8m0)
-	if err != nil {
-		return m, fmt.Errorf("tensor %q: %w", t.Name, err)
-	}
-	return m, nil
 }

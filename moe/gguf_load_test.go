@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -137,7 +138,7 @@ func TestLoadGGUFSplit(t *testing.T) {
 	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 32, Experts: 4, TopK: 2, Inter: 16, NormTopK: true, DType: "F32", Seed: 88}
 	m, err := moetest.Generate(spec)
 	require.NoError(t, err)
-	whole, err := moe.ParseGGUF(ggufOf(t, m, "qwen3moe", 0), 1<<40)
+	whole, err := gguf.Parse(ggufOf(t, m, "qwen3moe", 0), 1<<40)
 	require.NoError(t, err)
 	data := ggufOf(t, m, "qwen3moe", 0)
 	var tensors []moetest.GGUFTensor
@@ -149,7 +150,7 @@ func TestLoadGGUFSplit(t *testing.T) {
 	for _, k := range whole.Keys {
 		v := whole.Metadata[k]
 		switch v.Type {
-		case moe.GGUFString:
+		case gguf.String:
 			meta = append(meta, moetest.GGUFKV{Key: k, Value: v.Str})
 		default:
 			meta = append(meta, moetest.GGUFKV{Key: k, Value: uint32(v.Uint)})
@@ -181,7 +182,7 @@ func TestLoadGGUFSplit(t *testing.T) {
 	require.NoError(t, err)
 	v3data, err := mv3.GGUF("deepseek2", 0)
 	require.NoError(t, err)
-	whole3, err := moe.ParseGGUF(v3data, uint64(len(v3data)))
+	whole3, err := gguf.Parse(v3data, uint64(len(v3data)))
 	require.NoError(t, err)
 	var first, second []moetest.GGUFTensor
 	for _, name := range whole3.Names {
@@ -196,11 +197,11 @@ func TestLoadGGUFSplit(t *testing.T) {
 	var meta3 []moetest.GGUFKV
 	for _, k := range whole3.Keys {
 		switch v := whole3.Metadata[k]; v.Type {
-		case moe.GGUFString:
+		case gguf.String:
 			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: v.Str})
-		case moe.GGUFFloat32:
+		case gguf.Float32:
 			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: float32(v.Float)})
-		case moe.GGUFBool:
+		case gguf.Bool:
 			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: v.Bool})
 		default:
 			meta3 = append(meta3, moetest.GGUFKV{Key: k, Value: uint32(v.Uint)})

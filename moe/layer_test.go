@@ -9,13 +9,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/internal/moetest"
-	"github.com/moex-project/moex/kernels"
-	"github.com/moex-project/moex/moe"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/moex-project/moex/format/safetensors"
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
 )
 
 // familySpecs covers every family, weight dtype and routing method, with
@@ -325,7 +327,7 @@ func TestRouterCopiedAtLoad(t *testing.T) {
 	path := filepath.Join(dir, "model.safetensors")
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
-	h, err := moe.ParseHeader(data, int64(len(data)))
+	h, err := safetensors.ParseHeader(data, int64(len(data)))
 	require.NoError(t, err)
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	require.NoError(t, err)
@@ -482,6 +484,6 @@ func TestFileCutUnderLayer(t *testing.T) {
 	}
 	for _, err := range []error{err, cerr} {
 		require.ErrorIs(t, err, moe.ErrFileChanged)
-		require.ErrorContains(t, err, "moe: checkpoint file "+path+" was cut short or replaced in place while the layer read it: its byte ")
+		require.ErrorContains(t, err, "safetensors: checkpoint file "+path+" was cut short or replaced in place while it was read: its byte ")
 	}
 }

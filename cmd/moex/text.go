@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/chat"
-	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/serve"
 	"github.com/moex-project/moex/tokenizer"
 )
@@ -67,7 +67,7 @@ func loadText(model string, needChat bool) (*modelText, error) {
 
 // ggufText reads the tokenizer and the chat template of a GGUF file.
 func ggufText(path string) (*tokenizer.Tokenizer, string, error) {
-	f, err := moe.OpenGGUF(path)
+	f, err := gguf.Open(path)
 	if err != nil {
 		return nil, "", err
 	}
@@ -93,15 +93,15 @@ func ggufText(path string) (*tokenizer.Tokenizer, string, error) {
 }
 
 // ggufGo is a GGUF metadata value as a plain Go value.
-func ggufGo(v moe.GGUFValue) any {
+func ggufGo(v gguf.Value) any {
 	switch v.Type {
-	case moe.GGUFString:
+	case gguf.String:
 		return v.Str
-	case moe.GGUFBool:
+	case gguf.Bool:
 		return v.Bool
-	case moe.GGUFFloat32, moe.GGUFFloat64:
+	case gguf.Float32, gguf.Float64:
 		return v.Float
-	case moe.GGUFArray:
+	case gguf.Array:
 		out := make([]any, len(v.Array))
 		for i, e := range v.Array {
 			out[i] = ggufGo(e)

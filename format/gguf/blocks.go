@@ -1,4 +1,4 @@
-package moe
+package gguf
 
 import (
 	"encoding/binary"
@@ -43,9 +43,9 @@ func kScaleMin(j int, q []byte) (sc, m uint8) {
 	return q[j+4]&0xF | q[j-4]>>6<<4, q[j+4]>>4 | q[j]>>6<<4
 }
 
-var intBlocks = map[GGMLType]intBlock{
+var intBlocks = map[Type]intBlock{
 	// Q8_0: d (f16), 32 int8 codes; value code·d.
-	GGMLQ8_0: {32, 32, false, false, func(b []byte, codes []int8, scales, _ []float32) {
+	Q8_0: {32, 32, false, false, func(b []byte, codes []int8, scales, _ []float32) {
 		scales[0] = f16At(b)
 		for j := range 32 {
 			codes[j] = int8(b[2+j])
@@ -53,7 +53,7 @@ var intBlocks = map[GGMLType]intBlock{
 	}, nil},
 	// Q4_1: d, m (f16), 16 bytes of nibbles (value j low, j+16 high);
 	// value q·d + m.
-	GGMLQ4_1: {32, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
+	Q4_1: {32, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
 		scales[0], offs[0] = f16At(b), f16At(b[2:])
 		for j, q := range b[4:20] {
 			codes[j], codes[j+16] = int8(q&15), int8(q>>4)
@@ -61,7 +61,7 @@ var intBlocks = map[GGMLType]intBlock{
 	}, nil},
 	// Q5_0: d, a 32-bit word of fifth bits (bit j for value j), nibbles as
 	// Q4_0's; value (q − 16)·d.
-	GGMLQ5_0: {32, 32, false, false, func(b []byte, codes []int8, scales, _ []float32) {
+	Q5_0: {32, 32, false, false, func(b []byte, codes []int8, scales, _ []float32) {
 		scales[0] = f16At(b)
 		qh := binary.LittleEndian.Uint32(b[2:])
 		for j, q := range b[6:22] {
@@ -70,7 +70,7 @@ var intBlocks = map[GGMLType]intBlock{
 		}
 	}, nil},
 	// Q5_1: d, m, the fifth bits, the nibbles; value q·d + m.
-	GGMLQ5_1: {32, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
+	Q5_1: {32, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
 		scales[0], offs[0] = f16At(b), f16At(b[2:])
 		qh := binary.LittleEndian.Uint32(b[4:])
 		for j, q := range b[8:24] {
@@ -81,12 +81,12 @@ var intBlocks = map[GGMLType]intBlock{
 	// Q4_K: d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of
 	// nibbles: each 64 values, bytes 32i…32i+31 give values 64i+l (low)
 	// and 64i+32+l (high), groups 2i and 2i+1; value q·(d·sc) − dmin·m.
-	GGMLQ4_K: {256, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
+	Q4_K: {256, 32, true, true, func(b []byte, codes []int8, scales, offs []float32) {
 		kQuant(b, b[16:144], nil, codes, scales, offs)
 	}, kFactors},
 	// Q5_K: Q4_K with 32 bytes of fifth bits before the nibbles: bit 2i of
 	// byte l for value 64i+l, bit 2i+1 for 64i+32+l.
-	GGMLQ5_K: {256, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
+	Q5_K: {256, 32, false, true, func(b []byte, codes []int8, scales, offs []float32) {
 		kQuant(b, b[48:176], b[16:48], codes, scales, offs)
 	}, kFactors},
 	// Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8
@@ -94,7 +94,7 @@ var intBlocks = map[GGMLType]intBlock{
 	// l+64, l+96 from nibbles ql[l] low, ql[l+32] low, ql[l] high, ql[l+32]
 	// high and bit pairs 0, 2, 4, 6 of qh[l]; value (q − 32)·(d·sc), sc
 	// the one of its 16 values.
-	GGMLQ6_K: {256, 16, false, false, func(b []byte, codes []int8, scales, _ []float32) {
+	Q6_K: {256, 16, false, false, func(b []byte, codes []int8, scales, _ []float32) {
 		d := f16At(b[208:])
 		for g := range 16 {
 			scales[g] = d * float32(int8(b[192+g]))
@@ -146,7 +146,7 @@ func kQuant(b, qs, qh []byte, codes []int8, scales, offs []float32) {
 
 // codeBlocks is matrix k ([rows, cols]) of tensor t, in one of the
 // intBlocks types, as a kernels UINT4 or INT8 matrix (a copy).
-func codeBlocks(t GGUFTensor, data []byte, k, rows, cols int) (kernels.Matrix, error) {
+func codeBlocks(t TensorInfo, data []byte, k, rows, cols int) (kernels.Matrix, error) {
 	ib := intBlocks[t.Type]
 	bb := int(t.Type.BlockBytes())
 	perRow := cols / ib.values

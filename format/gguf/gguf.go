@@ -1,4 +1,4 @@
-package moe
+package gguf
 
 import (
 	"encoding/binary"
@@ -7,22 +7,21 @@ import (
 	"math/bits"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/moex-project/moex/format"
 	"github.com/moex-project/moex/internal/errkind"
 )
 
-// GGUF is the parsed header of a GGUF file (llama.cpp's format, versions 2
+// Header is the parsed header of a GGUF file (llama.cpp's format, versions 2
 // and 3, little-endian): its metadata key/values, in the file's order, and
 // its tensors' infos, their data's offsets checked against the file. The
 // file is untrusted: every count, length, offset, dimension and type id is
-// checked before it is used, and a problem is an ErrGGUF error naming it.
-// Values hold copies: the data may be unmapped after ParseGGUF returns.
-type GGUF struct {
+// checked before it is used, and a problem is an ErrMalformed error naming it.
+// Values hold copies: the data may be unmapped after Parse returns.
+type Header struct {
 	Version   uint32
-	Metadata  map[string]GGUFValue
+	Metadata  map[string]Value
 	Keys      []string // Metadata's keys in the file's order
-	Tensors   map[string]GGUFTensor
+	Tensors   map[string]TensorInfo
 	Names     []string // Tensors' names in the file's order
 	Alignment uint64   // general.alignment, 32 when the file gives none
 	// DataOffset is where the tensor data begins in the file: the end of
@@ -30,20 +29,20 @@ type GGUF struct {
 	DataOffset uint64
 }
 
-// GGUFTensor is one tensor's info. Dims are in ggml's order: Dims[0]
+// TensorInfo is one tensor's info. Dims are in ggml's order: Dims[0]
 // (ne0) is the innermost, contiguous dimension, so a PyTorch [out, in]
 // weight has Dims [in, out].
-type GGUFTensor struct {
+type TensorInfo struct {
 	Name string
 	Dims []uint64
-	Type GGMLType
+	Type Type
 	// Offset is the data's offset in the file (the tensor info's, which
 	// counts from DataOffset, plus DataOffset); Size its bytes.
 	Offset, Size uint64
 }
 
 // Elements is the tensor's number of values.
-func (t GGUFTensor) Elements() uint64 {
+func (t TensorInfo) Elements() uint64 {
 	n := uint64(1)
 	for _, d := range t.Dims {
 		n *= d
@@ -51,30 +50,30 @@ func (t GGUFTensor) Elements() uint64 {
 	return n
 }
 
-// GGUFValueType is a metadata value's type id.
-type GGUFValueType uint32
+// ValueType is a metadata value's type id.
+type ValueType uint32
 
 // The metadata value types of the GGUF specification.
 const (
-	GGUFUint8 GGUFValueType = iota
-	GGUFInt8
-	GGUFUint16
-	GGUFInt16
-	GGUFUint32
-	GGUFInt32
-	GGUFFloat32
-	GGUFBool
-	GGUFString
-	GGUFArray
-	GGUFUint64
-	GGUFInt64
-	GGUFFloat64
+	Uint8 ValueType = iota
+	Int8
+	Uint16
+	Int16
+	Uint32
+	Int32
+	Float32
+	Bool
+	String
+	Array
+	Uint64
+	Int64
+	Float64
 )
 
 var ggufValueNames = [...]string{"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
 	"uint64", "int64", "float64"}
 
-func (t GGUFValueType) String() string {
+func (t ValueType) String() string {
 	if int(t) < len(ggufValueNames) {
 		return ggufValueNames[t]
 	}
@@ -82,53 +81,53 @@ func (t GGUFValueType) String() string {
 }
 
 // size is a scalar type's bytes; 0 for strings and arrays.
-func (t GGUFValueType) size() int {
+func (t ValueType) size() int {
 	switch t {
-	case GGUFUint8, GGUFInt8, GGUFBool:
+	case Uint8, Int8, Bool:
 		return 1
-	case GGUFUint16, GGUFInt16:
+	case Uint16, Int16:
 		return 2
-	case GGUFUint32, GGUFInt32, GGUFFloat32:
+	case Uint32, Int32, Float32:
 		return 4
-	case GGUFUint64, GGUFInt64, GGUFFloat64:
+	case Uint64, Int64, Float64:
 		return 8
 	}
 	return 0
 }
 
-// GGUFValue is one metadata value: Uint for the unsigned integer types,
+// Value is one metadata value: Uint for the unsigned integer types,
 // Int for the signed ones, Float for the floating-point ones, Bool, Str, or
 // Array (whose elements have type Elem).
-type GGUFValue struct {
-	Type  GGUFValueType
+type Value struct {
+	Type  ValueType
 	Uint  uint64
 	Int   int64
 	Float float64
 	Bool  bool
 	Str   string
-	Elem  GGUFValueType
-	Array []GGUFValue
+	Elem  ValueType
+	Array []Value
 }
 
 // AsInt is an integer value of any integer type; ok is false for other
 // types and for a uint64 past int64.
-func (v GGUFValue) AsInt() (int64, bool) {
+func (v Value) AsInt() (int64, bool) {
 	switch v.Type {
-	case GGUFUint8, GGUFUint16, GGUFUint32, GGUFUint64:
+	case Uint8, Uint16, Uint32, Uint64:
 		if v.Uint > math.MaxInt64 {
 			return 0, false
 		}
 		return int64(v.Uint), true
-	case GGUFInt8, GGUFInt16, GGUFInt32, GGUFInt64:
+	case Int8, Int16, Int32, Int64:
 		return v.Int, true
 	}
 	return 0, false
 }
 
 // AsFloat is a numeric value of any type as a float64.
-func (v GGUFValue) AsFloat() (float64, bool) {
+func (v Value) AsFloat() (float64, bool) {
 	switch v.Type {
-	case GGUFFloat32, GGUFFloat64:
+	case Float32, Float64:
 		return v.Float, true
 	}
 	if i, ok := v.AsInt(); ok {
@@ -137,66 +136,66 @@ func (v GGUFValue) AsFloat() (float64, bool) {
 	return 0, false
 }
 
-// GGMLType is a tensor's ggml type id.
-type GGMLType uint32
+// Type is a tensor's ggml type id.
+type Type uint32
 
 // The ggml types a GGUF file may hold (ggml.h's enum ggml_type; the ids
 // ggml removed are not types).
 const (
-	GGMLF32     GGMLType = 0
-	GGMLF16     GGMLType = 1
-	GGMLQ4_0    GGMLType = 2
-	GGMLQ4_1    GGMLType = 3
-	GGMLQ5_0    GGMLType = 6
-	GGMLQ5_1    GGMLType = 7
-	GGMLQ8_0    GGMLType = 8
-	GGMLQ8_1    GGMLType = 9
-	GGMLQ2_K    GGMLType = 10
-	GGMLQ3_K    GGMLType = 11
-	GGMLQ4_K    GGMLType = 12
-	GGMLQ5_K    GGMLType = 13
-	GGMLQ6_K    GGMLType = 14
-	GGMLQ8_K    GGMLType = 15
-	GGMLIQ2_XXS GGMLType = 16
-	GGMLIQ2_XS  GGMLType = 17
-	GGMLIQ3_XXS GGMLType = 18
-	GGMLIQ1_S   GGMLType = 19
-	GGMLIQ4_NL  GGMLType = 20
-	GGMLIQ3_S   GGMLType = 21
-	GGMLIQ2_S   GGMLType = 22
-	GGMLIQ4_XS  GGMLType = 23
-	GGMLI8      GGMLType = 24
-	GGMLI16     GGMLType = 25
-	GGMLI32     GGMLType = 26
-	GGMLI64     GGMLType = 27
-	GGMLF64     GGMLType = 28
-	GGMLIQ1_M   GGMLType = 29
-	GGMLBF16    GGMLType = 30
-	GGMLTQ1_0   GGMLType = 34
-	GGMLTQ2_0   GGMLType = 35
-	GGMLMXFP4   GGMLType = 39
+	F32     Type = 0
+	F16     Type = 1
+	Q4_0    Type = 2
+	Q4_1    Type = 3
+	Q5_0    Type = 6
+	Q5_1    Type = 7
+	Q8_0    Type = 8
+	Q8_1    Type = 9
+	Q2_K    Type = 10
+	Q3_K    Type = 11
+	Q4_K    Type = 12
+	Q5_K    Type = 13
+	Q6_K    Type = 14
+	Q8_K    Type = 15
+	IQ2_XXS Type = 16
+	IQ2_XS  Type = 17
+	IQ3_XXS Type = 18
+	IQ1_S   Type = 19
+	IQ4_NL  Type = 20
+	IQ3_S   Type = 21
+	IQ2_S   Type = 22
+	IQ4_XS  Type = 23
+	I8      Type = 24
+	I16     Type = 25
+	I32     Type = 26
+	I64     Type = 27
+	F64     Type = 28
+	IQ1_M   Type = 29
+	BF16    Type = 30
+	TQ1_0   Type = 34
+	TQ2_0   Type = 35
+	MXFP4   Type = 39
 )
 
 // ggmlTypeInfo is a type's name, values a block and bytes a block (the
 // block structs of ggml-common.h).
-var ggmlTypeInfo = map[GGMLType]struct {
+var ggmlTypeInfo = map[Type]struct {
 	name         string
 	block, bytes uint64
 }{
-	GGMLF32: {"F32", 1, 4}, GGMLF16: {"F16", 1, 2}, GGMLBF16: {"BF16", 1, 2}, GGMLF64: {"F64", 1, 8},
-	GGMLI8: {"I8", 1, 1}, GGMLI16: {"I16", 1, 2}, GGMLI32: {"I32", 1, 4}, GGMLI64: {"I64", 1, 8},
-	GGMLQ4_0: {"Q4_0", 32, 2 + 16}, GGMLQ4_1: {"Q4_1", 32, 4 + 16}, GGMLQ5_0: {"Q5_0", 32, 2 + 4 + 16},
-	GGMLQ5_1: {"Q5_1", 32, 4 + 4 + 16}, GGMLQ8_0: {"Q8_0", 32, 2 + 32}, GGMLQ8_1: {"Q8_1", 32, 4 + 32},
-	GGMLMXFP4: {"MXFP4", 32, 1 + 16}, GGMLIQ4_NL: {"IQ4_NL", 32, 2 + 16},
-	GGMLQ2_K: {"Q2_K", 256, 4 + 16 + 64}, GGMLQ3_K: {"Q3_K", 256, 32 + 64 + 12 + 2}, GGMLQ4_K: {"Q4_K", 256, 4 + 12 + 128},
-	GGMLQ5_K: {"Q5_K", 256, 4 + 12 + 32 + 128}, GGMLQ6_K: {"Q6_K", 256, 128 + 64 + 16 + 2}, GGMLQ8_K: {"Q8_K", 256, 4 + 256 + 32},
-	GGMLIQ2_XXS: {"IQ2_XXS", 256, 2 + 64}, GGMLIQ2_XS: {"IQ2_XS", 256, 2 + 64 + 8}, GGMLIQ2_S: {"IQ2_S", 256, 2 + 64 + 16},
-	GGMLIQ3_XXS: {"IQ3_XXS", 256, 2 + 96}, GGMLIQ3_S: {"IQ3_S", 256, 2 + 104 + 4}, GGMLIQ1_S: {"IQ1_S", 256, 2 + 32 + 16},
-	GGMLIQ1_M: {"IQ1_M", 256, 32 + 16 + 8}, GGMLIQ4_XS: {"IQ4_XS", 256, 2 + 2 + 4 + 128},
-	GGMLTQ1_0: {"TQ1_0", 256, 48 + 4 + 2}, GGMLTQ2_0: {"TQ2_0", 256, 64 + 2},
+	F32: {"F32", 1, 4}, F16: {"F16", 1, 2}, BF16: {"BF16", 1, 2}, F64: {"F64", 1, 8},
+	I8: {"I8", 1, 1}, I16: {"I16", 1, 2}, I32: {"I32", 1, 4}, I64: {"I64", 1, 8},
+	Q4_0: {"Q4_0", 32, 2 + 16}, Q4_1: {"Q4_1", 32, 4 + 16}, Q5_0: {"Q5_0", 32, 2 + 4 + 16},
+	Q5_1: {"Q5_1", 32, 4 + 4 + 16}, Q8_0: {"Q8_0", 32, 2 + 32}, Q8_1: {"Q8_1", 32, 4 + 32},
+	MXFP4: {"MXFP4", 32, 1 + 16}, IQ4_NL: {"IQ4_NL", 32, 2 + 16},
+	Q2_K: {"Q2_K", 256, 4 + 16 + 64}, Q3_K: {"Q3_K", 256, 32 + 64 + 12 + 2}, Q4_K: {"Q4_K", 256, 4 + 12 + 128},
+	Q5_K: {"Q5_K", 256, 4 + 12 + 32 + 128}, Q6_K: {"Q6_K", 256, 128 + 64 + 16 + 2}, Q8_K: {"Q8_K", 256, 4 + 256 + 32},
+	IQ2_XXS: {"IQ2_XXS", 256, 2 + 64}, IQ2_XS: {"IQ2_XS", 256, 2 + 64 + 8}, IQ2_S: {"IQ2_S", 256, 2 + 64 + 16},
+	IQ3_XXS: {"IQ3_XXS", 256, 2 + 96}, IQ3_S: {"IQ3_S", 256, 2 + 104 + 4}, IQ1_S: {"IQ1_S", 256, 2 + 32 + 16},
+	IQ1_M: {"IQ1_M", 256, 32 + 16 + 8}, IQ4_XS: {"IQ4_XS", 256, 2 + 2 + 4 + 128},
+	TQ1_0: {"TQ1_0", 256, 48 + 4 + 2}, TQ2_0: {"TQ2_0", 256, 64 + 2},
 }
 
-func (t GGMLType) String() string {
+func (t Type) String() string {
 	if info, ok := ggmlTypeInfo[t]; ok {
 		return info.name
 	}
@@ -206,8 +205,8 @@ func (t GGMLType) String() string {
 // BlockSize and BlockBytes are the values in one block of t and the
 // block's bytes (1 and the value's bytes for the plain types); 0 for an
 // unknown type.
-func (t GGMLType) BlockSize() uint64  { return ggmlTypeInfo[t].block }
-func (t GGMLType) BlockBytes() uint64 { return ggmlTypeInfo[t].bytes }
+func (t Type) BlockSize() uint64  { return ggmlTypeInfo[t].block }
+func (t Type) BlockBytes() uint64 { return ggmlTypeInfo[t].bytes }
 
 // Limits a file is held to, as llama.cpp holds it.
 const (
@@ -220,9 +219,9 @@ const (
 	ggufMaxValues   = 1 << 22 // array elements in all the metadata
 )
 
-// ParseGGUF parses data, a whole GGUF file (or at least its header: the
+// Parse parses data, a whole GGUF file (or at least its header: the
 // tensors' data is checked to lie within size bytes, the file's length).
-func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
+func Parse(data []byte, size uint64) (*Header, error) {
 	r := &ggufReader{data: data}
 	magic := r.bytes(4, "the magic")
 	if r.err != nil {
@@ -231,7 +230,7 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 	if string(magic) != ggufMagic {
 		return nil, ggufErr("not a GGUF file: it begins %q, not %q", magic, ggufMagic)
 	}
-	g := &GGUF{Version: r.u32("the version"), Metadata: map[string]GGUFValue{}, Tensors: map[string]GGUFTensor{}}
+	g := &Header{Version: r.u32("the version"), Metadata: map[string]Value{}, Tensors: map[string]TensorInfo{}}
 	switch {
 	case r.err != nil:
 		return nil, r.err
@@ -265,7 +264,7 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 		if _, dup := g.Metadata[key]; dup {
 			return nil, ggufErr("metadata key %q appears twice", key)
 		}
-		typ := GGUFValueType(r.u32("the type of " + key))
+		typ := ValueType(r.u32("the type of " + key))
 		v := r.value(typ, key, 0)
 		if r.err != nil {
 			return nil, r.err
@@ -296,7 +295,7 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 		if r.err == nil && (nd < 1 || nd > ggufMaxDims) {
 			return nil, ggufErr("tensor %q has %d dimensions: 1 to %d", name, nd, ggufMaxDims)
 		}
-		t := GGUFTensor{Name: name, Dims: make([]uint64, nd)}
+		t := TensorInfo{Name: name, Dims: make([]uint64, nd)}
 		n := uint64(1)
 		for d := range t.Dims {
 			t.Dims[d] = r.u64(fmt.Sprintf("dimension %d of %s", d, name))
@@ -312,7 +311,7 @@ func ParseGGUF(data []byte, size uint64) (*GGUF, error) {
 			}
 			n = lo
 		}
-		t.Type = GGMLType(r.u32("the type of " + name))
+		t.Type = Type(r.u32("the type of " + name))
 		rel := r.u64("the offset of " + name)
 		if r.err != nil {
 			return nil, r.err
@@ -366,15 +365,15 @@ func checkKey(key string) error {
 	return nil
 }
 
-func ggufShow(v GGUFValue) any {
+func ggufShow(v Value) any {
 	switch v.Type {
-	case GGUFString:
+	case String:
 		return v.Str
-	case GGUFFloat32, GGUFFloat64:
+	case Float32, Float64:
 		return v.Float
-	case GGUFBool:
+	case Bool:
 		return v.Bool
-	case GGUFArray:
+	case Array:
 		return fmt.Sprintf("[%d %s]", len(v.Array), v.Elem)
 	}
 	if i, ok := v.AsInt(); ok {
@@ -434,47 +433,47 @@ func (r *ggufReader) str(what string, limit uint64) string {
 }
 
 // value reads a value of typ for key (depth: the arrays it is inside).
-func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
-	v := GGUFValue{Type: typ}
+func (r *ggufReader) value(typ ValueType, key string, depth int) Value {
+	v := Value{Type: typ}
 	if r.err != nil {
 		return v
 	}
 	switch typ {
-	case GGUFUint8, GGUFInt8:
+	case Uint8, Int8:
 		b := r.bytes(1, key)
 		if b == nil {
 			return v
 		}
-		if typ == GGUFUint8 {
+		if typ == Uint8 {
 			v.Uint = uint64(b[0])
 		} else {
 			v.Int = int64(int8(b[0]))
 		}
-	case GGUFUint16, GGUFInt16:
+	case Uint16, Int16:
 		b := r.bytes(2, key)
 		if b == nil {
 			return v
 		}
 		u := binary.LittleEndian.Uint16(b)
 		v.Uint, v.Int = uint64(u), int64(int16(u))
-		if typ == GGUFUint16 {
+		if typ == Uint16 {
 			v.Int = 0
 		} else {
 			v.Uint = 0
 		}
-	case GGUFUint32:
+	case Uint32:
 		v.Uint = uint64(r.u32(key))
-	case GGUFInt32:
+	case Int32:
 		v.Int = int64(int32(r.u32(key)))
-	case GGUFUint64:
+	case Uint64:
 		v.Uint = r.u64(key)
-	case GGUFInt64:
+	case Int64:
 		v.Int = int64(r.u64(key))
-	case GGUFFloat32:
+	case Float32:
 		v.Float = float64(math.Float32frombits(r.u32(key)))
-	case GGUFFloat64:
+	case Float64:
 		v.Float = math.Float64frombits(r.u64(key))
-	case GGUFBool:
+	case Bool:
 		b := r.bytes(1, key)
 		if b == nil {
 			return v
@@ -484,14 +483,14 @@ func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
 			return v
 		}
 		v.Bool = b[0] == 1
-	case GGUFString:
+	case String:
 		v.Str = r.str("the value of "+key, math.MaxInt64)
-	case GGUFArray:
+	case Array:
 		if depth >= ggufMaxDepth {
 			r.err = ggufErr("metadata %q: arrays nested %d deep", key, depth+1)
 			return v
 		}
-		v.Elem = GGUFValueType(r.u32("the element type of " + key))
+		v.Elem = ValueType(r.u32("the element type of " + key))
 		n := r.u64("the length of " + key)
 		if r.err != nil {
 			return v
@@ -508,7 +507,7 @@ func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
 			r.err = ggufErr("metadata %q: %d %s values in the %d bytes left", key, n, v.Elem, r.left())
 			return v
 		}
-		// Each value takes a GGUFValue (~90 bytes) however few bytes it
+		// Each value takes a Value (~90 bytes) however few bytes it
 		// had in the file: the metadata's values are capped in all, far
 		// above what tokenizers hold (~1 M) but far below what a crafted
 		// file of a few bytes a value could make us allocate.
@@ -516,7 +515,7 @@ func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
 			r.err = ggufErr("metadata %q: more than %d values in the metadata's arrays", key, ggufMaxValues)
 			return v
 		}
-		v.Array = make([]GGUFValue, n)
+		v.Array = make([]Value, n)
 		for i := range v.Array {
 			v.Array[i] = r.value(v.Elem, key, depth+1)
 			if r.err != nil {
@@ -529,61 +528,61 @@ func (r *ggufReader) value(typ GGUFValueType, key string, depth int) GGUFValue {
 	return v
 }
 
-func ggufErr(format string, args ...any) error {
-	return errkind.Errorf(ErrGGUF, "moe: gguf: "+format, args...)
+func ggufErr(msg string, args ...any) error {
+	return errkind.Errorf(ErrMalformed, "gguf: "+msg, args...)
 }
 
-// GGUFFile is a GGUF file mapped read-only: its parsed header and its
+// File is a GGUF file mapped read-only: its parsed header and its
 // tensors' bytes, which stay valid until Close. Safe for concurrent reads;
 // Close must wait until no slice TensorData returned is in use (a Layer
-// made by LoadGGUF closes it in its own Close, after its forward passes).
-type GGUFFile struct {
+// made by moe.LoadGGUF closes it in its own Close, after its forward passes).
+type File struct {
 	Path string
-	*GGUF
+	*Header
 	data []byte
 	mu   sync.Mutex
 }
 
-// OpenGGUF maps path and parses its header; a file that is not a regular
+// Open maps path and parses its header; a file that is not a regular
 // file, or not a well-formed GGUF file, is an error naming it.
-func OpenGGUF(path string) (*GGUFFile, error) {
-	data, err := mapFile(path, 24, func(size int64) error {
-		return errkind.Errorf(ErrGGUF, "moe: gguf: %s: %d bytes: too short for a GGUF header", path, size)
+func Open(path string) (*File, error) {
+	data, err := format.MapFile(path, 24, func(size int64) error {
+		return errkind.Errorf(ErrMalformed, "gguf: %s: %d bytes: too short for a GGUF header", path, size)
 	})
 	if err != nil {
 		return nil, err
 	}
 	size := len(data)
-	g, err := ParseGGUF(data, uint64(size))
+	g, err := Parse(data, uint64(size))
 	if err != nil {
-		unix.Munmap(data)
+		format.Unmap(data)
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &GGUFFile{Path: path, GGUF: g, data: data}, nil
+	return &File{Path: path, Header: g, data: data}, nil
 }
 
 // TensorData is tensor name's bytes in the mapping (valid until Close).
-func (f *GGUFFile) TensorData(name string) ([]byte, error) {
+func (f *File) TensorData(name string) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.data == nil {
-		return nil, fmt.Errorf("moe: %s: %w", f.Path, ErrClosed)
+		return nil, fmt.Errorf("gguf: %s: %w", f.Path, format.ErrClosed)
 	}
 	t, ok := f.Tensors[name]
 	if !ok {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: no tensor %q", f.Path, name)
+		return nil, errkind.Errorf(format.ErrMissingTensor, "gguf: %s: no tensor %q", f.Path, name)
 	}
 	return f.data[t.Offset : t.Offset+t.Size : t.Offset+t.Size], nil
 }
 
 // Close unmaps the file; a second Close does nothing.
-func (f *GGUFFile) Close() error {
+func (f *File) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.data == nil {
 		return nil
 	}
-	err := unix.Munmap(f.data)
+	err := format.Unmap(f.data)
 	f.data = nil
 	return err
 }

@@ -1,4 +1,4 @@
-package moe
+package gguf
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/format"
 	"github.com/moex-project/moex/internal/moetest"
 )
 
@@ -37,12 +38,12 @@ func ggufSample(t testing.TB, alignment uint64) []byte {
 	return b.Bytes()
 }
 
-// TestParseGGUF reads every value type back, and finds every tensor's
+// TestParse reads every value type back, and finds every tensor's
 // bytes where the writer put them.
-func TestParseGGUF(t *testing.T) {
+func TestParse(t *testing.T) {
 	for _, align := range []uint64{32, 64} {
 		data := ggufSample(t, align)
-		g, err := ParseGGUF(data, uint64(len(data)))
+		g, err := Parse(data, uint64(len(data)))
 		require.NoError(t, err)
 		require.Equal(t, uint32(3), g.Version)
 		require.Equal(t, align, g.Alignment)
@@ -63,7 +64,7 @@ func TestParseGGUF(t *testing.T) {
 		require.Equal(t, int64(-1)<<62, md["a.i64"].Int)
 		require.Equal(t, math.Pi, md["a.f64"].Float)
 		toks := md["tokenizer.ggml.tokens"]
-		require.Equal(t, GGUFString, toks.Elem)
+		require.Equal(t, String, toks.Elem)
 		require.Equal(t, []string{"a", "bc", ""}, []string{toks.Array[0].Str, toks.Array[1].Str, toks.Array[2].Str})
 		require.Equal(t, int64(-2), md["a.nested"].Array[0].Array[1].Int)
 		require.Equal(t, "a.u8", g.Keys[1])
@@ -71,7 +72,7 @@ func TestParseGGUF(t *testing.T) {
 		require.Equal(t, []string{"blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight",
 			"output_norm.weight"}, g.Names)
 		up := g.Tensors["blk.0.ffn_up_exps.weight"]
-		require.Equal(t, GGMLQ8_0, up.Type)
+		require.Equal(t, Q8_0, up.Type)
 		require.Equal(t, []uint64{64, 3, 2}, up.Dims)
 		require.Equal(t, uint64(384), up.Elements())
 		require.Equal(t, uint64(2*3*2*34), up.Size)
@@ -98,9 +99,9 @@ func bytesOf(n int) []any {
 	return v
 }
 
-// TestParseGGUFByHand: a file laid out byte by byte from the
+// TestParseByHand: a file laid out byte by byte from the
 // specification, not by the test writer.
-func TestParseGGUFByHand(t *testing.T) {
+func TestParseByHand(t *testing.T) {
 	var b bytes.Buffer
 	le := func(v any) { require.NoError(t, binary.Write(&b, binary.LittleEndian, v)) }
 	b.WriteString("GGUF")
@@ -123,28 +124,28 @@ func TestParseGGUFByHand(t *testing.T) {
 	start := b.Len()                     //
 	le([]uint16{0x3c00, 0xc000})         // 1.0, -2.0 in f16
 	data := b.Bytes()
-	g, err := ParseGGUF(data, uint64(len(data)))
+	g, err := Parse(data, uint64(len(data)))
 	require.NoError(t, err)
 	require.Equal(t, uint32(2), g.Version)
 	require.Equal(t, "moe", g.Metadata["general.name"].Str)
 	w := g.Tensors["w"]
 	require.Equal(t, uint64(start), w.Offset)
 	require.Equal(t, uint64(4), w.Size)
-	require.Equal(t, GGMLF16, w.Type)
+	require.Equal(t, F16, w.Type)
 }
 
-// TestParseGGUFBad: each malformed file is an ErrGGUF error naming its
+// TestParseBad: each malformed file is an ErrMalformed error naming its
 // problem; no prefix of a good file parses or panics.
-func TestParseGGUFBad(t *testing.T) {
+func TestParseBad(t *testing.T) {
 	good := ggufSample(t, 32)
-	g, err := ParseGGUF(good, uint64(len(good)))
+	g, err := Parse(good, uint64(len(good)))
 	require.NoError(t, err)
 	for n := range g.DataOffset {
-		_, err := ParseGGUF(good[:n], n)
-		require.ErrorIs(t, err, ErrGGUF, "prefix of %d bytes", n)
+		_, err := Parse(good[:n], n)
+		require.ErrorIs(t, err, ErrMalformed, "prefix of %d bytes", n)
 	}
 	last := g.Tensors["output_norm.weight"]
-	_, err = ParseGGUF(good[:last.Offset+last.Size-1], last.Offset+last.Size-1)
+	_, err = Parse(good[:last.Offset+last.Size-1], last.Offset+last.Size-1)
 	require.ErrorContains(t, err, `tensor "output_norm.weight": 6 bytes at offset`)
 
 	file := func(version uint32, kvs []moetest.GGUFKV, tensors []moetest.GGUFTensor) []byte {
@@ -227,24 +228,24 @@ func TestParseGGUFBad(t *testing.T) {
 		{"past the end", patch(withW, tail(0, 0), tail(0, 1<<20)), `tensor "w": 64 bytes at offset 1048576 run past`},
 	}
 	for _, c := range cases {
-		_, err := ParseGGUF(c.data, uint64(len(c.data)))
-		require.ErrorIs(t, err, ErrGGUF, c.name)
+		_, err := Parse(c.data, uint64(len(c.data)))
+		require.ErrorIs(t, err, ErrMalformed, c.name)
 		require.ErrorContains(t, err, c.want, c.name)
 	}
-	_, err = ParseGGUF(withW, uint64(len(withW)))
+	_, err = Parse(withW, uint64(len(withW)))
 	require.NoError(t, err, "the file the patches start from is good")
 }
 
-// FuzzParseGGUF: no input panics, and a file that parses has every
+// FuzzParse: no input panics, and a file that parses has every
 // tensor within it, at a multiple of its alignment.
-func FuzzParseGGUF(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	f.Add(ggufSample(f, 32))
 	f.Add(ggufSample(f, 64))
 	f.Add([]byte("GGUF\x03\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		g, err := ParseGGUF(data, uint64(len(data)))
+		g, err := Parse(data, uint64(len(data)))
 		if err != nil {
-			require.ErrorIs(t, err, ErrGGUF)
+			require.ErrorIs(t, err, ErrMalformed)
 			return
 		}
 		for _, name := range g.Names {
@@ -256,37 +257,37 @@ func FuzzParseGGUF(f *testing.F) {
 	})
 }
 
-// TestOpenGGUF maps a written file and reads its tensors' bytes; a missing
+// TestOpen maps a written file and reads its tensors' bytes; a missing
 // tensor, a closed file, a short or malformed file, a directory: errors
 // naming them.
-func TestOpenGGUF(t *testing.T) {
+func TestOpen(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.gguf")
 	data := ggufSample(t, 64)
 	require.NoError(t, os.WriteFile(path, data, 0o644))
-	f, err := OpenGGUF(path)
+	f, err := Open(path)
 	require.NoError(t, err)
 	b, err := f.TensorData("blk.0.ffn_gate_inp.weight")
 	require.NoError(t, err)
 	require.Equal(t, moetest.F32Bytes([]float32{1, 2, 3, 4, 5, 6, 7, 8}), b)
 	_, err = f.TensorData("blk.9.ffn_up_exps.weight")
-	require.ErrorIs(t, err, ErrMissingTensor)
+	require.ErrorIs(t, err, format.ErrMissingTensor)
 	require.ErrorContains(t, err, `no tensor "blk.9.ffn_up_exps.weight"`)
 	require.NoError(t, f.Close())
 	require.NoError(t, f.Close())
 	_, err = f.TensorData("blk.0.ffn_gate_inp.weight")
-	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, err, format.ErrClosed)
 
 	short := filepath.Join(dir, "short.gguf")
 	require.NoError(t, os.WriteFile(short, []byte("GGUF"), 0o644))
-	_, err = OpenGGUF(short)
-	require.ErrorIs(t, err, ErrGGUF)
+	_, err = Open(short)
+	require.ErrorIs(t, err, ErrMalformed)
 	require.ErrorContains(t, err, "short.gguf: 4 bytes: too short")
 	bad := filepath.Join(dir, "bad.gguf")
 	require.NoError(t, os.WriteFile(bad, append([]byte("GGUF\x01\x00\x00\x00"), make([]byte, 32)...), 0o644))
-	_, err = OpenGGUF(bad)
-	require.ErrorIs(t, err, ErrGGUF)
-	require.ErrorContains(t, err, "bad.gguf: moe: gguf: GGUF version 1")
-	_, err = OpenGGUF(dir)
+	_, err = Open(bad)
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "bad.gguf: gguf: GGUF version 1")
+	_, err = Open(dir)
 	require.ErrorContains(t, err, "not a regular file")
 }

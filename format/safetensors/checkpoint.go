@@ -1,4 +1,4 @@
-package moe
+package safetensors
 
 import (
 	"encoding/binary"
@@ -7,39 +7,42 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"unsafe"
 
+	"github.com/moex-project/moex/format"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 )
 
-// Checkpoint is a Hugging Face checkpoint folder: config.json plus one
-// model.safetensors, or shards listed in model.safetensors.index.json. Shard
-// files are mapped lazily, the first time one of their tensors is asked for,
-// so a caller that needs a few tensors maps only the files that hold them.
+// Checkpoint is the weights of a Hugging Face checkpoint folder: one
+// model.safetensors, or shards listed in model.safetensors.index.json (or,
+// with neither, every *.safetensors in the folder). Shard files are mapped
+// lazily, the first time one of their tensors is asked for, so a caller
+// that needs a few tensors maps only the files that hold them. Safe for
+// concurrent use; each file is mapped once however many callers read it.
 type Checkpoint struct {
-	Dir    string
-	Config *Config
+	Dir string
+	// Quant is config.json's quantization_config (nil: none), which says
+	// how the quantized tensors are stored.
+	Quant *Quantization
 
 	mu       sync.Mutex
 	where    map[string]string // tensor name → file name; nil: every file is already open
-	files    map[string]*safetensorsFile
+	files    map[string]*file
 	accessed map[string]bool
 	closed   bool
 }
 
-// OpenCheckpoint reads dir's config.json and its safetensors index. It
-// returns an error naming the file when either is missing or malformed.
-func OpenCheckpoint(dir string) (*Checkpoint, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	c := &Checkpoint{Dir: dir, Config: cfg, files: map[string]*safetensorsFile{}}
+// Open reads dir's safetensors index (the file names, when there is
+// none), with quant the folder's quantization_config (nil: none). It
+// returns an error naming the file when the index is missing or malformed.
+func Open(dir string, quant *Quantization) (*Checkpoint, error) {
+	c := &Checkpoint{Dir: dir, Quant: quant, files: map[string]*file{}}
 	index := filepath.Join(dir, "model.safetensors.index.json")
 	data, err := regfile.ReadFile(index, maxIndexBytes)
 	switch {
@@ -48,20 +51,20 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(data, &idx); err != nil {
-			return nil, fmt.Errorf("moe: %s: %w", index, err)
+			return nil, fmt.Errorf("safetensors: %s: %w", index, err)
 		}
 		if len(idx.WeightMap) == 0 {
-			return nil, fmt.Errorf("moe: %s: empty weight_map", index)
+			return nil, fmt.Errorf("safetensors: %s: empty weight_map", index)
 		}
 		for name, file := range idx.WeightMap {
 			if file == "" || file != filepath.Base(file) || strings.HasPrefix(file, ".") {
-				return nil, fmt.Errorf("moe: %s: tensor %q maps to %q, which is not a file in the checkpoint folder", index, name, file)
+				return nil, fmt.Errorf("safetensors: %s: tensor %q maps to %q, which is not a file in the checkpoint folder", index, name, file)
 			}
 		}
 		c.where = idx.WeightMap
 		return c, nil
 	case !errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("moe: %w", err)
+		return nil, fmt.Errorf("safetensors: %w", err)
 	}
 	// No index: model.safetensors, or else every *.safetensors in the folder.
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
@@ -69,7 +72,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 		paths = []string{single}
 	}
 	if len(paths) == 0 {
-		return nil, fmt.Errorf("moe: %s: no model.safetensors, model.safetensors.index.json or *.safetensors", dir)
+		return nil, fmt.Errorf("safetensors: %s: no model.safetensors, model.safetensors.index.json or *.safetensors", dir)
 	}
 	sort.Strings(paths)
 	c.where = map[string]string{}
@@ -82,7 +85,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 		for name := range f.hdr.Tensors {
 			if prev, dup := c.where[name]; dup {
 				c.Close()
-				return nil, fmt.Errorf("moe: tensor %q is in both %s and %s", name, prev, filepath.Base(p))
+				return nil, fmt.Errorf("safetensors: tensor %q is in both %s and %s", name, prev, filepath.Base(p))
 			}
 			c.where[name] = filepath.Base(p)
 		}
@@ -90,12 +93,8 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	return c, nil
 }
 
-// maxIndexBytes and maxConfigBytes bound what is read of an index or a
-// config.json (DeepSeek-V3's index is 9 MB, its config 2 KB).
-const (
-	maxIndexBytes  = 1 << 30
-	maxConfigBytes = 64 << 20
-)
+// maxIndexBytes bounds what is read of an index (DeepSeek-V3's is 9 MB).
+const maxIndexBytes = 1 << 30
 
 func fileExists(p string) bool {
 	st, err := os.Stat(p)
@@ -103,11 +102,11 @@ func fileExists(p string) bool {
 }
 
 // open maps a file of the checkpoint once; c.mu is held or c is not shared yet.
-func (c *Checkpoint) open(file string) (*safetensorsFile, error) {
+func (c *Checkpoint) open(file string) (*file, error) {
 	if f, ok := c.files[file]; ok {
 		return f, nil
 	}
-	f, err := openSafetensors(filepath.Join(c.Dir, file))
+	f, err := openFile(filepath.Join(c.Dir, file))
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +129,7 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return kernels.Matrix{}, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrClosed, "safetensors: checkpoint %s is closed", c.Dir)
 	}
 	if c.accessed == nil {
 		c.accessed = map[string]bool{}
@@ -138,12 +137,12 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	file, ok := c.where[name]
 	if !ok {
 		if _, packed := c.where[name+"_packed"]; packed {
-			if err := c.checkQuantizable(name, "int4 ("+name+"_packed)"); err != nil {
+			if err := c.CheckQuantizable(name, "int4 ("+name+"_packed)"); err != nil {
 				return kernels.Matrix{}, err
 			}
 			return c.int4Matrix(name, shape)
 		}
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrMissingTensor, "safetensors: checkpoint %s: missing tensor %q", c.Dir, name)
 	}
 	c.accessed[name] = true
 	f, err := c.open(file)
@@ -152,10 +151,10 @@ func (c *Checkpoint) Matrix(name string, shape ...int) (kernels.Matrix, error) {
 	}
 	t, ok := f.hdr.Tensors[name]
 	if !ok {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrMissingTensor, "safetensors: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
 	if t.DType == "F8_E4M3" {
-		if err := c.checkQuantizable(name, "F8_E4M3"); err != nil {
+		if err := c.CheckQuantizable(name, "F8_E4M3"); err != nil {
 			return kernels.Matrix{}, err
 		}
 		return c.fp8Matrix(f, name, shape)
@@ -169,7 +168,7 @@ func (c *Checkpoint) Int32s(name string, shape ...int) ([]int32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errkind.Errorf(ErrClosed, "moe: checkpoint %s is closed", c.Dir)
+		return nil, errkind.Errorf(format.ErrClosed, "safetensors: checkpoint %s is closed", c.Dir)
 	}
 	if c.accessed == nil {
 		c.accessed = map[string]bool{}
@@ -180,10 +179,10 @@ func (c *Checkpoint) Int32s(name string, shape ...int) ([]int32, error) {
 	}
 	t, ok := f.hdr.Tensors[name]
 	if !ok {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q (the index says it is here)", f.path, name)
+		return nil, errkind.Errorf(format.ErrMissingTensor, "safetensors: %s: missing tensor %q (the index says it is here)", f.path, name)
 	}
 	if t.DType != "I32" && t.DType != "I64" {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want I32 or I64", f.path, name, t.DType)
+		return nil, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q has dtype %s, want I32 or I64", f.path, name, t.DType)
 	}
 	raw, err := f.bytes(name, t.DType, shape)
 	if err != nil {
@@ -200,28 +199,28 @@ func (c *Checkpoint) Int32s(name string, shape ...int) ([]int32, error) {
 	for i := range out {
 		v := int64(binary.LittleEndian.Uint64(raw[8*i:]))
 		if v != int64(int32(v)) {
-			return nil, errkind.Errorf(ErrShape, "moe: %s: tensor %q holds %d at [%d], outside int32", f.path, name, v, i)
+			return nil, errkind.Errorf(format.ErrShape, "safetensors: %s: tensor %q holds %d at [%d], outside int32", f.path, name, v, i)
 		}
 		out[i] = int32(v)
 	}
 	return out, nil
 }
 
-// checkQuantizable refuses a quantized tensor whose module config.json
+// CheckQuantizable refuses a quantized tensor whose module config.json
 // lists as left unquantized: the checkpoint and its config disagree.
-func (c *Checkpoint) checkQuantizable(name, stored string) error {
+func (c *Checkpoint) CheckQuantizable(name, stored string) error {
 	module := strings.TrimSuffix(name, ".weight")
-	if rule, ok := c.Config.Quant.Unquantized(module); ok {
-		return errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is stored %s but quantization_config's %s leaves module %q unquantized", c.Dir, name, stored, rule, module)
+	if rule, ok := c.Quant.Unquantized(module); ok {
+		return errkind.Errorf(format.ErrUnsupported, "safetensors: checkpoint %s: tensor %q is stored %s but quantization_config's %s leaves module %q unquantized", c.Dir, name, stored, rule, module)
 	}
 	return nil
 }
 
 // tensorFile maps the file that holds tensor name; c.mu is held.
-func (c *Checkpoint) tensorFile(name string) (*safetensorsFile, error) {
+func (c *Checkpoint) tensorFile(name string) (*file, error) {
 	file, ok := c.where[name]
 	if !ok {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: missing tensor %q", c.Dir, name)
+		return nil, errkind.Errorf(format.ErrMissingTensor, "safetensors: checkpoint %s: missing tensor %q", c.Dir, name)
 	}
 	c.accessed[name] = true
 	return c.open(file)
@@ -233,19 +232,19 @@ func (c *Checkpoint) tensorFile(name string) (*safetensorsFile, error) {
 // name_scale ([rows, cols/group]) and name_shape ([rows, cols]), the
 // scheme config.json declares; c.mu is held.
 func (c *Checkpoint) int4Matrix(name string, shape []int) (kernels.Matrix, error) {
-	q := c.Config.Quant
+	q := c.Quant
 	if q == nil || q.Method != "compressed-tensors" {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is stored packed (%s_packed) but config.json has no compressed-tensors quantization_config", c.Dir, name, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: checkpoint %s: tensor %q is stored packed (%s_packed) but config.json has no compressed-tensors quantization_config", c.Dir, name, name)
 	}
 	if len(shape) != 2 {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q is int4; only matrices may be", c.Dir, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: checkpoint %s: tensor %q is int4; only matrices may be", c.Dir, name)
 	}
 	rows, cols := shape[0], shape[1]
 	if cols%8 != 0 || cols%q.GroupSize != 0 {
-		return kernels.Matrix{}, errkind.Errorf(ErrShape, "moe: checkpoint %s: int4 tensor %q has %d columns, not a multiple of 8 and of the group size %d", c.Dir, name, cols, q.GroupSize)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrShape, "safetensors: checkpoint %s: int4 tensor %q has %d columns, not a multiple of 8 and of the group size %d", c.Dir, name, cols, q.GroupSize)
 	}
 	if _, asym := c.where[name+"_zero_point"]; asym {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q has %s_zero_point: asymmetric int4 is not supported", c.Dir, name, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: checkpoint %s: tensor %q has %s_zero_point: asymmetric int4 is not supported", c.Dir, name, name)
 	}
 	pname, sname, shname := name+"_packed", name+"_scale", name+"_shape"
 	f, err := c.tensorFile(pname)
@@ -260,7 +259,7 @@ func (c *Checkpoint) int4Matrix(name string, shape []int) (kernels.Matrix, error
 		if err := shf.checkShapeTensor(shname, rows, cols); err != nil {
 			return kernels.Matrix{}, err
 		}
-	} else if !errors.Is(err, ErrMissingTensor) {
+	} else if !errors.Is(err, format.ErrMissingTensor) {
 		return kernels.Matrix{}, err
 	}
 	sf, err := c.tensorFile(sname)
@@ -278,7 +277,7 @@ func (c *Checkpoint) int4Matrix(name string, shape []int) (kernels.Matrix, error
 	}
 	m, err := kernels.NewINT4(rows, cols, q.GroupSize, data, scales)
 	if err != nil {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q: %w", f.path, pname, err)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q: %w", f.path, pname, err)
 	}
 	return m, nil
 }
@@ -286,13 +285,13 @@ func (c *Checkpoint) int4Matrix(name string, shape []int) (kernels.Matrix, error
 // fp8Matrix reads the FP8 weight name of f with its scales, the tensor
 // name + "_scale_inv" ([ceil(rows/block), ceil(cols/block)], F32 or BF16)
 // in the block size config.json's quantization_config gives; c.mu is held.
-func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (kernels.Matrix, error) {
-	q := c.Config.Quant
+func (c *Checkpoint) fp8Matrix(f *file, name string, shape []int) (kernels.Matrix, error) {
+	q := c.Quant
 	if q == nil || q.Method != "fp8" {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E4M3 but config.json has no fp8 quantization_config", f.path, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q is F8_E4M3 but config.json has no fp8 quantization_config", f.path, name)
 	}
 	if len(shape) != 2 {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E4M3; only matrices may be fp8", f.path, name)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q is F8_E4M3; only matrices may be fp8", f.path, name)
 	}
 	data, err := f.bytes(name, "F8_E4M3", shape)
 	if err != nil {
@@ -301,7 +300,7 @@ func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (ke
 	rows, cols := shape[0], shape[1]
 	sname := name + "_scale_inv"
 	if _, ok := c.where[sname]; !ok {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: checkpoint %s: fp8 tensor %q has no scales %q", c.Dir, name, sname)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrMissingTensor, "safetensors: checkpoint %s: fp8 tensor %q has no scales %q", c.Dir, name, sname)
 	}
 	sf, err := c.tensorFile(sname)
 	if err != nil {
@@ -318,14 +317,14 @@ func (c *Checkpoint) fp8Matrix(f *safetensorsFile, name string, shape []int) (ke
 	}
 	m, err := kernels.NewFP8(rows, cols, data, scales, q.BlockRows, q.BlockCols)
 	if err != nil {
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q: %w", f.path, name, err)
+		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q: %w", f.path, name, err)
 	}
 	return m, nil
 }
 
-// explainFault turns a *kernels.FaultError on one of c's mapped files into
-// an ErrFileChanged error naming the file; other errors pass unchanged.
-func (c *Checkpoint) explainFault(err error) error {
+// ExplainFault turns a *kernels.FaultError on one of c's mapped files into
+// an format.ErrFileChanged error naming the file; other errors pass unchanged.
+func (c *Checkpoint) ExplainFault(err error) error {
 	var f *kernels.FaultError
 	if c == nil || !errors.As(err, &f) {
 		return err
@@ -338,7 +337,7 @@ func (c *Checkpoint) explainFault(err error) error {
 		}
 		base := uintptr(unsafe.Pointer(unsafe.SliceData(sf.data)))
 		if f.Addr >= base && f.Addr-base < uintptr(len(sf.data)) {
-			return errkind.Errorf(ErrFileChanged, "moe: checkpoint file %s was cut short or replaced in place while the layer read it: "+
+			return errkind.Errorf(format.ErrFileChanged, "safetensors: checkpoint file %s was cut short or replaced in place while it was read: "+
 				"its byte %d (of %d when mapped) faulted; replace checkpoint files by renaming new ones into place", sf.path, f.Addr-base, len(sf.data))
 		}
 	}
@@ -378,7 +377,44 @@ func (c *Checkpoint) Close() error {
 	for _, f := range c.files {
 		errs = append(errs, f.close())
 	}
-	c.files = map[string]*safetensorsFile{}
+	c.files = map[string]*file{}
 	c.closed = true
 	return errors.Join(errs...)
+}
+
+// Tensor is one tensor's entry and its bytes in the mapping.
+type Tensor struct {
+	Name, Path string // the tensor's name and its file's path
+	DType      string
+	Shape      []int
+	Data       []byte // valid until the checkpoint's Close
+}
+
+// Raw is tensor name, which must have exactly shape and one of dtypes, as
+// its stored bytes: for weights in a layout of their own (gpt-oss's fused
+// MXFP4 experts), which the caller decodes.
+func (c *Checkpoint) Raw(name string, shape []int, dtypes ...string) (Tensor, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return Tensor{}, errkind.Errorf(format.ErrClosed, "safetensors: checkpoint %s is closed", c.Dir)
+	}
+	if c.accessed == nil {
+		c.accessed = map[string]bool{}
+	}
+	f, err := c.tensorFile(name)
+	if err != nil {
+		return Tensor{}, err
+	}
+	t, ok := f.hdr.Tensors[name]
+	if !ok {
+		return Tensor{}, errkind.Errorf(format.ErrMissingTensor, "safetensors: %s: missing tensor %q (the index says it is here)", f.path, name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return Tensor{}, errkind.Errorf(format.ErrShape, "safetensors: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, shape)
+	}
+	if !slices.Contains(dtypes, t.DType) {
+		return Tensor{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q has dtype %s, want %v", f.path, name, t.DType, dtypes)
+	}
+	return Tensor{Name: name, Path: f.path, DType: t.DType, Shape: t.Shape, Data: f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]}, nil
 }

@@ -1,4 +1,4 @@
-package moe
+package safetensors
 
 import (
 	"bytes"
@@ -11,14 +11,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/moex-project/moex/internal/errkind"
-	"github.com/moex-project/moex/internal/hugepage"
-	"github.com/moex-project/moex/internal/regfile"
-	"github.com/moex-project/moex/kernels"
 )
 
 // maxHeaderSize bounds the JSON header of a safetensors file, as the
@@ -180,146 +172,4 @@ func checkOverlap(tensors map[string]tensorInfo) error {
 		}
 	}
 	return nil
-}
-
-// mapFile maps the regular file path read-only; a file shorter than least
-// bytes is the error short makes.
-func mapFile(path string, least int64, short func(size int64) error) ([]byte, error) {
-	f, err := regfile.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("moe: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("moe: %w", err)
-	}
-	size := st.Size()
-	if size < least {
-		return nil, short(size)
-	}
-	if size > math.MaxInt {
-		return nil, fmt.Errorf("moe: %s: too large to map", path)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("moe: %s: mmap: %w", path, err)
-	}
-	hugepage.Advise(data) // file-backed: honoured where the kernel has read-only THP for files
-	return data, nil
-}
-
-// safetensorsFile is one memory-mapped safetensors file.
-type safetensorsFile struct {
-	path string
-	data []byte // the whole file, mapped read-only
-	hdr  *Header
-}
-
-func openSafetensors(path string) (*safetensorsFile, error) {
-	data, err := mapFile(path, 8, func(size int64) error {
-		return fmt.Errorf("moe: %s: file of %d bytes is too short for a safetensors header", path, size)
-	})
-	if err != nil {
-		return nil, err
-	}
-	size := int64(len(data))
-	hdr, err := ParseHeader(data, size)
-	if err != nil {
-		unix.Munmap(data)
-		return nil, fmt.Errorf("moe: %s: %w", path, err)
-	}
-	return &safetensorsFile{path: path, data: data, hdr: hdr}, nil
-}
-
-func (f *safetensorsFile) close() error {
-	if f.data == nil {
-		return nil
-	}
-	err := unix.Munmap(f.data)
-	f.data = nil
-	return err
-}
-
-// matrix returns tensor name as a weight matrix of the given shape; a
-// vector is a matrix of one row, and wantShape then has one dimension. The
-// data stays in the mapping unless it is misaligned for its dtype, in which
-// case it is copied once.
-func (f *safetensorsFile) matrix(name string, wantShape ...int) (kernels.Matrix, error) {
-	t, ok := f.hdr.Tensors[name]
-	if !ok {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.path, name)
-	}
-	if !slices.Equal(t.Shape, wantShape) {
-		return kernels.Matrix{}, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, wantShape)
-	}
-	rows, cols := 1, wantShape[len(wantShape)-1]
-	if len(wantShape) == 2 {
-		rows = wantShape[0]
-	}
-	raw := f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]
-	switch t.DType {
-	case "F32":
-		return kernels.NewF32(rows, cols, castSlice[float32](raw))
-	case "BF16":
-		return kernels.NewHalf(kernels.BF16, rows, cols, castSlice[uint16](raw))
-	case "F16":
-		return kernels.NewHalf(kernels.F16, rows, cols, castSlice[uint16](raw))
-	case "F8_E5M2":
-		return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q is F8_E5M2: fp8 weights must be e4m3 (F8_E4M3)", f.path, name)
-	}
-	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.path, name, t.DType)
-}
-
-// bytes returns the bytes of tensor name, which must be of dtype and have
-// exactly shape.
-func (f *safetensorsFile) bytes(name, dtype string, shape []int) ([]byte, error) {
-	t, ok := f.hdr.Tensors[name]
-	if !ok {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: missing tensor %q", f.path, name)
-	}
-	if !slices.Equal(t.Shape, shape) {
-		return nil, errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q has shape %v, the config needs %v", f.path, name, t.Shape, shape)
-	}
-	if t.DType != dtype {
-		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s, want %s", f.path, name, t.DType, dtype)
-	}
-	return f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End], nil
-}
-
-// checkShapeTensor checks that tensor name, a shape ([2] of I32 or I64),
-// says [rows, cols].
-func (f *safetensorsFile) checkShapeTensor(name string, rows, cols int) error {
-	t := f.hdr.Tensors[name]
-	raw := f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]
-	var got []int64
-	switch {
-	case t.DType == "I32" && slices.Equal(t.Shape, []int{2}):
-		got = []int64{int64(int32(binary.LittleEndian.Uint32(raw))), int64(int32(binary.LittleEndian.Uint32(raw[4:])))}
-	case t.DType == "I64" && slices.Equal(t.Shape, []int{2}):
-		got = []int64{int64(binary.LittleEndian.Uint64(raw)), int64(binary.LittleEndian.Uint64(raw[8:]))}
-	default:
-		return errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q is %s %v, want a shape: I32 or I64 [2]", f.path, name, t.DType, t.Shape)
-	}
-	if got[0] != int64(rows) || got[1] != int64(cols) {
-		return errkind.Errorf(ErrMissingTensor, "moe: %s: tensor %q says the weight is %v, the config needs [%d %d]", f.path, name, got, rows, cols)
-	}
-	return nil
-}
-
-// castSlice reinterprets little-endian bytes as a slice of T, copying them
-// to an aligned buffer when the bytes are not aligned for T.
-func castSlice[T float32 | uint16](raw []byte) []T {
-	var zero T
-	size := int(unsafe.Sizeof(zero))
-	n := len(raw) / size
-	if n == 0 {
-		return []T{}
-	}
-	if uintptr(unsafe.Pointer(&raw[0]))%uintptr(size) != 0 {
-		out := make([]T, n)
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), len(raw)), raw)
-		return out
-	}
-	return unsafe.Slice((*T)(unsafe.Pointer(&raw[0])), n)
 }
