@@ -18,7 +18,7 @@ import (
 func TestRoutingKernels(t *testing.T) {
 	d := cudatest.Open(t)
 	cfg := &moe.Config{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid,
-		Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1}
+		Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5}
 	const T = 33
 	rng := rand.New(rand.NewPCG(1, 2))
 	logits := make([]float32, T*cfg.NumExperts)

@@ -2,44 +2,68 @@ package dpattn
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
-	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
 // AttnConfig is the attention part of a DeepSeek-V2/V3 config.json.
 type AttnConfig struct {
-	Hidden     int          `json:"hidden_size"`
-	Heads      int          `json:"num_attention_heads"`
-	QLoraRank  *int         `json:"q_lora_rank"` // nil: a plain q_proj
-	KVLoraRank int          `json:"kv_lora_rank"`
-	NopeDim    int          `json:"qk_nope_head_dim"`
-	RopeDim    int          `json:"qk_rope_head_dim"`
-	VDim       int          `json:"v_head_dim"`
-	RopeTheta  float64      `json:"rope_theta"`
-	RMSNormEps float64      `json:"rms_norm_eps"`
-	Bias       bool         `json:"attention_bias"`
-	Scaling    *YarnScaling `json:"rope_scaling"`
+	Hidden     int
+	Heads      int
+	QLoraRank  *int // nil: a plain q_proj
+	KVLoraRank int
+	NopeDim    int
+	RopeDim    int
+	VDim       int
+	RopeTheta  float64
+	RMSNormEps float64
+	Bias       bool
+	Scaling    *YarnScaling
 }
 
 // YarnScaling is config.json's rope_scaling (only "yarn" changes anything).
-type YarnScaling struct {
-	Type        string  `json:"type"`
-	Factor      float64 `json:"factor"`
-	OrigMaxPos  float64 `json:"original_max_position_embeddings"`
-	BetaFast    float64 `json:"beta_fast"`
-	BetaSlow    float64 `json:"beta_slow"`
-	MScale      float64 `json:"mscale"`
-	MScaleAllDm float64 `json:"mscale_all_dim"`
+type YarnScaling = arch.RoPEScaling
+
+// MLAConfig is the MLA attention of a model's config (arch.Load), checked:
+// an error names the file (where) and what is missing or out of range.
+func MLAConfig(a *arch.Config, where string) (AttnConfig, error) {
+	at := a.Attention
+	if at.Kind != arch.MLA {
+		return AttnConfig{}, fmt.Errorf("dpattn: %s (model_type %q) has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it, and other families have none", where, a.Name)
+	}
+	for _, key := range a.Missing {
+		switch key {
+		case "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim":
+			return AttnConfig{}, fmt.Errorf("dpattn: %s: %s is missing", where, key)
+		}
+	}
+	cfg := AttnConfig{Hidden: a.Hidden, Heads: at.Heads, QLoraRank: at.QLoraRank, KVLoraRank: at.KVLoraRank, NopeDim: at.NopeDim,
+		RopeDim: at.RopeDim, VDim: at.VDim, RopeTheta: at.RoPE.Theta, RMSNormEps: a.NormEps, Bias: at.Bias, Scaling: at.RoPE.Scaling}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hidden_size", cfg.Hidden}, {"num_attention_heads", cfg.Heads}, {"kv_lora_rank", cfg.KVLoraRank},
+		{"qk_nope_head_dim", cfg.NopeDim}, {"qk_rope_head_dim", cfg.RopeDim}, {"v_head_dim", cfg.VDim}} {
+		if f.v <= 0 {
+			return AttnConfig{}, fmt.Errorf("dpattn: %s: %s is %d, must be positive", where, f.name, f.v)
+		}
+	}
+	if cfg.RopeDim%2 != 0 {
+		return AttnConfig{}, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
+	}
+	if cfg.Bias {
+		return AttnConfig{}, fmt.Errorf("dpattn: attention_bias is true: attention biases are not supported")
+	}
+	return cfg, nil
 }
 
 // MLABlock is a DeepSeek-V2/V3 attention block run in MLA's absorbed form:
@@ -92,55 +116,37 @@ func (b *MLABlock) Weights() MLAWeights {
 }
 
 // LoadMLABlock maps layer n's self_attn tensors from a deepseek_v2 or
-// deepseek_v3 checkpoint.
+// deepseek_v3 checkpoint folder; the block owns the checkpoint it opens.
 func LoadMLABlock(dir string, n int) (*MLABlock, error) {
-	data, err := regfile.ReadFile(filepath.Join(dir, "config.json"), 64<<20)
-	if err != nil {
-		return nil, fmt.Errorf("dpattn: %w", err)
-	}
-	var cfg AttnConfig
-	cfg.RMSNormEps, cfg.RopeTheta = 1e-6, 10000
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return nil, fmt.Errorf("dpattn: %s/config.json: %w", dir, err)
-	}
-	var keys map[string]json.RawMessage
-	_ = json.Unmarshal(data, &keys) // an object: the line above parsed it
-	if _, ok := keys["kv_lora_rank"]; !ok {
-		var mt struct {
-			ModelType string `json:"model_type"`
-		}
-		_ = json.Unmarshal(data, &mt)
-		return nil, fmt.Errorf("dpattn: %s/config.json (model_type %q) has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it, and other families have none", dir, mt.ModelType)
-	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"hidden_size", cfg.Hidden}, {"num_attention_heads", cfg.Heads}, {"kv_lora_rank", cfg.KVLoraRank},
-		{"qk_nope_head_dim", cfg.NopeDim}, {"qk_rope_head_dim", cfg.RopeDim}, {"v_head_dim", cfg.VDim}} {
-		if _, ok := keys[f.name]; !ok {
-			return nil, fmt.Errorf("dpattn: %s/config.json: %s is missing", dir, f.name)
-		}
-		if f.v <= 0 {
-			return nil, fmt.Errorf("dpattn: %s/config.json: %s is %d, must be positive", dir, f.name, f.v)
-		}
-	}
-	if cfg.RopeDim%2 != 0 {
-		return nil, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
-	}
-	if cfg.Bias {
-		return nil, fmt.Errorf("dpattn: attention_bias is true: attention biases are not supported")
-	}
-	ck, err := moe.OpenCheckpoint(dir)
+	a, err := arch.Load(dir)
 	if err != nil {
 		return nil, err
 	}
-	b, err := newMLABlock(ck.Matrix, n, cfg)
+	if _, err := MLAConfig(a, filepath.Join(dir, "config.json")); err != nil {
+		return nil, err
+	}
+	ck, err := moe.OpenCheckpointConfig(dir, a)
+	if err != nil {
+		return nil, err
+	}
+	b, err := LoadMLABlockFrom(ck, n)
 	if err != nil {
 		ck.Close()
 		return nil, err
 	}
 	b.ck = ck
 	return b, nil
+}
+
+// LoadMLABlockFrom is LoadMLABlock over a checkpoint already open (a whole
+// model's, shared by its layers): the block refers to its mappings and
+// does not close it.
+func LoadMLABlockFrom(ck *moe.Checkpoint, n int) (*MLABlock, error) {
+	cfg, err := MLAConfig(ck.Arch, filepath.Join(ck.Dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	return newMLABlock(ck.Matrix, n, cfg)
 }
 
 // tensorSource returns a named weight of the given shape.

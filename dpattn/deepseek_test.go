@@ -74,10 +74,11 @@ func TestLoadMLABlockConfig(t *testing.T) {
 	write := func(cfg string) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644))
 	}
-	write(`{"model_type": "mixtral", "hidden_size": 16}`)
+	write(`{"model_type": "mixtral", "hidden_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 8}`)
 	_, err := dpattn.LoadMLABlock(dir, 0)
 	require.ErrorContains(t, err, `(model_type "mixtral") has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it`)
-	write(`{"model_type": "deepseek_v2", "hidden_size": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4}`)
+	write(`{"model_type": "deepseek_v2", "hidden_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+		"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4}`)
 	_, err = dpattn.LoadMLABlock(dir, 0)
 	require.ErrorContains(t, err, "num_attention_heads is missing")
 }

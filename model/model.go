@@ -8,14 +8,14 @@ package model
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/dpattn"
-	"github.com/moex-project/moex/internal/regfile"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -23,7 +23,8 @@ import (
 // Model is a loaded whole model. Its methods may be called from several
 // goroutines once loaded; Close releases the checkpoint's mappings.
 type Model struct {
-	// Config is the MoE block's config (moe.LoadConfig) of the checkpoint.
+	// Arch is the whole model's config (arch.Load); Config its MoE block.
+	Arch   *arch.Config
 	Config *moe.Config
 	// Vocab and Hidden are vocab_size and hidden_size.
 	Vocab, Hidden int
@@ -70,66 +71,57 @@ type decoderLayer struct {
 	dense            kernels.FFNGroup // the dense MLP's weights (Rows, Out unset)
 }
 
-// header is what Load reads of config.json beside moe.LoadConfig.
-type header struct {
-	Vocab      *int    `json:"vocab_size"`
-	DenseInter int     `json:"intermediate_size"`
-	Eps        float64 `json:"rms_norm_eps"`
-	Tied       bool    `json:"tie_word_embeddings"`
-}
-
 // Load opens a deepseek_v2 or deepseek_v3 checkpoint (or one of the
-// DeepSeek-V3 aliases moe reads, such as kimi_k2) as a whole model. It
-// fails naming the file, the tensor or the key when something is missing
-// or misshapen.
+// DeepSeek-V3 aliases arch reads, such as kimi_k2) as a whole model: its
+// config.json read once (arch.Load) and its files opened once, shared by
+// every layer. It fails naming the file, the tensor or the key when
+// something is missing or misshapen.
 func Load(dir string) (*Model, error) {
-	cfg, err := moe.LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.ModelType != "deepseek_v2" && cfg.ModelType != "deepseek_v3" {
-		return nil, fmt.Errorf("model: %s: model_type %q (read as %s): a whole model runs deepseek_v2 and deepseek_v3 (and their aliases); other families load as MoE blocks (moe.Load)",
-			dir, cfg.Name, cfg.ModelType)
-	}
-	path := filepath.Join(dir, "config.json")
-	data, err := regfile.ReadFile(path, 16<<20)
-	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
-	}
-	h := header{Eps: 1e-6}
-	if err := json.Unmarshal(data, &h); err != nil {
-		return nil, fmt.Errorf("model: %s: %w", path, err)
-	}
-	switch {
-	case h.Vocab == nil:
-		return nil, fmt.Errorf("model: %s: vocab_size is missing", path)
-	case *h.Vocab < 1:
-		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, *h.Vocab)
-	case cfg.NumLayers < 1:
-		return nil, fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
-	case !(h.Eps > 0):
-		return nil, fmt.Errorf("model: %s: rms_norm_eps %v must be positive", path, h.Eps)
-	}
 	ck, err := moe.OpenCheckpoint(dir)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: cfg, Vocab: *h.Vocab, Hidden: cfg.Hidden, eps: h.Eps, ck: ck}
-	if err := m.load(dir, h); err != nil {
+	m, err := load(ck)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func load(ck *moe.Checkpoint) (*Model, error) {
+	a, path := ck.Arch, filepath.Join(ck.Dir, "config.json")
+	if a.Attention.Kind != arch.MLA {
+		return nil, fmt.Errorf("model: %s: model_type %q (read as %s): a whole model runs deepseek_v2 and deepseek_v3 (and their aliases); other families load as MoE blocks (moe.Load)",
+			ck.Dir, a.Name, a.Family)
+	}
+	switch {
+	case slices.Contains(a.Missing, "vocab_size"):
+		return nil, fmt.Errorf("model: %s: vocab_size is missing", path)
+	case a.Vocab < 1:
+		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, a.Vocab)
+	case a.Layers < 1:
+		return nil, fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
+	case !(a.NormEps > 0):
+		return nil, fmt.Errorf("model: %s: rms_norm_eps %v must be positive", path, a.NormEps)
+	}
+	m := &Model{Arch: a, Config: &a.MoE, Vocab: a.Vocab, Hidden: a.Hidden, eps: a.NormEps, ck: ck}
+	if err := m.load(); err != nil {
+		m.ck = nil // the caller closes it
 		m.Close()
 		return nil, err
 	}
 	return m, nil
 }
 
-func (m *Model) load(dir string, h header) error {
+func (m *Model) load() error {
 	H, V := m.Hidden, m.Vocab
 	var err error
 	if m.embed, err = m.ck.Matrix("model.embed_tokens.weight", V, H); err != nil {
 		return err
 	}
 	head := "lm_head.weight"
-	if h.Tied { // as transformers ties them: the embedding, whatever lm_head.weight holds
+	if m.Arch.TiedEmbeddings { // as transformers ties them: the embedding, whatever lm_head.weight holds
 		head = "model.embed_tokens.weight"
 	}
 	if m.lmHead, err = m.ck.Matrix(head, V, H); err != nil {
@@ -138,7 +130,7 @@ func (m *Model) load(dir string, h header) error {
 	if m.norm, err = m.vector("model.norm.weight"); err != nil {
 		return err
 	}
-	for l := range m.Config.NumLayers {
+	for l := range m.Arch.Layers {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		var d decoderLayer
 		if d.inNorm, err = m.vector(p + "input_layernorm.weight"); err != nil {
@@ -147,14 +139,14 @@ func (m *Model) load(dir string, h header) error {
 		if d.postNorm, err = m.vector(p + "post_attention_layernorm.weight"); err != nil {
 			return err
 		}
-		if d.attn, err = dpattn.LoadMLABlock(dir, l); err != nil {
+		if d.attn, err = dpattn.LoadMLABlockFrom(m.ck, l); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		m.layers = append(m.layers, d) // so that Close releases what is loaded
 		last := &m.layers[len(m.layers)-1]
 		last.moe, err = moe.LoadFrom(m.ck, l)
 		if errors.Is(err, moe.ErrDenseLayer) {
-			last.moe, err = nil, m.loadDense(last, p+"mlp.", h.DenseInter)
+			last.moe, err = nil, m.loadDense(last, p+"mlp.", m.Arch.DenseInter)
 		}
 		if err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)

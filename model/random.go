@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/memlimit"
@@ -36,8 +37,8 @@ const ByteVocab = 260
 // a dense first layer) at hidden 64, three layers, eight experts of width
 // 32, top-2, over the byte vocabulary.
 func Tiny() Preset {
-	m := moe.Config{ModelType: "deepseek_v2", Hidden: 64, NumLayers: 3, NumExperts: 8, TopK: 2, Inter: 32, SharedInter: 32,
-		Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1, FirstKDense: 1, LayerFreq: 1, KVLoraRank: 32, RopeDim: 8}
+	m := moe.Config{ModelType: "deepseek_v2", Name: "deepseek_v2", Hidden: 64, NumExperts: 8, TopK: 2, Inter: 32, SharedInter: 32,
+		Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1}
 	a := dpattn.AttnConfig{Hidden: 64, Heads: 4, KVLoraRank: 32, NopeDim: 16, RopeDim: 8, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}
 	return Preset{Name: "tiny", MoE: m, Attn: a, Vocab: ByteVocab, Layers: 3, FirstKDense: 1, DenseInter: 128, RMSNormEps: 1e-6,
 		WeightDType: kernels.BF16, EmbeddingDType: kernels.F32}
@@ -51,7 +52,6 @@ func Tiny() Preset {
 // tokenizer; the embedding and lm_head are 2 MB instead of 0.8 GB).
 func DeepSeekV2Lite(layers int) Preset {
 	m := *moe.DeepSeekV2Lite()
-	m.NumLayers = layers
 	return Preset{Name: "deepseek-v2-lite", MoE: m, Attn: dpattn.DeepSeekV2LiteAttention(), Vocab: ByteVocab, Layers: layers,
 		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
 }
@@ -76,9 +76,13 @@ func NewRandom(p Preset, seed uint64) (*Model, error) {
 	if err := memlimit.Check(fmt.Sprintf("model: preset %q", p.Name), total); err != nil {
 		return nil, err
 	}
-	cfg := p.MoE
-	cfg.NumLayers, cfg.FirstKDense = p.Layers, p.FirstKDense
-	m := &Model{Config: &cfg, Vocab: p.Vocab, Hidden: H, eps: p.RMSNormEps}
+	a := &arch.Config{Family: p.MoE.ModelType, Name: p.MoE.Name, Hidden: H, Layers: p.Layers, Vocab: p.Vocab, NormEps: p.RMSNormEps,
+		DenseInter: p.DenseInter, FirstKDense: p.FirstKDense, LayerFreq: 1, MoE: p.MoE,
+		Attention: arch.Attention{Kind: arch.MLA, Heads: p.Attn.Heads, KVHeads: p.Attn.Heads, HeadDim: p.Attn.NopeDim + p.Attn.RopeDim,
+			QLoraRank: p.Attn.QLoraRank, KVLoraRank: p.Attn.KVLoraRank, NopeDim: p.Attn.NopeDim, RopeDim: p.Attn.RopeDim, VDim: p.Attn.VDim,
+			RoPE: arch.RoPE{Theta: p.Attn.RopeTheta, Scaling: p.Attn.Scaling}}}
+	cfg := a.MoE
+	m := &Model{Arch: a, Config: &a.MoE, Vocab: p.Vocab, Hidden: H, eps: p.RMSNormEps}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f64))
 	uniform := func(rows, cols int, scale float64, dt kernels.DType) kernels.Matrix {
 		v := make([]float32, rows*cols)

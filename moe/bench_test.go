@@ -59,13 +59,13 @@ func BenchmarkFamilies(b *testing.B) {
 	v4.NumExperts = 8
 	v3 := &moe.Config{ModelType: "deepseek_v3", Hidden: v4.Hidden, NumExperts: 8, TopK: v4.TopK, Inter: v4.Inter, SharedInter: v4.SharedInter,
 		Scoring: moe.Sigmoid, Method: moe.NoAuxTC, ScoreBiasInput: true, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormEps: 1e-20,
-		RoutedScaling: 1.5, LayerFreq: 1}
+		RoutedScaling: 1.5}
 	gemma := &moe.Config{ModelType: "gemma4", Hidden: 2816, NumExperts: 8, TopK: 8, Inter: 704, SharedInter: 2112,
 		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, ResidualInput: true, RMSNormEps: 1e-6,
 		Act: kernels.Activation{Kind: kernels.GeGLU}, SharedAct: kernels.Activation{Kind: kernels.GeGLU}}
 	plain := func(c *moe.Config) *moe.Config {
 		return &moe.Config{ModelType: "qwen3_moe", Hidden: c.Hidden, NumExperts: c.NumExperts, TopK: c.TopK, Inter: c.Inter,
-			SharedInter: c.SharedInter, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1}
+			SharedInter: c.SharedInter, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
 	}
 	for _, pair := range [][2]*moe.Config{{oss, plain(oss)}, {v4, v3}, {gemma, plain(gemma)}, {plain(gemma), gemma}} {
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.MXFP4} {

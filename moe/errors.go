@@ -3,6 +3,7 @@ package moe
 import (
 	"errors"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/format"
 	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/internal/memlimit"
@@ -20,12 +21,12 @@ var (
 	// checkpoint, or has the wrong shape (format.ErrMissingTensor).
 	ErrMissingTensor = format.ErrMissingTensor
 	// ErrDenseLayer: the layer asked for is a dense MLP layer, not MoE.
-	ErrDenseLayer = errors.New("moe: dense layer")
+	ErrDenseLayer = arch.ErrDenseLayer
 	// ErrUnsupportedFormat: a weight dtype or format moex cannot run.
 	// (format.ErrUnsupported).
 	ErrUnsupportedFormat = format.ErrUnsupported
 	// ErrUnknownFamily: a model_type moex does not know.
-	ErrUnknownFamily = errors.New("moe: unknown model family")
+	ErrUnknownFamily = arch.ErrUnknownFamily
 	// ErrGGUF: a GGUF file that is not well formed or holds what moex
 	// cannot read; the message names the key, tensor or byte.
 	// (gguf.ErrMalformed).

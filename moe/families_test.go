@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
@@ -231,9 +232,9 @@ func TestNewFamiliesLoadErrors(t *testing.T) {
 	})
 	_, err = moe.ParseConfig([]byte(`{"model_type": "llama4_text", "hidden_size": 8, "num_experts_per_tok": 1, "num_local_experts": 2, "intermediate_size": 4, "interleave_moe_layer_step": 0}`))
 	require.ErrorContains(t, err, "interleave_moe_layer_step 0 must be positive")
-	c, err := moe.ParseConfig([]byte(`{"model_type": "llama4_text", "hidden_size": 8, "num_experts_per_tok": 1, "num_local_experts": 2, "intermediate_size": 4, "num_hidden_layers": 4, "interleave_moe_layer_step": 2}`))
+	c, err := arch.Parse([]byte(`{"model_type": "llama4_text", "hidden_size": 8, "num_experts_per_tok": 1, "num_local_experts": 2, "intermediate_size": 4, "num_hidden_layers": 4, "interleave_moe_layer_step": 2}`))
 	require.NoError(t, err)
-	require.Equal(t, "llama4", c.ModelType)
-	require.ErrorIs(t, c.CheckMoELayer(2), moe.ErrDenseLayer)
-	require.NoError(t, c.CheckMoELayer(3))
+	require.Equal(t, "llama4", c.MoE.ModelType)
+	require.ErrorIs(t, c.MoELayer(2), moe.ErrDenseLayer)
+	require.NoError(t, c.MoELayer(3))
 }

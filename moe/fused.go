@@ -112,7 +112,7 @@ func eachExpert(E int, keep func(e int) bool, load func(e int, x *Expert) error)
 func gptOssMXFP4(ck *Checkpoint, p string) (func(e int, x *Expert) error, error) {
 	cfg := ck.Config
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
-	if q := cfg.Quant; q == nil || q.Method != "mxfp4" {
+	if q := ck.Quant; q == nil || q.Method != "mxfp4" {
 		return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: checkpoint %s: tensor %q holds MXFP4 blocks but config.json has no mxfp4 quantization_config", ck.Dir, p+"gate_up_proj_blocks")
 	}
 	if H%32 != 0 || I%32 != 0 {

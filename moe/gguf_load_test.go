@@ -56,7 +56,7 @@ func TestLoadGGUF(t *testing.T) {
 		l, err := moe.LoadGGUF(path, c.spec.Layer)
 		require.NoError(t, err, name)
 		require.Equal(t, c.spec.ModelType, l.Config.ModelType, name)
-		require.Equal(t, max(c.spec.NumLayers, c.spec.Layer+1), l.Config.NumLayers, name)
+		require.Equal(t, max(c.spec.NumLayers, c.spec.Layer+1), l.Arch.Layers, name)
 		x := moetest.Input(c.spec.Seed, 9, c.spec.Hidden, false)
 		y := make([]float32, len(x))
 		ids := make([]int32, 9*c.spec.TopK)

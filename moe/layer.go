@@ -40,6 +40,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/memlimit"
@@ -101,6 +102,9 @@ func (n *Norms) list() []struct {
 type Layer struct {
 	Config *Config
 	Router *Router
+	// Arch is the whole model's config when the layer was loaded from a
+	// file (a checkpoint folder or a GGUF model); nil for one made in code.
+	Arch *arch.Config
 
 	experts    []Expert
 	loaded     []bool // loaded[e]: experts[e] holds weights
@@ -156,7 +160,7 @@ func LoadFrom(ck *Checkpoint, n int) (*Layer, error) {
 // Forward fail.
 func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	cfg := ck.Config
-	if err := cfg.CheckMoELayer(n); err != nil {
+	if err := ck.Arch.MoELayer(n); err != nil {
 		return nil, fmt.Errorf("moe: %s: %w", ck.Dir, err)
 	}
 	if cfg.DoubleWideFrom > 0 && n >= cfg.DoubleWideFrom {
@@ -165,18 +169,18 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		wide.DoubleWideFrom = 0
 		cfg = &wide
 	}
-	names := cfg.names(ck, n)
+	names := ck.Arch.MoENames(n, ck.Has)
 	H, I, E := cfg.Hidden, cfg.Inter, cfg.NumExperts
 	var w Weights
 	var err error
-	if w.Gate, err = ck.Matrix(names.gate, E, H); err != nil {
+	if w.Gate, err = ck.Matrix(names.Gate, E, H); err != nil {
 		return nil, err
 	}
 	// The router (like the bias and qwen2_moe's shared-expert gate) is small
 	// and read by every token: a copy, so that it cannot change under a
 	// running layer when the file does.
 	w.Gate = w.Gate.Clone()
-	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.gate), w.Gate); err != nil {
+	if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.Gate), w.Gate); err != nil {
 		return nil, err
 	}
 	// vector reads a bias [experts], checked finite.
@@ -184,52 +188,52 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		return ck.vector(name, rows, E)
 	}
 	if cfg.RouterBias {
-		if w.RouterBias, err = vector(names.routerBias, 0); err != nil {
+		if w.RouterBias, err = vector(names.RouterBias, 0); err != nil {
 			return nil, err
 		}
 	}
 	switch {
 	case cfg.HashLayer(n):
-		if w.TokenExperts, err = ck.Int32s(names.tid2eid, cfg.VocabSize, cfg.TopK); err != nil {
+		if w.TokenExperts, err = ck.Int32s(names.TokenExperts, cfg.VocabSize, cfg.TopK); err != nil {
 			return nil, err
 		}
 	case cfg.Method == NoAuxTC:
-		if w.Bias, err = vector(names.bias, names.biasRows); err != nil {
+		if w.Bias, err = vector(names.Bias, names.BiasRows); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.ResidualInput {
-		if w.RouterScale, err = ck.vector(names.routerScale, 0, H); err != nil {
+		if w.RouterScale, err = ck.vector(names.RouterScale, 0, H); err != nil {
 			return nil, err
 		}
-		if w.ExpertScale, err = vector(names.expertScale, 0); err != nil {
+		if w.ExpertScale, err = vector(names.ExpertScale, 0); err != nil {
 			return nil, err
 		}
 		w.Norms = new(Norms)
 		for i, p := range []*[]float32{&w.Norms.Pre, &w.Norms.Post1, &w.Norms.Pre2, &w.Norms.Post2, &w.Norms.Post} {
-			if *p, err = ck.vector(names.norms[i], 0, H); err != nil {
+			if *p, err = ck.vector(names.Norms[i], 0, H); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if names.fused != "" && names.expert != nil && !ck.Has(names.fused+"gate_up_proj") {
+	if names.Fused != "" && names.Expert != nil && !ck.Has(names.Fused+"gate_up_proj") {
 		// A family whose experts are fused in its Hugging Face form
 		// (qwen3_5_moe, qwen3_vl_moe, deepseek_v4) but a checkpoint that
 		// stores them expert by expert, as quantized releases made Linear
 		// by Linear do: read those (in any format ck.Matrix reads).
-		if g, _, _ := names.expert(0); ck.Has(g) || ck.Has(g+"_packed") {
-			names.fused = ""
+		if g, _, _ := names.Expert(0); ck.Has(g) || ck.Has(g+"_packed") {
+			names.Fused = ""
 		}
 	}
-	if names.fused != "" {
-		load := map[fusedLayout]func(*Checkpoint, string, func(int) bool) ([]Expert, error){
-			fusedOI: fusedExperts, fusedIO: fusedExpertsIO, fusedGptOss: gptOssExperts, stacked: stackedExperts}[names.layout]
-		if w.Experts, err = load(ck, names.fused, keep); err != nil {
+	if names.Fused != "" {
+		load := map[arch.FusedLayout]func(*Checkpoint, string, func(int) bool) ([]Expert, error){
+			arch.FusedOI: fusedExperts, arch.FusedIO: fusedExpertsIO, arch.FusedGptOss: gptOssExperts, arch.Stacked: stackedExperts}[names.Layout]
+		if w.Experts, err = load(ck, names.Fused, keep); err != nil {
 			return nil, err
 		}
 	} else {
 		w.Experts, err = eachExpert(E, keep, func(e int, x *Expert) error {
-			g, u, d := names.expert(e)
+			g, u, d := names.Expert(e)
 			var err error
 			*x, err = loadExpert(ck, g, u, d, H, I)
 			return err
@@ -239,18 +243,18 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 		}
 	}
 	if cfg.SharedInter > 0 {
-		s, err := loadExpert(ck, names.shared[0], names.shared[1], names.shared[2], H, cfg.SharedInter)
+		s, err := loadExpert(ck, names.Shared[0], names.Shared[1], names.Shared[2], H, cfg.SharedInter)
 		if err != nil {
 			return nil, err
 		}
 		w.Shared = &s
 		if cfg.SharedGate {
-			g, err := ck.Matrix(names.sharedGate, 1, H)
+			g, err := ck.Matrix(names.SharedGate, 1, H)
 			if err != nil {
 				return nil, err
 			}
 			g = g.Clone()
-			if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.sharedGate), g); err != nil {
+			if err := checkFiniteMatrix(fmt.Sprintf("checkpoint %s: tensor %q", ck.Dir, names.SharedGate), g); err != nil {
 				return nil, err
 			}
 			w.SharedGate = &g
@@ -260,7 +264,7 @@ func LoadSubset(ck *Checkpoint, n int, keep func(e int) bool) (*Layer, error) {
 	if err != nil {
 		return nil, ck.explainFault(err)
 	}
-	l.src = ck
+	l.src, l.Arch = ck, ck.Arch
 	return l, nil
 }
 

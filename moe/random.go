@@ -20,9 +20,8 @@ import (
 // renormalisation, two shared experts, hidden size 2048.
 func DeepSeekV2Lite() *Config {
 	return &Config{
-		ModelType: "deepseek_v2", Hidden: 2048, NumLayers: 27, NumExperts: 64, TopK: 6, Inter: 1408,
+		ModelType: "deepseek_v2", Name: "deepseek_v2", Hidden: 2048, NumExperts: 64, TopK: 6, Inter: 1408,
 		SharedInter: 2 * 1408, Scoring: Softmax, Method: Greedy, RoutedScaling: 1,
-		FirstKDense: 1, LayerFreq: 1, KVLoraRank: 512, RopeDim: 64,
 	}
 }
 
@@ -31,7 +30,7 @@ func DeepSeekV2Lite() *Config {
 // clamped SwiGLU (limit 7), hidden size 2880, no shared expert.
 func GptOss20B() *Config {
 	return &Config{
-		ModelType: "gpt_oss", Hidden: 2880, NumLayers: 24, NumExperts: 32, TopK: 4, Inter: 2880,
+		ModelType: "gpt_oss", Name: "gpt_oss", Hidden: 2880, NumExperts: 32, TopK: 4, Inter: 2880,
 		Scoring: Softmax, Method: Greedy, NormTopK: true, RoutedScaling: 1, RouterBias: true, ExpertBias: true,
 		Act: kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7},
 	}
@@ -43,7 +42,7 @@ func GptOss20B() *Config {
 // clamped at 10, hidden size 4096.
 func DeepSeekV4Flash() *Config {
 	return &Config{
-		ModelType: "deepseek_v4", Hidden: 4096, NumLayers: 43, NumExperts: 256, TopK: 6, Inter: 2048, SharedInter: 2048,
+		ModelType: "deepseek_v4", Name: "deepseek_v4", Hidden: 4096, NumExperts: 256, TopK: 6, Inter: 2048, SharedInter: 2048,
 		Scoring: SqrtSoftplus, Method: NoAuxTC, ScoreBiasInput: true, NumGroups: 1, TopKGroups: 1,
 		NormTopK: true, NormEps: 1e-20, RoutedScaling: 1.5, VocabSize: 129280,
 		Act: kernels.Activation{Kind: kernels.ClampedSiLU, Limit: 10},
@@ -216,14 +215,4 @@ func NewRandom(cfg *Config, dtype kernels.DType, seed uint64) (*Layer, error) {
 		return nil, firstErr
 	}
 	return New(cfg, w)
-}
-
-// FLOPs returns the floating-point operations of a forward pass over tokens
-// tokens: 2·hidden·(3·inter) per token per routed expert, the same for the
-// shared expert, plus the router.
-func (c *Config) FLOPs(tokens int) float64 {
-	per := 2 * float64(c.Hidden) * 3 * float64(c.Inter) * float64(c.TopK)
-	per += 2 * float64(c.Hidden) * 3 * float64(c.SharedInter)
-	per += 2 * float64(c.Hidden) * float64(c.NumExperts)
-	return per * float64(tokens)
 }

@@ -1,14 +1,11 @@
 package sim
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/moex-project/moex/moe"
+	"github.com/moex-project/moex/arch"
 )
 
 // Model is the shape of an MLA MoE model: all the formulas need.
@@ -78,39 +75,23 @@ func ModelPreset(name string) (Model, error) {
 // file). A model without MLA (no kv_lora_rank) is an error: its KV cache
 // has heads a TP rank can split, and the formulas here are MLA's.
 func LoadModel(path string) (Model, error) {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		path = filepath.Join(path, "config.json")
-	}
-	data, err := os.ReadFile(path)
+	a, err := arch.Load(path)
 	if err != nil {
 		return Model{}, fmt.Errorf("sim: model: %w", err)
 	}
-	cfg, err := moe.ParseConfig(data)
-	if err != nil {
-		return Model{}, fmt.Errorf("sim: model %s: %w", path, err)
+	at := a.Attention
+	if at.Kind != arch.MLA {
+		return Model{}, fmt.Errorf("sim: model %s (%s) has no MLA (no kv_lora_rank): its KV heads split under TP, and moex sim models MLA's latent cache, which does not", path, a.Name)
 	}
-	var raw struct {
-		Heads      int  `json:"num_attention_heads"`
-		QLoraRank  *int `json:"q_lora_rank"`
-		NopeDim    int  `json:"qk_nope_head_dim"`
-		VDim       int  `json:"v_head_dim"`
-		Vocab      int  `json:"vocab_size"`
-		DenseInter int  `json:"intermediate_size"`
+	cfg := a.MoE
+	m := Model{Name: a.Name, Layers: a.Layers, Hidden: a.Hidden, Vocab: a.Vocab, Heads: at.Heads,
+		KVLoraRank: at.KVLoraRank, NopeDim: at.NopeDim, RopeDim: at.RopeDim, VDim: at.VDim,
+		Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertInter: cfg.Inter, SharedInter: cfg.SharedInter, DenseInter: a.DenseInter}
+	if at.QLoraRank != nil {
+		m.QLoraRank = *at.QLoraRank
 	}
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return Model{}, fmt.Errorf("sim: model %s: %w", path, err)
-	}
-	if cfg.KVLoraRank == 0 {
-		return Model{}, fmt.Errorf("sim: model %s (%s) has no MLA (no kv_lora_rank): its KV heads split under TP, and moex sim models MLA's latent cache, which does not", path, cfg.Name)
-	}
-	m := Model{Name: cfg.Name, Layers: cfg.NumLayers, Hidden: cfg.Hidden, Vocab: raw.Vocab, Heads: raw.Heads,
-		KVLoraRank: cfg.KVLoraRank, NopeDim: raw.NopeDim, RopeDim: cfg.RopeDim, VDim: raw.VDim,
-		Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertInter: cfg.Inter, SharedInter: cfg.SharedInter, DenseInter: raw.DenseInter}
-	if raw.QLoraRank != nil {
-		m.QLoraRank = *raw.QLoraRank
-	}
-	for n := range cfg.NumLayers {
-		if cfg.CheckMoELayer(n) != nil {
+	for n := range a.Layers {
+		if a.MoELayer(n) != nil {
 			m.DenseLayers++
 		}
 	}

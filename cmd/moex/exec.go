@@ -285,7 +285,7 @@ func (j *epJob) rankWork(ctx context.Context, c ep.Comm) (*epResult, error) {
 	}
 	defer ck.Close()
 	cfg := ck.Config
-	if err := cfg.CheckMoELayer(j.layer); err != nil {
+	if err := ck.Arch.MoELayer(j.layer); err != nil {
 		return nil, fmt.Errorf("%s: %w", j.model, err)
 	}
 	x, err := j.readInput(cfg)

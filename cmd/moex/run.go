@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/decoderun"
@@ -160,9 +161,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		source += fmt.Sprintf(", experts in %v numerics", numMode)
 	}
 	c := layer.Config
+	// The model's layers, for the KV accounting: the file's, or
+	// DeepSeek-V2-Lite's 27 for the random layer.
+	numLayers := 27
+	if layer.Arch != nil {
+		numLayers = layer.Arch.Layers
+	}
 	var attn *dpattn.MLABlock
 	var attnDesc string
-	if *model != "" && c.KVLoraRank > 0 && !strings.HasSuffix(*model, ".gguf") {
+	if layer.Arch != nil && layer.Arch.Attention.Kind == arch.MLA && !strings.HasSuffix(*model, ".gguf") {
 		if attn, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return err
 		}
@@ -183,8 +190,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
 	latent := attn.LatentDim()
 	var acct dpattn.KVAccounting
-	if c.NumLayers > 0 { // the accounting's flags checked before the run
-		if acct, err = dpattn.Account(*ranks, c.NumLayers, latent, 2, int64(*kvGiB*(1<<30))); err != nil {
+	if numLayers > 0 { // the accounting's flags checked before the run
+		if acct, err = dpattn.Account(*ranks, numLayers, latent, 2, int64(*kvGiB*(1<<30))); err != nil {
 			return fmt.Errorf("%w: run: --kv-budget-gib %v: %w", errUsage, *kvGiB, err)
 		}
 	}
@@ -277,7 +284,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  CUDA graph replays per rank: %v of %d steps (a step shape runs eagerly first; a step replays where "+
 			"every rank holds its shape's graph and the vote allows)\n", replays, ran)
 	}
-	if c.NumLayers > 0 {
+	if numLayers > 0 {
 		fmt.Fprintf(stdout, "  %v\n", acct)
 		if *batch > 0 {
 			// A request's tokens at the run's end; the batches every rank's

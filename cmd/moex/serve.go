@@ -92,7 +92,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			p = model.DeepSeekV2Lite(27)
 		}
 		if *layers > 0 {
-			p.Layers, p.MoE.NumLayers, p.FirstKDense = *layers, *layers, min(p.FirstKDense, *layers-1)
+			p.Layers, p.FirstKDense = *layers, min(p.FirstKDense, *layers-1)
 		}
 		if m, err = model.NewRandom(p, *seed); err != nil {
 			return fmt.Errorf("serve: %w (a smaller --layers may fit)", err)

@@ -6,14 +6,15 @@
 //	2 cuda, bindings/… the device runtime; C shims (NCCL by dlopen)
 //	3 format/…         weight formats: safetensors folders, GGUF files (untrusted input, no families)
 //	3 tokenizer, chat  text ↔ token ids; messages → a prompt through the model's template
-//	4 moe/…            configs, gating, the MoE pipeline (moe/moegpu on a device)
-//	5 ep/…             placement, collectives and their transports (ep/mpi, ep/ncclcomm, ep/epgpu)
-//	6 dpattn/…         DP attention (dpattn/dpattngpu on a device)
-//	7 model/…, sim     a whole model; the simulator
-//	8 serve/…, router/… the worker; the router (which imports no engine package)
-//	8 loadgen/…        the load generator of moex bench serve (an HTTP client)
-//	8 internal/decoderun moex run's decode loop over in-process or MPI ranks
-//	9 cmd/…            the CLI
+//	4 arch             the families: config.json and GGUF metadata → a whole model's config, tensor names
+//	5 moe/…            gating, the MoE block (moe/moegpu on a device)
+//	6 ep/…             placement, collectives and their transports (ep/mpi, ep/ncclcomm, ep/epgpu)
+//	7 dpattn/…         DP attention (dpattn/dpattngpu on a device)
+//	8 model/…, sim     a whole model; the simulator
+//	9 serve/…, router/… the worker; the router (which imports no engine package)
+//	9 loadgen/…        the load generator of moex bench serve (an HTTP client)
+//	9 internal/decoderun moex run's decode loop over in-process or MPI ranks
+//	10 cmd/…           the CLI
 //
 // A package may import a lower floor, or its own ancestor on its floor (a
 // subpackage its parent: moe/moegpu → moe, format/gguf → format), never a
@@ -32,18 +33,19 @@ var Floors = map[string]int{
 	"cuda":     2,
 	"bindings": 2,
 	"format":   3,
-	"moe":      4,
+	"arch":     4,
+	"moe":      5,
 
 	"tokenizer": 3,
 	"chat":      3,
-	"ep":        5,
-	"dpattn":    6,
-	"model":     7,
-	"sim":       7,
-	"serve":     8,
-	"router":    8,
-	"loadgen":   8,
+	"ep":        6,
+	"dpattn":    7,
+	"model":     8,
+	"sim":       8,
+	"serve":     9,
+	"router":    9,
+	"loadgen":   9,
 
-	"internal/decoderun": 8,
-	"cmd":                9,
+	"internal/decoderun": 9,
+	"cmd":                10,
 }

@@ -26,17 +26,17 @@ import (
 func TestGate(t *testing.T) {
 	cfgs := []*moe.Config{
 		{ModelType: "mixtral", Hidden: 1, NumExperts: 8, TopK: 2, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1},
-		{ModelType: "qwen3_moe", Hidden: 1, NumExperts: 128, TopK: 8, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1, SparseStep: 1},
-		{ModelType: "qwen2_moe", Hidden: 1, NumExperts: 60, TopK: 1, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1, SparseStep: 1},
-		{ModelType: "deepseek_v2", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.GroupLimitedGreedy, NumGroups: 8, TopKGroups: 3, RoutedScaling: 16, LayerFreq: 1},
-		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
-		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 16, TopK: 16, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 4, TopKGroups: 4, NormTopK: true, RoutedScaling: 1, LayerFreq: 1},
-		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 512, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5, LayerFreq: 1},
+		{ModelType: "qwen3_moe", Hidden: 1, NumExperts: 128, TopK: 8, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1},
+		{ModelType: "qwen2_moe", Hidden: 1, NumExperts: 60, TopK: 1, Inter: 1, Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1},
+		{ModelType: "deepseek_v2", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.GroupLimitedGreedy, NumGroups: 8, TopKGroups: 3, RoutedScaling: 16},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 256, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 16, TopK: 16, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 4, TopKGroups: 4, NormTopK: true, RoutedScaling: 1},
+		{ModelType: "deepseek_v3", Hidden: 1, NumExperts: 512, TopK: 8, Inter: 1, Scoring: moe.Sigmoid, Method: moe.NoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopK: true, RoutedScaling: 2.5},
 		// llama4: the top-k of the raw logits, their sigmoids unnormalised.
-		{ModelType: "llama4", Hidden: 1, NumExperts: 16, TopK: 1, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, WeightOnInput: true, RoutedScaling: 1, SparseStep: 1},
-		{ModelType: "llama4", Hidden: 1, NumExperts: 128, TopK: 3, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, RoutedScaling: 1, SparseStep: 1},
+		{ModelType: "llama4", Hidden: 1, NumExperts: 16, TopK: 1, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, WeightOnInput: true, RoutedScaling: 1},
+		{ModelType: "llama4", Hidden: 1, NumExperts: 128, TopK: 3, Inter: 1, Scoring: moe.Sigmoid, Method: moe.Greedy, ChooseOnLogits: true, RoutedScaling: 1},
 		// ernie4_5_moe's floor under the denominator, large enough to bind.
-		{ModelType: "ernie4_5_moe", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.NoAuxTC, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormMin: 0.5, RoutedScaling: 1, MoEInterval: 1},
+		{ModelType: "ernie4_5_moe", Hidden: 1, NumExperts: 64, TopK: 6, Inter: 1, Scoring: moe.Softmax, Method: moe.NoAuxTC, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormMin: 0.5, RoutedScaling: 1},
 		// deepseek_v4's sqrt(softplus) scores.
 		{ModelType: "deepseek_v4", Hidden: 1, NumExperts: 256, TopK: 6, Inter: 1, Scoring: moe.SqrtSoftplus, Method: moe.NoAuxTC, NumGroups: 1, TopKGroups: 1, NormTopK: true, NormEps: 1e-20, RoutedScaling: 1.5},
 	}

@@ -28,7 +28,7 @@ func TestEpiloguesOnDevice(t *testing.T) {
 	oss := moe.GptOss20B()
 	oss.Hidden, oss.Inter, oss.NumExperts, oss.TopK = 64, 64, 4, 2
 	llama := &moe.Config{ModelType: "llama4", Hidden: 64, NumExperts: 4, TopK: 1, Inter: 32, SharedInter: 32, Scoring: moe.Sigmoid,
-		Method: moe.Greedy, RoutedScaling: 1, ChooseOnLogits: true, WeightOnInput: true, SparseStep: 1}
+		Method: moe.Greedy, RoutedScaling: 1, ChooseOnLogits: true, WeightOnInput: true}
 	v4 := moe.DeepSeekV4Flash()
 	v4.Hidden, v4.Inter, v4.SharedInter, v4.NumExperts, v4.TopK = 64, 32, 32, 8, 2
 	v4.Act.Limit = 0.2

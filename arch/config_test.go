@@ -1,4 +1,4 @@
-package moe_test
+package arch_test
 
 import (
 	"encoding/json"
@@ -6,15 +6,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/kernels"
-	"github.com/moex-project/moex/moe"
 )
 
-func parse(t *testing.T, fields map[string]any) (*moe.Config, error) {
+func parse(t *testing.T, fields map[string]any) (*arch.Config, error) {
 	t.Helper()
 	b, err := json.Marshal(fields)
 	require.NoError(t, err)
-	return moe.ParseConfig(b)
+	return arch.Parse(b)
 }
 
 // deepseekV2Lite is DeepSeek-V2-Lite's config.json, MoE fields only.
@@ -31,36 +31,36 @@ func deepseekV2Lite() map[string]any {
 func TestParseConfigFamilies(t *testing.T) {
 	c, err := parse(t, deepseekV2Lite())
 	require.NoError(t, err)
-	require.Equal(t, 2*1408, c.SharedInter)
-	require.Equal(t, moe.Greedy, c.Method)
-	require.Equal(t, moe.Softmax, c.Scoring)
-	require.False(t, c.NormTopK)
+	require.Equal(t, 2*1408, c.MoE.SharedInter)
+	require.Equal(t, arch.Greedy, c.MoE.Method)
+	require.Equal(t, arch.Softmax, c.MoE.Scoring)
+	require.False(t, c.MoE.NormTopK)
 
 	// DeepSeek-V3 leaves the routing fields to their defaults here.
 	c, err = parse(t, map[string]any{"model_type": "deepseek_v3", "hidden_size": 7168, "n_routed_experts": 256,
 		"num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
 		"routed_scaling_factor": 2.5})
 	require.NoError(t, err)
-	require.Equal(t, moe.NoAuxTC, c.Method)
-	require.Equal(t, moe.Sigmoid, c.Scoring)
-	require.True(t, c.NormTopK, "deepseek_v3 renormalises by default")
-	require.Equal(t, 2.5, c.RoutedScaling)
+	require.Equal(t, arch.NoAuxTC, c.MoE.Method)
+	require.Equal(t, arch.Sigmoid, c.MoE.Scoring)
+	require.True(t, c.MoE.NormTopK, "deepseek_v3 renormalises by default")
+	require.Equal(t, 2.5, c.MoE.RoutedScaling)
 	c, err = parse(t, map[string]any{"model_type": "deepseek_v3", "hidden_size": 64, "n_routed_experts": 16,
 		"num_experts_per_tok": 4, "moe_intermediate_size": 32})
 	require.NoError(t, err)
-	require.Equal(t, [2]int{8, 4}, [2]int{c.NumGroups, c.TopKGroups}, "DeepseekV3Config's group defaults")
+	require.Equal(t, [2]int{8, 4}, [2]int{c.MoE.NumGroups, c.MoE.TopKGroups}, "DeepseekV3Config's group defaults")
 
 	c, err = parse(t, map[string]any{"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8,
 		"num_experts_per_tok": 2, "intermediate_size": 14336})
 	require.NoError(t, err)
-	require.True(t, c.NormTopK)
-	require.Zero(t, c.SharedInter)
+	require.True(t, c.MoE.NormTopK)
+	require.Zero(t, c.MoE.SharedInter)
 
 	c, err = parse(t, map[string]any{"model_type": "qwen2_moe", "hidden_size": 2048, "num_experts": 60,
 		"num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632})
 	require.NoError(t, err)
-	require.False(t, c.NormTopK, "qwen2_moe's norm_topk_prob defaults to false")
-	require.True(t, c.SharedGate)
+	require.False(t, c.MoE.NormTopK, "qwen2_moe's norm_topk_prob defaults to false")
+	require.True(t, c.MoE.SharedGate)
 	require.Equal(t, 1, c.SparseStep)
 }
 
@@ -88,7 +88,7 @@ func TestParseConfigErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var err error
 			if tt.change == nil {
-				_, err = moe.ParseConfig([]byte("{"))
+				_, err = arch.Parse([]byte("{"))
 			} else {
 				f := deepseekV2Lite()
 				for k, v := range tt.change {
@@ -108,26 +108,26 @@ func TestParseConfigErrors(t *testing.T) {
 func TestCheckMoELayer(t *testing.T) {
 	ds, err := parse(t, deepseekV2Lite())
 	require.NoError(t, err)
-	require.ErrorContains(t, ds.CheckMoELayer(0), "layer 0 is a dense MLP layer (below first_k_dense_replace 1)")
-	require.NoError(t, ds.CheckMoELayer(1))
-	require.NoError(t, ds.CheckMoELayer(26))
-	require.ErrorContains(t, ds.CheckMoELayer(27), "layer 27 out of range: the model has 27 layers")
-	require.ErrorContains(t, ds.CheckMoELayer(-1), "out of range")
+	require.ErrorContains(t, ds.MoELayer(0), "layer 0 is a dense MLP layer (below first_k_dense_replace 1)")
+	require.NoError(t, ds.MoELayer(1))
+	require.NoError(t, ds.MoELayer(26))
+	require.ErrorContains(t, ds.MoELayer(27), "layer 27 out of range: the model has 27 layers")
+	require.ErrorContains(t, ds.MoELayer(-1), "out of range")
 
 	f := deepseekV2Lite()
 	f["moe_layer_freq"] = 2
 	ds, err = parse(t, f)
 	require.NoError(t, err)
-	require.ErrorContains(t, ds.CheckMoELayer(3), "not a multiple of moe_layer_freq 2")
-	require.NoError(t, ds.CheckMoELayer(4))
+	require.ErrorContains(t, ds.MoELayer(3), "not a multiple of moe_layer_freq 2")
+	require.NoError(t, ds.MoELayer(4))
 
 	q, err := parse(t, map[string]any{"model_type": "qwen3_moe", "hidden_size": 8, "num_experts": 4, "num_hidden_layers": 8,
 		"num_experts_per_tok": 2, "moe_intermediate_size": 8, "decoder_sparse_step": 2, "mlp_only_layers": []int{3}})
 	require.NoError(t, err)
-	require.ErrorContains(t, q.CheckMoELayer(0), "layer 0 is a dense MLP layer (decoder_sparse_step 2")
-	require.NoError(t, q.CheckMoELayer(1))
-	require.ErrorContains(t, q.CheckMoELayer(3), "layer 3 is a dense MLP layer (in mlp_only_layers)")
-	require.NoError(t, q.CheckMoELayer(5))
+	require.ErrorContains(t, q.MoELayer(0), "layer 0 is a dense MLP layer (decoder_sparse_step 2")
+	require.NoError(t, q.MoELayer(1))
+	require.ErrorContains(t, q.MoELayer(3), "layer 3 is a dense MLP layer (in mlp_only_layers)")
+	require.NoError(t, q.MoELayer(5))
 }
 
 // TestParseConfigGptOss: gpt-oss-20b's config.json (MoE fields and its
@@ -139,13 +139,13 @@ func TestParseConfigGptOss(t *testing.T) {
 		"quantization_config": map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []string{
 			"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}})
 	require.NoError(t, err)
-	require.Equal(t, [4]int{2880, 2880, 32, 4}, [4]int{c.Hidden, c.Inter, c.NumExperts, c.TopK})
-	require.Equal(t, moe.Softmax, c.Scoring)
-	require.Equal(t, moe.Greedy, c.Method)
-	require.True(t, c.NormTopK, "softmax over the k chosen logits")
-	require.Zero(t, c.NormEps)
-	require.True(t, c.RouterBias && c.ExpertBias)
-	require.Equal(t, kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}, c.Act)
+	require.Equal(t, [4]int{2880, 2880, 32, 4}, [4]int{c.Hidden, c.MoE.Inter, c.MoE.NumExperts, c.MoE.TopK})
+	require.Equal(t, arch.Softmax, c.MoE.Scoring)
+	require.Equal(t, arch.Greedy, c.MoE.Method)
+	require.True(t, c.MoE.NormTopK, "softmax over the k chosen logits")
+	require.Zero(t, c.MoE.NormEps)
+	require.True(t, c.MoE.RouterBias && c.MoE.ExpertBias)
+	require.Equal(t, kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: 7}, c.MoE.Act)
 	require.Equal(t, "mxfp4", c.Quant.Method)
 	for module, want := range map[string]string{
 		"model.layers.3.mlp.router":               `modules_to_not_convert "model.layers.*.mlp.router"`,
@@ -164,8 +164,8 @@ func TestParseConfigGptOss(t *testing.T) {
 	c, err = parse(t, map[string]any{"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32,
 		"num_experts": 8, "experts_per_token": 2})
 	require.NoError(t, err)
-	require.Equal(t, [3]int{8, 2, 32}, [3]int{c.NumExperts, c.TopK, c.Inter})
-	require.Equal(t, float32(7), c.Act.Limit)
+	require.Equal(t, [3]int{8, 2, 32}, [3]int{c.MoE.NumExperts, c.MoE.TopK, c.MoE.Inter})
+	require.Equal(t, float32(7), c.MoE.Act.Limit)
 }
 
 // TestParseConfigQwen35: Qwen3.6-35B-A3B's config.json (its text_config's
@@ -175,13 +175,13 @@ func TestParseConfigQwen35(t *testing.T) {
 		"text_config": map[string]any{"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
 			"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}})
 	require.NoError(t, err)
-	require.Equal(t, "qwen3_5_moe", c.ModelType)
-	require.Equal(t, [5]int{2048, 40, 256, 8, 512}, [5]int{c.Hidden, c.NumLayers, c.NumExperts, c.TopK, c.Inter})
-	require.True(t, c.NormTopK, "always renormalised")
-	require.Equal(t, 512, c.SharedInter)
-	require.True(t, c.SharedGate)
+	require.Equal(t, "qwen3_5_moe", c.MoE.ModelType)
+	require.Equal(t, [5]int{2048, 40, 256, 8, 512}, [5]int{c.Hidden, c.Layers, c.MoE.NumExperts, c.MoE.TopK, c.MoE.Inter})
+	require.True(t, c.MoE.NormTopK, "always renormalised")
+	require.Equal(t, 512, c.MoE.SharedInter)
+	require.True(t, c.MoE.SharedGate)
 	for n := range 40 {
-		require.NoError(t, c.CheckMoELayer(n), "every layer is MoE")
+		require.NoError(t, c.MoELayer(n), "every layer is MoE")
 	}
 	_, err = parse(t, map[string]any{"model_type": "qwen3_5_moe", "hidden_size": 2048})
 	require.ErrorContains(t, err, "qwen3_5_moe config.json has no text_config")
@@ -189,6 +189,6 @@ func TestParseConfigQwen35(t *testing.T) {
 	c, err = parse(t, map[string]any{"model_type": "qwen3_next", "hidden_size": 2048, "num_experts": 512,
 		"num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512})
 	require.NoError(t, err)
-	require.True(t, c.NormTopK, "Qwen3NextConfig's norm_topk_prob defaults to true")
-	require.True(t, c.SharedGate)
+	require.True(t, c.MoE.NormTopK, "Qwen3NextConfig's norm_topk_prob defaults to true")
+	require.True(t, c.MoE.SharedGate)
 }

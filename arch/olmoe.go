@@ -1,0 +1,18 @@
+package arch
+
+// OLMoE (transformers' modeling_olmoe.py): softmax, top-k, renormalised iff
+// norm_topk_prob (false by default and in the released models); every
+// layer MoE, mlp.{gate, experts.N.gate_proj/up_proj/down_proj}.
+var olmoe = &family{
+	name:    "olmoe",
+	classes: []string{"OlmoeForCausalLM"},
+	read: func(c *Config, k *keys) error {
+		m := &c.MoE
+		m.NumExperts = k.need("num_experts")
+		m.Inter = k.need("intermediate_size")
+		c.DenseInter = 0
+		m.NormTopK = k.boolOr("norm_topk_prob", false)
+		return nil
+	},
+	names: mlpNames,
+}
