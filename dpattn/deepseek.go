@@ -82,8 +82,7 @@ type MLABlock struct {
 	wUKT          []kernels.Matrix // per head: key half of kv_b_proj, transposed [kv_lora_rank, nope]
 	wUV           []kernels.Matrix // per head: value half of kv_b_proj [v_dim, kv_lora_rank]
 	oProj         kernels.Matrix   // [hidden, heads·v_dim]
-	invFreq       []float64        // [rope/2]
-	cosSinScale   float64          // yarn's mscale on cos and sin
+	rope          kernels.RoPE     // k_pe's and q_pe's: pairs in, halves out
 	ck            *moe.Checkpoint
 }
 
@@ -106,7 +105,7 @@ type MLAWeights struct {
 // Weights returns the block's tensors for a device path.
 func (b *MLABlock) Weights() MLAWeights {
 	w := MLAWeights{KVA: &b.kvA, KVANorm: b.kvANorm, WUKT: b.wUKT, WUV: b.wUV, OProj: &b.oProj,
-		RopeFreq: append(append([]float64(nil), b.invFreq...), b.cosSinScale), Scale: b.Scale, Eps: b.Cfg.RMSNormEps}
+		RopeFreq: append(append([]float64(nil), b.rope.Freqs...), b.rope.Scale), Scale: b.Scale, Eps: b.Cfg.RMSNormEps}
 	if b.Cfg.QLoraRank == nil {
 		w.QProj = &b.qProj
 	} else {
@@ -216,7 +215,9 @@ func newMLABlock(get tensorSource, n int, cfg AttnConfig) (*MLABlock, error) {
 		b.wUV = append(b.wUV, sameDType(kvB.DType, cfg.VDim, L, vv))
 	}
 	b.pack()
-	b.rope()
+	if err := b.setRoPE(); err != nil {
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -258,76 +259,22 @@ func (b *MLABlock) pack() {
 	}
 }
 
-// rope sets the rotary frequencies (yarn when the config says so) and the
-// softmax scale.
-func (b *MLABlock) rope() {
+// setRoPE sets the rotary embedding of k_pe and q_pe (yarn when the
+// config says so) and the softmax scale (yarn's mscale² on it).
+func (b *MLABlock) setRoPE() error {
 	c := b.Cfg
-	d := c.RopeDim
-	b.invFreq = make([]float64, d/2)
-	scale := 1 / math.Sqrt(float64(c.NopeDim+c.RopeDim))
-	b.cosSinScale = 1
-	for i := range b.invFreq {
-		b.invFreq[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(d))
+	var s kernels.RoPEScaling
+	if y := c.Scaling; y != nil {
+		s = kernels.RoPEScaling{Type: y.Type, Factor: y.Factor, OrigMaxPos: y.OrigMaxPos, BetaFast: y.BetaFast, BetaSlow: y.BetaSlow,
+			MScale: y.MScale, MScaleAllDim: y.MScaleAllDm}
 	}
-	if s := c.Scaling; s != nil && s.Type == "yarn" && s.Factor > 1 {
-		corr := func(rot float64) float64 {
-			return float64(d) * math.Log(s.OrigMaxPos/(rot*2*math.Pi)) / (2 * math.Log(c.RopeTheta))
-		}
-		low := math.Max(math.Floor(corr(s.BetaFast)), 0)
-		high := math.Min(math.Ceil(corr(s.BetaSlow)), float64(d-1))
-		if low == high {
-			high += 0.001
-		}
-		for i := range b.invFreq {
-			extra := b.invFreq[i]
-			inter := extra / s.Factor
-			ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)
-			mask := 1 - ramp
-			b.invFreq[i] = inter*(1-mask) + extra*mask
-		}
-		ms := func(m float64) float64 {
-			if s.Factor <= 1 {
-				return 1
-			}
-			return 0.1*m*math.Log(s.Factor) + 1
-		}
-		b.cosSinScale = ms(s.MScale) / ms(s.MScaleAllDm)
-		if s.MScaleAllDm != 0 {
-			m := ms(s.MScaleAllDm)
-			scale *= m * m
-		}
+	r, sm, err := kernels.NewRoPE(c.RopeDim, c.RopeTheta, s, kernels.RoPEPairsToHalves)
+	if err != nil {
+		return fmt.Errorf("dpattn: %w", err)
 	}
-	b.Scale = float32(scale)
-}
-
-// applyRope rotates v (rope dims, interleaved pairs as the checkpoint
-// stores them) for position pos, writing the de-interleaved result the
-// model uses ([rotated evens; rotated odds]).
-func (b *MLABlock) applyRope(v []float32, pos int) {
-	d := len(v)
-	tmp := make([]float64, d)
-	for i := 0; i < d/2; i++ {
-		x0, x1 := float64(v[2*i]), float64(v[2*i+1])
-		a := float64(pos) * b.invFreq[i]
-		cs, sn := math.Cos(a)*b.cosSinScale, math.Sin(a)*b.cosSinScale
-		tmp[i] = x0*cs - x1*sn
-		tmp[i+d/2] = x1*cs + x0*sn
-	}
-	for i := range v {
-		v[i] = float32(tmp[i])
-	}
-}
-
-// rmsNorm normalises v in place with weight w.
-func rmsNorm(v, w []float32, eps float64) {
-	var s float64
-	for _, x := range v {
-		s += float64(x) * float64(x)
-	}
-	r := 1 / math.Sqrt(s/float64(len(v))+eps)
-	for i, x := range v {
-		v[i] = float32(float64(x)*r) * w[i]
-	}
+	b.rope = r
+	b.Scale = float32(1 / math.Sqrt(float64(c.NopeDim+c.RopeDim)) * sm)
+	return nil
 }
 
 // Close releases the checkpoint mapping, if any.
@@ -475,7 +422,8 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 			return err
 		}
 		for t := 0; t < T; t++ {
-			rmsNorm(qa[t*r:(t+1)*r], b.qANorm, c.RMSNormEps)
+			row := qa[t*r : (t+1)*r]
+			kernels.RMSNormThenWeight(row, row, b.qANorm, c.RMSNormEps)
 		}
 		if err := proj.Project(ctx, &b.qB, qa, q); err != nil {
 			return err
@@ -489,9 +437,9 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 	queries := make([]Query, T)
 	for t, s := range seqs {
 		row := kv[t*(L+R) : (t+1)*(L+R)]
-		rmsNorm(row[:L], b.kvANorm, c.RMSNormEps)
+		kernels.RMSNormThenWeight(row[:L], row[:L], b.kvANorm, c.RMSNormEps)
 		pos := cache.Len(s)
-		b.applyRope(row[L:], pos)
+		b.rope.Apply(row[L:], pos)
 		if err := cache.Append(s, row); err != nil {
 			return err
 		}
@@ -525,7 +473,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCac
 			dst := qAbs[th*(L+R) : (th+1)*(L+R)]
 			copy(dst[:L], qLat[th*L:(th+1)*L])
 			copy(dst[L:], q[th*qd+c.NopeDim:(th+1)*qd])
-			b.applyRope(dst[L:], pos)
+			b.rope.Apply(dst[L:], pos)
 		}
 	}
 	o := buffers.Grow(&sc.o, T*nh*L)

@@ -31,8 +31,8 @@ func (b *MLABlock) HeadShard(rank, ranks int) (*MLABlock, error) {
 	n := c.Heads / ranks
 	h0, h1 := rank*n, (rank+1)*n
 	qd := c.NopeDim + c.RopeDim
-	s := &MLABlock{Cfg: c, Scale: b.Scale, qANorm: b.qANorm, kvA: b.kvA, kvANorm: b.kvANorm, invFreq: b.invFreq,
-		cosSinScale: b.cosSinScale, wUKT: b.wUKT[h0:h1:h1], wUV: b.wUV[h0:h1:h1]}
+	s := &MLABlock{Cfg: c, Scale: b.Scale, qANorm: b.qANorm, kvA: b.kvA, kvANorm: b.kvANorm, rope: b.rope,
+		wUKT: b.wUKT[h0:h1:h1], wUV: b.wUV[h0:h1:h1]}
 	s.Cfg.Heads = n
 	var err error
 	if c.QLoraRank == nil {

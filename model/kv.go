@@ -232,13 +232,13 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 	for l, d := range m.layers {
 		err := ctx.Err()
 		if err == nil && T > 0 {
-			rmsNorm(normed, x, d.inNorm, m.eps)
+			kernels.RMSNorm(normed, x, d.inNorm, m.eps)
 			if err = d.attn.ForwardWith(ctx, m.backend, kv.caches[l], seqs, normed, y); err != nil {
 				err = fmt.Errorf("model: layer %d attention: %w", l, err)
 			}
 			if err == nil {
 				add(x, y)
-				rmsNorm(normed, x, d.postNorm, m.eps)
+				kernels.RMSNorm(normed, x, d.postNorm, m.eps)
 			}
 		}
 		if err == nil {
@@ -264,7 +264,7 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 	sel := make([]int32, len(rows))
 	for i, r := range rows {
 		sel[i] = int32(i)
-		rmsNorm(normed[i*H:(i+1)*H], x[r*H:(r+1)*H], m.norm, m.eps)
+		kernels.RMSNorm(normed[i*H:(i+1)*H], x[r*H:(r+1)*H], m.norm, m.eps)
 	}
 	logits := make([]float32, len(rows)*m.Vocab)
 	if err := kernels.GroupedGEMM(ctx, 0, normed[:len(rows)*H], []kernels.GEMMGroup{{B: m.lmHead, Rows: sel, Out: logits}}); err != nil {

@@ -242,23 +242,6 @@ func (m *Model) denseMLP(ctx context.Context, g kernels.FFNGroup, x, y []float32
 	return kernels.GroupedFFN(ctx, 0, x, []kernels.FFNGroup{g}, nil)
 }
 
-// rmsNorm writes x / sqrt(mean(x²) + eps) · w into out, row by row (sums in
-// float64), as DeepSeek's RMSNorm.
-func rmsNorm(out, x, w []float32, eps float64) {
-	H := len(w)
-	for r := 0; r < len(x); r += H {
-		row := x[r : r+H]
-		var ss float64
-		for _, v := range row {
-			ss += float64(v) * float64(v)
-		}
-		s := 1 / math.Sqrt(ss/float64(H)+eps)
-		for i, v := range row {
-			out[r+i] = float32(float64(v) * s * float64(w[i]))
-		}
-	}
-}
-
 // add adds y to x.
 func add(x, y []float32) {
 	for i := range x {

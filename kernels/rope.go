@@ -1,0 +1,165 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// RoPEStyle is where a rotated pair's two values sit in a head.
+type RoPEStyle uint8
+
+// RoPE styles.
+const (
+	// RoPEHalves rotates value i with value i + d/2 (GPT-NeoX's
+	// rotate_half: Llama, Qwen, Mixtral, gpt-oss, GLM-4.5).
+	RoPEHalves RoPEStyle = iota + 1
+	// RoPEPairs rotates values 2i and 2i + 1 in place (GPT-J's
+	// interleaved pairs: dense GLM-4, llama.cpp's Mixtral files).
+	RoPEPairs
+	// RoPEPairsToHalves reads pairs (2i, 2i + 1) and writes the rotated
+	// pair to i and i + d/2 (DeepSeek-V2/V3: their checkpoints store q_pe
+	// and k_pe interleaved, and the model de-interleaves them).
+	RoPEPairsToHalves
+)
+
+// RoPE is a rotary position embedding over the first 2·len(Freqs) values
+// of a head.
+type RoPE struct {
+	// Freqs are the pairs' inverse frequencies: pair i turns by pos·Freqs[i].
+	Freqs []float64
+	// Scale multiplies cos and sin (yarn's attention factor on the rotated
+	// part; 1 otherwise).
+	Scale float64
+	Style RoPEStyle
+}
+
+// RoPEScaling is how the frequencies are stretched for long contexts
+// (config.json's rope_scaling); the zero value, or Type "" or "default",
+// stretches nothing.
+type RoPEScaling struct {
+	// Type is "linear", "yarn" or "llama3".
+	Type   string
+	Factor float64
+	// OrigMaxPos is original_max_position_embeddings (yarn, llama3).
+	OrigMaxPos float64
+	// BetaFast, BetaSlow: yarn's ramp (defaults 32 and 1 when zero);
+	// MScale, MScaleAllDim: DeepSeek's yarn attention factors.
+	BetaFast, BetaSlow, MScale, MScaleAllDim float64
+	// LowFreqFactor, HighFreqFactor: llama3's bands.
+	LowFreqFactor, HighFreqFactor float64
+}
+
+// NewRoPE is the rotary embedding of dim rotated values (dim even: a
+// head's width times its partial_rotary_factor) at base theta, with s's
+// stretching, and the factor yarn puts on the softmax scale (mscale², 1
+// without yarn's mscale_all_dim: DeepSeek's yarn) for the caller to apply.
+func NewRoPE(dim int, theta float64, s RoPEScaling, style RoPEStyle) (RoPE, float64, error) {
+	if dim <= 0 || dim%2 != 0 {
+		return RoPE{}, 0, fmt.Errorf("kernels: rope over %d values: want a positive even number", dim)
+	}
+	if !(theta > 1) || math.IsInf(theta, 0) {
+		return RoPE{}, 0, fmt.Errorf("kernels: rope_theta %v: want a finite value above 1", theta)
+	}
+	r := RoPE{Freqs: make([]float64, dim/2), Scale: 1, Style: style}
+	for i := range r.Freqs {
+		r.Freqs[i] = 1 / math.Pow(theta, float64(2*i)/float64(dim))
+	}
+	softmax := 1.0
+	switch s.Type {
+	case "", "default":
+	case "linear":
+		if !(s.Factor > 0) {
+			return RoPE{}, 0, fmt.Errorf("kernels: linear rope_scaling factor %v: want a positive value", s.Factor)
+		}
+		for i := range r.Freqs {
+			r.Freqs[i] /= s.Factor
+		}
+	case "yarn":
+		if s.Factor <= 1 {
+			break
+		}
+		fast, slow := s.BetaFast, s.BetaSlow
+		if fast == 0 {
+			fast = 32
+		}
+		if slow == 0 {
+			slow = 1
+		}
+		corr := func(rot float64) float64 {
+			return float64(dim) * math.Log(s.OrigMaxPos/(rot*2*math.Pi)) / (2 * math.Log(theta))
+		}
+		low := math.Max(math.Floor(corr(fast)), 0)
+		high := math.Min(math.Ceil(corr(slow)), float64(dim-1))
+		if low == high {
+			high += 0.001
+		}
+		for i := range r.Freqs {
+			extra := r.Freqs[i]
+			inter := extra / s.Factor
+			ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)
+			mask := 1 - ramp
+			r.Freqs[i] = inter*(1-mask) + extra*mask
+		}
+		ms := func(m float64) float64 { return 0.1*m*math.Log(s.Factor) + 1 }
+		r.Scale = ms(s.MScale) / ms(s.MScaleAllDim)
+		if s.MScaleAllDim != 0 {
+			m := ms(s.MScaleAllDim)
+			softmax = m * m
+		}
+	case "llama3":
+		if !(s.Factor > 0) || !(s.OrigMaxPos > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || !(s.LowFreqFactor > 0) {
+			return RoPE{}, 0, fmt.Errorf("kernels: llama3 rope_scaling %+v: want positive factors, high_freq_factor above low_freq_factor", s)
+		}
+		lowWave, highWave := s.OrigMaxPos/s.LowFreqFactor, s.OrigMaxPos/s.HighFreqFactor
+		for i, f := range r.Freqs {
+			wave := 2 * math.Pi / f
+			switch {
+			case wave < highWave:
+			case wave > lowWave:
+				r.Freqs[i] = f / s.Factor
+			default:
+				smooth := (s.OrigMaxPos/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+				r.Freqs[i] = (1-smooth)*f/s.Factor + smooth*f
+			}
+		}
+	default:
+		return RoPE{}, 0, fmt.Errorf("kernels: rope_scaling type %q is not supported (supported: linear, yarn, llama3)", s.Type)
+	}
+	return r, softmax, nil
+}
+
+// Dim is the number of rotated values.
+func (r RoPE) Dim() int { return 2 * len(r.Freqs) }
+
+// Apply rotates the first Dim() values of v for position pos, in float64
+// (cos and sin of pos·Freqs[i], times Scale), rounding each value once.
+func (r RoPE) Apply(v []float32, pos int) {
+	d := r.Dim()
+	var buf [256]float64
+	tmp := buf[:0]
+	if d > len(buf) {
+		tmp = make([]float64, d)
+	} else {
+		tmp = buf[:d]
+	}
+	h := d / 2
+	for i := 0; i < h; i++ {
+		var x0, x1 float64
+		if r.Style == RoPEHalves {
+			x0, x1 = float64(v[i]), float64(v[i+h])
+		} else {
+			x0, x1 = float64(v[2*i]), float64(v[2*i+1])
+		}
+		a := float64(pos) * r.Freqs[i]
+		cs, sn := math.Cos(a)*r.Scale, math.Sin(a)*r.Scale
+		y0, y1 := x0*cs-x1*sn, x1*cs+x0*sn
+		if r.Style == RoPEPairs {
+			tmp[2*i], tmp[2*i+1] = y0, y1
+		} else {
+			tmp[i], tmp[i+h] = y0, y1
+		}
+	}
+	for i := range tmp {
+		v[i] = float32(tmp[i])
+	}
+}
