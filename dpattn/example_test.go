@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
@@ -44,7 +45,7 @@ func ExampleCoordinator_Plan() {
 // weighs every row alike, so the output is the mean of the values and the
 // log-sum-exp is ln 3.
 func ExampleMLA() {
-	cache, err := dpattn.NewLatentCache(4, 2, 4, kernels.F32) // 4 blocks of 2 rows of 4 values
+	cache, err := attn.NewCache(4, 2, 4, kernels.F32) // 4 blocks of 2 rows of 4 values
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -56,8 +57,8 @@ func ExampleMLA() {
 	}
 	q := make([]float32, 1*1*4) // [queries, heads, dim]
 	out, lse := make([]float32, 2), make([]float32, 1)
-	queries := []dpattn.Query{{Table: cache.BlockTable(seq), Len: cache.Len(seq)}}
-	if err := dpattn.MLA(context.Background(), cache, q, queries, 1, 2, 0.5, out, lse, dpattn.Options{}); err != nil {
+	queries := []attn.Query{{Table: cache.BlockTable(seq), Len: cache.Len(seq)}}
+	if err := attn.MLA(context.Background(), cache, q, queries, 1, 2, 0.5, out, lse, attn.Options{}); err != nil {
 		fmt.Println(err)
 		return
 	}

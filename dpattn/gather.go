@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/kernels"
@@ -34,7 +35,7 @@ type GatherRunner interface {
 // rank calls Forward for each step that is not skipped. times (nil: none)
 // accumulates the step's wall time.
 type LayerRunner interface {
-	Forward(ctx context.Context, plan *StepPlan, cache *LatentCache, seqs []int, x, y []float32, times *time.Duration) error
+	Forward(ctx context.Context, plan *StepPlan, cache *attn.Cache, seqs []int, x, y []float32, times *time.Duration) error
 }
 
 // MoEGather runs the MoE layer in gather mode (SGLang, late 2024): the

@@ -6,8 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/dpattn"
-	"github.com/moex-project/moex/kernels"
-	"github.com/moex-project/moex/moe"
 )
 
 func TestAccount(t *testing.T) {
@@ -25,14 +23,4 @@ func TestAccount(t *testing.T) {
 	require.EqualError(t, err, "dpattn: a KV budget of 1000 B per rank holds no token (31104 B each: 27 layers × 576 values × 2 B)")
 	_, err = dpattn.Account(0, 27, 576, 2, 1)
 	require.Error(t, err)
-}
-
-// TestCacheSizeCheckedFirst: a cache too large for the machine is refused,
-// naming its size, before it is allocated.
-func TestCacheSizeCheckedFirst(t *testing.T) {
-	_, err := dpattn.NewLatentCache(1<<30, 64, 576, kernels.BF16)
-	require.ErrorContains(t, err, "dpattn: a latent cache of 1073741824 blocks × 64 rows × 576 values needs 73740.0 GiB, more than the ")
-	require.ErrorIs(t, err, moe.ErrTooLarge)
-	_, err = dpattn.NewLatentCache(4, 2, 4, kernels.F16)
-	require.EqualError(t, err, "dpattn: cache dtype F16 (want F32 or BF16)")
 }

@@ -7,7 +7,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
@@ -17,7 +17,7 @@ import (
 // every layer's holding the same sequences at the same lengths (so they
 // fill and free in step).
 type KV struct {
-	caches []*dpattn.LatentCache
+	caches []*attn.Cache
 }
 
 // NewKV makes the caches of blocks blocks of blockRows rows each, per layer,
@@ -25,7 +25,7 @@ type KV struct {
 func (m *Model) NewKV(blocks, blockRows int, dtype kernels.DType) (*KV, error) {
 	kv := &KV{}
 	for _, d := range m.layers {
-		c, err := dpattn.NewLatentCache(blocks, blockRows, d.attn.LatentDim(), dtype)
+		c, err := attn.NewCache(blocks, blockRows, d.attn.LatentDim(), dtype)
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +145,7 @@ func (kv *KV) truncate(lens map[int]int) {
 // for it (a prompt's chunk, or one decode token). It returns the logits of
 // the tokens rows lists ([len(rows), vocab]; nil rows: every token). Either
 // every layer's cache takes the tokens' rows, or (on an error, such as
-// dpattn.ErrCacheExhausted when the blocks would not suffice, checked
+// attn.ErrCacheExhausted when the blocks would not suffice, checked
 // before any work) none does. A token's logits do not depend on the other
 // sequences in the call.
 func (m *Model) Forward(ctx context.Context, kv *KV, seqs []int, ids []int32, rows []int) ([]float32, error) {
@@ -199,7 +199,7 @@ func (m *Model) check(kv *KV, seqs []int, ids []int32, rows []int) ([]int, map[i
 		need += (lens[s]+n+bs-1)/bs - (lens[s]+bs-1)/bs
 	}
 	if free := kv.FreeBlocks(); need > free {
-		return nil, nil, errkind.Errorf(dpattn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
+		return nil, nil, errkind.Errorf(attn.ErrCacheExhausted, "model: the step needs %d more cache blocks, %d of %d are free", need, free, kv.NumBlocks())
 	}
 	// What the call allocates: activations, each layer's queries and
 	// latent rows, the logits asked for; checked before any of it.

@@ -15,7 +15,7 @@ import (
 	"slices"
 
 	"github.com/moex-project/moex/arch"
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -37,7 +37,7 @@ type Model struct {
 	ck     *moe.Checkpoint
 	// backend runs the attention blocks' projections and MLA (the zero
 	// Backend: the host).
-	backend dpattn.Backend
+	backend attn.Backend
 }
 
 // UseDevice puts every layer's attention on be (its projections, and MLA
@@ -46,7 +46,7 @@ type Model struct {
 // norms, dense MLP layers and lm_head stay on the host. Call it before any
 // Forward; the runners are the caller's to close, after the model's last
 // use. A DP group's shards keep their experts on the host.
-func (m *Model) UseDevice(be dpattn.Backend, experts func(*moe.Layer) (moe.ExpertRunner, error)) error {
+func (m *Model) UseDevice(be attn.Backend, experts func(*moe.Layer) (moe.ExpertRunner, error)) error {
 	m.backend = be
 	if experts == nil {
 		return nil
@@ -66,7 +66,7 @@ func (m *Model) UseDevice(be dpattn.Backend, experts func(*moe.Layer) (moe.Exper
 
 type decoderLayer struct {
 	inNorm, postNorm []float32
-	attn             *dpattn.MLABlock
+	attn             *attn.MLABlock
 	moe              *moe.Layer       // a MoE layer, or
 	dense            kernels.FFNGroup // the dense MLP's weights (Rows, Out unset)
 }
@@ -139,7 +139,7 @@ func (m *Model) load() error {
 		if d.postNorm, err = m.vector(p + "post_attention_layernorm.weight"); err != nil {
 			return err
 		}
-		if d.attn, err = dpattn.LoadMLABlockFrom(m.ck, l); err != nil {
+		if d.attn, err = attn.LoadMLABlockFrom(m.ck, l); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		m.layers = append(m.layers, d) // so that Close releases what is loaded

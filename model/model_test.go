@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
@@ -212,7 +212,7 @@ func TestForwardBatchesSequences(t *testing.T) {
 		fresh[i] = 5 // a new sequence: free+1 blocks
 	}
 	_, err = m.Forward(context.Background(), kv, fresh, big, nil)
-	require.ErrorIs(t, err, dpattn.ErrCacheExhausted)
+	require.ErrorIs(t, err, attn.ErrCacheExhausted)
 	require.ErrorContains(t, err, fmt.Sprintf("model: the step needs %d more cache blocks, %d of 16 are free", free+1, free))
 	require.Equal(t, free, kv.FreeBlocks())
 	require.Equal(t, 0, kv.Len(5))
@@ -266,8 +266,8 @@ func TestSharedPrefix(t *testing.T) {
 	require.Equal(t, 16-4, kv.FreeBlocks(), "the shared blocks are still held")
 	require.NoError(t, kv.Release(shared))
 	require.Equal(t, 16, kv.FreeBlocks())
-	require.ErrorContains(t, kv.Release(shared), "model: layer 0: dpattn: releasing: block")
-	require.ErrorContains(t, kv.Attach(3, shared), "model: layer 0: dpattn: attaching to sequence 3: block")
+	require.ErrorContains(t, kv.Release(shared), "model: layer 0: attn: releasing: block")
+	require.ErrorContains(t, kv.Attach(3, shared), "model: layer 0: attn: attaching to sequence 3: block")
 	require.Equal(t, 0, kv.Len(3))
 }
 

@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/moex-project/moex/arch"
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
@@ -19,7 +19,7 @@ import (
 type Preset struct {
 	Name           string
 	MoE            moe.Config
-	Attn           dpattn.AttnConfig
+	Attn           attn.MLAConfig
 	Vocab, Layers  int
 	FirstKDense    int
 	DenseInter     int
@@ -39,7 +39,7 @@ const ByteVocab = 260
 func Tiny() Preset {
 	m := moe.Config{ModelType: "deepseek_v2", Name: "deepseek_v2", Hidden: 64, NumExperts: 8, TopK: 2, Inter: 32, SharedInter: 32,
 		Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1}
-	a := dpattn.AttnConfig{Hidden: 64, Heads: 4, KVLoraRank: 32, NopeDim: 16, RopeDim: 8, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}
+	a := attn.MLAConfig{Hidden: 64, Heads: 4, KVLoraRank: 32, NopeDim: 16, RopeDim: 8, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}
 	return Preset{Name: "tiny", MoE: m, Attn: a, Vocab: ByteVocab, Layers: 3, FirstKDense: 1, DenseInter: 128, RMSNormEps: 1e-6,
 		WeightDType: kernels.BF16, EmbeddingDType: kernels.F32}
 }
@@ -52,7 +52,7 @@ func Tiny() Preset {
 // tokenizer; the embedding and lm_head are 2 MB instead of 0.8 GB).
 func DeepSeekV2Lite(layers int) Preset {
 	m := *moe.DeepSeekV2Lite()
-	return Preset{Name: "deepseek-v2-lite", MoE: m, Attn: dpattn.DeepSeekV2LiteAttention(), Vocab: ByteVocab, Layers: layers,
+	return Preset{Name: "deepseek-v2-lite", MoE: m, Attn: attn.DeepSeekV2LiteAttention(), Vocab: ByteVocab, Layers: layers,
 		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
 }
 
@@ -114,7 +114,7 @@ func NewRandom(p Preset, seed uint64) (*Model, error) {
 		d := decoderLayer{inNorm: norm(), postNorm: norm()}
 		var err error
 		ls := seed*1000003 + uint64(l)
-		if d.attn, err = dpattn.NewRandomMLABlock(p.Attn, p.WeightDType, ls); err != nil {
+		if d.attn, err = attn.NewRandomMLABlock(p.Attn, p.WeightDType, ls); err != nil {
 			return nil, err
 		}
 		if l < p.FirstKDense {

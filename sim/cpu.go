@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/kernels"
@@ -31,7 +31,7 @@ type CPUProbe struct {
 	// GEMM: the same layer's FLOPs a second at 256 tokens (~24 rows an
 	// expert: compute-bound).
 	GEMM float64
-	// MLA and MLARow: dpattn.MLA over 16 sequences × 1024 cached bf16 rows
+	// MLA and MLARow: attn.MLA over 16 sequences × 1024 cached bf16 rows
 	// takes rows·MLARow + FLOPs/MLA (FlashMLA's FLOP count), solved from
 	// its times at 4 and 16 heads of 576/512.
 	MLA, MLARow float64
@@ -158,12 +158,12 @@ func probeMLA(ctx context.Context) (rate, row float64, err error) {
 	const seqs, rows, dim, dv = 16, 1024, 576, 512
 	const n, perHead = seqs * rows, 2 * (dim + dv)
 	rng := rand.New(rand.NewPCG(3, 4))
-	cache, err := dpattn.NewLatentCache(n/dpattn.DefaultBlockSize, dpattn.DefaultBlockSize, dim, kernels.BF16)
+	cache, err := attn.NewCache(n/attn.DefaultBlockSize, attn.DefaultBlockSize, dim, kernels.BF16)
 	if err != nil {
 		return 0, 0, err
 	}
 	data := make([]float32, rows*dim)
-	var queries []dpattn.Query
+	var queries []attn.Query
 	for s := range seqs {
 		for i := range data {
 			data[i] = float32(rng.NormFloat64())
@@ -171,7 +171,7 @@ func probeMLA(ctx context.Context) (rate, row float64, err error) {
 		if err := cache.Append(s, data); err != nil {
 			return 0, 0, err
 		}
-		queries = append(queries, dpattn.Query{Table: cache.BlockTable(s), Len: rows})
+		queries = append(queries, attn.Query{Table: cache.BlockTable(s), Len: rows})
 	}
 	// The two head counts alternate, five rounds after a warm one, and
 	// each keeps its best: the machine's drift hits both alike.
@@ -182,7 +182,7 @@ func probeMLA(ctx context.Context) (rate, row float64, err error) {
 			q[i] = float32(rng.NormFloat64())
 		}
 		out := make([]float32, seqs*heads*dv)
-		run[heads] = func() error { return dpattn.MLA(ctx, cache, q, queries, heads, dv, 0.04, out, nil, dpattn.Options{}) }
+		run[heads] = func() error { return attn.MLA(ctx, cache, q, queries, heads, dv, 0.04, out, nil, attn.Options{}) }
 	}
 	t := map[int]float64{}
 	for round := range 6 {

@@ -15,7 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/memlimit"
@@ -799,13 +799,13 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 			return nil, fmt.Errorf("%w (--tokens %d × --context %d)", err, slices.Max(ts), slices.Max(cs))
 		}
 	}
-	var blk *dpattn.MLABlock
+	var blk *attn.MLABlock
 	if *model != "" {
-		if blk, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
+		if blk, err = attn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return nil, err
 		}
 		defer blk.Close()
-	} else if blk, err = dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, *seed); err != nil {
+	} else if blk, err = attn.NewRandomMLABlock(attn.DeepSeekV2LiteAttention(), kernels.BF16, *seed); err != nil {
 		return nil, err
 	}
 	probe := memoryBandwidth()
@@ -830,7 +830,7 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 				// A fresh cache per setting, with room for every timed step
 				// (each appends a row to every sequence).
 				per := (C + o.maxRuns + 1 + blockRows - 1) / blockRows
-				cache, err := dpattn.NewLatentCache(T*per, blockRows, latent, kernels.BF16)
+				cache, err := attn.NewCache(T*per, blockRows, latent, kernels.BF16)
 				if err != nil {
 					return err
 				}

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/decoderun"
@@ -54,7 +54,7 @@ func mlaOnDevice(m mlaJob) (out, lse []float32, err error) {
 	defer closeDev()
 	split := m.split
 	if split == 0 {
-		split = dpattn.DefaultSplitRows
+		split = attn.DefaultSplitRows
 	}
 	return dpattngpu.MLADecode(d, dpattngpu.MLAInput{Q: m.q, CacheF32: m.cache, BlockSize: m.blockSize, D: m.d,
 		BlockTable: m.blockTable, MaxBlocks: m.maxBlocks, SeqLens: m.seqLens, Heads: m.heads, DV: m.dv,
@@ -96,8 +96,8 @@ func openDeviceRun(graphs bool) (*deviceRun, error) {
 			}
 			return g, nil
 		},
-		layer: func(ctx context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
-			blk, ok := a.(*dpattn.MLABlock)
+		layer: func(ctx context.Context, _ int, a attn.Block, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
+			blk, ok := a.(*attn.MLABlock)
 			if _, gate := shard.SharedExpert(); !ok || gate != nil {
 				return nil, nil // the stages apart: qwen2_moe's shared gate runs on the host
 			}

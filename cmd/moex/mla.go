@@ -7,7 +7,7 @@ import (
 	"io"
 	"math"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/npy"
 )
 
@@ -86,20 +86,20 @@ func execMLADecode(args []string, stderr io.Writer) error {
 		return fmt.Errorf("exec mla-decode: --dv %d is larger than D %d", *dv, D)
 	}
 	MB := bt.Shape[1]
-	queries := make([]dpattn.Query, B)
+	queries := make([]attn.Query, B)
 	for b := range queries {
 		if sl.Data[b] < 1 {
 			return fmt.Errorf("%s: sequence %d has length %d, need at least 1", *slPath, b, sl.Data[b])
 		}
-		queries[b] = dpattn.Query{Table: bt.Data[b*MB : (b+1)*MB], Len: int(sl.Data[b])}
+		queries[b] = attn.Query{Table: bt.Data[b*MB : (b+1)*MB], Len: int(sl.Data[b])}
 	}
 	var out, lse []float32
 	switch *backend {
 	case "cpu":
-		cache := dpattn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
+		cache := attn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
 		out, lse = make([]float32, B*H**dv), make([]float32, B*H)
-		if err := dpattn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
-			dpattn.Options{SplitRows: *split}); err != nil {
+		if err := attn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
+			attn.Options{SplitRows: *split}); err != nil {
 			return fmt.Errorf("exec mla-decode (--q %s, --kv-cache %s, --block-table %s, --seqlens %s): %w", *qPath, *kvPath, *btPath, *slPath, err)
 		}
 	case "cuda":

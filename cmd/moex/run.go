@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/moex-project/moex/arch"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/decoderun"
@@ -123,7 +124,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: run: --comm %q (want local, mpi or nccl)", errUsage, *commName)
 	}
 	var dev *deviceRun
-	var attnProj dpattn.Projector
+	var attnProj attn.Projector
 	switch *backend {
 	case "cpu":
 		dev = &deviceRun{close: func() {}}
@@ -167,18 +168,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if layer.Arch != nil {
 		numLayers = layer.Arch.Layers
 	}
-	var attn *dpattn.MLABlock
+	var block *attn.MLABlock
 	var attnDesc string
 	if layer.Arch != nil && layer.Arch.Attention.Kind == arch.MLA && !strings.HasSuffix(*model, ".gguf") {
-		if attn, err = dpattn.LoadMLABlock(*model, *layerIdx); err != nil {
+		if block, err = attn.LoadMLABlock(*model, *layerIdx); err != nil {
 			return err
 		}
-		defer attn.Close()
+		defer block.Close()
 		attnDesc = fmt.Sprintf("MLA of %s layer %d", *model, *layerIdx)
 	} else {
-		acfg := dpattn.DeepSeekV2LiteAttention()
+		acfg := attn.DeepSeekV2LiteAttention()
 		acfg.Hidden = c.Hidden
-		if attn, err = dpattn.NewRandomMLABlock(acfg, kernels.BF16, *seed); err != nil {
+		if block, err = attn.NewRandomMLABlock(acfg, kernels.BF16, *seed); err != nil {
 			return err
 		}
 		attnDesc = "MLA with DeepSeek-V2-Lite's shapes, random bf16 weights"
@@ -186,9 +187,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 			attnDesc += " (of a GGUF file moex reads the MoE block only)"
 		}
 	}
-	ac := attn.Cfg
+	ac := block.Cfg
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
-	latent := attn.LatentDim()
+	latent := block.LatentDim()
 	var acct dpattn.KVAccounting
 	if numLayers > 0 { // the accounting's flags checked before the run
 		if acct, err = dpattn.Account(*ranks, numLayers, latent, 2, int64(*kvGiB*(1<<30))); err != nil {
@@ -197,7 +198,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	setup := time.Since(t0)
 	cfg := decoderun.Config{Ranks: *ranks, Steps: *steps, Batch: *batch, Context: *ctxLen, AttnMode: *attnMode, MoEMode: *mode, Seed: *seed, RankTimeout: *timeout,
-		MoE: layer, Attn: attn, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
+		MoE: layer, Attn: block, CacheDType: kernels.BF16, Experts: dev.experts, Gather: dev.gather, AttnCore: dev.core, AttnProj: attnProj}
 	if *fused {
 		cfg.Layer = dev.layer
 	}
@@ -322,8 +323,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 type deviceRun struct {
 	experts func(int, *moe.Layer) (decoderun.ExpertRunner, error)
 	gather  func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error)
-	layer   func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error)
-	core    dpattn.AttentionCore
-	proj    dpattn.Projector
+	layer   func(context.Context, int, attn.Block, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error)
+	core    attn.Core
+	proj    attn.Projector
 	close   func()
 }

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
 	"github.com/moex-project/moex/moe"
@@ -196,7 +196,7 @@ func modelOnDevice(m *model.Model) (func(), error) {
 		}
 		dev.close()
 	}
-	err = m.UseDevice(dpattn.Backend{Core: dev.core, Proj: dev.proj}, func(l *moe.Layer) (moe.ExpertRunner, error) {
+	err = m.UseDevice(attn.Backend{Core: dev.core, Proj: dev.proj}, func(l *moe.Layer) (moe.ExpertRunner, error) {
 		r, err := dev.experts(0, l)
 		if err == nil {
 			runners = append(runners, r)

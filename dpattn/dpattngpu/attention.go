@@ -9,28 +9,28 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
 
 // Attention computes MLA decode on a device for latent caches
-// (dpattn.AttentionCore): each cache gets a copy there, kept in sync block by
+// (attn.Core): each cache gets a copy there, kept in sync block by
 // block from what the cache reports changed (a decode step writes one row
 // per sequence: one block each), and the MLA decode kernels (split-KV, then
 // the log-sum-exp merge) run over it. Safe for concurrent use: ranks with
 // caches of their own may share it.
 type Attention struct {
 	d cuda.Launcher
-	// SplitRows is the split-KV chunk length; 0: dpattn.DefaultSplitRows.
+	// SplitRows is the split-KV chunk length; 0: attn.DefaultSplitRows.
 	SplitRows int
 
 	mu      sync.Mutex
-	mirrors map[*dpattn.LatentCache]*mirror
+	mirrors map[*attn.Cache]*mirror
 
 	proj   *projector // made by Projections
-	blocks map[*dpattn.MLABlock]*blockOnDevice
+	blocks map[*attn.MLABlock]*blockOnDevice
 	tmp    *cuda.ScratchPool // the eager decode's temporaries
 
 	// With graphs enabled, each call is padded to a bucket of queries
@@ -75,11 +75,11 @@ var (
 	_ moe.GraphCounter = (*Attention)(nil)
 )
 
-var _ dpattn.AttentionCore = (*Attention)(nil)
+var _ attn.Core = (*Attention)(nil)
 
 // NewAttention makes the attention core of a device.
 func NewAttention(d cuda.Launcher) *Attention {
-	return &Attention{d: d, mirrors: map[*dpattn.LatentCache]*mirror{}, tmp: cuda.NewScratchPool(d)}
+	return &Attention{d: d, mirrors: map[*attn.Cache]*mirror{}, tmp: cuda.NewScratchPool(d)}
 }
 
 // Close frees the device copies of the caches and of the projections,
@@ -106,7 +106,7 @@ func (a *Attention) Close() error {
 
 // Forget frees c's device copy and the graphs and buffers of its buckets
 // (a cache the caller is done with); c gets a new copy if used again.
-func (a *Attention) Forget(c *dpattn.LatentCache) {
+func (a *Attention) Forget(c *attn.Cache) {
 	a.mu.Lock()
 	m := a.mirrors[c]
 	delete(a.mirrors, c)
@@ -120,7 +120,7 @@ func (a *Attention) Forget(c *dpattn.LatentCache) {
 
 // lockMirror returns c's device copy, locked: a live one (a copy freed
 // between the lookup and the lock is looked up again).
-func (a *Attention) lockMirror(c *dpattn.LatentCache) (*mirror, error) {
+func (a *Attention) lockMirror(c *attn.Cache) (*mirror, error) {
 	for {
 		m, err := a.mirrorOf(c)
 		if err != nil {
@@ -152,7 +152,7 @@ func (a *Attention) free(m *mirror) {
 	a.d.Free(m.buf)
 }
 
-func (a *Attention) mirrorOf(c *dpattn.LatentCache) (*mirror, error) {
+func (a *Attention) mirrorOf(c *attn.Cache) (*mirror, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if m := a.mirrors[c]; m != nil {
@@ -169,7 +169,7 @@ func (a *Attention) mirrorOf(c *dpattn.LatentCache) (*mirror, error) {
 
 // Attend computes out [queries, heads, dv] of MLA over c's device copy
 // after bringing it up to date.
-func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float32, queries []dpattn.Query, heads, dv int,
+func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, heads, dv int,
 	scale float32, out []float32) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -192,7 +192,7 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 	in := MLAInput{Q: q, BlockSize: c.BlockSize(), D: c.Dim(), BlockTable: make([]int32, B*maxBlocks), MaxBlocks: maxBlocks,
 		SeqLens: make([]int32, B), Heads: heads, DV: dv, SplitRows: a.SplitRows, Scale: scale}
 	if in.SplitRows == 0 {
-		in.SplitRows = dpattn.DefaultSplitRows
+		in.SplitRows = attn.DefaultSplitRows
 	}
 	for i, qr := range queries {
 		copy(in.BlockTable[i*maxBlocks:], qr.Table)
@@ -225,7 +225,7 @@ func (a *Attention) Attend(ctx context.Context, c *dpattn.LatentCache, q []float
 // and says whether it did: a bucket that cannot be captured (no memory for
 // its buffers, say) is remembered and left to the eager path. The mirror is
 // locked.
-func (a *Attention) replay(ctx context.Context, m *mirror, c *dpattn.LatentCache, in MLAInput, out []float32) (bool, error) {
+func (a *Attention) replay(ctx context.Context, m *mirror, c *attn.Cache, in MLAInput, out []float32) (bool, error) {
 	B := len(in.SeqLens)
 	maxLen := 1
 	for _, l := range in.SeqLens {
@@ -275,7 +275,7 @@ func (a *Attention) replay(ctx context.Context, m *mirror, c *dpattn.LatentCache
 }
 
 // capture makes the graph of a bucket over the mirror's cache.
-func (a *Attention) capture(m *mirror, c *dpattn.LatentCache, in MLAInput, key attnKey) (*attnGraph, error) {
+func (a *Attention) capture(m *mirror, c *attn.Cache, in MLAInput, key attnKey) (*attnGraph, error) {
 	g := &attnGraph{bs: cuda.NewBuffers(a.d)}
 	// Enough table entries for key.splits splits of SplitRows rows.
 	// (A query of at most that many rows reads no entry past them.)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/internal/moetest"
@@ -21,7 +21,7 @@ import (
 )
 
 // TestMLADecodeOnEmulation: MLA decode through the device launch code
-// against dpattn.MLA.
+// against attn.MLA.
 func TestMLADecodeOnEmulation(t *testing.T) {
 	in, want, wantLSE := mlaCase(t, 2, []int32{1, 16, 50}, 2, 64, 48, 16, 20, 0.2, kernels.F32)
 	got, lse, err := dpattngpu.MLADecode(cuda.NewEmu(), in)
@@ -43,18 +43,18 @@ func TestMLADecodeOnEmulation(t *testing.T) {
 func TestAttentionOnEmulation(t *testing.T) {
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		t.Run(dt.String(), func(t *testing.T) {
-			cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+			cfg := attn.MLAConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
 				RopeTheta: 10000, RMSNormEps: 1e-6}
-			blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+			blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 4)
 			require.NoError(t, err)
-			host, err := dpattn.NewLatentCache(12, 16, 64, dt)
+			host, err := attn.NewCache(12, 16, 64, dt)
 			require.NoError(t, err)
-			dev, err := dpattn.NewLatentCache(12, 16, 64, dt)
+			dev, err := attn.NewCache(12, 16, 64, dt)
 			require.NoError(t, err)
 			att := dpattngpu.NewAttention(cuda.NewEmu())
 			defer att.Close()
 			att.SplitRows = 16 // several splits: the merge kernel runs too
-			devBE := dpattn.Backend{Core: att}
+			devBE := attn.Backend{Core: att}
 			rng := rand.New(rand.NewPCG(7, 8))
 			for s, n := range []int{5, 40, 17} {
 				rows := make([]float32, n*64)
@@ -83,20 +83,20 @@ func TestAttentionOnEmulation(t *testing.T) {
 // of different sizes and sequences that grow into a larger split bucket;
 // a step the vote does not allow runs eagerly.
 func TestAttentionGraphsOnEmulation(t *testing.T) {
-	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+	cfg := attn.MLAConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
 		RopeTheta: 10000, RMSNormEps: 1e-6}
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 4)
 	require.NoError(t, err)
-	var caches [2]*dpattn.LatentCache
+	var caches [2]*attn.Cache
 	var cores [2]*dpattngpu.Attention
-	var backends [2]dpattn.Backend
+	var backends [2]attn.Backend
 	for i := range caches {
-		caches[i], err = dpattn.NewLatentCache(12, 16, 64, kernels.BF16)
+		caches[i], err = attn.NewCache(12, 16, 64, kernels.BF16)
 		require.NoError(t, err)
 		cores[i] = dpattngpu.NewAttention(cuda.NewEmu())
 		defer cores[i].Close()
 		cores[i].SplitRows = 16
-		backends[i] = dpattn.Backend{Core: cores[i]}
+		backends[i] = attn.Backend{Core: cores[i]}
 	}
 	cores[1].EnableGraphs()
 	rng := rand.New(rand.NewPCG(9, 10))
@@ -182,19 +182,19 @@ func TestProjectionsOnEmulation(t *testing.T) {
 // attention on the device, against the block on the host: within the
 // bf16 tolerance of the tensor-core path.
 func TestMLABlockOnEmulation(t *testing.T) {
-	cfg := dpattn.AttnConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
+	cfg := attn.MLAConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
 		RopeTheta: 10000, RMSNormEps: 1e-6}
 	r := 32
 	cfg.QLoraRank = &r
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 5)
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 5)
 	require.NoError(t, err)
-	host, err := dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+	host, err := attn.NewCache(8, 16, 64, kernels.BF16)
 	require.NoError(t, err)
-	dev, err := dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+	dev, err := attn.NewCache(8, 16, 64, kernels.BF16)
 	require.NoError(t, err)
 	att := dpattngpu.NewAttention(cuda.NewEmu())
 	defer att.Close()
-	devBE := dpattn.Backend{Core: att, Proj: att.Projections()}
+	devBE := attn.Backend{Core: att, Proj: att.Projections()}
 	for step := 0; step < 3; step++ {
 		seqs := []int{0, 1, 2}
 		if step == 0 {
@@ -232,20 +232,20 @@ func (g noGraphs) Capture(func(cuda.Launcher) error) (cuda.Graph, error) {
 // TestAttentionGraphCaptureFails: a bucket that cannot be captured runs
 // eagerly, with the eager results, and its capture is not tried again.
 func TestAttentionGraphCaptureFails(t *testing.T) {
-	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
+	cfg := attn.MLAConfig{Hidden: 32, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 16,
 		RopeTheta: 10000, RMSNormEps: 1e-6}
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 4)
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 4)
 	require.NoError(t, err)
-	var caches [2]*dpattn.LatentCache
+	var caches [2]*attn.Cache
 	captures := 0
 	var cores [2]*dpattngpu.Attention
-	var backends [2]dpattn.Backend
+	var backends [2]attn.Backend
 	for i, d := range []cuda.Launcher{cuda.NewEmu(), noGraphs{cuda.NewEmu(), &captures}} {
-		caches[i], err = dpattn.NewLatentCache(8, 16, 64, kernels.BF16)
+		caches[i], err = attn.NewCache(8, 16, 64, kernels.BF16)
 		require.NoError(t, err)
 		cores[i] = dpattngpu.NewAttention(d)
 		defer cores[i].Close()
-		backends[i] = dpattn.Backend{Core: cores[i]}
+		backends[i] = attn.Backend{Core: cores[i]}
 	}
 	cores[1].EnableGraphs()
 	cores[1].AllowGraph(true)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
@@ -36,11 +37,11 @@ func TestDeviceStepBadInput(t *testing.T) {
 	staged := epgpu.NewStagedComm(dev, comms[0])
 	require.ErrorContains(t, staged.AllGather(ctx, dev, small, big, -1), "all-gather of -1 bytes")
 
-	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
+	cfg := attn.MLAConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
 		RMSNormEps: 1e-6}
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 1)
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 1)
 	require.NoError(t, err)
-	cache, err := dpattn.NewLatentCache(2, 16, 48, kernels.BF16)
+	cache, err := attn.NewCache(2, 16, 48, kernels.BF16)
 	require.NoError(t, err)
 	att := dpattngpu.NewAttention(dev)
 	defer att.Close()
@@ -48,21 +49,21 @@ func TestDeviceStepBadInput(t *testing.T) {
 		"cuda: mla step: x has 31 values, want 1 tokens × 32")
 	require.EqualError(t, att.Step(ctx, blk, cache, []int{0}, make([]float32, 32), make([]float32, 16)),
 		"cuda: mla step: out has 16 values, x 32")
-	wrong, err := dpattn.NewLatentCache(2, 16, 40, kernels.BF16)
+	wrong, err := attn.NewCache(2, 16, 40, kernels.BF16)
 	require.NoError(t, err)
 	require.EqualError(t, att.Step(ctx, blk, wrong, []int{0}, make([]float32, 32), make([]float32, 32)),
 		"cuda: mla step: cache rows have 40 values, want kv_lora_rank + rope = 48")
 	odd := cfg
 	odd.NopeDim = 8
-	oddBlk, err := dpattn.NewRandomMLABlock(odd, kernels.BF16, 1)
+	oddBlk, err := attn.NewRandomMLABlock(odd, kernels.BF16, 1)
 	require.NoError(t, err)
-	oddCache, err := dpattn.NewLatentCache(2, 16, 48, kernels.BF16)
+	oddCache, err := attn.NewCache(2, 16, 48, kernels.BF16)
 	require.NoError(t, err)
 	require.EqualError(t, att.Step(ctx, oddBlk, oddCache, []int{0}, make([]float32, 32), make([]float32, 32)),
 		"cuda: mla step: qk_nope_head_dim 8 is not a multiple of 16 (the device GEMM's k)")
 	require.Zero(t, oddCache.Len(0), "nothing reserved")
 	_, err = cache.Reserve(0, -1)
-	require.EqualError(t, err, "dpattn: reserving -1 rows")
+	require.EqualError(t, err, "attn: reserving -1 rows")
 
 	l, err := moe.NewRandom(&moe.Config{ModelType: "mixtral", Hidden: 64, NumExperts: 2, TopK: 1, Inter: 16,
 		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}, kernels.BF16, 1)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
@@ -17,14 +17,14 @@ import (
 
 // mlaCase fills a paged cache with random sequences of the given lengths
 // and returns the MLA decode input for it (the cache dense, fp32 or bf16 as
-// the cache stores it) with dpattn.MLA's out and lse as the expected values.
+// the cache stores it) with attn.MLA's out and lse as the expected values.
 func mlaCase(t *testing.T, seed uint64, lens []int32, heads, D, dv, bs, splitRows int, scale float32, dt kernels.DType) (dpattngpu.MLAInput, []float32, []float32) {
 	t.Helper()
 	blocks := 0
 	for _, l := range lens {
 		blocks += (int(l) + bs - 1) / bs
 	}
-	c, err := dpattn.NewLatentCache(blocks, bs, D, dt)
+	c, err := attn.NewCache(blocks, bs, D, dt)
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	maxBlocks := 0
@@ -38,10 +38,10 @@ func mlaCase(t *testing.T, seed uint64, lens []int32, heads, D, dv, bs, splitRow
 	}
 	in := dpattngpu.MLAInput{BlockSize: bs, D: D, MaxBlocks: maxBlocks, SeqLens: lens, Heads: heads, DV: dv,
 		SplitRows: splitRows, Scale: scale, BlockTable: make([]int32, len(lens)*maxBlocks)}
-	queries := make([]dpattn.Query, len(lens))
+	queries := make([]attn.Query, len(lens))
 	for s := range lens {
 		copy(in.BlockTable[s*maxBlocks:], c.BlockTable(s))
-		queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: int(lens[s])}
+		queries[s] = attn.Query{Table: c.BlockTable(s), Len: int(lens[s])}
 	}
 	in.Q = make([]float32, len(lens)*heads*D)
 	for i := range in.Q {
@@ -61,6 +61,6 @@ func mlaCase(t *testing.T, seed uint64, lens []int32, heads, D, dv, bs, splitRow
 	}
 	want := make([]float32, len(lens)*heads*dv)
 	wantLSE := make([]float32, len(lens)*heads)
-	require.NoError(t, dpattn.MLA(context.Background(), c, in.Q, queries, heads, dv, scale, want, wantLSE, dpattn.Options{}))
+	require.NoError(t, attn.MLA(context.Background(), c, in.Q, queries, heads, dv, scale, want, wantLSE, attn.Options{}))
 	return in, want, wantLSE
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/bindings/nccl"
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/cuda/cudatest"
@@ -40,17 +41,17 @@ func TestMLADecodeKernel(t *testing.T) {
 // launches (the same bits).
 func TestMLABlockOnGPU(t *testing.T) {
 	d := cudatest.Open(t)
-	cfg := dpattn.DeepSeekV2LiteAttention()
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 6)
+	cfg := attn.DeepSeekV2LiteAttention()
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 6)
 	require.NoError(t, err)
 	latent := blk.LatentDim()
-	var caches [3]*dpattn.LatentCache // host, device eager, device graphs
+	var caches [3]*attn.Cache // host, device eager, device graphs
 	for i := range caches {
-		caches[i], err = dpattn.NewLatentCache(64, 64, latent, kernels.BF16)
+		caches[i], err = attn.NewCache(64, 64, latent, kernels.BF16)
 		require.NoError(t, err)
 	}
 	var graphCore *dpattngpu.Attention
-	var backends [3]dpattn.Backend // the host, then the device without and with graphs
+	var backends [3]attn.Backend // the host, then the device without and with graphs
 	for i, graphs := range []bool{false, true} {
 		att := dpattngpu.NewAttention(d)
 		defer att.Close()
@@ -59,7 +60,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 			att.AllowGraph(true)
 			graphCore = att
 		}
-		backends[i+1] = dpattn.Backend{Core: att, Proj: att.Projections()}
+		backends[i+1] = attn.Backend{Core: att, Proj: att.Projections()}
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for s, n := range []int{100, 700, 33, 1} {
@@ -177,7 +178,7 @@ func TestGatherMoEOnGPU(t *testing.T) {
 // bit for bit; per-step times logged for both.
 func TestDecodeLayerOnGPU(t *testing.T) {
 	d := cudatest.Open(t)
-	blk, err := dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, 11)
+	blk, err := attn.NewRandomMLABlock(attn.DeepSeekV2LiteAttention(), kernels.BF16, 11)
 	require.NoError(t, err)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 11)
 	require.NoError(t, err)
@@ -186,8 +187,8 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 	defer cancel()
 	comm := ncclRank(t, ctx, d)
 	const B = 16
-	newCache := func() *dpattn.LatentCache {
-		c, err := dpattn.NewLatentCache(B*20, 64, D, kernels.BF16)
+	newCache := func() *attn.Cache {
+		c, err := attn.NewCache(B*20, 64, D, kernels.BF16)
 		require.NoError(t, err)
 		rng := rand.New(rand.NewPCG(5, 5))
 		for s := 0; s < B; s++ {

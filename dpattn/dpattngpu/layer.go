@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep/epgpu"
@@ -33,7 +34,7 @@ import (
 type DecodeLayer struct {
 	att   *Attention
 	moe   *GatherMoE
-	blk   *dpattn.MLABlock
+	blk   *attn.MLABlock
 	steps map[layerKey]*graphSlot
 	// With graphs enabled, each step shape is captured after one eager run
 	// of it and replayed when the vote allows.
@@ -56,7 +57,7 @@ type layerKey struct {
 
 // NewDecodeLayer makes the layer step of block blk (its attention on att,
 // whose device it shares) and of shard (gather mode's MoE stage over comm).
-func NewDecodeLayer(att *Attention, blk *dpattn.MLABlock, shard *moe.Layer, comm epgpu.DeviceComm) (*DecodeLayer, error) {
+func NewDecodeLayer(att *Attention, blk *attn.MLABlock, shard *moe.Layer, comm epgpu.DeviceComm) (*DecodeLayer, error) {
 	if blk.Cfg.Hidden != shard.Config.Hidden {
 		return nil, fmt.Errorf("cuda: decode layer: attention hidden %d, MoE hidden %d", blk.Cfg.Hidden, shard.Config.Hidden)
 	}
@@ -89,7 +90,7 @@ func (l *DecodeLayer) Close() error {
 // [tokens, hidden] the hidden states of one new token of each of seqs
 // (none when IDLE), y the layer's output (attention, residual, MoE) for
 // them. The whole step's time goes to times (dpattn's MoE column).
-func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *dpattn.LatentCache, seqs []int, x, y []float32,
+func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *attn.Cache, seqs []int, x, y []float32,
 	times *time.Duration) error {
 	t0 := time.Now()
 	H, R, rank := l.blk.Cfg.Hidden, l.moe.comm.Size(), l.moe.comm.Rank()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
@@ -37,9 +38,9 @@ func TestDecodeLayerOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	r := 32
-	acfg := dpattn.AttnConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32, RopeTheta: 10000,
+	acfg := attn.MLAConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32, RopeTheta: 10000,
 		RMSNormEps: 1e-6, QLoraRank: &r}
-	blk, err := dpattn.NewRandomMLABlock(acfg, kernels.BF16, 7)
+	blk, err := attn.NewRandomMLABlock(acfg, kernels.BF16, 7)
 	require.NoError(t, err)
 	const R, H = 2, 64
 	D := acfg.KVLoraRank + acfg.RopeDim
@@ -47,8 +48,8 @@ func TestDecodeLayerOnEmulation(t *testing.T) {
 	require.NoError(t, err)
 	// Steps 1, 3 and 4 repeat an earlier step's shapes on every rank.
 	steps := [][]int64{{2, 1}, {2, 1}, {0, 2}, {0, 2}, {2, 1}}
-	newCache := func(rank int) *dpattn.LatentCache {
-		c, err := dpattn.NewLatentCache(16, 16, D, kernels.BF16)
+	newCache := func(rank int) *attn.Cache {
+		c, err := attn.NewCache(16, 16, D, kernels.BF16)
 		require.NoError(t, err)
 		rng := rand.New(rand.NewPCG(uint64(rank), 9))
 		for seq, n := range []int{5 + rank, 20} {

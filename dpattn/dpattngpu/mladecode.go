@@ -25,7 +25,7 @@ type MLAInput struct {
 }
 
 // MLADecode runs MLA decode on the device: out [batch, heads, dv] and lse
-// [batch, heads], the contract of dpattn.MLA.
+// [batch, heads], the contract of attn.MLA.
 func MLADecode(d cuda.Launcher, in MLAInput) (out, lse []float32, err error) {
 	n := len(in.CacheF32)
 	if in.CacheBF16 != nil {

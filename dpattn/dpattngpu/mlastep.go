@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -25,7 +25,7 @@ import (
 // stepKey names a step's buffers and graph: the block, the query bucket
 // and the split bucket.
 type stepKey struct {
-	blk                        *dpattn.MLABlock
+	blk                        *attn.MLABlock
 	queries, splits, splitRows int
 }
 
@@ -50,7 +50,7 @@ type stepBucket struct {
 // blockOnDevice is a block's weights on the device (resident in the
 // projector) and its norm weights and rotary frequencies.
 type blockOnDevice struct {
-	w                              dpattn.MLAWeights
+	w                              attn.MLAWeights
 	qProj, qA, qB, kvA, wUKT, wUV  cuda.Buffer
 	oProj                          cuda.Buffer
 	qANorm, kvANorm, freq          cuda.Buffer
@@ -59,7 +59,7 @@ type blockOnDevice struct {
 }
 
 // blockOf uploads blk's weights on first use.
-func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
+func (a *Attention) blockOf(blk *attn.MLABlock) (*blockOnDevice, error) {
 	a.mu.Lock()
 	b := a.blocks[blk]
 	a.mu.Unlock()
@@ -123,7 +123,7 @@ func (a *Attention) blockOf(blk *dpattn.MLABlock) (*blockOnDevice, error) {
 		return won, nil
 	}
 	if a.blocks == nil {
-		a.blocks = map[*dpattn.MLABlock]*blockOnDevice{}
+		a.blocks = map[*attn.MLABlock]*blockOnDevice{}
 	}
 	a.blocks[blk] = b
 	return b, nil
@@ -138,7 +138,7 @@ func (b *blockOnDevice) free(d cuda.Launcher) {
 }
 
 // newStepBucket allocates the buffers of Q queries and S splits.
-func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S, splitRows int) (*stepBucket, error) {
+func (a *Attention) newStepBucket(b *blockOnDevice, c *attn.Cache, Q, S, splitRows int) (*stepBucket, error) {
 	s := &stepBucket{Q: Q, S: S, splitRows: splitRows, bs: cuda.NewBuffers(a.d)}
 	s.width = min(c.NumBlocks(), (S*splitRows+c.BlockSize()-1)/c.BlockSize())
 	H, nh, L, R, qd := b.hidden, b.heads, b.L, b.R, b.qd
@@ -189,7 +189,7 @@ func (a *Attention) newStepBucket(b *blockOnDevice, c *dpattn.LatentCache, Q, S,
 
 // enqueue launches the step on s's buffers, on l (the device or a
 // recorder of it), over the cache's device copy.
-func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket, cache cuda.Buffer, c *dpattn.LatentCache) error {
+func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket, cache cuda.Buffer, c *attn.Cache) error {
 	H, nh, L, R, qd, Q := b.hidden, b.heads, b.L, b.R, b.qd, s.Q
 	D := L + R
 	eps := b.w.Eps
@@ -257,7 +257,7 @@ type stepRun struct {
 	b     *blockOnDevice
 	s     *stepBucket
 	m     *mirror
-	c     *dpattn.LatentCache
+	c     *attn.Cache
 	seqs  []int
 	lens  map[int]int // the sequences' lengths before the step
 	slots []int32
@@ -268,7 +268,7 @@ type stepRun struct {
 // device copy up to date and stages the inputs of the step's bucket. The
 // mirror is locked on return: release unlocks it, and takes the reserved
 // rows back unless finish has run.
-func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x []float32) (*stepRun, error) {
+func (a *Attention) prepareStep(ctx context.Context, blk *attn.MLABlock, c *attn.Cache, seqs []int, x []float32) (*stepRun, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -292,7 +292,7 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 	}
 	splitRows := a.SplitRows
 	if splitRows == 0 {
-		splitRows = dpattn.DefaultSplitRows
+		splitRows = attn.DefaultSplitRows
 	}
 	m, err := a.lockMirror(c)
 	if err != nil {
@@ -315,7 +315,7 @@ func (a *Attention) prepareStep(ctx context.Context, blk *dpattn.MLABlock, c *dp
 // stage fills in r: the bucket (made first, so that a failure there leaves
 // the cache alone), the cache's device copy brought up to date, the rows
 // reserved, the inputs staged.
-func (a *Attention) stage(r *stepRun, blk *dpattn.MLABlock, x []float32, splitRows int) error {
+func (a *Attention) stage(r *stepRun, blk *attn.MLABlock, x []float32, splitRows int) error {
 	c, m, b := r.c, r.m, r.b
 	T, H := len(r.seqs), b.hidden
 	// Positions: a sequence's tokens follow each other.
@@ -424,7 +424,7 @@ func (r *stepRun) release() {
 // step's bucket replays its graph. A step that fails leaves the cache's
 // sequences as they were. Nothing else may write seqs' rows meanwhile (one
 // writer per sequence, as a serving loop has).
-func (a *Attention) Step(ctx context.Context, blk *dpattn.MLABlock, c *dpattn.LatentCache, seqs []int, x, out []float32) error {
+func (a *Attention) Step(ctx context.Context, blk *attn.MLABlock, c *attn.Cache, seqs []int, x, out []float32) error {
 	if len(out) != len(x) {
 		return fmt.Errorf("cuda: mla step: out has %d values, x %d", len(out), len(x))
 	}

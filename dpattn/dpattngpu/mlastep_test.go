@@ -11,8 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/arch"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/dpattn/dpattngpu"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
@@ -26,19 +27,19 @@ import (
 func TestMLAStepOnEmulation(t *testing.T) {
 	for _, qLora := range []bool{true, false} {
 		t.Run(fmt.Sprintf("q_lora=%v", qLora), func(t *testing.T) {
-			cfg := dpattn.AttnConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
+			cfg := attn.MLAConfig{Hidden: 64, Heads: 2, KVLoraRank: 48, NopeDim: 16, RopeDim: 16, VDim: 32,
 				RopeTheta: 10000, RMSNormEps: 1e-6}
 			if qLora {
 				r := 32
 				cfg.QLoraRank = &r
-				cfg.Scaling = &dpattn.YarnScaling{Type: "yarn", Factor: 4, OrigMaxPos: 64, BetaFast: 32, BetaSlow: 1, MScale: 0.707,
+				cfg.Scaling = &arch.RoPEScaling{Type: "yarn", Factor: 4, OrigMaxPos: 64, BetaFast: 32, BetaSlow: 1, MScale: 0.707,
 					MScaleAllDm: 0.707}
 			}
-			blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 6)
+			blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 6)
 			require.NoError(t, err)
 			D := cfg.KVLoraRank + cfg.RopeDim
-			newCache := func() *dpattn.LatentCache {
-				c, err := dpattn.NewLatentCache(12, 16, D, kernels.BF16)
+			newCache := func() *attn.Cache {
+				c, err := attn.NewCache(12, 16, D, kernels.BF16)
 				require.NoError(t, err)
 				rng := rand.New(rand.NewPCG(3, 3))
 				for seq, n := range []int{5, 15, 40} { // sequence 1 crosses into a new block on its second step
@@ -53,7 +54,7 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			host := newCache()
 			steps := [][]int{{0, 1, 2}, {0, 2}, {0, 1, 2}, {1}}
 			// run gives every step's outputs on a fresh cache, and the cache.
-			run := func(att *dpattngpu.Attention) ([][]float32, *dpattn.LatentCache) {
+			run := func(att *dpattngpu.Attention) ([][]float32, *attn.Cache) {
 				c := newCache()
 				var outs [][]float32
 				for st, seqs := range steps {
@@ -130,13 +131,13 @@ func TestMLAStepOnEmulation(t *testing.T) {
 			}
 
 			// A step that cannot reserve every row takes back those it did.
-			full, err := dpattn.NewLatentCache(2, 16, D, kernels.BF16)
+			full, err := attn.NewCache(2, 16, D, kernels.BF16)
 			require.NoError(t, err)
 			require.NoError(t, full.Append(0, make([]float32, 3*D)))
 			require.NoError(t, full.Append(1, make([]float32, 16*D)))
 			x := moetest.Input(97, 2, cfg.Hidden, false)
 			err = graphed.Step(context.Background(), blk, full, []int{0, 1}, x, make([]float32, len(x)))
-			require.ErrorContains(t, err, "latent cache exhausted: sequence 1 needs 1 more blocks, 0 of 2 are free")
+			require.ErrorContains(t, err, "cache exhausted: sequence 1 needs 1 more blocks, 0 of 2 are free")
 			require.Equal(t, 3, full.Len(0), "the row reserved for sequence 0 is given back")
 			require.Equal(t, 16, full.Len(1))
 			x[5] = float32(math.NaN())
@@ -149,14 +150,14 @@ func TestMLAStepOnEmulation(t *testing.T) {
 // step runs on a live device copy (a fresh one after a Forget, synced from
 // the host's rows) and matches the host block.
 func TestMLAStepForgetRace(t *testing.T) {
-	cfg := dpattn.AttnConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
+	cfg := attn.MLAConfig{Hidden: 32, Heads: 2, KVLoraRank: 32, NopeDim: 16, RopeDim: 16, VDim: 16, RopeTheta: 10000,
 		RMSNormEps: 1e-6}
-	blk, err := dpattn.NewRandomMLABlock(cfg, kernels.BF16, 8)
+	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 8)
 	require.NoError(t, err)
 	D := cfg.KVLoraRank + cfg.RopeDim
-	host, err := dpattn.NewLatentCache(4, 16, D, kernels.BF16)
+	host, err := attn.NewCache(4, 16, D, kernels.BF16)
 	require.NoError(t, err)
-	dev, err := dpattn.NewLatentCache(4, 16, D, kernels.BF16)
+	dev, err := attn.NewCache(4, 16, D, kernels.BF16)
 	require.NoError(t, err)
 	rows := moetest.Input(1, 9, D, false)
 	require.NoError(t, host.Append(0, rows))

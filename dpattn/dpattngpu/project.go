@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/cuda"
-	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/kernels"
 )
 
 // projector computes an attention block's projections on a device
-// (dpattn.Projector): each weight matrix, or each stack of per-head
+// (attn.Projector): each weight matrix, or each stack of per-head
 // matrices, is uploaded as bf16 on first use and kept there by the address
 // the block holds it at; activations are rounded to bf16 on the device
 // (tensor-core numerics) and the grouped GEMM runs with one group per
@@ -26,7 +26,7 @@ type projector struct {
 	tmp     *cuda.ScratchPool // each call's inputs, layout and outputs
 }
 
-var _ dpattn.Projector = (*projector)(nil)
+var _ attn.Projector = (*projector)(nil)
 
 // resident is a weight stack on the device and its shape.
 type resident struct {
@@ -36,7 +36,7 @@ type resident struct {
 
 // Projections returns the device's projector of attention blocks, shared
 // by every cache that uses this core (set it as the caches' Proj).
-func (a *Attention) Projections() dpattn.Projector {
+func (a *Attention) Projections() attn.Projector {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.proj == nil {

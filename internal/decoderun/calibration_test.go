@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 	"github.com/moex-project/moex/sim"
@@ -41,7 +41,7 @@ func BenchmarkCalibration(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer layer.Close()
-	attn, err := dpattn.NewRandomMLABlock(dpattn.DeepSeekV2LiteAttention(), kernels.BF16, 1)
+	attn, err := attn.NewRandomMLABlock(attn.DeepSeekV2LiteAttention(), kernels.BF16, 1)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/kernels"
@@ -45,7 +46,7 @@ type Config struct {
 	MoEMode    string // "alltoall" (EP dispatch/combine) or "gather"
 	Seed       uint64
 	MoE        *moe.Layer // holds every expert; the ranks take their shards of it
-	Attn       dpattn.AttentionBlock
+	Attn       attn.Block
 	CacheDType kernels.DType
 	// RankTimeout bounds each collective (ep.WithTimeout): a rank that does
 	// not arrive within it fails the run, naming the collective; 0: none.
@@ -55,14 +56,14 @@ type Config struct {
 	// The one-rank reference of the parity check stays on the CPU.
 	Experts func(rank int, shard *moe.Layer) (ExpertRunner, error)
 	// AttnCore, when set, computes every rank's attention over its cache
-	// (a GPU: dpattngpu.Attention); nil: dpattn.MLA on the host. The one-rank reference
+	// (a GPU: dpattngpu.Attention); nil: attn.MLA on the host. The one-rank reference
 	// stays on the host. A core that is a moe.GraphVoter gets each step's
 	// vote, as the experts' runner does.
-	AttnCore dpattn.AttentionCore
+	AttnCore attn.Core
 	// AttnProj, when set, computes every rank's attention projections (a
 	// GPU: dpattngpu.Attention's Projections); nil: the CPU kernels. The one-rank
 	// reference stays on the host.
-	AttnProj dpattn.Projector
+	AttnProj attn.Projector
 	// Gather, when set, gives each rank gather mode's MoE stage over its
 	// data communicator comm (a GPU: dpattngpu.GatherMoE, the hidden states
 	// gathered and scattered in device memory), which the run closes;
@@ -75,7 +76,7 @@ type Config struct {
 	// and Experts are then not used by the ranks (the one-rank reference
 	// still runs on the host). A nil runner: this layer is not for it (the
 	// stages run apart). Its time is reported as the MoE stage's.
-	Layer func(ctx context.Context, rank int, attn dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (LayerRunner, error)
+	Layer func(ctx context.Context, rank int, attn attn.Block, shard *moe.Layer, comm ep.Comm) (LayerRunner, error)
 }
 
 // The runners a Config's hooks give: their role's interface, and Close,
@@ -183,7 +184,7 @@ func hiddenOf(seed uint64, r, q, st, hidden int) []float32 {
 }
 
 // prefill fills request q's prompt into the cache with deterministic latents.
-func prefill(c *dpattn.LatentCache, seq int, length int, seed uint64) error {
+func prefill(c *attn.Cache, seq int, length int, seed uint64) error {
 	rng := rand.New(rand.NewPCG(seed, uint64(seq)+1<<50))
 	rows := make([]float32, length*c.Dim())
 	for i := range rows {
@@ -192,14 +193,14 @@ func prefill(c *dpattn.LatentCache, seq int, length int, seed uint64) error {
 	return c.Append(seq, rows)
 }
 
-func newCacheFor(s schedule, ranks []int, steps, dim int, dtype kernels.DType) (*dpattn.LatentCache, error) {
+func newCacheFor(s schedule, ranks []int, steps, dim int, dtype kernels.DType) (*attn.Cache, error) {
 	blocks := 0
 	for _, r := range ranks {
 		for _, l := range s.requests[r] {
-			blocks += (l+steps+dpattn.DefaultBlockSize-1)/dpattn.DefaultBlockSize + 1
+			blocks += (l+steps+attn.DefaultBlockSize-1)/attn.DefaultBlockSize + 1
 		}
 	}
-	return dpattn.NewLatentCache(max(blocks, 1), dpattn.DefaultBlockSize, dim, dtype)
+	return attn.NewCache(max(blocks, 1), attn.DefaultBlockSize, dim, dtype)
 }
 
 // Run runs the decode steps on cfg.Ranks in-process ranks, then the same
@@ -398,7 +399,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	if err != nil {
 		return nil, err
 	}
-	backend := dpattn.Backend{Core: cfg.AttnCore, Proj: cfg.AttnProj}
+	backend := attn.Backend{Core: cfg.AttnCore, Proj: cfg.AttnProj}
 	for q, l := range sched.requests[r] {
 		if err := prefill(cache, seqID(r, q), l, cfg.Seed); err != nil {
 			return nil, err
@@ -529,7 +530,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 }
 
 // runRankTP is runRank under tensor-parallel attention: this rank caches
-// every rank's requests, computes its heads (dpattn.MLABlock.HeadShard)
+// every rank's requests, computes its heads (attn.MLABlock.HeadShard)
 // over every token of the step, and all-reduces the partial outputs; the
 // MoE layer is its expert shard over every token, all-reduced
 // (dpattn.MoETensorParallel). Its outputs are those of its own requests'
@@ -538,7 +539,7 @@ func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, pl
 	times *RankTimes, steps []StepInfo) ([][]float32, error) {
 	r, R := comm.Rank(), comm.Size()
 	H := cfg.Attn.HiddenSize()
-	blk, ok := cfg.Attn.(*dpattn.MLABlock)
+	blk, ok := cfg.Attn.(*attn.MLABlock)
 	if !ok {
 		return nil, fmt.Errorf("decoderun: tensor-parallel attention needs an MLA block, have %T", cfg.Attn)
 	}

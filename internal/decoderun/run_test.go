@@ -10,38 +10,40 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"path/filepath"
+
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/dpattn"
 	"github.com/moex-project/moex/ep"
 	"github.com/moex-project/moex/internal/decoderun"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
-	"path/filepath"
 )
 
 // runFixture is a small DeepSeek MoE layer and a random attention block
 // of its hidden size.
-func runFixture(t *testing.T) (*moe.Layer, *dpattn.MLABlock) {
+func runFixture(t *testing.T) (*moe.Layer, *attn.MLABlock) {
 	t.Helper()
 	dir, spec := layerFixture(t)
 	layer, err := moe.Load(dir, 0)
 	require.NoError(t, err)
 	t.Cleanup(func() { layer.Close() })
-	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+	blk, err := attn.NewRandomMLABlock(attn.MLAConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
 		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
 	require.NoError(t, err)
-	return layer, attn
+	return layer, blk
 }
 
 // TestRunParity: the multi-rank decode run equals one rank, bit for bit in
 // all-to-all mode and to 1e-6 in gather mode, with idle ranks on the way.
 func TestRunParity(t *testing.T) {
-	layer, attn := runFixture(t)
+	layer, blk := runFixture(t)
 	for _, mode := range []string{"alltoall", "gather"} {
 		for _, R := range []int{1, 2, 3} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", mode, R), func(t *testing.T) {
 				rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, MoEMode: mode, Seed: 9,
-					MoE: layer, Attn: attn, CacheDType: kernels.F32})
+					MoE: layer, Attn: blk, CacheDType: kernels.F32})
 				require.NoError(t, err)
 				require.Positive(t, rep.Tokens)
 				if mode == "alltoall" {
@@ -59,10 +61,10 @@ func TestRunParity(t *testing.T) {
 	// rank's cache holding every request (R times the blocks of one).
 	for _, R := range []int{2, 4} {
 		dp, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, MoEMode: "gather", Seed: 9,
-			MoE: layer, Attn: attn, CacheDType: kernels.F32})
+			MoE: layer, Attn: blk, CacheDType: kernels.F32})
 		require.NoError(t, err)
 		tp, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 5, AttnMode: "tp", MoEMode: "gather", Seed: 9,
-			MoE: layer, Attn: attn, CacheDType: kernels.F32})
+			MoE: layer, Attn: blk, CacheDType: kernels.F32})
 		require.NoError(t, err)
 		require.LessOrEqual(t, tp.ParityRelErr, 1e-5, "ranks=%d", R)
 		require.Equal(t, dp.Tokens, tp.Tokens)
@@ -74,18 +76,18 @@ func TestRunParity(t *testing.T) {
 			require.Equal(t, dpKV, rt.KVBytes, "a TP rank caches what the DP ranks cache together")
 		}
 	}
-	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "tp", MoEMode: "alltoall", MoE: layer, Attn: attn})
+	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "tp", MoEMode: "alltoall", MoE: layer, Attn: blk})
 	require.ErrorContains(t, err, "tensor-parallel attention runs the MoE layer in gather mode")
-	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "sp", MoEMode: "gather", MoE: layer, Attn: attn})
+	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, AttnMode: "sp", MoEMode: "gather", MoE: layer, Attn: blk})
 	require.ErrorContains(t, err, `attention mode "sp"`)
 	// A steady batch: every rank decodes Batch requests at every step.
 	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 4, Batch: 3, Context: 10, MoEMode: "alltoall",
-		Seed: 9, MoE: layer, Attn: attn, CacheDType: kernels.F32})
+		Seed: 9, MoE: layer, Attn: blk, CacheDType: kernels.F32})
 	require.NoError(t, err)
 	require.Equal(t, 2*3*4, rep.Tokens)
 	require.Zero(t, rep.IdleSteps)
 	require.True(t, rep.ParityExact)
-	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "broadcast", MoE: layer, Attn: attn})
+	_, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "broadcast", MoE: layer, Attn: blk})
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
 }
 
@@ -118,12 +120,12 @@ func (g countingGather) Close() error {
 // included), gets every step's vote, and is released; the other mode does
 // not use it.
 func TestRunGatherRunner(t *testing.T) {
-	layer, attn := runFixture(t)
+	layer, blk := runFixture(t)
 	const R, S = 3, 5
 	for _, mode := range []string{"gather", "alltoall"} {
 		var calls, votes, made, released, misnumbered atomic.Int32
 		rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: mode, Seed: 9,
-			MoE: layer, Attn: attn, CacheDType: kernels.F32,
+			MoE: layer, Attn: blk, CacheDType: kernels.F32,
 			Gather: func(_ context.Context, rank int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
 				made.Add(1)
 				if rank != comm.Rank() {
@@ -149,7 +151,7 @@ func TestRunGatherRunner(t *testing.T) {
 		require.Equal(t, int32(R*(S-skipped)), calls.Load())
 		require.Equal(t, int32(R*S), votes.Load())
 	}
-	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "gather", MoE: layer, Attn: attn,
+	_, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: 2, Steps: 1, MoEMode: "gather", MoE: layer, Attn: blk,
 		CacheDType: kernels.F32,
 		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error) {
 			return nil, errors.New("no device here")
@@ -161,14 +163,14 @@ func TestRunGatherRunner(t *testing.T) {
 // MoEGather) that counts its calls and votes.
 type countingLayer struct {
 	countingGather
-	attn dpattn.AttentionBlock
+	block attn.Block
 }
 
-func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache *dpattn.LatentCache, seqs []int, x, y []float32,
+func (l countingLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, cache *attn.Cache, seqs []int, x, y []float32,
 	times *time.Duration) error {
 	l.calls.Add(1)
 	h := make([]float32, len(x))
-	if err := l.attn.Forward(ctx, cache, seqs, x, h); err != nil {
+	if err := l.block.Forward(ctx, cache, seqs, x, h); err != nil {
 		return err
 	}
 	for i := range h {
@@ -184,12 +186,12 @@ func (l countingLayer) GraphReplays() int { return 7 }
 // layer step in gather mode (the stages' hooks unused), gets the votes,
 // and matches one rank; a nil runner leaves the stages to run apart.
 func TestRunLayerRunner(t *testing.T) {
-	layer, attn := runFixture(t)
+	layer, blk := runFixture(t)
 	const R, S = 3, 5
 	var calls, votes, gathers atomic.Int32
 	rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
-		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(_ context.Context, _ int, a dpattn.AttentionBlock, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
+		MoE: layer, Attn: blk, CacheDType: kernels.F32,
+		Layer: func(_ context.Context, _ int, a attn.Block, shard *moe.Layer, comm ep.Comm) (decoderun.LayerRunner, error) {
 			return countingLayer{countingGather{comm: comm, shard: shard, calls: &calls, votes: &votes}, a}, nil
 		},
 		Gather: func(context.Context, int, *moe.Layer, ep.Comm) (decoderun.GatherRunner, error) {
@@ -214,8 +216,8 @@ func TestRunLayerRunner(t *testing.T) {
 
 	var gatherCalls, gatherVotes atomic.Int32
 	rep, err = decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: S, MoEMode: "gather", Seed: 9,
-		MoE: layer, Attn: attn, CacheDType: kernels.F32,
-		Layer: func(context.Context, int, dpattn.AttentionBlock, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error) {
+		MoE: layer, Attn: blk, CacheDType: kernels.F32,
+		Layer: func(context.Context, int, attn.Block, *moe.Layer, ep.Comm) (decoderun.LayerRunner, error) {
 			return nil, nil
 		},
 		Gather: func(_ context.Context, _ int, shard *moe.Layer, comm ep.Comm) (decoderun.GatherRunner, error) {
@@ -229,9 +231,9 @@ func TestRunLayerRunner(t *testing.T) {
 // TestRunComm: each rank calling RunComm on its own communicator gives
 // rank 0 the report of Run: the same tokens, plan and parity.
 func TestRunComm(t *testing.T) {
-	layer, attn := runFixture(t)
+	layer, blk := runFixture(t)
 	for _, mode := range []string{"alltoall", "gather"} {
-		cfg := decoderun.Config{Ranks: 3, Steps: 4, MoEMode: mode, Seed: 5, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+		cfg := decoderun.Config{Ranks: 3, Steps: 4, MoEMode: mode, Seed: 5, MoE: layer, Attn: blk, CacheDType: kernels.F32}
 		want, err := decoderun.Run(context.Background(), cfg)
 		require.NoError(t, err)
 		reps := make([]*decoderun.Report, 3)
@@ -262,8 +264,8 @@ func TestRunComm(t *testing.T) {
 // TestRunComms: the plan on one group and the data on another give the
 // same report as one group for both.
 func TestRunComms(t *testing.T) {
-	layer, attn := runFixture(t)
-	cfg := decoderun.Config{Ranks: 3, Steps: 3, MoEMode: "alltoall", Seed: 6, MoE: layer, Attn: attn, CacheDType: kernels.F32}
+	layer, blk := runFixture(t)
+	cfg := decoderun.Config{Ranks: 3, Steps: 3, MoEMode: "alltoall", Seed: 6, MoE: layer, Attn: blk, CacheDType: kernels.F32}
 	want, err := decoderun.Run(context.Background(), cfg)
 	require.NoError(t, err)
 	plans, err := ep.NewLocal(3)
@@ -300,7 +302,7 @@ func TestRunWithCheckpointAttention(t *testing.T) {
 func runWithCheckpointAttention(t *testing.T, dtype string) {
 	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16,
 		Theta: 10000, Yarn: true, DType: dtype, FP8Block: [2]int{16, 16}, Seed: 5})
-	b, err := dpattn.LoadMLABlock(dir, 0)
+	b, err := attn.LoadMLABlock(dir, 0)
 	require.NoError(t, err)
 	defer b.Close()
 	layer, err := moe.Load(dir, 0)
@@ -355,14 +357,14 @@ func TestRunHashLayer(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { layer.Close() })
 	require.True(t, layer.TokenRouted())
-	attn, err := dpattn.NewRandomMLABlock(dpattn.AttnConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
+	blk, err := attn.NewRandomMLABlock(attn.MLAConfig{Hidden: spec.Hidden, Heads: 4, KVLoraRank: 64, NopeDim: 16,
 		RopeDim: 16, VDim: 16, RopeTheta: 10000, RMSNormEps: 1e-6}, kernels.BF16, 3)
 	require.NoError(t, err)
 	for _, mode := range []string{"alltoall", "gather"} {
 		for _, R := range []int{1, 3} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", mode, R), func(t *testing.T) {
 				rep, err := decoderun.Run(context.Background(), decoderun.Config{Ranks: R, Steps: 4, MoEMode: mode, Seed: 5,
-					MoE: layer, Attn: attn, CacheDType: kernels.F32})
+					MoE: layer, Attn: blk, CacheDType: kernels.F32})
 				require.NoError(t, err)
 				require.Positive(t, rep.Tokens)
 				if mode == "alltoall" {

@@ -8,8 +8,9 @@
 //	3 tokenizer, chat  text ↔ token ids; messages → a prompt through the model's template
 //	4 arch             the families: config.json and GGUF metadata → a whole model's config, tensor names
 //	5 moe/…            gating, the MoE block (moe/moegpu on a device)
+//	6 attn             attention: MLA (and its blocks), the paged KV cache
 //	6 ep/…             placement, collectives and their transports (ep/mpi, ep/ncclcomm, ep/epgpu)
-//	7 dpattn/…         DP attention (dpattn/dpattngpu on a device)
+//	7 dpattn/…         DP attention: the coordinator, gather/scatter, TP (dpattn/dpattngpu on a device)
 //	8 model/…, sim     a whole model; the simulator
 //	9 serve/…, router/… the worker; the router (which imports no engine package)
 //	9 loadgen/…        the load generator of moex bench serve (an HTTP client)
@@ -38,6 +39,7 @@ var Floors = map[string]int{
 
 	"tokenizer": 3,
 	"chat":      3,
+	"attn":      6,
 	"ep":        6,
 	"dpattn":    7,
 	"model":     8,

@@ -153,7 +153,7 @@ const MaxDV = 1024
 // heads, D], a dense paged cache [blocks, blockSize, D] given as fp32
 // (cacheF32) or bf16 bits (cacheBF16, the other nil), a block table
 // [batch, maxBlocks] and lengths [batch]; it returns out [batch, heads, dv]
-// and lse [batch, heads]. Inputs are the caller's to validate (dpattn.MLA
+// and lse [batch, heads]. Inputs are the caller's to validate (attn.MLA
 // checks the same contract).
 func MLADecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D int, blockTable []int32, maxBlocks int,
 	seqlens []int32, heads, dv, splitRows int, scale float32) ([]float32, []float32, error) {

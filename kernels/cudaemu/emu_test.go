@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/cudaemu"
@@ -216,7 +216,7 @@ func TestCombine(t *testing.T) {
 	}
 }
 
-// TestMLADecode: the MLA decode kernels against dpattn.MLA, fp32 and bf16
+// TestMLADecode: the MLA decode kernels against attn.MLA, fp32 and bf16
 // caches, lengths 1, a block boundary and several blocks, split and not.
 func TestMLADecode(t *testing.T) {
 	const heads, D, dv, bs = 2, 72, 64, 16
@@ -229,7 +229,7 @@ func TestMLADecode(t *testing.T) {
 				if bf16 {
 					dt = kernels.BF16
 				}
-				cache, err := dpattn.NewLatentCache(20, bs, D, dt)
+				cache, err := attn.NewCache(20, bs, D, dt)
 				require.NoError(t, err)
 				maxBlocks := 0
 				for s, l := range lens {
@@ -241,11 +241,11 @@ func TestMLADecode(t *testing.T) {
 					maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
 				}
 				table := make([]int32, len(lens)*maxBlocks)
-				queries := make([]dpattn.Query, len(lens))
+				queries := make([]attn.Query, len(lens))
 				for s := range lens {
 					bt := cache.BlockTable(s)
 					copy(table[s*maxBlocks:], bt)
-					queries[s] = dpattn.Query{Table: bt, Len: int(lens[s])}
+					queries[s] = attn.Query{Table: bt, Len: int(lens[s])}
 				}
 				q := make([]float32, len(lens)*heads*D)
 				for i := range q {
@@ -253,7 +253,7 @@ func TestMLADecode(t *testing.T) {
 				}
 				want := make([]float32, len(lens)*heads*dv)
 				wantLSE := make([]float32, len(lens)*heads)
-				require.NoError(t, dpattn.MLA(context.Background(), cache, q, queries, heads, dv, 0.1, want, wantLSE, dpattn.Options{}))
+				require.NoError(t, attn.MLA(context.Background(), cache, q, queries, heads, dv, 0.1, want, wantLSE, attn.Options{}))
 				// The dense cache the kernel reads.
 				var f32 []float32
 				var u16 []uint16

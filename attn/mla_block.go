@@ -1,4 +1,4 @@
-package dpattn
+package attn
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"github.com/moex-project/moex/moe"
 )
 
-// AttnConfig is the attention part of a DeepSeek-V2/V3 config.json.
-type AttnConfig struct {
+// MLAConfig is the attention part of a DeepSeek-V2/V3 config.json.
+type MLAConfig struct {
 	Hidden     int
 	Heads      int
 	QLoraRank  *int // nil: a plain q_proj
@@ -35,18 +35,18 @@ type YarnScaling = arch.RoPEScaling
 
 // MLAConfig is the MLA attention of a model's config (arch.Load), checked:
 // an error names the file (where) and what is missing or out of range.
-func MLAConfig(a *arch.Config, where string) (AttnConfig, error) {
+func MLAConfigOf(a *arch.Config, where string) (MLAConfig, error) {
 	at := a.Attention
 	if at.Kind != arch.MLA {
-		return AttnConfig{}, fmt.Errorf("dpattn: %s (model_type %q) has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it, and other families have none", where, a.Name)
+		return MLAConfig{}, fmt.Errorf("attn: %s (model_type %q) has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it, and other families have none", where, a.Name)
 	}
 	for _, key := range a.Missing {
 		switch key {
 		case "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim":
-			return AttnConfig{}, fmt.Errorf("dpattn: %s: %s is missing", where, key)
+			return MLAConfig{}, fmt.Errorf("attn: %s: %s is missing", where, key)
 		}
 	}
-	cfg := AttnConfig{Hidden: a.Hidden, Heads: at.Heads, QLoraRank: at.QLoraRank, KVLoraRank: at.KVLoraRank, NopeDim: at.NopeDim,
+	cfg := MLAConfig{Hidden: a.Hidden, Heads: at.Heads, QLoraRank: at.QLoraRank, KVLoraRank: at.KVLoraRank, NopeDim: at.NopeDim,
 		RopeDim: at.RopeDim, VDim: at.VDim, RopeTheta: at.RoPE.Theta, RMSNormEps: a.NormEps, Bias: at.Bias, Scaling: at.RoPE.Scaling}
 	for _, f := range []struct {
 		name string
@@ -54,14 +54,14 @@ func MLAConfig(a *arch.Config, where string) (AttnConfig, error) {
 	}{{"hidden_size", cfg.Hidden}, {"num_attention_heads", cfg.Heads}, {"kv_lora_rank", cfg.KVLoraRank},
 		{"qk_nope_head_dim", cfg.NopeDim}, {"qk_rope_head_dim", cfg.RopeDim}, {"v_head_dim", cfg.VDim}} {
 		if f.v <= 0 {
-			return AttnConfig{}, fmt.Errorf("dpattn: %s: %s is %d, must be positive", where, f.name, f.v)
+			return MLAConfig{}, fmt.Errorf("attn: %s: %s is %d, must be positive", where, f.name, f.v)
 		}
 	}
 	if cfg.RopeDim%2 != 0 {
-		return AttnConfig{}, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
+		return MLAConfig{}, fmt.Errorf("attn: qk_rope_head_dim %d must be even", cfg.RopeDim)
 	}
 	if cfg.Bias {
-		return AttnConfig{}, fmt.Errorf("dpattn: attention_bias is true: attention biases are not supported")
+		return MLAConfig{}, fmt.Errorf("attn: attention_bias is true: attention biases are not supported")
 	}
 	return cfg, nil
 }
@@ -72,7 +72,7 @@ func MLAConfig(a *arch.Config, where string) (AttnConfig, error) {
 // RoPE(k_pe)], and the value half of kv_b_proj lifts each head's latent
 // output before o_proj.
 type MLABlock struct {
-	Cfg   AttnConfig
+	Cfg   MLAConfig
 	Scale float32 // softmax scale, yarn's mscale² included
 
 	qProj, qA, qB kernels.Matrix // q_proj, or q_a_proj and q_b_proj
@@ -121,7 +121,7 @@ func LoadMLABlock(dir string, n int) (*MLABlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := MLAConfig(a, filepath.Join(dir, "config.json")); err != nil {
+	if _, err := MLAConfigOf(a, filepath.Join(dir, "config.json")); err != nil {
 		return nil, err
 	}
 	ck, err := moe.OpenCheckpointConfig(dir, a)
@@ -141,7 +141,7 @@ func LoadMLABlock(dir string, n int) (*MLABlock, error) {
 // model's, shared by its layers): the block refers to its mappings and
 // does not close it.
 func LoadMLABlockFrom(ck *moe.Checkpoint, n int) (*MLABlock, error) {
-	cfg, err := MLAConfig(ck.Arch, filepath.Join(ck.Dir, "config.json"))
+	cfg, err := MLAConfigOf(ck.Arch, filepath.Join(ck.Dir, "config.json"))
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +151,7 @@ func LoadMLABlockFrom(ck *moe.Checkpoint, n int) (*MLABlock, error) {
 // tensorSource returns a named weight of the given shape.
 type tensorSource func(name string, shape ...int) (kernels.Matrix, error)
 
-func newMLABlock(get tensorSource, n int, cfg AttnConfig) (*MLABlock, error) {
+func newMLABlock(get tensorSource, n int, cfg MLAConfig) (*MLABlock, error) {
 	p := fmt.Sprintf("model.layers.%d.self_attn.", n)
 	H, nh, qd := cfg.Hidden, cfg.Heads, cfg.NopeDim+cfg.RopeDim
 	b := &MLABlock{Cfg: cfg}
@@ -270,7 +270,7 @@ func (b *MLABlock) setRoPE() error {
 	}
 	r, sm, err := kernels.NewRoPE(c.RopeDim, c.RopeTheta, s, kernels.RoPEPairsToHalves)
 	if err != nil {
-		return fmt.Errorf("dpattn: %w", err)
+		return fmt.Errorf("attn: %w", err)
 	}
 	b.rope = r
 	b.Scale = float32(1 / math.Sqrt(float64(c.NopeDim+c.RopeDim)) * sm)
@@ -286,8 +286,8 @@ func (b *MLABlock) Close() error {
 }
 
 // DeepSeekV2LiteAttention is DeepSeek-V2-Lite's attention configuration.
-func DeepSeekV2LiteAttention() AttnConfig {
-	c := AttnConfig{Hidden: 2048, Heads: 16, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, RopeTheta: 10000, RMSNormEps: 1e-6}
+func DeepSeekV2LiteAttention() MLAConfig {
+	c := MLAConfig{Hidden: 2048, Heads: 16, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, RopeTheta: 10000, RMSNormEps: 1e-6}
 	c.Scaling = &YarnScaling{Type: "yarn", Factor: 40, OrigMaxPos: 4096, BetaFast: 32, BetaSlow: 1, MScale: 0.707, MScaleAllDm: 0.707}
 	return c
 }
@@ -295,14 +295,14 @@ func DeepSeekV2LiteAttention() AttnConfig {
 // NewRandomMLABlock makes an attention block of cfg with random weights in
 // dtype (projections uniform in ±1/√fan_in, norm weights around one), the
 // same for the same seed.
-func NewRandomMLABlock(cfg AttnConfig, dtype kernels.DType, seed uint64) (*MLABlock, error) {
+func NewRandomMLABlock(cfg MLAConfig, dtype kernels.DType, seed uint64) (*MLABlock, error) {
 	for _, v := range []int{cfg.Hidden, cfg.Heads, cfg.KVLoraRank, cfg.NopeDim, cfg.RopeDim, cfg.VDim} {
 		if v <= 0 {
-			return nil, fmt.Errorf("dpattn: random attention with a non-positive size in %+v", cfg)
+			return nil, fmt.Errorf("attn: random attention with a non-positive size in %+v", cfg)
 		}
 	}
 	if cfg.RopeDim%2 != 0 {
-		return nil, fmt.Errorf("dpattn: qk_rope_head_dim %d must be even", cfg.RopeDim)
+		return nil, fmt.Errorf("attn: qk_rope_head_dim %d must be even", cfg.RopeDim)
 	}
 	stream := uint64(0)
 	get := func(name string, shape ...int) (kernels.Matrix, error) {
@@ -377,7 +377,7 @@ func (b *MLABlock) LatentDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
 // order after what the cache holds (decode: one token each; extend:
 // several). Each token's latent row goes into the cache and the token
 // attends causally. out is [T, hidden].
-func (b *MLABlock) Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error {
+func (b *MLABlock) Forward(ctx context.Context, cache *Cache, seqs []int, x, out []float32) error {
 	return b.ForwardWith(ctx, Backend{}, cache, seqs, x, out)
 }
 
@@ -388,15 +388,15 @@ type attnScratch struct{ q, qa, kv, qNope, qLat, qAbs, o, v []float32 }
 var attnPool = sync.Pool{New: func() any { return new(attnScratch) }}
 
 // ForwardWith is Forward with its projections and attention on be.
-func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *LatentCache, seqs []int, x, out []float32) error {
+func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error {
 	c := b.Cfg
 	T, H, nh := len(seqs), c.Hidden, c.Heads
 	L, R, qd := c.KVLoraRank, c.RopeDim, c.NopeDim+c.RopeDim
 	if len(x) != T*H || len(out) != T*H {
-		return fmt.Errorf("dpattn: mla block: x has %d values and out %d, want %d tokens × %d", len(x), len(out), T, H)
+		return fmt.Errorf("attn: mla block: x has %d values and out %d, want %d tokens × %d", len(x), len(out), T, H)
 	}
 	if cache.Dim() != L+R {
-		return fmt.Errorf("dpattn: mla block: cache rows have %d values, want kv_lora_rank + rope = %d", cache.Dim(), L+R)
+		return fmt.Errorf("attn: mla block: cache rows have %d values, want kv_lora_rank + rope = %d", cache.Dim(), L+R)
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package dpattn_test
+package attn_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 )
@@ -28,16 +28,16 @@ func TestHeadShard(t *testing.T) {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
 			s := tt.spec
 			dir, ref := attnCheckpoint(t, s)
-			b, err := dpattn.LoadMLABlock(dir, 0)
+			b, err := attn.LoadMLABlock(dir, 0)
 			require.NoError(t, err)
 			defer b.Close()
-			shards := make([]*dpattn.MLABlock, tt.ranks)
-			caches := make([]*dpattn.LatentCache, tt.ranks)
+			shards := make([]*attn.MLABlock, tt.ranks)
+			caches := make([]*attn.Cache, tt.ranks)
 			for r := range shards {
 				shards[r], err = b.HeadShard(r, tt.ranks)
 				require.NoError(t, err)
 				require.Equal(t, s.Heads/tt.ranks, shards[r].Cfg.Heads)
-				caches[r], err = dpattn.NewLatentCache(16, 8, b.LatentDim(), kernels.F32)
+				caches[r], err = attn.NewCache(16, 8, b.LatentDim(), kernels.F32)
 				require.NoError(t, err)
 			}
 			const prompt, extra = 13, 3
@@ -70,15 +70,15 @@ func TestHeadShard(t *testing.T) {
 		})
 	}
 	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 4, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16, Theta: 10000, DType: "F32", Seed: 1})
-	b, err := dpattn.LoadMLABlock(dir, 0)
+	b, err := attn.LoadMLABlock(dir, 0)
 	require.NoError(t, err)
 	defer b.Close()
 	_, err = b.HeadShard(0, 3)
-	require.EqualError(t, err, "dpattn: 4 attention heads do not split over 3 tensor-parallel ranks")
+	require.EqualError(t, err, "attn: 4 attention heads do not split over 3 tensor-parallel ranks")
 	_, err = b.HeadShard(2, 2)
-	require.EqualError(t, err, "dpattn: head shard 2 of 2 ranks")
+	require.EqualError(t, err, "attn: head shard 2 of 2 ranks")
 	dir, _ = attnCheckpoint(t, moetest.AttnSpec{Hidden: 48, Heads: 2, KVLoraRank: 32, Nope: 16, Rope: 8, VDim: 16, Theta: 10000, DType: "F8_E4M3", Seed: 5})
-	f8, err := dpattn.LoadMLABlock(dir, 0)
+	f8, err := attn.LoadMLABlock(dir, 0)
 	require.NoError(t, err)
 	defer f8.Close()
 	_, err = f8.HeadShard(0, 2)

@@ -1,4 +1,4 @@
-package dpattn
+package attn
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // DefaultBlockSize is the rows per cache block, as FlashMLA uses.
 const DefaultBlockSize = 64
 
-// Blocks gives the attention kernels the rows of a paged latent cache: block
+// Blocks gives the attention kernels the rows of a paged cache: block
 // i as a [blockSize, dim] matrix.
 type Blocks interface {
 	BlockSize() int
@@ -25,7 +25,7 @@ type Blocks interface {
 	Block(i int) kernels.Matrix
 }
 
-// LatentCache is MLA's paged latent-KV cache: one latent row (kv_lora_rank +
+// Cache is MLA's paged latent-KV cache: one latent row (kv_lora_rank +
 // rope dims, 576 for DeepSeek) per token, in blocks of BlockSize rows, each
 // sequence with its own block table. fp32 or bf16 storage. Safe for
 // concurrent use.
@@ -36,7 +36,7 @@ type Blocks interface {
 // free again when its last reference goes. Only whole blocks are shared,
 // and a sequence writes only past the blocks it was attached to, so a
 // shared block is never written.
-type LatentCache struct {
+type Cache struct {
 	blockSize, dim, numBlocks int
 	dtype                     kernels.DType
 	f32                       []float32
@@ -55,7 +55,7 @@ type LatentCache struct {
 // block's projections (dpattngpu.Attention's Projections). A nil field runs
 // that part on the host; the zero Backend is the host.
 type Backend struct {
-	Core AttentionCore
+	Core Core
 	Proj Projector
 }
 
@@ -115,25 +115,25 @@ func (cpuProjector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, ou
 	return nil
 }
 
-// An AttentionCore computes MLA (the contract of MLA, without lse) over a
-// LatentCache, elsewhere than on its host memory: a GPU holding a copy of
+// An Core computes MLA (the contract of MLA, without lse) over a
+// Cache, elsewhere than on its host memory: a GPU holding a copy of
 // it, kept in sync through Changed.
-type AttentionCore interface {
-	Attend(ctx context.Context, c *LatentCache, q []float32, queries []Query, heads, dv int, scale float32, out []float32) error
+type Core interface {
+	Attend(ctx context.Context, c *Cache, q []float32, queries []Query, heads, dv int, scale float32, out []float32) error
 }
 
 // DType is the cache's storage type, F32 or BF16.
-func (c *LatentCache) DType() kernels.DType { return c.dtype }
+func (c *Cache) DType() kernels.DType { return c.dtype }
 
 // Changed calls fn with the contents of every block written since seen was
 // last brought up to date (seen: one version per block, zero at first) and
 // brings it up to date: how a device copy of the cache syncs. The cache is
 // locked meanwhile.
-func (c *LatentCache) Changed(seen []uint64, fn func(block int, data []byte) error) error {
+func (c *Cache) Changed(seen []uint64, fn func(block int, data []byte) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(seen) != c.numBlocks {
-		return fmt.Errorf("dpattn: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
+		return fmt.Errorf("attn: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
 	}
 	n := c.blockSize * c.dim
 	for i, v := range c.versions {
@@ -159,20 +159,20 @@ type sequence struct {
 	len    int
 }
 
-// NewLatentCache makes a cache of numBlocks blocks of blockSize rows of dim
+// NewCache makes a cache of numBlocks blocks of blockSize rows of dim
 // values, stored as F32 or BF16.
-func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*LatentCache, error) {
+func NewCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Cache, error) {
 	if numBlocks < 1 || blockSize < 1 || dim < 1 {
-		return nil, fmt.Errorf("dpattn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
+		return nil, fmt.Errorf("attn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
 	}
 	if dtype != kernels.F32 && dtype != kernels.BF16 {
-		return nil, fmt.Errorf("dpattn: cache dtype %v (want F32 or BF16)", dtype)
+		return nil, fmt.Errorf("attn: cache dtype %v (want F32 or BF16)", dtype)
 	}
-	if err := memlimit.Check(fmt.Sprintf("dpattn: a latent cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim),
+	if err := memlimit.Check(fmt.Sprintf("attn: a cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim),
 		float64(numBlocks)*(float64(blockSize)*float64(dim)*float64(dtype.Size())+12)); err != nil {
 		return nil, err
 	}
-	c := &LatentCache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{},
+	c := &Cache{blockSize: blockSize, dim: dim, numBlocks: numBlocks, dtype: dtype, seqs: map[int]*sequence{},
 		versions: make([]uint64, numBlocks), refs: make([]int32, numBlocks), shares: make([]int32, numBlocks)}
 	switch dtype {
 	case kernels.F32:
@@ -180,7 +180,7 @@ func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Latent
 	case kernels.BF16:
 		c.u16 = make([]uint16, numBlocks*blockSize*dim)
 	default:
-		return nil, fmt.Errorf("dpattn: cache dtype %v (want F32 or BF16)", dtype)
+		return nil, fmt.Errorf("attn: cache dtype %v (want F32 or BF16)", dtype)
 	}
 	c.free = make([]int32, numBlocks)
 	for i := range c.free {
@@ -189,12 +189,12 @@ func NewLatentCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Latent
 	return c, nil
 }
 
-func (c *LatentCache) BlockSize() int { return c.blockSize }
-func (c *LatentCache) Dim() int       { return c.dim }
-func (c *LatentCache) NumBlocks() int { return c.numBlocks }
+func (c *Cache) BlockSize() int { return c.blockSize }
+func (c *Cache) Dim() int       { return c.dim }
+func (c *Cache) NumBlocks() int { return c.numBlocks }
 
 // Block returns block i as a [blockSize, dim] matrix over the cache memory.
-func (c *LatentCache) Block(i int) kernels.Matrix {
+func (c *Cache) Block(i int) kernels.Matrix {
 	n := c.blockSize * c.dim
 	var m kernels.Matrix
 	if c.dtype == kernels.F32 {
@@ -208,9 +208,9 @@ func (c *LatentCache) Block(i int) kernels.Matrix {
 // Append adds rows [n, dim] to sequence seq (created on first use),
 // taking new blocks as needed. If the cache has too few free blocks it
 // returns an error and changes nothing.
-func (c *LatentCache) Append(seq int, rows []float32) error {
+func (c *Cache) Append(seq int, rows []float32) error {
 	if len(rows)%c.dim != 0 {
-		return fmt.Errorf("dpattn: %d values are not whole rows of %d", len(rows), c.dim)
+		return fmt.Errorf("attn: %d values are not whole rows of %d", len(rows), c.dim)
 	}
 	n := len(rows) / c.dim
 	if err := c.checkRows(rows, fmt.Sprintf("sequence %d", seq)); err != nil {
@@ -243,7 +243,7 @@ func (c *LatentCache) Append(seq int, rows []float32) error {
 // checkRows refuses rows holding NaN or ±Inf, or (in a bf16 cache) a
 // finite value that rounds to infinity in bf16: such a row would make
 // every later attention over it NaN.
-func (c *LatentCache) checkRows(rows []float32, what string) error {
+func (c *Cache) checkRows(rows []float32, what string) error {
 	for i, v := range rows {
 		bad := math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)
 		// bf16 rounds to nearest even: from 0x7F7F8000 up a magnitude
@@ -251,9 +251,9 @@ func (c *LatentCache) checkRows(rows []float32, what string) error {
 		overflow := !bad && c.dtype != kernels.F32 && math.Float32bits(v)&0x7fffffff >= 0x7f7f8000
 		switch {
 		case bad:
-			return errkind.Errorf(ErrNonFinite, "dpattn: latent row %d of %s holds %v at column %d", i/c.dim, what, v, i%c.dim)
+			return errkind.Errorf(ErrNonFinite, "attn: latent row %d of %s holds %v at column %d", i/c.dim, what, v, i%c.dim)
 		case overflow:
-			return errkind.Errorf(ErrNonFinite, "dpattn: latent row %d of %s holds %v at column %d, past bf16's range", i/c.dim, what, v, i%c.dim)
+			return errkind.Errorf(ErrNonFinite, "attn: latent row %d of %s holds %v at column %d, past bf16's range", i/c.dim, what, v, i%c.dim)
 		}
 	}
 	return nil
@@ -262,7 +262,7 @@ func (c *LatentCache) checkRows(rows []float32, what string) error {
 // grow gives sequence seq (created on first use) the blocks for n more
 // rows, or an error and no change when too few are free; the lock is held.
 // The caller writes the rows and their length.
-func (c *LatentCache) grow(seq, n int) (*sequence, error) {
+func (c *Cache) grow(seq, n int) (*sequence, error) {
 	s := c.seqs[seq]
 	if s == nil {
 		s = &sequence{}
@@ -273,7 +273,7 @@ func (c *LatentCache) grow(seq, n int) (*sequence, error) {
 		if s.len == 0 {
 			delete(c.seqs, seq)
 		}
-		return nil, errkind.Errorf(ErrCacheExhausted, "dpattn: latent cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
+		return nil, errkind.Errorf(ErrCacheExhausted, "attn: cache exhausted: sequence %d needs %d more blocks, %d of %d are free",
 			seq, need, len(c.free), c.numBlocks)
 	}
 	for ; need > 0; need-- {
@@ -287,7 +287,7 @@ func (c *LatentCache) grow(seq, n int) (*sequence, error) {
 
 // unref drops a reference on block b, freeing it with the last; the lock
 // is held.
-func (c *LatentCache) unref(b int32) {
+func (c *Cache) unref(b int32) {
 	c.refs[b]--
 	if c.refs[b] == 0 {
 		c.free = append(c.free, b)
@@ -298,13 +298,13 @@ func (c *LatentCache) unref(b int32) {
 // which must be whole (to·BlockSize ≤ its length), and returns them: the
 // holder (a prefix cache) keeps them past the sequence's end, until it
 // Releases them.
-func (c *LatentCache) Share(seq, from, to int) ([]int32, error) {
+func (c *Cache) Share(seq, from, to int) ([]int32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.seqs[seq]
 	n := c.lenLocked(seq)
 	if s == nil || from < 0 || from > to || to*c.blockSize > n {
-		return nil, fmt.Errorf("dpattn: sharing blocks [%d, %d) of sequence %d: it holds %d whole blocks", from, to, seq, n/c.blockSize)
+		return nil, fmt.Errorf("attn: sharing blocks [%d, %d) of sequence %d: it holds %d whole blocks", from, to, seq, n/c.blockSize)
 	}
 	out := append([]int32(nil), s.blocks[from:to]...)
 	for _, b := range out {
@@ -318,14 +318,14 @@ func (c *LatentCache) Share(seq, from, to int) ([]int32, error) {
 // blocks (shared ones, each held by a Share reference) as its first
 // len(blocks)·BlockSize rows, taking a reference on each. Its later rows go
 // to blocks of its own.
-func (c *LatentCache) Attach(seq int, blocks []int32) error {
+func (c *Cache) Attach(seq int, blocks []int32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.seqs[seq]; ok {
-		return fmt.Errorf("dpattn: attaching blocks to sequence %d, which is in the cache already", seq)
+		return fmt.Errorf("attn: attaching blocks to sequence %d, which is in the cache already", seq)
 	}
 	if err := c.checkHeld(blocks); err != nil {
-		return fmt.Errorf("dpattn: attaching to sequence %d: %w", seq, err)
+		return fmt.Errorf("attn: attaching to sequence %d: %w", seq, err)
 	}
 	if len(blocks) == 0 {
 		return nil
@@ -339,11 +339,11 @@ func (c *LatentCache) Attach(seq int, blocks []int32) error {
 
 // Release drops a reference (a Share's) on each of blocks; a block whose
 // last reference goes is free.
-func (c *LatentCache) Release(blocks []int32) error {
+func (c *Cache) Release(blocks []int32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkHeld(blocks); err != nil {
-		return fmt.Errorf("dpattn: releasing: %w", err)
+		return fmt.Errorf("attn: releasing: %w", err)
 	}
 	for _, b := range blocks {
 		c.shares[b]--
@@ -354,7 +354,7 @@ func (c *LatentCache) Release(blocks []int32) error {
 
 // checkHeld refuses blocks out of range or not shared (held by fewer Share
 // references than they appear in blocks); the lock is held.
-func (c *LatentCache) checkHeld(blocks []int32) error {
+func (c *Cache) checkHeld(blocks []int32) error {
 	seen := map[int32]int32{}
 	for _, b := range blocks {
 		if b < 0 || int(b) >= c.numBlocks {
@@ -369,7 +369,7 @@ func (c *LatentCache) checkHeld(blocks []int32) error {
 }
 
 // Refs is the references block b has (0: free).
-func (c *LatentCache) Refs(b int) int {
+func (c *Cache) Refs(b int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if b < 0 || b >= c.numBlocks {
@@ -386,9 +386,9 @@ func (c *LatentCache) Refs(b int) int {
 // marked changed, so a device copy's sync does not overwrite them. If the
 // cache has too few free blocks it returns an error and changes nothing;
 // Truncate undoes it.
-func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
+func (c *Cache) Reserve(seq, n int) ([]int32, error) {
 	if n < 0 {
-		return nil, fmt.Errorf("dpattn: reserving %d rows", n)
+		return nil, fmt.Errorf("attn: reserving %d rows", n)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -412,16 +412,16 @@ func (c *LatentCache) Reserve(seq, n int) ([]int32, error) {
 // seen (nil: none) are the writing copy's block versions (as Changed keeps
 // them): a block it was up to date with stays so, since it holds the rows
 // already.
-func (c *LatentCache) Fill(slots []int32, rows []float32, seen []uint64) error {
+func (c *Cache) Fill(slots []int32, rows []float32, seen []uint64) error {
 	if len(rows) != len(slots)*c.dim {
-		return fmt.Errorf("dpattn: fill: %d values for %d rows of %d", len(rows), len(slots), c.dim)
+		return fmt.Errorf("attn: fill: %d values for %d rows of %d", len(rows), len(slots), c.dim)
 	}
 	if seen != nil && len(seen) != c.numBlocks {
-		return fmt.Errorf("dpattn: fill: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
+		return fmt.Errorf("attn: fill: %d block versions for a cache of %d blocks", len(seen), c.numBlocks)
 	}
 	for _, slot := range slots {
 		if slot < 0 || int(slot) >= c.numBlocks*c.blockSize {
-			return fmt.Errorf("dpattn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
+			return fmt.Errorf("attn: fill: slot %d out of range [0, %d)", slot, c.numBlocks*c.blockSize)
 		}
 	}
 	if err := c.checkRows(rows, "a fill"); err != nil {
@@ -453,17 +453,17 @@ func (c *LatentCache) Fill(slots []int32, rows []float32, seen []uint64) error {
 // releasing the blocks past them: how a step that reserved rows and then
 // failed takes them back. A sequence truncated to nothing is removed. It
 // may not end inside a shared block (which the sequence would then write).
-func (c *LatentCache) Truncate(seq, n int) error {
+func (c *Cache) Truncate(seq, n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.seqs[seq]
 	if !ok || n < 0 || n > s.len {
-		return fmt.Errorf("dpattn: truncating sequence %d to %d rows: it has %d", seq, n, c.lenLocked(seq))
+		return fmt.Errorf("attn: truncating sequence %d to %d rows: it has %d", seq, n, c.lenLocked(seq))
 	}
 	keep := (n + c.blockSize - 1) / c.blockSize
 	if n%c.blockSize != 0 && c.refs[s.blocks[keep-1]] > 1 {
 		// Its later rows would be written into a block others read.
-		return fmt.Errorf("dpattn: truncating sequence %d to %d rows would cut into block %d, which is shared", seq, n, s.blocks[keep-1])
+		return fmt.Errorf("attn: truncating sequence %d to %d rows would cut into block %d, which is shared", seq, n, s.blocks[keep-1])
 	}
 	for i := len(s.blocks) - 1; i >= keep; i-- {
 		c.unref(s.blocks[i])
@@ -475,7 +475,7 @@ func (c *LatentCache) Truncate(seq, n int) error {
 	return nil
 }
 
-func (c *LatentCache) lenLocked(seq int) int {
+func (c *Cache) lenLocked(seq int) int {
 	if s := c.seqs[seq]; s != nil {
 		return s.len
 	}
@@ -483,12 +483,12 @@ func (c *LatentCache) lenLocked(seq int) int {
 }
 
 // Free releases sequence seq's blocks for reuse.
-func (c *LatentCache) Free(seq int) error {
+func (c *Cache) Free(seq int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.seqs[seq]
 	if !ok {
-		return fmt.Errorf("dpattn: sequence %d is not in the cache", seq)
+		return fmt.Errorf("attn: sequence %d is not in the cache", seq)
 	}
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		c.unref(s.blocks[i])
@@ -498,14 +498,14 @@ func (c *LatentCache) Free(seq int) error {
 }
 
 // FreeBlocks is the number of blocks nothing holds.
-func (c *LatentCache) FreeBlocks() int {
+func (c *Cache) FreeBlocks() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.free)
 }
 
 // Len is the number of rows sequence seq holds (0 if unknown).
-func (c *LatentCache) Len(seq int) int {
+func (c *Cache) Len(seq int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s := c.seqs[seq]; s != nil {
@@ -515,7 +515,7 @@ func (c *LatentCache) Len(seq int) int {
 }
 
 // BlockTable returns a copy of sequence seq's block table.
-func (c *LatentCache) BlockTable(seq int) []int32 {
+func (c *Cache) BlockTable(seq int) []int32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s := c.seqs[seq]; s != nil {
@@ -525,16 +525,16 @@ func (c *LatentCache) BlockTable(seq int) []int32 {
 }
 
 // BytesUsed is the memory of the blocks in use; BytesTotal of all blocks.
-func (c *LatentCache) BytesUsed() int64 {
+func (c *Cache) BytesUsed() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return int64(c.numBlocks-len(c.free)) * c.blockBytes()
 }
 
 // BytesTotal is the memory of every block of the cache.
-func (c *LatentCache) BytesTotal() int64 { return int64(c.numBlocks) * c.blockBytes() }
+func (c *Cache) BytesTotal() int64 { return int64(c.numBlocks) * c.blockBytes() }
 
-func (c *LatentCache) blockBytes() int64 {
+func (c *Cache) blockBytes() int64 {
 	return int64(c.blockSize) * int64(c.dim) * int64(c.dtype.Size())
 }
 

@@ -1,19 +1,19 @@
-package dpattn
+package attn
 
 import "context"
 
-// AttentionBlock is an attention layer a decode loop can drive (MLABlock:
+// Block is an attention layer a decode loop can drive (MLABlock:
 // DeepSeek's), not to be confused with Blocks, the pages of a cache.
-type AttentionBlock interface {
+type Block interface {
 	HiddenSize() int
 	LatentDim() int
 	// Forward runs new tokens x [T, hidden] of sequences seqs (a sequence's
 	// tokens consecutive, in order), appending their latent rows to the
 	// cache, and writes out [T, hidden].
-	Forward(ctx context.Context, cache *LatentCache, seqs []int, x, out []float32) error
+	Forward(ctx context.Context, cache *Cache, seqs []int, x, out []float32) error
 	// ForwardWith is Forward with the block's work on be (the zero
 	// Backend: the host, as Forward).
-	ForwardWith(ctx context.Context, be Backend, cache *LatentCache, seqs []int, x, out []float32) error
+	ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error
 }
 
-var _ AttentionBlock = (*MLABlock)(nil)
+var _ Block = (*MLABlock)(nil)

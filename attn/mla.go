@@ -1,4 +1,4 @@
-package dpattn
+package attn
 
 import (
 	"context"
@@ -46,17 +46,17 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	nq := len(queries)
 	switch {
 	case heads < 1:
-		return fmt.Errorf("dpattn: mla: %d heads", heads)
+		return fmt.Errorf("attn: mla: %d heads", heads)
 	case dv < 1 || dv > D:
-		return fmt.Errorf("dpattn: mla: dv %d must be in [1, %d]", dv, D)
+		return fmt.Errorf("attn: mla: dv %d must be in [1, %d]", dv, D)
 	case len(q) != nq*heads*D:
-		return fmt.Errorf("dpattn: mla: q has %d values, want [%d queries, %d heads, %d] = %d", len(q), nq, heads, D, nq*heads*D)
+		return fmt.Errorf("attn: mla: q has %d values, want [%d queries, %d heads, %d] = %d", len(q), nq, heads, D, nq*heads*D)
 	case len(out) != nq*heads*dv:
-		return fmt.Errorf("dpattn: mla: out has %d values, want %d", len(out), nq*heads*dv)
+		return fmt.Errorf("attn: mla: out has %d values, want %d", len(out), nq*heads*dv)
 	case lse != nil && len(lse) != nq*heads:
-		return fmt.Errorf("dpattn: mla: lse has %d values, want %d", len(lse), nq*heads)
+		return fmt.Errorf("attn: mla: lse has %d values, want %d", len(lse), nq*heads)
 	case math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0):
-		return fmt.Errorf("dpattn: mla: scale %v", scale)
+		return fmt.Errorf("attn: mla: scale %v", scale)
 	}
 	// Each block table's entries are checked once, as far as its longest
 	// query reads: the queries of a prompt share one table, and checking it
@@ -64,24 +64,24 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	checked := map[*int32]int{}
 	for i, qr := range queries {
 		if qr.Len < 1 {
-			return fmt.Errorf("dpattn: mla: query %d attends to %d rows, need at least 1", i, qr.Len)
+			return fmt.Errorf("attn: mla: query %d attends to %d rows, need at least 1", i, qr.Len)
 		}
 		nb := (qr.Len + bs - 1) / bs
 		if nb > len(qr.Table) {
-			return fmt.Errorf("dpattn: mla: query %d needs %d rows (%d blocks), its block table has %d entries", i, qr.Len, nb, len(qr.Table))
+			return fmt.Errorf("attn: mla: query %d needs %d rows (%d blocks), its block table has %d entries", i, qr.Len, nb, len(qr.Table))
 		}
 		head := &qr.Table[0]
 		done := checked[head]
 		for j := done; j < nb; j++ {
 			if b := qr.Table[j]; b < 0 || int(b) >= kv.NumBlocks() {
-				return fmt.Errorf("dpattn: mla: query %d: block table entry %d is %d, out of range [0, %d)", i, j, b, kv.NumBlocks())
+				return fmt.Errorf("attn: mla: query %d: block table entry %d is %d, out of range [0, %d)", i, j, b, kv.NumBlocks())
 			}
 		}
 		checked[head] = max(done, nb)
 	}
 	for i, v := range q {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("dpattn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, v)
+			return fmt.Errorf("attn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, v)
 		}
 	}
 	split := opt.SplitRows
@@ -95,7 +95,7 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	for _, qr := range queries {
 		total += float64((qr.Len + split - 1) / split)
 	}
-	if err := memlimit.Check(fmt.Sprintf("dpattn: mla: %d queries in %.0f chunks of %d rows", nq, total, split),
+	if err := memlimit.Check(fmt.Sprintf("attn: mla: %d queries in %.0f chunks of %d rows", nq, total, split),
 		total*(float64(heads)*float64(4*dv+8)+32)); err != nil {
 		return err
 	}
@@ -179,12 +179,12 @@ func checkOutput(kv Blocks, queries []Query, out []float32, heads, dv int) error
 			kv.Block(blk).RowF32(r%bs, row)
 			for c, x := range row {
 				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-					return errkind.Errorf(ErrNonFinite, "dpattn: mla: query %d head %d: output is %v: the latent cache holds %v at block %d row %d column %d (the query's row %d)",
+					return errkind.Errorf(ErrNonFinite, "attn: mla: query %d head %d: output is %v: the latent cache holds %v at block %d row %d column %d (the query's row %d)",
 						qi, h, v, x, blk, r%bs, c, r)
 				}
 			}
 		}
-		return errkind.Errorf(ErrNonFinite, "dpattn: mla: query %d head %d: output is %v from finite q and cache rows: the scores overflow fp32 (scale or values too large)", qi, h, v)
+		return errkind.Errorf(ErrNonFinite, "attn: mla: query %d head %d: output is %v from finite q and cache rows: the scores overflow fp32 (scale or values too large)", qi, h, v)
 	}
 	return nil
 }

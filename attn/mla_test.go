@@ -1,4 +1,4 @@
-package dpattn_test
+package attn_test
 
 import (
 	"context"
@@ -9,16 +9,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/memlimit"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
 )
 
 // fillCache appends random rows for sequences of the given lengths, in an
 // interleaved order so that block tables are scattered, and returns the
 // rows as the cache holds them (widened).
-func fillCache(t *testing.T, c *dpattn.LatentCache, rng *rand.Rand, lens []int) [][][]float64 {
+func fillCache(t *testing.T, c *attn.Cache, rng *rand.Rand, lens []int) [][][]float64 {
 	t.Helper()
 	D := c.Dim()
 	rows := make([][][]float64, len(lens))
@@ -69,20 +70,20 @@ func TestMLADecodeMatchesReference(t *testing.T) {
 				require.NoError(t, err)
 				defer restore()
 				rng := rand.New(rand.NewPCG(7, uint64(dt)))
-				c, err := dpattn.NewLatentCache(80, 64, D, dt)
+				c, err := attn.NewCache(80, 64, D, dt)
 				require.NoError(t, err)
 				rows := fillCache(t, c, rng, lens)
 				q := make([]float32, len(lens)*heads*D)
 				for i := range q {
 					q[i] = float32(rng.NormFloat64())
 				}
-				queries := make([]dpattn.Query, len(lens))
+				queries := make([]attn.Query, len(lens))
 				for s, L := range lens {
-					queries[s] = dpattn.Query{Table: c.BlockTable(s), Len: L}
+					queries[s] = attn.Query{Table: c.BlockTable(s), Len: L}
 				}
 				out := make([]float32, len(lens)*heads*dv)
 				lse := make([]float32, len(lens)*heads)
-				require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), out, lse, dpattn.Options{SplitRows: 256}))
+				require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), out, lse, attn.Options{SplitRows: 256}))
 				for s := range lens {
 					o, l := moetest.MLA(rows[s], q[s*heads*D:(s+1)*heads*D], heads, D, dv, float64(float32(scale)))
 					require.LessOrEqual(t, moetest.RelErr(out[s*heads*dv:(s+1)*heads*dv], o), 1e-5, "sequence %d (len %d) out", s, lens[s])
@@ -90,7 +91,7 @@ func TestMLADecodeMatchesReference(t *testing.T) {
 				}
 				// The split changes only rounding.
 				whole := make([]float32, len(out))
-				require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), whole, nil, dpattn.Options{SplitRows: 1 << 20, Workers: 1}))
+				require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), whole, nil, attn.Options{SplitRows: 1 << 20, Workers: 1}))
 				require.LessOrEqual(t, relErrF32(out, whole), 1e-6)
 			})
 		}
@@ -110,7 +111,7 @@ func relErrF32(a, b []float32) float64 {
 func TestMLAExtendIsCausal(t *testing.T) {
 	const heads, D, dv = 4, 64, 48
 	rng := rand.New(rand.NewPCG(3, 3))
-	c, err := dpattn.NewLatentCache(8, 16, D, kernels.F32)
+	c, err := attn.NewCache(8, 16, D, kernels.F32)
 	require.NoError(t, err)
 	rows := fillCache(t, c, rng, []int{70})
 	const S = 5 // the last five rows are the new tokens
@@ -118,12 +119,12 @@ func TestMLAExtendIsCausal(t *testing.T) {
 	for i := range q {
 		q[i] = float32(rng.NormFloat64())
 	}
-	queries := make([]dpattn.Query, S)
+	queries := make([]attn.Query, S)
 	for j := range queries {
-		queries[j] = dpattn.Query{Table: c.BlockTable(0), Len: 70 - S + j + 1}
+		queries[j] = attn.Query{Table: c.BlockTable(0), Len: 70 - S + j + 1}
 	}
 	out := make([]float32, S*heads*dv)
-	require.NoError(t, dpattn.MLA(context.Background(), c, q, queries, heads, dv, 0.125, out, nil, dpattn.Options{SplitRows: 32}))
+	require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, 0.125, out, nil, attn.Options{SplitRows: 32}))
 	for j := 0; j < S; j++ {
 		o, _ := moetest.MLA(rows[0][:70-S+j+1], q[j*heads*D:(j+1)*heads*D], heads, D, dv, 0.125)
 		require.LessOrEqual(t, moetest.RelErr(out[j*heads*dv:(j+1)*heads*dv], o), 1e-5, "new token %d", j)
@@ -131,36 +132,36 @@ func TestMLAExtendIsCausal(t *testing.T) {
 }
 
 func TestMLABadInput(t *testing.T) {
-	c, err := dpattn.NewLatentCache(4, 8, 16, kernels.F32)
+	c, err := attn.NewCache(4, 8, 16, kernels.F32)
 	require.NoError(t, err)
 	require.NoError(t, c.Append(0, make([]float32, 10*16)))
 	table := c.BlockTable(0)
 	q := make([]float32, 2*16)
 	out := make([]float32, 2*17)
 	ctx := context.Background()
-	run := func(qs []dpattn.Query, q []float32, dv int) error {
-		return dpattn.MLA(ctx, c, q, qs, 2, dv, 1, out[:2*dv*len(qs)], nil, dpattn.Options{})
+	run := func(qs []attn.Query, q []float32, dv int) error {
+		return attn.MLA(ctx, c, q, qs, 2, dv, 1, out[:2*dv*len(qs)], nil, attn.Options{})
 	}
-	require.ErrorContains(t, run([]dpattn.Query{{table, 0}}, q, 8), "query 0 attends to 0 rows")
-	require.ErrorContains(t, run([]dpattn.Query{{table, 17}}, q, 8), "query 0 needs 17 rows (3 blocks), its block table has 2 entries")
-	require.ErrorContains(t, run([]dpattn.Query{{[]int32{0, -1}, 12}}, q, 8), "block table entry 1 is -1, out of range [0, 4)")
-	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, q, 17), "dv 17 must be in [1, 16]")
-	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, q[:5], 8), "q has 5 values")
+	require.ErrorContains(t, run([]attn.Query{{table, 0}}, q, 8), "query 0 attends to 0 rows")
+	require.ErrorContains(t, run([]attn.Query{{table, 17}}, q, 8), "query 0 needs 17 rows (3 blocks), its block table has 2 entries")
+	require.ErrorContains(t, run([]attn.Query{{[]int32{0, -1}, 12}}, q, 8), "block table entry 1 is -1, out of range [0, 4)")
+	require.ErrorContains(t, run([]attn.Query{{table, 5}}, q, 17), "dv 17 must be in [1, 16]")
+	require.ErrorContains(t, run([]attn.Query{{table, 5}}, q[:5], 8), "q has 5 values")
 	bad := append([]float32(nil), q...)
 	bad[20] = float32(math.Inf(1))
-	require.ErrorContains(t, run([]dpattn.Query{{table, 5}}, bad, 8), "q of query 0 head 1 holds +Inf")
+	require.ErrorContains(t, run([]attn.Query{{table, 5}}, bad, 8), "q of query 0 head 1 holds +Inf")
 }
 
 func TestLatentCache(t *testing.T) {
-	c, err := dpattn.NewLatentCache(3, 4, 2, kernels.BF16)
+	c, err := attn.NewCache(3, 4, 2, kernels.BF16)
 	require.NoError(t, err)
 	require.EqualValues(t, 3*4*2*2, c.BytesTotal())
 	require.NoError(t, c.Append(1, make([]float32, 5*2))) // 2 blocks
 	require.NoError(t, c.Append(2, make([]float32, 2*2))) // 1 block
 	require.EqualValues(t, c.BytesTotal(), c.BytesUsed())
 	err = c.Append(2, make([]float32, 3*2)) // needs a second block: none left
-	require.ErrorContains(t, err, "latent cache exhausted: sequence 2 needs 1 more blocks, 0 of 3 are free")
-	require.ErrorIs(t, err, dpattn.ErrCacheExhausted)
+	require.ErrorContains(t, err, "cache exhausted: sequence 2 needs 1 more blocks, 0 of 3 are free")
+	require.ErrorIs(t, err, attn.ErrCacheExhausted)
 	require.Equal(t, 2, c.Len(2), "a failed append changes nothing")
 	require.ErrorContains(t, c.Append(3, make([]float32, 3)), "not whole rows")
 	freed := c.BlockTable(1)
@@ -170,7 +171,7 @@ func TestLatentCache(t *testing.T) {
 	require.NoError(t, c.Append(3, make([]float32, 8*2)))
 	require.ElementsMatch(t, freed, c.BlockTable(3), "freed blocks are reused")
 	require.Equal(t, 8, c.Len(3))
-	_, err = dpattn.NewLatentCache(1, 1, 1, kernels.F16)
+	_, err = attn.NewCache(1, 1, 1, kernels.F16)
 	require.ErrorContains(t, err, "cache dtype F16")
 }
 
@@ -178,11 +179,11 @@ func TestLatentCache(t *testing.T) {
 // sequence attached to them reads their rows and writes only blocks of its
 // own, and a block is free only when its last reference goes.
 func TestLatentCacheShare(t *testing.T) {
-	c, err := dpattn.NewLatentCache(6, 2, 1, kernels.F32)
+	c, err := attn.NewCache(6, 2, 1, kernels.F32)
 	require.NoError(t, err)
 	require.NoError(t, c.Append(1, []float32{1, 2, 3, 4, 5})) // blocks: [1 2] [3 4] [5 _]
 	_, err = c.Share(1, 0, 3)
-	require.EqualError(t, err, "dpattn: sharing blocks [0, 3) of sequence 1: it holds 2 whole blocks")
+	require.EqualError(t, err, "attn: sharing blocks [0, 3) of sequence 1: it holds 2 whole blocks")
 	shared, err := c.Share(1, 0, 2)
 	require.NoError(t, err)
 	require.Equal(t, c.BlockTable(1)[:2], shared)
@@ -203,7 +204,7 @@ func TestLatentCacheShare(t *testing.T) {
 		require.Equal(t, want, c.Block(int(shared[i/2])).At(i%2, 0), "shared rows unchanged")
 	}
 	require.Equal(t, float32(9), c.Block(int(table[2])).At(0, 0))
-	require.EqualError(t, c.Truncate(2, 3), "dpattn: truncating sequence 2 to 3 rows would cut into block "+
+	require.EqualError(t, c.Truncate(2, 3), "attn: truncating sequence 2 to 3 rows would cut into block "+
 		fmt.Sprint(shared[1])+", which is shared")
 	require.NoError(t, c.Truncate(2, 4), "back to the shared blocks: allowed")
 
@@ -233,9 +234,9 @@ func TestLatentCacheReserve(t *testing.T) {
 		rows[i] = float32(rng.NormFloat64())
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		app, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		app, err := attn.NewCache(4, 4, 3, dt)
 		require.NoError(t, err)
-		res, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		res, err := attn.NewCache(4, 4, 3, dt)
 		require.NoError(t, err)
 		require.NoError(t, app.Append(5, rows[:2*3]))
 		require.NoError(t, res.Append(5, rows[:2*3]))
@@ -268,7 +269,7 @@ func TestLatentCacheReserve(t *testing.T) {
 			}
 		}
 		_, err = res.Reserve(6, 9) // 3 blocks; 2 are free
-		require.ErrorContains(t, err, "latent cache exhausted: sequence 6 needs 3 more blocks, 2 of 4 are free")
+		require.ErrorContains(t, err, "cache exhausted: sequence 6 needs 3 more blocks, 2 of 4 are free")
 		require.Zero(t, res.Len(6))
 		require.ErrorContains(t, res.Fill([]int32{1, 16}, rows[:6], nil), "slot 16 out of range [0, 16)")
 		require.Equal(t, blockRows(app, 0), blockRows(res, 0), "a bad slot is found before any row is written")
@@ -290,7 +291,7 @@ func TestLatentCacheReserve(t *testing.T) {
 }
 
 // blockRows reads block b of c.
-func blockRows(c *dpattn.LatentCache, b int) []float32 {
+func blockRows(c *attn.Cache, b int) []float32 {
 	m := c.Block(b)
 	out := make([]float32, m.Rows*m.Cols)
 	for r := 0; r < m.Rows; r++ {
@@ -305,20 +306,20 @@ func blockRows(c *dpattn.LatentCache, b int) []float32 {
 // row that hold the value, or saying that the rows were finite.
 func TestNonFiniteCache(t *testing.T) {
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		c, err := dpattn.NewLatentCache(4, 4, 3, dt)
+		c, err := attn.NewCache(4, 4, 3, dt)
 		require.NoError(t, err)
 		require.NoError(t, c.Append(0, []float32{1, 2, 3}))
 		rows := []float32{1, 2, 3, 4, float32(math.NaN()), 6}
 		err = c.Append(0, rows)
-		require.ErrorIs(t, err, dpattn.ErrNonFinite)
-		require.EqualError(t, err, "dpattn: latent row 1 of sequence 0 holds NaN at column 1")
+		require.ErrorIs(t, err, attn.ErrNonFinite)
+		require.EqualError(t, err, "attn: latent row 1 of sequence 0 holds NaN at column 1")
 		require.Equal(t, 1, c.Len(0), "a refused append changes nothing")
 		slots, err := c.Reserve(0, 1)
 		require.NoError(t, err)
-		require.EqualError(t, c.Fill(slots, []float32{0, float32(math.Inf(-1)), 0}, nil), "dpattn: latent row 0 of a fill holds -Inf at column 1")
+		require.EqualError(t, c.Fill(slots, []float32{0, float32(math.Inf(-1)), 0}, nil), "attn: latent row 0 of a fill holds -Inf at column 1")
 		big := []float32{math.MaxFloat32, 0, 0}
 		if dt == kernels.BF16 {
-			require.EqualError(t, c.Append(1, big), "dpattn: latent row 0 of sequence 1 holds 3.4028235e+38 at column 0, past bf16's range")
+			require.EqualError(t, c.Append(1, big), "attn: latent row 0 of sequence 1 holds 3.4028235e+38 at column 0, past bf16's range")
 		} else {
 			require.NoError(t, c.Append(1, big))
 		}
@@ -327,28 +328,28 @@ func TestNonFiniteCache(t *testing.T) {
 	// A cache filled behind the API's back (DenseBlocks, a caller's
 	// memory): the output check names the block and row.
 	const D, bs = 4, 2
-	kv := dpattn.DenseBlocks{Data: make([]float32, 3*bs*D), NBlocks: 3, BlockRows: bs, Width: D}
+	kv := attn.DenseBlocks{Data: make([]float32, 3*bs*D), NBlocks: 3, BlockRows: bs, Width: D}
 	for i := range kv.Data {
 		kv.Data[i] = 0.25
 	}
 	kv.Data[(2*bs+1)*D+3] = float32(math.NaN()) // block 2, row 1, column 3
 	q := []float32{1, 1, 1, 1}
 	out := make([]float32, D)
-	mla := func(qs []dpattn.Query) error {
-		return dpattn.MLA(context.Background(), kv, q, qs, 1, D, 1, out, nil, dpattn.Options{})
+	mla := func(qs []attn.Query) error {
+		return attn.MLA(context.Background(), kv, q, qs, 1, D, 1, out, nil, attn.Options{})
 	}
-	require.NoError(t, mla([]dpattn.Query{{Table: []int32{0, 1}, Len: 4}}))
-	err := mla([]dpattn.Query{{Table: []int32{0, 2}, Len: 4}})
-	require.ErrorIs(t, err, dpattn.ErrNonFinite)
-	require.EqualError(t, err, "dpattn: mla: query 0 head 0: output is NaN: the latent cache holds NaN at block 2 row 1 column 3 (the query's row 3)")
+	require.NoError(t, mla([]attn.Query{{Table: []int32{0, 1}, Len: 4}}))
+	err := mla([]attn.Query{{Table: []int32{0, 2}, Len: 4}})
+	require.ErrorIs(t, err, attn.ErrNonFinite)
+	require.EqualError(t, err, "attn: mla: query 0 head 0: output is NaN: the latent cache holds NaN at block 2 row 1 column 3 (the query's row 3)")
 	// Finite rows whose scores overflow fp32.
 	kv.Data[(2*bs+1)*D+3] = 0.25
 	for i := range kv.Data[:bs*D] {
 		kv.Data[i] = 1e30
 	}
 	q = []float32{1e30, 1e30, 1e30, 1e30}
-	err = mla([]dpattn.Query{{Table: []int32{0, 2}, Len: 4}})
-	require.ErrorIs(t, err, dpattn.ErrNonFinite)
+	err = mla([]attn.Query{{Table: []int32{0, 2}, Len: 4}})
+	require.ErrorIs(t, err, attn.ErrNonFinite)
 	require.ErrorContains(t, err, "from finite q and cache rows: the scores overflow fp32")
 }
 
@@ -356,17 +357,27 @@ func TestNonFiniteCache(t *testing.T) {
 // lengths; past the memory limit MLA refuses before allocating them.
 func TestMLAMemoryChecked(t *testing.T) {
 	const D, bs = 4, 16
-	kv := dpattn.DenseBlocks{Data: make([]float32, bs*D), NBlocks: 1, BlockRows: bs, Width: D}
-	queries := make([]dpattn.Query, 100)
+	kv := attn.DenseBlocks{Data: make([]float32, bs*D), NBlocks: 1, BlockRows: bs, Width: D}
+	queries := make([]attn.Query, 100)
 	for i := range queries {
-		queries[i] = dpattn.Query{Table: make([]int32, 5000/bs+1), Len: 5000} // every row in block 0
+		queries[i] = attn.Query{Table: make([]int32, 5000/bs+1), Len: 5000} // every row in block 0
 	}
 	q := make([]float32, len(queries)*D)
 	out := make([]float32, len(queries)*D)
 	prev := memlimit.Set(1 << 20)
 	defer memlimit.Set(prev)
-	err := dpattn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, dpattn.Options{SplitRows: 1})
+	err := attn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, attn.Options{SplitRows: 1})
 	require.ErrorIs(t, err, memlimit.ErrTooLarge)
-	require.ErrorContains(t, err, "dpattn: mla: 100 queries in 500000 chunks of 1 rows")
-	require.NoError(t, dpattn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, dpattn.Options{}))
+	require.ErrorContains(t, err, "attn: mla: 100 queries in 500000 chunks of 1 rows")
+	require.NoError(t, attn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, attn.Options{}))
+}
+
+// TestCacheSizeCheckedFirst: a cache too large for the machine is refused,
+// naming its size, before it is allocated.
+func TestCacheSizeCheckedFirst(t *testing.T) {
+	_, err := attn.NewCache(1<<30, 64, 576, kernels.BF16)
+	require.ErrorContains(t, err, "attn: a cache of 1073741824 blocks × 64 rows × 576 values needs 73740.0 GiB, more than the ")
+	require.ErrorIs(t, err, moe.ErrTooLarge)
+	_, err = attn.NewCache(4, 2, 4, kernels.F16)
+	require.EqualError(t, err, "attn: cache dtype F16 (want F32 or BF16)")
 }

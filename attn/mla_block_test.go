@@ -1,4 +1,4 @@
-package dpattn_test
+package attn_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/dpattn"
+	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 )
@@ -36,10 +36,10 @@ func TestMLABlockMatchesReference(t *testing.T) {
 	for i, s := range specs {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
 			dir, ref := attnCheckpoint(t, s)
-			b, err := dpattn.LoadMLABlock(dir, 0)
+			b, err := attn.LoadMLABlock(dir, 0)
 			require.NoError(t, err)
 			defer b.Close()
-			cache, err := dpattn.NewLatentCache(16, 8, b.LatentDim(), kernels.F32)
+			cache, err := attn.NewCache(16, 8, b.LatentDim(), kernels.F32)
 			require.NoError(t, err)
 			const prompt, extra = 21, 3
 			x := moetest.Input(uint64(i), prompt+extra, s.Hidden, false)
@@ -61,9 +61,9 @@ func TestMLABlockMatchesReference(t *testing.T) {
 
 func TestLoadMLABlockErrors(t *testing.T) {
 	dir, _ := attnCheckpoint(t, moetest.AttnSpec{Hidden: 16, Heads: 2, KVLoraRank: 8, Nope: 4, Rope: 4, VDim: 4, Theta: 10000, DType: "F32", Seed: 1})
-	_, err := dpattn.LoadMLABlock(dir, 3)
+	_, err := attn.LoadMLABlock(dir, 3)
 	require.ErrorContains(t, err, `missing tensor "model.layers.3.self_attn.q_proj.weight"`)
-	_, err = dpattn.LoadMLABlock(t.TempDir(), 0)
+	_, err = attn.LoadMLABlock(t.TempDir(), 0)
 	require.ErrorContains(t, err, "config.json")
 }
 
@@ -75,10 +75,10 @@ func TestLoadMLABlockConfig(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644))
 	}
 	write(`{"model_type": "mixtral", "hidden_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 8}`)
-	_, err := dpattn.LoadMLABlock(dir, 0)
+	_, err := attn.LoadMLABlock(dir, 0)
 	require.ErrorContains(t, err, `(model_type "mixtral") has no kv_lora_rank: MLA attention (DeepSeek-V2/V3's) needs it`)
 	write(`{"model_type": "deepseek_v2", "hidden_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
 		"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4}`)
-	_, err = dpattn.LoadMLABlock(dir, 0)
+	_, err = attn.LoadMLABlock(dir, 0)
 	require.ErrorContains(t, err, "num_attention_heads is missing")
 }
