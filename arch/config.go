@@ -96,10 +96,49 @@ type Attention struct {
 	// qk_nope_head_dim, qk_rope_head_dim and v_head_dim.
 	QLoraRank                          *int
 	KVLoraRank, NopeDim, RopeDim, VDim int
-	// Bias: the projections have biases (attention_bias).
-	Bias bool
+	// Bias: the q, k and v projections have biases; OutBias: o_proj has
+	// one too (gpt-oss).
+	Bias, OutBias bool
+	// QKNorm is the RMSNorm on the queries and keys before RoPE, if any.
+	QKNorm QKNorm
+	// Sinks: a learned logit per head joins the softmax's denominator
+	// (gpt-oss's self_attn.sinks).
+	Sinks bool
+	// Window is the sliding window in tokens (a query attends to the last
+	// Window positions, itself included) of the layers WindowLayers marks
+	// (nil: every layer); 0: no layer has one.
+	Window       int
+	WindowLayers []bool
+	// RotaryDim is the values of a head that RoPE rotates (head_dim ×
+	// partial_rotary_factor); the rest pass unrotated.
+	RotaryDim int
 	// RoPE is the rotary embedding.
 	RoPE RoPE
+	// Unsupported names a setting of the family's attention moex does not
+	// compute yet (olmoe's clip_qkv); "" when there is none.
+	Unsupported string
+}
+
+// QKNorm is where a family normalises its queries and keys.
+type QKNorm uint8
+
+// QK norms.
+const (
+	NoQKNorm QKNorm = iota
+	// QKNormHead: one RMSNorm of head_dim shared by every head (Qwen3's
+	// q_norm and k_norm).
+	QKNormHead
+	// QKNormWhole: one RMSNorm over all the heads' queries (keys) at once
+	// (OLMoE's q_norm [heads·head_dim], k_norm [kv_heads·head_dim]).
+	QKNormWhole
+)
+
+// LayerWindow is layer n's sliding window (0: it attends to everything).
+func (a *Attention) LayerWindow(n int) int {
+	if a.Window <= 0 || (a.WindowLayers != nil && (n >= len(a.WindowLayers) || !a.WindowLayers[n])) {
+		return 0
+	}
+	return a.Window
 }
 
 // RoPE is a rotary position embedding: rope_theta and rope_scaling.
@@ -108,16 +147,24 @@ type RoPE struct {
 	Scaling *RoPEScaling // nil: none
 }
 
-// RoPEScaling is config.json's rope_scaling (only "yarn" changes anything
-// moex runs today).
+// RoPEScaling is config.json's rope_scaling.
 type RoPEScaling struct {
-	Type        string  `json:"type"`
-	Factor      float64 `json:"factor"`
-	OrigMaxPos  float64 `json:"original_max_position_embeddings"`
-	BetaFast    float64 `json:"beta_fast"`
-	BetaSlow    float64 `json:"beta_slow"`
-	MScale      float64 `json:"mscale"`
-	MScaleAllDm float64 `json:"mscale_all_dim"`
+	// Type is rope_type (or, in older configs, type): "linear", "yarn",
+	// "llama3"; "" or "default" for none.
+	Type            string   `json:"type"`
+	RopeType        string   `json:"rope_type"`
+	Factor          float64  `json:"factor"`
+	OrigMaxPos      float64  `json:"original_max_position_embeddings"`
+	BetaFast        float64  `json:"beta_fast"`
+	BetaSlow        float64  `json:"beta_slow"`
+	MScale          float64  `json:"mscale"`
+	MScaleAllDm     float64  `json:"mscale_all_dim"`
+	AttentionFactor *float64 `json:"attention_factor"`
+	// Truncate is yarn's truncate (nil: true): false keeps the ramp's
+	// bounds unrounded (gpt-oss).
+	Truncate       *bool   `json:"truncate"`
+	LowFreqFactor  float64 `json:"low_freq_factor"`
+	HighFreqFactor float64 `json:"high_freq_factor"`
 }
 
 // MoELayer returns nil if layer n runs the MoE block, and otherwise an

@@ -18,6 +18,7 @@ var deepseekV2 = &family{
 	read:    readDeepSeek,
 	dense:   deepseekDense,
 	names:   mlpNames,
+	whole:   true,
 	gguf:    []string{"deepseek2"},
 	fromGGUF: func(m *ggufMeta, cfg map[string]any) error {
 		deepseekGGUF(m, cfg, false)
@@ -37,6 +38,7 @@ var deepseekV3 = &family{
 	read:       readDeepSeek,
 	dense:      deepseekDense,
 	names:      mlpNames,
+	whole:      true,
 }
 
 // readDeepSeek reads the DeepSeek block's fields. glm4_moe and dots1 are

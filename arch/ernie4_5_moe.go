@@ -18,6 +18,7 @@ var ernie45MoE = &family{
 	classes:  []string{"Ernie4_5_MoeForCausalLM"},
 	topK:     []string{"moe_k", "num_experts_per_tok", "experts_per_token"},
 	topKName: "num_experts_per_tok",
+	notWhole: "its attention is read but not yet checked against transformers' reference",
 	read: func(c *Config, k *keys) error {
 		m := &c.MoE
 		m.NumExperts = k.need("moe_num_experts")

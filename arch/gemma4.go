@@ -21,6 +21,7 @@ var gemma4 = &family{
 	aliases:    []string{"gemma4_text"},
 	classes:    []string{"Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"},
 	textConfig: []string{"gemma4"},
+	notWhole:   "its sliding and global attention with their own norms and KV sharing are not built yet",
 	topK:       []string{"top_k_experts"},
 	topKName:   "top_k_experts",
 	read: func(c *Config, k *keys) error {

@@ -29,8 +29,36 @@ var gptOss = &family{
 		m.NormTopK = true
 		m.RouterBias, m.ExpertBias = true, true
 		m.Act = kernels.Activation{Kind: kernels.ClampedSwiGLU, Alpha: 1.702, Limit: float32(k.floatOr("swiglu_limit", 7))}
+		// GptOssAttention: biases on q, k, v and o (attention_bias), a
+		// learned sink per head, a sliding window on the layers layer_types
+		// marks sliding_attention.
+		a := &c.Attention
+		a.Bias = k.boolOr("attention_bias", true)
+		a.OutBias, a.Sinks = a.Bias, true
+		a.Window = k.or("sliding_window", 0)
+		if types := k.Strs("layer_types"); types != nil {
+			if c.Layers > 0 && len(types) != c.Layers {
+				return fmt.Errorf("layer_types has %d entries, num_hidden_layers is %d", len(types), c.Layers)
+			}
+			a.WindowLayers = make([]bool, len(types))
+			for i, t := range types {
+				switch t {
+				case "sliding_attention":
+					a.WindowLayers[i] = true
+				case "full_attention":
+				default:
+					return fmt.Errorf("layer_types[%d] is %q (want sliding_attention or full_attention)", i, t)
+				}
+			}
+		} else if a.Window > 0 { // GptOssConfig's default: sliding, full, sliding, …
+			a.WindowLayers = make([]bool, c.Layers)
+			for i := range a.WindowLayers {
+				a.WindowLayers[i] = i%2 == 0
+			}
+		}
 		return nil
 	},
+	whole: true,
 	names: func(c *Config, root string, layer int) MoENames {
 		p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)
 		var n MoENames

@@ -18,6 +18,7 @@ var llama4 = &family{
 	aliases:    []string{"llama4_text"},
 	classes:    []string{"Llama4ForConditionalGeneration", "Llama4ForCausalLM"},
 	textConfig: []string{"llama4"},
+	notWhole:   "its chunked local attention and no-RoPE layers are not built yet",
 	read: func(c *Config, k *keys) error {
 		m := &c.MoE
 		m.NumExperts = k.need("num_local_experts")

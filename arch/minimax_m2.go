@@ -24,5 +24,6 @@ var minimaxM2 = &family{
 		}
 		return nil
 	},
-	names: blockSparseNames,
+	names:    blockSparseNames,
+	notWhole: "its QK norm over all heads with partial rotary is not wired yet",
 }

@@ -20,6 +20,7 @@ var mixtral = &family{
 		return nil
 	},
 	names: blockSparseNames,
+	whole: true,
 	gguf:  []string{"llama"},
 	fromGGUF: func(m *ggufMeta, cfg map[string]any) error {
 		if !m.has("expert_count") {

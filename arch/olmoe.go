@@ -1,5 +1,7 @@
 package arch
 
+import "fmt"
+
 // OLMoE (transformers' modeling_olmoe.py): softmax, top-k, renormalised iff
 // norm_topk_prob (false by default and in the released models); every
 // layer MoE, mlp.{gate, experts.N.gate_proj/up_proj/down_proj}.
@@ -12,7 +14,14 @@ var olmoe = &family{
 		m.Inter = k.need("intermediate_size")
 		c.DenseInter = 0
 		m.NormTopK = k.boolOr("norm_topk_prob", false)
+		// OlmoeAttention: q_norm and k_norm over all the heads' queries and
+		// keys at once; clip_qkv clamps the projections.
+		c.Attention.QKNorm = QKNormWhole
+		if p := k.Float("clip_qkv"); p != nil {
+			c.Attention.Unsupported = fmt.Sprintf("clip_qkv %v (clamped q, k and v projections) is not built yet", *p)
+		}
 		return nil
 	},
 	names: mlpNames,
+	whole: true,
 }

@@ -147,6 +147,14 @@ func (c *Config) readAttention(k *keys) {
 	a.RoPE.Theta = k.floatOr("rope_theta", 10000)
 	var s RoPEScaling
 	if k.get("rope_scaling", &s) {
+		if s.Type == "" {
+			s.Type = s.RopeType
+		}
 		a.RoPE.Scaling = &s
+	}
+	a.RotaryDim = int(float64(a.HeadDim) * k.floatOr("partial_rotary_factor", 1))
+	a.RotaryDim -= a.RotaryDim % 2
+	if k.boolOr("use_sliding_window", true) {
+		a.Window = k.or("sliding_window", 0)
 	}
 }

@@ -22,14 +22,17 @@ import (
 //     fused in x·W form, the text model under text_config.
 var (
 	qwen2MoE = &family{name: "qwen2_moe", classes: []string{"Qwen2MoeForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
-		gguf: []string{"qwen2moe"}, fromGGUF: qwenGGUF}
+		gguf: []string{"qwen2moe"}, fromGGUF: qwenGGUF, whole: true}
 	qwen3MoE = &family{name: "qwen3_moe", classes: []string{"Qwen3MoeForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
-		gguf: []string{"qwen3moe"}, fromGGUF: qwenGGUF}
-	qwen3Next = &family{name: "qwen3_next", classes: []string{"Qwen3NextForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames}
+		gguf: []string{"qwen3moe"}, fromGGUF: qwenGGUF, whole: true}
+	qwen3Next = &family{name: "qwen3_next", classes: []string{"Qwen3NextForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
+		notWhole: "three of its four layers attend by gated DeltaNet, a linear attention moex does not compute yet"}
 	qwen35MoE = &family{name: "qwen3_5_moe", classes: []string{"Qwen3_5MoeForConditionalGeneration"}, textConfig: []string{"qwen3_5_moe"},
-		read: readQwen, dense: qwenDense, names: qwenNames}
+		read: readQwen, dense: qwenDense, names: qwenNames,
+		notWhole: "three of its four layers attend by gated DeltaNet, a linear attention moex does not compute yet"}
 	qwen3VLMoE = &family{name: "qwen3_vl_moe", classes: []string{"Qwen3VLMoeForConditionalGeneration"}, textConfig: []string{"qwen3_vl_moe"},
-		read: readQwen, dense: qwenDense, names: qwenNames}
+		read: readQwen, dense: qwenDense, names: qwenNames,
+		notWhole: "its multimodal RoPE (mrope sections) is not built yet"}
 )
 
 func readQwen(c *Config, k *keys) error {
@@ -52,6 +55,24 @@ func readQwen(c *Config, k *keys) error {
 	}
 	if c.SparseStep <= 0 {
 		return fmt.Errorf("decoder_sparse_step %d must be positive", c.SparseStep)
+	}
+	// Attention: Qwen2-MoE's q, k and v projections have biases, Qwen3's
+	// queries and keys a per-head RMSNorm; a sliding window only where
+	// use_sliding_window says so, on the layers from max_window_layers on.
+	a := &c.Attention
+	switch c.Family {
+	case "qwen2_moe":
+		a.Bias = true
+	case "qwen3_moe", "qwen3_vl_moe":
+		a.QKNorm = QKNormHead
+	}
+	a.Window = 0
+	if k.boolOr("use_sliding_window", false) {
+		a.Window = k.or("sliding_window", 0)
+		a.WindowLayers = make([]bool, c.Layers)
+		for i := k.or("max_window_layers", 28); i < c.Layers; i++ {
+			a.WindowLayers[i] = true
+		}
 	}
 	return nil
 }

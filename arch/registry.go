@@ -34,6 +34,9 @@ type family struct {
 	// their metadata gives into cfg.
 	gguf     []string
 	fromGGUF func(m *ggufMeta, cfg map[string]any) error
+	// whole: moex runs the family's whole model; notWhole says why not.
+	whole    bool
+	notWhole string
 }
 
 // registry lists the families moex reads, one file each.

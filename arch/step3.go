@@ -21,6 +21,7 @@ var step3Text = &family{
 	aliases:    []string{"step3_vl"},
 	classes:    []string{"Step3VLForConditionalGeneration", "Step3TextForCausalLM"},
 	textConfig: []string{"step3_vl"},
+	notWhole:   "its attention (a low-rank shared query) is not built yet",
 	topK:       []string{"moe_top_k"},
 	topKName:   "moe_top_k",
 	read: func(c *Config, k *keys) error {

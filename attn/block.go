@@ -2,18 +2,27 @@ package attn
 
 import "context"
 
-// Block is an attention layer a decode loop can drive (MLABlock:
-// DeepSeek's), not to be confused with Blocks, the pages of a cache.
+// Block is an attention layer a decoder drives (MLABlock: DeepSeek's
+// multi-head latent attention; GQABlock: grouped-query attention), not to
+// be confused with Blocks, the pages of a cache.
 type Block interface {
+	// HiddenSize is the model width the block reads and writes.
 	HiddenSize() int
-	LatentDim() int
+	// RowDim is the width of the cache row a token leaves (MLA: its
+	// latent, kv_lora_rank + rope; GQA: its keys then its values).
+	RowDim() int
 	// Forward runs new tokens x [T, hidden] of sequences seqs (a sequence's
-	// tokens consecutive, in order), appending their latent rows to the
-	// cache, and writes out [T, hidden].
+	// tokens consecutive, in order), appending their rows to the cache,
+	// and writes out [T, hidden].
 	Forward(ctx context.Context, cache *Cache, seqs []int, x, out []float32) error
 	// ForwardWith is Forward with the block's work on be (the zero
 	// Backend: the host, as Forward).
 	ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error
+	// Close releases what the block owns (a checkpoint it opened).
+	Close() error
 }
 
-var _ Block = (*MLABlock)(nil)
+var (
+	_ Block = (*MLABlock)(nil)
+	_ Block = (*GQABlock)(nil)
+)

@@ -37,7 +37,7 @@ func TestHeadShard(t *testing.T) {
 				shards[r], err = b.HeadShard(r, tt.ranks)
 				require.NoError(t, err)
 				require.Equal(t, s.Heads/tt.ranks, shards[r].Cfg.Heads)
-				caches[r], err = attn.NewCache(16, 8, b.LatentDim(), kernels.F32)
+				caches[r], err = attn.NewCache(16, 8, b.RowDim(), kernels.F32)
 				require.NoError(t, err)
 			}
 			const prompt, extra = 13, 3

@@ -42,7 +42,7 @@ type Options struct {
 // parallel and merged by log-sum-exp. Accumulation is fp32. Bad shapes,
 // lengths or block-table entries give an error naming the query.
 func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv int, scale float32, out, lse []float32, opt Options) error {
-	D, bs := kv.Dim(), kv.BlockSize()
+	D := kv.Dim()
 	nq := len(queries)
 	switch {
 	case heads < 1:
@@ -58,26 +58,8 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	case math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0):
 		return fmt.Errorf("attn: mla: scale %v", scale)
 	}
-	// Each block table's entries are checked once, as far as its longest
-	// query reads: the queries of a prompt share one table, and checking it
-	// query by query would cost the prompt's length squared.
-	checked := map[*int32]int{}
-	for i, qr := range queries {
-		if qr.Len < 1 {
-			return fmt.Errorf("attn: mla: query %d attends to %d rows, need at least 1", i, qr.Len)
-		}
-		nb := (qr.Len + bs - 1) / bs
-		if nb > len(qr.Table) {
-			return fmt.Errorf("attn: mla: query %d needs %d rows (%d blocks), its block table has %d entries", i, qr.Len, nb, len(qr.Table))
-		}
-		head := &qr.Table[0]
-		done := checked[head]
-		for j := done; j < nb; j++ {
-			if b := qr.Table[j]; b < 0 || int(b) >= kv.NumBlocks() {
-				return fmt.Errorf("attn: mla: query %d: block table entry %d is %d, out of range [0, %d)", i, j, b, kv.NumBlocks())
-			}
-		}
-		checked[head] = max(done, nb)
+	if err := checkQueries(kv, queries, "mla"); err != nil {
+		return err
 	}
 	for i, v := range q {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
@@ -159,6 +141,34 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 		}
 	}
 	return checkOutput(kv, queries, out, heads, dv)
+}
+
+// checkQueries checks that every query attends to at least one row and
+// that its block table covers them with blocks of kv. Each table's entries
+// are checked once, as far as its longest query reads: the queries of a
+// prompt share one table, and checking it query by query would cost the
+// prompt's length squared.
+func checkQueries(kv Blocks, queries []Query, what string) error {
+	bs := kv.BlockSize()
+	checked := map[*int32]int{}
+	for i, qr := range queries {
+		if qr.Len < 1 {
+			return fmt.Errorf("attn: %s: query %d attends to %d rows, need at least 1", what, i, qr.Len)
+		}
+		nb := (qr.Len + bs - 1) / bs
+		if nb > len(qr.Table) {
+			return fmt.Errorf("attn: %s: query %d needs %d rows (%d blocks), its block table has %d entries", what, i, qr.Len, nb, len(qr.Table))
+		}
+		head := &qr.Table[0]
+		done := checked[head]
+		for j := done; j < nb; j++ {
+			if b := qr.Table[j]; b < 0 || int(b) >= kv.NumBlocks() {
+				return fmt.Errorf("attn: %s: query %d: block table entry %d is %d, out of range [0, %d)", what, i, j, b, kv.NumBlocks())
+			}
+		}
+		checked[head] = max(done, nb)
+	}
+	return nil
 }
 
 // checkOutput returns an ErrNonFinite error for the first query whose

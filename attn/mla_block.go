@@ -370,7 +370,7 @@ func (b *MLABlock) DecodeFLOPs(tokens, context int) float64 {
 }
 
 // LatentDim is the cached row width: kv_lora_rank + qk_rope_head_dim.
-func (b *MLABlock) LatentDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
+func (b *MLABlock) RowDim() int { return b.Cfg.KVLoraRank + b.Cfg.RopeDim }
 
 // Forward runs the block for new tokens x [T, hidden], token t of sequence
 // seqs[t]; a sequence's tokens in x are consecutive positions, appended in

@@ -39,7 +39,7 @@ func TestMLABlockMatchesReference(t *testing.T) {
 			b, err := attn.LoadMLABlock(dir, 0)
 			require.NoError(t, err)
 			defer b.Close()
-			cache, err := attn.NewCache(16, 8, b.LatentDim(), kernels.F32)
+			cache, err := attn.NewCache(16, 8, b.RowDim(), kernels.F32)
 			require.NoError(t, err)
 			const prompt, extra = 21, 3
 			x := moetest.Input(uint64(i), prompt+extra, s.Hidden, false)

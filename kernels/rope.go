@@ -45,6 +45,13 @@ type RoPEScaling struct {
 	// BetaFast, BetaSlow: yarn's ramp (defaults 32 and 1 when zero);
 	// MScale, MScaleAllDim: DeepSeek's yarn attention factors.
 	BetaFast, BetaSlow, MScale, MScaleAllDim float64
+	// AttentionFactor, when positive, is yarn's factor on cos and sin as
+	// the config gives it (attention_factor); 0: computed from the
+	// mscales, as transformers does.
+	AttentionFactor float64
+	// NoTruncate keeps yarn's ramp bounds unrounded (truncate: false,
+	// gpt-oss).
+	NoTruncate bool
 	// LowFreqFactor, HighFreqFactor: llama3's bands.
 	LowFreqFactor, HighFreqFactor float64
 }
@@ -78,6 +85,9 @@ func NewRoPE(dim int, theta float64, s RoPEScaling, style RoPEStyle) (RoPE, floa
 		if s.Factor <= 1 {
 			break
 		}
+		if !(s.OrigMaxPos > 0) {
+			return RoPE{}, 0, fmt.Errorf("kernels: yarn rope_scaling without original_max_position_embeddings")
+		}
 		fast, slow := s.BetaFast, s.BetaSlow
 		if fast == 0 {
 			fast = 32
@@ -88,8 +98,11 @@ func NewRoPE(dim int, theta float64, s RoPEScaling, style RoPEStyle) (RoPE, floa
 		corr := func(rot float64) float64 {
 			return float64(dim) * math.Log(s.OrigMaxPos/(rot*2*math.Pi)) / (2 * math.Log(theta))
 		}
-		low := math.Max(math.Floor(corr(fast)), 0)
-		high := math.Min(math.Ceil(corr(slow)), float64(dim-1))
+		low, high := corr(fast), corr(slow)
+		if !s.NoTruncate {
+			low, high = math.Floor(low), math.Ceil(high)
+		}
+		low, high = math.Max(low, 0), math.Min(high, float64(dim-1))
 		if low == high {
 			high += 0.001
 		}
@@ -101,8 +114,15 @@ func NewRoPE(dim int, theta float64, s RoPEScaling, style RoPEStyle) (RoPE, floa
 			r.Freqs[i] = inter*(1-mask) + extra*mask
 		}
 		ms := func(m float64) float64 { return 0.1*m*math.Log(s.Factor) + 1 }
-		r.Scale = ms(s.MScale) / ms(s.MScaleAllDim)
-		if s.MScaleAllDim != 0 {
+		switch {
+		case s.AttentionFactor > 0:
+			r.Scale = s.AttentionFactor
+		case s.MScale != 0 && s.MScaleAllDim != 0:
+			r.Scale = ms(s.MScale) / ms(s.MScaleAllDim)
+		default:
+			r.Scale = ms(1)
+		}
+		if s.MScaleAllDim != 0 { // DeepSeek's attention: mscale² on the softmax
 			m := ms(s.MScaleAllDim)
 			softmax = m * m
 		}

@@ -25,7 +25,7 @@ type KV struct {
 func (m *Model) NewKV(blocks, blockRows int, dtype kernels.DType) (*KV, error) {
 	kv := &KV{}
 	for _, d := range m.layers {
-		c, err := attn.NewCache(blocks, blockRows, d.attn.LatentDim(), dtype)
+		c, err := attn.NewCache(blocks, blockRows, d.attn.RowDim(), dtype)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +205,7 @@ func (m *Model) check(kv *KV, seqs []int, ids []int32, rows []int) ([]int, map[i
 	// latent rows, the logits asked for; checked before any of it.
 	lat := 0
 	if len(m.layers) > 0 {
-		lat = m.layers[0].attn.LatentDim()
+		lat = m.layers[0].attn.RowDim()
 	}
 	bytes := 4 * (float64(T)*float64(6*H+8*lat+4*m.Config.TopK) + float64(len(rows))*float64(m.Vocab))
 	if err := memlimit.Check(fmt.Sprintf("model: a step of %d tokens (%d logits rows of %d)", T, len(rows), m.Vocab), bytes); err != nil {

@@ -1,9 +1,11 @@
-// Package model runs a whole DeepSeek-V2/V3-style decoder from a Hugging
-// Face checkpoint: the token embedding, every decoder layer (MLA attention
-// over a paged latent cache, then a dense MLP below first_k_dense_replace
-// or the MoE block), the final RMSNorm and lm_head. It composes the blocks
-// of dpattn (MLABlock) and moe (Layer) and adds nothing to their maths but
-// the residual stream and its norms.
+// Package model is one decoder for every family whose whole model moex
+// runs (arch.Config.WholeModel): the token embedding, every decoder layer
+// (attention over a paged cache, MLA or grouped-query, then the MoE block
+// or a dense MLP, as the family's layer plan says), the final RMSNorm and
+// the output projection or the tied embedding. It reads the family's
+// config and tensor names from package arch, composes the blocks of attn
+// (attn.Block) and moe (Layer), and adds nothing to their maths but the
+// residual stream and its norms.
 package model
 
 import (
@@ -66,16 +68,17 @@ func (m *Model) UseDevice(be attn.Backend, experts func(*moe.Layer) (moe.ExpertR
 
 type decoderLayer struct {
 	inNorm, postNorm []float32
-	attn             *attn.MLABlock
+	attn             attn.Block       // MLA or grouped-query attention
 	moe              *moe.Layer       // a MoE layer, or
 	dense            kernels.FFNGroup // the dense MLP's weights (Rows, Out unset)
 }
 
-// Load opens a deepseek_v2 or deepseek_v3 checkpoint (or one of the
-// DeepSeek-V3 aliases arch reads, such as kimi_k2) as a whole model: its
-// config.json read once (arch.Load) and its files opened once, shared by
-// every layer. It fails naming the file, the tensor or the key when
-// something is missing or misshapen.
+// Load opens a Hugging Face checkpoint folder as a whole model, of a family
+// whose whole model moex runs (arch.Config.WholeModel: deepseek_v2,
+// deepseek_v3 and their aliases, qwen3_moe, qwen2_moe, mixtral, olmoe,
+// gpt_oss): its config.json read once (arch.Load) and its files opened
+// once, shared by every layer. It fails naming the file, the tensor or the
+// key when something is missing or misshapen.
 func Load(dir string) (*Model, error) {
 	ck, err := moe.OpenCheckpoint(dir)
 	if err != nil {
@@ -91,9 +94,8 @@ func Load(dir string) (*Model, error) {
 
 func load(ck *moe.Checkpoint) (*Model, error) {
 	a, path := ck.Arch, filepath.Join(ck.Dir, "config.json")
-	if a.Attention.Kind != arch.MLA {
-		return nil, fmt.Errorf("model: %s: model_type %q (read as %s): a whole model runs deepseek_v2 and deepseek_v3 (and their aliases); other families load as MoE blocks (moe.Load)",
-			ck.Dir, a.Name, a.Family)
+	if err := a.WholeModel(); errors.Is(err, arch.ErrNoWholeModel) {
+		return nil, fmt.Errorf("model: %s: %w (its MoE blocks load alone: moe.Load)", ck.Dir, err)
 	}
 	switch {
 	case slices.Contains(a.Missing, "vocab_size"):
@@ -115,38 +117,41 @@ func load(ck *moe.Checkpoint) (*Model, error) {
 }
 
 func (m *Model) load() error {
-	H, V := m.Hidden, m.Vocab
+	H, V, a := m.Hidden, m.Vocab, m.Arch
+	root := a.Root(m.ck.Has)
+	embed, norm, head := a.ModelNames(root) // a tied head is the embedding, whatever lm_head.weight holds
 	var err error
-	if m.embed, err = m.ck.Matrix("model.embed_tokens.weight", V, H); err != nil {
+	if m.embed, err = m.ck.Matrix(embed, V, H); err != nil {
 		return err
-	}
-	head := "lm_head.weight"
-	if m.Arch.TiedEmbeddings { // as transformers ties them: the embedding, whatever lm_head.weight holds
-		head = "model.embed_tokens.weight"
 	}
 	if m.lmHead, err = m.ck.Matrix(head, V, H); err != nil {
 		return err
 	}
-	if m.norm, err = m.vector("model.norm.weight"); err != nil {
+	if m.norm, err = m.vector(norm); err != nil {
 		return err
 	}
-	for l := range m.Arch.Layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
+	for l := range a.Layers {
+		names := a.LayerNames(root, l)
 		var d decoderLayer
-		if d.inNorm, err = m.vector(p + "input_layernorm.weight"); err != nil {
+		if d.inNorm, err = m.vector(names.InNorm); err != nil {
 			return err
 		}
-		if d.postNorm, err = m.vector(p + "post_attention_layernorm.weight"); err != nil {
+		if d.postNorm, err = m.vector(names.PostNorm); err != nil {
 			return err
 		}
-		if d.attn, err = attn.LoadMLABlockFrom(m.ck, l); err != nil {
+		if a.Attention.Kind == arch.MLA {
+			d.attn, err = attn.LoadMLABlockFrom(m.ck, l)
+		} else {
+			d.attn, err = attn.LoadGQABlock(m.ck.Matrix, a, names, l)
+		}
+		if err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		m.layers = append(m.layers, d) // so that Close releases what is loaded
 		last := &m.layers[len(m.layers)-1]
 		last.moe, err = moe.LoadFrom(m.ck, l)
 		if errors.Is(err, moe.ErrDenseLayer) {
-			last.moe, err = nil, m.loadDense(last, p+"mlp.", m.Arch.DenseInter)
+			last.moe, err = nil, m.loadDense(last, names, a.DenseInter)
 		}
 		if err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
@@ -157,20 +162,20 @@ func (m *Model) load() error {
 
 // loadDense reads a dense layer's MLP (gate, up and down projections of
 // width inter), packed where the kernels pack.
-func (m *Model) loadDense(d *decoderLayer, p string, inter int) error {
+func (m *Model) loadDense(d *decoderLayer, names arch.LayerNames, inter int) error {
 	if inter < 1 {
 		return fmt.Errorf("intermediate_size is %d: a dense layer's MLP needs a positive width", inter)
 	}
 	H := m.Hidden
 	g := &d.dense
 	var err error
-	if g.Gate, err = m.ck.Matrix(p+"gate_proj.weight", inter, H); err != nil {
+	if g.Gate, err = m.ck.Matrix(names.Gate, inter, H); err != nil {
 		return err
 	}
-	if g.Up, err = m.ck.Matrix(p+"up_proj.weight", inter, H); err != nil {
+	if g.Up, err = m.ck.Matrix(names.Up, inter, H); err != nil {
 		return err
 	}
-	if g.Down, err = m.ck.Matrix(p+"down_proj.weight", H, inter); err != nil {
+	if g.Down, err = m.ck.Matrix(names.Down, H, inter); err != nil {
 		return err
 	}
 	if kernels.PacksWeights() {

@@ -811,7 +811,7 @@ func benchMLA(args []string, o *benchOpts) ([]benchResult, error) {
 	probe := memoryBandwidth()
 	rng := rand.New(rand.NewPCG(*seed, 11))
 	const blockRows = 64
-	latent := blk.LatentDim()
+	latent := blk.RowDim()
 	var results []benchResult
 	for _, C := range cs {
 		for _, T := range ts {

@@ -189,7 +189,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	ac := block.Cfg
 	attnDesc += fmt.Sprintf(": %d heads, latent %d+%d, absorbed form, yarn RoPE %v", ac.Heads, ac.KVLoraRank, ac.RopeDim, ac.Scaling != nil)
-	latent := block.LatentDim()
+	latent := block.RowDim()
 	var acct dpattn.KVAccounting
 	if numLayers > 0 { // the accounting's flags checked before the run
 		if acct, err = dpattn.Account(*ranks, numLayers, latent, 2, int64(*kvGiB*(1<<30))); err != nil {

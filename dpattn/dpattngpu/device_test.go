@@ -44,7 +44,7 @@ func TestMLABlockOnGPU(t *testing.T) {
 	cfg := attn.DeepSeekV2LiteAttention()
 	blk, err := attn.NewRandomMLABlock(cfg, kernels.BF16, 6)
 	require.NoError(t, err)
-	latent := blk.LatentDim()
+	latent := blk.RowDim()
 	var caches [3]*attn.Cache // host, device eager, device graphs
 	for i := range caches {
 		caches[i], err = attn.NewCache(64, 64, latent, kernels.BF16)
@@ -182,7 +182,7 @@ func TestDecodeLayerOnGPU(t *testing.T) {
 	require.NoError(t, err)
 	l, err := moe.NewRandom(moe.DeepSeekV2Lite(), kernels.BF16, 11)
 	require.NoError(t, err)
-	H, D := l.Config.Hidden, blk.LatentDim()
+	H, D := l.Config.Hidden, blk.RowDim()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	comm := ncclRank(t, ctx, d)

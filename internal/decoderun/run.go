@@ -395,7 +395,7 @@ func runRank(ctx context.Context, cfg Config, sched schedule, comm, plan ep.Comm
 	times *RankTimes, steps []StepInfo) ([][]float32, error) {
 	r := comm.Rank()
 	H := cfg.Attn.HiddenSize()
-	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
+	cache, err := newCacheFor(sched, []int{r}, cfg.Steps, cfg.Attn.RowDim(), cfg.CacheDType)
 	if err != nil {
 		return nil, err
 	}
@@ -551,7 +551,7 @@ func runRankTP(ctx context.Context, cfg Config, sched schedule, comm ep.Comm, pl
 	for i := range all {
 		all[i] = i
 	}
-	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
+	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.RowDim(), cfg.CacheDType)
 	if err != nil {
 		return nil, err
 	}
@@ -664,7 +664,7 @@ func runOneRank(ctx context.Context, cfg Config, sched schedule) ([][]float32, e
 	for r := range all {
 		all[r] = r
 	}
-	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.LatentDim(), cfg.CacheDType)
+	cache, err := newCacheFor(sched, all, cfg.Steps, cfg.Attn.RowDim(), cfg.CacheDType)
 	if err != nil {
 		return nil, err
 	}

@@ -15,8 +15,10 @@ import (
 // FirstKDense are set here), Attn of every attention block (Hidden and
 // Layer set here). DType is MoE.DType for every tensor (F32 or BF16).
 type WholeSpec struct {
-	MoE                Spec
-	Attn               AttnSpec
+	MoE  Spec
+	Attn AttnSpec // MLA's (DeepSeek), unless GQA is set
+	// GQA is the grouped-query attention of the other families.
+	GQA                *GQASpec
 	Hidden, Layers     int
 	FirstKDense, Vocab int
 	DenseInter         int // intermediate_size: the dense layers' MLP width
@@ -33,7 +35,8 @@ type Whole struct {
 	Embed, LMHead    [][]float64 // [vocab][hidden]
 	Norm             []float64   // model.norm
 	InNorm, PostNorm [][]float64 // per layer: input_layernorm, post_attention_layernorm
-	Attn             []*AttnModel
+	Attn             []*AttnModel // per layer: MLA, or
+	GQA              []*GQAModel  // grouped-query attention
 	Dense            []*Expert64 // per layer: the dense MLP, nil on MoE layers
 	MoE              []*Model    // per layer: the MoE block, nil on dense layers
 }
@@ -77,14 +80,26 @@ func GenerateWhole(s WholeSpec) (*Whole, error) {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		w.InNorm = append(w.InNorm, add(p+"input_layernorm.weight", 1, H, 0.2, 1)[0])
 		w.PostNorm = append(w.PostNorm, add(p+"post_attention_layernorm.weight", 1, H, 0.2, 1)[0])
-		as := s.Attn
-		as.Hidden, as.Layer, as.DType, as.Seed = H, l, dt, s.Seed+uint64(l)*7+1
-		am, err := GenerateAttention(as)
-		if err != nil {
-			return nil, err
+		var attnConfig map[string]any
+		if s.GQA != nil {
+			g, err := GenerateGQA(*s.GQA, H, l, dt, s.Seed+uint64(l)*7+1)
+			if err != nil {
+				return nil, err
+			}
+			w.Tensors = append(w.Tensors, g.Tensors...)
+			w.GQA, w.Attn = append(w.GQA, g), append(w.Attn, nil)
+			attnConfig = s.GQA.config(s.Layers)
+		} else {
+			as := s.Attn
+			as.Hidden, as.Layer, as.DType, as.Seed = H, l, dt, s.Seed+uint64(l)*7+1
+			am, err := GenerateAttention(as)
+			if err != nil {
+				return nil, err
+			}
+			w.Tensors = append(w.Tensors, am.Tensors...)
+			w.Attn, w.GQA = append(w.Attn, am), append(w.GQA, nil)
+			attnConfig = am.Config
 		}
-		w.Tensors = append(w.Tensors, am.Tensors...)
-		w.Attn = append(w.Attn, am)
 		if l < s.FirstKDense {
 			I := s.DenseInter
 			mlp := p + "mlp."
@@ -98,6 +113,12 @@ func GenerateWhole(s WholeSpec) (*Whole, error) {
 		}
 		ms := s.MoE
 		ms.Hidden, ms.Layer, ms.NumLayers, ms.FirstKDense, ms.Seed = H, l, s.Layers, s.FirstKDense, s.Seed+uint64(l)*7+2
+		if qwenLike(ms.ModelType) {
+			ms.MLPOnly = nil
+			for i := 0; i < s.FirstKDense; i++ {
+				ms.MLPOnly = append(ms.MLPOnly, i)
+			}
+		}
 		m, err := Generate(ms)
 		if err != nil {
 			return nil, err
@@ -105,7 +126,7 @@ func GenerateWhole(s WholeSpec) (*Whole, error) {
 		w.Tensors = append(w.Tensors, m.Tensors...)
 		w.Dense, w.MoE = append(w.Dense, nil), append(w.MoE, m)
 		config = m.Config
-		for k, v := range am.Config {
+		for k, v := range attnConfig {
 			config[k] = v
 		}
 	}
@@ -115,12 +136,52 @@ func GenerateWhole(s WholeSpec) (*Whole, error) {
 	w.Norm = add("model.norm.weight", 1, H, 0.2, 1)[0]
 	w.LMHead = add("lm_head.weight", s.Vocab, H, 1/math.Sqrt(float64(H)), 0)
 	config["vocab_size"] = s.Vocab
-	config["intermediate_size"] = s.DenseInter
-	config["first_k_dense_replace"] = s.FirstKDense
+	switch {
+	case qwenLike(s.MoE.ModelType): // intermediate_size is the dense layers', mlp_only_layers lists them
+		config["intermediate_size"] = s.DenseInter
+	case s.GQA != nil: // every layer MoE: intermediate_size is the experts'
+		if s.FirstKDense > 0 {
+			return nil, fmt.Errorf("moetest: %s has no dense layers", s.MoE.ModelType)
+		}
+	default:
+		config["intermediate_size"] = s.DenseInter
+		config["first_k_dense_replace"] = s.FirstKDense
+	}
+	config["rms_norm_eps"] = 1e-6
 	config["num_hidden_layers"] = s.Layers
 	config["tie_word_embeddings"] = false
 	w.Config = config
 	return w, nil
+}
+
+// qwenLike reports whether family t lists its dense layers in
+// mlp_only_layers.
+func qwenLike(t string) bool { return t == "qwen2_moe" || t == "qwen3_moe" }
+
+// config is the attention's config.json keys, as the families write them.
+func (s GQASpec) config(layers int) map[string]any {
+	c := map[string]any{"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "head_dim": s.HeadDim, "rope_theta": s.Theta}
+	if s.Window > 0 {
+		c["sliding_window"] = s.Window
+	} else {
+		c["sliding_window"] = nil // as Mixtral ships it
+	}
+	if s.Sinks { // gpt-oss
+		c["attention_bias"] = s.Bias
+		types := make([]string, layers)
+		for i := range types {
+			types[i] = "full_attention"
+			if !s.WindowEven || i%2 == 0 {
+				types[i] = "sliding_attention"
+			}
+		}
+		c["layer_types"] = types
+	}
+	if s.Yarn {
+		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+			"original_max_position_embeddings": 4096, "truncate": false}
+	}
+	return c
 }
 
 // WriteTo writes the model as a Hugging Face checkpoint folder (one file).
@@ -170,7 +231,12 @@ func (w *Whole) Logits(ids []int32) [][]float64 {
 		for t := range x {
 			normed[t] = rmsNorm64(x[t], w.InNorm[l], eps)
 		}
-		a := w.Attn[l].Forward(in32(normed))
+		var a []float64
+		if w.GQA[l] != nil {
+			a = w.GQA[l].Forward(in32(normed), eps)
+		} else {
+			a = w.Attn[l].Forward(in32(normed))
+		}
 		for t := range x {
 			for i := range x[t] {
 				x[t][i] += a[t*H+i]

@@ -1,0 +1,248 @@
+package attn
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/moex-project/moex/arch"
+	"github.com/moex-project/moex/internal/buffers"
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/moe"
+)
+
+// GQAConfig is a grouped-query attention block: its shapes and what the
+// family adds around the attention (biases, QK norms, sinks, a window,
+// RoPE over part of each head).
+type GQAConfig struct {
+	Hidden, Heads, KVHeads, HeadDim int
+	// Bias: q, k and v have biases; OutBias: o_proj has one.
+	Bias, OutBias bool
+	QKNorm        arch.QKNorm
+	NormEps       float64 // the QK norms' epsilon
+	Sinks         bool
+	Window        int          // 0: none
+	RoPE          kernels.RoPE // over the first RoPE.Dim() values of each head
+	// Scale is the softmax scale: 1/√HeadDim.
+	Scale float32
+}
+
+// GQAConfigOf is layer n's attention as a's family defines it; an error
+// names what is missing or out of range.
+func GQAConfigOf(a *arch.Config, n int) (GQAConfig, error) {
+	at := a.Attention
+	if at.Kind != arch.GQA {
+		return GQAConfig{}, fmt.Errorf("attn: model_type %q: its attention is %v, not grouped-query", a.Name, at.Kind)
+	}
+	if err := a.WholeModel(); err != nil {
+		return GQAConfig{}, err
+	}
+	var s kernels.RoPEScaling
+	if y := at.RoPE.Scaling; y != nil {
+		s = kernels.RoPEScaling{Type: y.Type, Factor: y.Factor, OrigMaxPos: y.OrigMaxPos, BetaFast: y.BetaFast, BetaSlow: y.BetaSlow,
+			MScale: y.MScale, MScaleAllDim: y.MScaleAllDm, NoTruncate: y.Truncate != nil && !*y.Truncate,
+			LowFreqFactor: y.LowFreqFactor, HighFreqFactor: y.HighFreqFactor}
+		if y.AttentionFactor != nil {
+			s.AttentionFactor = *y.AttentionFactor
+		}
+	}
+	r, sm, err := kernels.NewRoPE(at.RotaryDim, at.RoPE.Theta, s, kernels.RoPEHalves)
+	if err != nil {
+		return GQAConfig{}, fmt.Errorf("attn: model_type %q: %w", a.Name, err)
+	}
+	return GQAConfig{Hidden: a.Hidden, Heads: at.Heads, KVHeads: at.KVHeads, HeadDim: at.HeadDim, Bias: at.Bias, OutBias: at.OutBias,
+		QKNorm: at.QKNorm, NormEps: a.NormEps, Sinks: at.Sinks, Window: at.LayerWindow(n), RoPE: r,
+		Scale: float32(1 / math.Sqrt(float64(at.HeadDim)) * sm)}, nil
+}
+
+// GQABlock is grouped-query attention with its projections, as
+// transformers' Llama-family attention computes it: q, k, v = x·Wᵀ (+ b),
+// the QK norms, RoPE on the rotated part of every head, attention over the
+// cache (a token's keys and values appended as one row), o_proj.
+type GQABlock struct {
+	Cfg GQAConfig
+
+	q, k, v, o     kernels.Matrix // [heads·d, hidden], [kv·d, hidden] twice, [hidden, heads·d]
+	qb, kb, vb, ob []float32      // biases, nil without
+	qNorm, kNorm   []float32      // [d] (QKNormHead) or [heads·d], [kv·d] (QKNormWhole)
+	sinks          []float32      // [heads]
+}
+
+// TensorSource is a tensor of a model by name and PyTorch shape (moe's
+// Checkpoint.Matrix, gguf's Model.Matrix).
+type TensorSource func(name string, shape ...int) (kernels.Matrix, error)
+
+// LoadGQABlock reads layer n's attention from get under names.
+func LoadGQABlock(get TensorSource, a *arch.Config, names arch.LayerNames, n int) (*GQABlock, error) {
+	cfg, err := GQAConfigOf(a, n)
+	if err != nil {
+		return nil, err
+	}
+	H, nh, kv, d := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim
+	b := &GQABlock{Cfg: cfg}
+	bias := func(w string) string { return strings.TrimSuffix(w, ".weight") + ".bias" }
+	vec := func(name string, n int) ([]float32, error) {
+		m, err := get(name, n)
+		if err != nil {
+			return nil, err
+		}
+		v := make([]float32, n)
+		m.RowF32(0, v)
+		if err := moe.CheckFinite(v, n); err != nil {
+			return nil, fmt.Errorf("attn: tensor %q: %w", name, err)
+		}
+		return v, nil
+	}
+	for _, p := range []struct {
+		m          *kernels.Matrix
+		b          *[]float32
+		name       string
+		rows, cols int
+		withBias   bool
+	}{{&b.q, &b.qb, names.Q, nh * d, H, cfg.Bias}, {&b.k, &b.kb, names.K, kv * d, H, cfg.Bias},
+		{&b.v, &b.vb, names.V, kv * d, H, cfg.Bias}, {&b.o, &b.ob, names.O, H, nh * d, cfg.OutBias}} {
+		if *p.m, err = get(p.name, p.rows, p.cols); err != nil {
+			return nil, err
+		}
+		if p.withBias {
+			if *p.b, err = vec(bias(p.name), p.rows); err != nil {
+				return nil, err
+			}
+		}
+	}
+	switch cfg.QKNorm {
+	case arch.QKNormHead:
+		if b.qNorm, err = vec(names.QNorm, d); err == nil {
+			b.kNorm, err = vec(names.KNorm, d)
+		}
+	case arch.QKNormWhole:
+		if b.qNorm, err = vec(names.QNorm, nh*d); err == nil {
+			b.kNorm, err = vec(names.KNorm, kv*d)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Sinks {
+		if b.sinks, err = vec(names.Sinks, nh); err != nil {
+			return nil, err
+		}
+	}
+	if kernels.PacksWeights() {
+		b.q, b.k, b.v, b.o = kernels.Pack(b.q), kernels.Pack(b.k), kernels.Pack(b.v), kernels.Pack(b.o)
+	}
+	return b, nil
+}
+
+// HiddenSize is the model width.
+func (b *GQABlock) HiddenSize() int { return b.Cfg.Hidden }
+
+// RowDim is a token's cache row: its keys, then its values.
+func (b *GQABlock) RowDim() int { return 2 * b.Cfg.KVHeads * b.Cfg.HeadDim }
+
+// Close releases nothing: the block's weights are its model's.
+func (b *GQABlock) Close() error { return nil }
+
+// Forward runs new tokens x [T, hidden] of sequences seqs (a sequence's
+// tokens consecutive, in order, after what the cache holds), appending
+// their keys and values to the cache, and writes out [T, hidden].
+func (b *GQABlock) Forward(ctx context.Context, cache *Cache, seqs []int, x, out []float32) error {
+	return b.ForwardWith(ctx, Backend{}, cache, seqs, x, out)
+}
+
+type gqaScratch struct{ q, k, v, o []float32 }
+
+var gqaPool = sync.Pool{New: func() any { return new(gqaScratch) }}
+
+// ForwardWith is Forward with the projections on be (be.Core, MLA's
+// device attention, is refused: grouped-query attention runs on the host).
+func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error {
+	c := b.Cfg
+	T, H, nh, kvh, d := len(seqs), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	if len(x) != T*H || len(out) != T*H {
+		return fmt.Errorf("attn: gqa block: x has %d values and out %d, want %d tokens × %d", len(x), len(out), T, H)
+	}
+	if cache.Dim() != b.RowDim() {
+		return fmt.Errorf("attn: gqa block: cache rows have %d values, want 2 × %d key/value heads × %d", cache.Dim(), kvh, d)
+	}
+	if be.Core != nil {
+		return fmt.Errorf("attn: gqa block: grouped-query attention does not run on a device yet")
+	}
+	if err := moe.CheckFinite(x, H); err != nil {
+		return err
+	}
+	if T == 0 {
+		return nil
+	}
+	var proj Projector = cpuProjector{}
+	if be.Proj != nil {
+		proj = be.Proj
+	}
+	sc := gqaPool.Get().(*gqaScratch)
+	defer gqaPool.Put(sc)
+	q := buffers.Grow(&sc.q, T*nh*d)
+	k := buffers.Grow(&sc.k, T*kvh*d)
+	v := buffers.Grow(&sc.v, T*kvh*d)
+	for _, p := range []struct {
+		w   *kernels.Matrix
+		b   []float32
+		out []float32
+	}{{&b.q, b.qb, q}, {&b.k, b.kb, k}, {&b.v, b.vb, v}} {
+		if err := proj.Project(ctx, p.w, x, p.out); err != nil {
+			return err
+		}
+		addBias(p.out, p.b)
+	}
+	if c.QKNorm != arch.NoQKNorm { // a weight of one head (every head alike) or of all of a token's
+		kernels.RMSNormThenWeight(q, q, b.qNorm, c.NormEps)
+		kernels.RMSNormThenWeight(k, k, b.kNorm, c.NormEps)
+	}
+	queries := make([]Query, T)
+	row := make([]float32, b.RowDim())
+	for t, s := range seqs {
+		pos := cache.Len(s)
+		for h := 0; h < nh; h++ {
+			c.RoPE.Apply(q[(t*nh+h)*d:][:d], pos)
+		}
+		for h := 0; h < kvh; h++ {
+			c.RoPE.Apply(k[(t*kvh+h)*d:][:d], pos)
+		}
+		copy(row, k[t*kvh*d:(t+1)*kvh*d])
+		copy(row[kvh*d:], v[t*kvh*d:(t+1)*kvh*d])
+		if err := cache.Append(s, row); err != nil {
+			return err
+		}
+		queries[t] = Query{Len: pos + 1}
+	}
+	tables := map[int][]int32{}
+	for t, s := range seqs {
+		if tables[s] == nil {
+			tables[s] = cache.BlockTable(s)
+		}
+		queries[t].Table = tables[s]
+	}
+	o := buffers.Grow(&sc.o, T*nh*d)
+	p := GQAParams{Heads: nh, KVHeads: kvh, KeyDim: d, ValueDim: d, Scale: c.Scale, Window: c.Window, Sinks: b.sinks}
+	if err := GQA(ctx, cache, q, queries, p, o); err != nil {
+		return err
+	}
+	if err := proj.Project(ctx, &b.o, o, out); err != nil {
+		return err
+	}
+	addBias(out, b.ob)
+	return nil
+}
+
+// addBias adds b to every row of x (nothing when b is nil).
+func addBias(x, b []float32) {
+	if b == nil {
+		return
+	}
+	for r := 0; r < len(x); r += len(b) {
+		for i, v := range b {
+			x[r+i] += v
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package model_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
+)
+
+// gqaSpecs: a whole model of each grouped-query family moex runs, with
+// what sets its attention apart: Qwen3-MoE's per-head QK norms and a dense
+// first layer (mlp_only_layers), Qwen2-MoE's q/k/v biases and gated shared
+// expert, Mixtral's sliding window over one key/value head, OLMoE's QK
+// norms over all heads, gpt-oss's biases, sinks, yarn RoPE and a window on
+// every other layer.
+func gqaSpecs() map[string]moetest.WholeSpec {
+	return map[string]moetest.WholeSpec{
+		"qwen3_moe_f32": {
+			MoE: moetest.Spec{ModelType: "qwen3_moe", Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "F32"},
+			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 40, DenseInter: 24, Seed: 11,
+		},
+		"qwen2_moe_bf16": {
+			MoE: moetest.Spec{ModelType: "qwen2_moe", Experts: 6, TopK: 2, Inter: 12, SharedInter: 16, DType: "BF16"},
+			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 4, HeadDim: 8, Bias: true, Theta: 1e6},
+			Hidden: 32, Layers: 2, FirstKDense: 1, Vocab: 30, DenseInter: 20, Seed: 12,
+		},
+		"mixtral_f32_window": {
+			MoE: moetest.Spec{ModelType: "mixtral", Experts: 4, TopK: 2, Inter: 16, DType: "F32"},
+			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 1, HeadDim: 8, Window: 5, Theta: 1e6},
+			Hidden: 24, Layers: 2, Vocab: 33, DenseInter: 1, Seed: 13,
+		},
+		"olmoe_bf16": {
+			MoE: moetest.Spec{ModelType: "olmoe", Experts: 8, TopK: 2, Inter: 16, DType: "BF16"},
+			GQA: &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 16, QKNorm: "whole", Theta: 10000},
+			Hidden: 32, Layers: 2, Vocab: 35, DenseInter: 1, Seed: 14,
+		},
+		"gpt_oss_bf16": {
+			MoE: moetest.Spec{ModelType: "gpt_oss", Experts: 4, TopK: 2, Inter: 16, DType: "BF16"},
+			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, Bias: true, OutBias: true, Sinks: true, Window: 4, WindowEven: true,
+				Yarn: true, Theta: 150000},
+			Hidden: 32, Layers: 2, Vocab: 37, DenseInter: 1, Seed: 15,
+		},
+	}
+}
+
+// TestWholeFamiliesMatchReference: each family's logits at every position
+// of a prefill within 1e-4 of the float64 reference written from its
+// transformers modeling file, the same argmax; then the same tokens fed
+// one to three at a time through a bf16 cache give the prefill's argmax.
+func TestWholeFamiliesMatchReference(t *testing.T) {
+	for name, spec := range gqaSpecs() {
+		t.Run(name, func(t *testing.T) {
+			w, m := loadWhole(t, spec, nil)
+			require.Equal(t, spec.Layers, m.NumLayers())
+			ids := moetest.Tokens(7, 19, spec.Vocab)
+			got, err := m.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			want := w.Logits(ids)
+			var flat []float64
+			for _, row := range want {
+				flat = append(flat, row...)
+			}
+			require.Less(t, moetest.RelErr(got, flat), 1e-4)
+			for p, row := range want {
+				require.Equal(t, argmax64(row), argmax32(got[p*spec.Vocab:(p+1)*spec.Vocab]), "position %d", p)
+			}
+			kv, err := m.NewKV(8, 4, kernels.F32)
+			require.NoError(t, err)
+			var steps []float32
+			for p := 0; p < len(ids); {
+				n := min(len(ids)-p, 1+p%3)
+				seqs := make([]int, n)
+				out, err := m.Forward(context.Background(), kv, seqs, ids[p:p+n], nil)
+				require.NoError(t, err)
+				steps = append(steps, out...)
+				p += n
+			}
+			require.Less(t, moetest.RelErr(steps, flat), 1e-4, "in steps over a paged cache")
+		})
+	}
+}
