@@ -19,23 +19,23 @@ import (
 func gqaSpecs() map[string]moetest.WholeSpec {
 	return map[string]moetest.WholeSpec{
 		"qwen3_moe_f32": {
-			MoE: moetest.Spec{ModelType: "qwen3_moe", Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "F32"},
-			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+			MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, QKNorm: "head", Theta: 1e6},
 			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 40, DenseInter: 24, Seed: 11,
 		},
 		"qwen2_moe_bf16": {
-			MoE: moetest.Spec{ModelType: "qwen2_moe", Experts: 6, TopK: 2, Inter: 12, SharedInter: 16, DType: "BF16"},
-			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 4, HeadDim: 8, Bias: true, Theta: 1e6},
+			MoE:    moetest.Spec{ModelType: "qwen2_moe", Experts: 6, TopK: 2, Inter: 12, SharedInter: 16, DType: "BF16"},
+			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 4, HeadDim: 8, Bias: true, Theta: 1e6},
 			Hidden: 32, Layers: 2, FirstKDense: 1, Vocab: 30, DenseInter: 20, Seed: 12,
 		},
 		"mixtral_f32_window": {
-			MoE: moetest.Spec{ModelType: "mixtral", Experts: 4, TopK: 2, Inter: 16, DType: "F32"},
-			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 1, HeadDim: 8, Window: 5, Theta: 1e6},
+			MoE:    moetest.Spec{ModelType: "mixtral", Experts: 4, TopK: 2, Inter: 16, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 1, HeadDim: 8, Window: 5, Theta: 1e6},
 			Hidden: 24, Layers: 2, Vocab: 33, DenseInter: 1, Seed: 13,
 		},
 		"olmoe_bf16": {
-			MoE: moetest.Spec{ModelType: "olmoe", Experts: 8, TopK: 2, Inter: 16, DType: "BF16"},
-			GQA: &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 16, QKNorm: "whole", Theta: 10000},
+			MoE:    moetest.Spec{ModelType: "olmoe", Experts: 8, TopK: 2, Inter: 16, DType: "BF16"},
+			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 16, QKNorm: "whole", Theta: 10000},
 			Hidden: 32, Layers: 2, Vocab: 35, DenseInter: 1, Seed: 14,
 		},
 		"gpt_oss_bf16": {

@@ -32,13 +32,13 @@ type Whole struct {
 	Config  map[string]any
 	Tensors []stwrite.Tensor
 
-	Embed, LMHead    [][]float64 // [vocab][hidden]
-	Norm             []float64   // model.norm
-	InNorm, PostNorm [][]float64 // per layer: input_layernorm, post_attention_layernorm
+	Embed, LMHead    [][]float64  // [vocab][hidden]
+	Norm             []float64    // model.norm
+	InNorm, PostNorm [][]float64  // per layer: input_layernorm, post_attention_layernorm
 	Attn             []*AttnModel // per layer: MLA, or
 	GQA              []*GQAModel  // grouped-query attention
-	Dense            []*Expert64 // per layer: the dense MLP, nil on MoE layers
-	MoE              []*Model    // per layer: the MoE block, nil on dense layers
+	Dense            []*Expert64  // per layer: the dense MLP, nil on MoE layers
+	MoE              []*Model     // per layer: the MoE block, nil on dense layers
 }
 
 // GenerateWhole makes a random whole model.
