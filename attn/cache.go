@@ -119,7 +119,7 @@ func (cpuProjector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, ou
 // Cache, elsewhere than on its host memory: a GPU holding a copy of
 // it, kept in sync through Changed.
 type Core interface {
-	Attend(ctx context.Context, c *Cache, q []float32, queries []Query, heads, dv int, scale float32, out []float32) error
+	Attend(ctx context.Context, c *Cache, q []float32, queries []Query, p MLAParams, out []float32) error
 }
 
 // DType is the cache's storage type, F32 or BF16.

@@ -21,27 +21,33 @@ type Query struct {
 }
 
 // DefaultSplitRows is the split-KV chunk length, in cached rows, when
-// Options.SplitRows (or a device path's) is 0: long sequences are split
+// MLAParams.SplitRows (or a device path's) is 0: long sequences are split
 // into chunks of it, attended in parallel and merged by log-sum-exp.
 const DefaultSplitRows = 512
 
-// Options tune MLA; the zero value is ready.
-type Options struct {
-	Workers   int // goroutines; 0: GOMAXPROCS
-	SplitRows int // split-KV chunk length in rows; 0: DefaultSplitRows. Results depend on it only by rounding.
+// MLAParams are MLA attention's shapes and tuning: Heads query heads,
+// values the first ValueDim columns of the cached rows, the softmax Scale;
+// Workers goroutines (0: GOMAXPROCS) and the split-KV chunk length
+// SplitRows (0: DefaultSplitRows; results depend on it only by rounding).
+type MLAParams struct {
+	Heads, ValueDim int
+	Scale           float32
+	Workers         int
+	SplitRows       int
 }
 
 // MLA is MLA attention in the absorbed form over a paged latent cache: for
 // query token i and head h, with K the first queries[i].Len cached rows of
 // its sequence and V their first dv columns,
 //
-//	out[i, h] = softmax(scale · q[i, h]·Kᵀ) · V      [nq, heads, dv]
-//	lse[i, h] = ln Σ exp(scale · q[i, h]·Kᵀ)          [nq, heads] (lse may be nil)
+//	out[i, h] = softmax(Scale · q[i, h]·Kᵀ) · V      [nq, Heads, ValueDim]
+//	lse[i, h] = ln Σ exp(Scale · q[i, h]·Kᵀ)          [nq, Heads] (lse may be nil)
 //
 // q is [nq, heads, dim]. Long sequences are split into chunks computed in
 // parallel and merged by log-sum-exp. Accumulation is fp32. Bad shapes,
 // lengths or block-table entries give an error naming the query.
-func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv int, scale float32, out, lse []float32, opt Options) error {
+func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAParams, out, lse []float32) error {
+	heads, dv, scale := p.Heads, p.ValueDim, p.Scale
 	D := kv.Dim()
 	nq := len(queries)
 	switch {
@@ -66,7 +72,7 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 			return fmt.Errorf("attn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, v)
 		}
 	}
-	split := opt.SplitRows
+	split := p.SplitRows
 	if split <= 0 {
 		split = DefaultSplitRows
 	}
@@ -102,7 +108,7 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, heads, dv
 	defer mlaPool.Put(sc)
 	partO := buffers.Grow(&sc.o, slots*heads*dv) // every slot written by its chunk
 	partL := buffers.Grow(&sc.l, slots*heads)
-	err := kernels.Parallel(ctx, opt.Workers, len(items), func(k int) {
+	err := kernels.Parallel(ctx, p.Workers, len(items), func(k int) {
 		it := items[k]
 		attendChunk(kv, q[it.q*heads*D:(it.q+1)*heads*D], queries[it.q].Table, it.r0, it.r1, heads, dv, scale,
 			partO[it.slot*heads*dv:(it.slot+1)*heads*dv], partL[it.slot*heads:(it.slot+1)*heads])

@@ -477,9 +477,13 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 		}
 	}
 	o := buffers.Grow(&sc.o, T*nh*L)
-	attend := func() error { return MLA(ctx, cache, qAbs, queries, nh, L, b.Scale, o, nil, Options{}) }
+	attend := func() error {
+		return MLA(ctx, cache, qAbs, queries, MLAParams{Heads: nh, ValueDim: L, Scale: b.Scale}, o, nil)
+	}
 	if be.Core != nil {
-		attend = func() error { return be.Core.Attend(ctx, cache, qAbs, queries, nh, L, b.Scale, o) }
+		attend = func() error {
+			return be.Core.Attend(ctx, cache, qAbs, queries, MLAParams{Heads: nh, ValueDim: L, Scale: b.Scale}, o)
+		}
 	}
 	if err := attend(); err != nil {
 		return err

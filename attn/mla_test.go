@@ -83,7 +83,7 @@ func TestMLADecodeMatchesReference(t *testing.T) {
 				}
 				out := make([]float32, len(lens)*heads*dv)
 				lse := make([]float32, len(lens)*heads)
-				require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), out, lse, attn.Options{SplitRows: 256}))
+				require.NoError(t, attn.MLA(context.Background(), c, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: float32(scale), SplitRows: 256}, out, lse))
 				for s := range lens {
 					o, l := moetest.MLA(rows[s], q[s*heads*D:(s+1)*heads*D], heads, D, dv, float64(float32(scale)))
 					require.LessOrEqual(t, moetest.RelErr(out[s*heads*dv:(s+1)*heads*dv], o), 1e-5, "sequence %d (len %d) out", s, lens[s])
@@ -91,7 +91,7 @@ func TestMLADecodeMatchesReference(t *testing.T) {
 				}
 				// The split changes only rounding.
 				whole := make([]float32, len(out))
-				require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, float32(scale), whole, nil, attn.Options{SplitRows: 1 << 20, Workers: 1}))
+				require.NoError(t, attn.MLA(context.Background(), c, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: float32(scale), SplitRows: 1 << 20, Workers: 1}, whole, nil))
 				require.LessOrEqual(t, relErrF32(out, whole), 1e-6)
 			})
 		}
@@ -124,7 +124,7 @@ func TestMLAExtendIsCausal(t *testing.T) {
 		queries[j] = attn.Query{Table: c.BlockTable(0), Len: 70 - S + j + 1}
 	}
 	out := make([]float32, S*heads*dv)
-	require.NoError(t, attn.MLA(context.Background(), c, q, queries, heads, dv, 0.125, out, nil, attn.Options{SplitRows: 32}))
+	require.NoError(t, attn.MLA(context.Background(), c, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: 0.125, SplitRows: 32}, out, nil))
 	for j := 0; j < S; j++ {
 		o, _ := moetest.MLA(rows[0][:70-S+j+1], q[j*heads*D:(j+1)*heads*D], heads, D, dv, 0.125)
 		require.LessOrEqual(t, moetest.RelErr(out[j*heads*dv:(j+1)*heads*dv], o), 1e-5, "new token %d", j)
@@ -140,7 +140,7 @@ func TestMLABadInput(t *testing.T) {
 	out := make([]float32, 2*17)
 	ctx := context.Background()
 	run := func(qs []attn.Query, q []float32, dv int) error {
-		return attn.MLA(ctx, c, q, qs, 2, dv, 1, out[:2*dv*len(qs)], nil, attn.Options{})
+		return attn.MLA(ctx, c, q, qs, attn.MLAParams{Heads: 2, ValueDim: dv, Scale: 1}, out[:2*dv*len(qs)], nil)
 	}
 	require.ErrorContains(t, run([]attn.Query{{table, 0}}, q, 8), "query 0 attends to 0 rows")
 	require.ErrorContains(t, run([]attn.Query{{table, 17}}, q, 8), "query 0 needs 17 rows (3 blocks), its block table has 2 entries")
@@ -336,7 +336,7 @@ func TestNonFiniteCache(t *testing.T) {
 	q := []float32{1, 1, 1, 1}
 	out := make([]float32, D)
 	mla := func(qs []attn.Query) error {
-		return attn.MLA(context.Background(), kv, q, qs, 1, D, 1, out, nil, attn.Options{})
+		return attn.MLA(context.Background(), kv, q, qs, attn.MLAParams{Heads: 1, ValueDim: D, Scale: 1}, out, nil)
 	}
 	require.NoError(t, mla([]attn.Query{{Table: []int32{0, 1}, Len: 4}}))
 	err := mla([]attn.Query{{Table: []int32{0, 2}, Len: 4}})
@@ -366,10 +366,10 @@ func TestMLAMemoryChecked(t *testing.T) {
 	out := make([]float32, len(queries)*D)
 	prev := memlimit.Set(1 << 20)
 	defer memlimit.Set(prev)
-	err := attn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, attn.Options{SplitRows: 1})
+	err := attn.MLA(context.Background(), kv, q, queries, attn.MLAParams{Heads: 1, ValueDim: D, Scale: 1, SplitRows: 1}, out, nil)
 	require.ErrorIs(t, err, memlimit.ErrTooLarge)
 	require.ErrorContains(t, err, "attn: mla: 100 queries in 500000 chunks of 1 rows")
-	require.NoError(t, attn.MLA(context.Background(), kv, q, queries, 1, D, 1, out, nil, attn.Options{}))
+	require.NoError(t, attn.MLA(context.Background(), kv, q, queries, attn.MLAParams{Heads: 1, ValueDim: D, Scale: 1}, out, nil))
 }
 
 // TestCacheSizeCheckedFirst: a cache too large for the machine is refused,

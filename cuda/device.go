@@ -293,7 +293,9 @@ func (d *Device) Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tok
 
 // Align launches the dispatch-layout kernel over n = tokens·top_k ids and
 // the experts lo … lo+experts-1.
-func (d *Device) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+func (d *Device) Align(al AlignArgs) error {
+	ids, n, lo, experts, block, maxBlocks := al.IDs, al.N, al.Lo, al.Experts, al.Block, al.MaxBlocks
+	counts, offsets, sorted, blockExpert, rows := al.Counts, al.Offsets, al.Sorted, al.BlockExpert, al.Rows
 	a := (&args{}).ptr(ids).int(n).int(lo).int(experts).int(block).int(maxBlocks).ptr(counts).ptr(offsets).ptr(sorted).ptr(blockExpert).ptr(rows)
 	return d.launch("moex_align", [3]int{1, 1, 1}, alignThreads, a)
 }
@@ -320,8 +322,9 @@ func (d *Device) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq 
 }
 
 // CopyRows launches the row-copy kernel, a block per row.
-func (d *Device) CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
-	rows, width int) error {
+func (d *Device) CopyRows(cr CopyRowsArgs) error {
+	src, srcStride, srcCol, srcMap, dst, dstBF16 := cr.Src, cr.SrcStride, cr.SrcCol, cr.SrcMap, cr.Dst, cr.DstBF16
+	dstStride, dstCol, dstMap, rows, width := cr.DstStride, cr.DstCol, cr.DstMap, cr.Rows, cr.Width
 	if rows == 0 {
 		return nil
 	}
@@ -346,8 +349,10 @@ func (d *Device) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y B
 // cache [blocks, blockSize, D] (bf16 bits when bf16), blockTable [batch,
 // maxBlocks], seqlens [batch]; partO and partL hold batch·heads·splits·dv
 // and batch·heads·splits floats; out [batch, heads, dv], lse [batch, heads].
-func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
-	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+func (d *Device) MLADecode(md MLADecodeArgs) error {
+	bf16, q, cache, blockTable, seqlens := md.BF16, md.Q, md.Cache, md.BlockTable, md.SeqLens
+	batch, heads, D, dv, blockSize, maxBlocks, splitRows, splits := md.Batch, md.Heads, md.Dim, md.ValueDim, md.BlockSize, md.MaxBlocks, md.SplitRows, md.Splits
+	scale, partO, partL, out, lse := md.Scale, md.PartO, md.PartL, md.Out, md.LSE
 	name := "moex_mla_decode_f32"
 	if bf16 {
 		name = "moex_mla_decode_bf16"
@@ -364,7 +369,9 @@ func (d *Device) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batc
 // GroupedGEMM launches the second-projection GEMM over a layout of
 // paddedRows rows (blocks of 64): c [paddedRows, N]; weights may be the
 // zero Buffer.
-func (d *Device) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+func (d *Device) GroupedGEMM(ga GEMMArgs, w Weights, weights, c Buffer) error {
+	a, ep, sorted, blockExpert, paddedRows := ga.A, ga.Epilogue, ga.Sorted, ga.BlockExpert, ga.PaddedRows
+	topK, pairs, gatherA, N, K := ga.TopK, ga.Pairs, ga.GatherA, ga.N, ga.K
 	if paddedRows == 0 {
 		return nil
 	}
@@ -389,7 +396,9 @@ func (d *Device) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpe
 
 // GroupedSwiGLU launches the fused first projection: h = silu(a·gateᵀ) ·
 // (a·upᵀ) [paddedRows, N].
-func (d *Device) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+func (d *Device) GroupedSwiGLU(ga GEMMArgs, gate, up Weights, h Buffer) error {
+	a, ep, sorted, blockExpert, paddedRows := ga.A, ga.Epilogue, ga.Sorted, ga.BlockExpert, ga.PaddedRows
+	topK, pairs, N, K := ga.TopK, ga.Pairs, ga.N, ga.K
 	if paddedRows == 0 {
 		return nil
 	}

@@ -57,7 +57,7 @@ func TestRoutingKernels(t *testing.T) {
 	sorted := cudatest.Up(t, d, make([]int32, n+cfg.NumExperts*63))
 	blockExpert := cudatest.Up(t, d, make([]int32, (n+cfg.NumExperts*63)/64+1))
 	rows := cudatest.Up(t, d, make([]int32, n))
-	require.NoError(t, d.Align(ids, n, 0, cfg.NumExperts, 64, (n+cfg.NumExperts*63)/64+1, counts, offsets, sorted, blockExpert, rows))
+	require.NoError(t, d.Align(cuda.AlignArgs{IDs: ids, N: n, Lo: 0, Experts: cfg.NumExperts, Block: 64, MaxBlocks: (n+cfg.NumExperts*63)/64 + 1, Counts: counts, Offsets: offsets, Sorted: sorted, BlockExpert: blockExpert, Rows: rows}))
 	gotOff := make([]int32, cfg.NumExperts+1)
 	require.NoError(t, cuda.Download(d, offsets, gotOff))
 	require.Equal(t, lay.Offsets, gotOff)

@@ -116,7 +116,9 @@ func (e *Emu) Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tokens
 	})
 }
 
-func (e *Emu) Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error {
+func (e *Emu) Align(al AlignArgs) error {
+	ids, n, lo, experts, block, maxBlocks := al.IDs, al.N, al.Lo, al.Experts, al.Block, al.MaxBlocks
+	counts, offsets, sorted, blockExpert, rows := al.Counts, al.Offsets, al.Sorted, al.BlockExpert, al.Rows
 	return e.kernel(func() {
 		cudaemu.AlignRaw(e.p(ids), n, lo, experts, block, maxBlocks, e.p(counts), e.p(offsets), e.p(sorted), e.p(blockExpert), e.p(rows))
 	})
@@ -128,7 +130,9 @@ func (e *Emu) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buff
 	})
 }
 
-func (e *Emu) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error {
+func (e *Emu) GroupedGEMM(ga GEMMArgs, w Weights, weights, c Buffer) error {
+	a, ep, sorted, blockExpert, paddedRows := ga.A, ga.Epilogue, ga.Sorted, ga.BlockExpert, ga.PaddedRows
+	topK, pairs, gatherA, N, K := ga.TopK, ga.Pairs, ga.GatherA, ga.N, ga.K
 	if paddedRows == 0 {
 		return nil
 	}
@@ -149,7 +153,9 @@ func (e *Emu) GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert 
 	})
 }
 
-func (e *Emu) GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error {
+func (e *Emu) GroupedSwiGLU(ga GEMMArgs, gate, up Weights, h Buffer) error {
+	a, ep, sorted, blockExpert, paddedRows := ga.A, ga.Epilogue, ga.Sorted, ga.BlockExpert, ga.PaddedRows
+	topK, pairs, N, K := ga.TopK, ga.Pairs, ga.N, ga.K
 	if paddedRows == 0 {
 		return nil
 	}
@@ -189,8 +195,10 @@ func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 	return nil
 }
 
-func (e *Emu) MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks,
-	splitRows, splits int, scale float32, partO, partL, out, lse Buffer) error {
+func (e *Emu) MLADecode(md MLADecodeArgs) error {
+	bf16, q, cache, blockTable, seqlens := md.BF16, md.Q, md.Cache, md.BlockTable, md.SeqLens
+	batch, heads, D, dv, blockSize, maxBlocks, splitRows, splits := md.Batch, md.Heads, md.Dim, md.ValueDim, md.BlockSize, md.MaxBlocks, md.SplitRows, md.Splits
+	scale, partO, partL, out, lse := md.Scale, md.PartO, md.PartL, md.Out, md.LSE
 	return e.kernel(func() {
 		cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
 			splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
@@ -214,8 +222,9 @@ func (e *Emu) Rope(x Buffer, rows, stride, col, width, perPos int, pos, freq Buf
 	return e.kernel(func() { cudaemu.RopeRaw(e.p(x), rows, stride, col, width, perPos, e.p(pos), e.p(freq)) })
 }
 
-func (e *Emu) CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
-	rows, width int) error {
+func (e *Emu) CopyRows(cr CopyRowsArgs) error {
+	src, srcStride, srcCol, srcMap, dst, dstBF16 := cr.Src, cr.SrcStride, cr.SrcCol, cr.SrcMap, cr.Dst, cr.DstBF16
+	dstStride, dstCol, dstMap, rows, width := cr.DstStride, cr.DstCol, cr.DstMap, cr.Rows, cr.Width
 	if rows == 0 {
 		return nil
 	}

@@ -185,6 +185,60 @@ type Buffer struct {
 
 // Launcher is what the launch code needs of a device: memory, copies and
 // the kernels of kernels/cuda. The GPU (tag cuda) and the CPU emulation
+// AlignArgs are the dispatch-layout kernel's operands: n = tokens·top_k
+// expert ids, the shard's experts Lo … Lo+Experts-1, blocks of Block rows
+// (at most MaxBlocks); the counts, offsets, sorted pairs, each block's
+// expert and each pair's row come out.
+type AlignArgs struct {
+	IDs                              Buffer
+	N, Lo, Experts, Block, MaxBlocks int
+	Counts, Offsets, Sorted          Buffer
+	BlockExpert, Rows                Buffer
+}
+
+// GEMMArgs are a grouped expert GEMM's operands beside its weights: the
+// activations A, the layout (Sorted pairs, each block's expert, the padded
+// rows in blocks of 64), top_k and the pairs, whether A's rows are gathered
+// by pair (row pair/TopK: the first projection reading the tokens), the
+// output width N and the reduction K, and the epilogue.
+type GEMMArgs struct {
+	A                   Buffer
+	Sorted, BlockExpert Buffer
+	PaddedRows          int
+	TopK, Pairs         int
+	GatherA             bool
+	N, K                int
+	Epilogue            Epilogue
+}
+
+// MLADecodeArgs are split-KV MLA decode's operands: Q [Batch, Heads, Dim],
+// Cache [blocks, BlockSize, Dim] (bf16 bits when BF16), BlockTable [Batch,
+// MaxBlocks], SeqLens [Batch]; PartO and PartL hold Batch·Heads·Splits·
+// ValueDim and Batch·Heads·Splits floats; Out [Batch, Heads, ValueDim], LSE
+// [Batch, Heads].
+type MLADecodeArgs struct {
+	BF16                                    bool
+	Q, Cache, BlockTable, SeqLens           Buffer
+	Batch, Heads, Dim, ValueDim             int
+	BlockSize, MaxBlocks, SplitRows, Splits int
+	Scale                                   float32
+	PartO, PartL, Out, LSE                  Buffer
+}
+
+// CopyRowsArgs: for i < Rows, Width values of row SrcMap[i] of Src (from
+// SrcCol; rows of SrcStride values) go to row DstMap[i] of Dst (from
+// DstCol; DstStride), as fp32 or rounded to bf16 (DstBF16); a zero Buffer
+// map is the identity, a negative index skips the row.
+type CopyRowsArgs struct {
+	Src               Buffer
+	SrcStride, SrcCol int
+	SrcMap, Dst       Buffer
+	DstBF16           bool
+	DstStride, DstCol int
+	DstMap            Buffer
+	Rows, Width       int
+}
+
 // (tag cudaemu) implement it, so the same launch code runs on both.
 type Launcher interface {
 	Alloc(bytes int64) (Buffer, error)
@@ -194,20 +248,22 @@ type Launcher interface {
 	// ToDeviceAt copies n bytes from the host to dst at byte offset off.
 	ToDeviceAt(dst Buffer, off int64, src unsafe.Pointer, n int64) error
 	Gate(k kernels.GateArgs, logits, bias, ids, weights Buffer, tokens int) error
-	// Align lays out the pairs of the experts lo … lo+experts-1 (a shard;
-	// the others' rows are -1); blockExpert holds maxBlocks entries, -1
+	// Align lays out the pairs of the experts Lo … Lo+Experts-1 (a shard;
+	// the others' rows are -1); BlockExpert holds MaxBlocks entries, -1
 	// past the layout.
-	Align(ids Buffer, n, lo, experts, block, maxBlocks int, counts, offsets, sorted, blockExpert, rows Buffer) error
+	Align(a AlignArgs) error
 	Combine(out, rows Buffer, tokens, topK, hidden int, shared, y Buffer) error
 	// GroupedGEMM and GroupedSwiGLU take their weights [experts, N, K] in
 	// bf16, or in FP8 with block scales (see Weights; gate and up of one
 	// format).
 	// The epilogue's bias is added before GroupedGEMM's weights multiply.
-	GroupedGEMM(a Buffer, w Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs int, gatherA bool, N, K int, weights, c Buffer) error
-	GroupedSwiGLU(a Buffer, gate, up Weights, ep Epilogue, sorted, blockExpert Buffer, paddedRows, topK, pairs, N, K int, h Buffer) error
+	// GroupedGEMM writes c [PaddedRows, N] (weights: the pairs' routing
+	// weights, or the zero Buffer); GroupedSwiGLU h = silu(a·gateᵀ) ·
+	// (a·upᵀ) [PaddedRows, N].
+	GroupedGEMM(g GEMMArgs, w Weights, weights, c Buffer) error
+	GroupedSwiGLU(g GEMMArgs, gate, up Weights, h Buffer) error
 	F32ToBF16(src, dst Buffer, n int) error
-	MLADecode(bf16 bool, q, cache, blockTable, seqlens Buffer, batch, heads, D, dv, blockSize, maxBlocks, splitRows,
-		splits int, scale float32, partO, partL, out, lse Buffer) error
+	MLADecode(m MLADecodeArgs) error
 	// RMSNorm normalises x[r, col … col+width) in place, for rows rows of
 	// stride values, with weight w (fp32 [width]).
 	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error
@@ -219,8 +275,7 @@ type Launcher interface {
 	// (from srcCol; rows of srcStride values) to row dstMap[i] of dst (from
 	// dstCol; dstStride), as fp32 or rounded to bf16; a zero Buffer map is
 	// the identity, a negative index skips the row.
-	CopyRows(src Buffer, srcStride, srcCol int, srcMap, dst Buffer, dstBF16 bool, dstStride, dstCol int, dstMap Buffer,
-		rows, width int) error
+	CopyRows(c CopyRowsArgs) error
 	// Collective enqueues op, the work of a communication library (NCCL)
 	// on the device's stream, which it is given: after the kernels before
 	// it, before those after. On a recorder it becomes a step of the graph

@@ -118,7 +118,7 @@ func testPrepKernels(t *testing.T, l cuda.Launcher) {
 	for _, bf := range []bool{false, true} {
 		if bf {
 			d := put(t, l, make([]uint16, 4*10))
-			require.NoError(t, l.CopyRows(put(t, l, src), 12, 3, put(t, l, srcMap), d, true, 10, 2, put(t, l, dstMap), 4, 6))
+			require.NoError(t, l.CopyRows(cuda.CopyRowsArgs{Src: put(t, l, src), SrcStride: 12, SrcCol: 3, SrcMap: put(t, l, srcMap), Dst: d, DstBF16: true, DstStride: 10, DstCol: 2, DstMap: put(t, l, dstMap), Rows: 4, Width: 6}))
 			out := get[uint16](t, l, d, 4*10)
 			for i, si := range srcMap {
 				for j := 0; j < 10; j++ {
@@ -132,7 +132,7 @@ func testPrepKernels(t *testing.T, l cuda.Launcher) {
 			continue
 		}
 		d := put(t, l, make([]float32, 4*10))
-		require.NoError(t, l.CopyRows(put(t, l, src), 12, 3, put(t, l, srcMap), d, false, 10, 2, put(t, l, dstMap), 4, 6))
+		require.NoError(t, l.CopyRows(cuda.CopyRowsArgs{Src: put(t, l, src), SrcStride: 12, SrcCol: 3, SrcMap: put(t, l, srcMap), Dst: d, DstBF16: false, DstStride: 10, DstCol: 2, DstMap: put(t, l, dstMap), Rows: 4, Width: 6}))
 		out := get[float32](t, l, d, 4*10)
 		for i, si := range srcMap {
 			for j := 0; j < 10; j++ {
@@ -146,7 +146,7 @@ func testPrepKernels(t *testing.T, l cuda.Launcher) {
 	}
 	// Identity maps (zero Buffers): a plain strided copy.
 	d := put(t, l, make([]float32, 5*6))
-	require.NoError(t, l.CopyRows(put(t, l, src), 12, 0, cuda.Buffer{}, d, false, 6, 0, cuda.Buffer{}, 5, 6))
+	require.NoError(t, l.CopyRows(cuda.CopyRowsArgs{Src: put(t, l, src), SrcStride: 12, SrcCol: 0, SrcMap: cuda.Buffer{}, Dst: d, DstBF16: false, DstStride: 6, DstCol: 0, DstMap: cuda.Buffer{}, Rows: 5, Width: 6}))
 	out := get[float32](t, l, d, 5*6)
 	for r := 0; r < 5; r++ {
 		require.Equal(t, src[r*12:r*12+6], out[r*6:(r+1)*6])

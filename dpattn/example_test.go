@@ -58,7 +58,7 @@ func ExampleMLA() {
 	q := make([]float32, 1*1*4) // [queries, heads, dim]
 	out, lse := make([]float32, 2), make([]float32, 1)
 	queries := []attn.Query{{Table: cache.BlockTable(seq), Len: cache.Len(seq)}}
-	if err := attn.MLA(context.Background(), cache, q, queries, 1, 2, 0.5, out, lse, attn.Options{}); err != nil {
+	if err := attn.MLA(context.Background(), cache, q, queries, attn.MLAParams{Heads: 1, ValueDim: 2, Scale: 0.5}, out, lse); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -1,14 +1,18 @@
 // Package kernels holds the compute kernels of moex behind one Go API: the
-// expert FFN projections (gate/up with a fused SwiGLU, down with a fused
-// routing weight) and the router projection. Every kernel has a plain-Go
-// generic implementation, the reference for all others; faster CPU paths and
-// the CUDA sources plug in beneath the same functions.
+// grouped expert FFN (gate/up with a fused activation, down with a fused
+// routing weight), grouped GEMMs for the projections and the router, the
+// gating and dispatch layout, the int8-dot and bf16-dot numerics modes,
+// and the decoders' RMSNorm and RoPE. Every kernel has a plain-Go generic
+// implementation, the reference for all others; the avo-generated AVX2 and
+// AVX-512 paths (chosen by cpuid) and the CUDA sources (kernels/cuda, run
+// on a CPU emulation by kernels/cudaemu) plug in beneath the same functions.
 //
-// Weights stay in the format they were stored in (fp32, bf16, fp16, or FP8
-// e4m3 with block scales) and are widened to fp32 inside the kernels, an
-// FP8 weight to its dequantized value (see NewFP8); accumulation is fp32
-// (float64 for the router) in a fixed order, so a token's result never
-// depends on the other rows of its batch.
+// Weights stay in the format they were stored in (fp32, bf16, fp16, FP8
+// e4m3 with block scales, MXFP4, INT4, and the integer codes of GGUF's
+// block types) and are widened to fp32 inside the kernels, each to its
+// dequantized value; accumulation is fp32 (float64 for the router) in a
+// fixed order, so a token's result never depends on the other rows of its
+// batch.
 package kernels
 
 import (

@@ -182,7 +182,9 @@ func probeMLA(ctx context.Context) (rate, row float64, err error) {
 			q[i] = float32(rng.NormFloat64())
 		}
 		out := make([]float32, seqs*heads*dv)
-		run[heads] = func() error { return attn.MLA(ctx, cache, q, queries, heads, dv, 0.04, out, nil, attn.Options{}) }
+		run[heads] = func() error {
+			return attn.MLA(ctx, cache, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: 0.04}, out, nil)
+		}
 	}
 	t := map[int]float64{}
 	for round := range 6 {

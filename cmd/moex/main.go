@@ -1,11 +1,15 @@
 // Command moex runs, checks and measures the MoE engine.
 //
-//	moex run  [flags]                 DP-attention decode steps of one layer over in-process (or MPI) ranks, checked against one rank
-//	moex exec moe --model DIR --layer N --input x.npy --out y.npy [--ids-out ids.npy] [--weights-out w.npy]
-//	moex exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy [--lse-out lse.npy]
-//	moex bench grouped-gemm|moe|mla|ep|membw  time kernels and layers against a baseline of the same run
-//	moex tokenize --model DIR [--no-special] [--decode] [--chat] < in.jsonl > out.jsonl
-//	moex info                         what this machine offers (CPU features, GPUs)
+//	moex run      DP-attention decode steps of one layer over in-process (or MPI) ranks, checked against one rank
+//	moex serve    a worker behind SGLang's and OpenAI's HTTP APIs (continuous batching, radix cache, DP ranks)
+//	moex route    the cache-aware router in front of workers
+//	moex exec     one block or a whole model on .npy inputs: exec moe | mla-decode | logits
+//	moex bench    kernels and layers against a baseline of the same run: grouped-gemm | moe | mla | ep | membw | serve
+//	moex sim      a model of decode deployments (TP attention, DP attention with gather or all-to-all MoE)
+//	moex tokenize text ↔ token ids with the model's own tokenizer and chat template, as JSON lines
+//	moex info     what this machine offers (CPU features, GPUs)
+//
+// `moex <command> -h` lists a command's flags; docs/cli.md has them all.
 //
 // Errors are printed on one line to stderr and exit with status 1 (2 for
 // bad usage).
@@ -123,7 +127,7 @@ commands:
   route  a cache-aware router in front of workers: route --worker URL ... [--policy cache_aware] [--port 30000]
   exec   run one block on .npy inputs: exec moe --model DIR --layer N --input x.npy --out y.npy
          exec mla-decode --q q.npy --kv-cache kv.npy --block-table bt.npy --seqlens sl.npy --dv 512 --scale S --out o.npy
-         exec logits --model DIR --input-ids ids.npy --out logits.npy   (a whole deepseek_v2/v3 model's prefill)
+         exec logits --model DIR --input-ids ids.npy --out logits.npy   (a whole model's prefill)
   bench  measure kernels and layers: bench grouped-gemm | moe | mla | ep | membw; a worker or router: bench serve
   sim    a model of decode deployments (TP attention, DP attention with gather or all-to-all MoE) on
          GPU presets or this CPU: sim --preset deepseek-v3 --hardware h200 --ranks 64 [--sweep batch --plot p.svg]

@@ -98,8 +98,7 @@ func execMLADecode(args []string, stderr io.Writer) error {
 	case "cpu":
 		cache := attn.DenseBlocks{Data: kv.Data, NBlocks: kv.Shape[0], BlockRows: kv.Shape[1], Width: D}
 		out, lse = make([]float32, B*H**dv), make([]float32, B*H)
-		if err := attn.MLA(context.Background(), cache, q.Data, queries, H, *dv, float32(*scale), out, lse,
-			attn.Options{SplitRows: *split}); err != nil {
+		if err := attn.MLA(context.Background(), cache, q.Data, queries, attn.MLAParams{Heads: H, ValueDim: *dv, Scale: float32(*scale), SplitRows: *split}, out, lse); err != nil {
 			return fmt.Errorf("exec mla-decode (--q %s, --kv-cache %s, --block-table %s, --seqlens %s): %w", *qPath, *kvPath, *btPath, *slPath, err)
 		}
 	case "cuda":

@@ -164,8 +164,10 @@ func TestExecLogits(t *testing.T) {
 	require.ErrorContains(t, err, "shape [1 2], want [tokens]")
 	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", idsPath)
 	require.ErrorContains(t, err, "--out "+idsPath+" is the input --input-ids "+idsPath)
+	_, _, err = runCLI("exec", "logits", "--model", filepath.Join("..", "..", "testdata", "moe", "qwen3_next_bf16"), "--input-ids", idsPath, "--out", out)
+	require.ErrorContains(t, err, "moex runs its MoE block, not yet its whole model: three of its four layers attend by gated DeltaNet")
 	_, _, err = runCLI("exec", "logits", "--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32"), "--input-ids", idsPath, "--out", out)
-	require.ErrorContains(t, err, "a whole model runs deepseek_v2 and deepseek_v3")
+	require.ErrorContains(t, err, "vocab_size is missing", "a MoE block's checkpoint is no whole model")
 }
 
 // TestRunLargeSeed: any uint64 seed runs (the schedule took int(seed), which

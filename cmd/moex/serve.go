@@ -36,7 +36,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	preset := fs.String("preset", "", "random weights of a built-in shape, byte-level text: tiny, deepseek-v2-lite")
 	layers := fs.Int("layers", 0, "the preset's decoder layers (0: its own: tiny 3, deepseek-v2-lite 27)")
-	dir := fs.String("model", "", "a deepseek_v2/deepseek_v3 checkpoint folder; with its tokenizer.json, text and chat requests are served (else requests give input_ids)")
+	dir := fs.String("model", "", "a checkpoint folder of a model moex runs whole; with its tokenizer.json, text and chat requests are served (else requests give input_ids)")
 	seed := fs.Uint64("seed", 1, "the preset's weights")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")

@@ -169,8 +169,8 @@ func (a *Attention) mirrorOf(c *attn.Cache) (*mirror, error) {
 
 // Attend computes out [queries, heads, dv] of MLA over c's device copy
 // after bringing it up to date.
-func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, heads, dv int,
-	scale float32, out []float32) error {
+func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, p attn.MLAParams, out []float32) error {
+	heads, dv, scale := p.Heads, p.ValueDim, p.Scale
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -291,8 +291,7 @@ func (a *Attention) capture(m *mirror, c *attn.Cache, in MLAInput, key attnKey) 
 	}
 	bf16 := c.DType() == kernels.BF16
 	graph, err := a.Capture(a.d, fmt.Sprintf("cuda: attention bucket %+v", key), func(d cuda.Launcher) error {
-		return d.MLADecode(bf16, g.q, m.buf, g.table, g.lens, Q, in.Heads, in.D, in.DV, in.BlockSize, g.width, in.SplitRows, S,
-			in.Scale, g.partO, g.partL, g.o, g.lse)
+		return d.MLADecode(cuda.MLADecodeArgs{BF16: bf16, Q: g.q, Cache: m.buf, BlockTable: g.table, SeqLens: g.lens, Batch: Q, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: g.width, SplitRows: in.SplitRows, Splits: S, Scale: in.Scale, PartO: g.partO, PartL: g.partL, Out: g.o, LSE: g.lse})
 	})
 	if err != nil {
 		g.close()

@@ -61,6 +61,6 @@ func mlaCase(t *testing.T, seed uint64, lens []int32, heads, D, dv, bs, splitRow
 	}
 	want := make([]float32, len(lens)*heads*dv)
 	wantLSE := make([]float32, len(lens)*heads)
-	require.NoError(t, attn.MLA(context.Background(), c, in.Q, queries, heads, dv, scale, want, wantLSE, attn.Options{}))
+	require.NoError(t, attn.MLA(context.Background(), c, in.Q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: scale}, want, wantLSE))
 	return in, want, wantLSE
 }

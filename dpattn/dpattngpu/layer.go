@@ -123,7 +123,7 @@ func (l *DecodeLayer) Forward(ctx context.Context, plan *dpattn.StepPlan, c *att
 			if err := l.att.enqueueStep(d, run.b, run.s, run.m.buf, c); err != nil {
 				return err
 			}
-			if err := d.CopyRows(run.s.hidden, H, 0, cuda.Buffer{}, b.in, false, H, 0, cuda.Buffer{}, run.s.Q, H); err != nil {
+			if err := d.CopyRows(cuda.CopyRowsArgs{Src: run.s.hidden, SrcStride: H, SrcCol: 0, SrcMap: cuda.Buffer{}, Dst: b.in, DstBF16: false, DstStride: H, DstCol: 0, DstMap: cuda.Buffer{}, Rows: run.s.Q, Width: H}); err != nil {
 				return err
 			}
 		}

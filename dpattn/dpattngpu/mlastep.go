@@ -194,10 +194,10 @@ func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket
 	D := L + R
 	eps := b.w.Eps
 	proj := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
-		return l.GroupedGEMM(in, cuda.BF16Weights(w), cuda.Epilogue{}, s.idSorted, s.idExp, s.idRows, 1, Q, true, N, K, cuda.Buffer{}, out)
+		return l.GroupedGEMM(cuda.GEMMArgs{A: in, Epilogue: cuda.Epilogue{}, Sorted: s.idSorted, BlockExpert: s.idExp, PaddedRows: s.idRows, TopK: 1, Pairs: Q, GatherA: true, N: N, K: K}, cuda.BF16Weights(w), cuda.Buffer{}, out)
 	}
 	heads := func(in cuda.Buffer, w cuda.Buffer, N, K int, out cuda.Buffer) error {
-		return l.GroupedGEMM(in, cuda.BF16Weights(w), cuda.Epilogue{}, s.headSorted, s.headExp, s.headRows, 1, Q*nh, true, N, K, cuda.Buffer{}, out)
+		return l.GroupedGEMM(cuda.GEMMArgs{A: in, Epilogue: cuda.Epilogue{}, Sorted: s.headSorted, BlockExpert: s.headExp, PaddedRows: s.headRows, TopK: 1, Pairs: Q * nh, GatherA: true, N: N, K: K}, cuda.BF16Weights(w), cuda.Buffer{}, out)
 	}
 	steps := []func() error{func() error { return l.F32ToBF16(s.x, s.xb, Q*H) }}
 	if b.qRank == 0 {
@@ -216,28 +216,29 @@ func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket
 		func() error { return l.RMSNorm(s.kv, Q, D, 0, L, b.kvANorm, eps) },
 		func() error { return l.Rope(s.kv, Q, D, L, R, 1, s.pos, b.freq) },
 		func() error {
-			return l.CopyRows(s.kv, D, 0, cuda.Buffer{}, cache, c.DType() == kernels.BF16, D, 0, s.slots, Q, D)
+			return l.CopyRows(cuda.CopyRowsArgs{Src: s.kv, SrcStride: D, SrcCol: 0, SrcMap: cuda.Buffer{}, Dst: cache, DstBF16: c.DType() == kernels.BF16, DstStride: D, DstCol: 0, DstMap: s.slots, Rows: Q, Width: D})
 		},
 		// Absorbed queries: each head's nope part through W_UKᵀ, the rope
 		// part rotated.
 		func() error {
-			return l.CopyRows(s.q, qd, 0, cuda.Buffer{}, s.qNope, true, b.nope, 0, cuda.Buffer{}, Q*nh, b.nope)
+			return l.CopyRows(cuda.CopyRowsArgs{Src: s.q, SrcStride: qd, SrcCol: 0, SrcMap: cuda.Buffer{}, Dst: s.qNope, DstBF16: true, DstStride: b.nope, DstCol: 0, DstMap: cuda.Buffer{}, Rows: Q * nh, Width: b.nope})
 		},
 		func() error { return heads(s.qNope, b.wUKT, L, b.nope, s.qLat) },
-		func() error { return l.CopyRows(s.qLat, L, 0, s.headMap, s.qAbs, false, D, 0, cuda.Buffer{}, Q*nh, L) },
 		func() error {
-			return l.CopyRows(s.q, qd, b.nope, cuda.Buffer{}, s.qAbs, false, D, L, cuda.Buffer{}, Q*nh, R)
+			return l.CopyRows(cuda.CopyRowsArgs{Src: s.qLat, SrcStride: L, SrcCol: 0, SrcMap: s.headMap, Dst: s.qAbs, DstBF16: false, DstStride: D, DstCol: 0, DstMap: cuda.Buffer{}, Rows: Q * nh, Width: L})
+		},
+		func() error {
+			return l.CopyRows(cuda.CopyRowsArgs{Src: s.q, SrcStride: qd, SrcCol: b.nope, SrcMap: cuda.Buffer{}, Dst: s.qAbs, DstBF16: false, DstStride: D, DstCol: L, DstMap: cuda.Buffer{}, Rows: Q * nh, Width: R})
 		},
 		func() error { return l.Rope(s.qAbs, Q*nh, D, L, R, nh, s.pos, b.freq) },
 		func() error {
-			return l.MLADecode(c.DType() == kernels.BF16, s.qAbs, cache, s.table, s.lens, Q, nh, D, L, c.BlockSize(), s.width,
-				s.splitRows, s.S, b.w.Scale, s.partO, s.partL, s.o, s.lse)
+			return l.MLADecode(cuda.MLADecodeArgs{BF16: c.DType() == kernels.BF16, Q: s.qAbs, Cache: cache, BlockTable: s.table, SeqLens: s.lens, Batch: Q, Heads: nh, Dim: D, ValueDim: L, BlockSize: c.BlockSize(), MaxBlocks: s.width, SplitRows: s.splitRows, Splits: s.S, Scale: b.w.Scale, PartO: s.partO, PartL: s.partL, Out: s.o, LSE: s.lse})
 		},
 		// Each head's latent output lifted by W_UV, heads side by side, o_proj.
 		func() error { return l.F32ToBF16(s.o, s.ob, Q*nh*L) },
 		func() error { return heads(s.ob, b.wUV, b.vd, L, s.vhm) },
 		func() error {
-			return l.CopyRows(s.vhm, b.vd, 0, s.headMap, s.vtm, true, b.vd, 0, cuda.Buffer{}, Q*nh, b.vd)
+			return l.CopyRows(cuda.CopyRowsArgs{Src: s.vhm, SrcStride: b.vd, SrcCol: 0, SrcMap: s.headMap, Dst: s.vtm, DstBF16: true, DstStride: b.vd, DstCol: 0, DstMap: cuda.Buffer{}, Rows: Q * nh, Width: b.vd})
 		},
 		func() error { return proj(s.vtm, b.oProj, H, nh*b.vd, s.out) },
 		// The residual: hidden = out + x, as the decode loop adds it.

@@ -151,7 +151,7 @@ func (p *projector) run(ctx context.Context, what string, ws []kernels.Matrix, k
 		func() error { return cuda.CopyIn(p.d, be, blockExpert) },
 		func() error { return p.d.F32ToBF16(xf, xb, rows*K) },
 		func() error {
-			return p.d.GroupedGEMM(xb, cuda.BF16Weights(w), cuda.Epilogue{}, sb, be, padded, 1, rows, true, N, K, cuda.Buffer{}, c)
+			return p.d.GroupedGEMM(cuda.GEMMArgs{A: xb, Epilogue: cuda.Epilogue{}, Sorted: sb, BlockExpert: be, PaddedRows: padded, TopK: 1, Pairs: rows, GatherA: true, N: N, K: K}, cuda.BF16Weights(w), cuda.Buffer{}, c)
 		},
 		func() error { return cuda.Download(p.d, c, cs) },
 	} {

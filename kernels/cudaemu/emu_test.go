@@ -253,7 +253,7 @@ func TestMLADecode(t *testing.T) {
 				}
 				want := make([]float32, len(lens)*heads*dv)
 				wantLSE := make([]float32, len(lens)*heads)
-				require.NoError(t, attn.MLA(context.Background(), cache, q, queries, heads, dv, 0.1, want, wantLSE, attn.Options{}))
+				require.NoError(t, attn.MLA(context.Background(), cache, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: 0.1}, want, wantLSE))
 				// The dense cache the kernel reads.
 				var f32 []float32
 				var u16 []uint16

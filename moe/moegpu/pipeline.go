@@ -352,20 +352,20 @@ func newFFNRun(a cuda.Allocator, st *stack, tokens, topK int) *ffnRun {
 func (r *ffnRun) enqueue(l cuda.Launcher, xb, ids, scale cuda.Buffer) error {
 	st, n := r.st, r.tokens*r.topK
 	rows := r.blocks * cuda.GEMMBlock
-	if err := l.Align(ids, n, st.lo, st.n, cuda.GEMMBlock, r.blocks, r.counts, r.offsets, r.sorted, r.blockExpert, r.rowsOf); err != nil {
+	if err := l.Align(cuda.AlignArgs{IDs: ids, N: n, Lo: st.lo, Experts: st.n, Block: cuda.GEMMBlock, MaxBlocks: r.blocks, Counts: r.counts, Offsets: r.offsets, Sorted: r.sorted, BlockExpert: r.blockExpert, Rows: r.rowsOf}); err != nil {
 		return err
 	}
 	first := st.first
 	if st.scaleInput {
 		first.InScale, scale = scale, cuda.Buffer{}
 	}
-	if err := l.GroupedSwiGLU(xb, st.gate, st.up, first, r.sorted, r.blockExpert, rows, r.topK, n, st.inter, st.hidden, r.h); err != nil {
+	if err := l.GroupedSwiGLU(cuda.GEMMArgs{A: xb, Epilogue: first, Sorted: r.sorted, BlockExpert: r.blockExpert, PaddedRows: rows, TopK: r.topK, Pairs: n, N: st.inter, K: st.hidden}, st.gate, st.up, r.h); err != nil {
 		return err
 	}
 	if err := l.F32ToBF16(r.h, r.hb, rows*st.inter); err != nil {
 		return err
 	}
-	return l.GroupedGEMM(r.hb, st.down, st.second, r.sorted, r.blockExpert, rows, r.topK, n, false, st.hidden, st.inter, scale, r.out)
+	return l.GroupedGEMM(cuda.GEMMArgs{A: r.hb, Epilogue: st.second, Sorted: r.sorted, BlockExpert: r.blockExpert, PaddedRows: rows, TopK: r.topK, Pairs: n, GatherA: false, N: st.hidden, K: st.inter}, st.down, scale, r.out)
 }
 
 // sharedRun is the shared expert (a stack of one) over rows rows: out
@@ -393,13 +393,13 @@ func newSharedRun(a cuda.Allocator, st *stack, lay dense, gated bool) *sharedRun
 
 func (r *sharedRun) enqueue(l cuda.Launcher, xb cuda.Buffer) error {
 	st, lay := r.st, r.lay
-	if err := l.GroupedSwiGLU(xb, st.gate, st.up, st.first, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, st.inter, st.hidden, r.h); err != nil {
+	if err := l.GroupedSwiGLU(cuda.GEMMArgs{A: xb, Epilogue: st.first, Sorted: lay.sorted, BlockExpert: lay.blockGroup, PaddedRows: lay.padded, TopK: 1, Pairs: lay.rows, N: st.inter, K: st.hidden}, st.gate, st.up, r.h); err != nil {
 		return err
 	}
 	if err := l.F32ToBF16(r.h, r.hb, lay.padded*st.inter); err != nil {
 		return err
 	}
-	return l.GroupedGEMM(r.hb, st.down, st.second, lay.sorted, lay.blockGroup, lay.padded, 1, lay.rows, false, st.hidden, st.inter, r.scale, r.out)
+	return l.GroupedGEMM(cuda.GEMMArgs{A: r.hb, Epilogue: st.second, Sorted: lay.sorted, BlockExpert: lay.blockGroup, PaddedRows: lay.padded, TopK: 1, Pairs: lay.rows, GatherA: false, N: st.hidden, K: st.inter}, st.down, r.scale, r.out)
 }
 
 // A Stage is the MoE pipeline for Tokens tokens on fixed device buffers:
@@ -468,8 +468,7 @@ func (s *Stage) Enqueue(l cuda.Launcher) error {
 	}
 	// Router logits: one dense GEMM over every token, the logit bias its
 	// epilogue's (the dense layout's one group).
-	if err := l.GroupedGEMM(s.xb, cuda.BF16Weights(m.router), cuda.Epilogue{Bias: m.logitBias}, s.router.sorted, s.router.blockGroup, s.router.padded, 1, T, true, E, H,
-		cuda.Buffer{}, s.logits); err != nil {
+	if err := l.GroupedGEMM(cuda.GEMMArgs{A: s.xb, Epilogue: cuda.Epilogue{Bias: m.logitBias}, Sorted: s.router.sorted, BlockExpert: s.router.blockGroup, PaddedRows: s.router.padded, TopK: 1, Pairs: T, GatherA: true, N: E, K: H}, cuda.BF16Weights(m.router), cuda.Buffer{}, s.logits); err != nil {
 		return err
 	}
 	if err := l.Gate(c.GateKernelArgs(), s.logits, m.bias, s.ids, s.weights, T); err != nil {
