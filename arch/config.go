@@ -45,6 +45,9 @@ type Config struct {
 
 	// Quant is config.json's quantization_config; nil when there is none.
 	Quant *safetensors.Quantization
+	// GGUF: the config was read from a GGUF file's metadata (FromGGUF), and
+	// the tensors have llama.cpp's names.
+	GGUF bool
 
 	// Which layers are MoE (the others are dense MLPs): the family's keys,
 	// as its configuration class reads them.
@@ -114,6 +117,10 @@ type Attention struct {
 	RotaryDim int
 	// RoPE is the rotary embedding.
 	RoPE RoPE
+	// RoPEPairs: the stored q and k rows rotate as interleaved pairs
+	// (llama.cpp's converter permutes a llama model's q_proj and k_proj
+	// so; transformers rotates halves).
+	RoPEPairs bool
 	// Unsupported names a setting of the family's attention moex does not
 	// compute yet (olmoe's clip_qkv); "" when there is none.
 	Unsupported string

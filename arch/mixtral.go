@@ -19,9 +19,10 @@ var mixtral = &family{
 		c.DenseInter = 0 // intermediate_size is the experts'
 		return nil
 	},
-	names: blockSparseNames,
-	whole: true,
-	gguf:  []string{"llama"},
+	names:     blockSparseNames,
+	whole:     true,
+	ggufWhole: true,
+	gguf:      []string{"llama"},
 	fromGGUF: func(m *ggufMeta, cfg map[string]any) error {
 		if !m.has("expert_count") {
 			return errkind.Errorf(ErrUnknownFamily, "%s: a llama GGUF without llama.expert_count has no MoE block", m.path)

@@ -22,9 +22,9 @@ import (
 //     fused in x·W form, the text model under text_config.
 var (
 	qwen2MoE = &family{name: "qwen2_moe", classes: []string{"Qwen2MoeForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
-		gguf: []string{"qwen2moe"}, fromGGUF: qwenGGUF, whole: true}
+		gguf: []string{"qwen2moe"}, fromGGUF: qwenGGUF, whole: true, ggufWhole: true}
 	qwen3MoE = &family{name: "qwen3_moe", classes: []string{"Qwen3MoeForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
-		gguf: []string{"qwen3moe"}, fromGGUF: qwenGGUF, whole: true}
+		gguf: []string{"qwen3moe"}, fromGGUF: qwenGGUF, whole: true, ggufWhole: true}
 	qwen3Next = &family{name: "qwen3_next", classes: []string{"Qwen3NextForCausalLM"}, read: readQwen, dense: qwenDense, names: qwenNames,
 		notWhole: "three of its four layers attend by gated DeltaNet, a linear attention moex does not compute yet"}
 	qwen35MoE = &family{name: "qwen3_5_moe", classes: []string{"Qwen3_5MoeForConditionalGeneration"}, textConfig: []string{"qwen3_5_moe"},

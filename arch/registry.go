@@ -35,8 +35,9 @@ type family struct {
 	gguf     []string
 	fromGGUF func(m *ggufMeta, cfg map[string]any) error
 	// whole: moex runs the family's whole model; notWhole says why not.
-	whole    bool
-	notWhole string
+	// ggufWhole: from a GGUF file too.
+	whole, ggufWhole bool
+	notWhole         string
 }
 
 // registry lists the families moex reads, one file each.

@@ -23,6 +23,9 @@ func (c *Config) WholeModel() error {
 		}
 		return errkind.Errorf(ErrNoWholeModel, "arch: model_type %q (read as %s): moex runs its MoE block, not yet its whole model: %s", c.Name, c.Family, why)
 	}
+	if c.GGUF && !f.ggufWhole {
+		return errkind.Errorf(ErrNoWholeModel, "arch: GGUF architecture of model_type %q: moex runs its MoE block from GGUF, not yet its whole model (the safetensors checkpoint runs whole)", c.Name)
+	}
 	if c.Attention.Unsupported != "" {
 		return errkind.Errorf(ErrNoWholeModel, "arch: model_type %q: %s", c.Name, c.Attention.Unsupported)
 	}
@@ -46,6 +49,9 @@ func (c *Config) WholeModel() error {
 // model's model.language_model. or language_model.model.): the first of
 // the roots where has finds the embedding.
 func (c *Config) Root(has func(name string) bool) string {
+	if c.GGUF {
+		return ""
+	}
 	for _, r := range roots {
 		if has(r + "embed_tokens.weight") {
 			return r
@@ -59,6 +65,9 @@ func (c *Config) Root(has func(name string) bool) string {
 // embedding when tied, as transformers ties them).
 func (c *Config) ModelNames(root string) (embed, norm, head string) {
 	embed, norm, head = root+"embed_tokens.weight", root+"norm.weight", "lm_head.weight"
+	if c.GGUF { // llama.cpp's names; no output tensor means the embedding
+		embed, norm, head = "token_embd.weight", "output_norm.weight", "output.weight"
+	}
 	if c.TiedEmbeddings {
 		head = embed
 	}
@@ -79,6 +88,13 @@ type LayerNames struct {
 // LayerNames are layer n's names, the decoder under root. Every family
 // moex runs whole names them as transformers' Llama does.
 func (c *Config) LayerNames(root string, n int) LayerNames {
+	if c.GGUF {
+		p := fmt.Sprintf("blk.%d.", n)
+		return LayerNames{InNorm: p + "attn_norm.weight", PostNorm: p + "ffn_norm.weight",
+			Q: p + "attn_q.weight", K: p + "attn_k.weight", V: p + "attn_v.weight", O: p + "attn_output.weight",
+			QNorm: p + "attn_q_norm.weight", KNorm: p + "attn_k_norm.weight", Sinks: p + "attn_sinks.weight",
+			Gate: p + "ffn_gate.weight", Up: p + "ffn_up.weight", Down: p + "ffn_down.weight", Attention: p + "attn_", MLPPrefix: p + "ffn_"}
+	}
 	p := fmt.Sprintf("%slayers.%d.", root, n)
 	a, m := p+"self_attn.", p+"mlp."
 	return LayerNames{InNorm: p + "input_layernorm.weight", PostNorm: p + "post_attention_layernorm.weight",

@@ -48,7 +48,11 @@ func GQAConfigOf(a *arch.Config, n int) (GQAConfig, error) {
 			s.AttentionFactor = *y.AttentionFactor
 		}
 	}
-	r, sm, err := kernels.NewRoPE(at.RotaryDim, at.RoPE.Theta, s, kernels.RoPEHalves)
+	style := kernels.RoPEHalves
+	if at.RoPEPairs {
+		style = kernels.RoPEPairs
+	}
+	r, sm, err := kernels.NewRoPE(at.RotaryDim, at.RoPE.Theta, s, style)
 	if err != nil {
 		return GQAConfig{}, fmt.Errorf("attn: model_type %q: %w", a.Name, err)
 	}

@@ -2,12 +2,15 @@ package model_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/model"
 )
 
 // gqaSpecs: a whole model of each grouped-query family moex runs, with
@@ -82,4 +85,54 @@ func TestWholeFamiliesMatchReference(t *testing.T) {
 			require.Less(t, moetest.RelErr(steps, flat), 1e-4, "in steps over a paged cache")
 		})
 	}
+}
+
+// TestWholeGGUF: the same weights written as llama.cpp's converter writes
+// them (its names, ggml's order, Mixtral's q and k rows permuted for
+// llama.cpp's pair rotation) give, from the GGUF file, the logits of the
+// safetensors folder and of the float64 reference.
+func TestWholeGGUF(t *testing.T) {
+	for _, c := range []struct{ name, arch string }{{"qwen3_moe_f32", "qwen3moe"}, {"qwen2_moe_bf16", "qwen2moe"}, {"mixtral_f32_window", "llama"}} {
+		t.Run(c.name, func(t *testing.T) {
+			spec := gqaSpecs()[c.name]
+			spec.FirstKDense = 0 // llama.cpp's MoE architectures have no dense layers
+			g := *spec.GQA
+			g.Window = 0 // nor has its llama a sliding window (Mixtral ships none)
+			spec.GQA = &g
+			w, st := loadWhole(t, spec, nil)
+			data, err := w.GGUF(c.arch)
+			require.NoError(t, err)
+			path := filepath.Join(t.TempDir(), "model.gguf")
+			require.NoError(t, os.WriteFile(path, data, 0o644))
+			m, err := model.Load(path)
+			require.NoError(t, err)
+			defer m.Close()
+			require.Equal(t, spec.Vocab, m.Vocab)
+			ids := moetest.Tokens(8, 17, spec.Vocab)
+			got, err := m.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			fromST, err := st.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			var flat []float64
+			for _, row := range w.Logits(ids) {
+				flat = append(flat, row...)
+			}
+			require.Less(t, moetest.RelErr(got, flat), 1e-4)
+			wide := make([]float64, len(fromST))
+			for i, v := range fromST {
+				wide[i] = float64(v)
+			}
+			require.Less(t, moetest.RelErr(got, wide), 1e-5, "the GGUF file and the folder")
+		})
+	}
+	// A GGUF family whose whole model is not wired refuses by name.
+	spec := gqaSpecs()["gpt_oss_bf16"]
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	data, err := w.GGUF("gpt-oss")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "oss.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	_, err = model.Load(path)
+	require.ErrorContains(t, err, "moex runs its MoE block from GGUF, not yet its whole model")
 }

@@ -15,9 +15,13 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
+
+	"github.com/moex-project/moex/format"
 
 	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/attn"
+	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/moe"
 )
@@ -36,7 +40,12 @@ type Model struct {
 	norm   []float32
 	lmHead kernels.Matrix // [vocab, hidden]
 	layers []decoderLayer
-	ck     *moe.Checkpoint
+	// src is the model's tensors: a checkpoint folder (ck) or a GGUF model
+	// (gg), opened once and shared by every layer; where names it.
+	src   format.Source
+	ck    *moe.Checkpoint
+	gg    *gguf.Model
+	where string
 	// backend runs the attention blocks' projections and MLA (the zero
 	// Backend: the host).
 	backend attn.Backend
@@ -73,58 +82,76 @@ type decoderLayer struct {
 	dense            kernels.FFNGroup // the dense MLP's weights (Rows, Out unset)
 }
 
-// Load opens a Hugging Face checkpoint folder as a whole model, of a family
-// whose whole model moex runs (arch.Config.WholeModel: deepseek_v2,
-// deepseek_v3 and their aliases, qwen3_moe, qwen2_moe, mixtral, olmoe,
-// gpt_oss): its config.json read once (arch.Load) and its files opened
-// once, shared by every layer. It fails naming the file, the tensor or the
-// key when something is missing or misshapen.
-func Load(dir string) (*Model, error) {
-	ck, err := moe.OpenCheckpoint(dir)
-	if err != nil {
-		return nil, err
+// Load opens a Hugging Face checkpoint folder, or a GGUF file (any shard
+// of a split one), as a whole model, of a family whose whole model moex
+// runs (arch.Config.WholeModel: from folders deepseek_v2, deepseek_v3 and
+// their aliases, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss; from GGUF
+// qwen3moe, qwen2moe and llama with experts): its config read once
+// (arch.Load, arch.FromGGUF) and its files opened once, shared by every
+// layer. It fails naming the file, the tensor or the key when something is
+// missing or misshapen.
+func Load(path string) (*Model, error) {
+	m := &Model{where: path}
+	if strings.HasSuffix(path, ".gguf") {
+		g, err := gguf.OpenModel(path)
+		if err != nil {
+			return nil, err
+		}
+		if m.Arch, err = moe.GGUFConfig(g); err != nil {
+			g.Close()
+			return nil, err
+		}
+		m.src, m.gg = g, g
+		if t, err := g.Tensor("token_embd.weight"); err == nil && m.Arch.Vocab == 0 && len(t.Dims) == 2 {
+			m.Arch.Vocab = int(t.Dims[1]) // llama.cpp's n_vocab when the metadata has no vocabulary
+			m.Arch.Missing = slices.DeleteFunc(m.Arch.Missing, func(k string) bool { return k == "vocab_size" })
+		}
+	} else {
+		ck, err := moe.OpenCheckpoint(path)
+		if err != nil {
+			return nil, err
+		}
+		m.Arch, m.src, m.ck, m.where = ck.Arch, ck, ck, filepath.Join(ck.Dir, "config.json")
 	}
-	m, err := load(ck)
-	if err != nil {
-		ck.Close()
-		return nil, err
-	}
-	return m, nil
-}
-
-func load(ck *moe.Checkpoint) (*Model, error) {
-	a, path := ck.Arch, filepath.Join(ck.Dir, "config.json")
-	if err := a.WholeModel(); errors.Is(err, arch.ErrNoWholeModel) {
-		return nil, fmt.Errorf("model: %s: %w (its MoE blocks load alone: moe.Load)", ck.Dir, err)
-	}
-	switch {
-	case slices.Contains(a.Missing, "vocab_size"):
-		return nil, fmt.Errorf("model: %s: vocab_size is missing", path)
-	case a.Vocab < 1:
-		return nil, fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, a.Vocab)
-	case a.Layers < 1:
-		return nil, fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
-	case !(a.NormEps > 0):
-		return nil, fmt.Errorf("model: %s: rms_norm_eps %v must be positive", path, a.NormEps)
-	}
-	m := &Model{Arch: a, Config: &a.MoE, Vocab: a.Vocab, Hidden: a.Hidden, eps: a.NormEps, ck: ck}
-	if err := m.load(); err != nil {
-		m.ck = nil // the caller closes it
+	if err := m.open(); err != nil {
 		m.Close()
 		return nil, err
 	}
 	return m, nil
 }
 
+// open checks the config and loads every layer from m.src.
+func (m *Model) open() error {
+	a, path := m.Arch, m.where
+	if err := a.WholeModel(); errors.Is(err, arch.ErrNoWholeModel) {
+		return fmt.Errorf("model: %s: %w (its MoE blocks load alone: moe.Load)", path, err)
+	}
+	switch {
+	case slices.Contains(a.Missing, "vocab_size"):
+		return fmt.Errorf("model: %s: vocab_size is missing", path)
+	case a.Vocab < 1:
+		return fmt.Errorf("model: %s: vocab_size is %d, must be positive", path, a.Vocab)
+	case a.Layers < 1:
+		return fmt.Errorf("model: %s: num_hidden_layers is missing: a whole model needs it", path)
+	case !(a.NormEps > 0):
+		return fmt.Errorf("model: %s: rms_norm_eps %v must be positive", path, a.NormEps)
+	}
+	m.Config, m.Vocab, m.Hidden, m.eps = &a.MoE, a.Vocab, a.Hidden, a.NormEps
+	return m.load()
+}
+
 func (m *Model) load() error {
 	H, V, a := m.Hidden, m.Vocab, m.Arch
-	root := a.Root(m.ck.Has)
+	root := a.Root(m.src.Has)
 	embed, norm, head := a.ModelNames(root) // a tied head is the embedding, whatever lm_head.weight holds
 	var err error
-	if m.embed, err = m.ck.Matrix(embed, V, H); err != nil {
+	if m.embed, err = m.src.Matrix(embed, V, H); err != nil {
 		return err
 	}
-	if m.lmHead, err = m.ck.Matrix(head, V, H); err != nil {
+	if a.GGUF && !m.src.Has(head) {
+		head = embed // llama.cpp: no output tensor, the embedding
+	}
+	if m.lmHead, err = m.src.Matrix(head, V, H); err != nil {
 		return err
 	}
 	if m.norm, err = m.vector(norm); err != nil {
@@ -142,14 +169,18 @@ func (m *Model) load() error {
 		if a.Attention.Kind == arch.MLA {
 			d.attn, err = attn.LoadMLABlockFrom(m.ck, l)
 		} else {
-			d.attn, err = attn.LoadGQABlock(m.ck.Matrix, a, names, l)
+			d.attn, err = attn.LoadGQABlock(m.src.Matrix, a, names, l)
 		}
 		if err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		m.layers = append(m.layers, d) // so that Close releases what is loaded
 		last := &m.layers[len(m.layers)-1]
-		last.moe, err = moe.LoadFrom(m.ck, l)
+		if m.gg != nil {
+			last.moe, err = moe.LoadGGUFFrom(m.gg, a, l)
+		} else {
+			last.moe, err = moe.LoadFrom(m.ck, l)
+		}
 		if errors.Is(err, moe.ErrDenseLayer) {
 			last.moe, err = nil, m.loadDense(last, names, a.DenseInter)
 		}
@@ -169,13 +200,13 @@ func (m *Model) loadDense(d *decoderLayer, names arch.LayerNames, inter int) err
 	H := m.Hidden
 	g := &d.dense
 	var err error
-	if g.Gate, err = m.ck.Matrix(names.Gate, inter, H); err != nil {
+	if g.Gate, err = m.src.Matrix(names.Gate, inter, H); err != nil {
 		return err
 	}
-	if g.Up, err = m.ck.Matrix(names.Up, inter, H); err != nil {
+	if g.Up, err = m.src.Matrix(names.Up, inter, H); err != nil {
 		return err
 	}
-	if g.Down, err = m.ck.Matrix(names.Down, H, inter); err != nil {
+	if g.Down, err = m.src.Matrix(names.Down, H, inter); err != nil {
 		return err
 	}
 	if kernels.PacksWeights() {
@@ -186,7 +217,7 @@ func (m *Model) loadDense(d *decoderLayer, names arch.LayerNames, inter int) err
 
 // vector reads a norm weight [hidden], checked finite.
 func (m *Model) vector(name string) ([]float32, error) {
-	w, err := m.ck.Matrix(name, m.Hidden)
+	w, err := m.src.Matrix(name, m.Hidden)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +225,7 @@ func (m *Model) vector(name string) ([]float32, error) {
 	w.RowF32(0, v)
 	for i, x := range v {
 		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return nil, fmt.Errorf("model: %s: tensor %q [%d] is %v", m.ck.Dir, name, i, x)
+			return nil, fmt.Errorf("model: %s: tensor %q [%d] is %v", m.where, name, i, x)
 		}
 	}
 	return v, nil
@@ -211,8 +242,8 @@ func (m *Model) Close() error {
 			errs = append(errs, d.moe.Close())
 		}
 	}
-	if m.ck != nil {
-		errs = append(errs, m.ck.Close())
+	if m.src != nil {
+		errs = append(errs, m.src.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -12,7 +12,7 @@ import (
 // (arch.FromGGUF): the metadata is the first shard's; tensors may be in any
 // (a split DeepSeek-V3's exp_probs_b usually lie past its first shard).
 func GGUFConfig(m *gguf.Model) (*arch.Config, error) {
-	return arch.FromGGUF(m.Header(), m.Path(), m.HasSuffix)
+	return arch.FromGGUF(m)
 }
 
 // LoadGGUF maps a GGUF file and takes the MoE block of layer n: the router
@@ -44,6 +44,14 @@ func loadGGUF(g *gguf.Model, n int) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
+	return LoadGGUFFrom(g, a, n)
+}
+
+// LoadGGUFFrom is LoadGGUF over a model already open (a whole model's,
+// shared by its layers) with its config (GGUFConfig): the layer refers to
+// the mappings and does not close them.
+func LoadGGUFFrom(g *gguf.Model, a *arch.Config, n int) (*Layer, error) {
+	var err error
 	if err := a.MoELayer(n); err != nil {
 		return nil, fmt.Errorf("moe: %s: %w", g.Path(), err)
 	}

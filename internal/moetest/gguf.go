@@ -179,8 +179,21 @@ func (m *Model) GGUF(arch string, typ uint32) ([]byte, error) {
 // what they dequantize to, for the reference to hold); nil experts:
 // GGUF's.
 func (m *Model) GGUFQuant(arch string, typ uint32, qtypes map[string]uint32, experts map[string][]byte) ([]byte, error) {
+	kvs, tensors, err := m.ggufParts(arch, typ, qtypes, experts)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// ggufParts is GGUFQuant's metadata and tensors.
+func (m *Model) ggufParts(arch string, typ uint32, qtypes map[string]uint32, experts map[string][]byte) ([]GGUFKV, []GGUFTensor, error) {
 	if typ != 0 && typ != 30 {
-		return nil, fmt.Errorf("moetest: GGUF experts of ggml type %d: F32 (0) or BF16 (30)", typ)
+		return nil, nil, fmt.Errorf("moetest: GGUF experts of ggml type %d: F32 (0) or BF16 (30)", typ)
 	}
 	s := m.Spec
 	H, I, E := s.Hidden, s.Inter, s.Experts
@@ -289,11 +302,7 @@ func (m *Model) GGUFQuant(arch string, typ uint32, qtypes map[string]uint32, exp
 		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)))
 	}
 	if inexact {
-		return nil, fmt.Errorf("moetest: a weight of the %s spec is not exact in bf16", s.DType)
+		return nil, nil, fmt.Errorf("moetest: a weight of the %s spec is not exact in bf16", s.DType)
 	}
-	var b bytes.Buffer
-	if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
+	return kvs, tensors, nil
 }
