@@ -180,3 +180,32 @@ func TestRunLargeSeed(t *testing.T) {
 		require.Contains(t, out, ": ok")
 	}
 }
+
+// TestExecLogitsGGUF: exec logits on a GGUF file (a Qwen3-MoE as llama.cpp's
+// converter writes it) gives the float64 reference's logits.
+func TestExecLogitsGGUF(t *testing.T) {
+	spec := moetest.WholeSpec{
+		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
+		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 31,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	data, err := w.GGUF("qwen3moe")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "qwen3.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	ids := moetest.Tokens(5, 9, spec.Vocab)
+	idsPath, out := filepath.Join(dir, "ids.npy"), filepath.Join(dir, "logits.npy")
+	require.NoError(t, npy.WriteInt32(idsPath, []int{len(ids)}, ids))
+	_, _, err = runCLI("exec", "logits", "--model", path, "--input-ids", idsPath, "--out", out)
+	require.NoError(t, err)
+	got, err := npy.ReadFloat32(out)
+	require.NoError(t, err)
+	var flat []float64
+	for _, row := range w.Logits(ids) {
+		flat = append(flat, row...)
+	}
+	require.Less(t, moetest.RelErr(got.Data, flat), 1e-4)
+}
