@@ -345,25 +345,25 @@ func (d *Device) Combine(out, rows Buffer, tokens, topK, hidden int, shared, y B
 	return d.launch("moex_combine", [3]int{tokens, 1, 1}, 64, a)
 }
 
-// MLADecode launches split-KV MLA decode and the merge: q [batch, heads, D],
-// cache [blocks, blockSize, D] (bf16 bits when bf16), blockTable [batch,
-// maxBlocks], seqlens [batch]; partO and partL hold batch·heads·splits·dv
-// and batch·heads·splits floats; out [batch, heads, dv], lse [batch, heads].
-func (d *Device) MLADecode(md MLADecodeArgs) error {
-	bf16, q, cache, blockTable, seqlens := md.BF16, md.Q, md.Cache, md.BlockTable, md.SeqLens
-	batch, heads, D, dv, blockSize, maxBlocks, splitRows, splits := md.Batch, md.Heads, md.Dim, md.ValueDim, md.BlockSize, md.MaxBlocks, md.SplitRows, md.Splits
-	scale, partO, partL, out, lse := md.Scale, md.PartO, md.PartL, md.Out, md.LSE
-	name := "moex_mla_decode_f32"
-	if bf16 {
-		name = "moex_mla_decode_bf16"
+// attnShape is kernels/cuda's AttnShape, passed by value.
+type attnShape struct{ heads, kvHeads, d, dk, dv, voff, window int32 }
+
+// AttnDecode launches split-KV decode attention and the merge (see
+// AttnDecodeArgs).
+func (d *Device) AttnDecode(md AttnDecodeArgs) error {
+	md = md.shape()
+	name := "moex_attn_decode_f32"
+	if md.BF16 {
+		name = "moex_attn_decode_bf16"
 	}
-	a := (&args{}).ptr(q).ptr(cache).ptr(blockTable).ptr(seqlens).int(heads).int(D).int(dv).int(blockSize).
-		int(maxBlocks).int(splitRows).int(splits).f32(scale).ptr(partO).ptr(partL)
-	if err := d.launch(name, [3]int{batch * heads, splits, 1}, mlaThreads, a); err != nil {
+	sh := &attnShape{int32(md.Heads), int32(md.KVHeads), int32(md.Dim), int32(md.KeyDim), int32(md.ValueDim), int32(md.ValueOff), int32(md.Window)}
+	a := (&args{}).ptr(md.Q).ptr(md.Cache).ptr(md.BlockTable).ptr(md.SeqLens).raw(unsafe.Pointer(sh), unsafe.Sizeof(*sh)).int(md.BlockSize).
+		int(md.MaxBlocks).int(md.SplitRows).int(md.Splits).f32(md.Scale).ptr(md.PartO).ptr(md.PartL)
+	if err := d.launch(name, [3]int{md.Batch * md.Heads, md.Splits, 1}, mlaThreads, a); err != nil {
 		return err
 	}
-	m := (&args{}).ptr(partO).ptr(partL).int(splits).int(dv).ptr(out).ptr(lse)
-	return d.launch("moex_mla_merge", [3]int{batch * heads, 1, 1}, 128, m)
+	m := (&args{}).ptr(md.PartO).ptr(md.PartL).int(md.Splits).int(md.ValueDim).ptr(md.Sinks).int(md.Heads).ptr(md.Out).ptr(md.LSE)
+	return d.launch("moex_attn_merge", [3]int{md.Batch * md.Heads, 1, 1}, 128, m)
 }
 
 // GroupedGEMM launches the second-projection GEMM over a layout of

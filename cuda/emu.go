@@ -195,13 +195,12 @@ func (e *Emu) F32ToBF16(src, dst Buffer, n int) error {
 	return nil
 }
 
-func (e *Emu) MLADecode(md MLADecodeArgs) error {
-	bf16, q, cache, blockTable, seqlens := md.BF16, md.Q, md.Cache, md.BlockTable, md.SeqLens
-	batch, heads, D, dv, blockSize, maxBlocks, splitRows, splits := md.Batch, md.Heads, md.Dim, md.ValueDim, md.BlockSize, md.MaxBlocks, md.SplitRows, md.Splits
-	scale, partO, partL, out, lse := md.Scale, md.PartO, md.PartL, md.Out, md.LSE
+func (e *Emu) AttnDecode(md AttnDecodeArgs) error {
+	md = md.shape()
 	return e.kernel(func() {
-		cudaemu.MLADecodeRaw(bf16, e.p(q), e.p(cache), e.p(blockTable), e.p(seqlens), batch, heads, D, dv, blockSize, maxBlocks,
-			splitRows, splits, scale, e.p(partO), e.p(partL), e.p(out), e.p(lse))
+		cudaemu.AttnDecodeRaw(md.BF16, e.p(md.Q), e.p(md.Cache), e.p(md.BlockTable), e.p(md.SeqLens), md.Batch, md.Heads, md.KVHeads,
+			md.Dim, md.KeyDim, md.ValueDim, md.ValueOff, md.Window, md.BlockSize, md.MaxBlocks, md.SplitRows, md.Splits, md.Scale,
+			e.p(md.Sinks), e.p(md.PartO), e.p(md.PartL), e.p(md.Out), e.p(md.LSE))
 	})
 }
 

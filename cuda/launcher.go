@@ -211,18 +211,33 @@ type GEMMArgs struct {
 	Epilogue            Epilogue
 }
 
-// MLADecodeArgs are split-KV MLA decode's operands: Q [Batch, Heads, Dim],
-// Cache [blocks, BlockSize, Dim] (bf16 bits when BF16), BlockTable [Batch,
-// MaxBlocks], SeqLens [Batch]; PartO and PartL hold Batch·Heads·Splits·
-// ValueDim and Batch·Heads·Splits floats; Out [Batch, Heads, ValueDim], LSE
-// [Batch, Heads].
-type MLADecodeArgs struct {
+// AttnDecodeArgs are split-KV decode attention's operands: Q [Batch,
+// Heads, KeyDim], Cache [blocks, BlockSize, Dim] (bf16 bits when BF16),
+// BlockTable [Batch, MaxBlocks], SeqLens [Batch]; PartO and PartL hold
+// Batch·Heads·Splits·ValueDim and Batch·Heads·Splits floats; Out [Batch,
+// Heads, ValueDim], LSE [Batch, Heads]. Query head h reads group g = h /
+// (Heads/KVHeads): its key the KeyDim values from g·KeyDim, its value the
+// ValueDim values from ValueOff + g·ValueDim. KVHeads 0 is MLA: one group
+// whose key is the whole row (KeyDim = Dim) and whose value is a view of
+// its first ValueDim values. Window > 0 attends to the last Window rows;
+// Sinks (fp32 [Heads], or the zero Buffer) join each softmax's denominator.
+type AttnDecodeArgs struct {
 	BF16                                    bool
 	Q, Cache, BlockTable, SeqLens           Buffer
 	Batch, Heads, Dim, ValueDim             int
+	KVHeads, KeyDim, ValueOff, Window       int
 	BlockSize, MaxBlocks, SplitRows, Splits int
 	Scale                                   float32
+	Sinks                                   Buffer
 	PartO, PartL, Out, LSE                  Buffer
+}
+
+// shape fills MLA's defaults in.
+func (m AttnDecodeArgs) shape() AttnDecodeArgs {
+	if m.KVHeads == 0 {
+		m.KVHeads, m.KeyDim, m.ValueOff = 1, m.Dim, 0
+	}
+	return m
 }
 
 // CopyRowsArgs: for i < Rows, Width values of row SrcMap[i] of Src (from
@@ -263,7 +278,9 @@ type Launcher interface {
 	GroupedGEMM(g GEMMArgs, w Weights, weights, c Buffer) error
 	GroupedSwiGLU(g GEMMArgs, gate, up Weights, h Buffer) error
 	F32ToBF16(src, dst Buffer, n int) error
-	MLADecode(m MLADecodeArgs) error
+	// AttnDecode is decode attention over a paged cache, MLA's or
+	// grouped-query attention's (see AttnDecodeArgs), split-KV then merged.
+	AttnDecode(m AttnDecodeArgs) error
 	// RMSNorm normalises x[r, col … col+width) in place, for rows rows of
 	// stride values, with weight w (fp32 [width]).
 	RMSNorm(x Buffer, rows, stride, col, width int, w Buffer, eps float64) error

@@ -106,3 +106,33 @@ func TestDP(t *testing.T) {
 	_, err = m.NewDP(2, "broadcast")
 	require.ErrorContains(t, err, `MoE mode "broadcast"`)
 }
+
+// TestDPGroupedQuery: data-parallel attention over a grouped-query model
+// (gpt-oss's: biases, sinks, windows) — each rank its own sequences and
+// caches, the MoE in all-to-all mode — gives every token, bit for bit,
+// the logits of the single model.
+func TestDPGroupedQuery(t *testing.T) {
+	_, m := loadWhole(t, gqaSpecs()["gpt_oss_bf16"], nil)
+	V := m.Vocab
+	prompts := [][]int32{moetest.Tokens(4, 9, V), moetest.Tokens(5, 6, V)}
+	dp, err := m.NewDP(2, "alltoall")
+	require.NoError(t, err)
+	kvs := make([]*model.KV, 2)
+	for r := range kvs {
+		kvs[r], err = m.NewKV(8, 4, kernels.F32)
+		require.NoError(t, err)
+	}
+	var wg sync.WaitGroup
+	out := make([][]float32, 2)
+	errs := make([]error, 2)
+	for r := range 2 {
+		wg.Go(func() {
+			out[r], errs[r] = dp.Forward(context.Background(), r, kvs[r], make([]int, len(prompts[r])), prompts[r], nil)
+		})
+	}
+	wg.Wait()
+	for r, p := range prompts {
+		require.NoError(t, errs[r])
+		require.Equal(t, prefillAlone(t, m, p, kernels.F32), out[r], "rank %d", r)
+	}
+}

@@ -291,7 +291,7 @@ func (a *Attention) capture(m *mirror, c *attn.Cache, in MLAInput, key attnKey) 
 	}
 	bf16 := c.DType() == kernels.BF16
 	graph, err := a.Capture(a.d, fmt.Sprintf("cuda: attention bucket %+v", key), func(d cuda.Launcher) error {
-		return d.MLADecode(cuda.MLADecodeArgs{BF16: bf16, Q: g.q, Cache: m.buf, BlockTable: g.table, SeqLens: g.lens, Batch: Q, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: g.width, SplitRows: in.SplitRows, Splits: S, Scale: in.Scale, PartO: g.partO, PartL: g.partL, Out: g.o, LSE: g.lse})
+		return d.AttnDecode(cuda.AttnDecodeArgs{BF16: bf16, Q: g.q, Cache: m.buf, BlockTable: g.table, SeqLens: g.lens, Batch: Q, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: g.width, SplitRows: in.SplitRows, Splits: S, Scale: in.Scale, PartO: g.partO, PartL: g.partL, Out: g.o, LSE: g.lse})
 	})
 	if err != nil {
 		g.close()

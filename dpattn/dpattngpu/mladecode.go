@@ -109,7 +109,7 @@ func mlaDecodeIn(d cuda.Launcher, sc *cuda.Scratch, cache cuda.Buffer, bf16 bool
 			return nil, nil, err
 		}
 	}
-	if err := d.MLADecode(cuda.MLADecodeArgs{BF16: bf16, Q: q, Cache: cache, BlockTable: bt, SeqLens: sl, Batch: B, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: in.MaxBlocks, SplitRows: in.SplitRows, Splits: splits, Scale: in.Scale, PartO: partO, PartL: partL, Out: o, LSE: l}); err != nil {
+	if err := d.AttnDecode(cuda.AttnDecodeArgs{BF16: bf16, Q: q, Cache: cache, BlockTable: bt, SeqLens: sl, Batch: B, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: in.MaxBlocks, SplitRows: in.SplitRows, Splits: splits, Scale: in.Scale, PartO: partO, PartL: partL, Out: o, LSE: l}); err != nil {
 		return nil, nil, err
 	}
 	if err := cuda.Download(d, o, out); err != nil {

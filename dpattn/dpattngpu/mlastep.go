@@ -232,7 +232,7 @@ func (a *Attention) enqueueStep(l cuda.Launcher, b *blockOnDevice, s *stepBucket
 		},
 		func() error { return l.Rope(s.qAbs, Q*nh, D, L, R, nh, s.pos, b.freq) },
 		func() error {
-			return l.MLADecode(cuda.MLADecodeArgs{BF16: c.DType() == kernels.BF16, Q: s.qAbs, Cache: cache, BlockTable: s.table, SeqLens: s.lens, Batch: Q, Heads: nh, Dim: D, ValueDim: L, BlockSize: c.BlockSize(), MaxBlocks: s.width, SplitRows: s.splitRows, Splits: s.S, Scale: b.w.Scale, PartO: s.partO, PartL: s.partL, Out: s.o, LSE: s.lse})
+			return l.AttnDecode(cuda.AttnDecodeArgs{BF16: c.DType() == kernels.BF16, Q: s.qAbs, Cache: cache, BlockTable: s.table, SeqLens: s.lens, Batch: Q, Heads: nh, Dim: D, ValueDim: L, BlockSize: c.BlockSize(), MaxBlocks: s.width, SplitRows: s.splitRows, Splits: s.S, Scale: b.w.Scale, PartO: s.partO, PartL: s.partL, Out: s.o, LSE: s.lse})
 		},
 		// Each head's latent output lifted by W_UV, heads side by side, o_proj.
 		func() error { return l.F32ToBF16(s.o, s.ob, Q*nh*L) },

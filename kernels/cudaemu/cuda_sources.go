@@ -7,5 +7,5 @@ package cudaemu
 // The hash of the included CUDA sources, so that a change to them rebuilds
 // this package.
 
-// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=cf0f380d1b5c1de993682667493db30a
+// #cgo CXXFLAGS: -DMOEX_CUDA_SOURCES=467f90005f90448b714e20a62ecaa161
 import "C"

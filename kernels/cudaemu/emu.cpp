@@ -33,19 +33,21 @@ void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int top
   emu::launch(dim3(tokens), dim3(64), moex::moex_combine, out, rows, topK, hidden, shared, y);
 }
 
-void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
-                         int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
-                         float scale, float* partO, float* partL, float* out, float* lse) {
+void moex_emu_attn_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
+                          int batch, int heads, int kvHeads, int D, int dk, int dv, int voff, int window, int blockSize,
+                          int maxBlocks, int splitRows, int splits, float scale, const float* sinks, float* partO,
+                          float* partL, float* out, float* lse) {
   std::lock_guard<std::mutex> lock(launchMu);
   dim3 grid(batch * heads, splits);
+  moex::AttnShape a{heads, kvHeads, D, dk, dv, voff, window};
   if (bf16)
-    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_mla_decode_bf16, q, (const uint16_t*)cache, blockTable,
-                seqlens, heads, D, dv, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
+    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_attn_decode_bf16, q, (const uint16_t*)cache, blockTable,
+                seqlens, a, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
   else
-    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_mla_decode_f32, q, (const float*)cache, blockTable, seqlens,
-                heads, D, dv, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
-  emu::launch(dim3(batch * heads), dim3(128), moex::moex_mla_merge, (const float*)partO, (const float*)partL, splits,
-              dv, out, lse);
+    emu::launch(grid, dim3(moex::kMLAThreads), moex::moex_attn_decode_f32, q, (const float*)cache, blockTable, seqlens,
+                a, blockSize, maxBlocks, splitRows, splits, scale, partO, partL);
+  emu::launch(dim3(batch * heads), dim3(128), moex::moex_attn_merge, (const float*)partO, (const float*)partL, splits,
+              dv, sinks, heads, out, lse);
 }
 
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,

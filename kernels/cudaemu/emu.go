@@ -15,9 +15,10 @@ void moex_emu_align(const int32_t* ids, int n, int lo, int experts, int block, i
                     int32_t* offsets, int32_t* sorted, int32_t* blockExpert, int32_t* rows);
 void moex_emu_combine(const float* out, const int32_t* rows, int tokens, int topK, int hidden, const float* shared,
                       float* y);
-void moex_emu_mla_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
-                         int batch, int heads, int D, int dv, int blockSize, int maxBlocks, int splitRows, int splits,
-                         float scale, float* partO, float* partL, float* out, float* lse);
+void moex_emu_attn_decode(int bf16, const float* q, const void* cache, const int32_t* blockTable, const int32_t* seqlens,
+                          int batch, int heads, int kvHeads, int D, int dk, int dv, int voff, int window, int blockSize,
+                          int maxBlocks, int splitRows, int splits, float scale, const float* sinks, float* partO,
+                          float* partL, float* out, float* lse);
 void moex_emu_grouped_gemm_bf16(const uint16_t* a, const uint16_t* w, const int32_t* sorted, const int32_t* blockExpert,
                                 int paddedRows, int topK, int pairs, int gatherA, int N, int K, const float* weights,
                                 const float* bias, const float* bias2, int act, float alpha, float limit, const float* inScale, float* c);
@@ -149,6 +150,14 @@ func Combine(y, out []float32, rows []int32, topK, hidden int, shared []float32)
 // MaxDV bounds dv in the MLA decode kernel.
 const MaxDV = 1024
 
+// AttnShape is where a query head's key and value sit in a cached row of
+// D values: Heads query heads over KVHeads key/value heads, keys of KeyDim
+// from g·KeyDim, values of ValueDim from ValueOff + g·ValueDim for group
+// g; Window > 0 attends to the last Window rows only.
+type AttnShape struct {
+	Heads, KVHeads, KeyDim, ValueDim, ValueOff, Window int
+}
+
 // MLADecode runs the MLA decode kernels (split-KV and merge) on q [batch,
 // heads, D], a dense paged cache [blocks, blockSize, D] given as fp32
 // (cacheF32) or bf16 bits (cacheBF16, the other nil), a block table
@@ -157,13 +166,25 @@ const MaxDV = 1024
 // checks the same contract).
 func MLADecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D int, blockTable []int32, maxBlocks int,
 	seqlens []int32, heads, dv, splitRows int, scale float32) ([]float32, []float32, error) {
-	B := len(seqlens)
-	if dv < 1 || dv > MaxDV || dv > D || splitRows < 1 || len(q) != B*heads*D || len(blockTable) != B*maxBlocks {
-		return nil, nil, fmt.Errorf("cudaemu: mla decode: bad shapes (dv %d, D %d, split %d)", dv, D, splitRows)
+	return AttnDecode(q, cacheF32, cacheBF16, blockSize, D, blockTable, maxBlocks, seqlens,
+		AttnShape{Heads: heads, KVHeads: 1, KeyDim: D, ValueDim: dv}, splitRows, scale, nil)
+}
+
+// AttnDecode is MLADecode for any shape (grouped-query attention: q
+// [batch, heads, KeyDim]) and learned sinks, one a query head (nil: none).
+func AttnDecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D int, blockTable []int32, maxBlocks int,
+	seqlens []int32, a AttnShape, splitRows int, scale float32, sinks []float32) ([]float32, []float32, error) {
+	B, heads, dv := len(seqlens), a.Heads, a.ValueDim
+	if dv < 1 || dv > MaxDV || a.KVHeads < 1 || heads%a.KVHeads != 0 || a.ValueOff+a.KVHeads*dv > D || a.KVHeads*a.KeyDim > D ||
+		splitRows < 1 || len(q) != B*heads*a.KeyDim || len(blockTable) != B*maxBlocks || (sinks != nil && len(sinks) != heads) {
+		return nil, nil, fmt.Errorf("cudaemu: attention decode: bad shapes (%+v, D %d, split %d)", a, D, splitRows)
 	}
 	maxLen := 0
 	for _, l := range seqlens {
 		maxLen = max(maxLen, int(l))
+	}
+	if a.Window > 0 {
+		maxLen = min(maxLen, a.Window)
 	}
 	splits := max(1, (maxLen+splitRows-1)/splitRows)
 	partO := make([]float32, B*heads*splits*dv)
@@ -181,9 +202,9 @@ func MLADecode(q []float32, cacheF32 []float32, cacheBF16 []uint16, blockSize, D
 	} else {
 		cache = unsafe.Pointer(&cacheF32[0])
 	}
-	C.moex_emu_mla_decode(C.int(bf16), f32p(q), cache, i32p(blockTable), i32p(seqlens), C.int(B), C.int(heads), C.int(D),
-		C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits), C.float(scale),
-		f32p(partO), f32p(partL), f32p(out), f32p(lse))
+	C.moex_emu_attn_decode(C.int(bf16), f32p(q), cache, i32p(blockTable), i32p(seqlens), C.int(B), C.int(heads), C.int(a.KVHeads),
+		C.int(D), C.int(a.KeyDim), C.int(dv), C.int(a.ValueOff), C.int(a.Window), C.int(blockSize), C.int(maxBlocks),
+		C.int(splitRows), C.int(splits), C.float(scale), f32p(sinks), f32p(partO), f32p(partL), f32p(out), f32p(lse))
 	return out, lse, nil
 }
 
@@ -333,16 +354,18 @@ func F32ToBF16Raw(src, dst unsafe.Pointer, n int) {
 	C.moex_emu_f32_to_bf16((*C.float)(src), (*C.uint16_t)(dst), C.int(n))
 }
 
-// MLADecodeRaw launches MLA decode and its merge.
-func MLADecodeRaw(bf16 bool, q, cache, blockTable, seqlens unsafe.Pointer, batch, heads, D, dv, blockSize, maxBlocks,
-	splitRows, splits int, scale float32, partO, partL, out, lse unsafe.Pointer) {
+// AttnDecodeRaw launches decode attention (MLA's or grouped-query's: see
+// kernels/cuda/mla_decode.cu) and its merge; sinks may be nil.
+func AttnDecodeRaw(bf16 bool, q, cache, blockTable, seqlens unsafe.Pointer, batch, heads, kvHeads, D, dk, dv, voff, window,
+	blockSize, maxBlocks, splitRows, splits int, scale float32, sinks, partO, partL, out, lse unsafe.Pointer) {
 	b := 0
 	if bf16 {
 		b = 1
 	}
-	C.moex_emu_mla_decode(C.int(b), (*C.float)(q), cache, (*C.int32_t)(blockTable), (*C.int32_t)(seqlens), C.int(batch),
-		C.int(heads), C.int(D), C.int(dv), C.int(blockSize), C.int(maxBlocks), C.int(splitRows), C.int(splits),
-		C.float(scale), (*C.float)(partO), (*C.float)(partL), (*C.float)(out), (*C.float)(lse))
+	C.moex_emu_attn_decode(C.int(b), (*C.float)(q), cache, (*C.int32_t)(blockTable), (*C.int32_t)(seqlens), C.int(batch),
+		C.int(heads), C.int(kvHeads), C.int(D), C.int(dk), C.int(dv), C.int(voff), C.int(window), C.int(blockSize),
+		C.int(maxBlocks), C.int(splitRows), C.int(splits), C.float(scale), (*C.float)(sinks), (*C.float)(partO),
+		(*C.float)(partL), (*C.float)(out), (*C.float)(lse))
 }
 
 // RMSNormRaw launches the RMSNorm kernel over rows of x.

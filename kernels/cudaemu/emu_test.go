@@ -285,6 +285,78 @@ func TestMLADecode(t *testing.T) {
 	}
 }
 
+// TestGQADecode: the decode kernels in grouped-query form against
+// attn.GQA: four query heads over two key/value heads, keys then values in
+// each cached row, fp32 and bf16 caches, split and not, with and without a
+// window and learned sinks.
+func TestGQADecode(t *testing.T) {
+	const heads, kvh, dk, dv, bs = 4, 2, 24, 16, 16
+	const D = kvh * (dk + dv)
+	lens := []int32{1, 16, 17, 70}
+	for _, bf16 := range []bool{false, true} {
+		for _, split := range []int{8, 1000} {
+			for _, window := range []int{0, 5} {
+				for _, sinks := range [][]float32{nil, {0.3, -2, 1.5, 0}} {
+					t.Run(fmt.Sprintf("bf16=%v/split=%d/window=%d/sinks=%v", bf16, split, window, sinks != nil), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(9, uint64(split+window)))
+						dt := kernels.F32
+						if bf16 {
+							dt = kernels.BF16
+						}
+						cache, err := attn.NewCache(20, bs, D, dt)
+						require.NoError(t, err)
+						maxBlocks := 0
+						for s, l := range lens {
+							rows := make([]float32, int(l)*D)
+							for i := range rows {
+								rows[i] = float32(rng.NormFloat64())
+							}
+							require.NoError(t, cache.Append(s, rows))
+							maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
+						}
+						table := make([]int32, len(lens)*maxBlocks)
+						queries := make([]attn.Query, len(lens))
+						for s := range lens {
+							bt := cache.BlockTable(s)
+							copy(table[s*maxBlocks:], bt)
+							queries[s] = attn.Query{Table: bt, Len: int(lens[s])}
+						}
+						q := make([]float32, len(lens)*heads*dk)
+						for i := range q {
+							q[i] = float32(rng.NormFloat64())
+						}
+						want := make([]float32, len(lens)*heads*dv)
+						p := attn.GQAParams{Heads: heads, KVHeads: kvh, KeyDim: dk, ValueDim: dv, Scale: 0.2, Window: window, Sinks: sinks}
+						require.NoError(t, attn.GQA(context.Background(), cache, q, queries, p, want))
+						var f32 []float32
+						var u16 []uint16
+						for blk := 0; blk < cache.NumBlocks(); blk++ {
+							m := cache.Block(blk)
+							for r := 0; r < bs; r++ {
+								for x := 0; x < D; x++ {
+									f32 = append(f32, m.At(r, x))
+									u16 = append(u16, half.F32ToBF16(m.At(r, x)))
+								}
+							}
+						}
+						if bf16 {
+							f32 = nil
+						} else {
+							u16 = nil
+						}
+						shape := cudaemu.AttnShape{Heads: heads, KVHeads: kvh, KeyDim: dk, ValueDim: dv, ValueOff: kvh * dk, Window: window}
+						got, _, err := cudaemu.AttnDecode(q, f32, u16, bs, D, table, maxBlocks, lens, shape, split, 0.2, sinks)
+						require.NoError(t, err)
+						for i := range want {
+							require.InDelta(t, want[i], got[i], 1e-5*(1+math.Abs(float64(want[i]))), "out %d", i)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
 // TestGroupedGEMM: the tensor-core grouped GEMM (mma.sync emulated with the
 // PTX fragment layouts) against a float64 product of the same bf16 values,
 // with ragged and empty experts, one token, N not a multiple of the tile.
