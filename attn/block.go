@@ -26,3 +26,25 @@ var (
 	_ Block = (*MLABlock)(nil)
 	_ Block = (*GQABlock)(nil)
 )
+
+// projector is be's Projector, or the host's.
+func (be Backend) projector() Projector {
+	if be.Proj != nil {
+		return be.Proj
+	}
+	return cpuProjector{}
+}
+
+// setTables gives each query its sequence's block table, fetched once a
+// sequence after its rows are in the cache: a token reads the prefix of it
+// its length covers (one copy a sequence, not a token: a long prompt's
+// extend would copy its table once per token).
+func setTables(cache *Cache, seqs []int, queries []Query) {
+	tables := map[int][]int32{}
+	for t, s := range seqs {
+		if tables[s] == nil {
+			tables[s] = cache.BlockTable(s)
+		}
+		queries[t].Table = tables[s]
+	}
+}

@@ -180,10 +180,7 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	if T == 0 {
 		return nil
 	}
-	var proj Projector = cpuProjector{}
-	if be.Proj != nil {
-		proj = be.Proj
-	}
+	proj := be.projector()
 	sc := gqaPool.Get().(*gqaScratch)
 	defer gqaPool.Put(sc)
 	q := buffers.Grow(&sc.q, T*nh*d)
@@ -220,13 +217,7 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 		}
 		queries[t] = Query{Len: pos + 1}
 	}
-	tables := map[int][]int32{}
-	for t, s := range seqs {
-		if tables[s] == nil {
-			tables[s] = cache.BlockTable(s)
-		}
-		queries[t].Table = tables[s]
-	}
+	setTables(cache, seqs, queries)
 	o := buffers.Grow(&sc.o, T*nh*d)
 	p := GQAParams{Heads: nh, KVHeads: kvh, KeyDim: d, ValueDim: d, Scale: c.Scale, Window: c.Window, Sinks: b.sinks}
 	if err := GQA(ctx, cache, q, queries, p, o); err != nil {

@@ -404,10 +404,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	if T == 0 {
 		return nil
 	}
-	var proj Projector = cpuProjector{}
-	if be.Proj != nil {
-		proj = be.Proj
-	}
+	proj := be.projector()
 	sc := attnPool.Get().(*attnScratch)
 	defer attnPool.Put(sc)
 	q := buffers.Grow(&sc.q, T*nh*qd) // each of these written whole before it is read
@@ -445,16 +442,7 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 		}
 		queries[t] = Query{Len: pos + 1}
 	}
-	// Each sequence's block table once, after its rows: a token reads the
-	// prefix of it its length covers (one copy a sequence, not a token: a
-	// long prompt's extend would copy its table once per token).
-	tables := map[int][]int32{}
-	for t, s := range seqs {
-		if tables[s] == nil {
-			tables[s] = cache.BlockTable(s)
-		}
-		queries[t].Table = tables[s]
-	}
+	setTables(cache, seqs, queries)
 	// Absorbed queries [T, heads, L+R]: the nope half through each head's
 	// W_UKᵀ, the rope half rotated.
 	qNope := buffers.Grow(&sc.qNope, T*nh*c.NopeDim)

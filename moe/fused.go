@@ -230,14 +230,8 @@ func xwExperts(ck *Checkpoint, p string, gateFirst, upFirst, step int) (func(e i
 // slabMatrix is expert e's slab of t as the row-major matrix [rows, cols]
 // it is, a view in t's dtype.
 func slabMatrix(t safetensors.Tensor, e, rows, cols int) (kernels.Matrix, error) {
-	slab := slabOf(t, e)
-	switch t.DType {
-	case "F32":
-		return kernels.NewF32(rows, cols, format.Cast[float32](slab))
-	case "BF16":
-		return kernels.NewHalf(kernels.BF16, rows, cols, format.Cast[uint16](slab))
-	case "F16":
-		return kernels.NewHalf(kernels.F16, rows, cols, format.Cast[uint16](slab))
+	if m, ok, err := safetensors.Dense(t.DType, rows, cols, slabOf(t, e)); ok {
+		return m, err
 	}
 	return kernels.Matrix{}, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q has dtype %s", t.Path, t.Name, t.DType)
 }

@@ -59,13 +59,10 @@ func (f *file) matrix(name string, wantShape ...int) (kernels.Matrix, error) {
 		rows = wantShape[0]
 	}
 	raw := f.data[f.hdr.DataBase+t.Begin : f.hdr.DataBase+t.End]
+	if m, ok, err := Dense(t.DType, rows, cols, raw); ok {
+		return m, err
+	}
 	switch t.DType {
-	case "F32":
-		return kernels.NewF32(rows, cols, format.Cast[float32](raw))
-	case "BF16":
-		return kernels.NewHalf(kernels.BF16, rows, cols, format.Cast[uint16](raw))
-	case "F16":
-		return kernels.NewHalf(kernels.F16, rows, cols, format.Cast[uint16](raw))
 	case "F8_E5M2":
 		return kernels.Matrix{}, errkind.Errorf(format.ErrUnsupported, "safetensors: %s: tensor %q is F8_E5M2: fp8 weights must be e4m3 (F8_E4M3)", f.path, name)
 	}
@@ -106,4 +103,21 @@ func (f *file) checkShapeTensor(name string, rows, cols int) error {
 		return errkind.Errorf(format.ErrMissingTensor, "safetensors: %s: tensor %q says the weight is %v, the config needs [%d %d]", f.path, name, got, rows, cols)
 	}
 	return nil
+}
+
+// Dense is raw, the little-endian values of a dense dtype (F32, BF16 or
+// F16), as the row-major matrix [rows, cols] they are: a view, copied once
+// when raw is misaligned for the dtype. ok is false for any other dtype.
+func Dense(dtype string, rows, cols int, raw []byte) (m kernels.Matrix, ok bool, err error) {
+	switch dtype {
+	case "F32":
+		m, err = kernels.NewF32(rows, cols, format.Cast[float32](raw))
+	case "BF16":
+		m, err = kernels.NewHalf(kernels.BF16, rows, cols, format.Cast[uint16](raw))
+	case "F16":
+		m, err = kernels.NewHalf(kernels.F16, rows, cols, format.Cast[uint16](raw))
+	default:
+		return kernels.Matrix{}, false, nil
+	}
+	return m, true, err
 }

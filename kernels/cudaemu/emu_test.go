@@ -216,6 +216,47 @@ func TestCombine(t *testing.T) {
 	}
 }
 
+// pagedCache is a cache of 20 blocks of bs rows of D values in dt, holding
+// random rows for sequences of lens; the block table [len(lens),
+// maxBlocks], each sequence's query over all of its rows, and the cache as
+// the kernels read it: dense fp32, or bf16 bits (the other nil).
+func pagedCache(t *testing.T, rng *rand.Rand, lens []int32, bs, D int, dt kernels.DType) (*attn.Cache, []int32, int, []attn.Query, []float32, []uint16) {
+	t.Helper()
+	cache, err := attn.NewCache(20, bs, D, dt)
+	require.NoError(t, err)
+	maxBlocks := 0
+	for s, l := range lens {
+		rows := make([]float32, int(l)*D)
+		for i := range rows {
+			rows[i] = float32(rng.NormFloat64())
+		}
+		require.NoError(t, cache.Append(s, rows))
+		maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
+	}
+	table := make([]int32, len(lens)*maxBlocks)
+	queries := make([]attn.Query, len(lens))
+	for s := range lens {
+		bt := cache.BlockTable(s)
+		copy(table[s*maxBlocks:], bt)
+		queries[s] = attn.Query{Table: bt, Len: int(lens[s])}
+	}
+	var f32 []float32
+	var u16 []uint16
+	for blk := 0; blk < cache.NumBlocks(); blk++ {
+		m := cache.Block(blk)
+		for r := 0; r < bs; r++ {
+			for x := 0; x < D; x++ {
+				if dt == kernels.BF16 {
+					u16 = append(u16, half.F32ToBF16(m.At(r, x)))
+				} else {
+					f32 = append(f32, m.At(r, x))
+				}
+			}
+		}
+	}
+	return cache, table, maxBlocks, queries, f32, u16
+}
+
 // TestMLADecode: the MLA decode kernels against attn.MLA, fp32 and bf16
 // caches, lengths 1, a block boundary and several blocks, split and not.
 func TestMLADecode(t *testing.T) {
@@ -229,24 +270,7 @@ func TestMLADecode(t *testing.T) {
 				if bf16 {
 					dt = kernels.BF16
 				}
-				cache, err := attn.NewCache(20, bs, D, dt)
-				require.NoError(t, err)
-				maxBlocks := 0
-				for s, l := range lens {
-					rows := make([]float32, int(l)*D)
-					for i := range rows {
-						rows[i] = float32(rng.NormFloat64())
-					}
-					require.NoError(t, cache.Append(s, rows))
-					maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
-				}
-				table := make([]int32, len(lens)*maxBlocks)
-				queries := make([]attn.Query, len(lens))
-				for s := range lens {
-					bt := cache.BlockTable(s)
-					copy(table[s*maxBlocks:], bt)
-					queries[s] = attn.Query{Table: bt, Len: int(lens[s])}
-				}
+				cache, table, maxBlocks, queries, f32, u16 := pagedCache(t, rng, lens, bs, D, dt)
 				q := make([]float32, len(lens)*heads*D)
 				for i := range q {
 					q[i] = float32(rng.NormFloat64())
@@ -254,24 +278,6 @@ func TestMLADecode(t *testing.T) {
 				want := make([]float32, len(lens)*heads*dv)
 				wantLSE := make([]float32, len(lens)*heads)
 				require.NoError(t, attn.MLA(context.Background(), cache, q, queries, attn.MLAParams{Heads: heads, ValueDim: dv, Scale: 0.1}, want, wantLSE))
-				// The dense cache the kernel reads.
-				var f32 []float32
-				var u16 []uint16
-				for blk := 0; blk < cache.NumBlocks(); blk++ {
-					m := cache.Block(blk)
-					for r := 0; r < bs; r++ {
-						for x := 0; x < D; x++ {
-							v := m.At(r, x)
-							f32 = append(f32, v)
-							u16 = append(u16, half.F32ToBF16(v))
-						}
-					}
-				}
-				if bf16 {
-					f32 = nil
-				} else {
-					u16 = nil
-				}
 				got, lse, err := cudaemu.MLADecode(q, f32, u16, bs, D, table, maxBlocks, lens, heads, dv, split, 0.1)
 				require.NoError(t, err)
 				for i := range want {
@@ -303,24 +309,7 @@ func TestGQADecode(t *testing.T) {
 						if bf16 {
 							dt = kernels.BF16
 						}
-						cache, err := attn.NewCache(20, bs, D, dt)
-						require.NoError(t, err)
-						maxBlocks := 0
-						for s, l := range lens {
-							rows := make([]float32, int(l)*D)
-							for i := range rows {
-								rows[i] = float32(rng.NormFloat64())
-							}
-							require.NoError(t, cache.Append(s, rows))
-							maxBlocks = max(maxBlocks, len(cache.BlockTable(s)))
-						}
-						table := make([]int32, len(lens)*maxBlocks)
-						queries := make([]attn.Query, len(lens))
-						for s := range lens {
-							bt := cache.BlockTable(s)
-							copy(table[s*maxBlocks:], bt)
-							queries[s] = attn.Query{Table: bt, Len: int(lens[s])}
-						}
+						cache, table, maxBlocks, queries, f32, u16 := pagedCache(t, rng, lens, bs, D, dt)
 						q := make([]float32, len(lens)*heads*dk)
 						for i := range q {
 							q[i] = float32(rng.NormFloat64())
@@ -328,22 +317,6 @@ func TestGQADecode(t *testing.T) {
 						want := make([]float32, len(lens)*heads*dv)
 						p := attn.GQAParams{Heads: heads, KVHeads: kvh, KeyDim: dk, ValueDim: dv, Scale: 0.2, Window: window, Sinks: sinks}
 						require.NoError(t, attn.GQA(context.Background(), cache, q, queries, p, want))
-						var f32 []float32
-						var u16 []uint16
-						for blk := 0; blk < cache.NumBlocks(); blk++ {
-							m := cache.Block(blk)
-							for r := 0; r < bs; r++ {
-								for x := 0; x < D; x++ {
-									f32 = append(f32, m.At(r, x))
-									u16 = append(u16, half.F32ToBF16(m.At(r, x)))
-								}
-							}
-						}
-						if bf16 {
-							f32 = nil
-						} else {
-							u16 = nil
-						}
 						shape := cudaemu.AttnShape{Heads: heads, KVHeads: kvh, KeyDim: dk, ValueDim: dv, ValueOff: kvh * dk, Window: window}
 						got, _, err := cudaemu.AttnDecode(q, f32, u16, bs, D, table, maxBlocks, lens, shape, split, 0.2, sinks)
 						require.NoError(t, err)
