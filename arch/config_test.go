@@ -192,3 +192,45 @@ func TestParseConfigQwen35(t *testing.T) {
 	require.True(t, c.MoE.NormTopK, "Qwen3NextConfig's norm_topk_prob defaults to true")
 	require.True(t, c.MoE.SharedGate)
 }
+
+// TestReleasedConfigs: keys as the releases spell them, read as
+// transformers reads them.
+func TestReleasedConfigs(t *testing.T) {
+	// dots.llm1.inst: "scoring_func": "noaux_tc", a key Dots1Config does
+	// not define; its router is sigmoid noaux_tc, unnormalised by default.
+	c, err := parse(t, map[string]any{"model_type": "dots1", "hidden_size": 4096, "num_hidden_layers": 62, "n_routed_experts": 128,
+		"num_experts_per_tok": 6, "moe_intermediate_size": 1408, "n_shared_experts": 2, "first_k_dense_replace": 1,
+		"scoring_func": "noaux_tc", "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1})
+	require.NoError(t, err)
+	require.Equal(t, arch.Sigmoid, c.MoE.Scoring)
+	require.Equal(t, arch.NoAuxTC, c.MoE.Method)
+	require.False(t, c.MoE.NormTopK)
+
+	// Mixtral ships "sliding_window": null; Qwen2-MoE a window beside
+	// "use_sliding_window": false: neither has one.
+	c, err = parse(t, map[string]any{"model_type": "mixtral", "hidden_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+		"intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": nil})
+	require.NoError(t, err)
+	require.Zero(t, c.Attention.LayerWindow(0))
+	c, err = parse(t, map[string]any{"model_type": "qwen2_moe", "hidden_size": 64, "num_experts": 4, "num_experts_per_tok": 2,
+		"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_attention_heads": 4, "sliding_window": 4096,
+		"use_sliding_window": false, "num_hidden_layers": 2})
+	require.NoError(t, err)
+	require.Zero(t, c.Attention.LayerWindow(1))
+	require.True(t, c.Attention.Bias, "Qwen2-MoE's q, k and v have biases")
+
+	// gpt-oss-20b's attention: yarn with truncate false, a window on the
+	// layers layer_types marks.
+	c, err = parse(t, map[string]any{"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 2, "num_local_experts": 32,
+		"num_experts_per_tok": 4, "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+		"sliding_window": 128, "layer_types": []string{"sliding_attention", "full_attention"}, "attention_bias": true,
+		"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+			"original_max_position_embeddings": 4096, "truncate": false}})
+	require.NoError(t, err)
+	a := c.Attention
+	require.Equal(t, [2]int{128, 0}, [2]int{a.LayerWindow(0), a.LayerWindow(1)})
+	require.True(t, a.Bias && a.OutBias && a.Sinks)
+	require.Equal(t, "yarn", a.RoPE.Scaling.Type)
+	require.False(t, *a.RoPE.Scaling.Truncate)
+	require.NoError(t, c.WholeModel())
+}

@@ -70,11 +70,22 @@ func readDeepSeek(c *Config, k *keys) error {
 		method, scoring = "noaux_tc", "sigmoid"
 		m.NormTopK = norm == nil || *norm
 	}
-	if p := k.Str("topk_method"); p != nil {
-		method = *p
-	}
-	if p := k.Str("scoring_func"); p != nil {
-		scoring = *p
+	if c.Family == "dots1" || c.Family == "glm4_moe" {
+		// Dots1Config and Glm4MoeConfig define neither topk_method nor
+		// scoring_func: the router is noaux_tc over sigmoid scores whatever
+		// a release writes there (dots.llm1's says "scoring_func":
+		// "noaux_tc", which transformers never reads). Dots1Config's
+		// norm_topk_prob defaults to false.
+		if c.Family == "dots1" {
+			m.NormTopK = norm != nil && *norm
+		}
+	} else {
+		if p := k.Str("topk_method"); p != nil {
+			method = *p
+		}
+		if p := k.Str("scoring_func"); p != nil {
+			scoring = *p
+		}
 	}
 	switch method {
 	case "greedy":
@@ -104,8 +115,16 @@ func readDeepSeek(c *Config, k *keys) error {
 	if c.LayerFreq <= 0 || c.FirstKDense < 0 {
 		return fmt.Errorf("moe_layer_freq %d must be positive and first_k_dense_replace %d not negative", c.LayerFreq, c.FirstKDense)
 	}
-	if c.Family == "deepseek_v2" || c.Family == "deepseek_v3" {
+	switch c.Family {
+	case "deepseek_v2", "deepseek_v3":
 		readMLA(c, k)
+	case "glm4_moe":
+		// Glm4MoeAttention: q, k and v biases (attention_bias), per-head QK
+		// norms when use_qk_norm, RoPE by halves over the first
+		// partial_rotary_factor of each head (read with the common keys).
+		if k.boolOr("use_qk_norm", false) {
+			c.Attention.QKNorm = QKNormHead
+		}
 	}
 	return nil
 }

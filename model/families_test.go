@@ -41,6 +41,12 @@ func gqaSpecs() map[string]moetest.WholeSpec {
 			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 16, QKNorm: "whole", Theta: 10000},
 			Hidden: 32, Layers: 2, Vocab: 35, DenseInter: 1, Seed: 14,
 		},
+		"glm4_moe_f32": {
+			MoE: moetest.Spec{ModelType: "glm4_moe", Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
+				NormTopK: true, Scaling: 2.5, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 16, Bias: true, QKNorm: "head", Partial: 0.5, Theta: 10000},
+			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 41, DenseInter: 24, Seed: 16,
+		},
 		"gpt_oss_bf16": {
 			MoE: moetest.Spec{ModelType: "gpt_oss", Experts: 4, TopK: 2, Inter: 16, DType: "BF16"},
 			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, Bias: true, OutBias: true, Sinks: true, Window: 4, WindowEven: true,

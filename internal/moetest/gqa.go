@@ -26,6 +26,9 @@ type GQASpec struct {
 	// Yarn: gpt-oss's rope_scaling (yarn, factor 32, beta 32 and 1,
 	// original_max_position_embeddings 4096, truncate false).
 	Yarn bool
+	// Partial is partial_rotary_factor (0: 1): RoPE turns the first
+	// head_dim·Partial values of each head (GLM-4.5: 0.5).
+	Partial float64
 }
 
 // GQAModel is generated grouped-query attention: tensors and their
@@ -95,6 +98,15 @@ func GenerateGQA(s GQASpec, hidden, layer int, dtype string, seed uint64) (*GQAM
 	return m, nil
 }
 
+// rotary is the rotated values of a head: int(head_dim ·
+// partial_rotary_factor), as transformers' rotary embedding takes its dim.
+func (m *GQAModel) rotary() int {
+	if m.Spec.Partial == 0 {
+		return m.Spec.HeadDim
+	}
+	return int(float64(m.Spec.HeadDim) * m.Spec.Partial)
+}
+
 // window is the layer's sliding window, 0 for none.
 func (m *GQAModel) window() int {
 	if m.Spec.WindowEven && m.Layer%2 != 0 {
@@ -107,7 +119,7 @@ func (m *GQAModel) window() int {
 // _compute_default_rope_parameters and (with Yarn) _compute_yarn_parameters
 // make them, and the attention factor on cos and sin.
 func (m *GQAModel) invFreq() ([]float64, float64) {
-	d, theta := m.Spec.HeadDim, m.Spec.Theta
+	d, theta := m.rotary(), m.Spec.Theta
 	base := make([]float64, d/2)
 	for i := range base {
 		base[i] = 1 / math.Pow(theta, float64(2*i)/float64(d))
@@ -164,13 +176,14 @@ func (m *GQAModel) Forward(x []float32, eps float64) []float64 {
 		}
 	}
 	freq, attnFactor := m.invFreq()
-	rope := func(v []float64, pos int) { // one head: x·cos + rotate_half(x)·sin
-		out := make([]float64, d)
-		for i := 0; i < d; i++ {
-			f := freq[i%(d/2)] * float64(pos)
-			rh := -v[(i+d/2)%d]
-			if i >= d/2 {
-				rh = v[i-d/2]
+	rot := m.rotary()
+	rope := func(v []float64, pos int) { // one head's rotated part: x·cos + rotate_half(x)·sin; the rest passes
+		out := make([]float64, rot)
+		for i := 0; i < rot; i++ {
+			f := freq[i%(rot/2)] * float64(pos)
+			rh := -v[(i+rot/2)%rot]
+			if i >= rot/2 {
+				rh = v[i-rot/2]
 			}
 			out[i] = v[i]*math.Cos(f)*attnFactor + rh*math.Sin(f)*attnFactor
 		}

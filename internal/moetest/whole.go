@@ -139,6 +139,9 @@ func GenerateWhole(s WholeSpec) (*Whole, error) {
 	switch {
 	case qwenLike(s.MoE.ModelType): // intermediate_size is the dense layers', mlp_only_layers lists them
 		config["intermediate_size"] = s.DenseInter
+	case DeepSeekBlock(s.MoE.ModelType): // first_k_dense_replace dense layers of intermediate_size
+		config["intermediate_size"] = s.DenseInter
+		config["first_k_dense_replace"] = s.FirstKDense
 	case s.GQA != nil: // every layer MoE: intermediate_size is the experts'
 		if s.FirstKDense > 0 {
 			return nil, fmt.Errorf("moetest: %s has no dense layers", s.MoE.ModelType)
@@ -176,6 +179,15 @@ func (s GQASpec) config(layers int) map[string]any {
 			}
 		}
 		c["layer_types"] = types
+	}
+	if s.Partial != 0 {
+		c["partial_rotary_factor"] = s.Partial
+	}
+	if s.Bias && !s.Sinks { // GLM-4.5's attention_bias (Qwen2-MoE's biases need no key)
+		c["attention_bias"] = true
+	}
+	if s.QKNorm == "head" {
+		c["use_qk_norm"] = true // GLM-4.5's switch (Qwen3-MoE's are always on)
 	}
 	if s.Yarn {
 		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
