@@ -18,6 +18,8 @@ type Block interface {
 	// ForwardWith is Forward with the block's work on be (the zero
 	// Backend: the host, as Forward).
 	ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error
+	// WeightBytes is the bytes of the block's weights a step reads.
+	WeightBytes() int64
 	// Close releases what the block owns (a checkpoint it opened).
 	Close() error
 }

@@ -84,6 +84,21 @@ func LoadGQABlock(get TensorSource, a *arch.Config, names arch.LayerNames, n int
 	if err != nil {
 		return nil, err
 	}
+	return newGQABlock(get, cfg, names)
+}
+
+// NewRandomGQABlock makes a block of cfg with random weights in dtype (as
+// NewRandomMLABlock's; sinks in 1 ± 0.2), the same for the same seed.
+func NewRandomGQABlock(cfg GQAConfig, dtype kernels.DType, seed uint64) (*GQABlock, error) {
+	if cfg.Hidden < 1 || cfg.Heads < 1 || cfg.KVHeads < 1 || cfg.Heads%cfg.KVHeads != 0 || cfg.HeadDim < 2 || cfg.RoPE.Dim() > cfg.HeadDim {
+		return nil, fmt.Errorf("attn: random grouped-query attention of %+v", cfg)
+	}
+	return newGQABlock(randomSource(dtype, seed), cfg, arch.LayerNames{Q: "q_proj.weight", K: "k_proj.weight", V: "v_proj.weight",
+		O: "o_proj.weight", QNorm: "q_norm.weight", KNorm: "k_norm.weight", Sinks: "sinks"})
+}
+
+func newGQABlock(get TensorSource, cfg GQAConfig, names arch.LayerNames) (*GQABlock, error) {
+	var err error
 	H, nh, kv, d := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim
 	b := &GQABlock{Cfg: cfg}
 	bias := func(w string) string { return strings.TrimSuffix(w, ".weight") + ".bias" }
@@ -145,6 +160,12 @@ func (b *GQABlock) HiddenSize() int { return b.Cfg.Hidden }
 
 // RowDim is a token's cache row: its keys, then its values.
 func (b *GQABlock) RowDim() int { return 2 * b.Cfg.KVHeads * b.Cfg.HeadDim }
+
+// WeightBytes is the bytes of the block's projection weights in their
+// stored dtypes: what a step reads of them.
+func (b *GQABlock) WeightBytes() int64 {
+	return b.q.Bytes() + b.k.Bytes() + b.v.Bytes() + b.o.Bytes()
+}
 
 // Close releases nothing: the block's weights are its model's.
 func (b *GQABlock) Close() error { return nil }

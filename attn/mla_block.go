@@ -148,10 +148,7 @@ func LoadMLABlockFrom(ck *moe.Checkpoint, n int) (*MLABlock, error) {
 	return newMLABlock(ck.Matrix, n, cfg)
 }
 
-// tensorSource returns a named weight of the given shape.
-type tensorSource func(name string, shape ...int) (kernels.Matrix, error)
-
-func newMLABlock(get tensorSource, n int, cfg MLAConfig) (*MLABlock, error) {
+func newMLABlock(get TensorSource, n int, cfg MLAConfig) (*MLABlock, error) {
 	p := fmt.Sprintf("model.layers.%d.self_attn.", n)
 	H, nh, qd := cfg.Hidden, cfg.Heads, cfg.NopeDim+cfg.RopeDim
 	b := &MLABlock{Cfg: cfg}
@@ -304,33 +301,7 @@ func NewRandomMLABlock(cfg MLAConfig, dtype kernels.DType, seed uint64) (*MLABlo
 	if cfg.RopeDim%2 != 0 {
 		return nil, fmt.Errorf("attn: qk_rope_head_dim %d must be even", cfg.RopeDim)
 	}
-	stream := uint64(0)
-	get := func(name string, shape ...int) (kernels.Matrix, error) {
-		stream++
-		rng := rand.New(rand.NewPCG(seed, stream))
-		rows, cols := 1, shape[len(shape)-1]
-		if len(shape) == 2 {
-			rows = shape[0]
-		}
-		norm := len(shape) == 1
-		v := make([]float32, rows*cols)
-		for i := range v {
-			if norm {
-				v[i] = float32(1 + 0.2*(2*rng.Float64()-1))
-			} else {
-				v[i] = float32((2*rng.Float64() - 1) / math.Sqrt(float64(cols)))
-			}
-		}
-		if dtype == kernels.F32 || norm {
-			return kernels.NewF32(rows, cols, v)
-		}
-		u := make([]uint16, len(v))
-		for i, f := range v {
-			u[i] = half.F32ToBF16(f)
-		}
-		return kernels.NewHalf(kernels.BF16, rows, cols, u)
-	}
-	return newMLABlock(get, 0, cfg)
+	return newMLABlock(randomSource(dtype, seed), 0, cfg)
 }
 
 // HiddenSize is the model width.
@@ -481,4 +452,36 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 		return err
 	}
 	return proj.Project(ctx, &b.oProj, v, out)
+}
+
+// randomSource makes the weights a random block asks for: projections
+// uniform in ±1/√fan_in in dtype (BF16 or F32), vectors (norms) 1 ± 0.2 in
+// fp32, each tensor its own stream of seed.
+func randomSource(dtype kernels.DType, seed uint64) TensorSource {
+	stream := uint64(0)
+	return func(name string, shape ...int) (kernels.Matrix, error) {
+		stream++
+		rng := rand.New(rand.NewPCG(seed, stream))
+		rows, cols := 1, shape[len(shape)-1]
+		if len(shape) == 2 {
+			rows = shape[0]
+		}
+		norm := len(shape) == 1
+		v := make([]float32, rows*cols)
+		for i := range v {
+			if norm {
+				v[i] = float32(1 + 0.2*(2*rng.Float64()-1))
+			} else {
+				v[i] = float32((2*rng.Float64() - 1) / math.Sqrt(float64(cols)))
+			}
+		}
+		if dtype == kernels.F32 || norm {
+			return kernels.NewF32(rows, cols, v)
+		}
+		u := make([]uint16, len(v))
+		for i, f := range v {
+			u[i] = half.F32ToBF16(f)
+		}
+		return kernels.NewHalf(kernels.BF16, rows, cols, u)
+	}
 }

@@ -248,6 +248,43 @@ func (m *Model) Close() error {
 	return errors.Join(errs...)
 }
 
+// SetNumerics puts every MoE layer's experts in mode (kernels.Int8Dot:
+// llama.cpp's numerics, for quantized experts); an error names the layer
+// that cannot.
+func (m *Model) SetNumerics(mode kernels.Numerics) error {
+	for l, d := range m.layers {
+		if d.moe == nil {
+			continue
+		}
+		if err := d.moe.SetNumerics(mode); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// DecodeBytes is the weight bytes a decode step of one token reads: every
+// layer's attention weights, each MoE layer's router, top-k experts and
+// shared expert (or a dense layer's MLP), the output projection and one
+// row of the embedding. A step's time over these bytes is its share of the
+// memory's read bandwidth.
+func (m *Model) DecodeBytes() int64 {
+	n := m.lmHead.Bytes() + m.embed.Bytes()/int64(max(m.Vocab, 1))
+	for _, d := range m.layers {
+		n += d.attn.WeightBytes()
+		if d.moe != nil {
+			ids := make([]int32, d.moe.Config.TopK)
+			for i := range ids {
+				ids[i] = int32(i)
+			}
+			n += d.moe.WeightBytesRead(ids)
+		} else {
+			n += d.dense.Gate.Bytes() + d.dense.Up.Bytes() + d.dense.Down.Bytes()
+		}
+	}
+	return n
+}
+
 // NumLayers is the decoder layers' count.
 func (m *Model) NumLayers() int { return len(m.layers) }
 

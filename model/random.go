@@ -17,14 +17,22 @@ import (
 // the vocabulary, the layer count (the first FirstKDense dense, of width
 // DenseInter) and the norms' epsilon.
 type Preset struct {
-	Name           string
-	MoE            moe.Config
-	Attn           attn.MLAConfig
-	Vocab, Layers  int
-	FirstKDense    int
-	DenseInter     int
-	RMSNormEps     float64
-	WeightDType    kernels.DType
+	Name string
+	MoE  moe.Config
+	// Attn is MLA's attention, unless GQA is set: grouped-query attention,
+	// its window (GQA.Window) on the layers Windowed reports (nil: all).
+	Attn          attn.MLAConfig
+	GQA           *attn.GQAConfig
+	Windowed      func(layer int) bool
+	Vocab, Layers int
+	FirstKDense   int
+	DenseInter    int
+	RMSNormEps    float64
+	WeightDType   kernels.DType
+	// ExpertDType, when set, is the experts' (quantized as checkpoints
+	// are: kernels.Quantize); the attention and dense layers stay in
+	// WeightDType.
+	ExpertDType    kernels.DType
 	EmbeddingDType kernels.DType
 }
 
@@ -56,31 +64,76 @@ func DeepSeekV2Lite(layers int) Preset {
 		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
 }
 
+// Qwen3_30B_A3B is Qwen3-30B-A3B at its shapes (hidden 2048; grouped-query
+// attention of 32 heads over 4 of width 128 with per-head QK norms, RoPE
+// base 10⁶; 128 experts of width 768, top-8, renormalised; its 151,936-token
+// vocabulary) in bf16, layers of its 48.
+func Qwen3_30B_A3B(layers int) Preset {
+	m := moe.Config{ModelType: "qwen3_moe", Name: "qwen3_moe", Hidden: 2048, NumExperts: 128, TopK: 8, Inter: 768,
+		Scoring: moe.Softmax, Method: moe.Greedy, NormTopK: true, RoutedScaling: 1}
+	r, _, _ := kernels.NewRoPE(128, 1e6, kernels.RoPEScaling{}, kernels.RoPEHalves)
+	g := &attn.GQAConfig{Hidden: 2048, Heads: 32, KVHeads: 4, HeadDim: 128, QKNorm: arch.QKNormHead, NormEps: 1e-6, RoPE: r,
+		Scale: float32(1 / math.Sqrt(128))}
+	return Preset{Name: "qwen3-30b-a3b", MoE: m, GQA: g, Vocab: 151936, Layers: layers, DenseInter: 6144, RMSNormEps: 1e-6,
+		WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+}
+
+// GptOss20B is gpt-oss-20b at its shapes (hidden 2880; grouped-query
+// attention of 64 heads over 8 of width 64 with biases and sinks, a window
+// of 128 on every other layer, yarn RoPE; 32 experts of width 2880, top-4,
+// with biases and the clamped SwiGLU; its 201,088-token vocabulary) in
+// bf16, layers of its 24.
+func GptOss20B(layers int) Preset {
+	y := kernels.RoPEScaling{Type: "yarn", Factor: 32, OrigMaxPos: 4096, BetaFast: 32, BetaSlow: 1, NoTruncate: true}
+	r, _, _ := kernels.NewRoPE(64, 150000, y, kernels.RoPEHalves)
+	g := &attn.GQAConfig{Hidden: 2880, Heads: 64, KVHeads: 8, HeadDim: 64, Bias: true, OutBias: true, Sinks: true, Window: 128,
+		NormEps: 1e-5, RoPE: r, Scale: float32(1 / math.Sqrt(64))}
+	return Preset{Name: "gpt-oss-20b", MoE: *moe.GptOss20B(), GQA: g, Windowed: func(l int) bool { return l%2 == 0 },
+		Vocab: 201088, Layers: layers, DenseInter: 2880, RMSNormEps: 1e-5, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+}
+
 // NewRandom makes a model of p with random weights (projections uniform in
 // ±1/√fan_in, norm weights 1 ± 0.2, the embedding in ±1), the same for the
 // same seed. It is for demonstrations, benchmarks and the serving tests.
 func NewRandom(p Preset, seed uint64) (*Model, error) {
 	H := p.MoE.Hidden
+	attnHidden := p.Attn.Hidden
+	if p.GQA != nil {
+		attnHidden = p.GQA.Hidden
+	}
 	switch {
-	case H < 1 || p.Attn.Hidden != H:
-		return nil, fmt.Errorf("model: preset %q: hidden sizes %d (MoE) and %d (attention)", p.Name, H, p.Attn.Hidden)
+	case H < 1 || attnHidden != H:
+		return nil, fmt.Errorf("model: preset %q: hidden sizes %d (MoE) and %d (attention)", p.Name, H, attnHidden)
 	case p.Vocab < 1 || p.Layers < 1 || p.FirstKDense < 0 || p.FirstKDense >= p.Layers || p.DenseInter < 1 || !(p.RMSNormEps > 0):
 		return nil, fmt.Errorf("model: preset %q: vocab %d, %d layers (%d dense of width %d), eps %v", p.Name, p.Vocab, p.Layers,
 			p.FirstKDense, p.DenseInter, p.RMSNormEps)
 	}
 	// The weights' bytes, checked before any is made.
 	w := float64(p.WeightDType.Bits()) / 8
-	perMoE := float64(p.MoE.NumExperts*3*p.MoE.Inter*H+3*p.MoE.SharedInter*H) * w
+	we := w
+	if p.ExpertDType != 0 {
+		we = float64(p.ExpertDType.Bits()) / 8
+	}
+	perMoE := float64(p.MoE.NumExperts*3*p.MoE.Inter*H+3*p.MoE.SharedInter*H) * we
 	perDense := float64(3*p.DenseInter*H) * w
-	total := float64(p.Layers-p.FirstKDense)*perMoE + float64(p.FirstKDense)*perDense + 2*float64(p.Vocab*H)*4
+	perAttn := float64(H*(p.Attn.Heads*(p.Attn.NopeDim+p.Attn.RopeDim)+p.Attn.KVLoraRank+p.Attn.RopeDim+p.Attn.Heads*p.Attn.VDim)) * w
+	if g := p.GQA; g != nil {
+		perAttn = float64(2*H*(g.Heads+g.KVHeads)*g.HeadDim) * w
+	}
+	total := float64(p.Layers-p.FirstKDense)*perMoE + float64(p.FirstKDense)*perDense + float64(p.Layers)*perAttn +
+		2*float64(p.Vocab*H)*float64(p.EmbeddingDType.Bits())/8
 	if err := memlimit.Check(fmt.Sprintf("model: preset %q", p.Name), total); err != nil {
 		return nil, err
 	}
 	a := &arch.Config{Family: p.MoE.ModelType, Name: p.MoE.Name, Hidden: H, Layers: p.Layers, Vocab: p.Vocab, NormEps: p.RMSNormEps,
-		DenseInter: p.DenseInter, FirstKDense: p.FirstKDense, LayerFreq: 1, MoE: p.MoE,
+		DenseInter: p.DenseInter, FirstKDense: p.FirstKDense, LayerFreq: 1, SparseStep: 1, MoE: p.MoE,
 		Attention: arch.Attention{Kind: arch.MLA, Heads: p.Attn.Heads, KVHeads: p.Attn.Heads, HeadDim: p.Attn.NopeDim + p.Attn.RopeDim,
 			QLoraRank: p.Attn.QLoraRank, KVLoraRank: p.Attn.KVLoraRank, NopeDim: p.Attn.NopeDim, RopeDim: p.Attn.RopeDim, VDim: p.Attn.VDim,
 			RoPE: arch.RoPE{Theta: p.Attn.RopeTheta, Scaling: p.Attn.Scaling}}}
+	if g := p.GQA; g != nil {
+		a.Attention = arch.Attention{Kind: arch.GQA, Heads: g.Heads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, Bias: g.Bias, OutBias: g.OutBias,
+			QKNorm: g.QKNorm, Sinks: g.Sinks, Window: g.Window, RotaryDim: g.RoPE.Dim()}
+	}
 	cfg := a.MoE
 	m := &Model{Arch: a, Config: &a.MoE, Vocab: p.Vocab, Hidden: H, eps: p.RMSNormEps}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f64))
@@ -114,7 +167,16 @@ func NewRandom(p Preset, seed uint64) (*Model, error) {
 		d := decoderLayer{inNorm: norm(), postNorm: norm()}
 		var err error
 		ls := seed*1000003 + uint64(l)
-		if d.attn, err = attn.NewRandomMLABlock(p.Attn, p.WeightDType, ls); err != nil {
+		if g := p.GQA; g != nil {
+			lg := *g
+			if p.Windowed != nil && !p.Windowed(l) {
+				lg.Window = 0
+			}
+			d.attn, err = attn.NewRandomGQABlock(lg, p.WeightDType, ls)
+		} else {
+			d.attn, err = attn.NewRandomMLABlock(p.Attn, p.WeightDType, ls)
+		}
+		if err != nil {
 			return nil, err
 		}
 		if l < p.FirstKDense {
@@ -128,7 +190,11 @@ func NewRandom(p Preset, seed uint64) (*Model, error) {
 			}
 		} else {
 			lc := cfg
-			if d.moe, err = moe.NewRandom(&lc, p.WeightDType, ls); err != nil {
+			dt := p.WeightDType
+			if p.ExpertDType != 0 {
+				dt = p.ExpertDType
+			}
+			if d.moe, err = moe.NewRandom(&lc, dt, ls); err != nil {
 				return nil, err
 			}
 		}

@@ -24,6 +24,11 @@ import (
 )
 
 const benchUsage = `usage:
+  moex bench model (--model DIR_OR_GGUF | --preset tiny|deepseek-v2-lite|qwen3-30b-a3b|gpt-oss-20b [--layers N]
+                   [--dtype bf16|q4_k_m|q8_0|mxfp4|fp8]) [-p 512] [-n 128] [--threads T] [--kv bf16|f32]
+                   [--numerics exact|int8dot] [--rounds 3] [--format table|json]
+                   a whole model as llama-bench times it: pp (one prompt from an empty cache), tg (single-token
+                   steps after it), tg's weight bytes against the memory's read bandwidth
   moex bench grouped-gemm --experts E --tokens-per-expert M[,M...] --n N --k K [--dtype f32|bf16|f16|fp8|mxfp4|int4[,...]]
                           [--threads T[,...]] [--impl auto|generic|avx2|avx512[,...]] [--format table|json]
   moex bench moe (--model DIR --layer N | --preset deepseek-v2-lite|gpt-oss-20b) --tokens T[,...] [--dtype bf16[,fp8,...]]
@@ -154,7 +159,7 @@ func intList(s, name string) ([]int, error) {
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench needs a benchmark: grouped-gemm, moe, mla, ep, membw or serve", errUsage)
+		return fmt.Errorf("%w: bench needs a benchmark: model, grouped-gemm, moe, mla, ep, membw or serve", errUsage)
 	}
 	opts := &benchOpts{stderr: stderr, start: time.Now()}
 	var results []benchResult
@@ -170,6 +175,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		results, err = benchEP(args[1:], opts)
 	case "serve":
 		return benchServe(args[1:], stdout, stderr)
+	case "model":
+		return benchModel(args[1:], stdout, opts)
 	case "membw":
 		fs := flag.NewFlagSet("bench membw", flag.ContinueOnError)
 		if err := parseFlags(fs, args[1:], stderr); err != nil {
@@ -179,7 +186,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(stderr, benchUsage)
-		return fmt.Errorf("%w: bench: unknown benchmark %q (have grouped-gemm, moe, mla, ep, membw, serve)", errUsage, args[0])
+		return fmt.Errorf("%w: bench: unknown benchmark %q (have model, grouped-gemm, moe, mla, ep, membw, serve)", errUsage, args[0])
 	}
 	if err != nil {
 		return err
@@ -357,12 +364,14 @@ func dtypeOf(s string) (kernels.DType, error) {
 		return kernels.MXFP4, nil
 	case "int4":
 		return kernels.INT4, nil
-	case "uint4":
+	case "uint4", "q4_k_m", "q4_k", "q4_1": // GGUF's Q4_K and Q4_1 as moex holds them: nibbles with a scale and an offset per 32
 		return kernels.UINT4, nil
-	case "int8":
+	case "int8", "q8_0":
 		return kernels.INT8, nil
+	case "q4_0":
+		return kernels.INT4, nil
 	}
-	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4, int4, uint4 or int8)", errUsage, s)
+	return 0, fmt.Errorf("%w: bench: dtype %q (want f32, bf16, f16, fp8, mxfp4, int4, uint4 or int8, or GGUF's names q4_k_m, q4_k, q4_1, q4_0, q8_0)", errUsage, s)
 }
 
 // randomMatrix makes a [rows, cols] matrix of dtype, uniform in

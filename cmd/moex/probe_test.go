@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,4 +209,56 @@ func TestExecLogitsGGUF(t *testing.T) {
 		flat = append(flat, row...)
 	}
 	require.Less(t, moetest.RelErr(got.Data, flat), 1e-4)
+}
+
+// TestBenchModel: bench model on a preset and on a GGUF file prints a pp
+// and a tg case, the tg case with the bytes a step reads; bad flags are
+// usage errors. (What it measures is not asserted: it times the machine.)
+func TestBenchModel(t *testing.T) {
+	out, _, err := runCLI("bench", "model", "--preset", "tiny", "-p", "8", "-n", "4", "--rounds", "1", "--min-time", "0", "--format", "json")
+	require.NoError(t, err)
+	var rows []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		rows = append(rows, r)
+	}
+	require.Len(t, rows, 2)
+	require.Equal(t, "pp8", rows[0]["case"])
+	require.Equal(t, "tg4", rows[1]["case"])
+	require.Greater(t, rows[1]["bytes"], 0.0)
+	require.Greater(t, rows[0]["tokens_per_s"], 0.0)
+
+	spec := moetest.WholeSpec{
+		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
+		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 32,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	data, err := w.GGUF("qwen3moe")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	out, _, err = runCLI("bench", "model", "--model", path, "-p", "6", "-n", "3", "--rounds", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, "pp6")
+	require.Contains(t, out, "tg3")
+
+	for _, bad := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--preset", "tiny", "--model", path}, "give --model or --preset"},
+		{[]string{"--preset", "llama"}, `unknown --preset "llama"`},
+		{[]string{"--preset", "tiny", "--layers", "9"}, "--layers 9 (the preset has 3)"},
+		{[]string{"--model", path, "--dtype", "q8_0"}, "--dtype is for --preset"},
+		{[]string{"--preset", "tiny", "-p", "0", "-n", "0"}, "want tokens to time"},
+		{[]string{"--preset", "tiny", "--kv", "fp8"}, `--kv "fp8"`},
+		{[]string{"--preset", "tiny", "--dtype", "q2_k"}, `dtype "q2_k"`},
+	} {
+		_, _, err := runCLI(append([]string{"bench", "model"}, bad.args...)...)
+		require.ErrorIs(t, err, errUsage, "%v", bad.args)
+		require.ErrorContains(t, err, bad.err)
+	}
 }

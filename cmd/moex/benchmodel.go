@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/moex-project/moex/kernels"
+	"github.com/moex-project/moex/model"
+)
+
+// modelResult is one case of bench model: pp (a prompt of Tokens from an
+// empty cache) or tg (Tokens single-token steps right after it), the median
+// of the rounds.
+type modelResult struct {
+	Case      string  `json:"case"` // pp512, tg128
+	Model     string  `json:"model"`
+	Dtype     string  `json:"dtype"`
+	Numerics  string  `json:"numerics"`
+	KV        string  `json:"kv"`
+	Threads   int     `json:"threads"`
+	Tokens    int     `json:"tokens"`
+	Rounds    int     `json:"rounds"`
+	MedianNS  int64   `json:"median_ns"` // the prompt's time, or a step's
+	TokensSec float64 `json:"tokens_per_s"`
+	// tg: the weight bytes a step reads, their rate, and the fraction of
+	// the read-bandwidth probe measured in the same run.
+	Bytes      int64   `json:"bytes,omitempty"`
+	GBPS       float64 `json:"gbps,omitempty"`
+	ProbeGBPS  float64 `json:"probe_gbps,omitempty"`
+	BWFraction float64 `json:"bw_fraction,omitempty"`
+}
+
+// modelPresets are bench model's built-in shapes (random weights): a
+// preset of n layers, and the model's own count.
+var modelPresets = map[string]struct {
+	make   func(layers int) model.Preset
+	layers int
+}{
+	"tiny": {func(n int) model.Preset {
+		p := model.Tiny()
+		p.Layers, p.FirstKDense = n, min(p.FirstKDense, n-1)
+		return p
+	}, 3},
+	"deepseek-v2-lite": {model.DeepSeekV2Lite, 27},
+	"qwen3-30b-a3b":    {model.Qwen3_30B_A3B, 48},
+	"gpt-oss-20b":      {model.GptOss20B, 24},
+}
+
+// benchModel times a whole model as llama-bench does: pp, the prompt
+// processing rate of one prompt from an empty cache, and tg, the
+// generation rate of single-token steps right after it (greedy, no stop).
+func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
+	fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
+	path := fs.String("model", "", "checkpoint folder or .gguf file of a model moex runs whole")
+	preset := fs.String("preset", "", "built-in shape with random weights: tiny, deepseek-v2-lite, qwen3-30b-a3b, gpt-oss-20b")
+	layers := fs.Int("layers", 0, "--preset's layers (0: the model's own count); fewer cut the depth and the memory")
+	dtype := fs.String("dtype", "bf16", "--preset's experts: bf16, f32, fp8, mxfp4, q4_k_m (uint4), q4_0 (int4), q8_0 (int8); attention and embeddings stay bf16")
+	prompt := fs.Int("p", 512, "prompt tokens (pp); 0: none")
+	gen := fs.Int("n", 128, "generated tokens (tg), single-token steps after the prompt; 0: none")
+	kvName := fs.String("kv", "bf16", "KV cache dtype: bf16 or f32")
+	numerics := fs.String("numerics", "exact", "the experts' numerics mode: exact or int8dot (quantized experts)")
+	threads := fs.Int("threads", runtime.GOMAXPROCS(0), "goroutines (GOMAXPROCS for the run)")
+	rounds := fs.Int("rounds", 3, "rounds of pp then tg, each on a fresh cache; the median is reported")
+	seed := fs.Uint64("seed", 1, "seed of random weights and tokens")
+	finish := o.registerCommon(fs, "bench model")
+	if err := parseFlags(fs, args, o.stderr); err != nil {
+		return err
+	}
+	if err := finish(); err != nil {
+		return err
+	}
+	switch {
+	case (*path == "") == (*preset == ""):
+		return fmt.Errorf("%w: bench model: give --model or --preset", errUsage)
+	case *prompt < 0 || *gen < 0 || *prompt+*gen == 0:
+		return fmt.Errorf("%w: bench model: -p %d and -n %d: want tokens to time", errUsage, *prompt, *gen)
+	case *rounds < 1:
+		return fmt.Errorf("%w: bench model: --rounds %d must be positive", errUsage, *rounds)
+	case *threads < 1 || *threads > maxGoroutineRanks:
+		return fmt.Errorf("%w: bench model: --threads %d", errUsage, *threads)
+	case *kvName != "bf16" && *kvName != "f32":
+		return fmt.Errorf("%w: bench model: --kv %q (want bf16 or f32)", errUsage, *kvName)
+	}
+	kvDType := kernels.BF16
+	if *kvName == "f32" {
+		kvDType = kernels.F32
+	}
+	mode, err := kernels.ParseNumerics(*numerics)
+	if err != nil {
+		return fmt.Errorf("%w: bench model: %w", errUsage, err)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(*threads))
+	var m *model.Model
+	name, dtypeName := *path, "as stored"
+	if *preset != "" {
+		ps, ok := modelPresets[*preset]
+		if !ok {
+			return fmt.Errorf("%w: bench model: unknown --preset %q (have tiny, deepseek-v2-lite, qwen3-30b-a3b, gpt-oss-20b)", errUsage, *preset)
+		}
+		n := *layers
+		if n == 0 {
+			n = ps.layers
+		}
+		if n < 1 || n > ps.layers {
+			return fmt.Errorf("%w: bench model: --layers %d (the preset has %d)", errUsage, n, ps.layers)
+		}
+		p := ps.make(n)
+		dt, err := dtypeOf(*dtype)
+		if err != nil {
+			return err
+		}
+		if dt.Quantized() || dt == kernels.F8E4M3 {
+			p.ExpertDType = dt
+		} else {
+			p.WeightDType = dt
+		}
+		name, dtypeName = fmt.Sprintf("%s (%d layers, random weights)", *preset, n), *dtype
+		fmt.Fprintf(o.stderr, "bench: making %s with %s experts\n", name, *dtype)
+		if m, err = model.NewRandom(p, *seed); err != nil {
+			return fmt.Errorf("bench model: %w (fewer --layers may fit)", err)
+		}
+	} else {
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "dtype" || f.Name == "layers" {
+				err = fmt.Errorf("%w: bench model: --%s is for --preset's random weights", errUsage, f.Name)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if m, err = model.Load(*path); err != nil {
+			return err
+		}
+	}
+	defer m.Close()
+	if mode != kernels.Exact {
+		if err := m.SetNumerics(mode); err != nil {
+			return fmt.Errorf("bench model: %w", err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(*seed, 0xb0))
+	ids := make([]int32, *prompt)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(m.Vocab))
+	}
+	blockRows := 16
+	blocks := (*prompt+*gen+blockRows-1)/blockRows + 1
+	ctx := context.Background()
+	var pp, tg []time.Duration
+	probes := []float64{memoryBandwidth()}
+	for r := range *rounds {
+		kv, err := m.NewKV(blocks, blockRows, kvDType)
+		if err != nil {
+			return fmt.Errorf("bench model: %w", err)
+		}
+		next := int32(rng.IntN(m.Vocab))
+		if *prompt > 0 {
+			start := time.Now()
+			logits, err := m.Forward(ctx, kv, make([]int, *prompt), ids, []int{*prompt - 1})
+			if err != nil {
+				return fmt.Errorf("bench model: prompt: %w", err)
+			}
+			pp = append(pp, time.Since(start))
+			next = argmax(logits)
+		}
+		if *gen > 0 {
+			start := time.Now()
+			for range *gen {
+				logits, err := m.Forward(ctx, kv, []int{0}, []int32{next}, nil)
+				if err != nil {
+					return fmt.Errorf("bench model: step: %w", err)
+				}
+				next = argmax(logits)
+			}
+			tg = append(tg, time.Since(start)/time.Duration(*gen))
+		}
+		fmt.Fprintf(o.stderr, "bench: round %d of %d (%v elapsed)\n", r+1, *rounds, time.Since(o.start).Round(time.Second))
+	}
+	probes = append(probes, memoryBandwidth())
+	probe := slices.Max(probes)
+	base := modelResult{Model: name, Dtype: dtypeName, Numerics: mode.String(), KV: *kvName, Threads: *threads, Rounds: *rounds, ProbeGBPS: probe}
+	var rs []modelResult
+	if len(pp) > 0 {
+		r := base
+		med := median(pp)
+		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("pp%d", *prompt), *prompt, med.Nanoseconds(), float64(*prompt)/med.Seconds()
+		r.ProbeGBPS = 0
+		rs = append(rs, r)
+	}
+	if len(tg) > 0 {
+		r := base
+		med := median(tg)
+		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("tg%d", *gen), *gen, med.Nanoseconds(), 1/med.Seconds()
+		r.Bytes = m.DecodeBytes()
+		r.GBPS = float64(r.Bytes) / med.Seconds() / 1e9
+		r.BWFraction = r.GBPS / probe
+		rs = append(rs, r)
+	}
+	if o.format == "json" {
+		enc := json.NewEncoder(stdout)
+		for _, r := range rs {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\ttokens/s\tms/token\tGB/s\tof membw\tdtype\tnumerics\tkv\tthreads\t")
+	for _, r := range rs {
+		gb, frac := "", ""
+		if r.GBPS > 0 {
+			gb, frac = fmt.Sprintf("%.1f", r.GBPS), fmt.Sprintf("%.0f%%", 100*r.BWFraction)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Case, r.TokensSec, 1e3/r.TokensSec, gb, frac, r.Dtype, r.Numerics, r.KV, r.Threads)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s; median of %d rounds; memory read-bandwidth probe %.1f GB/s\n", name, *rounds, probe)
+	return err
+}
+
+func median(ts []time.Duration) time.Duration {
+	s := slices.Clone(ts)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func argmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] || math.IsNaN(float64(v[best])) {
+			best = i
+		}
+	}
+	return int32(best)
+}
