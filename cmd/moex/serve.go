@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,7 +37,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	preset := fs.String("preset", "", "random weights of a built-in shape, byte-level text: tiny, deepseek-v2-lite")
 	layers := fs.Int("layers", 0, "the preset's decoder layers (0: its own: tiny 3, deepseek-v2-lite 27)")
-	dir := fs.String("model", "", "a checkpoint folder of a model moex runs whole; with its tokenizer.json, text and chat requests are served (else requests give input_ids)")
+	dir := fs.String("model", "", "a checkpoint folder or .gguf file of a model moex runs whole; with its tokenizer (tokenizer.json, a GGUF vocabulary), text and chat requests are served (else requests give input_ids)")
 	seed := fs.Uint64("seed", 1, "the preset's weights")
 	host := fs.String("host", "127.0.0.1", "address to listen on")
 	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")
@@ -100,14 +101,19 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		tok, stopIDs, name = serve.Byte{}, []int32{serve.EOS}, p.Name
 	} else {
 		tok = serve.IDsOnly{}
-		if _, serr := os.Stat(filepath.Join(*dir, "tokenizer.json")); serr == nil {
-			// The model's own text: prompts and chats as text, its end tokens.
+		_, serr := os.Stat(filepath.Join(*dir, "tokenizer.json"))
+		if serr == nil || strings.HasSuffix(*dir, ".gguf") {
+			// The model's own text (a folder's tokenizer.json, a GGUF file's
+			// vocabulary): prompts and chats as text, its end tokens.
 			text, err := loadText(*dir, false)
-			if err != nil {
+			switch {
+			case errors.Is(err, errNoVocab): // weights only: requests give input_ids
+			case err != nil:
 				return fmt.Errorf("serve: %w", err)
-			}
-			if tok, stopIDs, err = text.serveText(); err != nil {
-				return fmt.Errorf("serve: %w", err)
+			default:
+				if tok, stopIDs, err = text.serveText(); err != nil {
+					return fmt.Errorf("serve: %w", err)
+				}
 			}
 		}
 		m, err = model.Load(*dir)

@@ -7,12 +7,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/internal/moetest"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/loadgen"
+	"github.com/moex-project/moex/model"
 )
 
 // startServe runs moex serve with args on a free port until the returned
@@ -199,4 +204,50 @@ func TestRoute(t *testing.T) {
 	}
 	err := routeUntil(context.Background(), []string{"--worker", "localhost:1"}, io.Discard, io.Discard)
 	require.ErrorContains(t, err, `worker URL "localhost:1": want http(s)://host:port`)
+}
+
+// TestServeGGUF: moex serve --model on a GGUF file of weights only (no
+// vocabulary: requests give input_ids) generates, greedily, the tokens the
+// model's own forward passes choose.
+func TestServeGGUF(t *testing.T) {
+	spec := moetest.WholeSpec{
+		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
+		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 33,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	data, err := w.GGUF("qwen3moe")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "q.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	m, err := model.Load(path)
+	require.NoError(t, err)
+	defer m.Close()
+	ids := []int32{3, 1, 4, 1, 5}
+	kv, err := m.NewKV(4, 16, kernels.BF16) // as serve's cache
+	require.NoError(t, err)
+	logits, err := m.Forward(context.Background(), kv, make([]int, len(ids)), ids, []int{len(ids) - 1})
+	require.NoError(t, err)
+	var want []int32
+	for range 4 {
+		next := argmax(logits)
+		want = append(want, next)
+		if logits, err = m.Forward(context.Background(), kv, []int{0}, []int32{next}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	url, stop := startServe(t, "--model", path, "--kv-blocks", "16")
+	resp, err := http.Post(url+"/generate", "application/json",
+		strings.NewReader(`{"input_ids": [3, 1, 4, 1, 5], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": true}}`))
+	require.NoError(t, err)
+	var g struct {
+		IDs []int32 `json:"output_ids"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&g))
+	resp.Body.Close()
+	require.Equal(t, want, g.IDs)
+	require.NoError(t, stop())
+	http.DefaultClient.CloseIdleConnections()
 }

@@ -65,6 +65,9 @@ func loadText(model string, needChat bool) (*modelText, error) {
 	return m, nil
 }
 
+// errNoVocab: a GGUF file without a vocabulary (a model's weights only).
+var errNoVocab = errors.New("no vocabulary")
+
 // ggufText reads the tokenizer and the chat template of a GGUF file.
 func ggufText(path string) (*tokenizer.Tokenizer, string, error) {
 	f, err := gguf.Open(path)
@@ -79,7 +82,7 @@ func ggufText(path string) (*tokenizer.Tokenizer, string, error) {
 		}
 	}
 	if meta["tokenizer.ggml.tokens"] == nil {
-		return nil, "", fmt.Errorf("%s: the GGUF file has no vocabulary (tokenizer.ggml.tokens); for a split file give its first part", path)
+		return nil, "", fmt.Errorf("%s: the GGUF file has no vocabulary (tokenizer.ggml.tokens); for a split file give its first part: %w", path, errNoVocab)
 	}
 	v, err := tokenizer.ReadGGUFVocab(meta)
 	if err != nil {
