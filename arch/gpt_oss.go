@@ -2,6 +2,7 @@ package arch
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/moex-project/moex/kernels"
 )
@@ -58,7 +59,11 @@ var gptOss = &family{
 		}
 		return nil
 	},
-	whole: true,
+	whole:     true,
+	ggufWhole: true,
+	ggufNames: func(n *LayerNames) { // llama.cpp's openai_moe: the norm after attention is post_attention_norm
+		n.PostNorm = strings.Replace(n.PostNorm, "ffn_norm", "post_attention_norm", 1)
+	},
 	names: func(c *Config, root string, layer int) MoENames {
 		p := fmt.Sprintf("%slayers.%d.mlp.", root, layer)
 		var n MoENames

@@ -35,9 +35,12 @@ type family struct {
 	gguf     []string
 	fromGGUF func(m *ggufMeta, cfg map[string]any) error
 	// whole: moex runs the family's whole model; notWhole says why not.
-	// ggufWhole: from a GGUF file too.
+	// ggufWhole: from a GGUF file too, with ggufNames changing the layer
+	// names llama.cpp gives the family where they differ from its
+	// llama-like ones.
 	whole, ggufWhole bool
 	notWhole         string
+	ggufNames        func(n *LayerNames)
 }
 
 // registry lists the families moex reads, one file each.

@@ -90,10 +90,14 @@ type LayerNames struct {
 func (c *Config) LayerNames(root string, n int) LayerNames {
 	if c.GGUF {
 		p := fmt.Sprintf("blk.%d.", n)
-		return LayerNames{InNorm: p + "attn_norm.weight", PostNorm: p + "ffn_norm.weight",
+		names := LayerNames{InNorm: p + "attn_norm.weight", PostNorm: p + "ffn_norm.weight",
 			Q: p + "attn_q.weight", K: p + "attn_k.weight", V: p + "attn_v.weight", O: p + "attn_output.weight",
 			QNorm: p + "attn_q_norm.weight", KNorm: p + "attn_k_norm.weight", Sinks: p + "attn_sinks.weight",
 			Gate: p + "ffn_gate.weight", Up: p + "ffn_up.weight", Down: p + "ffn_down.weight", Attention: p + "attn_", MLPPrefix: p + "ffn_"}
+		if f := c.fam(); f != nil && f.ggufNames != nil {
+			f.ggufNames(&names)
+		}
+		return names
 	}
 	p := fmt.Sprintf("%slayers.%d.", root, n)
 	a, m := p+"self_attn.", p+"mlp."

@@ -26,6 +26,9 @@ type GQASpec struct {
 	// Yarn: gpt-oss's rope_scaling (yarn, factor 32, beta 32 and 1,
 	// original_max_position_embeddings 4096, truncate false).
 	Yarn bool
+	// YarnTruncate rounds yarn's ramp bounds (transformers' default, and
+	// what ggml always does); gpt-oss's release turns it off.
+	YarnTruncate bool
 	// Partial is partial_rotary_factor (0: 1): RoPE turns the first
 	// head_dim·Partial values of each head (GLM-4.5: 0.5).
 	Partial float64
@@ -131,7 +134,11 @@ func (m *GQAModel) invFreq() ([]float64, float64) {
 	corrDim := func(rot float64) float64 {
 		return float64(d) * math.Log(orig/(rot*2*math.Pi)) / (2 * math.Log(theta))
 	}
-	low, high := math.Max(corrDim(betaFast), 0), math.Min(corrDim(betaSlow), float64(d-1)) // truncate: false
+	low, high := corrDim(betaFast), corrDim(betaSlow)
+	if m.Spec.YarnTruncate {
+		low, high = math.Floor(low), math.Ceil(high)
+	}
+	low, high = math.Max(low, 0), math.Min(high, float64(d-1))
 	out := make([]float64, d/2)
 	for i := range out {
 		ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)

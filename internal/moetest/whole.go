@@ -191,7 +191,7 @@ func (s GQASpec) config(layers int) map[string]any {
 	}
 	if s.Yarn {
 		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-			"original_max_position_embeddings": 4096, "truncate": false}
+			"original_max_position_embeddings": 4096, "truncate": s.YarnTruncate}
 	}
 	return c
 }

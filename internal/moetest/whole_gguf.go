@@ -8,7 +8,8 @@ import (
 )
 
 // GGUF is the whole model as llama.cpp's convert_hf_to_gguf.py writes it
-// for architecture arch (qwen3moe, qwen2moe, or llama for Mixtral): the
+// for architecture arch (qwen3moe, qwen2moe, gpt-oss, or llama for
+// Mixtral): the
 // metadata llama-model.cpp reads (the MoE block's keys as the layers'
 // GGUF writer gives them, the attention's heads and widths, the norms'
 // epsilon, RoPE's base, the vocabulary's size), and every tensor under
@@ -70,10 +71,20 @@ func (w *Whole) GGUF(arch string) ([]byte, error) {
 		if arch == "llama" {
 			q, k = permute(q, g.Heads), permute(k, g.KVHeads)
 		}
-		tensors = append(tensors, vec(p+"attn_norm.weight", w.InNorm[l]), vec(p+"ffn_norm.weight", w.PostNorm[l]),
+		post := "ffn_norm"
+		if arch == "gpt-oss" { // llama.cpp's openai_moe names it so
+			post = "post_attention_norm"
+		}
+		tensors = append(tensors, vec(p+"attn_norm.weight", w.InNorm[l]), vec(p+post+".weight", w.PostNorm[l]),
 			mat(p+"attn_q.weight", q, typ), mat(p+"attn_k.weight", k, typ), mat(p+"attn_v.weight", a.V, typ), mat(p+"attn_output.weight", a.O, typ))
 		if a.QB != nil {
 			tensors = append(tensors, vec(p+"attn_q.bias", a.QB), vec(p+"attn_k.bias", a.KB), vec(p+"attn_v.bias", a.VB))
+		}
+		if a.OB != nil {
+			tensors = append(tensors, vec(p+"attn_output.bias", a.OB))
+		}
+		if a.Sinks != nil {
+			tensors = append(tensors, vec(p+"attn_sinks.weight", a.Sinks))
 		}
 		if a.QNorm != nil {
 			tensors = append(tensors, vec(p+"attn_q_norm.weight", a.QNorm), vec(p+"attn_k_norm.weight", a.KNorm))
@@ -95,6 +106,13 @@ func (w *Whole) GGUF(arch string) ([]byte, error) {
 		kv(arch+".attention.key_length", uint32(g.HeadDim)), kv(arch+".attention.value_length", uint32(g.HeadDim)),
 		kv(arch+".attention.layer_norm_rms_epsilon", float32(1e-6)), kv(arch+".rope.freq_base", float32(g.Theta)),
 		kv(arch+".vocab_size", uint32(s.Vocab)), kv(arch+".context_length", uint32(4096)))
+	if g.Window > 0 {
+		kvs = append(kvs, kv(arch+".attention.sliding_window", uint32(g.Window)))
+	}
+	if g.Yarn {
+		kvs = append(kvs, kv(arch+".rope.scaling.type", "yarn"), kv(arch+".rope.scaling.factor", float32(32)),
+			kv(arch+".rope.scaling.original_context_length", uint32(4096)))
+	}
 	var b bytes.Buffer
 	if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
 		return nil, err
