@@ -5,6 +5,7 @@ import (
 
 	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/format/gguf"
+	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
 
@@ -83,10 +84,22 @@ func LoadGGUFFrom(g *gguf.Model, a *arch.Config, n int) (*Layer, error) {
 		}
 	}
 	stacks := make([][]kernels.Matrix, 3)
+	fused := !g.Has(blk+"ffn_gate_exps.weight") && g.Has(blk+"ffn_gate_up_exps.weight")
+	if fused { // newer llama.cpp files: gate and up in one tensor, an expert's gate rows then its up rows
+		if cfg.ExpertBias {
+			return nil, errkind.Errorf(ErrUnsupportedFormat, "moe: %s: tensor %q with expert biases is not read yet", g.Path(), blk+"ffn_gate_up_exps.weight")
+		}
+		if stacks[0], stacks[1], err = g.StackedPairs(blk+"ffn_gate_up_exps.weight", E, I, H); err != nil {
+			return nil, err
+		}
+	}
 	for i, p := range []struct {
 		name       string
 		rows, cols int
 	}{{"ffn_gate_exps", I, H}, {"ffn_up_exps", I, H}, {"ffn_down_exps", H, I}} {
+		if fused && i < 2 {
+			continue
+		}
 		if stacks[i], err = g.Stacked(blk+p.name+".weight", E, p.rows, p.cols); err != nil {
 			return nil, err
 		}

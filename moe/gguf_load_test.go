@@ -69,6 +69,47 @@ func TestLoadGGUF(t *testing.T) {
 	}
 }
 
+// TestLoadGGUFFusedGateUp: experts stored as newer llama.cpp files store
+// them, gate and up fused in ffn_gate_up_exps, give the reference's output;
+// with expert biases (gpt-oss) the fused tensor is refused by name.
+func TestLoadGGUFFusedGateUp(t *testing.T) {
+	for _, c := range []struct {
+		arch string
+		typ  uint32
+		spec moetest.Spec
+	}{
+		{"qwen3moe", 30, moetest.Spec{ModelType: "qwen3_moe", Hidden: 32, Experts: 6, TopK: 2, Inter: 16, NormTopK: true, DType: "BF16", Seed: 91}},
+		{"deepseek2", 0, moetest.Spec{ModelType: "deepseek_v2", Hidden: 32, Experts: 8, TopK: 3, Inter: 16, SharedExperts: 1,
+			Method: "greedy", Scoring: "softmax", DType: "F32", Seed: 92}},
+	} {
+		m, err := moetest.Generate(c.spec)
+		require.NoError(t, err)
+		data, err := m.GGUFFused(c.arch, c.typ)
+		require.NoError(t, err)
+		path := filepath.Join(t.TempDir(), "fused.gguf")
+		require.NoError(t, os.WriteFile(path, data, 0o644))
+		l, err := moe.LoadGGUF(path, c.spec.Layer)
+		require.NoError(t, err, c.arch)
+		x := moetest.Input(c.spec.Seed, 7, c.spec.Hidden, false)
+		y := make([]float32, len(x))
+		ids := make([]int32, 7*c.spec.TopK)
+		require.NoError(t, l.ForwardRouting(context.Background(), x, y, ids, nil))
+		ref := m.Forward(x)
+		require.Equal(t, ref.IDs, ids, c.arch)
+		require.LessOrEqual(t, moetest.RelErr(y, ref.Y), 1e-5, c.arch)
+		require.NoError(t, l.Close())
+	}
+	m, err := moetest.Generate(moetest.Spec{ModelType: "gpt_oss", Hidden: 32, Experts: 4, TopK: 2, Inter: 16, DType: "F32", Seed: 93})
+	require.NoError(t, err)
+	data, err := m.GGUFFused("gpt-oss", 0)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "oss.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	_, err = moe.LoadGGUF(path, 0)
+	require.ErrorIs(t, err, moe.ErrUnsupportedFormat)
+	require.ErrorContains(t, err, `"blk.0.ffn_gate_up_exps.weight" with expert biases is not read yet`)
+}
+
 // TestLoadGGUFErrors: each names its problem.
 func TestLoadGGUFErrors(t *testing.T) {
 	spec := moetest.Spec{ModelType: "qwen3_moe", Hidden: 32, Experts: 4, TopK: 2, Inter: 16, NormTopK: true, DType: "F32", Seed: 87}

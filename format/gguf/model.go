@@ -129,6 +129,32 @@ func (g *Model) Stacked(name string, n, rows, cols int) ([]kernels.Matrix, error
 	return g.stacked(name, n, rows, cols)
 }
 
+// StackedPairs is a 3-D tensor of ggml's dims [cols, 2·rows, n]: n
+// matrices [2·rows, cols] each the pair [first; second] of [rows, cols]
+// matrices (llama.cpp's ffn_gate_up_exps: an expert's gate rows, then its
+// up rows), as the n firsts and the n seconds, views of the mapping.
+func (g *Model) StackedPairs(name string, n, rows, cols int) (first, second []kernels.Matrix, err error) {
+	t, f, err := g.tensor(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if want := []uint64{uint64(cols), uint64(2 * rows), uint64(n)}; !slices.Equal(t.Dims, want) {
+		return nil, nil, errkind.Errorf(format.ErrMissingTensor, "gguf: %s: tensor %q has ggml dims %v, want %v", f.Path, name, t.Dims, want)
+	}
+	first, second = make([]kernels.Matrix, n), make([]kernels.Matrix, n)
+	for e := range first {
+		// Rows of blocks are independent: the tensor is 2n matrices
+		// [rows, cols], expert e's halves the (2e)th and (2e+1)th.
+		if first[e], err = f.view(t, 2*e, rows, cols); err != nil {
+			return nil, nil, err
+		}
+		if second[e], err = f.view(t, 2*e+1, rows, cols); err != nil {
+			return nil, nil, err
+		}
+	}
+	return first, second, nil
+}
+
 // tensor is name's info and file.
 func (g *Model) tensor(name string) (TensorInfo, *File, error) {
 	f, ok := g.where[name]

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 )
 
 // GGUFKV is one metadata key/value for WriteGGUF. Value is a uint8, int8,
@@ -185,6 +186,42 @@ func (m *Model) GGUFQuant(arch string, typ uint32, qtypes map[string]uint32, exp
 	}
 	var b bytes.Buffer
 	if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// GGUFFused is GGUF with the experts' gate and up projections fused into
+// one ffn_gate_up_exps tensor (ggml's dims [hidden, 2·inter, experts]:
+// each expert's gate rows, then its up rows), as newer llama.cpp files
+// store them.
+func (m *Model) GGUFFused(arch string, typ uint32) ([]byte, error) {
+	kvs, tensors, err := m.ggufParts(arch, typ, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	var gate, up *GGUFTensor
+	var rest []GGUFTensor
+	for i := range tensors {
+		switch {
+		case strings.HasSuffix(tensors[i].Name, "ffn_gate_exps.weight"):
+			gate = &tensors[i]
+		case strings.HasSuffix(tensors[i].Name, "ffn_up_exps.weight"):
+			up = &tensors[i]
+		default:
+			rest = append(rest, tensors[i])
+		}
+	}
+	E := int(gate.Dims[2])
+	per := len(gate.Data) / E
+	var data []byte
+	for e := range E {
+		data = append(append(data, gate.Data[e*per:(e+1)*per]...), up.Data[e*per:(e+1)*per]...)
+	}
+	rest = append(rest, GGUFTensor{Name: strings.Replace(gate.Name, "ffn_gate_exps", "ffn_gate_up_exps", 1),
+		Dims: []uint64{gate.Dims[0], 2 * gate.Dims[1], gate.Dims[2]}, Type: gate.Type, Data: data})
+	var b bytes.Buffer
+	if err := WriteGGUF(&b, kvs, rest, 32); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
