@@ -285,6 +285,16 @@ func (m *Model) DecodeBytes() int64 {
 	return n
 }
 
+// KVBytesPerToken is the bytes a token's cache rows take over every layer
+// in dtype: MLA's latent, or grouped-query attention's keys and values.
+func (m *Model) KVBytesPerToken(dtype kernels.DType) int64 {
+	var n int64
+	for _, d := range m.layers {
+		n += int64(d.attn.RowDim())
+	}
+	return n * int64(dtype.Bits()) / 8
+}
+
 // NumLayers is the decoder layers' count.
 func (m *Model) NumLayers() int { return len(m.layers) }
 

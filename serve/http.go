@@ -75,6 +75,11 @@ type Info struct {
 	ModelPath string `json:"model_path"`
 	DPSize    int    `json:"dp_size"`
 	MaxTokens int    `json:"max_total_num_tokens"`
+	// KVBytesPerToken is what a token's cache rows take over every layer
+	// (MLA: its latent; grouped-query attention: its keys and values), in
+	// KVDType.
+	KVBytesPerToken int64  `json:"kv_bytes_per_token,omitempty"`
+	KVDType         string `json:"kv_cache_dtype,omitempty"`
 	// StreamInterval: a stream sends a frame every this many tokens (and
 	// the last); 0 or 1: every token (SGLang's --stream-interval).
 	StreamInterval int `json:"stream_interval"`

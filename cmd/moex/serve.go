@@ -151,7 +151,8 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name, StreamInterval: *interval})
+	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name, StreamInterval: *interval,
+		KVBytesPerToken: m.KVBytesPerToken(kernels.BF16), KVDType: "bf16"})
 	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -248,6 +248,12 @@ func TestServeGGUF(t *testing.T) {
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&g))
 	resp.Body.Close()
 	require.Equal(t, want, g.IDs)
+	resp, err = http.Get(url + "/get_server_info")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// 2 layers × (keys and values of 1 head of 8) × 2 bytes.
+	require.Contains(t, string(b), `"kv_bytes_per_token":64,"kv_cache_dtype":"bf16"`)
 	require.NoError(t, stop())
 	http.DefaultClient.CloseIdleConnections()
 }
