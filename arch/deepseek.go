@@ -13,13 +13,14 @@ import (
 // greedily (or group_limited_greedy) over a softmax, V3 with noaux_tc over
 // sigmoid scores; both add n_shared_experts fused as one MLP.
 var deepseekV2 = &family{
-	name:    "deepseek_v2",
-	classes: []string{"DeepseekV2ForCausalLM"},
-	read:    readDeepSeek,
-	dense:   deepseekDense,
-	names:   mlpNames,
-	whole:   true,
-	gguf:    []string{"deepseek2"},
+	name:      "deepseek_v2",
+	classes:   []string{"DeepseekV2ForCausalLM"},
+	read:      readDeepSeek,
+	dense:     deepseekDense,
+	names:     mlpNames,
+	whole:     true,
+	ggufWhole: true,
+	gguf:      []string{"deepseek2"},
 	fromGGUF: func(m *ggufMeta, cfg map[string]any) error {
 		deepseekGGUF(m, cfg, false)
 		return nil
@@ -39,6 +40,7 @@ var deepseekV3 = &family{
 	dense:      deepseekDense,
 	names:      mlpNames,
 	whole:      true,
+	ggufWhole:  true,
 }
 
 // readDeepSeek reads the DeepSeek block's fields. glm4_moe and dots1 are
@@ -195,6 +197,20 @@ func deepseekGGUF(m *ggufMeta, cfg map[string]any, glm bool) {
 	}
 	if sigmoid {
 		scoring = "sigmoid"
+	}
+	if !glm {
+		// MLA: llama.cpp's key_length is nope + rope (key_length_mla where
+		// the file has both), q_lora_rank 0 means a plain q_proj.
+		if q := m.num("attention.q_lora_rank", 0); q > 0 {
+			cfg["q_lora_rank"] = q
+		}
+		rope := m.num("rope.dimension_count", 0)
+		if k := m.num("attention.key_length_mla", m.num("attention.key_length", 0)); k > rope {
+			cfg["qk_nope_head_dim"] = k - rope
+		}
+		if v := m.num("attention.value_length_mla", m.num("attention.value_length", 0)); v > 0 {
+			cfg["v_head_dim"] = v
+		}
 	}
 	for k, v := range map[string]any{"model_type": model, "n_routed_experts": m.num("expert_count"),
 		"num_experts_per_tok": m.num("expert_used_count"), "moe_intermediate_size": inter,

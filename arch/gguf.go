@@ -81,6 +81,9 @@ func (m *ggufMeta) wholeKeys(cfg map[string]any) {
 			cfg[hf] = m.num(key)
 		}
 	}
+	if _, ok := cfg["intermediate_size"]; !ok && m.has("feed_forward_length") {
+		cfg["intermediate_size"] = m.num("feed_forward_length") // the dense layers' MLP
+	}
 	if _, ok := cfg["vocab_size"]; !ok {
 		if t, ok := m.h.Metadata["tokenizer.ggml.tokens"]; ok && t.Type == gguf.Array {
 			cfg["vocab_size"] = len(t.Array)
@@ -90,6 +93,13 @@ func (m *ggufMeta) wholeKeys(cfg map[string]any) {
 		s := map[string]any{"rope_type": m.h.Metadata[m.arch+".rope.scaling.type"].Str, "factor": m.num("rope.scaling.factor", 1),
 			"original_max_position_embeddings": m.num("rope.scaling.original_context_length", 0),
 			"beta_fast":                        m.num("rope.scaling.yarn_beta_fast", 32), "beta_slow": m.num("rope.scaling.yarn_beta_slow", 1)}
+		if m.has("rope.scaling.yarn_log_multiplier") {
+			// llama.cpp's deepseek2: cos and sin unscaled, the softmax scale
+			// times (1 + log_mul·ln factor)²: DeepSeek's yarn with mscale =
+			// mscale_all_dim = log_mul / 0.1.
+			ms := m.num("rope.scaling.yarn_log_multiplier") / 0.1
+			s["mscale"], s["mscale_all_dim"] = ms, ms
+		}
 		cfg["rope_scaling"] = s
 	}
 	cfg["tie_word_embeddings"] = !m.hasExact("output.weight")

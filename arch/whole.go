@@ -106,3 +106,25 @@ func (c *Config) LayerNames(root string, n int) LayerNames {
 		QNorm: a + "q_norm.weight", KNorm: a + "k_norm.weight", Sinks: a + "sinks",
 		Gate: m + "gate_proj.weight", Up: m + "up_proj.weight", Down: m + "down_proj.weight", Attention: a, MLPPrefix: m}
 }
+
+// MLANames are one layer's MLA tensors (DeepSeek-V2/V3): q_proj, or
+// q_a_proj, its norm and q_b_proj; kv_a_proj_with_mqa and its norm;
+// kv_b_proj, or (newer GGUF files) its halves split per head, KB [heads,
+// kv_lora_rank, qk_nope_head_dim] (each head's key half transposed) and
+// VB [heads, v_head_dim, kv_lora_rank]; o_proj.
+type MLANames struct {
+	Q, QA, QANorm, QB, KVA, KVANorm, KVB, KB, VB, O string
+}
+
+// MLANames are layer n's MLA names, the decoder under root.
+func (c *Config) MLANames(root string, n int) MLANames {
+	if c.GGUF {
+		p := fmt.Sprintf("blk.%d.attn_", n)
+		return MLANames{Q: p + "q.weight", QA: p + "q_a.weight", QANorm: p + "q_a_norm.weight", QB: p + "q_b.weight",
+			KVA: p + "kv_a_mqa.weight", KVANorm: p + "kv_a_norm.weight", KVB: p + "kv_b.weight", KB: p + "k_b.weight", VB: p + "v_b.weight",
+			O: p + "output.weight"}
+	}
+	p := fmt.Sprintf("%slayers.%d.self_attn.", root, n)
+	return MLANames{Q: p + "q_proj.weight", QA: p + "q_a_proj.weight", QANorm: p + "q_a_layernorm.weight", QB: p + "q_b_proj.weight",
+		KVA: p + "kv_a_proj_with_mqa.weight", KVANorm: p + "kv_a_layernorm.weight", KVB: p + "kv_b_proj.weight", O: p + "o_proj.weight"}
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/moex-project/moex/arch"
+	"github.com/moex-project/moex/format/gguf"
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
@@ -145,16 +146,38 @@ func LoadMLABlockFrom(ck *moe.Checkpoint, n int) (*MLABlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newMLABlock(ck.Matrix, n, cfg)
+	a := ck.Arch
+	return newMLABlock(mlaSource{get: ck.Matrix, has: ck.Has}, a.MLANames(a.Root(ck.Has), n), cfg)
 }
 
-func newMLABlock(get TensorSource, n int, cfg MLAConfig) (*MLABlock, error) {
-	p := fmt.Sprintf("model.layers.%d.self_attn.", n)
+// LoadMLABlockGGUF is layer n's MLA block from a GGUF model already open
+// (a whole model's) with its config (moe.GGUFConfig): kv_b as one tensor
+// (attn_kv_b) or split per head (attn_k_b, attn_v_b), as llama.cpp reads
+// either; the block refers to the mappings.
+func LoadMLABlockGGUF(g *gguf.Model, a *arch.Config, n int) (*MLABlock, error) {
+	cfg, err := MLAConfigOf(a, g.Path())
+	if err != nil {
+		return nil, err
+	}
+	return newMLABlock(mlaSource{get: g.Matrix, has: g.Has, stacked: g.Stacked}, a.MLANames("", n), cfg)
+}
+
+// mlaSource is where an MLA block's tensors come from: get by name and
+// shape; has, whether a name is there; stacked, a 3-D tensor [n, rows,
+// cols] as n matrices (nil where the source has none).
+type mlaSource struct {
+	get     TensorSource
+	has     func(name string) bool
+	stacked func(name string, n, rows, cols int) ([]kernels.Matrix, error)
+}
+
+func newMLABlock(src mlaSource, names arch.MLANames, cfg MLAConfig) (*MLABlock, error) {
+	get := src.get
 	H, nh, qd := cfg.Hidden, cfg.Heads, cfg.NopeDim+cfg.RopeDim
 	b := &MLABlock{Cfg: cfg}
 	var err error
 	vec := func(name string, n int) ([]float32, error) {
-		m, err := get(p+name, n)
+		m, err := get(name, n)
 		if err != nil {
 			return nil, err
 		}
@@ -163,53 +186,63 @@ func newMLABlock(get TensorSource, n int, cfg MLAConfig) (*MLABlock, error) {
 		return v, nil
 	}
 	if cfg.QLoraRank == nil {
-		if b.qProj, err = get(p+"q_proj.weight", nh*qd, H); err != nil {
+		if b.qProj, err = get(names.Q, nh*qd, H); err != nil {
 			return nil, err
 		}
 	} else {
 		r := *cfg.QLoraRank
-		if b.qA, err = get(p+"q_a_proj.weight", r, H); err != nil {
+		if b.qA, err = get(names.QA, r, H); err != nil {
 			return nil, err
 		}
-		if b.qANorm, err = vec("q_a_layernorm.weight", r); err != nil {
+		if b.qANorm, err = vec(names.QANorm, r); err != nil {
 			return nil, err
 		}
-		if b.qB, err = get(p+"q_b_proj.weight", nh*qd, r); err != nil {
+		if b.qB, err = get(names.QB, nh*qd, r); err != nil {
 			return nil, err
 		}
 	}
-	if b.kvA, err = get(p+"kv_a_proj_with_mqa.weight", cfg.KVLoraRank+cfg.RopeDim, H); err != nil {
+	if b.kvA, err = get(names.KVA, cfg.KVLoraRank+cfg.RopeDim, H); err != nil {
 		return nil, err
 	}
-	if b.kvANorm, err = vec("kv_a_layernorm.weight", cfg.KVLoraRank); err != nil {
+	if b.kvANorm, err = vec(names.KVANorm, cfg.KVLoraRank); err != nil {
 		return nil, err
 	}
-	kvB, err := get(p+"kv_b_proj.weight", nh*(cfg.NopeDim+cfg.VDim), cfg.KVLoraRank)
-	if err != nil {
-		return nil, err
-	}
-	if b.oProj, err = get(p+"o_proj.weight", H, nh*cfg.VDim); err != nil {
-		return nil, err
-	}
-	// Split kv_b_proj per head: the key half transposed (absorbed into the
-	// query), the value half as it is.
 	L := cfg.KVLoraRank
-	row := make([]float32, L)
-	for h := 0; h < nh; h++ {
-		base := h * (cfg.NopeDim + cfg.VDim)
-		kt := make([]float32, L*cfg.NopeDim)
-		for j := 0; j < cfg.NopeDim; j++ {
-			kvB.RowF32(base+j, row)
-			for c, v := range row {
-				kt[c*cfg.NopeDim+j] = v
+	if names.KB != "" && src.stacked != nil && src.has != nil && !src.has(names.KVB) && src.has(names.KB) {
+		// kv_b_proj stored split per head, the key half already transposed.
+		if b.wUKT, err = src.stacked(names.KB, nh, L, cfg.NopeDim); err != nil {
+			return nil, err
+		}
+		if b.wUV, err = src.stacked(names.VB, nh, cfg.VDim, L); err != nil {
+			return nil, err
+		}
+	} else {
+		kvB, err := get(names.KVB, nh*(cfg.NopeDim+cfg.VDim), L)
+		if err != nil {
+			return nil, err
+		}
+		// Split kv_b_proj per head: the key half transposed (absorbed into
+		// the query), the value half as it is.
+		row := make([]float32, L)
+		for h := 0; h < nh; h++ {
+			base := h * (cfg.NopeDim + cfg.VDim)
+			kt := make([]float32, L*cfg.NopeDim)
+			for j := 0; j < cfg.NopeDim; j++ {
+				kvB.RowF32(base+j, row)
+				for c, v := range row {
+					kt[c*cfg.NopeDim+j] = v
+				}
 			}
+			b.wUKT = append(b.wUKT, sameDType(kvB.DType, L, cfg.NopeDim, kt))
+			vv := make([]float32, cfg.VDim*L)
+			for j := 0; j < cfg.VDim; j++ {
+				kvB.RowF32(base+cfg.NopeDim+j, vv[j*L:(j+1)*L])
+			}
+			b.wUV = append(b.wUV, sameDType(kvB.DType, cfg.VDim, L, vv))
 		}
-		b.wUKT = append(b.wUKT, sameDType(kvB.DType, L, cfg.NopeDim, kt))
-		vv := make([]float32, cfg.VDim*L)
-		for j := 0; j < cfg.VDim; j++ {
-			kvB.RowF32(base+cfg.NopeDim+j, vv[j*L:(j+1)*L])
-		}
-		b.wUV = append(b.wUV, sameDType(kvB.DType, cfg.VDim, L, vv))
+	}
+	if b.oProj, err = get(names.O, H, nh*cfg.VDim); err != nil {
+		return nil, err
 	}
 	b.pack()
 	if err := b.setRoPE(); err != nil {
@@ -301,7 +334,7 @@ func NewRandomMLABlock(cfg MLAConfig, dtype kernels.DType, seed uint64) (*MLABlo
 	if cfg.RopeDim%2 != 0 {
 		return nil, fmt.Errorf("attn: qk_rope_head_dim %d must be even", cfg.RopeDim)
 	}
-	return newMLABlock(randomSource(dtype, seed), 0, cfg)
+	return newMLABlock(mlaSource{get: randomSource(dtype, seed)}, (&arch.Config{}).MLANames("model.", 0), cfg)
 }
 
 // HiddenSize is the model width.

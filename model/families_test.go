@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/arch"
 	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
@@ -136,13 +135,34 @@ func TestWholeGGUF(t *testing.T) {
 			require.Less(t, moetest.RelErr(got, wide), 1e-5, "the GGUF file and the folder")
 		})
 	}
-	// A GGUF family whose whole model is not wired refuses by name: a
-	// folder's config read as if from GGUF (deepseek2's MLA names are not
-	// mapped yet).
-	a, err := arch.Parse([]byte(`{"model_type": "deepseek_v2", "hidden_size": 8, "n_routed_experts": 2, "num_experts_per_tok": 1,
-		"moe_intermediate_size": 4, "kv_lora_rank": 4, "num_attention_heads": 1, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
-		"v_head_dim": 2, "num_hidden_layers": 1, "vocab_size": 4}`))
-	require.NoError(t, err)
-	a.GGUF = true
-	require.ErrorContains(t, a.WholeModel(), "moex runs its MoE block from GGUF, not yet its whole model")
+	// DeepSeek-V2 and V3 (MLA, a dense leading layer; V3 with q-LoRA and
+	// yarn), kv_b whole and split per head as newer files store it.
+	for _, name := range []string{"deepseek_v2_f32", "deepseek_v3_bf16"} {
+		for _, split := range []bool{false, true} {
+			spec := wholeSpecs()[name]
+			w, st := loadWhole(t, spec, nil)
+			data, err := w.GGUFSplit("deepseek2", split)
+			require.NoError(t, err)
+			path := filepath.Join(t.TempDir(), "ds.gguf")
+			require.NoError(t, os.WriteFile(path, data, 0o644))
+			m, err := model.Load(path)
+			require.NoError(t, err, name)
+			ids := moetest.Tokens(9, 13, spec.Vocab)
+			got, err := m.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			fromST, err := st.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			var flat []float64
+			for _, row := range w.Logits(ids) {
+				flat = append(flat, row...)
+			}
+			require.Less(t, moetest.RelErr(got, flat), 1e-4, "%s split %v", name, split)
+			wide := make([]float64, len(fromST))
+			for i, v := range fromST {
+				wide[i] = float64(v)
+			}
+			require.Less(t, moetest.RelErr(got, wide), 1e-5, "%s split %v: the GGUF file and the folder", name, split)
+			require.NoError(t, m.Close())
+		}
+	}
 }

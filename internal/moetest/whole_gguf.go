@@ -18,10 +18,16 @@ import (
 // are permuted as the converter's LlamaModel.permute does (each head's
 // halves interleaved, so that llama.cpp rotates pairs). The model must
 // have no dense layers (llama.cpp's MoE architectures have none).
-func (w *Whole) GGUF(arch string) ([]byte, error) {
+func (w *Whole) GGUF(arch string) ([]byte, error) { return w.GGUFSplit(arch, false) }
+
+// GGUFSplit is GGUF; for deepseek2 (MLA, dense leading layers allowed)
+// with kv_b_proj as one attn_kv_b tensor, or (splitKVB) split per head
+// into attn_k_b [heads, kv_lora_rank, nope] (the key half transposed) and
+// attn_v_b [heads, v_head_dim, kv_lora_rank], as newer files store it.
+func (w *Whole) GGUFSplit(arch string, splitKVB bool) ([]byte, error) {
 	s := w.Spec
-	if s.GQA == nil || s.FirstKDense != 0 {
-		return nil, fmt.Errorf("moetest: a GGUF whole model needs grouped-query attention and no dense layer")
+	if (s.GQA == nil) != (arch == "deepseek2") || (s.GQA != nil && s.FirstKDense != 0) {
+		return nil, fmt.Errorf("moetest: a GGUF whole model: grouped-query attention without dense layers, or deepseek2's MLA")
 	}
 	typ := uint32(0)
 	if s.MoE.DType == "BF16" {
@@ -61,9 +67,47 @@ func (w *Whole) GGUF(arch string) ([]byte, error) {
 		}
 		return out
 	}
-	g := *s.GQA
 	tensors := []GGUFTensor{mat("token_embd.weight", w.Embed, typ), vec("output_norm.weight", w.Norm), mat("output.weight", w.LMHead, typ)}
 	var kvs []GGUFKV
+	kv := func(k string, v any) GGUFKV { return GGUFKV{Key: k, Value: v} }
+	if s.GQA == nil {
+		for l := 0; l < s.Layers; l++ {
+			p := fmt.Sprintf("blk.%d.", l)
+			tensors = append(tensors, vec(p+"attn_norm.weight", w.InNorm[l]), vec(p+"ffn_norm.weight", w.PostNorm[l]))
+			tensors = append(tensors, w.Attn[l].ggufTensors(p, typ, splitKVB, mat, vec)...)
+			if d := w.Dense[l]; d != nil {
+				tensors = append(tensors, mat(p+"ffn_gate.weight", d.Gate, typ), mat(p+"ffn_up.weight", d.Up, typ), mat(p+"ffn_down.weight", d.Down, typ))
+				continue
+			}
+			mkv, mt, err := w.MoE[l].ggufParts(arch, typ, nil, nil)
+			if err != nil {
+				return nil, err
+			}
+			tensors, kvs = append(tensors, mt...), mkv
+		}
+		for i, x := range kvs {
+			if x.Key == arch+".block_count" {
+				kvs[i].Value = uint32(s.Layers)
+			}
+		}
+		at := s.Attn
+		kvs = append(kvs, kv(arch+".attention.head_count", uint32(at.Heads)), kv(arch+".attention.head_count_kv", uint32(at.Heads)),
+			kv(arch+".attention.key_length", uint32(at.Nope+at.Rope)), kv(arch+".attention.value_length", uint32(at.VDim)),
+			kv(arch+".attention.kv_lora_rank", uint32(at.KVLoraRank)), kv(arch+".attention.q_lora_rank", uint32(at.QLoraRank)),
+			kv(arch+".rope.dimension_count", uint32(at.Rope)), kv(arch+".rope.freq_base", float32(at.Theta)),
+			kv(arch+".attention.layer_norm_rms_epsilon", float32(1e-6)), kv(arch+".vocab_size", uint32(s.Vocab)),
+			kv(arch+".feed_forward_length", uint32(s.DenseInter)))
+		if at.Yarn { // DeepSeek-V2-Lite's, as the converter writes it: log multiplier 0.1·mscale_all_dim
+			kvs = append(kvs, kv(arch+".rope.scaling.type", "yarn"), kv(arch+".rope.scaling.factor", float32(40)),
+				kv(arch+".rope.scaling.original_context_length", uint32(4096)), kv(arch+".rope.scaling.yarn_log_multiplier", float32(0.0707)))
+		}
+		var b bytes.Buffer
+		if err := WriteGGUF(&b, kvs, tensors, 32); err != nil {
+			return nil, err
+		}
+		return b.Bytes(), nil
+	}
+	g := *s.GQA
 	for l := 0; l < s.Layers; l++ {
 		p := fmt.Sprintf("blk.%d.", l)
 		a := w.GQA[l]
@@ -96,7 +140,6 @@ func (w *Whole) GGUF(arch string) ([]byte, error) {
 		tensors = append(tensors, mt...)
 		kvs = mkv
 	}
-	kv := func(k string, v any) GGUFKV { return GGUFKV{Key: k, Value: v} }
 	for i, x := range kvs {
 		if x.Key == arch+".block_count" {
 			kvs[i].Value = uint32(s.Layers)
@@ -118,4 +161,39 @@ func (w *Whole) GGUF(arch string) ([]byte, error) {
 		return nil, err
 	}
 	return b.Bytes(), nil
+}
+
+// ggufTensors are the MLA block's tensors under llama.cpp's names (p:
+// blk.N.), kv_b whole or split per head.
+func (m *AttnModel) ggufTensors(p string, typ uint32, splitKVB bool, mat func(string, [][]float64, uint32) GGUFTensor,
+	vec func(string, []float64) GGUFTensor) []GGUFTensor {
+	s := m.Spec
+	var out []GGUFTensor
+	if s.QLoraRank == 0 {
+		out = append(out, mat(p+"attn_q.weight", m.QProj, typ))
+	} else {
+		out = append(out, mat(p+"attn_q_a.weight", m.QA, typ), vec(p+"attn_q_a_norm.weight", m.QANorm), mat(p+"attn_q_b.weight", m.QB, typ))
+	}
+	out = append(out, mat(p+"attn_kv_a_mqa.weight", m.KVA, typ), vec(p+"attn_kv_a_norm.weight", m.KVANorm), mat(p+"attn_output.weight", m.OProj, typ))
+	if !splitKVB {
+		return append(out, mat(p+"attn_kv_b.weight", m.KVB, typ))
+	}
+	L, per := s.KVLoraRank, s.Nope+s.VDim
+	var kb, vb [][]float64 // [heads·L][nope] and [heads·v][L], stacked by head
+	for h := 0; h < s.Heads; h++ {
+		for c := 0; c < L; c++ {
+			row := make([]float64, s.Nope)
+			for j := range row {
+				row[j] = m.KVB[h*per+j][c]
+			}
+			kb = append(kb, row)
+		}
+		for j := 0; j < s.VDim; j++ {
+			vb = append(vb, m.KVB[h*per+s.Nope+j])
+		}
+	}
+	k, v := mat(p+"attn_k_b.weight", kb, typ), mat(p+"attn_v_b.weight", vb, typ)
+	k.Dims = []uint64{uint64(s.Nope), uint64(L), uint64(s.Heads)}
+	v.Dims = []uint64{uint64(L), uint64(s.VDim), uint64(s.Heads)}
+	return append(out, k, v)
 }
