@@ -198,7 +198,15 @@ func deepseekGGUF(m *ggufMeta, cfg map[string]any, glm bool) {
 	if sigmoid {
 		scoring = "sigmoid"
 	}
-	if !glm {
+	if glm {
+		// Grouped-query attention: RoPE over rope.dimension_count of each
+		// head's key_length; QK norms where the file has their tensors.
+		if k, r := m.num("attention.key_length", 0), m.num("rope.dimension_count", 0); k > 0 && r > 0 {
+			cfg["partial_rotary_factor"] = r / k
+		}
+		cfg["use_qk_norm"] = m.hasTensor(".attn_q_norm.weight")
+		cfg["attention_bias"] = m.hasTensor(".attn_q.bias")
+	} else {
 		// MLA: llama.cpp's key_length is nope + rope (key_length_mla where
 		// the file has both), q_lora_rank 0 means a plain q_proj.
 		if q := m.num("attention.q_lora_rank", 0); q > 0 {

@@ -26,8 +26,8 @@ func (w *Whole) GGUF(arch string) ([]byte, error) { return w.GGUFSplit(arch, fal
 // attn_v_b [heads, v_head_dim, kv_lora_rank], as newer files store it.
 func (w *Whole) GGUFSplit(arch string, splitKVB bool) ([]byte, error) {
 	s := w.Spec
-	if (s.GQA == nil) != (arch == "deepseek2") || (s.GQA != nil && s.FirstKDense != 0) {
-		return nil, fmt.Errorf("moetest: a GGUF whole model: grouped-query attention without dense layers, or deepseek2's MLA")
+	if (s.GQA == nil) != (arch == "deepseek2") || (s.GQA != nil && s.FirstKDense != 0 && arch != "glm4moe") {
+		return nil, fmt.Errorf("moetest: a GGUF whole model: grouped-query attention without dense layers (but glm4moe's), or deepseek2's MLA")
 	}
 	typ := uint32(0)
 	if s.MoE.DType == "BF16" {
@@ -116,7 +116,7 @@ func (w *Whole) GGUFSplit(arch string, splitKVB bool) ([]byte, error) {
 			q, k = permute(q, g.Heads), permute(k, g.KVHeads)
 		}
 		post := "ffn_norm"
-		if arch == "gpt-oss" { // llama.cpp's openai_moe names it so
+		if arch == "gpt-oss" || arch == "glm4moe" { // llama.cpp's openai_moe and glm4moe name it so
 			post = "post_attention_norm"
 		}
 		tensors = append(tensors, vec(p+"attn_norm.weight", w.InNorm[l]), vec(p+post+".weight", w.PostNorm[l]),
@@ -133,6 +133,10 @@ func (w *Whole) GGUFSplit(arch string, splitKVB bool) ([]byte, error) {
 		if a.QNorm != nil {
 			tensors = append(tensors, vec(p+"attn_q_norm.weight", a.QNorm), vec(p+"attn_k_norm.weight", a.KNorm))
 		}
+		if d := w.Dense[l]; d != nil {
+			tensors = append(tensors, mat(p+"ffn_gate.weight", d.Gate, typ), mat(p+"ffn_up.weight", d.Up, typ), mat(p+"ffn_down.weight", d.Down, typ))
+			continue
+		}
 		mkv, mt, err := w.MoE[l].ggufParts(arch, typ, nil, nil)
 		if err != nil {
 			return nil, err
@@ -143,7 +147,16 @@ func (w *Whole) GGUFSplit(arch string, splitKVB bool) ([]byte, error) {
 	for i, x := range kvs {
 		if x.Key == arch+".block_count" {
 			kvs[i].Value = uint32(s.Layers)
+			if arch == "glm4moe" { // the MTP layer counts among the blocks (its tensors are not written)
+				kvs[i].Value = uint32(s.Layers + 1)
+			}
 		}
+	}
+	if g.Partial != 0 {
+		kvs = append(kvs, kv(arch+".rope.dimension_count", uint32(float64(g.HeadDim)*g.Partial)))
+	}
+	if s.FirstKDense > 0 {
+		kvs = append(kvs, kv(arch+".feed_forward_length", uint32(s.DenseInter)))
 	}
 	kvs = append(kvs, kv(arch+".attention.head_count", uint32(g.Heads)), kv(arch+".attention.head_count_kv", uint32(g.KVHeads)),
 		kv(arch+".attention.key_length", uint32(g.HeadDim)), kv(arch+".attention.value_length", uint32(g.HeadDim)),
