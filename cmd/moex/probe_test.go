@@ -262,3 +262,44 @@ func TestBenchModel(t *testing.T) {
 		require.ErrorContains(t, err, bad.err)
 	}
 }
+
+// TestRunWhole: moex run --whole on a whole model's folder (and its GGUF
+// file) runs every rank's requests and passes its parity check in both MoE
+// modes; the flags it cannot take are usage errors.
+func TestRunWhole(t *testing.T) {
+	spec := moetest.WholeSpec{
+		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "BF16"},
+		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+		Hidden: 16, Layers: 2, Vocab: 24, DenseInter: 1, Seed: 34,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, w.WriteTo(dir))
+	data, err := w.GGUF("qwen3moe")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "q.gguf")
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	for _, c := range []struct{ model, mode, want string }{
+		{dir, "alltoall", "bit-identical true"}, {dir, "gather", "within 1e-6"}, {path, "alltoall", "bit-identical true"},
+	} {
+		out, _, err := runCLI("run", "--whole", "--model", c.model, "--ranks", "2", "--batch", "2", "--context", "5", "--steps", "3", "--moe-mode", c.mode)
+		require.NoError(t, err, out)
+		require.Contains(t, out, "2 ranks × 2 requests of 5 prompt tokens, 3 decode steps")
+		require.Contains(t, out, c.want)
+		require.Contains(t, out, ": ok")
+		require.Contains(t, out, "KV cache: 64 B a token over 2 layers")
+	}
+	for _, bad := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--whole"}, "--whole needs --model"},
+		{[]string{"--whole", "--model", dir, "--attn", "tp"}, "--whole runs DP attention"},
+		{[]string{"--whole", "--model", dir, "--layer", "1"}, "--whole runs DP attention"},
+	} {
+		_, _, err := runCLI(append([]string{"run"}, bad.args...)...)
+		require.ErrorIs(t, err, errUsage)
+		require.ErrorContains(t, err, bad.err)
+	}
+}

@@ -49,6 +49,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fused := fs.Bool("fused-layer", true, "--backend cuda --moe-mode gather: the layer's whole decode step (attention, residual, "+
 		"all-gather, MoE, reduce-scatter) on the device with no host copy between, one CUDA graph per step shape; false: the stages apart")
 	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (GGUF integer-code and MXFP4 experts) or bf16dot (bf16 experts, vdpbf16ps pairs); --backend cpu")
+	whole := fs.Bool("whole", false, "run --model's whole model (a folder or .gguf of a family moex runs whole): every rank's requests prefilled, then "+
+		"decoded greedily over DP-attention ranks sharing the MoE layers, checked against one rank")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -94,6 +96,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	if *deadline < 0 {
 		return fmt.Errorf("%w: run: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
+	}
+	if *whole {
+		switch {
+		case *model == "":
+			return fmt.Errorf("%w: run: --whole needs --model", errUsage)
+		case *attnMode != "dp" || *commName != "local" || *backend != "cpu" || explicit["layer"]:
+			return fmt.Errorf("%w: run: --whole runs DP attention over in-process ranks on the CPU (no --attn tp, --comm, --backend or --layer)", errUsage)
+		}
+		ctx, cancel := withDeadline(*deadline)
+		defer cancel()
+		return runWhole(ctx, wholeRun{path: *model, ranks: *ranks, steps: *steps, batch: max(*batch, 1), context: *ctxLen,
+			mode: *mode, seed: *seed, numerics: numMode}, stdout)
 	}
 	ranksSet := false
 	fs.Visit(func(f *flag.Flag) { ranksSet = ranksSet || f.Name == "ranks" })
