@@ -8,7 +8,8 @@ import (
 	"github.com/moex-project/moex/arch"
 )
 
-// Model is the shape of an MLA MoE model: all the formulas need.
+// Model is the shape of a MoE model, its attention MLA (KVLoraRank > 0)
+// or grouped-query: all the formulas need.
 type Model struct {
 	Name   string `json:"name"`
 	Layers int    `json:"layers"`
@@ -26,6 +27,11 @@ type Model struct {
 	NopeDim    int `json:"qk_nope_head_dim"`
 	RopeDim    int `json:"qk_rope_head_dim"`
 	VDim       int `json:"v_head_dim"`
+	// Grouped-query attention (KVLoraRank 0): Heads query heads over
+	// KVHeads key/value heads of HeadDim; the cache holds a token's keys and
+	// values, 2·KVHeads·HeadDim values a layer.
+	KVHeads int `json:"kv_heads,omitempty"`
+	HeadDim int `json:"head_dim,omitempty"`
 	// MoE: Experts routed experts of width ExpertInter, TopK a token, a
 	// shared-expert MLP of width SharedInter (0: none).
 	Experts     int `json:"experts"`
@@ -47,6 +53,10 @@ var modelPresets = map[string]Model{
 		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 64, TopK: 6, ExpertInter: 1408, SharedInter: 2 * 1408, DenseInter: 10944},
 	"deepseek-v3": {Name: "deepseek-v3", Layers: 61, DenseLayers: 3, Hidden: 7168, Vocab: 129280, Heads: 128, QLoraRank: 1536,
 		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 256, TopK: 8, ExpertInter: 2048, SharedInter: 2048, DenseInter: 18432},
+	"qwen3-30b-a3b": {Name: "qwen3-30b-a3b", Layers: 48, Hidden: 2048, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
+		Experts: 128, TopK: 8, ExpertInter: 768},
+	"qwen3-235b-a22b": {Name: "qwen3-235b-a22b", Layers: 94, Hidden: 4096, Vocab: 151936, Heads: 64, KVHeads: 4, HeadDim: 128,
+		Experts: 128, TopK: 8, ExpertInter: 1536},
 	"kimi-k2": {Name: "kimi-k2", Layers: 61, DenseLayers: 1, Hidden: 7168, Vocab: 163840, Heads: 64, QLoraRank: 1536,
 		KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128, Experts: 384, TopK: 8, ExpertInter: 2048, SharedInter: 2048, DenseInter: 18432},
 }
@@ -80,15 +90,15 @@ func LoadModel(path string) (Model, error) {
 		return Model{}, fmt.Errorf("sim: model: %w", err)
 	}
 	at := a.Attention
-	if at.Kind != arch.MLA {
-		return Model{}, fmt.Errorf("sim: model %s (%s) has no MLA (no kv_lora_rank): its KV heads split under TP, and moex sim models MLA's latent cache, which does not", path, a.Name)
-	}
 	cfg := a.MoE
 	m := Model{Name: a.Name, Layers: a.Layers, Hidden: a.Hidden, Vocab: a.Vocab, Heads: at.Heads,
 		KVLoraRank: at.KVLoraRank, NopeDim: at.NopeDim, RopeDim: at.RopeDim, VDim: at.VDim,
 		Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertInter: cfg.Inter, SharedInter: cfg.SharedInter, DenseInter: a.DenseInter}
 	if at.QLoraRank != nil {
 		m.QLoraRank = *at.QLoraRank
+	}
+	if at.Kind == arch.GQA {
+		m.KVLoraRank, m.NopeDim, m.RopeDim, m.VDim, m.KVHeads, m.HeadDim = 0, 0, 0, 0, at.KVHeads, at.HeadDim
 	}
 	for n := range a.Layers {
 		if a.MoELayer(n) != nil {
@@ -100,12 +110,19 @@ func LoadModel(path string) (Model, error) {
 
 // Validate names the first size that cannot describe a model.
 func (m Model) Validate() error {
-	for _, f := range []struct {
+	type field struct {
 		name string
 		v    int
-	}{{"layers", m.Layers}, {"hidden", m.Hidden}, {"heads", m.Heads}, {"kv_lora_rank", m.KVLoraRank},
-		{"qk_nope_head_dim", m.NopeDim}, {"qk_rope_head_dim", m.RopeDim}, {"v_head_dim", m.VDim}, {"experts", m.Experts},
-		{"top_k", m.TopK}, {"expert_inter", m.ExpertInter}} {
+	}
+	attn := []field{{"kv_lora_rank", m.KVLoraRank}, {"qk_nope_head_dim", m.NopeDim}, {"qk_rope_head_dim", m.RopeDim}, {"v_head_dim", m.VDim}}
+	if !m.mla() {
+		attn = []field{{"kv_heads", m.KVHeads}, {"head_dim", m.HeadDim}}
+		if m.KVHeads > 0 && m.Heads%m.KVHeads != 0 {
+			return fmt.Errorf("sim: model %q: %d heads over %d key/value heads", m.Name, m.Heads, m.KVHeads)
+		}
+	}
+	for _, f := range append(append([]field{{"layers", m.Layers}, {"hidden", m.Hidden}, {"heads", m.Heads}}, attn...),
+		field{"experts", m.Experts}, field{"top_k", m.TopK}, field{"expert_inter", m.ExpertInter}) {
 		if f.v < 1 {
 			return fmt.Errorf("sim: model %q: %s is %d, must be positive", m.Name, f.name, f.v)
 		}
@@ -133,6 +150,10 @@ func (m Model) Validate() error {
 // heads, and q_a_proj, which SGLang replicates).
 func (m Model) attnParams() (perHead, whole float64) {
 	h, H := float64(m.Heads), float64(m.Hidden)
+	if !m.mla() { // q, k, v and o: all split by heads under TP
+		hd := float64(m.HeadDim)
+		return H*h*hd + 2*H*float64(m.KVHeads)*hd + h*hd*H, 0
+	}
 	qk := float64(m.NopeDim + m.RopeDim)
 	q, qA := H*h*qk, 0.0
 	if m.QLoraRank > 0 {
@@ -156,5 +177,16 @@ func (m Model) Params() float64 {
 		float64(m.DenseLayers)*m.denseParams() + 2*float64(m.Vocab)*float64(m.Hidden)
 }
 
-// latentValues is the MLA cache's values per token and layer.
-func (m Model) latentValues() int { return m.KVLoraRank + m.RopeDim }
+// mla reports whether the model's attention is MLA.
+func (m Model) mla() bool { return m.KVLoraRank > 0 }
+
+// kvValues is the cache's values per token and layer on one rank with
+// attention over tpRanks: MLA's latent (which heads cannot split), or the
+// keys and values of the rank's key/value heads (replicated where there
+// are fewer than ranks).
+func (m Model) kvValues(tpRanks int) int {
+	if m.mla() {
+		return m.KVLoraRank + m.RopeDim
+	}
+	return 2 * m.HeadDim * ((m.KVHeads + tpRanks - 1) / tpRanks)
+}

@@ -219,7 +219,7 @@ func (d Deployment) WeightsPerRank() float64 {
 // every request; under DP attention only the request's own rank.
 func (d Deployment) KVPerToken() float64 {
 	kb, _ := dtypeBytes(d.KVDType)
-	return float64(d.Model.Layers*d.Model.latentValues()) * kb
+	return float64(d.Model.Layers*d.Model.kvValues(int(d.attnRanks()))) * kb
 }
 
 // KVPool is each rank's KV-cache bytes: the budget given, or what memory
@@ -259,7 +259,18 @@ func (d Deployment) MaxBatch(w Workload) (int, error) {
 	}
 	kb, _ := dtypeBytes(d.KVDType)
 	need := float64(w.Input+w.Output) * d.KVPerToken()
-	acct, err := dpattn.Account(d.Ranks, d.Model.Layers, d.Model.latentValues(), int(kb), int64(pool))
+	if !d.Model.mla() { // grouped-query: a TP rank holds its key/value heads of every request
+		perRank := int(pool / need)
+		if perRank < 1 {
+			return 0, fmt.Errorf("sim: a request of %d tokens needs %.1f MB of KV cache a rank; the budget of %.1f MB holds none: %w",
+				w.Input+w.Output, need/1e6, pool/1e6, ErrNoFit)
+		}
+		if d.Layout == TP {
+			return perRank, nil
+		}
+		return max(int(float64(perRank*d.Ranks)/d.DPImbalance), min(perRank, 1)), nil
+	}
+	acct, err := dpattn.Account(d.Ranks, d.Model.Layers, d.Model.kvValues(1), int(kb), int64(pool))
 	if err != nil && pool >= need/float64(w.Input+w.Output) {
 		return 0, fmt.Errorf("sim: %w", err) // not the budget: a size Account refuses
 	}
@@ -380,15 +391,23 @@ func (d Deployment) step(w Workload, prefill bool) (Result, error) {
 	// Where a row costs time before the heads use it (hw.MLARow: the
 	// CPU's widening), that adds to the compute side.
 	heads := float64(m.Heads) / d.attnRanks()
-	lat := float64(m.latentValues())
-	if prefill {
+	lat := float64(m.kvValues(int(d.attnRanks())))
+	switch {
+	case !m.mla() && prefill: // grouped-query: each (query, key) pair 2·head_dim FLOPs for the score, as many for the value
+		S := float64(w.Input)
+		pairs := L * float64(rb) * S * (S + 1) / 2
+		roof("attention (GQA)", L*T*lat*kb, 2*pairs*heads*2*float64(m.HeadDim), gemm)
+	case !m.mla(): // every request reads its context's keys and values once for all its heads
+		rows := L * T * ctx
+		roof("attention (GQA)", rows*lat*kb, 2*rows*heads*2*float64(m.HeadDim), gemm)
+	case prefill:
 		// A prompt of S tokens: S(S+1)/2 (query, key) pairs a head, each
 		// 2·(qk_nope + qk_rope) FLOPs for the score and 2·v_head for the
 		// value; its latents read once.
 		S := float64(w.Input)
 		pairs := L * float64(rb) * S * (S + 1) / 2
 		roof("attention (MHA)", L*T*lat*kb, 2*pairs*heads*float64(m.NopeDim+m.RopeDim+m.VDim), gemm)
-	} else {
+	default:
 		rows := L * T * ctx
 		roofPlus("MLA", rows*lat*kb, 2*rows*heads*(lat+float64(m.KVLoraRank)), mla, rows*hw.MLARow)
 	}

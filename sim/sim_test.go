@@ -24,7 +24,7 @@ func TestParams(t *testing.T) {
 }
 
 // TestLoadModel reads DeepSeek-V3's config.json (its published fields) and
-// gets the preset; a model without MLA is refused by name.
+// gets the preset; Qwen3-30B-A3B's (grouped-query attention) gets its.
 func TestLoadModel(t *testing.T) {
 	dir := t.TempDir()
 	v3 := `{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
@@ -47,8 +47,36 @@ func TestLoadModel(t *testing.T) {
 	  "mlp_only_layers": [], "vocab_size": 151936}`
 	path := filepath.Join(dir, "qwen.json")
 	require.NoError(t, os.WriteFile(path, []byte(qwen), 0o644))
-	_, err = LoadModel(path)
-	require.ErrorContains(t, err, "no MLA")
+	m, err = LoadModel(path)
+	require.NoError(t, err)
+	want, err = ModelPreset("qwen3-30b-a3b")
+	require.NoError(t, err)
+	want.Name, want.DenseInter = m.Name, 6144 // intermediate_size, which no layer uses
+	require.Equal(t, want, m)
+}
+
+// TestGroupedQuery: a grouped-query model's KV cache per token and rank —
+// every layer's keys and values of the rank's key/value heads (4 heads over
+// 8 TP ranks: one each, replicated) — and a decode step under each layout.
+func TestGroupedQuery(t *testing.T) {
+	m, err := ModelPreset("qwen3-30b-a3b")
+	require.NoError(t, err)
+	for _, c := range []struct {
+		layout Layout
+		kv     float64
+	}{{TP, 48 * 2 * 128 * 1 * 2}, {DPEP, 48 * 2 * 128 * 4 * 2}, {DPGather, 48 * 2 * 128 * 4 * 2}} {
+		d := Deployment{Model: m, Hardware: h100(t), Layout: c.layout, Ranks: 8, WeightDType: "bf16", KVDType: "bf16",
+			DispatchDType: "bf16", EPLBImbalance: 1, DPImbalance: 1}
+		require.Equal(t, c.kv, d.KVPerToken(), "%v", c.layout)
+		r, err := d.Decode(Workload{Input: 1024, Output: 256, Batch: 64})
+		require.NoError(t, err)
+		require.Positive(t, r.Step)
+		names := ""
+		for _, st := range r.Stages {
+			names += st.Name + ","
+		}
+		require.Contains(t, names, "attention (GQA)")
+	}
 }
 
 func h100(t *testing.T) Hardware {

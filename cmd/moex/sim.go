@@ -19,7 +19,7 @@ func cmdSim(args []string, stdout, stderr io.Writer) error {
 	hwName := fs.String("hardware", "h200", "hardware preset: "+strings.Join(sim.HardwarePresets(), ", "))
 	hwFile := fs.String("hardware-file", "", "a JSON file of Hardware fields overriding the preset's (mem_bw, gemm_flops, intra_bw, …)")
 	preset := fs.String("preset", "deepseek-v3", "model preset: "+strings.Join(sim.ModelPresets(), ", "))
-	dir := fs.String("model", "", "a checkpoint folder (or config.json) instead of --preset; MLA models only")
+	dir := fs.String("model", "", "a checkpoint folder (or config.json) instead of --preset: MLA or grouped-query attention")
 	layouts := fs.String("layout", "tp,dp-gather,dp-ep", "layouts, comma-separated: tp, dp-gather (DP attention, MoE in gather mode), dp-ep (DP attention, all-to-all EP)")
 	ranks := fs.Int("ranks", 8, "ranks (GPUs)")
 	input := fs.Int("input", 1024, "prompt tokens of each request")

@@ -64,7 +64,7 @@ func TestSim(t *testing.T) {
 		{[]string{"--sweep", "heads"}, `unknown sweep axis "heads"`},
 		{[]string{"--format", "yaml"}, `--format "yaml"`},
 		{[]string{"--weight-dtype", "int2"}, `unknown dtype "int2"`},
-		{[]string{"--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")}, "no MLA"},
+		{[]string{"--model", filepath.Join("..", "..", "testdata", "moe", "mixtral_f32")}, "heads is 0, must be positive"}, // a MoE block's config: no attention
 	} {
 		_, _, err := runCLI(append([]string{"sim", "--layout", "tp"}, tt.args...)...)
 		if tt.args[0] == "--layout" {
