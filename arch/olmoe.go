@@ -22,6 +22,18 @@ var olmoe = &family{
 		}
 		return nil
 	},
-	names: mlpNames,
-	whole: true,
+	names:     mlpNames,
+	whole:     true,
+	ggufWhole: true,
+	gguf:      []string{"olmoe"},
+	fromGGUF: func(m *ggufMeta, cfg map[string]any) error {
+		// llama.cpp's olmoe: softmax top-k, not renormalised; q_norm and
+		// k_norm over all the heads (attn_q_norm [hidden]).
+		cfg["model_type"] = "olmoe"
+		cfg["num_experts"] = m.num("expert_count")
+		cfg["num_experts_per_tok"] = m.num("expert_used_count")
+		cfg["intermediate_size"] = m.num("expert_feed_forward_length")
+		cfg["norm_topk_prob"] = false
+		return nil
+	},
 }

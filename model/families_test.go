@@ -99,7 +99,7 @@ func TestWholeFamiliesMatchReference(t *testing.T) {
 // safetensors folder and of the float64 reference.
 func TestWholeGGUF(t *testing.T) {
 	for _, c := range []struct{ name, arch string }{{"qwen3_moe_f32", "qwen3moe"}, {"qwen2_moe_bf16", "qwen2moe"}, {"mixtral_f32_window", "llama"},
-		{"gpt_oss_bf16", "gpt-oss"}, {"glm4_moe_f32", "glm4moe"}} {
+		{"gpt_oss_bf16", "gpt-oss"}, {"glm4_moe_f32", "glm4moe"}, {"olmoe_bf16", "olmoe"}} {
 		t.Run(c.name, func(t *testing.T) {
 			spec := gqaSpecs()[c.name]
 			if c.arch != "glm4moe" {

@@ -86,7 +86,7 @@ type decoderLayer struct {
 // of a split one), as a whole model, of a family whose whole model moex
 // runs (arch.Config.WholeModel: from folders deepseek_v2, deepseek_v3 and
 // their aliases, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss, glm4_moe; from GGUF
-// deepseek2, qwen3moe, qwen2moe, gpt-oss, glm4moe and llama with experts): its config read once
+// deepseek2, qwen3moe, qwen2moe, gpt-oss, glm4moe, olmoe and llama with experts): its config read once
 // (arch.Load, arch.FromGGUF) and its files opened once, shared by every
 // layer. It fails naming the file, the tensor or the key when something is
 // missing or misshapen.

@@ -13,7 +13,7 @@ import (
 // model (a family model.Load runs whole) and writes every position's logits.
 func execLogits(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("exec logits", flag.ContinueOnError)
-	dir := fs.String("model", "", "checkpoint folder or .gguf file of a model moex runs whole (folders: deepseek_v2/v3, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss, glm4_moe; GGUF: deepseek2, qwen3moe, qwen2moe, gpt-oss, glm4moe, llama with experts)")
+	dir := fs.String("model", "", "checkpoint folder or .gguf file of a model moex runs whole (folders: deepseek_v2/v3, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss, glm4_moe; GGUF: deepseek2, qwen3moe, qwen2moe, gpt-oss, glm4moe, olmoe, llama with experts)")
 	idsPath := fs.String("input-ids", "", "int32 .npy [tokens]: one sequence's token ids, from position 0")
 	out := fs.String("out", "", "output float32 .npy [tokens, vocab]: the logits of every position (the last row predicts the next token)")
 	deadline := fs.Duration("deadline", 0, "give up after this long (0: no limit)")

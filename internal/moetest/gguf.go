@@ -335,7 +335,7 @@ func (m *Model) ggufParts(arch string, typ uint32, qtypes map[string]uint32, exp
 		}
 	case "llama":
 		kvs = append(kvs, kv(arch+".feed_forward_length", uint32(I)))
-	case "gpt-oss":
+	case "gpt-oss", "olmoe":
 		kvs = append(kvs, kv(arch+".expert_feed_forward_length", uint32(I)))
 	}
 	if inexact {
