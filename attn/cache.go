@@ -120,6 +120,8 @@ func (cpuProjector) ProjectHeads(ctx context.Context, ws []kernels.Matrix, x, ou
 // it, kept in sync through Changed.
 type Core interface {
 	Attend(ctx context.Context, c *Cache, q []float32, queries []Query, p MLAParams, out []float32) error
+	// AttendGQA is GQA (the contract of GQA) there.
+	AttendGQA(ctx context.Context, c *Cache, q []float32, queries []Query, p GQAParams, out []float32) error
 }
 
 // DType is the cache's storage type, F32 or BF16.

@@ -181,8 +181,7 @@ type gqaScratch struct{ q, k, v, o []float32 }
 
 var gqaPool = sync.Pool{New: func() any { return new(gqaScratch) }}
 
-// ForwardWith is Forward with the projections on be (be.Core, MLA's
-// device attention, is refused: grouped-query attention runs on the host).
+// ForwardWith is Forward with the projections and the attention on be.
 func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error {
 	c := b.Cfg
 	T, H, nh, kvh, d := len(seqs), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
@@ -191,9 +190,6 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	}
 	if cache.Dim() != b.RowDim() {
 		return fmt.Errorf("attn: gqa block: cache rows have %d values, want 2 × %d key/value heads × %d", cache.Dim(), kvh, d)
-	}
-	if be.Core != nil {
-		return fmt.Errorf("attn: gqa block: grouped-query attention does not run on a device yet")
 	}
 	if err := moe.CheckFinite(x, H); err != nil {
 		return err
@@ -241,7 +237,11 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	setTables(cache, seqs, queries)
 	o := buffers.Grow(&sc.o, T*nh*d)
 	p := GQAParams{Heads: nh, KVHeads: kvh, KeyDim: d, ValueDim: d, Scale: c.Scale, Window: c.Window, Sinks: b.sinks}
-	if err := GQA(ctx, cache, q, queries, p, o); err != nil {
+	attend := func() error { return GQA(ctx, cache, q, queries, p, o) }
+	if be.Core != nil {
+		attend = func() error { return be.Core.AttendGQA(ctx, cache, q, queries, p, o) }
+	}
+	if err := attend(); err != nil {
 		return err
 	}
 	if err := proj.Project(ctx, &b.o, o, out); err != nil {

@@ -170,7 +170,21 @@ func (a *Attention) mirrorOf(c *attn.Cache) (*mirror, error) {
 // Attend computes out [queries, heads, dv] of MLA over c's device copy
 // after bringing it up to date.
 func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, p attn.MLAParams, out []float32) error {
-	heads, dv, scale := p.Heads, p.ValueDim, p.Scale
+	return a.attend(ctx, c, q, queries, MLAInput{Heads: p.Heads, DV: p.ValueDim, Scale: p.Scale}, out)
+}
+
+// AttendGQA computes out [queries, heads, value] of grouped-query
+// attention (attn.GQA's contract) over c's device copy after bringing it
+// up to date; it runs eagerly (no graph replay yet).
+func (a *Attention) AttendGQA(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, p attn.GQAParams, out []float32) error {
+	return a.attend(ctx, c, q, queries, MLAInput{Heads: p.Heads, DV: p.ValueDim, Scale: p.Scale, KVHeads: p.KVHeads, KeyDim: p.KeyDim,
+		ValueOff: p.KVHeads * p.KeyDim, Window: p.Window, Sinks: p.Sinks}, out)
+}
+
+// attend is Attend's and AttendGQA's work: shape's head fields set, the
+// rest filled in here.
+func (a *Attention) attend(ctx context.Context, c *attn.Cache, q []float32, queries []attn.Query, shape MLAInput, out []float32) error {
+	heads, dv, scale := shape.Heads, shape.DV, shape.Scale
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -189,8 +203,9 @@ func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, quer
 	for _, qr := range queries {
 		maxBlocks = max(maxBlocks, len(qr.Table))
 	}
-	in := MLAInput{Q: q, BlockSize: c.BlockSize(), D: c.Dim(), BlockTable: make([]int32, B*maxBlocks), MaxBlocks: maxBlocks,
-		SeqLens: make([]int32, B), Heads: heads, DV: dv, SplitRows: a.SplitRows, Scale: scale}
+	in := shape
+	in.Q, in.BlockSize, in.D, in.BlockTable, in.MaxBlocks = q, c.BlockSize(), c.Dim(), make([]int32, B*maxBlocks), maxBlocks
+	in.SeqLens, in.Heads, in.DV, in.SplitRows, in.Scale = make([]int32, B), heads, dv, a.SplitRows, scale
 	if in.SplitRows == 0 {
 		in.SplitRows = attn.DefaultSplitRows
 	}
@@ -204,7 +219,7 @@ func (a *Attention) Attend(ctx context.Context, c *attn.Cache, q []float32, quer
 	if len(out) != B*heads*dv {
 		return fmt.Errorf("cuda: attention: out has %d values, want %d × %d × %d", len(out), B, heads, dv)
 	}
-	if a.Replaying() && B > 0 {
+	if a.Replaying() && B > 0 && in.KVHeads == 0 {
 		if ok, err := a.replay(ctx, m, c, in, out); ok || err != nil {
 			a.CountReplay()
 			return err

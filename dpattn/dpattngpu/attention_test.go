@@ -78,6 +78,39 @@ func TestAttentionOnEmulation(t *testing.T) {
 	}
 }
 
+// TestGQABlockOnEmulation: a grouped-query block (gpt-oss-like: biases,
+// sinks, a window) with its attention on the device against the same block
+// on the host: a prefill then decode steps, fp32 and bf16 caches.
+func TestGQABlockOnEmulation(t *testing.T) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(dt.String(), func(t *testing.T) {
+			r, _, err := kernels.NewRoPE(8, 10000, kernels.RoPEScaling{}, kernels.RoPEHalves)
+			require.NoError(t, err)
+			cfg := attn.GQAConfig{Hidden: 32, Heads: 4, KVHeads: 2, HeadDim: 8, Bias: true, OutBias: true, Sinks: true, Window: 6,
+				NormEps: 1e-6, RoPE: r, Scale: float32(1 / math.Sqrt(8))}
+			blk, err := attn.NewRandomGQABlock(cfg, kernels.BF16, 5)
+			require.NoError(t, err)
+			host, err := attn.NewCache(12, 4, blk.RowDim(), dt)
+			require.NoError(t, err)
+			dev, err := attn.NewCache(12, 4, blk.RowDim(), dt)
+			require.NoError(t, err)
+			att := dpattngpu.NewAttention(cuda.NewEmu())
+			defer att.Close()
+			att.SplitRows = 4 // several splits: the merge (with the sinks) runs too
+			devBE := attn.Backend{Core: att}
+			for step, seqs := range [][]int{{0, 0, 0, 0, 0, 0, 0, 1, 1, 1}, {0, 1}, {0, 1}, {1}} {
+				x := moetest.Input(uint64(step), len(seqs), cfg.Hidden, false)
+				want, got := make([]float32, len(x)), make([]float32, len(x))
+				require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
+				require.NoError(t, blk.ForwardWith(context.Background(), devBE, dev, seqs, x, got))
+				for i := range want {
+					require.InDelta(t, want[i], got[i], 1e-4*(1+math.Abs(float64(want[i]))), "step %d value %d", step, i)
+				}
+			}
+		})
+	}
+}
+
 // TestAttentionGraphsOnEmulation: replayed graphs of MLA decode (queries
 // and splits padded to their buckets) give the eager bits, across batches
 // of different sizes and sequences that grow into a larger split bucket;

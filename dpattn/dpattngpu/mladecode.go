@@ -22,6 +22,21 @@ type MLAInput struct {
 	SeqLens              []int32
 	Heads, DV, SplitRows int
 	Scale                float32
+	// Grouped-query attention (KVHeads > 0; MLA otherwise): Q [batch,
+	// Heads, KeyDim], head h's key the KeyDim values from g·KeyDim of a
+	// row (g = h / (Heads/KVHeads)), its value the DV values from ValueOff
+	// + g·DV; Window > 0 the last Window rows; Sinks, one a head (nil:
+	// none), in each softmax's denominator.
+	KVHeads, KeyDim, ValueOff, Window int
+	Sinks                             []float32
+}
+
+// keyDim is a query's width: the row's (MLA) or a key head's.
+func (in *MLAInput) keyDim() int {
+	if in.KVHeads > 0 {
+		return in.KeyDim
+	}
+	return in.D
 }
 
 // MLADecode runs MLA decode on the device: out [batch, heads, dv] and lse
@@ -55,9 +70,14 @@ func MLADecode(d cuda.Launcher, in MLAInput) (out, lse []float32, err error) {
 // a cache of nBlocks blocks.
 func (in *MLAInput) check(nBlocks int) error {
 	B := len(in.SeqLens)
-	if in.Heads < 1 || in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.D ||
+	if in.Heads < 1 || in.DV < 1 || in.DV > in.D || in.DV > 1024 || in.SplitRows < 1 || len(in.Q) != B*in.Heads*in.keyDim() ||
 		len(in.BlockTable) != B*in.MaxBlocks {
 		return fmt.Errorf("cuda: mla decode: bad shapes (batch %d, heads %d, D %d, dv %d)", B, in.Heads, in.D, in.DV)
+	}
+	if g := in.KVHeads; g > 0 && (in.Heads%g != 0 || in.KeyDim < 1 || g*in.KeyDim > in.D || in.ValueOff+g*in.DV > in.D ||
+		in.Window < 0 || (in.Sinks != nil && len(in.Sinks) != in.Heads)) {
+		return fmt.Errorf("cuda: attention decode: bad grouped-query shapes (heads %d over %d, key %d, value %d from %d, row %d, %d sinks)",
+			in.Heads, g, in.KeyDim, in.DV, in.ValueOff, in.D, len(in.Sinks))
 	}
 	for b, l := range in.SeqLens {
 		if l < 1 || int(l) > in.MaxBlocks*in.BlockSize {
@@ -87,19 +107,24 @@ func mlaDecodeIn(d cuda.Launcher, sc *cuda.Scratch, cache cuda.Buffer, bf16 bool
 	for _, l := range in.SeqLens {
 		maxLen = max(maxLen, int(l))
 	}
+	if in.Window > 0 {
+		maxLen = min(maxLen, in.Window)
+	}
 	splits := (maxLen + in.SplitRows - 1) / in.SplitRows
 	out, lse = make([]float32, B*in.Heads*in.DV), make([]float32, B*in.Heads)
 	if B == 0 {
 		return out, lse, nil
 	}
-	var buf [7]cuda.Buffer
+	var buf [8]cuda.Buffer
 	for i, bytes := range []int64{int64(len(in.Q) * 4), int64(len(in.BlockTable) * 4), int64(len(in.SeqLens) * 4),
-		int64(B * in.Heads * splits * in.DV * 4), int64(B * in.Heads * splits * 4), int64(len(out) * 4), int64(len(lse) * 4)} {
+		int64(B * in.Heads * splits * in.DV * 4), int64(B * in.Heads * splits * 4), int64(len(out) * 4), int64(len(lse) * 4),
+		int64(max(1, len(in.Sinks)) * 4)} {
 		if buf[i], err = sc.At(i, bytes); err != nil {
 			return nil, nil, err
 		}
 	}
 	q, bt, sl, partO, partL, o, l := buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6]
+	var sinks cuda.Buffer
 	for _, f := range []func() error{
 		func() error { return cuda.CopyIn(d, q, in.Q) },
 		func() error { return cuda.CopyIn(d, bt, in.BlockTable) },
@@ -109,7 +134,16 @@ func mlaDecodeIn(d cuda.Launcher, sc *cuda.Scratch, cache cuda.Buffer, bf16 bool
 			return nil, nil, err
 		}
 	}
-	if err := d.AttnDecode(cuda.AttnDecodeArgs{BF16: bf16, Q: q, Cache: cache, BlockTable: bt, SeqLens: sl, Batch: B, Heads: in.Heads, Dim: in.D, ValueDim: in.DV, BlockSize: in.BlockSize, MaxBlocks: in.MaxBlocks, SplitRows: in.SplitRows, Splits: splits, Scale: in.Scale, PartO: partO, PartL: partL, Out: o, LSE: l}); err != nil {
+	if in.Sinks != nil {
+		sinks = buf[7]
+		if err := cuda.CopyIn(d, sinks, in.Sinks); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := d.AttnDecode(cuda.AttnDecodeArgs{BF16: bf16, Q: q, Cache: cache, BlockTable: bt, SeqLens: sl, Batch: B, Heads: in.Heads,
+		Dim: in.D, ValueDim: in.DV, KVHeads: in.KVHeads, KeyDim: in.KeyDim, ValueOff: in.ValueOff, Window: in.Window,
+		BlockSize: in.BlockSize, MaxBlocks: in.MaxBlocks, SplitRows: in.SplitRows, Splits: splits, Scale: in.Scale, Sinks: sinks,
+		PartO: partO, PartL: partL, Out: o, LSE: l}); err != nil {
 		return nil, nil, err
 	}
 	if err := cuda.Download(d, o, out); err != nil {
