@@ -35,6 +35,43 @@ func TestMLADecodeKernel(t *testing.T) {
 	}
 }
 
+// TestGQABlockOnGPU: a gpt-oss-shaped grouped-query block (64 heads over
+// 8 of width 64, biases, sinks, a window of 128) with its attention on the
+// GPU against the host block: a 300-token prefill, then decode steps.
+func TestGQABlockOnGPU(t *testing.T) {
+	d := cudatest.Open(t)
+	r, _, err := kernels.NewRoPE(64, 150000, kernels.RoPEScaling{}, kernels.RoPEHalves)
+	require.NoError(t, err)
+	cfg := attn.GQAConfig{Hidden: 2880, Heads: 64, KVHeads: 8, HeadDim: 64, Bias: true, OutBias: true, Sinks: true, Window: 128,
+		NormEps: 1e-5, RoPE: r, Scale: 0.125}
+	blk, err := attn.NewRandomGQABlock(cfg, kernels.BF16, 7)
+	require.NoError(t, err)
+	host, err := attn.NewCache(16, 64, blk.RowDim(), kernels.BF16)
+	require.NoError(t, err)
+	dev, err := attn.NewCache(16, 64, blk.RowDim(), kernels.BF16)
+	require.NoError(t, err)
+	att := dpattngpu.NewAttention(d)
+	defer att.Close()
+	be := attn.Backend{Core: att}
+	for step, n := range []int{300, 1, 1, 1} {
+		seqs := make([]int, n)
+		x := moetest.Input(uint64(step), n, cfg.Hidden, false)
+		want, got := make([]float32, len(x)), make([]float32, len(x))
+		require.NoError(t, blk.Forward(context.Background(), host, seqs, x, want))
+		require.NoError(t, blk.ForwardWith(context.Background(), be, dev, seqs, x, got))
+		require.Less(t, moetest.RelErr(got, widen64(want)), 1e-3, "step %d", step)
+	}
+}
+
+// widen64 is v in float64.
+func widen64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
 // TestMLABlockOnGPU: a DeepSeek-V2-Lite-shaped MLA block with its
 // projections and attention on the GPU against the host block (within the
 // bf16 tolerance), and the attention's graph replays against eager
