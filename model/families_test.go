@@ -168,3 +168,46 @@ func TestWholeGGUF(t *testing.T) {
 		}
 	}
 }
+
+// TestKVCacheDType: a bf16 cache (serve's, bench model's default) against
+// the float64 reference: the error it adds is bf16's rounding of the
+// cached keys and values (and latents), within 1e-2; an fp32 cache stays
+// within the exact mode's 1e-4.
+func TestKVCacheDType(t *testing.T) {
+	for _, name := range []string{"qwen3_moe_f32", "gpt_oss_bf16"} {
+		spec := gqaSpecs()[name]
+		w, m := loadWhole(t, spec, nil)
+		ids := moetest.Tokens(11, 17, spec.Vocab)
+		var want []float64
+		for _, row := range w.Logits(ids) {
+			want = append(want, row...)
+		}
+		for _, c := range []struct {
+			dt  kernels.DType
+			tol float64
+		}{{kernels.F32, 1e-4}, {kernels.BF16, 1e-2}} {
+			got := prefillAlone(t, m, ids, c.dt)
+			all, err := m.Forward(context.Background(), mustKV(t, m, c.dt), make([]int, len(ids)), ids, seqRows(len(ids)))
+			require.NoError(t, err)
+			require.Equal(t, got[len(got)-spec.Vocab:], all[len(all)-spec.Vocab:])
+			e := moetest.RelErr(all, want)
+			t.Logf("%s, %v cache: relative error %.1e", name, c.dt, e)
+			require.Less(t, e, c.tol, "%s %v", name, c.dt)
+		}
+	}
+}
+
+func mustKV(t *testing.T, m *model.Model, dt kernels.DType) *model.KV {
+	kv, err := m.NewKV(8, 8, dt)
+	require.NoError(t, err)
+	return kv
+}
+
+// seqRows is every row of a prefill of n tokens.
+func seqRows(n int) []int {
+	rows := make([]int, n)
+	for i := range rows {
+		rows[i] = i
+	}
+	return rows
+}

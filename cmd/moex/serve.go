@@ -43,6 +43,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")
 	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
 	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
+	kvName := fs.String("kv-dtype", "bf16", "KV cache dtype: bf16 (about 1e-3 of relative error in the logits) or f32 (the exact mode's)")
 	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
 	dpSize := fs.Int("dp", 1, "data-parallel attention ranks in this instance, each with its own caches (--kv-blocks each) and requests")
 	moeMode := fs.String("moe-mode", "alltoall", "--dp > 1: the MoE layers' experts sharded over the ranks, by alltoall (EP dispatch/combine) or gather")
@@ -83,6 +84,14 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
 	}
 	var m *model.Model
+	kvDType := kernels.BF16
+	switch *kvName {
+	case "bf16":
+	case "f32":
+		kvDType = kernels.F32
+	default:
+		return fmt.Errorf("%w: serve: --kv-dtype %q (want bf16 or f32)", errUsage, *kvName)
+	}
 	var tok serve.Tokenizer
 	var stopIDs []int32
 	var err error
@@ -132,7 +141,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	opts := serve.Options{Budget: *budget, NoPrefixCache: *noCache}
 	kvs := make([]*model.KV, *dpSize)
 	for r := range kvs {
-		if kvs[r], err = m.NewKV(*blocks, *blockRows, kernels.BF16); err != nil {
+		if kvs[r], err = m.NewKV(*blocks, *blockRows, kvDType); err != nil {
 			return err
 		}
 	}
@@ -152,7 +161,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name, StreamInterval: *interval,
-		KVBytesPerToken: m.KVBytesPerToken(kernels.BF16), KVDType: "bf16"})
+		KVBytesPerToken: m.KVBytesPerToken(kvDType), KVDType: *kvName})
 	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -129,6 +129,7 @@ func TestServe(t *testing.T) {
 		{[]string{"--preset", "huge"}, `unknown --preset "huge"`},
 		{[]string{"--preset", "tiny", "--kv-blocks", "0"}, "must be positive"},
 		{[]string{"--preset", "tiny", "--port", "70000"}, "--port 70000 must be in [0, 65535]"},
+		{[]string{"--preset", "tiny", "--kv-dtype", "fp8"}, `--kv-dtype "fp8" (want bf16 or f32)`},
 		{[]string{"--preset", "tiny", "--model", "x"}, "give --preset or --model, not both"},
 		{[]string{"--preset", "tiny", "--dp", "0"}, "--dp 0 must be in [1, 64]"},
 		{[]string{"--preset", "tiny", "--dp", "2", "--moe-mode", "tp"}, `--moe-mode "tp"`},
@@ -238,7 +239,7 @@ func TestServeGGUF(t *testing.T) {
 		}
 	}
 
-	url, stop := startServe(t, "--model", path, "--kv-blocks", "16")
+	url, stop := startServe(t, "--model", path, "--kv-blocks", "16", "--kv-dtype", "bf16")
 	resp, err := http.Post(url+"/generate", "application/json",
 		strings.NewReader(`{"input_ids": [3, 1, 4, 1, 5], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": true}}`))
 	require.NoError(t, err)
