@@ -2,6 +2,7 @@ package model_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -120,21 +121,7 @@ func TestWholeGGUF(t *testing.T) {
 			require.NoError(t, err)
 			defer m.Close()
 			require.Equal(t, spec.Vocab, m.Vocab)
-			ids := moetest.Tokens(8, 17, spec.Vocab)
-			got, err := m.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			fromST, err := st.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			var flat []float64
-			for _, row := range w.Logits(ids) {
-				flat = append(flat, row...)
-			}
-			require.Less(t, moetest.RelErr(got, flat), 1e-4)
-			wide := make([]float64, len(fromST))
-			for i, v := range fromST {
-				wide[i] = float64(v)
-			}
-			require.Less(t, moetest.RelErr(got, wide), 1e-5, "the GGUF file and the folder")
+			sameAsFolder(t, m, st, w, moetest.Tokens(8, 17, spec.Vocab), c.name)
 		})
 	}
 	// DeepSeek-V2 and V3 (MLA, a dense leading layer; V3 with q-LoRA and
@@ -149,21 +136,7 @@ func TestWholeGGUF(t *testing.T) {
 			require.NoError(t, os.WriteFile(path, data, 0o644))
 			m, err := model.Load(path)
 			require.NoError(t, err, name)
-			ids := moetest.Tokens(9, 13, spec.Vocab)
-			got, err := m.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			fromST, err := st.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			var flat []float64
-			for _, row := range w.Logits(ids) {
-				flat = append(flat, row...)
-			}
-			require.Less(t, moetest.RelErr(got, flat), 1e-4, "%s split %v", name, split)
-			wide := make([]float64, len(fromST))
-			for i, v := range fromST {
-				wide[i] = float64(v)
-			}
-			require.Less(t, moetest.RelErr(got, wide), 1e-5, "%s split %v: the GGUF file and the folder", name, split)
+			sameAsFolder(t, m, st, w, moetest.Tokens(9, 13, spec.Vocab), fmt.Sprintf("%s split %v", name, split))
 			require.NoError(t, m.Close())
 		}
 	}
@@ -210,4 +183,24 @@ func seqRows(n int) []int {
 		rows[i] = i
 	}
 	return rows
+}
+
+// sameAsFolder checks a GGUF model's prefill logits: within 1e-4 of the
+// float64 reference, within 1e-5 of the same weights loaded from the folder.
+func sameAsFolder(t *testing.T, m, folder *model.Model, w *moetest.Whole, ids []int32, name string) {
+	t.Helper()
+	got, err := m.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	fromST, err := folder.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	var flat []float64
+	for _, row := range w.Logits(ids) {
+		flat = append(flat, row...)
+	}
+	require.Less(t, moetest.RelErr(got, flat), 1e-4, name)
+	wide := make([]float64, len(fromST))
+	for i, v := range fromST {
+		wide[i] = float64(v)
+	}
+	require.Less(t, moetest.RelErr(got, wide), 1e-5, "%s: the GGUF file and the folder", name)
 }

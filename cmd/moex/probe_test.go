@@ -185,22 +185,12 @@ func TestRunLargeSeed(t *testing.T) {
 // TestExecLogitsGGUF: exec logits on a GGUF file (a Qwen3-MoE as llama.cpp's
 // converter writes it) gives the float64 reference's logits.
 func TestExecLogitsGGUF(t *testing.T) {
-	spec := moetest.WholeSpec{
-		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
-		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
-		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 31,
-	}
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	data, err := w.GGUF("qwen3moe")
-	require.NoError(t, err)
+	w, _, path := qwen3Whole(t, 31, 20, "F32")
 	dir := t.TempDir()
-	path := filepath.Join(dir, "qwen3.gguf")
-	require.NoError(t, os.WriteFile(path, data, 0o644))
-	ids := moetest.Tokens(5, 9, spec.Vocab)
+	ids := moetest.Tokens(5, 9, 20)
 	idsPath, out := filepath.Join(dir, "ids.npy"), filepath.Join(dir, "logits.npy")
 	require.NoError(t, npy.WriteInt32(idsPath, []int{len(ids)}, ids))
-	_, _, err = runCLI("exec", "logits", "--model", path, "--input-ids", idsPath, "--out", out)
+	_, _, err := runCLI("exec", "logits", "--model", path, "--input-ids", idsPath, "--out", out)
 	require.NoError(t, err)
 	got, err := npy.ReadFloat32(out)
 	require.NoError(t, err)
@@ -229,17 +219,7 @@ func TestBenchModel(t *testing.T) {
 	require.Greater(t, rows[1]["bytes"], 0.0)
 	require.Greater(t, rows[0]["tokens_per_s"], 0.0)
 
-	spec := moetest.WholeSpec{
-		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
-		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
-		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 32,
-	}
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	data, err := w.GGUF("qwen3moe")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "m.gguf")
-	require.NoError(t, os.WriteFile(path, data, 0o644))
+	_, _, path := qwen3Whole(t, 32, 20, "F32")
 	out, _, err = runCLI("bench", "model", "--model", path, "-p", "6", "-n", "3", "--rounds", "1")
 	require.NoError(t, err)
 	require.Contains(t, out, "pp6")
@@ -267,19 +247,7 @@ func TestBenchModel(t *testing.T) {
 // file) runs every rank's requests and passes its parity check in both MoE
 // modes; the flags it cannot take are usage errors.
 func TestRunWhole(t *testing.T) {
-	spec := moetest.WholeSpec{
-		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "BF16"},
-		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
-		Hidden: 16, Layers: 2, Vocab: 24, DenseInter: 1, Seed: 34,
-	}
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, w.WriteTo(dir))
-	data, err := w.GGUF("qwen3moe")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "q.gguf")
-	require.NoError(t, os.WriteFile(path, data, 0o644))
+	_, dir, path := qwen3Whole(t, 34, 24, "BF16")
 	for _, c := range []struct{ model, mode, want string }{
 		{dir, "alltoall", "bit-identical true"}, {dir, "gather", "within 1e-6"}, {path, "alltoall", "bit-identical true"},
 	} {
@@ -302,4 +270,25 @@ func TestRunWhole(t *testing.T) {
 		require.ErrorIs(t, err, errUsage)
 		require.ErrorContains(t, err, bad.err)
 	}
+}
+
+// qwen3Whole is a small Qwen3-MoE whole model for the CLI's tests (vocab
+// of vocab, experts in dtype): the generated model, its checkpoint folder,
+// and its GGUF file as llama.cpp's converter writes it.
+func qwen3Whole(t *testing.T, seed uint64, vocab int, dtype string) (w *moetest.Whole, dir, gguf string) {
+	t.Helper()
+	spec := moetest.WholeSpec{
+		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: dtype},
+		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
+		Hidden: 16, Layers: 2, Vocab: vocab, DenseInter: 1, Seed: seed,
+	}
+	w, err := moetest.GenerateWhole(spec)
+	require.NoError(t, err)
+	dir = t.TempDir()
+	require.NoError(t, w.WriteTo(dir))
+	data, err := w.GGUF("qwen3moe")
+	require.NoError(t, err)
+	gguf = filepath.Join(t.TempDir(), "qwen3.gguf")
+	require.NoError(t, os.WriteFile(gguf, data, 0o644))
+	return w, dir, gguf
 }

@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/loadgen"
 	"github.com/moex-project/moex/model"
@@ -211,17 +208,7 @@ func TestRoute(t *testing.T) {
 // vocabulary: requests give input_ids) generates, greedily, the tokens the
 // model's own forward passes choose.
 func TestServeGGUF(t *testing.T) {
-	spec := moetest.WholeSpec{
-		MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
-		GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, QKNorm: "head", Theta: 1e6},
-		Hidden: 16, Layers: 2, Vocab: 20, DenseInter: 1, Seed: 33,
-	}
-	w, err := moetest.GenerateWhole(spec)
-	require.NoError(t, err)
-	data, err := w.GGUF("qwen3moe")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "q.gguf")
-	require.NoError(t, os.WriteFile(path, data, 0o644))
+	_, _, path := qwen3Whole(t, 33, 20, "F32")
 	m, err := model.Load(path)
 	require.NoError(t, err)
 	defer m.Close()
