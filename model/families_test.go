@@ -27,6 +27,11 @@ func gqaSpecs() map[string]moetest.WholeSpec {
 			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, QKNorm: "head", Theta: 1e6},
 			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 40, DenseInter: 24, Seed: 11,
 		},
+		"qwen3_moe_f32_head12": { // a head_dim that is not a power of two, 6 query heads over 2
+			MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 6, TopK: 3, Inter: 12, NormTopK: true, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 6, KVHeads: 2, HeadDim: 12, QKNorm: "head", Theta: 1e6},
+			Hidden: 24, Layers: 2, Vocab: 29, DenseInter: 1, Seed: 17,
+		},
 		"qwen2_moe_bf16": {
 			MoE:    moetest.Spec{ModelType: "qwen2_moe", Experts: 6, TopK: 2, Inter: 12, SharedInter: 16, DType: "BF16"},
 			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 4, HeadDim: 8, Bias: true, Theta: 1e6},

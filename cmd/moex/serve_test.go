@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/loadgen"
 	"github.com/moex-project/moex/model"
@@ -243,5 +244,69 @@ func TestServeGGUF(t *testing.T) {
 	// 2 layers × (keys and values of 1 head of 8) × 2 bytes.
 	require.Contains(t, string(b), `"kv_bytes_per_token":64,"kv_cache_dtype":"bf16"`)
 	require.NoError(t, stop())
+	http.DefaultClient.CloseIdleConnections()
+}
+
+// TestServeGreedyFamilies: moex serve --model on a whole model of each
+// family generates, greedily, the 32 tokens the float64 reference written
+// from the family's modeling file continues the prompt with.
+func TestServeGreedyFamilies(t *testing.T) {
+	for name, spec := range map[string]moetest.WholeSpec{
+		"qwen3_moe": {MoE: moetest.Spec{ModelType: "qwen3_moe", Experts: 4, TopK: 2, Inter: 8, NormTopK: true, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 6, QKNorm: "head", Theta: 1e6},
+			Hidden: 16, Layers: 2, Vocab: 19, DenseInter: 1, Seed: 41},
+		"qwen2_moe": {MoE: moetest.Spec{ModelType: "qwen2_moe", Experts: 4, TopK: 2, Inter: 8, SharedInter: 8, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 8, Bias: true, Theta: 1e6},
+			Hidden: 16, Layers: 2, Vocab: 19, DenseInter: 1, Seed: 42},
+		"mixtral": {MoE: moetest.Spec{ModelType: "mixtral", Experts: 4, TopK: 2, Inter: 8, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, Window: 7, Theta: 1e6},
+			Hidden: 16, Layers: 2, Vocab: 19, DenseInter: 1, Seed: 43},
+		"olmoe": {MoE: moetest.Spec{ModelType: "olmoe", Experts: 4, TopK: 2, Inter: 8, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 8, QKNorm: "whole", Theta: 10000},
+			Hidden: 16, Layers: 2, Vocab: 19, DenseInter: 1, Seed: 44},
+		"gpt_oss": {MoE: moetest.Spec{ModelType: "gpt_oss", Experts: 4, TopK: 2, Inter: 8, DType: "F32"},
+			GQA: &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, Bias: true, OutBias: true, Sinks: true, Window: 6, WindowEven: true,
+				Yarn: true, Theta: 150000},
+			Hidden: 16, Layers: 2, Vocab: 19, DenseInter: 1, Seed: 45},
+		"glm4_moe": {MoE: moetest.Spec{ModelType: "glm4_moe", Experts: 4, TopK: 2, Inter: 8, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
+			NormTopK: true, Scaling: 2.5, DType: "F32"},
+			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 1, HeadDim: 8, Bias: true, Partial: 0.5, Theta: 10000},
+			Hidden: 16, Layers: 2, FirstKDense: 1, Vocab: 19, DenseInter: 12, Seed: 46},
+		"deepseek_v2": {MoE: moetest.Spec{ModelType: "deepseek_v2", Experts: 4, TopK: 2, Inter: 8, SharedExperts: 1, Method: "greedy",
+			Scoring: "softmax", NGroup: 1, TopKGroup: 1, DType: "F32"},
+			Attn:   moetest.AttnSpec{Heads: 2, KVLoraRank: 8, Nope: 4, Rope: 4, VDim: 4, Theta: 10000},
+			Hidden: 16, Layers: 2, FirstKDense: 1, Vocab: 19, DenseInter: 12, Seed: 47},
+	} {
+		t.Run(name, func(t *testing.T) {
+			w, err := moetest.GenerateWhole(spec)
+			require.NoError(t, err)
+			dir := t.TempDir()
+			require.NoError(t, w.WriteTo(dir))
+			prompt := []int32{3, 1, 4, 1, 5}
+			want := append([]int32(nil), prompt...)
+			for range 32 {
+				rows := w.Logits(want)
+				last := rows[len(rows)-1]
+				best := 0
+				for v := range last {
+					if last[v] > last[best] {
+						best = v
+					}
+				}
+				want = append(want, int32(best))
+			}
+			url, stop := startServe(t, "--model", dir, "--kv-blocks", "16", "--kv-dtype", "f32")
+			defer func() { require.NoError(t, stop()) }()
+			resp, err := http.Post(url+"/generate", "application/json",
+				strings.NewReader(`{"input_ids": [3, 1, 4, 1, 5], "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": true}}`))
+			require.NoError(t, err)
+			var g struct {
+				IDs []int32 `json:"output_ids"`
+			}
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&g))
+			resp.Body.Close()
+			require.Equal(t, want[len(prompt):], g.IDs)
+		})
+	}
 	http.DefaultClient.CloseIdleConnections()
 }
