@@ -34,6 +34,12 @@ type Preset struct {
 	// WeightDType.
 	ExpertDType    kernels.DType
 	EmbeddingDType kernels.DType
+	// RoPEBase, RoPEScaling and Context are the grouped-query presets'
+	// RoPE and context length, as a GGUF file of them states them
+	// (WriteGGUF).
+	RoPEBase    float64
+	RoPEScaling kernels.RoPEScaling
+	Context     int
 }
 
 // ByteVocab is the random presets' vocabulary: the 256 byte values and
@@ -75,7 +81,7 @@ func Qwen3_30B_A3B(layers int) Preset {
 	g := &attn.GQAConfig{Hidden: 2048, Heads: 32, KVHeads: 4, HeadDim: 128, QKNorm: arch.QKNormHead, NormEps: 1e-6, RoPE: r,
 		Scale: float32(1 / math.Sqrt(128))}
 	return Preset{Name: "qwen3-30b-a3b", MoE: m, GQA: g, Vocab: 151936, Layers: layers, DenseInter: 6144, RMSNormEps: 1e-6,
-		WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+		WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16, RoPEBase: 1e6, Context: 40960}
 }
 
 // GptOss20B is gpt-oss-20b at its shapes (hidden 2880; grouped-query
@@ -89,7 +95,8 @@ func GptOss20B(layers int) Preset {
 	g := &attn.GQAConfig{Hidden: 2880, Heads: 64, KVHeads: 8, HeadDim: 64, Bias: true, OutBias: true, Sinks: true, Window: 128,
 		NormEps: 1e-5, RoPE: r, Scale: float32(1 / math.Sqrt(64))}
 	return Preset{Name: "gpt-oss-20b", MoE: *moe.GptOss20B(), GQA: g, Windowed: func(l int) bool { return l%2 == 0 },
-		Vocab: 201088, Layers: layers, DenseInter: 2880, RMSNormEps: 1e-5, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+		Vocab: 201088, Layers: layers, DenseInter: 2880, RMSNormEps: 1e-5, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16,
+		RoPEBase: 150000, RoPEScaling: y, Context: 131072}
 }
 
 // NewRandom makes a model of p with random weights (projections uniform in

@@ -25,6 +25,10 @@ func init() {
 	}
 }
 
+// ByteLevelChar is byte b's character in GPT-2's byte-level alphabet
+// (bytes_to_unicode), the token a byte-level vocabulary holds for it.
+func ByteLevelChar(b byte) string { return byteStr[b] }
+
 // byteLevelString maps every byte of s to its character.
 func byteLevelString(s string) string {
 	buf := make([]byte, 0, 2*len(s))

@@ -7,6 +7,7 @@
 //	moex bench    kernels and layers against a baseline of the same run: grouped-gemm | moe | mla | ep | membw | serve
 //	moex sim      a model of decode deployments (TP attention, DP attention with gather or all-to-all MoE)
 //	moex tokenize text ↔ token ids with the model's own tokenizer and chat template, as JSON lines
+//	moex gguf     write a GGUF file of a model's shapes with random weights (gguf write), readable by llama.cpp
 //	moex info     what this machine offers (CPU features, GPUs)
 //
 // `moex <command> -h` lists a command's flags; docs/cli.md has them all.
@@ -133,6 +134,8 @@ commands:
          GPU presets or this CPU: sim --preset deepseek-v3 --hardware h200 --ranks 64 [--sweep batch --plot p.svg]
   tokenize  text ↔ token ids with a model's own tokenizer, and its chat template, as JSON lines on
          stdin → stdout: tokenize --model DIR [--no-special] [--decode [--skip-special]] [--chat]
+  gguf   write a GGUF file of a model's real shapes with random weights, readable by llama.cpp:
+         gguf write --preset qwen3-30b-a3b|gpt-oss-20b [--layers N] [--type q4_k_m] --out F.gguf
   info   report this machine's CPU features and GPUs
 `
 
@@ -158,6 +161,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdTokenize(args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], stdout, stderr)
+	case "gguf":
+		return cmdGGUF(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,229 @@
+package model
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/moex-project/moex/arch"
+	"github.com/moex-project/moex/format"
+	"github.com/moex-project/moex/format/gguf"
+	"github.com/moex-project/moex/tokenizer"
+)
+
+// GGUFMixes are the tensor-type mixes WriteGGUF writes, by the names
+// llama.cpp's users know.
+var GGUFMixes = []string{"q4_k_m", "q8_0", "q4_0", "mxfp4", "bf16", "f16"}
+
+// WriteGGUF writes a GGUF file of preset p with random weights (the same
+// for the same seed), readable by llama.cpp and by Load: a grouped-query
+// preset whose family llama.cpp runs (qwen3_moe as qwen3moe, gpt_oss as
+// gpt-oss), its tensors under llama.cpp's names and in the types mix
+// names, quantized by gguf.Encode:
+//
+//   - q4_k_m: as llama.cpp's Q4_K_M: Q4_K, with Q6_K for output.weight and
+//     for attn_v and ffn_down(_exps) on the layers llama.cpp gives more
+//     bits (the first and last eighth, every third between); a tensor
+//     whose rows are not whole 256-value blocks falls back to Q8_0;
+//   - q8_0, q4_0, bf16, f16: every matrix in that type;
+//   - mxfp4: the experts in MXFP4 (as gpt-oss ships them), every other
+//     matrix in Q8_0.
+//
+// Norms, biases, sinks and the router (ffn_gate_inp, as llama.cpp's
+// quantizer leaves it) are F32 in every mix. Values are uniform in
+// ±1/√fan_in for projections, in ±1 for the embedding, 1 ± 0.2 for norms.
+// The vocabulary is p.Vocab byte-level tokens: GPT-2's 256 byte
+// characters, then "<N>" placeholders, the last an end-of-text control
+// token; no merges (text encodes to bytes).
+func WriteGGUF(w io.Writer, p Preset, mix string, seed uint64) error {
+	g := p.GQA
+	var a string
+	switch {
+	case g != nil && p.MoE.ModelType == "qwen3_moe":
+		a = "qwen3moe"
+	case g != nil && p.MoE.ModelType == "gpt_oss":
+		a = "gpt-oss"
+	default:
+		return fmt.Errorf("model: write GGUF of preset %q: %w: moex writes qwen3_moe and gpt_oss presets (llama.cpp's qwen3moe and gpt-oss)",
+			p.Name, format.ErrUnsupported)
+	}
+	known := false
+	for _, m := range GGUFMixes {
+		known = known || m == mix
+	}
+	if !known {
+		return fmt.Errorf("model: write GGUF: mix %q: %w (have %s)", mix, format.ErrUnsupported, strings.Join(GGUFMixes, ", "))
+	}
+	if p.Layers < 1 || p.Vocab < 257 || p.FirstKDense != 0 {
+		return fmt.Errorf("model: write GGUF of preset %q: %d layers (%d dense), vocabulary %d: want layers, no dense ones, more than the 256 bytes",
+			p.Name, p.Layers, p.FirstKDense, p.Vocab)
+	}
+	H, E, I := p.MoE.Hidden, p.MoE.NumExperts, p.MoE.Inter
+	q, kv := g.Heads*g.HeadDim, g.KVHeads*g.HeadDim
+	typeOf := func(name string, layer, cols int) gguf.Type {
+		moreBits := layer < 0 || layer < p.Layers/8 || layer >= 7*p.Layers/8 || (layer-p.Layers/8)%3 == 2
+		t := gguf.Q8_0
+		switch mix {
+		case "q4_k_m":
+			t = gguf.Q4_K
+			if name == "output" || (name == "attn_v" || name == "ffn_down_exps") && moreBits {
+				t = gguf.Q6_K
+			}
+		case "q4_0":
+			t = gguf.Q4_0
+		case "mxfp4":
+			if strings.HasSuffix(name, "_exps") {
+				t = gguf.MXFP4
+			}
+		case "bf16":
+			t = gguf.BF16
+		case "f16":
+			t = gguf.F16
+		}
+		if uint64(cols)%t.BlockSize() != 0 {
+			t = gguf.Q8_0
+		}
+		return t
+	}
+	var tensors []gguf.TensorOut
+	// add appends a tensor of n stacked [rows, cols] matrices (n 0: one
+	// matrix; rows 0: a vector of cols) of values uniform in ±scale
+	// around around, made and encoded in chunks of rows on GOMAXPROCS
+	// goroutines, each chunk from a generator of its own (the values do
+	// not depend on the goroutines).
+	add := func(name string, n, rows, cols int, scale float64, around float64, t gguf.Type) {
+		dims := []uint64{uint64(cols)}
+		if rows > 0 {
+			dims = append(dims, uint64(rows))
+		}
+		if n > 0 {
+			dims = append(dims, uint64(n))
+		}
+		idx := uint64(len(tensors))
+		tensors = append(tensors, gguf.TensorOut{Name: name, Dims: dims, Type: t, Data: func() ([]byte, error) {
+			total := max(rows, 1) * max(n, 1)
+			rowBytes := cols / int(t.BlockSize()) * int(t.BlockBytes())
+			chunk := max(1, (1<<18)/cols) // rows a chunk: about a megabyte of values
+			out := make([]byte, total*rowBytes)
+			chunks := (total + chunk - 1) / chunk
+			errs := make([]error, chunks)
+			var wg sync.WaitGroup
+			next := make(chan int)
+			for range runtime.GOMAXPROCS(0) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					v := make([]float32, chunk*cols)
+					for c := range next {
+						r := min(chunk, total-c*chunk)
+						rng := rand.New(rand.NewPCG(seed, idx<<32|uint64(c)))
+						for i := range v[:r*cols] {
+							v[i] = float32(around + scale*(2*rng.Float64()-1))
+						}
+						b, err := gguf.Encode(t, v[:r*cols], r, cols)
+						copy(out[c*chunk*rowBytes:], b)
+						errs[c] = err
+					}
+				}()
+			}
+			for c := range chunks {
+				next <- c
+			}
+			close(next)
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					return nil, err
+				}
+			}
+			return out, nil
+		}})
+	}
+	// mat is projection prefix+base+".weight" of layer (−1: none).
+	mat := func(prefix, base string, layer, rows, cols int) {
+		add(prefix+base+".weight", 0, rows, cols, 1/math.Sqrt(float64(cols)), 0, typeOf(base, layer, cols))
+	}
+	vec := func(name string, n int, scale, around float64) { add(name, 0, 0, n, scale, around, gguf.F32) }
+	add("token_embd.weight", 0, p.Vocab, H, 1, 0, typeOf("token_embd", -1, H))
+	vec("output_norm.weight", H, 0.2, 1)
+	mat("", "output", -1, p.Vocab, H)
+	post := "ffn_norm"
+	if a == "gpt-oss" {
+		post = "post_attention_norm" // llama.cpp's name for gpt-oss's norm before the MoE block
+	}
+	for l := range p.Layers {
+		b := fmt.Sprintf("blk.%d.", l)
+		vec(b+"attn_norm.weight", H, 0.2, 1)
+		mat(b, "attn_q", l, q, H)
+		mat(b, "attn_k", l, kv, H)
+		mat(b, "attn_v", l, kv, H)
+		mat(b, "attn_output", l, H, q)
+		if g.Bias {
+			vec(b+"attn_q.bias", q, 0.1, 0)
+			vec(b+"attn_k.bias", kv, 0.1, 0)
+			vec(b+"attn_v.bias", kv, 0.1, 0)
+		}
+		if g.OutBias {
+			vec(b+"attn_output.bias", H, 0.1, 0)
+		}
+		if g.Sinks {
+			vec(b+"attn_sinks.weight", g.Heads, 1, 0)
+		}
+		if g.QKNorm == arch.QKNormHead {
+			vec(b+"attn_q_norm.weight", g.HeadDim, 0.2, 1)
+			vec(b+"attn_k_norm.weight", g.HeadDim, 0.2, 1)
+		}
+		vec(b+post+".weight", H, 0.2, 1)
+		add(b+"ffn_gate_inp.weight", 0, E, H, 1/math.Sqrt(float64(H)), 0, gguf.F32)
+		if p.MoE.RouterBias {
+			vec(b+"ffn_gate_inp.bias", E, 0.1, 0)
+		}
+		for _, x := range []struct {
+			name       string
+			rows, cols int
+		}{{"ffn_gate_exps", I, H}, {"ffn_up_exps", I, H}, {"ffn_down_exps", H, I}} {
+			add(b+x.name+".weight", E, x.rows, x.cols, 1/math.Sqrt(float64(x.cols)), 0, typeOf(x.name, l, x.cols))
+			if p.MoE.ExpertBias {
+				add(b+x.name+".bias", 0, E, x.rows, 0.1, 0, gguf.F32)
+			}
+		}
+	}
+	u := func(v int) uint32 { return uint32(v) }
+	kvs := []gguf.KV{{Key: "general.architecture", Value: a}, {Key: "general.name", Value: p.Name + " (random weights, " + mix + ")"},
+		{Key: a + ".context_length", Value: u(p.Context)}, {Key: a + ".embedding_length", Value: u(H)},
+		{Key: a + ".block_count", Value: u(p.Layers)}, {Key: a + ".feed_forward_length", Value: u(p.DenseInter)},
+		{Key: a + ".attention.head_count", Value: u(g.Heads)}, {Key: a + ".attention.head_count_kv", Value: u(g.KVHeads)},
+		{Key: a + ".attention.key_length", Value: u(g.HeadDim)}, {Key: a + ".attention.value_length", Value: u(g.HeadDim)},
+		{Key: a + ".attention.layer_norm_rms_epsilon", Value: float32(p.RMSNormEps)}, {Key: a + ".rope.freq_base", Value: float32(p.RoPEBase)},
+		{Key: a + ".expert_count", Value: u(E)}, {Key: a + ".expert_used_count", Value: u(p.MoE.TopK)},
+		{Key: a + ".expert_feed_forward_length", Value: u(I)}}
+	if g.Window > 0 {
+		kvs = append(kvs, gguf.KV{Key: a + ".attention.sliding_window", Value: u(g.Window)})
+	}
+	if s := p.RoPEScaling; s.Type != "" {
+		kvs = append(kvs, gguf.KV{Key: a + ".rope.scaling.type", Value: s.Type}, gguf.KV{Key: a + ".rope.scaling.factor", Value: float32(s.Factor)},
+			gguf.KV{Key: a + ".rope.scaling.original_context_length", Value: uint32(s.OrigMaxPos)})
+	}
+	tokens, types := make([]string, p.Vocab), make([]int32, p.Vocab)
+	for i := range tokens {
+		tokens[i], types[i] = fmt.Sprintf("<%d>", i), 1 // normal
+		if i < 256 {
+			tokens[i] = tokenizer.ByteLevelChar(byte(i))
+		}
+	}
+	eos := p.Vocab - 1
+	tokens[eos], types[eos] = "<|endoftext|>", 3 // control
+	pre := "qwen2"
+	if a == "gpt-oss" {
+		pre = "gpt-4o"
+	}
+	kvs = append(kvs, gguf.KV{Key: "tokenizer.ggml.model", Value: "gpt2"}, gguf.KV{Key: "tokenizer.ggml.pre", Value: pre},
+		gguf.KV{Key: "tokenizer.ggml.tokens", Value: tokens}, gguf.KV{Key: "tokenizer.ggml.token_type", Value: types},
+		gguf.KV{Key: "tokenizer.ggml.merges", Value: []string{}}, gguf.KV{Key: "tokenizer.ggml.eos_token_id", Value: u(eos)},
+		gguf.KV{Key: "tokenizer.ggml.bos_token_id", Value: u(eos)}, gguf.KV{Key: "tokenizer.ggml.add_bos_token", Value: false})
+	return gguf.Write(w, kvs, tensors)
+}
