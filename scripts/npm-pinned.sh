@@ -5,16 +5,24 @@
 # already there. Installs Debian's nodejs and npm with apt-get only when
 # npm is missing. Quiet on success; prints npm's log on failure.
 #
-#     scripts/npm-pinned.sh DIR [--ignore-scripts] FILE...
+#     scripts/npm-pinned.sh DIR [--ignore-scripts] [--omit=optional] [--no-ci] FILE...
 set -eu
 
 dir=$(cd "$1" && pwd)
 shift
 flags=""
-if [ "${1:-}" = "--ignore-scripts" ]; then
-	flags="--ignore-scripts"
+cmd=ci
+while :; do
+	case "${1:-}" in
+	--ignore-scripts | --omit=optional) flags="$flags $1" ;;
+	# npm ci refuses a lock that lacks optional packages the registry
+	# does not serve (other platforms' builds); npm install takes the
+	# lock's versions and hashes for the rest.
+	--no-ci) cmd="install --no-save" ;;
+	*) break ;;
+	esac
 	shift
-fi
+done
 stamp="$dir/node_modules/.moex-lock.sha256"
 log=$(mktemp "${TMPDIR:-/tmp}/npm-pinned.XXXXXX")
 trap 'rm -f "$log"' EXIT
@@ -50,5 +58,5 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 
 cd "$dir"
-quiet npm ci $flags --no-audit --no-fund
+quiet npm $cmd $flags --no-audit --no-fund
 echo "$want" >"$stamp"

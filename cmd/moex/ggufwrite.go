@@ -59,6 +59,10 @@ func cmdGGUF(args []string, stdout, stderr io.Writer) error {
 		f.Close()
 		return fmt.Errorf("gguf write: %w", err)
 	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return fmt.Errorf("gguf write: %w", err)
+	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("gguf write: %w", err)
 	}
