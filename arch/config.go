@@ -24,6 +24,10 @@ type Config struct {
 	Layers, MTPLayers int
 	// Vocab is vocab_size (0 when the file does not say).
 	Vocab int
+	// ContextLength is the positions the model was made for
+	// (max_position_embeddings; GGUF's context_length); 0 when the file
+	// does not say.
+	ContextLength int
 	// NormEps is the decoder's RMSNorm epsilon (rms_norm_eps).
 	NormEps float64
 	// TiedEmbeddings: the output projection is the embedding

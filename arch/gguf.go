@@ -76,7 +76,7 @@ func FromGGUF(g *gguf.Model) (*Config, error) {
 func (m *ggufMeta) wholeKeys(cfg map[string]any) {
 	for key, hf := range map[string]string{"attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
 		"attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
-		"attention.sliding_window": "sliding_window", "vocab_size": "vocab_size"} {
+		"attention.sliding_window": "sliding_window", "vocab_size": "vocab_size", "context_length": "max_position_embeddings"} {
 		if m.has(key) {
 			cfg[hf] = m.num(key)
 		}

@@ -89,6 +89,7 @@ func Parse(data []byte) (*Config, error) {
 		}
 	}
 	c.Vocab = k.or("vocab_size", 0)
+	c.ContextLength = k.or("max_position_embeddings", 0)
 	c.NormEps = k.floatOr("rms_norm_eps", 1e-6)
 	c.TiedEmbeddings = k.boolOr("tie_word_embeddings", false)
 	c.DenseInter = k.or("intermediate_size", 0)

@@ -14,53 +14,9 @@ import (
 	"github.com/moex-project/moex/model"
 )
 
-// gqaSpecs: a whole model of each grouped-query family moex runs, with
-// what sets its attention apart: Qwen3-MoE's per-head QK norms and a dense
-// first layer (mlp_only_layers), Qwen2-MoE's q/k/v biases and gated shared
-// expert, Mixtral's sliding window over one key/value head, OLMoE's QK
-// norms over all heads, gpt-oss's biases, sinks, yarn RoPE and a window on
-// every other layer.
-func gqaSpecs() map[string]moetest.WholeSpec {
-	return map[string]moetest.WholeSpec{
-		"qwen3_moe_f32": {
-			MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 8, TopK: 2, Inter: 16, NormTopK: true, DType: "F32"},
-			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, QKNorm: "head", Theta: 1e6},
-			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 40, DenseInter: 24, Seed: 11,
-		},
-		"qwen3_moe_f32_head12": { // a head_dim that is not a power of two, 6 query heads over 2
-			MoE:    moetest.Spec{ModelType: "qwen3_moe", Experts: 6, TopK: 3, Inter: 12, NormTopK: true, DType: "F32"},
-			GQA:    &moetest.GQASpec{Heads: 6, KVHeads: 2, HeadDim: 12, QKNorm: "head", Theta: 1e6},
-			Hidden: 24, Layers: 2, Vocab: 29, DenseInter: 1, Seed: 17,
-		},
-		"qwen2_moe_bf16": {
-			MoE:    moetest.Spec{ModelType: "qwen2_moe", Experts: 6, TopK: 2, Inter: 12, SharedInter: 16, DType: "BF16"},
-			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 4, HeadDim: 8, Bias: true, Theta: 1e6},
-			Hidden: 32, Layers: 2, FirstKDense: 1, Vocab: 30, DenseInter: 20, Seed: 12,
-		},
-		"mixtral_f32_window": {
-			MoE:    moetest.Spec{ModelType: "mixtral", Experts: 4, TopK: 2, Inter: 16, DType: "F32"},
-			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 1, HeadDim: 8, Window: 5, Theta: 1e6},
-			Hidden: 24, Layers: 2, Vocab: 33, DenseInter: 1, Seed: 13,
-		},
-		"olmoe_bf16": {
-			MoE:    moetest.Spec{ModelType: "olmoe", Experts: 8, TopK: 2, Inter: 16, DType: "BF16"},
-			GQA:    &moetest.GQASpec{Heads: 2, KVHeads: 2, HeadDim: 16, QKNorm: "whole", Theta: 10000},
-			Hidden: 32, Layers: 2, Vocab: 35, DenseInter: 1, Seed: 14,
-		},
-		"glm4_moe_f32": {
-			MoE: moetest.Spec{ModelType: "glm4_moe", Experts: 8, TopK: 2, Inter: 16, SharedExperts: 1, NGroup: 1, TopKGroup: 1,
-				NormTopK: true, Scaling: 2.5, DType: "F32"},
-			GQA:    &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 16, Bias: true, QKNorm: "head", Partial: 0.5, Theta: 10000},
-			Hidden: 32, Layers: 3, FirstKDense: 1, Vocab: 41, DenseInter: 24, Seed: 16,
-		},
-		"gpt_oss_bf16": {
-			MoE: moetest.Spec{ModelType: "gpt_oss", Experts: 4, TopK: 2, Inter: 16, DType: "BF16"},
-			GQA: &moetest.GQASpec{Heads: 4, KVHeads: 2, HeadDim: 8, Bias: true, OutBias: true, Sinks: true, Window: 4, WindowEven: true,
-				Yarn: true, Theta: 150000},
-			Hidden: 32, Layers: 2, Vocab: 37, DenseInter: 1, Seed: 15,
-		},
-	}
-}
+// gqaSpecs: a whole model of each grouped-query family moex runs
+// (moetest.GQAFamilies).
+func gqaSpecs() map[string]moetest.WholeSpec { return moetest.GQAFamilies() }
 
 // TestWholeFamiliesMatchReference: each family's logits at every position
 // of a prefill within 1e-4 of the float64 reference written from its
@@ -107,16 +63,7 @@ func TestWholeGGUF(t *testing.T) {
 	for _, c := range []struct{ name, arch string }{{"qwen3_moe_f32", "qwen3moe"}, {"qwen2_moe_bf16", "qwen2moe"}, {"mixtral_f32_window", "llama"},
 		{"gpt_oss_bf16", "gpt-oss"}, {"glm4_moe_f32", "glm4moe"}, {"olmoe_bf16", "olmoe"}} {
 		t.Run(c.name, func(t *testing.T) {
-			spec := gqaSpecs()[c.name]
-			if c.arch != "glm4moe" {
-				spec.FirstKDense = 0 // llama.cpp's MoE architectures have no dense layers, but GLM-4.5's
-			}
-			g := *spec.GQA
-			if c.arch == "llama" {
-				g.Window = 0 // nor has its llama a sliding window (Mixtral ships none)
-			}
-			g.YarnTruncate = true // ggml's yarn always rounds the ramp's bounds
-			spec.GQA = &g
+			spec := moetest.ForGGUF(gqaSpecs()[c.name], c.arch)
 			w, st := loadWhole(t, spec, nil)
 			data, err := w.GGUF(c.arch)
 			require.NoError(t, err)

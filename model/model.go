@@ -154,6 +154,12 @@ func (m *Model) load() error {
 	if m.lmHead, err = m.src.Matrix(head, V, H); err != nil {
 		return err
 	}
+	if kernels.PacksWeights() && m.lmHead.DType.Quantized() {
+		// A quantized output projection (a GGUF file's Q6_K, Q8_0, Q4_K)
+		// runs on the SIMD kernels only in panels, as the experts do: a
+		// copy of its bytes (the tied embedding keeps its rows for lookups).
+		m.lmHead = kernels.Pack(m.lmHead)
+	}
 	if m.norm, err = m.vector(norm); err != nil {
 		return err
 	}

@@ -132,7 +132,7 @@ func NewRandom(p Preset, seed uint64) (*Model, error) {
 	if err := memlimit.Check(fmt.Sprintf("model: preset %q", p.Name), total); err != nil {
 		return nil, err
 	}
-	a := &arch.Config{Family: p.MoE.ModelType, Name: p.MoE.Name, Hidden: H, Layers: p.Layers, Vocab: p.Vocab, NormEps: p.RMSNormEps,
+	a := &arch.Config{Family: p.MoE.ModelType, Name: p.MoE.Name, Hidden: H, Layers: p.Layers, Vocab: p.Vocab, NormEps: p.RMSNormEps, ContextLength: p.Context,
 		DenseInter: p.DenseInter, FirstKDense: p.FirstKDense, LayerFreq: 1, SparseStep: 1, MoE: p.MoE,
 		Attention: arch.Attention{Kind: arch.MLA, Heads: p.Attn.Heads, KVHeads: p.Attn.Heads, HeadDim: p.Attn.NopeDim + p.Attn.RopeDim,
 			QLoraRank: p.Attn.QLoraRank, KVLoraRank: p.Attn.KVLoraRank, NopeDim: p.Attn.NopeDim, RopeDim: p.Attn.RopeDim, VDim: p.Attn.VDim,

@@ -80,6 +80,11 @@ type Info struct {
 	// KVDType.
 	KVBytesPerToken int64  `json:"kv_bytes_per_token,omitempty"`
 	KVDType         string `json:"kv_cache_dtype,omitempty"`
+	// ContextLength is the positions the model was made for (0: not
+	// stated): a request whose prompt and new tokens pass it is refused
+	// (ErrTooLarge), and one that does not say how many tokens to
+	// generate gets at most what is left of it.
+	ContextLength int `json:"context_length,omitempty"`
 	// StreamInterval: a stream sends a frame every this many tokens (and
 	// the last); 0 or 1: every token (SGLang's --stream-interval).
 	StreamInterval int `json:"stream_interval"`
@@ -247,6 +252,8 @@ func (h *Server) sampling(ids []int32, maxNew *int, temperature, topP *float64, 
 		Sampling: model.Sampling{Temperature: 1, TopP: 1}}
 	if maxNew != nil {
 		req.MaxNewTokens = *maxNew
+	} else if c := h.info.ContextLength; c > len(ids) {
+		req.MaxNewTokens = min(req.MaxNewTokens, c-len(ids))
 	}
 	if temperature != nil {
 		req.Sampling.Temperature = *temperature

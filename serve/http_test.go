@@ -197,3 +197,47 @@ func TestHTTP(t *testing.T) {
 		t.Fatalf("%d goroutines left, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// TestContextLength: a model made for 24 positions refuses a request
+// whose prompt and new tokens pass them (400, naming the context), and a
+// request that does not say how many tokens to make gets what is left of
+// the context (here fewer than the default 128), as vLLM gives.
+func TestContextLength(t *testing.T) {
+	p := model.Tiny()
+	p.Context = 24
+	m, err := model.NewRandom(p, 6)
+	require.NoError(t, err)
+	_, err = m.Prefill(context.Background(), []int32{1})
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	s, _, cancel, wg := start(t, m, 32, 16, serve.Options{Budget: 64})
+	srv := httptest.NewServer(serve.NewServer(s, serve.Byte{}, nil, serve.Info{ModelPath: "tiny", ContextLength: 24}).Handler())
+
+	prompt := "twenty-tokens prompt" // 20 bytes
+	resp, body := post(t, srv.URL, fmt.Sprintf(`{"text": %q, "sampling_params": {"max_new_tokens": 5, "ignore_eos": true}}`, prompt))
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
+	require.Contains(t, string(body), "the model's context is 24 tokens; the request asks for 25 (20 in the prompt, 5 new)")
+	resp, body = post(t, srv.URL, fmt.Sprintf(`{"text": %q}`, strings.Repeat("x", 24)))
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
+	require.Contains(t, string(body), "the model's context is 24 tokens")
+
+	resp, body = post(t, srv.URL, fmt.Sprintf(`{"text": %q, "sampling_params": {"temperature": 0, "ignore_eos": true}}`, prompt))
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	var g generated
+	require.NoError(t, json.Unmarshal(body, &g))
+	require.Equal(t, 4, g.Meta.CompletionTokens)
+	ids, _ := serve.Byte{}.Encode(prompt)
+	require.Equal(t, greedy(t, m, ids, 4), g.OutputIDs)
+
+	srv.Close()
+	cancel()
+	wg.Wait()
+	http.DefaultClient.CloseIdleConnections()
+	for i := 0; runtime.NumGoroutine() > before && i < 200; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines left, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}

@@ -164,6 +164,11 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (<-chan Event, error)
 		return nil, errors.New("serve: empty prompt")
 	case r.MaxNewTokens < 1:
 		return nil, fmt.Errorf("serve: max_new_tokens %d must be positive", r.MaxNewTokens)
+	case s.m.Arch != nil && s.m.Arch.ContextLength > 0 &&
+		(len(r.IDs) >= s.m.Arch.ContextLength || r.MaxNewTokens > s.m.Arch.ContextLength-len(r.IDs)):
+		c := s.m.Arch.ContextLength
+		return nil, fmt.Errorf("%w: the model's context is %d tokens; the request asks for %.0f (%d in the prompt, %d new)",
+			ErrTooLarge, c, float64(len(r.IDs))+float64(r.MaxNewTokens), len(r.IDs), r.MaxNewTokens)
 	case len(r.IDs) > s.Capacity() || r.MaxNewTokens > s.Capacity()-len(r.IDs): // no sum to overflow
 		return nil, fmt.Errorf("%w: a prompt of %d tokens and %d new ones need %.0f cache rows; the cache holds %d",
 			ErrTooLarge, len(r.IDs), r.MaxNewTokens, float64(len(r.IDs))+float64(r.MaxNewTokens), s.Capacity())

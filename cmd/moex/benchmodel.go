@@ -8,7 +8,9 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"text/tabwriter"
 	"time"
@@ -71,6 +73,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	threads := fs.Int("threads", runtime.GOMAXPROCS(0), "goroutines (GOMAXPROCS for the run)")
 	rounds := fs.Int("rounds", 3, "rounds of pp then tg, each on a fresh cache; the median is reported")
 	seed := fs.Uint64("seed", 1, "seed of random weights and tokens")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed rounds (pp and tg) to this file, for go tool pprof")
 	finish := o.registerCommon(fs, "bench model")
 	if err := parseFlags(fs, args, o.stderr); err != nil {
 		return err
@@ -157,6 +160,17 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	ctx := context.Background()
 	var pp, tg []time.Duration
 	probes := []float64{memoryBandwidth()}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench model: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench model: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for r := range *rounds {
 		kv, err := m.NewKV(blocks, blockRows, kvDType)
 		if err != nil {

@@ -161,7 +161,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	api := serve.NewServer(engine, tok, stopIDs, serve.Info{ModelPath: name, StreamInterval: *interval,
-		KVBytesPerToken: m.KVBytesPerToken(kvDType), KVDType: *kvName})
+		KVBytesPerToken: m.KVBytesPerToken(kvDType), KVDType: *kvName, ContextLength: m.Arch.ContextLength})
 	ln, err := net.Listen("tcp", net.JoinHostPort(*host, fmt.Sprint(*port)))
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
