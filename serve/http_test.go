@@ -188,14 +188,7 @@ func TestHTTP(t *testing.T) {
 	srv.Close()
 	cancel()
 	wg.Wait()
-	http.DefaultClient.CloseIdleConnections()
-	for i := 0; runtime.NumGoroutine() > before && i < 200; i++ {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before {
-		buf := make([]byte, 1<<20)
-		t.Fatalf("%d goroutines left, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
-	}
+	noGoroutinesLeft(t, before)
 }
 
 // TestContextLength: a model made for 24 positions refuses a request
@@ -232,6 +225,13 @@ func TestContextLength(t *testing.T) {
 	srv.Close()
 	cancel()
 	wg.Wait()
+	noGoroutinesLeft(t, before)
+}
+
+// noGoroutinesLeft waits up to two seconds for the goroutines to be back
+// to before (the client's idle connections closed), else fails listing them.
+func noGoroutinesLeft(t *testing.T, before int) {
+	t.Helper()
 	http.DefaultClient.CloseIdleConnections()
 	for i := 0; runtime.NumGoroutine() > before && i < 200; i++ {
 		time.Sleep(10 * time.Millisecond)

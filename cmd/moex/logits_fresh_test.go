@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"math"
 	"os"
 	"path/filepath"
@@ -69,7 +70,7 @@ func TestExecLogitsFresh(t *testing.T) {
 					for v := range order {
 						order[v] = v
 					}
-					slices.SortFunc(order, func(a, b int) int { return -cmpF(row[a], row[b]) })
+					slices.SortFunc(order, func(a, b int) int { return cmp.Compare(row[b], row[a]) })
 					if row[order[0]]-row[order[1]] <= 2e-4*scale {
 						continue // a near-tie the tolerance cannot order
 					}
@@ -108,14 +109,4 @@ func TestExecLogitsFresh(t *testing.T) {
 			check(gw, path, "the GGUF file ("+arch+")")
 		})
 	}
-}
-
-func cmpF(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
