@@ -17,6 +17,7 @@ import (
 	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/format"
 	"github.com/moex-project/moex/format/gguf"
+	"github.com/moex-project/moex/internal/moetest"
 	"github.com/moex-project/moex/internal/tokref"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
@@ -189,5 +190,41 @@ func TestWriteGGUFAgainstLlamaCpp(t *testing.T) {
 			t.Logf("%d of 12 steps: moex's argmax is llama.cpp's token", exact)
 			require.GreaterOrEqual(t, exact, 10, "of 12 steps, moex's argmax is llama.cpp's token at %d", exact)
 		})
+	}
+}
+
+// TestInt8DotWholeModel measures the int8-dot mode on whole models (the
+// opt-in of run, serve and bench model): the logits of a 16-token prefill
+// against the exact mode's on the same file (which the float64 references
+// hold within 1e-4), for Q4_K_M, Q8_0 and MXFP4 experts. The error is that
+// of rounding each activation row to int8 per 32, carried through the
+// layers; it must be there (the mode runs) and stay within 5 %.
+func TestInt8DotWholeModel(t *testing.T) {
+	ids := make([]int32, 16)
+	for i := range ids {
+		ids[i] = int32((i*131 + 7) % 512)
+	}
+	for _, tc := range []struct {
+		p   model.Preset
+		mix string
+	}{{smallQwen3(3), "q4_k_m"}, {smallQwen3(3), "q8_0"}, {smallGptOss(2), "mxfp4"}} {
+		path := writeGGUF(t, tc.p, tc.mix)
+		var logits [2][]float32
+		for i, mode := range []kernels.Numerics{kernels.Exact, kernels.Int8Dot} {
+			m, err := model.Load(path)
+			require.NoError(t, err)
+			require.NoError(t, m.SetNumerics(mode))
+			logits[i], err = m.Prefill(context.Background(), ids)
+			require.NoError(t, err)
+			require.NoError(t, m.Close())
+		}
+		exact := make([]float64, len(logits[0]))
+		for i, x := range logits[0] {
+			exact[i] = float64(x)
+		}
+		e := moetest.RelErr(logits[1], exact)
+		t.Logf("%s %s: int8dot against exact: relative error %.1e", tc.p.Name, tc.mix, e)
+		require.Greater(t, e, 0.0, "%s %s: the int8-dot mode changed nothing", tc.p.Name, tc.mix)
+		require.Less(t, e, 0.05, "%s %s", tc.p.Name, tc.mix)
 	}
 }

@@ -44,6 +44,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
 	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
 	kvName := fs.String("kv-dtype", "bf16", "KV cache dtype: bf16 (about 1e-3 of relative error in the logits) or f32 (the exact mode's)")
+	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (integer-code and MXFP4 experts, as llama.cpp computes them) or bf16dot (bf16 experts); --backend cpu")
 	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
 	dpSize := fs.Int("dp", 1, "data-parallel attention ranks in this instance, each with its own caches (--kv-blocks each) and requests")
 	moeMode := fs.String("moe-mode", "alltoall", "--dp > 1: the MoE layers' experts sharded over the ranks, by alltoall (EP dispatch/combine) or gather")
@@ -92,9 +93,15 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	default:
 		return fmt.Errorf("%w: serve: --kv-dtype %q (want bf16 or f32)", errUsage, *kvName)
 	}
+	numMode, err := kernels.ParseNumerics(*numerics)
+	if err != nil {
+		return fmt.Errorf("%w: serve: %w", errUsage, err)
+	}
+	if numMode != kernels.Exact && *backend != "cpu" {
+		return fmt.Errorf("%w: serve: --numerics %v runs on --backend cpu", errUsage, numMode)
+	}
 	var tok serve.Tokenizer
 	var stopIDs []int32
-	var err error
 	name := *dir
 	if *preset != "" {
 		p := model.Tiny()
@@ -131,6 +138,11 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer m.Close()
+	if numMode != kernels.Exact {
+		if err := m.SetNumerics(numMode); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 	if *backend == "cuda" {
 		closeDev, err := modelOnDevice(m)
 		if err != nil {
