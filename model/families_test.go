@@ -28,17 +28,7 @@ func TestWholeFamiliesMatchReference(t *testing.T) {
 			w, m := loadWhole(t, spec, nil)
 			require.Equal(t, spec.Layers, m.NumLayers())
 			ids := moetest.Tokens(7, 19, spec.Vocab)
-			got, err := m.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			want := w.Logits(ids)
-			var flat []float64
-			for _, row := range want {
-				flat = append(flat, row...)
-			}
-			require.Less(t, moetest.RelErr(got, flat), 1e-4)
-			for p, row := range want {
-				require.Equal(t, argmax64(row), argmax32(got[p*spec.Vocab:(p+1)*spec.Vocab]), "position %d", p)
-			}
+			_, flat := prefillMatchesReference(t, w, m, ids, spec.Vocab)
 			kv, err := m.NewKV(8, 4, kernels.F32)
 			require.NoError(t, err)
 			var steps []float32

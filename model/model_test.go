@@ -43,17 +43,7 @@ func TestPrefillMatchesReference(t *testing.T) {
 			w, m := loadWhole(t, spec, nil)
 			require.Equal(t, spec.Layers, m.NumLayers())
 			ids := moetest.Tokens(3, 19, spec.Vocab)
-			got, err := m.Prefill(context.Background(), ids)
-			require.NoError(t, err)
-			want := w.Logits(ids)
-			var flat []float64
-			for _, row := range want {
-				flat = append(flat, row...)
-			}
-			require.Less(t, moetest.RelErr(got, flat), 1e-4)
-			for p, row := range want {
-				require.Equal(t, argmax64(row), argmax32(got[p*spec.Vocab:(p+1)*spec.Vocab]), "position %d", p)
-			}
+			got, _ := prefillMatchesReference(t, w, m, ids, spec.Vocab)
 			// A prefix's logits are the same: causal, and no token's bits
 			// depend on the tokens after it.
 			head, err := m.Prefill(context.Background(), ids[:7])
@@ -61,6 +51,23 @@ func TestPrefillMatchesReference(t *testing.T) {
 			require.Equal(t, got[:7*spec.Vocab], head)
 		})
 	}
+}
+
+// prefillMatchesReference: m's prefill of ids within 1e-4 of w's float64
+// logits, the same argmax at every position; it gives both, flattened.
+func prefillMatchesReference(t *testing.T, w *moetest.Whole, m *model.Model, ids []int32, vocab int) (got []float32, want []float64) {
+	t.Helper()
+	got, err := m.Prefill(context.Background(), ids)
+	require.NoError(t, err)
+	rows := w.Logits(ids)
+	for _, row := range rows {
+		want = append(want, row...)
+	}
+	require.Less(t, moetest.RelErr(got, want), 1e-4)
+	for p, row := range rows {
+		require.Equal(t, argmax64(row), argmax32(got[p*vocab:(p+1)*vocab]), "position %d", p)
+	}
+	return got, want
 }
 
 func TestLoadErrors(t *testing.T) {
