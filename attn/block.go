@@ -1,6 +1,10 @@
 package attn
 
-import "context"
+import (
+	"context"
+
+	"github.com/moex-project/moex/kernels"
+)
 
 // Block is an attention layer a decoder drives (MLABlock: DeepSeek's
 // multi-head latent attention; GQABlock: grouped-query attention), not to
@@ -20,6 +24,10 @@ type Block interface {
 	ForwardWith(ctx context.Context, be Backend, cache *Cache, seqs []int, x, out []float32) error
 	// WeightBytes is the bytes of the block's weights a step reads.
 	WeightBytes() int64
+	// SetNumerics puts each host projection whose dtype can take mode n
+	// (kernels.Numerics.Pack) in it; the others stay exact. It returns how
+	// many projections took it. Call it before any Forward.
+	SetNumerics(n kernels.Numerics) int
 	// Close releases what the block owns (a checkpoint it opened).
 	Close() error
 }
@@ -49,4 +57,19 @@ func setTables(cache *Cache, seqs []int, queries []Query) {
 		}
 		queries[t].Table = tables[s]
 	}
+}
+
+// setNumerics repacks each matrix of ms for n where n.Pack takes it, and
+// counts them; the others are left as they are.
+func setNumerics(n kernels.Numerics, ms ...*kernels.Matrix) int {
+	took := 0
+	for _, m := range ms {
+		if m.Rows == 0 || m.Numerics() == n {
+			continue
+		}
+		if p, err := n.Pack(*m); err == nil {
+			*m, took = p, took+1
+		}
+	}
+	return took
 }

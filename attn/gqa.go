@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 
+	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
 	"github.com/moex-project/moex/kernels"
 )
@@ -35,8 +37,10 @@ type GQAParams struct {
 //
 //	out[i, h] = softmax(Scale · q[i, h]·Kᵀ ∪ sink[h]) · V    [nq, Heads, ValueDim]
 //
-// q is [nq, Heads, KeyDim]. Scores, the softmax and the weighted sum are
-// float64, each output value rounded once. Bad shapes, lengths or block
+// q is [nq, Heads, KeyDim]. Scores and the weighted sums are fp32 in the
+// kernels' fixed orders, the softmax's maximum and sum float64 (see
+// attendGQA); a query's bits depend on nothing but its own q, rows and
+// range. Bad shapes, lengths or block
 // tables give an error naming the query; a non-finite output an
 // ErrNonFinite error.
 func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAParams, out []float32) error {
@@ -65,8 +69,9 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 			return errkind.Errorf(ErrNonFinite, "attn: gqa: q of query %d head %d holds %v", i/(p.Heads*p.KeyDim), i/p.KeyDim%p.Heads, v)
 		}
 	}
-	err := kernels.Parallel(ctx, p.Workers, nq, func(i int) {
-		attendGQA(kv, q[i*p.Heads*p.KeyDim:(i+1)*p.Heads*p.KeyDim], queries[i], p, out[i*p.Heads*p.ValueDim:(i+1)*p.Heads*p.ValueDim])
+	items := gqaItems(queries, p)
+	err := kernels.Parallel(ctx, p.Workers, len(items), func(k int) {
+		attendGQA(kv, q, queries, items[k], p, out)
 	})
 	if err != nil {
 		return err
@@ -80,69 +85,179 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 	return nil
 }
 
-// attendGQA is one query's attention, every head: the scores over its
-// rows, one softmax a head, then the values weighted, rows read twice.
-func attendGQA(kv Blocks, q []float32, qr Query, p GQAParams, out []float32) {
-	bs, D := kv.BlockSize(), kv.Dim()
-	lo := 0
-	if p.Window > 0 {
-		lo = max(0, qr.Len-p.Window)
-	}
-	n, group := qr.Len-lo, p.Heads/p.KVHeads
-	row := make([]float32, D)
-	scores := make([]float64, p.Heads*n)
-	each := func(fn func(j int, row []float32)) {
-		for r := lo; r < qr.Len; r++ {
-			kv.Block(int(qr.Table[r/bs])).RowF32(r%bs, row)
-			fn(r-lo, row)
+// gqaTileRows is the query rows (queries × the heads of one key/value
+// head) a tile of grouped-query attention holds: its keys and values are
+// widened once for them all.
+const gqaTileRows = 64
+
+// gqaChunkRows is the rows of one step of grouped-query attention's online
+// softmax: chunks of the sequence aligned to multiples of it, whatever the
+// cache's block size, the tile or the query's range, so that none of
+// these changes a bit.
+const gqaChunkRows = 64
+
+// gqaItem is one unit of grouped-query attention's work: queries [q0, q1),
+// consecutive and of one sequence (one block table), and their heads that
+// read key/value head g.
+type gqaItem struct{ q0, q1, g int }
+
+// gqaItems splits the queries into tiles of one sequence's consecutive
+// queries, at most gqaTileRows query rows each, times the key/value heads.
+// A tile changes no output's bits (see attendGQA).
+func gqaItems(queries []Query, p GQAParams) []gqaItem {
+	per := max(1, gqaTileRows/(p.Heads/p.KVHeads))
+	var items []gqaItem
+	for q0 := 0; q0 < len(queries); {
+		q1 := q0 + 1
+		for q1 < len(queries) && q1-q0 < per && sameTable(queries[q1].Table, queries[q0].Table) {
+			q1++
 		}
+		for g := 0; g < p.KVHeads; g++ {
+			items = append(items, gqaItem{q0, q1, g})
+		}
+		q0 = q1
 	}
-	each(func(j int, row []float32) {
-		for h := 0; h < p.Heads; h++ {
-			k := row[h/group*p.KeyDim:][:p.KeyDim]
-			qh := q[h*p.KeyDim:][:p.KeyDim]
-			var s float64
-			for x, v := range qh {
-				s += float64(v) * float64(k[x])
+	return items
+}
+
+// sameTable: a and b are one block table (setTables gives a sequence's
+// queries one slice).
+func sameTable(a, b []int32) bool {
+	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
+}
+
+type gqaAttnScratch struct {
+	q, k, v, scores, probs, part, o []float32
+	m, l                            []float64
+	lo, hi                          []int
+	values                          kernels.Matrix
+}
+
+var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
+
+// attendGQA computes item it: for each of its queries and each query head
+// of its key/value head, an online softmax over the chunks of rows its
+// queries read (gqaChunkRows, aligned). Per chunk: the head's keys and
+// values widened to fp32 once for the tile; the scores q·k as one
+// kernels.Down over the keys (each an fp32 dot product in the kernels'
+// fixed order); the running maximum and sum in float64, the probabilities
+// rounded to fp32; the values weighted by one GEMM (an fp32 FMA chain over
+// the chunk's rows in ascending order) and added to the output row. Rows
+// outside a query's range weigh exactly zero and chunks outside it are
+// skipped, so a query's bits depend neither on its tile nor on the cache's
+// block size. Sinks join each denominator at the end.
+func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams, out []float32) {
+	bs := kv.BlockSize()
+	group := p.Heads / p.KVHeads
+	kd, vd := p.KeyDim, p.ValueDim
+	nQ := it.q1 - it.q0
+	M := nQ * group
+	sc := gqaAttnPool.Get().(*gqaAttnScratch)
+	defer gqaAttnPool.Put(sc)
+	qs := buffers.Grow(&sc.q, M*kd)
+	o := buffers.Grow(&sc.o, M*vd)
+	part := buffers.Grow(&sc.part, M*vd)
+	kbuf := buffers.Grow(&sc.k, gqaChunkRows*kd)
+	vbuf := buffers.Grow(&sc.v, gqaChunkRows*vd)
+	scores := buffers.Grow(&sc.scores, M*gqaChunkRows)
+	probs := buffers.Grow(&sc.probs, M*gqaChunkRows)
+	m := buffers.Grow(&sc.m, M)
+	l := buffers.Grow(&sc.l, M)
+	lo := buffers.Grow(&sc.lo, nQ)
+	hi := buffers.Grow(&sc.hi, nQ)
+	clear(o)
+	clear(l)
+	rowLo, rowHi := math.MaxInt, 0
+	for i := range nQ {
+		qr := queries[it.q0+i]
+		lo[i], hi[i] = 0, qr.Len
+		if p.Window > 0 {
+			lo[i] = max(0, qr.Len-p.Window)
+		}
+		rowLo, rowHi = min(rowLo, lo[i]), max(rowHi, hi[i])
+		src := q[((it.q0+i)*p.Heads+it.g*group)*kd:][:group*kd]
+		copy(qs[i*group*kd:], src)
+	}
+	for r := range m {
+		m[r] = math.Inf(-1)
+	}
+	table := queries[it.q0].Table
+	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
+	for r := rowLo; r < rowHi; {
+		n := min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r
+		for j := range n {
+			blk := kv.Block(int(table[(r+j)/bs]))
+			blk.SpanF32((r+j)%bs, kOff, kbuf[j*kd:(j+1)*kd])
+			blk.SpanF32((r+j)%bs, vOff, vbuf[j*vd:(j+1)*vd])
+		}
+		keys, _ := kernels.NewF32(n, kd, kbuf[:n*kd])
+		kernels.Down(scores[:M*n], qs[:M*kd], keys, nil, 0, n) // scores[row, j] = q[row]·key j
+		used := false
+		for i := range nQ {
+			j0, j1 := max(lo[i]-r, 0), min(hi[i]-r, n) // this query's rows in the chunk
+			for hh := range group {
+				row := i*group + hh
+				ph := probs[row*n : (row+1)*n]
+				if j0 >= j1 {
+					clear(ph)
+					continue
+				}
+				used = true
+				sh := scores[row*n : (row+1)*n]
+				top := m[row]
+				for _, v := range sh[j0:j1] {
+					top = math.Max(top, float64(v)*float64(p.Scale))
+				}
+				if top > m[row] { // rescale what came before
+					c := math.Exp(m[row] - top)
+					l[row] *= c
+					cf := float32(c)
+					for x, v := range o[row*vd : (row+1)*vd] {
+						o[row*vd+x] = v * cf
+					}
+					m[row] = top
+				}
+				clear(ph[:j0])
+				clear(ph[j1:])
+				for j := j0; j < j1; j++ {
+					e := math.Exp(float64(sh[j])*float64(p.Scale) - m[row])
+					l[row] += e
+					ph[j] = float32(e)
+				}
 			}
-			scores[h*n+j] = s * float64(p.Scale)
 		}
-	})
-	for h := 0; h < p.Heads; h++ {
-		sh := scores[h*n : (h+1)*n]
-		top := math.Inf(-1)
-		if p.Sinks != nil {
-			top = float64(p.Sinks[h])
-		}
-		for _, s := range sh {
-			top = math.Max(top, s)
-		}
-		var sum float64
-		if p.Sinks != nil {
-			sum = math.Exp(float64(p.Sinks[h]) - top)
-		}
-		for j, s := range sh {
-			e := math.Exp(s - top)
-			sh[j] = e
-			sum += e
-		}
-		for j := range sh {
-			sh[j] /= sum
-		}
-	}
-	acc := make([]float64, p.Heads*p.ValueDim)
-	vals := p.KVHeads * p.KeyDim
-	each(func(j int, row []float32) {
-		for h := 0; h < p.Heads; h++ {
-			w := scores[h*n+j]
-			v := row[vals+h/group*p.ValueDim:][:p.ValueDim]
-			a := acc[h*p.ValueDim:][:p.ValueDim]
-			for x, y := range v {
-				a[x] += w * float64(y)
+		if used {
+			vals, _ := kernels.NewF32(n, vd, vbuf[:n*vd])
+			sc.values = kernels.PackColumns(vals, 0, n, vd, sc.values)
+			kernels.GEMMRows(part[:M*vd], probs[:M*n], nil, sc.values, nil, 0, vd)
+			for x, v := range part[:M*vd] {
+				o[x] += v
 			}
 		}
-	})
-	for i, v := range acc {
-		out[i] = float32(v)
+		r += n
+	}
+	for i := range nQ {
+		for hh := range group {
+			row, h := i*group+hh, it.g*group+hh
+			sum := l[row]
+			if p.Sinks != nil { // a logit in the denominator alone
+				s := float64(p.Sinks[h])
+				if s > m[row] {
+					c := math.Exp(m[row] - s)
+					sum, m[row] = sum*c+1, s
+					cf := float32(c)
+					for x, v := range o[row*vd : (row+1)*vd] {
+						o[row*vd+x] = v * cf
+					}
+				} else {
+					sum += math.Exp(s - m[row])
+				}
+			}
+			inv := float32(1 / sum)
+			dst := out[((it.q0+i)*p.Heads+h)*vd:][:vd]
+			for x, v := range o[row*vd : (row+1)*vd] {
+				dst[x] = v * inv
+			}
+		}
 	}
 }

@@ -158,6 +158,11 @@ func newGQABlock(get TensorSource, cfg GQAConfig, names arch.LayerNames) (*GQABl
 // HiddenSize is the model width.
 func (b *GQABlock) HiddenSize() int { return b.Cfg.Hidden }
 
+// SetNumerics puts q, k, v and o in mode n where their dtypes can take it.
+func (b *GQABlock) SetNumerics(n kernels.Numerics) int {
+	return setNumerics(n, &b.q, &b.k, &b.v, &b.o)
+}
+
 // RowDim is a token's cache row: its keys, then its values.
 func (b *GQABlock) RowDim() int { return 2 * b.Cfg.KVHeads * b.Cfg.HeadDim }
 

@@ -289,6 +289,13 @@ func (b *MLABlock) pack() {
 	}
 }
 
+// SetNumerics puts the checkpoint's projections (q_proj or q_a/q_b,
+// kv_a, o_proj) in mode n where their dtypes can take it; the absorbed
+// per-head halves of kv_b_proj stay exact.
+func (b *MLABlock) SetNumerics(n kernels.Numerics) int {
+	return setNumerics(n, &b.qProj, &b.qA, &b.qB, &b.kvA, &b.oProj)
+}
+
 // setRoPE sets the rotary embedding of k_pe and q_pe (yarn when the
 // config says so) and the softmax scale (yarn's mscale² on it).
 func (b *MLABlock) setRoPE() error {

@@ -194,6 +194,28 @@ func (m Matrix) RowF32(i int, dst []float32) {
 	}
 }
 
+// SpanF32 widens row i's columns [c0, c0+len(dst)) into dst: a run of an
+// attention cache row (one key/value head's keys or values). Row-major
+// f32, bf16 and f16 matrices read only the run; others widen the row.
+func (m Matrix) SpanF32(i, c0 int, dst []float32) {
+	lo := i*m.Cols + c0
+	switch {
+	case m.packed:
+	case m.DType == F32:
+		copy(dst, m.f32[lo:lo+len(dst)])
+		return
+	case m.DType == BF16:
+		half.BF16SliceToF32(dst, m.u16[lo:lo+len(dst)])
+		return
+	case m.DType == F16:
+		half.F16SliceToF32(dst, m.u16[lo:lo+len(dst)])
+		return
+	}
+	row := make([]float32, m.Cols)
+	m.RowF32(i, row)
+	copy(dst, row[c0:])
+}
+
 // At returns element [i, j] widened to float32.
 func (m Matrix) At(i, j int) float32 {
 	if m.dot8 || m.planes > 0 {

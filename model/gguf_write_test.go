@@ -214,6 +214,13 @@ func TestInt8DotWholeModel(t *testing.T) {
 			m, err := model.Load(path)
 			require.NoError(t, err)
 			require.NoError(t, m.SetNumerics(mode))
+			got, n := m.Numerics()
+			require.Equal(t, mode, got)
+			if mode == kernels.Int8Dot { // the four projections of each layer's attention, and the output
+				require.Equal(t, 4*tc.p.Layers+1, n, "%s %s: matrices outside the experts in int8dot", tc.p.Name, tc.mix)
+			} else {
+				require.Zero(t, n)
+			}
 			logits[i], err = m.Prefill(context.Background(), ids)
 			require.NoError(t, err)
 			require.NoError(t, m.Close())
@@ -223,7 +230,7 @@ func TestInt8DotWholeModel(t *testing.T) {
 			exact[i] = float64(x)
 		}
 		e := moetest.RelErr(logits[1], exact)
-		t.Logf("%s %s: int8dot against exact: relative error %.1e", tc.p.Name, tc.mix, e)
+		t.Logf("%s %s: int8dot against exact: relative error %.4e", tc.p.Name, tc.mix, e)
 		require.Greater(t, e, 0.0, "%s %s: the int8-dot mode changed nothing", tc.p.Name, tc.mix)
 		require.Less(t, e, 0.05, "%s %s", tc.p.Name, tc.mix)
 	}

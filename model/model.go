@@ -49,6 +49,9 @@ type Model struct {
 	// backend runs the attention blocks' projections and MLA (the zero
 	// Backend: the host).
 	backend attn.Backend
+	// numerics is the mode SetNumerics put the model in.
+	numerics kernels.Numerics
+	inMode   int // matrices outside the routed experts in numerics
 }
 
 // UseDevice puts every layer's attention on be (its projections, and MLA
@@ -257,10 +260,23 @@ func (m *Model) Close() error {
 	return errors.Join(errs...)
 }
 
-// SetNumerics puts every MoE layer's experts in mode (kernels.Int8Dot:
-// llama.cpp's numerics, for quantized experts); an error names the layer
-// that cannot.
+// SetNumerics computes the model's products in mode (kernels.Int8Dot:
+// llama.cpp's numerics, for integer-code weights; kernels.BF16Dot, for
+// bf16 ones). Every MoE layer's routed experts must take it (an error
+// names the layer that cannot, as moe.Layer.SetNumerics); the rest takes
+// it where its dtype can and stays exact otherwise, as llama.cpp's
+// matrices each keep their type: the shared experts and dense MLPs (all
+// three matrices or none), the attention projections on the host (a
+// device keeps its own), and the output projection. The embedding's
+// lookups stay exact. Call it before any Forward; a model in another mode
+// does not go back (load it again).
 func (m *Model) SetNumerics(mode kernels.Numerics) error {
+	if mode == m.numerics {
+		return nil
+	}
+	if m.numerics != kernels.Exact || mode == kernels.Exact {
+		return fmt.Errorf("model: a model in %v numerics cannot go to %v: load it again", m.numerics, mode)
+	}
 	for l, d := range m.layers {
 		if d.moe == nil {
 			continue
@@ -269,7 +285,42 @@ func (m *Model) SetNumerics(mode kernels.Numerics) error {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
+	for l := range m.layers {
+		d := &m.layers[l]
+		if m.backend.Proj == nil {
+			m.inMode += d.attn.SetNumerics(mode)
+		}
+		if d.moe == nil {
+			m.inMode += 3
+			g, ok := d.dense, true
+			for _, w := range []*kernels.Matrix{&g.Gate, &g.Up, &g.Down} {
+				p, err := mode.Pack(*w)
+				if err != nil {
+					ok = false
+					break
+				}
+				*w = p
+			}
+			if ok {
+				d.dense = g
+			} else {
+				m.inMode -= 3
+			}
+		}
+	}
+	if p, err := mode.Pack(m.lmHead); err == nil {
+		m.lmHead = p
+		m.inMode++
+	}
+	m.numerics = mode
 	return nil
+}
+
+// Numerics is the mode SetNumerics set (kernels.Exact until then), and
+// how many of the matrices outside the MoE layers took it: attention
+// projections on the host, dense MLPs', the output projection.
+func (m *Model) Numerics() (mode kernels.Numerics, matrices int) {
+	return m.numerics, m.inMode
 }
 
 // DecodeBytes is the weight bytes a decode step of one token reads: every
