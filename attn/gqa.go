@@ -185,10 +185,13 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
 	for r := rowLo; r < rowHi; {
 		n := min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r
-		for j := range n {
+		for j := 0; j < n; { // the chunk's rows, a block's run at a time
+			b0 := (r + j) % bs
+			cnt := min(bs-b0, n-j)
 			blk := kv.Block(int(table[(r+j)/bs]))
-			blk.SpanF32((r+j)%bs, kOff, kbuf[j*kd:(j+1)*kd])
-			blk.SpanF32((r+j)%bs, vOff, vbuf[j*vd:(j+1)*vd])
+			blk.SpanRowsF32(b0, cnt, kOff, kd, kbuf[j*kd:])
+			blk.SpanRowsF32(b0, cnt, vOff, vd, vbuf[j*vd:])
+			j += cnt
 		}
 		keys, _ := kernels.NewF32(n, kd, kbuf[:n*kd])
 		kernels.Down(scores[:M*n], qs[:M*kd], keys, nil, 0, n) // scores[row, j] = q[row]·key j

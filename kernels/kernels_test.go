@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-project/moex/internal/half"
 	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/kernels/kerneltest"
 )
@@ -140,6 +141,43 @@ func FuzzSIMDAgainstGeneric(f *testing.F) {
 					require.InDelta(t, gh[i], h[i], 1e-5*(mg+mu)*(1+mg+mu), "%s packed=%v gate/up %d", name, packed, i)
 					require.InDelta(t, gout[i], out[i], 1e-5*mg+1e-30, "%s packed=%v down %d", name, packed, i)
 				}
+			}
+		}
+	})
+}
+
+// TestSpanRowsF32: runs of columns of several rows, widened, are the
+// matrix's values (At), on every implementation: bf16 and fp16 runs of
+// whole 16s (the SIMD widening) and of other lengths, and fp32.
+func TestSpanRowsF32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const rows, cols = 9, 80
+	vals := make([]float32, rows*cols)
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64()) * 100
+	}
+	f32, err := kernels.NewF32(rows, cols, vals)
+	require.NoError(t, err)
+	bf16s, f16s := make([]uint16, len(vals)), make([]uint16, len(vals))
+	for i, v := range vals {
+		bf16s[i], f16s[i] = half.F32ToBF16(v), half.F32ToF16(v)
+	}
+	bf16, err := kernels.NewHalf(kernels.BF16, rows, cols, bf16s)
+	require.NoError(t, err)
+	f16, err := kernels.NewHalf(kernels.F16, rows, cols, f16s)
+	require.NoError(t, err)
+	forEachImpl(t, func(t *testing.T) {
+		for _, m := range []kernels.Matrix{f32, bf16, f16} {
+			for _, c := range []struct{ r0, n, c0, w int }{{0, 9, 0, 80}, {2, 5, 16, 32}, {1, 3, 48, 32}, {0, 4, 3, 20}, {8, 1, 64, 16}, {4, 2, 7, 1}} {
+				dst := make([]float32, c.n*c.w+1)
+				dst[c.n*c.w] = 42 // past the end: untouched
+				m.SpanRowsF32(c.r0, c.n, c.c0, c.w, dst)
+				for r := range c.n {
+					for x := range c.w {
+						require.Equal(t, m.At(c.r0+r, c.c0+x), dst[r*c.w+x], "%v rows %d+%d columns %d+%d: [%d, %d]", m.DType, c.r0, c.n, c.c0, c.w, r, x)
+					}
+				}
+				require.Equal(t, float32(42), dst[c.n*c.w])
 			}
 		}
 	})

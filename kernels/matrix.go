@@ -216,6 +216,32 @@ func (m Matrix) SpanF32(i, c0 int, dst []float32) {
 	copy(dst, row[c0:])
 }
 
+// SpanRowsF32 widens columns [c0, c0+n) of rows [r0, r0+rows) into dst
+// [rows, n], row after row: one key/value head's keys or values of an
+// attention cache's rows. bf16 and fp16 runs of a multiple of 16 values
+// take the SIMD widening where the machine has it (the same values: the
+// widening is exact).
+func (m Matrix) SpanRowsF32(r0, rows, c0, n int, dst []float32) {
+	dst = dst[:rows*n]
+	if rows == 0 || n == 0 {
+		return
+	}
+	if s := active; s != nil && !m.packed && n%PanelWidth == 0 && c0 >= 0 && r0 >= 0 && c0+n <= m.Cols && r0+rows <= m.Rows {
+		widen := s.bf16
+		if m.DType == F16 {
+			widen = s.half
+		}
+		if (m.DType == BF16 || m.DType == F16) && widen != nil {
+			src := m.u16[r0*m.Cols+c0 : (r0+rows-1)*m.Cols+c0+n] // every value read, bounds-checked
+			widen(&dst[0], &src[0], rows, n, 2*m.Cols, 4*n)
+			return
+		}
+	}
+	for r := range rows {
+		m.SpanF32(r0+r, c0, dst[r*n:(r+1)*n])
+	}
+}
+
 // At returns element [i, j] widened to float32.
 func (m Matrix) At(i, j int) float32 {
 	if m.dot8 || m.planes > 0 {

@@ -13141,6 +13141,41 @@ halfRunsAVX2_done:
 	VZEROUPPER
 	RET
 
+// func bf16RunsAVX2(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·bf16RunsAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ runs+16(FP), DX
+	MOVQ ss+32(FP), BX
+	MOVQ ds+40(FP), SI
+
+bf16RunsAVX2_run:
+	TESTQ DX, DX
+	JZ    bf16RunsAVX2_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+bf16RunsAVX2_loop:
+	PREFETCHT0 1024(CX)(R8*2)
+	VPMOVZXWD  (CX)(R8*2), Y0
+	VPSLLD     $0x10, Y0, Y0
+	VMOVUPS    Y0, (AX)(R8*4)
+	VPMOVZXWD  16(CX)(R8*2), Y0
+	VPSLLD     $0x10, Y0, Y0
+	VMOVUPS    Y0, 32(AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         bf16RunsAVX2_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        bf16RunsAVX2_run
+
+bf16RunsAVX2_done:
+	VZEROUPPER
+	RET
+
 // func e8RunsAVX2(dst *float32, src *uint8, runs int, n int, ss int, ds int)
 // Requires: AVX, AVX2, MMX+
 TEXT ·e8RunsAVX2(SB), NOSPLIT, $0-48
@@ -54345,6 +54380,38 @@ halfRunsAVX512_loop:
 	JMP        halfRunsAVX512_run
 
 halfRunsAVX512_done:
+	VZEROUPPER
+	RET
+
+// func bf16RunsAVX512(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·bf16RunsAVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ runs+16(FP), DX
+	MOVQ ss+32(FP), BX
+	MOVQ ds+40(FP), SI
+
+bf16RunsAVX512_run:
+	TESTQ DX, DX
+	JZ    bf16RunsAVX512_done
+	MOVQ  n+24(FP), DI
+	XORQ  R8, R8
+
+bf16RunsAVX512_loop:
+	PREFETCHT0 1024(CX)(R8*2)
+	VPMOVZXWD  (CX)(R8*2), Z0
+	VPSLLD     $0x10, Z0, Z0
+	VMOVUPS    Z0, (AX)(R8*4)
+	ADDQ       $0x10, R8
+	CMPQ       R8, DI
+	JB         bf16RunsAVX512_loop
+	ADDQ       BX, CX
+	ADDQ       SI, AX
+	DECQ       DX
+	JMP        bf16RunsAVX512_run
+
+bf16RunsAVX512_done:
 	VZEROUPPER
 	RET
 

@@ -489,6 +489,11 @@ func kscalesAVX2M(s *float32, o *float32, base *byte, fac *byte, lane int, left 
 //go:noescape
 func halfRunsAVX2(dst *float32, src *uint16, runs int, n int, ss int, ds int)
 
+// bf16RunsAVX2 widens runs runs of n bf16 values at src (ss bytes apart) to fp32 at dst (ds bytes apart), exactly (see kernels' kscales).
+//
+//go:noescape
+func bf16RunsAVX2(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+
 // e8RunsAVX2 makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).
 //
 //go:noescape
@@ -1967,6 +1972,11 @@ func kscalesAVX512M(s *float32, o *float32, base *byte, fac *byte, lane int, lef
 //
 //go:noescape
 func halfRunsAVX512(dst *float32, src *uint16, runs int, n int, ss int, ds int)
+
+// bf16RunsAVX512 widens runs runs of n bf16 values at src (ss bytes apart) to fp32 at dst (ds bytes apart), exactly (see kernels' kscales).
+//
+//go:noescape
+func bf16RunsAVX512(dst *float32, src *uint16, runs int, n int, ss int, ds int)
 
 // e8RunsAVX512 makes runs runs of n E8M0 exponents at src (ss bytes apart) into the scales 2^(E−127) at dst (ds bytes apart), exactly (see kernels' kscales).
 //

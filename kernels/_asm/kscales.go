@@ -82,7 +82,22 @@ func kscalesKernels(is isa) {
 	kscalesKernel(is, false)
 	kscalesKernel(is, true)
 	halfRunsKernel(is)
+	bf16RunsKernel(is)
 	e8RunsKernel(is)
+}
+
+// bf16RunsKernel emits bf16Runs<isa>: runs of bf16 values widened to fp32
+// (the bits moved up 16, exact), src moving on ss bytes a run and dst on
+// ds: an attention cache's rows, one key/value head's columns of each.
+func bf16RunsKernel(is isa) {
+	runsKernel(is, "bf16Runs", "*uint16", 2, "widens runs runs of n bf16 values at src (ss bytes apart) to fp32", func() func(Mem) VecVirtual {
+		return func(at Mem) VecVirtual {
+			x := is.vec()
+			VPMOVZXWD(at, x)
+			VPSLLD(U8(16), x, x)
+			return x
+		}
+	})
 }
 
 // halfRunsKernel emits halfRuns<isa>: the exact mode's fp32 scales (or
