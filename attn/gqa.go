@@ -65,7 +65,7 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 		return err
 	}
 	for i, v := range q {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		if v-v != 0 { // NaN or ±Inf
 			return errkind.Errorf(ErrNonFinite, "attn: gqa: q of query %d head %d holds %v", i/(p.Heads*p.KeyDim), i/p.KeyDim%p.Heads, v)
 		}
 	}
@@ -77,7 +77,7 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 		return err
 	}
 	for i, v := range out {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		if v-v != 0 { // NaN or ±Inf
 			return errkind.Errorf(ErrNonFinite, "attn: gqa: query %d head %d: output is %v (a non-finite cache row, or scores that overflow)",
 				i/(p.Heads*p.ValueDim), i/p.ValueDim%p.Heads, v)
 		}
@@ -182,6 +182,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 		m[r] = math.Inf(-1)
 	}
 	table := queries[it.q0].Table
+	scale := float64(p.Scale)
 	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
 	for r := rowLo; r < rowHi; {
 		n := min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r
@@ -208,8 +209,10 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				used = true
 				sh := scores[row*n : (row+1)*n]
 				top := m[row]
-				for _, v := range sh[j0:j1] {
-					top = math.Max(top, float64(v)*float64(p.Scale))
+				for _, v := range sh[j0:j1] { // a NaN never wins, and reaches the output through exp
+					if f := float64(v) * scale; f > top {
+						top = f
+					}
 				}
 				if top > m[row] { // rescale what came before
 					c := math.Exp(m[row] - top)
@@ -223,7 +226,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				clear(ph[:j0])
 				clear(ph[j1:])
 				for j := j0; j < j1; j++ {
-					e := math.Exp(float64(sh[j])*float64(p.Scale) - m[row])
+					e := math.Exp(float64(sh[j])*scale - m[row])
 					l[row] += e
 					ph[j] = float32(e)
 				}

@@ -226,12 +226,8 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	row := make([]float32, b.RowDim())
 	for t, s := range seqs {
 		pos := cache.Len(s)
-		for h := 0; h < nh; h++ {
-			c.RoPE.Apply(q[(t*nh+h)*d:][:d], pos)
-		}
-		for h := 0; h < kvh; h++ {
-			c.RoPE.Apply(k[(t*kvh+h)*d:][:d], pos)
-		}
+		c.RoPE.ApplyHeads(q[t*nh*d:(t+1)*nh*d], nh, d, pos)
+		c.RoPE.ApplyHeads(k[t*kvh*d:(t+1)*kvh*d], kvh, d, pos)
 		copy(row, k[t*kvh*d:(t+1)*kvh*d])
 		copy(row[kvh*d:], v[t*kvh*d:(t+1)*kvh*d])
 		if err := cache.Append(s, row); err != nil {

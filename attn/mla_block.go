@@ -472,8 +472,8 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 			dst := qAbs[th*(L+R) : (th+1)*(L+R)]
 			copy(dst[:L], qLat[th*L:(th+1)*L])
 			copy(dst[L:], q[th*qd+c.NopeDim:(th+1)*qd])
-			b.rope.Apply(dst[L:], pos)
 		}
+		b.rope.ApplyHeads(qAbs[t*nh*(L+R)+L:(t+1)*nh*(L+R)], nh, L+R, pos)
 	}
 	o := buffers.Grow(&sc.o, T*nh*L)
 	attend := func() error {

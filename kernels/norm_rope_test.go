@@ -104,7 +104,12 @@ func TestRoPE(t *testing.T) {
 					v[2*i], v[2*i+1] = x[i], x[i+d/2]
 				}
 			}
+			heads := append(append(append([]float32(nil), v...), v...), v...)
 			rs.Apply(v, pos)
+			rs.ApplyHeads(heads, 3, head, pos) // three heads at once: each Apply's bits
+			for h := range 3 {
+				require.Equal(t, v, heads[h*head:(h+1)*head], "%v pos %d head %d", style, pos, h)
+			}
 			for i := range d {
 				j := i // where value i of the halves layout sits
 				if style == kernels.RoPEPairs {

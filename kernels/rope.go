@@ -153,33 +153,52 @@ func (r RoPE) Dim() int { return 2 * len(r.Freqs) }
 
 // Apply rotates the first Dim() values of v for position pos, in float64
 // (cos and sin of pos·Freqs[i], times Scale), rounding each value once.
-func (r RoPE) Apply(v []float32, pos int) {
-	d := r.Dim()
+func (r RoPE) Apply(v []float32, pos int) { r.ApplyHeads(v, 1, 0, pos) }
+
+// ApplyHeads is Apply on each of heads runs of v, stride values apart (a
+// token's query or key heads): cos and sin computed once for them all,
+// each head's bits those Apply gives it.
+func (r RoPE) ApplyHeads(v []float32, heads, stride, pos int) {
+	h := len(r.Freqs)
 	var buf [256]float64
-	tmp := buf[:0]
-	if d > len(buf) {
-		tmp = make([]float64, d)
+	cs := buf[:0]
+	if 2*h > len(buf) {
+		cs = make([]float64, 2*h)
 	} else {
-		tmp = buf[:d]
+		cs = buf[:2*h]
 	}
-	h := d / 2
-	for i := 0; i < h; i++ {
-		var x0, x1 float64
-		if r.Style == RoPEHalves {
-			x0, x1 = float64(v[i]), float64(v[i+h])
+	for i, f := range r.Freqs {
+		a := float64(pos) * f
+		cs[2*i], cs[2*i+1] = math.Cos(a)*r.Scale, math.Sin(a)*r.Scale
+	}
+	var tbuf [256]float32 // RoPEPairsToHalves writes where it has yet to read
+	tmp := tbuf[:0]
+	toHalves := r.Style != RoPEHalves && r.Style != RoPEPairs
+	if toHalves {
+		if 2*h > len(tbuf) {
+			tmp = make([]float32, 2*h)
 		} else {
-			x0, x1 = float64(v[2*i]), float64(v[2*i+1])
-		}
-		a := float64(pos) * r.Freqs[i]
-		cs, sn := math.Cos(a)*r.Scale, math.Sin(a)*r.Scale
-		y0, y1 := x0*cs-x1*sn, x1*cs+x0*sn
-		if r.Style == RoPEPairs {
-			tmp[2*i], tmp[2*i+1] = y0, y1
-		} else {
-			tmp[i], tmp[i+h] = y0, y1
+			tmp = tbuf[:2*h]
 		}
 	}
-	for i := range tmp {
-		v[i] = float32(tmp[i])
+	for n := range heads {
+		x := v[n*stride:][:2*h]
+		for i := 0; i < h; i++ {
+			c, s := cs[2*i], cs[2*i+1]
+			switch r.Style {
+			case RoPEHalves:
+				x0, x1 := float64(x[i]), float64(x[i+h])
+				x[i], x[i+h] = float32(x0*c-x1*s), float32(x1*c+x0*s)
+			case RoPEPairs:
+				x0, x1 := float64(x[2*i]), float64(x[2*i+1])
+				x[2*i], x[2*i+1] = float32(x0*c-x1*s), float32(x1*c+x0*s)
+			default:
+				x0, x1 := float64(x[2*i]), float64(x[2*i+1])
+				tmp[i], tmp[i+h] = float32(x0*c-x1*s), float32(x1*c+x0*s)
+			}
+		}
+		if toHalves {
+			copy(x, tmp)
+		}
 	}
 }
