@@ -43,11 +43,11 @@ type simd struct {
 	kscale, kscaleM func(s, o *float32, base, fac *byte, lane, left, per, groups, ss int)
 	// half widens runs of fp16 scales to fp32, e8 makes runs of E8M0
 	// exponents into their fp32 scales (see kscales); nil: a Go loop.
-	half              func(dst *float32, src *uint16, runs, n, ss, ds int)
-	e8                func(dst *float32, src *uint8, runs, n, ss, ds int)
+	half func(dst *float32, src *uint16, runs, n, ss, ds int)
+	e8   func(dst *float32, src *uint8, runs, n, ss, ds int)
 	// bf16 widens runs of bf16 values to fp32 (an attention cache's
 	// rows); nil: a Go loop.
-	bf16 func(dst *float32, src *uint16, runs, n, ss, ds int)
+	bf16              func(dst *float32, src *uint16, runs, n, ss, ds int)
 	dqS5, dqU5M, dqS6 func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation
