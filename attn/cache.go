@@ -75,6 +75,30 @@ type Projector interface {
 // column tiles (and heads) spread over GOMAXPROCS goroutines.
 type cpuProjector struct{}
 
+// projectAll computes outs[i] = x · ws[i]ᵀ for every i, every ws[i] of the
+// same k: on the host as one grouped GEMM (one spread of the work over
+// the goroutines, the activations quantized once for the int8-dot mode);
+// elsewhere a Project each.
+func projectAll(ctx context.Context, proj Projector, ws []*kernels.Matrix, x []float32, outs [][]float32) error {
+	if _, host := proj.(cpuProjector); !host || len(ws) == 0 || ws[0].Cols == 0 {
+		for i, w := range ws {
+			if err := proj.Project(ctx, w, x, outs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rows := make([]int32, len(x)/ws[0].Cols)
+	for r := range rows {
+		rows[r] = int32(r)
+	}
+	groups := make([]kernels.GEMMGroup, len(ws))
+	for i, w := range ws {
+		groups[i] = kernels.GEMMGroup{B: *w, Rows: rows, Out: outs[i]}
+	}
+	return kernels.GroupedGEMM(ctx, 0, x, groups)
+}
+
 func (cpuProjector) Project(ctx context.Context, w *kernels.Matrix, x, out []float32) error {
 	if w.Cols == 0 {
 		clear(out)

@@ -2,6 +2,7 @@ package attn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -70,9 +71,13 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 		}
 	}
 	items := gqaItems(queries, p)
+	errs := make([]error, len(items))
 	err := kernels.Parallel(ctx, p.Workers, len(items), func(k int) {
-		attendGQA(kv, q, queries, items[k], p, out)
+		errs[k] = attendGQA(kv, q, queries, items[k], p, out)
 	})
+	if err == nil {
+		err = errors.Join(errs...)
+	}
 	if err != nil {
 		return err
 	}
@@ -127,10 +132,10 @@ func sameTable(a, b []int32) bool {
 }
 
 type gqaAttnScratch struct {
-	q, k, v, scores, probs, part, o []float32
-	m, l                            []float64
-	lo, hi                          []int
-	values                          kernels.Matrix
+	q, k, scores, probs, part, o []float32
+	m, l, e                      []float64
+	lo, hi                       []int
+	values                       kernels.Matrix
 }
 
 var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
@@ -146,7 +151,7 @@ var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
 // outside a query's range weigh exactly zero and chunks outside it are
 // skipped, so a query's bits depend neither on its tile nor on the cache's
 // block size. Sinks join each denominator at the end.
-func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams, out []float32) {
+func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams, out []float32) error {
 	bs := kv.BlockSize()
 	group := p.Heads / p.KVHeads
 	kd, vd := p.KeyDim, p.ValueDim
@@ -158,10 +163,10 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	o := buffers.Grow(&sc.o, M*vd)
 	part := buffers.Grow(&sc.part, M*vd)
 	kbuf := buffers.Grow(&sc.k, gqaChunkRows*kd)
-	vbuf := buffers.Grow(&sc.v, gqaChunkRows*vd)
 	scores := buffers.Grow(&sc.scores, M*gqaChunkRows)
 	probs := buffers.Grow(&sc.probs, M*gqaChunkRows)
 	m := buffers.Grow(&sc.m, M)
+	ebuf := buffers.Grow(&sc.e, gqaChunkRows)
 	l := buffers.Grow(&sc.l, M)
 	lo := buffers.Grow(&sc.lo, nQ)
 	hi := buffers.Grow(&sc.hi, nQ)
@@ -186,12 +191,16 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
 	for r := rowLo; r < rowHi; {
 		n := min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r
+		vals := kernels.NewPackedF32(vd, n, sc.values) // the values as a GEMM's weights over the chunk's rows
+		sc.values = vals
 		for j := 0; j < n; { // the chunk's rows, a block's run at a time
 			b0 := (r + j) % bs
 			cnt := min(bs-b0, n-j)
 			blk := kv.Block(int(table[(r+j)/bs]))
 			blk.SpanRowsF32(b0, cnt, kOff, kd, kbuf[j*kd:])
-			blk.SpanRowsF32(b0, cnt, vOff, vd, vbuf[j*vd:])
+			if err := vals.PackRows(blk, b0, cnt, vOff, j); err != nil {
+				return err
+			}
 			j += cnt
 		}
 		keys, _ := kernels.NewF32(n, kd, kbuf[:n*kd])
@@ -225,17 +234,16 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				}
 				clear(ph[:j0])
 				clear(ph[j1:])
-				for j := j0; j < j1; j++ {
-					e := math.Exp(float64(sh[j])*scale - m[row])
-					l[row] += e
-					ph[j] = float32(e)
+				es := ebuf[:j1-j0]
+				kernels.ExpShifted(es, sh[j0:j1], scale, m[row])
+				l[row] += sum4(es)
+				for j, e := range es {
+					ph[j0+j] = float32(e)
 				}
 			}
 		}
 		if used {
-			vals, _ := kernels.NewF32(n, vd, vbuf[:n*vd])
-			sc.values = kernels.PackColumns(vals, 0, n, vd, sc.values)
-			kernels.GEMMRows(part[:M*vd], probs[:M*n], nil, sc.values, nil, 0, vd)
+			kernels.GEMMRows(part[:M*vd], probs[:M*n], nil, vals, nil, 0, vd)
 			for x, v := range part[:M*vd] {
 				o[x] += v
 			}
@@ -266,4 +274,29 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 			}
 		}
 	}
+	return nil
+}
+
+// sum4 is the sum of es in four interleaved chains (es[i] in chain i % 4),
+// then (c0 + c1) + (c2 + c3): a fixed order, four additions in flight.
+func sum4(es []float64) float64 {
+	var c0, c1, c2, c3 float64
+	i := 0
+	for ; i+4 <= len(es); i += 4 {
+		c0 += es[i]
+		c1 += es[i+1]
+		c2 += es[i+2]
+		c3 += es[i+3]
+	}
+	switch len(es) - i {
+	case 3:
+		c2 += es[i+2]
+		fallthrough
+	case 2:
+		c1 += es[i+1]
+		fallthrough
+	case 1:
+		c0 += es[i]
+	}
+	return (c0 + c1) + (c2 + c3)
 }

@@ -208,16 +208,12 @@ func (b *GQABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	q := buffers.Grow(&sc.q, T*nh*d)
 	k := buffers.Grow(&sc.k, T*kvh*d)
 	v := buffers.Grow(&sc.v, T*kvh*d)
-	for _, p := range []struct {
-		w   *kernels.Matrix
-		b   []float32
-		out []float32
-	}{{&b.q, b.qb, q}, {&b.k, b.kb, k}, {&b.v, b.vb, v}} {
-		if err := proj.Project(ctx, p.w, x, p.out); err != nil {
-			return err
-		}
-		addBias(p.out, p.b)
+	if err := projectAll(ctx, proj, []*kernels.Matrix{&b.q, &b.k, &b.v}, x, [][]float32{q, k, v}); err != nil {
+		return err
 	}
+	addBias(q, b.qb)
+	addBias(k, b.kb)
+	addBias(v, b.vb)
 	if c.QKNorm != arch.NoQKNorm { // a weight of one head (every head alike) or of all of a token's
 		kernels.RMSNormThenWeight(q, q, b.qNorm, c.NormEps)
 		kernels.RMSNormThenWeight(k, k, b.kNorm, c.NormEps)

@@ -267,6 +267,25 @@ func gateExp(x float64) float64 {
 	return expScale(p, n)
 }
 
+// ExpShifted writes dst[i] = e^(float64(src[i])·scale − shift) for every
+// i < len(src), the product and the difference each rounded to float64,
+// the exponential as the activation kernels compute it (within 1e-14 of
+// math.Exp, relative; arguments below −64 give e^−64, above 710 e^710): a
+// softmax's numerators, by SIMD where the machine has it, the same bits
+// on every implementation.
+func ExpShifted(dst []float64, src []float32, scale, shift float64) {
+	dst = dst[:len(src)]
+	i := 0
+	if s := active; s != nil && s.expShifted != nil && len(src) >= s.expLanes {
+		i = len(src) / s.expLanes * s.expLanes
+		p := [2]float64{scale, shift}
+		s.expShifted(&dst[0], &src[0], i, &p)
+	}
+	for ; i < len(src); i++ {
+		dst[i] = gateExp(float64(float64(src[i])*scale) - shift) // rounded, never fused
+	}
+}
+
 // glu is a group's first-projection epilogue: the biases of the gate and
 // up projections (nil: none) and the activation. A nil *glu is SwiGLU
 // without biases, every family's but gpt-oss's.

@@ -313,3 +313,39 @@ func TestGroupedFFNActivations(t *testing.T) {
 		runEverywhere(t, c.act.Kind.String(), x, H, groups, want)
 	}
 }
+
+// TestExpShifted: a softmax's numerators within 1e-14 of math.Exp of the
+// same float64 argument, the clamps where they apply, and the same bits
+// on every implementation, tails included.
+func TestExpShifted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	src := make([]float32, 203)
+	for i := range src {
+		src[i] = float32(rng.NormFloat64() * 30)
+	}
+	src[5], src[6], src[7] = 0, 5000, -1e4
+	const scale, shift = 0.125, 2.5
+	var first []float64
+	for _, impl := range kernels.Implementations() {
+		restore, err := kernels.Use(impl)
+		require.NoError(t, err)
+		for _, n := range []int{203, 7, 1, 0} {
+			dst := make([]float64, n+1)
+			dst[n] = 42
+			kernels.ExpShifted(dst, src[:n], scale, shift)
+			require.Equal(t, 42.0, dst[n], "%s: past the end", impl)
+			if n == 203 {
+				if first == nil {
+					first = dst
+				}
+				require.Equal(t, first, dst, "%s: the same bits as %s", impl, kernels.Implementations()[0])
+			}
+			for i, v := range dst[:n] {
+				x := float64(float64(src[i])*scale) - shift
+				want := math.Exp(min(max(x, -64), 710))
+				require.InEpsilon(t, want, v, 1e-14, "%s: e^%v", impl, x)
+			}
+		}
+		restore()
+	}
+}

@@ -31,6 +31,7 @@ func init() {
 		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX2G8, quant8AVX2G16, quant8AVX2G32
 		s.routerDot = routerDotAVX2
 		s.gate, s.gateGELU = gateAVX2, gateAVX2GELU
+		s.expShifted, s.expLanes = expShiftedAVX2, 4
 		register(s)
 	}
 	if hasAVX512 {
@@ -61,6 +62,7 @@ func init() {
 		readSIMD = readAVX512
 		s.routerDot = routerDotAVX512
 		s.gate, s.gateGELU = gateAVX512, gateAVX512GELU
+		s.expShifted, s.expLanes = expShiftedAVX512, 8
 		register(s)
 	}
 }

@@ -66,6 +66,10 @@ type simd struct {
 	// gated activation (see gate): σ's argument −nalpha·g, or GELU's;
 	// nil: the Go loop.
 	gate, gateGELU gateFunc
+	// expShifted writes e^(x·scale − shift) of n (a multiple of its lanes)
+	// values (see ExpShifted); expLanes is its lanes.
+	expShifted func(dst *float64, src *float32, n int, p *[2]float64)
+	expLanes   int
 	// bdot holds the bf16-dot kernels (see PackBF16Dot); nil where the
 	// implementation has none.
 	bdot *bdotTable

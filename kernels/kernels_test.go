@@ -182,3 +182,49 @@ func TestSpanRowsF32(t *testing.T) {
 		}
 	})
 }
+
+// TestPackRows: rows of a row-major matrix's column run, packed as k steps
+// of an fp32 panel matrix, are the source's values (At), on every
+// implementation and in every source dtype, panels whole or not; ranges
+// outside either matrix are errors.
+func TestPackRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const rows, cols = 12, 70
+	vals := make([]float32, rows*cols)
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64())
+	}
+	bf16s, f16s := make([]uint16, len(vals)), make([]uint16, len(vals))
+	for i, v := range vals {
+		bf16s[i], f16s[i] = half.F32ToBF16(v), half.F32ToF16(v)
+	}
+	f32, err := kernels.NewF32(rows, cols, vals)
+	require.NoError(t, err)
+	bf16, err := kernels.NewHalf(kernels.BF16, rows, cols, bf16s)
+	require.NoError(t, err)
+	f16, err := kernels.NewHalf(kernels.F16, rows, cols, f16s)
+	require.NoError(t, err)
+	forEachImpl(t, func(t *testing.T) {
+		for _, src := range []kernels.Matrix{f32, bf16, f16} {
+			for _, n := range []int{32, 21} { // whole panels, and a partial one
+				p := kernels.NewPackedF32(n, 10, kernels.Matrix{})
+				require.NoError(t, p.PackRows(src, 5, 7, 38, 3)) // k steps 3…9 from rows 5…11, columns 38…
+				require.NoError(t, p.PackRows(src, 0, 3, 38, 0)) // k steps 0…2 from rows 0…2
+				for x := range n {
+					for k := range 10 {
+						r := k - 3 + 5
+						if k < 3 {
+							r = k
+						}
+						require.Equal(t, src.At(r, 38+x), p.At(x, k), "%v n %d [%d, %d]", src.DType, n, x, k)
+					}
+				}
+			}
+		}
+	})
+	p := kernels.NewPackedF32(32, 10, kernels.Matrix{})
+	require.ErrorContains(t, p.PackRows(f32, 5, 8, 0, 0), "kernels: PackRows of rows 5+8")
+	require.ErrorContains(t, p.PackRows(f32, 0, 4, 0, 8), "into k steps 8+")
+	require.ErrorContains(t, p.PackRows(f32, 0, 4, 50, 0), "columns 50+32")
+	require.Error(t, f32.PackRows(f32, 0, 1, 0, 0), "a row-major destination")
+}

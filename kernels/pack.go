@@ -285,6 +285,53 @@ func PackColumns(m Matrix, r0, r1, n int, reuse Matrix) Matrix {
 	return p
 }
 
+// NewPackedF32 returns a packed fp32 matrix [n, k] (Pack's layout) whose
+// values PackRows sets, its memory lent by reuse when large enough.
+func NewPackedF32(n, k int, reuse Matrix) Matrix {
+	p := Matrix{DType: F32, Rows: n, Cols: k, packed: true}
+	size := p.panels() * PanelWidth * k
+	p.f32 = reuse.f32
+	if cap(p.f32) < size || reuse.DType != F32 {
+		p.f32 = make([]float32, size)
+	}
+	p.f32 = p.f32[:size]
+	return p
+}
+
+// PackRows sets k steps [k0, k0+rows) of p, a matrix NewPackedF32 made,
+// from rows [r0, r0+rows) of the row-major f32, bf16 or f16 src, columns
+// [c0, c0+p.Rows): p[x, k0+j] = src[r0+j, c0+x] (an attention cache's
+// values, one head's columns, as the weights of a GEMM over its rows). A
+// panel's k step is a run of one of src's rows, widened by SIMD where the
+// machine has it. Ranges outside either matrix are an error.
+func (p Matrix) PackRows(src Matrix, r0, rows, c0, k0 int) error {
+	K, n := p.Cols, p.Rows
+	if !p.packed || p.DType != F32 || src.packed || src.DType.quantized() || rows < 0 || k0 < 0 || k0+rows > K || r0 < 0 || r0+rows > src.Rows || c0 < 0 || c0+n > src.Cols {
+		return fmt.Errorf("kernels: PackRows of rows %d+%d, columns %d+%d of a %v [%d, %d] (packed %v) into k steps %d+ of a %v [%d, %d] (packed %v)",
+			r0, rows, c0, n, src.DType, src.Rows, src.Cols, src.packed, k0, p.DType, n, K, p.packed)
+	}
+	s := active
+	for x0 := 0; x0 < n; x0 += PanelWidth {
+		w := min(PanelWidth, n-x0)
+		panel := p.f32[x0*K:][:PanelWidth*K]
+		if s != nil && w == PanelWidth && rows > 0 && (src.DType == BF16 && s.bf16 != nil || src.DType == F16 && s.half != nil) {
+			widen := s.bf16
+			if src.DType == F16 {
+				widen = s.half
+			}
+			from := src.u16[r0*src.Cols+c0+x0 : (r0+rows-1)*src.Cols+c0+x0+PanelWidth]
+			widen(&panel[k0*PanelWidth], &from[0], rows, PanelWidth, 2*src.Cols, 4*PanelWidth)
+			continue
+		}
+		for j := range rows {
+			out := panel[(k0+j)*PanelWidth:][:PanelWidth]
+			src.SpanF32(r0+j, c0+x0, out[:w])
+			clear(out[w:])
+		}
+	}
+	return nil
+}
+
 // PackStrided returns, packed, the [n, m.Rows] matrix whose row x is
 // column first + step·x of the row-major m (an x·W weight [in, out], its
 // output columns possibly interleaved with another projection's): each

@@ -63054,7 +63054,7 @@ dot8AVX512U4x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -63125,8 +63125,8 @@ dot8AVX512U4x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -63212,9 +63212,9 @@ dot8AVX512U4x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -63315,10 +63315,10 @@ dot8AVX512U4x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -63422,7 +63422,7 @@ dot8AVX512U4x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -63513,8 +63513,8 @@ dot8AVX512U4x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -63629,9 +63629,9 @@ dot8AVX512U4x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -63770,10 +63770,10 @@ dot8AVX512U4x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -63912,7 +63912,7 @@ dot8AVX512U4x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -64023,8 +64023,8 @@ dot8AVX512U4x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -64152,7 +64152,7 @@ dot8AVX512U4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -64283,8 +64283,8 @@ dot8AVX512U4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -64416,7 +64416,7 @@ dot8AVX512U4Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p1_unit:
-	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -64492,8 +64492,8 @@ dot8AVX512U4Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p2_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -64586,9 +64586,9 @@ dot8AVX512U4Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p3_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -64698,10 +64698,10 @@ dot8AVX512U4Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx1p4_unit:
-	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   16384(CX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -64816,7 +64816,7 @@ dot8AVX512U4Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p1_unit:
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -64914,8 +64914,8 @@ dot8AVX512U4Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p2_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -65040,9 +65040,9 @@ dot8AVX512U4Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p3_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -65194,10 +65194,10 @@ dot8AVX512U4Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx2p4_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -65352,7 +65352,7 @@ dot8AVX512U4Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx3p1_unit:
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -65472,8 +65472,8 @@ dot8AVX512U4Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx3p2_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -65614,7 +65614,7 @@ dot8AVX512U4Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx4p1_unit:
-	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -65756,8 +65756,8 @@ dot8AVX512U4Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4Mx4p2_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -65901,8 +65901,8 @@ dot8AVX512I8x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
-	PREFETCHT0   4160(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
+	PREFETCHT0   16448(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z2
 	VMOVDQU64    64(CX)(SI*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -65971,10 +65971,10 @@ dot8AVX512I8x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VMOVDQU64    64(CX)(DI*1), Z5
 	VMOVDQU64    (DX)(DI*1), Z6
@@ -66057,12 +66057,12 @@ dot8AVX512I8x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VMOVDQU64    64(CX)(R8*1), Z7
 	VMOVDQU64    (BX)(R8*1), Z8
@@ -66159,14 +66159,14 @@ dot8AVX512I8x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VMOVDQU64    64(CX)(R9*1), Z9
 	VMOVDQU64    (BX)(R9*1), Z10
@@ -66265,8 +66265,8 @@ dot8AVX512I8x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z4
 	VMOVDQU64    64(DX)(DI*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -66357,10 +66357,10 @@ dot8AVX512I8x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z8
 	VMOVDQU64    64(DX)(R8*1), Z9
 	VMOVDQU64    (BX)(R8*1), Z10
@@ -66475,12 +66475,12 @@ dot8AVX512I8x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z12
 	VMOVDQU64    64(DX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -66619,14 +66619,14 @@ dot8AVX512I8x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z16
 	VMOVDQU64    64(DX)(R10*1), Z17
 	VMOVDQU64    (SI)(R10*1), Z18
@@ -66765,8 +66765,8 @@ dot8AVX512I8x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z6
 	VMOVDQU64    64(BX)(R8*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -66879,10 +66879,10 @@ dot8AVX512I8x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z12
 	VMOVDQU64    64(BX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -67013,8 +67013,8 @@ dot8AVX512I8x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z8
 	VMOVDQU64    64(SI)(R9*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -67149,10 +67149,10 @@ dot8AVX512I8x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z16
 	VMOVDQU64    64(SI)(R10*1), Z17
 	VMOVDQU64    (DI)(R10*1), Z18
@@ -67290,8 +67290,8 @@ dot8AVX512I8Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p1_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z2
 	VMOVDQU64    64(CX)(DI*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -67365,10 +67365,10 @@ dot8AVX512I8Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p2_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z4
 	VMOVDQU64    64(CX)(R8*1), Z5
 	VMOVDQU64    (DX)(R8*1), Z6
@@ -67458,12 +67458,12 @@ dot8AVX512I8Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p3_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z6
 	VMOVDQU64    64(CX)(R9*1), Z7
 	VMOVDQU64    (BX)(R9*1), Z8
@@ -67569,14 +67569,14 @@ dot8AVX512I8Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx1p4_unit:
-	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4160(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   16384(CX)(R10*1)
+	PREFETCHT0   16448(CX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z8
 	VMOVDQU64    64(CX)(R10*1), Z9
 	VMOVDQU64    (BX)(R10*1), Z10
@@ -67686,8 +67686,8 @@ dot8AVX512I8Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p1_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z4
 	VMOVDQU64    64(DX)(R8*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -67785,10 +67785,10 @@ dot8AVX512I8Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p2_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z8
 	VMOVDQU64    64(DX)(R9*1), Z9
 	VMOVDQU64    (BX)(R9*1), Z10
@@ -67913,12 +67913,12 @@ dot8AVX512I8Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p3_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z12
 	VMOVDQU64    64(DX)(R10*1), Z13
 	VMOVDQU64    (SI)(R10*1), Z14
@@ -68070,14 +68070,14 @@ dot8AVX512I8Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx2p4_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z16
 	VMOVDQU64    64(DX)(R11*1), Z17
 	VMOVDQU64    (SI)(R11*1), Z18
@@ -68232,8 +68232,8 @@ dot8AVX512I8Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx3p1_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z6
 	VMOVDQU64    64(BX)(R9*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -68355,10 +68355,10 @@ dot8AVX512I8Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx3p2_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z12
 	VMOVDQU64    64(BX)(R10*1), Z13
 	VMOVDQU64    (SI)(R10*1), Z14
@@ -68502,8 +68502,8 @@ dot8AVX512I8Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx4p1_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z8
 	VMOVDQU64    64(SI)(R10*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -68649,10 +68649,10 @@ dot8AVX512I8Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Mx4p2_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z16
 	VMOVDQU64    64(SI)(R11*1), Z17
 	VMOVDQU64    (DI)(R11*1), Z18
@@ -68817,7 +68817,7 @@ dot8AVX512U4KMx1p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx1p1_unit:
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -68909,8 +68909,8 @@ dot8AVX512U4KMx1p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx1p2_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -69023,9 +69023,9 @@ dot8AVX512U4KMx1p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx1p3_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -69159,10 +69159,10 @@ dot8AVX512U4KMx1p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx1p4_unit:
-	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
+	PREFETCHT0   16384(DX)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -69305,7 +69305,7 @@ dot8AVX512U4KMx2p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx2p1_unit:
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -69419,8 +69419,8 @@ dot8AVX512U4KMx2p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx2p2_unit:
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -69565,9 +69565,9 @@ dot8AVX512U4KMx2p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx2p3_unit:
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -69743,10 +69743,10 @@ dot8AVX512U4KMx2p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx2p4_unit:
-	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
+	PREFETCHT0   16384(BX)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16384(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -69929,7 +69929,7 @@ dot8AVX512U4KMx3p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx3p1_unit:
-	PREFETCHT0   4096(SI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -70065,8 +70065,8 @@ dot8AVX512U4KMx3p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx3p2_unit:
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -70227,7 +70227,7 @@ dot8AVX512U4KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx4p1_unit:
-	PREFETCHT0   4096(DI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -70385,8 +70385,8 @@ dot8AVX512U4KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U4KMx4p2_unit:
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -70551,8 +70551,8 @@ dot8AVX512I8Kx1p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p1_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z2
 	VMOVDQU64    64(DX)(R9*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -70636,10 +70636,10 @@ dot8AVX512I8Kx1p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p2_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z4
 	VMOVDQU64    64(DX)(R10*1), Z5
 	VMOVDQU64    (BX)(R10*1), Z6
@@ -70739,12 +70739,12 @@ dot8AVX512I8Kx1p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p3_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z6
 	VMOVDQU64    64(DX)(R11*1), Z7
 	VMOVDQU64    (SI)(R11*1), Z8
@@ -70860,14 +70860,14 @@ dot8AVX512I8Kx1p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx1p4_unit:
-	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4160(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   16384(DX)(R12*1)
+	PREFETCHT0   16448(DX)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z8
 	VMOVDQU64    64(DX)(R12*1), Z9
 	VMOVDQU64    (SI)(R12*1), Z10
@@ -70987,8 +70987,8 @@ dot8AVX512I8Kx2p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p1_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z4
 	VMOVDQU64    64(BX)(R10*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -71094,10 +71094,10 @@ dot8AVX512I8Kx2p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p2_unit:
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z8
 	VMOVDQU64    64(BX)(R11*1), Z9
 	VMOVDQU64    (SI)(R11*1), Z10
@@ -71229,12 +71229,12 @@ dot8AVX512I8Kx2p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p3_unit:
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z12
 	VMOVDQU64    64(BX)(R12*1), Z13
 	VMOVDQU64    (DI)(R12*1), Z14
@@ -71392,14 +71392,14 @@ dot8AVX512I8Kx2p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx2p4_unit:
-	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4160(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
-	PREFETCHT0   4160(SI)(R13*1)
+	PREFETCHT0   16384(BX)(R13*1)
+	PREFETCHT0   16448(BX)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
+	PREFETCHT0   16384(SI)(R13*1)
+	PREFETCHT0   16448(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z16
 	VMOVDQU64    64(BX)(R13*1), Z17
 	VMOVDQU64    (DI)(R13*1), Z18
@@ -71559,8 +71559,8 @@ dot8AVX512I8Kx3p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx3p1_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z6
 	VMOVDQU64    64(SI)(R11*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -71688,10 +71688,10 @@ dot8AVX512I8Kx3p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx3p2_unit:
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z12
 	VMOVDQU64    64(SI)(R12*1), Z13
 	VMOVDQU64    (DI)(R12*1), Z14
@@ -71839,8 +71839,8 @@ dot8AVX512I8Kx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx4p1_unit:
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z8
 	VMOVDQU64    64(DI)(R12*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -71990,10 +71990,10 @@ dot8AVX512I8Kx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8Kx4p2_unit:
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z16
 	VMOVDQU64    64(DI)(R13*1), Z17
 	VMOVDQU64    (R8)(R13*1), Z18
@@ -72147,8 +72147,8 @@ dot8AVX512I8KMx1p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p1_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z2
 	VMOVDQU64    64(DX)(R9*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -72238,10 +72238,10 @@ dot8AVX512I8KMx1p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p2_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z4
 	VMOVDQU64    64(DX)(R10*1), Z5
 	VMOVDQU64    (BX)(R10*1), Z6
@@ -72351,12 +72351,12 @@ dot8AVX512I8KMx1p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p3_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z6
 	VMOVDQU64    64(DX)(R11*1), Z7
 	VMOVDQU64    (SI)(R11*1), Z8
@@ -72486,14 +72486,14 @@ dot8AVX512I8KMx1p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx1p4_unit:
-	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4160(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   16384(DX)(R12*1)
+	PREFETCHT0   16448(DX)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z8
 	VMOVDQU64    64(DX)(R12*1), Z9
 	VMOVDQU64    (SI)(R12*1), Z10
@@ -72631,8 +72631,8 @@ dot8AVX512I8KMx2p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p1_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z4
 	VMOVDQU64    64(BX)(R10*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -72746,10 +72746,10 @@ dot8AVX512I8KMx2p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p2_unit:
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z8
 	VMOVDQU64    64(BX)(R11*1), Z9
 	VMOVDQU64    (SI)(R11*1), Z10
@@ -72894,12 +72894,12 @@ dot8AVX512I8KMx2p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p3_unit:
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z12
 	VMOVDQU64    64(BX)(R12*1), Z13
 	VMOVDQU64    (DI)(R12*1), Z14
@@ -73075,14 +73075,14 @@ dot8AVX512I8KMx2p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx2p4_unit:
-	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4160(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
-	PREFETCHT0   4160(SI)(R13*1)
+	PREFETCHT0   16384(BX)(R13*1)
+	PREFETCHT0   16448(BX)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
+	PREFETCHT0   16384(SI)(R13*1)
+	PREFETCHT0   16448(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z16
 	VMOVDQU64    64(BX)(R13*1), Z17
 	VMOVDQU64    (DI)(R13*1), Z18
@@ -73265,8 +73265,8 @@ dot8AVX512I8KMx3p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx3p1_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z6
 	VMOVDQU64    64(SI)(R11*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -73404,10 +73404,10 @@ dot8AVX512I8KMx3p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx3p2_unit:
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z12
 	VMOVDQU64    64(SI)(R12*1), Z13
 	VMOVDQU64    (DI)(R12*1), Z14
@@ -73571,8 +73571,8 @@ dot8AVX512I8KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx4p1_unit:
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z8
 	VMOVDQU64    64(DI)(R12*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -73734,10 +73734,10 @@ dot8AVX512I8KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512I8KMx4p2_unit:
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z16
 	VMOVDQU64    64(DI)(R13*1), Z17
 	VMOVDQU64    (R8)(R13*1), Z18
@@ -73903,8 +73903,8 @@ dot8AVX512S5x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
-	PREFETCHT0   4160(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
+	PREFETCHT0   16448(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -73984,10 +73984,10 @@ dot8AVX512S5x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -74087,12 +74087,12 @@ dot8AVX512S5x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -74212,14 +74212,14 @@ dot8AVX512S5x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -74347,8 +74347,8 @@ dot8AVX512S5x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -74451,10 +74451,10 @@ dot8AVX512S5x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -74587,12 +74587,12 @@ dot8AVX512S5x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -74755,14 +74755,14 @@ dot8AVX512S5x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -74931,8 +74931,8 @@ dot8AVX512S5x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -75058,10 +75058,10 @@ dot8AVX512S5x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -75211,8 +75211,8 @@ dot8AVX512S5x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -75361,10 +75361,10 @@ dot8AVX512S5x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S5x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -75522,8 +75522,8 @@ dot8AVX512U5Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p1_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -75605,10 +75605,10 @@ dot8AVX512U5Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p2_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -75711,12 +75711,12 @@ dot8AVX512U5Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p3_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -75840,14 +75840,14 @@ dot8AVX512U5Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx1p4_unit:
-	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4160(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   16384(CX)(R10*1)
+	PREFETCHT0   16448(CX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -75980,8 +75980,8 @@ dot8AVX512U5Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p1_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -76085,10 +76085,10 @@ dot8AVX512U5Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p2_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -76223,12 +76223,12 @@ dot8AVX512U5Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p3_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -76394,14 +76394,14 @@ dot8AVX512U5Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx2p4_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -76574,8 +76574,8 @@ dot8AVX512U5Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx3p1_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -76701,10 +76701,10 @@ dot8AVX512U5Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx3p2_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -76855,8 +76855,8 @@ dot8AVX512U5Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx4p1_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -77004,10 +77004,10 @@ dot8AVX512U5Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5Mx4p2_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -77165,8 +77165,8 @@ dot8AVX512S6x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
-	PREFETCHT0   4160(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
+	PREFETCHT0   16448(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -77252,10 +77252,10 @@ dot8AVX512S6x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -77365,12 +77365,12 @@ dot8AVX512S6x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -77504,14 +77504,14 @@ dot8AVX512S6x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -77657,8 +77657,8 @@ dot8AVX512S6x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -77767,10 +77767,10 @@ dot8AVX512S6x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -77913,12 +77913,12 @@ dot8AVX512S6x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z16
 	VPANDD       Z0, Z16, Z15
 	VPSRLW       $0x04, Z16, Z16
@@ -78095,14 +78095,14 @@ dot8AVX512S6x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -78289,8 +78289,8 @@ dot8AVX512S6x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -78422,10 +78422,10 @@ dot8AVX512S6x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z16
 	VPANDD       Z0, Z16, Z15
 	VPSRLW       $0x04, Z16, Z16
@@ -78585,8 +78585,8 @@ dot8AVX512S6x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -78741,10 +78741,10 @@ dot8AVX512S6x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -78920,8 +78920,8 @@ dot8AVX512U5KMx1p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p1_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -79019,10 +79019,10 @@ dot8AVX512U5KMx1p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p2_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -79145,12 +79145,12 @@ dot8AVX512U5KMx1p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p3_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -79298,14 +79298,14 @@ dot8AVX512U5KMx1p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx1p4_unit:
-	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4160(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   16384(DX)(R12*1)
+	PREFETCHT0   16448(DX)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -79466,8 +79466,8 @@ dot8AVX512U5KMx2p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p1_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -79587,10 +79587,10 @@ dot8AVX512U5KMx2p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p2_unit:
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -79745,12 +79745,12 @@ dot8AVX512U5KMx2p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p3_unit:
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -79940,14 +79940,14 @@ dot8AVX512U5KMx2p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx2p4_unit:
-	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4160(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
-	PREFETCHT0   4160(SI)(R13*1)
+	PREFETCHT0   16384(BX)(R13*1)
+	PREFETCHT0   16448(BX)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
+	PREFETCHT0   16384(SI)(R13*1)
+	PREFETCHT0   16448(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -80148,8 +80148,8 @@ dot8AVX512U5KMx3p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx3p1_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -80291,10 +80291,10 @@ dot8AVX512U5KMx3p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx3p2_unit:
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -80465,8 +80465,8 @@ dot8AVX512U5KMx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx4p1_unit:
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -80630,10 +80630,10 @@ dot8AVX512U5KMx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512U5KMx4p2_unit:
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -80812,8 +80812,8 @@ dot8AVX512S6Kx1p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p1_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -80914,10 +80914,10 @@ dot8AVX512S6Kx1p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p2_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -81044,12 +81044,12 @@ dot8AVX512S6Kx1p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p3_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -81202,14 +81202,14 @@ dot8AVX512S6Kx1p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx1p4_unit:
-	PREFETCHT0   4096(DX)(R12*1)
-	PREFETCHT0   4160(DX)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
+	PREFETCHT0   16384(DX)(R12*1)
+	PREFETCHT0   16448(DX)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
 	VMOVDQU64    (DX)(R12*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -81376,8 +81376,8 @@ dot8AVX512S6Kx2p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p1_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -81501,10 +81501,10 @@ dot8AVX512S6Kx2p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p2_unit:
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (BX)(R11*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -81664,12 +81664,12 @@ dot8AVX512S6Kx2p3_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p3_unit:
-	PREFETCHT0   4096(BX)(R12*1)
-	PREFETCHT0   4160(BX)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
+	PREFETCHT0   16384(BX)(R12*1)
+	PREFETCHT0   16448(BX)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
 	VMOVDQU64    (BX)(R12*1), Z16
 	VPANDD       Z0, Z16, Z15
 	VPSRLW       $0x04, Z16, Z16
@@ -81865,14 +81865,14 @@ dot8AVX512S6Kx2p4_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx2p4_unit:
-	PREFETCHT0   4096(BX)(R13*1)
-	PREFETCHT0   4160(BX)(R13*1)
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
-	PREFETCHT0   4096(SI)(R13*1)
-	PREFETCHT0   4160(SI)(R13*1)
+	PREFETCHT0   16384(BX)(R13*1)
+	PREFETCHT0   16448(BX)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
+	PREFETCHT0   16384(SI)(R13*1)
+	PREFETCHT0   16448(SI)(R13*1)
 	VMOVDQU64    (BX)(R13*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -82080,8 +82080,8 @@ dot8AVX512S6Kx3p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx3p1_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -82228,10 +82228,10 @@ dot8AVX512S6Kx3p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx3p2_unit:
-	PREFETCHT0   4096(SI)(R12*1)
-	PREFETCHT0   4160(SI)(R12*1)
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(SI)(R12*1)
+	PREFETCHT0   16448(SI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (SI)(R12*1), Z16
 	VPANDD       Z0, Z16, Z15
 	VPSRLW       $0x04, Z16, Z16
@@ -82408,8 +82408,8 @@ dot8AVX512S6Kx4p1_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx4p1_unit:
-	PREFETCHT0   4096(DI)(R12*1)
-	PREFETCHT0   4160(DI)(R12*1)
+	PREFETCHT0   16384(DI)(R12*1)
+	PREFETCHT0   16448(DI)(R12*1)
 	VMOVDQU64    (DI)(R12*1), Z12
 	VPANDD       Z0, Z12, Z11
 	VPSRLW       $0x04, Z12, Z12
@@ -82579,10 +82579,10 @@ dot8AVX512S6Kx4p2_factors:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S6Kx4p2_unit:
-	PREFETCHT0   4096(DI)(R13*1)
-	PREFETCHT0   4160(DI)(R13*1)
-	PREFETCHT0   4096(R8)(R13*1)
-	PREFETCHT0   4160(R8)(R13*1)
+	PREFETCHT0   16384(DI)(R13*1)
+	PREFETCHT0   16448(DI)(R13*1)
+	PREFETCHT0   16384(R8)(R13*1)
+	PREFETCHT0   16448(R8)(R13*1)
 	VMOVDQU64    (DI)(R13*1), Z20
 	VPANDD       Z0, Z20, Z19
 	VPSRLW       $0x04, Z20, Z20
@@ -82752,7 +82752,7 @@ dot8AVX512M4x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -82838,8 +82838,8 @@ dot8AVX512M4x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -82950,9 +82950,9 @@ dot8AVX512M4x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -83088,10 +83088,10 @@ dot8AVX512M4x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -83240,7 +83240,7 @@ dot8AVX512M4x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -83349,8 +83349,8 @@ dot8AVX512M4x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -83494,9 +83494,9 @@ dot8AVX512M4x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -83675,10 +83675,10 @@ dot8AVX512M4x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -83868,7 +83868,7 @@ dot8AVX512M4x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -84000,8 +84000,8 @@ dot8AVX512M4x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -84162,7 +84162,7 @@ dot8AVX512M4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -84317,8 +84317,8 @@ dot8AVX512M4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512M4x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -84485,7 +84485,7 @@ dot8AVX512S4x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -84559,8 +84559,8 @@ dot8AVX512S4x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -84650,9 +84650,9 @@ dot8AVX512S4x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -84758,10 +84758,10 @@ dot8AVX512S4x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -84871,7 +84871,7 @@ dot8AVX512S4x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -84968,8 +84968,8 @@ dot8AVX512S4x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -85092,9 +85092,9 @@ dot8AVX512S4x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -85243,10 +85243,10 @@ dot8AVX512S4x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -85397,7 +85397,7 @@ dot8AVX512S4x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -85517,8 +85517,8 @@ dot8AVX512S4x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -85658,7 +85658,7 @@ dot8AVX512S4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -85801,8 +85801,8 @@ dot8AVX512S4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512S4x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -85947,8 +85947,8 @@ dot8AVX512HI8x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
-	PREFETCHT0   4160(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
+	PREFETCHT0   16448(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z2
 	VMOVDQU64    64(CX)(SI*1), Z3
 	VPBROADCASTD (AX), Z4
@@ -86019,10 +86019,10 @@ dot8AVX512HI8x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VMOVDQU64    64(CX)(DI*1), Z5
 	VMOVDQU64    (DX)(DI*1), Z6
@@ -86107,12 +86107,12 @@ dot8AVX512HI8x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VMOVDQU64    64(CX)(R8*1), Z7
 	VMOVDQU64    (BX)(R8*1), Z8
@@ -86212,14 +86212,14 @@ dot8AVX512HI8x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VMOVDQU64    64(CX)(R9*1), Z9
 	VMOVDQU64    (BX)(R9*1), Z10
@@ -86321,8 +86321,8 @@ dot8AVX512HI8x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z4
 	VMOVDQU64    64(DX)(DI*1), Z5
 	VPBROADCASTD (CX), Z6
@@ -86415,10 +86415,10 @@ dot8AVX512HI8x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z8
 	VMOVDQU64    64(DX)(R8*1), Z9
 	VMOVDQU64    (BX)(R8*1), Z10
@@ -86535,12 +86535,12 @@ dot8AVX512HI8x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z12
 	VMOVDQU64    64(DX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -86682,14 +86682,14 @@ dot8AVX512HI8x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z16
 	VMOVDQU64    64(DX)(R10*1), Z17
 	VMOVDQU64    (SI)(R10*1), Z18
@@ -86831,8 +86831,8 @@ dot8AVX512HI8x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z6
 	VMOVDQU64    64(BX)(R8*1), Z7
 	VPBROADCASTD (CX), Z8
@@ -86947,10 +86947,10 @@ dot8AVX512HI8x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z12
 	VMOVDQU64    64(BX)(R9*1), Z13
 	VMOVDQU64    (SI)(R9*1), Z14
@@ -87083,8 +87083,8 @@ dot8AVX512HI8x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z8
 	VMOVDQU64    64(SI)(R9*1), Z9
 	VPBROADCASTD (CX), Z10
@@ -87221,10 +87221,10 @@ dot8AVX512HI8x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HI8x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z16
 	VMOVDQU64    64(SI)(R10*1), Z17
 	VMOVDQU64    (DI)(R10*1), Z18
@@ -87365,7 +87365,7 @@ dot8AVX512HS4x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -87441,8 +87441,8 @@ dot8AVX512HS4x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -87534,9 +87534,9 @@ dot8AVX512HS4x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -87645,10 +87645,10 @@ dot8AVX512HS4x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -87761,7 +87761,7 @@ dot8AVX512HS4x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -87860,8 +87860,8 @@ dot8AVX512HS4x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -87986,9 +87986,9 @@ dot8AVX512HS4x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -88140,10 +88140,10 @@ dot8AVX512HS4x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -88297,7 +88297,7 @@ dot8AVX512HS4x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -88419,8 +88419,8 @@ dot8AVX512HS4x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -88562,7 +88562,7 @@ dot8AVX512HS4x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -88707,8 +88707,8 @@ dot8AVX512HS4x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS4x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -88858,7 +88858,7 @@ dot8AVX512HU4Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx1p1_unit:
-	PREFETCHT0   4096(CX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z4
 	VPANDD       Z0, Z4, Z3
 	VPSRLW       $0x04, Z4, Z4
@@ -88938,8 +88938,8 @@ dot8AVX512HU4Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx1p2_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -89036,9 +89036,9 @@ dot8AVX512HU4Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx1p3_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -89154,10 +89154,10 @@ dot8AVX512HU4Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx1p4_unit:
-	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
+	PREFETCHT0   16384(CX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -89278,7 +89278,7 @@ dot8AVX512HU4Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx2p1_unit:
-	PREFETCHT0   4096(DX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z6
 	VPANDD       Z0, Z6, Z5
 	VPSRLW       $0x04, Z6, Z6
@@ -89380,8 +89380,8 @@ dot8AVX512HU4Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx2p2_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -89510,9 +89510,9 @@ dot8AVX512HU4Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx2p3_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -89670,10 +89670,10 @@ dot8AVX512HU4Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx2p4_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -89834,7 +89834,7 @@ dot8AVX512HU4Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx3p1_unit:
-	PREFETCHT0   4096(BX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z8
 	VPANDD       Z0, Z8, Z7
 	VPSRLW       $0x04, Z8, Z8
@@ -89958,8 +89958,8 @@ dot8AVX512HU4Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx3p2_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z14
 	VPANDD       Z0, Z14, Z13
 	VPSRLW       $0x04, Z14, Z14
@@ -90104,7 +90104,7 @@ dot8AVX512HU4Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx4p1_unit:
-	PREFETCHT0   4096(SI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z10
 	VPANDD       Z0, Z10, Z9
 	VPSRLW       $0x04, Z10, Z10
@@ -90250,8 +90250,8 @@ dot8AVX512HU4Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU4Mx4p2_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z18
 	VPANDD       Z0, Z18, Z17
 	VPSRLW       $0x04, Z18, Z18
@@ -90403,8 +90403,8 @@ dot8AVX512HS5x1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x1p1_unit:
-	PREFETCHT0   4096(CX)(SI*1)
-	PREFETCHT0   4160(CX)(SI*1)
+	PREFETCHT0   16384(CX)(SI*1)
+	PREFETCHT0   16448(CX)(SI*1)
 	VMOVDQU64    (CX)(SI*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -90486,10 +90486,10 @@ dot8AVX512HS5x1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x1p2_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -90591,12 +90591,12 @@ dot8AVX512HS5x1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x1p3_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -90719,14 +90719,14 @@ dot8AVX512HS5x1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x1p4_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -90857,8 +90857,8 @@ dot8AVX512HS5x2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x2p1_unit:
-	PREFETCHT0   4096(DX)(DI*1)
-	PREFETCHT0   4160(DX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	PREFETCHT0   16448(DX)(DI*1)
 	VMOVDQU64    (DX)(DI*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -90963,10 +90963,10 @@ dot8AVX512HS5x2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x2p2_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -91101,12 +91101,12 @@ dot8AVX512HS5x2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x2p3_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -91272,14 +91272,14 @@ dot8AVX512HS5x2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x2p4_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -91451,8 +91451,8 @@ dot8AVX512HS5x3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x3p1_unit:
-	PREFETCHT0   4096(BX)(R8*1)
-	PREFETCHT0   4160(BX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16448(BX)(R8*1)
 	VMOVDQU64    (BX)(R8*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -91580,10 +91580,10 @@ dot8AVX512HS5x3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x3p2_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -91735,8 +91735,8 @@ dot8AVX512HS5x4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x4p1_unit:
-	PREFETCHT0   4096(SI)(R9*1)
-	PREFETCHT0   4160(SI)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16448(SI)(R9*1)
 	VMOVDQU64    (SI)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -91887,10 +91887,10 @@ dot8AVX512HS5x4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HS5x4p2_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DI)(R10*1)
-	PREFETCHT0   4160(DI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16448(DI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -92050,8 +92050,8 @@ dot8AVX512HU5Mx1p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx1p1_unit:
-	PREFETCHT0   4096(CX)(DI*1)
-	PREFETCHT0   4160(CX)(DI*1)
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16448(CX)(DI*1)
 	VMOVDQU64    (CX)(DI*1), Z5
 	VPANDD       Z0, Z5, Z4
 	VPSRLW       $0x04, Z5, Z5
@@ -92137,10 +92137,10 @@ dot8AVX512HU5Mx1p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx1p2_unit:
-	PREFETCHT0   4096(CX)(R8*1)
-	PREFETCHT0   4160(CX)(R8*1)
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16448(CX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (CX)(R8*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -92247,12 +92247,12 @@ dot8AVX512HU5Mx1p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx1p3_unit:
-	PREFETCHT0   4096(CX)(R9*1)
-	PREFETCHT0   4160(CX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16448(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
 	VMOVDQU64    (CX)(R9*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -92382,14 +92382,14 @@ dot8AVX512HU5Mx1p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx1p4_unit:
-	PREFETCHT0   4096(CX)(R10*1)
-	PREFETCHT0   4160(CX)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
+	PREFETCHT0   16384(CX)(R10*1)
+	PREFETCHT0   16448(CX)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
 	VMOVDQU64    (CX)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -92528,8 +92528,8 @@ dot8AVX512HU5Mx2p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx2p1_unit:
-	PREFETCHT0   4096(DX)(R8*1)
-	PREFETCHT0   4160(DX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16448(DX)(R8*1)
 	VMOVDQU64    (DX)(R8*1), Z7
 	VPANDD       Z0, Z7, Z6
 	VPSRLW       $0x04, Z7, Z7
@@ -92637,10 +92637,10 @@ dot8AVX512HU5Mx2p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx2p2_unit:
-	PREFETCHT0   4096(DX)(R9*1)
-	PREFETCHT0   4160(DX)(R9*1)
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16448(DX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (DX)(R9*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -92779,12 +92779,12 @@ dot8AVX512HU5Mx2p3_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx2p3_unit:
-	PREFETCHT0   4096(DX)(R10*1)
-	PREFETCHT0   4160(DX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16448(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
 	VMOVDQU64    (DX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -92956,14 +92956,14 @@ dot8AVX512HU5Mx2p4_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx2p4_unit:
-	PREFETCHT0   4096(DX)(R11*1)
-	PREFETCHT0   4160(DX)(R11*1)
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
-	PREFETCHT0   4096(BX)(R11*1)
-	PREFETCHT0   4160(BX)(R11*1)
+	PREFETCHT0   16384(DX)(R11*1)
+	PREFETCHT0   16448(DX)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
+	PREFETCHT0   16384(BX)(R11*1)
+	PREFETCHT0   16448(BX)(R11*1)
 	VMOVDQU64    (DX)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -93142,8 +93142,8 @@ dot8AVX512HU5Mx3p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx3p1_unit:
-	PREFETCHT0   4096(BX)(R9*1)
-	PREFETCHT0   4160(BX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16448(BX)(R9*1)
 	VMOVDQU64    (BX)(R9*1), Z9
 	VPANDD       Z0, Z9, Z8
 	VPSRLW       $0x04, Z9, Z9
@@ -93273,10 +93273,10 @@ dot8AVX512HU5Mx3p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx3p2_unit:
-	PREFETCHT0   4096(BX)(R10*1)
-	PREFETCHT0   4160(BX)(R10*1)
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	PREFETCHT0   16448(BX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (BX)(R10*1), Z15
 	VPANDD       Z0, Z15, Z14
 	VPSRLW       $0x04, Z15, Z15
@@ -93431,8 +93431,8 @@ dot8AVX512HU5Mx4p1_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx4p1_unit:
-	PREFETCHT0   4096(SI)(R10*1)
-	PREFETCHT0   4160(SI)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16448(SI)(R10*1)
 	VMOVDQU64    (SI)(R10*1), Z11
 	VPANDD       Z0, Z11, Z10
 	VPSRLW       $0x04, Z11, Z11
@@ -93584,10 +93584,10 @@ dot8AVX512HU5Mx4p2_group:
 
 	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
 dot8AVX512HU5Mx4p2_unit:
-	PREFETCHT0   4096(SI)(R11*1)
-	PREFETCHT0   4160(SI)(R11*1)
-	PREFETCHT0   4096(DI)(R11*1)
-	PREFETCHT0   4160(DI)(R11*1)
+	PREFETCHT0   16384(SI)(R11*1)
+	PREFETCHT0   16448(SI)(R11*1)
+	PREFETCHT0   16384(DI)(R11*1)
+	PREFETCHT0   16448(DI)(R11*1)
 	VMOVDQU64    (SI)(R11*1), Z19
 	VPANDD       Z0, Z19, Z18
 	VPSRLW       $0x04, Z19, Z19
@@ -98196,5 +98196,99 @@ gateAVX512GELU_loop:
 	JMP          gateAVX512GELU_loop
 
 gateAVX512GELU_done:
+	VZEROUPPER
+	RET
+
+// func expShiftedAVX2(dst *float64, src *float32, n int, p *[2]float64)
+// Requires: AVX, AVX2, FMA3
+TEXT ·expShiftedAVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), AX
+	MOVQ         src+8(FP), CX
+	MOVQ         n+16(FP), DX
+	MOVQ         p+24(FP), BX
+	VBROADCASTSD (BX), Y0
+	VBROADCASTSD 8(BX), Y1
+
+expShiftedAVX2_loop:
+	CMPQ         DX, $0x04
+	JL           expShiftedAVX2_done
+	VCVTPS2PD    (CX), Y2
+	VMULPD       Y0, Y2, Y2
+	VSUBPD       Y1, Y2, Y2
+	VMAXPD       gateConsts<>+0(SB), Y2, Y2
+	VMINPD       gateConsts<>+64(SB), Y2, Y2
+	VMULPD       gateConsts<>+128(SB), Y2, Y3
+	VROUNDPD     $0x00, Y3, Y3
+	VFNMADD231PD gateConsts<>+192(SB), Y3, Y2
+	VFNMADD231PD gateConsts<>+256(SB), Y3, Y2
+	VMOVUPD      gateConsts<>+1280(SB), Y4
+	VFMADD213PD  gateConsts<>+1216(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1152(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1088(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+1024(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+960(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+896(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+832(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+768(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+704(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+640(SB), Y2, Y4
+	VFMADD213PD  gateConsts<>+576(SB), Y2, Y4
+	VADDPD       gateConsts<>+320(SB), Y3, Y3
+	VPSLLQ       $0x34, Y3, Y3
+	VMULPD       Y3, Y4, Y4
+	VMOVUPD      Y4, (AX)
+	ADDQ         $0x10, CX
+	ADDQ         $0x20, AX
+	SUBQ         $0x04, DX
+	JMP          expShiftedAVX2_loop
+
+expShiftedAVX2_done:
+	VZEROUPPER
+	RET
+
+// func expShiftedAVX512(dst *float64, src *float32, n int, p *[2]float64)
+// Requires: AVX, AVX512F
+TEXT ·expShiftedAVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), AX
+	MOVQ         src+8(FP), CX
+	MOVQ         n+16(FP), DX
+	MOVQ         p+24(FP), BX
+	VBROADCASTSD (BX), Z0
+	VBROADCASTSD 8(BX), Z1
+
+expShiftedAVX512_loop:
+	CMPQ         DX, $0x08
+	JL           expShiftedAVX512_done
+	VCVTPS2PD    (CX), Z2
+	VMULPD       Z0, Z2, Z2
+	VSUBPD       Z1, Z2, Z2
+	VMAXPD       gateConsts<>+0(SB), Z2, Z2
+	VMINPD       gateConsts<>+64(SB), Z2, Z2
+	VMULPD       gateConsts<>+128(SB), Z2, Z3
+	VRNDSCALEPD  $0x00, Z3, Z3
+	VFNMADD231PD gateConsts<>+192(SB), Z3, Z2
+	VFNMADD231PD gateConsts<>+256(SB), Z3, Z2
+	VMOVUPD      gateConsts<>+1280(SB), Z4
+	VFMADD213PD  gateConsts<>+1216(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1152(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1088(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+1024(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+960(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+896(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+832(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+768(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+704(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+640(SB), Z2, Z4
+	VFMADD213PD  gateConsts<>+576(SB), Z2, Z4
+	VADDPD       gateConsts<>+320(SB), Z3, Z3
+	VPSLLQ       $0x34, Z3, Z3
+	VMULPD       Z3, Z4, Z4
+	VMOVUPD      Z4, (AX)
+	ADDQ         $0x20, CX
+	ADDQ         $0x40, AX
+	SUBQ         $0x08, DX
+	JMP          expShiftedAVX512_loop
+
+expShiftedAVX512_done:
 	VZEROUPPER
 	RET

@@ -3647,3 +3647,13 @@ func gateAVX512(h *float32, gt *float32, up *float32, n int, p *[5]float64)
 //
 //go:noescape
 func gateAVX512GELU(h *float32, gt *float32, up *float32, n int, p *[5]float64)
+
+// expShiftedAVX2 writes dst[i] = gateExp(float64(src[i])·p[0] − p[1]) for i in [0, n), n a multiple of the lanes: kernels' ExpShifted.
+//
+//go:noescape
+func expShiftedAVX2(dst *float64, src *float32, n int, p *[2]float64)
+
+// expShiftedAVX512 writes dst[i] = gateExp(float64(src[i])·p[0] − p[1]) for i in [0, n), n a multiple of the lanes: kernels' ExpShifted.
+//
+//go:noescape
+func expShiftedAVX512(dst *float64, src *float32, n int, p *[2]float64)

@@ -231,11 +231,11 @@ func dot8Kernel(kind string, mr, np int) {
 	u := Load(Param("units"), GP64())
 	Comment("Eight steps of k: two weight vectors a panel, two broadcasts a row.")
 	Label(name + "_unit")
-	// Every line of the unit, pfDist ahead, whatever the rows: at 4 rows
+	// Every line of the unit, pfDist8 ahead, whatever the rows: at 4 rows
 	// these kernels still wait on memory (unlike the exact mode's).
 	for _, bj := range b {
 		for at := 0; at < code.unit; at += 64 {
-			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist + at})
+			PREFETCHT0(Mem{Base: bj, Index: o, Scale: 1, Disp: pfDist8 + at})
 		}
 	}
 	lo, hi := make([]VecVirtual, np), make([]VecVirtual, np)

@@ -110,26 +110,7 @@ func gateKernel(avx2, gelu bool) {
 		VMAXPD(uv, nulimit, uv) // −ulimit > u ? −ulimit : u
 		VMULPD(nalpha, gv, x)
 	}
-	// e^x as gateExp: x > lo ? x : lo, then x < hi ? x : hi.
-	VMAXPD(gateConst(gLo), x, x)
-	VMINPD(gateConst(gHi), x, x)
-	nf := vec()
-	VMULPD(gateConst(gLog2E), x, nf)
-	if avx2 {
-		VROUNDPD(U8(0), nf, nf)
-	} else {
-		VRNDSCALEPD(U8(0), nf, nf)
-	}
-	VFNMADD231PD(gateConst(gLn2Hi), nf, x) // r = x − n·ln2Hi, fused
-	VFNMADD231PD(gateConst(gLn2Lo), nf, x)
-	e := vec()
-	VMOVUPD(gateConst(gCoef+11), e)
-	for i := 10; i >= 0; i-- {
-		VFMADD213PD(gateConst(gCoef+i), x, e) // e = e·r + 1/i!
-	}
-	VADDPD(gateConst(gMagic), nf, nf)
-	VPSLLQ(U8(52), nf, nf) // 2^n
-	VMULPD(nf, e, e)
+	e := emitExp(avx2, vec, x)
 	VADDPD(gateConst(gOne), e, e)
 	VDIVPD(e, gv, gv) // g/(1 + e^x)
 	if !gelu {
@@ -155,12 +136,79 @@ func gateKernel(avx2, gelu bool) {
 	RET()
 }
 
-// gateKernels emits the four gate kernels.
+// emitExp emits e^x as gateExp computes it (x > lo ? x : lo, then
+// x < hi ? x : hi; the reduction's and the polynomial's fused
+// multiply-adds; the exact product by 2^n) and returns the register that
+// holds it; x is overwritten.
+func emitExp(avx2 bool, vec func() VecVirtual, x VecVirtual) VecVirtual {
+	VMAXPD(gateConst(gLo), x, x)
+	VMINPD(gateConst(gHi), x, x)
+	nf := vec()
+	VMULPD(gateConst(gLog2E), x, nf)
+	if avx2 {
+		VROUNDPD(U8(0), nf, nf)
+	} else {
+		VRNDSCALEPD(U8(0), nf, nf)
+	}
+	VFNMADD231PD(gateConst(gLn2Hi), nf, x) // r = x − n·ln2Hi, fused
+	VFNMADD231PD(gateConst(gLn2Lo), nf, x)
+	e := vec()
+	VMOVUPD(gateConst(gCoef+11), e)
+	for i := 10; i >= 0; i-- {
+		VFMADD213PD(gateConst(gCoef+i), x, e) // e = e·r + 1/i!
+	}
+	VADDPD(gateConst(gMagic), nf, nf)
+	VPSLLQ(U8(52), nf, nf) // 2^n
+	VMULPD(nf, e, e)
+	return e
+}
+
+// expShiftedKernel emits expShifted<ISA>: dst[i] = e^(float64(src[i])·p[0]
+// − p[1]) for i in [0, n) (n a multiple of the lanes: 8 on AVX-512, 4 on
+// AVX2), the product and the difference each rounded, the exponential as
+// gateExp: kernels' ExpShifted (a softmax's numerators).
+func expShiftedKernel(avx2 bool) {
+	name, vec, lanes := "expShiftedAVX512", ZMM, 8
+	if avx2 {
+		name, vec, lanes = "expShiftedAVX2", YMM, 4
+	}
+	TEXT(name, NOSPLIT, "func(dst *float64, src *float32, n int, p *[2]float64)")
+	Pragma("noescape")
+	Doc(name + " writes dst[i] = gateExp(float64(src[i])·p[0] − p[1]) for i in [0, n), n a multiple of the lanes: kernels' ExpShifted.")
+	d := Load(Param("dst"), GP64())
+	src := Load(Param("src"), GP64())
+	n := Load(Param("n"), GP64())
+	p := Load(Param("p"), GP64())
+	scale, shift := vec(), vec()
+	VBROADCASTSD(Mem{Base: p}, scale)
+	VBROADCASTSD(Mem{Base: p, Disp: 8}, shift)
+	Label(name + "_loop")
+	CMPQ(n, U8(lanes))
+	JL(LabelRef(name + "_done"))
+	x := vec()
+	VCVTPS2PD(Mem{Base: src}, x)
+	VMULPD(scale, x, x)
+	VSUBPD(shift, x, x)
+	e := emitExp(avx2, vec, x)
+	VMOVUPD(e, Mem{Base: d})
+	ADDQ(U8(4*lanes), src)
+	ADDQ(U8(8*lanes), d)
+	SUBQ(U8(lanes), n)
+	JMP(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// gateKernels emits the four gate kernels and the two expShifted ones.
 func gateKernels() {
 	gateConsts()
 	for _, avx2 := range []bool{true, false} {
 		for _, gelu := range []bool{false, true} {
 			gateKernel(avx2, gelu)
 		}
+	}
+	for _, avx2 := range []bool{true, false} {
+		expShiftedKernel(avx2)
 	}
 }
