@@ -218,6 +218,7 @@ func TestInt8DotWholeModel(t *testing.T) {
 			require.Equal(t, mode, got)
 			if mode == kernels.Int8Dot { // the four projections of each layer's attention, and the output
 				require.Equal(t, 4*tc.p.Layers+1, n, "%s %s: matrices outside the experts in int8dot", tc.p.Name, tc.mix)
+				require.EqualError(t, m.UseDevice(attn.Backend{}, nil), "model: int8dot numerics run on the CPU kernels, not on a device: keep the exact mode there")
 			} else {
 				require.Zero(t, n)
 			}

@@ -59,8 +59,12 @@ type Model struct {
 // runner experts makes for it (nil: they stay on the host); the embedding,
 // norms, dense MLP layers and lm_head stay on the host. Call it before any
 // Forward; the runners are the caller's to close, after the model's last
-// use. A DP group's shards keep their experts on the host.
+// use. A DP group's shards keep their experts on the host. A model in a
+// mode other than kernels.Exact is refused.
 func (m *Model) UseDevice(be attn.Backend, experts func(*moe.Layer) (moe.ExpertRunner, error)) error {
+	if m.numerics != kernels.Exact {
+		return fmt.Errorf("model: %v numerics run on the CPU kernels, not on a device: keep the exact mode there", m.numerics)
+	}
 	m.backend = be
 	if experts == nil {
 		return nil
