@@ -6,6 +6,8 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/moex-project/moex/attn"
 	"github.com/moex-project/moex/internal/errkind"
@@ -214,6 +216,25 @@ func (m *Model) check(kv *KV, seqs []int, ids []int32, rows []int) ([]int, map[i
 	return rows, lens, nil
 }
 
+// StepTimes accumulates the wall time of forward passes' parts, for
+// benchmarks (Model.TimeSteps): the attention blocks (projections,
+// attention, output projection), the MLPs (MoE or dense, with the norm
+// before them) and the final norm and output projection.
+type StepTimes struct {
+	Attention, MLP, Head atomic.Int64 // nanoseconds
+}
+
+// TimeSteps makes later forward passes add their parts' times to t (nil:
+// stop). Concurrent passes add theirs too. Set it before the passes.
+func (m *Model) TimeSteps(t *StepTimes) { m.times = t }
+
+// since adds the time since t0 to *d when timing is on.
+func since(d *atomic.Int64, t0 time.Time) {
+	if d != nil {
+		d.Add(int64(time.Since(t0)))
+	}
+}
+
 // moeFunc computes MoE layer l's output y for its input x (rows of
 // Hidden), on this process or across ranks.
 type moeFunc func(ctx context.Context, l int, x, y []float32) error
@@ -229,13 +250,20 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 	}
 	normed := make([]float32, T*H)
 	y := make([]float32, T*H)
+	var tAttn, tMLP, tHead *atomic.Int64
+	if t := m.times; t != nil {
+		tAttn, tMLP, tHead = &t.Attention, &t.MLP, &t.Head
+	}
 	for l, d := range m.layers {
 		err := ctx.Err()
+		t0 := time.Now()
 		if err == nil && T > 0 {
 			kernels.RMSNorm(normed, x, d.inNorm, m.eps)
 			if err = d.attn.ForwardWith(ctx, m.backend, kv.caches[l], seqs, normed, y); err != nil {
 				err = fmt.Errorf("model: layer %d attention: %w", l, err)
 			}
+			since(tAttn, t0)
+			t0 = time.Now()
 			if err == nil {
 				add(x, y)
 				kernels.RMSNorm(normed, x, d.postNorm, m.eps)
@@ -250,6 +278,7 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 			if err != nil {
 				err = fmt.Errorf("model: layer %d MLP: %w", l, err)
 			}
+			since(tMLP, t0)
 		}
 		if err != nil {
 			kv.truncate(lens)
@@ -261,6 +290,8 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 		return nil, nil
 	}
 	// The rows asked for, normed into normed's first rows, through lm_head.
+	t0 := time.Now()
+	defer since(tHead, t0)
 	sel := make([]int32, len(rows))
 	for i, r := range rows {
 		sel[i] = int32(i)

@@ -52,6 +52,8 @@ type Model struct {
 	// numerics is the mode SetNumerics put the model in.
 	numerics kernels.Numerics
 	inMode   int // matrices outside the routed experts in numerics
+	// times, when set, accumulates the parts' times (TimeSteps).
+	times *StepTimes
 }
 
 // UseDevice puts every layer's attention on be (its projections, and MLA

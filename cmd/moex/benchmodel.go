@@ -39,6 +39,11 @@ type modelResult struct {
 	GBPS       float64 `json:"gbps,omitempty"`
 	ProbeGBPS  float64 `json:"probe_gbps,omitempty"`
 	BWFraction float64 `json:"bw_fraction,omitempty"`
+	// The parts of a token's time, over every round: attention blocks,
+	// MLPs (MoE or dense), the final norm and output projection.
+	AttnNS int64 `json:"attention_ns"`
+	MLPNS  int64 `json:"mlp_ns"`
+	HeadNS int64 `json:"head_ns"`
 }
 
 // modelPresets are bench model's built-in shapes (random weights): a
@@ -171,6 +176,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var ppTimes, tgTimes model.StepTimes
 	for r := range *rounds {
 		kv, err := m.NewKV(blocks, blockRows, kvDType)
 		if err != nil {
@@ -178,6 +184,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		}
 		next := int32(rng.IntN(m.Vocab))
 		if *prompt > 0 {
+			m.TimeSteps(&ppTimes)
 			start := time.Now()
 			logits, err := m.Forward(ctx, kv, make([]int, *prompt), ids, []int{*prompt - 1})
 			if err != nil {
@@ -187,6 +194,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 			next = argmax(logits)
 		}
 		if *gen > 0 {
+			m.TimeSteps(&tgTimes)
 			start := time.Now()
 			for range *gen {
 				logits, err := m.Forward(ctx, kv, []int{0}, []int32{next}, nil)
@@ -197,9 +205,14 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 			}
 			tg = append(tg, time.Since(start)/time.Duration(*gen))
 		}
+		m.TimeSteps(nil)
 		fmt.Fprintf(o.stderr, "bench: round %d of %d (%v elapsed)\n", r+1, *rounds, time.Since(o.start).Round(time.Second))
 	}
 	probes = append(probes, memoryBandwidth())
+	parts := func(r *modelResult, t *model.StepTimes, tokens int) {
+		n := int64(max(tokens**rounds, 1))
+		r.AttnNS, r.MLPNS, r.HeadNS = t.Attention.Load()/n, t.MLP.Load()/n, t.Head.Load()/n
+	}
 	probe := slices.Max(probes)
 	base := modelResult{Model: name, Dtype: dtypeName, Numerics: mode.String(), KV: *kvName, Threads: *threads, Rounds: *rounds, ProbeGBPS: probe}
 	var rs []modelResult
@@ -208,6 +221,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		med := median(pp)
 		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("pp%d", *prompt), *prompt, med.Nanoseconds(), float64(*prompt)/med.Seconds()
 		r.ProbeGBPS = 0
+		parts(&r, &ppTimes, *prompt)
 		rs = append(rs, r)
 	}
 	if len(tg) > 0 {
@@ -217,6 +231,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		r.Bytes = m.DecodeBytes()
 		r.GBPS = float64(r.Bytes) / med.Seconds() / 1e9
 		r.BWFraction = r.GBPS / probe
+		parts(&r, &tgTimes, *gen)
 		rs = append(rs, r)
 	}
 	if o.format == "json" {
@@ -240,8 +255,16 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "%s; median of %d rounds; memory read-bandwidth probe %.1f GB/s\n", name, *rounds, probe)
-	return err
+	if _, err = fmt.Fprintf(stdout, "%s; median of %d rounds; memory read-bandwidth probe %.1f GB/s\n", name, *rounds, probe); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+		if _, err = fmt.Fprintf(stdout, "%s, a token on average: attention %.2f ms, MLP %.2f ms, output %.2f ms\n", r.Case, ms(r.AttnNS), ms(r.MLPNS), ms(r.HeadNS)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func median(ts []time.Duration) time.Duration {

@@ -218,12 +218,22 @@ func TestBenchModel(t *testing.T) {
 	require.Equal(t, "tg4", rows[1]["case"])
 	require.Greater(t, rows[1]["bytes"], 0.0)
 	require.Greater(t, rows[0]["tokens_per_s"], 0.0)
+	for _, r := range rows { // the parts of a token's time: each there, within the whole
+		parts := r["attention_ns"].(float64) + r["mlp_ns"].(float64) + r["head_ns"].(float64)
+		for _, k := range []string{"attention_ns", "mlp_ns", "head_ns"} {
+			require.Greater(t, r[k], 0.0, "%s %s", r["case"], k)
+		}
+		if r["case"] == "tg4" {
+			require.LessOrEqual(t, parts, r["median_ns"].(float64), "one round: a step's parts within the step")
+		}
+	}
 
 	_, _, path := qwen3Whole(t, 32, 20, "F32")
 	out, _, err = runCLI("bench", "model", "--model", path, "-p", "6", "-n", "3", "--rounds", "1")
 	require.NoError(t, err)
 	require.Contains(t, out, "pp6")
 	require.Contains(t, out, "tg3")
+	require.Regexp(t, `tg3, a token on average: attention \d+\.\d\d ms, MLP \d+\.\d\d ms, output \d+\.\d\d ms`, out)
 
 	for _, bad := range []struct {
 		args []string
