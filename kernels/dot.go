@@ -268,6 +268,12 @@ func downSIMD(s *simd, out, h []float32, idx []int32, down Matrix, bias, scale [
 // n … n+cols-1 of rows a[:mr], rows r0… of the call) and writes them,
 // scaled, into out [mr, hidden].
 func downTail(out []float32, hidden int, a *[maxKernelRows]*float32, mr, K, kMain int, down Matrix, bias, scale []float32, r0, n, cols int, acc *[4 * maxKernelRows]float32) {
+	if kMain == K && bias == nil && scale == nil { // nothing to add: the sums as they are
+		for i := 0; i < mr; i++ {
+			copy(out[i*hidden+n:i*hidden+n+cols], acc[4*i:4*i+cols])
+		}
+		return
+	}
 	for i := 0; i < mr; i++ {
 		o := acc[4*i : 4*i+4]
 		if kMain < K {

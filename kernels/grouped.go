@@ -312,9 +312,10 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 	type item struct{ g, r0, r1, n0, n1 int }
 	var items []item
 	for i, g := range groups {
+		cols := ffnCols(len(g.Rows)) // a few rows: wider items, fewer calls a step
 		for r := 0; r < len(g.Rows); r += tileRows {
-			for n := 0; n < g.B.Rows; n += tileCols {
-				items = append(items, item{i, r, min(r+tileRows, len(g.Rows)), n, min(n+tileCols, g.B.Rows)})
+			for n := 0; n < g.B.Rows; n += cols {
+				items = append(items, item{i, r, min(r+tileRows, len(g.Rows)), n, min(n+cols, g.B.Rows)})
 			}
 		}
 	}
