@@ -213,17 +213,24 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 			for hh := range group {
 				row := i*group + hh
 				ph := probs[row*n : (row+1)*n]
-				if j0 >= j1 {
+				if j0 >= j1 || m[row] != m[row] { // outside its range, or poisoned
 					clear(ph)
 					continue
 				}
 				used = true
 				sh := scores[row*n : (row+1)*n]
-				top := m[row]
-				for _, v := range sh[j0:j1] { // a NaN never wins, and reaches the output through exp
-					if f := float64(v) * scale; f > top {
+				top, finite := m[row], true
+				for _, v := range sh[j0:j1] {
+					f := float64(v) * scale
+					if f > top {
 						top = f
 					}
+					finite = finite && f-f == 0
+				}
+				if !finite { // a non-finite key: the row's output is NaN, which GQA reports
+					m[row] = math.NaN()
+					clear(ph)
+					continue
 				}
 				if top > m[row] { // rescale what came before
 					c := math.Exp(m[row] - top)
@@ -255,6 +262,13 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	for i := range nQ {
 		for hh := range group {
 			row, h := i*group+hh, it.g*group+hh
+			dst := out[((it.q0+i)*p.Heads+h)*vd:][:vd]
+			if m[row] != m[row] { // a non-finite score
+				for x := range dst {
+					dst[x] = float32(math.NaN())
+				}
+				continue
+			}
 			sum := l[row]
 			if p.Sinks != nil { // a logit in the denominator alone
 				s := float64(p.Sinks[h])
@@ -270,7 +284,6 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				}
 			}
 			inv := float32(1 / sum)
-			dst := out[((it.q0+i)*p.Heads+h)*vd:][:vd]
 			for x, v := range o[row*vd : (row+1)*vd] {
 				dst[x] = v * inv
 			}

@@ -201,3 +201,37 @@ func TestGQAErrors(t *testing.T) {
 	q[3] = float32(math.NaN())
 	require.ErrorIs(t, attn.GQA(context.Background(), c, q, qs, ok, out), attn.ErrNonFinite)
 }
+
+// TestGQANonFiniteScores: finite keys and queries whose scores overflow
+// (to +Inf, or to NaN as +Inf and −Inf meet) make the queries that read
+// them an ErrNonFinite error naming the first, with sinks or without,
+// never a finite answer; queries whose window leaves the row out are
+// unaffected.
+func TestGQANonFiniteScores(t *testing.T) {
+	const heads, kvh, d = 4, 2, 4
+	D := kvh * 2 * d
+	for _, key := range [][2]float32{{3e38, 0}, {3e38, -3e38}} {
+		for _, sinks := range [][]float32{nil, {0, 1, 2, 3}} {
+			c, err := attn.NewCache(4, 4, D, kernels.F32)
+			require.NoError(t, err)
+			rows := make([]float32, 6*D)
+			for i := range rows {
+				rows[i] = 0.1 * float32(i%7)
+			}
+			rows[1*D+d+2], rows[1*D+d+3] = key[0], key[1] // row 1, key/value head 1's key
+			require.NoError(t, c.Append(0, rows))
+			q := make([]float32, 2*heads*d)
+			for i := range q {
+				q[i] = 10
+			}
+			tab := c.BlockTable(0)
+			out := make([]float32, 2*heads*d)
+			p := attn.GQAParams{Heads: heads, KVHeads: kvh, KeyDim: d, ValueDim: d, Scale: 0.5, Sinks: sinks}
+			err = attn.GQA(context.Background(), c, q, []attn.Query{{Table: tab, Len: 6}, {Table: tab, Len: 3}}, p, out)
+			require.ErrorIs(t, err, attn.ErrNonFinite, "key %v sinks %v", key, sinks != nil)
+			require.ErrorContains(t, err, "query 0 head 2", "heads 2 and 3 read key/value head 1")
+			p.Window = 3 // rows 3…5 only: the row is outside
+			require.NoError(t, attn.GQA(context.Background(), c, q[:heads*d], []attn.Query{{Table: tab, Len: 6}}, p, out[:heads*d]))
+		}
+	}
+}
