@@ -150,24 +150,9 @@ func FuzzSIMDAgainstGeneric(f *testing.F) {
 // matrix's values (At), on every implementation: bf16 and fp16 runs of
 // whole 16s (the SIMD widening) and of other lengths, and fp32.
 func TestSpanRowsF32(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	const rows, cols = 9, 80
-	vals := make([]float32, rows*cols)
-	for i := range vals {
-		vals[i] = float32(rng.NormFloat64()) * 100
-	}
-	f32, err := kernels.NewF32(rows, cols, vals)
-	require.NoError(t, err)
-	bf16s, f16s := make([]uint16, len(vals)), make([]uint16, len(vals))
-	for i, v := range vals {
-		bf16s[i], f16s[i] = half.F32ToBF16(v), half.F32ToF16(v)
-	}
-	bf16, err := kernels.NewHalf(kernels.BF16, rows, cols, bf16s)
-	require.NoError(t, err)
-	f16, err := kernels.NewHalf(kernels.F16, rows, cols, f16s)
-	require.NoError(t, err)
+	ms := threeDTypes(t, 9, 80, 3, 100)
 	forEachImpl(t, func(t *testing.T) {
-		for _, m := range []kernels.Matrix{f32, bf16, f16} {
+		for _, m := range ms {
 			for _, c := range []struct{ r0, n, c0, w int }{{0, 9, 0, 80}, {2, 5, 16, 32}, {1, 3, 48, 32}, {0, 4, 3, 20}, {8, 1, 64, 16}, {4, 2, 7, 1}} {
 				dst := make([]float32, c.n*c.w+1)
 				dst[c.n*c.w] = 42 // past the end: untouched
@@ -188,24 +173,10 @@ func TestSpanRowsF32(t *testing.T) {
 // implementation and in every source dtype, panels whole or not; ranges
 // outside either matrix are errors.
 func TestPackRows(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	const rows, cols = 12, 70
-	vals := make([]float32, rows*cols)
-	for i := range vals {
-		vals[i] = float32(rng.NormFloat64())
-	}
-	bf16s, f16s := make([]uint16, len(vals)), make([]uint16, len(vals))
-	for i, v := range vals {
-		bf16s[i], f16s[i] = half.F32ToBF16(v), half.F32ToF16(v)
-	}
-	f32, err := kernels.NewF32(rows, cols, vals)
-	require.NoError(t, err)
-	bf16, err := kernels.NewHalf(kernels.BF16, rows, cols, bf16s)
-	require.NoError(t, err)
-	f16, err := kernels.NewHalf(kernels.F16, rows, cols, f16s)
-	require.NoError(t, err)
+	ms := threeDTypes(t, 12, 70, 5, 1)
+	f32 := ms[0]
 	forEachImpl(t, func(t *testing.T) {
-		for _, src := range []kernels.Matrix{f32, bf16, f16} {
+		for _, src := range ms {
 			for _, n := range []int{32, 21} { // whole panels, and a partial one
 				p := kernels.NewPackedF32(n, 10, kernels.Matrix{})
 				require.NoError(t, p.PackRows(src, 5, 7, 38, 3)) // k steps 3…9 from rows 5…11, columns 38…
@@ -227,4 +198,26 @@ func TestPackRows(t *testing.T) {
 	require.ErrorContains(t, p.PackRows(f32, 0, 4, 0, 8), "into k steps 8+")
 	require.ErrorContains(t, p.PackRows(f32, 0, 4, 50, 0), "columns 50+32")
 	require.Error(t, f32.PackRows(f32, 0, 1, 0, 0), "a row-major destination")
+}
+
+// threeDTypes is one random matrix [rows, cols] (normal values times
+// scale, from seed) in f32, bf16 and f16, the last two rounded from the
+// first.
+func threeDTypes(t *testing.T, rows, cols int, seed uint64, scale float64) []kernels.Matrix {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	vals := make([]float32, rows*cols)
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64() * scale)
+	}
+	bf16s, f16s := make([]uint16, len(vals)), make([]uint16, len(vals))
+	for i, v := range vals {
+		bf16s[i], f16s[i] = half.F32ToBF16(v), half.F32ToF16(v)
+	}
+	f32, err := kernels.NewF32(rows, cols, vals)
+	require.NoError(t, err)
+	bf16, err := kernels.NewHalf(kernels.BF16, rows, cols, bf16s)
+	require.NoError(t, err)
+	f16, err := kernels.NewHalf(kernels.F16, rows, cols, f16s)
+	require.NoError(t, err)
+	return []kernels.Matrix{f32, bf16, f16}
 }
