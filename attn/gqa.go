@@ -235,10 +235,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				if top > m[row] { // rescale what came before
 					c := math.Exp(m[row] - top)
 					l[row] *= c
-					cf := float32(c)
-					for x, v := range o[row*vd : (row+1)*vd] {
-						o[row*vd+x] = v * cf
-					}
+					scaleRow(o[row*vd:(row+1)*vd], float32(c))
 					m[row] = top
 				}
 				clear(ph[:j0])
@@ -275,10 +272,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				if s > m[row] {
 					c := math.Exp(m[row] - s)
 					sum, m[row] = sum*c+1, s
-					cf := float32(c)
-					for x, v := range o[row*vd : (row+1)*vd] {
-						o[row*vd+x] = v * cf
-					}
+					scaleRow(o[row*vd:(row+1)*vd], float32(c))
 				} else {
 					sum += math.Exp(s - m[row])
 				}
@@ -290,6 +284,13 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 		}
 	}
 	return nil
+}
+
+// scaleRow multiplies o by c, in place.
+func scaleRow(o []float32, c float32) {
+	for x := range o {
+		o[x] *= c
+	}
 }
 
 // sum4 is the sum of es in four interleaved chains (es[i] in chain i % 4),

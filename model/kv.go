@@ -228,6 +228,15 @@ type StepTimes struct {
 // stop). Concurrent passes add theirs too. Set it before the passes.
 func (m *Model) TimeSteps(t *StepTimes) { m.times = t }
 
+// now is the time when timing is on (d not nil), else zero: no clock
+// read on a step nobody times.
+func now(d *atomic.Int64) time.Time {
+	if d == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
 // since adds the time since t0 to *d when timing is on.
 func since(d *atomic.Int64, t0 time.Time) {
 	if d != nil {
@@ -256,14 +265,14 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 	}
 	for l, d := range m.layers {
 		err := ctx.Err()
-		t0 := time.Now()
+		t0 := now(tAttn)
 		if err == nil && T > 0 {
 			kernels.RMSNorm(normed, x, d.inNorm, m.eps)
 			if err = d.attn.ForwardWith(ctx, m.backend, kv.caches[l], seqs, normed, y); err != nil {
 				err = fmt.Errorf("model: layer %d attention: %w", l, err)
 			}
 			since(tAttn, t0)
-			t0 = time.Now()
+			t0 = now(tMLP)
 			if err == nil {
 				add(x, y)
 				kernels.RMSNorm(normed, x, d.postNorm, m.eps)
@@ -290,8 +299,7 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 		return nil, nil
 	}
 	// The rows asked for, normed into normed's first rows, through lm_head.
-	t0 := time.Now()
-	defer since(tHead, t0)
+	defer since(tHead, now(tHead))
 	sel := make([]int32, len(rows))
 	for i, r := range rows {
 		sel[i] = int32(i)

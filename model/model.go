@@ -296,21 +296,14 @@ func (m *Model) SetNumerics(mode kernels.Numerics) error {
 		if m.backend.Proj == nil {
 			m.inMode += d.attn.SetNumerics(mode)
 		}
-		if d.moe == nil {
-			m.inMode += 3
-			g, ok := d.dense, true
-			for _, w := range []*kernels.Matrix{&g.Gate, &g.Up, &g.Down} {
-				p, err := mode.Pack(*w)
-				if err != nil {
-					ok = false
-					break
-				}
-				*w = p
-			}
-			if ok {
-				d.dense = g
-			} else {
-				m.inMode -= 3
+		if d.moe == nil { // all three matrices or none
+			g := d.dense
+			var errs [3]error
+			g.Gate, errs[0] = mode.Pack(g.Gate)
+			g.Up, errs[1] = mode.Pack(g.Up)
+			g.Down, errs[2] = mode.Pack(g.Down)
+			if errors.Join(errs[:]...) == nil {
+				d.dense, m.inMode = g, m.inMode+3
 			}
 		}
 	}
