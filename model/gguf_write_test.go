@@ -219,6 +219,9 @@ func TestInt8DotWholeModel(t *testing.T) {
 			if mode == kernels.Int8Dot { // the four projections of each layer's attention, and the output
 				require.Equal(t, 4*tc.p.Layers+1, n, "%s %s: matrices outside the experts in int8dot", tc.p.Name, tc.mix)
 				require.EqualError(t, m.UseDevice(attn.Backend{}, nil), "model: int8dot numerics run on the CPU kernels, not on a device: keep the exact mode there")
+				require.NoError(t, m.SetNumerics(kernels.Int8Dot), "the mode it is in: nothing to do")
+				require.EqualError(t, m.SetNumerics(kernels.Exact), "model: a model in int8dot numerics cannot go to exact: load it again")
+				require.EqualError(t, m.SetNumerics(kernels.BF16Dot), "model: a model in int8dot numerics cannot go to bf16dot: load it again")
 			} else {
 				require.Zero(t, n)
 			}
