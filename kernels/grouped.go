@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -353,75 +352,6 @@ func GroupedGEMM(ctx context.Context, workers int, a []float32, groups []GEMMGro
 		}
 		gemmRows(g.Out[it.r0*N:it.r1*N], a, ar, aq, g.Rows[it.r0:it.r1], g.B, nil, scale, it.n0, it.n1)
 	})
-}
-
-// Parallel calls fn(0), …, fn(n-1) on up to workers goroutines (0:
-// GOMAXPROCS), handing out indices in order, and returns the context's
-// error if it ends first (calls in progress finish). A fault on memory fn
-// reads (a mapped file truncated under it) stops the calls and returns a
-// *FaultError instead of crashing the process; any other panic in fn is
-// passed on.
-func Parallel(ctx context.Context, workers, n int, fn func(i int)) error {
-	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	if workers == 1 || n <= 1 {
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		for i := 0; i < n; i++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := guard(fn, i); err != nil {
-				return err
-			}
-		}
-		return ctx.Err()
-	}
-	var next atomic.Int64
-	var fault atomic.Pointer[FaultError]
-	var quit atomic.Bool // the caller's own share panicked
-	work := func() {
-		for ctx.Err() == nil && fault.Load() == nil && !quit.Load() {
-			i := int(next.Add(1) - 1)
-			if i >= n {
-				return
-			}
-			if err := guard(fn, i); err != nil {
-				fault.CompareAndSwap(nil, err)
-				return
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	for w := 1; w < min(workers, n); w++ {
-		wg.Go(func() {
-			debug.SetPanicOnFault(true)
-			work()
-		})
-	}
-	// The caller is a worker too: its share starts now, not when a
-	// goroutine is scheduled. A panic there (a bug) stops the others and
-	// waits for them before it goes on.
-	func() {
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		done := false
-		defer func() {
-			if !done { // a panic, or fn ended the goroutine (runtime.Goexit)
-				quit.Store(true)
-				wg.Wait()
-				if r := recover(); r != nil {
-					panic(r)
-				}
-			}
-		}()
-		work()
-		done = true
-	}()
-	wg.Wait()
-	if f := fault.Load(); f != nil {
-		return f
-	}
-	return ctx.Err()
 }
 
 // FaultError is a fault on memory a kernel read: memory unmapped under it,
