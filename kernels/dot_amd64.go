@@ -26,7 +26,7 @@ func init() {
 		s.outer, s.outerFP8, s.outerQ4 = outerAVX2, outerFP8AVX2, outerQ4AVX2
 		s.outerQ8, s.outerQ8M, s.outerQ4M = outerQ8AVX2, outerQ8MAVX2, outerQ4MAVX2
 		s.outerS5, s.outerU5M, s.outerS6 = outerS5AVX2, outerU5MAVX2, outerS6AVX2
-		s.kscale, s.kscaleM, s.half, s.e8, s.bf16 = kscalesAVX2, kscalesAVX2M, halfRunsAVX2, e8RunsAVX2, bf16RunsAVX2
+		s.kscale, s.kscaleM, s.half, s.e8, s.bf16, s.prefetch = kscalesAVX2, kscalesAVX2M, halfRunsAVX2, e8RunsAVX2, bf16RunsAVX2, prefetchRuns
 		s.dot8 = &dot8AVX2
 		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX2G8, quant8AVX2G16, quant8AVX2G32
 		s.routerDot = routerDotAVX2
@@ -48,7 +48,7 @@ func init() {
 		s.dqFP8, s.dqQ4 = dqAVX512F8, dqAVX512Q4
 		s.dqQ8, s.dqQ8M, s.dqQ4M = dqAVX512Q8, dqAVX512Q8M, dqAVX512Q4M
 		s.outerS5, s.outerU5M, s.outerS6 = outerS5AVX512, outerU5MAVX512, outerS6AVX512
-		s.kscale, s.kscaleM, s.half, s.e8, s.bf16 = kscalesAVX512, kscalesAVX512M, halfRunsAVX512, e8RunsAVX512, bf16RunsAVX512
+		s.kscale, s.kscaleM, s.half, s.e8, s.bf16, s.prefetch = kscalesAVX512, kscalesAVX512M, halfRunsAVX512, e8RunsAVX512, bf16RunsAVX512, prefetchRuns
 		s.dqS5, s.dqU5M, s.dqS6 = dqAVX512S5, dqAVX512U5M, dqAVX512S6
 		s.dot8 = &dot8AVX2 // AVX-512 without VNNI: the AVX2 kernels
 		if hasVNNI {

@@ -47,7 +47,10 @@ type simd struct {
 	e8   func(dst *float32, src *uint8, runs, n, ss, ds int)
 	// bf16 widens runs of bf16 values to fp32 (an attention cache's
 	// rows); nil: a Go loop.
-	bf16              func(dst *float32, src *uint16, runs, n, ss, ds int)
+	bf16 func(dst *float32, src *uint16, runs, n, ss, ds int)
+	// prefetch asks for the lines of runs of n bytes, ss apart, to be
+	// brought into the caches; nil: none.
+	prefetch          func(src *byte, runs, n, ss int)
 	dqS5, dqU5M, dqS6 func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation

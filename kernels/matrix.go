@@ -18,6 +18,7 @@ package kernels
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
 )
@@ -240,6 +241,22 @@ func (m Matrix) SpanRowsF32(r0, rows, c0, n int, dst []float32) {
 	for r := range rows {
 		m.SpanF32(r0+r, c0, dst[r*n:(r+1)*n])
 	}
+}
+
+// PrefetchRows asks the machine to bring columns [c0, c0+n) of rows [r0,
+// r0+rows) of a row-major fp32, bf16 or fp16 matrix into its caches: a
+// hint, which changes no value (an attention cache's next rows, so that
+// a head's strided runs do not wait on memory one by one). Ranges outside
+// the matrix, other dtypes and machines without the SIMD kernels do
+// nothing.
+func (m Matrix) PrefetchRows(r0, rows, c0, n int) {
+	s := active
+	if s == nil || s.prefetch == nil || m.packed || m.DType.quantized() || m.DType == F8E4M3 ||
+		rows < 1 || n < 1 || r0 < 0 || c0 < 0 || r0+rows > m.Rows || c0+n > m.Cols {
+		return
+	}
+	es := m.DType.Size()
+	s.prefetch((*byte)(unsafe.Add(unsafe.Pointer(m.rowPtr(r0)), c0*es)), rows, n*es, m.Cols*es)
 }
 
 // At returns element [i, j] widened to float32.

@@ -23,3 +23,26 @@ func TestReadBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefetchRows: a prefetch changes no value, and ranges outside the
+// matrix (or dtypes it does not take) are ignored, never a fault.
+func TestPrefetchRows(t *testing.T) {
+	data := make([]uint16, 7*40)
+	for i := range data {
+		data[i] = uint16(i)
+	}
+	m, err := kernels.NewHalf(kernels.BF16, 7, 40, data)
+	require.NoError(t, err)
+	m.PrefetchRows(0, 7, 0, 40)
+	m.PrefetchRows(6, 1, 39, 1) // the last value, its line unaligned
+	m.PrefetchRows(3, 2, 5, 17)
+	for _, bad := range [][4]int{{-1, 1, 0, 1}, {0, 8, 0, 1}, {0, 1, 30, 11}, {0, 1, -2, 4}, {0, 0, 0, 1}, {0, 1, 0, 0}} {
+		m.PrefetchRows(bad[0], bad[1], bad[2], bad[3])
+	}
+	for i := range data {
+		require.Equal(t, uint16(i), data[i])
+	}
+	q, err := kernels.Quantize(kernels.INT8, make([]float32, 4*32), 4, 32)
+	require.NoError(t, err)
+	q.PrefetchRows(0, 4, 0, 32)
+}

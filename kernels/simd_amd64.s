@@ -98292,3 +98292,29 @@ expShiftedAVX512_loop:
 expShiftedAVX512_done:
 	VZEROUPPER
 	RET
+
+// func prefetchRuns(src *byte, runs int, n int, ss int)
+// Requires: MMX+
+TEXT ·prefetchRuns(SB), NOSPLIT, $0-32
+	MOVQ src+0(FP), AX
+	MOVQ runs+8(FP), CX
+	MOVQ n+16(FP), DX
+	MOVQ ss+24(FP), BX
+
+prefetchRuns_run:
+	TESTQ CX, CX
+	JZ    prefetchRuns_done
+	XORQ  SI, SI
+
+prefetchRuns_line:
+	PREFETCHT0 (AX)(SI*1)
+	ADDQ       $0x40, SI
+	CMPQ       SI, DX
+	JB         prefetchRuns_line
+	PREFETCHT0 -1(AX)(DX*1)
+	ADDQ       BX, AX
+	DECQ       CX
+	JMP        prefetchRuns_run
+
+prefetchRuns_done:
+	RET

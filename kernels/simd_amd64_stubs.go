@@ -3657,3 +3657,8 @@ func expShiftedAVX2(dst *float64, src *float32, n int, p *[2]float64)
 //
 //go:noescape
 func expShiftedAVX512(dst *float64, src *float32, n int, p *[2]float64)
+
+// prefetchRuns prefetches the lines of runs runs of n bytes at src, ss bytes apart, into every cache level.
+//
+//go:noescape
+func prefetchRuns(src *byte, runs int, n int, ss int)

@@ -101,6 +101,7 @@ func main() {
 		}
 	}
 	gateKernels()
+	prefetchRuns()
 	Generate()
 	writeOuterTable("../outer_table_amd64.go")
 }

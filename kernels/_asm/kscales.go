@@ -167,3 +167,33 @@ func runsKernel(is isa, name, srcType string, elem int, doc string, prep func() 
 	VZEROUPPER()
 	RET()
 }
+
+// prefetchRuns emits prefetchRuns(src *byte, runs, n, ss int): a
+// PREFETCHT0 of each 64-byte line of runs runs of n bytes (n ≥ 1) at src, ss bytes
+// apart (an attention cache's rows, one key/value head's columns of each):
+// plain x86-64, for every ISA.
+func prefetchRuns() {
+	TEXT("prefetchRuns", NOSPLIT, "func(src *byte, runs int, n int, ss int)")
+	Pragma("noescape")
+	Doc("prefetchRuns prefetches the lines of runs runs of n bytes at src, ss bytes apart, into every cache level.")
+	src := Load(Param("src"), GP64())
+	runs := Load(Param("runs"), GP64())
+	n := Load(Param("n"), GP64())
+	ss := Load(Param("ss"), GP64())
+	Label("prefetchRuns_run")
+	TESTQ(runs, runs)
+	JZ(LabelRef("prefetchRuns_done"))
+	i := GP64()
+	XORQ(i, i)
+	Label("prefetchRuns_line")
+	PREFETCHT0(Mem{Base: src, Index: i, Scale: 1})
+	ADDQ(U8(64), i)
+	CMPQ(i, n)
+	JB(LabelRef("prefetchRuns_line"))
+	PREFETCHT0(Mem{Base: src, Index: n, Scale: 1, Disp: -1}) // a run's last line, when src is not aligned
+	ADDQ(ss, src)
+	DECQ(runs)
+	JMP(LabelRef("prefetchRuns_run"))
+	Label("prefetchRuns_done")
+	RET()
+}
