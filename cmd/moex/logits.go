@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/moex-project/moex/internal/npy"
+	"github.com/moex-project/moex/kernels"
 	"github.com/moex-project/moex/model"
 )
 
@@ -17,6 +18,8 @@ func execLogits(args []string, stderr io.Writer) error {
 	idsPath := fs.String("input-ids", "", "int32 .npy [tokens]: one sequence's token ids, from position 0")
 	out := fs.String("out", "", "output float32 .npy [tokens, vocab]: the logits of every position (the last row predicts the next token)")
 	deadline := fs.Duration("deadline", 0, "give up after this long (0: no limit)")
+	numerics := fs.String("numerics", "exact", "exact, int8dot or bf16dot: the mode of the matrices' products (see docs/numerics.md), as bench model and serve take it")
+	kvName := fs.String("kv", "f32", "the KV cache's dtype: f32 or bf16")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -24,6 +27,13 @@ func execLogits(args []string, stderr io.Writer) error {
 		if f.v == "" {
 			return fmt.Errorf("%w: exec logits: %s is required", errUsage, f.name)
 		}
+	}
+	if *kvName != "bf16" && *kvName != "f32" {
+		return fmt.Errorf("%w: exec logits: --kv %q (want f32 or bf16)", errUsage, *kvName)
+	}
+	mode, err := kernels.ParseNumerics(*numerics)
+	if err != nil {
+		return fmt.Errorf("%w: exec logits: %w", errUsage, err)
 	}
 	if *deadline < 0 {
 		return fmt.Errorf("%w: exec logits: --deadline %v must be positive (or 0: no limit)", errUsage, *deadline)
@@ -43,9 +53,23 @@ func execLogits(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
+	if mode != kernels.Exact {
+		if err := m.SetNumerics(mode); err != nil {
+			return fmt.Errorf("exec logits: %w", err)
+		}
+	}
+	kvDType := kernels.F32
+	if *kvName == "bf16" {
+		kvDType = kernels.BF16
+	}
+	const blockRows = 16
+	kv, err := m.NewKV((len(ids.Data)+blockRows-1)/blockRows, blockRows, kvDType)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := withDeadline(*deadline)
 	defer cancel()
-	logits, err := m.Prefill(ctx, ids.Data)
+	logits, err := m.Forward(ctx, kv, make([]int, len(ids.Data)), ids.Data, nil)
 	if err != nil {
 		return deadlineError(fmt.Errorf("%s: %w", *idsPath, err), *deadline)
 	}

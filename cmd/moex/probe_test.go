@@ -154,6 +154,20 @@ func TestExecLogits(t *testing.T) {
 		require.Equal(t, best, bestGot, "argmax at position %d", p)
 	}
 	require.Less(t, moetest.RelErr(got.Data, flat), 1e-4)
+	// A bf16 KV cache: the same model, its keys and values rounded.
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", "bf16")
+	require.NoError(t, err)
+	got, err = npy.ReadFloat32(out)
+	require.NoError(t, err)
+	e := moetest.RelErr(got.Data, flat)
+	require.Greater(t, e, 1e-7, "a bf16 cache changed nothing")
+	require.Less(t, e, 1e-2)
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", "f16")
+	require.ErrorContains(t, err, `exec logits: --kv "f16" (want f32 or bf16)`)
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--numerics", "fast")
+	require.ErrorContains(t, err, `exec logits: kernels: numerics "fast": want exact, int8dot or bf16dot`)
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--numerics", "int8dot")
+	require.ErrorContains(t, err, "int8dot numerics need UINT4, INT8, MXFP4 or INT4 weights, have BF16")
 
 	bad := filepath.Join(dir, "bad.npy")
 	require.NoError(t, npy.WriteInt32(bad, []int{2}, []int32{3, 30}))

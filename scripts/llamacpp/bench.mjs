@@ -8,17 +8,73 @@
 //        cache, flash attention on, batch 512.
 //   node bench.mjs greedy F.gguf IDS N THREADS       the greedy continuation (N tokens)
 //        of the prompt IDS (comma-separated token ids).
+//   node bench.mjs logits F.gguf P THREADS SEED DIR  P random ids (as bench draws them)
+//        into DIR/ids.npy (int32 [P]) and llama.cpp's logits of every position into
+//        DIR/llama.npy (float32 [P, vocabulary]), at bench's settings (f16 KV cache, flash
+//        attention on).
+//   node bench.mjs relerr REF.npy X.npy...            each X's relative error against REF
+//        (‖X − REF‖₂ / ‖REF‖₂ over every logit) and the positions whose argmax agrees.
 //
 // The ids of `bench` are random in [0, vocabulary) from SEED.
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
-import {readFileSync} from "node:fs";
+import {readFileSync, writeFileSync} from "node:fs";
 
 const [mode, path, a, b, c, d] = process.argv.slice(2);
-if (!["bench", "greedy"].includes(mode) || !path) {
-  console.error("usage: node bench.mjs bench F.gguf P N THREADS SEED | greedy F.gguf IDS N THREADS");
+if (!["bench", "greedy", "logits", "relerr"].includes(mode) || !path) {
+  console.error("usage: node bench.mjs bench F.gguf P N THREADS SEED | greedy F.gguf IDS N THREADS | logits F.gguf P THREADS SEED DIR | relerr REF.npy X.npy...");
   process.exit(2);
 }
-const threads = +c || 2;
+
+// npyWrite writes a little-endian .npy file of the typed array v (float32
+// or int32) with the given shape.
+function npyWrite(file, v, shape) {
+  const descr = v instanceof Float32Array ? "<f4" : "<i4";
+  let header = `{'descr': '${descr}', 'fortran_order': False, 'shape': (${shape.join(", ")}${shape.length === 1 ? "," : ""}), }`;
+  header += " ".repeat(63 - ((10 + header.length) % 64)) + "\n";
+  const pre = Buffer.alloc(10);
+  pre.write("\x93NUMPY", 0, "latin1");
+  pre[6] = 1;
+  pre.writeUInt16LE(header.length, 8);
+  writeFileSync(file, Buffer.concat([pre, Buffer.from(header, "latin1"), Buffer.from(v.buffer, v.byteOffset, v.byteLength)]));
+}
+
+// npyRead reads a float32 .npy file as written by npyWrite or moex.
+function npyRead(file) {
+  const buf = readFileSync(file);
+  const n = buf.readUInt16LE(8);
+  const header = buf.toString("latin1", 10, 10 + n);
+  if (!header.includes("'<f4'") || header.includes("'fortran_order': True")) {
+    throw new Error(`${file}: want a little-endian float32 C-order .npy, have ${header.trim()}`);
+  }
+  const shape = header.match(/'shape': \(([^)]*)\)/)[1].split(",").filter((x) => x.trim()).map(Number);
+  const data = buf.subarray(10 + n);
+  return {shape, v: new Float32Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength))};
+}
+
+if (mode === "relerr") {
+  const ref = npyRead(path);
+  const cols = ref.shape[ref.shape.length - 1];
+  const argmax = (v, r) => {
+    let best = r * cols;
+    for (let i = r * cols; i < (r + 1) * cols; i++) if (v[i] > v[best]) best = i;
+    return best - r * cols;
+  };
+  for (const f of process.argv.slice(4)) {
+    const x = npyRead(f);
+    if (x.shape.join() !== ref.shape.join()) throw new Error(`${f}: shape ${x.shape}, want ${ref.shape}`);
+    let num = 0, den = 0, same = 0;
+    for (let i = 0; i < ref.v.length; i++) {
+      const e = x.v[i] - ref.v[i];
+      num += e * e;
+      den += ref.v[i] * ref.v[i];
+    }
+    const rows = ref.v.length / cols;
+    for (let r = 0; r < rows; r++) same += argmax(x.v, r) === argmax(ref.v, r) ? 1 : 0;
+    console.log(JSON.stringify({ref: path, file: f, rel_err: Math.sqrt(num / den), argmax_same: same, positions: rows}));
+  }
+  process.exit(0);
+}
+const threads = +(mode === "logits" ? b : c) || 2;
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error, maxThreads: threads});
 const model = await llama.loadModel({modelPath: path});
 // Which of ggml's CPU builds the loader chose for this CPU (it picks by
@@ -54,13 +110,32 @@ async function run(prompt, n) {
   }
 }
 
-if (mode === "bench") {
-  const P = +a, N = +b;
-  let x = BigInt(+d || 1);
-  const ids = Array.from({length: P}, () => {
+// randomIDs draws P ids in [0, vocabulary) from seed.
+function randomIDs(P, seed) {
+  let x = BigInt(+seed || 1);
+  return Array.from({length: P}, () => {
     x = (x * 6364136223846793005n + 1442695040888963407n) & ((1n << 64n) - 1n);
     return Number((x >> 33n) % BigInt(vocab));
   });
+}
+
+if (mode === "logits") {
+  const ids = randomIDs(+a, c);
+  const ctx = await model.createContext({contextSize: ids.length + 1, batchSize: 512, threads, flashAttention: true});
+  const seq = ctx.getSequence();
+  const res = await seq.controlledEvaluate(ids.map((t) => [t, {generateNext: {logits: true}}]));
+  const out = new Float32Array(ids.length * vocab);
+  res.forEach((r, p) => {
+    if (!r?.next?.logits) throw new Error(`llama.cpp gave no logits at position ${p}`);
+    for (const [tok, l] of r.next.logits) out[p * vocab + tok] = l;
+  });
+  await ctx.dispose();
+  npyWrite(`${d}/ids.npy`, Int32Array.from(ids), [ids.length]);
+  npyWrite(`${d}/llama.npy`, out, [ids.length, vocab]);
+  console.log(JSON.stringify({engine: "llama.cpp", variant, threads, positions: ids.length, vocab}));
+} else if (mode === "bench") {
+  const P = +a, N = +b;
+  const ids = randomIDs(P, d);
   const r = await run(ids, N);
   // tg: the N steps after the first generated token's (which is the prompt's).
   console.log(JSON.stringify({engine: "llama.cpp", variant, threads, pp_tokens: P, pp_tokens_s: P / r.pp,
