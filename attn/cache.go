@@ -148,7 +148,7 @@ type Core interface {
 	AttendGQA(ctx context.Context, c *Cache, q []float32, queries []Query, p GQAParams, out []float32) error
 }
 
-// DType is the cache's storage type, F32 or BF16.
+// DType is the cache's storage type, F32, BF16 or F16.
 func (c *Cache) DType() kernels.DType { return c.dtype }
 
 // Changed calls fn with the contents of every block written since seen was
@@ -186,13 +186,14 @@ type sequence struct {
 }
 
 // NewCache makes a cache of numBlocks blocks of blockSize rows of dim
-// values, stored as F32 or BF16.
+// values, stored as F32, BF16 or F16 (llama.cpp's default: three more
+// bits of mantissa than bf16 in the same bytes, a range up to 65504).
 func NewCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Cache, error) {
 	if numBlocks < 1 || blockSize < 1 || dim < 1 {
 		return nil, fmt.Errorf("attn: cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim)
 	}
-	if dtype != kernels.F32 && dtype != kernels.BF16 {
-		return nil, fmt.Errorf("attn: cache dtype %v (want F32 or BF16)", dtype)
+	if dtype != kernels.F32 && dtype != kernels.BF16 && dtype != kernels.F16 {
+		return nil, fmt.Errorf("attn: cache dtype %v (want F32, BF16 or F16)", dtype)
 	}
 	if err := memlimit.Check(fmt.Sprintf("attn: a cache of %d blocks × %d rows × %d values", numBlocks, blockSize, dim),
 		float64(numBlocks)*(float64(blockSize)*float64(dim)*float64(dtype.Size())+12)); err != nil {
@@ -203,10 +204,10 @@ func NewCache(numBlocks, blockSize, dim int, dtype kernels.DType) (*Cache, error
 	switch dtype {
 	case kernels.F32:
 		c.f32 = make([]float32, numBlocks*blockSize*dim)
-	case kernels.BF16:
+	case kernels.BF16, kernels.F16:
 		c.u16 = make([]uint16, numBlocks*blockSize*dim)
 	default:
-		return nil, fmt.Errorf("attn: cache dtype %v (want F32 or BF16)", dtype)
+		return nil, fmt.Errorf("attn: cache dtype %v (want F32, BF16 or F16)", dtype)
 	}
 	c.free = make([]int32, numBlocks)
 	for i := range c.free {
@@ -226,7 +227,7 @@ func (c *Cache) Block(i int) kernels.Matrix {
 	if c.dtype == kernels.F32 {
 		m, _ = kernels.NewF32(c.blockSize, c.dim, c.f32[i*n:(i+1)*n])
 	} else {
-		m, _ = kernels.NewHalf(kernels.BF16, c.blockSize, c.dim, c.u16[i*n:(i+1)*n])
+		m, _ = kernels.NewHalf(c.dtype, c.blockSize, c.dim, c.u16[i*n:(i+1)*n])
 	}
 	return m
 }
@@ -254,32 +255,50 @@ func (c *Cache) Append(seq int, rows []float32) error {
 		c.versions[blk]++
 		off := (blk*c.blockSize + pos%c.blockSize) * c.dim
 		src := rows[i*c.dim : (i+1)*c.dim]
-		if c.dtype == kernels.F32 {
-			copy(c.f32[off:off+c.dim], src)
-		} else {
-			for j, v := range src {
-				c.u16[off+j] = half.F32ToBF16(v)
-			}
-		}
+		c.store(off, src)
 	}
 	s.len += n
 	return nil
 }
 
-// checkRows refuses rows holding NaN or ±Inf, or (in a bf16 cache) a
-// finite value that rounds to infinity in bf16: such a row would make
-// every later attention over it NaN.
+// store writes the row src at c's value offset off in c's dtype (bf16 and
+// fp16 rounded to nearest even); the lock is held.
+func (c *Cache) store(off int, src []float32) {
+	switch c.dtype {
+	case kernels.F32:
+		copy(c.f32[off:off+len(src)], src)
+	case kernels.BF16:
+		for j, v := range src {
+			c.u16[off+j] = half.F32ToBF16(v)
+		}
+	default:
+		for j, v := range src {
+			c.u16[off+j] = half.F32ToF16(v)
+		}
+	}
+}
+
+// checkRows refuses rows holding NaN or ±Inf, or (in a bf16 or fp16
+// cache) a finite value that rounds to infinity there: such a row would
+// make every later attention over it NaN.
 func (c *Cache) checkRows(rows []float32, what string) error {
 	for i, v := range rows {
-		bad := math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)
-		// bf16 rounds to nearest even: from 0x7F7F8000 up a magnitude
-		// rounds to infinity.
-		overflow := !bad && c.dtype != kernels.F32 && math.Float32bits(v)&0x7fffffff >= 0x7f7f8000
+		bad := v-v != 0 // NaN or ±Inf
+		// Both round to nearest even: bf16 from 0x7F7F8000 up a
+		// magnitude rounds to infinity, fp16 from 65520 (its largest
+		// value, 65504, has an odd mantissa).
+		overflow, name := false, ""
+		switch c.dtype {
+		case kernels.BF16:
+			overflow, name = !bad && math.Float32bits(v)&0x7fffffff >= 0x7f7f8000, "bf16"
+		case kernels.F16:
+			overflow, name = !bad && math.Abs(float64(v)) >= 65520, "fp16"
+		}
 		switch {
 		case bad:
 			return errkind.Errorf(ErrNonFinite, "attn: latent row %d of %s holds %v at column %d", i/c.dim, what, v, i%c.dim)
 		case overflow:
-			return errkind.Errorf(ErrNonFinite, "attn: latent row %d of %s holds %v at column %d, past bf16's range", i/c.dim, what, v, i%c.dim)
+			return errkind.Errorf(ErrNonFinite, "attn: latent row %d of %s holds %v at column %d, past %s's range", i/c.dim, what, v, i%c.dim, name)
 		}
 	}
 	return nil
@@ -464,13 +483,7 @@ func (c *Cache) Fill(slots []int32, rows []float32, seen []uint64) error {
 		}
 		off := int(slot) * c.dim
 		src := rows[i*c.dim : (i+1)*c.dim]
-		if c.dtype == kernels.F32 {
-			copy(c.f32[off:off+c.dim], src)
-		} else {
-			for j, v := range src {
-				c.u16[off+j] = half.F32ToBF16(v)
-			}
-		}
+		c.store(off, src)
 	}
 	return nil
 }

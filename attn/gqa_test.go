@@ -12,7 +12,7 @@ import (
 	"github.com/moex-project/moex/kernels"
 )
 
-// TestGQA: two sequences over blocks of 3 rows, in fp32 and bf16 caches,
+// TestGQA: two sequences over blocks of 3 rows, in fp32, bf16 and fp16 caches,
 // with and without a window and sinks, against the definition: the
 // softmax of the scaled scores of the rows the query sees (and its sink),
 // weighting the values of its group's head.
@@ -20,7 +20,7 @@ func TestGQA(t *testing.T) {
 	const heads, kvh, dk, dv = 4, 2, 6, 5
 	D := kvh * (dk + dv)
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
 		c, err := attn.NewCache(12, 3, D, dt)
 		require.NoError(t, err)
 		lens := []int{10, 4}

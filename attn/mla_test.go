@@ -171,8 +171,8 @@ func TestLatentCache(t *testing.T) {
 	require.NoError(t, c.Append(3, make([]float32, 8*2)))
 	require.ElementsMatch(t, freed, c.BlockTable(3), "freed blocks are reused")
 	require.Equal(t, 8, c.Len(3))
-	_, err = attn.NewCache(1, 1, 1, kernels.F16)
-	require.ErrorContains(t, err, "cache dtype F16")
+	_, err = attn.NewCache(1, 1, 1, kernels.F8E4M3)
+	require.ErrorContains(t, err, "cache dtype F8_E4M3")
 }
 
 // TestLatentCacheShare: blocks shared out of a sequence outlive it, a
@@ -300,12 +300,12 @@ func blockRows(c *attn.Cache, b int) []float32 {
 	return out
 }
 
-// TestNonFiniteCache: rows with NaN or ±Inf (or, in a bf16 cache, past
-// bf16's range) are refused and change nothing; an attention output that
+// TestNonFiniteCache: rows with NaN or ±Inf (or, in a bf16 or fp16 cache,
+// past its range) are refused and change nothing; an attention output that
 // comes out non-finite is an ErrNonFinite error naming the cache block and
 // row that hold the value, or saying that the rows were finite.
 func TestNonFiniteCache(t *testing.T) {
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
 		c, err := attn.NewCache(4, 4, 3, dt)
 		require.NoError(t, err)
 		require.NoError(t, c.Append(0, []float32{1, 2, 3}))
@@ -318,9 +318,18 @@ func TestNonFiniteCache(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualError(t, c.Fill(slots, []float32{0, float32(math.Inf(-1)), 0}, nil), "attn: latent row 0 of a fill holds -Inf at column 1")
 		big := []float32{math.MaxFloat32, 0, 0}
-		if dt == kernels.BF16 {
+		switch dt {
+		case kernels.BF16:
 			require.EqualError(t, c.Append(1, big), "attn: latent row 0 of sequence 1 holds 3.4028235e+38 at column 0, past bf16's range")
-		} else {
+		case kernels.F16:
+			// fp16's largest value is 65504; from 65520 up a value
+			// rounds to infinity.
+			require.EqualError(t, c.Append(1, []float32{0, -65520, 0}), "attn: latent row 0 of sequence 1 holds -65520 at column 1, past fp16's range")
+			require.NoError(t, c.Append(1, []float32{65519, -65504, 0}))
+			got := make([]float32, 3)
+			c.Block(int(c.BlockTable(1)[0])).RowF32(0, got)
+			require.Equal(t, []float32{65504, -65504, 0}, got)
+		default:
 			require.NoError(t, c.Append(1, big))
 		}
 	}
@@ -378,6 +387,6 @@ func TestCacheSizeCheckedFirst(t *testing.T) {
 	_, err := attn.NewCache(1<<30, 64, 576, kernels.BF16)
 	require.ErrorContains(t, err, "attn: a cache of 1073741824 blocks × 64 rows × 576 values needs 73740.0 GiB, more than the ")
 	require.ErrorIs(t, err, moe.ErrTooLarge)
-	_, err = attn.NewCache(4, 2, 4, kernels.F16)
-	require.EqualError(t, err, "attn: cache dtype F16 (want F32 or BF16)")
+	_, err = attn.NewCache(4, 2, 4, kernels.INT8)
+	require.EqualError(t, err, "attn: cache dtype INT8 (want F32, BF16 or F16)")
 }

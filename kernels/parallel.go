@@ -139,12 +139,9 @@ func (j *parJob) finish(pooled bool) {
 	if j.joined.Or(parClosed)&^parClosed != 0 {
 		start := time.Now()
 		for i := 1; j.joined.Load() != parClosed; i++ {
-			if i%64 == 0 {
-				if time.Since(start) > parSpin {
-					<-j.done
-					break
-				}
-				runtime.Gosched()
+			if pollStep(i, start) {
+				<-j.done
+				break
 			}
 		}
 	}
@@ -264,11 +261,25 @@ func (p *parPool) await(last uint64) *parJob {
 		if j := p.job.Load(); j != nil && j.seq != last {
 			return j
 		}
-		if i%64 == 0 {
-			if time.Since(start) > parSpin {
-				return nil
-			}
-			runtime.Gosched()
+		if pollStep(i, start) {
+			return nil
 		}
 	}
+}
+
+// pollStep is step i of a polling loop that started at start: true once
+// parSpin has passed (the clock read every 256 steps); every 4096 steps
+// (some µs) it lets other goroutines have the thread. Yielding more often
+// took the scheduler's lock in a tight loop beside the caller's work.
+func pollStep(i int, start time.Time) bool {
+	if i%256 != 0 {
+		return false
+	}
+	if time.Since(start) > parSpin {
+		return true
+	}
+	if i%4096 == 0 {
+		runtime.Gosched()
+	}
+	return false
 }

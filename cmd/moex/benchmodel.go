@@ -73,7 +73,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	dtype := fs.String("dtype", "bf16", "--preset's experts: bf16, f32, fp8, mxfp4, q4_k_m (uint4), q4_0 (int4), q8_0 (int8); attention and embeddings stay bf16")
 	prompt := fs.Int("p", 512, "prompt tokens (pp); 0: none")
 	gen := fs.Int("n", 128, "generated tokens (tg), single-token steps after the prompt; 0: none")
-	kvName := fs.String("kv", "bf16", "KV cache dtype: bf16 or f32")
+	kvName := fs.String("kv", "bf16", "KV cache dtype: bf16, f16 (llama.cpp's default) or f32")
 	numerics := fs.String("numerics", "exact", "the experts' numerics mode: exact or int8dot (quantized experts)")
 	threads := fs.Int("threads", runtime.GOMAXPROCS(0), "goroutines (GOMAXPROCS for the run)")
 	rounds := fs.Int("rounds", 3, "rounds of pp then tg, each on a fresh cache; the median is reported")
@@ -95,12 +95,10 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		return fmt.Errorf("%w: bench model: --rounds %d must be positive", errUsage, *rounds)
 	case *threads < 1 || *threads > maxGoroutineRanks:
 		return fmt.Errorf("%w: bench model: --threads %d", errUsage, *threads)
-	case *kvName != "bf16" && *kvName != "f32":
-		return fmt.Errorf("%w: bench model: --kv %q (want bf16 or f32)", errUsage, *kvName)
 	}
-	kvDType := kernels.BF16
-	if *kvName == "f32" {
-		kvDType = kernels.F32
+	kvDType, err := kvDTypeOf(*kvName)
+	if err != nil {
+		return fmt.Errorf("%w: bench model: --kv %w", errUsage, err)
 	}
 	mode, err := kernels.ParseNumerics(*numerics)
 	if err != nil {

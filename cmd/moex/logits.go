@@ -19,7 +19,7 @@ func execLogits(args []string, stderr io.Writer) error {
 	out := fs.String("out", "", "output float32 .npy [tokens, vocab]: the logits of every position (the last row predicts the next token)")
 	deadline := fs.Duration("deadline", 0, "give up after this long (0: no limit)")
 	numerics := fs.String("numerics", "exact", "exact, int8dot or bf16dot: the mode of the matrices' products (see docs/numerics.md), as bench model and serve take it")
-	kvName := fs.String("kv", "f32", "the KV cache's dtype: f32 or bf16")
+	kvName := fs.String("kv", "f32", "the KV cache's dtype: f32, bf16 or f16")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -28,8 +28,9 @@ func execLogits(args []string, stderr io.Writer) error {
 			return fmt.Errorf("%w: exec logits: %s is required", errUsage, f.name)
 		}
 	}
-	if *kvName != "bf16" && *kvName != "f32" {
-		return fmt.Errorf("%w: exec logits: --kv %q (want f32 or bf16)", errUsage, *kvName)
+	kvDType, err := kvDTypeOf(*kvName)
+	if err != nil {
+		return fmt.Errorf("%w: exec logits: --kv %w", errUsage, err)
 	}
 	mode, err := kernels.ParseNumerics(*numerics)
 	if err != nil {
@@ -58,10 +59,6 @@ func execLogits(args []string, stderr io.Writer) error {
 			return fmt.Errorf("exec logits: %w", err)
 		}
 	}
-	kvDType := kernels.F32
-	if *kvName == "bf16" {
-		kvDType = kernels.BF16
-	}
 	const blockRows = 16
 	kv, err := m.NewKV((len(ids.Data)+blockRows-1)/blockRows, blockRows, kvDType)
 	if err != nil {
@@ -74,4 +71,19 @@ func execLogits(args []string, stderr io.Writer) error {
 		return deadlineError(fmt.Errorf("%s: %w", *idsPath, err), *deadline)
 	}
 	return npy.WriteFloat32(*out, []int{len(ids.Data), m.Vocab}, logits)
+}
+
+// kvDTypeOf is the KV cache dtype a flag names: f32, bf16 or f16 (fp16,
+// llama.cpp's default: bf16's bytes, three more bits of mantissa, values
+// up to 65504).
+func kvDTypeOf(name string) (kernels.DType, error) {
+	switch name {
+	case "f32":
+		return kernels.F32, nil
+	case "bf16":
+		return kernels.BF16, nil
+	case "f16":
+		return kernels.F16, nil
+	}
+	return 0, fmt.Errorf("%q (want f32, bf16 or f16)", name)
 }

@@ -154,16 +154,22 @@ func TestExecLogits(t *testing.T) {
 		require.Equal(t, best, bestGot, "argmax at position %d", p)
 	}
 	require.Less(t, moetest.RelErr(got.Data, flat), 1e-4)
-	// A bf16 KV cache: the same model, its keys and values rounded.
-	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", "bf16")
-	require.NoError(t, err)
-	got, err = npy.ReadFloat32(out)
-	require.NoError(t, err)
-	e := moetest.RelErr(got.Data, flat)
-	require.Greater(t, e, 1e-7, "a bf16 cache changed nothing")
-	require.Less(t, e, 1e-2)
-	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", "f16")
-	require.ErrorContains(t, err, `exec logits: --kv "f16" (want f32 or bf16)`)
+	// bf16 and fp16 KV caches: the same model, its keys and values
+	// rounded (fp16 three bits finer).
+	var errs []float64
+	for _, kv := range []string{"bf16", "f16"} {
+		_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", kv)
+		require.NoError(t, err)
+		got, err = npy.ReadFloat32(out)
+		require.NoError(t, err)
+		e := moetest.RelErr(got.Data, flat)
+		require.Greater(t, e, 1e-8, "a %s cache changed nothing", kv)
+		require.Less(t, e, 1e-2, kv)
+		errs = append(errs, e)
+	}
+	require.Less(t, errs[1], errs[0], "fp16's error against bf16's")
+	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--kv", "f8")
+	require.ErrorContains(t, err, `exec logits: --kv "f8" (want f32, bf16 or f16)`)
 	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--numerics", "fast")
 	require.ErrorContains(t, err, `exec logits: kernels: numerics "fast": want exact, int8dot or bf16dot`)
 	_, _, err = runCLI("exec", "logits", "--model", ckpt, "--input-ids", idsPath, "--out", out, "--numerics", "int8dot")

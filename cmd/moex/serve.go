@@ -43,7 +43,7 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	port := fs.Int("port", 30000, "port to listen on (0: any free one, printed)")
 	blocks := fs.Int("kv-blocks", 1024, "latent-cache blocks per layer")
 	blockRows := fs.Int("block-rows", 16, "tokens a cache block holds")
-	kvName := fs.String("kv-dtype", "bf16", "KV cache dtype: bf16 (about 1e-3 of relative error in the logits) or f32 (the exact mode's)")
+	kvName := fs.String("kv-dtype", "bf16", "KV cache dtype: bf16 (about 1e-3 of relative error in the logits), f16 (llama.cpp's default; values up to 65504; the CPU only) or f32 (the exact mode's)")
 	numerics := fs.String("numerics", "exact", "the MoE experts' numerics: exact, int8dot (integer-code and MXFP4 experts, as llama.cpp computes them) or bf16dot (bf16 experts); --backend cpu")
 	budget := fs.Int("max-step-tokens", 512, "tokens one forward pass takes at most (decode tokens, then prompt chunks)")
 	dpSize := fs.Int("dp", 1, "data-parallel attention ranks in this instance, each with its own caches (--kv-blocks each) and requests")
@@ -85,13 +85,12 @@ func serveUntil(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: serve: --drain-timeout %v must be positive", errUsage, *drain)
 	}
 	var m *model.Model
-	kvDType := kernels.BF16
-	switch *kvName {
-	case "bf16":
-	case "f32":
-		kvDType = kernels.F32
-	default:
-		return fmt.Errorf("%w: serve: --kv-dtype %q (want bf16 or f32)", errUsage, *kvName)
+	kvDType, err := kvDTypeOf(*kvName)
+	if err != nil {
+		return fmt.Errorf("%w: serve: --kv-dtype %w", errUsage, err)
+	}
+	if kvDType == kernels.F16 && *backend != "cpu" {
+		return fmt.Errorf("%w: serve: --kv-dtype f16 runs on the CPU: the device kernels read f32 or bf16 caches", errUsage)
 	}
 	numMode, err := kernels.ParseNumerics(*numerics)
 	if err != nil {

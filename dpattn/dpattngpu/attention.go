@@ -158,6 +158,9 @@ func (a *Attention) mirrorOf(c *attn.Cache) (*mirror, error) {
 	if m := a.mirrors[c]; m != nil {
 		return m, nil
 	}
+	if d := c.DType(); d != kernels.F32 && d != kernels.BF16 {
+		return nil, fmt.Errorf("cuda: attention: a %v cache: the device kernels read f32 or bf16 caches", d)
+	}
 	b, err := a.d.Alloc(c.BytesTotal())
 	if err != nil {
 		return nil, fmt.Errorf("cuda: attention: a device copy of the %d-byte cache: %w", c.BytesTotal(), err)
