@@ -5,7 +5,8 @@
 # the rounds and the ratio moex/llama.cpp. llama.cpp is the prebuilt CPU
 # build inside the npm package node-llama-cpp (pinned in scripts/llamacpp),
 # at its defaults (f16 KV cache, flash attention, batch 512); moex runs
-# `moex bench model` with MOEX_FLAGS (default: the exact numerics, bf16 KV).
+# `moex bench model` with MOEX_FLAGS (default: the exact numerics; an f16 KV
+# cache as llama.cpp's, unless the flags name one with --kv).
 #
 #     scripts/compare-llamacpp.sh [-p 512] [-n 128] [-t 2] [-r 3] F.gguf...
 #
@@ -34,7 +35,7 @@ for f in "$@"; do
 	while [ "$r" -le "$R" ]; do
 		node "$here/llamacpp/bench.mjs" bench "$f" "$P" "$N" "$T" "$r" | sed "s|^|$f\t|" >>"$out"
 		# shellcheck disable=SC2086
-		"$moex" bench model --model "$f" -p "$P" -n "$N" --threads "$T" --rounds 1 --seed "$r" --format json ${MOEX_FLAGS:-} |
+		"$moex" bench model --model "$f" -p "$P" -n "$N" --threads "$T" --rounds 1 --seed "$r" --format json --kv f16 ${MOEX_FLAGS:-} |
 			sed "s|^|$f\t|" >>"$out"
 		echo "compare: $f round $r of $R" >&2
 		r=$((r + 1))
@@ -58,6 +59,13 @@ for (const f of files) {
   const mtg = med(mtgr.map((r) => r.tokens_per_s)), frac = med(mtgr.map((r) => r.bw_fraction));
   console.log([f.split("/").pop(), lpp.toFixed(1), mpp.toFixed(1), (mpp / lpp).toFixed(2), ltg.toFixed(1), mtg.toFixed(1),
     (mtg / ltg).toFixed(2), (100 * frac).toFixed(0) + "%", l[0].variant, `${mtgr[0].numerics}, kv ${mtgr[0].kv}`].join("\t"));
+}
+// Each round's tg ratio (llama.cpp's round r against moex's): this VM's
+// bandwidth drifts, and the median hides how far.
+for (const f of files) {
+  const l = rows.filter((r) => r.file === f && r.engine === "llama.cpp").map((r) => r.tg_tokens_s);
+  const m = rows.filter((r) => r.file === f && !r.engine && r.case.startsWith("tg")).map((r) => r.tokens_per_s);
+  console.log(`${f.split("/").pop()}: tg by round, llama.cpp → moex: ${l.map((x, i) => `${x.toFixed(1)} → ${m[i].toFixed(1)} (${(m[i] / x).toFixed(2)})`).join(", ")}`);
 }
 const l0 = rows.filter((r) => r.engine === "llama.cpp");
 console.log(`median of ${l0.length / files.length} interleaved rounds a file; pp${l0[0].pp_tokens} tg${l0[0].tg_tokens}, ${l0[0].threads} threads`);

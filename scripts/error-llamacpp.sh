@@ -6,8 +6,8 @@
 # float64 pass): a P-token prompt of random ids, every position's logits,
 # the relative error ‖X − exact‖₂ / ‖exact‖₂ and the positions whose argmax
 # agrees. llama.cpp runs at the comparison's settings (f16 KV cache, flash
-# attention) and moex's int8-dot mode with a bf16 KV cache, as
-# compare-llamacpp.sh runs them.
+# attention), moex's int8-dot mode with an f16 KV cache (as
+# compare-llamacpp.sh runs them) and with a bf16 one.
 #
 #     scripts/error-llamacpp.sh [-p 32] [-t 2] F.gguf...
 set -eu
@@ -31,8 +31,9 @@ for f in "$@"; do
 	d=$(mktemp -d)
 	node "$here/llamacpp/bench.mjs" logits "$f" "$P" "$T" 1 "$d" >/dev/null
 	"$moex" exec logits --model "$f" --input-ids "$d/ids.npy" --out "$d/exact.npy"
-	"$moex" exec logits --model "$f" --input-ids "$d/ids.npy" --out "$d/int8dot.npy" --numerics int8dot --kv bf16
+	"$moex" exec logits --model "$f" --input-ids "$d/ids.npy" --out "$d/int8dot-kv-f16.npy" --numerics int8dot --kv f16
+	"$moex" exec logits --model "$f" --input-ids "$d/ids.npy" --out "$d/int8dot-kv-bf16.npy" --numerics int8dot --kv bf16
 	echo "$f"
-	node "$here/llamacpp/bench.mjs" relerr "$d/exact.npy" "$d/llama.npy" "$d/int8dot.npy"
+	node "$here/llamacpp/bench.mjs" relerr "$d/exact.npy" "$d/llama.npy" "$d/int8dot-kv-f16.npy" "$d/int8dot-kv-bf16.npy"
 	rm -rf "$d"
 done

@@ -25,7 +25,7 @@ import (
 
 const benchUsage = `usage:
   moex bench model (--model DIR_OR_GGUF | --preset tiny|deepseek-v2-lite|qwen3-30b-a3b|gpt-oss-20b [--layers N]
-                   [--dtype bf16|q4_k_m|q8_0|mxfp4|fp8]) [-p 512] [-n 128] [--threads T] [--kv bf16|f32]
+                   [--dtype bf16|q4_k_m|q8_0|mxfp4|fp8]) [-p 512] [-n 128] [--threads T] [--kv bf16|f16|f32]
                    [--numerics exact|int8dot] [--rounds 3] [--format table|json]
                    a whole model as llama-bench times it: pp (one prompt from an empty cache), tg (single-token
                    steps after it), tg's weight bytes against the memory's read bandwidth
