@@ -77,13 +77,8 @@ func execLogits(args []string, stderr io.Writer) error {
 // llama.cpp's default: bf16's bytes, three more bits of mantissa, values
 // up to 65504).
 func kvDTypeOf(name string) (kernels.DType, error) {
-	switch name {
-	case "f32":
-		return kernels.F32, nil
-	case "bf16":
-		return kernels.BF16, nil
-	case "f16":
-		return kernels.F16, nil
+	if d, err := dtypeOf(name); err == nil && (d == kernels.F32 || d == kernels.BF16 || d == kernels.F16) {
+		return d, nil
 	}
 	return 0, fmt.Errorf("%q (want f32, bf16 or f16)", name)
 }
