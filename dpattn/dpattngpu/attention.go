@@ -159,7 +159,7 @@ func (a *Attention) mirrorOf(c *attn.Cache) (*mirror, error) {
 		return m, nil
 	}
 	if d := c.DType(); d != kernels.F32 && d != kernels.BF16 {
-		return nil, fmt.Errorf("cuda: attention: a %v cache: the device kernels read f32 or bf16 caches", d)
+		return nil, fmt.Errorf("cuda: attention: the cache is %v: the device kernels read F32 or BF16 caches", d)
 	}
 	b, err := a.d.Alloc(c.BytesTotal())
 	if err != nil {

@@ -53,6 +53,10 @@ func TestDeviceStepBadInput(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualError(t, att.Step(ctx, blk, wrong, []int{0}, make([]float32, 32), make([]float32, 32)),
 		"cuda: mla step: cache rows have 40 values, want kv_lora_rank + rope = 48")
+	f16, err := attn.NewCache(2, 16, 48, kernels.F16) // the CPU's alone
+	require.NoError(t, err)
+	require.EqualError(t, att.Step(ctx, blk, f16, []int{0}, make([]float32, 32), make([]float32, 32)),
+		"cuda: attention: the cache is F16: the device kernels read F32 or BF16 caches")
 	odd := cfg
 	odd.NopeDim = 8
 	oddBlk, err := attn.NewRandomMLABlock(odd, kernels.BF16, 1)
