@@ -65,10 +65,8 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 	if err := checkQueries(kv, queries, "gqa"); err != nil {
 		return err
 	}
-	for i, v := range q {
-		if v-v != 0 { // NaN or ±Inf
-			return errkind.Errorf(ErrNonFinite, "attn: gqa: q of query %d head %d holds %v", i/(p.Heads*p.KeyDim), i/p.KeyDim%p.Heads, v)
-		}
+	if i := kernels.NonFinite(q); i >= 0 {
+		return errkind.Errorf(ErrNonFinite, "attn: gqa: q of query %d head %d holds %v", i/(p.Heads*p.KeyDim), i/p.KeyDim%p.Heads, q[i])
 	}
 	items := gqaItems(queries, p)
 	errs := make([]error, len(items))
@@ -81,11 +79,9 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 	if err != nil {
 		return err
 	}
-	for i, v := range out {
-		if v-v != 0 { // NaN or ±Inf
-			return errkind.Errorf(ErrNonFinite, "attn: gqa: query %d head %d: output is %v (a non-finite cache row, or scores that overflow)",
-				i/(p.Heads*p.ValueDim), i/p.ValueDim%p.Heads, v)
-		}
+	if i := kernels.NonFinite(out); i >= 0 {
+		return errkind.Errorf(ErrNonFinite, "attn: gqa: query %d head %d: output is %v (a non-finite cache row, or scores that overflow)",
+			i/(p.Heads*p.ValueDim), i/p.ValueDim%p.Heads, out[i])
 	}
 	return nil
 }

@@ -371,3 +371,16 @@ func (e *glu) row(h, g, u []float32, r, n0 int) {
 	}
 	e.gate.row(h, g, u)
 }
+
+// NonFinite is the index of the first NaN or ±Inf in v, or -1: one
+// subtraction a value (x − x is 0 for every finite x, NaN otherwise), a
+// fraction of the time math.IsNaN and math.IsInf take on a step's full
+// vocabulary of logits.
+func NonFinite(v []float32) int {
+	for i, x := range v {
+		if x-x != 0 {
+			return i
+		}
+	}
+	return -1
+}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/moetest"
@@ -348,4 +349,14 @@ func TestExpShifted(t *testing.T) {
 		}
 		restore()
 	}
+}
+
+func TestNonFinite(t *testing.T) {
+	inf := float32(math.Inf(1))
+	nan := float32(math.NaN())
+	assert.Equal(t, -1, kernels.NonFinite(nil))
+	assert.Equal(t, -1, kernels.NonFinite([]float32{0, float32(math.Copysign(0, -1)), math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32}))
+	assert.Equal(t, 2, kernels.NonFinite([]float32{1, 2, nan, inf}))
+	assert.Equal(t, 1, kernels.NonFinite([]float32{1, inf, nan}))
+	assert.Equal(t, 0, kernels.NonFinite([]float32{-inf}))
 }

@@ -309,22 +309,9 @@ func (m *Model) run(ctx context.Context, kv *KV, seqs []int, ids []int32, rows [
 		kv.truncate(lens)
 		return nil, err
 	}
-	if i := nonFinite(logits); i >= 0 {
+	if i := kernels.NonFinite(logits); i >= 0 {
 		kv.truncate(lens)
 		return nil, fmt.Errorf("model: logit %d of token %d is %v", i%m.Vocab, rows[i/m.Vocab], logits[i])
 	}
 	return logits, nil
-}
-
-// nonFinite is the index of the first NaN or ±Inf in v, or -1: one
-// subtraction a value (x − x is 0 for every finite x, NaN otherwise), a
-// step's full vocabulary of logits checked in a fraction of the time
-// math.IsNaN and math.IsInf take.
-func nonFinite(v []float32) int {
-	for i, x := range v {
-		if x-x != 0 {
-			return i
-		}
-	}
-	return -1
 }

@@ -645,10 +645,8 @@ func (l *Layer) perTokens(ctx context.Context, T int, fn func(t int)) error {
 // layer's output y [tokens, hidden] that holds a NaN or an infinity (its
 // input having been finite).
 func CheckOutput(y []float32, hidden int) error {
-	for i, v := range y {
-		if v-v != 0 { // NaN or ±Inf
-			return errkind.Errorf(ErrNonFinite, "moe: output token %d is %v at column %d, from finite input: the expert weights hold a non-finite value (CheckWeights finds it) or the products overflow fp32", i/hidden, v, i%hidden)
-		}
+	if i := kernels.NonFinite(y); i >= 0 {
+		return errkind.Errorf(ErrNonFinite, "moe: output token %d is %v at column %d, from finite input: the expert weights hold a non-finite value (CheckWeights finds it) or the products overflow fp32", i/hidden, y[i], i%hidden)
 	}
 	return nil
 }
@@ -1060,10 +1058,8 @@ func (l *Layer) CheckWeights(ctx context.Context) error {
 // CheckFinite returns an error naming the first token of x [tokens, hidden]
 // that holds a NaN or an infinity.
 func CheckFinite(x []float32, hidden int) error {
-	for i, v := range x {
-		if v-v != 0 { // NaN or ±Inf
-			return errkind.Errorf(ErrNonFinite, "moe: input token %d has a non-finite value %v at column %d", i/hidden, v, i%hidden)
-		}
+	if i := kernels.NonFinite(x); i >= 0 {
+		return errkind.Errorf(ErrNonFinite, "moe: input token %d has a non-finite value %v at column %d", i/hidden, x[i], i%hidden)
 	}
 	return nil
 }
