@@ -17,7 +17,8 @@ import (
 // it; in the int8-dot mode also with its scales as fp32 rather than
 // factored), INT8 (Q8_0) and INT4 (Q4_0) in the exact and the int8-dot
 // mode, the last two also with fp32 scales (each one ulp off its fp16
-// value) beside their fp16 ones; bytes are the weights read:
+// value) beside their fp16 ones, Q6_K- and Q5_K-like INT8, and MXFP4 (as
+// gpt-oss holds its experts) in both modes; bytes are the weights read:
 //
 //	go test -run '^$' -bench DecodeExperts ./kernels
 func BenchmarkDecodeExperts(b *testing.B) {
@@ -52,7 +53,8 @@ func BenchmarkDecodeExperts(b *testing.B) {
 		{"int4", kernels.INT4, kernels.Exact, false}, {"int4_int8dot", kernels.INT4, kernels.Int8Dot, false},
 		{"int4_fp32scales", kernels.INT4, kernels.Exact, true}, {"int4_int8dot_fp32scales", kernels.INT4, kernels.Int8Dot, true},
 		{"q6k", q6K, kernels.Exact, false}, {"q6k_int8dot", q6K, kernels.Int8Dot, false},
-		{"q5k", q5K, kernels.Exact, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false}} {
+		{"q5k", q5K, kernels.Exact, false}, {"q5k_int8dot", q5K, kernels.Int8Dot, false},
+		{"mxfp4", kernels.MXFP4, kernels.Exact, false}, {"mxfp4_int8dot", kernels.MXFP4, kernels.Int8Dot, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			// Each dtype quantized once, for its modes; made only when run.
 			stored, ok := made[c.dt]

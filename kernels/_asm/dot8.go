@@ -135,6 +135,26 @@ func dot8LUTConst() {
 	for i := range 16 {
 		DATA(4*i, U32(63))
 	}
+	e8Off = GLOBL("e8Off", RODATA|NOPTR)
+	for i := range 16 {
+		DATA(4*i, U32(128))
+	}
+}
+
+// e8Off (made with dot8LUT) is 128 in each of 16 int32 lanes: see e8Exps.
+var e8Off Mem
+
+// e8Exps returns a zmm (made by vec) of the exponents E−128 of the
+// int8-dot MXFP4 scales at at, as floats, one a lane: VSCALEFPS by them
+// makes d·2^(E−128) with one rounding, the bits of the product d·s of
+// e8Scales' exact power of two, in 3 instructions where e8Scales and the
+// product take 9.
+func e8Exps(vec func() VecVirtual, at Mem) VecVirtual {
+	f := vec()
+	VPMOVZXBD(at, f)
+	VPSUBD(e8Off, f, f)
+	VCVTDQ2PS(f, f)
+	return f
 }
 
 // e8Bias (made with dot8LUT) is 63 in each of 16 int32 lanes: see e8Scales.
@@ -287,6 +307,10 @@ func dot8Kernel(kind string, mr, np int) {
 	// operands in memory, or (K kinds) registers computed from the factors.
 	sv, ov := make([]Op, np), make([]Op, np)
 	for j := range np {
+		if src.e8 { // MXFP4: exponents, which scale d below (see e8Exps)
+			sv[j] = e8Exps(ZMM, Mem{Base: src.s, Disp: 16 * j})
+			continue
+		}
 		sv[j], ov[j] = src.scales(ZMM, 16*j)
 	}
 	for m := range a {
@@ -310,7 +334,11 @@ func dot8Kernel(kind string, mr, np int) {
 			}
 			VCVTDQ2PS(sums[m][j], sums[m][j])
 			t := ZMM()
-			VMULPS(sv[j], d, t)
+			if src.e8 {
+				VSCALEFPS(sv[j], d, t)
+			} else {
+				VMULPS(sv[j], d, t)
+			}
 			VFMADD231PS(t, sums[m][j], acc[m][j])
 			if offsets {
 				if super {
