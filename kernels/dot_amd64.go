@@ -11,6 +11,8 @@ var (
 	hasAVX512 = hasAVX2 && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512DQ)
 	// hasVNNI: the int8-dot kernels' vpdpbusd on zmm.
 	hasVNNI = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512VNNI)
+	// hasVBMI: vpermb, for the MXFP4 int8-dot kernels (dot8AVX512M4V).
+	hasVBMI = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512VBMI)
 	// hasBF16: the bf16-dot kernels' vdpbf16ps.
 	hasBF16 = hasAVX512 && cpuid.CPU.Supports(cpuid.AVX512BF16)
 )
@@ -53,6 +55,11 @@ func init() {
 		s.dot8 = &dot8AVX2 // AVX-512 without VNNI: the AVX2 kernels
 		if hasVNNI {
 			s.dot8 = &dot8AVX512
+			if hasVBMI { // MXFP4's nibbles looked up by vpermb
+				k := dot8AVX512
+				k.m4 = dot8AVX512M4V
+				s.dot8 = &k
+			}
 		}
 		s.quant8[8], s.quant8[16], s.quant8[32] = quant8AVX512G8, quant8AVX512G16, quant8AVX512G32
 		if hasBF16 {

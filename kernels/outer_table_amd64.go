@@ -333,6 +333,14 @@ var dot8AVX512 = dot8Kernels{
 	},
 }
 
+// dot8AVX512M4V holds the AVX-512 VNNI int8-dot kernels for MXFP4 that need AVX512_VBMI.
+var dot8AVX512M4V = dot8Table{
+	1: {1: dot8AVX512M4Vx1p1, 2: dot8AVX512M4Vx1p2, 3: dot8AVX512M4Vx1p3, 4: dot8AVX512M4Vx1p4},
+	2: {1: dot8AVX512M4Vx2p1, 2: dot8AVX512M4Vx2p2, 3: dot8AVX512M4Vx2p3, 4: dot8AVX512M4Vx2p4},
+	3: {1: dot8AVX512M4Vx3p1, 2: dot8AVX512M4Vx3p2},
+	4: {1: dot8AVX512M4Vx4p1, 2: dot8AVX512M4Vx4p2},
+}
+
 // dot8AVX2 holds the AVX2 int8-dot kernels (one panel a call).
 var dot8AVX2 = dot8Kernels{
 	u4: dot8Table{

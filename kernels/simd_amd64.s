@@ -93599,6 +93599,1534 @@ dot8AVX512HU5Mx4p2_store:
 	VZEROUPPER
 	RET
 
+// func dot8AVX512M4Vx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx1p1(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), AX
+	MOVQ      b+8(FP), CX
+	MOVQ      s+56(FP), DX
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), BX
+	TESTQ   $0x00000001, BX
+	JZ      dot8AVX512M4Vx1p1_zero
+	MOVQ    c+32(FP), BX
+	MOVQ    ldc+40(FP), SI
+	VMOVUPS (BX), Z1
+	JMP     dot8AVX512M4Vx1p1_start
+
+dot8AVX512M4Vx1p1_zero:
+	VXORPS Z1, Z1, Z1
+
+dot8AVX512M4Vx1p1_start:
+	MOVQ groups+24(FP), BX
+	XORQ SI, SI
+
+dot8AVX512M4Vx1p1_group:
+	TESTQ  BX, BX
+	JZ     dot8AVX512M4Vx1p1_store
+	VPXORD Z2, Z2, Z2
+	MOVQ   units+72(FP), DI
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx1p1_unit:
+	PREFETCHT0   16384(CX)(SI*1)
+	VMOVDQU64    (CX)(SI*1), Z4
+	VPERMB       Z0, Z4, Z3
+	VPSRLW       $0x04, Z4, Z4
+	VPERMB       Z0, Z4, Z4
+	VPBROADCASTD (AX), Z5
+	VPBROADCASTD 4(AX), Z6
+	VPDPBUSD     Z5, Z3, Z2
+	VPDPBUSD     Z6, Z4, Z2
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, SI
+	DECQ         DI
+	JNZ          dot8AVX512M4Vx1p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DX)
+	PREFETCHT0   4111(DX)
+	VPMOVZXBD    (DX), Z3
+	VPSUBD       e8Off<>+0(SB), Z3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VBROADCASTSS (AX), Z4
+	VPBROADCASTD 8(AX), Z5
+	VPSRAD       $0x03, Z5, Z5
+	VPSUBD       Z5, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z3, Z4, Z3
+	VFMADD231PS  Z3, Z2, Z1
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DX
+	DECQ         BX
+	JMP          dot8AVX512M4Vx1p1_group
+
+dot8AVX512M4Vx1p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx1p2(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), AX
+	MOVQ      b+8(FP), CX
+	MOVQ      stride+16(FP), DX
+	LEAQ      (CX)(DX*1), DX
+	MOVQ      s+56(FP), BX
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512M4Vx1p2_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	VMOVUPS 64(SI), Z3
+	JMP     dot8AVX512M4Vx1p2_start
+
+dot8AVX512M4Vx1p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512M4Vx1p2_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512M4Vx1p2_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512M4Vx1p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx1p2_unit:
+	PREFETCHT0   16384(CX)(DI*1)
+	PREFETCHT0   16384(DX)(DI*1)
+	VMOVDQU64    (CX)(DI*1), Z6
+	VPERMB       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPERMB       Z0, Z6, Z6
+	VMOVDQU64    (DX)(DI*1), Z8
+	VPERMB       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPERMB       Z0, Z8, Z8
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z5, Z2
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z6, Z2
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512M4Vx1p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4127(BX)
+	VPMOVZXBD    (BX), Z5
+	VPSUBD       e8Off<>+0(SB), Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VPMOVZXBD    16(BX), Z6
+	VPSUBD       e8Off<>+0(SB), Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VBROADCASTSS (AX), Z7
+	VPBROADCASTD 8(AX), Z8
+	VPSRAD       $0x03, Z8, Z8
+	VPSUBD       Z8, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z5, Z7, Z5
+	VFMADD231PS  Z5, Z2, Z1
+	VPSUBD       Z8, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z6, Z7, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512M4Vx1p2_group
+
+dot8AVX512M4Vx1p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx1p3(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), AX
+	MOVQ      b+8(FP), CX
+	MOVQ      stride+16(FP), DX
+	LEAQ      (CX)(DX*1), BX
+	LEAQ      (BX)(DX*1), DX
+	MOVQ      s+56(FP), SI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4Vx1p3_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	VMOVUPS 128(DI), Z5
+	JMP     dot8AVX512M4Vx1p3_start
+
+dot8AVX512M4Vx1p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512M4Vx1p3_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4Vx1p3_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4Vx1p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx1p3_unit:
+	PREFETCHT0   16384(CX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	PREFETCHT0   16384(DX)(R8*1)
+	VMOVDQU64    (CX)(R8*1), Z8
+	VPERMB       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPERMB       Z0, Z8, Z8
+	VMOVDQU64    (BX)(R8*1), Z10
+	VPERMB       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPERMB       Z0, Z10, Z10
+	VMOVDQU64    (DX)(R8*1), Z12
+	VPERMB       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPERMB       Z0, Z12, Z12
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z7, Z2
+	VPDPBUSD     Z13, Z9, Z4
+	VPDPBUSD     Z13, Z11, Z6
+	VPDPBUSD     Z14, Z8, Z2
+	VPDPBUSD     Z14, Z10, Z4
+	VPDPBUSD     Z14, Z12, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4Vx1p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4143(SI)
+	VPMOVZXBD    (SI), Z7
+	VPSUBD       e8Off<>+0(SB), Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VPMOVZXBD    16(SI), Z8
+	VPSUBD       e8Off<>+0(SB), Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VPMOVZXBD    32(SI), Z9
+	VPSUBD       e8Off<>+0(SB), Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z7, Z10, Z7
+	VFMADD231PS  Z7, Z2, Z1
+	VPSUBD       Z11, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z8, Z10, Z7
+	VFMADD231PS  Z7, Z4, Z3
+	VPSUBD       Z11, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z9, Z10, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4Vx1p3_group
+
+dot8AVX512M4Vx1p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx1p4(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), AX
+	MOVQ      b+8(FP), CX
+	MOVQ      stride+16(FP), DX
+	LEAQ      (CX)(DX*1), BX
+	LEAQ      (BX)(DX*1), SI
+	LEAQ      (SI)(DX*1), DX
+	MOVQ      s+56(FP), DI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4Vx1p4_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	VMOVUPS 192(R8), Z7
+	JMP     dot8AVX512M4Vx1p4_start
+
+dot8AVX512M4Vx1p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512M4Vx1p4_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4Vx1p4_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4Vx1p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx1p4_unit:
+	PREFETCHT0   16384(CX)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(DX)(R9*1)
+	VMOVDQU64    (CX)(R9*1), Z10
+	VPERMB       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPERMB       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R9*1), Z12
+	VPERMB       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPERMB       Z0, Z12, Z12
+	VMOVDQU64    (SI)(R9*1), Z14
+	VPERMB       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPERMB       Z0, Z14, Z14
+	VMOVDQU64    (DX)(R9*1), Z16
+	VPERMB       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPERMB       Z0, Z16, Z16
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z9, Z2
+	VPDPBUSD     Z17, Z11, Z4
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z10, Z2
+	VPDPBUSD     Z18, Z12, Z4
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4Vx1p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4159(DI)
+	VPMOVZXBD    (DI), Z9
+	VPSUBD       e8Off<>+0(SB), Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VPMOVZXBD    16(DI), Z10
+	VPSUBD       e8Off<>+0(SB), Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VPMOVZXBD    32(DI), Z11
+	VPSUBD       e8Off<>+0(SB), Z11, Z11
+	VCVTDQ2PS    Z11, Z11
+	VPMOVZXBD    48(DI), Z12
+	VPSUBD       e8Off<>+0(SB), Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VBROADCASTSS (AX), Z13
+	VPBROADCASTD 8(AX), Z14
+	VPSRAD       $0x03, Z14, Z14
+	VPSUBD       Z14, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z9, Z13, Z9
+	VFMADD231PS  Z9, Z2, Z1
+	VPSUBD       Z14, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z10, Z13, Z9
+	VFMADD231PS  Z9, Z4, Z3
+	VPSUBD       Z14, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z11, Z13, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VPSUBD       Z14, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z12, Z13, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4Vx1p4_group
+
+dot8AVX512M4Vx1p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx2p1(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), AX
+	MOVQ      b+8(FP), DX
+	MOVQ      s+56(FP), BX
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), SI
+	TESTQ   $0x00000001, SI
+	JZ      dot8AVX512M4Vx2p1_zero
+	MOVQ    c+32(FP), SI
+	MOVQ    ldc+40(FP), DI
+	VMOVUPS (SI), Z1
+	ADDQ    DI, SI
+	VMOVUPS (SI), Z3
+	JMP     dot8AVX512M4Vx2p1_start
+
+dot8AVX512M4Vx2p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+
+dot8AVX512M4Vx2p1_start:
+	MOVQ groups+24(FP), SI
+	XORQ DI, DI
+
+dot8AVX512M4Vx2p1_group:
+	TESTQ  SI, SI
+	JZ     dot8AVX512M4Vx2p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	MOVQ   units+72(FP), R8
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx2p1_unit:
+	PREFETCHT0   16384(DX)(DI*1)
+	VMOVDQU64    (DX)(DI*1), Z6
+	VPERMB       Z0, Z6, Z5
+	VPSRLW       $0x04, Z6, Z6
+	VPERMB       Z0, Z6, Z6
+	VPBROADCASTD (CX), Z7
+	VPBROADCASTD 4(CX), Z8
+	VPDPBUSD     Z7, Z5, Z2
+	VPDPBUSD     Z8, Z6, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z7
+	VPBROADCASTD 4(AX), Z8
+	VPDPBUSD     Z7, Z5, Z4
+	VPDPBUSD     Z8, Z6, Z4
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, DI
+	DECQ         R8
+	JNZ          dot8AVX512M4Vx2p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(BX)
+	PREFETCHT0   4111(BX)
+	VPMOVZXBD    (BX), Z5
+	VPSUBD       e8Off<>+0(SB), Z5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VBROADCASTSS (CX), Z6
+	VPBROADCASTD 8(CX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z5, Z6, Z6
+	VFMADD231PS  Z6, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z6
+	VPBROADCASTD 8(AX), Z7
+	VPSRAD       $0x03, Z7, Z7
+	VPSUBD       Z7, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z5, Z6, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), BX
+	DECQ         SI
+	JMP          dot8AVX512M4Vx2p1_group
+
+dot8AVX512M4Vx2p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx2p2(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), AX
+	MOVQ      b+8(FP), DX
+	MOVQ      stride+16(FP), BX
+	LEAQ      (DX)(BX*1), BX
+	MOVQ      s+56(FP), SI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4Vx2p2_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	VMOVUPS 64(DI), Z7
+	JMP     dot8AVX512M4Vx2p2_start
+
+dot8AVX512M4Vx2p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512M4Vx2p2_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4Vx2p2_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4Vx2p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx2p2_unit:
+	PREFETCHT0   16384(DX)(R8*1)
+	PREFETCHT0   16384(BX)(R8*1)
+	VMOVDQU64    (DX)(R8*1), Z10
+	VPERMB       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPERMB       Z0, Z10, Z10
+	VMOVDQU64    (BX)(R8*1), Z12
+	VPERMB       Z0, Z12, Z11
+	VPSRLW       $0x04, Z12, Z12
+	VPERMB       Z0, Z12, Z12
+	VPBROADCASTD (CX), Z13
+	VPBROADCASTD 4(CX), Z14
+	VPDPBUSD     Z13, Z9, Z2
+	VPDPBUSD     Z13, Z11, Z4
+	VPDPBUSD     Z14, Z10, Z2
+	VPDPBUSD     Z14, Z12, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z13
+	VPBROADCASTD 4(AX), Z14
+	VPDPBUSD     Z13, Z9, Z6
+	VPDPBUSD     Z13, Z11, Z8
+	VPDPBUSD     Z14, Z10, Z6
+	VPDPBUSD     Z14, Z12, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4Vx2p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4127(SI)
+	VPMOVZXBD    (SI), Z9
+	VPSUBD       e8Off<>+0(SB), Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VPMOVZXBD    16(SI), Z10
+	VPSUBD       e8Off<>+0(SB), Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VBROADCASTSS (CX), Z11
+	VPBROADCASTD 8(CX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z9, Z11, Z13
+	VFMADD231PS  Z13, Z2, Z1
+	VPSUBD       Z12, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z10, Z11, Z11
+	VFMADD231PS  Z11, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z11
+	VPBROADCASTD 8(AX), Z12
+	VPSRAD       $0x03, Z12, Z12
+	VPSUBD       Z12, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z9, Z11, Z9
+	VFMADD231PS  Z9, Z6, Z5
+	VPSUBD       Z12, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z10, Z11, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4Vx2p2_group
+
+dot8AVX512M4Vx2p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx2p3(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), AX
+	MOVQ      b+8(FP), DX
+	MOVQ      stride+16(FP), BX
+	LEAQ      (DX)(BX*1), SI
+	LEAQ      (SI)(BX*1), BX
+	MOVQ      s+56(FP), DI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4Vx2p3_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	VMOVUPS 128(R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	VMOVUPS 64(R8), Z9
+	VMOVUPS 128(R8), Z11
+	JMP     dot8AVX512M4Vx2p3_start
+
+dot8AVX512M4Vx2p3_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512M4Vx2p3_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4Vx2p3_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4Vx2p3_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx2p3_unit:
+	PREFETCHT0   16384(DX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	PREFETCHT0   16384(BX)(R9*1)
+	VMOVDQU64    (DX)(R9*1), Z14
+	VPERMB       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPERMB       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPERMB       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPERMB       Z0, Z16, Z16
+	VMOVDQU64    (BX)(R9*1), Z18
+	VPERMB       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPERMB       Z0, Z18, Z18
+	VPBROADCASTD (CX), Z19
+	VPBROADCASTD 4(CX), Z20
+	VPDPBUSD     Z19, Z13, Z2
+	VPDPBUSD     Z19, Z15, Z4
+	VPDPBUSD     Z19, Z17, Z6
+	VPDPBUSD     Z20, Z14, Z2
+	VPDPBUSD     Z20, Z16, Z4
+	VPDPBUSD     Z20, Z18, Z6
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z19
+	VPBROADCASTD 4(AX), Z20
+	VPDPBUSD     Z19, Z13, Z8
+	VPDPBUSD     Z19, Z15, Z10
+	VPDPBUSD     Z19, Z17, Z12
+	VPDPBUSD     Z20, Z14, Z8
+	VPDPBUSD     Z20, Z16, Z10
+	VPDPBUSD     Z20, Z18, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4Vx2p3_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4143(DI)
+	VPMOVZXBD    (DI), Z13
+	VPSUBD       e8Off<>+0(SB), Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VPMOVZXBD    16(DI), Z14
+	VPSUBD       e8Off<>+0(SB), Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VPMOVZXBD    32(DI), Z15
+	VPSUBD       e8Off<>+0(SB), Z15, Z15
+	VCVTDQ2PS    Z15, Z15
+	VBROADCASTSS (CX), Z16
+	VPBROADCASTD 8(CX), Z17
+	VPSRAD       $0x03, Z17, Z17
+	VPSUBD       Z17, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z13, Z16, Z18
+	VFMADD231PS  Z18, Z2, Z1
+	VPSUBD       Z17, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z14, Z16, Z18
+	VFMADD231PS  Z18, Z4, Z3
+	VPSUBD       Z17, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z15, Z16, Z16
+	VFMADD231PS  Z16, Z6, Z5
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z16
+	VPBROADCASTD 8(AX), Z17
+	VPSRAD       $0x03, Z17, Z17
+	VPSUBD       Z17, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z13, Z16, Z13
+	VFMADD231PS  Z13, Z8, Z7
+	VPSUBD       Z17, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VSCALEFPS    Z14, Z16, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VPSUBD       Z17, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VSCALEFPS    Z15, Z16, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4Vx2p3_group
+
+dot8AVX512M4Vx2p3_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VMOVUPS Z9, 64(AX)
+	VMOVUPS Z11, 128(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx2p4(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), AX
+	MOVQ      b+8(FP), DX
+	MOVQ      stride+16(FP), BX
+	LEAQ      (DX)(BX*1), SI
+	LEAQ      (SI)(BX*1), DI
+	LEAQ      (DI)(BX*1), BX
+	MOVQ      s+56(FP), R8
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512M4Vx2p4_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	VMOVUPS 128(R9), Z5
+	VMOVUPS 192(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	VMOVUPS 128(R9), Z13
+	VMOVUPS 192(R9), Z15
+	JMP     dot8AVX512M4Vx2p4_start
+
+dot8AVX512M4Vx2p4_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512M4Vx2p4_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512M4Vx2p4_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512M4Vx2p4_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx2p4_unit:
+	PREFETCHT0   16384(DX)(R10*1)
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	PREFETCHT0   16384(BX)(R10*1)
+	VMOVDQU64    (DX)(R10*1), Z18
+	VPERMB       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPERMB       Z0, Z18, Z18
+	VMOVDQU64    (SI)(R10*1), Z20
+	VPERMB       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPERMB       Z0, Z20, Z20
+	VMOVDQU64    (DI)(R10*1), Z22
+	VPERMB       Z0, Z22, Z21
+	VPSRLW       $0x04, Z22, Z22
+	VPERMB       Z0, Z22, Z22
+	VMOVDQU64    (BX)(R10*1), Z24
+	VPERMB       Z0, Z24, Z23
+	VPSRLW       $0x04, Z24, Z24
+	VPERMB       Z0, Z24, Z24
+	VPBROADCASTD (CX), Z25
+	VPBROADCASTD 4(CX), Z26
+	VPDPBUSD     Z25, Z17, Z2
+	VPDPBUSD     Z25, Z19, Z4
+	VPDPBUSD     Z25, Z21, Z6
+	VPDPBUSD     Z25, Z23, Z8
+	VPDPBUSD     Z26, Z18, Z2
+	VPDPBUSD     Z26, Z20, Z4
+	VPDPBUSD     Z26, Z22, Z6
+	VPDPBUSD     Z26, Z24, Z8
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (AX), Z25
+	VPBROADCASTD 4(AX), Z26
+	VPDPBUSD     Z25, Z17, Z10
+	VPDPBUSD     Z25, Z19, Z12
+	VPDPBUSD     Z25, Z21, Z14
+	VPDPBUSD     Z25, Z23, Z16
+	VPDPBUSD     Z26, Z18, Z10
+	VPDPBUSD     Z26, Z20, Z12
+	VPDPBUSD     Z26, Z22, Z14
+	VPDPBUSD     Z26, Z24, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512M4Vx2p4_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4159(R8)
+	VPMOVZXBD    (R8), Z17
+	VPSUBD       e8Off<>+0(SB), Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VPMOVZXBD    16(R8), Z18
+	VPSUBD       e8Off<>+0(SB), Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VPMOVZXBD    32(R8), Z19
+	VPSUBD       e8Off<>+0(SB), Z19, Z19
+	VCVTDQ2PS    Z19, Z19
+	VPMOVZXBD    48(R8), Z20
+	VPSUBD       e8Off<>+0(SB), Z20, Z20
+	VCVTDQ2PS    Z20, Z20
+	VBROADCASTSS (CX), Z21
+	VPBROADCASTD 8(CX), Z22
+	VPSRAD       $0x03, Z22, Z22
+	VPSUBD       Z22, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z17, Z21, Z23
+	VFMADD231PS  Z23, Z2, Z1
+	VPSUBD       Z22, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z18, Z21, Z23
+	VFMADD231PS  Z23, Z4, Z3
+	VPSUBD       Z22, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z19, Z21, Z23
+	VFMADD231PS  Z23, Z6, Z5
+	VPSUBD       Z22, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z20, Z21, Z21
+	VFMADD231PS  Z21, Z8, Z7
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (AX), Z21
+	VPBROADCASTD 8(AX), Z22
+	VPSRAD       $0x03, Z22, Z22
+	VPSUBD       Z22, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VSCALEFPS    Z17, Z21, Z17
+	VFMADD231PS  Z17, Z10, Z9
+	VPSUBD       Z22, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VSCALEFPS    Z18, Z21, Z17
+	VFMADD231PS  Z17, Z12, Z11
+	VPSUBD       Z22, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VSCALEFPS    Z19, Z21, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VPSUBD       Z22, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VSCALEFPS    Z20, Z21, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512M4Vx2p4_group
+
+dot8AVX512M4Vx2p4_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	VMOVUPS Z5, 128(AX)
+	VMOVUPS Z7, 192(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VMOVUPS Z13, 128(AX)
+	VMOVUPS Z15, 192(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx3p1(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), DX
+	MOVQ      16(AX), AX
+	MOVQ      b+8(FP), BX
+	MOVQ      s+56(FP), SI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), DI
+	TESTQ   $0x00000001, DI
+	JZ      dot8AVX512M4Vx3p1_zero
+	MOVQ    c+32(FP), DI
+	MOVQ    ldc+40(FP), R8
+	VMOVUPS (DI), Z1
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z3
+	ADDQ    R8, DI
+	VMOVUPS (DI), Z5
+	JMP     dot8AVX512M4Vx3p1_start
+
+dot8AVX512M4Vx3p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+
+dot8AVX512M4Vx3p1_start:
+	MOVQ groups+24(FP), DI
+	XORQ R8, R8
+
+dot8AVX512M4Vx3p1_group:
+	TESTQ  DI, DI
+	JZ     dot8AVX512M4Vx3p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	MOVQ   units+72(FP), R9
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx3p1_unit:
+	PREFETCHT0   16384(BX)(R8*1)
+	VMOVDQU64    (BX)(R8*1), Z8
+	VPERMB       Z0, Z8, Z7
+	VPSRLW       $0x04, Z8, Z8
+	VPERMB       Z0, Z8, Z8
+	VPBROADCASTD (CX), Z9
+	VPBROADCASTD 4(CX), Z10
+	VPDPBUSD     Z9, Z7, Z2
+	VPDPBUSD     Z10, Z8, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z9
+	VPBROADCASTD 4(DX), Z10
+	VPDPBUSD     Z9, Z7, Z4
+	VPDPBUSD     Z10, Z8, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z9
+	VPBROADCASTD 4(AX), Z10
+	VPDPBUSD     Z9, Z7, Z6
+	VPDPBUSD     Z10, Z8, Z6
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNZ          dot8AVX512M4Vx3p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(SI)
+	PREFETCHT0   4111(SI)
+	VPMOVZXBD    (SI), Z7
+	VPSUBD       e8Off<>+0(SB), Z7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VBROADCASTSS (CX), Z8
+	VPBROADCASTD 8(CX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z7, Z8, Z8
+	VFMADD231PS  Z8, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z8
+	VPBROADCASTD 8(DX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z7, Z8, Z8
+	VFMADD231PS  Z8, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z8
+	VPBROADCASTD 8(AX), Z9
+	VPSRAD       $0x03, Z9, Z9
+	VPSUBD       Z9, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z7, Z8, Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), SI
+	DECQ         DI
+	JMP          dot8AVX512M4Vx3p1_group
+
+dot8AVX512M4Vx3p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx3p2(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), DX
+	MOVQ      16(AX), AX
+	MOVQ      b+8(FP), BX
+	MOVQ      stride+16(FP), SI
+	LEAQ      (BX)(SI*1), SI
+	MOVQ      s+56(FP), DI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4Vx3p2_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	VMOVUPS 64(R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	VMOVUPS 64(R8), Z7
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z9
+	VMOVUPS 64(R8), Z11
+	JMP     dot8AVX512M4Vx3p2_start
+
+dot8AVX512M4Vx3p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+
+dot8AVX512M4Vx3p2_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4Vx3p2_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4Vx3p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx3p2_unit:
+	PREFETCHT0   16384(BX)(R9*1)
+	PREFETCHT0   16384(SI)(R9*1)
+	VMOVDQU64    (BX)(R9*1), Z14
+	VPERMB       Z0, Z14, Z13
+	VPSRLW       $0x04, Z14, Z14
+	VPERMB       Z0, Z14, Z14
+	VMOVDQU64    (SI)(R9*1), Z16
+	VPERMB       Z0, Z16, Z15
+	VPSRLW       $0x04, Z16, Z16
+	VPERMB       Z0, Z16, Z16
+	VPBROADCASTD (CX), Z17
+	VPBROADCASTD 4(CX), Z18
+	VPDPBUSD     Z17, Z13, Z2
+	VPDPBUSD     Z17, Z15, Z4
+	VPDPBUSD     Z18, Z14, Z2
+	VPDPBUSD     Z18, Z16, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z17
+	VPBROADCASTD 4(DX), Z18
+	VPDPBUSD     Z17, Z13, Z6
+	VPDPBUSD     Z17, Z15, Z8
+	VPDPBUSD     Z18, Z14, Z6
+	VPDPBUSD     Z18, Z16, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (AX), Z17
+	VPBROADCASTD 4(AX), Z18
+	VPDPBUSD     Z17, Z13, Z10
+	VPDPBUSD     Z17, Z15, Z12
+	VPDPBUSD     Z18, Z14, Z10
+	VPDPBUSD     Z18, Z16, Z12
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4Vx3p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4127(DI)
+	VPMOVZXBD    (DI), Z13
+	VPSUBD       e8Off<>+0(SB), Z13, Z13
+	VCVTDQ2PS    Z13, Z13
+	VPMOVZXBD    16(DI), Z14
+	VPSUBD       e8Off<>+0(SB), Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VBROADCASTSS (CX), Z15
+	VPBROADCASTD 8(CX), Z16
+	VPSRAD       $0x03, Z16, Z16
+	VPSUBD       Z16, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z13, Z15, Z17
+	VFMADD231PS  Z17, Z2, Z1
+	VPSUBD       Z16, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z14, Z15, Z15
+	VFMADD231PS  Z15, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z15
+	VPBROADCASTD 8(DX), Z16
+	VPSRAD       $0x03, Z16, Z16
+	VPSUBD       Z16, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z13, Z15, Z17
+	VFMADD231PS  Z17, Z6, Z5
+	VPSUBD       Z16, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z14, Z15, Z15
+	VFMADD231PS  Z15, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (AX), Z15
+	VPBROADCASTD 8(AX), Z16
+	VPSRAD       $0x03, Z16, Z16
+	VPSUBD       Z16, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VSCALEFPS    Z13, Z15, Z13
+	VFMADD231PS  Z13, Z10, Z9
+	VPSUBD       Z16, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VSCALEFPS    Z14, Z15, Z13
+	VFMADD231PS  Z13, Z12, Z11
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4Vx3p2_group
+
+dot8AVX512M4Vx3p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx4p1(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), DX
+	MOVQ      16(AX), BX
+	MOVQ      24(AX), AX
+	MOVQ      b+8(FP), SI
+	MOVQ      s+56(FP), DI
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R8
+	TESTQ   $0x00000001, R8
+	JZ      dot8AVX512M4Vx4p1_zero
+	MOVQ    c+32(FP), R8
+	MOVQ    ldc+40(FP), R9
+	VMOVUPS (R8), Z1
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z3
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z5
+	ADDQ    R9, R8
+	VMOVUPS (R8), Z7
+	JMP     dot8AVX512M4Vx4p1_start
+
+dot8AVX512M4Vx4p1_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+
+dot8AVX512M4Vx4p1_start:
+	MOVQ groups+24(FP), R8
+	XORQ R9, R9
+
+dot8AVX512M4Vx4p1_group:
+	TESTQ  R8, R8
+	JZ     dot8AVX512M4Vx4p1_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	MOVQ   units+72(FP), R10
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx4p1_unit:
+	PREFETCHT0   16384(SI)(R9*1)
+	VMOVDQU64    (SI)(R9*1), Z10
+	VPERMB       Z0, Z10, Z9
+	VPSRLW       $0x04, Z10, Z10
+	VPERMB       Z0, Z10, Z10
+	VPBROADCASTD (CX), Z11
+	VPBROADCASTD 4(CX), Z12
+	VPDPBUSD     Z11, Z9, Z2
+	VPDPBUSD     Z12, Z10, Z2
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z11
+	VPBROADCASTD 4(DX), Z12
+	VPDPBUSD     Z11, Z9, Z4
+	VPDPBUSD     Z12, Z10, Z4
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z11
+	VPBROADCASTD 4(BX), Z12
+	VPDPBUSD     Z11, Z9, Z6
+	VPDPBUSD     Z12, Z10, Z6
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z11
+	VPBROADCASTD 4(AX), Z12
+	VPDPBUSD     Z11, Z9, Z8
+	VPDPBUSD     Z12, Z10, Z8
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNZ          dot8AVX512M4Vx4p1_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(DI)
+	PREFETCHT0   4111(DI)
+	VPMOVZXBD    (DI), Z9
+	VPSUBD       e8Off<>+0(SB), Z9, Z9
+	VCVTDQ2PS    Z9, Z9
+	VBROADCASTSS (CX), Z10
+	VPBROADCASTD 8(CX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z9, Z10, Z10
+	VFMADD231PS  Z10, Z2, Z1
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z10
+	VPBROADCASTD 8(DX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z9, Z10, Z10
+	VFMADD231PS  Z10, Z4, Z3
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z10
+	VPBROADCASTD 8(BX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z9, Z10, Z10
+	VFMADD231PS  Z10, Z6, Z5
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z10
+	VPBROADCASTD 8(AX), Z11
+	VPSRAD       $0x03, Z11, Z11
+	VPSUBD       Z11, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z9, Z10, Z9
+	VFMADD231PS  Z9, Z8, Z7
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), DI
+	DECQ         R8
+	JMP          dot8AVX512M4Vx4p1_group
+
+dot8AVX512M4Vx4p1_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z3, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	ADDQ    CX, AX
+	VMOVUPS Z7, (AX)
+	VZEROUPPER
+	RET
+
+// func dot8AVX512M4Vx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, MMX+
+TEXT ·dot8AVX512M4Vx4p2(SB), NOSPLIT, $0-96
+	MOVQ      a+0(FP), AX
+	MOVQ      (AX), CX
+	MOVQ      8(AX), DX
+	MOVQ      16(AX), BX
+	MOVQ      24(AX), AX
+	MOVQ      b+8(FP), SI
+	MOVQ      stride+16(FP), DI
+	LEAQ      (SI)(DI*1), DI
+	MOVQ      s+56(FP), R8
+	VMOVDQU64 dot8LUT<>+0(SB), Z0
+
+	// Start from the tile in c (flags bit 0), or from zero.
+	MOVQ    flags+48(FP), R9
+	TESTQ   $0x00000001, R9
+	JZ      dot8AVX512M4Vx4p2_zero
+	MOVQ    c+32(FP), R9
+	MOVQ    ldc+40(FP), R10
+	VMOVUPS (R9), Z1
+	VMOVUPS 64(R9), Z3
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z5
+	VMOVUPS 64(R9), Z7
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z9
+	VMOVUPS 64(R9), Z11
+	ADDQ    R10, R9
+	VMOVUPS (R9), Z13
+	VMOVUPS 64(R9), Z15
+	JMP     dot8AVX512M4Vx4p2_start
+
+dot8AVX512M4Vx4p2_zero:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
+	VXORPS Z5, Z5, Z5
+	VXORPS Z7, Z7, Z7
+	VXORPS Z9, Z9, Z9
+	VXORPS Z11, Z11, Z11
+	VXORPS Z13, Z13, Z13
+	VXORPS Z15, Z15, Z15
+
+dot8AVX512M4Vx4p2_start:
+	MOVQ groups+24(FP), R9
+	XORQ R10, R10
+
+dot8AVX512M4Vx4p2_group:
+	TESTQ  R9, R9
+	JZ     dot8AVX512M4Vx4p2_store
+	VPXORD Z2, Z2, Z2
+	VPXORD Z4, Z4, Z4
+	VPXORD Z6, Z6, Z6
+	VPXORD Z8, Z8, Z8
+	VPXORD Z10, Z10, Z10
+	VPXORD Z12, Z12, Z12
+	VPXORD Z14, Z14, Z14
+	VPXORD Z16, Z16, Z16
+	MOVQ   units+72(FP), R11
+
+	// Eight steps of k: two weight vectors a panel, two broadcasts a row.
+dot8AVX512M4Vx4p2_unit:
+	PREFETCHT0   16384(SI)(R10*1)
+	PREFETCHT0   16384(DI)(R10*1)
+	VMOVDQU64    (SI)(R10*1), Z18
+	VPERMB       Z0, Z18, Z17
+	VPSRLW       $0x04, Z18, Z18
+	VPERMB       Z0, Z18, Z18
+	VMOVDQU64    (DI)(R10*1), Z20
+	VPERMB       Z0, Z20, Z19
+	VPSRLW       $0x04, Z20, Z20
+	VPERMB       Z0, Z20, Z20
+	VPBROADCASTD (CX), Z21
+	VPBROADCASTD 4(CX), Z22
+	VPDPBUSD     Z21, Z17, Z2
+	VPDPBUSD     Z21, Z19, Z4
+	VPDPBUSD     Z22, Z18, Z2
+	VPDPBUSD     Z22, Z20, Z4
+	ADDQ         $0x00000008, CX
+	VPBROADCASTD (DX), Z21
+	VPBROADCASTD 4(DX), Z22
+	VPDPBUSD     Z21, Z17, Z6
+	VPDPBUSD     Z21, Z19, Z8
+	VPDPBUSD     Z22, Z18, Z6
+	VPDPBUSD     Z22, Z20, Z8
+	ADDQ         $0x00000008, DX
+	VPBROADCASTD (BX), Z21
+	VPBROADCASTD 4(BX), Z22
+	VPDPBUSD     Z21, Z17, Z10
+	VPDPBUSD     Z21, Z19, Z12
+	VPDPBUSD     Z22, Z18, Z10
+	VPDPBUSD     Z22, Z20, Z12
+	ADDQ         $0x00000008, BX
+	VPBROADCASTD (AX), Z21
+	VPBROADCASTD 4(AX), Z22
+	VPDPBUSD     Z21, Z17, Z14
+	VPDPBUSD     Z21, Z19, Z16
+	VPDPBUSD     Z22, Z18, Z14
+	VPDPBUSD     Z22, Z20, Z16
+	ADDQ         $0x00000008, AX
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNZ          dot8AVX512M4Vx4p2_unit
+
+	// The group's end: each row's sums into its chains.
+	PREFETCHT0   4096(R8)
+	PREFETCHT0   4127(R8)
+	VPMOVZXBD    (R8), Z17
+	VPSUBD       e8Off<>+0(SB), Z17, Z17
+	VCVTDQ2PS    Z17, Z17
+	VPMOVZXBD    16(R8), Z18
+	VPSUBD       e8Off<>+0(SB), Z18, Z18
+	VCVTDQ2PS    Z18, Z18
+	VBROADCASTSS (CX), Z19
+	VPBROADCASTD 8(CX), Z20
+	VPSRAD       $0x03, Z20, Z20
+	VPSUBD       Z20, Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VSCALEFPS    Z17, Z19, Z21
+	VFMADD231PS  Z21, Z2, Z1
+	VPSUBD       Z20, Z4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VSCALEFPS    Z18, Z19, Z19
+	VFMADD231PS  Z19, Z4, Z3
+	ADDQ         $0x00000010, CX
+	VBROADCASTSS (DX), Z19
+	VPBROADCASTD 8(DX), Z20
+	VPSRAD       $0x03, Z20, Z20
+	VPSUBD       Z20, Z6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VSCALEFPS    Z17, Z19, Z21
+	VFMADD231PS  Z21, Z6, Z5
+	VPSUBD       Z20, Z8, Z8
+	VCVTDQ2PS    Z8, Z8
+	VSCALEFPS    Z18, Z19, Z19
+	VFMADD231PS  Z19, Z8, Z7
+	ADDQ         $0x00000010, DX
+	VBROADCASTSS (BX), Z19
+	VPBROADCASTD 8(BX), Z20
+	VPSRAD       $0x03, Z20, Z20
+	VPSUBD       Z20, Z10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VSCALEFPS    Z17, Z19, Z21
+	VFMADD231PS  Z21, Z10, Z9
+	VPSUBD       Z20, Z12, Z12
+	VCVTDQ2PS    Z12, Z12
+	VSCALEFPS    Z18, Z19, Z19
+	VFMADD231PS  Z19, Z12, Z11
+	ADDQ         $0x00000010, BX
+	VBROADCASTSS (AX), Z19
+	VPBROADCASTD 8(AX), Z20
+	VPSRAD       $0x03, Z20, Z20
+	VPSUBD       Z20, Z14, Z14
+	VCVTDQ2PS    Z14, Z14
+	VSCALEFPS    Z17, Z19, Z17
+	VFMADD231PS  Z17, Z14, Z13
+	VPSUBD       Z20, Z16, Z16
+	VCVTDQ2PS    Z16, Z16
+	VSCALEFPS    Z18, Z19, Z17
+	VFMADD231PS  Z17, Z16, Z15
+	ADDQ         $0x00000010, AX
+	ADDQ         ss+88(FP), R8
+	DECQ         R9
+	JMP          dot8AVX512M4Vx4p2_group
+
+dot8AVX512M4Vx4p2_store:
+	MOVQ    c+32(FP), AX
+	MOVQ    ldc+40(FP), CX
+	VMOVUPS Z1, (AX)
+	VMOVUPS Z3, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z5, (AX)
+	VMOVUPS Z7, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z9, (AX)
+	VMOVUPS Z11, 64(AX)
+	ADDQ    CX, AX
+	VMOVUPS Z13, (AX)
+	VMOVUPS Z15, 64(AX)
+	VZEROUPPER
+	RET
+
 // func quant8AVX512G8(out *byte, x *float32, blocks int)
 // Requires: AVX, AVX2, AVX512F, AVX512VL
 TEXT ·quant8AVX512G8(SB), NOSPLIT, $0-24

@@ -3478,6 +3478,66 @@ func dot8AVX512HU5Mx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32
 //go:noescape
 func dot8AVX512HU5Mx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
 
+// dot8AVX512M4Vx1p1 computes 1 rows of int8 activation records against 1 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx1p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx1p2 computes 1 rows of int8 activation records against 2 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx1p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx1p3 computes 1 rows of int8 activation records against 3 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx1p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx1p4 computes 1 rows of int8 activation records against 4 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx1p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx2p1 computes 2 rows of int8 activation records against 1 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx2p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx2p2 computes 2 rows of int8 activation records against 2 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx2p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx2p3 computes 2 rows of int8 activation records against 3 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx2p3(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx2p4 computes 2 rows of int8 activation records against 4 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx2p4(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx3p1 computes 3 rows of int8 activation records against 1 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx3p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx3p2 computes 3 rows of int8 activation records against 2 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx3p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx4p1 computes 4 rows of int8 activation records against 1 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx4p1(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
+// dot8AVX512M4Vx4p2 computes 4 rows of int8 activation records against 2 int8-dot panels of MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI) weights (see dot8Func).
+//
+//go:noescape
+func dot8AVX512M4Vx4p2(a *[4]*byte, b *byte, stride int, groups int, c *float32, ldc int, flags int, s *float32, o *float32, units int, rec int, ss int)
+
 // quant8AVX512G8 quantizes blocks blocks of 32 activations at x into int8-dot records for groups of 8 at out (see quantizeRow).
 //
 //go:noescape

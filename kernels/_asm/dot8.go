@@ -107,6 +107,7 @@ var dot8KindDoc = map[string]string{
 	"S5": "5-bit signed INT8", "U5M": "5-bit unsigned INT8 (with offsets)", "S6": "6-bit signed INT8",
 	"U5KM": "5-bit unsigned INT8 (with offsets, K-quant scales)", "S6K": "6-bit signed INT8 (K-quant scales)",
 	"M4": "MXFP4 (codes twice the e2m1 values)", "S4": "INT4 (nibbles the codes plus 8)",
+	"M4V": "MXFP4 (codes twice the e2m1 values, looked up by vpermb: AVX512_VBMI)",
 }
 
 // dot8KindField is a kind's field in the Go table (kernels' dot8Kernels).
@@ -220,8 +221,9 @@ func dot8Kernel(kind string, mr, np int) {
 	a, b := rowsAndPanels(mr, np)
 	src := loadDot8Src(super, offsets)
 	src.e8, src.f16 = code.lut, f16
+	vbmi := kind == dot8VBMIKind
 	var mask VecVirtual
-	if code.nibbles {
+	if code.nibbles && !vbmi {
 		mask = ZMM()
 		t := GP32()
 		MOVL(U32(0x0F0F0F0F), t)
@@ -262,7 +264,15 @@ func dot8Kernel(kind string, mr, np int) {
 	for j := range np {
 		lo[j], hi[j] = ZMM(), ZMM()
 		at := Mem{Base: b[j], Index: o, Scale: 1}
-		if code.nibbles {
+		if vbmi {
+			// vpermb looks up by an index's low 6 bits in a table of 64
+			// (dot8LUT, 16 entries repeated): a nibble's code without
+			// masking off the bits above it.
+			VMOVDQU64(at, hi[j])
+			VPERMB(lut, hi[j], lo[j])
+			VPSRLW(U8(4), hi[j], hi[j])
+			VPERMB(lut, hi[j], hi[j])
+		} else if code.nibbles {
 			VMOVDQU64(at, hi[j])
 			VPANDD(mask, hi[j], lo[j])
 			VPSRLW(U8(4), hi[j], hi[j])
@@ -511,7 +521,7 @@ func dot8Open(name string, acc [][]VecVirtual, tile func(func(VecVirtual, Mem)),
 }
 
 func dot8Kernels() {
-	for _, kind := range dot8Kinds {
+	for _, kind := range append(dot8Kinds, dot8VBMIKind) {
 		for mr := 1; mr <= maxDot8MR; mr++ {
 			for np := 1; np <= dot8NP(mr); np++ {
 				dot8Kernel(kind, mr, np)
@@ -520,11 +530,27 @@ func dot8Kernels() {
 	}
 }
 
-// writeDot8Table appends the Go table of the int8-dot kernels to b.
+// dot8VBMIKind is MXFP4's kernels for CPUs with AVX512_VBMI beside VNNI
+// (kernels' dot8AVX512M4V, which replaces dot8AVX512's m4 there): the
+// nibbles looked up by vpermb, 3 instructions a weight vector pair where
+// the masks and vpshufb take 5; the same codes, so the same bits.
+const dot8VBMIKind = "M4V"
+
+// writeDot8Table appends the Go table of the int8-dot kernels to b, and
+// the VBMI MXFP4 kernels' table.
 func writeDot8Table(b *bytes.Buffer) {
 	writeKernelTable(b, "AVX-512 VNNI int8-dot kernels", "dot8AVX512", maxDot8MR, dot8NP, func(kind string, mr, np int) string {
 		return fmt.Sprintf("dot8AVX512%sx%dp%d", kind, mr, np)
 	})
+	fmt.Fprintf(b, "// dot8AVX512M4V holds the AVX-512 VNNI int8-dot kernels for MXFP4 that need AVX512_VBMI.\nvar dot8AVX512M4V = dot8Table{\n")
+	for mr := 1; mr <= maxDot8MR; mr++ {
+		fmt.Fprintf(b, "%d: {", mr)
+		for np := 1; np <= dot8NP(mr); np++ {
+			fmt.Fprintf(b, "%d: dot8AVX512%sx%dp%d, ", np, dot8VBMIKind, mr, np)
+		}
+		b.WriteString("},\n")
+	}
+	b.WriteString("}\n")
 }
 
 // dot8Close emits an int8-dot kernel's end: the group's scales (or the
