@@ -23,12 +23,7 @@ done
 shift $((OPTIND - 1))
 [ $# -gt 0 ] || { echo "usage: $0 [-p 512] [-n 128] [-t 2] [-r 3] F.gguf..." >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
-"$here/llamacpp/install.sh"
-moex=${MOEX:-}
-if [ -z "$moex" ]; then
-	moex=$(mktemp -d)/moex
-	(cd "$here/.." && go build -o "$moex" ./cmd/moex)
-fi
+. "$here/llamacpp/prepare.sh" # llama.cpp installed, moex set
 out=$(mktemp)
 for f in "$@"; do
 	r=1

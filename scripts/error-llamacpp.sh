@@ -21,12 +21,7 @@ done
 shift $((OPTIND - 1))
 [ $# -gt 0 ] || { echo "usage: $0 [-p 32] [-t 2] F.gguf..." >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
-"$here/llamacpp/install.sh"
-moex=${MOEX:-}
-if [ -z "$moex" ]; then
-	moex=$(mktemp -d)/moex
-	(cd "$here/.." && go build -o "$moex" ./cmd/moex)
-fi
+. "$here/llamacpp/prepare.sh" # llama.cpp installed, moex set
 for f in "$@"; do
 	d=$(mktemp -d)
 	node "$here/llamacpp/bench.mjs" logits "$f" "$P" "$T" 1 "$d" >/dev/null
