@@ -157,12 +157,13 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	M := nQ * group
 	sc := gqaAttnPool.Get().(*gqaAttnScratch)
 	defer gqaAttnPool.Put(sc)
-	qs := buffers.Grow(&sc.q, M*kd)
+	M4 := (M + 3) &^ 3 // the in-place kernels' rows: whole 4s
+	qs := buffers.Grow(&sc.q, M4*kd)
+	clear(qs[M*kd:])
 	o := buffers.Grow(&sc.o, M*vd)
-	part := buffers.Grow(&sc.part, M*vd)
-	kbuf := buffers.Grow(&sc.k, gqaChunkRows*kd)
-	scores := buffers.Grow(&sc.scores, M*gqaChunkRows)
-	probs := buffers.Grow(&sc.probs, M*gqaChunkRows)
+	part := buffers.Grow(&sc.part, M4*vd)
+	scores := buffers.Grow(&sc.scores, M4*gqaChunkRows)
+	probs := buffers.Grow(&sc.probs, M4*gqaChunkRows)
 	m := buffers.Grow(&sc.m, M)
 	ebuf := buffers.Grow(&sc.e, gqaChunkRows)
 	l := buffers.Grow(&sc.l, M)
@@ -188,28 +189,50 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	scale := float64(p.Scale)
 	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
 	chunk := func(r int) int { return min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r }
+	inPlace := false
 	if rowLo < rowHi {
 		prefetchRows(kv, table, rowLo, chunk(rowLo), kOff, kd, vOff, vd)
+		inPlace = kernels.InPlaceAttention(kv.Block(int(table[rowLo/bs])).DType, kd, vd)
 	}
-	for r := rowLo; r < rowHi; {
-		n := chunk(r)
-		vals := kernels.NewPackedF32(vd, n, sc.values) // the values as a GEMM's weights over the chunk's rows
-		sc.values = vals
-		for j := 0; j < n; { // the chunk's rows, a block's run at a time
+	// runs calls f on the chunk [r, r+n)'s rows a block's run at a time.
+	runs := func(r, n int, f func(blk kernels.Matrix, b0, cnt, j int) error) error {
+		for j := 0; j < n; {
 			b0 := (r + j) % bs
 			cnt := min(bs-b0, n-j)
-			blk := kv.Block(int(table[(r+j)/bs]))
-			blk.SpanRowsF32(b0, cnt, kOff, kd, kbuf[j*kd:])
-			if err := vals.PackRows(blk, b0, cnt, vOff, j); err != nil {
+			if err := f(kv.Block(int(table[(r+j)/bs])), b0, cnt, j); err != nil {
 				return err
 			}
 			j += cnt
 		}
+		return nil
+	}
+	var vals kernels.Matrix
+	for r := rowLo; r < rowHi; {
+		n := chunk(r)
+		var err error
+		if inPlace { // scores[row, j] = q[row]·key j, the keys read where they lie
+			err = runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+				return blk.ScoreRows(scores[j:], n, qs, kd, M, b0, cnt, kOff)
+			})
+		} else { // the keys widened, the values packed as a GEMM's weights
+			kbuf := buffers.Grow(&sc.k, gqaChunkRows*kd)
+			vals = kernels.NewPackedF32(vd, n, sc.values)
+			sc.values = vals
+			err = runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+				blk.SpanRowsF32(b0, cnt, kOff, kd, kbuf[j*kd:])
+				return vals.PackRows(blk, b0, cnt, vOff, j)
+			})
+			if err == nil {
+				keys, _ := kernels.NewF32(n, kd, kbuf[:n*kd])
+				kernels.Down(scores[:M*n], qs[:M*kd], keys, nil, 0, n)
+			}
+		}
+		if err != nil {
+			return err
+		}
 		if r+n < rowHi { // the next chunk's rows come in while this one's are weighed
 			prefetchRows(kv, table, r+n, chunk(r+n), kOff, kd, vOff, vd)
 		}
-		keys, _ := kernels.NewF32(n, kd, kbuf[:n*kd])
-		kernels.Down(scores[:M*n], qs[:M*kd], keys, nil, 0, n) // scores[row, j] = q[row]·key j
 		used := false
 		for i := range nQ {
 			j0, j1 := max(lo[i]-r, 0), min(hi[i]-r, n) // this query's rows in the chunk
@@ -223,12 +246,22 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				used = true
 				sh := scores[row*n : (row+1)*n]
 				top, finite := m[row], true
-				for _, v := range sh[j0:j1] {
-					f := float64(v) * scale
-					if f > top {
-						top = f
+				if scale != 0 { // the products are exact: the extreme score's is the largest
+					hi, lo, ok := kernels.MaxMin(sh[j0:j1])
+					ext := hi
+					if scale < 0 {
+						ext = lo
 					}
-					finite = finite && f-f == 0
+					finite = ok
+					top = max(top, float64(ext)*scale)
+				} else {
+					for _, v := range sh[j0:j1] {
+						f := float64(v) * scale
+						if f > top {
+							top = f
+						}
+						finite = finite && f-f == 0
+					}
 				}
 				if !finite { // a non-finite key: the row's output is NaN, which GQA reports
 					m[row] = math.NaN()
@@ -252,7 +285,16 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 			}
 		}
 		if used {
-			kernels.GEMMRows(part[:M*vd], probs[:M*n], nil, vals, nil, 0, vd)
+			if inPlace { // the chain from zero over the chunk's rows, as GEMMRows'
+				clear(part)
+				if err := runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+					return blk.WeighRows(part, vd, probs[j:], n, M, b0, cnt, vOff)
+				}); err != nil {
+					return err
+				}
+			} else {
+				kernels.GEMMRows(part[:M*vd], probs[:M*n], nil, vals, nil, 0, vd)
+			}
 			for x, v := range part[:M*vd] {
 				o[x] += v
 			}

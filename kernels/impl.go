@@ -50,7 +50,15 @@ type simd struct {
 	bf16 func(dst *float32, src *uint16, runs, n, ss, ds int)
 	// prefetch asks for the lines of runs of n bytes, ss apart, to be
 	// brought into the caches; nil: none.
-	prefetch          func(src *byte, runs, n, ss int)
+	prefetch func(src *byte, runs, n, ss int)
+	// attnScores[dtype][d] and attnWeigh[dtype][d][rows/8] read an
+	// attention cache's keys and values in place (see attention.go), d
+	// indexing attnDims; nil where the implementation has none.
+	attnScores [F16 + 1][len(attnDims)]attnScoresFunc
+	attnWeigh  [F16 + 1][len(attnDims)][2]attnWeighFunc
+	// maxMin writes the lane maxima, minima and finiteness sums of a
+	// multiple of 16 values (see MaxMin); nil: the Go loop.
+	maxMin            func(x *float32, n int, out *[48]float32)
 	dqS5, dqU5M, dqS6 func(dst *float32, b *byte, k int, s, o *float32)
 	// dqFP8, dqQ4, dqQ8, dqQ8M and dqQ4M widen k steps of one quantized
 	// panel into fp32 (see outerGEMMWiden); nil where the implementation

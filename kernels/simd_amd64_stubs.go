@@ -3678,6 +3678,146 @@ func bdotAVX512x6p4(a *[6]*uint16, b *byte, stride int, k int, c *float32, ldc i
 //go:noescape
 func bdotPeakAVX512(n int) float32
 
+// maxMinAVX512 writes the lane maxima, minima and non-finite checks of n fp32 values (see MaxMin).
+//
+//go:noescape
+func maxMinAVX512(x *float32, n int, out *[48]float32)
+
+// attnScoresAVX512F32D64 computes the lane-ordered dot products of 4 fp32 rows of 64 with n F32 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F32D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F32D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F32D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512F32D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n F32 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F32D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F32D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F32D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512F32D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n F32 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F32D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F32D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F32D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512BF16D64 computes the lane-ordered dot products of 4 fp32 rows of 64 with n BF16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512BF16D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512BF16D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512BF16D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512BF16D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n BF16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512BF16D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512BF16D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512BF16D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512BF16D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n BF16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512BF16D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512BF16D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512BF16D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512F16D64 computes the lane-ordered dot products of 4 fp32 rows of 64 with n F16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F16D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F16D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F16D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512F16D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n F16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F16D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F16D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F16D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnScoresAVX512F16D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n F16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F16D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F16D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
+// attnWeighAVX512F16D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //
 //go:noescape

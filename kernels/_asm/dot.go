@@ -96,6 +96,7 @@ func main() {
 			dot8Kernels()
 			quant8Kernels()
 			bdotKernels()
+			attnKernels()
 			readLoop()
 			routerDotLoop(false)
 		}
