@@ -134,6 +134,7 @@ type gqaAttnScratch struct {
 	m, l, e                      []float64
 	lo, hi                       []int
 	values                       kernels.Matrix
+	runs, next                   []blockRun
 }
 
 var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
@@ -150,7 +151,6 @@ var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
 // skipped, so a query's bits depend neither on its tile nor on the cache's
 // block size. Sinks join each denominator at the end.
 func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams, out []float32) error {
-	bs := kv.BlockSize()
 	group := p.Heads / p.KVHeads
 	kd, vd := p.KeyDim, p.ValueDim
 	nQ := it.q1 - it.q0
@@ -190,35 +190,36 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	kOff, vOff := it.g*kd, p.KVHeads*kd+it.g*vd
 	chunk := func(r int) int { return min((r/gqaChunkRows+1)*gqaChunkRows, rowHi) - r }
 	inPlace := false
+	cur, next := sc.runs[:0], sc.next[:0] // the chunk's runs of rows in a block, and the next chunk's
 	if rowLo < rowHi {
-		prefetchRows(kv, table, rowLo, chunk(rowLo), kOff, kd, vOff, vd)
-		inPlace = kernels.InPlaceAttention(kv.Block(int(table[rowLo/bs])).DType, kd, vd)
+		next = chunkRuns(kv, table, rowLo, chunk(rowLo), next)
+		prefetchRuns(next, kOff, kd, vOff, vd)
+		inPlace = kernels.InPlaceAttention(next[0].blk.DType, kd, vd)
 	}
-	// runs calls f on the chunk [r, r+n)'s rows a block's run at a time.
-	runs := func(r, n int, f func(blk kernels.Matrix, b0, cnt, j int) error) error {
-		for j := 0; j < n; {
-			b0 := (r + j) % bs
-			cnt := min(bs-b0, n-j)
-			if err := f(kv.Block(int(table[(r+j)/bs])), b0, cnt, j); err != nil {
+	defer func() { sc.runs, sc.next = cur[:0], next[:0] }()
+	// runs calls f on each run of the chunk.
+	runs := func(f func(blk kernels.Matrix, b0, cnt, j int) error) error {
+		for _, u := range cur {
+			if err := f(u.blk, u.b0, u.cnt, u.j); err != nil {
 				return err
 			}
-			j += cnt
 		}
 		return nil
 	}
 	var vals kernels.Matrix
 	for r := rowLo; r < rowHi; {
 		n := chunk(r)
+		cur, next = next, cur[:0]
 		var err error
 		if inPlace { // scores[row, j] = q[row]·key j, the keys read where they lie
-			err = runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+			err = runs(func(blk kernels.Matrix, b0, cnt, j int) error {
 				return blk.ScoreRows(scores[j:], n, qs, kd, M, b0, cnt, kOff)
 			})
 		} else { // the keys widened, the values packed as a GEMM's weights
 			kbuf := buffers.Grow(&sc.k, gqaChunkRows*kd)
 			vals = kernels.NewPackedF32(vd, n, sc.values)
 			sc.values = vals
-			err = runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+			err = runs(func(blk kernels.Matrix, b0, cnt, j int) error {
 				blk.SpanRowsF32(b0, cnt, kOff, kd, kbuf[j*kd:])
 				return vals.PackRows(blk, b0, cnt, vOff, j)
 			})
@@ -231,7 +232,8 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 			return err
 		}
 		if r+n < rowHi { // the next chunk's rows come in while this one's are weighed
-			prefetchRows(kv, table, r+n, chunk(r+n), kOff, kd, vOff, vd)
+			next = chunkRuns(kv, table, r+n, chunk(r+n), next)
+			prefetchRuns(next, kOff, kd, vOff, vd)
 		}
 		used := false
 		for i := range nQ {
@@ -287,7 +289,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 		if used {
 			if inPlace { // the chain from zero over the chunk's rows, as GEMMRows'
 				clear(part)
-				if err := runs(r, n, func(blk kernels.Matrix, b0, cnt, j int) error {
+				if err := runs(func(blk kernels.Matrix, b0, cnt, j int) error {
 					return blk.WeighRows(part, vd, probs[j:], n, M, b0, cnt, vOff)
 				}); err != nil {
 					return err
@@ -331,20 +333,35 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	return nil
 }
 
-// prefetchRows asks for the keys (columns [kOff, kOff+kd)) and values
-// ([vOff, vOff+vd)) of rows [r, r+n) of a sequence (its block table) to
-// be brought into the caches: a head's runs in a cache row are short and
-// far apart, so that read one by one each waits on memory (a decode step
-// of GQA at 576 rows took 264 µs with the cache out of L3, 154 µs in it).
-func prefetchRows(kv Blocks, table []int32, r, n, kOff, kd, vOff, vd int) {
+// blockRun is rows [b0, b0+cnt) of a cache block, rows [j, j+cnt) of a
+// chunk.
+type blockRun struct {
+	blk        kernels.Matrix
+	b0, cnt, j int
+}
+
+// chunkRuns appends to dst the runs of rows [r, r+n) of a sequence (its
+// block table), one a block.
+func chunkRuns(kv Blocks, table []int32, r, n int, dst []blockRun) []blockRun {
 	bs := kv.BlockSize()
 	for j := 0; j < n; {
 		b0 := (r + j) % bs
 		cnt := min(bs-b0, n-j)
-		blk := kv.Block(int(table[(r+j)/bs]))
-		blk.PrefetchRows(b0, cnt, kOff, kd)
-		blk.PrefetchRows(b0, cnt, vOff, vd)
+		dst = append(dst, blockRun{kv.Block(int(table[(r+j)/bs])), b0, cnt, j})
 		j += cnt
+	}
+	return dst
+}
+
+// prefetchRuns asks for the keys (columns [kOff, kOff+kd)) and values
+// ([vOff, vOff+vd)) of runs to be brought into the caches: a head's runs
+// in a cache row are short and far apart, so that read one by one each
+// waits on memory (a decode step of GQA at 576 rows took 264 µs with the
+// cache out of L3, 154 µs in it).
+func prefetchRuns(runs []blockRun, kOff, kd, vOff, vd int) {
+	for _, u := range runs {
+		u.blk.PrefetchRows(u.b0, u.cnt, kOff, kd)
+		u.blk.PrefetchRows(u.b0, u.cnt, vOff, vd)
 	}
 }
 
