@@ -45,6 +45,19 @@ func smallGptOss(layers int) model.Preset {
 		RoPEBase: 150000, RoPEScaling: y, Context: 4096}
 }
 
+// smallDeepSeek is DeepSeek-V2-Lite's structure (MLA without q-LoRA over
+// a latent of 256 + 32 with its yarn RoPE, a dense first layer, 8 routed
+// experts top-2 and two shared) at hidden 256 and its 27 layers: llama.cpp
+// reads a deepseek2 file without q-LoRA only at V2-Lite's layer count.
+func smallDeepSeek() model.Preset {
+	m := moe.Config{ModelType: "deepseek_v2", Name: "deepseek_v2", Hidden: 256, NumExperts: 8, TopK: 2, Inter: 256, SharedInter: 512,
+		Scoring: moe.Softmax, Method: moe.Greedy, RoutedScaling: 1}
+	a := attn.MLAConfig{Hidden: 256, Heads: 4, KVLoraRank: 256, NopeDim: 64, RopeDim: 32, VDim: 64, RopeTheta: 10000, RMSNormEps: 1e-6,
+		Scaling: &attn.YarnScaling{Type: "yarn", Factor: 40, OrigMaxPos: 4096, BetaFast: 32, BetaSlow: 1, MScale: 0.707, MScaleAllDm: 0.707}}
+	return model.Preset{Name: "deepseek-small", MoE: m, Attn: a, Vocab: 512, Layers: 27, FirstKDense: 1, DenseInter: 512, RMSNormEps: 1e-6,
+		Context: 4096}
+}
+
 func writeGGUF(t *testing.T, p model.Preset, mix string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), p.Name+"-"+mix+".gguf")
@@ -102,6 +115,33 @@ func TestWriteGGUFTypes(t *testing.T) {
 	require.Equal(t, gguf.F32, typ("blk.1.post_attention_norm.weight"))
 	require.NoError(t, m.Close())
 
+	// deepseek2: the MLA tensors (attn_k_b's rows of 64 are not whole
+	// Q4_K blocks: Q8_0), the dense first layer, the shared experts.
+	d := smallDeepSeek()
+	m, err = gguf.OpenModel(writeGGUF(t, d, "q4_k_m"))
+	require.NoError(t, err)
+	for name, want := range map[string]gguf.Type{"blk.0.ffn_gate.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K,
+		"blk.1.attn_q.weight": gguf.Q4_K, "blk.1.attn_kv_a_mqa.weight": gguf.Q4_K, "blk.1.attn_kv_a_norm.weight": gguf.F32,
+		"blk.1.attn_k_b.weight": gguf.Q8_0, "blk.1.attn_v_b.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K,
+		"blk.1.ffn_gate_inp.weight": gguf.F32, "blk.1.ffn_up_shexp.weight": gguf.Q4_K, "blk.1.ffn_down_exps.weight": gguf.Q6_K,
+		"blk.3.ffn_down_exps.weight": gguf.Q4_K, "blk.5.ffn_down_exps.weight": gguf.Q6_K} {
+		require.Equal(t, want, typ(name), name)
+	}
+	_, err = m.Tensor("blk.0.ffn_down_exps.weight")
+	require.Error(t, err, "a dense layer has no experts")
+	for name, dims := range map[string][]uint64{"blk.1.attn_k_b.weight": {64, 256, 4}, "blk.1.attn_v_b.weight": {256, 64, 4},
+		"blk.1.attn_kv_a_mqa.weight": {256, 288}, "blk.1.ffn_down_shexp.weight": {512, 256}, "blk.1.ffn_gate_exps.weight": {256, 256, 8}} {
+		ti, err := m.Tensor(name)
+		require.NoError(t, err)
+		require.Equal(t, dims, ti.Dims, name)
+	}
+	require.NoError(t, m.Close())
+	mod, err := model.Load(writeGGUF(t, d, "q8_0"))
+	require.NoError(t, err)
+	a := mod.Arch.Attention
+	require.Equal(t, []int{4, 256, 64, 32, 64, 27, 1, 512}, []int{a.Heads, a.KVLoraRank, a.NopeDim, a.RopeDim, a.VDim, mod.Arch.Layers, mod.Arch.FirstKDense, mod.Vocab})
+	require.NoError(t, mod.Close())
+
 	for _, tc := range []struct {
 		p   model.Preset
 		mix string
@@ -121,7 +161,10 @@ func TestWriteGGUFTypes(t *testing.T) {
 	}
 
 	var sink strings.Builder
-	err = model.WriteGGUF(&sink, model.Tiny(), "q8_0", 1)
+	qLoRA := model.Tiny() // MLA with q-LoRA: DeepSeek-V2's and V3's, not written
+	r := 16
+	qLoRA.Attn.QLoraRank = &r
+	err = model.WriteGGUF(&sink, qLoRA, "q8_0", 1)
 	require.ErrorIs(t, err, format.ErrUnsupported)
 	require.ErrorContains(t, err, `preset "tiny"`)
 	err = model.WriteGGUF(&sink, p, "q5_k_m", 1)
@@ -154,7 +197,7 @@ func TestWriteGGUFAgainstLlamaCpp(t *testing.T) {
 	for _, tc := range []struct {
 		p   model.Preset
 		mix string
-	}{{smallQwen3(3), "q4_k_m"}, {smallQwen3(2), "q8_0"}, {smallGptOss(2), "mxfp4"}} {
+	}{{smallQwen3(3), "q4_k_m"}, {smallQwen3(2), "q8_0"}, {smallGptOss(2), "mxfp4"}, {smallDeepSeek(), "q4_k_m"}} {
 		t.Run(tc.p.Name+"-"+tc.mix, func(t *testing.T) {
 			path := writeGGUF(t, tc.p, tc.mix)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*60e9)

@@ -34,9 +34,9 @@ type Preset struct {
 	// WeightDType.
 	ExpertDType    kernels.DType
 	EmbeddingDType kernels.DType
-	// RoPEBase, RoPEScaling and Context are the grouped-query presets'
-	// RoPE and context length, as a GGUF file of them states them
-	// (WriteGGUF).
+	// RoPEBase and RoPEScaling are the grouped-query presets' RoPE (MLA's
+	// is in Attn), Context a preset's context length, as a GGUF file of
+	// them states them (WriteGGUF).
 	RoPEBase    float64
 	RoPEScaling kernels.RoPEScaling
 	Context     int
@@ -67,7 +67,8 @@ func Tiny() Preset {
 func DeepSeekV2Lite(layers int) Preset {
 	m := *moe.DeepSeekV2Lite()
 	return Preset{Name: "deepseek-v2-lite", MoE: m, Attn: attn.DeepSeekV2LiteAttention(), Vocab: ByteVocab, Layers: layers,
-		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16}
+		FirstKDense: min(1, layers-1), DenseInter: 10944, RMSNormEps: 1e-6, WeightDType: kernels.BF16, EmbeddingDType: kernels.BF16,
+		Context: 163840}
 }
 
 // Qwen3_30B_A3B is Qwen3-30B-A3B at its shapes (hidden 2048; grouped-query

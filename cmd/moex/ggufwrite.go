@@ -20,7 +20,7 @@ func cmdGGUF(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: gguf: want `gguf write --preset P --type T --out F.gguf`", errUsage)
 	}
 	fs := flag.NewFlagSet("gguf write", flag.ContinueOnError)
-	preset := fs.String("preset", "", "the shapes: qwen3-30b-a3b or gpt-oss-20b")
+	preset := fs.String("preset", "", "the shapes: qwen3-30b-a3b, gpt-oss-20b or deepseek-v2-lite (llama.cpp reads it at its 27 layers only)")
 	layers := fs.Int("layers", 0, "layers (0: the model's own count); fewer cut the depth and the file")
 	typ := fs.String("type", "q4_k_m", "the tensors' types: "+strings.Join(model.GGUFMixes, ", "))
 	out := fs.String("out", "", "the file to write")
@@ -32,8 +32,8 @@ func cmdGGUF(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case *out == "":
 		return fmt.Errorf("%w: gguf write: give --out", errUsage)
-	case !ok || (*preset != "qwen3-30b-a3b" && *preset != "gpt-oss-20b"):
-		return fmt.Errorf("%w: gguf write: --preset %q (want qwen3-30b-a3b or gpt-oss-20b)", errUsage, *preset)
+	case !ok || (*preset != "qwen3-30b-a3b" && *preset != "gpt-oss-20b" && *preset != "deepseek-v2-lite"):
+		return fmt.Errorf("%w: gguf write: --preset %q (want qwen3-30b-a3b, gpt-oss-20b or deepseek-v2-lite)", errUsage, *preset)
 	case !slices.Contains(model.GGUFMixes, *typ):
 		return fmt.Errorf("%w: gguf write: --type %q (want %s)", errUsage, *typ, strings.Join(model.GGUFMixes, ", "))
 	}
@@ -55,7 +55,11 @@ func cmdGGUF(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("gguf write: %w", err)
 	}
 	defer os.Remove(f.Name())
-	if err := model.WriteGGUF(f, ps.make(n), *typ, *seed); err != nil {
+	p := ps.make(n)
+	if *preset == "deepseek-v2-lite" {
+		p.Vocab = 102400 // its own vocabulary, as a downloaded file's embedding and output (bench model's preset keeps the bytes')
+	}
+	if err := model.WriteGGUF(f, p, *typ, *seed); err != nil {
 		f.Close()
 		return fmt.Errorf("gguf write: %w", err)
 	}
