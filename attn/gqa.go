@@ -290,7 +290,7 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 			if inPlace { // the chain from zero over the chunk's rows, as GEMMRows'
 				clear(part)
 				if err := runs(func(blk kernels.Matrix, b0, cnt, j int) error {
-					return blk.WeighRows(part, vd, probs[j:], n, M, b0, cnt, vOff)
+					return blk.WeighRows(part, vd, probs[j:], n, M, b0, cnt, vOff, false)
 				}); err != nil {
 					return err
 				}

@@ -2,8 +2,10 @@ package attn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 
 	"github.com/moex-project/moex/internal/buffers"
@@ -87,9 +89,21 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAPara
 		total*(float64(heads)*float64(4*dv+8)+32)); err != nil {
 		return err
 	}
-	// Work items: (query, chunk of rows).
-	type item struct{ q, r0, r1, slot int }
-	items := make([]item, 0, int(total))
+	// Work items: (query, chunk of rows, group of heads). A few items (a
+	// decode step) are split by heads too, in groups of at least 4, so
+	// that every worker has some; a head's bits do not depend on its group.
+	chunks := int(total)
+	groups := 1
+	workers := p.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	for chunks*groups < 4*workers && heads%(2*groups) == 0 && heads/(2*groups) >= 4 {
+		groups *= 2
+	}
+	per := heads / groups
+	type item struct{ q, r0, r1, slot, h0 int }
+	items := make([]item, 0, chunks*groups)
 	chunksOf := make([]int, nq)
 	firstSlot := make([]int, nq)
 	slots := 0
@@ -99,7 +113,9 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAPara
 		}
 		firstSlot[i] = slots
 		for r := 0; r < qr.Len; r += split {
-			items = append(items, item{i, r, min(r+split, qr.Len), slots})
+			for h0 := 0; h0 < heads; h0 += per {
+				items = append(items, item{i, r, min(r+split, qr.Len), slots, h0})
+			}
 			slots++
 			chunksOf[i]++
 		}
@@ -108,11 +124,16 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAPara
 	defer mlaPool.Put(sc)
 	partO := buffers.Grow(&sc.o, slots*heads*dv) // every slot written by its chunk
 	partL := buffers.Grow(&sc.l, slots*heads)
+	errs := make([]error, len(items))
 	err := kernels.Parallel(ctx, p.Workers, len(items), func(k int) {
 		it := items[k]
-		attendChunk(kv, q[it.q*heads*D:(it.q+1)*heads*D], queries[it.q].Table, it.r0, it.r1, heads, dv, scale,
-			partO[it.slot*heads*dv:(it.slot+1)*heads*dv], partL[it.slot*heads:(it.slot+1)*heads])
+		h0, h1 := it.h0, it.h0+per
+		errs[k] = attendChunk(kv, q[(it.q*heads+h0)*D:(it.q*heads+h1)*D], queries[it.q].Table, it.r0, it.r1, per, dv, scale,
+			partO[(it.slot*heads+h0)*dv:(it.slot*heads+h1)*dv], partL[it.slot*heads+h0:it.slot*heads+h1])
 	})
+	if err == nil {
+		err = errors.Join(errs...)
+	}
 	if err != nil {
 		return err
 	}
@@ -215,9 +236,9 @@ type (
 		l []float64
 	}
 	chunkScratch struct {
-		scores, probs, part []float32
-		m, l                []float64
-		values              kernels.Matrix
+		q, scores, probs, part []float32
+		m, l                   []float64
+		values                 kernels.Matrix
 	}
 )
 
@@ -226,19 +247,23 @@ var (
 	chunkPool = sync.Pool{New: func() any { return new(chunkScratch) }}
 )
 
-// attendChunk computes one query's attention over cached rows [r0, r1):
-// o [heads, dv] normalised within the chunk and lse [heads] of the chunk,
-// with an online softmax over the blocks: each block's scores (one GEMM of
-// the heads' queries with its rows), the running maximum and sum rescaled
-// once per block, and the block's values weighted by one GEMM of the heads'
-// probabilities with its rows' first dv columns.
-func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, scale float32, o []float32, lse []float64) {
-	bs := kv.BlockSize()
+// attendChunk computes one query's attention over cached rows [r0, r1)
+// for heads heads (q [heads, D]): o [heads, dv] normalised within the
+// chunk and lse [heads] of the chunk, with an online softmax over the
+// blocks: each block's scores (the heads' dot products with its rows, in
+// the kernels' order), the running maximum and sum rescaled once per
+// block, and the block's values weighted by the FMA chain of a GEMM of the
+// heads' probabilities with its rows' first dv columns, added to o. On
+// AVX-512 the rows are read where they lie (kernels' ScoreRows and
+// WeighRows, the same bits); elsewhere widened into a packed copy.
+func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, scale float32, o []float32, lse []float64) error {
+	bs, D := kv.BlockSize(), kv.Dim()
 	sc := chunkPool.Get().(*chunkScratch)
 	defer chunkPool.Put(sc)
-	scores := buffers.Grow(&sc.scores, heads*bs)
-	probs := buffers.Grow(&sc.probs, heads*bs)
-	part := buffers.Grow(&sc.part, heads*dv)
+	M4 := (heads + 3) &^ 3 // the in-place kernels' rows: whole 4s
+	scores := buffers.Grow(&sc.scores, M4*bs)
+	probs := buffers.Grow(&sc.probs, M4*bs)
+	part := buffers.Grow(&sc.part, M4*dv)
 	m := buffers.Grow(&sc.m, heads)
 	l := buffers.Grow(&sc.l, heads)
 	for h := range m {
@@ -246,6 +271,13 @@ func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, s
 	}
 	clear(l)
 	clear(o)
+	inPlace := r0 < r1 && kernels.InPlaceAttention(kv.Block(int(table[r0/bs])).DType, D, dv)
+	qs := q
+	if inPlace && M4 > heads { // q's rows padded to whole 4s
+		qs = buffers.Grow(&sc.q, M4*D)
+		copy(qs, q)
+		clear(qs[heads*D:])
+	}
 	values := sc.values
 	defer func() { sc.values = values }()
 	for r := r0; r < r1; {
@@ -253,12 +285,27 @@ func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, s
 		lo := r % bs
 		hi := min(bs, lo+(r1-r))
 		n := hi - lo
-		kernels.Down(scores, q, blk, nil, lo, hi) // scores[h, j] = q[h]·row j
+		if inPlace { // scores[h, lo+j] = q[h]·row j
+			if err := blk.ScoreRows(scores[lo:], bs, qs, D, heads, lo, n, 0); err != nil {
+				return err
+			}
+		} else {
+			kernels.Down(scores, q, blk, nil, lo, hi)
+		}
 		for h := 0; h < heads; h++ {
 			sh := scores[h*bs+lo : h*bs+hi]
 			top := m[h]
-			for _, v := range sh {
-				top = math.Max(top, float64(scale*v))
+			if mx, mn, ok := kernels.MaxMin(sh); ok && scale != 0 {
+				// scale·v rounds monotonically: its extreme is the extreme v's
+				ext := mx
+				if scale < 0 {
+					ext = mn
+				}
+				top = math.Max(top, float64(scale*ext))
+			} else {
+				for _, v := range sh {
+					top = math.Max(top, float64(scale*v))
+				}
 			}
 			if top > m[h] { // rescale what came before
 				c := math.Exp(m[h] - top)
@@ -277,12 +324,26 @@ func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, s
 				ph[j] = float32(e)
 			}
 		}
-		// part[h, x] = Σ_j probs[h, j] · row j [x]: the rows' value columns
-		// packed as the weights of a GEMM over the block's rows.
-		values = kernels.PackColumns(blk, lo, hi, dv, values)
-		kernels.GEMMRows(part, probs[:heads*n], nil, values, nil, 0, dv)
-		for x, v := range part {
-			o[x] += v
+		// o[h, x] += Σ_j probs[h, j] · row j [x], an FMA chain over the
+		// block's rows from zero, added in one rounding.
+		switch {
+		case inPlace && heads == M4: // added to o by the kernel
+			if err := blk.WeighRows(o, dv, probs, n, heads, lo, n, 0, true); err != nil {
+				return err
+			}
+		case inPlace:
+			clear(part)
+			if err := blk.WeighRows(part, dv, probs, n, heads, lo, n, 0, false); err != nil {
+				return err
+			}
+		default:
+			values = kernels.PackColumns(blk, lo, hi, dv, values)
+			kernels.GEMMRows(part[:heads*dv], probs[:heads*n], nil, values, nil, 0, dv)
+		}
+		if !inPlace || heads != M4 {
+			for x, v := range part[:heads*dv] {
+				o[x] += v
+			}
 		}
 		r += n
 	}
@@ -294,4 +355,5 @@ func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, s
 		}
 		lse[h] = m[h] + math.Log(l[h])
 	}
+	return nil
 }

@@ -16,16 +16,17 @@ import (
 // callers widen.
 
 // attnDims are the head dimensions with in-place kernels.
-var attnDims = [...]int{64, 128, 256}
+var attnDims = [...]int{64, 128, 256, 512, 576}
 
 type (
 	// attnScoresFunc: for n keys (a multiple of 4) from keys, stride bytes
 	// apart, out[m·ldo + j] = q[m]·key j for the 4 rows of q; ldo in bytes.
 	attnScoresFunc func(q *float32, keys *byte, stride, n int, out *float32, ldo int)
-	// attnWeighFunc: part[m·d + x] = fma(p[m·ldp + j], value j [x], part)
-	// over j ascending for n values from vals, stride bytes apart, 4 or 8
-	// rows m; ldp in bytes.
-	attnWeighFunc func(p *float32, ldp int, vals *byte, stride, n int, part *float32)
+	// attnWeighFunc: the chain c = fma(p[m·ldp + j], value j [x], c) over
+	// j ascending for n values from vals, stride bytes apart, 4 or 8 rows
+	// m, from c = part[m·d + x] into it (add 0), or from zero and then
+	// part[m·d + x] += c (add 1); ldp in bytes.
+	attnWeighFunc func(p *float32, ldp int, vals *byte, stride, n int, part *float32, add int)
 )
 
 func attnDim(d int) int {
@@ -39,7 +40,8 @@ func attnDim(d int) int {
 
 // InPlaceAttention reports whether ScoreRows (at key dimension kd) and
 // WeighRows (at value dimension vd) run on row-major matrices of dtype dt
-// on this machine: AVX-512, F32, BF16 or F16, dimensions 64, 128 or 256.
+// on this machine: AVX-512, F32, BF16 or F16, dimensions 64, 128, 256,
+// 512 or 576 (MLA's latent rows and their values).
 func InPlaceAttention(dt DType, kd, vd int) bool {
 	s := active
 	if s == nil || dt > F16 || dt != F32 && dt != BF16 && dt != F16 {
@@ -105,27 +107,28 @@ func (m Matrix) ScoreRows(out []float32, ldo int, q []float32, kd, rows, r0, n, 
 }
 
 // attnTail is ScoreRows' scratch for a run's last keys: 4 keys of up to
-// 256 fp32 values, and their 16 scores.
+// 576 fp32 values, and their 16 scores.
 type attnTail struct {
-	keys [4 * 256 * 4]byte
+	keys [4 * 576 * 4]byte
 	out  [16]float32
 }
 
 var attnTailPool = sync.Pool{New: func() any { return new(attnTail) }}
 
-// WeighRows adds to part the probabilities p times the matrix's rows r0
-// to r0+n, columns c0 to c0+vd: for rows i < rows and x < vd, over j
-// ascending,
+// WeighRows weighs the matrix's rows r0 to r0+n, columns c0 to c0+vd, by
+// the probabilities p: for rows i < rows and x < vd, over j ascending,
 //
-//	part[i·vd + x] = fma(p[i·ldp + j], m[r0+j, c0+x], part[i·vd + x])
+//	c = fma(p[i·ldp + j], m[r0+j, c0+x], c)
 //
-// the FMA chain of GEMMRows over those rows widened and packed, continued
-// from part (cleared, it is GEMMRows' bits): an attention cache's values
-// read in place. p is [rows rounded up to 4, ldp ≥ n] and part [rows
-// rounded up to 4, vd]; the rows past rows are computed too, and do not
-// change the others. It needs InPlaceAttention; shapes out of range are
-// an error.
-func (m Matrix) WeighRows(part []float32, vd int, p []float32, ldp, rows, r0, n, c0 int) error {
+// the FMA chain of GEMMRows over those rows widened and packed (an
+// attention cache's values read in place). Without add the chain starts
+// from part[i·vd + x] and ends there (from a cleared part it is GEMMRows'
+// bits; a range split in two continues it); with add it starts from zero
+// and part[i·vd + x] += c (GEMMRows' product added in one rounding). p is
+// [rows rounded up to 4, ldp ≥ n] and part [rows rounded up to 4, vd]; the
+// rows past rows are computed too, and do not change the others. It needs
+// InPlaceAttention; shapes out of range are an error.
+func (m Matrix) WeighRows(part []float32, vd int, p []float32, ldp, rows, r0, n, c0 int, add bool) error {
 	rows4 := (rows + 3) &^ 3
 	var f [2]attnWeighFunc
 	if s, d := active, attnDim(vd); s != nil && d >= 0 && !m.packed && m.DType <= F16 {
@@ -149,7 +152,11 @@ func (m Matrix) WeighRows(part []float32, vd int, p []float32, ldp, rows, r0, n,
 		if rows4-i < 8 {
 			k, r = f[0], 4
 		}
-		k(&p[i*ldp], 4*ldp, base, m.Cols*es, n, &part[i*vd])
+		a := 0
+		if add {
+			a = 1
+		}
+		k(&p[i*ldp], 4*ldp, base, m.Cols*es, n, &part[i*vd], a)
 		i += r
 	}
 	return nil

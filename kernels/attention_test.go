@@ -19,13 +19,13 @@ import (
 // 1 to 9 query rows, runs of keys of every length mod 4; the rows past
 // rows do not change the others; bad shapes are errors.
 func TestScoreRowsWeighRows(t *testing.T) {
-	const rowsCache, cols = 45, 2*256 + 24
+	const rowsCache, cols = 45, 2*576 + 24
 	ms := threeDTypes(t, rowsCache, cols, 11, 1)
 	ran := false
 	forEachImpl(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(3, 4))
 		for _, m := range ms {
-			for _, d := range []int{64, 128, 256} {
+			for _, d := range []int{64, 128, 256, 512, 576} {
 				if !kernels.InPlaceAttention(m.DType, d, d) {
 					require.Error(t, m.ScoreRows(make([]float32, 16), 4, make([]float32, 4*d), d, 1, 0, 4, 0), "no kernel: an error")
 					continue
@@ -73,15 +73,23 @@ func TestScoreRowsWeighRows(t *testing.T) {
 					wantV := make([]float32, c.rows*d)
 					kernels.GEMMRows(wantV, dense, nil, pk, nil, 0, d)
 					part := make([]float32, rows8*d)
-					require.NoError(t, m.WeighRows(part, d, p, ldp, c.rows, c.r0, c.n, c.c0), name)
+					require.NoError(t, m.WeighRows(part, d, p, ldp, c.rows, c.r0, c.n, c.c0, false), name)
 					split := make([]float32, rows8*d)
 					h := c.n / 2
-					require.NoError(t, m.WeighRows(split, d, p, ldp, c.rows, c.r0, h, c.c0), name)
-					require.NoError(t, m.WeighRows(split, d, p[h:], ldp, c.rows, c.r0+h, c.n-h, c.c0), name)
+					require.NoError(t, m.WeighRows(split, d, p, ldp, c.rows, c.r0, h, c.c0, false), name)
+					require.NoError(t, m.WeighRows(split, d, p[h:], ldp, c.rows, c.r0+h, c.n-h, c.c0, false), name)
+					// Added to an output in one rounding.
+					o := make([]float32, rows8*d)
+					for i := range o {
+						o[i] = float32(rng.NormFloat64())
+					}
+					o0 := append([]float32(nil), o...)
+					require.NoError(t, m.WeighRows(o, d, p, ldp, c.rows, c.r0, c.n, c.c0, true), name)
 					for i := range c.rows {
 						for x := range d {
 							require.Equal(t, math.Float32bits(wantV[i*d+x]), math.Float32bits(part[i*d+x]), "%s: weighed [%d, %d]", name, i, x)
 							require.Equal(t, math.Float32bits(wantV[i*d+x]), math.Float32bits(split[i*d+x]), "%s: weighed in two [%d, %d]", name, i, x)
+							require.Equal(t, math.Float32bits(o0[i*d+x]+wantV[i*d+x]), math.Float32bits(o[i*d+x]), "%s: added [%d, %d]", name, i, x)
 						}
 					}
 				}
@@ -90,9 +98,9 @@ func TestScoreRowsWeighRows(t *testing.T) {
 				require.ErrorContains(t, m.ScoreRows(make([]float32, 16), 4, q, d, 1, rowsCache-2, 4, 0), "against rows 43+4")
 				require.ErrorContains(t, m.ScoreRows(make([]float32, 16), 4, q[:d], d, 1, 0, 4, 0), "ScoreRows of 1 rows")
 				require.ErrorContains(t, m.ScoreRows(make([]float32, 15), 4, q, d, 1, 0, 4, 0), "out 15 values")
-				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d), d, make([]float32, 16), 4, 1, 0, 4, cols-d+1), fmt.Sprintf("columns %d+", cols-d+1))
-				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d-1), d, make([]float32, 16), 4, 1, 0, 4, 0), fmt.Sprintf("part %d of %d", 4*d-1, d))
-				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d), d, make([]float32, 15), 4, 1, 0, 4, 0), "p 15 values")
+				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d), d, make([]float32, 16), 4, 1, 0, 4, cols-d+1, false), fmt.Sprintf("columns %d+", cols-d+1))
+				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d-1), d, make([]float32, 16), 4, 1, 0, 4, 0, false), fmt.Sprintf("part %d of %d", 4*d-1, d))
+				require.ErrorContains(t, m.WeighRows(make([]float32, 4*d), d, make([]float32, 15), 4, 1, 0, 4, 0, true), "p 15 values")
 			}
 		}
 		require.False(t, kernels.InPlaceAttention(kernels.F32, 96, 128), "a head dimension without a kernel")

@@ -71,21 +71,27 @@ func init() {
 		s.gate, s.gateGELU = gateAVX512, gateAVX512GELU
 		s.expShifted, s.expLanes = expShiftedAVX512, 8
 		s.maxMin = maxMinAVX512
-		s.attnScores[F32] = [...]attnScoresFunc{attnScoresAVX512F32D64, attnScoresAVX512F32D128, attnScoresAVX512F32D256}
-		s.attnScores[BF16] = [...]attnScoresFunc{attnScoresAVX512BF16D64, attnScoresAVX512BF16D128, attnScoresAVX512BF16D256}
-		s.attnScores[F16] = [...]attnScoresFunc{attnScoresAVX512F16D64, attnScoresAVX512F16D128, attnScoresAVX512F16D256}
+		s.attnScores[F32] = [...]attnScoresFunc{attnScoresAVX512F32D64, attnScoresAVX512F32D128, attnScoresAVX512F32D256, attnScoresAVX512F32D512, attnScoresAVX512F32D576}
+		s.attnScores[BF16] = [...]attnScoresFunc{attnScoresAVX512BF16D64, attnScoresAVX512BF16D128, attnScoresAVX512BF16D256, attnScoresAVX512BF16D512, attnScoresAVX512BF16D576}
+		s.attnScores[F16] = [...]attnScoresFunc{attnScoresAVX512F16D64, attnScoresAVX512F16D128, attnScoresAVX512F16D256, attnScoresAVX512F16D512, attnScoresAVX512F16D576}
 		s.attnWeigh[F32] = [...][2]attnWeighFunc{
 			{attnWeighAVX512F32D64R4, attnWeighAVX512F32D64R8},
 			{attnWeighAVX512F32D128R4, attnWeighAVX512F32D128R8},
-			{attnWeighAVX512F32D256R4, attnWeighAVX512F32D256R8}}
+			{attnWeighAVX512F32D256R4, attnWeighAVX512F32D256R8},
+			{attnWeighAVX512F32D512R4, attnWeighAVX512F32D512R8},
+			{attnWeighAVX512F32D576R4, attnWeighAVX512F32D576R8}}
 		s.attnWeigh[BF16] = [...][2]attnWeighFunc{
 			{attnWeighAVX512BF16D64R4, attnWeighAVX512BF16D64R8},
 			{attnWeighAVX512BF16D128R4, attnWeighAVX512BF16D128R8},
-			{attnWeighAVX512BF16D256R4, attnWeighAVX512BF16D256R8}}
+			{attnWeighAVX512BF16D256R4, attnWeighAVX512BF16D256R8},
+			{attnWeighAVX512BF16D512R4, attnWeighAVX512BF16D512R8},
+			{attnWeighAVX512BF16D576R4, attnWeighAVX512BF16D576R8}}
 		s.attnWeigh[F16] = [...][2]attnWeighFunc{
 			{attnWeighAVX512F16D64R4, attnWeighAVX512F16D64R8},
 			{attnWeighAVX512F16D128R4, attnWeighAVX512F16D128R8},
-			{attnWeighAVX512F16D256R4, attnWeighAVX512F16D256R8}}
+			{attnWeighAVX512F16D256R4, attnWeighAVX512F16D256R8},
+			{attnWeighAVX512F16D512R4, attnWeighAVX512F16D512R8},
+			{attnWeighAVX512F16D576R4, attnWeighAVX512F16D576R8}}
 		register(s)
 	}
 }

@@ -3688,135 +3688,225 @@ func maxMinAVX512(x *float32, n int, out *[48]float32)
 //go:noescape
 func attnScoresAVX512F32D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F32D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D64R4 continues in 4 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F32D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D64R8 continues in 8 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512F32D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n F32 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512F32D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F32D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D128R4 continues in 4 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F32D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D128R8 continues in 8 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512F32D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n F32 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512F32D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F32D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D256R4 continues in 4 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F32D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F32 values.
+// attnWeighAVX512F32D256R8 continues in 8 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n F32 values.
 //
 //go:noescape
-func attnWeighAVX512F32D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F32D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512F32D512 computes the lane-ordered dot products of 4 fp32 rows of 512 with n F32 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F32D512(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F32D512R4 continues in 4 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D512R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512F32D512R8 continues in 8 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D512R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512F32D576 computes the lane-ordered dot products of 4 fp32 rows of 576 with n F32 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F32D576(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F32D576R4 continues in 4 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D576R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512F32D576R8 continues in 8 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n F32 values.
+//
+//go:noescape
+func attnWeighAVX512F32D576R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512BF16D64 computes the lane-ordered dot products of 4 fp32 rows of 64 with n BF16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512BF16D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512BF16D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D64R4 continues in 4 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512BF16D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D64R8 continues in 8 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512BF16D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n BF16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512BF16D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512BF16D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D128R4 continues in 4 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512BF16D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D128R8 continues in 8 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512BF16D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n BF16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512BF16D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512BF16D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D256R4 continues in 4 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512BF16D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n BF16 values.
+// attnWeighAVX512BF16D256R8 continues in 8 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
 //
 //go:noescape
-func attnWeighAVX512BF16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512BF16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512BF16D512 computes the lane-ordered dot products of 4 fp32 rows of 512 with n BF16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512BF16D512(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512BF16D512R4 continues in 4 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D512R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512BF16D512R8 continues in 8 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D512R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512BF16D576 computes the lane-ordered dot products of 4 fp32 rows of 576 with n BF16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512BF16D576(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512BF16D576R4 continues in 4 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D576R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512BF16D576R8 continues in 8 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n BF16 values.
+//
+//go:noescape
+func attnWeighAVX512BF16D576R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512F16D64 computes the lane-ordered dot products of 4 fp32 rows of 64 with n F16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512F16D64(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F16D64R4 adds to 4 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D64R4 continues in 4 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D64R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F16D64R8 adds to 8 rows of part (fp32, 64 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D64R8 continues in 8 rows of part (fp32, 64 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D64R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512F16D128 computes the lane-ordered dot products of 4 fp32 rows of 128 with n F16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512F16D128(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F16D128R4 adds to 4 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D128R4 continues in 4 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D128R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F16D128R8 adds to 8 rows of part (fp32, 128 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D128R8 continues in 8 rows of part (fp32, 128 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D128R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // attnScoresAVX512F16D256 computes the lane-ordered dot products of 4 fp32 rows of 256 with n F16 keys, 4 at a time.
 //
 //go:noescape
 func attnScoresAVX512F16D256(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
 
-// attnWeighAVX512F16D256R4 adds to 4 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D256R4 continues in 4 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D256R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
-// attnWeighAVX512F16D256R8 adds to 8 rows of part (fp32, 256 a row) the FMA chains of p's rows times n F16 values.
+// attnWeighAVX512F16D256R8 continues in 8 rows of part (fp32, 256 a row), or adds to them, the FMA chains of p's rows times n F16 values.
 //
 //go:noescape
-func attnWeighAVX512F16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32)
+func attnWeighAVX512F16D256R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512F16D512 computes the lane-ordered dot products of 4 fp32 rows of 512 with n F16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F16D512(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F16D512R4 continues in 4 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D512R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512F16D512R8 continues in 8 rows of part (fp32, 512 a row), or adds to them, the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D512R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnScoresAVX512F16D576 computes the lane-ordered dot products of 4 fp32 rows of 576 with n F16 keys, 4 at a time.
+//
+//go:noescape
+func attnScoresAVX512F16D576(q *float32, keys *byte, stride int, n int, out *float32, ldo int)
+
+// attnWeighAVX512F16D576R4 continues in 4 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D576R4(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
+
+// attnWeighAVX512F16D576R8 continues in 8 rows of part (fp32, 576 a row), or adds to them, the FMA chains of p's rows times n F16 values.
+//
+//go:noescape
+func attnWeighAVX512F16D576R8(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)
 
 // readAVX512 ORs the n bytes at p (n a multiple of 512) into one word, four accumulators and eight 64-byte loads a step.
 //

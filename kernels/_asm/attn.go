@@ -21,11 +21,12 @@ import (
 //     of lanes the halving adds meeting in one vector add, so the sums are
 //     the halving's, at 45 instructions for 16 outputs instead of 128.
 //   - attnWeigh: the probabilities times the values, an FMA chain a value
-//     over the rows in ascending order, continued from part (the packed
-//     GEMM's chain, outer.go, with the values as its k steps).
+//     over the rows in ascending order (the packed GEMM's chain, outer.go,
+//     with the values as its k steps), continued from part, or from zero
+//     and then added to part.
 
 // attnDims are the head dimensions the kernels are made for.
-var attnDims = []int{64, 128, 256}
+var attnDims = []int{64, 128, 256, 512, 576}
 
 func attnKernels() {
 	maxMin()
@@ -140,17 +141,20 @@ func attnScores(dt string, kd int) {
 }
 
 // attnWeigh emits attnWeighAVX512<dt>D<vd>R<rows>: for n values at vals,
-// stride bytes apart, part[m·vd + x] += Σ_j p[m·ldp + j]·value j [x] for
-// its rows rows, an FMA chain over ascending j from part's values; ldp in
-// bytes. 16 accumulators: rows × 16/rows vectors of values at a time.
+// stride bytes apart, the FMA chain over ascending j of Σ_j p[m·ldp + j]·
+// value j [x] for its rows rows m, from part[m·vd + x] (add 0: the chain
+// continued, stored back) or from zero (add 1: the chain then added to
+// part in one rounding); ldp in bytes. 16 accumulators: rows × 16/rows
+// vectors of values at a time.
 func attnWeigh(dt string, vd, rows int) {
 	name := fmt.Sprintf("attnWeighAVX512%sD%dR%d", dt, vd, rows)
-	TEXT(name, NOSPLIT, "func(p *float32, ldp int, vals *byte, stride int, n int, part *float32)")
+	TEXT(name, NOSPLIT, "func(p *float32, ldp int, vals *byte, stride int, n int, part *float32, add int)")
 	Pragma("noescape")
-	Doc(fmt.Sprintf("%s adds to %d rows of part (fp32, %d a row) the FMA chains of p's rows times n %s values.", name, rows, vd, dt))
+	Doc(fmt.Sprintf("%s continues in %d rows of part (fp32, %d a row), or adds to them, the FMA chains of p's rows times n %s values.", name, rows, vd, dt))
 	es := attnSize(dt)
 	nv := 16 / rows // vectors of values a pass
 	part := Load(Param("part"), GP64())
+	add := Load(Param("add"), GP64())
 	for pass := 0; pass < vd/(16*nv); pass++ {
 		x0 := 16 * nv * pass // the pass's first value
 		acc := make([][]VecVirtual, rows)
@@ -158,9 +162,24 @@ func attnWeigh(dt string, vd, rows int) {
 			acc[m] = make([]VecVirtual, nv)
 			for u := range acc[m] {
 				acc[m][u] = ZMM()
+			}
+		}
+		lbl := fmt.Sprintf("%s_p%d", name, pass)
+		TESTQ(add, add)
+		JNZ(LabelRef(lbl + "_zero"))
+		for m := range acc {
+			for u := range acc[m] {
 				VMOVUPS(Mem{Base: part, Disp: 4 * (m*vd + x0 + 16*u)}, acc[m][u])
 			}
 		}
+		JMP(LabelRef(lbl + "_start"))
+		Label(lbl + "_zero")
+		for m := range acc {
+			for u := range acc[m] {
+				VXORPS(acc[m][u], acc[m][u], acc[m][u])
+			}
+		}
+		Label(lbl + "_start")
 		// Row m's probabilities at p + m·ldp: bases p, p + 3·ldp and
 		// p + 6·ldp, with ldp scaled by 1, 2 or 4 where needed.
 		p := Load(Param("p"), GP64())
@@ -195,7 +214,6 @@ func attnWeigh(dt string, vd, rows int) {
 		vp := Load(Param("vals"), GP64())
 		stride := Load(Param("stride"), GP64())
 		n := Load(Param("n"), GP64())
-		lbl := fmt.Sprintf("%s_p%d", name, pass)
 		Label(lbl)
 		TESTQ(n, n)
 		JZ(LabelRef(lbl + "_done"))
@@ -222,6 +240,14 @@ func attnWeigh(dt string, vd, rows int) {
 		DECQ(n)
 		JMP(LabelRef(lbl))
 		Label(lbl + "_done")
+		TESTQ(add, add)
+		JZ(LabelRef(lbl + "_store"))
+		for m := range acc {
+			for u := range acc[m] {
+				VADDPS(Mem{Base: part, Disp: 4 * (m*vd + x0 + 16*u)}, acc[m][u], acc[m][u])
+			}
+		}
+		Label(lbl + "_store")
 		for m := range acc {
 			for u := range acc[m] {
 				VMOVUPS(acc[m][u], Mem{Base: part, Disp: 4 * (m*vd + x0 + 16*u)})
