@@ -419,8 +419,9 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 	sc := attnPool.Get().(*attnScratch)
 	defer attnPool.Put(sc)
 	q := buffers.Grow(&sc.q, T*nh*qd) // each of these written whole before it is read
-	if c.QLoraRank == nil {
-		if err := proj.Project(ctx, &b.qProj, x, q); err != nil {
+	kv := buffers.Grow(&sc.kv, T*(L+R))
+	if c.QLoraRank == nil { // q and the latent from x at once
+		if err := projectAll(ctx, proj, []*kernels.Matrix{&b.qProj, &b.kvA}, x, [][]float32{q, kv}); err != nil {
 			return err
 		}
 	} else {
@@ -436,10 +437,9 @@ func (b *MLABlock) ForwardWith(ctx context.Context, be Backend, cache *Cache, se
 		if err := proj.Project(ctx, &b.qB, qa, q); err != nil {
 			return err
 		}
-	}
-	kv := buffers.Grow(&sc.kv, T*(L+R))
-	if err := proj.Project(ctx, &b.kvA, x, kv); err != nil {
-		return err
+		if err := proj.Project(ctx, &b.kvA, x, kv); err != nil {
+			return err
+		}
 	}
 	// Cache rows and positions, in token order.
 	queries := make([]Query, T)
