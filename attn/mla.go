@@ -69,10 +69,8 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAPara
 	if err := checkQueries(kv, queries, "mla"); err != nil {
 		return err
 	}
-	for i, v := range q {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("attn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, v)
-		}
+	if i := kernels.NonFinite(q); i >= 0 {
+		return fmt.Errorf("attn: mla: q of query %d head %d holds %v", i/(heads*D), i/D%heads, q[i])
 	}
 	split := p.SplitRows
 	if split <= 0 {
@@ -203,10 +201,8 @@ func checkQueries(kv Blocks, queries []Query, what string) error {
 // non-finite value, or saying that its rows are finite (the scores or sums
 // overflowed).
 func checkOutput(kv Blocks, queries []Query, out []float32, heads, dv int) error {
-	for i, v := range out {
-		if !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
-			continue
-		}
+	if i := kernels.NonFinite(out); i >= 0 {
+		v := out[i]
 		qi, h := i/(heads*dv), i/dv%heads
 		qr := queries[qi]
 		bs, D := kv.BlockSize(), kv.Dim()

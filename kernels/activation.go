@@ -377,8 +377,22 @@ func (e *glu) row(h, g, u []float32, r, n0 int) {
 // fraction of the time math.IsNaN and math.IsInf take on a step's full
 // vocabulary of logits.
 func NonFinite(v []float32) int {
-	for i, x := range v {
-		if x-x != 0 {
+	i := 0
+	if s := active; s != nil && s.maxMin != nil { // runs of 1024 checked by SIMD, a bad one searched
+		var out [48]float32
+		for ; i+1024 <= len(v); i += 1024 {
+			s.maxMin(&v[i], 1024, &out)
+			var check float32
+			for _, c := range out[32:] {
+				check += c
+			}
+			if check != 0 {
+				break
+			}
+		}
+	}
+	for ; i < len(v); i++ {
+		if v[i]-v[i] != 0 {
 			return i
 		}
 	}

@@ -146,3 +146,26 @@ func TestMaxMin(t *testing.T) {
 		}
 	})
 }
+
+// TestNonFiniteLong: NonFinite finds the first NaN or infinity in runs
+// long enough for its SIMD pass (1024 at a time), wherever it lies, and
+// reports none in a finite run, on every implementation.
+func TestNonFiniteLong(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	forEachImpl(t, func(t *testing.T) {
+		for _, n := range []int{1023, 1024, 1025, 3000, 4096} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64() * 1e30)
+			}
+			require.Equal(t, -1, kernels.NonFinite(x), "n %d", n)
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+				i, j := rng.IntN(n), rng.IntN(n)
+				i, j = min(i, j), max(i, j)
+				x[i], x[j] = bad, bad
+				require.Equal(t, i, kernels.NonFinite(x), "n %d: %v at %d and %d", n, bad, i, j)
+				x[i], x[j] = 1, 1
+			}
+		}
+	})
+}
