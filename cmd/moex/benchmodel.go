@@ -29,12 +29,13 @@ type modelResult struct {
 	Numerics  string  `json:"numerics"`
 	KV        string  `json:"kv"`
 	Threads   int     `json:"threads"`
+	Batch     int     `json:"batch"` // sequences decoded together
 	Tokens    int     `json:"tokens"`
 	Rounds    int     `json:"rounds"`
-	MedianNS  int64   `json:"median_ns"` // the prompt's time, or a step's
-	TokensSec float64 `json:"tokens_per_s"`
-	// tg: the weight bytes a step reads, their rate, and the fraction of
-	// the read-bandwidth probe measured in the same run.
+	MedianNS  int64   `json:"median_ns"` // the prompts' time, or a step's
+	TokensSec float64 `json:"tokens_per_s"` // of all the batch's sequences
+	// tg of one sequence: the weight bytes a step reads, their rate, and
+	// the fraction of the read-bandwidth probe measured in the same run.
 	Bytes      int64   `json:"bytes,omitempty"`
 	GBPS       float64 `json:"gbps,omitempty"`
 	ProbeGBPS  float64 `json:"probe_gbps,omitempty"`
@@ -65,6 +66,9 @@ var modelPresets = map[string]struct {
 // benchModel times a whole model as llama-bench does: pp, the prompt
 // processing rate of one prompt from an empty cache, and tg, the
 // generation rate of single-token steps right after it (greedy, no stop).
+// With --batch B, B sequences of their own prompts: pp their prompts in
+// one forward pass, tg steps of one token each, the rates those of all
+// B (llama-batched-bench's S_PP and S_TG).
 func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
 	path := fs.String("model", "", "checkpoint folder or .gguf file of a model moex runs whole")
@@ -78,6 +82,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 	threads := fs.Int("threads", runtime.GOMAXPROCS(0), "goroutines (GOMAXPROCS for the run)")
 	rounds := fs.Int("rounds", 3, "rounds of pp then tg, each on a fresh cache; the median is reported")
 	seed := fs.Uint64("seed", 1, "seed of random weights and tokens")
+	batch := fs.Int("batch", 1, "sequences decoded together, each after a prompt of its own (tg steps of one token a sequence)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed rounds (pp and tg) to this file, for go tool pprof")
 	finish := o.registerCommon(fs, "bench model")
 	if err := parseFlags(fs, args, o.stderr); err != nil {
@@ -93,6 +98,8 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		return fmt.Errorf("%w: bench model: -p %d and -n %d: want tokens to time", errUsage, *prompt, *gen)
 	case *rounds < 1:
 		return fmt.Errorf("%w: bench model: --rounds %d must be positive", errUsage, *rounds)
+	case *batch < 1 || *batch > 256:
+		return fmt.Errorf("%w: bench model: --batch %d: want 1 to 256 sequences", errUsage, *batch)
 	case *threads < 1 || *threads > maxGoroutineRanks:
 		return fmt.Errorf("%w: bench model: --threads %d", errUsage, *threads)
 	}
@@ -153,13 +160,23 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 			return fmt.Errorf("bench model: %w", err)
 		}
 	}
+	B := *batch
 	rng := rand.New(rand.NewPCG(*seed, 0xb0))
-	ids := make([]int32, *prompt)
+	ids := make([]int32, B**prompt) // sequence b's prompt at b·P
 	for i := range ids {
 		ids[i] = int32(rng.IntN(m.Vocab))
 	}
+	// pp: every sequence's prompt in one pass, the logits of each last
+	// position; tg: one token a sequence.
+	ppSeqs, ppRows, tgSeqs := make([]int, B**prompt), make([]int, B), make([]int, B)
+	for b := range B {
+		for i := range *prompt {
+			ppSeqs[b**prompt+i] = b
+		}
+		ppRows[b], tgSeqs[b] = (b+1)**prompt-1, b
+	}
 	blockRows := 16
-	blocks := (*prompt+*gen+blockRows-1)/blockRows + 1
+	blocks := B * ((*prompt+*gen+blockRows-1)/blockRows + 1)
 	ctx := context.Background()
 	var pp, tg []time.Duration
 	probes := []float64{memoryBandwidth()}
@@ -180,26 +197,34 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		if err != nil {
 			return fmt.Errorf("bench model: %w", err)
 		}
-		next := int32(rng.IntN(m.Vocab))
+		next := make([]int32, B)
+		for b := range next {
+			next[b] = int32(rng.IntN(m.Vocab))
+		}
+		pick := func(logits []float32) {
+			for b := range next {
+				next[b] = argmax(logits[b*m.Vocab : (b+1)*m.Vocab])
+			}
+		}
 		if *prompt > 0 {
 			m.TimeSteps(&ppTimes)
 			start := time.Now()
-			logits, err := m.Forward(ctx, kv, make([]int, *prompt), ids, []int{*prompt - 1})
+			logits, err := m.Forward(ctx, kv, ppSeqs, ids, ppRows)
 			if err != nil {
 				return fmt.Errorf("bench model: prompt: %w", err)
 			}
 			pp = append(pp, time.Since(start))
-			next = argmax(logits)
+			pick(logits)
 		}
 		if *gen > 0 {
 			m.TimeSteps(&tgTimes)
 			start := time.Now()
 			for range *gen {
-				logits, err := m.Forward(ctx, kv, []int{0}, []int32{next}, nil)
+				logits, err := m.Forward(ctx, kv, tgSeqs, next, tgSeqs)
 				if err != nil {
 					return fmt.Errorf("bench model: step: %w", err)
 				}
-				next = argmax(logits)
+				pick(logits)
 			}
 			tg = append(tg, time.Since(start)/time.Duration(*gen))
 		}
@@ -212,24 +237,26 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		r.AttnNS, r.MLPNS, r.HeadNS = t.Attention.Load()/n, t.MLP.Load()/n, t.Head.Load()/n
 	}
 	probe := slices.Max(probes)
-	base := modelResult{Model: name, Dtype: dtypeName, Numerics: mode.String(), KV: *kvName, Threads: *threads, Rounds: *rounds, ProbeGBPS: probe}
+	base := modelResult{Model: name, Dtype: dtypeName, Numerics: mode.String(), KV: *kvName, Threads: *threads, Batch: B, Rounds: *rounds, ProbeGBPS: probe}
 	var rs []modelResult
 	if len(pp) > 0 {
 		r := base
 		med := median(pp)
-		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("pp%d", *prompt), *prompt, med.Nanoseconds(), float64(*prompt)/med.Seconds()
+		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("pp%d", *prompt), *prompt, med.Nanoseconds(), float64(B**prompt)/med.Seconds()
 		r.ProbeGBPS = 0
-		parts(&r, &ppTimes, *prompt)
+		parts(&r, &ppTimes, B**prompt)
 		rs = append(rs, r)
 	}
 	if len(tg) > 0 {
 		r := base
 		med := median(tg)
-		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("tg%d", *gen), *gen, med.Nanoseconds(), 1/med.Seconds()
-		r.Bytes = m.DecodeBytes()
-		r.GBPS = float64(r.Bytes) / med.Seconds() / 1e9
-		r.BWFraction = r.GBPS / probe
-		parts(&r, &tgTimes, *gen)
+		r.Case, r.Tokens, r.MedianNS, r.TokensSec = fmt.Sprintf("tg%d", *gen), *gen, med.Nanoseconds(), float64(B)/med.Seconds()
+		if B == 1 { // the bytes of one token's step (a batch's depend on its routing)
+			r.Bytes = m.DecodeBytes()
+			r.GBPS = float64(r.Bytes) / med.Seconds() / 1e9
+			r.BWFraction = r.GBPS / probe
+		}
+		parts(&r, &tgTimes, B**gen)
 		rs = append(rs, r)
 	}
 	if o.format == "json" {
@@ -242,13 +269,13 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\ttokens/s\tms/token\tGB/s\tof membw\tdtype\tnumerics\tkv\tthreads\t")
+	fmt.Fprintln(tw, "case\tbatch\ttokens/s\tms/token\tGB/s\tof membw\tdtype\tnumerics\tkv\tthreads\t")
 	for _, r := range rs {
 		gb, frac := "", ""
 		if r.GBPS > 0 {
 			gb, frac = fmt.Sprintf("%.1f", r.GBPS), fmt.Sprintf("%.0f%%", 100*r.BWFraction)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Case, r.TokensSec, 1e3/r.TokensSec, gb, frac, r.Dtype, r.Numerics, r.KV, r.Threads)
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Case, r.Batch, r.TokensSec, 1e3/r.TokensSec, gb, frac, r.Dtype, r.Numerics, r.KV, r.Threads)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

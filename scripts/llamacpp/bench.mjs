@@ -2,10 +2,13 @@
 // for the same-machine comparison (scripts/compare-llamacpp.sh) and the
 // GGUF cross-checks (cmd/moex's TestLlamaCppGreedy). Prints one JSON line.
 //
-//   node bench.mjs bench  F.gguf P N THREADS SEED   pp (P prompt tokens from an empty
+//   node bench.mjs bench  F.gguf P N THREADS SEED [B]   pp (P prompt tokens from an empty
 //        cache, tokens/s) then tg (N single-token steps right after it, greedy,
 //        no stop at end tokens, tokens/s); llama.cpp's defaults otherwise: f16 KV
-//        cache, flash attention on, batch 512.
+//        cache, flash attention on, batch 512. With B > 1, B sequences of one
+//        context, each with a prompt of its own, evaluated together (node-llama-cpp
+//        batches the sequences' pending tokens into one decode): the rates are
+//        those of all B, as llama-batched-bench's S_PP and S_TG.
 //   node bench.mjs greedy F.gguf IDS N THREADS       the greedy continuation (N tokens)
 //        of the prompt IDS (comma-separated token ids).
 //   node bench.mjs logits F.gguf P THREADS SEED DIR  P random ids (as bench draws them)
@@ -19,7 +22,7 @@
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {readFileSync, writeFileSync} from "node:fs";
 
-const [mode, path, a, b, c, d] = process.argv.slice(2);
+const [mode, path, a, b, c, d, e] = process.argv.slice(2);
 if (!["bench", "greedy", "logits", "relerr"].includes(mode) || !path) {
   console.error("usage: node bench.mjs bench F.gguf P N THREADS SEED | greedy F.gguf IDS N THREADS | logits F.gguf P THREADS SEED DIR | relerr REF.npy X.npy...");
   process.exit(2);
@@ -110,6 +113,32 @@ async function run(prompt, n) {
   }
 }
 
+// runBatch is run for B sequences of one context evaluated together:
+// their prompts, then N steps of one token each, all B at a time.
+async function runBatch(prompts, n) {
+  const B = prompts.length;
+  const ctx = await model.createContext({contextSize: prompts[0].length + n + 1, sequences: B, batchSize: 512, threads,
+    flashAttention: true});
+  try {
+    const seqs = prompts.map(() => ctx.getSequence());
+    let t0 = performance.now();
+    await Promise.all(seqs.map((s, i) => s.evaluateWithoutGeneratingNewTokens(prompts[i].slice(0, -1))));
+    const its = seqs.map((s, i) => s.evaluate(prompts[i].slice(-1), {temperature: 0})[Symbol.asyncIterator]());
+    await Promise.all(its.map((it) => it.next()));
+    const pp = (performance.now() - t0) / 1000;
+    t0 = performance.now();
+    for (let step = 0; step < n; step++) {
+      const rs = await Promise.all(its.map((it) => it.next()));
+      if (rs.some((r) => r.done)) throw new Error(`a sequence stopped at step ${step}`);
+    }
+    const tg = (performance.now() - t0) / 1000;
+    await Promise.all(its.map((it) => it.return?.()));
+    return {pp, tg};
+  } finally {
+    await ctx.dispose();
+  }
+}
+
 // randomIDs draws P ids in [0, vocabulary) from seed.
 function randomIDs(P, seed) {
   let x = BigInt(+seed || 1);
@@ -134,12 +163,11 @@ if (mode === "logits") {
   npyWrite(`${d}/llama.npy`, out, [ids.length, vocab]);
   console.log(JSON.stringify({engine: "llama.cpp", variant, threads, positions: ids.length, vocab}));
 } else if (mode === "bench") {
-  const P = +a, N = +b;
-  const ids = randomIDs(P, d);
-  const r = await run(ids, N);
+  const P = +a, N = +b, B = +e || 1;
   // tg: the N steps after the first generated token's (which is the prompt's).
-  console.log(JSON.stringify({engine: "llama.cpp", variant, threads, pp_tokens: P, pp_tokens_s: P / r.pp,
-    tg_tokens: N, tg_tokens_s: N / r.tg}));
+  const r = B === 1 ? await run(randomIDs(P, d), N) : await runBatch(Array.from({length: B}, (_, i) => randomIDs(P, `${d}${i}`)), N);
+  console.log(JSON.stringify({engine: "llama.cpp", variant, threads, batch: B, pp_tokens: P, pp_tokens_s: B * P / r.pp,
+    tg_tokens: N, tg_tokens_s: B * N / r.tg}));
 } else {
   const ids = a.split(",").map(Number);
   const r = await run(ids, +b - 1);
