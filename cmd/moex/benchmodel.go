@@ -32,7 +32,7 @@ type modelResult struct {
 	Batch     int     `json:"batch"` // sequences decoded together
 	Tokens    int     `json:"tokens"`
 	Rounds    int     `json:"rounds"`
-	MedianNS  int64   `json:"median_ns"` // the prompts' time, or a step's
+	MedianNS  int64   `json:"median_ns"`    // the prompts' time, or a step's
 	TokensSec float64 `json:"tokens_per_s"` // of all the batch's sequences
 	// tg of one sequence: the weight bytes a step reads, their rate, and
 	// the fraction of the read-bandwidth probe measured in the same run.
