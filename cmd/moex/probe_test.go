@@ -248,6 +248,18 @@ func TestBenchModel(t *testing.T) {
 		}
 	}
 
+	// Three sequences decoded together: the batch reported, no bytes of
+	// one token's step.
+	out, _, err = runCLI("bench", "model", "--preset", "tiny", "-p", "5", "-n", "2", "--rounds", "1", "--batch", "3", "--format", "json")
+	require.NoError(t, err)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		require.Equal(t, 3.0, r["batch"], line)
+		require.NotContains(t, r, "bytes", line)
+		require.Greater(t, r["tokens_per_s"], 0.0, line)
+	}
+
 	_, _, path := qwen3Whole(t, 32, 20, "F32")
 	out, _, err = runCLI("bench", "model", "--model", path, "-p", "6", "-n", "3", "--rounds", "1")
 	require.NoError(t, err)
@@ -266,6 +278,7 @@ func TestBenchModel(t *testing.T) {
 		{[]string{"--preset", "tiny", "-p", "0", "-n", "0"}, "want tokens to time"},
 		{[]string{"--preset", "tiny", "--kv", "fp8"}, `--kv "fp8"`},
 		{[]string{"--preset", "tiny", "--dtype", "q2_k"}, `dtype "q2_k"`},
+		{[]string{"--preset", "tiny", "--batch", "0"}, "--batch 0: want 1 to 256 sequences"},
 	} {
 		_, _, err := runCLI(append([]string{"bench", "model"}, bad.args...)...)
 		require.ErrorIs(t, err, errUsage, "%v", bad.args)
