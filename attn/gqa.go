@@ -2,10 +2,10 @@ package attn
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moex-project/moex/internal/buffers"
 	"github.com/moex-project/moex/internal/errkind"
@@ -74,7 +74,7 @@ func GQA(ctx context.Context, kv Blocks, q []float32, queries []Query, p GQAPara
 		errs[k] = attendGQA(kv, q, queries, items[k], p, out)
 	})
 	if err == nil {
-		err = errors.Join(errs...)
+		err = firstError(errs)
 	}
 	if err != nil {
 		return err
@@ -141,12 +141,14 @@ var gqaAttnPool = sync.Pool{New: func() any { return new(gqaAttnScratch) }}
 
 // attendGQA computes item it: for each of its queries and each query head
 // of its key/value head, an online softmax over the chunks of rows its
-// queries read (gqaChunkRows, aligned). Per chunk: the head's keys and
-// values widened to fp32 once for the tile; the scores q·k as one
-// kernels.Down over the keys (each an fp32 dot product in the kernels'
-// fixed order); the running maximum and sum in float64, the probabilities
-// rounded to fp32; the values weighted by one GEMM (an fp32 FMA chain over
-// the chunk's rows in ascending order) and added to the output row. Rows
+// queries read (gqaChunkRows, aligned). Per chunk: the scores q·k, each an
+// fp32 dot product in the kernels' fixed order (kernels.ScoreRows on the
+// keys where they lie, on AVX-512; elsewhere kernels.Down over the keys
+// widened to fp32 once for the tile: the same bits); the running maximum
+// and sum in float64, the probabilities rounded to fp32; the values
+// weighted by an fp32 FMA chain over the chunk's rows in ascending order
+// (kernels.WeighRows, or one GEMM over the values packed) and added to the
+// output row. Rows
 // outside a query's range weigh exactly zero and chunks outside it are
 // skipped, so a query's bits depend neither on its tile nor on the cache's
 // block size. Sinks join each denominator at the end.
@@ -194,9 +196,13 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 	if rowLo < rowHi {
 		next = chunkRuns(kv, table, rowLo, chunk(rowLo), next)
 		prefetchRuns(next, kOff, kd, vOff, vd)
-		inPlace = kernels.InPlaceAttention(next[0].blk.DType, kd, vd)
+		inPlace = !widenOnly.Load() && kernels.InPlaceAttention(next[0].blk.DType, kd, vd)
 	}
-	defer func() { sc.runs, sc.next = cur[:0], next[:0] }()
+	defer func() { // the blocks' matrices, which hold the cache, let go
+		clear(cur[:cap(cur)])
+		clear(next[:cap(next)])
+		sc.runs, sc.next = cur[:0], next[:0]
+	}()
 	// runs calls f on each run of the chunk.
 	runs := func(f func(blk kernels.Matrix, b0, cnt, j int) error) error {
 		for _, u := range cur {
@@ -249,10 +255,10 @@ func attendGQA(kv Blocks, q []float32, queries []Query, it gqaItem, p GQAParams,
 				sh := scores[row*n : (row+1)*n]
 				top, finite := m[row], true
 				if scale != 0 { // the products are exact: the extreme score's is the largest
-					hi, lo, ok := kernels.MaxMin(sh[j0:j1])
-					ext := hi
+					mx, mn, ok := kernels.MaxMin(sh[j0:j1])
+					ext := mx
 					if scale < 0 {
-						ext = lo
+						ext = mn
 					}
 					finite = ok
 					top = max(top, float64(ext)*scale)
@@ -363,6 +369,20 @@ func prefetchRuns(runs []blockRun, kOff, kd, vOff, vd int) {
 		u.blk.PrefetchRows(u.b0, u.cnt, kOff, kd)
 		u.blk.PrefetchRows(u.b0, u.cnt, vOff, vd)
 	}
+}
+
+// widenOnly makes both attentions widen the cache where they could read
+// it in place (a test's switch: the two ways must give the same bits).
+var widenOnly atomic.Bool
+
+// firstError is the first non-nil of errs, or nil.
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // scaleRow multiplies o by c, in place.

@@ -2,7 +2,6 @@ package attn
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -130,7 +129,7 @@ func MLA(ctx context.Context, kv Blocks, q []float32, queries []Query, p MLAPara
 			partO[(it.slot*heads+h0)*dv:(it.slot*heads+h1)*dv], partL[it.slot*heads+h0:it.slot*heads+h1])
 	})
 	if err == nil {
-		err = errors.Join(errs...)
+		err = firstError(errs)
 	}
 	if err != nil {
 		return err
@@ -267,7 +266,7 @@ func attendChunk(kv Blocks, q []float32, table []int32, r0, r1, heads, dv int, s
 	}
 	clear(l)
 	clear(o)
-	inPlace := r0 < r1 && kernels.InPlaceAttention(kv.Block(int(table[r0/bs])).DType, D, dv)
+	inPlace := r0 < r1 && !widenOnly.Load() && kernels.InPlaceAttention(kv.Block(int(table[r0/bs])).DType, D, dv)
 	qs := q
 	if inPlace && M4 > heads { // q's rows padded to whole 4s
 		qs = buffers.Grow(&sc.q, M4*D)

@@ -24,7 +24,8 @@ var GGUFMixes = []string{"q4_k_m", "q8_0", "q4_0", "mxfp4", "bf16", "f16"}
 // for the same seed), readable by llama.cpp and by Load: a grouped-query
 // preset whose family llama.cpp runs (qwen3_moe as qwen3moe, gpt_oss as
 // gpt-oss), or DeepSeek-V2's MLA without q-LoRA (deepseek_v2 as deepseek2:
-// V2-Lite, which llama.cpp recognises by its 27 layers; see
+// V2-Lite, which llama.cpp recognises by its 27 layers, so that only a
+// preset of 27 layers is a file llama.cpp reads; moex reads any; see
 // writeMLALayers), its tensors under llama.cpp's names and in the types
 // mix names, quantized by gguf.Encode:
 //
@@ -56,6 +57,10 @@ func WriteGGUF(w io.Writer, p Preset, mix string, seed uint64) error {
 	default:
 		return fmt.Errorf("model: write GGUF of preset %q: %w: moex writes qwen3_moe, gpt_oss and deepseek_v2 presets (llama.cpp's qwen3moe, gpt-oss and deepseek2)",
 			p.Name, format.ErrUnsupported)
+	}
+	if y := p.Attn.Scaling; a == "deepseek2" && y != nil && y.Type == "yarn" && (y.MScale != y.MScaleAllDm || y.BetaFast != 32 || y.BetaSlow != 1) {
+		return fmt.Errorf("model: write GGUF of preset %q: %w: a deepseek2 file's yarn has one mscale and beta_fast 32, beta_slow 1; the preset's are %v, %v, %v, %v",
+			p.Name, format.ErrUnsupported, y.MScale, y.MScaleAllDm, y.BetaFast, y.BetaSlow)
 	}
 	known := false
 	for _, m := range GGUFMixes {
@@ -295,7 +300,10 @@ func writeMLALayers(p Preset, add func(name string, n, rows, cols int, scale, ar
 // kv_lora_rank + rope and value_length kv_lora_rank, the per-head widths
 // as key_length_mla and value_length_mla; DeepSeek's yarn as its scaling
 // type, factor, original context and log multiplier (0.1 ×
-// mscale_all_dim); the shared experts as a count of expert widths.
+// mscale_all_dim; GGUF keeps no separate mscale, and readers take it equal
+// to mscale_all_dim, as in DeepSeek-V2's configs; beta_fast and beta_slow
+// are left to their defaults, 32 and 1, which are V2's); the shared
+// experts as a count of expert widths.
 func mlaKVs(p Preset) []gguf.KV {
 	at, a := p.Attn, "deepseek2"
 	u := func(v int) uint32 { return uint32(v) }

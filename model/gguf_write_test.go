@@ -167,6 +167,13 @@ func TestWriteGGUFTypes(t *testing.T) {
 	err = model.WriteGGUF(&sink, qLoRA, "q8_0", 1)
 	require.ErrorIs(t, err, format.ErrUnsupported)
 	require.ErrorContains(t, err, `preset "tiny"`)
+	skew := smallDeepSeek() // a yarn a deepseek2 file cannot state
+	y := *skew.Attn.Scaling
+	y.MScale = 1
+	skew.Attn.Scaling = &y
+	err = model.WriteGGUF(&sink, skew, "q8_0", 1)
+	require.ErrorIs(t, err, format.ErrUnsupported)
+	require.ErrorContains(t, err, "one mscale")
 	err = model.WriteGGUF(&sink, p, "q5_k_m", 1)
 	require.ErrorIs(t, err, format.ErrUnsupported)
 	require.ErrorContains(t, err, `mix "q5_k_m"`)

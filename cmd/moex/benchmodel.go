@@ -220,7 +220,7 @@ func benchModel(args []string, stdout io.Writer, o *benchOpts) error {
 			m.TimeSteps(&tgTimes)
 			start := time.Now()
 			for range *gen {
-				logits, err := m.Forward(ctx, kv, tgSeqs, next, tgSeqs)
+				logits, err := m.Forward(ctx, kv, tgSeqs, next, nil) // every token's logits: sequence b's at row b
 				if err != nil {
 					return fmt.Errorf("bench model: step: %w", err)
 				}

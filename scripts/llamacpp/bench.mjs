@@ -24,7 +24,7 @@ import {readFileSync, writeFileSync} from "node:fs";
 
 const [mode, path, a, b, c, d, e] = process.argv.slice(2);
 if (!["bench", "greedy", "logits", "relerr"].includes(mode) || !path) {
-  console.error("usage: node bench.mjs bench F.gguf P N THREADS SEED | greedy F.gguf IDS N THREADS | logits F.gguf P THREADS SEED DIR | relerr REF.npy X.npy...");
+  console.error("usage: node bench.mjs bench F.gguf P N THREADS SEED [B] | greedy F.gguf IDS N THREADS | logits F.gguf P THREADS SEED DIR | relerr REF.npy X.npy...");
   process.exit(2);
 }
 
@@ -165,7 +165,7 @@ if (mode === "logits") {
 } else if (mode === "bench") {
   const P = +a, N = +b, B = +e || 1;
   // tg: the N steps after the first generated token's (which is the prompt's).
-  const r = B === 1 ? await run(randomIDs(P, d), N) : await runBatch(Array.from({length: B}, (_, i) => randomIDs(P, `${d}${i}`)), N);
+  const r = B === 1 ? await run(randomIDs(P, d), N) : await runBatch(Array.from({length: B}, (_, i) => randomIDs(P, (+d || 1) * 1000 + i)), N);
   console.log(JSON.stringify({engine: "llama.cpp", variant, threads, batch: B, pp_tokens: P, pp_tokens_s: B * P / r.pp,
     tg_tokens: N, tg_tokens_s: B * N / r.tg}));
 } else {
