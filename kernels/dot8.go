@@ -169,11 +169,11 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		// fp16 scales (and offsets), as GGUF's Q8_0, Q4_0, Q4_1 and Q5_x
 		// hold them, are kept so, at half the bytes of fp32: the kernels
 		// widen them exactly.
-		if h, ok := toHalf(p.q.panel); ok {
-			if o, ok := toHalf(p.q.offPanel); ok {
-				p.q.h16, p.q.offH16 = h, o
-				p.q.panel, p.q.offPanel = nil, nil
-			}
+		if halfExact(p.q.panel) && halfExact(p.q.offPanel) {
+			h, _ := toHalf(p.q.panel)
+			o, _ := toHalf(p.q.offPanel)
+			p.q.h16, p.q.offH16 = h, o
+			p.q.panel, p.q.offPanel = nil, nil
 		}
 	}
 	unit := p.dot8UnitBytes()
@@ -241,14 +241,26 @@ func toHalf(v []float32) ([]uint16, bool) {
 	if v == nil {
 		return nil, true
 	}
-	h := make([]uint16, len(v))
+	if !halfExact(v) {
+		return nil, false
+	}
+	// Streamed beside the codes: on huge pages as they are (and only
+	// once known to be kept, since a slab lives while any of it does).
+	h := hugepage.Slice[uint16](len(v))
 	for i, f := range v {
 		h[i] = half.F32ToF16(f)
-		if math.Float32bits(half.F16ToF32(h[i])) != math.Float32bits(f) {
-			return nil, false
-		}
 	}
 	return h, true
+}
+
+// halfExact says whether every value of v is an fp16 value.
+func halfExact(v []float32) bool {
+	for _, f := range v {
+		if math.Float32bits(half.F16ToF32(half.F32ToF16(f))) != math.Float32bits(f) {
+			return false
+		}
+	}
+	return true
 }
 
 // narrowCodes returns how Pack and PackInt8Dot hold the codes of m, an
@@ -369,7 +381,7 @@ func (q *blockScales) dot8Factors(rows, panels int) []byte {
 	supers := q.gridCols / sup.per
 	runBytes := supers * (hdr + sup.per*grp)
 	runs := (panels + dot8Run - 1) / dot8Run
-	out := make([]byte, runs*runBytes)
+	out := hugepage.Bytes(runs * runBytes) // streamed beside the codes: huge pages as theirs
 	for r := range rows {
 		pi := r / PanelWidth
 		lane := pi%dot8Run*PanelWidth + r%PanelWidth

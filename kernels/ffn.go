@@ -64,7 +64,14 @@ func gemmRows(out, a []float32, ar []magRange, aq *dot8Rows, idx []int32, b Matr
 // decisions are discrete; the wider accumulator keeps near ties where an
 // exact computation would put them.
 func RouterLogits(dst []float64, x []float32, w Matrix) {
-	routerLogitsGeneric(dst, x, w)
+	routerLogitsGeneric(dst, x, w, 0, w.Rows)
+}
+
+// RouterLogitsExperts is RouterLogits for experts [e0, e1) alone: it
+// writes dst[t, e] for those e (dst [tokens, experts] all the same), the
+// bits RouterLogits gives them.
+func RouterLogitsExperts(dst []float64, x []float32, w Matrix, e0, e1 int) {
+	routerLogitsGeneric(dst, x, w, e0, e1)
 }
 
 // GEMMRows computes out[r, n] = scale[r] · (a[idx[r]] · b[n]) for n in

@@ -110,16 +110,18 @@ func biased(a float32, bias []float32, n int, scale []float32, r int) float32 {
 
 // routerLogitsGeneric is RouterLogits: a float64 dot product per token
 // and expert (see routerDot).
-func routerLogitsGeneric(dst []float64, x []float32, w Matrix) {
+func routerLogitsGeneric(dst []float64, x []float32, w Matrix, e0, e1 int) {
 	experts, hidden := w.Rows, w.Cols
 	if hidden == 0 {
-		clear(dst)
+		for t := 0; t < len(dst)/max(experts, 1); t++ {
+			clear(dst[t*experts+e0 : t*experts+e1])
+		}
 		return
 	}
 	tokens := len(x) / hidden
 	row := make([]float32, hidden)
 	part := new([32]float64)
-	for e := 0; e < experts; e++ {
+	for e := e0; e < e1; e++ {
 		row := row
 		if w.DType == F32 && !w.packed { // its rows as they are: no copy
 			row = w.f32[e*hidden:][:hidden]

@@ -168,17 +168,30 @@ func (r *Router) Route(x []float32, tokens, ids []int32, weights []float32, t0, 
 
 // route is Route on checked tokens.
 func (r *Router) route(x []float32, tokens, ids []int32, weights []float32, t0, t1 int) {
-	c := r.cfg
-	E, H, K := c.NumExperts, c.Hidden, c.TopK
-	logits := make([]float64, (t1-t0)*E)
+	logits := make([]float64, (t1-t0)*r.cfg.NumExperts)
+	kernels.RouterLogits(logits, r.input(x, t0, t1), r.weight)
+	r.choose(logits, tokens, ids, weights, t0, t1)
+}
+
+// input is what the router reads of tokens [t0, t1) of x: those rows, or
+// (a router with an input scale) their norms.
+func (r *Router) input(x []float32, t0, t1 int) []float32 {
+	H := r.cfg.Hidden
 	in := x[t0*H : t1*H]
 	if r.inScale != nil {
 		in = make([]float32, len(in))
 		for t := 0; t < t1-t0; t++ {
-			rmsNorm(in[t*H:][:H], x[(t0+t)*H:][:H], nil, r.inScale, c.RMSNormEps)
+			rmsNorm(in[t*H:][:H], x[(t0+t)*H:][:H], nil, r.inScale, r.cfg.RMSNormEps)
 		}
 	}
-	kernels.RouterLogits(logits, in, r.weight)
+	return in
+}
+
+// choose is route's choice of tokens [t0, t1) from their logits
+// [t1−t0, experts].
+func (r *Router) choose(logits []float64, tokens, ids []int32, weights []float32, t0, t1 int) {
+	c := r.cfg
+	E, K := c.NumExperts, c.TopK
 	s := newRouteScratch(c)
 	for t := t0; t < t1; t++ {
 		l, id, w := logits[(t-t0)*E:][:E], ids[t*K:][:K], weights[t*K:][:K]

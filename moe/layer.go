@@ -766,10 +766,30 @@ func (l *Layer) RouteTokens(ctx context.Context, x []float32, tokens, ids []int3
 	if err := l.Router.CheckTokens(tokens, T); err != nil {
 		return err
 	}
-	return kernels.Parallel(ctx, l.workerCount(), (T+chunk-1)/chunk, func(i int) {
-		l.Router.route(x, tokens, ids, weights, i*chunk, min((i+1)*chunk, T))
-	})
+	workers := l.workerCount()
+	if chunks := (T + chunk - 1) / chunk; chunks >= workers || l.Config.NumExperts < 2*routeExperts {
+		return kernels.Parallel(ctx, workers, chunks, func(i int) {
+			l.Router.route(x, tokens, ids, weights, i*chunk, min((i+1)*chunk, T))
+		})
+	}
+	// Fewer chunks than workers (decode): the logits split by experts
+	// instead, each the same dot product, then every token's choice.
+	r := l.Router
+	E := l.Config.NumExperts
+	logits := make([]float64, T*E)
+	in := r.input(x, 0, T)
+	if err := kernels.Parallel(ctx, workers, (E+routeExperts-1)/routeExperts, func(i int) {
+		kernels.RouterLogitsExperts(logits, in, r.weight, i*routeExperts, min((i+1)*routeExperts, E))
+	}); err != nil {
+		return err
+	}
+	r.choose(logits, tokens, ids, weights, 0, T)
+	return nil
 }
+
+// routeExperts is the experts of one item of RouteTokens' logits split by
+// experts.
+const routeExperts = 16
 
 // TokenRouted reports whether the layer chooses its experts by token id
 // (a deepseek_v4 hash layer): its forward passes need the token ids

@@ -487,3 +487,39 @@ func TestFileCutUnderLayer(t *testing.T) {
 		require.ErrorContains(t, err, "safetensors: checkpoint file "+path+" was cut short or replaced in place while it was read: its byte ")
 	}
 }
+
+// TestRouteSplitByExperts: with fewer tokens than the workers' chunks
+// (decode), RouteTokens splits the router's logits by experts over the
+// workers; every token's experts and weights are those of one worker and
+// of Router.Route, bit for bit, with and without a router input scale
+// (gemma4), at token counts on both sides of the switch.
+func TestRouteSplitByExperts(t *testing.T) {
+	for _, spec := range []moetest.Spec{
+		{ModelType: "qwen3_moe", Hidden: 96, Experts: 72, TopK: 8, Inter: 16, DType: "BF16", Seed: 91},
+		{ModelType: "gemma4", Hidden: 64, Experts: 40, TopK: 4, Inter: 8, DenseInter: 12, DType: "BF16", Seed: 92},
+	} {
+		t.Run(spec.ModelType, func(t *testing.T) {
+			_, dir := writeModel(t, spec)
+			l, err := moe.Load(dir, 0)
+			require.NoError(t, err)
+			defer l.Close()
+			for _, T := range []int{1, 3, 16, 17, 40, 80} {
+				x := moetest.Input(uint64(T), T, spec.Hidden, false)
+				K := spec.TopK
+				wantIDs, wantW := make([]int32, T*K), make([]float32, T*K)
+				require.NoError(t, l.Router.Route(x, nil, wantIDs, wantW, 0, T))
+				for _, workers := range []int{1, 2, 5} {
+					l.SetWorkers(workers)
+					ids, w := make([]int32, T*K), make([]float32, T*K)
+					require.NoError(t, l.RouteTokens(context.Background(), x, nil, ids, w))
+					require.Equal(t, wantIDs, ids, "%d tokens, %d workers", T, workers)
+					require.Equal(t, wantW, w, "%d tokens, %d workers", T, workers)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			l.SetWorkers(4)
+			require.ErrorIs(t, l.RouteTokens(ctx, moetest.Input(1, 1, spec.Hidden, false), nil, make([]int32, spec.TopK), make([]float32, spec.TopK)), context.Canceled)
+		})
+	}
+}
