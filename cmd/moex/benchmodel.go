@@ -299,6 +299,14 @@ func median(ts []time.Duration) time.Duration {
 }
 
 func argmax(v []float32) int32 {
+	if len(v) == 0 {
+		return 0
+	}
+	// The largest by SIMD, then its first place: a scalar pass with a NaN
+	// check was ~0.1 ms of a decode step over a 151,936-token vocabulary.
+	if hi, _, finite := kernels.MaxMin(v); finite {
+		return int32(slices.Index(v, hi))
+	}
 	best := 0
 	for i, x := range v {
 		if x > v[best] || math.IsNaN(float64(v[best])) {

@@ -2,11 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-project/moex/internal/moetest"
@@ -334,4 +336,38 @@ func qwen3Whole(t *testing.T, seed uint64, vocab int, dtype string) (w *moetest.
 	gguf = filepath.Join(t.TempDir(), "qwen3.gguf")
 	require.NoError(t, os.WriteFile(gguf, data, 0o644))
 	return w, dir, gguf
+}
+
+// TestArgmax: bench model's greedy choice is the first place of the
+// largest logit, ties, signed zeros, lengths off the SIMD width and
+// non-finite logits included (a NaN is passed over; +Inf wins).
+func TestArgmax(t *testing.T) {
+	neg0 := float32(math.Copysign(0, -1))
+	for _, c := range []struct {
+		v    []float32
+		want int32
+	}{
+		{[]float32{3}, 0},
+		{[]float32{1, 5, 2, 5}, 1},
+		{[]float32{-3, -1, -2}, 1},
+		{[]float32{neg0, 0, -1}, 0},
+		{[]float32{float32(math.NaN()), 2, 7, 1}, 2},
+		{[]float32{1, float32(math.Inf(1)), 9}, 1},
+		{nil, 0},
+	} {
+		assert.Equal(t, c.want, argmax(c.v), "%v", c.v)
+	}
+	v := make([]float32, 151936)
+	for i := range v {
+		v[i] = float32(math.Sin(float64(i)))
+	}
+	want := 0
+	for i, x := range v {
+		if x > v[want] {
+			want = i
+		}
+	}
+	assert.Equal(t, int32(want), argmax(v))
+	v[77777], v[150000] = 2, 2
+	assert.Equal(t, int32(77777), argmax(v))
 }
