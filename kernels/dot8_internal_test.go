@@ -942,3 +942,45 @@ func TestHalfScalesExact(t *testing.T) {
 		}
 	})
 }
+
+// TestInt8DotOnePanel: a decode call over INT8 codes a byte each, whose
+// kernels take one panel at a time (dot8OnePanel), gives the bits of the
+// same call with the panels side by side, for every matrix of the int8-dot
+// tests, 1 to 5 rows (decode and past it) and columns not whole panels.
+func TestInt8DotOnePanel(t *testing.T) {
+	if active == nil {
+		t.Skip("no SIMD kernels: one path")
+	}
+	rng := rand.New(rand.NewPCG(17, 4))
+	const N, K = 83, 128
+	cases := dot8Cases(rng, N, K)
+	ran := 0
+	for name, m := range cases {
+		p, err := PackInt8Dot(m)
+		require.NoError(t, err, name)
+		if p.dot8UnitBytes() == 128 {
+			ran++
+		}
+		for M := 1; M <= 5; M++ {
+			a := make([]float32, M*K)
+			for i := range a {
+				a[i] = 2*rng.Float32() - 1
+			}
+			rows := make([]int32, M)
+			for r := range rows {
+				rows[r] = int32(r)
+			}
+			var out [2][]float32
+			for i, one := range []bool{true, false} {
+				dot8OnePanel = one
+				out[i] = make([]float32, M*N)
+				require.NoError(t, GroupedGEMM(context.Background(), 2, a, []GEMMGroup{{B: p, Rows: rows, Out: out[i]}}))
+			}
+			dot8OnePanel = true
+			for j := range out[0] {
+				require.Equal(t, math.Float32bits(out[1][j]), math.Float32bits(out[0][j]), "%s, %d rows: output %d", name, M, j)
+			}
+		}
+	}
+	require.NotZero(t, ran, "no INT8 matrix a byte a code among the cases")
+}
