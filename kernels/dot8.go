@@ -244,9 +244,7 @@ func toHalf(v []float32) ([]uint16, bool) {
 	if !halfExact(v) {
 		return nil, false
 	}
-	// Streamed beside the codes: on huge pages as they are (and only
-	// once known to be kept, since a slab lives while any of it does).
-	h := hugepage.Slice[uint16](len(v))
+	h := make([]uint16, len(v))
 	for i, f := range v {
 		h[i] = half.F32ToF16(f)
 	}
@@ -381,7 +379,7 @@ func (q *blockScales) dot8Factors(rows, panels int) []byte {
 	supers := q.gridCols / sup.per
 	runBytes := supers * (hdr + sup.per*grp)
 	runs := (panels + dot8Run - 1) / dot8Run
-	out := hugepage.Bytes(runs * runBytes) // streamed beside the codes: huge pages as theirs
+	out := make([]byte, runs*runBytes)
 	for r := range rows {
 		pi := r / PanelWidth
 		lane := pi%dot8Run*PanelWidth + r%PanelWidth

@@ -5,7 +5,6 @@ import (
 	"math"
 
 	"github.com/moex-project/moex/internal/half"
-	"github.com/moex-project/moex/internal/hugepage"
 )
 
 // e4m3 is the value of every FP8 e4m3fn byte: 1 sign, 4 exponent (bias 7)
@@ -410,7 +409,7 @@ func e8Scale(e uint8) float32 {
 // float (those of rows past the matrix 0). It fails, naming the scale,
 // where one is not such a power of two.
 func toE8(q *blockScales, rows int) ([]uint8, error) {
-	e8 := hugepage.Bytes(len(q.panel)) // streamed beside the codes: huge pages as theirs
+	e8 := make([]uint8, len(q.panel))
 	for g := range rows * q.gridCols {
 		at := q.panelAt(g)
 		s := q.panel[at]
