@@ -169,11 +169,11 @@ func PackInt8Dot(m Matrix) (Matrix, error) {
 		// fp16 scales (and offsets), as GGUF's Q8_0, Q4_0, Q4_1 and Q5_x
 		// hold them, are kept so, at half the bytes of fp32: the kernels
 		// widen them exactly.
-		if halfExact(p.q.panel) && halfExact(p.q.offPanel) {
-			h, _ := toHalf(p.q.panel)
-			o, _ := toHalf(p.q.offPanel)
-			p.q.h16, p.q.offH16 = h, o
-			p.q.panel, p.q.offPanel = nil, nil
+		if h, ok := toHalf(p.q.panel); ok {
+			if o, ok := toHalf(p.q.offPanel); ok {
+				p.q.h16, p.q.offH16 = h, o
+				p.q.panel, p.q.offPanel = nil, nil
+			}
 		}
 	}
 	unit := p.dot8UnitBytes()
@@ -241,24 +241,14 @@ func toHalf(v []float32) ([]uint16, bool) {
 	if v == nil {
 		return nil, true
 	}
-	if !halfExact(v) {
-		return nil, false
-	}
 	h := make([]uint16, len(v))
 	for i, f := range v {
 		h[i] = half.F32ToF16(f)
-	}
-	return h, true
-}
-
-// halfExact says whether every value of v is an fp16 value.
-func halfExact(v []float32) bool {
-	for _, f := range v {
-		if math.Float32bits(half.F16ToF32(half.F32ToF16(f))) != math.Float32bits(f) {
-			return false
+		if math.Float32bits(half.F16ToF32(h[i])) != math.Float32bits(f) {
+			return nil, false
 		}
 	}
-	return true
+	return h, true
 }
 
 // narrowCodes returns how Pack and PackInt8Dot hold the codes of m, an

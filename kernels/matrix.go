@@ -21,7 +21,6 @@ import (
 	"unsafe"
 
 	"github.com/moex-project/moex/internal/half"
-	"github.com/moex-project/moex/internal/hugepage"
 )
 
 // DType is the element type of a weight matrix.
@@ -155,7 +154,9 @@ func checkDims(rows, cols, n int) error {
 // viewed a mapped file no longer does).
 func (m Matrix) Clone() Matrix {
 	c := m
-	c.f32, c.u16, c.u8 = cloneStreamed(m.f32), cloneStreamed(m.u16), cloneStreamed(m.u8)
+	c.f32 = append([]float32(nil), m.f32...)
+	c.u16 = append([]uint16(nil), m.u16...)
+	c.u8 = append([]uint8(nil), m.u8...)
 	if m.q != nil {
 		q := *m.q
 		q.grid, q.off = slices.Clone(m.q.grid), slices.Clone(m.q.off)
@@ -167,18 +168,6 @@ func (m Matrix) Clone() Matrix {
 		}
 		c.q = &q
 	}
-	return c
-}
-
-// cloneStreamed is a copy of v (nil for none) where weights are held: on
-// huge pages where it is large enough (a router, read whole by every
-// token, streams faster so).
-func cloneStreamed[T float32 | uint16 | uint8](v []T) []T {
-	if len(v) == 0 {
-		return nil
-	}
-	c := hugepage.Slice[T](len(v))
-	copy(c, v)
 	return c
 }
 

@@ -89,11 +89,11 @@ func Pack(m Matrix) Matrix {
 			// In the int8-dot layout (see dot8Scales): a call's panels'
 			// scales for its k range are one stream.
 			d := m.q.dot8Scales(m.Rows, m.panels())
-			if halfExact(d.panel) && halfExact(d.offPanel) {
-				h, _ := toHalf(d.panel)
-				o, _ := toHalf(d.offPanel)
-				p.q.h16, p.q.offH16, p.q.panel, p.q.offPanel = h, o, nil, nil
-				p.q.dot8Panel = true
+			if h, ok := toHalf(d.panel); ok {
+				if o, ok := toHalf(d.offPanel); ok {
+					p.q.h16, p.q.offH16, p.q.panel, p.q.offPanel = h, o, nil, nil
+					p.q.dot8Panel = true
+				}
 			}
 		}
 	}
